@@ -19,19 +19,20 @@ from app_pages.explorer_sections.checkpoint_picker import open_from_hub, server_
 from app_pages.explorer_sections.long_work import long_work
 from vit.analyze import build_parser as analyze_parser
 from vit.analyze import submit as submit_analysis
-from vit.app import catalog, explorer
+from vit.app import catalog
+from vit.app import explorer_page as explorer
 from vit.checkpoint import CheckpointError
+from vit.core.images import ImageError, open_image
+from vit.core.progress import Progress, in_parts
+from vit.core.runfiles import default_checkpoints_dir, default_runs_dir, parse_json, read_text_bounded
+from vit.core.text import escape_markdown, visible
 from vit.evaluate import labelled_files
-from vit.explain import dataset
-from vit.explain.dataset import sample_files
-from vit.images import ImageError, open_image
+from vit.explain.views import dataset
+from vit.explain.views.dataset import sample_files
 from vit.predict import UsageError
-from vit.progress import Progress, in_parts
-from vit.runfiles import default_checkpoints_dir, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch, ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots, resolve_dataset
 from vit.sources.open import open_source
-from vit.text import escape_markdown, visible
 
 SHOWN_MISTAKES = 12
 # One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.

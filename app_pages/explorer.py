@@ -34,14 +34,16 @@ from app_pages.explorer_sections.image_picker import pick_image
 from app_pages.explorer_sections.map_settings import choose_class, choose_map, main_map
 from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, drawing, explorer, share, vlm_words
+from vit.app import catalog, drawing, share, vlm_words
+from vit.app import explorer_page as explorer
 from vit.checkpoint import CheckpointError
-from vit.explain import image_analysis, video, words
-from vit.images import ImageError
-from vit.inference import NonFiniteOutput, input_box, seen_region
-from vit.sources.text_tower import has_text_tower
-from vit.sources.whole_vlm import can_answer
-from vit.text import escape_markdown
+from vit.core.images import ImageError
+from vit.core.inference import NonFiniteOutput, input_box, seen_region
+from vit.core.text import escape_markdown
+from vit.explain.language import words
+from vit.explain.views import image_analysis, video
+from vit.sources.vlm.text_tower import has_text_tower
+from vit.sources.vlm.whole_vlm import can_answer
 
 # Settings must survive a run in which their widget is not drawn (a rejected upload stops the page early; a closed
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own

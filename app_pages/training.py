@@ -17,10 +17,10 @@ from app_pages.explorer_sections.checkpoint_picker import open_from_hub
 from app_pages.training_sections import attention_snapshots, runs_panel
 from app_pages.training_sections import sae as sae_section
 from vit.app import catalog
+from vit.core.text import escape_markdown, visible
 from vit.model import PRESETS
 from vit.runs import access, devices, launch
 from vit.runs import manager as runs
-from vit.text import escape_markdown, visible
 from vit.training.augmentations import AUGMENTATIONS
 from vit.training.data import BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, PRECISIONS, RECIPES

@@ -43,15 +43,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vit.app import catalog, drawing, explorer  # noqa: E402
-from vit.bounds import TooManyTokens  # noqa: E402
+from vit.app import catalog, drawing  # noqa: E402
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
-from vit.explain import attention_maps, fits, image_analysis, method_maps  # noqa: E402
-from vit.explain.overlay import jpeg_data_uri, overlay  # noqa: E402
-from vit.images import open_image  # noqa: E402
-from vit.inference import TRAINING_SIZE, InputSize  # noqa: E402
+from vit.core.images import open_image  # noqa: E402
+from vit.core.inference import TRAINING_SIZE, InputSize  # noqa: E402
+from vit.core.runfiles import default_checkpoints_dir  # noqa: E402
+from vit.costs import fits  # noqa: E402
+from vit.costs.bounds import TooManyTokens  # noqa: E402
+from vit.explain.views import attention_maps, image_analysis, method_maps  # noqa: E402
+from vit.explain.views.overlay import jpeg_data_uri, overlay  # noqa: E402
 from vit.model import ViT, ViTConfig, count_parameters  # noqa: E402
-from vit.runfiles import default_checkpoints_dir  # noqa: E402
 
 OVERLAY = dict(opacity=0.6, colormap="inferno", mode="bilinear")
 VIT_S8 = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=1000, hidden_size=384, num_layers=12,

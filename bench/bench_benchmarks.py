@@ -8,7 +8,7 @@ totals loop, run once per method as their script runs (``--method rollout``, ``f
 ``lrp_last_layer``, ``attn_gradcam``; batch size 1, their evaluator's forward per image), with their generators on
 their models (tests/reference/chefer) holding our random weights. Their ``get_f1_scores`` (mF1, which neither side
 reports here; seconds per image) is left out, as in tests/test_faithfulness_chefer.py. Our side is
-``vit.explain.benchmark_run.score_items``, what ``python -m vit.faithfulness --benchmark segmentation`` runs: every
+``vit.explain.benchmarks.benchmark_run.score_items``, what ``python -m vit.faithfulness --benchmark segmentation`` runs: every
 method in one pass over the set, ``--batch-size`` images per forward. Both read the same normalised 224 px images and
 masks already in memory (no file reading timed on either side) and take the model as built (no start-up timed).
 Prints images/s per method on each side, the ratio, the totals and the largest score difference (pixel accuracy, mIoU,
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.reference.chefer_eval import metrices  # noqa: E402
 from vit.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from vit.explain import benchmark_run  # noqa: E402
-from vit.images import normalize, to_uint8  # noqa: E402
+from vit.core.images import normalize, to_uint8  # noqa: E402
+from vit.explain.benchmarks import benchmark_run  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 METHODS = {"rollout": "rollout", "lrp-full": "full_lrp", "transformer_attribution": "transformer_attribution",

@@ -47,7 +47,8 @@ def measure(grid: int, heads: int, bias: str) -> dict:
     import transformers
     from PIL import Image
 
-    from vit.explain import fits, image_analysis
+    from vit.costs import fits
+    from vit.explain.views import image_analysis
     from vit.sources.open import open_source
 
     config = transformers.BeitConfig(image_size=grid * PATCH, patch_size=PATCH, hidden_size=2 * heads,

@@ -10,7 +10,7 @@ Three calls per method, interleaved (their order rotates each round, so backgrou
   once (its hooks registered), timed per call on the preprocessed tensor;
 - ``explain``: ``vit.explain(checkpoint, image, method)`` on the same weights (timm's folder opened by ``vit.load``),
   from the PIL image: its preprocessing, the analysis (the prediction, the heads grid), the caption and the CAM;
-- ``alone``: ``vit.explain.cam.cam(model, x, method)`` on the preprocessed tensor, the CAM function by itself.
+- ``alone``: ``vit.explain.methods.cam.cam(model, x, method)`` on the preprocessed tensor, the CAM function by itself.
 
 The table gives each call's median CPU seconds (this machine, this load only) and the medians of the per-round
 ratios (portable): theirs / explain (>= 1: the API as cheap as pytorch-grad-cam) and alone / explain (>= 0.91:
@@ -68,8 +68,8 @@ def main() -> None:
     from pytorch_grad_cam import EigenCAM, GradCAM, LayerCAM
 
     import vit
-    from vit.explain.cam import cam
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
+    from vit.explain.methods.cam import cam
 
     torch.manual_seed(0)
     reference = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=1000).eval()

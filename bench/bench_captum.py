@@ -5,7 +5,7 @@ captum's default call on the same model (issue 82): one image, CPU time.
   ``IntegratedGradients(f).attribute(x, target=c)`` (50 steps, ``internal_batch_size=None``: every step in one
   batch) and ``NoiseTunnel(Saliency(f)).attribute(x, nt_type="smoothgrad", nt_samples=50, target=c, abs=False)``
   (``nt_samples_batch_size=None``: every sample in one batch);
-- ``ours``: ``vit.explain.method_maps.model_method_map(checkpoint, image, method, c)`` from the PIL image: its
+- ``ours``: ``vit.explain.views.method_maps.model_method_map(checkpoint, image, method, c)`` from the PIL image: its
   preprocessing, its options and cost checked (``vit.costs.plan.attribution``), the batch it chooses (the most that
   fit the memory limit, at most 64), captum's call, the patch sums.
 
@@ -49,9 +49,9 @@ def main() -> None:
     from PIL import Image
 
     import vit
+    from vit.core.inference import preprocess
     from vit.costs import plan
-    from vit.explain.method_maps import model_method_map
-    from vit.inference import preprocess
+    from vit.explain.views.method_maps import model_method_map
 
     torch.manual_seed(0)
     reference = timm.create_model(args.model, pretrained=False, num_classes=1000).eval()

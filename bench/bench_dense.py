@@ -38,9 +38,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import dense_views, image_analysis
-    from vit.explain.overlay import display_image, jpeg_data_uri, overlay
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
+    from vit.explain.views import dense_views, image_analysis
+    from vit.explain.views.overlay import display_image, jpeg_data_uri, overlay
     from vit.model import ViT, ViTConfig
 
     torch.manual_seed(0)

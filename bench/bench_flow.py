@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from networkx.algorithms.flow import build_residual_network, preflow_push  # noqa: E402
 
-from vit.explain.attention import rollout_factor  # noqa: E402
-from vit.explain.attention_flow import _flow_row, flow_graph  # noqa: E402
+from vit.explain.methods.attention import rollout_factor  # noqa: E402
+from vit.explain.methods.attention_flow import _flow_row, flow_graph  # noqa: E402
 
 
 def old_flow_row(matrices: np.ndarray, query: int) -> np.ndarray:

@@ -78,9 +78,9 @@ sys.path.insert(0, str(ROOT))  # run as a script from a clean checkout, or loade
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_relevance import authors_attnlrp, authors_legrad, build_pair, check_agree  # noqa: E402
 
-from vit.bounds import forward_flops  # noqa: E402
+from vit.core.runfiles import atomic_write_text  # noqa: E402
+from vit.costs.bounds import forward_flops  # noqa: E402
 from vit.model import PRESETS, ViT  # noqa: E402
-from vit.runfiles import atomic_write_text  # noqa: E402
 
 MODELS = {"vit-b16": "vit-base-16", "vit-l16": "vit-large-16"}  # any other preset name is taken as it is
 OURS = ("rollout", "classmap", "legrad", "attnlrp")
@@ -98,7 +98,7 @@ def _patches(model: ViT, tokens, images: torch.Tensor) -> torch.Tensor:
 
 
 def our_rollout(model: ViT):
-    from vit.explain.attention import rollout_factor, rollout_rows
+    from vit.explain.methods.attention import rollout_factor, rollout_rows
 
     def run(x, classes):
         with torch.inference_mode():
@@ -113,7 +113,7 @@ def our_rollout(model: ViT):
 
 
 def our_classmap(model: ViT):
-    from vit.explain.attention import class_gradients, positive_gradient_attention, relevance_rollout_row
+    from vit.explain.methods.attention import class_gradients, positive_gradient_attention, relevance_rollout_row
 
     def run(x, classes):
         _, attentions, gradients = class_gradients(model, x, classes)
@@ -128,13 +128,13 @@ def our_classmap(model: ViT):
 
 
 def our_legrad(model: ViT):
-    from vit.explain.relevance import legrad
+    from vit.explain.methods.relevance import legrad
 
     return lambda x, classes: legrad(model, x, classes)
 
 
 def our_attnlrp(model: ViT):
-    from vit.explain.relevance import attnlrp
+    from vit.explain.methods.relevance import attnlrp
 
     return lambda x, classes: attnlrp(model, x, classes)
 
@@ -305,7 +305,7 @@ def analyze_row(model: ViT, count: int, device: torch.device, timeout: float) ->
 # --- the run ----------------------------------------------------------------------------------------------------------
 
 def image_flops(model_name: str, size: int) -> int:
-    """One image's forward FLOP (``vit.bounds.forward_flops``): the cost the cells are ordered and estimated by."""
+    """One image's forward FLOP (``vit.costs.bounds.forward_flops``): the cost the cells are ordered and estimated by."""
     config = PRESETS[MODELS.get(model_name, model_name)]
     return forward_flops(config, 1 + (size // config.patch_size) ** 2)
 

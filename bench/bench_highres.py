@@ -62,7 +62,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too
 from vit.model import ViT, ViTConfig  # noqa: E402
-from vit.sources.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
+from vit.sources.families.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
 
 LAYER, HEAD, QUERY = 6, 5, 0  # a middle layer, one head, the CLS query
 
@@ -116,7 +116,7 @@ def build(impl: str, preset: str):
 def measure(impl: str, what: str, size: int, preset: str) -> dict:
     """One map by one implementation in this process: its wall time, peak and the map (``what`` "forward": HF
     eager's plain forward, no attentions kept, the time baseline where its ``output_attentions`` cannot fit)."""
-    from vit.explain.attention import rollout_factor, rollout_rows
+    from vit.explain.methods.attention import rollout_factor, rollout_rows
 
     model = build(impl, preset)
     torch.manual_seed(1)
@@ -137,8 +137,8 @@ def measure(impl: str, what: str, size: int, preset: str) -> dict:
             else:
                 row = rollout_rows([rollout_factor(a) for a in attentions], QUERY)[0]
         else:
-            from vit.explain.chunked import LayerInputs
-            from vit.explain.hidden import forward_with_hidden_states
+            from vit.explain.methods.chunked import LayerInputs
+            from vit.explain.methods.hidden import forward_with_hidden_states
 
             _, hidden = forward_with_hidden_states(model, images)
             inputs = LayerInputs(model, hidden, model.patch_grid(size, size))

@@ -5,7 +5,7 @@ nothing downloaded) is written with ``save_pretrained``. Timed, alternating over
 rounds so background load hits both alike, medians shown:
 
 - ours: ``vit.sources.open.open_source(folder)`` (safetensors read, key mapping, shape checks on
-  the meta device) and the explorer's first map (``vit.explain.image_analysis.analyse``: preprocessing and one
+  the meta device) and the explorer's first map (``vit.explain.views.image_analysis.analyse``: preprocessing and one
   forward pass keeping every layer's input, then ``attention_map``: the last layer's CLS map
   recomputed from it, on a 640x480 image);
 - the baseline: ``transformers.ViTForImageClassification.from_pretrained(folder)`` (eager
@@ -31,9 +31,9 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_import.py
-from vit.explain.attention_maps import MapSettings, attention_map  # noqa: E402
-from vit.explain.image_analysis import analyse  # noqa: E402
-from vit.inference import preprocess  # noqa: E402
+from vit.core.inference import preprocess  # noqa: E402
+from vit.explain.views.attention_maps import MapSettings, attention_map  # noqa: E402
+from vit.explain.views.image_analysis import analyse  # noqa: E402
 from vit.sources.open import open_source  # noqa: E402
 
 

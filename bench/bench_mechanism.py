@@ -56,8 +56,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # run as a script too; PYTHONPATH=<another checkout> times that checkout's code
-from vit.explain import mechanism  # noqa: E402
-from vit.explain.mechanism_views import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
+from vit.explain.mechanism import components as mechanism  # noqa: E402
+from vit.explain.views.mechanism_views import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 
@@ -115,7 +115,7 @@ def prisma_twin(model: ViT, side: int):
     from vit_prisma.models.base_vit import HookedViT
     from vit_prisma.prisma_tools.loading_from_pretrained import convert_timm_weights
 
-    from vit.sources.import_timm import config_from_timm, state_dict_from_timm
+    from vit.sources.libraries.import_timm import config_from_timm, state_dict_from_timm
 
     c = model.config
     torch.manual_seed(0)

@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_methods.py
-from vit.explain.faithfulness import method_maps  # noqa: E402
+from vit.explain.benchmarks.metrics import method_maps  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 METHODS = ["rollout", "attention", "class", "legrad", "transformer_attribution", "attnlrp", "flow"]

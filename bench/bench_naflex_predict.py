@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too
-from vit.images import naflex_size  # noqa: E402
+from vit.core.images import naflex_size  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 ASPECTS = [(480, 640), (640, 480), (500, 333), (333, 500), (1000, 400), (400, 1000), (512, 512), (300, 900),

@@ -23,9 +23,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too
-from vit.explain import prompts  # noqa: E402
+from vit.explain.language import prompts  # noqa: E402
 from vit.sources.open import open_source  # noqa: E402
-from vit.sources.text_tower import open_text_tower  # noqa: E402
+from vit.sources.vlm.text_tower import open_text_tower  # noqa: E402
 
 
 def save_vit_b16(folder: Path) -> Path:

@@ -60,9 +60,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # run as a script; the tests' reference builders
-from vit.explain import prompts  # noqa: E402
+from vit.explain.language import prompts  # noqa: E402
 from vit.sources.open import open_source  # noqa: E402
-from vit.sources.text_tower import open_text_tower  # noqa: E402
+from vit.sources.vlm.text_tower import open_text_tower  # noqa: E402
 
 LABELS = ["a dog", "a cat", "a red ball", "a car", "a tree", "a house", "a bird", "a boat"]  # the first --labels
 TEXT_CFG = dict(context_length=16, vocab_size=49408, width=64, heads=1, layers=1)  # the bundled BPE's ids

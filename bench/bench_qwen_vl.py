@@ -3,7 +3,7 @@
 transformers' ``Qwen2_5_VisionTransformerPretrainedModel`` (eager attention: its ``eager_attention_forward`` forms
 every window's probabilities, kept here by a spy as ours are returned) at the real width (1,280 wide, 16 heads,
 SwiGLU 3,420) with fewer layers (``--depth``, a global layer every fourth as in the 32-layer tower's 7, 15, 23, 31),
-random weights; ours opened from its state dict by ``vit.sources.import_qwen``. Calls alternate so background load
+random weights; ours opened from its state dict by ``vit.sources.vlm.import_qwen``. Calls alternate so background load
 slows both alike; the table shows medians, our time as a ratio of theirs, and the median of each pair's ratio.
 Run from the repository root::
 
@@ -44,8 +44,8 @@ def build(depth: int, globals_: list[int] | None = None):
     from transformers import Qwen2_5_VLConfig
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
-    from vit.sources import import_qwen
     from vit.sources.open import build_model
+    from vit.sources.vlm import import_qwen
 
     vision = dict(depth=depth, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
                   fullatt_block_indexes=list(range(3, depth, 4)) if globals_ is None else globals_)

@@ -37,11 +37,11 @@ from PIL import Image
 from bench.bench_highres import start_peak, status_mb
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.costs import plan
-from vit.explain import attention_maps, image_analysis
-from vit.explain.visual_lens import lens_maps
-from vit.inference import InputSize, preprocess
+from vit.explain.views import attention_maps, image_analysis
+from vit.explain.methods.visual_lens import lens_maps
+from vit.core.inference import InputSize, preprocess
 from vit.model import ViT
-from vit.sources import import_qwen
+from vit.sources.vlm import import_qwen
 
 vision, side, drawn = json.loads(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 torch.manual_seed(0)

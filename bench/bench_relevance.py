@@ -2,7 +2,7 @@
 against another.
 
 Every side runs on one model's weights: HF transformers' ViT (eager attention) with random weights plus noise, and
-ours converted from it (``vit.sources.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts its
+ours converted from it (``vit.sources.families.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts its
 checkout first on the path)::
 
     python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1     # interleaved
@@ -58,7 +58,7 @@ def build_pair(preset: str, size: int, seed: int = 0) -> tuple[torch.nn.Module, 
     init), and ours holding the same weights."""
     import transformers
 
-    from vit.sources.hf import hf_config_kwargs, state_dict_from_hf
+    from vit.sources.families.hf import hf_config_kwargs, state_dict_from_hf
 
     torch.manual_seed(seed)
     config = ViTConfig.from_preset(preset, image_size=size, layer_norm_eps=1e-12, drop_path=0.0)  # HF's eps
@@ -74,7 +74,7 @@ def build_pair(preset: str, size: int, seed: int = 0) -> tuple[torch.nn.Module, 
 
 
 def ours(method: str, hf: torch.nn.Module, model: ViT):
-    from vit.explain import relevance
+    from vit.explain.methods import relevance
 
     return {"legrad": lambda x, c: relevance.legrad(model, x, c),
             "lrp": lambda x, c: relevance.transformer_attribution(model, x, c),
@@ -151,7 +151,7 @@ def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, pat
     CLS key, ``(B, gh*gw)``; LeGrad's is upsampled by the patch size and min-max normalised, as its authors return
     it. ``bench_gpu_maps`` compares float32 maps (1e-4); ``agree`` float64 ones (1e-6)."""
     from tests.reference.legrad.legrad_reference import min_max
-    from vit.explain.attention import token_map
+    from vit.explain.methods.attention import token_map
 
     def shown(name: str, m: torch.Tensor) -> torch.Tensor:
         m = m.detach().float()

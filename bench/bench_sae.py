@@ -1,6 +1,6 @@
 """SAE training steps and harvesting, each against its baseline, as whole processes side by side.
 
-``--what step``: ``STEPS`` training steps of ``vit.features.sae.SparseAutoencoder`` (our step: encode, decode, MSE,
+``--what step``: ``STEPS`` training steps of ``vit.features.autoencoder.SparseAutoencoder`` (our step: encode, decode, MSE,
 AuxK with some latents dead, backward, the parallel-gradient removal, Adam, decoder renormalisation) or, with
 ``--reference``, the same steps through SAELens's own functions (``tests/reference/sae_lens``: its encode, decode
 and ``calculate_topk_aux_loss``, Adam, no decoder constraint: SAELens's TopK relies on
@@ -52,7 +52,7 @@ def step_bench(args: argparse.Namespace) -> None:
             loss.backward()
             optimizer.step()
     else:
-        from vit.features.sae import SparseAutoencoder
+        from vit.features.autoencoder import SparseAutoencoder
 
         sae = SparseAutoencoder(d_in, d_sae, k)
         optimizer = torch.optim.Adam(sae.parameters(), lr=1e-3)
@@ -69,8 +69,8 @@ def step_bench(args: argparse.Namespace) -> None:
 
 def harvest_bench(args: argparse.Namespace) -> None:
     from vit.checkpoint import load_checkpoint
+    from vit.features.autoencoder import resid_hook_name
     from vit.features.harvest import ShuffleBuffer, activation_batches, image_batches, image_files
-    from vit.features.sae import resid_hook_name
 
     checkpoint = load_checkpoint(ROOT / "checkpoints" / "cifar10-cifar-s.pt")
     model = checkpoint.model.eval()

@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vit.features.attribution import feature_attribution  # noqa: E402
+from vit.features.autoencoder import SparseAutoencoder  # noqa: E402
 from vit.features.explore import intervene  # noqa: E402
-from vit.features.sae import SparseAutoencoder  # noqa: E402
 
 COLUMNS = ("image", "target", "logit", "prob", "k", "deleted", "active", "share_top", "drop_top", "pdrop_top",
            "drop_random", "drop_random_sd", "pdrop_random", "drop_strongest", "pdrop_strongest", "flip_top",
@@ -164,9 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     torch.set_num_threads(args.threads)
 
+    from vit.core.images import open_image
+    from vit.core.inference import preprocess
     from vit.features.formats import open_sae
-    from vit.images import open_image
-    from vit.inference import preprocess
     from vit.sources.open import open_source
     from vit.training.data import image_files
 

@@ -4,7 +4,7 @@ the explorer's Prompts section runs per click), side by side with transformers' 
 
 - ours, click: ``vit.segment(checkpoint, image, points=[...])``, the embedding kept: the prompt mapped, the mask
   decoder (eager attention, its weights recorded by hooks), the masks put on the image, the seen region; the decoder
-  on one thread (``vit.explain.segment.DECODER_THREADS``) whatever ``--threads`` gives the process.
+  on one thread (``vit.explain.methods.segment.DECODER_THREADS``) whatever ``--threads`` gives the process.
 - theirs, decoder: ``SamModel(image_embeddings=..., input_points=..., input_labels=...)`` alone.
 - theirs, click: that forward and ``post_process_masks`` (the masks on the image); the prompt's tensors made once
   before (this transformers' processor refuses a prompt without its image, which would preprocess the image again).
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         first = vit.segment(checkpoint, image, points=POINTS)  # the image encoder runs here, once
         encode_s = time.perf_counter() - started
-        from vit.explain.segment import segmenter
+        from vit.explain.methods.segment import segmenter
 
         [(embedding, _)] = segmenter(checkpoint, None).embeddings.values()
         inputs = processor(images=image, input_points=[[[p[:2] for p in POINTS]]],

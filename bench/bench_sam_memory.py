@@ -1,5 +1,5 @@
 """SAM ViT-B's image encoder at 1,024 px (a 64 x 64 grid, 4,096 tokens) within the analysis memory bound
-(``vit.bounds.ANALYSIS_MEMORY_LIMIT``, 1 GB): the working memory of its plain forward, of the forward that keeps
+(``vit.costs.bounds.ANALYSIS_MEMORY_LIMIT``, 1 GB): the working memory of its plain forward, of the forward that keeps
 the hidden states, and of each view read from them (one head's row and the heads' mean of one query in a global
 layer and in a windowed one, the rollout row through all twelve layers).
 
@@ -38,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too
 from bench.bench_highres import reset_peak, rss_mb, status_mb  # noqa: E402
-from vit.bounds import ANALYSIS_MEMORY_LIMIT  # noqa: E402
+from vit.costs.bounds import ANALYSIS_MEMORY_LIMIT  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 SAM_B = dict(image_size=1024, patch_size=16, hidden_size=768, num_layers=12, num_heads=12, mlp_size=3072,
@@ -50,8 +50,8 @@ MEASURES = ("forward", "hidden", "head-global", "mean-global", "head-window", "r
 
 def measure(what: str, size: int) -> dict:
     """One measurement in this process: wall time and working memory from the image tensor to the result."""
-    from vit.explain.chunked import LayerInputs
-    from vit.explain.hidden import forward_with_hidden_states
+    from vit.explain.methods.chunked import LayerInputs
+    from vit.explain.methods.hidden import forward_with_hidden_states
 
     torch.manual_seed(0)
     model = ViT(ViTConfig(**SAM_B)).eval()

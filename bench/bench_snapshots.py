@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from vit.runfiles import read_metrics  # noqa: E402
+from vit.core.runfiles import read_metrics  # noqa: E402
 from vit.training.data import Dataset, Split, channel_stats  # noqa: E402
 from vit.training.options import parse_args, resolve_model, settings_from_args  # noqa: E402
 from vit.training.snapshots import load_snapshot  # noqa: E402

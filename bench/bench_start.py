@@ -218,7 +218,7 @@ def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, 
     from PIL import Image
 
     from vit.app.catalog import DEFAULT_CHECKPOINT
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
     from vit.sources.open import open_source
 
     torch.set_num_threads(threads)

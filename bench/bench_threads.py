@@ -1,13 +1,13 @@
 """torch's thread count on shared cores: a ViT-B/16 forward with attentions (224 px) on one thread and on all usable
 cores, interleaved in one process, with the machine as it is and then with one core kept busy by a spinning
-process; each case prints the medians, their ratio, the load average and what ``vit.threads`` chooses there.
+process; each case prints the medians, their ratio, the load average and what ``vit.core.threads`` chooses there.
 
 Run from the repository root::
 
     python bench/bench_threads.py --repeats 7
 
 2026-11-24, ``--repeats 5 --settle 40`` on the 2 shared cores: as the machine was (load average 6.7), one thread
-1.35 s, two 3.72 s (2.76x); one core spinning (load 8.2), 3.29 s and 7.47 s (2.27x); ``vit.threads`` chose one
+1.35 s, two 3.72 s (2.76x); one core spinning (load 8.2), 3.29 s and 7.47 s (2.27x); ``vit.core.threads`` chose one
 thread in both.
 
 The load average lags (one minute): ``--settle`` seconds of spinning before the busy case is timed let it show the
@@ -28,8 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a clean checkout
+from vit.core.threads import busy_cores, chosen_threads, usable_cores  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
-from vit.threads import busy_cores, chosen_threads, usable_cores  # noqa: E402
 
 
 def case(model: ViT, image: torch.Tensor, counts: list[int], repeats: int, label: str) -> None:
@@ -45,7 +45,7 @@ def case(model: ViT, image: torch.Tensor, counts: list[int], repeats: int, label
     medians = {n: statistics.median(t) for n, t in times.items()}
     text = ", ".join(f"{n} thread(s) {m:.3f} s" for n, m in medians.items())
     print(f"{label}: {text}; {counts[-1]} / 1: {medians[counts[-1]] / medians[1]:.2f}x; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; vit.threads chooses {chosen_threads({})} "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; vit.core.threads chooses {chosen_threads({})} "
           f"({usable_cores()} cores, {busy_cores():.2f} busy)")
 
 

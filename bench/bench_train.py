@@ -35,7 +35,7 @@ from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from vit.images import ImageError, open_image, to_uint8  # noqa: E402
+from vit.core.images import ImageError, open_image, to_uint8  # noqa: E402
 from vit.model import count_parameters  # noqa: E402
 from vit.training.data import IMAGE_EXTENSIONS, Dataset, Split, channel_stats  # noqa: E402
 from vit.training.options import parse_args, resolve_model, settings_from_args  # noqa: E402

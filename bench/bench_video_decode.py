@@ -8,7 +8,7 @@ times, side by side on the same file, ``--frames`` frames sampled uniformly (tra
 
 - naive: PyAV's loop over every frame, each converted to RGB (``frame.to_image()``), the sampled ones kept;
 - sequential: every frame decoded (frame threads), only the sampled ones converted to RGB;
-- ours: ``vit.clips.read_clip``: the packets' timestamps demuxed and the frames nothing refers to named from their
+- ours: ``vit.core.clips.read_clip``: the packets' timestamps demuxed and the frames nothing refers to named from their
   headers (FFmpeg's ``filter_units``), then the keyframe intervals holding sampled frames dealt to one decoder a core,
   each seeking to the keyframe before a sampled frame when it lies past what it has decoded and decoding forward
   otherwise, never sent an unreferenced frame unless sampled, only the sampled frames converted.
@@ -85,7 +85,7 @@ def sequential(path: Path, indices: list[int]) -> list[np.ndarray]:
 
 
 def ours(path: Path, indices: list[int]) -> list[np.ndarray]:
-    from vit.clips import read_clip
+    from vit.core.clips import read_clip
 
     sampled = read_clip(path, len(indices))
     assert sampled.indices == indices
@@ -113,7 +113,7 @@ def main() -> None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
     import av
 
-    from vit.clips import sample_indices
+    from vit.core.clips import sample_indices
 
     total = int(args.seconds * RATE)
     indices = sample_indices(total, args.frames)

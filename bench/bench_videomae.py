@@ -3,11 +3,11 @@ next to transformers' eager ``VideoMAEForVideoClassification(output_attentions=T
 peak memory of the explorer's clip analysis with every map it draws (issue 65's speed and memory goals).
 
 The model is VideoMAE-B's shape (12 layers, 768 wide, 12 heads, MLP 3,072, 16-px patches, tubelets of 2 frames)
-with random weights (float32), ours opened from transformers' state dict by ``vit.sources.import_videomae``. Calls
+with random weights (float32), ours opened from transformers' state dict by ``vit.sources.families.import_videomae``. Calls
 alternate so background load slows both alike; the table gives medians, our time as a ratio of theirs and the
 median of each pair's ratio. The memory runs in a subprocess after a warm-up clip: the analysis (one forward, every
 layer's hidden states kept), then each layer's attention from the middle token and its token norms, one head's
-map, the rollout and the statistics, each frame's map as the page draws them (``vit.explain.video.clip_map``). The
+map, the rollout and the statistics, each frame's map as the page draws them (``vit.explain.views.video.clip_map``). The
 peak is the resident set's high-water mark (VmHWM, reset through /proc/self/clear_refs) over the resident set
 before the analysis, as tests/test_costs.py measures it. Run from the repository root::
 
@@ -37,7 +37,7 @@ def build(layers: int):
     """transformers' VideoMAE-B-shaped classifier (eager attention) and ours from its state dict."""
     import transformers
 
-    from vit.sources import import_videomae
+    from vit.sources.families import import_videomae
     from vit.sources.open import build_model
 
     config = transformers.VideoMAEConfig(**{**SHAPE, "num_hidden_layers": layers})
@@ -62,8 +62,8 @@ sys.path.insert(0, sys.argv[2])
 from bench.bench_highres import start_peak, status_mb
 from bench.bench_videomae import build
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain.attention_maps import MapSettings
-from vit.explain.video import analyse_clip, clip_map
+from vit.explain.views.attention_maps import MapSettings
+from vit.explain.views.video import analyse_clip, clip_map
 
 _, ours = build(int(sys.argv[1]))
 c = ours.config
@@ -99,7 +99,7 @@ clip, peak, seconds = measured(every_map)
 out = {"peak": peak, "tokens": clip.analysis.num_tokens, "seconds": seconds, "methods": {}}
 if sys.argv[3] == "1":  # each class's map on the same analysis, its own peak over the resident set before it
     from vit.costs import plan
-    from vit.explain.video import explain_analysed
+    from vit.explain.views.video import explain_analysed
     from vit.model.layouts import folded_grid
 
     cam = lambda model, grid: plan.gradient(model, grid, "a CAM", layers=1)  # the last layer's, the default

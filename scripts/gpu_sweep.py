@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in the repo
 
-from vit.runfiles import pid_alive, read_json, read_metrics, write_json  # noqa: E402
+from vit.core.runfiles import pid_alive, read_json, read_metrics, write_json  # noqa: E402
 
 ROOT = Path("runs/sweep")
 TRAIN_IMAGES = 45_000

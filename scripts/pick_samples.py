@@ -23,7 +23,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in the repo
 
 from vit.checkpoint import load_checkpoint  # noqa: E402
-from vit.inference import predict  # noqa: E402
+from vit.core.inference import predict  # noqa: E402
 from vit.training.data import load_dataset  # noqa: E402
 
 

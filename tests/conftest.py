@@ -25,7 +25,7 @@ for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOW
 
 # Tests share two cores with whatever else runs; one thread each keeps them predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("VIT_THREADS", "1")  # what the app and the commands give torch (vit.threads), in process too
+os.environ.setdefault("VIT_THREADS", "1")  # what the app and the commands give torch (vit.core.threads), in process too
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

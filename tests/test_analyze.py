@@ -14,7 +14,7 @@ from tests.test_app import dirs  # noqa: F401  (fixture)
 from vit import analyze
 from vit.checkpoint import load_checkpoint, save_checkpoint
 from vit.evaluate import labelled_files
-from vit.explain import dataset
+from vit.explain.views import dataset
 from vit.model import ViT, ViTConfig
 
 CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=3)
@@ -141,7 +141,7 @@ def test_the_analysis_figures_draw_their_tick_labels_and_titles_inside_the_figur
     import streamlit  # noqa: F401  (the template the page's figures are built with)
     from helpers import chromium
 
-    from vit.explain import figures
+    from vit.explain.views import figures
 
     built = [figures.layer_stats_figure(np.linspace(0, 100, 72).reshape(12, 6), "mean attention distance (px)",
                                         "Mean attention distance per head"),

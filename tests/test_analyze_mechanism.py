@@ -12,7 +12,8 @@ from test_app import dirs  # noqa: F401 (a fixture)
 from vit import analyze
 from vit.checkpoint import load_checkpoint
 from vit.evaluate import labelled_files
-from vit.explain import dataset, mechanism
+from vit.explain.mechanism import components as mechanism
+from vit.explain.views import dataset
 
 
 def test_mechanism_of_an_always_cat_model_by_hand(world):  # noqa: F811
@@ -36,8 +37,8 @@ def test_the_default_threshold_is_twice_the_median_patch_norm(world):  # noqa: F
     files = labelled_files(world / "data", CLASSES)
     stats = dataset.analyze_mechanism(checkpoint, files, ablation=False)
     assert stats.ablation is None
-    from vit.images import open_image
-    from vit.inference import preprocess
+    from vit.core.images import open_image
+    from vit.core.inference import preprocess
 
     norms = []
     for path, _ in files:

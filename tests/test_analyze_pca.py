@@ -11,9 +11,9 @@ import vit
 from tests.test_analyze import CLASSES, CONFIG, world  # noqa: F401  (fixture)
 from vit import analyze
 from vit.checkpoint import save_checkpoint
+from vit.core.inference import preprocess
 from vit.evaluate import labelled_files
-from vit.explain import dataset_pca
-from vit.inference import preprocess
+from vit.explain.views import dataset_pca
 from vit.model import ViT
 
 

@@ -170,7 +170,7 @@ def test_asking_for_more_than_the_cluster_has_is_refused_before_any_actor_starts
 
 def test_an_actors_error_is_the_line_that_names_it_in_rays_wrapped_error():
     wrapped = ("\x1b[36mray::MapWorker(MapBatches(Summarizer)).submit()\x1b[39m (pid=1, ip=10.0.0.1)\n"
-               '  File "vit/explain/dataset.py", line 90, in image_summaries\n'
+               '  File "vit/explain/views/dataset.py", line 90, in image_summaries\n'
                "ValueError: batch_size must be a whole number of at least 1, got 0\n\n"
                "The above exception was the direct cause of the following exception:\n\n"
                "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")

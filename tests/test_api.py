@@ -14,8 +14,8 @@ from PIL import Image
 
 import vit
 from vit.checkpoint import Preprocessing, save_checkpoint
-from vit.explain import attention_maps, image_analysis, mechanism_views, method_maps
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.views import attention_maps, image_analysis, mechanism_views, method_maps
 from vit.model import ViT, ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,12 +47,12 @@ def test_import_vit_loads_no_wing_until_a_function_is_used():
 
 
 def test_vit_explain_is_the_function_when_called_and_the_package_for_imports():
-    from vit.explain.attention import rollout
+    from vit.explain.methods.attention import rollout
 
-    assert callable(vit.explain) and vit.explain.attention.rollout is rollout
-    import vit.explain.relevance as relevance  # the import system sets vit.explain: it stays callable
+    assert callable(vit.explain) and vit.explain.methods.attention.rollout is rollout
+    import vit.explain.methods.relevance as relevance  # the import system sets vit.explain: it stays callable
 
-    assert vit.explain.relevance is relevance and callable(vit.explain)
+    assert vit.explain.methods.relevance is relevance and callable(vit.explain)
 
 
 def test_the_attention_map_is_the_models_own_attention_row(tiny, photo):
@@ -64,7 +64,7 @@ def test_the_attention_map_is_the_models_own_attention_row(tiny, photo):
 
 
 def test_every_listed_method_draws_a_patch_grid_or_says_it_does_not_apply(tiny, photo):
-    from vit.explain import dense_clip
+    from vit.explain.methods import dense_clip
 
     words = {"grad_eclip", *dense_clip.METHODS}  # maps of typed labels alone (issue 63, item 3): vit.ask draws them
     assert set(vit.methods()) == set(attention_maps.MAP_KINDS) | words
@@ -82,7 +82,7 @@ def family_checkpoint(family: str) -> "vit.api.Checkpoint":
     from test_family_relevance import BASE, FAMILIES
 
     from vit.checkpoint import Checkpoint
-    from vit.sources import import_swin
+    from vit.sources.families import import_swin
 
     if family == "swin":
         config = import_swin.config_from_hf({"model_type": "swin", "architectures": ["SwinForImageClassification"],
@@ -141,7 +141,7 @@ def test_an_explanation_saves_its_overlay_as_png_and_its_arrays_as_npz(tiny, pho
 
 
 def test_legrads_layer_is_the_first_it_explains_by_default_the_last_but_one(tiny, photo):
-    from vit.explain.relevance import legrad
+    from vit.explain.methods.relevance import legrad
 
     x = preprocess([photo], tiny.preprocessing)
     for layer, start in ((None, -2), (0, 0)):
@@ -284,7 +284,7 @@ def test_ablate_speaks_of_heads_from_0_as_the_api_counts_them(tiny):
 
 
 def test_the_engine_names_a_missing_head_from_0():
-    from vit.explain.mechanism import MechanismError, ablated_copy
+    from vit.explain.mechanism.components import MechanismError, ablated_copy
 
     with pytest.raises(MechanismError, match=r"^head \(9, 9\) does not exist: the model has layers 0 to 1 and heads "
                                              r"0 to 1 \(counted from 0\)$"):
@@ -336,7 +336,7 @@ def test_arrays_and_tensors_are_images_as_pil_reads_them(tiny, photo):
     (42, r"^cannot read an image from a int"),
 ])
 def test_an_image_that_is_not_one_is_refused_in_one_line(tiny, image, message):
-    from vit.images import ImageError
+    from vit.core.images import ImageError
 
     with pytest.raises(ImageError, match=message) as error:
         vit.explain(tiny, image)
@@ -391,7 +391,7 @@ def test_a_cam_through_vit_explain_runs_the_model_once(tiny, photo, monkeypatch,
     """Issue 83: the explanation's analysis keeps every block's input, and the CAM starts from the explained
     block's there: the model embeds the image once (the CAM's own forward from the pixels embedded it again), and
     the map is the CAM's of the pixels (tests/test_cam.py holds that one to pytorch-grad-cam's)."""
-    from vit.explain.cam import cam
+    from vit.explain.methods.cam import cam
 
     embedded = []
     embed = ViT.embed

@@ -23,17 +23,19 @@ from markdown_it import MarkdownIt
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from vit.app import drawing, explorer
+from vit.app import drawing
+from vit.app import explorer_page as explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT
-from vit.bounds import TooManyTokens
 from vit.checkpoint import save_checkpoint
-from vit.explain import attention_maps, fits, image_analysis, map_captions, method_maps
-from vit.explain.map_captions import token_label
-from vit.explain.overlay import display_image, display_size, jpeg_data_uri
-from vit.images import ImageError
-from vit.inference import preprocess
+from vit.core.images import ImageError
+from vit.core.inference import preprocess
+from vit.core.runfiles import default_checkpoints_dir
+from vit.costs import fits
+from vit.costs.bounds import TooManyTokens
+from vit.explain.views import attention_maps, image_analysis, map_captions, method_maps
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import display_image, display_size, jpeg_data_uri
 from vit.model import ViT, ViTConfig
-from vit.runfiles import default_checkpoints_dir
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 180  # the first run imports torch, plotly and matplotlib on a busy machine
@@ -440,7 +442,7 @@ def test_the_shipped_default_checkpoint_opens_with_its_samples(monkeypatch, forw
 
 def hand_analysis() -> image_analysis.Analysis:
     """Two layers, two heads, a 1x2 patch grid (T = 3 tokens: CLS, left, right), values chosen by hand."""
-    from vit.inference import Prediction
+    from vit.core.inference import Prediction
 
     layer0 = torch.tensor([[[0.2, 0.3, 0.5], [0.1, 0.6, 0.3], [0.4, 0.4, 0.2]],
                            [[0.6, 0.1, 0.3], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]]])  # (H, T, T)
@@ -754,11 +756,11 @@ import io, sys
 import numpy as np, plotly.io
 from PIL import Image
 from vit.app import drawing
-from vit.explain import attention_maps, image_analysis
+from vit.explain.views import attention_maps, image_analysis
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain.overlay import jpeg_data_uri, overlay
-from vit.images import open_image
-from vit.inference import TRAINING_SIZE
+from vit.explain.views.overlay import jpeg_data_uri, overlay
+from vit.core.images import open_image
+from vit.core.inference import TRAINING_SIZE
 from vit.model import ViT, ViTConfig
 
 config = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
@@ -1159,7 +1161,7 @@ def test_downloads_are_named_after_the_map_and_the_uploader_takes_every_format_i
     assert drawing.map_file_name("photo", settings, a) == "photo-attention-L1-h2-q2-overlay.png"
     rollout = attention_maps.MapSettings(kind="rollout", fusion="max", discard_ratio=0.5)
     assert drawing.map_file_name("photo", rollout, a) == "photo-rollout-L1-2-max-discard50-cls-overlay.png"
-    from vit.images import ImageError, open_image
+    from vit.core.images import ImageError, open_image
 
     with pytest.raises(ImageError) as error:
         open_image(b"not an image", name="x")

@@ -8,7 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.test_app import dirs  # noqa: F401  (fixture)
 from tests.test_faithfulness_chefer import tiny_model_and_images
-from vit.explain.benchmark_run import header
+from vit.explain.benchmarks.benchmark_run import header
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -145,7 +145,7 @@ def test_the_page_samples_the_folder_with_the_commands_benchmark_items(dirs, tmp
     """The page has no sampler of its own: it asks ``vit.faithfulness.benchmark_items`` (here stopped right after,
     with the error the page shows) on the command's arguments, its --limit the page's image count."""
     from vit import faithfulness
-    from vit.cli import UsageError
+    from vit.core.cli import UsageError
     from vit.sources.open import open_source
 
     checkpoints, _ = dirs
@@ -176,7 +176,7 @@ def test_the_page_samples_the_folder_with_the_commands_benchmark_items(dirs, tmp
 def test_a_rerun_that_changes_nothing_draws_the_reports_plot_once(dirs, tmp_path, monkeypatch):  # noqa: F811
     """The plot is built once per report and kept with it: two reruns build it once; a new report builds its own."""
     from app_pages.analyze_sections.benchmark import FIGURE_KEY, RESULT_KEY
-    from vit.explain import benchmark_run
+    from vit.explain.benchmarks import benchmark_run
 
     checkpoints, _ = dirs
     tiny_model_and_images(tmp_path / "world", labelled=False)

@@ -114,7 +114,7 @@ def test_the_answer_is_generates_and_a_clicked_tokens_map_is_vlm_answer_attentio
 
 def test_a_click_redraws_without_generating_again(folders, monkeypatch):
     at = ask(open_folder(folders["llava"]), QUESTION)
-    monkeypatch.setattr("vit.explain.vlm_answer.generate_answer",
+    monkeypatch.setattr("vit.explain.language.vlm_answer.generate_answer",
                         lambda *a, **k: pytest.fail("the answer was generated again"))
     from app_pages.explorer_sections import ask_vlm
 
@@ -174,7 +174,7 @@ def test_the_view_is_in_the_link_and_the_exported_html(folders, drawn, monkeypat
 
 def test_a_visitor_without_a_token_asks_within_bounds(folders):
     from vit.app import vlm_ask
-    from vit.explain.vlm_answer import prepare
+    from vit.explain.language.vlm_answer import prepare
 
     vlm = vit.open_vlm(folders["qwen2_5_vl"])
     assert vlm_ask.max_new_tokens(False) == vlm_ask.VISITOR_NEW_TOKENS < vlm_ask.max_new_tokens(True)
@@ -188,7 +188,7 @@ def test_a_visitor_without_a_token_asks_within_bounds(folders):
 
 def test_the_generation_reports_each_token_and_stops_between_two(folders):
     from vit.app.work import Stopped
-    from vit.explain.vlm_answer import generate_answer, prepare
+    from vit.explain.language.vlm_answer import generate_answer, prepare
 
     vlm = vit.open_vlm(folders["llava"])
     told = []
@@ -268,7 +268,7 @@ def test_a_tiled_image_is_drawn_over_the_canvas_it_was_read_as_and_its_overview_
     from test_app_share import url
 
     from vit.app import drawing
-    from vit.explain.overlay import display_image
+    from vit.explain.views.overlay import display_image
 
     under, original = [], drawing.overlay_image
     monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: under.append(

@@ -17,7 +17,7 @@ from test_app import png_bytes, run_app, write_checkpoint
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.app.drawing import describe_range
 from vit.checkpoint import load_checkpoint
-from vit.inference import preprocess
+from vit.core.inference import preprocess
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_a_foreground_threshold_that_leaves_no_patch_is_a_one_line_warning(two_m
 
 
 def test_a_rerun_with_unchanged_inputs_fits_no_pca_and_matches_nothing_again(two_models, monkeypatch):
-    from vit.explain import dense_views
+    from vit.explain.views import dense_views
 
     calls = []
 

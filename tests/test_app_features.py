@@ -18,10 +18,10 @@ from test_sae_formats import prisma_sae, saev_sae
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
-from vit.features.sae import SAEInfo, SparseAutoencoder, model_fingerprint, save_sae
-from vit.features.train import HeldOut
-from vit.images import open_image
-from vit.inference import preprocess
+from vit.core.images import open_image
+from vit.core.inference import preprocess
+from vit.features.autoencoder import SAEInfo, SparseAutoencoder, model_fingerprint, save_sae
+from vit.features.autoencoder_training import HeldOut
 
 pytest.importorskip("streamlit")
 pytestmark = pytest.mark.slow  # each test starts the app

@@ -13,8 +13,8 @@ from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixt
 from test_app_swin import drawn  # noqa: F401 (a fixture)
 from test_hiera_parity import dense_library_attentions, pooling_residual, save_hf_hiera
 
-from vit.explain.stages import on_patch_grid
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.methods.stage_maps import on_patch_grid
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

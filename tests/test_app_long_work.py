@@ -12,7 +12,7 @@ from test_app_mechanism import open_mechanism
 
 from app_pages.explorer_sections import long_work
 from vit.app import work
-from vit.explain import attention_maps, image_analysis, mechanism_views
+from vit.explain.views import attention_maps, image_analysis, mechanism_views
 
 pytest.importorskip("streamlit")
 pytestmark = pytest.mark.slow  # each test starts the app
@@ -114,7 +114,7 @@ def test_the_analyse_pages_dataset_pass_can_be_stopped_and_run_again(world, dirs
     and Run again gives the analysis."""
     from test_analyze import analyse_on_page
 
-    from vit.explain import dataset
+    from vit.explain.views import dataset
 
     monkeypatch.setattr(long_work, "QUICK_S", 0.5)
     real, release = dataset.analyze_files, threading.Event()
@@ -154,7 +154,7 @@ def test_main_maps_past_a_few_seconds_are_long_work_reporting_each_block(monkeyp
 
     from app_pages.explorer_sections import caches
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.inference import TRAINING_SIZE
+    from vit.core.inference import TRAINING_SIZE
     from vit.model import ViT
 
     config = test_app.TINY  # 3 layers, 4 x 4 patches + CLS: 17 tokens
@@ -185,10 +185,10 @@ def test_a_rollout_built_from_chunks_is_long_work_and_the_explorers_rollout(monk
     from PIL import Image
 
     from app_pages.explorer_sections import caches, map_settings
-    from vit.cache import ByteCache
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain.attention import fuse_heads, rollout
-    from vit.inference import TRAINING_SIZE, preprocess
+    from vit.core.cache import ByteCache
+    from vit.core.inference import TRAINING_SIZE, preprocess
+    from vit.explain.methods.attention import fuse_heads, rollout
     from vit.model import ViT, ViTConfig
 
     config = ViTConfig(image_size=16, patch_size=4, num_classes=3, hidden_size=16, num_layers=3, num_heads=2,

@@ -13,11 +13,16 @@ from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, wri
 from vit.app import drawing
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
-from vit.explain import mechanism_views
-from vit.explain.attention import rollout
-from vit.explain.mechanism import ablate_heads, direct_logit_attribution, find_register_neurons, mean_contexts
-from vit.images import open_image
-from vit.inference import InputSize, input_shape, preprocess, preprocess_at
+from vit.core.images import open_image
+from vit.core.inference import InputSize, input_shape, preprocess, preprocess_at
+from vit.explain.mechanism.components import (
+    ablate_heads,
+    direct_logit_attribution,
+    find_register_neurons,
+    mean_contexts,
+)
+from vit.explain.methods.attention import rollout
+from vit.explain.views import mechanism_views
 from vit.model import ViTConfig
 
 pytest.importorskip("streamlit")

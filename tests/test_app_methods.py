@@ -16,10 +16,11 @@ from tests.test_app import (  # noqa: F401  (default_world and dirs: fixtures th
     sidebar_widget,
     write_checkpoint,
 )
-from vit.app import drawing, explorer
+from vit.app import drawing
+from vit.app import explorer_page as explorer
 from vit.checkpoint import load_checkpoint
-from vit.explain import attention_maps, image_analysis, method_maps
-from vit.explain.overlay import DIVERGING_COLORMAP, map_colours
+from vit.explain.views import attention_maps, image_analysis, method_maps
+from vit.explain.views.overlay import DIVERGING_COLORMAP, map_colours
 
 pytestmark = pytest.mark.slow  # each AppTest run imports the app
 
@@ -69,9 +70,9 @@ def test_model_method_maps_have_the_grid_shape(checkpoint):
 
 
 def test_model_method_maps_explain_the_class_and_query_they_are_given(checkpoint):
-    from vit.explain.attention import token_map
-    from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
-    from vit.inference import TRAINING_SIZE, preprocess
+    from vit.core.inference import TRAINING_SIZE, preprocess
+    from vit.explain.methods.attention import token_map
+    from vit.explain.methods.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
     model = checkpoint.model
@@ -186,8 +187,8 @@ def test_legrad_starts_from_the_layer_chosen_and_says_which():
 
 
 def test_a_legrad_map_from_another_start_layer_is_legrads_from_it(checkpoint):
-    from vit.explain.relevance import legrad
-    from vit.inference import TRAINING_SIZE, preprocess
+    from vit.core.inference import TRAINING_SIZE, preprocess
+    from vit.explain.methods.relevance import legrad
 
     image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8))
     x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, checkpoint.model.config.patch_size)
@@ -198,9 +199,9 @@ def test_a_legrad_map_from_another_start_layer_is_legrads_from_it(checkpoint):
 
 def test_attnlrp_past_its_whole_paths_bound_runs_with_checkpointed_blocks_and_draws_the_same_map(checkpoint,
                                                                                                  monkeypatch):
+    from vit.core.inference import InputSize
     from vit.costs import plan
-    from vit.explain import relevance
-    from vit.inference import InputSize
+    from vit.explain.methods import relevance
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
     size = InputSize(96)  # 24 x 24 patches: every layer's attention outweighs one block's activations

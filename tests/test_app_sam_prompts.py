@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from test_app import APP, TIMEOUT, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 from test_sam_prompts import _sam, _sam2, library_inputs, library_run, recorded_attention
 
-from vit.app import sam_prompts as prompts
+from vit.app import sam_prompt_view as prompts
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]
@@ -119,7 +119,7 @@ def test_a_prompts_masks_scores_and_decoder_attention_are_the_librarys_and_the_l
 
 
 def test_a_second_prompt_runs_the_decoder_alone_and_the_same_prompt_nothing(whole, monkeypatch):
-    from vit.explain import segment
+    from vit.explain.methods import segment
 
     _, _, _, folder = whole
     encoded, decoded = [], []

@@ -11,8 +11,8 @@ from test_app import APP, CLASSES, TIMEOUT, charts, overlay_caption, sidebar_wid
 from test_app_features import open_features
 from test_app_mechanism import open_mechanism, sample_input, switch_heads_off
 
-from vit.app import explorer
-from vit.explain.mechanism import ablate_heads
+from vit.app import explorer_page as explorer
+from vit.explain.mechanism.components import ablate_heads
 from vit.runs.access import TOKEN_ENV
 
 dirs, default_world, sae_world = test_app.dirs, test_app.default_world, test_app_features.sae_world  # fixtures

@@ -7,8 +7,8 @@ import torch
 from test_app import run_app
 from test_app_mechanism import open_mechanism, sample_input
 
-from vit.explain import mechanism
-from vit.explain.sink_diagnostics import sink_diagnostics
+from vit.explain.mechanism import components as mechanism
+from vit.explain.mechanism.sink_diagnostics import sink_diagnostics
 
 pytest.importorskip("streamlit")
 pytestmark = pytest.mark.slow  # each test starts the app

@@ -16,8 +16,8 @@ from test_app_mechanism import heatmaps, open_mechanism, switch_heads_off, uploa
 from test_app_swin import swin_folder
 from test_hiera_parity import save_hf_hiera
 
-from vit.explain import mechanism
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.mechanism import components as mechanism
 from vit.sources.open import open_source
 
 pytest.importorskip("transformers")

@@ -1,7 +1,7 @@
 """The explorer draws a Swin (an HF folder opened by path): a clicked patch's window attention in a later stage's
 layer, on that layer's grid over the image, with that layer's heads; and the rollout through the stages. The drawn
-maps are checked against ``vit.explain.stages`` on HF's own attentions, placed by HF's own window sizes and shifts;
-LeGrad's drawn map is ``vit.explain.relevance.legrad``'s (checked against HF in ``test_stage_legrad``)."""
+maps are checked against ``vit.explain.methods.stage_maps`` on HF's own attentions, placed by HF's own window sizes and shifts;
+LeGrad's drawn map is ``vit.explain.methods.relevance.legrad``'s (checked against HF in ``test_stage_legrad``)."""
 
 import io
 import json
@@ -13,11 +13,12 @@ from parity_helpers import randomize
 from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 
-from vit.app import drawing, explorer
-from vit.explain import attention_maps
-from vit.explain.relevance import legrad
-from vit.explain.stages import layer_row, on_patch_grid, rollout_row
-from vit.inference import preprocess
+from vit.app import drawing
+from vit.app import explorer_page as explorer
+from vit.core.inference import preprocess
+from vit.explain.methods.relevance import legrad
+from vit.explain.methods.stage_maps import layer_row, on_patch_grid, rollout_row
+from vit.explain.views import attention_maps
 from vit.model.stages import LayerLayout, covering_token
 from vit.sources.open import open_source
 
@@ -100,7 +101,7 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_its_rollout_and_legr
     assert not at.exception and not at.main.error, [e.value for e in at.main.error]
     expected = rollout_row(attentions, layouts, 3, token)[0].numpy()  # (10, 10): on the image's patches
     np.testing.assert_allclose(drawn[-1], expected, atol=1e-5)
-    # LeGrad in the same session (one app run): the explorer draws vit.explain.relevance.legrad's map, which
+    # LeGrad in the same session (one app run): the explorer draws vit.explain.methods.relevance.legrad's map, which
     # test_stage_legrad checks against autograd on HF's own windows.
     sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
     at.run()

@@ -18,7 +18,7 @@ from test_app import APP, TIMEOUT, charts, dirs, run_app, sidebar_widget  # noqa
 from test_videomae import videomae_folder, write_gif
 
 import vit
-from vit.app import clips
+from vit.app import clip_view as clips
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]  # transformers builds the model
@@ -145,7 +145,7 @@ def test_the_sampling_caption_names_every_sampled_frame():
 
 
 def test_a_zips_declared_sizes_are_checked_before_its_frames_are_inflated(monkeypatch):
-    from vit.clips import ClipError, read_clip_bytes
+    from vit.core.clips import ClipError, read_clip_bytes
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -240,7 +240,7 @@ def test_a_long_class_map_shows_its_progress_and_a_stop_button_and_stops(video_p
     import threading
 
     from app_pages.explorer_sections import clip_view, long_work
-    from vit.explain import video
+    from vit.explain.views import video
 
     monkeypatch.setattr(long_work, "QUICK_S", 0.5)
     monkeypatch.setattr(clip_view, "PROGRESS_TOKENS", 0)  # every clip's class map is long work here

@@ -267,7 +267,7 @@ def test_a_qwen_windowed_layers_row_is_the_querys_window_as_transformers_compute
 def test_a_towers_page_says_the_size_it_is_shown_and_its_prediction_box_points_to_the_word_lens(vlms, kind):
     # Issue 76, item 2: Qwen2.5-VL's sidebar said 1,036 px (74 x 74 patches), the size its config is built at, where
     # each image is shown at its own (smart_resize); a tower's prediction box called it "a feature model such as DINO".
-    from vit.images import smart_resize
+    from vit.core.images import smart_resize
 
     path, _, processor = vlms[kind]
     at = open_vlm(path)

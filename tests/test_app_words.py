@@ -13,7 +13,7 @@ from test_app_mechanism import switch_heads_off
 from test_app_share import open_link, url
 from test_prompts import save_open_clip
 
-from vit.text import escape_markdown
+from vit.core.text import escape_markdown
 
 open_clip = pytest.importorskip("open_clip")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]
@@ -233,7 +233,7 @@ def test_the_label_box_shows_no_character_counter_and_still_bounds_the_text(clip
 
 
 def test_a_label_whose_article_the_template_doubles_is_pointed_out():
-    from vit.explain import prompts, words
+    from vit.explain.language import prompts, words
 
     def described(labels, template, ensemble=False):
         asked = words.Answer(prompts.Prompts(labels, [template], torch.zeros(len(labels), 2), 100.0, 0.0, "softmax"),

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vit.explain.attention import (
+from vit.explain.methods.attention import (
     attention_entropy,
     class_gradients,
     fuse_heads,

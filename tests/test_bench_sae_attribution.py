@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit.features.sae import SAEInfo, SparseAutoencoder, model_fingerprint
+from vit.features.autoencoder import SAEInfo, SparseAutoencoder, model_fingerprint
 from vit.model import ViT, ViTConfig
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_sae_attribution.py"

@@ -4,8 +4,8 @@ report's Markdown (the command's stderr and ``--out``'s faithfulness.md) and the
 import numpy as np
 import pytest
 
-from vit.explain import benchmark_run
-from vit.explain import faithfulness as bench
+from vit.explain.benchmarks import benchmark_run
+from vit.explain.benchmarks import metrics as bench
 
 # From the papers, not from our code: Petsiuk et al. 2018 (RISE): deletion's area low, insertion's high; Chefer et al.
 # 2021: positive perturbation (most relevant removed first) low, negative high, segmentation's pixel accuracy, mIoU

@@ -15,9 +15,10 @@ from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from vit.bounds import TooManyTokens
-from vit.explain import fits, image_analysis
-from vit.explain.hidden import layer_pattern
+from vit.costs import fits
+from vit.costs.bounds import TooManyTokens
+from vit.explain.methods.hidden import layer_pattern
+from vit.explain.views import image_analysis
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -96,7 +97,7 @@ def test_reading_a_whole_layer_of_a_beit_forms_its_bias_by_chunks(beit):
 def test_the_dense_views_of_a_beit_stay_within_their_estimate(beit):
     """The PCA and similarity views' bound (``check_dense_fits``) counts the bias chunk a BEiT's forward forms."""
     import vit
-    from vit.explain import dense_views
+    from vit.explain.views import dense_views
 
     with LiveBytes() as memory:
         vit.pca(beit, Image.new("RGB", (SIDE, SIDE)))
@@ -104,8 +105,8 @@ def test_the_dense_views_of_a_beit_stay_within_their_estimate(beit):
 
 
 def test_the_largest_dense_view_a_beit_is_told_it_can_have_fits(beit, monkeypatch):
-    from vit.explain import dense_views
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
+    from vit.explain.views import dense_views
 
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "480")  # the fixed 384 MB (cache, chunk) and the bias chunk's 68
     image = Image.new("RGB", (SIDE, SIDE))

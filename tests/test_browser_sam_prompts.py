@@ -88,7 +88,7 @@ def test_a_click_on_the_sample_photo_shows_the_masks_and_the_decoders_attention_
 
 def test_a_box_dragged_over_the_sample_photo_gives_its_masks_and_the_link_keeps_the_box(server, tmp_path):  # noqa: F811
     import vit
-    from vit.app.sam_prompts import mask_caption
+    from vit.app.sam_prompt_view import mask_caption
 
     folder = saved_sam(tmp_path)
     x0, y0, x1, y1 = 6, 4, 28, 20  # in the photo's pixels: wider than tall, so read as (y, x) it is another box

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.cache import ByteCache, nbytes
+from vit.core.cache import ByteCache, nbytes
 from vit.model import ViT, ViTConfig
 
 MB = 2**20

@@ -1,4 +1,4 @@
-"""The CAM family (``vit.explain.cam``) equals pytorch-grad-cam's own classes on timm's models of four families:
+"""The CAM family (``vit.explain.methods.cam``) equals pytorch-grad-cam's own classes on timm's models of four families:
 a ViT (CLS), DINOv2 with four registers, NaFlex (its 6 x 3 grid, four prefix tokens) and a Swin stage (no prefix,
 after a merge). The reference hooks timm's ``norm1`` of the explained block (the ViT tutorial's
 ``model.blocks[-1].norm1``, the Swin tutorial's ``model.layers[-1].blocks[-1].norm1``) with the tutorial's
@@ -25,9 +25,9 @@ from tests.reference.pytorch_grad_cam.layer_cam import LayerCAM
 from tests.reference.pytorch_grad_cam.model_targets import ClassifierOutputTarget
 from tests.reference.pytorch_grad_cam.score_cam import ScoreCAM
 from tests.reference.pytorch_grad_cam.xgrad_cam import XGradCAM
-from vit.explain import attention_maps
-from vit.explain.cam import CAM_METHODS, cam
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.methods.cam import CAM_METHODS, cam
+from vit.explain.views import attention_maps
 from vit.sources.open import open_source
 
 timm = pytest.importorskip("timm")
@@ -175,6 +175,6 @@ def test_the_blocks_before_the_explained_layer_keep_no_graph(method):
     else:
         assert 0 < last and 5 * last < first * 1.5, (last, first)  # one block's graph against six
         # Chefer's GradCAM on the last attention: its gradient stops at the last block too
-        from vit.explain.cam import attention_gradcam
+        from vit.explain.methods.cam import attention_gradcam
 
         assert 0 < saved(lambda: attention_gradcam(model, images)) < first / 3

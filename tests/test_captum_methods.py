@@ -1,4 +1,4 @@
-"""captum's attributions and RISE as map methods (``vit.explain.captum_maps``, ``vit.explain.rise``).
+"""captum's attributions and RISE as map methods (``vit.explain.methods.captum_maps``, ``vit.explain.methods.rise``).
 
 Each captum method's map equals captum's own call on the library's own model (tiny random HF ViT, DINOv2 with
 registers, a SigLIP tower with a linear head on its pooled output), its attribution reduced here by hand to the patch
@@ -16,10 +16,10 @@ from parity_helpers import HF_VISION, hf_random
 from PIL import Image
 
 import vit
-from vit.bounds import TooManyTokens
-from vit.explain import captum_maps
-from vit.explain.method_maps import model_method_map
-from vit.inference import InputSize, preprocess
+from vit.core.inference import InputSize, preprocess
+from vit.costs.bounds import TooManyTokens
+from vit.explain.methods import captum_maps
+from vit.explain.views.method_maps import model_method_map
 
 transformers = pytest.importorskip("transformers")
 captum_attr = pytest.importorskip("captum.attr")

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from helpers import displayed
 
-from vit import runfiles
 from vit.app import catalog
 from vit.app.catalog import (
     Candidate,
@@ -21,6 +20,7 @@ from vit.app.catalog import (
     sample_images,
 )
 from vit.checkpoint import save_checkpoint
+from vit.core import runfiles
 from vit.model import ViT, ViTConfig, count_parameters
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,

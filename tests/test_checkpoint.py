@@ -242,7 +242,7 @@ def test_a_padding_colour_round_trips_and_pads(tmp_path, model):
     """open_clip's resize_mode "longest" pads in its fill_color, not the mean's colour: kept in the checkpoint."""
     from PIL import Image
 
-    from vit.inference import evaluation_uint8
+    from vit.core.inference import evaluation_uint8
 
     pre = Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3, resize_size=16, resize_mode="border", pad_fill=(200,))
     save_checkpoint(tmp_path / "m.pt", model, CLASSES, preprocessing=pre)

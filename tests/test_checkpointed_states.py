@@ -20,14 +20,14 @@ import torch
 from peak_memory import ALLOCATOR_SLACK, can_reset_the_peak, environment
 from PIL import Image
 
-from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
+from vit.core.cache import ByteCache
+from vit.core.inference import InputSize
 from vit.costs import memory, plan
-from vit.explain import attention_maps, image_analysis
-from vit.explain.hidden import CheckpointedStates, forward_with_hidden_states
-from vit.inference import InputSize
+from vit.explain.methods.hidden import CheckpointedStates, forward_with_hidden_states
+from vit.explain.views import attention_maps, image_analysis
 from vit.model import ViT
-from vit.sources import import_qwen
+from vit.sources.vlm import import_qwen
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_the_7b_tower_past_the_bound_is_refused_in_one_line(monkeypatch):
 
 
 def test_a_view_that_keeps_every_state_is_refused_where_only_the_chunks_fit(monkeypatch):
-    from vit.explain.fits import check_input_fits
+    from vit.costs.fits import check_input_fits
 
     monkeypatch.delenv("VIT_ANALYSIS_MEMORY_MB", raising=False)
     checkpoint = checkpoint_of(tower(QWEN_7B, "meta"))
@@ -179,8 +179,8 @@ import torch
 from peak_memory import peak, start
 from test_checkpointed_states import SCALED, SCALED_SIDE, checkpoint_of, photo, tower
 from vit.costs import plan
-from vit.explain import attention_maps, image_analysis
-from vit.inference import InputSize
+from vit.explain.views import attention_maps, image_analysis
+from vit.core.inference import InputSize
 
 checkpoint = checkpoint_of(tower(SCALED))
 

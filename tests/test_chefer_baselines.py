@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tests.reference.chefer.ViT_explanation_generator import LRP, Baselines
-from vit.explain.cam import attention_gradcam
-from vit.explain.relevance import UnsupportedModelError, full_lrp, partial_lrp, patch_sums
+from vit.explain.methods.cam import attention_gradcam
+from vit.explain.methods.relevance import UnsupportedModelError, full_lrp, partial_lrp, patch_sums
 from vit.model import ViT, ViTConfig
 
 CONFIG = ViTConfig(image_size=56, patch_size=4, num_channels=3, num_classes=5, hidden_size=32, num_layers=3,
@@ -143,8 +143,8 @@ def test_vit_explain_draws_their_gradcam_on_attention_and_both_lrps(tmp_path, on
     import vit
     from tests.reference.chefer import ViT_new
     from vit.checkpoint import save_checkpoint
-    from vit.explain import attention_maps
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
+    from vit.explain.views import attention_maps
 
     model = random_vit()
     save_checkpoint(tmp_path / "m.pt", model, ["a", "b", "c", "d", "e"])

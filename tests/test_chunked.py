@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from vit.costs import memory as costs_memory
-from vit.explain.attention import fuse_heads, layer_stats, rollout, rollout_factor
-from vit.explain.chunked import LayerInputs, attention_chunks, chunk_sizes
-from vit.explain.hidden import forward_with_hidden_states
+from vit.explain.methods.attention import fuse_heads, layer_stats, rollout, rollout_factor
+from vit.explain.methods.chunked import LayerInputs, attention_chunks, chunk_sizes
+from vit.explain.methods.hidden import forward_with_hidden_states
 from vit.model import ViT, ViTConfig
 
 # 3 heads, 1 CLS + 2 registers + a 5 x 7 grid = 38 tokens: chunks of 2 heads or 5 queries leave a remainder.
@@ -135,8 +135,8 @@ def test_the_explorers_maps_past_the_factor_cache_equal_the_whole_attentions(mon
     from PIL import Image
 
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import attention_maps, image_analysis, mechanism_views
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
+    from vit.explain.views import attention_maps, image_analysis, mechanism_views
 
     monkeypatch.setattr(image_analysis, "LAYER_CACHE_BYTES", 4096)  # too small for the factors: row vectors instead
     torch.manual_seed(0)
@@ -164,9 +164,9 @@ def test_the_explorers_maps_past_the_factor_cache_equal_the_whole_attentions(mon
 def test_a_whole_matrix_over_the_memory_limit_is_refused_naming_the_cli(monkeypatch):
     from PIL import Image
 
-    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import attention_maps, image_analysis
+    from vit.costs.bounds import TooManyTokens
+    from vit.explain.views import attention_maps, image_analysis
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
@@ -181,9 +181,9 @@ def test_a_whole_matrix_over_the_memory_limit_is_refused_naming_the_cli(monkeypa
 def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(monkeypatch):
     from PIL import Image
 
-    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import method_maps
+    from vit.costs.bounds import TooManyTokens
+    from vit.explain.views import method_maps
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
@@ -199,10 +199,10 @@ def test_chunked_gradient_maps_past_the_memory_limit_are_refused_up_front_with_t
         monkeypatch):
     from PIL import Image
 
-    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import method_maps
-    from vit.explain.chunked import CHUNK_BYTES, gradient_bytes
+    from vit.costs.bounds import TooManyTokens
+    from vit.explain.methods.chunked import CHUNK_BYTES, gradient_bytes
+    from vit.explain.views import method_maps
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
@@ -218,7 +218,7 @@ def test_the_class_map_past_the_whole_gradients_bound_is_the_chunked_row_of_the_
     from PIL import Image
 
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import attention_maps, image_analysis, method_maps
+    from vit.explain.views import attention_maps, image_analysis, method_maps
 
     model = sharp(REGISTERS)
     checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
@@ -266,7 +266,7 @@ def pattern_gradients(model, images, index, layers):
 @pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
 @pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
 def test_chunked_legrad_equals_legrad_of_the_whole_attention_gradients(config, head_chunk, query_chunk):
-    from vit.explain.relevance import legrad, legrad_from_gradients
+    from vit.explain.methods.relevance import legrad, legrad_from_gradients
 
     model, images, index = sharp(config), torch.randn(2, 3, 20, 28), torch.tensor([2, 0])
     expected = legrad_from_gradients(pattern_gradients(model, images, index, range(config.num_layers)), (5, 7),
@@ -278,7 +278,7 @@ def test_chunked_legrad_equals_legrad_of_the_whole_attention_gradients(config, h
 @pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
 @pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
 def test_row_vector_gradient_rollout_equals_a_row_of_the_whole_gradient_rollout(config, head_chunk, query_chunk):
-    from vit.explain.attention import class_gradients, gradient_rollout
+    from vit.explain.methods.attention import class_gradients, gradient_rollout
 
     model, grid = sharp(config), (5, 7)
     images, index = torch.randn(2, 3, 20, 28), torch.tensor([1, 2])
@@ -304,9 +304,10 @@ def test_negative_layers_count_from_the_end():
 def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monkeypatch):
     from PIL import Image
 
-    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import attention_flow, method_maps
+    from vit.costs.bounds import TooManyTokens
+    from vit.explain.methods import attention_flow
+    from vit.explain.views import method_maps
 
     torch.manual_seed(0)
     model = ViT(REGISTERS).eval()
@@ -332,7 +333,7 @@ def test_gradient_maps_report_each_block_and_stop_where_their_progress_says_so(m
 
     from vit.app import work
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import method_maps
+    from vit.explain.views import method_maps
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))

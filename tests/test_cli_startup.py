@@ -16,7 +16,7 @@ name, *sys.argv[1:] = sys.argv[1:]
 sys.argv[0] = name
 
 
-def report():  # at exit, which vit.cli.finish reaches through atexit
+def report():  # at exit, which vit.core.cli.finish reaches through atexit
     heavy = sorted(m for m in ("torch", "torchvision", "numpy", "transformers", "timm", "ray", "PIL")
                    if m in sys.modules)
     print("IMPORTED", ",".join(heavy), file=sys.stderr)
@@ -124,7 +124,7 @@ def test_a_model_path_that_reads_as_a_hub_id_is_left_to_the_hub():
 
 def test_the_names_the_parsers_list_without_torch_are_the_ones_the_run_uses():
     from vit import faithfulness
-    from vit.explain import faithfulness as scores
+    from vit.explain.benchmarks import metrics as scores
     from vit.model import PRESETS
     from vit.training.options import PRESET_NAMES
 
@@ -158,7 +158,7 @@ def test_a_command_ends_through_finish_with_atexit_hooks_threads_and_its_status_
     # torch loaded (and print nanobind's noise with triton): a gc callback sees no collection after finish.
     probe = """
 import atexit, gc, sys, threading, time
-from vit.cli import finish
+from vit.core.cli import finish
 from concurrent.futures import ThreadPoolExecutor
 pool = ThreadPoolExecutor(1)  # an idle worker (a server's pool) ends through threading's exit hooks
 pool.submit(int).result()
@@ -176,7 +176,7 @@ finish(3)
 
 def test_a_command_whose_reader_closes_the_pipe_ends_quietly():
     reader = subprocess.Popen(["head", "-c", "10"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    result = subprocess.run([sys.executable, "-c", "from vit.cli import run_command\n"
+    result = subprocess.run([sys.executable, "-c", "from vit.core.cli import run_command\n"
                              "run_command(lambda: [print('x' * 1000) for _ in range(1000)] and 0)"],
                             stdout=reader.stdin, stderr=subprocess.PIPE, text=True, timeout=120)
     reader.stdin.close()

@@ -24,7 +24,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from test_app import dirs  # noqa: F401 (a fixture)
 
-from vit.clips import ClipError, read_clip, read_clip_bytes
+from vit.core.clips import ClipError, read_clip, read_clip_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACK = dict(screen=(16, 16), frames=[(0, 0, 16, 16)] + [(0, 0, 12_000, 12_000)] * 3)  # the issue's GIF
@@ -96,7 +96,7 @@ def test_the_written_gifs_decode_as_pillow_decodes_them():
 
 PEAK = """
 import resource, sys
-from vit.clips import ClipError, read_clip_bytes
+from vit.core.clips import ClipError, read_clip_bytes
 data = open(sys.argv[1], "rb").read()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
@@ -166,7 +166,7 @@ def test_a_gif_declaring_more_pixels_than_pil_decodes_is_refused_in_one_line(sid
 
 def test_a_clip_past_the_uploads_aspect_bound_is_refused_as_an_image_is():
     """Item 8: a 1 x 65,535 GIF screen, a frame that widens a 16 x 16 one to 16 x 2,000, a zip's frame."""
-    from vit.images import MAX_ASPECT
+    from vit.core.images import MAX_ASPECT
 
     tall = gif_bytes((1, 65_535), [(0, 0, 1, 1)])
     widened = gif_bytes((16, 16), [(0, 0, 16, 16), (0, 0, 16, 2_000)])

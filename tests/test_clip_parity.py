@@ -91,7 +91,7 @@ def test_a_non_square_open_clip_folder_matches_open_clip(tmp_path, preprocess_cf
     are drawn over what the model saw: the padding in that colour."""
     from PIL import Image
 
-    from vit.inference import preprocess, seen_region
+    from vit.core.inference import preprocess, seen_region
 
     vision = dict(VISION_CASES["tok"], image_size=[24, 32])
     model_cfg = dict(embed_dim=16, vision_cfg=vision, text_cfg=TEXT_CFG)

@@ -11,8 +11,8 @@ from test_export import figures, prediction_of
 
 from vit.app import share
 from vit.app.export import ClipView, clip_html
-from vit.explain.overlay import overlay
-from vit.explain.video import CLIP_KIND_LABELS
+from vit.explain.views.overlay import overlay
+from vit.explain.views.video import CLIP_KIND_LABELS
 
 DIGEST = hashlib.sha256(b"a clip").hexdigest()
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.explain.compare import (
+from vit.explain.views.compare import (
     ABSENT,
     config_diff,
     difference,
@@ -73,12 +73,12 @@ def test_difference_overlay_puts_zero_at_the_centre_of_the_diverging_colour_map(
 def test_settings_for_the_other_checkpoint_match_relative_depth_and_find_classes_by_name():
     from types import SimpleNamespace
 
-    from vit.explain.attention_maps import MapSettings
+    from vit.explain.views.attention_maps import MapSettings
 
     a = SimpleNamespace(num_layers=4, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
     deeper = SimpleNamespace(num_layers=6, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
     coarse = SimpleNamespace(num_layers=4, num_heads=2, grid=(4, 4), num_prefix_tokens=1, input_size=(64, 64))
-    from vit.explain.compare import settings_for_other
+    from vit.explain.views.compare import settings_for_other
 
     s = settings_for_other(MapSettings(layer=-1), a, deeper, ["x", "y"], ["x", "y"])
     assert s.layer == 5  # A's last layer (4 of 4) is B's last (6 of 6): the same relative depth
@@ -99,14 +99,14 @@ def test_settings_for_the_other_checkpoint_match_relative_depth_and_find_classes
 @pytest.mark.parametrize("layer, L_a, L_b, expected", [(3, 4, 6, 5), (3, 6, 12, 7), (11, 12, 6, 5), (0, 12, 6, 0),
                                                        (5, 6, 4, 3), (2, 4, 4, 2), (0, 1, 12, 11)])
 def test_same_depth_matches_the_share_of_the_network(layer, L_a, L_b, expected):
-    from vit.explain.compare import same_depth
+    from vit.explain.views.compare import same_depth
 
     assert same_depth(layer, L_a, L_b) == expected
 
 
 def test_the_depth_note_names_both_layers():
-    from vit.explain.attention_maps import MapSettings
-    from vit.explain.compare import depth_note
+    from vit.explain.views.attention_maps import MapSettings
+    from vit.explain.views.compare import depth_note
 
     assert depth_note(MapSettings(layer=3), MapSettings(layer=7), 6, 12) == \
         "A's layer 4 of 6 is compared with B's layer 8 of 12 (the same relative depth)."

@@ -68,7 +68,8 @@ def build(family: str) -> ViT:
     """The family's tiny model (random weights) from its config.json, as ``vit.sources`` reads it."""
     import torch
 
-    from vit.sources import hf, import_beit, import_hiera, import_qwen, import_sam, import_siglip, import_swin
+    from vit.sources.families import hf, import_beit, import_hiera, import_sam, import_siglip, import_swin
+    from vit.sources.vlm import import_qwen
 
     kind, config, architecture = FAMILIES[family]
     read = {"hf": lambda c: hf.config_from_hf(c, architecture), "swin": import_swin.config_from_hf,
@@ -100,9 +101,9 @@ from peak_memory import peak, start
 from test_costs import SIDES, WARM, build, estimate
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.costs import plan
-from vit.explain import attention_maps, image_analysis, method_maps
-from vit.explain.stages import relevance_rollout_row
-from vit.inference import InputSize, preprocess
+from vit.explain.views import attention_maps, image_analysis, method_maps
+from vit.explain.methods.stage_maps import relevance_rollout_row
+from vit.core.inference import InputSize, preprocess
 
 model = build(sys.argv[1])
 c = model.config

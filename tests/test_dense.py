@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vit
-from vit.bounds import TooManyTokens
 from vit.checkpoint import Preprocessing, save_checkpoint
-from vit.explain import dense
-from vit.explain import dense_views as dense_view
-from vit.inference import InputSize, preprocess
+from vit.core.inference import InputSize, preprocess
+from vit.costs.bounds import TooManyTokens
+from vit.explain.methods import dense
+from vit.explain.views import dense_views as dense_view
 from vit.model import ViT, ViTConfig
 
 NOTEBOOKS = Path(__file__).resolve().parent / "reference" / "dinov3_notebooks"

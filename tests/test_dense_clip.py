@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vit.explain import dense_clip, prompts
+from vit.explain.language import prompts
+from vit.explain.methods import dense_clip
 from vit.model import MODEL_ATTENTION, ViT, ViTConfig
 from vit.model.layouts import neighbourhood_bias
-from vit.sources.import_clip import config_from_open_clip, state_dict_from_open_clip
+from vit.sources.families.import_clip import config_from_open_clip, state_dict_from_open_clip
 
 open_clip = pytest.importorskip("open_clip")
 pytestmark = pytest.mark.slow  # ViT-B towers: seconds each
@@ -284,8 +285,8 @@ WORDS = ["a dog", "a cat", "a red ball"]
 @pytest.mark.parametrize("method", list(dense_clip.METHODS))
 def test_vit_ask_maps_each_label_from_the_dense_maps_of_all(clip_checkpoint, method):
     import vit
-    from vit.explain import words
-    from vit.sources.text_tower import open_text_tower
+    from vit.explain.language import words
+    from vit.sources.vlm.text_tower import open_text_tower
 
     image = noise_image()
     assert method in vit.ask_methods(clip_checkpoint)
@@ -303,8 +304,8 @@ def test_vit_ask_maps_each_label_from_the_dense_maps_of_all(clip_checkpoint, met
 
 def test_one_label_is_weighed_against_the_empty_text_in_its_template(clip_checkpoint):
     import vit
-    from vit.explain import words
-    from vit.sources.text_tower import open_text_tower
+    from vit.explain.language import words
+    from vit.sources.vlm.text_tower import open_text_tower
 
     image = noise_image()
     answer = vit.ask(clip_checkpoint, image, ["a dog"])  # the default template, "a photo of a {}."

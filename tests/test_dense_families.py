@@ -21,8 +21,8 @@ from PIL import Image
 
 import vit
 from vit.checkpoint import Checkpoint, Preprocessing, save_checkpoint
-from vit.explain import dense
-from vit.inference import TRAINING_SIZE, InputSize, preprocess
+from vit.core.inference import TRAINING_SIZE, InputSize, preprocess
+from vit.explain.methods import dense
 from vit.model import ViT, ViTConfig
 
 pytestmark = pytest.mark.slow  # importing transformers, timm and open_clip takes seconds

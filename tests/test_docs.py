@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 import vit
-from vit.cli import option_strings
+from vit.core.cli import option_strings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -14,10 +14,10 @@ from test_training_attention_page import fake_run, shown_text
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.app.drawing import display_images
-from vit.app.explorer import MORE_METHODS
-from vit.explain.attention import token_map
-from vit.explain.compare import difference
-from vit.inference import preprocess
+from vit.app.explorer_page import MORE_METHODS
+from vit.core.inference import preprocess
+from vit.explain.methods.attention import token_map
+from vit.explain.views.compare import difference
 from vit.model import ViT
 
 

@@ -17,7 +17,7 @@ import vit
 from vit.app import share
 from vit.app.export import View, valued_points, view_html
 from vit.checkpoint import save_checkpoint
-from vit.inference import Prediction, preprocess
+from vit.core.inference import Prediction, preprocess
 from vit.model import ViT, ViTConfig
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,

@@ -10,8 +10,8 @@ from PIL import Image
 
 from vit import faithfulness
 from vit.checkpoint import save_checkpoint
-from vit.explain.dataset import sample_files
-from vit.explain.faithfulness import METHODS, auc, baseline, method_maps, perturbation_curves, step_counts
+from vit.explain.benchmarks.metrics import METHODS, auc, baseline, method_maps, perturbation_curves, step_counts
+from vit.explain.views.dataset import sample_files
 from vit.model import ViT, ViTConfig
 
 
@@ -146,7 +146,7 @@ def test_the_cli_defaults_to_a_fixed_number_of_curve_points(tmp_path, monkeypatc
         (tmp_path / "data" / name).mkdir(parents=True)
         Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "data" / name / "0.png")
     seen = []
-    from vit.explain import faithfulness as scores  # what the command runs (imported after parsing)
+    from vit.explain.benchmarks import metrics as scores  # what the command runs (imported after parsing)
 
     real = scores.perturbation_curves
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.reference.chefer_eval import metrices
-from vit.explain.faithfulness import (
+from vit.explain.benchmarks.metrics import (
     PERTURBATION_STEPS,
     average_precision,
     perturbation_auc,
@@ -112,7 +112,7 @@ def test_baselines_segmentation_equals_their_eval_batch_with_their_generators(mo
     from tests.reference.chefer import ViT_LRP, ViT_new, ViT_orig_LRP
     from tests.reference.chefer.ViT_explanation_generator import LRP, Baselines
     from tests.test_chefer_baselines import random_vit, reference
-    from vit.explain.faithfulness import CHEFER_START_LAYER, method_maps
+    from vit.explain.benchmarks.metrics import CHEFER_START_LAYER, method_maps
     from vit.model import ViTConfig
 
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
@@ -205,7 +205,7 @@ def test_benchmark_items_for_the_page_reads_a_folder_and_names_no_option(tmp_pat
     """``command=False`` (the Analyse page): segmentation's data is a folder even when a file is given (no
     gtsegs_ijcv.mat), and an empty folder's message names no ``--data``; the command's own keeps both."""
     from vit import faithfulness
-    from vit.cli import UsageError
+    from vit.core.cli import UsageError
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "masks").mkdir()
@@ -309,7 +309,7 @@ def test_the_command_rolls_out_from_their_start_layer_in_chefers_tests_only(tmp_
     """The benchmark's maps: rollout from layer 1 in Chefer's segmentation test, as their script (the parity above
     checks method_maps at that layer), from layer 0 in ROAD."""
     from vit import faithfulness
-    from vit.explain import faithfulness as bench
+    from vit.explain.benchmarks import metrics as bench
 
     asked = []
     maps = bench.method_maps

@@ -62,7 +62,7 @@ def test_a_rerun_killed_as_it_writes_its_report_leaves_the_previous_report_whole
 
 
 def test_the_report_files_named_before_torch_loads_are_the_ones_written():
-    from vit.explain import benchmark_run
+    from vit.explain.benchmarks import benchmark_run
 
     assert faithfulness.REPORT_FILES == benchmark_run.REPORT_FILES
 
@@ -114,7 +114,7 @@ def test_a_mask_swapped_for_a_fifo_after_the_listing_is_refused_without_waiting_
     import os
 
     from tests.test_gtsegs import finishes
-    from vit.explain.benchmark_run import BenchmarkError, open_mask
+    from vit.explain.benchmarks.benchmark_run import BenchmarkError, open_mask
 
     fifo = tmp_path / "im0.png"
     os.mkfifo(fifo)

@@ -13,7 +13,7 @@ from tests.reference.pytorch_grad_cam.road import (
     ROADLeastRelevantFirst,
     ROADMostRelevantFirst,
 )
-from vit.explain.faithfulness import input_maps, linear_impute, road_scores
+from vit.explain.benchmarks.metrics import input_maps, linear_impute, road_scores
 
 
 class Logits(torch.nn.Module):

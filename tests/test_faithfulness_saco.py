@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vit.explain.faithfulness import input_maps, saco_coefficient, saco_groups
+from vit.explain.benchmarks.metrics import input_maps, saco_coefficient, saco_groups
 
 REFERENCE = Path(__file__).parent / "reference" / "saco" / "compute_SaCo.py"
 

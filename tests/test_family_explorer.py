@@ -8,10 +8,10 @@ from PIL import Image
 
 from vit.app import drawing
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain import attention_maps, image_analysis, map_captions
-from vit.explain.attention import fuse_heads, rollout_factor, rollout_vector
-from vit.explain.map_captions import token_label
-from vit.inference import TRAINING_SIZE, InputSize, preprocess
+from vit.core.inference import TRAINING_SIZE, InputSize, preprocess
+from vit.explain.methods.attention import fuse_heads, rollout_factor, rollout_vector
+from vit.explain.views import attention_maps, image_analysis, map_captions
+from vit.explain.views.map_captions import token_label
 from vit.model import ViT, ViTConfig
 
 BASE = dict(image_size=16, patch_size=4, num_classes=0, hidden_size=16, num_layers=2, num_heads=2, mlp_size=24)

@@ -7,8 +7,8 @@ is in test_family_relevance_timm.py."""
 import pytest
 import torch
 
-from vit.explain import relevance
-from vit.explain.attention import class_gradients
+from vit.explain.methods import relevance
+from vit.explain.methods.attention import class_gradients
 from vit.model import ViT, ViTConfig, use_rules
 
 BASE = dict(image_size=16, patch_size=4, num_classes=3, hidden_size=16, num_layers=2, num_heads=2, mlp_size=24)

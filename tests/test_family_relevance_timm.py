@@ -22,7 +22,7 @@ from tests.reference.lxt.patches import (
     wrap_attention_forward,
 )
 from tests.reference.lxt.rules import divide_gradient, identity_rule_implicit
-from vit.explain.relevance import AttnLRPRules, attnlrp
+from vit.explain.methods.relevance import AttnLRPRules, attnlrp
 from vit.model import use_rules
 from vit.sources.open import open_source
 

@@ -4,7 +4,7 @@ the crowded category ticks and the axes had no titles."""
 import numpy as np
 import pytest
 
-from vit.explain.figures import layer_head_figure, layer_token_figure
+from vit.explain.views.figures import layer_head_figure, layer_token_figure
 
 
 def test_a_layers_by_heads_heatmap_labels_every_row_and_column_and_titles_its_axes():

@@ -87,7 +87,7 @@ def test_analyze_refuses_before_any_block_locally_and_in_its_ray_job(over_the_li
 
 
 def test_the_summaries_the_ray_actors_and_the_page_compute_refuse_before_any_block(over_the_limit, blocks_run):
-    from vit.explain.dataset import analyze_files, image_summaries
+    from vit.explain.views.dataset import analyze_files, image_summaries
 
     path, data = over_the_limit
     checkpoint = load_checkpoint(path)
@@ -123,7 +123,7 @@ def test_the_dataset_analysis_counts_every_layers_attention_it_reads_and_asks_on
     2 heads x 65² float32, and the costliest layer's scores beside its probabilities, 3 x 33,800 bytes; an input
     whose forward alone fits but not with them is refused, and the command asks the cost model once."""
     from vit import analyze
-    from vit.explain import dataset
+    from vit.explain.views import dataset
 
     torch.manual_seed(0)
     model = ViT(CONFIG).eval()

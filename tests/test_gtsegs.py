@@ -11,7 +11,7 @@ import torch
 h5py = pytest.importorskip("h5py")
 
 from tests.reference.chefer_eval.Imagenet import Imagenet_Segmentation  # noqa: E402
-from vit.explain.gtsegs import MAX_ITEMS, GtSegs, GtSegsError  # noqa: E402
+from vit.explain.benchmarks.gtsegs import MAX_ITEMS, GtSegs, GtSegsError  # noqa: E402
 
 
 def write_gtsegs(path, images, masks):
@@ -172,7 +172,7 @@ def finishes(call, fifo=None, seconds: float = 20.0):
 
 READ_ITEM = """
 import sys
-from vit.explain.gtsegs import GtSegs, GtSegsError
+from vit.explain.benchmarks.gtsegs import GtSegs, GtSegsError
 try:
     with GtSegs(sys.argv[1]) as file:
         file.item(int(sys.argv[2]))
@@ -258,7 +258,7 @@ def test_an_image_past_the_decoded_side_is_reduced_as_an_upload_is(tmp_path):
     nearest to the same size."""
     from PIL import Image
 
-    from vit.images import MAX_SIDE, open_image
+    from vit.core.images import MAX_SIDE, open_image
 
     ys, xs = np.mgrid[0:2100, 0:3000]
     picture = np.stack([xs % 256, ys % 256, (xs + ys) // 24 % 256], axis=-1).astype(np.uint8)  # (H, W, 3)

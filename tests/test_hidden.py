@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from vit.cache import ByteCache
-from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
+from vit.core.cache import ByteCache
+from vit.explain.methods.hidden import LayerAttentions, forward_with_hidden_states
 from vit.model import ViT, ViTConfig
-from vit.sources.hf import config_from_hf, state_dict_from_hf
+from vit.sources.families.hf import config_from_hf, state_dict_from_hf
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=3,
                  num_heads=2, mlp_size=32)
@@ -74,8 +74,8 @@ def test_one_querys_rows_from_queries_and_keys_equal_the_full_attention_rows():
 
 def test_queries_and_keys_kept_from_the_forward_give_the_models_own_attention_rows_without_another_block_run(
         monkeypatch):
-    from vit.explain import hidden as hidden_module
-    from vit.explain.hidden import query_key_hooks
+    from vit.explain.methods import hidden as hidden_module
+    from vit.explain.methods.hidden import query_key_hooks
 
     model, images = tiny_model(), torch.randn(1, 3, 12, 20)  # a 3 x 5 grid
     with torch.no_grad():
@@ -97,7 +97,7 @@ def test_queries_and_keys_kept_from_the_forward_give_the_models_own_attention_ro
 def test_no_query_key_hooks_for_a_model_with_a_relative_position_bias():
     from dataclasses import replace
 
-    from vit.explain.hidden import query_key_hooks
+    from vit.explain.methods.hidden import query_key_hooks
 
     assert query_key_hooks(ViT(replace(TINY, rel_pos="beit")), {}) == []
 

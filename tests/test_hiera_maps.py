@@ -14,8 +14,8 @@ from PIL import Image
 from test_hiera_parity import SAM2_TINY, TIMM_TINY, dense_library_attentions, library_dense, save_hf_hiera, stage_tokens
 
 import vit
-from vit.explain.stages import clicked_row
-from vit.inference import InputSize, preprocess
+from vit.core.inference import InputSize, preprocess
+from vit.explain.methods.stage_maps import clicked_row
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -132,7 +132,7 @@ def test_token_norms_after_each_stage_are_hfs_hidden_states(hiera):
 
 def test_predict_saves_hieras_logits_and_each_layers_windows_with_what_places_them(hiera, tmp_path):
     from vit import predict
-    from vit.explain.attention import layer_on_grid
+    from vit.explain.methods.attention import layer_on_grid
     from vit.model.stages import LayerLayout
 
     checkpoint, _, dense, _, _, logits = hiera

@@ -19,7 +19,7 @@ from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_
 from test_hiera_parity import TIMM_TINY, save_hf_hiera
 from test_swin_methods import one_grid_calls
 
-from vit.explain import mechanism
+from vit.explain.mechanism import components as mechanism
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

@@ -16,8 +16,8 @@ import pytest
 import torch
 from parity_helpers import assert_parity, randomize
 
-from vit.explain.attention import layer_on_grid
-from vit.explain.stages import rollout_row
+from vit.explain.methods.attention import layer_on_grid
+from vit.explain.methods.stage_maps import rollout_row
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, normalize, open_image, to_mode, to_uint8
+from vit.core.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, normalize, open_image, to_mode, to_uint8
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
 
@@ -264,7 +264,7 @@ def test_pil_warnings_do_not_reach_the_user(monkeypatch):
 
 
 def test_normalize_builds_its_channel_tensors_once_per_statistics_and_device():
-    from vit.images import _channel_tensors
+    from vit.core.images import _channel_tensors
 
     batch = torch.full((2, 3, 2, 2), 51, dtype=torch.uint8)
     first = normalize(batch, [0.1, 0.2, 0.3], [0.5, 0.5, 0.5])  # a list is accepted as before
@@ -333,7 +333,7 @@ def test_a_197_byte_40000x1_png_is_refused_before_it_is_decoded(monkeypatch):
     """Its shape, not its size, is the bomb: resized to a 256-px short side it would be 10 G pixels."""
     import io
 
-    from vit.images import MAX_ASPECT, ImageError, open_image
+    from vit.core.images import MAX_ASPECT, ImageError, open_image
 
     buffer = io.BytesIO()
     Image.new("L", (40000, 1)).save(buffer, format="PNG", optimize=True)
@@ -347,7 +347,7 @@ def test_a_197_byte_40000x1_png_is_refused_before_it_is_decoded(monkeypatch):
 def test_shapes_up_to_the_aspect_limit_and_single_pixels_open():
     import io
 
-    from vit.images import MAX_ASPECT, open_image
+    from vit.core.images import MAX_ASPECT, open_image
 
     for size in ((MAX_ASPECT, 1), (1, 1), (3, 2)):
         buffer = io.BytesIO()
@@ -356,7 +356,7 @@ def test_shapes_up_to_the_aspect_limit_and_single_pixels_open():
 
 
 def test_a_resize_that_would_exceed_the_pixel_bound_is_refused_before_resizing():
-    from vit.images import MAX_RESIZED_PIXELS, ImageError, resized_size
+    from vit.core.images import MAX_RESIZED_PIXELS, ImageError, resized_size
 
     assert resized_size((640, 480), 256, "shortest_edge") == (341, 256)
     with pytest.raises(ImageError, match=f"at most {MAX_RESIZED_PIXELS:,} pixels"):

@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.images import normalize, to_uint8
-from vit.inference import InputSize, classify_files, predict, predict_files, preprocess
+from vit.core.images import normalize, to_uint8
+from vit.core.inference import InputSize, classify_files, predict, predict_files, preprocess
 from vit.model import ViT, ViTConfig
 
 CLASSES = ["cat", "dog", "ship"]
@@ -214,7 +214,7 @@ def test_input_size_rounds_each_side_to_rectangular_patches(size, image, shape):
 
 
 def test_largest_square_side_holds_at_most_that_many_patches():
-    from vit.inference import largest_square_side
+    from vit.core.inference import largest_square_side
 
     assert largest_square_side(16, 5) == 32  # isqrt(5) = 2 patches a side
     assert largest_square_side((2, 8), 64) == 32  # 16 x 4 patches of 2 x 8 px
@@ -223,7 +223,7 @@ def test_largest_square_side_holds_at_most_that_many_patches():
 
 
 def test_input_size_is_bounded():
-    # 4,096 px: maps past 1,024 px are computed in chunks (vit.explain.chunked), so the bound is the CLI's, not memory's
+    # 4,096 px: maps past 1,024 px are computed in chunks (vit.explain.methods.chunked), so the bound is the CLI's, not memory's
     assert InputSize(4096).side == 4096
     with pytest.raises(ValueError, match="1 to 4096"):
         InputSize(5000)

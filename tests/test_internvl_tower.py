@@ -183,7 +183,7 @@ def _picture(width: int, height: int) -> Image.Image:
 
 
 def test_the_image_shown_is_the_processors_thumbnail_the_last_of_its_tiles(vlms):
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     checkpoint = open_source(vlms["plain"][0])
     tiles = transformers.GotOcr2ImageProcessor.from_pretrained(vlms["plain"][0])
@@ -291,7 +291,7 @@ def test_the_keys_the_hubs_internvl_configs_carry_beyond_transformers_fields_ope
 
 
 def test_every_internvl_vision_config_field_is_read_or_known_to_change_nothing():
-    from vit.sources import import_internvl
+    from vit.sources.vlm import import_internvl
 
     fields = {f.name for f in dataclasses.fields(transformers.InternVLVisionConfig)} - {
         f.name for f in dataclasses.fields(transformers.PretrainedConfig)}

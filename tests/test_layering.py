@@ -32,7 +32,7 @@ ALLOWED = {
 
 
 def layer_of(module: str) -> str:
-    """The layer of a dotted ``vit`` module name (``vit.explain.attention`` -> ``explain``)."""
+    """The layer of a dotted ``vit`` module name (``vit.explain.methods.attention`` -> ``explain``)."""
     if module in API:
         return "api"
     parts = module.split(".")
@@ -116,9 +116,9 @@ def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(t
     (tmp_path / "training" / "data.py").write_text("from vit.training.options import AUGMENTATIONS\n")
     (tmp_path / "training" / "options.py").write_text("def f():\n    from vit.training.trainer import Settings\n")
     (tmp_path / "training" / "trainer.py").write_text("from vit.training.data import Dataset\n")
-    (tmp_path / "cli.py").write_text("def f():\n    from vit.inference import NonFiniteOutput\n")
-    (tmp_path / "inference.py").write_text("from vit.cli import MAX_INPUT_SIDE\n")
-    assert circles(tmp_path) == [["vit.cli", "vit.inference"],
+    (tmp_path / "cli.py").write_text("def f():\n    from vit.core.inference import NonFiniteOutput\n")
+    (tmp_path / "inference.py").write_text("from vit.core.cli import MAX_INPUT_SIDE\n")
+    assert circles(tmp_path) == [["vit.core.cli", "vit.core.inference"],
                                  ["vit.training.data", "vit.training.options", "vit.training.trainer"]]
 
 
@@ -156,9 +156,9 @@ def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(t
 
 
 @pytest.mark.parametrize("module, layer", [("vit.model", "core"), ("vit.train", "commands"),
-                                           ("vit.explain.attention", "explain"), ("vit.app", "app"),
+                                           ("vit.explain.methods.attention", "explain"), ("vit.app", "app"),
                                            ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api"),
-                                           ("vit.features.sae", "features"), ("vit.sae", "commands")])
+                                           ("vit.features.autoencoder", "features"), ("vit.sae", "commands")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 
@@ -208,7 +208,7 @@ def test_nothing_reads_an_engine_name_through_a_module_of_the_app_layer(module):
 
 
 def test_the_re_export_check_catches_both_ways_of_reading_one(tmp_path):
-    (tmp_path / "drawing.py").write_text("from vit.explain.overlay import jpeg_data_uri\n\ndef figure():\n    pass\n")
+    (tmp_path / "drawing.py").write_text("from vit.explain.views.overlay import jpeg_data_uri\n\ndef figure():\n    pass\n")
     (tmp_path / "page.py").write_text("from vit.app import drawing\nfrom vit.app.drawing import figure, "
                                       "jpeg_data_uri\n\ndrawing.figure()\ndrawing.jpeg_data_uri(None)\n")
     assert borrowed("vit.app.drawing", tmp_path / "drawing.py", [tmp_path / "page.py"]) == [

@@ -4,7 +4,7 @@ index, SAM's windows and their placement back on the patch grid, checked against
 import pytest
 import torch
 
-from vit.explain.attention import rollout, windows_on_grid
+from vit.explain.methods.attention import rollout, windows_on_grid
 from vit.model import ViT, ViTConfig, beit_relative_position_index
 
 
@@ -75,7 +75,7 @@ def test_windows_are_placed_on_the_grid_where_a_hand_loop_puts_them():
 def test_a_patch_attends_exactly_to_its_own_window_and_rollout_keeps_it_there():
     model = noised(ViTConfig(**SAM))
     images = torch.randn(1, 3, 56, 48)  # a 7 x 6 grid: windows of rows 0-2, 3-5, 6 and columns 0-2, 3-5
-    from vit.explain.hidden import block_attention
+    from vit.explain.methods.hidden import block_attention
 
     with torch.no_grad():
         x = model.embed(images)
@@ -92,8 +92,8 @@ def test_a_patch_attends_exactly_to_its_own_window_and_rollout_keeps_it_there():
 
 
 def test_chunked_views_read_the_placed_layer_and_q_k_shortcuts_refuse_in_one_line():
-    from vit.explain.chunked import LayerInputs
-    from vit.explain.hidden import block_attention, queries_and_keys
+    from vit.explain.methods.chunked import LayerInputs
+    from vit.explain.methods.hidden import block_attention, queries_and_keys
 
     model = noised(ViTConfig(**SAM))
     with torch.no_grad():
@@ -107,8 +107,8 @@ def test_chunked_views_read_the_placed_layer_and_q_k_shortcuts_refuse_in_one_lin
 
 
 def test_flow_on_a_windowed_model_reads_the_placed_windows():
-    from vit.explain.attention_flow import attention_flow
-    from vit.explain.hidden import placed_attentions
+    from vit.explain.methods.attention_flow import attention_flow
+    from vit.explain.methods.hidden import placed_attentions
 
     model = noised(ViTConfig(**SAM))
     with torch.no_grad():
@@ -122,12 +122,12 @@ def _no_placement(monkeypatch):
     """Make placing a whole windowed layer on the grid (T x T per head) an error: the views must not do it."""
     def refuse(*args, **kwargs):
         raise AssertionError("a view placed a whole windowed layer on the grid")
-    monkeypatch.setattr("vit.explain.hidden.layer_on_grid", refuse)  # what places a layer whole there
+    monkeypatch.setattr("vit.explain.methods.hidden.layer_on_grid", refuse)  # what places a layer whole there
 
 
 def _no_whole_global_layer(monkeypatch):
     """Make forming a global layer's whole attention (H x T x T) an error: its views read it in query chunks."""
-    from vit.explain import chunked, hidden
+    from vit.explain.methods import chunked, hidden
 
     def windows_only(model, layer, *args):
         assert model.blocks[layer].window, f"a view formed global layer {layer}'s whole attention"
@@ -141,9 +141,9 @@ def _no_whole_global_layer(monkeypatch):
 @pytest.mark.parametrize("config", [dict(**BEIT, rel_pos="beit"), dict(**BEIT, rel_pos="beit_shared"), SAM],
                          ids=["beit", "beit-shared", "sam"])
 def test_a_global_layers_rows_with_its_bias_are_formed_in_query_chunks(monkeypatch, config):
-    from vit.cache import ByteCache
-    from vit.explain.chunked import LayerInputs
-    from vit.explain.hidden import LayerAttentions, block_attention, forward_with_hidden_states
+    from vit.core.cache import ByteCache
+    from vit.explain.methods.chunked import LayerInputs
+    from vit.explain.methods.hidden import LayerAttentions, block_attention, forward_with_hidden_states
 
     model, size = noised(ViTConfig(**config)), (40, 24) if config is not SAM else (56, 48)
     grid = model.patch_grid(*size)
@@ -161,8 +161,8 @@ def test_a_global_layers_rows_with_its_bias_are_formed_in_query_chunks(monkeypat
 @pytest.mark.parametrize("fusion, discard", [("mean", 0.0), ("max", 0.0), ("mean", 0.5)])
 def test_the_chunked_rollout_row_of_a_windowed_model_is_the_dense_rollout_of_its_placed_attentions(
         monkeypatch, fusion, discard):
-    from vit.explain.chunked import LayerInputs
-    from vit.explain.hidden import forward_with_hidden_states, placed_attentions
+    from vit.explain.methods.chunked import LayerInputs
+    from vit.explain.methods.hidden import forward_with_hidden_states, placed_attentions
 
     model = noised(ViTConfig(**{**SAM, "num_layers": 3, "global_layers": (1,)}))
     images = torch.randn(1, 3, 56, 48)  # a 7 x 6 grid: windows of 3 with padding at the bottom and the right
@@ -178,9 +178,9 @@ def test_the_chunked_rollout_row_of_a_windowed_model_is_the_dense_rollout_of_its
 
 
 def test_views_of_a_windowed_layer_read_the_query_row_from_its_window(monkeypatch):
-    from vit.cache import ByteCache
-    from vit.explain.chunked import LayerInputs
-    from vit.explain.hidden import LayerAttentions, block_attention, forward_with_hidden_states
+    from vit.core.cache import ByteCache
+    from vit.explain.methods.chunked import LayerInputs
+    from vit.explain.methods.hidden import LayerAttentions, block_attention, forward_with_hidden_states
 
     model = noised(ViTConfig(**SAM))
     with torch.no_grad():
@@ -198,8 +198,8 @@ def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_
         monkeypatch):
     from types import SimpleNamespace
 
-    from vit.explain import chunked
-    from vit.explain.fits import check_input_fits
+    from vit.costs.fits import check_input_fits
+    from vit.explain.methods import chunked
 
     sam_b = dict(image_size=1024, patch_size=16, hidden_size=768, num_heads=12, mlp_size=3072, num_classes=0,
                  class_token=False, pooling="avg", final_norm=False, rel_pos="sam", window_size=14)

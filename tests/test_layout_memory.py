@@ -23,10 +23,10 @@ import torch
 from peak_memory import can_reset_the_peak
 from PIL import Image
 
-from vit import bounds
+from vit.costs import bounds
 from vit.model import ViT
 from vit.model.stages import through_merge
-from vit.sources import import_swin
+from vit.sources.families import import_swin
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MB = 600  # VIT_ANALYSIS_MEMORY_MB in the subprocesses: the cache and chunk alone are 384 MB of it
@@ -85,7 +85,7 @@ def build(importer: str, config: dict, timm: bool = False) -> ViT:
     """A family's model (random weights) from its config.json, as ``vit.sources`` reads it."""
     from dataclasses import replace
 
-    from vit.sources import import_beit, import_hiera, import_sam
+    from vit.sources.families import import_beit, import_hiera, import_sam
 
     read = {"swin": import_swin.config_from_hf, "hiera": import_hiera.config_from_hf,
             "sam2": import_hiera.sam2_config_from_hf, "sam": import_sam.config_from_hf,
@@ -104,11 +104,11 @@ from PIL import Image
 sys.path.insert(0, sys.argv[2])
 from peak_memory import peak, start
 from test_layout_memory import build
-from vit import bounds
-from vit.explain import attention_maps, image_analysis, method_maps
+from vit.costs import bounds
+from vit.explain.views import attention_maps, image_analysis, method_maps
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain.stages import relevance_rollout_row
-from vit.inference import InputSize
+from vit.explain.methods.stage_maps import relevance_rollout_row
+from vit.core.inference import InputSize
 
 spec = json.loads(sys.argv[1])
 model = build(spec["importer"], spec["config"], spec.get("timm", False))
@@ -259,7 +259,7 @@ def test_the_issues_swin_v2_config_is_refused_before_its_first_block(monkeypatch
 def test_the_explorer_refuses_the_issues_config_for_a_small_upload_at_the_models_own_size():
     """The app's path: a visitor's 64 px upload is analysed at the model's own 512 px."""
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import image_analysis
+    from vit.explain.views import image_analysis
 
     model = build("swin", ISSUE_SWINV2)
     checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing(512, 3, (0.5,) * 3, (0.5,) * 3))

@@ -19,8 +19,8 @@ from PIL import Image
 from test_input_box import ramp_image, span_from_output
 
 from vit.checkpoint import Preprocessing
-from vit.images import resized_size
-from vit.inference import input_box, preprocess, seen_region
+from vit.core.images import resized_size
+from vit.core.inference import input_box, preprocess, seen_region
 from vit.sources.hf_preprocessing import HF_BACKEND_ENV
 from vit.sources.open import SourceError, open_source
 

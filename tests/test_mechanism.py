@@ -1,4 +1,4 @@
-"""Logit lens, direct logit attribution, head ablation and activation patching (vit.explain.mechanism).
+"""Logit lens, direct logit attribution, head ablation and activation patching (vit.explain.mechanism.components).
 
 References: a decomposition computed by hand in the test; HF transformers' own ViT (eager attention) with
 each head's output zeroed, replaced by a mean or patched through forward hooks written here on its
@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from vit.explain.mechanism import (
+from vit.explain.mechanism.components import (
     MechanismError,
     ablate_heads,
     ablated_copy,
@@ -141,7 +141,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_pair():
-    from vit.sources.hf import config_from_hf, state_dict_from_hf
+    from vit.sources.families.hf import config_from_hf, state_dict_from_hf
 
     torch.manual_seed(0)
     config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3,
@@ -375,7 +375,7 @@ def test_residual_patching_matches_hf_hooks(pair):
 
 
 def test_work_past_the_memory_bound_is_refused_before_it_starts(monkeypatch):
-    import vit.explain.mechanism as mechanism
+    import vit.explain.mechanism.components as mechanism
 
     model = random_vit()
     monkeypatch.setattr(mechanism, "MAX_ELEMENTS", 1000)
@@ -499,8 +499,8 @@ def test_batched_grids_equal_one_forward_per_cell_with_torch_hooks(config, chunk
 @pytest.mark.parametrize("grid", ["ablation", "heads", "residuals"])
 def test_a_followed_grid_runs_batches_of_at_most_progress_flops_of_work(grid, monkeypatch):
     # A page's Stop is heard between batches: 32 copies of a ViT-B/16 at 609 tokens were 30-50 s of 2 cores.
-    from vit.bounds import forward_flops
-    from vit.explain import mechanism
+    from vit.costs.bounds import forward_flops
+    from vit.explain.mechanism import components as mechanism
 
     model = random_vit()
     one = forward_flops(model.config, model.num_prefix_tokens + 16)

@@ -9,8 +9,8 @@ from PIL import Image
 
 from vit import predict as predict_cli
 from vit.checkpoint import load_checkpoint, save_checkpoint
-from vit.explain.mechanism import ablate_heads
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.mechanism.components import ablate_heads
 from vit.model import ViT, ViTConfig
 
 CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from parity_helpers import capture_inputs, randomize
 
-from vit.explain import mechanism
+from vit.explain.mechanism import components as mechanism
 from vit.sources.open import open_source
 
 timm = pytest.importorskip("timm")
@@ -178,7 +178,7 @@ NAFLEX_SIZE = (24, 40)  # (height, width)
 def test_the_naflex_size_is_a_native_aspect_grid():
     from test_siglip2_naflex_parity import noise_image
 
-    from vit.images import naflex_size
+    from vit.core.images import naflex_size
 
     assert naflex_size(*noise_image(50, 30).size[::-1], 8, 16) == NAFLEX_SIZE
 

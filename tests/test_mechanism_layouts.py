@@ -9,8 +9,8 @@ import pytest
 import torch
 from parity_helpers import capture_inputs, randomize
 
-from vit.explain import mechanism
-from vit.explain.attention import windows_on_grid
+from vit.explain.mechanism import components as mechanism
+from vit.explain.methods.attention import windows_on_grid
 from vit.sources.open import open_source
 
 timm = pytest.importorskip("timm")
@@ -278,7 +278,7 @@ def test_beit_test_time_registers_refuse_in_one_line_naming_the_bias(beit):
 def test_the_explorers_mean_ablated_copy_places_the_means_on_the_images_own_grid(sam_checkpoint):
     """At another input size than the model's (80 px: a 10 x 10 grid, windows padded to 12 x 12), the copy the page
     draws from puts each window's means where the hooked ablation of the same pass does."""
-    from vit.explain import mechanism_views
+    from vit.explain.views import mechanism_views
 
     _, checkpoint = sam_checkpoint
     ours = checkpoint.model
@@ -298,8 +298,8 @@ def test_predict_save_maps_writes_each_layers_attention_as_the_forward_gives_it(
     import numpy as np
     from PIL import Image
 
-    from vit.explain.hidden import placed_attentions
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
+    from vit.explain.methods.hidden import placed_attentions
     from vit.predict import main
 
     folder = beit_folder[1] if family == "beit" else sam_checkpoint[1].path

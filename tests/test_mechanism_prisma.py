@@ -10,9 +10,9 @@ CLS-pooled ViT only (no registers, layer scale, distillation, average pooling), 
 import pytest
 import torch
 
-from vit.explain.mechanism import direct_logit_attribution
+from vit.explain.mechanism.components import direct_logit_attribution
 from vit.model import ViT
-from vit.sources.import_timm import config_from_timm, state_dict_from_timm
+from vit.sources.libraries.import_timm import config_from_timm, state_dict_from_timm
 
 timm = pytest.importorskip("timm")
 pytest.importorskip("vit_prisma", reason="install it with: pip install --no-deps -r requirements-test-nodeps.txt")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit.explain.overlay import (
+from vit.explain.views.overlay import (
     attentions_npz_bytes,
     colorize,
     draw_mask_contours,
@@ -223,7 +223,7 @@ def test_mask_contours_run_along_the_patch_borders_of_the_kept_region():
 KILLED_MID_STREAM = """
 import os, signal, sys
 import numpy as np
-from vit.explain.overlay import write_npz_streamed
+from vit.explain.views.overlay import write_npz_streamed
 
 def pieces():
     yield np.ones((2, 4), np.float32)
@@ -248,7 +248,7 @@ def test_a_streamed_npz_killed_mid_stream_leaves_nothing(tmp_path, how):
 
 
 def test_a_streamed_npz_replaces_the_file_only_when_complete(tmp_path):
-    from vit.explain.overlay import write_npz_streamed
+    from vit.explain.views.overlay import write_npz_streamed
 
     path = tmp_path / "image.npz"
     np.savez(path, layer_0=np.zeros((1,)))
@@ -267,7 +267,7 @@ def test_a_streamed_npz_replaces_the_file_only_when_complete(tmp_path):
 def test_without_o_tmpfile_a_streamed_npz_is_written_beside_and_renamed(tmp_path, monkeypatch):
     import os
 
-    from vit.explain.overlay import write_npz_streamed
+    from vit.explain.views.overlay import write_npz_streamed
 
     monkeypatch.delattr(os, "O_TMPFILE")  # as on macOS
     write_npz_streamed(tmp_path / "image.npz", [("layer_0", (2,), np.float16, [np.ones(2)])])
@@ -280,7 +280,7 @@ def test_a_rectangular_patch_maps_to_exactly_its_ph_x_pw_pixels_of_the_model_inp
     """vit-pytorch's patch_size=(2, 8) on image_size=(16, 64): patch (row 3, column 5) is input rows 6-7 and
     columns 40-47, and its map cell (drawn over the 64x16 input, or an image of that shape) covers exactly those."""
     from vit.checkpoint import Preprocessing
-    from vit.inference import input_shape, preprocess
+    from vit.core.inference import input_shape, preprocess
     from vit.model import ViT, ViTConfig
 
     config = ViTConfig(image_size=(16, 64), patch_size=(2, 8), num_classes=2, hidden_size=16, num_layers=1,

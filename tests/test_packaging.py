@@ -205,7 +205,7 @@ def test_the_wheel_installs_and_runs_from_another_folder(tmp_path):
     where, classes = done.stdout.split()
     assert Path(where).is_relative_to(site) and classes == "10"
 
-    done = run(str(python), "-c", "from streamlit.testing.v1 import AppTest; import vit.runfiles as r; "
+    done = run(str(python), "-c", "from streamlit.testing.v1 import AppTest; import vit.core.runfiles as r; "
                "at = AppTest.from_file(str(r.app_root() / 'app.py'), default_timeout=240).run(); "
                "print(len(at.exception), [s.label for s in at.sidebar.selectbox][:1], at.title[0].value)")
     assert done.returncode == 0, done.stderr

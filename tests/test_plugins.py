@@ -20,9 +20,9 @@ from safetensors.torch import save_file
 import vit
 from tests.test_app import dirs, overlay_caption, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (fixture)
 from vit import registry
-from vit.app import explorer
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.inference import preprocess
+from vit.core.inference import preprocess
 from vit.model import ViT, ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def test_the_api_offers_and_draws_a_plugins_method(plugin):
 def test_a_plugin_methods_failure_is_one_line_naming_it(plugin, monkeypatch):
     from dataclasses import replace
 
-    from vit.explain import method_maps
+    from vit.explain.views import method_maps
 
     def broken(model, x, target, layer, query):
         raise KeyError("no such tensor")

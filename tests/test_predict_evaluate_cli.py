@@ -174,7 +174,7 @@ def test_predict_with_nan_weights_says_so_in_one_line_instead_of_nan_probabiliti
 
 
 def test_an_overflow_with_finite_weights_is_named_as_such():
-    from vit.inference import NonFiniteOutput, predictions_from_logits
+    from vit.core.inference import NonFiniteOutput, predictions_from_logits
 
     model = ViT(CONFIG).eval()
     with pytest.raises(NonFiniteOutput, match="although its weights are finite: the numbers overflowed"):
@@ -209,7 +209,7 @@ def test_saved_maps_hold_the_same_attention_as_the_model(files, tmp_path, capsys
     maps = tmp_path / "maps"
     assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--save-maps", str(maps)]) == 0
     from vit.checkpoint import load_checkpoint
-    from vit.inference import predict
+    from vit.core.inference import predict
 
     checkpoint = load_checkpoint(files["checkpoint"])
     [prediction] = predict(checkpoint, [Image.open(files["wide"])])
@@ -224,7 +224,7 @@ def test_saved_maps_in_float16_are_the_models_attention_rounded(files, tmp_path,
     argv = [str(files["checkpoint"]), str(files["wide"]), "--save-maps", str(maps), "--maps-dtype", "float16"]
     assert predict_cli.main(argv) == 0
     from vit.checkpoint import load_checkpoint
-    from vit.inference import predict
+    from vit.core.inference import predict
 
     [prediction] = predict(load_checkpoint(files["checkpoint"]), [Image.open(files["wide"])])
     with np.load(maps / "wide.npz") as npz:
@@ -234,7 +234,7 @@ def test_saved_maps_in_float16_are_the_models_attention_rounded(files, tmp_path,
 
 
 def test_the_overlays_draw_the_full_rollouts_and_last_layers_cls_rows(files, tmp_path, capsys, monkeypatch):
-    import vit.explain.overlay as overlays  # vit.predict imports it when it draws, after parsing
+    import vit.explain.views.overlay as overlays  # vit.predict imports it when it draws, after parsing
 
     drawn = []
     real_overlay = overlays.overlay
@@ -243,8 +243,8 @@ def test_the_overlays_draw_the_full_rollouts_and_last_layers_cls_rows(files, tmp
     assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "24", "--keep-aspect",
                              "--save-maps", str(maps)]) == 0
     from vit.checkpoint import load_checkpoint
-    from vit.explain.attention import fuse_heads, rollout, token_map
-    from vit.inference import InputSize, predict
+    from vit.core.inference import InputSize, predict
+    from vit.explain.methods.attention import fuse_heads, rollout, token_map
 
     checkpoint, image = load_checkpoint(files["checkpoint"]), Image.open(files["wide"])
     [prediction] = predict(checkpoint, [image], size=InputSize(24, True))
@@ -280,7 +280,7 @@ def test_the_maps_limit_can_be_raised_by_the_environment(files, tmp_path, capsys
 
 
 def test_a_crash_while_writing_maps_leaves_no_npz(files, tmp_path, capsys, monkeypatch):
-    import vit.explain.chunked as chunked
+    import vit.explain.methods.chunked as chunked
 
     def broken(*args, **kwargs):
         yield from ()
@@ -431,7 +431,7 @@ def test_a_vit_b16_at_2048_px_passes_the_default_gate_with_any_prefix_tokens(reg
     from types import SimpleNamespace
 
     from vit.checkpoint import Preprocessing
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
 
     config = ViTConfig(image_size=224, patch_size=16, hidden_size=768, num_layers=12, num_heads=12, mlp_size=3072,
                        num_register_tokens=registers)
@@ -484,16 +484,16 @@ def test_a_long_prediction_reports_progress_and_stops_at_ctrl_c(files):
 
 
 def test_evaluate_at_another_square_size(files, capsys, monkeypatch):
-    import vit.inference
+    import vit.core.inference
 
-    shapes, real_preprocess = [], vit.inference.preprocess
+    shapes, real_preprocess = [], vit.core.inference.preprocess
 
     def recording(*args, **kwargs):  # records what the model is given, changes nothing
         x = real_preprocess(*args, **kwargs)
         shapes.append(tuple(x.shape[2:]))
         return x
 
-    monkeypatch.setattr(vit.inference, "preprocess", recording)
+    monkeypatch.setattr(vit.core.inference, "preprocess", recording)
     assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(files["data"]), "--size", "32"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 3
     assert shapes and set(shapes) == {(32, 32)}  # not the checkpoint's 16 px

@@ -27,10 +27,10 @@ from helpers import lxt_norms
 from parity_helpers import randomize
 from safetensors.torch import save_file
 
-from vit.explain import prompts
-from vit.explain.relevance import attnlrp
+from vit.explain.language import prompts
+from vit.explain.methods.relevance import attnlrp
 from vit.sources.open import open_source
-from vit.sources.text_tower import TextTowerError, check_labels, open_text_tower, split_labels
+from vit.sources.vlm.text_tower import TextTowerError, check_labels, open_text_tower, split_labels
 
 open_clip = pytest.importorskip("open_clip")
 open_clip_hub = pytest.importorskip("open_clip.push_to_hf_hub")
@@ -450,7 +450,7 @@ def test_predict_labels_of_a_siglip_are_sigmoids(tmp_path, capsys):
                                       "{}", "--save-maps", tmp_path / "maps")
     assert status == 0
     checkpoint = open_source(tmp_path / "m")
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     x = preprocess([__import__("PIL.Image").Image.open(path)], checkpoint.preprocessing)
     tokens = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))(

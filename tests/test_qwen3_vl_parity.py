@@ -19,7 +19,7 @@ from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: E402
 from transformers.vision_utils import get_vision_position_ids  # noqa: E402
 
 import vit  # noqa: E402
-from vit.inference import preprocess  # noqa: E402
+from vit.core.inference import preprocess  # noqa: E402
 from vit.sources import open as sources  # noqa: E402
 
 VISION = dict(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=24,

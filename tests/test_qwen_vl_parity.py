@@ -19,8 +19,8 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageP
 from transformers.vision_utils import get_vision_window_index  # noqa: E402
 
 import vit  # noqa: E402
-from vit.explain.attention import layer_on_grid  # noqa: E402
-from vit.inference import preprocess  # noqa: E402
+from vit.core.inference import preprocess  # noqa: E402
+from vit.explain.methods.attention import layer_on_grid  # noqa: E402
 from vit.model import LayerLayout  # noqa: E402
 from vit.sources import open as sources  # noqa: E402
 
@@ -203,7 +203,7 @@ def test_maps_that_need_a_classifier_are_refused_in_one_line(folder, method):
 def test_mean_ablation_by_the_images_own_means_is_the_forward_itself(folder):
     """A windowed layer's per-position means go into its windows in Qwen's order (``LayerLayout.cut``): replacing
     heads by their own outputs on this image changes nothing (placed row-major, it moves the tokens by 0.3)."""
-    from vit.explain.mechanism_views import ablated_checkpoint
+    from vit.explain.views.mechanism_views import ablated_checkpoint
 
     checkpoint, picture = vit.load(folder), image(IMAGES[0])
     x = preprocess([picture], checkpoint.preprocessing, patch_size=14)
@@ -233,7 +233,7 @@ def test_save_maps_writes_every_layer_on_the_grid_as_transformers_computes_it(qw
 
 def test_the_explorer_shows_the_image_at_qwens_own_size(folder):
     from vit.app import drawing
-    from vit.explain import image_analysis
+    from vit.explain.views import image_analysis
 
     checkpoint, picture = vit.load(folder), image(IMAGES[0])  # 310 x 230 px: smart_resize makes it 308 x 224
     analysis = image_analysis.analyse(checkpoint, picture)

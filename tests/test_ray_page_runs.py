@@ -121,7 +121,7 @@ def test_a_job_whose_cluster_runs_another_python_says_how_to_start_ray_with_ours
 
 
 def test_the_train_page_shows_a_ray_jobs_log_without_colour_codes(tmp_path):
-    from vit.runfiles import LOG_FILE
+    from vit.core.runfiles import LOG_FILE
     from vit.runs.manager import RunManager
 
     manager = RunManager(tmp_path / "runs", tmp_path / "data")

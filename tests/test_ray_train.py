@@ -55,7 +55,7 @@ def test_cuda_workers_are_asked_for_from_a_machine_without_cuda(images, tmp_path
     # A laptop submits to a GPU cluster: --device cuda is the workers' device, not this machine's.
     import torch
 
-    from vit.cli import UsageError
+    from vit.core.cli import UsageError
     from vit.runs import ray_jobs
     from vit.training.options import parse_args
 

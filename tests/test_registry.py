@@ -16,7 +16,7 @@ from PIL import Image
 import vit
 from vit import api, registry
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain import attention_maps, method_maps
+from vit.explain.views import attention_maps, method_maps
 from vit.model import ViT, ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def test_every_model_type_the_loader_opens_is_a_family_read_by_the_importer_it_n
 
     importers = {t: f.importer for f in registry.BUILTIN_FAMILIES for t in f.hf_model_types}
     assert sorted(sources.HF_MODEL_TYPES) == sorted(importers)
-    opened = {**dict.fromkeys(sources._HF_MODEL_TYPES, "vit.sources.hf"),
+    opened = {**dict.fromkeys(sources._HF_MODEL_TYPES, "vit.sources.families.hf"),
               **{t: module.__name__ for t, (module, _) in sources.HF_FAMILIES.items()},
               **{t: module.__name__ for t, module in sources.VLM_MODULES.items()}}
     assert opened == importers

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from helpers import lxt_norms
 
-from vit.explain.attention import token_map
-from vit.explain.attention_flow import TooManyTokensError, attention_flow, flow_graph
-from vit.explain.relevance import (
+from vit.explain.methods.attention import token_map
+from vit.explain.methods.attention_flow import TooManyTokensError, attention_flow, flow_graph
+from vit.explain.methods.relevance import (
     AttnLRPRules,
     UnsupportedModelError,
     attnlrp,
@@ -186,7 +186,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_and_ours(seed: int = 0):
-    from vit.sources.hf import config_from_hf, state_dict_from_hf
+    from vit.sources.families.hf import config_from_hf, state_dict_from_hf
 
     torch.manual_seed(seed)
     config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3,
@@ -441,7 +441,7 @@ def test_flow_graph_keeps_only_the_query_at_the_top():
 
 
 def test_the_sparse_capacities_are_the_flow_graph():
-    from vit.explain.attention_flow import flow_capacities
+    from vit.explain.methods.attention_flow import flow_capacities
 
     g = torch.Generator().manual_seed(3)
     matrices = torch.randn(3, 5, 5, generator=g).softmax(-1).double().numpy()

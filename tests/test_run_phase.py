@@ -15,8 +15,8 @@ from streamlit.testing.v1 import AppTest
 from test_runs import NOW, record, status
 from test_train import cache, cli, images, tiny_trainer  # noqa: F401 (fixtures)
 
-import vit.runfiles as runfiles
-from vit.runfiles import PHASE_FILE, PHASE_FILE_ENV, read_run_phase, record_run_phase
+import vit.core.runfiles as runfiles
+from vit.core.runfiles import PHASE_FILE, PHASE_FILE_ENV, read_run_phase, record_run_phase
 from vit.runs.manager import RunManager
 from vit.runs.state import reconcile
 from vit.train import main

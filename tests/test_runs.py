@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.runfiles import LAUNCH_DIR, default_runs_dir
+from vit.core.runfiles import LAUNCH_DIR, default_runs_dir
 from vit.runs.devices import DeviceInfo, device_choices
 from vit.runs.launch import RunParams, ValidationError, launch_command, preset_summary
 from vit.runs.manager import RunError, RunInfo, RunManager, curve_rows, table_rows
@@ -877,7 +877,7 @@ def test_a_run_file_of_nested_lists_is_read_as_damaged_and_the_manager_survives(
 
 
 def test_parse_json_bounds_depth_and_size():
-    from vit.runfiles import MAX_JSON_DEPTH, parse_json
+    from vit.core.runfiles import MAX_JSON_DEPTH, parse_json
 
     assert parse_json('{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
     with pytest.raises(ValueError, match="nested deeper"):
@@ -896,7 +896,7 @@ def test_step_curves_read_each_runs_live_loss_and_skip_torn_lines(tmp_path):
 
 def test_stray_temp_cleanup_never_follows_a_link_out_of_the_run(tmp_path):
     """Issue 20, item 9: a run's probe/ (or the run folder itself) linking elsewhere loses nothing there."""
-    from vit.runfiles import remove_stray_temp_files
+    from vit.core.runfiles import remove_stray_temp_files
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

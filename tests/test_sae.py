@@ -10,8 +10,16 @@ import torch
 
 from tests.reference.sae_lens.topk_reference import ReferenceTopKSAE
 from vit.checkpoint import load_checkpoint
+from vit.features.autoencoder import (
+    SAEError,
+    SAEInfo,
+    SparseAutoencoder,
+    check_fits,
+    load_sae,
+    model_fingerprint,
+    save_sae,
+)
 from vit.features.harvest import ShuffleBuffer, layer_tokens
-from vit.features.sae import SAEError, SAEInfo, SparseAutoencoder, check_fits, load_sae, model_fingerprint, save_sae
 from vit.model import ViT, ViTConfig
 from vit.sae import main
 

@@ -15,7 +15,7 @@ from tests.reference.sae_lens.architectures_reference import (
     ReferenceJumpReLUSAE,
     ReferenceStandardSAE,
 )
-from vit.features.sae import SAEError, load_sae, save_sae
+from vit.features.autoencoder import SAEError, load_sae, save_sae
 
 D_IN, D_SAE = 12, 40
 REFERENCES = {"standard": ReferenceStandardSAE, "jumprelu": ReferenceJumpReLUSAE, "gated": ReferenceGatedSAE}

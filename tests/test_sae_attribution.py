@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vit.features.attribution import feature_attribution
-from vit.features.sae import SAEInfo, SparseAutoencoder, model_fingerprint
+from vit.features.autoencoder import SAEInfo, SparseAutoencoder, model_fingerprint
 from vit.model import ViT, ViTConfig
 
 HOOK = "blocks.1.hook_resid_post"
@@ -85,8 +85,8 @@ def test_a_model_without_a_classifier_is_refused_in_one_line():
 
 def test_vit_feature_attribution_opens_the_sae_folder_and_attributes_the_preprocessed_image(tmp_path):
     import vit
-    from vit.features.sae import save_sae
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
+    from vit.features.autoencoder import save_sae
 
     checkpoint = vit.load(vit.shipped())
     model = checkpoint.model

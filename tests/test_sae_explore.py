@@ -10,9 +10,9 @@ from PIL import Image
 
 from vit.checkpoint import Preprocessing
 from vit.features import explore
+from vit.features.autoencoder import SAEError, SAEInfo, SparseAutoencoder, model_fingerprint
+from vit.features.autoencoder_training import HeldOut
 from vit.features.explore import FeatureTable, browse_order, edited_copy, exemplar_crop, image_features, intervene
-from vit.features.sae import SAEError, SAEInfo, SparseAutoencoder, model_fingerprint
-from vit.features.train import HeldOut
 from vit.model import ViT, ViTConfig
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vit.features.autoencoder import SAEError, SAEInfo, SparseAutoencoder, check_fits, load_sae, save_sae
 from vit.features.formats import load_prisma, load_saev, open_sae
-from vit.features.sae import SAEError, SAEInfo, SparseAutoencoder, check_fits, load_sae, save_sae
 from vit.model import ViT, ViTConfig
 
 D_IN, EXPANSION, K = 12, 4, 5

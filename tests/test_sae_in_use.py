@@ -14,8 +14,8 @@ from tests.reference.sae_lens.architectures_reference import (
     ReferenceGatedSAE,
     ReferenceJumpReLUSAE,
 )
+from vit.features.autoencoder import SAEError, load_sae
 from vit.features.formats import load_saev
-from vit.features.sae import SAEError, load_sae
 
 
 def finite(reference, x) -> bool:

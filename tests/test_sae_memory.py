@@ -4,9 +4,9 @@ one line how many latents would fit."""
 import pytest
 import torch
 
-from vit.features import train
-from vit.features.sae import SAEError
-from vit.features.train import SAESettings, check_settings, memory_needed
+from vit.features import autoencoder_training as train
+from vit.features.autoencoder import SAEError
+from vit.features.autoencoder_training import SAESettings, check_settings, memory_needed
 
 
 def test_the_refusal_names_the_largest_width_that_fits(monkeypatch):
@@ -48,8 +48,8 @@ def sparse_saelens_folder(folder, d_in: int, d_sae: int):
 
 
 def test_a_saelens_file_is_refused_before_it_is_read_when_its_sizes_exceed_the_free_memory(tmp_path, monkeypatch):
-    from vit.features import sae
-    from vit.features.sae import load_sae
+    from vit.features import autoencoder as sae
+    from vit.features.autoencoder import load_sae
 
     monkeypatch.setattr(sae, "available_memory", lambda device: 32 * 2**20)
     folder = sparse_saelens_folder(tmp_path / "sae", 512, 2**14)  # 64 MiB of weights
@@ -61,7 +61,7 @@ def test_a_saelens_file_is_refused_before_it_is_read_when_its_sizes_exceed_the_f
 def test_the_free_memory_is_what_the_address_space_limit_leaves(tmp_path):
     import resource
 
-    from vit.features.sae import load_sae
+    from vit.features.autoencoder import load_sae
 
     folder = sparse_saelens_folder(tmp_path / "sae", 1024, 2**16)  # 512 MiB of weights: a MemoryError under it
     with open("/proc/self/statm") as f:

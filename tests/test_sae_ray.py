@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit.runfiles import read_status
+from vit.core.runfiles import read_status
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = REPO / "checkpoints" / "cifar10-cifar-s.pt"

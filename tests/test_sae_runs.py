@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit.features import train as sae_train
-from vit.runfiles import read_config, read_metrics, read_status
+from vit.core.runfiles import read_config, read_metrics, read_status
+from vit.features import autoencoder_training as sae_train
 from vit.sae import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,7 +224,7 @@ def test_a_resume_right_after_a_sigkill_is_not_refused_for_the_dead_pid_s_fresh_
     import socket
     import subprocess
 
-    from vit.runfiles import now_iso
+    from vit.core.runfiles import now_iso
 
     sigterm_at_step(monkeypatch, 2)
     assert train(tmp_path / "sae") == 0
@@ -241,7 +241,7 @@ def test_a_resume_right_after_a_sigkill_is_not_refused_for_the_dead_pid_s_fresh_
 def test_a_resume_of_a_run_whose_process_still_beats_names_it(tmp_path, monkeypatch, capsys):
     import socket
 
-    from vit.runfiles import now_iso
+    from vit.core.runfiles import now_iso
 
     sigterm_at_step(monkeypatch, 2)
     assert train(tmp_path / "sae") == 0
@@ -255,8 +255,8 @@ def test_a_resume_of_a_run_whose_process_still_beats_names_it(tmp_path, monkeypa
 
 
 def test_an_unfinished_run_opened_as_an_sae_says_it_has_not_finished(tmp_path, monkeypatch):
+    from vit.features.autoencoder import SAEError
     from vit.features.formats import open_sae
-    from vit.features.sae import SAEError
 
     sigterm_at_step(monkeypatch, 2)
     assert train(tmp_path / "sae") == 0
@@ -296,7 +296,7 @@ def test_a_resume_whose_list_of_images_leads_out_of_the_data_folder_is_one_line(
 
 KILL_AT_STEP = """
 import os, signal, sys
-from vit.features import train as sae_train
+from vit.features import autoencoder_training as sae_train
 from vit.sae import main
 
 original, at = sae_train.SAETraining._train_step, int(sys.argv[1])

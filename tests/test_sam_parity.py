@@ -6,7 +6,7 @@ decomposed relative positions.
   windowed layer's attention as ``(B * windows * heads, w*w, w*w)``, ours is ``(B * windows, heads, w*w, w*w)``.
 - timm: a tiny random ``samvit_base_patch16`` (fused attention off), its attention read by a forward hook on
   ``attn_drop``, at its native size.
-- Input: a non-square image prepared by ``vit.inference.preprocess`` is the ``pixel_values`` of the processor
+- Input: a non-square image prepared by ``vit.core.inference.preprocess`` is the ``pixel_values`` of the processor
   ``AutoImageProcessor`` resolves the folder to (``SamImageProcessor``, torchvision's resize: longest edge,
   normalised, zeros below or right) and the whole forward on it is HF's on those.
 """
@@ -169,7 +169,7 @@ def test_hf_sam_on_a_non_square_image_matches_transformers_on_its_processors_pix
                                                                                           size):
     from PIL import Image
 
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     folder, model = hf_sam_with_its_processor
     checkpoint = open_source(folder)

@@ -17,7 +17,7 @@ from parity_helpers import hf_random
 from PIL import Image
 
 import vit
-from vit.explain.segment import PromptError
+from vit.explain.methods.segment import PromptError
 from vit.sources.sam_prompts import PromptHalfError
 
 transformers = pytest.importorskip("transformers")
@@ -182,7 +182,7 @@ def test_gradient_x_input_of_a_mask_equals_autograd_on_the_librarys_model(whole,
 
 
 def test_a_second_prompt_on_the_same_image_runs_the_decoder_alone(whole, image):
-    from vit.explain.segment import segmenter
+    from vit.explain.methods.segment import segmenter
 
     _, _, _, checkpoint = whole
     other = Image.fromarray(np.random.RandomState(1).randint(0, 256, (50, 90, 3)).astype(np.uint8))
@@ -201,7 +201,7 @@ def test_the_masks_on_the_image_are_the_processors_post_processed_logits_at_sam_
     from types import SimpleNamespace
 
     from vit.checkpoint import Preprocessing
-    from vit.explain.segment import mask_logits_on_image, masks_on_image
+    from vit.explain.methods.segment import mask_logits_on_image, masks_on_image
 
     processor = transformers.SamImageProcessor()
     sizes = processor(images=Image.new("RGB", size), return_tensors="pt")
@@ -218,7 +218,7 @@ def test_the_masks_on_the_image_are_the_processors_post_processed_logits_at_sam_
 
 def test_a_prompt_runs_the_decoder_on_one_thread_whatever_the_process_uses(whole, image):
     # the decoder's ~250 small ops share no work across threads (segment.DECODER_THREADS); the count comes back
-    from vit.explain.segment import DECODER_THREADS, segmenter
+    from vit.explain.methods.segment import DECODER_THREADS, segmenter
     from vit.sources.sam_prompts import open_prompt_half
 
     _, _, _, checkpoint = whole
@@ -238,7 +238,7 @@ def test_a_prompt_runs_the_decoder_on_one_thread_whatever_the_process_uses(whole
 
 def test_a_new_prompt_reuses_the_grids_positional_encoding(whole, image, monkeypatch):
     # it depends on the weights alone: the library's forward made it again at every prompt
-    from vit.explain.segment import segmenter
+    from vit.explain.methods.segment import segmenter
     from vit.sources.sam_prompts import open_prompt_half
 
     family, _, _, checkpoint = whole
@@ -287,8 +287,8 @@ def test_an_image_encoder_alone_is_refused_in_one_line(tmp_path, image):
 
 
 def test_a_mask_gradient_over_the_memory_limit_is_refused_before_any_work(whole, image, monkeypatch):
-    from vit.bounds import TooManyTokens
-    from vit.explain import segment
+    from vit.costs.bounds import TooManyTokens
+    from vit.explain.methods import segment
 
     _, _, _, checkpoint = whole
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")

@@ -238,7 +238,7 @@ def test_explorer_analysis_of_the_post_norm_tutorial_shows_the_attention_its_cod
     attention reads the block's input itself, not a LayerNorm of it."""
     from PIL import Image
 
-    from vit.explain import image_analysis
+    from vit.explain.views import image_analysis
 
     folder, model = mnist_tutorial(tmp_path)
     pixels = torch.randint(0, 256, (28, 28), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
@@ -265,7 +265,7 @@ def test_tintn_image_size_no_multiple_of_its_patch_opens_as_its_convolution_comp
     """tintn's Conv2d(stride=P) on a 30-px image reads a 7x7 grid (28 px) and drops the last 2 rows and columns."""
     from PIL import Image
 
-    from vit.images import to_uint8
+    from vit.core.images import to_uint8
 
     config = {**TINTN_CONFIG, "image_size": 30, "use_faster_attention": True}
     model = randomize(seed("seed000_tintn_vit").ViTForClassfication(config))

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from vit.checkpoint import load_checkpoint
-from vit.inference import predict
+from vit.core.inference import predict
 from vit.model import count_parameters
 
 ROOT = Path(__file__).resolve().parent.parent

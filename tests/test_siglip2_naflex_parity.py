@@ -15,8 +15,8 @@ import torch
 from parity_helpers import assert_parity, randomize
 from PIL import Image
 
-from vit.images import naflex_size
-from vit.inference import input_box, input_shape, preprocess, seen_region
+from vit.core.images import naflex_size
+from vit.core.inference import input_box, input_shape, preprocess, seen_region
 from vit.model import blocks
 from vit.sources.open import open_source
 
@@ -177,8 +177,8 @@ def test_padding_that_leaked_would_change_the_outputs(naflex):
 
 
 def test_zero_shot_logits_equal_transformers(naflex):
-    from vit.explain import prompts
-    from vit.sources.text_tower import open_text_tower
+    from vit.explain.language import prompts
+    from vit.sources.vlm.text_tower import open_text_tower
 
     folder, model, checkpoint = naflex
     tower = open_text_tower(checkpoint)
@@ -333,11 +333,11 @@ def test_predict_save_maps_writes_each_images_attention_over_its_real_tokens(naf
 
 
 def test_predict_runs_images_on_different_grids_in_one_padded_forward_equal_to_timm(tmp_path):
-    """``vit.inference.predict`` over a landscape, a portrait and a square: one forward through the blocks (batch
+    """``vit.core.inference.predict`` over a landscape, a portrait and a square: one forward through the blocks (batch
     3, padded), each image's logits timm's for it alone and its attentions timm's over its real tokens."""
     from parity_helpers import capture_inputs
 
-    from vit.inference import predict
+    from vit.core.inference import predict
 
     model, checkpoint = timm_naflexvit(tmp_path, "naflexvit_so150m2_patch16_reg1_map")
     images = [noise_image(*size) for size in SIZES]

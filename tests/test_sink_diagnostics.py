@@ -1,4 +1,4 @@
-"""Sink diagnostics (``vit.explain.sink_diagnostics``) against the authors' own code.
+"""Sink diagnostics (``vit.explain.mechanism.sink_diagnostics``) against the authors' own code.
 
 Reference: KempnerInstitute/attention_sink @ a83cd59, ``vit_causal/diagnose_heads.py`` ``collect_diagnostics`` and
 ``common.py`` ``event_class`` (MIT, kept in ``tests/reference/attention_sink``), run on the library's own model:
@@ -17,10 +17,10 @@ from PIL import Image
 from torch import nn
 
 import vit
-from vit.bounds import ANALYSIS_MEMORY_ENV, TooManyTokens
-from vit.explain import mechanism
-from vit.explain.sink_diagnostics import VERDICTS, sink_diagnostics, verdicts
-from vit.inference import InputSize, preprocess
+from vit.core.inference import InputSize, preprocess
+from vit.costs.bounds import ANALYSIS_MEMORY_ENV, TooManyTokens
+from vit.explain.mechanism import components as mechanism
+from vit.explain.mechanism.sink_diagnostics import VERDICTS, sink_diagnostics, verdicts
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchvision")  # the authors' common.py imports it

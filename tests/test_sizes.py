@@ -1,7 +1,7 @@
 """Every caption writes sizes one way (issue 45, item 10): pixels width × height, patch grids rows × columns, each
 labelled (a caption read '32×20 px in 5×8 patches', the grid in the other order)."""
 
-from vit.sizes import describe_size
+from vit.core.sizes import describe_size
 
 
 def test_pixels_are_width_by_height():

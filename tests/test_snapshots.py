@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vit.explain.attention import mean_attention_distance, rollout
+from vit.explain.methods.attention import mean_attention_distance, rollout
 from vit.model import ViT, ViTConfig
 from vit.training import snapshots
 from vit.training.snapshots import (
@@ -277,7 +277,7 @@ def test_probe_map_picks_a_head_fuses_heads_or_gives_the_rollout(tmp_path):
 
 
 def test_fusing_cls_maps_equals_the_cls_row_of_fused_heads():
-    from vit.explain.attention import fuse_heads, token_map
+    from vit.explain.methods.attention import fuse_heads, token_map
 
     attn = softmax_attention(3, 1 + 6, seed=1)
     maps = token_map(attn, 0, (2, 3))[0]  # (H, 2, 3)
@@ -364,7 +364,7 @@ def test_probe_images_are_decoded_with_the_upload_bounds(tmp_path):
 
 def test_read_snapshots_are_kept_by_the_bytes_their_arrays_hold_not_by_their_count(tmp_path, monkeypatch):
     """Issue 39, item 5a: float64 arrays doubled what a count of 16 files allowed; 16 small files held 2.5 GB."""
-    from vit.cache import ByteCache
+    from vit.core.cache import ByteCache
 
     cache = ByteCache(3 * 2**20)
     monkeypatch.setattr(snapshots, "_SNAPSHOTS", cache)

@@ -11,10 +11,10 @@ from helpers import make_image_folder
 from test_app_swin import hf_attentions
 from test_swin_parity import _hf
 
-from vit.explain.dataset import DatasetAnalysis, analyze_files, write_outputs
-from vit.explain.stages import rollout_row
-from vit.images import open_image
-from vit.inference import preprocess
+from vit.core.images import open_image
+from vit.core.inference import preprocess
+from vit.explain.methods.stage_maps import rollout_row
+from vit.explain.views.dataset import DatasetAnalysis, analyze_files, write_outputs
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -80,7 +80,7 @@ def test_the_dataset_analysis_of_a_swin_reads_each_layer_on_its_grid(swin, tmp_p
 
 
 def test_the_pca_of_a_swin_layer_is_of_its_own_tokens_over_the_image(swin, tmp_path):
-    from vit.explain.dataset_pca import layer_tokens, write_pca
+    from vit.explain.views.dataset_pca import layer_tokens, write_pca
 
     model, checkpoint, data, files = swin
     image = open_image(files[0][0].read_bytes())

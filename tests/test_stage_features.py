@@ -13,10 +13,10 @@ from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 from test_swin_parity import _hf
 
-from vit.explain.stages import on_patch_grid
+from vit.core.inference import preprocess
+from vit.explain.methods.stage_maps import on_patch_grid
 from vit.features import explore
-from vit.features.sae import check_fits, load_sae, stream_shape
-from vit.inference import preprocess
+from vit.features.autoencoder import check_fits, load_sae, stream_shape
 from vit.sae import main
 from vit.sources.open import open_source
 

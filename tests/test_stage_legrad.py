@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from parity_helpers import randomize
 from test_hiera_parity import library_dense, save_hf_hiera, stage_tokens
 
-from vit.explain.relevance import legrad, legrad_layers
+from vit.explain.methods.relevance import legrad, legrad_layers
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -180,8 +180,8 @@ def test_legrad_on_hiera_equals_autograd_on_hfs_pooled_and_global_layers(tmp_pat
 def test_the_explorer_offers_legrad_the_last_stages_layers_and_draws_from_the_one_chosen(hf_swin, tmp_path):
     from PIL import Image
 
-    from vit.explain import method_maps
-    from vit.inference import TRAINING_SIZE, preprocess
+    from vit.core.inference import TRAINING_SIZE, preprocess
+    from vit.explain.views import method_maps
 
     _, _, ours = hf_swin
     folder = tmp_path / "swin"

@@ -17,7 +17,7 @@ import torch
 from parity_helpers import randomize
 from test_hiera_parity import library_unroll, save_hf_hiera, stage_tokens
 
-from vit.explain import mechanism
+from vit.explain.mechanism import components as mechanism
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

@@ -10,9 +10,9 @@ from PIL import Image
 from test_hiera_parity import save_hf_hiera
 from test_swin_parity import _hf
 
-from vit.explain import dense_views, image_analysis
-from vit.explain.hidden import forward_with_hidden_states, forward_with_stage_states
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.methods.hidden import forward_with_hidden_states, forward_with_stage_states
+from vit.explain.views import dense_views, image_analysis
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

@@ -11,8 +11,8 @@ from parity_helpers import randomize
 from PIL import Image
 
 import vit
-from vit.explain.stages import clicked_row, layer_row, rollout_row
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.methods.stage_maps import clicked_row, layer_row, rollout_row
 from vit.model import covering_token
 from vit.sources.open import open_source
 
@@ -161,7 +161,7 @@ def test_vit_explain_refuses_the_maps_of_one_grid_in_one_line(swin, method):
 
 
 def test_vit_explain_draws_legrad_of_a_swin_on_the_image_patches(swin):
-    from vit.explain.relevance import legrad  # against HF's autograd: test_stage_legrad
+    from vit.explain.methods.relevance import legrad  # against HF's autograd: test_stage_legrad
 
     checkpoint, images, _, _, _, _ = swin
     explanation = vit.explain(checkpoint, IMAGE, "legrad", target=1)
@@ -171,7 +171,7 @@ def test_vit_explain_draws_legrad_of_a_swin_on_the_image_patches(swin):
 
 
 def test_vit_explain_draws_attnlrp_of_a_swin_on_the_image_patches(swin):
-    from vit.explain.relevance import attnlrp, patch_sums
+    from vit.explain.methods.relevance import attnlrp, patch_sums
 
     checkpoint, images, _, _, _, _ = swin
     explanation = vit.explain(checkpoint, IMAGE, "attnlrp", target=1)
@@ -180,7 +180,7 @@ def test_vit_explain_draws_attnlrp_of_a_swin_on_the_image_patches(swin):
 
 
 def test_the_explorers_flow_refuses_a_swin_in_one_line_and_its_mechanism_entry_points_answer(swin):
-    from vit.explain import mechanism_views, method_maps
+    from vit.explain.views import mechanism_views, method_maps
 
     checkpoint = swin[0]
     with pytest.raises(ValueError, match="stages") as error:
@@ -213,7 +213,7 @@ def test_the_class_map_rolls_hfs_gradient_weighted_attention_out_through_the_sta
 
 def test_what_stacks_a_swins_hidden_states_refuses_it_in_one_line_and_the_dataset_analysis_runs(swin, tmp_path, capsys):
     from vit import analyze
-    from vit.explain.hidden import forward_with_hidden_states
+    from vit.explain.methods.hidden import forward_with_hidden_states
 
     checkpoint, images = swin[0], swin[1]
     with pytest.raises(ValueError, match="do not stack") as error:

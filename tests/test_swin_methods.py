@@ -19,7 +19,8 @@ import torch
 from parity_helpers import randomize, run_hooked
 from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
 
-from vit.explain import attention, mechanism, relevance
+from vit.explain.mechanism import components as mechanism
+from vit.explain.methods import attention, relevance
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

@@ -19,8 +19,8 @@ from test_swin_maps import merge_reference
 from test_swin_parity import hf_attentions
 
 import vit
-from vit.explain.stages import layer_row, rollout_row
-from vit.inference import preprocess
+from vit.core.inference import preprocess
+from vit.explain.methods.stage_maps import layer_row, rollout_row
 from vit.model.stages import window_and_shift
 from vit.sources.open import open_source
 

@@ -99,7 +99,7 @@ def test_predict_save_maps_writes_the_logits_and_each_layers_windows_as_hf_gives
     from PIL import Image
 
     from vit import predict
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     model = hf_swinv2(40)  # a 10x10 grid: padded windows, shifted
     model.save_pretrained(tmp_path / "swinv2")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from parity_helpers import assert_parity, capture_inputs, randomize
 
-from vit.explain.attention import windows_on_grid
+from vit.explain.methods.attention import windows_on_grid
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")

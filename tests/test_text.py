@@ -9,7 +9,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from vit.text import escape_markdown, escape_plotly, visible, visible_lines
+from vit.core.text import escape_markdown, escape_plotly, visible, visible_lines
 
 HOSTILE = [
     "![x](http://example.invalid/x.png)",

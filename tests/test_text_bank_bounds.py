@@ -20,10 +20,10 @@ from test_text_tower_sizes import hf_clip_folder
 
 import vit
 from vit.app import work
-from vit.explain import textspan
-from vit.explain.mechanism import MechanismError
+from vit.explain.mechanism import textspan
+from vit.explain.mechanism.components import MechanismError
 from vit.sources.open import open_source
-from vit.sources.text_tower import TextTowerError, open_text_tower
+from vit.sources.vlm.text_tower import TextTowerError, open_text_tower
 
 open_clip = pytest.importorskip("open_clip")
 transformers = pytest.importorskip("transformers")
@@ -135,7 +135,7 @@ def test_a_tokenizer_whose_pattern_backtracks_is_one_line_not_a_rust_panic(tmp_p
 
 
 def test_a_vlm_tokenizer_whose_pattern_backtracks_is_one_line_not_a_rust_panic(tmp_path):
-    from vit.sources.word_embeddings import WordEmbeddingError, encode_words
+    from vit.sources.vlm.word_embeddings import WordEmbeddingError, encode_words
 
     vocabulary = {"[UNK]": 0, "a": 1, "dog": 2, "!": 3}
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="[UNK]"))

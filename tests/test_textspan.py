@@ -21,10 +21,10 @@ from parity_helpers import randomize
 from safetensors.torch import save_file
 from test_app import dirs  # noqa: F401 (a fixture)
 
-from vit.explain import textspan
-from vit.explain.mechanism import MechanismError
+from vit.explain.mechanism import textspan
+from vit.explain.mechanism.components import MechanismError
 from vit.sources.open import open_source
-from vit.sources.text_tower import open_text_tower
+from vit.sources.vlm.text_tower import open_text_tower
 
 open_clip = pytest.importorskip("open_clip")
 open_clip_hub = pytest.importorskip("open_clip.push_to_hf_hub")
@@ -189,7 +189,7 @@ def test_fewer_than_two_images_or_too_many_texts_per_head_are_refused():
 
 def test_vit_textspan_describes_the_late_heads_and_maps_one_along_its_text(tmp_path):
     import vit
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     _, _, folder = save_clip(tmp_path / "clip", SMALL)
     checkpoint = vit.load(folder, device="cpu")
@@ -307,7 +307,7 @@ def test_a_siglips_probe_heads_and_texts_equal_compute_siglip(tmp_path):
     rng = np.random.default_rng(2)
     photos = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(8)]
     checkpoint = vit.load(tmp_path / "m", device="cpu")
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     x = preprocess([vit.api._image(p) for p in photos], checkpoint.preprocessing)
     with torch.no_grad():

@@ -1,9 +1,9 @@
-"""torch's thread count from the cores free at start (``vit.threads``): the choice under a mocked load, the env
+"""torch's thread count from the cores free at start (``vit.core.threads``): the choice under a mocked load, the env
 override, and a bad override as a command's one-line usage error."""
 
 import pytest
 
-from vit import threads
+from vit.core import threads
 
 
 @pytest.mark.parametrize(("cores", "load", "expected"), [

@@ -16,10 +16,10 @@ import torch
 from helpers import lxt_norms
 from PIL import Image
 
-from vit.clips import clip_pixels, read_clip
-from vit.explain.video import explain_clip
+from vit.core.clips import clip_pixels, read_clip
+from vit.explain.views.video import explain_clip
 from vit.model.layouts import divided_partitions, partition, unpartition
-from vit.sources.import_timesformer import hf_token_order
+from vit.sources.families.import_timesformer import hf_token_order
 from vit.sources.open import SourceError, open_source
 
 transformers = pytest.importorskip("transformers")
@@ -201,7 +201,7 @@ def test_predict_saves_each_layers_spatial_and_temporal_attentions(tmp_path, cap
 
 
 def test_a_layers_divided_attentions_are_computed_once_for_every_head_and_rerun(tmp_path, monkeypatch):
-    from vit.explain import video
+    from vit.explain.views import video
 
     timesformer_folder(tmp_path / "timesformer", 4, 16, 16)
     checkpoint = open_source(tmp_path / "timesformer")
@@ -255,8 +255,8 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
     scale = expected.abs().max()
     torch.testing.assert_close(torch.from_numpy(explained.map).double() / scale, expected.double() / scale,
                                rtol=1e-4, atol=1e-5)
-    from vit.explain.attention_maps import MAP_KINDS
-    from vit.explain.video import analyse_clip, explain_analysed
+    from vit.explain.views.attention_maps import MAP_KINDS
+    from vit.explain.views.video import analyse_clip, explain_analysed
 
     clip, drawn = analyse_clip(checkpoint, frames), []
     for kind in [*MAP_KINDS, "temporal", "similarity", "lens"]:  # each draws, or is refused in one line saying why
@@ -275,7 +275,7 @@ def test_cp_lrp_through_divided_blocks_is_lxts_cp_rule_in_transformers_timesform
     both attentions of TimeSformer's blocks: lxt's ``cp_wrap_attention_forward`` rule (q and k stopped) put into HF's
     attention, with lxt's LayerNorm and activation rules; AttnLRP's relevance is another map here."""
     from tests.reference.lxt.rules import stop_gradient
-    from vit.explain.relevance import attnlrp
+    from vit.explain.methods.relevance import attnlrp
 
     checkpoint, frames, pixels, expected = relevance_with_lxts_rules(
         tmp_path, monkeypatch, lambda qkv: (stop_gradient(qkv[0]), stop_gradient(qkv[1]), qkv[2]))

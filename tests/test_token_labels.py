@@ -1,7 +1,7 @@
 """Prefix tokens are named in the query picker, the matrix caption and the map captions: CLS, DIST, REG 1…R."""
 
 from vit.app import drawing
-from vit.explain.map_captions import token_label
+from vit.explain.views.map_captions import token_label
 from vit.model import ViTConfig
 
 SIZES = dict(image_size=16, patch_size=4, num_classes=3, hidden_size=8, num_layers=1, num_heads=2, mlp_size=16)

@@ -16,9 +16,9 @@ import pytest
 import torch
 from helpers import make_image_folder
 
-import vit.runfiles as runfiles
+import vit.core.runfiles as runfiles
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
-from vit.runfiles import Status
+from vit.core.runfiles import Status
 from vit.train import main
 from vit.training import options
 from vit.training.data import Dataset, Split

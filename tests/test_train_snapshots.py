@@ -19,10 +19,10 @@ import torch
 from helpers import make_image_folder
 
 from vit.checkpoint import load_checkpoint
-from vit.explain.attention import layer_stats, rollout, token_map
-from vit.images import normalize
-from vit.inference import preprocess
-from vit.runfiles import epoch_checkpoint_path, epoch_checkpoints, read_metrics
+from vit.core.images import normalize
+from vit.core.inference import preprocess
+from vit.core.runfiles import epoch_checkpoint_path, epoch_checkpoints, read_metrics
+from vit.explain.methods.attention import layer_stats, rollout, token_map
 from vit.train import main
 from vit.training.data import load_dataset
 from vit.training.snapshots import load_probe, load_snapshot, snapshot_epochs

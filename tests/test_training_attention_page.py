@@ -66,7 +66,7 @@ def runs_dir(tmp_path, monkeypatch) -> Path:
 
 
 def shown_text(markdown: str) -> str:
-    """What a reader sees of Markdown whose punctuation the page escaped (vit.text)."""
+    """What a reader sees of Markdown whose punctuation the page escaped (vit.core.text)."""
     return re.sub(r"\\(.)", r"\1", markdown)
 
 

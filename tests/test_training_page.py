@@ -103,7 +103,7 @@ def test_run_names_errors_and_logs_are_shown_as_plain_text(folders):
 
     from markdown_it import MarkdownIt
 
-    from vit.runfiles import now_iso
+    from vit.core.runfiles import now_iso
 
     _, runs_dir = folders
     run = runs_dir / "![x](http:example.invalid) <b>x<b>"

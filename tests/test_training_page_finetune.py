@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from test_runs import make_image_folder
 from test_training_page import errors, networked, submit  # noqa: F401 - networked is a fixture
 
-from vit.runfiles import now_iso
+from vit.core.runfiles import now_iso
 from vit.runs import access, launch
 from vit.runs.launch import RunParams, cli_args, validate_params
 from vit.runs.manager import RunManager

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from test_training_attention_page import fake_run, shown_text
 from test_training_page import fill_tiny_run, submit
 
-from vit.runfiles import now_iso
+from vit.core.runfiles import now_iso
 from vit.runs import launch
 from vit.runs.manager import RunManager
 
@@ -299,7 +299,7 @@ def test_a_run_resumed_from_the_command_line_is_marked_where_it_took_over(tmp_pa
     """The resume vit.train records says how many epochs were done ("at_epoch"), which the curves mark."""
     from helpers import make_image_folder as make_folder
 
-    from vit.runfiles import read_config
+    from vit.core.runfiles import read_config
     from vit.train import main
 
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))

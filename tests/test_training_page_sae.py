@@ -14,7 +14,7 @@ import pytest
 from helpers import displayed, follow_page_link
 from streamlit.testing.v1 import AppTest
 
-from vit.runfiles import now_iso, read_config, read_status, record_resume
+from vit.core.runfiles import now_iso, read_config, read_status, record_resume
 from vit.runs.manager import RunError, RunManager
 from vit.sae import main as sae_main
 

@@ -7,8 +7,8 @@ holds no video stream, is refused in one line. The small clips are written here 
 import numpy as np
 import pytest
 
-from vit import clips
-from vit.clips import ClipError, read_clip, read_clip_bytes, sample_indices
+from vit.core import clips
+from vit.core.clips import ClipError, read_clip, read_clip_bytes, sample_indices
 
 av = pytest.importorskip("av")
 

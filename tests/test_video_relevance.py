@@ -16,9 +16,9 @@ from helpers import lxt_norms
 from test_videomae import videomae_folder, write_gif
 
 from tests.reference.lxt.patches import wrap_attention_forward
-from vit.clips import clip_pixels, read_clip
-from vit.explain.attention_maps import MAP_KINDS
-from vit.explain.video import analyse_clip, explain_analysed, explain_clip
+from vit.core.clips import clip_pixels, read_clip
+from vit.explain.views.attention_maps import MAP_KINDS
+from vit.explain.views.video import analyse_clip, explain_analysed, explain_clip
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -110,7 +110,7 @@ def test_cp_lrp_of_a_clip_is_lxts_cp_rules_patched_into_transformers_videomae(vi
     images, on a clip: lxt's ``cp_wrap_attention_forward`` (q and k stopped) patched into HF's VideoMAE; AttnLRP's
     relevance is another map here."""
     from tests.reference.lxt.patches import cp_wrap_attention_forward
-    from vit.explain.relevance import attnlrp
+    from vit.explain.methods.relevance import attnlrp
 
     model, checkpoint, frames, pixels = videomae
     expected = relevance_with_lxts_rules(model, pixels, 1, cp_wrap_attention_forward, monkeypatch)  # (frames, H, W)
@@ -162,7 +162,7 @@ def test_a_clips_cams_are_pytorch_grad_cams_own_on_the_3d_feature_map_of_transfo
 
 def test_a_clips_cam_past_the_memory_bound_is_refused_in_one_line_before_the_work(videomae, monkeypatch):
     from vit.costs import plan
-    from vit.explain import cam
+    from vit.explain.methods import cam
 
     _, checkpoint, frames, _ = videomae
     clip = analyse_clip(checkpoint, frames)
@@ -200,7 +200,7 @@ def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
 
 
 def test_a_class_map_is_computed_once_per_class_and_then_read_from_the_clips_cache(videomae, monkeypatch):
-    from vit.explain import relevance
+    from vit.explain.methods import relevance
 
     _, checkpoint, frames, _ = videomae
     clip = analyse_clip(checkpoint, frames)
@@ -227,7 +227,7 @@ def test_similarity_over_frames_is_the_cosine_of_transformers_hidden_states(vide
 def test_pca_colours_over_frames_are_one_fit_on_the_whole_clip_of_transformers_states(videomae):
     """sklearn's ``PCA(3, whiten=True)`` as its documentation computes it (a centred SVD, the largest entry of each
     component positive, whitened over N - 1), then the DINOv2/v3 notebooks' ``sigmoid(2 x projection)``."""
-    from vit.explain.video import clip_pca
+    from vit.explain.views.video import clip_pca
 
     model, checkpoint, frames, pixels = videomae
     with torch.no_grad():
@@ -257,7 +257,7 @@ def test_the_logit_lens_reads_each_of_transformers_tokens_through_its_fc_norm_an
 def test_direct_logit_attribution_splits_transformers_logit_into_each_heads_share(videomae):
     """Head ``h`` of layer ``l`` wrote ``context_h @ dense.weight[:, h]ᵀ`` into every token; the mean pooling averages
     it, and fc_norm, frozen at the scale of the final pooled vector, and the classifier read it linearly."""
-    from vit.explain.video import clip_logit_attribution
+    from vit.explain.views.video import clip_logit_attribution
 
     model, checkpoint, frames, pixels = videomae
     contexts = []
@@ -324,7 +324,7 @@ def test_attnlrp_past_its_whole_paths_bound_checkpoints_the_blocks_and_draws_the
 def test_head_ablation_and_each_heads_effect_on_a_clip_equal_transformers_with_the_heads_context_zeroed(videomae):
     """``mechanism.ablate_heads`` and ``ablation_grid`` on a clip's pixels: transformers' VideoMAE with one head's
     slice of its context zeroed before the output projection (a forward pre-hook on HF's ``dense``)."""
-    from vit.explain import mechanism
+    from vit.explain.mechanism import components as mechanism
 
     model, checkpoint, frames, pixels = videomae
     ours = checkpoint.model

@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vit.clips import ClipError, clip_pixels, read_clip, sample_indices
-from vit.explain.attention_maps import MapSettings
-from vit.explain.video import analyse_clip, clip_map, explain_clip
+from vit.core.clips import ClipError, clip_pixels, read_clip, sample_indices
+from vit.explain.views.attention_maps import MapSettings
+from vit.explain.views.video import analyse_clip, clip_map, explain_clip
 from vit.model.layouts import clip_token, frame_maps
 from vit.sources.open import open_source
 
@@ -198,7 +198,7 @@ def test_predict_ablate_is_refused_in_one_line_for_timesformers_two_attentions(t
 
 
 def test_save_maps_over_the_limit_is_refused_in_one_line_before_any_clip_is_read(tmp_path, capsys, monkeypatch):
-    from vit import clips
+    from vit.core import clips
     from vit.predict import main
 
     write_gif(tmp_path / "clip.gif", 9)

@@ -11,10 +11,10 @@ from test_family_relevance import BASE, FAMILIES
 from test_hiera_parity import save_hf_hiera
 from test_swin_parity import _hf
 
-from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain import attention_maps, image_analysis
-from vit.inference import TRAINING_SIZE, InputSize
+from vit.core.inference import TRAINING_SIZE, InputSize
+from vit.costs.bounds import TooManyTokens
+from vit.explain.views import attention_maps, image_analysis
 from vit.model import ViT, ViTConfig
 from vit.sources.open import open_source
 

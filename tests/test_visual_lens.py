@@ -284,8 +284,8 @@ def test_legrad_of_a_words_score_at_one_token_or_all_is_legrad_on_transformers(v
 
 @pytest.mark.parametrize("kind, patch", [("qwen2_5_vl", 7), ("gemma3", 13), ("llava", None), ("internvl", 6)])
 def test_the_target_is_the_words_score_at_the_unit_under_the_patch(vlms, kind, patch):
-    from vit.explain.vlm_targets import lens_model, unit_of_patch
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
+    from vit.explain.methods.vlm_targets import lens_model, unit_of_patch
 
     folder, model, processor = vlms[kind]
     checkpoint, image = vit.load(folder, device="cpu"), picture()
@@ -367,7 +367,7 @@ def _legrad_on_transformers_qwen(model, inputs, word: torch.Tensor, unit: int | 
 
 @pytest.mark.parametrize("patch", [None, 30])
 def test_legrad_of_a_words_score_through_qwens_windows_is_legrad_on_transformers(vlms, patch):
-    from vit.explain.vlm_targets import unit_of_patch
+    from vit.explain.methods.vlm_targets import unit_of_patch
 
     folder, model, processor = vlms["qwen2_5_vl"]
     checkpoint, image = vit.load(folder, device="cpu"), picture(330, 90)  # three windows across, the last ragged
@@ -393,7 +393,7 @@ def test_gradient_rollout_of_a_words_score_through_qwens_windows_is_chefers_roll
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
     from transformers.vision_utils import get_vision_window_index
 
-    from vit.explain.vlm_targets import unit_of_patch
+    from vit.explain.methods.vlm_targets import unit_of_patch
 
     folder, model, processor = vlms["qwen2_5_vl"]
     checkpoint, image = vit.load(folder, device="cpu"), picture(330, 90)  # three windows across, the last ragged
@@ -484,8 +484,8 @@ def test_what_is_read_of_the_embedding_is_bounded_by_the_words_and_their_tokens(
 def test_cp_lrp_of_a_words_score_passes_all_of_it_to_the_embedding_through_the_projector(projector):
     """CP-LRP's defining property, with the lens head on top: with no bias to absorb any, the relevance of the first
     block's input sums to the word's score, which holds only if the projector's operations carry their rules."""
-    from vit.explain.relevance import AttnLRPRules
-    from vit.explain.vlm_targets import lens_model
+    from vit.explain.methods.relevance import AttnLRPRules
+    from vit.explain.methods.vlm_targets import lens_model
     from vit.model import ViT, ViTConfig, use_rules
 
     torch.manual_seed(0)

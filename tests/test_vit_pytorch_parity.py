@@ -75,7 +75,7 @@ def test_simple_vit_opens_exactly_with_its_sincos_positions(tmp_path):
 
 
 def test_simple_vit_positions_are_vit_pytorchs():
-    from vit.sources.import_vit_pytorch import posemb_sincos_2d as ours
+    from vit.sources.libraries.import_vit_pytorch import posemb_sincos_2d as ours
 
     torch.testing.assert_close(ours((4, 6), 32), posemb_sincos_2d(4, 6, 32), rtol=0, atol=0)
 
@@ -259,7 +259,7 @@ def test_fine_tuning_a_rectangular_model_is_refused_in_one_line(tmp_path):
 
 def test_chefers_lrp_opens_on_a_model_whose_heads_are_not_dim_wide(tmp_path):
     """Its numbers are checked against the authors' code in test_relevance (their ViT has no patch norms)."""
-    from vit.explain.relevance import transformer_attribution
+    from vit.explain.methods.relevance import transformer_attribution
 
     arguments = dict(image_size=32, patch_size=4, num_classes=10, dim=64, depth=2, heads=4, mlp_dim=128, dim_head=32)
     checkpoint = open_source(save(tmp_path, randomize(vit_pytorch.ViT(**arguments)), arguments))

@@ -16,9 +16,9 @@ import torch
 from helpers import lxt_norms
 from PIL import Image
 
-from vit.clips import clip_pixels
-from vit.explain.attention_maps import MapSettings
-from vit.explain.video import analyse_clip, clip_map, explain_clip
+from vit.core.clips import clip_pixels
+from vit.explain.views.attention_maps import MapSettings
+from vit.explain.views.video import analyse_clip, clip_map, explain_clip
 from vit.model.positions import vjepa2_rope
 from vit.sources.open import open_source
 
@@ -187,7 +187,7 @@ def test_vit_explain_and_predict_take_a_clip(tmp_path, capsys):
 
 
 def test_a_clip_without_a_classifier_draws_its_maps_and_offers_no_class_map(tmp_path):
-    from vit.explain.video import clip_map_kinds, explain_analysed
+    from vit.explain.views.video import clip_map_kinds, explain_analysed
 
     vjepa2_folder(tmp_path / "vjepa2")
     checkpoint = open_source(tmp_path / "vjepa2")
@@ -310,7 +310,7 @@ def test_the_classifiers_cams_are_pytorch_grad_cams_own_through_its_pooler(tmp_p
 
 
 def test_the_classifiers_other_class_maps_are_refused_in_one_line_and_not_offered(tmp_path):
-    from vit.explain.video import CLASS_READ_KINDS, clip_map_kinds
+    from vit.explain.views.video import CLASS_READ_KINDS, clip_map_kinds
 
     vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
     checkpoint = open_source(tmp_path / "classifier")

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 
 import vit  # noqa: E402
-from vit.bounds import TooManyTokens  # noqa: E402
+from vit.costs.bounds import TooManyTokens  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
@@ -344,7 +344,7 @@ def test_a_token_layer_or_head_that_does_not_exist_is_refused_in_one_line(answer
 
 
 def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
-    from vit.sources.whole_vlm import VLMError
+    from vit.sources.vlm.whole_vlm import VLMError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
@@ -378,7 +378,7 @@ def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path
     from vit.predict import main
 
     picture(280, 250).save(tmp_path / "photo.png")  # 12 x 12 patches at most (max_pixels): 2.4 MB of maps
-    monkeypatch.setattr("vit.explain.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
+    monkeypatch.setattr("vit.explain.language.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
     monkeypatch.setattr("vit.predict.MAX_MAPS_MB", 1)
     monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
     assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
@@ -556,7 +556,7 @@ def test_a_tiled_answer_is_drawn_over_the_canvas_and_the_overview_the_model_read
 def test_a_visitor_is_bounded_by_every_tiles_patches(internvl_tiles, monkeypatch):
     """The tower reads each of InternVL's six tiles and its thumbnail: 112 patches, more than the canvas's 96."""
     from vit.app import vlm_ask
-    from vit.explain.vlm_answer import prepare
+    from vit.explain.language.vlm_answer import prepare
 
     prepared = prepare(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=1)
     assert prepared.layout.grid == (8, 12) and prepared.layout.patches == 7 * 16

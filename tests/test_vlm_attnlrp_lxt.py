@@ -18,7 +18,7 @@ the norms and the attention function and leave ``apply_rotary_pos_emb`` as it is
 sin of the positions, constants of the input, so it takes the epsilon rule (the plain gradient), and the uniform
 rule divides the gradient of the rotated q and k inside the attention function. Ours does the same:
 ``Rules.attention_inputs`` receives q and k after the rotation and RoPE itself has no rule
-(``vit.explain.relevance``). Qwen2.5-VL's test below holds that on its rotated, windowed layers.
+(``vit.explain.methods.relevance``). Qwen2.5-VL's test below holds that on its rotated, windowed layers.
 
 Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt);
 its model maps lxt/efficient/models/{qwen2,llama,vit_torch}.py read there, gemma3.py copied.

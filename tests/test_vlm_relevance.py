@@ -33,7 +33,7 @@ from test_vlm_answer import (  # noqa: E402,F401
 )
 
 import vit  # noqa: E402
-from vit.bounds import TooManyTokens  # noqa: E402
+from vit.costs.bounds import TooManyTokens  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 

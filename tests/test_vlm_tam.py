@@ -27,8 +27,8 @@ from test_vlm_answer import (  # noqa: E402,F401
 )
 
 import vit  # noqa: E402
-from vit.bounds import TooManyTokens  # noqa: E402
-from vit.explain.vlm_tam import rank_gaussian_filter  # noqa: E402
+from vit.costs.bounds import TooManyTokens  # noqa: E402
+from vit.explain.language.vlm_tam import rank_gaussian_filter  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
@@ -156,7 +156,7 @@ def test_the_cost_counts_the_classes_rows_never_the_vocabulary_over_every_positi
     import dataclasses
 
     from vit.costs import plan
-    from vit.explain.vlm_answer import text_shape
+    from vit.explain.language.vlm_answer import text_shape
 
     vlm = vit.open_vlm(folders["llava"])
     text = text_shape(vlm)
@@ -169,7 +169,7 @@ def test_the_cost_counts_the_classes_rows_never_the_vocabulary_over_every_positi
 def test_a_tiled_images_tam_is_on_the_tiles_canvas_and_its_overview(internvl_tiles):  # noqa: F811
     """The authors filter each image's own token grid and ask crops to be mapped to the image ("map crops to raw
     size"): InternVL's tiles are filtered on their canvas, the thumbnail on its own grid, each unit's patches alike."""
-    from vit.explain.vlm_tam import token_canvas
+    from vit.explain.language.vlm_tam import token_canvas
 
     answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=3)
     for overview in (False, True):

@@ -249,7 +249,7 @@ def test_only_the_towers_tensors_are_read_and_only_the_shards_that_hold_them_ope
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_image_is_prepared_as_the_folders_own_image_processor_prepares_the_towers_view(vlms, kind):
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     folder, _, processor = vlms[kind]
     checkpoint = open_source(folder)
@@ -381,8 +381,8 @@ def test_a_llava_read_at_several_layers_opens_to_the_deepest_without_its_project
 def test_q_k_and_v_are_read_into_the_one_qkv_tensor_the_tower_keeps_not_copied_into_it(vlms, kind):
     """The reader fills one buffer per layer with q, k and v (in whichever shards they are), and the mapping takes
     it whole: no second copy of the three is ever held (a LLaVA-shaped folder peaked 22 % over its tower's size)."""
-    from vit.sources import import_vlm
     from vit.sources.open import read_hf_weights, read_json
+    from vit.sources.vlm import import_vlm
 
     folder = vlms[kind][0]
     config_json = read_json(folder / "config.json")
@@ -434,7 +434,7 @@ def test_llava_next_shows_the_tower_the_processors_centre_crop_of_its_base_view(
     """LlavaNextImageProcessor resizes the base view to shortest_edge square, then crops its centre crop_size, as
     each tile: the tower reads that 56-px crop (16 tokens), not the whole 70-px square (25), and at 64 px opens.
     Both of transformers' backends (``*ImageProcessor``, ``*ImageProcessorPil``) to float32 rounding."""
-    from vit.inference import preprocess
+    from vit.core.inference import preprocess
 
     monkeypatch.setenv("VIT_HF_IMAGE_BACKEND", backend)
     folder, model, processor = cropping_llava_next[shortest]

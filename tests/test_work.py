@@ -11,9 +11,9 @@ import torch
 from test_mechanism import CONFIG, images, random_vit
 
 from vit.app import work
-from vit.explain.attention_flow import attention_flow
-from vit.explain.mechanism import ablation_grid, patch_heads, patch_residuals
-from vit.progress import in_parts
+from vit.core.progress import in_parts
+from vit.explain.mechanism.components import ablation_grid, patch_heads, patch_residuals
+from vit.explain.methods.attention_flow import attention_flow
 
 
 class Recorder:
@@ -80,7 +80,7 @@ def test_head_patching_reports_each_layer_and_gives_the_same_grid():
 
 
 def test_residual_patching_counts_every_position_and_stops_within_one_chunk(monkeypatch):
-    from vit.explain import mechanism
+    from vit.explain.mechanism import components as mechanism
 
     monkeypatch.setattr(mechanism, "_chunks", lambda total, per_copy: 5)  # 17 tokens: chunks of 5, 5, 5, 2
     model, clean, corrupted = random_vit(), images(1, seed=1), images(1, seed=2)
@@ -239,8 +239,8 @@ def test_reference_means_report_each_chunk_and_give_the_same_means(tmp_path):
     from test_app import png_bytes, write_checkpoint
 
     from vit.checkpoint import load_checkpoint
-    from vit.explain import mechanism_views
-    from vit.images import open_image
+    from vit.core.images import open_image
+    from vit.explain.views import mechanism_views
 
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
     refs = [open_image(png_bytes(seed=s), name="x.png") for s in range(mechanism_views.REFERENCE_CHUNK + 2)]
@@ -251,7 +251,7 @@ def test_reference_means_report_each_chunk_and_give_the_same_means(tmp_path):
 
 
 def test_deletion_insertion_curves_report_each_batch_and_give_the_same_curves():
-    from vit.explain.faithfulness import perturbation_curves
+    from vit.explain.benchmarks.metrics import perturbation_curves
 
     model, x = random_vit(), images(1)
     maps = torch.rand(1, 4, 4, generator=torch.Generator().manual_seed(0))
@@ -269,7 +269,7 @@ def test_deletion_insertion_curves_report_each_batch_and_give_the_same_curves():
 
 
 def test_a_template_ensemble_reports_each_step_of_texts_and_gives_the_same_embeddings():
-    from vit.explain import prompts
+    from vit.explain.language import prompts
 
     encoded = []
 
@@ -295,8 +295,8 @@ def test_the_explorers_forward_reports_each_layer_and_can_be_stopped(tmp_path):
     from test_app import png_bytes, write_checkpoint
 
     from vit.checkpoint import load_checkpoint
-    from vit.explain import image_analysis
-    from vit.images import open_image
+    from vit.core.images import open_image
+    from vit.explain.views import image_analysis
 
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
     image = open_image(png_bytes(seed=1), name="x.png")

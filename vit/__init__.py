@@ -7,7 +7,7 @@
 
 ``import vit`` imports nothing else: these names load ``vit.api`` (which uses the explorer's own functions) when
 first used, so the core and the commands never pay for it. ``vit.explain`` stays the ``vit.explain`` package for
-imports (``from vit.explain.attention import rollout``) and is ``vit.api.explain`` when called.
+imports (``from vit.explain.methods.attention import rollout``) and is ``vit.api.explain`` when called.
 """
 
 import atexit
@@ -57,7 +57,7 @@ def _freeze_at_exit() -> None:
     """At exit, Python's last garbage collections walk every object still alive: with torch and torchvision loaded
     that is ~330,000 objects and 1.3 s of CPU on two cores. Frozen first (atexit runs before those collections),
     they are skipped: ~0.2 s. Not with nanobind loaded: the objects a freeze keeps alive are what its leak check
-    reports, so such a process exits as Python does; the commands exit through ``vit.cli.finish``, which is fast
+    reports, so such a process exits as Python does; the commands exit through ``vit.core.cli.finish``, which is fast
     and silent either way."""
     if not _nanobind_loaded():
         gc.freeze()
@@ -114,7 +114,7 @@ def __dir__() -> list[str]:
 
 class _Explain:
     """``vit.explain(checkpoint, image, method="rollout", ...)``: see ``vit.api.explain``. As a package
-    (``vit.explain.attention``), the ``vit.explain`` wing."""
+    (``vit.explain.methods.attention``), the ``vit.explain`` wing."""
 
     def __call__(self, *args, **kwargs):
         from vit import api

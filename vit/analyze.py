@@ -7,9 +7,9 @@ CLS attention of the last layer (heads averaged) and the mean CLS rollout map; t
 matrix; and the most confident mistakes. ``--mechanism`` adds, per true class, the mean direct logit
 attribution of every head, the logit change when each head alone is zeroed (averaged over images), the
 high-norm token rate per layer and position (``--norm-threshold``), massive activations per layer and attention
-sinks per head (``vit.explain.mechanism``). ``--pca`` adds each image's PCA colours as a PNG and an .npz under
+sinks per head (``vit.explain.mechanism.components``). ``--pca`` adds each image's PCA colours as a PNG and an .npz under
 ``pca/`` and a grid of the pictures, a few per class, to the report (``--pca-layer``, ``--pca-joint``:
-``vit.explain.dataset_pca``). Writes ``analysis.json``, PNG plots and one
+``vit.explain.views.dataset_pca``). Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
 prints the JSON's path. A progress bar is drawn on stderr.
 
@@ -32,7 +32,7 @@ PROG = "vit.analyze"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli import OneLineParser, command_name, positive_int
+    from vit.core.cli import OneLineParser, command_name, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
-    from vit.explain.dataset import check_forward_fits, sample_files, summarize_files, write_outputs
+    from vit.explain.views.dataset import check_forward_fits, sample_files, summarize_files, write_outputs
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
     if (args.pca_layer is not None or args.pca_joint) and not args.pca:
@@ -92,14 +92,14 @@ def run(args: argparse.Namespace) -> int:
                          "stages (Swin, Hiera) change both: leave out --mechanism (the other summaries are each "
                          "layer's on its own grid)")
     if args.mechanism:
-        from vit.explain.mechanism import check_supported
+        from vit.explain.mechanism.components import check_supported
 
         try:
             check_supported(checkpoint.model, needs_head=True)  # before the first image, not after the pass
         except ValueError as e:  # MechanismError: a model option the analyses do not support
             raise UsageError(f"--mechanism: {e}") from None
     if args.pca:
-        from vit.explain.dataset_pca import check_pca
+        from vit.explain.views.dataset_pca import check_pca
 
         try:
             check_pca(checkpoint, args.pca_layer)  # before the first image, not after the pass
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     if args.mechanism and not args.ray_job:
-        from vit.explain.dataset import analyze_mechanism
+        from vit.explain.views.dataset import analyze_mechanism
 
         bar = tqdm(total=len(files), unit="img", desc="mechanism", file=sys.stderr, dynamic_ncols=True)
         try:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.checkpoint)
     extra, sections = {"checkpoint": str(args.checkpoint), "data": str(args.data)}, []
     if args.pca:
-        from vit.explain.dataset_pca import report_section, write_pca
+        from vit.explain.views.dataset_pca import report_section, write_pca
 
         bar = tqdm(total=len(files) * (2 if args.pca_joint else 1), unit="img", desc="pca", file=sys.stderr,
                    dynamic_ncols=True)
@@ -223,7 +223,7 @@ def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
 def check_paths(args: argparse.Namespace) -> None:
     """Before torch loads: the model exists (or is a Hub id) and ``--data`` is a folder (here: a Ray job's paths
     are the ones every node mounts)."""
-    from vit.cli import check_folder
+    from vit.core.cli import check_folder
     from vit.predict import check_model_path
 
     check_model_path(args.checkpoint)
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

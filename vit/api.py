@@ -6,7 +6,7 @@
     vit.ask(clip, "photo.jpg", ["a dog", "a cat"])            # CLIP / SigLIP zero-shot scores and maps
     vit.mechanism(checkpoint, "photo.jpg")                    # logit lens, head attribution, phenomena
 
-Every function calls the explorer's own (``vit.explain.image_analysis``, ``attention_maps``, ``method_maps``,
+Every function calls the explorer's own (``vit.explain.views.image_analysis``, ``attention_maps``, ``method_maps``,
 ``mechanism_views``, ``words``), so a map here is the map the explorer draws for the same settings. Layers,
 heads, tokens and classes count from 0 and a negative one from the end, as Python indexes the arrays (``layer=-1``
 is the last layer, ``head=-1`` the last head); token 0 is CLS, patch ``p`` (row-major) is token
@@ -29,32 +29,32 @@ from PIL import Image
 
 from vit import registry
 from vit.checkpoint import Checkpoint
-from vit.explain import (
+from vit.core.images import ImageError, open_image
+from vit.core.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
+from vit.core.runfiles import default_checkpoints_dir, images_in
+from vit.costs import fits
+from vit.explain.language import words
+from vit.explain.language.vlm_answer import VLMAnswer
+from vit.explain.mechanism import sink_diagnostics
+from vit.explain.mechanism.components import check_ablation
+from vit.explain.methods.stage_maps import cell_patch, on_patch_grid
+from vit.explain.views import (
     attention_maps,
     dense_views,
-    fits,
     image_analysis,
     map_captions,
     mechanism_views,
     method_maps,
-    sink_diagnostics,
     video,
-    words,
 )
-from vit.explain.mechanism import check_ablation
-from vit.explain.overlay import (
+from vit.explain.views.overlay import (
     display_image,
     jpeg_data_uri,
     map_colours,
     pca_picture,
     to_png_bytes,
 )
-from vit.explain.overlay import overlay as draw_overlay
-from vit.explain.stages import cell_patch, on_patch_grid
-from vit.explain.vlm_answer import VLMAnswer
-from vit.images import ImageError, open_image
-from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
-from vit.runfiles import default_checkpoints_dir, images_in
+from vit.explain.views.overlay import overlay as draw_overlay
 
 ImageLike = Image.Image | np.ndarray | torch.Tensor | str | os.PathLike
 # Which arguments each map reads (the explorer's controls for it): others are refused rather than ignored.
@@ -103,7 +103,7 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     """The methods ``explain`` draws for ``checkpoint``'s model, as it decides: the explorer's map kinds for the
     model (``attention_maps.map_kinds``), less the class-specific ones without a classifier and Chefer's LRP where its
     rules do not reach."""
-    from vit.explain.relevance import lrp_rule_missing
+    from vit.explain.methods.relevance import lrp_rule_missing
 
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError(f"vit.methods takes a checkpoint (vit.load(...)), got a {type(checkpoint).__name__}")
@@ -322,7 +322,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     explorer's token gate in patches (default env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top),
     checked before any work; a larger input is refused with the work it would be.
     ``**options``: the parameters of captum's attributions and RISE, captum's names and defaults
-    (``vit.explain.captum_maps.Options``): ``integrated_gradients`` ``n_steps`` (50), ``baselines`` (0.0, in the
+    (``vit.explain.methods.captum_maps.Options``): ``integrated_gradients`` ``n_steps`` (50), ``baselines`` (0.0, in the
     model's input space); ``smoothgrad`` ``nt_samples`` (5), ``stdevs`` (1.0), ``seed``; ``occlusion``
     ``sliding_window_shapes`` and ``strides`` (px; default one patch), ``baselines``; ``feature_ablation``
     ``baselines``; ``kernel_shap`` ``n_samples`` (25), ``baselines``, ``seed``; ``rise`` ``n_masks`` (6000), ``s``
@@ -333,7 +333,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     A video model (VideoMAE) takes a clip instead of ``image``: a GIF, a folder of frames or a list of PIL images,
     sampled uniformly to its ``num_frames``; ``method`` is attention, rollout, norms, or one class's (``target``)
     class, legrad or attnlrp, and ``query`` a token (time-major) or ``(frame, row, col)``; it returns a
-    ``vit.explain.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated over
+    ``vit.explain.views.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated over
     its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms, its
     CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
     block). The other methods are refused in one line saying why.
@@ -351,7 +351,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     if unread:
         raise ValueError(f"{method} does not read {', '.join(unread)}; it reads {', '.join(sorted(reads)) or 'none'}")
     if options:  # captum's and RISE's parameters, checked before the image is analysed
-        from vit.explain.captum_maps import ATTRIBUTION_METHODS, Options
+        from vit.explain.methods.captum_maps import ATTRIBUTION_METHODS, Options
 
         if method not in ATTRIBUTION_METHODS:
             raise ValueError(f"{method} takes no options ({', '.join(options)}); captum's attributions and RISE do: "
@@ -364,8 +364,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
         raise ValueError("a Swin's class map starts from what its average pooling reads (every token of the layer); "
                          "leave query out")
     if chosen.class_specific and model.head is None:
-        from vit.explain.prompts import methods_for
-        from vit.sources.text_tower import has_text_tower
+        from vit.explain.language.prompts import methods_for
+        from vit.sources.vlm.text_tower import has_text_tower
 
         if has_text_tower(checkpoint) and method in methods_for(model):
             raise ValueError(f"a CLIP / SigLIP has no classes of its own: map a typed label with "
@@ -432,8 +432,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
 
 def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head, query, size, max_tokens
                   ) -> video.ClipExplanation:
-    """``explain`` for a video model (``vit.explain.video.explain_clip``)."""
-    from vit.clips import read_clip
+    """``explain`` for a video model (``vit.explain.views.video.explain_clip``)."""
+    from vit.core.clips import read_clip
 
     if size is not None:
         raise ValueError("a clip's maps read layer, head, query and target; size is for image models")
@@ -488,8 +488,8 @@ def ask(checkpoint: Checkpoint, image: ImageLike, labels: Sequence[str] | str, t
     breaks) ``image`` shows: each label filled into ``template`` (default "a photo of a {}."; "{}" uses the labels
     as typed; "imagenet" averages open_clip's 80 ImageNet templates). The text side comes from the model's own
     library (its tokenizer and text transformer, beside the weights)."""
-    from vit.explain.prompts import DEFAULT_TEMPLATE
-    from vit.sources.text_tower import check_labels, open_text_tower, split_labels
+    from vit.explain.language.prompts import DEFAULT_TEMPLATE
+    from vit.sources.vlm.text_tower import check_labels, open_text_tower, split_labels
 
     labels = split_labels(labels) if isinstance(labels, str) else check_labels(list(labels))
     ensemble = template is not None and template.strip().lower() == words.ENSEMBLE
@@ -501,7 +501,7 @@ def ask(checkpoint: Checkpoint, image: ImageLike, labels: Sequence[str] | str, t
 
 def ask_methods(checkpoint: Checkpoint) -> dict[str, str]:
     """The map methods ``Answer.explain`` offers for this CLIP / SigLIP."""
-    from vit.explain.prompts import methods_for
+    from vit.explain.language.prompts import methods_for
 
     return methods_for(checkpoint.model)
 
@@ -623,7 +623,7 @@ class TextSpan:
             size: int | InputSize | None = None) -> np.ndarray:
         """``(gh, gw)``: what the head writes into ``image``'s embedding from each patch along ``text``'s embedding
         (one of its texts; default its first)."""
-        from vit.explain import textspan_run as spans
+        from vit.explain.mechanism import textspan_run as spans
 
         span = self.head(layer, head)
         text = span.texts[0] if text is None else text
@@ -648,9 +648,9 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
     are projected on (their ``--w_ov_rank``; default theirs, 80). A SigLIP's (any model read by an attention-pooling
     probe): the probe's heads, as the authors' compute_siglip.py (``layer="probe"``; rank default the width). Raises
     ``MechanismError`` / ``TextTowerError`` in one line where it does not apply (a classifier, no text tower)."""
-    from vit.explain import textspan_run as spans
-    from vit.explain.textspan import read_texts
-    from vit.sources.text_tower import open_text_tower
+    from vit.explain.mechanism import textspan_run as spans
+    from vit.explain.mechanism.textspan import read_texts
+    from vit.sources.vlm.text_tower import open_text_tower
 
     spans.check_model(checkpoint)
     tower = open_text_tower(checkpoint)
@@ -681,10 +681,10 @@ def feature_attribution(checkpoint: Checkpoint, image: ImageLike, sae, target: i
     error's, which sum to ``∂y/∂x · x`` there (``vit.features.attribution``). ``sae``: a ``SparseAutoencoder`` or
     what ``vit.features.formats.open_sae`` opens (a SAELens or ViT-Prisma folder, a saev file, a Hub id). Needs a
     classifier; SAEError in one line for an SAE of another model or layer."""
+    from vit.core.inference import input_shape, preprocess
     from vit.features.attribution import feature_attribution as attribute
+    from vit.features.autoencoder import SparseAutoencoder
     from vit.features.formats import open_sae
-    from vit.features.sae import SparseAutoencoder
-    from vit.inference import input_shape, preprocess
 
     _needs_classifier(checkpoint, "vit.feature_attribution")
     index = _class_index(checkpoint, target)
@@ -884,8 +884,8 @@ LENS_TARGET_METHODS = ("legrad", "class", "attnlrp")  # the gradient maps a word
 def _lens_words(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[str], size: int | InputSize | None):
     """What the lens needs of a VLM folder, in order of cost: the embedding's place and size (its shard's header),
     the words' tokens, the input's grid checked against the memory bound, then the words' rows read."""
-    from vit.inference import input_shape
-    from vit.sources import word_embeddings
+    from vit.core.inference import input_shape
+    from vit.sources.vlm import word_embeddings
 
     folder, _ = word_embeddings.vlm_folder(checkpoint)
     table = word_embeddings.embedding_table(folder)  # from the shard's header: its size known before a row is read
@@ -915,9 +915,9 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
     embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2.5-VL
     or Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
     line (not a VLM, a word the tokenizer cannot encode, a folder without its tokenizer or embedding)."""
-    from vit.explain.visual_lens import leading_rows, lens_maps
-    from vit.inference import preprocess
-    from vit.sources import word_embeddings
+    from vit.core.inference import preprocess
+    from vit.explain.methods.visual_lens import leading_rows, lens_maps
+    from vit.sources.vlm import word_embeddings
 
     image, size, grid, table, encoded, vectors = _lens_words(checkpoint, image, words, size)
     model, p = checkpoint.model, checkpoint.preprocessing
@@ -951,9 +951,9 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     (gradient rollout: the row of ``patch``'s token) or ``attnlrp``, each run as for a classifier whose one logit is
     that score (through Qwen2.5-VL's windows, each placed by its window index). ValueError or CheckpointError in
     one line."""
-    from vit.explain.visual_lens import leading_rows
-    from vit.explain.vlm_targets import lens_model, unit_of_patch
-    from vit.sources import word_embeddings
+    from vit.explain.methods.visual_lens import leading_rows
+    from vit.explain.methods.vlm_targets import lens_model, unit_of_patch
+    from vit.sources.vlm import word_embeddings
 
     if method not in LENS_TARGET_METHODS:
         raise ValueError(f"a word's lens score is a target of {', '.join(LENS_TARGET_METHODS)}, not {method!r}")
@@ -985,7 +985,7 @@ def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device |
     """A vision-language model opened whole from its folder (or ``vit.load``'s checkpoint of its tower) to ask it
     questions (``ask_vlm``): transformers' own model class and processor, offline, no remote code. Open it once and
     ask it many times; VLMError (one line) for a folder that cannot be."""
-    from vit.sources.whole_vlm import open_whole_vlm
+    from vit.sources.vlm.whole_vlm import open_whole_vlm
 
     return open_whole_vlm(model, device)
 
@@ -999,7 +999,7 @@ def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str
     head=None)``, answer token ``i``'s attention to the image tokens on the tower's patch grid (heads averaged when
     ``head`` is None) from the query that predicted it, computed from the KV cache when asked. What it holds is
     counted first and refused in one line over the memory bound (VIT_ANALYSIS_MEMORY_MB)."""
-    from vit.explain.vlm_answer import answer
+    from vit.explain.language.vlm_answer import answer
 
     return answer(open_vlm(model), _image(image), question, prompt=prompt, max_new_tokens=max_new_tokens)
 
@@ -1099,8 +1099,8 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
     ``"gradient_x_input"`` of the mask's logits, summed over the mask or at image pixel ``at = (x, y)`` (its memory
     checked first by the cost model: the encoder's gradient at 1,024 px is the costly part). ValueError in one line
     (``PromptError``, ``PromptHalfError`` for a model without its prompt half, ``TooManyTokens``)."""
-    from vit.explain.relevance import patch_sums
-    from vit.explain.segment import make_prompt, segmenter
+    from vit.explain.methods.relevance import patch_sums
+    from vit.explain.methods.segment import make_prompt, segmenter
     from vit.sources.sam_prompts import open_prompt_half
 
     image = _image(image)

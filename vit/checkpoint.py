@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 
-from vit.images import BACKENDS  # what resizes (vit.images.resize): PIL, or torchvision as transformers 5 does
+from vit.core.images import (
+    BACKENDS,  # what resizes (vit.core.images.resize): PIL, or torchvision as transformers 5 does
+)
+from vit.core.runfiles import EPOCH_CHECKPOINT_DIR, LAST_CHECKPOINT
 from vit.model import ViT, ViTConfig
-from vit.runfiles import EPOCH_CHECKPOINT_DIR, LAST_CHECKPOINT
 
 FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
@@ -64,12 +66,12 @@ class ForeignCheckpointError(CheckpointError):
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
-# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.images.to_uint8);
+# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.core.images.to_uint8);
 # "keep_ratio": timm's ResizeKeepRatio, the aspect kept until the image covers a (height, width) target; "border":
 # timm's crop_mode "border", the aspect kept until the image fits inside it, then cropped or padded to the input
 RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad", "keep_ratio", "border")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
-CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.images.crop_start)
+CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.core.images.crop_start)
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,10 @@ class Preprocessing:
     resample: str = "bicubic"  # the PIL filter of the resize
     crop_rule: str = "torchvision"  # the crop's offset: torchvision's round() (timm, open_clip) or HF's int()
     # NaFlex (SigLIP 2, timm naflexvit): each image resized, without a crop, to the largest size at its own aspect
-    # ratio whose grid of patch_size patches has at most max_num_patches (vit.images.naflex_size); 0: image_size.
+    # ratio whose grid of patch_size patches has at most max_num_patches (vit.core.images.naflex_size); 0: image_size.
     max_num_patches: int = 0
     patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to; Qwen's merge unit side (28)
-    # Qwen-VL's smart_resize (vit.images.smart_resize): each image, without a crop, at its own aspect ratio on sides of
+    # Qwen-VL's smart_resize (vit.core.images.smart_resize): each image, without a crop, at its own aspect ratio on sides of
     # whole patch_size units, between min_pixels and max_pixels pixels; 0: image_size
     min_pixels: int = 0
     max_pixels: int = 0
@@ -126,8 +128,8 @@ class Preprocessing:
     @property
     def fill_colour(self) -> tuple[int, ...]:
         """The colour "border" pads with, 0-255 RGB: ``pad_fill`` (one value is a grey), else the mean's
-        (``vit.images.pad_colour``)."""
-        from vit.images import pad_colour
+        (``vit.core.images.pad_colour``)."""
+        from vit.core.images import pad_colour
 
         if not self.pad_fill:
             return pad_colour(self.mean)

@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from vit.cli import OneLineParser, UsageError, command_name, run_cli  # light: torch loads in run(), after parsing
+from vit.core.cli import OneLineParser, UsageError, command_name, run_cli  # light: torch loads in run(), after parsing
 
 PROG = "vit.convert"
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 def inspect(source: str) -> int:
     """Print one line describing the weights on stderr and the draft mapping (JSON) on stdout."""
     from vit.checkpoint import CheckpointError
-    from vit.sources.mapping import describe, draft_mapping
+    from vit.sources.libraries.mapping import describe, draft_mapping
     from vit.sources.open import open_source, read_weights
 
     path = Path(source).expanduser()
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

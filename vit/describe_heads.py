@@ -19,7 +19,7 @@ PROG = "vit.describe_heads"  # not vit.textspan: that name is the notebook API's
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli import OneLineParser, command_name, positive_int
+    from vit.core.cli import OneLineParser, command_name, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Before torch loads: the model exists (or is a Hub id), ``--data`` is a folder, ``--texts`` a file."""
-    from vit.cli import UsageError, check_folder
+    from vit.core.cli import UsageError, check_folder
     from vit.predict import check_model_path
 
     check_model_path(args.checkpoint)
@@ -55,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from vit.explain import textspan_run as textspan
-    from vit.explain.textspan import read_texts
-    from vit.images import open_image
+    from vit.core.images import open_image
+    from vit.explain.mechanism import textspan_run as textspan
+    from vit.explain.mechanism.textspan import read_texts
     from vit.predict import UsageError, open_checkpoint, resolve_device
-    from vit.sources.text_tower import open_text_tower
+    from vit.sources.vlm.text_tower import open_text_tower
     from vit.training.data import image_files
 
     files = image_files(Path(args.data))
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

@@ -43,7 +43,7 @@ from vit.predict import (
 
 if TYPE_CHECKING:
     from vit.checkpoint import Checkpoint
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
 
 PROG = "vit.evaluate"
 
@@ -97,7 +97,7 @@ def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: 
              progress: bool = False, size: InputSize | None = None) -> tuple[dict, list[str]]:
     """Accuracy overall and per class of ``(file, class index)`` pairs (at ``size``, None: the checkpoint's own);
     also the unreadable files' errors."""
-    from vit.inference import TRAINING_SIZE, predict_files
+    from vit.core.inference import TRAINING_SIZE, predict_files
 
     size = TRAINING_SIZE if size is None else size
     names = checkpoint.class_names
@@ -136,8 +136,8 @@ def zero_shot_checkpoint(checkpoint: Checkpoint, root: Path, template: str | Non
     from dataclasses import replace
 
     from vit.checkpoint import CheckpointError
-    from vit.explain.prompts import PromptError, ask, prompt_checkpoint
-    from vit.sources.text_tower import MAX_DATASET_CLASSES, check_labels, open_text_tower
+    from vit.explain.language.prompts import PromptError, ask, prompt_checkpoint
+    from vit.sources.vlm.text_tower import MAX_DATASET_CLASSES, check_labels, open_text_tower
     from vit.training.data import list_class_folders
 
     if not root.is_dir():
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

@@ -15,7 +15,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from vit.runfiles import ROOT, app_root
+from vit.core.runfiles import ROOT, app_root
 
 PROG = "vit-explorer"
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

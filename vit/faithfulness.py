@@ -1,4 +1,4 @@
-"""Is a map faithful? Deletion, insertion and Chefer et al.'s tests; what each measures: ``vit.explain.faithfulness``.
+"""Is a map faithful? Deletion, insertion and Chefer et al.'s tests; what each measures: ``vit.explain.benchmarks.metrics``.
 
 ``DIR`` holds one subfolder per class as for ``vit.evaluate``. ``--limit N`` takes N images
 after a seeded shuffle, so a limit samples every class. Prints JSON: per method,
@@ -24,17 +24,17 @@ import json
 import sys
 from pathlib import Path
 
-from vit.bounds import MAX_TOKENS
-from vit.cli import UsageError
+from vit.core.cli import UsageError
+from vit.costs.bounds import MAX_TOKENS
 
 PROG = "vit.faithfulness"
-# vit.explain.faithfulness's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
+# vit.explain.benchmarks.metrics's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
 # checks they are the same), so that an unknown method is refused before torch loads.
 METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow",
                 "attn-gradcam", "lrp-full", "lrp-partial")
 REPLACEMENTS = ("blur", "mean", "zero")
 BENCHMARKS = ("deletion", "segmentation", "perturbation", "road", "saco")
-# vit.explain.benchmark_run.REPORT_FILES (what --out receives), for checking --out before torch loads
+# vit.explain.benchmarks.benchmark_run.REPORT_FILES (what --out receives), for checking --out before torch loads
 REPORT_FILES = ("faithfulness.png", "faithfulness.md", "faithfulness.json")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
 # patches in 10 % steps; 5 % steps here draw the curve twice as finely at a cost that does not grow with the grid.
@@ -56,7 +56,7 @@ def registry_maps() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli import OneLineParser, command_name, int_between, positive_int
+    from vit.core.cli import OneLineParser, command_name, int_between, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
@@ -113,11 +113,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
+    from vit.core.images import ImageError, open_image
+    from vit.core.inference import preprocess
     from vit.evaluate import labelled_files
-    from vit.explain.dataset import sample_files
-    from vit.explain.faithfulness import DEFAULT_METHODS, auc, method_maps, perturbation_curves
-    from vit.images import ImageError, open_image
-    from vit.inference import preprocess
+    from vit.explain.benchmarks.metrics import DEFAULT_METHODS, auc, method_maps, perturbation_curves
+    from vit.explain.views.dataset import sample_files
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
     if args.ray:
@@ -172,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
 def matched_masks(data: Path, masks: Path) -> list[tuple[Path, Path]]:
     """``(image, mask)`` for every image under ``data``, its mask the PNG of its stem under ``masks``; UsageError
     in one line when a stem repeats or an image has no mask."""
-    from vit.explain.benchmark_run import BenchmarkError
-    from vit.explain.benchmark_run import matched_masks as matched
+    from vit.explain.benchmarks.benchmark_run import BenchmarkError
+    from vit.explain.benchmarks.benchmark_run import matched_masks as matched
     from vit.training.data import image_files
 
     try:
@@ -183,9 +183,9 @@ def matched_masks(data: Path, masks: Path) -> list[tuple[Path, Path]]:
 
 
 def open_mask(mask, hw: tuple[int, int]):
-    """``vit.explain.benchmark_run.open_mask``; UsageError in one line for a mask it cannot read."""
-    from vit.explain.benchmark_run import BenchmarkError
-    from vit.explain.benchmark_run import open_mask as opened
+    """``vit.explain.benchmarks.benchmark_run.open_mask``; UsageError in one line for a mask it cannot read."""
+    from vit.explain.benchmarks.benchmark_run import BenchmarkError
+    from vit.explain.benchmarks.benchmark_run import open_mask as opened
 
     try:
         return opened(mask, hw)
@@ -214,11 +214,11 @@ def benchmark_items(args: argparse.Namespace, checkpoint, command: bool = True) 
     ``command`` False for a caller with no ``--data`` option that reads files only (the Analyse page): ``--data`` is
     then a folder even for segmentation, and the messages written here name no option."""
     from vit.evaluate import labelled_files
-    from vit.explain.dataset import sample_files
+    from vit.explain.views.dataset import sample_files
     from vit.training.data import image_files
 
     if command and args.benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: both in one
-        from vit.explain.gtsegs import GtSegs, GtSegsError
+        from vit.explain.benchmarks.gtsegs import GtSegs, GtSegsError
 
         try:
             gtsegs = GtSegs(args.data)
@@ -244,7 +244,7 @@ def explain_any(checkpoint, image, method: str, target: int | None = None, optio
     """``vit.api.explain``: every map ``vit.methods()`` draws, for the benchmark's methods beyond its own; of
     ``options`` (``--option``: name -> value), those ``method`` takes."""
     from vit import api
-    from vit.explain.captum_maps import OPTIONS
+    from vit.explain.methods.captum_maps import OPTIONS
 
     taken = {k: v for k, v in (options or {}).items() if k in OPTIONS.get(method, ())}
     return api.explain(checkpoint, image, method, target=target, **taken)
@@ -253,7 +253,7 @@ def explain_any(checkpoint, image, method: str, target: int | None = None, optio
 def method_options(args: argparse.Namespace, methods: list[str]) -> dict[str, str]:
     """``--option NAME=VALUE``s as a dict, each taken by one of ``methods`` at least and within its bounds
     (``captum_maps.Options.of``); UsageError in one line otherwise."""
-    from vit.explain.captum_maps import OPTIONS, Options
+    from vit.explain.methods.captum_maps import OPTIONS, Options
 
     options = {}
     for given in (part for option in args.option or () for part in option.split(",") if part):
@@ -279,8 +279,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     from PIL import Image
     from tqdm import tqdm
 
-    from vit.explain import benchmark_run as run_
-    from vit.explain import faithfulness as bench
+    from vit.explain.benchmarks import benchmark_run as run_
+    from vit.explain.benchmarks import metrics as bench
     from vit.predict import open_checkpoint, resolve_device
 
     # In the cluster's job this process only lists the items and joins the scores: the actors run the model.
@@ -298,7 +298,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     read = run_.read_file
     if gtsegs is not None:
-        from vit.explain.gtsegs import GtSegsError
+        from vit.explain.benchmarks.gtsegs import GtSegsError
 
         def read(item: tuple):  # the image and its mask, from the file
             try:
@@ -343,15 +343,15 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
 
 def table(result: dict) -> str:
-    """A Markdown table of ``result``'s scalar scores per method (``vit.explain.benchmark_run.table``)."""
-    from vit.explain.benchmark_run import table as markdown_table
+    """A Markdown table of ``result``'s scalar scores per method (``vit.explain.benchmarks.benchmark_run.table``)."""
+    from vit.explain.benchmarks.benchmark_run import table as markdown_table
 
     return markdown_table(result)
 
 
 def write_out(out: str | None, result: dict, text: str) -> None:
     """``--out DIR``: the JSON, the Markdown table and (but for deletion) the plot."""
-    from vit.explain.benchmark_run import write_out as written
+    from vit.explain.benchmarks.benchmark_run import write_out as written
 
     written(out, result, text)
 
@@ -395,7 +395,7 @@ def submit(args: argparse.Namespace) -> tuple[object, str]:
 def check_args(args: argparse.Namespace) -> None:
     """Before torch loads: the methods are known, the model exists (or is a Hub id), ``--data`` is a folder and
     ``--out`` a folder the report can be written to."""
-    from vit.cli import UsageError, check_folder, check_out_folder
+    from vit.core.cli import UsageError, check_folder, check_out_folder
     from vit.predict import check_model_path
 
     if args.methods is not None:  # --methods a,b and --methods a b alike
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

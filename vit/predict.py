@@ -84,7 +84,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Only what parsing needs: torch and the rest load in run(), after the arguments are read (--help answers at once).
-from vit.cli import (  # noqa: F401 (the other commands import the shared pieces from here too)
+from vit.core.cli import (  # noqa: F401 (the other commands import the shared pieces from here too)
     MAX_INPUT_SIDE,
     OneLineParser,
     UsageError,
@@ -96,14 +96,14 @@ from vit.cli import (  # noqa: F401 (the other commands import the shared pieces
     positive_int,
     run_cli,
 )
-from vit.text import duration
+from vit.core.text import duration
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
     from vit.checkpoint import Checkpoint
-    from vit.inference import FileResult, InputSize
+    from vit.core.inference import FileResult, InputSize
 
 PROG = "vit.predict"
 MAPS_DTYPES = ("float32", "float16")
@@ -302,9 +302,9 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
     (``mechanism.ablated_copy``: their columns of the output projection zero), so that its predictions and every
     saved map are the ablated model's, computed as the model's own (in chunks, with progress); UsageError when
     unusable (TimeSformer: a block's two attentions)."""
-    from vit.explain.mechanism import MechanismError, parse_heads
-    from vit.explain.mechanism_views import ablated_checkpoint
-    from vit.explain.video import is_divided
+    from vit.explain.mechanism.components import MechanismError, parse_heads
+    from vit.explain.views.mechanism_views import ablated_checkpoint
+    from vit.explain.views.video import is_divided
 
     if is_divided(checkpoint):
         raise UsageError("--ablate: TimeSformer's blocks attend twice (over time, then within a frame), and a head "
@@ -319,7 +319,7 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
 
 def templates(text: str | None) -> list[str]:
     """``--template``'s templates: the default, the ImageNet ensemble ('imagenet'), or the one given."""
-    from vit.explain.prompts import DEFAULT_TEMPLATE, check_template, imagenet_templates
+    from vit.explain.language.prompts import DEFAULT_TEMPLATE, check_template, imagenet_templates
 
     if text is None:
         return [DEFAULT_TEMPLATE]
@@ -332,8 +332,8 @@ def asked(checkpoint: Checkpoint, labels: str, template: str | None):
     """``checkpoint`` as a classifier over ``labels`` (``--labels``' text) and the prompts; UsageError when the
     model has no text side or the text is out of bounds."""
     from vit.checkpoint import CheckpointError
-    from vit.explain.prompts import PromptError, ask, prompt_checkpoint
-    from vit.sources.text_tower import open_text_tower, split_labels
+    from vit.explain.language.prompts import PromptError, ask, prompt_checkpoint
+    from vit.sources.vlm.text_tower import open_text_tower, split_labels
 
     try:
         prompts = ask(open_text_tower(checkpoint), split_labels(labels), templates(template))
@@ -349,9 +349,9 @@ def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder
     """Every label's map of ``result``'s image by each method that applies, drawn into ``folder``: the arrays
     for the ``.npz`` (``prompt_<method>``: (labels, rows, cols)) and the PNG paths per label. ``checkpoint`` is
     the image tower's own (not the one ``prompt_checkpoint`` made)."""
-    from vit.explain.overlay import overlay
-    from vit.explain.prompts import methods_for, prompt_maps
-    from vit.inference import preprocess, seen_region
+    from vit.core.inference import preprocess, seen_region
+    from vit.explain.language.prompts import methods_for, prompt_maps
+    from vit.explain.views.overlay import overlay
 
     model = checkpoint.model
     x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
@@ -370,7 +370,7 @@ def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder
 
 def input_size(args: argparse.Namespace) -> InputSize:
     """The ``InputSize`` that ``--size`` and ``--keep-aspect`` ask for."""
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
 
     return InputSize(args.size, getattr(args, "keep_aspect", False))
 
@@ -400,7 +400,7 @@ def maps_limit_mb(args: argparse.Namespace) -> int:
 
 def maps_bytes(num_layers: int, num_heads: int, tokens: int, dtype: str) -> int:
     """Bytes of the ``layer_i`` arrays of one image's ``.npz``: ``L x H x T²`` values of ``dtype``."""
-    from vit.explain.overlay import npz_array_bytes
+    from vit.explain.views.overlay import npz_array_bytes
 
     return num_layers * npz_array_bytes((num_heads, tokens, tokens), dtype)
 
@@ -414,7 +414,7 @@ def most_patches(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
 
 def most_grid(checkpoint: Checkpoint, size: InputSize) -> tuple[int, tuple[int, int]]:
     """``(side, grid)``: the input side ``size`` asks for and the largest patch grid an image can have there."""
-    from vit.inference import InputSize
+    from vit.core.inference import InputSize
 
     model, p = checkpoint.model, checkpoint.preprocessing
     side = size.side or max(p.image_hw)  # the long side of a rectangular training size
@@ -432,8 +432,8 @@ def check_tokens_fit(checkpoint: Checkpoint, size: InputSize, max_tokens: int | 
     """UsageError, before any work, when an image at ``size`` could have more patches than the gate
     (``--max-tokens``, else env VIT_MAX_TOKENS, else ``bounds.MAX_TOKENS``; the prefix tokens come on top): one
     line with the work it implies and how to allow it."""
-    from vit.bounds import MAX_TOKENS_ENV, TooManyTokens, check_tokens
-    from vit.bounds import max_tokens as gate
+    from vit.costs.bounds import MAX_TOKENS_ENV, TooManyTokens, check_tokens
+    from vit.costs.bounds import max_tokens as gate
 
     side, patches = most_patches(checkpoint, size)
     try:
@@ -476,17 +476,17 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     maps, computed on ``tower``, the image tower ``checkpoint`` was asked through); returns the files by kind.
 
     For our ``ViT`` the arrays are computed layer by layer in chunks from the layer inputs of one more forward
-    pass, and the rollout overlay is the rollout's CLS row by row vector (``vit.explain.chunked``): memory
+    pass, and the rollout overlay is the rollout's CLS row by row vector (``vit.explain.methods.chunked``): memory
     stays bounded at any size. A model that is not our ``ViT`` gives its attentions whole. ``size`` None is the
     checkpoint's own input size."""
     import numpy as np
     import torch
 
-    from vit.explain.attention import fuse_heads, rollout
-    from vit.explain.chunked import LayerInputs, attention_chunks
-    from vit.explain.hidden import forward_with_hidden_states, layout_problem
-    from vit.explain.overlay import overlay, write_npz_streamed
-    from vit.inference import TRAINING_SIZE, input_box, input_shape, preprocess, seen_region
+    from vit.core.inference import TRAINING_SIZE, input_box, input_shape, preprocess, seen_region
+    from vit.explain.methods.attention import fuse_heads, rollout
+    from vit.explain.methods.chunked import LayerInputs, attention_chunks
+    from vit.explain.methods.hidden import forward_with_hidden_states, layout_problem
+    from vit.explain.views.overlay import overlay, write_npz_streamed
     from vit.model import ViT
 
     size = TRAINING_SIZE if size is None else size
@@ -550,15 +550,15 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str, size, dtype: str) -> dict:
     """``save_maps`` for a model with stages (Swin, Hiera): ``layer_i`` is each layer's windows as the layer forms
     them, ``(windows, heads, queries, keys)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` / ``_stride`` to place
-    them (``vit.model.LayerLayout``, ``vit.explain.attention.layer_on_grid``: a pooled-query layer's keys lie on the
+    them (``vit.model.LayerLayout``, ``vit.explain.methods.attention.layer_on_grid``: a pooled-query layer's keys lie on the
     grid ``stride`` times finer); the logits as for every classifier; the overlay is the rollout of what the average
     pooling reads, through every merge, on the image's patches (no CLS)."""
     import numpy as np
     import torch
 
-    from vit.explain.overlay import overlay, write_npz_streamed
-    from vit.explain.stages import rollout_row
-    from vit.inference import input_box, input_shape, preprocess, seen_region
+    from vit.core.inference import input_box, input_shape, preprocess, seen_region
+    from vit.explain.methods.stage_maps import rollout_row
+    from vit.explain.views.overlay import overlay, write_npz_streamed
 
     model, prediction = checkpoint.model, result.prediction
     shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
@@ -642,7 +642,7 @@ def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]
     answer's tokens and geometry beside."""
     import numpy as np
 
-    from vit.explain.overlay import write_npz_streamed
+    from vit.explain.views.overlay import write_npz_streamed
 
     n, L, H = len(answer.tokens), answer.layers, answer.heads
     gh, gw = answer.grid
@@ -670,9 +670,9 @@ def run_ask(args: argparse.Namespace) -> int:
     import numpy as np
 
     from vit.checkpoint import CheckpointError
-    from vit.explain.vlm_answer import generate_answer, prepare
-    from vit.images import ImageError, open_image
-    from vit.sources.whole_vlm import open_whole_vlm
+    from vit.core.images import ImageError, open_image
+    from vit.explain.language.vlm_answer import generate_answer, prepare
+    from vit.sources.vlm.whole_vlm import open_whole_vlm
 
     for flag, value in (("--labels", args.labels), ("--template", args.template), ("--ablate", args.ablate),
                         ("--size", args.size), ("--keep-aspect", args.keep_aspect)):
@@ -720,9 +720,9 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
     that cannot be read; with ``--save-maps`` every layer's attention over the tubelet tokens."""
     import numpy as np
 
-    from vit.clips import ClipError, read_clip
-    from vit.explain.overlay import npz_array_bytes, write_npz_streamed
-    from vit.explain.video import analyse_clip, saved_layers, saved_pieces
+    from vit.core.clips import ClipError, read_clip
+    from vit.explain.views.overlay import npz_array_bytes, write_npz_streamed
+    from vit.explain.views.video import analyse_clip, saved_layers, saved_pieces
 
     for flag, value in (("--labels", args.labels), ("--size", args.size), ("--keep-aspect", args.keep_aspect),
                         ("--template", args.template)):
@@ -772,9 +772,9 @@ def run_prompts(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
     """``run`` for a SAM / SAM 2 prompt: each image's masks (``vit.segment``), with ``--save-maps`` its arrays and
     pictures; one line on stderr for an image that cannot be read or a prompt outside it."""
     from vit.api import segment
-    from vit.bounds import TooManyTokens
-    from vit.explain.segment import PromptError, segmenter
-    from vit.images import ImageError, open_image
+    from vit.core.images import ImageError, open_image
+    from vit.costs.bounds import TooManyTokens
+    from vit.explain.methods.segment import PromptError, segmenter
     from vit.sources.sam_prompts import PromptHalfError, open_prompt_half
 
     for flag, value in (("--labels", args.labels), ("--template", args.template), ("--ablate", args.ablate),
@@ -826,7 +826,7 @@ def run_prompts(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
 def predicted(checkpoint: Checkpoint, args: argparse.Namespace, maps_dir: Path | None, size: InputSize, prompts,
               tower: Checkpoint, whole: bool) -> tuple[list[dict], int]:
     """Every image's record (with its maps, given ``maps_dir``) and how many could not be read."""
-    from vit.inference import predict_files
+    from vit.core.inference import predict_files
 
     records, failed, taken = [], 0, set()
     for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=whole,
@@ -849,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

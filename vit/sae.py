@@ -29,7 +29,7 @@ FILES_FILE = "files.json"  # the run's training and held-out images: a resume re
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli import OneLineParser, command_name, positive_int
+    from vit.core.cli import OneLineParser, command_name, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
@@ -147,8 +147,7 @@ SAVED_TYPES = {**{name: int for name in ("layer", "expansion", "width", "k", "ep
 
 def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | None]:
     """The arguments of a new run (checked), or of the run ``--resume OUT`` continues with its last.pt's state."""
-    from vit.predict import UsageError
-    from vit.runfiles import (
+    from vit.core.runfiles import (
         CONFIG_FILE,
         LAST_CHECKPOINT,
         STATUS_FILE,
@@ -158,6 +157,7 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
         read_status,
         still_running,
     )
+    from vit.predict import UsageError
 
     if args.resume is None:
         missing = [flag for flag, value in (("MODEL", args.model), ("--data", args.data), ("--layer", args.layer),
@@ -212,9 +212,9 @@ def load_last(out: Path, training) -> dict:
     against what the run's SAE can need before it is read."""
     import torch
 
-    from vit.features.sae import SAEError
+    from vit.core.runfiles import LAST_CHECKPOINT
+    from vit.features.autoencoder import SAEError
     from vit.predict import UsageError
-    from vit.runfiles import LAST_CHECKPOINT
 
     path = out / LAST_CHECKPOINT
     s = training.settings
@@ -273,21 +273,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from vit.costs import plan
-    from vit.features.harvest import (
-        ShuffleBuffer,
-        activation_batches,
-        image_batches,
-        image_files,
-        read_split,
-        split_files,
-        split_record,
-        token_rows,
-    )
-    from vit.features.sae import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae, stream_shape
-    from vit.features.train import SAESettings, SAETraining, Stopped, check_settings, held_out_pass, settings_record
-    from vit.predict import UsageError, open_checkpoint, resolve_device
-    from vit.runfiles import (
+    from vit.core.runfiles import (
         CONFIG_FILE,
         LAST_CHECKPOINT,
         STATUS_FILE,
@@ -301,6 +287,27 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         write_json,
         write_metrics,
     )
+    from vit.costs import plan
+    from vit.features.autoencoder import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae, stream_shape
+    from vit.features.autoencoder_training import (
+        SAESettings,
+        SAETraining,
+        Stopped,
+        check_settings,
+        held_out_pass,
+        settings_record,
+    )
+    from vit.features.harvest import (
+        ShuffleBuffer,
+        activation_batches,
+        image_batches,
+        image_files,
+        read_split,
+        split_files,
+        split_record,
+        token_rows,
+    )
+    from vit.predict import UsageError, open_checkpoint, resolve_device
     from vit.training.trainer import StopRequest
 
     asked_device = args.device if harvest is not None else None  # the Ray worker's, whatever the run had
@@ -474,7 +481,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
 
 def check_paths(args: argparse.Namespace) -> None:
     """Before torch loads: the model exists (or is a Hub id) and ``--data`` is a folder, where given."""
-    from vit.cli import check_folder
+    from vit.core.cli import check_folder
     from vit.predict import check_model_path
 
     if args.model is not None:
@@ -490,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> None:
     """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)
 

@@ -16,13 +16,13 @@ training itself) is ``vit.training.run``.
 
 import sys
 
-from vit.cli import UsageError, usage_error
+from vit.core.cli import UsageError, usage_error
 from vit.training.options import build_parser  # the parser alone: torch loads after it has read the arguments
 
 
 def main(argv: list[str] | None = None, stop=None) -> int:
     """A local run: ``vit.training.run.main`` (see there), imported when called."""
-    from vit.runfiles import record_run_phase
+    from vit.core.runfiles import record_run_phase
 
     record_run_phase("loading PyTorch")  # seconds on a busy machine, before the run can say anything else
     from vit.training.run import main as run_main
@@ -45,7 +45,7 @@ def cli(argv: list[str]) -> int:
 
 def command() -> None:
     """The ``vit-train`` console command (pyproject.toml) and ``python -m``: a fast, quiet exit."""
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(lambda: cli(sys.argv[1:]))
 

@@ -1,5 +1,5 @@
 """The Analyse page's faithfulness benchmarks: Chefer et al.'s segmentation and perturbation tests, ROAD and SaCo on
-a folder of the data roots, as ``python -m vit.faithfulness --benchmark ...`` runs them (``vit.explain.benchmark_run``:
+a folder of the data roots, as ``python -m vit.faithfulness --benchmark ...`` runs them (``vit.explain.benchmarks.benchmark_run``:
 the same batches, scores and report), here with progress and a Stop, or as that command's Ray job.
 """
 
@@ -14,15 +14,15 @@ import streamlit as st
 from app_pages.explorer_sections.long_work import long_work
 from vit import api, faithfulness, registry
 from vit.checkpoint import CheckpointError
-from vit.explain import benchmark_run
-from vit.explain import faithfulness as bench
+from vit.core.progress import Progress
+from vit.core.runfiles import default_runs_dir, parse_json, read_text_bounded
+from vit.core.text import escape_markdown
+from vit.explain.benchmarks import benchmark_run
+from vit.explain.benchmarks import metrics as bench
 from vit.predict import UsageError
-from vit.progress import Progress
-from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
 from vit.runs import ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
 from vit.sources.open import open_source
-from vit.text import escape_markdown
 
 REQUEST_KEY, RESULT_KEY, FIGURE_KEY = "benchmark_request", "benchmark_result", "benchmark_figure"
 BENCHMARK_HELP = {"segmentation": "Chefer et al.'s ImageNet-segmentation test: pixel accuracy, mIoU and mAP of each "

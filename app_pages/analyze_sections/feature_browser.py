@@ -11,11 +11,11 @@ from pathlib import Path
 import streamlit as st
 
 from app_pages.explorer_sections import feature_exemplars, sae_files
+from vit.core.text import escape_markdown, visible
 from vit.features import explore
-from vit.features.sae import SAEError, check_fits, stream_shape
+from vit.features.autoencoder import SAEError, check_fits, stream_shape
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
 from vit.sources.open import open_source
-from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY = "browse_features", "browse_sae_folder", "browse_sae_images"
 ORDER_KEY, CLASS_KEY, PAGE_KEY = "browse_order", "browse_class", "browse_page"

@@ -13,12 +13,12 @@ import streamlit as st
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing
-from vit.explain import attention_maps, figures
-from vit.explain.map_captions import token_label
-from vit.explain.overlay import jpeg_data_uri
-from vit.explain.stages import on_patch_grid
-from vit.sizes import describe_size
-from vit.text import escape_markdown
+from vit.core.sizes import describe_size
+from vit.core.text import escape_markdown
+from vit.explain.methods.stage_maps import on_patch_grid
+from vit.explain.views import attention_maps, figures
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import jpeg_data_uri
 
 TABS_KEY, EVERY_LAYER_KEY, GRID_KEY = "analysis_tab", "every_layer", "heads_grid"
 TABS = ("Heads", "Attention matrix", "Distance & entropy")

@@ -11,14 +11,14 @@ from PIL import Image
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing
-from vit.app.words import curves_figure, scores_figure
+from vit.app.word_figures import curves_figure, scores_figure
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.explain import words
-from vit.explain.overlay import map_colours, overlay
-from vit.explain.prompts import DEFAULT_TEMPLATE
-from vit.inference import InputSize
-from vit.sources.text_tower import MAX_LABELS, open_text_tower, split_labels
-from vit.text import escape_markdown
+from vit.core.inference import InputSize
+from vit.core.text import escape_markdown
+from vit.explain.language import words
+from vit.explain.language.prompts import DEFAULT_TEMPLATE
+from vit.explain.views.overlay import map_colours, overlay
+from vit.sources.vlm.text_tower import MAX_LABELS, open_text_tower, split_labels
 
 LABELS_KEY, ENSEMBLE_KEY, TEMPLATE_KEY = "words_labels", "words_ensemble", "words_template"
 LABEL_KEY, MINUS_KEY, METHOD_KEY, CURVES_KEY = "words_label", "words_minus", "words_method", "words_curves"

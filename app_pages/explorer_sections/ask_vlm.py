@@ -21,11 +21,11 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
-from vit.explain.overlay import display_image
-from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, generate_answer, prepare
-from vit.images import ImageError
-from vit.inference import seen_region
-from vit.text import escape_markdown, file_name_part, visible
+from vit.core.images import ImageError
+from vit.core.inference import seen_region
+from vit.core.text import escape_markdown, file_name_part, visible
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, generate_answer, prepare
+from vit.explain.views.overlay import display_image
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
@@ -41,7 +41,7 @@ PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY}
 @st.cache_resource(max_entries=1, show_spinner="Opening the whole vision-language model (its language model too)…")
 def whole_vlm(fingerprint: tuple, folder: str):
     """``vit.open_vlm`` of the folder, once per model (one at a time: a language model is large)."""
-    from vit.sources.whole_vlm import open_whole_vlm
+    from vit.sources.vlm.whole_vlm import open_whole_vlm
 
     return open_whole_vlm(folder)
 

@@ -13,17 +13,18 @@ import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections.long_work import long_work
-from vit.app import catalog, drawing, explorer
-from vit.cache import ByteCache
+from vit.app import catalog, drawing
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, dense_views, image_analysis, method_maps
-from vit.explain.captum_maps import ATTRIBUTION_METHODS
-from vit.explain.overlay import display_image
-from vit.images import UPLOAD_MAX_PIXELS, open_image
-from vit.inference import InputSize, input_shape
+from vit.core.cache import ByteCache
+from vit.core.images import UPLOAD_MAX_PIXELS, open_image
+from vit.core.inference import InputSize, input_shape
+from vit.core.text import visible
+from vit.core.threads import use_free_cores
+from vit.explain.methods.captum_maps import ATTRIBUTION_METHODS
+from vit.explain.views import attention_maps, dense_views, image_analysis, method_maps
+from vit.explain.views.overlay import display_image
 from vit.sources.open import open_source
-from vit.text import visible
-from vit.threads import use_free_cores
 from vit.training import snapshots
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.

@@ -7,10 +7,10 @@ from app_pages.explorer_sections import starting
 from app_pages.explorer_sections.caches import hf_cache_models
 from vit.app import catalog
 from vit.checkpoint import CheckpointError
-from vit.runfiles import default_checkpoints_dir
+from vit.core.runfiles import default_checkpoints_dir
+from vit.core.text import escape_markdown
 from vit.runs import access
 from vit.sources import hub
-from vit.text import escape_markdown
 
 HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
 CHOICE_KEY = "explorer_checkpoint_choice"

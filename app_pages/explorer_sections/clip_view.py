@@ -4,7 +4,7 @@ AttnLRP) on the frame the time slider shows, a query patch picked by a click on 
 sampled frame with its map in a strip, and the frames overlaid as an animated GIF. The time slider has a Play
 (``app_pages.player``, as the Train page's snapshots); the view follows in the URL and is offered as a link and as an
 offline HTML file (``share_view``, ``vit.app.export.clip_html``), the clip named by its hash as image links name an
-upload. The maps are ``vit.explain.video``'s, the clip's forward run once per upload; past ``PROGRESS_TOKENS``
+upload. The maps are ``vit.explain.views.video``'s, the clip's forward run once per upload; past ``PROGRESS_TOKENS``
 tubelets the forward and a class's map are long work (progress by block and a Stop button, as on the image page)."""
 
 from dataclasses import dataclass
@@ -17,14 +17,16 @@ from app_pages.explorer_sections import plotly_preload, share_view
 from app_pages.explorer_sections.caches import ANALYSIS_CACHE_BYTES, IMAGE_CACHE_BYTES, PROGRESS_TOKENS, byte_cache
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import clips, drawing, explorer, share
+from vit.app import clip_view as clips
+from vit.app import drawing, share
+from vit.app import explorer_page as explorer
 from vit.app.export import ClipView, clip_html
 from vit.checkpoint import Checkpoint
-from vit.clips import VIDEO_SUFFIXES, ClipError, read_clip_bytes
-from vit.explain import mechanism_views, video
-from vit.explain.overlay import display_image
-from vit.explain.video import CLIP_KIND_LABELS as MAP_KINDS
-from vit.text import escape_markdown, file_name_part, visible
+from vit.core.clips import VIDEO_SUFFIXES, ClipError, read_clip_bytes
+from vit.core.text import escape_markdown, file_name_part, visible
+from vit.explain.views import mechanism_views, video
+from vit.explain.views.overlay import display_image
+from vit.explain.views.video import CLIP_KIND_LABELS as MAP_KINDS
 
 UPLOAD_KEY = "explorer_clip_upload"
 UPLOAD_TYPES = [suffix[1:] for suffix in VIDEO_SUFFIXES] + ["gif", "zip"]
@@ -67,7 +69,7 @@ class FrameView:
     query: tuple[int, int, int] | None
     overlays: list
     explained: video.ClipExplanation
-    sampled: object  # vit.clips.SampledClip
+    sampled: object  # vit.core.clips.SampledClip
     name: str  # the clip's file name
     what: str  # the map's description, for the caption
     tubelets: str  # "4 × 14 × 14 tubelets of 2 frames"

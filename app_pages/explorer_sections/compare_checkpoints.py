@@ -7,9 +7,9 @@ from app_pages.explorer_sections.caches import analyse, class_relevance, load_mo
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, vlm_words
 from vit.checkpoint import CheckpointError
-from vit.explain import attention_maps, compare
-from vit.explain.overlay import overlay
-from vit.text import escape_markdown
+from vit.core.text import escape_markdown
+from vit.explain.views import attention_maps, compare
+from vit.explain.views.overlay import overlay
 
 PICKER_KEY = "compare_with"
 NOTHING = ""  # the picker's first choice: a value, not None (a None selection shows "Choose an option")

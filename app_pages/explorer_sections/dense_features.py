@@ -1,6 +1,6 @@
 """What the patches represent (issue 48): the patch tokens' first three principal components as colours, a patch's
 cosine similarity to every patch (on this image, a second image and the "Compare with" model) and the
-correspondences of two images side by side. The computations are ``vit.explain.dense_views``'s; the tokens come from
+correspondences of two images side by side. The computations are ``vit.explain.views.dense_views``'s; the tokens come from
 the cached analysis, so a click is one product and a redraw; the PCA fits and the matches are kept per settings
 (``caches.pca_views``, ``caches.match_view``)."""
 
@@ -10,15 +10,16 @@ from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_ima
 from app_pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
 from app_pages.explorer_sections.state import Shown
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import catalog, drawing, explorer
-from vit.bounds import TooManyTokens
+from vit.app import catalog, drawing
+from vit.app import explorer_page as explorer
 from vit.checkpoint import CheckpointError
-from vit.explain import dense_views
-from vit.explain.map_captions import token_label
-from vit.explain.overlay import display_image, jpeg_data_uri, overlay, pca_picture
-from vit.images import ImageError
-from vit.inference import seen_region
-from vit.text import escape_markdown
+from vit.core.images import ImageError
+from vit.core.inference import seen_region
+from vit.core.text import escape_markdown
+from vit.costs.bounds import TooManyTokens
+from vit.explain.views import dense_views
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import display_image, jpeg_data_uri, overlay, pca_picture
 
 TOGGLE_KEY = "dense_open"
 LAYER_KEY, FOREGROUND_KEY, FLIP_KEY, THRESHOLD_KEY = "dense_layer", "dense_fg", "dense_flip", "dense_threshold"

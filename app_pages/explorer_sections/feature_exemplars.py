@@ -8,13 +8,13 @@ from PIL import Image
 
 from app_pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
 from app_pages.explorer_sections.state import Shown
-from vit.app import explorer
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
+from vit.core.images import UPLOAD_MAX_PIXELS, ImageError, open_image
+from vit.core.runfiles import parse_json, read_text_bounded
+from vit.core.text import escape_markdown, visible
 from vit.features import explore
-from vit.features.sae import SAEError, SparseAutoencoder, stream_shape
-from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
-from vit.runfiles import parse_json, read_text_bounded
-from vit.text import escape_markdown, visible
+from vit.features.autoencoder import SAEError, SparseAutoencoder, stream_shape
 
 IMAGES_KEY = "sae_exemplar_folder"  # the folder the exemplars' images are read from
 EXEMPLARS_SHOWN = 8

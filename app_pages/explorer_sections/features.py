@@ -28,15 +28,16 @@ from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, share
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, words
-from vit.explain.map_captions import token_label
-from vit.explain.overlay import jpeg_data_uri, overlay
+from vit.core.images import ImageError
+from vit.core.inference import InputSize, predictions_from_logits
+from vit.core.text import escape_markdown, visible
+from vit.explain.language import words
+from vit.explain.views import attention_maps
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import jpeg_data_uri, overlay
 from vit.features import attribution, explore
-from vit.features.sae import SAEError, SparseAutoencoder
-from vit.images import ImageError
-from vit.inference import InputSize, predictions_from_logits
+from vit.features.autoencoder import SAEError, SparseAutoencoder
 from vit.sources import hub
-from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, COUNT_KEY = "sae_view", "sae_count"
 RUN_KEY = "sae_run"  # the SAE run picked, which fills the folder field

@@ -9,11 +9,12 @@ from PIL import Image
 from app_pages.explorer_sections import share_view
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import catalog, drawing, explorer, share
+from vit.app import catalog, drawing, share
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
-from vit.images import ImageError
-from vit.inference import MAX_INPUT_SIDE, InputSize
-from vit.text import escape_markdown, visible
+from vit.core.images import ImageError
+from vit.core.inference import MAX_INPUT_SIDE, InputSize
+from vit.core.text import escape_markdown, visible
 
 INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 UPLOAD_KEY = "explorer_upload"

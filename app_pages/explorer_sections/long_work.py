@@ -19,9 +19,9 @@ from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from vit.app import work
-from vit.cache import ByteCache
-from vit.progress import Progress
-from vit.text import escape_markdown
+from vit.core.cache import ByteCache
+from vit.core.progress import Progress
+from vit.core.text import escape_markdown
 
 SESSION_KEY = "long_work"
 RESULT_CACHE_BYTES = 256 * 2**20

@@ -13,12 +13,13 @@ from app_pages.explorer_sections.caches import model_input_preview
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
-from vit.app import drawing, explorer, vlm_words
-from vit.explain import attention_maps, map_captions
-from vit.explain.overlay import jpeg_data_uri
-from vit.images import MAX_SIDE
-from vit.sizes import describe_size
-from vit.text import escape_markdown
+from vit.app import drawing, vlm_words
+from vit.app import explorer_page as explorer
+from vit.core.images import MAX_SIDE
+from vit.core.sizes import describe_size
+from vit.core.text import escape_markdown
+from vit.explain.views import attention_maps, map_captions
+from vit.explain.views.overlay import jpeg_data_uri
 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 FIT_WIDTH, ENLARGED_WIDTH = 300, 520  # the image's and the map's width in px: in three columns, enlarged

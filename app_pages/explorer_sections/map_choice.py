@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 from streamlit.delta_generator import DeltaGenerator
 
-from vit.explain import attention_maps
+from vit.explain.views import attention_maps
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,14 +7,16 @@ from PIL import Image
 
 from app_pages.explorer_sections.caches import class_relevance, method_map, rollout_map
 from app_pages.explorer_sections.map_choice import MainMap, MapChoice
-from vit.app import drawing, explorer, share, vlm_words
-from vit.bounds import TooManyTokens
+from vit.app import drawing, share, vlm_words
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, captum_maps, image_analysis
-from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.overlay import UPSAMPLE_MODES, is_signed, map_colours
-from vit.explain.stages import on_patch_grid
-from vit.inference import InputSize
+from vit.core.inference import InputSize
+from vit.costs.bounds import TooManyTokens
+from vit.explain.methods import captum_maps
+from vit.explain.methods.attention import HEAD_FUSIONS
+from vit.explain.methods.stage_maps import on_patch_grid
+from vit.explain.views import attention_maps, image_analysis
+from vit.explain.views.overlay import UPSAMPLE_MODES, is_signed, map_colours
 
 # The sidebar's map settings, kept by the page while their widgets are not drawn (``state.keep_settings``).
 # The per-model keys end with the model's key: ``class-`` also covers ``class-query-``.
@@ -121,7 +123,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
                                          "Roll out from layer 1 through this layer.")
         start_layer = -2  # LeGrad's authors' default: the last two layers
         if "start_layer" in controls:
-            from vit.explain.relevance import legrad_layers
+            from vit.explain.methods.relevance import legrad_layers
 
             starts = [i + 1 for i in legrad_layers(model)]  # 1-based, as the sidebar shows layers
             start_key = f"start-{model_key}"

@@ -16,15 +16,16 @@ from app_pages.explorer_sections import patching, sink_diagnostics, textspan
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, explorer
-from vit.bounds import TooManyTokens
+from vit.app import drawing
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
-from vit.explain import figures, mechanism_views
-from vit.explain.overlay import overlay
-from vit.images import ImageError
-from vit.inference import InputSize, input_shape
-from vit.sources.text_tower import has_text_tower
-from vit.text import escape_markdown
+from vit.core.images import ImageError
+from vit.core.inference import InputSize, input_shape
+from vit.core.text import escape_markdown
+from vit.costs.bounds import TooManyTokens
+from vit.explain.views import figures, mechanism_views
+from vit.explain.views.overlay import overlay
+from vit.sources.vlm.text_tower import has_text_tower
 
 TOGGLE_KEY, TABS_KEY, MODE_KEY, EVERYWHERE_KEY = "mechanism_view", "mechanism_tab", "ablation_mode", "ablate_everywhere"
 REFERENCES_KEY = "reference_uploads"

@@ -11,12 +11,13 @@ from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import drawing, explorer
+from vit.app import drawing
+from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
-from vit.explain import figures, mechanism_views
-from vit.images import ImageError, open_image
-from vit.inference import InputSize
-from vit.text import escape_markdown
+from vit.core.images import ImageError, open_image
+from vit.core.inference import InputSize
+from vit.core.text import escape_markdown
+from vit.explain.views import figures, mechanism_views
 
 
 def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,

@@ -5,7 +5,7 @@ import streamlit as st
 from app_pages.explorer_sections.caches import probe_overlays
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog
-from vit.text import escape_markdown
+from vit.core.text import escape_markdown
 from vit.training import snapshots
 
 EPOCH_KEY = "explorer_snap_epoch"

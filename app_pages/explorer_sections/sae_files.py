@@ -11,11 +11,11 @@ import streamlit as st
 
 from vit.app import catalog
 from vit.checkpoint import Checkpoint
+from vit.core.runfiles import default_runs_dir, parse_json, read_text_bounded
+from vit.core.text import escape_markdown
 from vit.features import explore, formats
-from vit.features.sae import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits
-from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
+from vit.features.autoencoder import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits
 from vit.sources import hub
-from vit.text import escape_markdown
 
 FOLDER_KEY = "sae_folder"  # the SAE typed: a folder or file on the server, or a Hub id
 LAYER_KEY = "sae_block"  # the block a saev file reads (its file does not say)

@@ -3,7 +3,7 @@ its three masks with their IoU scores, and what the mask decoder attended to for
 
 The image is encoded once (``vit.segment`` keeps its embedding with the model, which the page's model cache holds):
 a new click runs the mask decoder alone, and an answer already given is kept per prompt. The figures are drawn by
-``vit.app.sam_prompts`` in the image's own pixels, the ones ``vit.segment`` takes.
+``vit.app.sam_prompt_view`` in the image's own pixels, the ones ``vit.segment`` takes.
 """
 
 from dataclasses import replace
@@ -17,13 +17,13 @@ import vit
 from app_pages.explorer_sections.caches import byte_cache, display_images
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing
-from vit.app import sam_prompts as prompts
+from vit.app import sam_prompt_view as prompts
 from vit.checkpoint import CheckpointError
-from vit.explain.overlay import display_image, jpeg_data_uri
-from vit.explain.segment import make_prompt
-from vit.inference import input_box, seen_region
+from vit.core.inference import input_box, seen_region
+from vit.core.text import escape_markdown
+from vit.explain.methods.segment import make_prompt
+from vit.explain.views.overlay import display_image, jpeg_data_uri
 from vit.sources.sam_prompts import architecture
-from vit.text import escape_markdown
 
 POINTS_KEY, BOX_KEY, OF_KEY = "sam_points", "sam_box", "sam_prompt_of"  # the prompt, and the (model, image) it is on
 NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY = "sam_negative", "sam_token", "sam_attention", "sam_head"

@@ -14,12 +14,14 @@ from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.map_settings import option_key
 from app_pages.explorer_sections.state import Shown
-from vit.app import catalog, explorer, share, vlm_words
+from vit.app import catalog, share, vlm_words
+from vit.app import explorer_page as explorer
 from vit.app.export import PromptView, View, view_html
 from vit.app.uploads import Upload, UploadStore
-from vit.explain import attention_maps, captum_maps, image_analysis
-from vit.explain.stages import on_patch_grid
-from vit.text import escape_markdown, file_name_part, visible
+from vit.core.text import escape_markdown, file_name_part, visible
+from vit.explain.methods import captum_maps
+from vit.explain.methods.stage_maps import on_patch_grid
+from vit.explain.views import attention_maps, image_analysis
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
 # Every value the link held, as decoded, until a clip's page reads its own widgets' from them (the image page's

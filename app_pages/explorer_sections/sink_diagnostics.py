@@ -1,5 +1,5 @@
 """Sink diagnostics under the Mechanism view's attention sinks (Phenomena tab): NOP or broadcast, per layer and head
-(``vit.explain.sink_diagnostics``), as a table and a caption."""
+(``vit.explain.mechanism.sink_diagnostics``), as a table and a caption."""
 
 from collections.abc import Sequence
 
@@ -8,10 +8,10 @@ from PIL import Image
 
 from vit.app import drawing
 from vit.checkpoint import Checkpoint
-from vit.explain import sink_diagnostics
-from vit.images import ImageError
-from vit.inference import InputSize
-from vit.text import escape_markdown
+from vit.core.images import ImageError
+from vit.core.inference import InputSize
+from vit.core.text import escape_markdown
+from vit.explain.mechanism import sink_diagnostics
 
 KEY = "sink_diagnostics"
 

@@ -6,8 +6,8 @@ import streamlit as st
 from PIL import Image
 
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, image_analysis
-from vit.inference import InputSize
+from vit.core.inference import InputSize
+from vit.explain.views import attention_maps, image_analysis
 
 
 @dataclass(frozen=True, eq=False)

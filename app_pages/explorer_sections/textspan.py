@@ -7,12 +7,12 @@ import streamlit as st
 
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
-from vit.explain import textspan_run as textspan
-from vit.explain.overlay import overlay
-from vit.explain.textspan import MechanismError, read_texts, reads_probe, texts_from_bytes
-from vit.images import ImageError
-from vit.sources.text_tower import TextTowerError, has_text_tower, open_text_tower
-from vit.text import escape_markdown
+from vit.core.images import ImageError
+from vit.core.text import escape_markdown
+from vit.explain.mechanism import textspan_run as textspan
+from vit.explain.mechanism.textspan import MechanismError, read_texts, reads_probe, texts_from_bytes
+from vit.explain.views.overlay import overlay
+from vit.sources.vlm.text_tower import TextTowerError, has_text_tower, open_text_tower
 
 
 def applies(checkpoint) -> bool:

@@ -17,12 +17,12 @@ from app_pages.explorer_sections.state import Shown
 from vit import api
 from vit.app import drawing, vlm_words
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.explain import attention_maps, image_analysis
-from vit.explain.map_captions import token_label
-from vit.explain.overlay import DIVERGING_COLORMAP, overlay
-from vit.images import ImageError
-from vit.inference import InputSize
-from vit.text import escape_markdown
+from vit.core.images import ImageError
+from vit.core.inference import InputSize
+from vit.core.text import escape_markdown
+from vit.explain.views import attention_maps, image_analysis
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import DIVERGING_COLORMAP, overlay
 
 SPACE_KEY, METHOD_KEY = "words_lens_space", "words_lens_method"  # "words_": kept by the page (ask_in_words.KEPT)
 WORD_KEY, TARGET_KEY = "words_lens_word", "words_lens_target"

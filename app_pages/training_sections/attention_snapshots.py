@@ -8,10 +8,10 @@ import streamlit as st
 
 from app_pages import player
 from vit.app.drawing import COLORMAPS
-from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.overlay import UPSAMPLE_MODES
+from vit.core.text import escape_markdown, visible
+from vit.explain.methods.attention import HEAD_FUSIONS
+from vit.explain.views.overlay import UPSAMPLE_MODES
 from vit.runs import manager as runs
-from vit.text import escape_markdown, visible
 from vit.training import snapshots
 
 SNAPSHOT_KINDS = {"attention": "One layer's attention (CLS)", "rollout": "Attention rollout"}

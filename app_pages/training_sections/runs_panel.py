@@ -14,10 +14,10 @@ import streamlit as st
 
 from app_pages import open_in_explorer
 from app_pages.training_sections import sae as sae_section
-from vit.explain import compare
+from vit.core.text import escape_markdown, escape_plotly, visible, visible_lines
+from vit.explain.views import compare
 from vit.runs import manager as runs
 from vit.runs.weights import saved_weights
-from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 
 REFRESH_SECONDS = 3
 

@@ -11,9 +11,9 @@ import plotly.express as px
 import streamlit as st
 
 from app_pages import open_in_explorer
+from vit.core.text import escape_markdown, escape_plotly, visible
 from vit.runs import devices, launch
 from vit.runs import manager as runs
-from vit.text import escape_markdown, escape_plotly, visible
 
 FORM_KEYS = ("sae_model", "sae_model_path", "sae_data", "sae_layer", "sae_size", "sae_expansion", "sae_width",
              "sae_k", "sae_epochs", "sae_images", "sae_seed", "sae_devices", "sae_workers", "sae_name")

@@ -23,7 +23,7 @@ from vit.checkpoint import (
     check_payload,
     read_checkpoint_payload,
 )
-from vit.runfiles import (
+from vit.core.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
     LAST_CHECKPOINT,
@@ -34,8 +34,8 @@ from vit.runfiles import (
     images_in,
     read_json,
 )
-from vit.sizes import describe_size
-from vit.text import escape_markdown, visible
+from vit.core.sizes import describe_size
+from vit.core.text import escape_markdown, visible
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 RUN_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)  # a run's checkpoint, in order of preference
@@ -263,8 +263,8 @@ def describe(candidate: Candidate) -> CatalogEntry:
 
 def describe_import(candidate: Candidate) -> CatalogEntry:
     """An HF or timm folder from its config.json alone (no weights read); a weights file by opening it."""
-    from vit.sources import hf  # the import mappings are only needed for imported models
     from vit.sources import open as sources
+    from vit.sources.families import hf  # the import mappings are only needed for imported models
 
     path = candidate.path
     preprocessing = None  # unless known without reading weights
@@ -433,8 +433,9 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
 def supported_snapshot(model_dir: Path) -> Path | None:
     """The snapshot of an HF cache model folder when it holds a model this program opens, judged by its
     config.json alone (or an open_clip_config.json); None otherwise, e.g. for custom code (``auto_map``)."""
-    from vit.sources import hf, import_timm
     from vit.sources import open as sources
+    from vit.sources.families import hf
+    from vit.sources.libraries import import_timm
 
     snapshot = hf_snapshot(model_dir)
     if snapshot is None:

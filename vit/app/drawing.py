@@ -1,5 +1,5 @@
 """What the explorer page draws: figures, images, captions and token labels for the data
-that ``vit.explain.image_analysis`` and ``vit.explain.attention_maps`` compute.
+that ``vit.explain.views.image_analysis`` and ``vit.explain.views.attention_maps`` compute.
 
 Layers, heads and patches are 0-based here, as in those; the UI shows layers and heads
 from 1.
@@ -19,18 +19,22 @@ import plotly.io
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from vit.app.explorer import patch_of
+from vit.app.explorer_page import patch_of
 from vit.checkpoint import Checkpoint
-from vit.explain.attention_maps import (
+from vit.core.images import on_padded_canvas, to_uint8
+from vit.core.inference import TRAINING_SIZE, InputSize, Prediction, evaluation_uint8, input_shape, preprocess
+from vit.core.sizes import describe_size
+from vit.core.text import escape_plotly, file_name_part
+from vit.explain.views.attention_maps import (
     CAM_KINDS,
     MapSettings,
     map_mask,
     method_of,
     resolved_class,
 )
-from vit.explain.image_analysis import Analysis
-from vit.explain.map_captions import token_label
-from vit.explain.overlay import (
+from vit.explain.views.image_analysis import Analysis
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import (
     colorize,
     display_image,
     draw_mask_contours,
@@ -38,10 +42,6 @@ from vit.explain.overlay import (
     overlay,
     to_png_bytes,
 )
-from vit.images import on_padded_canvas, to_uint8
-from vit.inference import TRAINING_SIZE, InputSize, Prediction, evaluation_uint8, input_shape, preprocess
-from vit.sizes import describe_size
-from vit.text import escape_plotly, file_name_part
 
 COLOUR_SCALES = {
     "own": "each map's min–max",
@@ -270,7 +270,7 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
     """What the model saw: '... sees it as 480×360 px in 45 rows × 60 columns of 8-px patches (21,601 tokens), not
     its training size of 224×224 px …'.
 
-    ``box`` is ``vit.inference.input_box``: when the preprocessing crops, only that part is seen (and shown).
+    ``box`` is ``vit.core.inference.input_box``: when the preprocessing crops, only that part is seen (and shown).
     """
     height, width = analysis.input_size
     gh, gw = analysis.grid
@@ -697,7 +697,7 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
                         progress: Callable[[int, int], None] | None = None) -> go.Figure:
     """Deletion and insertion curves of ``map2d`` for one image, with their areas in the legend; ``progress``
     follows the images scored (``CURVE_BATCH`` at a time: a Stop waits at most one batch)."""
-    from vit.explain.faithfulness import auc, perturbation_curves
+    from vit.explain.benchmarks.metrics import auc, perturbation_curves
 
     model = checkpoint.model
     device = next(model.parameters()).device

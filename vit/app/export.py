@@ -18,9 +18,9 @@ from PIL import Image
 from plotly.offline import get_plotlyjs
 
 from vit.app import drawing
-from vit.app.clips import fit, frame_picker_figure
-from vit.app.explorer import patch_of
-from vit.inference import Prediction
+from vit.app.clip_view import fit, frame_picker_figure
+from vit.app.explorer_page import patch_of
+from vit.core.inference import Prediction
 
 CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"], "responsive": True}
 

@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit import registry
-from vit.app import sam_prompts
+from vit.app import sam_prompt_view as sam_prompts
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
-from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.attention_maps import CAM_KINDS, method_of
-from vit.explain.captum_maps import options_text, parse_options
-from vit.explain.overlay import UPSAMPLE_MODES
-from vit.explain.video import CLIP_KIND_LABELS
-from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, MAX_NEW_TOKENS
-from vit.inference import MAX_INPUT_SIDE
-from vit.text import visible
+from vit.core.inference import MAX_INPUT_SIDE
+from vit.core.text import visible
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_NEW_TOKENS
+from vit.explain.methods.attention import HEAD_FUSIONS
+from vit.explain.methods.captum_maps import options_text, parse_options
+from vit.explain.views.attention_maps import CAM_KINDS, method_of
+from vit.explain.views.overlay import UPSAMPLE_MODES
+from vit.explain.views.video import CLIP_KIND_LABELS
 
 MAX_VALUE_CHARS = 2000  # longer values (a pasted essay as labels) are refused before they are parsed
 MAX_HEADS = 256  # heads switched off in one link: more than any catalogue model has
@@ -125,7 +125,7 @@ def _patch(text: str) -> tuple[int, int, int]:
 
 
 def _prompt_part(parse: Callable[[str], object]) -> Callable[[str], object]:
-    """A SAM prompt's part (``vit.app.sam_prompts``' parsers), its ValueError as this module's."""
+    """A SAM prompt's part (``vit.app.sam_prompt_view``' parsers), its ValueError as this module's."""
     def read(text: str) -> object:
         try:
             return parse(text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from vit.cache import ByteCache
+from vit.core.cache import ByteCache
 
 UPLOAD_STORE_BYTES = 256 * 2**20  # a few hundred photos; a link to an older one asks for the image again
 MAX_NAME_CHARS = 255  # a file name's length on common file systems: a longer one is cut, not refused

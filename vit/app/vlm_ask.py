@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vit.explain.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer
-from vit.text import escape_markdown, visible
+from vit.core.text import escape_markdown, visible
+from vit.explain.language.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer
 
 DEFAULT_NEW_TOKENS = 16
 # A visitor who may not read the server's files (no token) asks within these: an answer of at most this many tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vit.checkpoint import Checkpoint
-from vit.text import escape_markdown, file_name_part
+from vit.core.text import escape_markdown, file_name_part
 
 # The main map's kinds for a word, as the sidebar names them; a link's ``map=`` takes these keys.
 KINDS = {
@@ -62,7 +62,7 @@ def split_words(text: str, space: bool = False) -> list[str]:
     """'dog, cat; red sky' -> ['dog', 'cat', 'red sky'] (commas, semicolons or line breaks; checked as the CLIP
     labels are), each after a space with ``space`` (a BPE tokenizer reads " dog", the word inside a sentence,
     as another token than "dog")."""
-    from vit.sources.text_tower import split_labels
+    from vit.sources.vlm.text_tower import split_labels
 
     return [" " + w if space else w for w in split_labels(text)]
 
@@ -109,7 +109,7 @@ def _bytes(n: int) -> str:
 def embedding(checkpoint: Checkpoint) -> Embedding:
     """Where the lens reads its one LM tensor, from the folder's index and the shard's header; ValueError or
     CheckpointError (one line): not a VLM's folder, no embedding, its shard missing."""
-    from vit.sources import word_embeddings
+    from vit.sources.vlm import word_embeddings
 
     folder, _ = word_embeddings.vlm_folder(checkpoint)
     table = word_embeddings.embedding_table(folder)
@@ -120,7 +120,7 @@ def embedding(checkpoint: Checkpoint) -> Embedding:
 def unit_phrase(checkpoint: Checkpoint) -> str:
     """What one image token covers: 'one patch', 'the 2×2 patches of its merge unit' (Qwen-VL), 'the 4×4 patches its
     average pool reads' (Gemma 3)."""
-    from vit.sources.word_embeddings import projector_unit
+    from vit.sources.vlm.word_embeddings import projector_unit
 
     unit = projector_unit(checkpoint)
     if unit == 1:

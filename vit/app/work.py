@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vit.progress import Progress
-from vit.text import duration
+from vit.core.progress import Progress
+from vit.core.text import duration
 
 LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
 

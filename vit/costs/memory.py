@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from vit.bounds import BIAS_CHUNK_BYTES
+from vit.costs.bounds import BIAS_CHUNK_BYTES
 
-CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
+CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.methods.chunked): every map is built from such chunks
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
-FAST_CHUNK_BYTES = 2**20  # vit.explain.chunked's chunk on a CPU (a core's L2 cache), where the budget is not used
+FAST_CHUNK_BYTES = 2**20  # vit.explain.methods.chunked's chunk on a CPU (a core's L2 cache), where the budget is not used
 CHUNK_COPIES = 3  # a chunk's scores, probabilities and the softmax's temporary
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16 (attention_maps)
 
@@ -115,7 +115,7 @@ def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = N
 
 
 def mask_decoder_bytes(hidden: int, layers: int, grid: tuple[int, int], tokens: int = 16) -> int:
-    """Bytes of SAM's mask decoder's graph for a gradient (``vit.explain.segment``): each two-way block's image
+    """Bytes of SAM's mask decoder's graph for a gradient (``vit.explain.methods.segment``): each two-way block's image
     side (``BLOCK_COPIES`` ``(N, C)`` tensors: keys, their positions, the attention's projections, the norm) and
     its cross-attentions (``tokens x N`` a head, a few copies), then the upscaling's two maps (``C/4`` at twice the
     grid, ``C/8`` at four times), each kept ``BLOCK_COPIES`` times; float32. SAM ViT-B's at 64 x 64: about 210 MB."""
@@ -298,7 +298,7 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
 
 def attentions_bytes(model, grid: tuple[int, int]) -> int:
     """Bytes of every layer's attention a forward returns for one image on patch ``grid`` (``output_attentions``:
-    ``vit.explain.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``, or
+    ``vit.explain.views.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``, or
     its windows' ``H x windows x queries x keys``, beside the costliest layer's scores as its probabilities are
     formed (the explicit path)."""
     prefix, layers = model.num_prefix_tokens, []
@@ -321,7 +321,7 @@ def input_bytes(model, grid: tuple[int, int], resized: bool = False) -> int:
 
 
 def chunk_bytes(config, device_type: str = "cpu") -> int:
-    """Bytes of the attention chunk a map forms at once (``vit.explain.chunked``): on a CPU a core's cache-sized
+    """Bytes of the attention chunk a map forms at once (``vit.explain.methods.chunked``): on a CPU a core's cache-sized
     chunk, held ``CHUNK_COPIES`` times; a model with a bias or windows (SAM, BEiT, Qwen-VL) takes chunks of the
     whole ``CHUNK_BYTES`` there, as a GPU does."""
     plain = getattr(config, "rel_pos", "none") == "none" and not getattr(config, "window_size", 0)

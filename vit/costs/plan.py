@@ -14,10 +14,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from vit import bounds
-from vit.bounds import ANALYSIS_MEMORY_ENV, MAX_TOKENS_ENV, TooManyTokens
-from vit.costs import memory
-from vit.inference import largest_square_side
+from vit.core.inference import largest_square_side
+from vit.costs import bounds, memory
+from vit.costs.bounds import ANALYSIS_MEMORY_ENV, MAX_TOKENS_ENV, TooManyTokens
 
 MB = 2**20
 
@@ -74,7 +73,7 @@ def _over(what: str) -> Callable[[int, int], TooManyTokens]:
 
 def _clip_frames(model, grid: tuple[int, int]) -> dict[str, int]:
     """A video model's clip, preprocessed again for a class's forward and backward beside the analysis that holds it
-    (``vit.explain.video``): its every frame (VideoMAE-B's 16 frames of 224 px: 9.6 MB); nothing for an image."""
+    (``vit.explain.views.video``): its every frame (VideoMAE-B's 16 frames of 224 px: 9.6 MB); nothing for an image."""
     if not getattr(model.config, "tubelet_size", 0):
         return {}
     return {"the clip's frames, preprocessed again": memory.input_bytes(model, grid)}
@@ -207,7 +206,7 @@ def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP", other: str = "a
 
 def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedding_grid: tuple[int, int],
                   what: str = "Gradient x input of the mask") -> Cost:
-    """A gradient of SAM's mask (``vit.explain.segment``): the image encoder's, as any gradient method's through it
+    """A gradient of SAM's mask (``vit.explain.methods.segment``): the image encoder's, as any gradient method's through it
     (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
     (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
     encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
@@ -320,7 +319,7 @@ def forward(model, grid: tuple[int, int], what: str = "This input", attentions: 
 
 
 def sink_diagnostics(model, grid: tuple[int, int], what: str = "This input") -> Cost:
-    """The sink diagnostics of one image (``vit.explain.sink_diagnostics``): every layer's hidden states beside the
+    """The sink diagnostics of one image (``vit.explain.mechanism.sink_diagnostics``): every layer's hidden states beside the
     forward's costliest block, then one layer at a time its values and contexts (``H x T x hd`` each), the attention
     each key receives and its sink column, one head's output-projected values and update (``T x D`` each, float32)
     and its QR factor (float64), and a chunk of attention (``memory.attention_chunk``)."""
@@ -365,7 +364,7 @@ class TextShape:
 def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int, views: int = 1,
                view_grid: tuple[int, int] | None = None) -> Cost:
     """A VLM's greedy answer of ``new_tokens`` to a prompt of ``prompt_tokens`` (its image tokens included) about an
-    image on the tower's patch ``grid`` (``vit.explain.vlm_answer``), or cut into ``views`` tiles of ``view_grid``
+    image on the tower's patch ``grid`` (``vit.explain.language.vlm_answer``), or cut into ``views`` tiles of ``view_grid``
     patches each (the tiles' canvas ``grid``): the tower's forward over each (``forward``), the KV cache
     of every layer, the prompt's forward through one decoder layer (its activations, its MLP and, where the attention
     cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at
@@ -394,7 +393,7 @@ ROW_CHUNK_BYTES = 2**25  # gradient x attention's chunk of attention rows, per t
 
 def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
                   fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
-    """Gradient x attention of answer token ``answer_token`` (``vit.explain.vlm_relevance``): one forward of the
+    """Gradient x attention of answer token ``answer_token`` (``vit.explain.language.vlm_relevance``): one forward of the
     VLM over ``tokens`` (the prompt and the answer's tokens before it) with the language model's graph, and its
     backward. Held at once: the tower's forward (no graph), every language-model layer's activations in the graph
     (norms, projections, attention output, the MLP's four), where the attention cannot fuse (eager) every layer's
@@ -425,7 +424,7 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
 
 def vlm_tam(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int, image_tokens: int,
             classes: int, fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
-    """TAM of answer token ``answer_token`` (``vit.explain.vlm_tam``): one forward of the VLM over ``tokens`` (the
+    """TAM of answer token ``answer_token`` (``vit.explain.language.vlm_tam``): one forward of the VLM over ``tokens`` (the
     prompt and the answer's tokens before it) without a graph or a cache, its last hidden states kept (float32), and
     the language-model head's rows of ``classes`` token ids over the ``image_tokens`` (and the current class over
     the text), one whole-vocabulary row (the first question word's greedy class). Never the vocabulary over every
@@ -455,7 +454,7 @@ MAX_BATCH = 64
 
 
 def attribution_passes(model, grid: tuple[int, int], what: str, passes: int) -> Cost:
-    """An attribution's forwards (captum's, RISE's: ``vit.explain.captum_maps.passes``), held to ``MAX_PASSES``
+    """An attribution's forwards (captum's, RISE's: ``vit.explain.methods.captum_maps.passes``), held to ``MAX_PASSES``
     rather than to bytes, as flow's tokens are."""
     def refuse(need: int, limit: int) -> TooManyTokens:
         return TooManyTokens(f"{what} would run {need:,} forwards of the model, over the limit of {limit:,} per map; "

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vit.features.sae import SparseAutoencoder, check_fits, resid_hook_name, stream_shape
+from vit.features.autoencoder import SparseAutoencoder, check_fits, resid_hook_name, stream_shape
 
 
 @dataclass
@@ -58,7 +58,7 @@ class FeatureAttribution:
     def patch_maps(self, latents: list[int]) -> np.ndarray:
         """The maps of ``latents`` ``(n, gh, gw)`` on the image's patch grid (a stage layer's cells repeated over
         the patches they cover)."""
-        from vit.explain.stages import on_patch_grid
+        from vit.explain.methods.stage_maps import on_patch_grid
 
         index = torch.as_tensor(list(latents), dtype=torch.long)
         maps = self.attributions[self.num_prefix_tokens:, index].T.reshape(len(index), *self.grid)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from vit.features.sae import SAEError, SparseAutoencoder, check_fits, resid_hook_name, stream_shape
+from vit.features.autoencoder import SAEError, SparseAutoencoder, check_fits, resid_hook_name, stream_shape
 from vit.model import Encoding, HookPoint
 
 
@@ -70,7 +70,7 @@ class ImageFeatures:
     def patch_maps(self, latents: Sequence[int]) -> np.ndarray:
         """The maps of ``latents`` ``(n, gh, gw)`` on the image's patch grid (a stage layer's cells repeated over
         the patches they cover), for a grid of small maps."""
-        from vit.explain.stages import on_patch_grid
+        from vit.explain.methods.stage_maps import on_patch_grid
 
         index = torch.as_tensor(list(latents), dtype=torch.long)
         maps = self.latents[self.num_prefix_tokens:, index].T.reshape(len(index), *self.grid).float().cpu().numpy()
@@ -186,7 +186,7 @@ def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, s
                       fits: nn.Module | None = None) -> InterventionView:
     """``image`` ``(1, C, H, W)`` with and without ``scales``: two passes, their logits and CLS rollouts (the
     layers after the SAE's attend differently once the stream is edited)."""
-    from vit.explain.attention import rollout, token_map
+    from vit.explain.methods.attention import rollout, token_map
 
     P = model.config.num_prefix_tokens
     grid = model.patch_grid(image.shape[2], image.shape[3])
@@ -195,7 +195,7 @@ def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, s
 
     def cls_rollout(attentions) -> Tensor:
         if getattr(model.config, "stage_depths", ()):  # no CLS: from every last-layer token, what the pooling reads
-            from vit.explain.stages import rollout_row
+            from vit.explain.methods.stage_maps import rollout_row
 
             return rollout_row(attentions, model.layer_layouts(grid), -1, None)[0].float()
         return token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0].float()
@@ -381,7 +381,7 @@ def exemplar_crop(image: Image.Image, preprocessing, grid: tuple[int, int], num_
     (``seen_region``, as the SAE's held-out pass saw it): the patch and ``context`` patches on each side, and the
     patch's box ``(x0, y0, x1, y1)`` in the crop. A prefix token (CLS, registers) reads the whole image: all of it
     and no box."""
-    from vit.inference import seen_region
+    from vit.core.inference import seen_region
 
     seen = seen_region(image, preprocessing)
     if token < num_prefix_tokens:

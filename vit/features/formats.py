@@ -1,6 +1,6 @@
 """Other libraries' SAE files, read into ``SparseAutoencoder`` so that they encode exactly as their own code does.
 
-- **SAELens** folders (``cfg.json`` + ``sae_weights.safetensors``): ``vit.features.sae.load_sae``.
+- **SAELens** folders (``cfg.json`` + ``sae_weights.safetensors``): ``vit.features.autoencoder.load_sae``.
 - **ViT-Prisma** (``vit_prisma.sae``): a training folder or Hub repository holds ``config.json``
   (``VisionModelSAERunnerConfig``) and ``n_images_N.pt``, which ``SparseAutoencoder.save_model`` writes as a torch
   pickle of ``{"cfg": VisionModelSAERunnerConfig, "state_dict": ...}``. Prisma's ``StandardSparseAutoencoder``
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vit.features.sae import (
+from vit.features.autoencoder import (
     SAEError,
     SAEInfo,
     SparseAutoencoder,
@@ -331,7 +331,7 @@ def load_saev(path: str | Path, layer: int | None = None, model_name: str | None
 
 def _is_sae_run(folder: Path) -> bool:
     """Whether ``folder`` is a ``vit.sae train`` run folder (its config.json says ``"kind": "sae"``)."""
-    from vit.runfiles import CONFIG_FILE, RunFileError, read_config
+    from vit.core.runfiles import CONFIG_FILE, RunFileError, read_config
 
     try:
         config = read_config(folder / CONFIG_FILE)
@@ -342,7 +342,7 @@ def _is_sae_run(folder: Path) -> bool:
 
 def detect_format(path: Path) -> str:
     """``"sae_lens"``, ``"vit-prisma"`` or ``"saev"`` for a local file or folder; SAEError when it is none."""
-    from vit.features.sae import CFG_FILE, WEIGHTS_FILE
+    from vit.features.autoencoder import CFG_FILE, WEIGHTS_FILE
 
     if path.is_dir():
         if (path / CFG_FILE).is_file() and (path / WEIGHTS_FILE).is_file():

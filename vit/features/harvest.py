@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Checkpoint
-from vit.images import open_image
-from vit.inference import preprocess
+from vit.core.images import open_image
+from vit.core.inference import preprocess
 from vit.training.data import image_files as data_image_files
 
 MAX_IMAGE_PIXELS = 40_000_000  # as the explorer's uploads: a decompression bomb in the folder is one line
@@ -56,7 +56,7 @@ def split_record(train: Sequence[Path], held: Sequence[Path], root: Path) -> dic
 def read_split(record: object, root: Path) -> tuple[list[Path], list[Path]]:
     """``split_record``'s JSON back as ``(train, held_out)`` paths under ``root``; ValueError in one line for
     anything else (a run folder may come from anywhere: no path may lead out of ``root``)."""
-    from vit.runfiles import lies_inside
+    from vit.core.runfiles import lies_inside
 
     parts = [record.get(key) if isinstance(record, dict) else None for key in ("train", "held_out")]
     if not all(isinstance(part, list) and part and all(isinstance(name, str) for name in part) for part in parts):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.bounds import BIAS_CHUNK_BYTES
+from vit.costs.bounds import BIAS_CHUNK_BYTES
 from vit.model.config import ViTConfig
 from vit.model.hooks import PLAIN_RULES, HookPoint, activate, active_hooks, current_rules
 from vit.model.layouts import (
@@ -98,7 +98,7 @@ class Parent(nn.Module):
 
 @dataclass(frozen=True)
 class AttentionVariant:
-    """A training-free change of one block's computation (the dense text maps of ``vit.explain.dense_clip``): its
+    """A training-free change of one block's computation (the dense text maps of ``vit.explain.methods.dense_clip``): its
     attention is the sum over ``pairs`` of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)`` (each pair ``"ab"`` of q, k,
     v: ``"qk"`` the model's own), times v; the block then adds it to its input or not, and runs its MLP or not.
     Only a global layer without position biases takes one (``Block.forward`` refuses the others)."""

@@ -56,7 +56,7 @@ class ViTConfig:
     gated_mlp: bool = False  # SwiGLU: act(fc1_g(x)) * fc1(x), then fc2 (DINOv3 7B / H+, EVA-02)
     mlp_norm: bool = False  # EVA-02's LayerNorm inside the MLP, before fc2
     projection_dim: int = 0  # CLIP / SigLIP-free: a bias-free projection of the pooled vector to the joint embedding
-    # The towers of vision-language models (vit.sources.import_vlm): the projector that maps the tower's tokens to
+    # The towers of vision-language models (vit.sources.vlm.import_vlm): the projector that maps the tower's tokens to
     # the language model's input embeddings (ViT.project, vit.model.blocks.Projector); the defaults: none.
     projector: str = "none"  # "mlp" (LLaVA: linear, activation, linear), "linear" (PaliGemma), "qwen" (Qwen-VL's
     # merger: each token normed, each spatial_merge unit's tokens concatenated, then an mlp), "gemma3" (an

@@ -80,7 +80,7 @@ def active_hooks() -> Mapping[HookPoint, tuple[Hook, ...]]:
 
 class Rules:
     """The elementary operations whose backward a relevance method replaces (lxt's approach), as their plain
-    versions. ``vit.explain.relevance`` subclasses it (AttnLRP, CP-LRP) and makes it current for a ``with``
+    versions. ``vit.explain.methods.relevance`` subclasses it (AttnLRP, CP-LRP) and makes it current for a ``with``
     block (``use_rules``); the forward values stay the model's own, only the gradients change."""
 
     def layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:

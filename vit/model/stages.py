@@ -35,7 +35,7 @@ and shifts may differ between the axes (``LayerLayout.window_hw``, ``shift_hw``)
 
 **A layer's attention on the image.** A windowed layer returns each window's attention ``(B * nw, nh, n, n)`` in
 the order its (shifted) windows were cut. ``LayerLayout.window_tokens()`` says which token of the layer's grid each
-window slot holds (the cyclic shift undone, padding marked ``T``), so ``vit.explain.attention.windows_on_grid``
+window slot holds (the cyclic shift undone, padding marked ``T``), so ``vit.explain.methods.attention.windows_on_grid``
 places a query's row on the layer's own grid, un-shifted and zero outside its window. A query patch clicked on the
 image is, in layer ``l``, the token of layer ``l``'s grid that covers it (``covering_token``); its row is drawn on
 that layer's grid, which covers the same image (each grid cell ``2**s`` patches wide in stage ``s``). A pooled-query
@@ -51,7 +51,7 @@ channel. The rollout takes the same convention as through a merge: a pooled toke
 uniformly (``merge_matrix``, 1/4 each), the residual of the pooling layer is that map, and its attention rows already
 sit over the previous grid's keys, so the layer's rollout factor ``(T_new, T_old)`` is ``attention + merge_matrix``
 (rows renormalised). Swin's windows, SAM's, Hiera's mask units and pooled queries are all one placement and one
-rollout step (``vit.explain.attention.layer_on_grid``, ``layer_rows``, ``layer_step``): each window's query slots
+rollout step (``vit.explain.methods.attention.layer_on_grid``, ``layer_rows``, ``layer_step``): each window's query slots
 (``LayerLayout.window_tokens``) over its key slots (``LayerLayout.key_tokens``), its residual the identity or the
 pooling (``merge_matrix`` of the key window); a global layer is one window of every token.
 """

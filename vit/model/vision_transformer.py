@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from vit import bounds
+from vit.costs import bounds
 from vit.model.blocks import AttentionPool, AttentionVariant, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks, checkpointing_blocks, current_rules, use_rules

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from vit.runs.devices import count_gpus
-from vit.runfiles import LAUNCH_DIR, ROOT
+from vit.core.runfiles import LAUNCH_DIR, ROOT
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # whole names only (fullmatch): ASCII, no controls
 
@@ -472,7 +472,7 @@ class SAEParams:
     kind: str = "sae"  # tells a launch record's parameters from a ViT run's
 
 
-MAX_SAE_WIDTH = 2**20  # vit.features.sae.MAX_D_SAE; the CLI checks memory before anything runs
+MAX_SAE_WIDTH = 2**20  # vit.features.autoencoder.MAX_D_SAE; the CLI checks memory before anything runs
 
 
 def sae_cli_args(params: SAEParams, out: Path) -> list[str]:

@@ -12,7 +12,7 @@ Our files live beside the run folder rather than in it because the CLI refuses a
 folder that already holds files, and output.log must be open before the process starts.
 Run folders made by the CLI outside the app (no launch.json) are listed too.
 
-Its neighbours: ``vit.runfiles`` (the run folder's files), ``vit.runs.state`` (the states and how a
+Its neighbours: ``vit.core.runfiles`` (the run folder's files), ``vit.runs.state`` (the states and how a
 run's files are weighed against its process), ``vit.runs.launch`` (the form's parameters, their
 validation and the command line) and ``vit.runs.devices`` (the devices a run can use).
 
@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from vit.runfiles import (
+from vit.core.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
     END_FILE,
@@ -105,7 +105,7 @@ from vit.runs.state import (
     remember_child,
     session_problem,
 )
-from vit.text import visible
+from vit.core.text import visible
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
@@ -208,7 +208,7 @@ def ray_cluster_label(address: str, users: list[str] | None = None) -> str:
 
 def table_rows(runs: list[RunInfo]) -> list[dict]:
     """Rows for the runs table: numbers stay numbers (progress in [0, 1], times as timedelta) so it sorts; names
-    from folders (the run's, its dataset's) and the detail show their control characters (``vit.text.visible``)."""
+    from folders (the run's, its dataset's) and the detail show their control characters (``vit.core.text.visible``)."""
     rows = []
     for run in runs:
         s = run.settings
@@ -318,7 +318,7 @@ def curve_rows(metrics: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 
 def resume_marks(run: str, config: dict | None) -> list[dict]:
-    """Where each later session of ``run`` took over, from config.json's "resumes" (``vit.runfiles.record_resume``):
+    """Where each later session of ``run`` took over, from config.json's "resumes" (``vit.core.runfiles.record_resume``):
     {run, epoch (epochs done, the x of a ViT run's curves), step (the x of an SAE run's), time (as the runs table
     writes it)}, None where the entry does not say. A ViT run's entry written before "at_epoch" gives the epoch
     it took over in (a resume mid-epoch is drawn at that epoch's start); an entry that is no object is skipped."""
@@ -455,7 +455,7 @@ class RunManager:
             return self._damaged(name, f"its files do not fit together ({type(e).__name__}: {e})")
 
     def _end_record(self, name: str, session: dict) -> dict | None:
-        """end.json of the session's process (``vit.runfiles.record_run_end``), when that process wrote it."""
+        """end.json of the session's process (``vit.core.runfiles.record_run_end``), when that process wrote it."""
         end = read_json(self.launch_root / name / END_FILE)
         if end is not None and end.get("pid") == session.get("pid") and isinstance(end.get("error"), str):
             return end

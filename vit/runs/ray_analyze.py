@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.checkpoint import Checkpoint
-from vit.explain.dataset import (
+from vit.explain.views.dataset import (
     Aggregator,
     DatasetAnalysis,
     MechanismAggregator,

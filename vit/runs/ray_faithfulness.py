@@ -3,7 +3,7 @@
 As ``vit.analyze --ray`` (``vit.runs.ray_analyze``, whose pieces this reuses): the client submits the command with
 ``--ray-job`` as a Ray job; inside the cluster it lists and samples the items as a local run does and calls
 ``score_on_cluster``: Ray Data maps blocks of items, one block per batch, through a pool of ``Scorer`` actors that
-each open the model once and return the batch's ``BatchScores`` (``vit.explain.benchmark_run.score_batch``: per
+each open the model once and return the batch's ``BatchScores`` (``vit.explain.benchmarks.benchmark_run.score_batch``: per
 method a few numbers per image, never a map). The driver joins them in the set's order with the local ``report``, so
 every score is the local run's: the same batches through the same code, each batch's random numbers seeded by its
 first item (``batch_seed``), Chefer's pixel counts summed and the per-image AUCs, ROAD changes and SaCo coefficients
@@ -19,7 +19,7 @@ from functools import partial
 
 import numpy as np
 
-from vit.explain.benchmark_run import (
+from vit.explain.benchmarks.benchmark_run import (
     BatchScores,
     Explain,
     Settings,
@@ -46,7 +46,7 @@ class Scorer:
         check_batch(self.checkpoint, settings, settings.batch_size)  # the job asked too; this node's limit
         self.gtsegs = None
         if gtsegs is not None:
-            from vit.explain.gtsegs import GtSegs
+            from vit.explain.benchmarks.gtsegs import GtSegs
 
             self.gtsegs = GtSegs(gtsegs)
 

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vit.cli import UsageError, usage_error
-from vit.runfiles import ROOT, lies_inside, now_iso
+from vit.core.cli import UsageError, usage_error
+from vit.core.runfiles import ROOT, lies_inside, now_iso
 from vit.training.options import parse_args, without_ray_options
 
 # Ray's default is 3 s between SIGTERM and SIGKILL: too short for a checkpoint of a large model.

@@ -161,6 +161,6 @@ def fit_until_done(trainer, flag, prog: str) -> int:
 
 
 if __name__ == "__main__":
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)

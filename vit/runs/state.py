@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vit.runfiles import STALE_SECONDS, pid_alive, timestamp
+from vit.core.runfiles import STALE_SECONDS, pid_alive, timestamp
 
 STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed", "damaged")
 ACTIVE_STATES = ("queued", "running")

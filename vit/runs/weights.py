@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError, read_checkpoint_payload
-from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT
+from vit.core.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT
 
 WHICH = {"best": BEST_CHECKPOINT, "last": LAST_CHECKPOINT}
 

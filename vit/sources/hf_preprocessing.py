@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-from vit.images import BACKENDS
+from vit.core.images import BACKENDS
 from vit.model import ViTConfig
-from vit.sources import import_clip, import_qwen
+from vit.sources.families import import_clip
 from vit.sources.files import SourceError, _one_line
+from vit.sources.vlm import import_qwen
 
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
 # Which of transformers' two processors an HF folder's images are prepared as (hf_backend)

@@ -542,7 +542,7 @@ def resolve(source: str | os.PathLike, report: Callable[[str], None] | None = No
 
 
 # SAEs on the Hub: a repository often holds many (SAELens's releases keep one per folder), so the name says which.
-SAE_LENS_FILES = ("cfg.json", "sae_weights.safetensors")  # vit.features.sae's CFG_FILE and WEIGHTS_FILE
+SAE_LENS_FILES = ("cfg.json", "sae_weights.safetensors")  # vit.features.autoencoder's CFG_FILE and WEIGHTS_FILE
 PRISMA_SAE_CONFIG = "config.json"
 
 

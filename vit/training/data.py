@@ -1,7 +1,7 @@
 """Datasets as uint8 tensors in memory, and augmentation done on whole batches of them.
 
 Each dataset is decoded once (through the same evaluation transform as inference, see
-``vit.images``) into a cached ``(N, C, S, S)`` uint8 tensor, so later runs and every epoch
+``vit.core.images``) into a cached ``(N, C, S, S)`` uint8 tensor, so later runs and every epoch
 skip PIL entirely. Augmentation then works on batches of tensors, on the GPU when there is
 one, which keeps two CPU cores busy with the model rather than with image decoding.
 """
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from vit.checkpoint import atomic_torch_save, check_archive
-from vit.images import ImageError, open_image, to_uint8
-from vit.runfiles import lies_inside
+from vit.core.images import ImageError, open_image, to_uint8
+from vit.core.runfiles import lies_inside
 from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from vit.cli import UsageError
+from vit.core.cli import UsageError
 
 
 def parse_device(spec: str, here: bool = True) -> torch.device:

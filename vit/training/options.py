@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit.cli import OneLineParser, UsageError, command_name
+from vit.core.cli import OneLineParser, UsageError, command_name
 from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 
 if TYPE_CHECKING:

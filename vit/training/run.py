@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import CheckpointError, read_checkpoint_payload
-from vit.cli import use_free_cores
-from vit.model import count_parameters
-from vit.runfiles import (
+from vit.core.cli import use_free_cores
+from vit.core.runfiles import (
     CONFIG_FILE,
     LAST_CHECKPOINT,
     LOG_FILE,
@@ -45,6 +44,7 @@ from vit.runfiles import (
     write_json,
     write_metrics,
 )
+from vit.model import count_parameters
 from vit.training.data import (
     DataError,
     folder_layout,
@@ -251,7 +251,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def _usage_error(error: Exception) -> int:
-    from vit.cli import usage_error
+    from vit.core.cli import usage_error
 
     return usage_error("vit.train", error)
 
@@ -338,6 +338,6 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from vit.cli import run_command
+    from vit.core.cli import run_command
 
     run_command(main)

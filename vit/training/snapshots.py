@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.cache import ByteCache
-from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
-from vit.images import ImageError, open_image
-from vit.runfiles import ATTENTION_DIR, PROBE_DIR, parse_json, read_text_bounded
+from vit.core.cache import ByteCache
+from vit.core.images import ImageError, open_image
+from vit.core.runfiles import ATTENTION_DIR, PROBE_DIR, parse_json, read_text_bounded
+from vit.explain.methods.attention import fuse_heads, layer_stats, rollout, token_map
 
 PROBE_FILE = "probe.json"
 PROBE_SIZE = 8  # images shown per epoch on the Train page
@@ -444,7 +444,7 @@ def probe_overlays(run_dir: str | os.PathLike, epoch: int, kind: str = "attentio
                    head: int | None = None, fusion: str = "mean", opacity: float = 0.6, colormap: str = "inferno",
                    mode: str = "bilinear", size: int = 128) -> list[tuple[Image.Image, str]]:
     """Every probe image at ``size`` px with its map of ``epoch`` overlaid, and its prediction caption."""
-    from vit.explain.overlay import overlay
+    from vit.explain.views.overlay import overlay
 
     probe, snapshot = load_probe(run_dir), load_snapshot(run_dir, epoch)
     shown = []
@@ -462,7 +462,7 @@ def animation_frames(run_dir: str | os.PathLike, probe_index: int, kind: str = "
     """One overlay per snapshotted epoch of a probe image, at ``size`` px, each labelled with its epoch."""
     from PIL import ImageDraw
 
-    from vit.explain.overlay import overlay
+    from vit.explain.views.overlay import overlay
 
     probe = load_probe(run_dir)
     if not 0 <= probe_index < len(probe.indices):

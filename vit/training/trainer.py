@@ -2,7 +2,7 @@
 
 ``Trainer`` knows nothing of the command line (``vit.train`` builds its settings from the
 arguments) nor of the run folder's format beyond writing metrics and checkpoints at epoch ends
-through ``vit.runfiles`` and ``vit.checkpoint``. Under several processes (``vit.training.distributed``)
+through ``vit.core.runfiles`` and ``vit.checkpoint``. Under several processes (``vit.training.distributed``)
 every rank trains on its shard of each global batch and only rank 0 writes.
 """
 
@@ -28,10 +28,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
-from vit.cli import UsageError  # noqa: F401 (invalid arguments or settings: one line before anything is written)
-from vit.images import normalize
-from vit.model import ViT, ViTConfig, count_parameters
-from vit.runfiles import (
+from vit.core.cli import UsageError  # noqa: F401 (invalid arguments or settings: one line before anything is written)
+from vit.core.images import normalize
+from vit.core.runfiles import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
     METRICS_FILE,
@@ -43,6 +42,7 @@ from vit.runfiles import (
     now_iso,
     write_metrics,
 )
+from vit.model import ViT, ViTConfig, count_parameters
 from vit.training.data import BatchAugment, DataError, Dataset, random_erasing
 from vit.training.snapshots import (
     has_probe,

@@ -1,7 +1,7 @@
 # Copied from https://github.com/eclique/RISE
 # commit d91ea006d4bb9b7990347fe97086bdc0f5c1fe10, file explanations.py, MIT licence (see LICENSE here).
 # Only changes: the two .cuda() calls removed (the tests run on a CPU), np.save skipped when savepath is None.
-# For tests only: the project's RISE is vit/explain/rise.py.
+# For tests only: the project's RISE is vit/explain/methods/rise.py.
 import numpy as np
 import torch
 import torch.nn as nn

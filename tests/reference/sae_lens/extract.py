@@ -38,7 +38,7 @@ inference or saving method), so its inference form is BatchTopK's.
 
 sae-lens itself imports transformer-lens (and through it datasets, nltk and plotly pins) at ``import sae_lens``, so
 only these functions are vendored; ``_Shell`` is the smallest class they run in (the HookPoints become identities, no
-activation normalisation, no hook_z reshaping). Tests only: ``vit/features/sae.py`` is checked against it.
+activation normalisation, no hook_z reshaping). Tests only: ``vit/features/autoencoder.py`` is checked against it.
 """
 
 from __future__ import annotations  # the helpers' hints name sae-lens classes not copied here

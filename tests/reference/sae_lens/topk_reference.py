@@ -2,7 +2,7 @@
 MIT licence in LICENSE beside this file): the TopK activation, encode / decode, process_sae_in, the weight
 initialisation, the AuxK loss and the decoder-norm fold. sae-lens itself pulls transformer-lens, datasets, nltk and
 plotly pins, so only these functions are vendored; ``ReferenceTopKSAE`` is the smallest shell they run in (the
-HookPoints become identities, no activation normalisation, no hook_z reshaping). Tests only: ``vit/features/sae.py``
+HookPoints become identities, no activation normalisation, no hook_z reshaping). Tests only: ``vit/features/autoencoder.py``
 is checked against it.
 """
 

@@ -2,7 +2,7 @@
 # commit 7c7df1d (HEAD of its default branch), file tam.py; MIT licence, as the repository's README states (it ships no
 # LICENSE file; see LICENSE here). Only change: ``import fitz`` (PyMuPDF, for the LaTeX text rendering alone) moved
 # from the top into ``compile_latex_to_jpg``, which the tests never reach (they pass save_fn='').
-# For tests only: the project's TAM is vit/explain/vlm_tam.py.
+# For tests only: the project's TAM is vit/explain/language/vlm_tam.py.
 import os, torch, cv2, subprocess
 import numpy as np
 from scipy.optimize import minimize_scalar

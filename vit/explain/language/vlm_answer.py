@@ -1,0 +1,562 @@
+"""Where a vision-language model looked when it said each word: each answer token's attention to the image tokens,
+through the language model, in bounded memory.
+
+The model answers with transformers' own greedy ``generate`` (``vit.sources.vlm.whole_vlm``). Its language model's
+attention runs through one more attention function (``ROWS``, registered with transformers' ``AttentionInterface``):
+the model's own implementation (sdpa, or the eager function of its modelling file) computes the output, and beside it
+the last query row of each call is kept, after RoPE (M-RoPE for Qwen), as the attention gets it: ``(H, d)`` per layer
+per answer token. Answer token ``i`` was predicted by the last query of generation step ``i`` (the prompt's last
+token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``.
+
+No layer's ``T x T`` attention is ever held. A row is computed when asked, from the keys the KV cache already holds:
+``softmax(q_i K[:t_i]^T * scaling + mask)`` over the ``t_i`` keys that step saw (Gemma's soft cap where the model
+has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' share is placed on the tower's patch
+grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
+Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
+them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded
+crops and newline tokens), its one view of the whole image (InternVL's thumbnail, NeXT's base image) as the
+overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
+MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
+MAX_QUESTION_CHARS = 2000
+FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
+# An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
+# every layer (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
+MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam")
+
+# What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
+# answer's ``_Recorder``; the relevance's tape, ``vit.explain.language.vlm_relevance``)
+_RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
+
+
+@dataclass
+class _Recorder:
+    """What the recording attention keeps of each call, per layer: the last query row, the keys it saw, its mask row
+    (None: causal alone) and the scaling and soft cap it was given."""
+
+    layers: dict[torch.nn.Module, int]  # the language model's attention modules -> layer
+    queries: list[list[torch.Tensor]] = field(default_factory=list)  # [layer][step] (H, d) float32
+    seen: list[list[int]] = field(default_factory=list)  # [layer][step] keys seen
+    masks: list[list[torch.Tensor | None]] = field(default_factory=list)  # [layer][step] (keys,) additive
+    scaling: list[float] = field(default_factory=list)
+    softcap: list[float | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.layers)
+        self.queries, self.seen, self.masks = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        self.scaling, self.softcap = [1.0] * n, [None] * n
+
+    def keep(self, layer: int, query, key, value, attention_mask, kwargs: dict) -> None:
+        """Keep ``layer``'s last query row of this call, before the attention runs. (B, H, q, d), B = 1."""
+        self.queries[layer].append(query[0, :, -1].detach().float().cpu())
+        self.seen[layer].append(int(key.shape[-2]))
+        mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :key.shape[-2]])
+        self.masks[layer].append(mask)
+        scaling = kwargs.get("scaling")
+        self.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        self.softcap[layer] = kwargs.get("softcap")
+
+    def output(self, layer: int, output: torch.Tensor) -> None:
+        """``layer``'s attention output (B, q, H, d), as the model's attention returns it: not needed here
+        (``vit.explain.language.vlm_relevance`` reads it)."""
+
+
+def _additive(mask_row: torch.Tensor) -> torch.Tensor:
+    """A mask row as the eager attention adds it: 0 where a key is read, -inf where not (a boolean mask's False)."""
+    if mask_row.dtype == torch.bool:
+        return torch.zeros(mask_row.shape, dtype=torch.float32).masked_fill(~mask_row.cpu(), float("-inf"))
+    return mask_row.detach().float().cpu()
+
+
+def _recording(delegate):
+    """The attention function that computes with ``delegate`` and, while an answer is recorded, keeps each language
+    model layer's last query row."""
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        recorder = _RECORDING.get()
+        layer = None if recorder is None else recorder.layers.get(module)
+        if layer is None:
+            return delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.keep(layer, query, key, value, attention_mask, kwargs)
+        out = delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.output(layer, out[0])
+        return out
+    return attention
+
+
+def _eager_of(module: torch.nn.Module):
+    """The eager attention function of ``module``'s own modelling file (Gemma's soft cap lives there)."""
+    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if function is None:
+        raise ValueError(f"{type(module).__name__}'s modelling file has no eager_attention_forward")
+    return function
+
+
+def _delegated_eager(module, *args, **kwargs):
+    return _eager_of(module)(module, *args, **kwargs)
+
+
+def use_recording_attention(vlm) -> None:
+    """Point the language model's attention at the recording function that wraps its own implementation (sdpa or
+    eager); the tower's is left as it is. Registered once per implementation, under ``ROWS`` + its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    lm = vlm.language_model
+    current = lm.config._attn_implementation
+    if current.startswith(ROWS):
+        return
+    if current not in ("sdpa", "eager"):
+        raise ValueError(f"the language model's attention is {current!r}; answers are recorded over sdpa or eager")
+    name = f"{ROWS}_{current}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        delegate = _delegated_eager if current == "eager" else ALL_ATTENTION_FUNCTIONS[current]
+        AttentionInterface.register(name, _recording(delegate))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
+    lm.set_attn_implementation(name)
+
+
+@contextlib.contextmanager
+def recording(vlm, recorder):
+    """Within it, each language-model layer's attention call is handed to ``recorder`` (``keep`` before, ``output``
+    after)."""
+    use_recording_attention(vlm)
+    token = _RECORDING.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDING.reset(token)
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Where the image's tokens sit in the prompt and on the map's patch grid: one view's units row-major after
+    ``lead`` tokens, or, where the processor cut the image into tiles, ``index``: the token over each patch of the
+    tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded crops), the model's view of the whole image beside them
+    (InternVL's thumbnail, NeXT's base image) as ``overview``."""
+
+    positions: torch.Tensor  # (K,) the image tokens' places in the prompt, every view's
+    grid: tuple[int, int]  # the map's patch grid: the tower's of the one view, or the tiles' canvas
+    unit: int  # patches per image token along each side
+    lead: int  # leading image tokens that cover no patch (CLIP's CLS under LLaVA's "full" strategy)
+    index: torch.Tensor | None = None  # (gh, gw) long: the image token (into positions) over each patch; None: units
+    views: int = 1  # the tower's passes over the image: one, or each tile and the overview
+    view_grid: tuple[int, int] | None = None  # one pass's patch grid (None: ``grid``)
+    overview: ImageLayout | None = None  # the whole image's one view beside the tiles, on its own patch grid
+    # A tiled layout's pixels as the model read them (H, W, 3) uint8, the processor's normalisation undone: the tiles'
+    # canvas (``grid`` x the tower's patch), or the overview's one view; None for a one-view layout (its pixels are
+    # the tower's preprocessing of the image).
+    pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def place(self, values: torch.Tensor) -> torch.Tensor:
+        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
+        from vit.explain.methods.visual_lens import on_patch_grid
+
+        if self.index is not None:
+            return values[:, self.index]
+        return on_patch_grid(values, self.grid, self.unit, self.lead)
+
+    @property
+    def patches(self) -> int:
+        """The patches the tower reads: the one view's, or every tile's and the overview's."""
+        gh, gw = self.view_grid or self.grid
+        return self.views * gh * gw
+
+    def view(self, overview: bool) -> ImageLayout:
+        """This layout, or its ``overview`` (ValueError in one line for a model that reads one view)."""
+        if not overview:
+            return self
+        if self.overview is None:
+            raise ValueError("this image was read in one view, not as tiles beside an overview; ask without overview")
+        return self.overview
+
+
+def _check_count(positions: torch.Tensor, expected: int, where: str) -> None:
+    if len(positions) != expected:
+        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of {where}; its image "
+                         "tokens are laid out otherwise, which is not placed yet")
+
+
+def tile_index(rows: int, cols: int, grid: tuple[int, int], unit: int, start: int = 0) -> torch.Tensor:
+    """(rows x gh, cols x gw) long: the image token over each patch of a canvas of ``rows x cols`` tiles, each on
+    patch grid ``grid``, whose tokens come tile after tile (row-major), each tile's units row-major, from
+    ``start``. ``rows = cols = 1``: one view's units."""
+    gh, gw = grid
+    per_tile = (gh // unit) * (gw // unit)
+    r = torch.arange(rows * gh)[:, None]  # (H, 1) canvas rows
+    c = torch.arange(cols * gw)[None, :]  # (1, W) canvas columns
+    tile = (r // gh) * cols + c // gw
+    return start + tile * per_tile + (r % gh // unit) * (gw // unit) + (c % gw // unit)  # (H, W)
+
+
+def seen_pixels(vlm, tiles: torch.Tensor) -> np.ndarray:
+    """(n, C, h, w) tiles of the processor's ``pixel_values`` -> (n, h, w, 3) uint8: its rescale and normalisation
+    undone, the pixels the tower read."""
+    images = vlm.processor.image_processor
+    x = tiles.detach().float().cpu()
+    if getattr(images, "do_normalize", True):
+        mean = torch.as_tensor(images.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.as_tensor(images.image_std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = x * std + mean
+    if getattr(images, "do_rescale", True):
+        x = x / float(images.rescale_factor)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _canvas(tiles: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """(rows x cols, h, w, 3) row-major tiles -> (rows x h, cols x w, 3)."""
+    n, h, w, c = tiles.shape
+    return tiles[:rows * cols].reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
+
+
+def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
+    tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
+    image resized to one tile) after them; each tile's pixel-shuffle units row-major."""
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+    images = vlm.processor.image_processor
+    size = images.size
+    cols, rows = get_optimal_tiled_canvas((image.height, image.width), (size["height"], size["width"]),
+                                          images.min_patches, images.max_patches)
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
+                         "of InternVL's canvas; ask about one image")
+    ph, pw = vlm.tower.model.config.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_tile = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    seen = seen_pixels(vlm, pixels)
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit, rows * cols * per_tile),
+                           pixels=seen[-1])
+    return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0, tile_index(rows, cols, grid, unit),
+                       rows * cols + 1, grid, overview, _canvas(seen, rows, cols))
+
+
+def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
+    """LLaVA-NeXT's anyres image (``LlavaNextModel.pack_image_features``): the base image's patches first (the
+    overview), then the crops of the canvas ``select_best_resolution`` chose, each on the tower's grid, laid out
+    row-major on the canvas, its padding rows or columns dropped (``unpad_image``: the canvas kept the image's aspect)
+    and a newline token after each row of it, which covers no patch."""
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+    config = vlm.model.config
+    if config.vision_feature_select_strategy != "default":
+        raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
+                         "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
+    side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
+    size = inputs["image_sizes"][0]  # (height, width) of the image
+    rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
+    # The canvas's patches that unpad_image keeps: which rows and columns, found by unpadding their own indices.
+    kept_rows = unpad_image(torch.arange(rows * side).view(1, -1, 1).expand(1, -1, cols * side), size)[0, :, 0]
+    kept_cols = unpad_image(torch.arange(cols * side).view(1, 1, -1).expand(1, rows * side, -1), size)[0, 0, :]
+    height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
+    r, c = torch.arange(height)[:, None], torch.arange(width)[None, :]
+    index = side * side + r * (width + 1) + c  # after the base image, each row followed by its newline
+    seen = seen_pixels(vlm, inputs["pixel_values"][0, :rows * cols + 1])
+    patch = config.vision_config.patch_size
+    top, left = int(kept_rows[0]) * patch, int(kept_cols[0]) * patch
+    canvas = _canvas(seen[1:], rows, cols)[top:top + height * patch, left:left + width * patch]
+    overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1), pixels=seen[0])
+    _check_count(positions, side * side + height * (width + 1), f"a {side}x{side}-patch base image and a "
+                 f"{height}x{width}-patch canvas of {rows}x{cols} crops with a newline per row")
+    return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview, canvas)
+
+
+def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
+    """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
+    (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
+    from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
+    (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
+    (several images, another family's tiles)."""
+    from vit.explain.methods.visual_lens import leading_rows
+
+    tower = vlm.tower.model
+    image_token = getattr(vlm.model.config, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(vlm.model.config, "image_token_index", None)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    if "image_grid_thw" in inputs:
+        t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
+        if t != 1 or inputs["image_grid_thw"].shape[0] != 1:
+            raise ValueError("the processor gave several images or frames; ask about one image")
+        layout = ImageLayout(positions, (gh, gw), vlm.unit, leading_rows(tower))
+    else:
+        pixels = inputs["pixel_values"]
+        if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
+            layout = _internvl_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type == "llava_next":
+            layout = _next_tiles(vlm, inputs, positions)
+        elif pixels.dim() != 4 or pixels.shape[0] != 1:
+            raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
+                             "on one patch grid yet; ask a model that reads one view of the image")
+        else:
+            ph, pw = tower.config.patch_hw
+            layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit,
+                                 leading_rows(tower))
+    if layout.index is None:
+        (gh, gw), unit = layout.grid, layout.unit
+        _check_count(positions, layout.lead + (gh // unit) * (gw // unit),
+                     f"one {gh}x{gw} patch grid in {unit}x{unit} units")
+    return layout
+
+
+# model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
+# itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
+PROCESSOR_PROMPTS = frozenset({"paligemma"})
+
+
+def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | None):
+    """The processor's inputs for one image and ``question`` through the model's chat template (or, for a family
+    without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt`` as raw text
+    holding the processor's image placeholder once (the template bypassed)."""
+    processor = vlm.processor
+    if (question is None) == (prompt is None):
+        raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")
+    text = question if prompt is None else prompt
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
+        raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
+    if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
+        text = processor.image_token + question  # the processor adds the rest of its prompt
+    elif prompt is None:
+        if not getattr(processor, "chat_template", None):
+            raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
+                             f"placeholder instead")
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    else:
+        placeholder = getattr(processor, "image_token", None)
+        if placeholder and text.count(placeholder) != 1:
+            raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} once, got "
+                             f"{text.count(placeholder)}")
+    return processor(images=[image], text=text, return_tensors="pt")
+
+
+def text_shape(vlm):
+    """The language model's sizes, as the cost model reads them."""
+    from vit.costs.plan import TextShape
+
+    config = vlm.model.config.get_text_config()
+    heads = config.num_attention_heads
+    return TextShape(layers=config.num_hidden_layers, heads=heads,
+                     kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                     head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                     hidden=config.hidden_size, mlp=config.intermediate_size, vocab=config.vocab_size,
+                     itemsize=next(vlm.model.parameters()).dtype.itemsize)
+
+
+class VLMAnswer:
+    """A VLM's answer to a question about an image: ``tokens`` (the generated ids, as ``generate`` returns them),
+    ``text``, ``pieces`` (each token's text) and, for each answer token, its attention to the image
+    (``attention``), computed when asked from the kept query rows and the KV cache."""
+
+    def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...], layout: ImageLayout,
+                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None) -> None:
+        self.tokens, self.text, self.pieces = tokens, text, pieces
+        self.layout, self.prompt_tokens = layout, prompt_tokens
+        self._recorder, self._cache = recorder, cache
+        self._source = source  # (vlm, Prepared): what the relevance runs the model on again
+        self.layers = len(recorder.queries)
+        self.heads = recorder.queries[0][0].shape[0] if self.layers and recorder.queries[0] else 0
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The tower's patch grid the maps are on."""
+        return self.layout.grid
+
+    def _token(self, i: int) -> int:
+        if isinstance(i, bool) or not isinstance(i, int) or not -len(self.tokens) <= i < len(self.tokens):
+            raise ValueError(f"answer token {i} does not exist: the answer has {len(self.tokens)} tokens, numbered 0 "
+                             f"to {len(self.tokens) - 1}")
+        return i % len(self.tokens)
+
+    def _layer(self, layer: int) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -self.layers <= layer < self.layers:
+            raise ValueError(f"layer {layer} does not exist: the language model has {self.layers} layers, numbered 0 "
+                             f"to {self.layers - 1} (or -1 for the last)")
+        return layer % self.layers
+
+    def row(self, i: int, layer: int) -> torch.Tensor:
+        """Answer token ``i``'s whole attention row at ``layer``: (H, t_i) over every key the query that predicted it
+        read, as the eager attention forms it (float32)."""
+        i, layer = self._token(i), self._layer(layer)
+        r = self._recorder
+        q, seen, mask = r.queries[layer][i], r.seen[layer][i], r.masks[layer][i]  # (H, d)
+        keys = self._cache.layers[layer].keys[0]  # (Hkv, keys, d)
+        if keys.shape[-2] < seen:  # a sliding-window layer's cache keeps the last keys only
+            raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys, fewer than the {seen} answer token "
+                             f"{i} read (a sliding window); choose another layer")
+        keys = keys[:, :seen].float().cpu()
+        keys = keys.repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # (H, t, d): each kv head's query heads
+        logits = torch.einsum("hd,htd->ht", q, keys) * r.scaling[layer]  # (H, t)
+        if r.softcap[layer] is not None:
+            logits = torch.tanh(logits / r.softcap[layer]) * r.softcap[layer]
+        if mask is not None:
+            logits = logits + mask
+        return logits.softmax(dim=-1)
+
+    def image_rows(self, i: int, layer: int) -> torch.Tensor:
+        """(H, lead + N): answer token ``i``'s attention to each image token at ``layer``, per head."""
+        return self.row(i, layer)[:, self.layout.positions]
+
+    def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean",
+                  overview: bool = False) -> np.ndarray:
+        """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
+        attention to the image token whose unit covers it; ``head`` None: the heads fused by ``fusion`` ("mean" or
+        "max", each image token's own). An image read as tiles: on the tiles' canvas, or, ``overview``, on the
+        model's one view of the whole image beside them (InternVL's thumbnail)."""
+        layout = self.layout.view(overview)
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+        rows = self.image_rows(i, layer)  # (H, lead + N)
+        if head is None:
+            rows = rows.mean(0, keepdim=True) if fusion == "mean" else rows.amax(0, keepdim=True)
+        else:
+            if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < rows.shape[0]:
+                raise ValueError(f"head {head} does not exist: the language model has {rows.shape[0]} heads, "
+                                 f"numbered 0 to {rows.shape[0] - 1}")
+            rows = rows[head:head + 1]
+        return layout.place(rows)[0].numpy()
+
+    def image_share(self, i: int, layer: int = -1) -> float:
+        """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
+        looked at the image."""
+        return float(self.image_rows(i, layer).sum(-1).mean())
+
+    def relevance(self, i: int, layer: int | None = None, overview: bool = False) -> np.ndarray:
+        """(gh, gw) float32: answer token ``i``'s gradient x attention over the image tokens (Chefer et al. 2021b),
+        for the logit of token ``i`` at the query that predicted it, on the tower's patch grid. ``layer`` an int:
+        that language-model layer's ``mean_h (dy/dA * A)^+`` row of the query; None: the rule's rollout over every
+        layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its query row. One forward and backward of the
+        language model over the prompt and the answer's first ``i`` tokens, counted first
+        (``vit.costs.plan.vlm_relevance``; ``vit.explain.language.vlm_relevance``). ``overview``: as ``attention``'s."""
+        from vit.explain.language.vlm_relevance import relevance
+
+        layout = self.layout.view(overview)
+        if self._source is None:
+            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
+        vlm, prepared = self._source
+        i, layer = self._token(i), None if layer is None else self._layer(layer)
+        values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
+        return layout.place(values[layout.positions][None])[0].numpy()
+
+    def tam(self, i: int, overview: bool = False) -> np.ndarray:
+        """(gh, gw) float32 in [0, 1]: answer token ``i``'s Token Activation Map (Li et al., ICCV 2025; the authors'
+        ``TAM`` in xmed-lab/TAM): its class's logit-lens activation over the image tokens, the earlier text tokens'
+        maps removed by estimated causal inference, normalised with the text's activations and smoothed by the rank
+        Gaussian filter, each patch holding its image token's value. One forward of the model over the prompt and
+        the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.language.vlm_tam``, where
+        the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
+        from vit.explain.language.vlm_tam import tam
+
+        layout = self.layout.view(overview)
+        if self._source is None:
+            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
+        vlm, prepared = self._source
+        return tam(vlm, prepared, self.tokens, self._token(i), layout)
+
+    def held(self) -> tuple[torch.Tensor, ...]:
+        """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.core.cache.nbytes`` counts
+        them."""
+        r = self._recorder
+        rows = [t for layer in (*r.queries, *r.masks) for t in layer if t is not None]
+        cached = [t for layer in self._cache.layers for t in (getattr(layer, "keys", None),
+                                                              getattr(layer, "values", None)) if t is not None]
+        return (*rows, *cached)
+
+    def __repr__(self) -> str:
+        return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens, {self.grid[0]}x{self.grid[1]} patches)"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A question about an image, through the processor, counted and allowed to run: what ``generate_answer``
+    reads."""
+
+    inputs: object  # the processor's BatchFeature
+    layout: ImageLayout
+    prompt_tokens: int
+    max_new_tokens: int
+    text: object  # TextShape: the language model's sizes
+    words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
+
+    def maps_bytes(self, itemsize: int = 4) -> int:
+        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``, and as many
+        on the overview's grid for an image read as tiles."""
+        gh, gw = self.layout.grid
+        oh, ow = self.layout.overview.grid if self.layout.overview is not None else (0, 0)
+        return self.max_new_tokens * self.text.layers * self.text.heads * (gh * gw + oh * ow) * itemsize
+
+
+def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
+            max_new_tokens: int = 32) -> Prepared:
+    """``question`` (or ``prompt``) about ``image`` through the model's processor, its image tokens' layout found
+    and what the answer holds counted (``vit.costs.plan.vlm_answer``): refused in one line over the limit, before
+    any forward."""
+    from vit.costs.plan import decide, vlm_answer
+
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens!r}")
+    inputs = prompt_inputs(vlm, image, question, prompt)
+    layout = image_layout(vlm, inputs, image)
+    prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
+    decide(vlm_answer(vlm.tower.model, layout.grid, text, prompt_tokens, max_new_tokens, layout.views,
+                      layout.view_grid))
+    words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
+    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None)
+
+
+class _Steps:
+    """A ``generate`` streamer that reports each answer token as done to ``progress(done, total)``, which may raise
+    to stop the generation between two steps (``vit.app.work.Stopped``)."""
+
+    def __init__(self, progress, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, -1  # generate puts the prompt first
+
+    def put(self, value) -> None:
+        self.done += 1
+        self.progress(min(self.done, self.total), self.total)
+
+    def end(self) -> None:
+        self.progress(self.total, self.total)
+
+
+def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
+    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded;
+    ``progress(done, total)`` is told each answer token generated, and may raise to stop between two."""
+    recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
+    with recording(vlm, recorder), torch.inference_mode():
+        out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
+                                 do_sample=False, num_beams=1, return_dict_in_generate=True,
+                                 streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
+    tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
+    steps = {len(q) for q in recorder.queries}
+    if steps != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
+        raise RuntimeError(f"recorded {sorted(steps)} steps per layer for {len(tokens)} answer tokens")
+    tokenizer = vlm.processor.tokenizer
+    text = tokenizer.decode(list(tokens), skip_special_tokens=True)
+    pieces = tuple(tokenizer.decode([t]) for t in tokens)
+    return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens,
+                     (vlm, prepared))
+
+
+def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
+           max_new_tokens: int = 32) -> VLMAnswer:
+    """``vlm``'s greedy answer to ``question`` about ``image`` (``generate``'s tokens), its query rows recorded:
+    ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer``."""
+    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens))

@@ -1,0 +1,965 @@
+"""Which component does what: logit lens, direct logit attribution, head ablation, activation patching, and the
+high-norm / massive-activation / sink phenomena.
+
+Every function runs the model's own forward and reads or edits it at its hook points (``vit.model.HookPoint``):
+a head's output is ``blocks.{l}.attn.hook_z`` (its context before the output projection), read, zeroed, replaced
+or patched there; an intervention at layer ``l`` runs only the layers after it (``ViT.run_blocks``) from the
+hidden states, with the interventions in the batch dimension. Nothing here writes the block again, so every
+family the model expresses (RoPE, SwiGLU, layer scale, attention pooling) is analysed by the same code.
+
+Shapes: images ``(B, C, H, W)``; ``T = prefix + gh * gw`` tokens; ``L`` layers, ``H`` heads, ``D`` width.
+Layers and heads are counted from 0 here; the CLI and the app show them from 1.
+
+Memory: a function keeps at most one layer's per-head outputs, ``B x H x T x D`` floats, next to the hidden
+states ``B x (L + 1) x T x D``; the grids run ``chunk`` copies of one image through the remaining layers at a
+time. ``check_budget`` refuses work past ``MAX_ELEMENTS`` floats (2 GiB of float32) in one line.
+
+References: TransformerLens ``ActivationCache.apply_ln_to_stack`` (the final norm linearised at the final
+residual: centre each component, divide by the final residual's scale), the "head_mask" that HF transformers
+applied to the attention probabilities before v5 (equivalently a head's context zeroed before the output
+projection), locuslab/massive-activations ``main_vit.py`` (top-3 and median of |block output|), and
+nickjiang2378/test-time-registers (register neurons).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.costs.bounds import forward_flops
+from vit.explain.methods.chunked import LayerInputs
+from vit.explain.methods.hidden import forward_with_hidden_states, layout_problem
+from vit.model import ViT
+
+# While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
+# work (a copy costs at most one forward), ~3 s of one core, so a grid stops within ~5 s on 2 busy cores. 32
+# copies of a ViT-B/16 at 609 tokens were 30-50 s.
+PROGRESS_FLOPS = 2e11
+Progress = Callable[[int, int], None]  # progress(passes done, total), called between chunks; it may raise to stop
+
+MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a function refuses
+
+ABLATION_MODES = ("zero", "mean")
+
+
+class MechanismError(ValueError):
+    """The model, the input or the request is one these analyses cannot handle; the message says what to do."""
+
+
+def check_supported(model: nn.Module, needs_head: bool = False) -> None:
+    """Raise ``MechanismError`` unless ``model`` is our ``ViT`` in eval mode (with a classifier if ``needs_head``)."""
+    if not isinstance(model, ViT):
+        raise MechanismError(f"mechanism analyses need this project's ViT, got {type(model).__name__}")
+    if model.training:
+        raise MechanismError("the model is in training mode (dropout makes results random); call model.eval()")
+    if needs_head and model.head is None:
+        raise MechanismError("the model has no classifier head, so there are no class logits to analyse; "
+                             "pick a classification model")
+
+
+def check_budget(elements: int, what: str) -> None:
+    """Refuse a step that would hold more than ``MAX_ELEMENTS`` floats, saying how to make it smaller."""
+    if elements > MAX_ELEMENTS:
+        raise MechanismError(f"{what} needs {elements * 4 / 2**30:.1f} GiB (over the "
+                             f"{MAX_ELEMENTS * 4 / 2**30:.0f} GiB bound); use fewer images or a smaller input size")
+
+
+def check_one_grid(model: ViT, what: str) -> None:
+    """MechanismError for a model with stages (Swin, Hiera) where ``what`` stacks every layer's tokens or splits the
+    last residual into what each block wrote: its layers' grids and widths change at each merge, which is not a
+    sum."""
+    if getattr(model.config, "stage_depths", ()):
+        raise MechanismError(f"{what} reads every layer's tokens on one grid of one width, and this model's stages "
+                             "(Swin, Hiera) change both at each patch merging or query pooling; the logit lens and "
+                             "direct logit attribution on the last stage, head ablation (zero and mean), each "
+                             "head's effect, activation patching, token norms and the maps of vit.explain "
+                             "(attention, rollout, norms, AttnLRP) apply")
+
+
+def _dims(model: ViT) -> tuple[int, int, int]:
+    attn = model.blocks[0].attn
+    return len(model.blocks), attn.num_heads, attn.head_dim
+
+
+# --- the forward, read at its hook points ----------------------------------------------------------
+
+def grid_of(model: ViT, images: Tensor) -> tuple[int, int]:
+    """The patch grid of ``images`` ``(B, C, H, W)`` (what ``ViT.run_blocks`` needs for rotary positions), or of a
+    video model's clips ``(B, frames, C, H, W)`` their folded grid ``(t*gh, gw)``."""
+    return model.input_grid(images)
+
+
+def _keep(cache: dict[str, Tensor]):
+    """A hook that stores its tensor in ``cache`` under the hook point's name."""
+    def keep(x: Tensor, hook) -> None:
+        cache[hook.name] = x
+    return keep
+
+
+def hidden_states(model: ViT, images: Tensor) -> Tensor:
+    """Block inputs, then the last block's output: ``(B, L + 1, T, D)``, read at the hook points of one pass."""
+    check_supported(model)
+    check_one_grid(model, "stacking the hidden states (head effects, patching, the phenomena)")
+    B, L = images.shape[0], len(model.blocks)
+    T = model.num_prefix_tokens + math.prod(grid_of(model, images))
+    check_budget(B * (L + 1) * T * model.config.hidden_size, "keeping every layer's tokens")
+    return forward_with_hidden_states(model, images)[1]
+
+
+def _heads_replaced(layer: int, replace: Callable[[Tensor], Tensor]) -> list[tuple[str, Callable]]:
+    """A hook on layer ``layer``'s per-head contexts ``(B, T, H, hd)``: ``replace(context)`` takes their place."""
+    return [(f"blocks.{layer}.attn.hook_z", lambda z, hook: replace(z))]
+
+
+# --- logit lens -----------------------------------------------------------------------------------
+
+def _check_linear_pooling(model: ViT, what: str) -> None:
+    """Direct logit attribution reads tokens through the pooling as a linear map: CLS, mean, or both."""
+    if model.config.pooling == "map":
+        raise MechanismError(f"{what} reads tokens through the pooling, and this model pools by attention (MAP), "
+                             "which is not linear in its tokens; the logit lens, ablation, patching and the "
+                             "phenomena still apply")
+
+
+def token_readout(model: ViT, tokens: Tensor) -> Tensor:
+    """The model's final norm and head on every token ``(..., T, D)`` -> logits ``(..., T, classes)``: what the
+    model would output if every token equalled this one (so avg, cls+avg, fc_norm, DeiT's two heads and an
+    attention-pooling probe all read it the way they read the pooled vector)."""
+    if model.config.pooling == "map":  # the probe over one token reads that token (its softmax is 1)
+        D = tokens.shape[-1]
+        return model.classify(tokens.reshape(-1, 1, D)).reshape(*tokens.shape[:-1], -1)
+    x = model.norm(tokens)
+    pooled = torch.cat([x, x], dim=-1) if model.config.pooling == "cls+avg" else x
+    if model.fc_norm is not None:
+        pooled = model.fc_norm(pooled)
+    logits = model.head(pooled)
+    if model.head_dist is not None:
+        logits = (logits + model.head_dist(x)) / 2
+    return logits
+
+
+@dataclass
+class LogitLens:
+    """The logit lens of a batch: per read layer (``layers``) each token's probability of its image's class, and
+    the pooled read-out's logits."""
+
+    token_probs: Tensor  # (B, S, T) probability of ``classes[b]`` read from each token
+    pooled_logits: Tensor  # (B, S, classes): model.classify on each read layer's tokens
+    classes: Tensor  # (B,)
+    layers: tuple[int, ...]  # (S,): the block whose output each row reads, -1 for the embedding
+
+
+def _last_width(model: ViT) -> int:
+    """The width of the last stage's tokens (``hidden_size`` is the first stage's in a model with stages)."""
+    return model.config.stage_width(model.config.num_stages - 1)
+
+
+def last_stage(model: ViT) -> int:
+    """The first block of the model's last stage (0 for a model of one stage): the blocks from it on write tokens
+    of the grid and width the final norm, the pooling and the head read."""
+    config = model.config
+    return config.stage_start(config.num_stages - 1) if config.stage_depths else 0
+
+
+def _last_stage_outputs(model: ViT, images: Tensor) -> Tensor:
+    """The outputs of the last stage's blocks ``(B, S, T, D)`` on its grid, read at their hook points."""
+    first, L = last_stage(model), len(model.blocks)
+    grid = model.layer_layouts(grid_of(model, images))[-1].grid
+    check_budget(images.shape[0] * (L - first) * math.prod(grid) * _last_width(model),
+                 "keeping the last stage's tokens")
+    names = [f"blocks.{layer}.hook_resid_post" for layer in range(first, L)]
+    cache: dict[str, Tensor] = {}
+    with model.hooks([(name, _keep(cache)) for name in names]):
+        model.tokens(images)
+    return torch.stack([cache[name] for name in names], dim=1)
+
+
+def logit_lens(model: ViT, images: Tensor, classes: Tensor | int | None = None) -> LogitLens:
+    """The final norm and head applied to every token after every layer (``classes`` default: the predicted).
+
+    A model with stages (Swin, Hiera: final norm, average pooling, head, all linear in the tokens but the norm)
+    is read on its last stage only: the outputs of that stage's blocks (``LogitLens.layers``). Earlier stages'
+    tokens have another grid and width, which the final norm and head do not read.
+    """
+    check_supported(model, needs_head=True)
+    if model.config.stage_depths:
+        with torch.no_grad():
+            states = _last_stage_outputs(model, images)  # (B, S, T, D)
+        layers = tuple(range(last_stage(model), len(model.blocks)))
+    else:
+        states = hidden_states(model, images)  # (B, L + 1, T, D)
+        layers = tuple(range(-1, len(model.blocks)))
+    B, S, T, D = states.shape
+    num_classes = model.config.num_classes  # the head's outputs (typed labels for a prompt head)
+    check_budget(B * T * num_classes, "reading every token through the head")
+    pooled = torch.stack([model.classify(states[:, i]) for i in range(S)], dim=1)  # (B, S, classes)
+    classes = class_indices(pooled[:, -1], classes)
+    token_probs = torch.stack([token_readout(model, states[:, i]).softmax(dim=-1)
+                               .gather(-1, classes[:, None, None].expand(B, T, 1))[..., 0]
+                               for i in range(S)], dim=1)  # (B, S, T)
+    return LogitLens(token_probs, pooled, classes, layers)
+
+
+def class_indices(logits: Tensor, classes: Tensor | int | None) -> Tensor:
+    """One class per image: the predicted one (None), one for all, or a ``(B,)`` tensor; checked."""
+    B, num_classes = logits.shape
+    if classes is None:
+        return logits.argmax(dim=-1)
+    index = torch.as_tensor(classes, device=logits.device).long()
+    if index.dim() == 0:
+        index = index.expand(B)
+    if index.shape != (B,):
+        raise MechanismError(f"give one class or one per image ({B}), got shape {tuple(index.shape)}")
+    if bool(((index < 0) | (index >= num_classes)).any()):
+        raise MechanismError(f"class {index.tolist()} is out of range for {num_classes} classes")
+    return index
+
+
+# --- direct logit attribution ---------------------------------------------------------------------
+
+def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tensor]:
+    """``classify`` with every LayerNorm (or RMSNorm) frozen at its scale on the final residual ``final`` ``(B, T, D)``.
+
+    The returned ``readout(component (..., B, T, D), with_bias)`` -> ``(..., B, classes)`` is linear in the
+    component when ``with_bias`` is False: each norm centres the component and divides by the scale the final
+    residual had there (TransformerLens's ``apply_ln_to_stack``), then multiplies by its weight. The biases
+    (norm offsets, head biases) come in once, through ``readout(zeros, True)``.
+    """
+    def scale(x: Tensor, norm: nn.LayerNorm | nn.RMSNorm) -> Tensor:
+        if isinstance(norm, nn.RMSNorm):  # AIMv2: the root mean square, about zero
+            return (x.pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt()
+        return (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+
+    def frozen(x: Tensor, norm: nn.Module, s: Tensor | None, bias: bool) -> Tensor:
+        if isinstance(norm, nn.RMSNorm):  # no centring and no offset: linear as it is once its scale is fixed
+            return x / s * norm.weight
+        if not isinstance(norm, nn.LayerNorm):  # nn.Identity when fc_norm replaces the token norm
+            return x
+        x = (x - x.mean(dim=-1, keepdim=True)) / s * norm.weight
+        return x + norm.bias if bias else x
+
+    _check_linear_pooling(model, "direct logit attribution")
+    if not isinstance(model.head, nn.Linear):
+        raise MechanismError("direct logit attribution splits a linear head; this model's head is not linear "
+                             "(a cosine to typed labels)")
+    p = model.num_prefix_tokens
+    pooling = model.config.pooling
+    s_norm = scale(final, model.norm) if isinstance(model.norm, (nn.LayerNorm, nn.RMSNorm)) else None  # (B, T, 1)
+
+    def pool(x: Tensor) -> Tensor:
+        if pooling == "cls":
+            return x[..., 0, :]
+        if pooling == "avg":
+            return x[..., p:, :].mean(dim=-2)
+        return torch.cat([x[..., 0, :], x[..., p:, :].mean(dim=-2)], dim=-1)
+
+    normed_final = model.norm(final)
+    s_fc = scale(pool(normed_final), model.fc_norm) if model.fc_norm is not None else None  # (B, 1)
+
+    def readout(component: Tensor, with_bias: bool) -> Tensor:
+        x = frozen(component, model.norm, s_norm, with_bias)
+        pooled = pool(x)
+        if model.fc_norm is not None:
+            pooled = frozen(pooled, model.fc_norm, s_fc, with_bias)
+        logits = F.linear(pooled, model.head.weight, model.head.bias if with_bias else None)
+        if model.head_dist is not None:
+            logits = (logits + F.linear(x[..., 1, :], model.head_dist.weight,
+                                        model.head_dist.bias if with_bias else None)) / 2
+        return logits
+
+    return readout
+
+
+@dataclass
+class DirectLogitAttribution:
+    """Each component's direct contribution to one class logit per image; the parts sum to ``logit``. Layer ``i``
+    of ``heads``, ``attn_biases`` and ``mlps`` is block ``first_layer + i``."""
+
+    heads: Tensor  # (B, L, H): each head's output (times layer scale) through the frozen final norm and head
+    attn_biases: Tensor  # (B, L): each attention output projection's bias (times layer scale)
+    mlps: Tensor  # (B, L): each MLP's output (times layer scale)
+    embed: Tensor  # (B,): the stream entering block ``first_layer`` (the token embedding with positions at 0)
+    bias: Tensor  # (B,): the final norms' offsets and the head bias
+    logit: Tensor  # (B,): the model's logit for the class
+    classes: Tensor  # (B,)
+    first_layer: int = 0  # a model with stages: its last stage's first block (``last_stage``)
+
+    def total(self) -> Tensor:
+        return self.heads.sum((1, 2)) + self.attn_biases.sum(1) + self.mlps.sum(1) + self.embed + self.bias
+
+
+def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int | None = None
+                             ) -> DirectLogitAttribution:
+    """Split each image's class logit (default: the predicted class) into heads, MLPs, embedding and biases.
+
+    Exact: the final norm is linear once its scale is fixed at the final residual, so the parts sum to the
+    logit (up to float rounding). Peak memory: one layer's ``B x H x T x D`` head outputs (each layer is read out
+    before the next is split, so high-resolution inputs do not hold ``L`` of them).
+
+    A model with stages (Swin, Hiera) is split on its last stage only: the stream entering it (after its patch
+    merging or query pooling, one term in ``embed``) plus each of its blocks' heads and MLP. The merge and the
+    pooling before it are not sums of what earlier blocks wrote; ``first_layer`` says where the split starts.
+    """
+    check_supported(model, needs_head=True)
+    _check_linear_pooling(model, "direct logit attribution")
+    if model.config.post_norm or model.config.res_post_norm:
+        raise MechanismError("direct logit attribution splits the last residual stream into the sum of what each "
+                             "head and MLP wrote, and this model's post-norm blocks normalise that sum (or each "
+                             "branch) after every block; the logit lens and head ablation still apply")
+    with torch.no_grad():
+        first, L = last_stage(model), len(model.blocks)
+        H, hd = model.blocks[first].attn.num_heads, model.blocks[first].attn.head_dim
+        opening = model.blocks[first]
+        entry = (f"blocks.{first}.hook_merged" if getattr(opening, "hook_merged", None) is not None
+                 else f"blocks.{first}.hook_resid_pre")
+        names = [entry, f"blocks.{L - 1}.hook_resid_post"] + [
+            f"blocks.{layer}.{point}" for layer in range(first, L)
+            for point in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")]
+        cache: dict[str, Tensor] = {}
+        layouts = model.layer_layouts(grid_of(model, images))
+        B, T = images.shape[0], model.num_prefix_tokens + layouts[-1].num_tokens
+        D = _last_width(model)
+        check_budget(4 * B * H * T * D, "splitting a layer into its heads")
+        check_budget(B * (L - first) * T * (2 * D + H * hd), "keeping every layer's head contexts")
+        with model.hooks([(name, _keep(cache)) for name in names]):
+            model.tokens(images)
+        embed, x = cache[entry], cache[f"blocks.{L - 1}.hook_resid_post"]
+        readout = _linear_readout(model, x)
+        logits = model.classify(x)
+        classes = class_indices(logits, classes)
+
+        def pick(values: Tensor) -> Tensor:  # (..., B, classes) -> (..., B)
+            return values.gather(-1, classes.view(*([1] * (values.dim() - 2)), B, 1)
+                                 .expand(*values.shape[:-1], 1))[..., 0]
+
+        heads, attn_biases, mlps = [], [], []  # per layer (H, B), (B,), (B,): one layer's heads held at a time
+        for layer in range(first, L):
+            block = model.blocks[layer]
+            context = cache.pop(f"blocks.{layer}.attn.hook_z")  # (B, T, H, hd), or (B * nw, w*w, H, hd) windowed
+            w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
+            per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D) or (H, B * nw, w*w, D)
+            if per_head.shape[1:3] != (B, T):  # windows (Swin's, Hiera's mask units): back to the grid's tokens
+                lay = layouts[layer]
+                per_head = lay.join(per_head.flatten(0, 1).contiguous()).view(H, B, T, D)
+            if block.ls1 is not None:
+                per_head = per_head * block.ls1
+            # What the branch added beyond its heads: proj's bias (and a mean-ablated copy's means), times ls1.
+            bias = cache[f"blocks.{layer}.hook_attn_out"] - per_head.sum(0)
+            heads.append(pick(readout(per_head, False)))
+            attn_biases.append(pick(readout(bias, False)))
+            mlps.append(pick(readout(cache[f"blocks.{layer}.hook_mlp_out"], False)))
+        return DirectLogitAttribution(
+            heads=torch.stack(heads, dim=0).permute(2, 0, 1),  # (B, L, H)
+            attn_biases=torch.stack(attn_biases, dim=1),
+            mlps=torch.stack(mlps, dim=1),
+            embed=pick(readout(embed, False)),
+            bias=pick(readout(torch.zeros_like(x), True)),
+            logit=pick(logits), classes=classes, first_layer=first)
+
+
+# --- ablation -------------------------------------------------------------------------------------
+
+def parse_heads(text: str, num_layers: int, num_heads: int | Sequence[int]) -> list[tuple[int, int]]:
+    """``"2.3,4.1"`` (layer.head counted from 1, as the app shows them) -> ``[(1, 2), (3, 0)]`` from 0.
+    ``num_heads``: every layer's, or each layer's (a model with stages)."""
+    if not isinstance(num_heads, int) and len(set(num_heads)) == 1:  # one count for all: say "heads 1-H"
+        num_heads = num_heads[0]
+    heads = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        layer, dot, head = item.partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise MechanismError(f"cannot read head {item!r}: write LAYER.HEAD counted from 1, e.g. 2.3,4.1")
+        layer_i, head_i = int(layer), int(head)
+        H = num_heads if isinstance(num_heads, int) else num_heads[layer_i - 1] if 1 <= layer_i <= num_layers else 0
+        if not (1 <= layer_i <= num_layers and 1 <= head_i <= H):
+            heads_of = f"heads 1-{H}" if isinstance(num_heads, int) or H else "each layer its stage's heads"
+            raise MechanismError(f"head {item} does not exist: the model has layers 1-{num_layers} and "
+                                 f"{heads_of}{'' if isinstance(num_heads, int) or not H else f' in layer {layer_i}'}")
+        heads.append((layer_i - 1, head_i - 1))
+    if not heads:
+        raise MechanismError("no heads given: write LAYER.HEAD counted from 1, e.g. 2.3,4.1")
+    return sorted(set(heads))
+
+
+Means = Tensor | tuple[Tensor, ...]  # per layer (T, H, hd): one tensor (L, T, H, hd), or one per layer with stages
+
+
+def mean_contexts(model: ViT, images: Tensor) -> Means:
+    """Each layer's per-head context averaged over ``images``, per token position of the layer's grid (what mean
+    ablation puts in place of a head's output): ``(L, T, H, hd)``, or with stages (Swin, Hiera: each layer its own
+    grid and heads) a tuple of ``(T_l, H_l, hd)``; a windowed layer's read from its windows (the shift undone) back
+    on its grid, its padding left out."""
+    check_supported(model)
+    L, grid = len(model.blocks), grid_of(model, images)
+    cache: dict[str, Tensor] = {}
+    with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_z", _keep(cache)) for layer in range(L)]):
+        model.tokens(images)
+    means = tuple(_on_tokens(model, layer, cache[f"blocks.{layer}.attn.hook_z"], grid).mean(dim=0)
+                  for layer in range(L))
+    return means if model.config.stage_depths else torch.stack(means)
+
+
+def _on_tokens(model: ViT, layer: int, context: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Layer ``layer``'s per-head contexts as ``hook_z`` holds them -> ``(B, T, H, hd)`` on the layer's grid: a
+    windowed layer's ``(B * nw, w*w, H, hd)`` (Swin's shifted windows, SAM's, Hiera's mask units) placed back, the
+    shift undone and padding dropped; a global layer's as they are. ``grid``: the image's patch grid."""
+    lay = model.layer_layouts(grid)[layer]
+    if not lay.window:
+        return context
+    return lay.join(context.flatten(2)).unflatten(-1, context.shape[2:])
+
+
+def _as_contexts(model: ViT, layer: int, tokens: Tensor, grid: tuple[int, int], like: Tensor | None = None
+                 ) -> Tensor:
+    """Per-token values ``(T, ...)`` on layer ``layer``'s grid (the means of ``mean_contexts``, or their
+    projection) laid out as its contexts ``like`` (what its ``hook_z`` holds): a windowed layer's
+    ``(B * nw, w*w, ...)`` (shifted as its windows are, zeros on the padding, whose outputs the block drops),
+    repeated for each of ``like``'s images (None: one); a global layer's as they are."""
+    lay = model.layer_layouts(grid)[layer]
+    if not lay.window:
+        return tokens
+    if tokens.shape[0] != lay.num_tokens:
+        raise MechanismError(f"the reference means are for {tokens.shape[0]} tokens but layer {layer + 1} of this "
+                             f"input has {lay.num_tokens}; compute them at the same input size")
+    windows = lay.cut(tokens.reshape(1, tokens.shape[0], -1)).unflatten(-1, tokens.shape[1:])  # (nw, w*w, ...)
+    images = 1 if like is None else like.shape[0] // windows.shape[0]
+    return windows.repeat(images, *[1] * (windows.dim() - 1))
+
+
+def check_ablation(model: ViT, mode: str, means: Means | None) -> None:
+    """MechanismError (one line) unless ``mode`` is an ablation and ``means`` are given for ``"mean"`` only, as
+    ``mean_contexts`` of this model's shape (per layer ``(T, H, hd)``, the layer's own heads); the token count
+    ``T`` is checked against the input where it is used. The engine's and the notebook API's one check, before any
+    work."""
+    if mode not in ABLATION_MODES:
+        raise MechanismError(f"unknown ablation mode {mode!r}; choose {' or '.join(ABLATION_MODES)}")
+    if mode != "mean":
+        if means is not None:
+            raise MechanismError("means are read by mode='mean' only; pass mode='mean' or leave means out")
+        return
+    L, H, hd = _dims(model)
+    heads = [(b.attn.num_heads, b.attn.head_dim) for b in model.blocks]
+    shapes = None if means is None else [tuple(m.shape[1:]) if m.dim() == 3 else None for m in means]
+    if shapes != heads:
+        layers = (f"(layers {L}, tokens, heads {H}, {hd})" if not model.config.stage_depths else
+                  f"(one per layer, each (tokens, heads, head width): heads {', '.join(str(h) for h, _ in heads)})")
+        raise MechanismError(f"mean ablation needs means=vit.reference_means(checkpoint, reference_images, image) "
+                             f"(the reference images' mean_contexts), of shape {layers} for this model")
+
+
+def _check_means_tokens(model: ViT, mode: str, means: Means | None, grid: tuple[int, int]) -> None:
+    """MechanismError unless each layer's means are for as many tokens as the layer has on this input."""
+    if mode != "mean":
+        return
+    for layer, lay in enumerate(model.layer_layouts(grid)):
+        tokens = model.num_prefix_tokens + lay.num_tokens
+        if means[layer].shape[0] != tokens:
+            raise MechanismError(f"the reference means are for {means[layer].shape[0]} tokens but this input has "
+                                 f"{tokens} in layer {layer + 1}; compute them at the same input size")
+
+
+def _replacement(model: ViT, mode: str, means: Means | None, layer: int, context: Tensor, grid: tuple[int, int]
+                 ) -> Tensor:
+    """What an ablated head's context becomes (``check_ablation`` first): zeros, or the reference images' mean
+    ``(T, H, hd)`` (in a windowed layer, laid out in its windows)."""
+    if mode == "zero":
+        return torch.zeros_like(context)
+    if model.layer_layouts(grid)[layer].window:
+        return _as_contexts(model, layer, means[layer], grid, context).to(context)
+    if means[layer].shape != context.shape[1:]:
+        raise MechanismError(f"the reference means are for {means[layer].shape[0]} tokens but this input has "
+                             f"{context.shape[1]}; compute them at the same input size")
+    return means[layer].to(context).expand_as(context)
+
+
+def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], mode: str = "zero",
+                 means: Tensor | None = None, output_attentions: bool = False
+                 ) -> tuple[Tensor | None, tuple[Tensor, ...] | None]:
+    """``model(images, output_attentions)`` with the heads ``(layer, head)`` (from 0) ablated: their context
+    set to zero before the output projection, or (``mode="mean"``) to ``means`` from ``mean_contexts``."""
+    check_supported(model)
+    chosen = _heads_by_layer(model, heads)
+    check_ablation(model, mode, means)
+
+    grid = grid_of(model, images)
+
+    def edit(layer: int, context: Tensor) -> Tensor:
+        context = context.clone()
+        idx = chosen[layer]
+        context[:, :, idx] = _replacement(model, mode, means, layer, context, grid)[:, :, idx]
+        return context
+
+    hooks = [hook for layer in chosen for hook in _heads_replaced(layer, functools.partial(edit, layer))]
+    encoding = model.run_with_hooks(images, hooks, output_attentions)
+    return encoding.logits, encoding.attentions
+
+
+def _heads_by_layer(model: ViT, heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
+    """``heads`` ``(layer, head)`` (from 0) grouped by layer; MechanismError naming one the model lacks."""
+    L = len(model.blocks)
+    chosen: dict[int, list[int]] = {}
+    for layer, head in heads:
+        H = model.blocks[layer].attn.num_heads if 0 <= layer < L else model.config.num_heads  # a stage's own
+        if not (0 <= layer < L and 0 <= head < H):
+            raise MechanismError(f"head ({layer}, {head}) does not exist: the model has layers 0 to {L - 1} and heads "
+                                 f"0 to {H - 1} (counted from 0)")
+        chosen.setdefault(layer, []).append(head)
+    return chosen
+
+
+class MeanAblatedProj(nn.Linear):
+    """``attn.proj`` of a mean-ablated copy: the ablated heads' input columns are zero and ``offset`` ``(T, D)``,
+    what those columns make of the reference means at each token position, is added. A linear map splits by its
+    input, so this equals ``proj`` of a context whose ablated head slices hold the means: every walk that calls
+    ``attn.proj`` (the forward, its attentions, gradients, relevance) sees the ablation. The means belong to one
+    token count; another is refused in one line. In a windowed layer ``offset`` is laid out in its windows,
+    ``(nw, w*w, D)``, and the proj runs on ``(B * nw, w*w, inner)``: another grid with as many windows is not
+    told apart there."""
+
+    def __init__(self, proj: nn.Linear, offset: Tensor) -> None:
+        super().__init__(proj.in_features, proj.out_features, bias=proj.bias is not None, device="meta")
+        self.weight, self.bias = proj.weight, proj.bias  # the copy's own, not new ones (nothing allocated above)
+        self.register_buffer("offset", offset, persistent=False)  # (T, D), or a windowed layer's (nw, w*w, D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        windows = self.offset.shape[0] if self.offset.dim() == 3 else 1
+        if x.shape[-2] != self.offset.shape[-2] or (windows > 1 and x.shape[0] % windows):
+            raise MechanismError(f"heads mean-ablated at {self.offset.shape[-2]} token positions"
+                                 f"{f' in {windows} windows' if windows > 1 else ''} cannot run on "
+                                 f"{x.shape[-2]} tokens (another input size, or added register tokens); compute the "
+                                 "means at this size, or zero-ablate them")
+        if windows > 1:  # (B * nw, w*w, D): each image's windows in order
+            return (super().forward(x).unflatten(0, (-1, windows)) + self.offset).flatten(0, 1)
+        return super().forward(x) + self.offset
+
+
+def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero", means: Tensor | None = None,
+                 grid: tuple[int, int] | None = None) -> ViT:
+    """A copy of ``model`` in which the heads ``(layer, head)`` (from 0) are ablated in the weights: their input
+    columns of ``attn.proj`` are zero, and with ``mode="mean"`` their mean output (``means`` from
+    ``mean_contexts``) is added per token position (``MeanAblatedProj``). ``proj`` of a context whose head slice
+    is zero equals ``proj`` with that slice's columns zero, so this is ``ablate_heads(..., mode, means)`` for
+    every pass over the copy — the forward, its attentions, and every gradient or relevance walk the page draws
+    (rollout, class maps, LeGrad, AttnLRP, flow), on every family (RoPE ones too: the heads' outputs meet only
+    at ``proj``). The model itself is left alone; the copy shares its other parameters. ``grid``: the patch grid
+    the means were taken on, which a windowed layer's windows need (default: the model's own input size's)."""
+    if not isinstance(model, ViT):
+        raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
+    chosen = _heads_by_layer(model, heads)
+    check_ablation(model, mode, means)
+    # Only the ablated layers' proj weights are new; every other parameter and buffer is shared with the model, so
+    # a copy costs those weights (a ViT-B/16 layer: 2.4 MB), not the whole model (350 MB).
+    changed = {f"blocks.{layer}.attn.proj.weight" for layer in chosen}
+    shared = {id(t): t for name, t in [*model.named_parameters(), *model.named_buffers()] if name not in changed}
+    ablated = copy.deepcopy(model, memo=shared)
+    with torch.no_grad():
+        for layer, idx in chosen.items():
+            attn = ablated.blocks[layer].attn  # its own heads (a Swin stage's)
+            weight = attn.proj.weight.view(attn.proj.out_features, attn.num_heads, attn.head_dim)  # columns by head
+            if mode == "mean":
+                offset = torch.einsum("the,dhe->td", means[layer][:, idx].to(weight), weight[:, idx])  # (T, D)
+                offset = _as_contexts(model, layer, offset, grid or model.config.grid_size)  # windowed: (nw, w*w, D)
+                attn.proj = MeanAblatedProj(attn.proj, offset)
+            weight[:, idx] = 0
+    return ablated
+
+
+def _report(progress: Progress | None, done: int, total: int) -> None:
+    """Tell ``progress`` (if any) that ``done`` passes of ``total`` are done; it may raise to stop the work."""
+    if progress is not None:
+        progress(done, total)
+
+
+def _chunks(total: int, per_copy: int) -> int:
+    """How many copies of one image to run at once so that one step stays within ``MAX_ELEMENTS`` / 8."""
+    return max(1, min(total, MAX_ELEMENTS // 8 // max(per_copy, 1)))
+
+
+def _default_chunk(model: ViT, cells: int, tokens: int, progress: Progress | None) -> int:
+    """Copies of one image per batch: as many as keep one step within the memory bound, and while ``progress``
+    follows the grid, no more than ``PROGRESS_FLOPS`` of work (at least one copy)."""
+    chunk = _chunks(cells, _copy_size(model, tokens))
+    if progress is not None:
+        chunk = min(chunk, max(1, int(PROGRESS_FLOPS // forward_flops(model.config, tokens))))
+    return chunk
+
+
+def _copy_size(model: ViT, tokens: int) -> int:
+    """Floats one copy of an input of ``tokens`` tokens holds at once in a block: its widest activation (the MLP's,
+    or one head's attention rows)."""
+    c = model.config
+    return tokens * max(c.hidden_size, c.mlp_size, tokens * c.num_heads)
+
+
+def _batches(per_layer: Sequence[int], chunk: int):
+    """``(layer, cells)`` for every layer and every ``chunk`` of its ``per_layer[layer]`` cells (``cells`` a
+    range): the interventions of one layer that run in one batch through the layers after it."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise MechanismError(f"the batch of interventions must be a positive number of copies, got {chunk!r}")
+    for layer, cells in enumerate(per_layer):
+        for start in range(0, cells, chunk):
+            yield layer, range(start, min(start + chunk, cells))
+
+
+def _run_from(model: ViT, x: Tensor, grid: tuple[int, int], layer: int, hooks=()) -> Tensor:
+    """The logits ``(n, classes)`` of ``n`` copies whose block ``layer`` input is ``x`` ``(n, T, D)``: the layers
+    from ``layer`` on, with ``hooks``, the last one only for the tokens the head reads."""
+    with model.hooks(hooks):
+        out, _ = model.run_blocks(x, grid, layer, queries=model.readout_tokens())
+    return model.classify(out)
+
+
+def block_inputs(model: ViT, images: Tensor) -> list[Tensor]:
+    """Each block's input, then the last block's output: ``L + 1`` tensors ``(B, T_l, D_l)``, each on its own grid
+    and width (a model with stages: block ``l``'s input is the stream it receives, before its merge or pooling)."""
+    check_supported(model)
+    if not model.config.stage_depths:
+        return list(hidden_states(model, images).unbind(1))
+    L = len(model.blocks)
+    names = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    layouts = model.layer_layouts(grid_of(model, images))
+    widths = [model.blocks[0].attn.qkv.in_features] + [b.mlp.fc2.out_features for b in model.blocks]
+    tokens = [math.prod(grid_of(model, images))] + [lay.num_tokens for lay in layouts]
+    check_budget(images.shape[0] * sum(t * d for t, d in zip(tokens, widths, strict=True)),
+                 "keeping every layer's tokens")
+    cache: dict[str, Tensor] = {}
+    with model.hooks([(name, _keep(cache)) for name in names]):
+        model.tokens(images)
+    return [cache[name] for name in names]
+
+
+def _heads(model: ViT) -> list[int]:
+    """Each layer's heads (a stage's own in a model with stages)."""
+    return [block.attn.num_heads for block in model.blocks]
+
+
+def _per_copy(context: Tensor, images: int, index: Tensor) -> Tensor:
+    """``hook_z``'s contexts of ``images`` images, ``(images * nw, n, H, hd)`` (nw = 1 in a global layer) -> those
+    of the copies ``index`` ``(k,)``, ``(k * nw, n, H, hd)``: each copy takes all its image's windows."""
+    return context.unflatten(0, (images, -1))[index].flatten(0, 1)
+
+
+def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = None, mode: str = "zero",
+                  means: Means | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                  ) -> Tensor:
+    """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
+    ablated. Each layer's ``B x H`` interventions run in the batch dimension, ``chunk`` at a time (default: as many
+    as the memory bound allows, and a short batch while ``progress`` follows it), through the layers from that one on;
+    ``progress(done, total)`` after each batch. A model with stages: each layer its stage's heads, ``H`` the most
+    of any, NaN where a layer has fewer."""
+    check_supported(model, needs_head=True)
+    check_ablation(model, mode, means)
+    with torch.no_grad():
+        states, grid = block_inputs(model, images), grid_of(model, images)  # L + 1 of (B, T_l, D_l)
+        B, heads = images.shape[0], _heads(model)
+        _check_means_tokens(model, mode, means, grid)
+        base = model.classify(states[-1])
+        classes = class_indices(base, classes)
+        chunk = _default_chunk(model, B * max(heads), states[0].shape[1], progress) if chunk is None else chunk
+        out = torch.full((B, len(heads), max(heads)), float("nan"))
+        total, done = B * sum(heads), 0
+        _report(progress, 0, total)
+        for layer, cells in _batches([B * h for h in heads], chunk):
+            H = heads[layer]
+            cell = torch.tensor(cells, device=states[0].device)
+            image, head = cell // H, cell % H  # (n,) each: copy j ablates head[j] on image[j]
+            mask = F.one_hot(head, H).bool()[:, None, :, None]  # (n, 1, H, 1)
+
+            def ablate(context: Tensor, hook, layer: int = layer, mask: Tensor = mask) -> Tensor:
+                rows = context.shape[1]  # fewer than T when this is the last layer (only the read-out's rows)
+                windowed = context.shape[0] != mask.shape[0]  # contexts (n * nw, w*w, H, hd), all the windows' rows
+                gone = torch.zeros_like(context) if mode == "zero" else _as_contexts(
+                    model, layer, means[layer] if windowed else means[layer][:rows], grid, context).to(context)
+                if windowed:  # each copy's windows take its head
+                    mask = mask.repeat_interleave(context.shape[0] // mask.shape[0], dim=0)
+                return torch.where(mask, gone, context)
+
+            logits = _run_from(model, states[layer][image], grid, layer, [(f"blocks.{layer}.attn.hook_z", ablate)])
+            out[image.cpu(), layer, head.cpu()] = (logits - base[image]).gather(-1, classes[image, None])[:, 0].cpu()
+            done += len(cells)
+            _report(progress, done, total)
+    return out
+
+
+# --- activation patching --------------------------------------------------------------------------
+
+@dataclass
+class Patching:
+    """Logit difference ``logit[a] - logit[b]`` of the corrupted run with one clean activation patched in."""
+
+    patched: Tensor  # (B, L, H) for heads, (B, L, T) for residual positions
+    clean: Tensor  # (B,) logit difference of the clean run
+    corrupted: Tensor  # (B,) of the corrupted run
+
+    def recovered(self) -> Tensor:
+        """The fraction of the clean-corrupted difference the patch restores: 0 nothing, 1 all (nan if equal)."""
+        extra = (1,) * (self.patched.dim() - 1)
+        return (self.patched - self.corrupted.view(-1, *extra)) / (self.clean - self.corrupted).view(-1, *extra)
+
+
+def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None, b: Tensor | int | None,
+                    heads: bool = False):
+    """Both runs' block inputs (``block_inputs``), logit differences, the classes and the clean run's head contexts
+    as each ``hook_z`` holds them (``heads``)."""
+    check_supported(model, needs_head=True)
+    if clean.shape != corrupted.shape:
+        raise MechanismError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} images must have "
+                             "the same shape; resize them to the same size")
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(len(model.blocks))] if heads else []
+    clean_logits, clean_states, clean_contexts = _states_and_contexts(model, clean, names)
+    corrupt_logits, corrupt_states, _ = _states_and_contexts(model, corrupted, [])
+    a = class_indices(clean_logits, a)
+    b = class_indices(corrupt_logits, b)
+
+    def diff(logits: Tensor) -> Tensor:  # (..., B, classes) with B last but one
+        return logits.gather(-1, a.view(-1, 1)).squeeze(-1) - logits.gather(-1, b.view(-1, 1)).squeeze(-1)
+
+    return (clean_states, corrupt_states, diff(clean_logits), diff(corrupt_logits), a, b, clean_contexts,
+            grid_of(model, clean))
+
+
+def _states_and_contexts(model: ViT, images: Tensor, names: list[str]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    """One pass: logits, the block inputs and last output (``L + 1`` of ``(B, T_l, D_l)``) and the tensors at the
+    hook points ``names``."""
+    L = len(model.blocks)
+    resid = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    B, T = images.shape[0], model.num_prefix_tokens + math.prod(grid_of(model, images))
+    check_budget(B * (L + 1) * T * model.config.hidden_size * (2 if names else 1), "keeping every layer's tokens")
+    encoding, cache = model.run_with_cache(images, resid + names)
+    return encoding.logits, [cache[n] for n in resid], [cache[n] for n in names]
+
+
+def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
+                b: Tensor | int | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                ) -> Patching:
+    """Patch each (layer, head)'s context of the clean run into the corrupted run; the logit difference
+    ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. Each layer's ``B x H``
+    patches run in the batch dimension, ``chunk`` at a time, through the layers from that one on;
+    ``progress(done, total)`` after each batch. With stages, ``patched`` is ``(B, L, H)`` with ``H`` the most heads
+    of any layer, NaN where a layer has fewer; a windowed layer's head is patched in all its windows (the two runs
+    cut the same windows, so no placement is needed)."""
+    with torch.no_grad():
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b, contexts, grid = _patching_setup(model, clean, corrupted, a, b,
+                                                                                       heads=True)
+        B, heads = clean.shape[0], _heads(model)
+        chunk = _default_chunk(model, B * max(heads), clean_s[0].shape[1], progress) if chunk is None else chunk
+        out = torch.full((B, len(heads), max(heads)), float("nan"))
+        total, done = B * sum(heads), 0
+        _report(progress, 0, total)
+        for layer, cells in _batches([B * h for h in heads], chunk):
+            H = heads[layer]
+            cell = torch.tensor(cells, device=clean_s[0].device)
+            image, head = cell // H, cell % H  # (n,) each: copy j takes head[j] of image[j] from the clean run
+            source = _per_copy(contexts[layer], B, image)  # (n * nw, T or w*w, H, hd)
+            mask = F.one_hot(head, H).bool()[:, None, :, None]  # (n, 1, H, 1)
+            mask = mask.repeat_interleave(source.shape[0] // len(cell), dim=0)  # each copy's windows
+
+            def patch(context: Tensor, hook, source: Tensor = source, mask: Tensor = mask) -> Tensor:
+                return torch.where(mask, source[:, :context.shape[1]], context)  # the read-out's rows at the last
+
+            logits = _run_from(model, corrupt_s[layer][image], grid, layer,
+                               [(f"blocks.{layer}.attn.hook_z", patch)])
+            out[image.cpu(), layer, head.cpu()] = (logits.gather(-1, a[image, None])
+                                                   - logits.gather(-1, b[image, None]))[:, 0].cpu()
+            done += len(cells)
+            _report(progress, done, total)
+    return Patching(out, clean_d, corrupt_d)
+
+
+def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
+                    b: Tensor | int | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                    ) -> Patching:
+    """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
+    ``patched`` is ``(B, L, T)``. Each layer's ``B x T`` patches run in the batch dimension, ``chunk`` at a time
+    (default: as many as keep one step within the memory bound), through the layers from that one on (the
+    corrupted run's cached block inputs are where they start); ``progress(done, total)`` after each batch. With
+    stages, layer ``l``'s positions are the tokens of the grid its input is on (the previous layer's, before a
+    merge or pooling), row-major, ``T`` the image's patch grid's and NaN past a smaller grid's tokens."""
+    with torch.no_grad():
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b, _, grid = _patching_setup(model, clean, corrupted, a, b)
+        B, L = clean.shape[0], len(model.blocks)
+        tokens = [x.shape[1] for x in clean_s[:L]]
+        chunk = _default_chunk(model, B * max(tokens), max(tokens), progress) if chunk is None else chunk
+        out = torch.full((B, L, max(tokens)), float("nan"))
+        total, done = B * sum(tokens), 0
+        _report(progress, 0, total)
+        for layer, cells in _batches([B * t for t in tokens], chunk):
+            T = tokens[layer]
+            cell = torch.tensor(cells, device=clean_s[0].device)
+            image, position = cell // T, cell % T  # (n,) each: copy j patches position[j] of image[j]
+            x = corrupt_s[layer][image]  # (n, T, D), a copy
+            x[torch.arange(len(cell)), position] = clean_s[layer][image, position]
+            logits = _run_from(model, x, grid, layer)
+            out[image.cpu(), layer, position.cpu()] = (logits.gather(-1, a[image, None])
+                                                       - logits.gather(-1, b[image, None]))[:, 0].cpu()
+            done += len(cells)
+            _report(progress, done, total)
+    return Patching(out, clean_d, corrupt_d)
+
+
+# --- phenomena: high-norm tokens, massive activations, attention sinks ----------------------------
+
+def token_norms(states: Tensor) -> Tensor:
+    """The L2 norm of every token in every layer: hidden states ``(B, L + 1, T, D)`` -> ``(B, L + 1, T)``."""
+    return states.float().norm(dim=-1)
+
+
+def high_norm_rate(norms: Tensor, threshold: float, num_prefix_tokens: int) -> tuple[Tensor, Tensor]:
+    """Share of patch tokens over ``threshold`` per layer ``(B, L + 1)``, and the mask ``(B, L + 1, T)`` of every
+    token over it (Darcet et al. 2023's artefacts are the patches among them)."""
+    mask = norms > threshold
+    return mask[..., num_prefix_tokens:].float().mean(dim=-1), mask
+
+
+def massive_activations(states: Tensor | Sequence[Tensor]) -> Tensor:
+    """Per image and block ``(B, L, 4)``: the top 3 of |block output| over all tokens and channels, then their
+    median (locuslab/massive-activations ``main_vit.py --exp2``, before its mean over images). ``states``: hidden
+    states ``(B, L + 1, T, D)``, or a model with stages' block outputs, each ``(B, T_l, D_l)`` on its own grid."""
+    outputs = states[:, 1:].unbind(1) if isinstance(states, Tensor) else states
+    stats = []
+    for output in outputs:
+        flat = output.abs().flatten(1)  # (B, T*D): one block's output
+        stats.append(torch.cat([flat.topk(3, dim=-1).values, flat.median(dim=-1).values[:, None]], dim=-1))
+    return torch.stack(stats, dim=1)
+
+
+@dataclass
+class Sinks:
+    """Per image, layer and head: the key token that receives the most attention (averaged over queries), the
+    share of attention it receives, and the norm of its value vector in that head."""
+
+    token: Tensor  # (B, L, H) long
+    mass: Tensor  # (B, L, H) in [0, 1]
+    value_norm: Tensor  # (B, L, H)
+
+
+def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) -> Sinks:
+    """Attention sinks from the hidden states ``(B, L + 1, T, D)`` on the patch ``grid`` (needed by models with
+    rotary positions or an attention layout): each layer's attention summed over queries in head and query chunks
+    (``LayerInputs.chunks``: the layer's own, bias and windows included), never a whole ``H x T x T`` layer."""
+    check_supported(model)
+    check_one_grid(model, "attention sinks")
+    if grid is None and model.config.rope != "none":
+        raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
+    if grid is None and layout_problem(model):
+        raise MechanismError(f"this model {layout_problem(model)}, so the patch grid must be given")
+    B, S, T, D = states.shape
+    L, H, hd = _dims(model)
+    inputs = LayerInputs(model, states, grid)
+    tokens, masses, norms = [], [], []
+    with torch.no_grad():
+        for layer in range(L):
+            v = inputs.values(layer)  # (B, H, T, hd)
+            received = torch.zeros(B, H, T, dtype=torch.float32, device=v.device)  # attention each key gets
+            # the layer's own chunks: with its bias, and a windowed layer's rows placed from their windows
+            for hs, _, probs in inputs.chunks(layer):  # probs (B, h, t, T)
+                received[:, hs] += probs.to(v.device).sum(dim=2)
+            mass, token = (received / T).max(dim=-1)  # (B, H): averaged over queries
+            value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
+            tokens.append(token), masses.append(mass), norms.append(value_norm)
+    return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))
+
+
+def _check_plain_mlp(model: ViT) -> None:
+    check_supported(model)
+    check_one_grid(model, "register neurons and test-time registers")
+    c = model.config
+    if c.gated_mlp or c.mlp_norm or c.activation != "gelu" or any(
+            not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
+        raise MechanismError("register neurons need an fc1-GELU-fc2 MLP; this model's MLP is another kind")
+    if c.rope != "none":
+        raise MechanismError("test-time registers are tokens appended after the patches, where rotary positions "
+                             "would turn them as patches; this model has rotary positions")
+
+
+def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1
+                           ) -> tuple[Tensor, int]:
+    """Jiang et al. 2025's register-neuron scores ``(L, mlp)`` and how many images had outliers.
+
+    As nickjiang2378/test-time-registers ``shared/algorithms.py`` ``find_register_neurons`` (no sparsity
+    filter): per image, the outlier positions are the tokens whose norm after block ``detect_layer`` is over
+    ``threshold``; each MLP neuron scores its mean |post-GELU activation| there; images without outliers are
+    skipped and the scores are averaged over the others. Refuses a model whose MLP is not fc1-GELU-fc2.
+    """
+    _check_plain_mlp(model)
+    L = len(model.blocks)
+    scores, used = torch.zeros(L, model.config.mlp_size), 0
+    names = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("mlp.hook_post", "hook_resid_post")]
+    with torch.no_grad():
+        for image in images.split(1):
+            T = model.num_prefix_tokens + math.prod(grid_of(model, image))
+            check_budget(L * T * model.config.mlp_size, "keeping every layer's MLP activations")
+            _, cache = model.run_with_cache(image, names)
+            acts = [cache[f"blocks.{layer}.mlp.hook_post"][0] for layer in range(L)]  # each (T, mlp): post-GELU
+            outputs = [cache[f"blocks.{layer}.hook_resid_post"][0] for layer in range(L)]  # each (T, D)
+            where = outputs[detect_layer].norm(dim=-1) > threshold  # (T,)
+            if not bool(where.any()):
+                continue
+            scores += torch.stack([a[where].abs().mean(dim=0) for a in acts]).float().cpu()
+            used += 1
+    if used == 0:
+        raise MechanismError(f"no token's norm exceeds {threshold:g} in any image; lower the threshold")
+    return scores / used, used
+
+
+def find_register_neurons(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1,
+                          top_k: int = 10) -> list[tuple[int, int, float]]:
+    """The ``top_k`` register neurons ``(layer, neuron, score)`` (from 0), best first."""
+    scores, _ = register_neuron_scores(model, images, threshold, detect_layer)
+    values, order = scores.flatten().sort(descending=True)
+    width = scores.shape[1]
+    return [(int(i) // width, int(i) % width, float(v)) for v, i in zip(values[:top_k], order[:top_k], strict=True)]
+
+
+def _sign_max(values: Tensor) -> Tensor:
+    """test-time-registers' ``sign_max`` per image: the entry of largest magnitude over all but the batch axis."""
+    flat = values.flatten(1)
+    top, bottom = flat.max(dim=1).values, flat.min(dim=1).values
+    return torch.where(top.abs() > bottom.abs(), top, bottom)
+
+
+def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequence[int]], num_registers: int = 1,
+                             output_attentions: bool = False, contexts: list[Tensor] | None = None
+                             ) -> tuple[Tensor | None, tuple[Tensor, ...] | None, Tensor]:
+    """``model(images)`` with Jiang et al.'s test-time registers: ``num_registers`` zero tokens appended after the
+    patches, and in each layer's MLP the register neurons ``neurons[layer]`` (from ``find_register_neurons``)
+    zeroed on the patches and set on the new tokens to the signed maximum of their activations (their
+    ``activate_on_registers`` with ``normal_values="zero"``). Returns the logits (read without the new tokens),
+    the attentions ``(B, H, T + R, T + R)`` when asked, and the last block's output ``(B, T + R, D)``. A
+    ``contexts`` list receives each layer's per-head context ``(B, T + R, H, hd)`` (what mean ablation averages).
+    """
+    _check_plain_mlp(model)
+    if layout_problem(model):
+        raise MechanismError(f"test-time registers are tokens appended after the patches, and this model "
+                             f"{layout_problem(model)}, which has no place for them")
+    if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 1:
+        raise MechanismError(f"give at least one test-time register, got {num_registers!r}")
+    L, R, P = len(model.blocks), num_registers, model.num_prefix_tokens
+    for layer, chosen in neurons.items():
+        if not 0 <= layer < L or any(not 0 <= n < model.config.mlp_size for n in chosen):
+            raise MechanismError(f"register neuron(s) {list(chosen)} of layer {layer + 1} do not exist: the model has "
+                                 f"{L} layers of {model.config.mlp_size} MLP neurons")
+
+    def registers_on(hidden: Tensor, hook, idx: list[int]) -> Tensor:  # (B, T + R, mlp)
+        value = _sign_max(hidden[:, :, idx])  # (B,)
+        hidden = hidden.clone()
+        hidden[:, -R:, idx] = value[:, None, None].to(hidden.dtype)
+        hidden[:, P:-R, idx] = 0
+        return hidden
+
+    x = model.embed(images)
+    x = torch.cat([x, x.new_zeros(x.shape[0], R, x.shape[2])], dim=1)  # (B, T + R, D)
+    hooks = [(f"blocks.{layer}.mlp.hook_post", functools.partial(registers_on, idx=list(chosen)))
+             for layer, chosen in neurons.items() if chosen]
+    if contexts is not None:  # each layer's per-head context, in layer order: what mean ablation averages
+        hooks += [(f"blocks.{layer}.attn.hook_z", lambda z, hook: contexts.append(z)) for layer in range(L)]
+    with model.hooks(hooks):
+        x, attentions = model.run_blocks(x, None, 0, None, output_attentions)
+    return model.classify(x[:, :-R]), attentions, x

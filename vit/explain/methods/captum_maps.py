@@ -1,0 +1,317 @@
+"""The model-agnostic baselines: captum's Integrated Gradients, SmoothGrad, occlusion, feature ablation, KernelSHAP
+and Input x Gradient, run by captum itself on the model's logits, and RISE (``vit.explain.methods.rise``).
+
+Each explains one class of one input ``x (1, C, H, W)`` (the model's normalised input). A pixel method's map
+(``integrated_gradients``, ``smoothgrad``, ``input_x_gradient``, ``rise``) is its attribution summed over the colour
+channels, then over each patch's pixels (``relevance.patch_sums``, as full LRP's), signed. A patch method's
+(``occlusion``, ``feature_ablation``, ``kernel_shap``) perturbs the patches: captum's ``feature_mask`` is the patch
+grid, ``(1, 1, H, W)`` of row-major patch indices broadcast over the channels, and captum gives every pixel of a
+patch the patch's value; its map is the mean over each patch's pixels and channels (that value; an occlusion
+window other than one patch makes it the mean of the windows over the patch).
+
+Every parameter is captum's (its defaults, and its names: ``n_steps``, ``baselines``, ``nt_samples``, ``stdevs``,
+``sliding_window_shapes``, ``strides``, ``n_samples``) or the RISE authors' (``n_masks``, ``s``, ``p1``), and
+``batch``: the forwards run at once (captum's ``internal_batch_size``, ``nt_samples_batch_size``,
+``perturbations_per_eval``; RISE's ``gpu_batch``), by default the most that fit the memory limit.
+``Options.of(method, given)`` checks them before any work; ``passes`` counts the forwards, which
+``vit.costs.plan.attribution`` holds to its limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from vit.explain.methods import rise as rise_module
+
+CAPTUM_METHODS = ("integrated_gradients", "smoothgrad", "occlusion", "feature_ablation", "kernel_shap",
+                  "input_x_gradient")
+ATTRIBUTION_METHODS = CAPTUM_METHODS + ("rise",)
+PATCH_METHODS = ("occlusion", "feature_ablation", "kernel_shap")  # captum's perturbations of the patch grid
+GRADIENT_METHODS = ("integrated_gradients", "smoothgrad", "input_x_gradient")  # a backward per forward
+
+
+@dataclass(frozen=True)
+class Options:
+    """The parameters of one attribution; the defaults are captum's (and the RISE authors')."""
+
+    n_steps: int = 50  # integrated_gradients: captum's default (Gauss-Legendre steps)
+    baselines: float = 0.0  # IG, occlusion, feature ablation, KernelSHAP: captum's zeros, in the model's input space
+    nt_samples: int = 5  # smoothgrad: captum's NoiseTunnel default
+    stdevs: float = 1.0  # smoothgrad: captum's default, the noise's standard deviation in the model's input space
+    sliding_window_shapes: int | None = None  # occlusion: the window's side in pixels (default one patch)
+    strides: int | None = None  # occlusion: in pixels (default the window's side: windows tile the input)
+    n_samples: int = 25  # kernel_shap: captum's default
+    n_masks: int = rise_module.N_MASKS  # rise: the authors' N
+    s: int = rise_module.CELLS  # rise: the authors' grid of s x s cells
+    p1: float = rise_module.P1  # rise: the probability a cell is kept
+    seed: int = 0  # smoothgrad's noise, KernelSHAP's coalitions, RISE's masks
+    batch: int | None = None  # forwards at once; default the most that fit the memory limit (at most plan.MAX_BATCH)
+
+    @classmethod
+    def of(cls, method: str, given: Mapping[str, object] | None = None) -> Options:
+        """``method``'s options from ``given`` (name -> value; a CLI's strings are converted), each checked against
+        its bounds; ValueError in one line for a name the method does not take or a value out of bounds."""
+        given = dict(given or {})
+        takes = OPTIONS.get(method, ())
+        unknown = [name for name in given if name not in takes]
+        if unknown:
+            raise ValueError(f"{method} does not take {', '.join(unknown)}; it takes {', '.join(takes) or 'none'}")
+        values = {}
+        for f in fields(cls):
+            if f.name not in given or given[f.name] is None:
+                continue
+            low, high, kind = BOUNDS[f.name]
+            value = given[f.name]
+            try:
+                if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+                    raise ValueError
+                value = kind(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{method}'s {f.name} must be {'an integer' if kind is int else 'a number'}; "
+                                 f"got {given[f.name]!r}") from None
+            if not (low <= value <= high):  # NaN fails too
+                raise ValueError(f"{method}'s {f.name} must be between {low:,} and {high:,}; got {value!r}")
+            values[f.name] = value
+        return cls(**values)
+
+
+# What each method takes, captum's names; and each option's (low, high, type), checked before the work.
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "integrated_gradients": ("n_steps", "baselines", "batch"),
+    "smoothgrad": ("nt_samples", "stdevs", "seed", "batch"),
+    "occlusion": ("sliding_window_shapes", "strides", "baselines", "batch"),
+    "feature_ablation": ("baselines", "batch"),
+    "kernel_shap": ("n_samples", "baselines", "seed", "batch"),
+    "input_x_gradient": (),
+    "rise": ("n_masks", "s", "p1", "seed", "batch"),
+}
+BOUNDS: dict[str, tuple[float, float, type]] = {
+    "n_steps": (1, 10_000, int), "baselines": (-1e6, 1e6, float), "nt_samples": (1, 10_000, int),
+    "stdevs": (0.0, 1e6, float), "sliding_window_shapes": (1, 100_000, int), "strides": (1, 100_000, int),
+    "n_samples": (1, 100_000, int), "n_masks": (1, 100_000, int), "s": (1, 1024, int), "p1": (1e-6, 1.0, float),
+    "seed": (0, 2**32 - 1, int), "batch": (1, 4096, int),
+}
+
+
+# What the explorer's sidebar offers of each method's options (the batch is the memory bound's to choose) and how a
+# link writes them: ``name=value`` pairs, only those that differ from the defaults.
+def page_options(method: str) -> tuple[str, ...]:
+    """The options of ``method`` the explorer shows (``OPTIONS`` but ``batch``); () for any other map."""
+    return tuple(name for name in OPTIONS.get(method, ()) if name != "batch")
+
+
+def chosen_options(method: str, values: Mapping[str, object]) -> tuple[tuple[str, float | int], ...]:
+    """``(name, value)`` of ``values`` that ``method`` takes and that differ from the defaults, in ``OPTIONS``'
+    order: what a map's settings, cache keys and link hold (a default left out, so a default view's link is
+    unchanged). ValueError for a value out of its bounds (``Options.of``)."""
+    given = {name: values[name] for name in page_options(method) if values.get(name) is not None}
+    chosen = Options.of(method, given)
+    default = Options()
+    return tuple((name, getattr(chosen, name)) for name in page_options(method)
+                 if getattr(chosen, name) != getattr(default, name))
+
+
+def options_text(options: tuple[tuple[str, float | int], ...]) -> str:
+    """A link's ``attr`` value: ``n_steps=20,baselines=0.5``."""
+    return ",".join(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}" for name, value in options)
+
+
+def parse_options(text: str) -> tuple[tuple[str, float | int], ...]:
+    """``options_text``'s pairs back, each name one of ``BOUNDS`` (but ``batch``) and its value within them;
+    ValueError in one line otherwise. Which method takes them is checked where the map is drawn."""
+    pairs = []
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or name not in BOUNDS or name == "batch":
+            raise ValueError(f"give name=value pairs of {', '.join(n for n in BOUNDS if n != 'batch')}")
+        low, high, kind = BOUNDS[name]
+        try:
+            number = kind(value) if kind is float else int(value)
+        except ValueError:
+            raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}") from None
+        if not low <= number <= high:
+            raise ValueError(f"{name} must be between {low:,} and {high:,}")
+        pairs.append((name, number))
+    return tuple(pairs)
+
+
+def _window(options: Options, patch: tuple[int, int], shape: tuple[int, int]) -> tuple[tuple[int, int],
+                                                                                       tuple[int, int]]:
+    """Occlusion's window and strides in pixels ``((h, w), (h, w))``: one patch by default; ValueError for a window
+    larger than the input."""
+    window = patch if options.sliding_window_shapes is None else (options.sliding_window_shapes,) * 2
+    strides = window if options.strides is None else (options.strides,) * 2
+    if window[0] > shape[0] or window[1] > shape[1]:
+        raise ValueError(f"occlusion's sliding_window_shapes {window[0]} px is larger than the {shape[1]}x{shape[0]} "
+                         "px input; choose a smaller window")
+    return window, strides
+
+
+def passes(method: str, options: Options, grid: tuple[int, int], shape: tuple[int, int],
+           patch: tuple[int, int]) -> int:
+    """The forwards ``method`` runs on an input of ``shape = (H, W)`` px on patch ``grid`` (each with a backward for
+    ``GRADIENT_METHODS``): IG ``n_steps``, SmoothGrad ``nt_samples``, occlusion one per window and the input's,
+    feature ablation one per patch and the input's, KernelSHAP ``n_samples`` and the input's, Input x Gradient
+    one, RISE ``n_masks``. ValueError for an occlusion window larger than the input."""
+    if method == "occlusion":
+        (wh, ww), (sh, sw) = _window(options, patch, shape)
+        return ((shape[0] - wh) // sh + 1) * ((shape[1] - ww) // sw + 1) + 1
+    return {"integrated_gradients": options.n_steps, "smoothgrad": options.nt_samples,
+            "feature_ablation": grid[0] * grid[1] + 1, "kernel_shap": options.n_samples + 1,
+            "input_x_gradient": 1, "rise": options.n_masks}[method]
+
+
+def feature_mask(grid: tuple[int, int], shape: tuple[int, int], device: torch.device | str = "cpu") -> Tensor:
+    """captum's ``feature_mask`` of the patch grid: ``(1, 1, H, W)`` long, each pixel its patch's row-major index
+    (``row * gw + col``), broadcast over the channels. The patches tile ``shape = (H, W)`` exactly."""
+    (gh, gw), (H, W) = grid, shape
+    if H % gh or W % gw:
+        raise ValueError(f"a {H}x{W} input does not tile into a {gh}x{gw} grid")
+    index = torch.arange(gh * gw, device=device).reshape(gh, gw)
+    return index.repeat_interleave(H // gh, 0).repeat_interleave(W // gw, 1)[None, None]  # (1, 1, H, W)
+
+
+def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[int, int], options: Options,
+                batch: int, progress=None) -> Tensor:
+    """captum's (or RISE's) attribution of ``class_index`` for ``x (1, C, H, W)``: ``(1, C, H, W)`` (RISE's
+    ``(1, H, W)``), ``batch`` forwards at once. ``forward(images) -> logits (B, classes)``. The random ones are
+    seeded by ``options.seed`` without touching the caller's random state."""
+    from captum.attr import (
+        FeatureAblation,
+        InputXGradient,
+        IntegratedGradients,
+        KernelShap,
+        NoiseTunnel,
+        Occlusion,
+        Saliency,
+    )
+
+    H, W = x.shape[2:]
+    if method == "rise":
+        masks = rise_module.Masks(options.n_masks, options.s, options.p1, (H, W), options.seed)
+        return rise_module.rise(forward, x, class_index, masks, batch, progress)
+    mask = feature_mask(grid, (H, W), x.device)
+    x = x.detach().requires_grad_(method in GRADIENT_METHODS)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # SmoothGrad's noise, KernelSHAP's draws: seeded, ours only
+        torch.manual_seed(options.seed)
+        if method == "integrated_gradients":
+            return IntegratedGradients(forward).attribute(x, baselines=options.baselines, target=class_index,
+                                                          n_steps=options.n_steps, internal_batch_size=batch)
+        if method == "smoothgrad":  # captum's SmoothGrad: NoiseTunnel over Saliency, the gradients signed
+            return NoiseTunnel(Saliency(forward)).attribute(x, nt_type="smoothgrad", nt_samples=options.nt_samples,
+                                                            nt_samples_batch_size=batch, stdevs=options.stdevs,
+                                                            target=class_index, abs=False)
+        if method == "input_x_gradient":
+            return InputXGradient(forward).attribute(x, target=class_index)
+        if method == "occlusion":
+            patch = (H // grid[0], W // grid[1])
+            window, strides = _window(options, patch, (H, W))
+            return Occlusion(forward).attribute(x, sliding_window_shapes=(x.shape[1], *window),
+                                                strides=(x.shape[1], *strides), baselines=options.baselines,
+                                                target=class_index, perturbations_per_eval=batch)
+        if method == "feature_ablation":
+            return FeatureAblation(forward).attribute(x, baselines=options.baselines, target=class_index,
+                                                      feature_mask=mask, perturbations_per_eval=batch)
+        if method == "kernel_shap":
+            return KernelShap(forward).attribute(x, baselines=options.baselines, target=class_index,
+                                                 feature_mask=mask, n_samples=options.n_samples,
+                                                 perturbations_per_eval=batch)
+    raise ValueError(f"unknown attribution {method!r}; choose one of: {', '.join(ATTRIBUTION_METHODS)}")
+
+
+def patch_map(method: str, attributions: Tensor, grid: tuple[int, int]) -> Tensor:
+    """The ``(1, gh, gw)`` map of an attribution ``(1, C, H, W)`` (RISE's ``(1, H, W)``): a pixel method's summed
+    over the channels and each patch's pixels, a patch method's its mean there (the patch's own value)."""
+    from vit.explain.methods.relevance import patch_sums
+
+    pixels = attributions if attributions.dim() == 3 else attributions.sum(dim=1)  # (1, H, W)
+    sums = patch_sums(pixels.detach().float(), grid)
+    if method in PATCH_METHODS:
+        cells = attributions[0].numel() / (grid[0] * grid[1])  # a patch's pixels times the channels
+        return sums / cells
+    return sums
+
+
+def batches(count: int, batch: int) -> int:
+    """How many batches of ``batch`` run ``count`` forwards."""
+    return math.ceil(count / batch)
+
+
+def attribution_map(checkpoint, image, method: str, class_index: int, size, options: Mapping[str, object] | None = None,
+                    progress=None, reporting: Callable[[int], AbstractContextManager] | None = None) -> Tensor:
+    """``model_method_map``'s map of ``method`` (``ATTRIBUTION_METHODS``) for one image: ``(1, gh, gw)``. Its options
+    (``Options.of``), its forwards and its batch's memory (``vit.costs.plan.attribution``) are checked before any
+    work. ``progress(done, total)`` reports RISE's masks; captum's methods report the blocks run inside
+    ``reporting(total blocks)``, the caller's context (``method_maps.reported_blocks``, which imports this module)."""
+    from vit.core.inference import input_shape, preprocess
+    from vit.costs import plan
+
+    model = checkpoint.model
+    title = method.replace("_", " ").capitalize() if method != "rise" else "RISE"
+    if model.head is None:
+        raise ValueError(f"{title} explains a class: this model has no classifier")
+    if model.config.stage_depths:
+        raise ValueError(f"{title} is drawn on one patch grid: a model with stages (Swin, Hiera) is refused")
+    chosen = Options.of(method, options)
+    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (H, W)
+    grid = model.patch_grid(*shape)
+    patch = (shape[0] // grid[0], shape[1] // grid[1])
+    count = passes(method, chosen, grid, shape, patch)
+    gradient = method in GRADIENT_METHODS
+    plan.decide(plan.attribution_passes(model, grid, title, count))
+    batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient)
+    plan.decide(plan.attribution(model, grid, title, count, batch, gradient))
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+
+    def forward(images: Tensor) -> Tensor:
+        return model(images)[0]  # the logits of the (logits, attentions) contract
+
+    if method == "rise":
+        return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch, progress), grid)
+    with (reporting or (lambda total: contextlib.nullcontext()))(batches(count, batch) * len(model.blocks)):
+        return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch), grid)
+
+
+# The explorer's caption of each (vit.explain.views.map_captions): the method's name, what its map sums.
+def caption(method: str, options: Options | None = None) -> tuple[str, str]:
+    """``(title, what it shows)`` of an attribution map with ``options`` (default: captum's and the RISE authors'),
+    for the map's caption: the settings named are the ones it ran with."""
+    o = options or Options()
+    baseline = "a black baseline (zeros in the model's input)" if o.baselines == 0 else \
+        f"a baseline of {o.baselines:g} in the model's input"
+    set_to = "set to zero" if o.baselines == 0 else f"set to {o.baselines:g} in the model's input"
+    window = "a patch-sized window" if o.sliding_window_shapes is None else \
+        f"a {o.sliding_window_shapes}-px window"
+    stride = "" if o.strides is None else f", every {o.strides} px"
+    steps = f"{o.n_steps} step{'s' if o.n_steps != 1 else ''}"
+    return {
+        "integrated_gradients": ("Integrated Gradients", f"the gradient of the class score along the straight path "
+                                 f"from {baseline} to the image, times the input's difference, summed over the colour "
+                                 f"channels and each patch's pixels (Sundararajan et al., 2017; captum's, {steps})"),
+        "smoothgrad": ("SmoothGrad", f"the gradient of the class score averaged over {o.nt_samples} noisy copies of "
+                       f"the input (noise of standard deviation {o.stdevs:g} in the model's input), summed over the "
+                       "colour channels and each patch's pixels (Smilkov et al., 2017; captum's NoiseTunnel)"),
+        "input_x_gradient": ("Input × Gradient", "the input times the gradient of the class score, summed over the "
+                             "colour channels and each patch's pixels (captum's InputXGradient)"),
+        "occlusion": ("Occlusion", f"how much the class score drops when {window}{stride} there is {set_to} "
+                      "(Zeiler & Fergus, 2014; captum's Occlusion)"),
+        "feature_ablation": ("Feature ablation", f"how much the class score drops when the patch is {set_to} "
+                             "(captum's FeatureAblation)"),
+        "kernel_shap": ("KernelSHAP", f"each patch's Shapley value for the class score, estimated from "
+                        f"{o.n_samples:,} random coalitions of patches, the others {set_to} (Lundberg & Lee, 2017; "
+                        "captum's KernelShap)"),
+        "rise": ("RISE", f"the mean of {o.n_masks:,} random masks ({o.s}x{o.s} cells, each kept with probability "
+                 f"{o.p1:g}), each weighted by the class's probability of the image masked by it, summed per patch "
+                 "(Petsiuk et al., 2018)"),
+    }[method]
+
+

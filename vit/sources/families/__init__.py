@@ -1,0 +1,1 @@
+"""One importer per model family (HF transformers and timm layouts) into our ViT."""

@@ -1,0 +1,133 @@
+"""A vision-language model opened whole from its own folder, to ask it a question: transformers' own model class for
+the folder's architecture (``LlavaForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration`` ...) with the
+folder's weights, and its own processor (``AutoProcessor``: image processor, tokenizer and chat template), both
+offline and without remote code, so the prompt, the image tokens and greedy generation are transformers' own.
+
+Beside it, the tower as ``vit.load`` opens it (``vit.sources.open.open_vlm``), opened on the meta device: no weight of
+it is read, only what places the language model's image tokens on the image (the patch grid, the projector's merge
+unit, the prefix tokens the projector keeps), as the visual logit lens places them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vit.checkpoint import Checkpoint, CheckpointError
+from vit.sources.files import _one_line, read_json
+
+# model_type -> the architectures asked here: a generating model (a bare ...Model has no language-model head).
+# LLaVA-OneVision (its crops pooled past anyres_max) is not placed yet.
+ARCHITECTURES = {
+    "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "paligemma": "PaliGemmaForConditionalGeneration",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "internvl": "InternVLForConditionalGeneration",
+}
+
+
+class VLMError(CheckpointError):
+    """A folder whose whole vision-language model cannot be opened; the message says why and what to do."""
+
+
+@dataclass
+class VLM:
+    """A vision-language model opened whole: transformers' model and processor, and our tower's layout."""
+
+    folder: Path
+    model_type: str
+    model: torch.nn.Module  # transformers' ...ForConditionalGeneration, eval mode
+    processor: object  # transformers' processor of the folder (image processor, tokenizer, chat template)
+    tower: Checkpoint  # our tower opened on the meta device: its config and layout, no weights
+
+    @property
+    def unit(self) -> int:
+        """Patches per image token along each side (``word_embeddings.projector_unit``: Qwen-VL's merge unit, ...)."""
+        from vit.sources.vlm.word_embeddings import projector_unit
+
+        return projector_unit(self.tower)
+
+    @property
+    def language_model(self) -> torch.nn.Module:
+        """The decoder stack (``model.model.language_model``): its ``layers[i].self_attn`` are what the answer's
+        attention reads."""
+        return self.model.model.language_model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def __repr__(self) -> str:
+        return f"VLM({self.model_type}, {self.folder})"
+
+
+def folder_of(source: str | os.PathLike | Checkpoint) -> Path:
+    """The VLM folder ``source`` names: a folder path, or the checkpoint ``vit.load`` opened from one."""
+    path = source.path if isinstance(source, Checkpoint) else source
+    folder = Path(path).expanduser() if path is not None else None
+    if folder is None or not (folder / "config.json").is_file():
+        raise VLMError(f"{path} is no model folder with a config.json; give the folder of a vision-language model "
+                       f"saved whole ({', '.join(ARCHITECTURES.values())})")
+    return folder
+
+
+def architecture_of(folder: Path) -> tuple[str, str]:
+    """``(model_type, architecture)`` of the generating VLM in ``folder``, from its config.json alone; VLMError (one
+    line) for a model that is none of ``ARCHITECTURES`` or a bare model without a language-model head."""
+    config_json = read_json(folder / "config.json")
+    model_type = str(config_json.get("model_type"))
+    if model_type not in ARCHITECTURES:
+        raise VLMError(f"{folder} is a {model_type[:40]!r} model; asking a question reads a generating "
+                       f"vision-language model: {', '.join(ARCHITECTURES)}")
+    architecture = ARCHITECTURES[model_type]
+    named = config_json.get("architectures") or [architecture]
+    if architecture not in named:
+        raise VLMError(f"{folder} holds a {str(named[0])[:60]}, which has no language-model head to answer with; "
+                       f"open a {architecture}")
+    return model_type, architecture
+
+
+def can_answer(source: str | os.PathLike | Checkpoint) -> bool:
+    """Whether ``source`` (a folder, or ``vit.load``'s checkpoint of a tower) is a generating VLM's folder that
+    ``open_whole_vlm`` opens, judged from its config.json alone (nothing else read)."""
+    try:
+        architecture_of(folder_of(source))
+    except (VLMError, CheckpointError, OSError, ValueError):
+        return False
+    return True
+
+
+def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | torch.device | None = None) -> VLM:
+    """The whole VLM in ``source`` (its folder, or ``vit.load``'s checkpoint of its tower): transformers' model
+    class for its architecture from the folder's weights and its processor, offline and without remote code. VLMError
+    (one line) for a folder that is not one of ``ARCHITECTURES`` or lacks a file."""
+    if isinstance(source, VLM):
+        return source
+    folder = folder_of(source)
+    model_type, architecture = architecture_of(folder)
+    from vit.sources.open import open_source
+
+    try:  # the tower's layout: its config and shapes from the headers, no weight read
+        tower = open_source(folder, map_location="meta")
+    except CheckpointError as e:
+        raise VLMError(str(e)) from None
+    import transformers
+
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        model = getattr(transformers, architecture).from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False, dtype="auto")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
+                       f"{_one_line(e)}") from None
+    if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
+        raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
+                       "(processor.save_pretrained) into the folder")
+    model = model.to(device or "cpu").eval()
+    return VLM(folder, model_type, model, processor, tower)
