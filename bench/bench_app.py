@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vit.app import catalog, drawing  # noqa: E402
-from vit.app import explorer_page as explorer
+from vit.app import explorer_page as explorer  # noqa: E402
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
 from vit.core.images import open_image  # noqa: E402
 from vit.core.inference import TRAINING_SIZE, InputSize  # noqa: E402

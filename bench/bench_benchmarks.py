@@ -8,7 +8,8 @@ totals loop, run once per method as their script runs (``--method rollout``, ``f
 ``lrp_last_layer``, ``attn_gradcam``; batch size 1, their evaluator's forward per image), with their generators on
 their models (tests/reference/chefer) holding our random weights. Their ``get_f1_scores`` (mF1, which neither side
 reports here; seconds per image) is left out, as in tests/test_faithfulness_chefer.py. Our side is
-``vit.explain.benchmarks.benchmark_run.score_items``, what ``python -m vit.faithfulness --benchmark segmentation`` runs: every
+``vit.explain.benchmarks.benchmark_run.score_items``, what ``python -m vit.faithfulness --benchmark segmentation`` runs:
+every
 method in one pass over the set, ``--batch-size`` images per forward. Both read the same normalised 224 px images and
 masks already in memory (no file reading timed on either side) and take the model as built (no start-up timed).
 Prints images/s per method on each side, the ratio, the totals and the largest score difference (pixel accuracy, mIoU,

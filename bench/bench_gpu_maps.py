@@ -305,7 +305,8 @@ def analyze_row(model: ViT, count: int, device: torch.device, timeout: float) ->
 # --- the run ----------------------------------------------------------------------------------------------------------
 
 def image_flops(model_name: str, size: int) -> int:
-    """One image's forward FLOP (``vit.costs.bounds.forward_flops``): the cost the cells are ordered and estimated by."""
+    """One image's forward FLOP (``vit.costs.bounds.forward_flops``): the cost the cells are ordered and estimated
+    by."""
     config = PRESETS[MODELS.get(model_name, model_name)]
     return forward_flops(config, 1 + (size // config.patch_size) ** 2)
 

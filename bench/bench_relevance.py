@@ -2,7 +2,8 @@
 against another.
 
 Every side runs on one model's weights: HF transformers' ViT (eager attention) with random weights plus noise, and
-ours converted from it (``vit.sources.families.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts its
+ours converted from it (``vit.sources.families.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts
+its
 checkout first on the path)::
 
     python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1     # interleaved

@@ -3,7 +3,8 @@ next to transformers' eager ``VideoMAEForVideoClassification(output_attentions=T
 peak memory of the explorer's clip analysis with every map it draws (issue 65's speed and memory goals).
 
 The model is VideoMAE-B's shape (12 layers, 768 wide, 12 heads, MLP 3,072, 16-px patches, tubelets of 2 frames)
-with random weights (float32), ours opened from transformers' state dict by ``vit.sources.families.import_videomae``. Calls
+with random weights (float32), ours opened from transformers' state dict by ``vit.sources.families.import_videomae``.
+Calls
 alternate so background load slows both alike; the table gives medians, our time as a ratio of theirs and the
 median of each pair's ratio. The memory runs in a subprocess after a warm-up clip: the analysis (one forward, every
 layer's hidden states kept), then each layer's attention from the middle token and its token norms, one head's

@@ -223,7 +223,8 @@ def test_largest_square_side_holds_at_most_that_many_patches():
 
 
 def test_input_size_is_bounded():
-    # 4,096 px: maps past 1,024 px are computed in chunks (vit.explain.methods.chunked), so the bound is the CLI's, not memory's
+    # 4,096 px: maps past 1,024 px are computed in chunks (vit.explain.methods.chunked), so the bound is the CLI's, not
+    # memory's
     assert InputSize(4096).side == 4096
     with pytest.raises(ValueError, match="1 to 4096"):
         InputSize(5000)

@@ -208,7 +208,8 @@ def test_nothing_reads_an_engine_name_through_a_module_of_the_app_layer(module):
 
 
 def test_the_re_export_check_catches_both_ways_of_reading_one(tmp_path):
-    (tmp_path / "drawing.py").write_text("from vit.explain.views.overlay import jpeg_data_uri\n\ndef figure():\n    pass\n")
+    (tmp_path / "drawing.py").write_text("from vit.explain.views.overlay import jpeg_data_uri\n\n"
+                                         "def figure():\n    pass\n")
     (tmp_path / "page.py").write_text("from vit.app import drawing\nfrom vit.app.drawing import figure, "
                                       "jpeg_data_uri\n\ndrawing.figure()\ndrawing.jpeg_data_uri(None)\n")
     assert borrowed("vit.app.drawing", tmp_path / "drawing.py", [tmp_path / "page.py"]) == [

@@ -7,7 +7,8 @@ CLS attention of the last layer (heads averaged) and the mean CLS rollout map; t
 matrix; and the most confident mistakes. ``--mechanism`` adds, per true class, the mean direct logit
 attribution of every head, the logit change when each head alone is zeroed (averaged over images), the
 high-norm token rate per layer and position (``--norm-threshold``), massive activations per layer and attention
-sinks per head (``vit.explain.mechanism.components``). ``--pca`` adds each image's PCA colours as a PNG and an .npz under
+sinks per head (``vit.explain.mechanism.components``). ``--pca`` adds each image's PCA colours as a PNG and an .npz
+under
 ``pca/`` and a grid of the pictures, a few per class, to the report (``--pca-layer``, ``--pca-joint``:
 ``vit.explain.views.dataset_pca``). Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and

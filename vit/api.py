@@ -333,7 +333,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     A video model (VideoMAE) takes a clip instead of ``image``: a GIF, a folder of frames or a list of PIL images,
     sampled uniformly to its ``num_frames``; ``method`` is attention, rollout, norms, or one class's (``target``)
     class, legrad or attnlrp, and ``query`` a token (time-major) or ``(frame, row, col)``; it returns a
-    ``vit.explain.views.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated over
+    ``vit.explain.views.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated
+    over
     its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms, its
     CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
     block). The other methods are refused in one line saying why.

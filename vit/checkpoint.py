@@ -66,7 +66,8 @@ class ForeignCheckpointError(CheckpointError):
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
-# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.core.images.to_uint8);
+# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right
+# (vit.core.images.to_uint8);
 # "keep_ratio": timm's ResizeKeepRatio, the aspect kept until the image covers a (height, width) target; "border":
 # timm's crop_mode "border", the aspect kept until the image fits inside it, then cropped or padded to the input
 RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad", "keep_ratio", "border")
@@ -105,7 +106,8 @@ class Preprocessing:
     # ratio whose grid of patch_size patches has at most max_num_patches (vit.core.images.naflex_size); 0: image_size.
     max_num_patches: int = 0
     patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to; Qwen's merge unit side (28)
-    # Qwen-VL's smart_resize (vit.core.images.smart_resize): each image, without a crop, at its own aspect ratio on sides of
+    # Qwen-VL's smart_resize (vit.core.images.smart_resize): each image, without a crop, at its own aspect ratio on
+    # sides of
     # whole patch_size units, between min_pixels and max_pixels pixels; 0: image_size
     min_pixels: int = 0
     max_pixels: int = 0

@@ -1,4 +1,5 @@
-"""Is a map faithful? Deletion, insertion and Chefer et al.'s tests; what each measures: ``vit.explain.benchmarks.metrics``.
+"""Is a map faithful? Deletion, insertion and Chefer et al.'s tests; what each measures:
+``vit.explain.benchmarks.metrics``.
 
 ``DIR`` holds one subfolder per class as for ``vit.evaluate``. ``--limit N`` takes N images
 after a seeded shuffle, so a limit samples every class. Prints JSON: per method,
@@ -28,7 +29,8 @@ from vit.core.cli import UsageError
 from vit.costs.bounds import MAX_TOKENS
 
 PROG = "vit.faithfulness"
-# vit.explain.benchmarks.metrics's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
+# vit.explain.benchmarks.metrics's METHODS and REPLACEMENTS by name, for --help without torch
+# (tests/test_faithfulness.py
 # checks they are the same), so that an unknown method is refused before torch loads.
 METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow",
                 "attn-gradcam", "lrp-full", "lrp-partial")

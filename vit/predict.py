@@ -550,7 +550,8 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str, size, dtype: str) -> dict:
     """``save_maps`` for a model with stages (Swin, Hiera): ``layer_i`` is each layer's windows as the layer forms
     them, ``(windows, heads, queries, keys)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` / ``_stride`` to place
-    them (``vit.model.LayerLayout``, ``vit.explain.methods.attention.layer_on_grid``: a pooled-query layer's keys lie on the
+    them (``vit.model.LayerLayout``, ``vit.explain.methods.attention.layer_on_grid``: a pooled-query layer's keys lie on
+    the
     grid ``stride`` times finer); the logits as for every classifier; the overlay is the rollout of what the average
     pooling reads, through every merge, on the image's patches (no CLS)."""
     import numpy as np

@@ -46,8 +46,8 @@ class Method:
     """One map method. ``name`` is its key everywhere (``vit.explain(..., name)``, a share link's ``map=``, the
     CLI's ``--methods``); ``title`` the explorer's label; ``reads`` the controls it reads (``CONTROLS``), which the
     page shows and ``vit.explain`` accepts; ``applies_to`` in words, quoted by refusals; ``group`` one of ``GROUPS``;
-    ``own_pass``: drawn by ``vit.explain.views.method_maps.model_method_map`` in a pass of its own (the explorer's "More"
-    picker) rather than from the analysis' forward; ``module`` where it is computed; ``paper`` and ``code`` its
+    ``own_pass``: drawn by ``vit.explain.views.method_maps.model_method_map`` in a pass of its own (the explorer's
+    "More" picker) rather than from the analysis' forward; ``module`` where it is computed; ``paper`` and ``code`` its
     reference (the paper, and the authors' code it is held equal to by ``test``, a ``tests/FILE.py::FUNCTION``);
     ``cost`` the ``vit.costs.plan`` entry asked before the work.
 
@@ -120,7 +120,8 @@ _CAPTUM_TEST = "tests/test_captum_methods.py::test_each_captum_method_equals_cap
 # The built-in methods, in the explorer's order (its map picker's, vit.methods()'s).
 BUILTIN_METHODS: tuple[Method, ...] = (
     Method("attention", "Attention of one layer", ("query", "layer", "head", "fusion"), "every model", "attention",
-           module="vit.explain.views.attention_maps", paper="Dosovitskiy et al. 2021; DINO's visualize_attention (Caron "
+           module="vit.explain.views.attention_maps",
+           paper="Dosovitskiy et al. 2021; DINO's visualize_attention (Caron "
            "et al. 2021)", code="the model's own post-softmax attention (transformers' output_attentions)",
            test="tests/test_api.py::test_the_attention_map_is_the_models_own_attention_row", cost="analysis"),
     Method("rollout", "Attention rollout", ("query", "end_layer", "fusion", "discard_ratio"), "every model",
@@ -162,16 +163,19 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            module="vit.explain.methods.cam", paper="Muhammad & Yeasin 2020", code="pytorch-grad-cam's EigenCAM",
            test=_CAM_TEST, cost="gradient"),
     Method("layercam", "LayerCAM (class-specific)", _CAM_READS, _CAM_APPLIES, "cam", class_specific=True,
-           own_pass=True, module="vit.explain.methods.cam", paper="Jiang et al. 2021", code="pytorch-grad-cam's LayerCAM",
+           own_pass=True, module="vit.explain.methods.cam", paper="Jiang et al. 2021",
+           code="pytorch-grad-cam's LayerCAM",
            test=_CAM_TEST, cost="gradient"),
     Method("scorecam", "Score-CAM (class-specific, one forward per channel)", _CAM_READS,
            "classifiers, every family (one forward per channel: seconds to minutes)", "cam", class_specific=True,
-           own_pass=True, module="vit.explain.methods.cam", paper="Wang et al. 2020", code="pytorch-grad-cam's ScoreCAM",
+           own_pass=True, module="vit.explain.methods.cam", paper="Wang et al. 2020",
+           code="pytorch-grad-cam's ScoreCAM",
            test=_CAM_TEST, cost="gradient"),
     # The model-agnostic baselines (vit.explain.methods.captum_maps): captum's own attributions of the logits, and RISE.
     Method("integrated_gradients", "Integrated Gradients (class-specific, signed; captum)", ("class",),
            _AGNOSTIC_APPLIES, "model-agnostic", class_specific=True, signed=True, own_pass=True,
-           module="vit.explain.methods.captum_maps", paper="Sundararajan et al. 2017", code="captum's IntegratedGradients",
+           module="vit.explain.methods.captum_maps", paper="Sundararajan et al. 2017",
+           code="captum's IntegratedGradients",
            test=_CAPTUM_TEST, cost="attribution"),
     Method("smoothgrad", "SmoothGrad (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
            "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.methods.captum_maps",
@@ -235,7 +239,8 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            test="tests/test_family_explorer.py::test_a_model_without_cls_shows_its_pooling_probe_first_and_exactly",
            cost="analysis"),
     # The maps of typed labels alone: vit.ask(checkpoint, image, labels).explain(label, name) draws them.
-    Method("grad_eclip", "Grad-ECLIP", ("label",), "a CLIP (its CLS token)", "words", module="vit.explain.language.prompts",
+    Method("grad_eclip", "Grad-ECLIP", ("label",), "a CLIP (its CLS token)", "words",
+           module="vit.explain.language.prompts",
            paper="Zhao et al. 2024", code="the authors' generate_emap",
            test="tests/test_prompts.py::test_grad_eclip_equals_generate_emap"),
     Method("sclip", "SCLIP", ("label",), _DENSE_APPLIES, "words", module="vit.explain.methods.dense_clip",
@@ -248,7 +253,8 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            paper="Lan et al. 2024", code="the authors' ClearCLIP segmentor",
            test="tests/test_dense_clip.py::test_clearclip_is_the_authors_segmentor"),
     Method("clipsurgery", "CLIP Surgery", ("label",), "a CLIP with a CLS token and six blocks or more", "words",
-           module="vit.explain.methods.dense_clip", paper="Li et al. 2023", code="the authors' demo (clip_surgery_model)",
+           module="vit.explain.methods.dense_clip", paper="Li et al. 2023",
+           code="the authors' demo (clip_surgery_model)",
            test="tests/test_dense_clip.py::test_clip_surgery_is_the_authors_demo"),
 )
 
@@ -268,17 +274,20 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("vit", "ViT", "image", "HF vit folders", "vit.sources.families.hf", ("vit",), _EVERY_MAP),
     Family("timm", "ViT, DeiT, DINOv2 from timm", "image", "timm vit_* / deit_* weights and folders",
            "vit.sources.libraries.import_timm", (), "every map; Chefer's LRP where its rules reach (no layer scale)"),
-    Family("torchvision", "torchvision ViT", "image", "torchvision vit_* state dicts", "vit.sources.libraries.import_torchvision",
+    Family("torchvision", "torchvision ViT", "image", "torchvision vit_* state dicts",
+           "vit.sources.libraries.import_torchvision",
            (), _EVERY_MAP),
     Family("deit", "DeiT (distilled)", "image", "HF deit folders", "vit.sources.families.hf", ("deit",),
            "every map; Chefer's LRP refused for the distillation head"),
-    Family("dinov2", "DINOv2 (+ registers)", "image", "HF dinov2 / dinov2_with_registers folders", "vit.sources.families.hf",
+    Family("dinov2", "DINOv2 (+ registers)", "image", "HF dinov2 / dinov2_with_registers folders",
+           "vit.sources.families.hf",
            ("dinov2", "dinov2_with_registers"), "every map; Chefer's LRP refused (layer scale)"),
     Family("mae", "MAE", "image", "HF vit_mae folders", "vit.sources.families.hf", ("vit_mae",),
            "every map; Chefer's LRP refused (average pooling)"),
     Family("dinov3", "DINOv3 (RoPE, storage tokens)", "image",
            "HF dinov3_vit folders, timm vit_*_dinov3* weights, facebookresearch/dinov3 backbones",
-           "vit.sources.families.import_dinov3", ("dinov3_vit",), "every map; Chefer's LRP refused (layer scale, RoPE)"),
+           "vit.sources.families.import_dinov3", ("dinov3_vit",),
+           "every map; Chefer's LRP refused (layer scale, RoPE)"),
     Family("clip", "CLIP", "image", "open_clip folders and state dicts, OpenAI's layout, HF clip / clip_vision_model",
            "vit.sources.families.import_clip", ("clip", "clip_vision_model"),
            "every map; the typed labels' maps through vit.ask (Grad-ECLIP, SCLIP, NACLIP, ClearCLIP, CLIP Surgery)"),
@@ -288,12 +297,14 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("siglip2", "SigLIP 2 NaFlex", "image", "HF siglip2 / siglip2_vision_model folders",
            "vit.sources.families.import_siglip", ("siglip2", "siglip2_vision_model"),
            "each image on its own grid: the probe's maps, attention, rollout, norms, flow; class maps of words"),
-    Family("naflexvit", "timm NaFlex ViT", "image", "timm naflexvit_* weights", "vit.sources.families.import_naflex", (),
+    Family("naflexvit", "timm NaFlex ViT", "image", "timm naflexvit_* weights", "vit.sources.families.import_naflex",
+           (),
            "every map; Chefer's LRP refused (layer scale)"),
     Family("eva02", "EVA-02 (RoPE, SwiGLU)", "image", "timm eva02_* weights", "vit.sources.families.import_eva", (),
            "every map; Chefer's LRP refused (average pooling, RoPE, SwiGLU)"),
     Family("beit", "BEiT, BEiT v2, Data2Vec-vision", "image", "HF beit / data2vec-vision folders, timm beit_*",
-           "vit.sources.families.import_beit", ("beit", "data2vec-vision"), "every map; Chefer's LRP refused (layer scale)"),
+           "vit.sources.families.import_beit", ("beit", "data2vec-vision"),
+           "every map; Chefer's LRP refused (layer scale)"),
     Family("sam", "SAM image encoder", "windowed / hierarchical", "HF sam / sam_vision_model folders, timm samvit_*",
            "vit.sources.families.import_sam", ("sam", "sam_vision_model"),
            f"a windowed layer's attention is the query's window; {_NO_CLASSIFIER}"),
@@ -304,21 +315,24 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("hiera", "Hiera (mask units, query pooling)", "windowed / hierarchical", "HF hiera folders, timm hiera_*",
            "vit.sources.families.import_hiera", ("hiera",), _STAGES),
     Family("sam2", "SAM 2's Hiera image encoder", "windowed / hierarchical",
-           "HF sam2 / sam2_vision_model / sam2_hiera_det_model folders, timm sam2_hiera*", "vit.sources.families.import_hiera",
+           "HF sam2 / sam2_vision_model / sam2_hiera_det_model folders, timm sam2_hiera*",
+           "vit.sources.families.import_hiera",
            ("sam2", "sam2_vision_model", "sam2_hiera_det_model"), f"as Hiera's; {_NO_CLASSIFIER}"),
     Family("aimv2", "AIMv2 (RMSNorm, SwiGLU)", "image", "HF aimv2 / aimv2_vision_model folders, timm aimv2_*",
            "vit.sources.families.import_aimv2", ("aimv2", "aimv2_vision_model"),
            "every map; Chefer's LRP refused (pooling, RMSNorm)"),
     Family("pe", "Perception Encoder", "image", "timm vit_pe_* weights", "vit.sources.families.import_pe", (),
            "every map (core: the probe's 8 heads); Chefer's LRP refused (pooling, RoPE)"),
-    Family("swin", "Swin", "windowed / hierarchical", "HF swin folders, timm swin_*", "vit.sources.families.import_swin",
+    Family("swin", "Swin", "windowed / hierarchical", "HF swin folders, timm swin_*",
+           "vit.sources.families.import_swin",
            ("swin",), _STAGES),
     Family("swinv2", "Swin V2", "windowed / hierarchical", "HF swinv2 folders, timm swinv2_* (not swinv2_cr)",
            "vit.sources.families.import_swin", ("swinv2",), _STAGES),
     Family("llava", "A VLM's vision tower: LLaVA 1.5 / NeXT / OneVision, PaliGemma, Gemma 3", "vlm tower",
            "HF llava / llava_next / llava_onevision / paligemma / gemma3 folders (the tower and projector only)",
            "vit.sources.vlm.import_vlm", ("llava", "llava_next", "llava_onevision", "paligemma", "gemma3"), _TOWER),
-    Family("videomae", "VideoMAE", "video", "HF videomae folders", "vit.sources.families.import_videomae", ("videomae",),
+    Family("videomae", "VideoMAE", "video", "HF videomae folders", "vit.sources.families.import_videomae",
+           ("videomae",),
            _CLIP),
     Family("timesformer", "TimeSformer", "video", "HF timesformer folders", "vit.sources.families.import_timesformer",
            ("timesformer",), "attention (spatial and temporal), norms, AttnLRP; rollout and the class maps refused "

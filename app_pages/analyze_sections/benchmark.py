@@ -1,5 +1,6 @@
 """The Analyse page's faithfulness benchmarks: Chefer et al.'s segmentation and perturbation tests, ROAD and SaCo on
-a folder of the data roots, as ``python -m vit.faithfulness --benchmark ...`` runs them (``vit.explain.benchmarks.benchmark_run``:
+a folder of the data roots, as ``python -m vit.faithfulness --benchmark ...`` runs them
+(``vit.explain.benchmarks.benchmark_run``:
 the same batches, scores and report), here with progress and a Stop, or as that command's Ray job.
 """
 

@@ -1,6 +1,7 @@
 """What the patches represent (issue 48): the patch tokens' first three principal components as colours, a patch's
 cosine similarity to every patch (on this image, a second image and the "Compare with" model) and the
-correspondences of two images side by side. The computations are ``vit.explain.views.dense_views``'s; the tokens come from
+correspondences of two images side by side. The computations are ``vit.explain.views.dense_views``'s; the tokens come
+from
 the cached analysis, so a click is one product and a redraw; the PCA fits and the matches are kept per settings
 (``caches.pca_views``, ``caches.match_view``)."""
 

@@ -5,7 +5,8 @@ frame by frame as its processor does.
 
 Every declared size is checked before a pixel is decoded: the frame count and the frame's width x height from the
 file headers, their product against the memory bound (``vit.costs.bounds.memory_limit``), and its shape against the
-uploads' aspect bound (``vit.core.images.MAX_ASPECT``), in one line. A frame's size is checked again before that frame is
+uploads' aspect bound (``vit.core.images.MAX_ASPECT``), in one line. A frame's size is checked again before that frame
+is
 decoded wherever a container lets frames differ: a GIF's image descriptors widen the canvas PIL decodes every later
 frame at (read off its blocks before PIL opens it, and counted as PIL holds it), a TIFF's pages each have their own
 size, and a video stream's frames may grow past the size its headers declare (each decoded frame is checked, sampled

@@ -87,7 +87,8 @@ def largest_square_side(patch_size: int | tuple[int, int], patches: int) -> int:
 def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: int | tuple[int, int],
                 size: InputSize = TRAINING_SIZE) -> tuple[int, int]:
     """``(height, width)`` the model sees ``image`` at; the checkpoint's own unless ``size`` says otherwise. A NaFlex
-    model's own is the image's: its aspect ratio within ``max_num_patches`` patches (``vit.core.images.naflex_size``)."""
+    model's own is the image's: its aspect ratio within ``max_num_patches`` patches
+    (``vit.core.images.naflex_size``)."""
     if size == TRAINING_SIZE:
         p = preprocessing
         if p.max_num_patches:

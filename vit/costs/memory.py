@@ -13,9 +13,11 @@ from dataclasses import replace
 
 from vit.costs.bounds import BIAS_CHUNK_BYTES
 
-CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.methods.chunked): every map is built from such chunks
+# one chunk of attention scores (vit.explain.methods.chunked): every map is built from such chunks
+CHUNK_BYTES = 64 * 2**20
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
-FAST_CHUNK_BYTES = 2**20  # vit.explain.methods.chunked's chunk on a CPU (a core's L2 cache), where the budget is not used
+# vit.explain.methods.chunked's chunk on a CPU (a core's L2 cache), where the budget is not used
+FAST_CHUNK_BYTES = 2**20
 CHUNK_COPIES = 3  # a chunk's scores, probabilities and the softmax's temporary
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16 (attention_maps)
 
@@ -298,7 +300,8 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
 
 def attentions_bytes(model, grid: tuple[int, int]) -> int:
     """Bytes of every layer's attention a forward returns for one image on patch ``grid`` (``output_attentions``:
-    ``vit.explain.views.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``, or
+    ``vit.explain.views.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``,
+    or
     its windows' ``H x windows x queries x keys``, beside the costliest layer's scores as its probabilities are
     formed (the explicit path)."""
     prefix, layers = model.num_prefix_tokens, []

@@ -206,7 +206,8 @@ def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP", other: str = "a
 
 def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedding_grid: tuple[int, int],
                   what: str = "Gradient x input of the mask") -> Cost:
-    """A gradient of SAM's mask (``vit.explain.methods.segment``): the image encoder's, as any gradient method's through it
+    """A gradient of SAM's mask (``vit.explain.methods.segment``): the image encoder's, as any gradient method's through
+    it
     (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
     (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
     encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
@@ -319,7 +320,8 @@ def forward(model, grid: tuple[int, int], what: str = "This input", attentions: 
 
 
 def sink_diagnostics(model, grid: tuple[int, int], what: str = "This input") -> Cost:
-    """The sink diagnostics of one image (``vit.explain.mechanism.sink_diagnostics``): every layer's hidden states beside the
+    """The sink diagnostics of one image (``vit.explain.mechanism.sink_diagnostics``): every layer's hidden states
+    beside the
     forward's costliest block, then one layer at a time its values and contexts (``H x T x hd`` each), the attention
     each key receives and its sink column, one head's output-projected values and update (``T x D`` each, float32)
     and its QR factor (float64), and a chunk of attention (``memory.attention_chunk``)."""
@@ -364,7 +366,8 @@ class TextShape:
 def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int, views: int = 1,
                view_grid: tuple[int, int] | None = None) -> Cost:
     """A VLM's greedy answer of ``new_tokens`` to a prompt of ``prompt_tokens`` (its image tokens included) about an
-    image on the tower's patch ``grid`` (``vit.explain.language.vlm_answer``), or cut into ``views`` tiles of ``view_grid``
+    image on the tower's patch ``grid`` (``vit.explain.language.vlm_answer``), or cut into ``views`` tiles of
+    ``view_grid``
     patches each (the tiles' canvas ``grid``): the tower's forward over each (``forward``), the KV cache
     of every layer, the prompt's forward through one decoder layer (its activations, its MLP and, where the attention
     cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at
@@ -393,7 +396,8 @@ ROW_CHUNK_BYTES = 2**25  # gradient x attention's chunk of attention rows, per t
 
 def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
                   fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
-    """Gradient x attention of answer token ``answer_token`` (``vit.explain.language.vlm_relevance``): one forward of the
+    """Gradient x attention of answer token ``answer_token`` (``vit.explain.language.vlm_relevance``): one forward of
+    the
     VLM over ``tokens`` (the prompt and the answer's tokens before it) with the language model's graph, and its
     backward. Held at once: the tower's forward (no graph), every language-model layer's activations in the graph
     (norms, projections, attention output, the MLP's four), where the attention cannot fuse (eager) every layer's
@@ -424,7 +428,8 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
 
 def vlm_tam(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int, image_tokens: int,
             classes: int, fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
-    """TAM of answer token ``answer_token`` (``vit.explain.language.vlm_tam``): one forward of the VLM over ``tokens`` (the
+    """TAM of answer token ``answer_token`` (``vit.explain.language.vlm_tam``): one forward of the VLM over ``tokens``
+    (the
     prompt and the answer's tokens before it) without a graph or a cache, its last hidden states kept (float32), and
     the language-model head's rows of ``classes`` token ids over the ``image_tokens`` (and the current class over
     the text), one whole-vocabulary row (the first question word's greedy class). Never the vocabulary over every

@@ -98,7 +98,8 @@ class Parent(nn.Module):
 
 @dataclass(frozen=True)
 class AttentionVariant:
-    """A training-free change of one block's computation (the dense text maps of ``vit.explain.methods.dense_clip``): its
+    """A training-free change of one block's computation (the dense text maps of ``vit.explain.methods.dense_clip``):
+    its
     attention is the sum over ``pairs`` of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)`` (each pair ``"ab"`` of q, k,
     v: ``"qk"`` the model's own), times v; the block then adds it to its input or not, and runs its MLP or not.
     Only a global layer without position biases takes one (``Block.forward`` refuses the others)."""

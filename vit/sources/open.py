@@ -8,15 +8,19 @@
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
 - a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
-- CLIP (``vit.sources.families.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
-  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.families.import_siglip``): HF ``siglip`` folders and
+- CLIP (``vit.sources.families.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's
+layout,
+  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.families.import_siglip``): HF ``siglip`` folders
+  and
   SigLIP 2 NaFlex's ``siglip2`` ones;
 - the vision tower (and projector) of a vision-language model (``vit.sources.vlm.import_vlm``): LLaVA 1.5 / NeXT /
-  OneVision, PaliGemma and Gemma 3 folders, and InternVL 2.5 / 3 / 3.5 ``-hf`` ones (``vit.sources.vlm.import_internvl``),
+  OneVision, PaliGemma and Gemma 3 folders, and InternVL 2.5 / 3 / 3.5 ``-hf`` ones
+  (``vit.sources.vlm.import_internvl``),
   whose language model is never read;
 - DINOv3 (``vit.sources.families.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
-- from-scratch ViTs (``vit.sources.libraries.import_scratch``, ``vit.sources.libraries.import_vit_pytorch``): the tutorials' models
+- from-scratch ViTs (``vit.sources.libraries.import_scratch``, ``vit.sources.libraries.import_vit_pytorch``): the
+tutorials' models
   (tintn's ``experiments/NAME/`` folders, the MNIST tutorial's, the CIFAR-10 notebook's) and vit-pytorch's ``ViT`` /
   ``SimpleViT``, recognised from their keys, with the constructor arguments the weights cannot tell from a
   ``config.json`` beside them or ``arch="scratch:num_heads=8"`` / ``"vit_pytorch:heads=8,..."``; any other state
@@ -497,7 +501,8 @@ def hf_image_processor(folder: Path) -> dict | None:
 
 def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """The vision tower and projector of an HF vision-language model folder (``HF_VLMS``,
-    ``vit.sources.vlm.import_vlm``, ``vit.sources.vlm.import_internvl``): only their tensors are read, the language model's
+    ``vit.sources.vlm.import_vlm``, ``vit.sources.vlm.import_internvl``): only their tensors are read, the language
+    model's
     never (``map_location="meta"``: only the headers of the shards that hold them). The metadata's ``tower`` says
     what the tower is."""
     model_type = str(config_json.get("model_type"))
@@ -683,7 +688,8 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
 
 def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arguments: Mapping,
                  map_location: str | torch.device = "cpu") -> Checkpoint:
-    """A from-scratch ViT of a known ``layout`` (``vit.sources.libraries.import_scratch``). ``arguments`` are the constructor
+    """A from-scratch ViT of a known ``layout`` (``vit.sources.libraries.import_scratch``). ``arguments`` are the
+    constructor
     arguments given with ``--arch scratch:key=value,...`` over those of a ``config.json`` beside the weights
     (for tintn's experiments, its own config); that file's ``mean``, ``std`` and ``class_names`` say how images were
     prepared and what the classes are."""
@@ -762,7 +768,8 @@ def scratch_weights(folder: Path) -> Path | None:
 
 
 def open_mapped(path: str | os.PathLike, mapping_path: str | os.PathLike) -> Checkpoint:
-    """Weights of any layout mapped onto ours by a mapping file (``vit.sources.libraries.mapping``; ``vit.convert --map``)."""
+    """Weights of any layout mapped onto ours by a mapping file (``vit.sources.libraries.mapping``;
+    ``vit.convert --map``)."""
     path, mapping_path = Path(path).expanduser(), Path(mapping_path).expanduser()
     rules = read_json(mapping_path)
     for map_location in ("meta", "cpu"):  # every key and shape checked from the header before any data is read

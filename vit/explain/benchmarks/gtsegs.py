@@ -129,7 +129,8 @@ class GtSegs:
 
     def item(self, index: int) -> tuple[Image.Image, np.ndarray]:
         """Image ``index`` as an RGB PIL image and its mask as ``(H, W)`` uint8, 1 where it is not 0, both reduced as
-        every decoded image is (``vit.core.images.reduce_to_side``: a long side of at most ``MAX_SIDE``; the mask nearest,
+        every decoded image is (``vit.core.images.reduce_to_side``: a long side of at most ``MAX_SIDE``; the mask
+        nearest,
         to the same size): a 6,000-px picture holds 12 MB, not 108."""
         picture, mask = self._datasets(index)
         image = reduce_to_side(Image.fromarray(np.ascontiguousarray(picture[()].transpose(2, 1, 0))))  # (H, W, 3)

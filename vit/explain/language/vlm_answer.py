@@ -459,7 +459,8 @@ class VLMAnswer:
         ``TAM`` in xmed-lab/TAM): its class's logit-lens activation over the image tokens, the earlier text tokens'
         maps removed by estimated causal inference, normalised with the text's activations and smoothed by the rank
         Gaussian filter, each patch holding its image token's value. One forward of the model over the prompt and
-        the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.language.vlm_tam``, where
+        the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.language.vlm_tam``,
+        where
         the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
         from vit.explain.language.vlm_tam import tam
 

@@ -1,4 +1,5 @@
-"""Typed labels asked of an image: a CLIP's or SigLIP's zero-shot scores and a map per label (``vit.explain.language.prompts``)
+"""Typed labels asked of an image: a CLIP's or SigLIP's zero-shot scores and a map per label
+(``vit.explain.language.prompts``)
 on exactly the pixels the model saw, with their captions; the explorer's "Ask in words" box and ``vit.ask`` both
 call these (the box's figures are ``vit.app.word_figures``').
 

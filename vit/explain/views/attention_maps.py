@@ -39,7 +39,8 @@ MAP_KINDS = {m.name: m.title for m in _MAPS}
 # Map kinds of models with an attention-pooling head (SigLIP): its learned probe's attention replaces the CLS row.
 PROBE_MAP_KINDS = tuple(m.name for m in _MAPS if m.group == "probe")
 # The controls each map kind reads; the page shows only these (a control that does nothing misleads). The CAMs
-# (vit.explain.methods.cam) read one block's first norm: the layer slider's, default the last block; Chefer's baselines the
+# (vit.explain.methods.cam) read one block's first norm: the layer slider's, default the last block; Chefer's baselines
+# the
 # last layer's CLS, as theirs; LeGrad the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer.
 MAP_CONTROLS = {m.name: m.reads for m in _MAPS}
 CAM_KINDS = tuple(m.name for m in _MAPS if m.group == "cam")  # vit.explain.methods.cam
@@ -93,7 +94,8 @@ def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
                             "input size, or use python -m vit.predict --save-maps, which writes it layer by layer.")
 
 
-# The maps of a model with stages: each layer's on its own grid (``vit.explain.methods.stage_maps``), the rollout through the
+# The maps of a model with stages: each layer's on its own grid (``vit.explain.methods.stage_maps``), the rollout
+# through the
 # merges, the token norms, LeGrad (the average pooling's read-out applied at each of the last stage's layers,
 # ``relevance.stage_legrad``) and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
 # are refused in one line (``stage_refusal``), each for its reason.
@@ -122,7 +124,8 @@ def stage_rows(analysis: Analysis, layer: int, patch: int) -> torch.Tensor:
 
 def stage_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None) -> np.ndarray:
     """With stages: the map of ``settings`` (``query`` a patch of the image's grid): ``attention`` and ``norms`` on
-    layer ``layer``'s own grid, ``rollout`` on the image's patch grid (``vit.explain.methods.stage_maps.rollout_row`` from the
+    layer ``layer``'s own grid, ``rollout`` on the image's patch grid (``vit.explain.methods.stage_maps.rollout_row``
+    from the
     token of layer ``end_layer``'s grid that covers the query), ``class`` the gradient rollout of ``relevance``
     from what the average pooling reads (every token of layer ``end_layer`` alike) to the image's patches."""
     from vit.explain.methods.stage_maps import relevance_rollout_row, rollout_row

@@ -190,7 +190,8 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
         return (f"**LeGrad for “{name}”** ({which}): {where}, the gradient of the "
                 f"“{name}” score read at that layer with respect to that layer's attention, positive parts "
                 "averaged over heads and queries, summed (Bousselham et al., 2024).")
-    if s.kind in ATTRIBUTION_METHODS:  # captum's and RISE (vit.explain.methods.captum_maps), with the options it ran with
+    # captum's and RISE (vit.explain.methods.captum_maps), with the options it ran with
+    if s.kind in ATTRIBUTION_METHODS:
         title, how = attribution_caption(s.kind, Options.of(s.kind, options))
         return f"**{title} for “{name}”** ({which}): {how}."
     if s.kind in CAM_CAPTIONS:
