@@ -214,7 +214,7 @@ def test_input_size_rounds_each_side_to_rectangular_patches(size, image, shape):
 
 
 def test_largest_square_side_holds_at_most_that_many_patches():
-    from vit.core.inference import largest_square_side
+    from vit.costs.plan import largest_square_side
 
     assert largest_square_side(16, 5) == 32  # isqrt(5) = 2 patches a side
     assert largest_square_side((2, 8), 64) == 32  # 16 x 4 patches of 2 x 8 px

@@ -7,7 +7,6 @@ checkpoint's own preprocessing: the evaluation transform training's data cache u
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -74,14 +73,6 @@ class InputSize:
 
 
 TRAINING_SIZE = InputSize()
-
-
-def largest_square_side(patch_size: int | tuple[int, int], patches: int) -> int:
-    """The side in px of the largest square input (``InputSize(side)``) whose grid has at most ``patches`` patches:
-    a whole number of patches both ways, so ``isqrt(patches) * patch_size`` for square patches."""
-    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
-    step = math.lcm(ph, pw)
-    return step * max(1, math.isqrt(patches * ph * pw) // step)
 
 
 def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: int | tuple[int, int],

@@ -7,7 +7,6 @@ memory and what to do.
 
 from __future__ import annotations
 
-from vit.checkpoint import Checkpoint
 from vit.costs import bounds, plan
 from vit.costs.bounds import TooManyTokens  # noqa: F401  (the checks' exception, imported from here by the pages)
 from vit.costs.memory import (  # noqa: F401  (the terms, read from here by the explorer and the tests)
@@ -31,14 +30,15 @@ def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
     return tokens, bounds.memory_limit()
 
 
-def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
+def check_input_fits(checkpoint, grid: tuple[int, int], what: str = "This input",
                      max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}",
                      chunks: bool = False) -> str:
-    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token gate (``max_tokens``, default
-    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the analysis's memory limit (``plan.analysis``), else return
-    ``decide``'s verdict. With ``chunks`` the analysis may keep its hidden states every k-th layer (its path in
-    chunks, ``"chunks"``: ``image_analysis.analyse``); without, a view that keeps every layer's states whole (the
-    mechanism views) is refused where only that path fits."""
+    """Raise ``TooManyTokens`` when an input of ``grid`` patches to ``checkpoint`` (a ``Checkpoint``: the cost model
+    sits below ``vit.core``, so it reads the checkpoint's model without importing the class) is over the token gate
+    (``max_tokens``, default VIT_MAX_TOKENS; ``allow`` says how to raise it) or the analysis's memory limit
+    (``plan.analysis``), else return ``decide``'s verdict. With ``chunks`` the analysis may keep its hidden states
+    every k-th layer (its path in chunks, ``"chunks"``: ``image_analysis.analyse``); without, a view that keeps every
+    layer's states whole (the mechanism views) is refused where only that path fits."""
     model = checkpoint.model
     plan.tokens_gate(model, grid, f"{what} ({grid[0]}×{grid[1]} patches)", max_tokens, allow)
     cost = plan.analysis(model, grid, what)

@@ -14,7 +14,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from vit.core.inference import largest_square_side
 from vit.costs import bounds, memory
 from vit.costs.bounds import ANALYSIS_MEMORY_ENV, MAX_TOKENS_ENV, TooManyTokens
 
@@ -36,6 +35,14 @@ class Cost:
     parts: tuple[tuple[str, int], ...] = ()
     chunked: int | None = None
     every: int = 1  # the analysis's path in chunks keeps the residual stream at every ``every``-th layer
+
+
+def largest_square_side(patch_size: int | tuple[int, int], patches: int) -> int:
+    """The side in px of the largest square input (``InputSize(side)``) whose grid has at most ``patches`` patches:
+    a whole number of patches both ways, so ``isqrt(patches) * patch_size`` for square patches."""
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    step = math.lcm(ph, pw)
+    return step * max(1, math.isqrt(patches * ph * pw) // step)
 
 
 def decide(cost: Cost) -> str:

@@ -15,11 +15,12 @@ from vit.core.images import BACKENDS
 from vit.model import ViTConfig
 from vit.sources.families import import_clip
 from vit.sources.files import SourceError, _one_line
-from vit.sources.vlm import import_qwen
 
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
 # Which of transformers' two processors an HF folder's images are prepared as (hf_backend)
 HF_BACKEND_ENV = "VIT_HF_IMAGE_BACKEND"
+# The processor's defaults (Qwen2VLImageProcessor): 56 x 56 to 28 x 28 x 1280 pixels
+QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 56 * 56, 28 * 28 * 1280
 
 
 def _side(value) -> int | None:
@@ -64,7 +65,7 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     backend = hf_backend()
     if config.spatial_merge:  # Qwen-VL: smart_resize, each image at its aspect between min and max pixels
         try:
-            return replace(import_qwen.preprocessing_from_hf(processor, config), backend=backend)
+            return replace(_qwen_preprocessing(processor, config), backend=backend)
         except (ValueError, TypeError, KeyError, ArithmeticError) as e:
             raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
     if config.max_num_patches:  # NaFlex: no fixed size; the processor's patch budget per image
@@ -199,3 +200,26 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",
                              crop_rule="transformers")
     return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
+
+
+def _qwen_preprocessing(processor: Mapping | None, config: ViTConfig) -> Preprocessing:
+    """``Qwen2VLImageProcessor``'s settings (its defaults where the file has none): bicubic, OpenAI's statistics, each
+    image ``smart_resize``d to sides of whole merge units between ``min_pixels`` and ``max_pixels`` pixels (read from
+    ``size``'s ``shortest_edge`` / ``longest_edge``, or the older top-level ``min_pixels`` / ``max_pixels``)."""
+    processor = dict(processor or {})
+    size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
+    low = processor.get("min_pixels", size.get("shortest_edge", QWEN_MIN_PIXELS))
+    high = processor.get("max_pixels", size.get("longest_edge", QWEN_MAX_PIXELS))
+    for name, value in (("min_pixels", low), ("max_pixels", high)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive whole number of pixels, got {str(value)[:40]}")
+    patch, merge = processor.get("patch_size", config.patch_hw[0]), processor.get("merge_size", config.spatial_merge)
+    if (patch, merge) != (config.patch_hw[0], config.spatial_merge):
+        raise ValueError(f"patch_size {patch} and merge_size {merge} differ from the model's "
+                         f"{config.patch_hw[0]} and {config.spatial_merge}")
+    channels = config.num_channels
+    mean = channel_numbers(processor.get("image_mean", import_clip.OPENAI_MEAN), "image_mean", channels)
+    std = channel_numbers(processor.get("image_std", import_clip.OPENAI_STD), "image_std", channels)
+    resample = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(processor.get("resample", 3), "bicubic")
+    return Preprocessing(config.image_size, channels, mean, std, resample=resample, patch_size=patch * merge,
+                         min_pixels=low, max_pixels=high)

@@ -26,10 +26,11 @@ from PIL import Image, ImageDraw
 
 from vit.checkpoint import Checkpoint
 from vit.core.images import to_mode
-from vit.core.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
+from vit.core.inference import TRAINING_SIZE, InputSize, input_shape
 from vit.costs import memory
 from vit.costs.bounds import TooManyTokens
 from vit.costs.fits import CHUNK_BYTES, LAYER_CACHE_BYTES, analysis_limits, has_logit_bias
+from vit.costs.plan import largest_square_side
 from vit.explain.methods import dense
 from vit.explain.methods.dense import DENSE_COPIES
 from vit.explain.methods.stage_maps import on_patch_grid

@@ -30,7 +30,6 @@ import torch
 
 from vit.checkpoint import Preprocessing
 from vit.model import ViTConfig
-from vit.sources.families.import_clip import OPENAI_MEAN, OPENAI_STD
 from vit.sources.families.import_dinov3 import _linear, _Taker, activation
 
 SUPPORTED = "Qwen2.5-VL and Qwen3-VL vision towers: HF Qwen2_5_VL / Qwen3VL ...ForConditionalGeneration, ...Model"
@@ -39,8 +38,6 @@ QWEN3_ARCHITECTURES = ("Qwen3VLForConditionalGeneration", "Qwen3VLModel")
 NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
 # Where the tower's tensors live: the Hub's layout (what save_pretrained writes), or transformers' module path
 TOWER_PREFIXES = ("visual.", "model.visual.")
-# The processor's defaults (Qwen2VLImageProcessor): 56 x 56 to 28 x 28 x 1280 pixels
-MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 1280
 NOMINAL_SIDE = 1024  # Qwen2.5-VL's image_size: what smart_resize makes of a 1,024 px square (no table depends on it)
 
 
@@ -178,28 +175,3 @@ def tower_note(config_json: Mapping, config: ViTConfig, preprocessing: Preproces
                  f"merger{'s' if len(taps) > 1 else ''} (ViT.project with tap)")
     return (f"{note}. It is shown each image at its own size ({preprocessing.own_size_rule}), its aspect ratio kept: "
             "the image's caption gives its grid.")
-
-
-def preprocessing_from_hf(processor: Mapping | None, config: ViTConfig) -> Preprocessing:
-    """``Qwen2VLImageProcessor``'s settings (its defaults where the file has none): bicubic, OpenAI's statistics, each
-    image ``smart_resize``d to sides of whole merge units between ``min_pixels`` and ``max_pixels`` pixels (read from
-    ``size``'s ``shortest_edge`` / ``longest_edge``, or the older top-level ``min_pixels`` / ``max_pixels``)."""
-    processor = dict(processor or {})
-    size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
-    low = processor.get("min_pixels", size.get("shortest_edge", MIN_PIXELS))
-    high = processor.get("max_pixels", size.get("longest_edge", MAX_PIXELS))
-    for name, value in (("min_pixels", low), ("max_pixels", high)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive whole number of pixels, got {str(value)[:40]}")
-    patch, merge = processor.get("patch_size", config.patch_hw[0]), processor.get("merge_size", config.spatial_merge)
-    if (patch, merge) != (config.patch_hw[0], config.spatial_merge):
-        raise ValueError(f"patch_size {patch} and merge_size {merge} differ from the model's "
-                         f"{config.patch_hw[0]} and {config.spatial_merge}")
-    from vit.sources.hf_preprocessing import channel_numbers  # it imports this module
-
-    channels = config.num_channels
-    mean = channel_numbers(processor.get("image_mean", OPENAI_MEAN), "image_mean", channels)
-    std = channel_numbers(processor.get("image_std", OPENAI_STD), "image_std", channels)
-    resample = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(processor.get("resample", 3), "bicubic")
-    return Preprocessing(config.image_size, channels, mean, std, resample=resample, patch_size=patch * merge,
-                         min_pixels=low, max_pixels=high)
