@@ -1,33 +1,38 @@
-"""The folder layout of ``vit/`` is its architecture: each wing imports only what sits below it.
+"""The folder layout of ``vit/`` is its architecture: each room imports only what sits below it.
 
-core (``vit/*.py`` but the commands) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``;
-the commands (``python -m vit.…``) may use the core and any wing but ``app``; only the pages and the notebook API
-use ``app``, the API only to draw as the explorer draws (its computations are the engine's). The notebook API is
-``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit`` imports no wing) and
-``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any map ``vit.methods()``
-lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
+``costs`` (the cost model) <- ``model`` <- ``core`` (checkpoints, images, inference, the registry) <- ``sources``,
+``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``. The package root is the commands' room: the modules
+``python -m vit.…`` runs (a command must stand there to keep its ``python -m`` name), which may use every room but
+``app``. Only the pages and the notebook API use ``app``, the API only to draw as the explorer draws (its
+computations are the engine's). The notebook API is ``vit/__init__.py`` (its names load ``vit.api`` when first used,
+so ``import vit`` imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any
+map ``vit.methods()`` lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
 """
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 VIT = Path(__file__).resolve().parent.parent / "vit"
 COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae", "describe_heads"}
+LOW = {"costs", "model", "core"}  # the engine's lower rooms, each a package
 WINGS = {"sources", "explain", "training", "features", "runs", "app"}
 API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks
-# What each layer may import besides itself ("core" is every top-level module but the commands).
+# What each layer may import besides itself.
 ALLOWED = {
-    "core": {"core"},
-    "sources": {"core"},
-    "explain": {"core"},
-    "training": {"core", "explain", "sources"},
-    "features": {"core", "explain", "sources", "training"},
-    "runs": {"core", "explain", "sources", "training", "features"},
-    "app": {"core", "explain", "sources", "training", "features", "runs"},
-    "commands": {"core", "explain", "sources", "training", "features", "runs", "api"},
-    "api": {"core", "explain", "sources", "training", "features", "runs", "app"},
+    "costs": set(),
+    "model": {"costs"},
+    "core": {"costs", "model"},
+    "sources": LOW,
+    "explain": LOW,
+    "training": LOW | {"explain", "sources"},
+    "features": LOW | {"explain", "sources", "training"},
+    "runs": LOW | {"explain", "sources", "training", "features"},
+    "app": LOW | {"explain", "sources", "training", "features", "runs"},
+    "commands": LOW | {"explain", "sources", "training", "features", "runs", "api"},
+    "api": LOW | {"explain", "sources", "training", "features", "runs", "app"},
 }
 
 
@@ -35,10 +40,12 @@ def layer_of(module: str) -> str:
     """The layer of a dotted ``vit`` module name (``vit.explain.methods.attention`` -> ``explain``)."""
     if module in API:
         return "api"
-    parts = module.split(".")
-    if len(parts) > 2 and parts[1] in WINGS or len(parts) == 2 and parts[1] in WINGS:
-        return parts[1]
-    return "commands" if len(parts) > 1 and parts[1] in COMMANDS else "core"
+    name = module.split(".")[1]
+    if name in LOW | WINGS:
+        return name
+    if name.startswith("__"):  # the package's own metadata (``from vit import __version__``): it loads nothing
+        return "core"
+    return "commands" if name in COMMANDS else "api"  # any other name of the root is the notebook API's (vit.ViT)
 
 
 def vit_imports(path: Path) -> list[tuple[int, str]]:
@@ -50,8 +57,8 @@ def vit_imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module == "vit":  # from vit import x, y: each name is a module
                 found += [(node.lineno, f"vit.{a.name}") for a in node.names]
-            elif node.module.split(".")[0] == "vit":
-                found.append((node.lineno, node.module))
+            elif node.module.split(".")[0] == "vit":  # the module, or the submodule a name may be
+                found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level:
             found.append((node.lineno, "relative import"))
     return found
@@ -81,13 +88,16 @@ def test_every_module_imports_only_the_layers_below_it():
 
 
 def test_the_check_catches_an_upward_import(tmp_path):
-    (tmp_path / "explain").mkdir()
-    (tmp_path / "explain" / "attention.py").write_text("def f():\n    from vit.app import explorer\n")
-    (tmp_path / "model.py").write_text("from vit.training.data import Dataset\n")
+    for room in ("explain", "core", "model", "costs"):
+        (tmp_path / room).mkdir()
+    (tmp_path / "explain" / "attention.py").write_text("def f():\n    from vit.app import explorer_page\n")
+    (tmp_path / "core" / "images.py").write_text("from vit.training.data import Dataset\n")
     (tmp_path / "predict.py").write_text("from vit.app.catalog import list_checkpoints\n")
-    (tmp_path / "inference.py").write_text("def f():\n    from vit import api\n")
+    (tmp_path / "core" / "inference.py").write_text("def f():\n    from vit import api\n")
+    (tmp_path / "model" / "blocks.py").write_text("from vit.core import images\n")
+    (tmp_path / "costs" / "plan.py").write_text("from vit.core.inference import preprocess\n")
     found = violations(tmp_path)
-    assert len(found) == 4 and all("imports" in p for p in found)
+    assert len(found) == 6 and all("imports" in p for p in found)
 
 
 def circles(root: Path = VIT) -> list[list[str]]:
@@ -116,9 +126,14 @@ def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(t
     (tmp_path / "training" / "data.py").write_text("from vit.training.options import AUGMENTATIONS\n")
     (tmp_path / "training" / "options.py").write_text("def f():\n    from vit.training.trainer import Settings\n")
     (tmp_path / "training" / "trainer.py").write_text("from vit.training.data import Dataset\n")
-    (tmp_path / "cli.py").write_text("def f():\n    from vit.core.inference import NonFiniteOutput\n")
-    (tmp_path / "inference.py").write_text("from vit.core.cli import MAX_INPUT_SIDE\n")
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "cli.py").write_text("def f():\n    from vit.core.inference import NonFiniteOutput\n")
+    (tmp_path / "core" / "inference.py").write_text("from vit.core.cli import MAX_INPUT_SIDE\n")
+    (tmp_path / "sources").mkdir()  # a module named in a from-import of its package
+    (tmp_path / "sources" / "hf_preprocessing.py").write_text("from vit.sources import import_qwen\n")
+    (tmp_path / "sources" / "import_qwen.py").write_text("def f():\n    from vit.sources import hf_preprocessing\n")
     assert circles(tmp_path) == [["vit.core.cli", "vit.core.inference"],
+                                 ["vit.sources.hf_preprocessing", "vit.sources.import_qwen"],
                                  ["vit.training.data", "vit.training.options", "vit.training.trainer"]]
 
 
@@ -151,23 +166,28 @@ def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(t
     (tmp_path / "api.py").write_text("from vit.app import words\n\nclass E:\n    def figure(self):\n"
                                      "        from vit.app.drawing import patch_picker_figure\n\n"
                                      "def pca():\n    from vit.app import dense\n")
-    assert app_imports_outside(tmp_path / "api.py", API_DISPLAY) == ["1: vit.app (in the module)",
-                                                                   "8: vit.app (in pca)"]
+    assert app_imports_outside(tmp_path / "api.py", API_DISPLAY) == ["1: vit.app.words (in the module)",
+                                                                   "8: vit.app.dense (in pca)"]
 
 
-@pytest.mark.parametrize("module, layer", [("vit.model", "core"), ("vit.train", "commands"),
+@pytest.mark.parametrize("module, layer", [("vit.model", "model"), ("vit.train", "commands"),
                                            ("vit.explain.methods.attention", "explain"), ("vit.app", "app"),
                                            ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api"),
-                                           ("vit.features.autoencoder", "features"), ("vit.sae", "commands")])
+                                           ("vit.features.autoencoder", "features"), ("vit.sae", "commands"),
+                                           ("vit.core.inference", "core"), ("vit.costs.bounds", "costs"),
+                                           ("vit.ViT", "api"), ("vit.__version__", "core")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 
 
-def test_wing_packages_are_empty():
-    """No star re-exports or registries: a wing's ``__init__`` holds at most a docstring."""
-    for wing in WINGS:
-        body = ast.parse((VIT / wing / "__init__.py").read_text()).body
-        assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), wing
+def test_packages_are_empty():
+    """No star re-exports or registries: a package's ``__init__`` holds at most a docstring (but ``vit``'s, the
+    notebook API, and ``vit.model``'s, which names the model's parts)."""
+    for init in VIT.rglob("__init__.py"):
+        if init.parent in (VIT, VIT / "model"):
+            continue
+        body = ast.parse(init.read_text()).body
+        assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), init
 
 
 def borrowed(module: str, module_path: Path, files: list[Path]) -> list[str]:
@@ -238,3 +258,51 @@ def test_the_length_check_catches_a_long_page(tmp_path):
     (tmp_path / "explorer_sections" / "long.py").write_text("x = 1\n" * (PAGE_LINES + 1))
     (tmp_path / "short.py").write_text("x = 1\n" * PAGE_LINES)
     assert long_files(tmp_path) == {"explorer_sections/long.py": PAGE_LINES + 1}
+
+
+# Rooms by kind: a folder past this many modules side by side is grouped by kind into sub-packages (STYLE.md), and
+# one name means one module, wherever it stands (a ``sae`` command beside a ``features/sae`` model confuses readers).
+ROOM_MODULES = 15
+
+
+def crowded_folders(root: Path = VIT, limit: int = ROOM_MODULES) -> dict[str, int]:
+    """{folder: modules} of the folders under ``root`` holding more than ``limit`` modules (``__init__`` aside)."""
+    counts = defaultdict(int)
+    for path in root.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__"):
+            counts[str(path.parent.relative_to(root.parent))] += 1
+    return {folder: n for folder, n in sorted(counts.items()) if n > limit}
+
+
+def repeated_names(root: Path = VIT) -> dict[str, list[str]]:
+    """{name: [paths]} of every module or package name borne by two places under ``root``."""
+    places = defaultdict(list)
+    for path in sorted(root.rglob("*.py")):
+        if path.stem not in ("__init__", "__main__"):
+            places[path.stem].append(str(path.relative_to(root.parent)))
+    for init in sorted(root.rglob("*/__init__.py")):
+        places[init.parent.name].append(str(init.parent.relative_to(root.parent)) + "/")
+    return {name: found for name, found in places.items() if len(found) > 1}
+
+
+def test_no_folder_holds_more_than_15_modules():
+    assert crowded_folders() == {}, "group these folders' modules by kind into sub-packages"
+
+
+def test_no_module_name_stands_at_two_levels():
+    assert repeated_names() == {}, "rename one of each pair for what it holds"
+
+
+def test_the_room_checks_catch_a_crowded_folder_and_a_repeated_name(tmp_path):
+    vit = tmp_path / "vit"
+    (vit / "features").mkdir(parents=True)
+    for i in range(ROOM_MODULES + 1):
+        (vit / f"m{i}.py").write_text("")
+    (vit / "__init__.py").write_text("")
+    (vit / "features" / "__init__.py").write_text("")
+    (vit / "features" / "m0.py").write_text("")
+    (vit / "features" / "sae.py").write_text("")
+    (vit / "sae.py").write_text("")
+    assert crowded_folders(vit) == {"vit": ROOM_MODULES + 2}
+    assert repeated_names(vit) == {"m0": ["vit/features/m0.py", "vit/m0.py"],
+                                   "sae": ["vit/features/sae.py", "vit/sae.py"]}
