@@ -1,9 +1,10 @@
 """The folder layout of ``vit/`` is its architecture: each room imports only what sits below it.
 
-``costs`` (the cost model) <- ``model`` <- ``core`` (checkpoints, images, inference, the registry) <- ``sources``,
-``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``. The package root is the commands' room: the modules
-``python -m vit.…`` runs (a command must stand there to keep its ``python -m`` name), which may use every room but
-``app``. Only the pages and the notebook API use ``app``, the API only to draw as the explorer draws (its
+``costs`` (the cost model) <- ``model`` <- ``core`` (images, clips, inference, the runs folder's files, small
+helpers; with ``vit.checkpoint`` and ``vit.registry``, which stay at the root because users and plugins import them
+there) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``. The package root is the
+commands' room: the modules ``python -m vit.…`` runs (a command must stand there to keep its ``python -m`` name),
+which may use every room but ``app``. Only the pages and the notebook API use ``app``, the API only to draw as the explorer draws (its
 computations are the engine's). The notebook API is ``vit/__init__.py`` (its names load ``vit.api`` when first used,
 so ``import vit`` imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any
 map ``vit.methods()`` lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
@@ -18,6 +19,7 @@ import pytest
 VIT = Path(__file__).resolve().parent.parent / "vit"
 COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae", "describe_heads"}
 LOW = {"costs", "model", "core"}  # the engine's lower rooms, each a package
+ROOT_CORE = {"checkpoint", "registry"}  # modules of the core kept at the root: their paths are what users import
 WINGS = {"sources", "explain", "training", "features", "runs", "app"}
 API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks
 # What each layer may import besides itself.
@@ -43,7 +45,7 @@ def layer_of(module: str) -> str:
     name = module.split(".")[1]
     if name in LOW | WINGS:
         return name
-    if name.startswith("__"):  # the package's own metadata (``from vit import __version__``): it loads nothing
+    if name.startswith("__") or name in ROOT_CORE:  # __version__ (the package's metadata) loads nothing
         return "core"
     return "commands" if name in COMMANDS else "api"  # any other name of the root is the notebook API's (vit.ViT)
 
@@ -175,7 +177,8 @@ def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(t
                                            ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api"),
                                            ("vit.features.autoencoder", "features"), ("vit.sae", "commands"),
                                            ("vit.core.inference", "core"), ("vit.costs.bounds", "costs"),
-                                           ("vit.ViT", "api"), ("vit.__version__", "core")])
+                                           ("vit.ViT", "api"), ("vit.__version__", "core"),
+                                           ("vit.checkpoint", "core"), ("vit.registry", "core")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 
