@@ -155,6 +155,7 @@ def test_main_maps_past_a_few_seconds_are_long_work_reporting_each_block(monkeyp
     from app_pages.explorer_sections import caches
     from vit.checkpoint import Checkpoint, Preprocessing
     from vit.core.inference import TRAINING_SIZE
+    from vit.explain.views.image_analysis import analyse
     from vit.model import ViT
 
     config = test_app.TINY  # 3 layers, 4 x 4 patches + CLS: 17 tokens
@@ -170,10 +171,12 @@ def test_main_maps_past_a_few_seconds_are_long_work_reporting_each_block(monkeyp
     monkeypatch.setattr(caches, "long_work", recording)
     monkeypatch.setattr(caches, "PROGRESS_TOKENS", 16)
     image, fingerprint = Image.new("RGB", (16, 16)), (f"bounds test {kind}",)
+    analysis = analyse(checkpoint, image)  # the page's, whose 17 tokens are past PROGRESS_TOKENS
     if kind == "class":
-        caches.class_relevance(fingerprint, "digest", TRAINING_SIZE, 1, checkpoint, image)
+        caches.class_relevance(fingerprint, "digest", TRAINING_SIZE, 1, checkpoint, image, analysis.num_tokens)
     else:
-        caches.method_map(fingerprint, "digest", TRAINING_SIZE, kind, 1, 0, -1, "mean", checkpoint, image)
+        caches.method_map(fingerprint, "digest", TRAINING_SIZE, kind, 1, 0, -1, "mean", checkpoint, image, -2,
+                          analysis)
     assert asked == [(place, "blocks", True, [(i, blocks) for i in range(1, blocks + 1)])]
 
 

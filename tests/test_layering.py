@@ -4,10 +4,11 @@
 helpers; with ``vit.checkpoint`` and ``vit.registry``, which stay at the root because users and plugins import them
 there) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``. The package root is the
 commands' room: the modules ``python -m vit.…`` runs (a command must stand there to keep its ``python -m`` name),
-which may use every room but ``app``. Only the pages and the notebook API use ``app``, the API only to draw as the explorer draws (its
-computations are the engine's). The notebook API is ``vit/__init__.py`` (its names load ``vit.api`` when first used,
-so ``import vit`` imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any
-map ``vit.methods()`` lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
+which may use every room but ``app``. Only the pages and the notebook API use ``app``, the API only to draw as the
+explorer draws (its computations are the engine's). The notebook API is ``vit/__init__.py`` (its names load
+``vit.api`` when first used, so ``import vit`` imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it
+but a command that draws any map ``vit.methods()`` lists through ``vit.explain``, the one place that dispatches
+every method (``vit.faithfulness``).
 """
 
 import ast

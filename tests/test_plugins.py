@@ -22,7 +22,7 @@ from tests.test_app import dirs, overlay_caption, png_bytes, run_app, sidebar_wi
 from vit import registry
 from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.core.inference import preprocess
+from vit.core.inference import ModelInput, preprocess
 from vit.model import ViT, ViTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,10 +164,10 @@ def test_a_plugin_methods_failure_is_one_line_naming_it(plugin, monkeypatch):
     method = replace(registry.find_method("pixelmean"), draw=broken)
     with pytest.raises(method_maps.PluginMethodError, match=r"^pixelmean \(plugin vit-test-plugin\) failed: "
                                                             r"KeyError: 'no such tensor'$"):
-        method_maps.plugin_map(checkpoint, photo(), method, (4, 4), 0, 0, -1, vit.api.TRAINING_SIZE)
+        method_maps.plugin_map(checkpoint, ModelInput.of(checkpoint, photo()), method, (4, 4), 0, 0, -1)
     wrong = replace(method, draw=lambda model, x, target, layer, query: torch.zeros(3, 3))
     with pytest.raises(method_maps.PluginMethodError, match=r"gave a map of shape \(3, 3\); the patch grid is 4x4"):
-        method_maps.plugin_map(checkpoint, photo(), wrong, (4, 4), 0, 0, -1, vit.api.TRAINING_SIZE)
+        method_maps.plugin_map(checkpoint, ModelInput.of(checkpoint, photo()), wrong, (4, 4), 0, 0, -1)
 
 
 def test_a_plugins_family_opens_through_vit_load(plugin, tmp_path):

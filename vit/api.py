@@ -341,6 +341,15 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     """
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
+    return _explain_image(checkpoint, image, method, target=target, layer=layer, head=head, query=query, size=size,
+                          max_tokens=max_tokens, **options)
+
+
+def _explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, target: int | str | None = None,
+                   layer: int | None = None, head: int | None = None, query: int | None = None,
+                   size: int | InputSize | None = None, max_tokens: int | None = None,
+                   **options: float | int) -> Explanation:
+    """``explain`` of an image model (every model but a video one): the method's map of one image."""
     chosen = registry.find_method(method)
     if chosen is not None and chosen.group == "words":
         raise ValueError(f"{method} maps a typed label: vit.ask(checkpoint, image, labels).explain(label, "
@@ -973,7 +982,7 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     wrapped = replace(checkpoint, model=lens_model(checkpoint.model, vectors, grid, units), class_names=[word],
                       training_state=None)
     query = None if method != "class" else patch % (grid[0] * grid[1]) + checkpoint.model.num_prefix_tokens
-    shown = explain(wrapped, image, method, target=0, query=query, size=size)
+    shown = _explain_image(wrapped, image, method, target=0, query=query, size=size)  # a tower sees images
     spans = f" ({unit}x{unit} patches)" if unit > 1 else ""
     where = ("summed over every image token" if units is None
              else f"at the image token over patch {patch % (grid[0] * grid[1])}{spans}")

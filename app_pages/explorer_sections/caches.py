@@ -19,6 +19,7 @@ from vit.checkpoint import Checkpoint
 from vit.core.cache import ByteCache
 from vit.core.images import UPLOAD_MAX_PIXELS, open_image
 from vit.core.inference import InputSize, input_shape
+from vit.core.progress import Progress
 from vit.core.text import visible
 from vit.core.threads import use_free_cores
 from vit.explain.methods.captum_maps import ATTRIBUTION_METHODS
@@ -112,17 +113,20 @@ def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkp
 
 
 def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
-                    image: Image.Image) -> attention_maps.ClassRelevance:
+                    image: Image.Image, tokens: int) -> attention_maps.ClassRelevance:
     """The class map's gradients, once per (checkpoint, image, size, class); above ``PROGRESS_TOKENS`` long work
-    (progress by block, Stop, the server's bound), the page stopping below it until it is done."""
+    (progress by block, Stop, the server's bound), the page stopping below it until it is done. ``tokens``: the
+    input's (its analysis's ``num_tokens``)."""
+    def compute(progress: Progress | None = None) -> attention_maps.ClassRelevance:
+        return method_maps.class_relevance(checkpoint, image, class_index, size, progress)
+
     def run() -> attention_maps.ClassRelevance:
         with st.spinner("Computing the class-specific map (one backward pass)…"):
-            return method_maps.class_relevance(checkpoint, image, class_index, size)
+            return compute()
     cache, key = byte_cache("relevance", RELEVANCE_CACHE_BYTES), (fingerprint, digest, size, class_index)
-    if key in cache or input_tokens(checkpoint, image, size) <= PROGRESS_TOKENS:
+    if key in cache or tokens <= PROGRESS_TOKENS:
         return cache.get_or_compute(key, run)
-    relevance = long_work(key, "Computing the class-specific map (a forward and a backward pass)",
-                          lambda progress: method_maps.class_relevance(checkpoint, image, class_index, size, progress),
+    relevance = long_work(key, "Computing the class-specific map (a forward and a backward pass)", compute,
                           "class map", unit="blocks", kept=cache)
     if relevance is None:
         st.stop()
@@ -173,13 +177,14 @@ def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, cla
 
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image, start_layer: int = -2,
-               analysis: image_analysis.Analysis | None = None, options: tuple = ()):
+               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image, start_layer: int,
+               analysis: image_analysis.Analysis, options: tuple = ()):
     """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B), the attributions (captum's and
     RISE: tens to thousands of forwards) and the other methods above ``PROGRESS_TOKENS`` are long work: its
     progress and a Stop button are drawn here, the server's bound holds, and the page stops below them until it is
-    done. ``analysis``: the page's of this image and size (a CAM starts from the explained block's input it kept:
-    ``method_maps.model_method_map``); ``options``: an attribution's (``MapSettings.options``)."""
+    done. ``analysis``: the page's of this image and size (its tokens decide whether the work is long; a CAM starts
+    from the explained block's input it kept: ``method_maps.model_method_map``); ``options``: an attribution's
+    (``MapSettings.options``)."""
     if kind == "flow":
         key, label, unit = ((kind, fingerprint, digest, size, query, end_layer, fusion),
                             "Computing the attention flow (one max-flow problem per token)", "passes")
@@ -187,7 +192,7 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
         key, label, unit = ((kind, fingerprint, digest, size, class_index, options),
                             f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map",
                             "masks" if kind == "rise" else "blocks")
-    elif input_tokens(checkpoint, image, size) > PROGRESS_TOKENS:
+    elif analysis.num_tokens > PROGRESS_TOKENS:
         key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer, start_layer),
                             f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map", "blocks")
     else:

@@ -54,7 +54,8 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
                                  "attention, rollout, token-norm and flow maps compare")
             class_b = attention_maps.resolved_class(settings_b, analysis_b)
             if kind == "class":
-                relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
+                relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image,
+                                              analysis_b.num_tokens)
             if attention_maps.is_method_map(kind):
                 method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
                                           settings_b.end_layer, fusion, checkpoint_b, image, settings_b.start_layer,

@@ -258,7 +258,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     if kind == "class":
         try:
             relevance = class_relevance(fingerprint, image_key, size, attention_maps.resolved_class(settings, analysis),
-                                        checkpoint, image)
+                                        checkpoint, image, analysis.num_tokens)
         except TooManyTokens as e:
             st.error(str(e))
             st.stop()

@@ -7,6 +7,7 @@ checkpoint's own preprocessing: the evaluation transform training's data cache u
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -118,6 +119,31 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
         left, top = crop_start(resized[0], crop_w, p.crop_rule), crop_start(resized[1], crop_h, p.crop_rule)
     sx, sy = width / resized[0], height / resized[1]
     return left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One image at one input size as a checkpoint's model sees it: its ``shape`` first (what every cost check reads,
+    before the work), its ``pixels`` when the work starts. Made once by the view that draws a map and handed down,
+    so the methods do not each size and preprocess the image again."""
+
+    image: Image.Image
+    preprocessing: Preprocessing
+    patch_size: int | tuple[int, int]
+    size: InputSize = TRAINING_SIZE
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE) -> ModelInput:
+        return cls(image, checkpoint.preprocessing, checkpoint.model.config.patch_size, size)
+
+    @functools.cached_property
+    def shape(self) -> tuple[int, int]:
+        """``(height, width)`` of the model's input (``input_shape``)."""
+        return input_shape(self.image, self.preprocessing, self.patch_size, self.size)
+
+    def pixels(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The normalised ``(1, C, H, W)`` input on ``device`` (``preprocess``)."""
+        return preprocess([self.image], self.preprocessing, self.size, self.patch_size).to(device)
 
 
 def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE) -> Image.Image:

@@ -251,7 +251,7 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     (``Options.of``), its forwards and its batch's memory (``vit.costs.plan.attribution``) are checked before any
     work. ``progress(done, total)`` reports RISE's masks; captum's methods report the blocks run inside
     ``reporting(total blocks)``, the caller's context (``method_maps.reported_blocks``, which imports this module)."""
-    from vit.core.inference import input_shape, preprocess
+    from vit.core.inference import ModelInput
     from vit.costs import plan
 
     model = checkpoint.model
@@ -261,7 +261,8 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     if model.config.stage_depths:
         raise ValueError(f"{title} is drawn on one patch grid: a model with stages (Swin, Hiera) is refused")
     chosen = Options.of(method, options)
-    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (H, W)
+    given = ModelInput.of(checkpoint, image, size)
+    shape = given.shape  # (H, W)
     grid = model.patch_grid(*shape)
     patch = (shape[0] // grid[0], shape[1] // grid[1])
     count = passes(method, chosen, grid, shape, patch)
@@ -270,7 +271,7 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient)
     plan.decide(plan.attribution(model, grid, title, count, batch, gradient))
     device = next(model.parameters()).device
-    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    x = given.pixels(device)  # (1, C, H, W)
 
     def forward(images: Tensor) -> Tensor:
         return model(images)[0]  # the logits of the (logits, attentions) contract

@@ -20,7 +20,7 @@ from PIL import Image
 
 from vit.checkpoint import Checkpoint
 from vit.core.cache import ByteCache
-from vit.core.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
+from vit.core.inference import TRAINING_SIZE, InputSize, ModelInput, Prediction, predictions_from_logits
 from vit.core.progress import Progress
 from vit.costs import bounds, plan
 from vit.costs.fits import CHUNK_BYTES, LAYER_CACHE_BYTES, check_input_fits
@@ -229,10 +229,13 @@ def view_shape(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRA
                max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> ViewShape:
     """The shape of ``analyse(checkpoint, image, size)``, without running the model; raises what it raises before
     the forward (``TooManyTokens`` over the limits, ValueError for a size a Swin's windows do not fit)."""
-    model = checkpoint.model
-    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
-    check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input", max_tokens, allow,
-                     chunks=True)
+    return _checked_view(checkpoint, ModelInput.of(checkpoint, image, size), max_tokens, allow)
+
+
+def _checked_view(checkpoint: Checkpoint, given: ModelInput, max_tokens: int | None, allow: str) -> ViewShape:
+    shape = given.shape  # (height, width)
+    check_input_fits(checkpoint, checkpoint.model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input", max_tokens,
+                     allow, chunks=True)
     return shape_of_input(checkpoint, shape)
 
 
@@ -260,12 +263,11 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     ``forward(x, hooks)``: the forward a method runs for itself on this image (a CAM's), which sets ``hooks`` and
     returns the logits: the analysis is read off it instead of running one of its own (not for a model with stages).
     """
-    model, p = checkpoint.model, checkpoint.preprocessing
-    patch_size = model.config.patch_size
-    view = view_shape(checkpoint, image, size, max_tokens, allow)
+    model, p, given = checkpoint.model, checkpoint.preprocessing, ModelInput.of(checkpoint, image, size)
+    view = _checked_view(checkpoint, given, max_tokens, allow)
     shape, grid = view.input_size, view.grid
     device = next(model.parameters()).device
-    x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
+    x = given.pixels(device)  # (1, C, H, W)
     if view.staged:
         if forward is not None:
             raise ValueError("a model with stages is analysed by its own forward (its layers' windows kept)")
@@ -300,8 +302,9 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
             if model.head is None:
                 embedding = (model.projection(pooled) if model.projection is not None else pooled)[0].float().cpu()
         probe = probe[0, :, 0].float().cpu() if probe is not None else None  # (H, T)
-    return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
-                    num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
+    return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=model.config.patch_size,
+                    input_size=shape, num_prefix_tokens=model.num_prefix_tokens, hidden=hidden,
+                    training_size=p.image_size,
                     cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
                     embedding=embedding, position_table=getattr(model.config, "pos_embed", True),
                     sincos_positions=getattr(model.config, "sincos_pos", False),

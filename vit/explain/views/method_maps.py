@@ -15,7 +15,7 @@ from PIL import Image
 
 from vit import registry
 from vit.checkpoint import Checkpoint
-from vit.core.inference import TRAINING_SIZE, InputSize, input_shape, preprocess
+from vit.core.inference import TRAINING_SIZE, InputSize, ModelInput
 from vit.core.progress import Progress
 from vit.costs import plan
 from vit.costs.memory import CHUNK_BYTES
@@ -57,12 +57,10 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     (``LayerInputs.gradient_rollout_row``). ``TooManyTokens`` when even that would be over the limit.
     ``progress(blocks run, total)`` at each block's output (``reported_blocks``).
     """
-    model, p = checkpoint.model, checkpoint.preprocessing
-    shape = input_shape(image, p, model.config.patch_size, size)
-    grid = model.patch_grid(*shape)
+    model, given = checkpoint.model, ModelInput.of(checkpoint, image, size)
     device = next(model.parameters()).device
-    return input_class_relevance(model, lambda: preprocess([image], p, size, model.config.patch_size).to(device),
-                                 grid, class_index, progress)
+    return input_class_relevance(model, lambda: given.pixels(device), model.patch_grid(*given.shape), class_index,
+                                 progress)
 
 
 def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: tuple[int, int], class_index: int,
@@ -133,7 +131,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     model = checkpoint.model
     if model.config.stage_depths and kind not in STAGE_MAP_KINDS:
         raise ValueError(stage_refusal(kind))
-    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
+    given = ModelInput.of(checkpoint, image, size)
+    shape = given.shape  # (height, width)
     grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
     if analysis is not None and (analysis.grid != grid or analysis.input_size != shape):
         raise ValueError(f"the analysis given is of a {analysis.input_size[1]}x{analysis.input_size[0]} px input, "
@@ -143,7 +142,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         if plugin.draw is None:
             raise ValueError(f"{kind!r} is not drawn here; choose one of: "
                              f"{', '.join(m.name for m in registry.methods() if is_method_map(m.name))}")
-        return plugin_map(checkpoint, image, plugin, grid, class_index, query, end_layer, size, progress)
+        return plugin_map(checkpoint, given, plugin, grid, class_index, query, end_layer, progress)
     # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
     # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
     if kind == "legrad":  # in chunks (never a whole layer's attention or gradient), or a model's stages' windows
@@ -160,8 +159,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
                                   layers=len(range(len(model.blocks))[end_layer:])))
     if hooks and (kind not in CAM_KINDS or kind == "scorecam"):
         raise ValueError(f"hooks are set on a CAM's one forward; {kind} runs others")
-    device = next(model.parameters()).device
-    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    x = given.pixels(next(model.parameters()).device)  # (1, C, H, W)
     L = len(model.blocks)
     if kind == "legrad":
         with reported_blocks(model, progress, L - 1 + len(range(L)[start_layer:])):  # the explained ones again
@@ -210,8 +208,8 @@ class PluginMethodError(ValueError):
     """A plugin's method failed on a model: the message names the method and its plugin, in one line."""
 
 
-def plugin_map(checkpoint: Checkpoint, image: Image.Image, method, grid: tuple[int, int], class_index: int,
-               query: int, end_layer: int, size: InputSize, progress: Progress | None = None) -> np.ndarray:
+def plugin_map(checkpoint: Checkpoint, given: ModelInput, method, grid: tuple[int, int], class_index: int,
+               query: int, end_layer: int, progress: Progress | None = None) -> np.ndarray:
     """The ``(gh, gw)`` map of a plugin's ``method`` (a ``vit.registry.Method`` with ``draw``), after its cost
     (``vit.costs.plan``: a forward's, or a gradient's for a class-specific one) is checked: ``draw(model, x,
     target, layer, query)`` as ``Method`` says. Whatever the plugin raises is one line naming it
@@ -223,8 +221,7 @@ def plugin_map(checkpoint: Checkpoint, image: Image.Image, method, grid: tuple[i
         plan.decide(plan.gradient(model, grid, method.title.split(" (")[0], layers=L - layer))
     else:
         plan.decide(plan.forward(model, grid, method.title.split(" (")[0], attentions=True))
-    device = next(model.parameters()).device
-    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    x = given.pixels(next(model.parameters()).device)  # (1, C, H, W)
     who = f"{method.name} (plugin {method.plugin})"
     stopped: list[BaseException] = []  # what the caller's progress raised (the page's Stop): passed on as it is
 
