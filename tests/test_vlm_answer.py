@@ -248,6 +248,76 @@ def test_the_answer_is_generates_greedy_answer_token_for_token(vlms, answers, ki
     assert answer.pieces == tuple(processor.decode([t]) for t in expected)
 
 
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, kind):
+    """``on_token`` is given the answer so far after each token: its ids are ``generate``'s first k, its text their
+    decoding; the last is the answer returned."""
+    from vit.explain.vlm_answer import generate_answer, prepare
+
+    vlm = vit.open_vlm(vlms[kind])
+    streamed = []
+    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS),
+                             on_token=lambda tokens, text: streamed.append((tokens, text)))
+    out, inputs, _ = eager_generate(vlms[kind], picture())
+    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    processor = transformers.AutoProcessor.from_pretrained(vlms[kind])
+    assert [list(tokens) for tokens, _ in streamed] == [expected[:k] for k in range(1, NEW_TOKENS + 1)]
+    assert [text for _, text in streamed] == [processor.decode(expected[:k], skip_special_tokens=True)
+                                              for k in range(1, NEW_TOKENS + 1)]
+    assert streamed[-1] == (answer.tokens, answer.text) and answer.stopped is None
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+def test_a_stop_after_k_tokens_keeps_k_tokens_whose_maps_are_the_whole_runs(vlms, kind):
+    """A ``Stop`` raised by ``progress`` once k tokens are done ends the generation there: the answer keeps
+    ``generate``'s first k tokens, each token's attention is transformers' eager row of the whole run, and its
+    relevance and TAM are those of the whole answer's token."""
+    from vit.explain.vlm_answer import generate_answer, prepare
+    from vit.progress import Stop
+
+    k, told = 2, []
+
+    def stop_at_k(done, total):
+        told.append((done, total))
+        if done == k:
+            raise Stop("stopped by the test")
+
+    vlm = vit.open_vlm(vlms[kind])
+    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS), stop_at_k)
+    out, inputs, image_token = eager_generate(vlms[kind], picture())
+    assert told == [(i, NEW_TOKENS) for i in range(k + 1)]
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()[:k]
+    assert answer.stopped == "stopped by the test" and len(answer.pieces) == k
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    unit, lead = LAYOUT[kind]
+    for i in range(k):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, lead + N): step i's query
+            for head in range(rows.shape[0]):
+                np.testing.assert_allclose(answer.attention(i, layer, head),
+                                           by_hand(rows[head], answer.grid, unit, lead), rtol=0, atol=ATOL)
+    whole = vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_allclose(answer.relevance(k - 1), whole.relevance(k - 1), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(answer.tam(k - 1), whole.tam(k - 1), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=rf"^answer token {k} does not exist: the answer has {k} tokens"):
+        answer.attention(k)
+
+
+def test_a_stop_before_the_first_token_keeps_nothing(vlms, monkeypatch):
+    from vit.explain.vlm_answer import generate_answer, prepare
+    from vit.progress import Stop
+
+    vlm = vit.open_vlm(vlms["llava"])
+    prepared = prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    monkeypatch.setattr(vlm.model, "generate", lambda *a, **k: pytest.fail("the model ran"))
+
+    def stop(done, total):
+        raise Stop("stopped at once")
+
+    with pytest.raises(Stop, match="stopped at once"):
+        generate_answer(vlm, prepared, stop)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_tokens_attention_is_the_eager_row_placed_through_the_models_layout(answers, kind):
     answer, out, inputs, image_token = answers[kind]

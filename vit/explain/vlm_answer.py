@@ -23,11 +23,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from PIL import Image
+
+from vit.progress import Progress, Stop
 
 ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
@@ -362,11 +365,14 @@ def text_shape(vlm):
 class VLMAnswer:
     """A VLM's answer to a question about an image: ``tokens`` (the generated ids, as ``generate`` returns them),
     ``text``, ``pieces`` (each token's text) and, for each answer token, its attention to the image
-    (``attention``), computed when asked from the kept query rows and the KV cache."""
+    (``attention``), computed when asked from the kept query rows and the KV cache. ``stopped``: why the generation
+    was stopped before its end (its tokens are the first ones of the whole answer), or None."""
 
     def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...], layout: ImageLayout,
-                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None) -> None:
+                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None,
+                 stopped: str | None = None) -> None:
         self.tokens, self.text, self.pieces = tokens, text, pieces
+        self.stopped = stopped  # why the generation was stopped before its end (None: it ended by itself)
         self.layout, self.prompt_tokens = layout, prompt_tokens
         self._recorder, self._cache = recorder, cache
         self._source = source  # (vlm, Prepared): what the relevance runs the model on again
@@ -479,7 +485,8 @@ class VLMAnswer:
         return (*rows, *cached)
 
     def __repr__(self) -> str:
-        return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens, {self.grid[0]}x{self.grid[1]} patches)"
+        stopped = "" if self.stopped is None else ", stopped"
+        return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens{stopped}, {self.grid[0]}x{self.grid[1]} patches)"
 
 
 @dataclass(frozen=True)
@@ -522,37 +529,55 @@ def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str
 
 
 class _Steps:
-    """A ``generate`` streamer that reports each answer token as done to ``progress(done, total)``, which may raise
-    to stop the generation between two steps (``vit.app.work.Stopped``)."""
+    """A ``generate`` stopping criterion that hands each answer token, as soon as it is chosen, to ``on_token`` (the
+    answer so far: its ids and text) and reports it to ``progress(done, total)``. A ``Stop`` that ``progress`` raises
+    ends the generation at once, the token just chosen kept: stopped after ``k`` tokens, the answer has ``k``."""
 
-    def __init__(self, progress, total: int) -> None:
-        self.progress, self.total, self.done = progress, total, -1  # generate puts the prompt first
+    def __init__(self, prompt_tokens: int, total: int, tokenizer, progress: Progress | None,
+                 on_token: Callable[[tuple[int, ...], str], None] | None) -> None:
+        self.prompt_tokens, self.total, self.tokenizer = prompt_tokens, total, tokenizer
+        self.progress, self.on_token = progress, on_token
+        self.stopped: Stop | None = None
 
-    def put(self, value) -> None:
-        self.done += 1
-        self.progress(min(self.done, self.total), self.total)
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        """(B, T) the prompt and the answer so far -> (B,) bool: whether to stop now."""
+        tokens = tuple(int(t) for t in input_ids[0, self.prompt_tokens:])
+        if self.on_token is not None:
+            self.on_token(tokens, self.tokenizer.decode(list(tokens), skip_special_tokens=True))
+        if self.progress is not None and self.stopped is None:
+            try:
+                self.progress(len(tokens), self.total)
+            except Stop as e:  # the tokens so far are kept: generate ends after this step
+                self.stopped = e
+        return torch.full((input_ids.shape[0],), self.stopped is not None, dtype=torch.bool, device=input_ids.device)
 
-    def end(self) -> None:
-        self.progress(self.total, self.total)
 
+def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
+                    on_token: Callable[[tuple[int, ...], str], None] | None = None) -> VLMAnswer:
+    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded.
+    Streamed: ``on_token(tokens, text)`` is given the answer so far (its ids, its text) as soon as each token is
+    chosen, and ``progress(done, total)`` told each token done; a ``vit.progress.Stop`` it raises ends the generation
+    there, the answer (``stopped``: why) keeping the tokens so far and every map of theirs. A ``Stop`` before the
+    first token propagates: there is nothing to keep."""
+    from transformers import StoppingCriteriaList
 
-def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
-    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded;
-    ``progress(done, total)`` is told each answer token generated, and may raise to stop between two."""
+    tokenizer = vlm.processor.tokenizer
+    if progress is not None:
+        progress(0, prepared.max_new_tokens)
+    steps = _Steps(prepared.prompt_tokens, prepared.max_new_tokens, tokenizer, progress, on_token)
     recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,
-                                 streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
+                                 stopping_criteria=StoppingCriteriaList([steps]))
     tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
-    steps = {len(q) for q in recorder.queries}
-    if steps != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
-        raise RuntimeError(f"recorded {sorted(steps)} steps per layer for {len(tokens)} answer tokens")
-    tokenizer = vlm.processor.tokenizer
+    steps_kept = {len(q) for q in recorder.queries}
+    if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
+        raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
     return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens,
-                     (vlm, prepared))
+                     (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
 
 
 def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
