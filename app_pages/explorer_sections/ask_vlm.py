@@ -1,5 +1,6 @@
 """Ask the VLM (issue 80): a question about the image to the whole vision-language model (its language model too),
-the answer generated with progress and Stop, each answer token clickable, the clicked token's attention over the
+the answer streamed token by token under its progress, with Stop (a stopped answer keeps its tokens so far, and
+their maps), each answer token clickable, the clicked token's attention over the
 image at a layer and head of the language model, and every answer token's share of attention on the image.
 
 The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transformers' greedy ``generate``, the
@@ -22,7 +23,7 @@ from vit.app import drawing, share, vlm_ask
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
 from vit.explain.overlay import display_image
-from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, generate_answer, prepare
+from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, prepare
 from vit.images import ImageError
 from vit.inference import seen_region
 from vit.text import escape_markdown, file_name_part, visible
@@ -108,13 +109,14 @@ def _one_line(error: Exception) -> str:
 
 
 def _answer(view: Shown, may_open: bool, question: str, length: int) -> VLMAnswer | None:
-    """The answer, kept per (model, image, question, length); None while it is generated (its progress and Stop are
-    drawn) or after it was stopped. Raises what a refusal raises (one line)."""
+    """The answer, kept per (model, image, question, length); None while it is generated (its progress, the answer
+    so far and Stop are drawn); after a Stop, the answer so far (for this page only). Raises what a refusal raises
+    (one line)."""
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
     prepared = prepare(vlm, view.image, question, max_new_tokens=length)  # counted, refused over the limit
     vlm_ask.check_visitor(prepared, may_open)
     return long_work(("vlm answer", view.full_fingerprint, view.image_key, question, length),
-                     f"Answering in at most {length} tokens", partial(generate_answer, vlm, prepared), "ask_vlm",
+                     f"Answering in at most {length} tokens", partial(vlm_ask.generate, vlm, prepared), "ask_vlm",
                      unit="tokens")
 
 

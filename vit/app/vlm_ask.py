@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vit.explain.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer
+from vit.explain.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer, generate_answer
 from vit.text import escape_markdown, visible
 
 DEFAULT_NEW_TOKENS = 16
@@ -46,6 +46,16 @@ def check_visitor(prepared: Prepared, may_open: bool) -> None:
         raise ValueError(f"the model's processor makes this image {made} = {layout.patches:,} patches, more than "
                          f"the {VISITOR_PATCHES:,} a visitor may ask about here; upload a smaller image (with a "
                          "token, entered on the Train page, larger)")
+
+
+def generate(vlm, prepared: Prepared, work) -> VLMAnswer:
+    """The answer for the page's long work (``vit.app.work.Work``): streamed, the answer so far in ``work.so_far``
+    (plain text, the page draws it under the progress) as each token is chosen; stopped, the answer keeps the
+    tokens so far and their maps (``generate_answer``)."""
+    def show(tokens: tuple[int, ...], text: str) -> None:
+        work.so_far = f"Answer so far ({len(tokens)} of {prepared.max_new_tokens} tokens at most): {visible(text)}"
+
+    return generate_answer(vlm, prepared, work, show)
 
 
 def token_label(answer: VLMAnswer, i: int) -> str:
@@ -128,6 +138,8 @@ def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: i
              fusion: str, method: str = "attention", overview: bool = False) -> dict[str, str]:
     """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
     shown = _settings(question, answer, new_tokens, i, layer, head, fusion, method)
+    if answer.stopped is not None:
+        shown["Answer"] = f"{answer.text} (stopped after {len(answer.tokens)} tokens: {answer.stopped})"
     if tiled(answer):
         shown["Image view"] = "the overview" if overview else f"the {answer.layout.views - 1} tiles' canvas"
     return shown
