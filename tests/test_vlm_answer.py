@@ -442,19 +442,81 @@ def test_predict_ask_writes_the_answer_and_each_tokens_maps(vlms, answers, tmp_p
                 np.testing.assert_allclose(saved["attention"][i, layer, head], by_hand(rows[head], (4, 6), 2, 0),
                                            rtol=0, atol=ATOL)
             np.testing.assert_allclose(saved["image_share"][i, layer], rows.sum(-1), rtol=0, atol=ATOL)
+    assert saved["tam"].shape == (NEW_TOKENS, 4, 6) and "gradxattn" not in saved  # TAM by default, relevance asked
+    for i in range(NEW_TOKENS):  # the API's TAM (test_vlm_tam checks it against the authors' function)
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+
+
+def test_predict_ask_writes_the_maps_lm_method_names(vlms, answers, tmp_path, capsys):
+    """``--lm-method`` takes the explorer's ``lm_method`` names: gradient x attention at each layer and rolled out
+    are the API's (test_vlm_relevance checks them against autograd on transformers' model), from one run per token;
+    attention is left out when not named."""
+    from vit.explain.vlm_answer import MAP_METHODS
+    from vit.predict import ANSWER_MAP_METHODS, main
+
+    assert ANSWER_MAP_METHODS == MAP_METHODS
+    picture().save(tmp_path / "photo.png")
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--device", "cpu", "--lm-method",
+                 "gradxattn", "gradxattn_rollout", "tam"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer = answers["qwen2_5_vl"][0]
+    saved = np.load(record["maps"]["npz"])
+    assert "attention" not in saved and saved["image_share"].shape == (NEW_TOKENS, 2, 4)
+    assert saved["gradxattn"].shape == (NEW_TOKENS, 2, 4, 6) and saved["gradxattn_rollout"].shape == (NEW_TOKENS, 4, 6)
+    for i in range(NEW_TOKENS):
+        for layer in range(2):
+            np.testing.assert_allclose(saved["gradxattn"][i, layer], answer.relevance(i, layer), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["gradxattn_rollout"][i], answer.relevance(i), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION,
+                 "--lm-method", "tam"]) == 2
+    assert "--lm-method chooses the maps --save-maps writes; add --save-maps DIR" in capsys.readouterr().err
+
+
+def test_predict_ask_counts_the_relevance_maps_before_answering(vlms, tmp_path, capsys, monkeypatch):
+    """The maps ``--lm-method`` names count against ``--max-maps-mb`` before any forward: 512 tokens of attention
+    fit 2 MB on a 10 x 12 grid, with gradient x attention's per layer they do not; and the last token's gradient x
+    attention over the memory limit is refused before the answer too."""
+    from vit.costs.plan import vlm_answer, vlm_relevance
+    from vit.explain.vlm_answer import prepare, text_shape
+    from vit.predict import main
+
+    picture(280, 250).save(tmp_path / "photo.png")  # 10 x 12 patches (the processor's max_pixels)
+    vlm = vit.open_vlm(vlms["qwen2_5_vl"])
+    prepared = prepare(vlm, picture(280, 250), QUESTION, max_new_tokens=512)
+    assert prepared.maps_bytes(4, ("attention",)) <= 2 * 2**20 < prepared.maps_bytes(4, ("attention", "gradxattn"))
+    monkeypatch.setattr("vit.explain.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
+    monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
+    args = [str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "512",
+            "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]
+    assert main([*args, "--max-maps-mb", "2", "--lm-method", "attention", "gradxattn"]) == 1
+    err = capsys.readouterr().err
+    assert "--save-maps would write up to 2 MB" in err and "over the 2 MB limit" in err, err
+    assert "(512 tokens x (attention 2 layers x 4 heads + gradxattn 2 layers) maps x 10x12 patches)" in err
+    answering = vlm_answer(vlm.tower.model, prepared.layout.grid, text_shape(vlm), prepared.prompt_tokens, 512).memory
+    relevance = vlm_relevance(vlm.tower.model, prepared.layout.grid, text_shape(vlm), prepared.prompt_tokens + 511,
+                              511).memory
+    assert relevance > answering  # a limit between them: the answer may run, its last token's relevance not
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((answering + relevance) / 2 / 2**20))
+    assert main([*args, "--max-maps-mb", "100", "--lm-method", "gradxattn_rollout"]) == 1
+    err = capsys.readouterr().err
+    assert "Gradient x attention of answer token 511 runs the model over" in err, err
+    assert not list((tmp_path / "maps").iterdir())
 
 
 def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path, capsys, monkeypatch):
     from vit.predict import main
 
-    picture(280, 250).save(tmp_path / "photo.png")  # 12 x 12 patches at most (max_pixels): 2.4 MB of maps
+    picture(280, 250).save(tmp_path / "photo.png")  # 10 x 12 patches (max_pixels): 2.2 MB of maps
     monkeypatch.setattr("vit.explain.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
     monkeypatch.setattr("vit.predict.MAX_MAPS_MB", 1)
     monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
     assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
                  "512", "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 1
     err = capsys.readouterr().err
-    assert "--save-maps would write up to 2 MB" in err and "(512 tokens x 2 layers x 4 heads x " in err
+    assert "--save-maps would write up to 2 MB" in err and "(512 tokens x (attention 2 layers x 4 heads + tam 1) " \
+                                                           "maps x 10x12 patches)" in err, err
     assert "over the 1 MB limit; raise --max-maps-mb" in err
     assert not list((tmp_path / "maps").iterdir())
 
@@ -661,3 +723,8 @@ def test_predict_ask_writes_the_tiles_canvas_and_the_overview(internvl_tiles, tm
             np.testing.assert_allclose(saved["attention"][i, 1, head], expected, rtol=0, atol=ATOL)
             np.testing.assert_allclose(saved["overview_attention"][i, 1, head], by_hand(rows[head, 24:], (4, 4), 2, 0),
                                        rtol=0, atol=ATOL)
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    assert saved["tam"].shape == (NEW_TOKENS, 8, 12) and saved["overview_tam"].shape == (NEW_TOKENS, 4, 4)
+    for i in range(NEW_TOKENS):  # the API's, each filtered on its own view's grid
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["overview_tam"][i], answer.tam(i, overview=True), rtol=0, atol=1e-6)

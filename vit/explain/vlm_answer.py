@@ -450,15 +450,23 @@ class VLMAnswer:
         layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its query row. One forward and backward of the
         language model over the prompt and the answer's first ``i`` tokens, counted first
         (``vit.costs.plan.vlm_relevance``; ``vit.explain.vlm_relevance``). ``overview``: as ``attention``'s."""
-        from vit.explain.vlm_relevance import relevance
-
         layout = self.layout.view(overview)
+        return layout.place(self.image_relevance(i, (layer,)))[0].numpy()
+
+    def image_relevance(self, i: int, layers) -> torch.Tensor:
+        """(len(layers), lead + N): answer token ``i``'s gradient x attention over the image tokens for each of
+        ``layers`` (an int: that layer's row; None: the rollout), all from one forward and backward (``relevance``'s,
+        counted first)."""
+        from vit.explain.vlm_relevance import relevances
+
+        vlm, prepared = self._model()
+        i, layers = self._token(i), tuple(None if layer is None else self._layer(layer) for layer in layers)
+        return relevances(vlm, prepared, self.tokens, i, layers, recording)[:, self.layout.positions]
+
+    def _model(self) -> tuple:
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
-        vlm, prepared = self._source
-        i, layer = self._token(i), None if layer is None else self._layer(layer)
-        values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
-        return layout.place(values[layout.positions][None])[0].numpy()
+        return self._source
 
     def tam(self, i: int, overview: bool = False) -> np.ndarray:
         """(gh, gw) float32 in [0, 1]: answer token ``i``'s Token Activation Map (Li et al., ICCV 2025; the authors'
@@ -467,13 +475,18 @@ class VLMAnswer:
         Gaussian filter, each patch holding its image token's value. One forward of the model over the prompt and
         the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.vlm_tam``, where
         the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
-        from vit.explain.vlm_tam import tam
+        from vit.explain.vlm_tam import on_layout
 
         layout = self.layout.view(overview)
-        if self._source is None:
-            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
-        vlm, prepared = self._source
-        return tam(vlm, prepared, self.tokens, self._token(i), layout)
+        return on_layout(self.image_tam(i), layout)
+
+    def image_tam(self, i: int) -> np.ndarray:
+        """(lead + N,) float32: answer token ``i``'s TAM over the image tokens before the rank Gaussian filter (which
+        ``tam`` applies on a view's grid): one forward, counted first (``vit.explain.vlm_tam.image_values``)."""
+        from vit.explain.vlm_tam import image_values
+
+        vlm, prepared = self._model()
+        return image_values(vlm, prepared, self.tokens, self._token(i))
 
     def held(self) -> tuple[torch.Tensor, ...]:
         """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.cache.nbytes`` counts
@@ -501,12 +514,19 @@ class Prepared:
     text: object  # TextShape: the language model's sizes
     words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
 
-    def maps_bytes(self, itemsize: int = 4) -> int:
-        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``, and as many
-        on the overview's grid for an image read as tiles."""
+    def maps_per_token(self, method: str) -> int:
+        """How many maps each answer token has by ``method`` (one of ``MAP_METHODS``): attention one per layer and
+        head, gradient x attention one per layer, its rollout and TAM one."""
+        layers, heads = self.text.layers, self.text.heads
+        return {"attention": layers * heads, "gradxattn": layers, "gradxattn_rollout": 1, "tam": 1}[method]
+
+    def maps_bytes(self, itemsize: int = 4, methods: tuple[str, ...] = ("attention",)) -> int:
+        """Bytes of every answer token's maps by ``methods`` at most (``new x maps_per_token x gh x gw``), and as
+        many on the overview's grid for an image read as tiles."""
         gh, gw = self.layout.grid
         oh, ow = self.layout.overview.grid if self.layout.overview is not None else (0, 0)
-        return self.max_new_tokens * self.text.layers * self.text.heads * (gh * gw + oh * ow) * itemsize
+        maps = sum(self.maps_per_token(method) for method in set(methods))
+        return self.max_new_tokens * maps * (gh * gw + oh * ow) * itemsize
 
 
 def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
