@@ -252,12 +252,9 @@ def test_the_answer_is_generates_greedy_answer_token_for_token(vlms, answers, ki
 def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, kind):
     """``on_token`` is given the answer so far after each token: its ids are ``generate``'s first k, its text their
     decoding; the last is the answer returned."""
-    from vit.explain.vlm_answer import generate_answer, prepare
-
-    vlm = vit.open_vlm(vlms[kind])
     streamed = []
-    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS),
-                             on_token=lambda tokens, text: streamed.append((tokens, text)))
+    answer = vit.ask_vlm(vlms[kind], picture(), QUESTION, max_new_tokens=NEW_TOKENS,
+                         on_token=lambda tokens, text: streamed.append((tokens, text)))
     out, inputs, _ = eager_generate(vlms[kind], picture())
     expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     processor = transformers.AutoProcessor.from_pretrained(vlms[kind])

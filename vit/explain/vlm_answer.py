@@ -6,7 +6,9 @@ attention runs through one more attention function (``ROWS``, registered with tr
 the model's own implementation (sdpa, or the eager function of its modelling file) computes the output, and beside it
 the last query row of each call is kept, after RoPE (M-RoPE for Qwen), as the attention gets it: ``(H, d)`` per layer
 per answer token. Answer token ``i`` was predicted by the last query of generation step ``i`` (the prompt's last
-token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``.
+token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``. Each token is handed on as soon
+as ``generate`` chooses it (a stopping criterion, ``_Steps``: the answer streamed), and a ``vit.progress.Stop`` raised
+by the progress there ends the generation with the tokens so far, their rows and cache kept.
 
 No layer's ``T x T`` attention is ever held. A row is computed when asked, from the keys the KV cache already holds:
 ``softmax(q_i K[:t_i]^T * scaling + mask)`` over the ``t_i`` keys that step saw (Gemma's soft cap where the model
@@ -601,7 +603,9 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
 
 
 def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
-           max_new_tokens: int = 32) -> VLMAnswer:
+           max_new_tokens: int = 32, on_token: Callable[[tuple[int, ...], str], None] | None = None) -> VLMAnswer:
     """``vlm``'s greedy answer to ``question`` about ``image`` (``generate``'s tokens), its query rows recorded:
-    ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer``."""
-    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens))
+    ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer`` (``on_token``: given
+    the answer so far as each token is chosen)."""
+    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens),
+                           on_token=on_token)
