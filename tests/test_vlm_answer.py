@@ -248,7 +248,7 @@ def test_the_answer_is_generates_greedy_answer_token_for_token(vlms, answers, ki
     assert answer.pieces == tuple(processor.decode([t]) for t in expected)
 
 
-@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, kind):
     """``on_token`` is given the answer so far after each token: its ids are ``generate``'s first k, its text their
     decoding; the last is the answer returned."""

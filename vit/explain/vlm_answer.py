@@ -563,7 +563,7 @@ class _Steps:
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         """(B, T) the prompt and the answer so far -> (B,) bool: whether to stop now."""
-        tokens = tuple(int(t) for t in input_ids[0, self.prompt_tokens:])
+        tokens = tuple(input_ids[0, self.prompt_tokens:].tolist())  # one copy from the device per step
         if self.on_token is not None:
             self.on_token(tokens, self.tokenizer.decode(list(tokens), skip_special_tokens=True))
         if self.progress is not None and self.stopped is None:
@@ -591,7 +591,7 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,
-                                 stopping_criteria=StoppingCriteriaList([steps]))
+                                 stopping_criteria=StoppingCriteriaList([steps] if progress or on_token else []))
     tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
     steps_kept = {len(q) for q in recorder.queries}
     if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
