@@ -7,7 +7,8 @@ them), and lxt's efficient rules patched in as lxt does (rachtibat/LRP-eXplains-
 ``lxt/efficient``, vendored in tests/reference/lxt): in the language model exactly what its model map for that
 language model patches — ``llama`` for LLaVA's LlamaMLP and LlamaRMSNorm, ``qwen2`` for Qwen2.5-VL's and InternVL's
 Qwen2MLP and Qwen2RMSNorm (``gated_mlp_forward``, ``rms_norm_forward``), ``gemma3`` for Gemma 3's (``gemma3_norm`` on
-``Gemma3RMSNorm._norm``), each ``patch_attention`` (``wrap_attention_forward`` on the modelling file's eager
+``Gemma3RMSNorm._norm``; lxt has no map for Gemma and Gemma 2, whose norms are Gemma 3's: PaliGemma's take it
+too), each ``patch_attention`` (``wrap_attention_forward`` on the modelling file's eager
 attention) — and in the tower and the projector what ``test_vlm_attnlrp_lxt`` patches there (``layer_norm_forward``,
 ``rms_norm_forward``, ``gated_mlp_forward``, ``non_linear_forward`` on the activations, the wrapped eager attention).
 ``autograd`` of the answer token's logit at the last position to ``pixel_values``, input x gradient summed over the
@@ -23,7 +24,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_vlm_answer import NEW_TOKENS, QUESTION, internvl_tiles, picture, saved_whole  # noqa: E402,F401
+from test_vlm_answer import NEW_TOKENS, QUESTION, internvl_tiles, llava_next, picture, saved_whole  # noqa: E402,F401
 
 import vit  # noqa: E402
 from tests.reference.lxt.gemma3 import gemma3_norm  # noqa: E402
@@ -39,7 +40,7 @@ from vit.bounds import TooManyTokens  # noqa: E402
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 RTOL = 1e-5
-KINDS = ["llava", "qwen2_5_vl", "internvl", "gemma3"]
+KINDS = ["llava", "qwen2_5_vl", "internvl", "gemma3", "qwen3_vl", "paligemma", "paligemma2"]
 LM_RULES = ("rms_norm", "gated_mlp", "attention")  # what lxt's llama / qwen2 / gemma3 maps patch in the LM
 
 
@@ -94,7 +95,7 @@ def _patch_lxt(m, model, drop: str | None = None) -> None:
     if drop != "gated_mlp":
         m.setattr(lm_mlp, "forward", gated_mlp_forward)
     if drop != "rms_norm":
-        if lm_norm.__name__ == "Gemma3RMSNorm":  # lxt's gemma3 map
+        if hasattr(lm_norm, "_norm"):  # lxt's gemma3 map (Gemma's and Gemma 2's norms are the same)
             m.setattr(lm_norm, "_norm", gemma3_norm)
         else:  # lxt's llama and qwen2 maps
             m.setattr(lm_norm, "forward", rms_norm_forward)
@@ -103,7 +104,7 @@ def _patch_lxt(m, model, drop: str | None = None) -> None:
     m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
     for cls in {type(x) for x in outside if hasattr(x, "variance_epsilon")} - {lm_norm}:
         m.setattr(cls, "forward", rms_norm_forward)
-    for cls in {type(x) for x in outside if type(x).__name__ == "Gemma3RMSNorm"} - {lm_norm}:
+    for cls in {type(x) for x in outside if hasattr(x, "_norm")} - {lm_norm}:
         m.setattr(cls, "_norm", gemma3_norm)
     for cls in {type(x) for x in outside if hasattr(x, "gate_proj")} - {lm_mlp}:
         m.setattr(cls, "forward", gated_mlp_forward)
@@ -135,7 +136,7 @@ def on_patches(relevance: torch.Tensor, kind: str, grid: tuple[int, int]) -> np.
     """Input x gradient -> ``grid``, by hand: an image's channels and each patch summed; Qwen's flattened patches
     (merge unit after merge unit, 2 x 2 patches each) summed and laid out row-major."""
     gh, gw = grid
-    if kind == "qwen2_5_vl":
+    if kind.startswith("qwen"):
         return relevance.sum(-1).reshape(gh // 2, gw // 2, 2, 2).permute(0, 2, 1, 3).reshape(gh, gw).numpy()
     _, _, H, W = relevance.shape
     return relevance.sum(1)[0].reshape(gh, H // gh, gw, W // gw).sum((1, 3)).numpy()
@@ -150,8 +151,10 @@ def assert_equal_to_lxt(ours: np.ndarray, theirs: np.ndarray) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_attnlrp_of_an_answer_token_equals_lxts_rules_on_transformers_whole_model(vlms, asked, monkeypatch, kind):
     """LLaVA (CLIP, GELU projector, LLaMA), Qwen2.5-VL (windowed RoPE tower with SwiGLU, the merger, Qwen2 with
-    M-RoPE), InternVL (q / k norms, pixel shuffle, Qwen2), Gemma 3 (SigLIP, pooled tokens, Gemma 3's norms, its
-    sliding-window layers): the first answer token and the last."""
+    M-RoPE), Qwen3-VL (DeepStack, interleaved M-RoPE, q / k norms), InternVL (q / k norms, pixel shuffle, Qwen2),
+    Gemma 3 (SigLIP, pooled tokens, Gemma 3's norms, sliding-window layers), PaliGemma and PaliGemma 2 (Gemma and
+    Gemma 2, whose norms take the rule of lxt's gemma3 map; Gemma 2's soft caps): the first answer token and the
+    last."""
     answer = asked[kind]
     for i in (0, NEW_TOKENS - 1):
         theirs = on_patches(lxt_relevance(vlms[kind], list(answer.tokens), i, monkeypatch), kind, answer.grid)
@@ -185,6 +188,21 @@ def test_internvls_attnlrp_is_placed_where_the_processor_cut_the_tiles(internvl_
     assert answer.grid == (8, 12)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), canvas)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[-1])
+
+
+def test_llava_nexts_attnlrp_is_placed_on_its_unpadded_canvas(llava_next, monkeypatch):  # noqa: F811
+    """LLaVA-NeXT's base image (the overview) and its 2 x 3 crops of the 64 x 96-px canvas, whose padding columns
+    ``unpad_image`` drops as transformers packs the crops' tokens."""
+    from transformers.models.llava_next.modeling_llava_next import unpad_image
+
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    relevance = lxt_relevance(llava_next, list(answer.tokens), 2, monkeypatch)  # (1, 7, 3, 32, 32)
+    tiles = relevance[0].sum(1).reshape(-1, 4, 8, 4, 8).sum((2, 4))  # (7, 4, 4): the base image first
+    canvas = tiles[1:].reshape(2, 3, 4, 4).permute(0, 2, 1, 3).reshape(8, 12)
+    unpadded = unpad_image(canvas[None], torch.tensor([70, 90]))[0].numpy()  # picture() is 90 x 70 px
+    assert answer.grid == unpadded.shape == (8, 10)  # two padding columns dropped
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), unpadded)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[0].numpy())
 
 
 def test_attnlrp_is_counted_before_any_forward(asked, monkeypatch):
