@@ -234,3 +234,20 @@ def test_the_rules_are_current_only_for_the_relevance(vlms, asked):
     again = vit.ask_vlm(answer._source[0], picture(), QUESTION, max_new_tokens=NEW_TOKENS)
     assert again.tokens == answer.tokens
     np.testing.assert_allclose(again.attention(2, 1), answer.attention(2, 1), rtol=0, atol=1e-6)
+
+
+def test_a_copy_of_the_ruled_model_runs_its_own_modules(asked):
+    """The rules' methods are bound to each module: a deep copy of the model after AttnLRP computes with its own
+    weights, not the original's."""
+    import copy
+
+    vlm = asked["llava"]._source[0]
+    asked["llava"].relevance(0, method="attnlrp")
+    twin = copy.deepcopy(vlm.model.model.language_model)
+    norm = twin.norm
+    with torch.no_grad():
+        norm.weight.mul_(2.0)
+        x = torch.randn(1, 3, norm.weight.shape[0])
+        expected = type(norm).forward(norm, x)
+        assert torch.equal(norm(x), expected)
+        assert not torch.equal(vlm.language_model.norm(x), expected)

@@ -32,6 +32,8 @@ another thread runs the plain model. What the forward and backward hold is count
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
 
 import torch
 
@@ -70,10 +72,9 @@ def _gated_mlp(module, x: torch.Tensor) -> torch.Tensor:
     return module.down_proj(_DivideGradient.apply(gate * module.up_proj(x), 2.0))
 
 
-def _activation(original):
-    def ruled(module, x: torch.Tensor) -> torch.Tensor:  # lxt's non_linear_forward
-        return _IdentityRule.apply(x, original)
-    return ruled
+def _activation(module, x: torch.Tensor) -> torch.Tensor:
+    """An element-wise activation with the identity rule: lxt's ``non_linear_forward``."""
+    return _IdentityRule.apply(x, functools.partial(type(module).forward, module))
 
 
 def _activation_classes() -> tuple[type, ...]:
@@ -94,18 +95,18 @@ def _rule_of(module: torch.nn.Module, activations: tuple[type, ...]):
     if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return "forward", _gated_mlp
     if isinstance(module, (*activations, torch.nn.GELU, torch.nn.SiLU, torch.nn.Tanh)):
-        return "forward", _activation(module.forward)
+        return "forward", _activation
     return None
 
 
 def _put(module: torch.nn.Module, name: str, rule) -> None:
-    original = getattr(module, name)  # the bound method of its class
-
-    def method(x, *args, **kwargs):
+    """``module.name`` (its ``forward``, Gemma's ``_norm``) made to apply ``rule`` while rules are current, its
+    class's own method otherwise; bound as a method of the module, so that a copy of the model calls its own."""
+    def method(self, x, *args, **kwargs):
         if RULES.get() is None or args or kwargs:
-            return original(x, *args, **kwargs)
-        return rule(module, x)
-    setattr(module, name, method)
+            return getattr(type(self), name)(self, x, *args, **kwargs)
+        return rule(self, x)
+    setattr(module, name, types.MethodType(method, module))
     setattr(module, _RULED, True)
 
 
