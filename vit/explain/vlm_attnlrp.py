@@ -37,7 +37,7 @@ import types
 
 import torch
 
-from vit.explain.relevance import AttnLRPRules, _DivideGradient, _IdentityRule
+from vit.explain.relevance import AttnLRPRules, _IdentityRule
 from vit.explain.vlm_answer import RULES, route_attention, use_recording_attention
 
 _RULED = "_vit_attnlrp_ruled"  # set on a module whose forward the rules reach
@@ -69,7 +69,7 @@ def _gated_mlp(module, x: torch.Tensor) -> torch.Tensor:
     """``down(act(gate(x)) * up(x))``: the identity rule on the activation, the uniform rule on the product (lxt's
     ``gated_mlp_forward``; ``AttnLRPRules.product``)."""
     gate = _IdentityRule.apply(module.gate_proj(x), module.act_fn)
-    return module.down_proj(_DivideGradient.apply(gate * module.up_proj(x), 2.0))
+    return module.down_proj(RULES.get().product(gate, module.up_proj(x)))
 
 
 def _activation(module, x: torch.Tensor) -> torch.Tensor:
