@@ -377,3 +377,38 @@ def test_the_map_may_be_the_tokens_tam(folders, drawn):
     upload(at, "photo.png", png(picture()))
     assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
     np.testing.assert_allclose(drawn[-1], answer.tam(2), rtol=0, atol=1e-6)
+
+
+def test_the_map_may_be_the_tokens_attnlrp_to_the_pixels_drawn_around_zero(folders, monkeypatch):
+    """The "Map" choice "attnlrp" draws ``VLMAnswer.relevance(i, method="attnlrp")`` (checked against lxt's rules on
+    transformers' whole model in test_vlm_answer_attnlrp) for the clicked token, signed: with the diverging colour
+    map on a range symmetric around 0; the choice is in the link, and a link with it draws it again."""
+    from vit.app import drawing
+    from vit.explain.overlay import DIVERGING_COLORMAP
+
+    under, original = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, opacity, colormap, *a, **k: under.append(
+        (np.asarray(map2d), colormap, a[-2:])) or original(image, map2d, opacity, colormap, *a, **k))
+    folder = folders["llava"]
+    at = ask(open_folder(folder), QUESTION)
+    answer = answer_of(folder)
+    pills(at).set_value(2)
+    at.run()
+    [method] = [w for w in at.main.radio if w.label == "Map"]
+    method.set_value("attnlrp")
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    map2d, colormap, (vmin, vmax) = under[-1]
+    expected = answer.relevance(2, method="attnlrp")
+    np.testing.assert_allclose(map2d, expected, rtol=0, atol=1e-6)
+    bound = float(np.abs(expected).max())
+    assert colormap == DIVERGING_COLORMAP and vmin == pytest.approx(-bound) and vmax == pytest.approx(bound)
+    assert any("AttnLRP (Achtibat et al. 2024" in c.value for c in at.main.caption)
+    assert at.query_params.get("lm_method") in ("attnlrp", ["attnlrp"])
+
+    at = open_link({"model": str(folder), "question": QUESTION, "answer_length": str(LENGTH), "answer_token": "3",
+                    "lm_method": "attnlrp"})
+    upload(at, "photo.png", png(picture()))
+    assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(under[-1][0], expected, rtol=0, atol=1e-6)
+    assert under[-1][1] == DIVERGING_COLORMAP

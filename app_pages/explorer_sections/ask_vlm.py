@@ -169,7 +169,9 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                                "(Chefer et al. 2021b) of the token's logit, at a layer or rolled out over every "
                                "layer: one forward and backward of the model; or TAM (Li et al., ICCV 2025), the "
                                "token's logit on each image token's last hidden state, the earlier words' share "
-                               "removed: one forward.")
+                               "removed: one forward; or AttnLRP (Achtibat et al. 2024) of the token's logit through "
+                               "the language model, the projector and the tower to the pixels, red for and blue "
+                               "against: one forward and backward.")
         if st.session_state.get(LAYER_KEY) not in range(answer.layers):
             st.session_state[LAYER_KEY] = answer.layers - 1
         layer = st.selectbox("Layer", list(range(answer.layers)), key=LAYER_KEY, format_func=lambda v: str(v + 1),
@@ -197,11 +199,12 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         return
     seen = _seen(view, answer, overview)
     caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview)
+    colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:
-        drawn = drawing.overlay_image(seen, map2d, view.opacity, view.colormap, view.mode, view.show_grid, None)
+        drawn = drawing.overlay_image(seen, map2d, view.opacity, colormap, view.mode, view.show_grid, None, vmin, vmax)
         st.image(drawn, output_format="PNG")
-        low, high = drawing.map_range(map2d, None, None)
-        st.html(drawing.colorbar_html(low, high, view.colormap))
+        low, high = drawing.map_range(map2d, vmin, vmax)
+        st.html(drawing.colorbar_html(low, high, colormap))
         st.caption(caption + " " + drawing.describe_range(map2d))
     with col_strip:
         shares = vlm_ask.image_shares(answer, layer)
@@ -228,9 +231,10 @@ def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2
     settings = {"Model": model_name, "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
                                    picked["head"], picked["fusion"], picked["method"], picked["overview"])}
+    colormap, vmin, vmax = vlm_ask.colours(picked["method"], map2d, view.colormap)  # as the page draws it
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
-                caption=caption, colormap=view.colormap, opacity=view.opacity, mode=view.mode, query=0,
-                num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)
+                caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, opacity=view.opacity, mode=view.mode,
+                query=0, num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)
     col_export.download_button("Export this answer (HTML)", on_click="ignore", mime="text/html",
                                file_name=f"{file_name_part(image_name.rsplit('.', 1)[0]) or 'image'}-answer.html",
                                data=partial(_export, page),

@@ -39,12 +39,16 @@ MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kep
 MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
 # An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
-# every layer (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
-MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam")
+# every layer, AttnLRP to the pixels (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
+MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
+RELEVANCE_METHODS = ("gradxattn", "attnlrp")  # ``VLMAnswer.relevance``'s
 
 # What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
 # answer's ``_Recorder``; the relevance's tape, ``vit.explain.vlm_relevance``)
 _RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
+# The relevance rules current in this context (``vit.explain.vlm_attnlrp``): the recording attention applies their
+# ``attention_inputs`` to every call it runs, the tower's and the language model's; None: the plain attention
+RULES: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_answer_rules", default=None)
 
 
 @dataclass
@@ -90,6 +94,9 @@ def _recording(delegate):
     """The attention function that computes with ``delegate`` and, while an answer is recorded, keeps each language
     model layer's last query row."""
     def attention(module, query, key, value, attention_mask, **kwargs):
+        rules = RULES.get()
+        if rules is not None:
+            query, key, value = rules.attention_inputs(query, key, value)
         recorder = _RECORDING.get()
         layer = None if recorder is None else recorder.layers.get(module)
         if layer is None:
@@ -113,25 +120,31 @@ def _delegated_eager(module, *args, **kwargs):
     return _eager_of(module)(module, *args, **kwargs)
 
 
-def use_recording_attention(vlm) -> None:
-    """Point the language model's attention at the recording function that wraps its own implementation (sdpa or
-    eager); the tower's is left as it is. Registered once per implementation, under ``ROWS`` + its name."""
+def route_attention(part: torch.nn.Module) -> None:
+    """Point ``part``'s attention (a transformers model: the language model, or the tower for the relevance rules) at
+    the recording function that wraps its own implementation (sdpa or eager). Registered once per implementation,
+    under ``ROWS`` + its name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    lm = vlm.language_model
-    current = lm.config._attn_implementation
+    current = part.config._attn_implementation
     if current.startswith(ROWS):
         return
     if current not in ("sdpa", "eager"):
-        raise ValueError(f"the language model's attention is {current!r}; answers are recorded over sdpa or eager")
+        raise ValueError(f"the model's attention is {current!r}; answers are recorded over sdpa or eager")
     name = f"{ROWS}_{current}"
     if name not in ALL_ATTENTION_FUNCTIONS:
         delegate = _delegated_eager if current == "eager" else ALL_ATTENTION_FUNCTIONS[current]
         AttentionInterface.register(name, _recording(delegate))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
-    lm.set_attn_implementation(name)
+    part.set_attn_implementation(name)
+
+
+def use_recording_attention(vlm) -> None:
+    """Point the language model's attention at the recording function (``route_attention``); the tower's is left as
+    it is."""
+    route_attention(vlm.language_model)
 
 
 @contextlib.contextmanager
@@ -445,13 +458,28 @@ class VLMAnswer:
         looked at the image."""
         return float(self.image_rows(i, layer).sum(-1).mean())
 
-    def relevance(self, i: int, layer: int | None = None, overview: bool = False) -> np.ndarray:
-        """(gh, gw) float32: answer token ``i``'s gradient x attention over the image tokens (Chefer et al. 2021b),
-        for the logit of token ``i`` at the query that predicted it, on the tower's patch grid. ``layer`` an int:
-        that language-model layer's ``mean_h (dy/dA * A)^+`` row of the query; None: the rule's rollout over every
-        layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its query row. One forward and backward of the
-        language model over the prompt and the answer's first ``i`` tokens, counted first
-        (``vit.costs.plan.vlm_relevance``; ``vit.explain.vlm_relevance``). ``overview``: as ``attention``'s."""
+    def relevance(self, i: int, layer: int | None = None, overview: bool = False,
+                  method: str = "gradxattn") -> np.ndarray:
+        """(gh, gw) float32: answer token ``i``'s relevance over the image for the logit of token ``i`` at the query
+        that predicted it, on the tower's patch grid. ``method`` "gradxattn": gradient x attention over the image
+        tokens (Chefer et al. 2021b), ``layer`` an int: that language-model layer's ``mean_h (dy/dA * A)^+`` row of
+        the query; None: the rule's rollout over every layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its
+        query row (``vit.explain.vlm_relevance``, counted first by ``vit.costs.plan.vlm_relevance``). "attnlrp":
+        AttnLRP (Achtibat et al. 2024, lxt's rules) from the logit through every language-model layer, the projector
+        and the tower to the pixels, signed, each patch holding its pixels' input x gradient summed over the
+        channels (``layer`` None: the rules run through every layer; ``vit.explain.vlm_attnlrp``, counted first by
+        ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's
+        first ``i`` tokens. ``overview``: as ``attention``'s."""
+        if method not in RELEVANCE_METHODS:
+            raise ValueError(f"method must be one of {', '.join(RELEVANCE_METHODS)}, got {method!r}")
+        if method == "attnlrp":
+            from vit.explain.vlm_attnlrp import attnlrp
+
+            if layer is not None:
+                raise ValueError("AttnLRP runs from the logit through every layer to the pixels; ask it without a "
+                                 "layer")
+            vlm, prepared = self._model()
+            return attnlrp(vlm, prepared, self.tokens, self._token(i), overview).numpy()
         layout = self.layout.view(overview)
         return layout.place(self.image_relevance(i, (layer,)))[0].numpy()
 
