@@ -116,9 +116,9 @@ def test_a_click_redraws_without_generating_again(folders, monkeypatch):
     at = ask(open_folder(folders["llava"]), QUESTION)
     monkeypatch.setattr("vit.explain.language.vlm_answer.generate_answer",
                         lambda *a, **k: pytest.fail("the answer was generated again"))
-    from app_pages.explorer_sections import ask_vlm
+    from vit.app import vlm_ask
 
-    monkeypatch.setattr(ask_vlm, "generate_answer", lambda *a, **k: pytest.fail("the answer was generated again"))
+    monkeypatch.setattr(vlm_ask, "generate_answer", lambda *a, **k: pytest.fail("the answer was generated again"))
     pills(at).set_value(1)
     at.run()
     main_select(at, "Layer").set_value(0)
@@ -186,22 +186,76 @@ def test_a_visitor_without_a_token_asks_within_bounds(folders):
     assert large.layout.grid[0] * large.layout.grid[1] <= vlm_ask.VISITOR_PATCHES  # this processor stays small
 
 
-def test_the_generation_reports_each_token_and_stops_between_two(folders):
-    from vit.app.work import Stopped
-    from vit.explain.language.vlm_answer import generate_answer, prepare
+def test_the_page_streams_the_answer_so_far_into_its_work(folders):
+    """The page's generation (``vlm_ask.generate``) writes the answer so far into its work as each token is chosen,
+    before the token is reported: the text drawn under the progress is ``generate``'s first k tokens, decoded."""
+    from vit.app import vlm_ask, work
+    from vit.explain.language.vlm_answer import prepare
+
+    seen = []
+
+    class Watched(work.Work):
+        def __call__(self, done, total):
+            seen.append((done, self.so_far))
+            super().__call__(done, total)
 
     vlm = vit.open_vlm(folders["llava"])
-    told = []
-    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH),
-                             lambda done, total: told.append((done, total)))
-    assert len(answer.tokens) == LENGTH and told == [(i, LENGTH) for i in range(LENGTH + 1)] + [(LENGTH, LENGTH)]
+    answer = vlm_ask.generate(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH),
+                              Watched("key", "test", unit="tokens"))
+    out, inputs, _ = eager_generate(folders["llava"], picture())
+    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()[:LENGTH]
+    decode = transformers.AutoProcessor.from_pretrained(folders["llava"]).decode
+    assert list(answer.tokens) == expected
+    assert seen == [(0, "")] + [(k, f"Answer so far ({k} of {LENGTH} tokens at most): "
+                                    f"{decode(expected[:k], skip_special_tokens=True)}") for k in range(1, LENGTH + 1)]
 
-    def stop_at_two(done, total):
-        if done == 2:
-            raise Stopped("stopped by you")
 
-    with pytest.raises(Stopped, match="stopped by you"):
-        generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH), stop_at_two)
+def test_the_answer_grows_under_its_progress_and_stop_keeps_its_tokens_and_their_maps(folders, drawn, monkeypatch):
+    """While the answer is generated the page draws its progress, the answer so far and Stop; Stop ends it after the
+    tokens so far, which stay clickable, each drawn with the whole answer's map of that token."""
+    import time
+
+    from app_pages.explorer_sections import long_work
+    from vit.app import work
+
+    original = work.Work.__call__
+
+    def held_after_one_token(self, done, total):  # the generation waits after its first token until Stop is asked
+        deadline = time.monotonic() + 30
+        while self.unit == "tokens" and done == 1 and self._reason is None and time.monotonic() < deadline:
+            self.touch()
+            time.sleep(0.02)
+        original(self, done, total)
+
+    monkeypatch.setattr(work.Work, "__call__", held_after_one_token)
+    monkeypatch.setattr(long_work, "QUICK_S", 0.5)
+    folder = folders["llava"]
+    whole = answer_of(folder)
+    at = ask(open_folder(folder), QUESTION)
+    assert [b for b in at.button if b.key == "long_work_stop-ask_vlm"], "no Stop button while the answer is generated"
+    [bar] = at.get("progress")
+    assert "Answering in at most 4 tokens" in bar.proto.text
+    growing = [t.value for t in at.main.text if t.value.startswith("Answer so far")]
+    assert growing == [f"Answer so far (1 of {LENGTH} tokens at most): {whole.pieces[0].strip()}"], growing
+    assert not pills_or_none(at)
+    [stop] = [b for b in at.button if b.key == "long_work_stop-ask_vlm"]
+    stop.click()
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    assert any(f"stopped after 1 of {LENGTH} tokens (stopped by you)" in displayed(i.value) for i in at.info), \
+        [i.value for i in at.info]
+    shown = [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")]
+    assert shown == [f"Answer: {whole.pieces[0]}".strip()]
+    assert len(pills(at).options) == 1
+    np.testing.assert_allclose(drawn[-1], whole.attention(0, whole.layers - 1), rtol=0, atol=0)
+    main_select(at, "Layer").set_value(0)
+    at.run()  # a click redraws the stopped answer's map: it is not generated again
+    assert not at.exception and len(pills(at).options) == 1
+    np.testing.assert_allclose(drawn[-1], whole.attention(0, 0), rtol=0, atol=0)
+
+
+def pills_or_none(at):
+    return [w for w in at.main.pills if w.label == "Answer token"]
 
 
 def test_a_visitor_without_a_token_asks_a_cached_vlm_within_bounds(folders, dirs, monkeypatch):  # noqa: F811
@@ -323,3 +377,38 @@ def test_the_map_may_be_the_tokens_tam(folders, drawn):
     upload(at, "photo.png", png(picture()))
     assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
     np.testing.assert_allclose(drawn[-1], answer.tam(2), rtol=0, atol=1e-6)
+
+
+def test_the_map_may_be_the_tokens_attnlrp_to_the_pixels_drawn_around_zero(folders, monkeypatch):
+    """The "Map" choice "attnlrp" draws ``VLMAnswer.relevance(i, method="attnlrp")`` (checked against lxt's rules on
+    transformers' whole model in test_vlm_answer_attnlrp) for the clicked token, signed: with the diverging colour
+    map on a range symmetric around 0; the choice is in the link, and a link with it draws it again."""
+    from vit.app import drawing
+    from vit.explain.views.overlay import DIVERGING_COLORMAP
+
+    under, original = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, opacity, colormap, *a, **k: under.append(
+        (np.asarray(map2d), colormap, a[-2:])) or original(image, map2d, opacity, colormap, *a, **k))
+    folder = folders["llava"]
+    at = ask(open_folder(folder), QUESTION)
+    answer = answer_of(folder)
+    pills(at).set_value(2)
+    at.run()
+    [method] = [w for w in at.main.radio if w.label == "Map"]
+    method.set_value("attnlrp")
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    map2d, colormap, (vmin, vmax) = under[-1]
+    expected = answer.relevance(2, method="attnlrp")
+    np.testing.assert_allclose(map2d, expected, rtol=0, atol=1e-6)
+    bound = float(np.abs(expected).max())
+    assert colormap == DIVERGING_COLORMAP and vmin == pytest.approx(-bound) and vmax == pytest.approx(bound)
+    assert any("AttnLRP (Achtibat et al. 2024" in c.value for c in at.main.caption)
+    assert at.query_params.get("lm_method") in ("attnlrp", ["attnlrp"])
+
+    at = open_link({"model": str(folder), "question": QUESTION, "answer_length": str(LENGTH), "answer_token": "3",
+                    "lm_method": "attnlrp"})
+    upload(at, "photo.png", png(picture()))
+    assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(under[-1][0], expected, rtol=0, atol=1e-6)
+    assert under[-1][1] == DIVERGING_COLORMAP

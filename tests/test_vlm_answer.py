@@ -249,6 +249,73 @@ def test_the_answer_is_generates_greedy_answer_token_for_token(vlms, answers, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, kind):
+    """``on_token`` is given the answer so far after each token: its ids are ``generate``'s first k, its text their
+    decoding; the last is the answer returned."""
+    streamed = []
+    answer = vit.ask_vlm(vlms[kind], picture(), QUESTION, max_new_tokens=NEW_TOKENS,
+                         on_token=lambda tokens, text: streamed.append((tokens, text)))
+    out, inputs, _ = eager_generate(vlms[kind], picture())
+    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    processor = transformers.AutoProcessor.from_pretrained(vlms[kind])
+    assert [list(tokens) for tokens, _ in streamed] == [expected[:k] for k in range(1, NEW_TOKENS + 1)]
+    assert [text for _, text in streamed] == [processor.decode(expected[:k], skip_special_tokens=True)
+                                              for k in range(1, NEW_TOKENS + 1)]
+    assert streamed[-1] == (answer.tokens, answer.text) and answer.stopped is None
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+def test_a_stop_after_k_tokens_keeps_k_tokens_whose_maps_are_the_whole_runs(vlms, kind):
+    """A ``Stop`` raised by ``progress`` once k tokens are done ends the generation there: the answer keeps
+    ``generate``'s first k tokens, each token's attention is transformers' eager row of the whole run, and its
+    relevance and TAM are those of the whole answer's token."""
+    from vit.core.progress import Stop
+    from vit.explain.language.vlm_answer import generate_answer, prepare
+
+    k, told = 2, []
+
+    def stop_at_k(done, total):
+        told.append((done, total))
+        if done == k:
+            raise Stop("stopped by the test")
+
+    vlm = vit.open_vlm(vlms[kind])
+    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS), stop_at_k)
+    out, inputs, image_token = eager_generate(vlms[kind], picture())
+    assert told == [(i, NEW_TOKENS) for i in range(k + 1)]
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()[:k]
+    assert answer.stopped == "stopped by the test" and len(answer.pieces) == k
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    unit, lead = LAYOUT[kind]
+    for i in range(k):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, lead + N): step i's query
+            for head in range(rows.shape[0]):
+                np.testing.assert_allclose(answer.attention(i, layer, head),
+                                           by_hand(rows[head], answer.grid, unit, lead), rtol=0, atol=ATOL)
+    whole = vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    np.testing.assert_allclose(answer.relevance(k - 1), whole.relevance(k - 1), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(answer.tam(k - 1), whole.tam(k - 1), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=rf"^answer token {k} does not exist: the answer has {k} tokens"):
+        answer.attention(k)
+
+
+def test_a_stop_before_the_first_token_keeps_nothing(vlms, monkeypatch):
+    from vit.core.progress import Stop
+    from vit.explain.language.vlm_answer import generate_answer, prepare
+
+    vlm = vit.open_vlm(vlms["llava"])
+    prepared = prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    monkeypatch.setattr(vlm.model, "generate", lambda *a, **k: pytest.fail("the model ran"))
+
+    def stop(done, total):
+        raise Stop("stopped at once")
+
+    with pytest.raises(Stop, match="stopped at once"):
+        generate_answer(vlm, prepared, stop)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_each_tokens_attention_is_the_eager_row_placed_through_the_models_layout(answers, kind):
     answer, out, inputs, image_token = answers[kind]
     positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
@@ -372,19 +439,81 @@ def test_predict_ask_writes_the_answer_and_each_tokens_maps(vlms, answers, tmp_p
                 np.testing.assert_allclose(saved["attention"][i, layer, head], by_hand(rows[head], (4, 6), 2, 0),
                                            rtol=0, atol=ATOL)
             np.testing.assert_allclose(saved["image_share"][i, layer], rows.sum(-1), rtol=0, atol=ATOL)
+    assert saved["tam"].shape == (NEW_TOKENS, 4, 6) and "gradxattn" not in saved  # TAM by default, relevance asked
+    for i in range(NEW_TOKENS):  # the API's TAM (test_vlm_tam checks it against the authors' function)
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+
+
+def test_predict_ask_writes_the_maps_lm_method_names(vlms, answers, tmp_path, capsys):
+    """``--lm-method`` takes the explorer's ``lm_method`` names: gradient x attention at each layer and rolled out
+    are the API's (test_vlm_relevance checks them against autograd on transformers' model), from one run per token;
+    attention is left out when not named."""
+    from vit.explain.language.vlm_answer import MAP_METHODS
+    from vit.predict import ANSWER_MAP_METHODS, main
+
+    assert ANSWER_MAP_METHODS == MAP_METHODS
+    picture().save(tmp_path / "photo.png")
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--device", "cpu", "--lm-method",
+                 "gradxattn", "gradxattn_rollout", "tam"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer = answers["qwen2_5_vl"][0]
+    saved = np.load(record["maps"]["npz"])
+    assert "attention" not in saved and saved["image_share"].shape == (NEW_TOKENS, 2, 4)
+    assert saved["gradxattn"].shape == (NEW_TOKENS, 2, 4, 6) and saved["gradxattn_rollout"].shape == (NEW_TOKENS, 4, 6)
+    for i in range(NEW_TOKENS):
+        for layer in range(2):
+            np.testing.assert_allclose(saved["gradxattn"][i, layer], answer.relevance(i, layer), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["gradxattn_rollout"][i], answer.relevance(i), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION,
+                 "--lm-method", "tam"]) == 2
+    assert "--lm-method chooses the maps --save-maps writes; add --save-maps DIR" in capsys.readouterr().err
+
+
+def test_predict_ask_counts_the_relevance_maps_before_answering(vlms, tmp_path, capsys, monkeypatch):
+    """The maps ``--lm-method`` names count against ``--max-maps-mb`` before any forward: 512 tokens of attention
+    fit 2 MB on a 10 x 12 grid, with gradient x attention's per layer they do not; and the last token's gradient x
+    attention over the memory limit is refused before the answer too."""
+    from vit.costs.plan import vlm_answer, vlm_relevance
+    from vit.explain.language.vlm_answer import prepare, text_shape
+    from vit.predict import main
+
+    picture(280, 250).save(tmp_path / "photo.png")  # 10 x 12 patches (the processor's max_pixels)
+    vlm = vit.open_vlm(vlms["qwen2_5_vl"])
+    prepared = prepare(vlm, picture(280, 250), QUESTION, max_new_tokens=512)
+    assert prepared.maps_bytes(4, ("attention",)) <= 2 * 2**20 < prepared.maps_bytes(4, ("attention", "gradxattn"))
+    monkeypatch.setattr("vit.explain.language.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
+    monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
+    args = [str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "512",
+            "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]
+    assert main([*args, "--max-maps-mb", "2", "--lm-method", "attention", "gradxattn"]) == 1
+    err = capsys.readouterr().err
+    assert "--save-maps would write up to 2 MB" in err and "over the 2 MB limit" in err, err
+    assert "(512 tokens x (attention 2 layers x 4 heads + gradxattn 2 layers) maps x 10x12 patches)" in err
+    answering = vlm_answer(vlm.tower.model, prepared.layout.grid, text_shape(vlm), prepared.prompt_tokens, 512).memory
+    relevance = vlm_relevance(vlm.tower.model, prepared.layout.grid, text_shape(vlm), prepared.prompt_tokens + 511,
+                              511).memory
+    assert relevance > answering  # a limit between them: the answer may run, its last token's relevance not
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((answering + relevance) / 2 / 2**20))
+    assert main([*args, "--max-maps-mb", "100", "--lm-method", "gradxattn_rollout"]) == 1
+    err = capsys.readouterr().err
+    assert "Gradient x attention of answer token 511 runs the model over" in err, err
+    assert not list((tmp_path / "maps").iterdir())
 
 
 def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path, capsys, monkeypatch):
     from vit.predict import main
 
-    picture(280, 250).save(tmp_path / "photo.png")  # 12 x 12 patches at most (max_pixels): 2.4 MB of maps
+    picture(280, 250).save(tmp_path / "photo.png")  # 10 x 12 patches (max_pixels): 2.2 MB of maps
     monkeypatch.setattr("vit.explain.language.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
     monkeypatch.setattr("vit.predict.MAX_MAPS_MB", 1)
     monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
     assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
                  "512", "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 1
     err = capsys.readouterr().err
-    assert "--save-maps would write up to 2 MB" in err and "(512 tokens x 2 layers x 4 heads x " in err
+    assert "--save-maps would write up to 2 MB" in err and "(512 tokens x (attention 2 layers x 4 heads + tam 1) " \
+                                                           "maps x 10x12 patches)" in err, err
     assert "over the 1 MB limit; raise --max-maps-mb" in err
     assert not list((tmp_path / "maps").iterdir())
 
@@ -591,3 +720,8 @@ def test_predict_ask_writes_the_tiles_canvas_and_the_overview(internvl_tiles, tm
             np.testing.assert_allclose(saved["attention"][i, 1, head], expected, rtol=0, atol=ATOL)
             np.testing.assert_allclose(saved["overview_attention"][i, 1, head], by_hand(rows[head, 24:], (4, 4), 2, 0),
                                        rtol=0, atol=ATOL)
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    assert saved["tam"].shape == (NEW_TOKENS, 8, 12) and saved["overview_tam"].shape == (NEW_TOKENS, 4, 4)
+    for i in range(NEW_TOKENS):  # the API's, each filtered on its own view's grid
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["overview_tam"][i], answer.tam(i, overview=True), rtol=0, atol=1e-6)

@@ -1001,17 +1001,19 @@ def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device |
 
 
 def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str | None = None,
-            max_new_tokens: int = 32) -> VLMAnswer:
+            max_new_tokens: int = 32, on_token=None) -> VLMAnswer:
     """A vision-language model's greedy answer to ``question`` about ``image`` (through its processor's chat
     template; ``prompt=`` instead: raw text with the model's image placeholder, the template bypassed), token for
     token transformers' ``generate``. ``model``: ``open_vlm``'s model, or a folder / ``vit.load`` checkpoint opened
     for this call. Returns a ``VLMAnswer``: ``.tokens``, ``.text``, ``.pieces`` and ``.attention(i, layer,
     head=None)``, answer token ``i``'s attention to the image tokens on the tower's patch grid (heads averaged when
     ``head`` is None) from the query that predicted it, computed from the KV cache when asked. What it holds is
-    counted first and refused in one line over the memory bound (VIT_ANALYSIS_MEMORY_MB)."""
+    counted first and refused in one line over the memory bound (VIT_ANALYSIS_MEMORY_MB). ``on_token(tokens, text)``:
+    given the answer so far (its ids and text) as each token is chosen, to stream it."""
     from vit.explain.language.vlm_answer import answer
 
-    return answer(open_vlm(model), _image(image), question, prompt=prompt, max_new_tokens=max_new_tokens)
+    return answer(open_vlm(model), _image(image), question, prompt=prompt, max_new_tokens=max_new_tokens,
+                  on_token=on_token)
 
 
 # -- SAM and SAM 2: prompts in, masks out ---------------------------------------------------------------------------

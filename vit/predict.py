@@ -50,7 +50,12 @@ predicted it, placed on the tower's patch grid (each patch holds its image token
 LLaVA's patches), written a token and a layer at a time; an image the processor cut into tiles (InternVL, LLaVA-NeXT)
 on the tiles' canvas, and ``overview_attention`` on its one view of the whole image (InternVL's thumbnail, NeXT's base
 image); ``image_share`` (answer tokens, layers, heads): the share of each row on the image; ``tokens``, ``pieces``,
-``answer``, ``grid``, ``patch_size``, ``unit``. Its largest size is refused before any work past ``--max-maps-mb``.
+``answer``, ``grid``, ``patch_size``, ``unit``; ``tam`` (answer tokens, rows, cols): each token's Token Activation
+Map (``VLMAnswer.tam``); with ``--lm-method`` (the explorer's ``lm_method`` names: attention, gradxattn,
+gradxattn_rollout, tam; default attention tam) also ``gradxattn`` (answer tokens, layers, rows, cols) and
+``gradxattn_rollout`` (answer tokens, rows, cols), each token's gradient x attention from one forward and backward
+(``VLMAnswer.relevance``); a tiled image's as ``overview_<name>`` too. Its largest size is refused before any work
+past ``--max-maps-mb``, and the last token's gradient x attention past the memory limit.
 
 Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder or Hub id): ``--points x,y[,label]
 ...`` (label 1 on the object, the default; 0 off it) and / or ``--box x0,y0,x1,y1``, in each image's own pixels,
@@ -109,6 +114,11 @@ PROG = "vit.predict"
 MAPS_DTYPES = ("float32", "float16")
 MAX_MAPS_MB = 4096  # one image's .npz: ViT-B/16 at 448 px (785 tokens) is 355 MB in float32, at 1,024 px 9.7 GB
 MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
+# --ask --save-maps's maps per answer token: vit.explain.language.vlm_answer.MAP_METHODS (the explorer's lm_method),
+# named here
+# so that parsing loads no torch (a test holds them equal); TAM is one cheap forward per token, written by default
+ANSWER_MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam")
+DEFAULT_ANSWER_MAPS = ("attention", "tam")
 PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
 PROGRESS_EVERY_S = 10.0
 
@@ -250,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask a vision-language model (its folder) this question about each image")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
                    help="with --ask: the answer's most tokens (default 32)")
+    p.add_argument("--lm-method", nargs="+", choices=ANSWER_MAP_METHODS, metavar="METHOD",
+                   help=f"with --ask and --save-maps: each answer token's maps to write, of "
+                        f"{', '.join(ANSWER_MAP_METHODS)} (default {' '.join(DEFAULT_ANSWER_MAPS)}; gradxattn and "
+                        "gradxattn_rollout run the model forward and backward once per token)")
     p.add_argument("--points", nargs="+", type=prompt_point, metavar="X,Y[,LABEL]",
                    help="a SAM / SAM 2's point prompt in the image's pixels (label 1 on the object, default; 0 off it)")
     p.add_argument("--box", type=prompt_box, metavar="X0,Y0,X1,Y1", help="a SAM / SAM 2's box prompt in the "
@@ -302,7 +316,7 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
     (``mechanism.ablated_copy``: their columns of the output projection zero), so that its predictions and every
     saved map are the ablated model's, computed as the model's own (in chunks, with progress); UsageError when
     unusable (TimeSformer: a block's two attentions)."""
-    from vit.explain.mechanism.components import MechanismError, parse_heads
+    from vit.explain.mechanism import MechanismError, parse_heads
     from vit.explain.views.mechanism_views import ablated_checkpoint
     from vit.explain.views.video import is_divided
 
@@ -594,6 +608,8 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
 def run(args: argparse.Namespace) -> int:
     if args.ask is not None:
         return run_ask(args)
+    if args.lm_method:
+        raise UsageError("--lm-method chooses the maps of a VLM's answer; it goes with --ask and --save-maps")
     prompted = args.points is not None or args.box is not None
     if not prompted:
         for flag, value in (("--mask", args.mask), ("--relevance", args.relevance), ("--at", args.at)):
@@ -636,40 +652,72 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]) -> None:
-    """``answer``'s maps as ``--ask --save-maps`` writes them: ``attention`` (tokens, layers, heads, rows, cols)
-    streamed a token and a layer at a time, each computed then from the KV cache (an image read as tiles: on their
-    canvas, and ``overview_attention`` on the overview's grid); ``image_share`` (tokens, layers, heads) and the
-    answer's tokens and geometry beside."""
+def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int],
+                     methods: tuple[str, ...] = DEFAULT_ANSWER_MAPS) -> None:
+    """``answer``'s maps by ``methods`` as ``--ask --save-maps`` writes them: ``attention`` (tokens, layers, heads,
+    rows, cols) streamed a token and a layer at a time, each computed then from the KV cache; ``gradxattn``
+    (tokens, layers, rows, cols), ``gradxattn_rollout`` and ``tam`` (tokens, rows, cols), each token's from one
+    run of the model, its image tokens' values kept (``tokens x (layers + 1) x image tokens``) and placed as they
+    stream. An image read as tiles: on their canvas, and ``overview_<method>`` on the overview's grid.
+    ``image_share`` (tokens, layers, heads) and the answer's tokens and geometry beside."""
     import numpy as np
 
+    from vit.explain.language.vlm_tam import on_layout
     from vit.explain.views.overlay import write_npz_streamed
 
     n, L, H = len(answer.tokens), answer.layers, answer.heads
-    gh, gw = answer.grid
-    shares = np.zeros((n, L, H), dtype=np.float32)  # filled as the maps stream; written after them
+    shares = np.array([[answer.image_rows(i, layer).sum(-1).numpy() for layer in range(L)] for i in range(n)],
+                      dtype=np.float32)  # (n, L, H)
+    layers = (*(range(L) if "gradxattn" in methods else ()), *((None,) if "gradxattn_rollout" in methods else ()))
+    relevance = [answer.image_relevance(i, layers) for i in range(n)] if layers else []  # (len(layers), K) each
+    tam = [answer.image_tam(i) for i in range(n)] if "tam" in methods else []  # (K,) each
 
-    def pieces(overview: bool):  # (H, gh, gw) each
+    def pieces(method: str, view, overview: bool):  # each token's maps on ``view`` (layers, heads, gh, gw) or less
         for i in range(n):
-            for layer in range(L):
-                if not overview:
-                    shares[i, layer] = answer.image_rows(i, layer).sum(-1).numpy()
-                yield np.stack([answer.attention(i, layer, h, overview=overview) for h in range(H)])
+            if method == "attention":  # a layer at a time, each computed now from the KV cache
+                for layer in range(L):
+                    yield np.stack([answer.attention(i, layer, h, overview=overview) for h in range(H)])
+            elif method == "tam":
+                yield on_layout(tam[i], view)
+            else:
+                yield view.place(relevance[i][:L] if method == "gradxattn" else relevance[i][-1:]).numpy()
 
-    streamed = [("attention", (n, L, H, gh, gw), dtype, pieces(False))]
-    if answer.layout.overview is not None:  # an image read as tiles: its one view of the whole image beside them
-        streamed.append(("overview_attention", (n, L, H, *answer.layout.overview.grid), dtype, pieces(True)))
+    each = {"attention": (L, H), "gradxattn": (L,), "gradxattn_rollout": (), "tam": ()}
+    views = [("", answer.layout)] + ([("overview_", answer.layout.overview)] if answer.layout.overview else [])
+    streamed = [(f"{prefix}{method}", (n, *each[method], *view.grid), dtype, pieces(method, view, bool(prefix)))
+                for prefix, view in views for method in ANSWER_MAP_METHODS if method in methods]
     write_npz_streamed(path, streamed, image_share=shares,
                        tokens=np.array(answer.tokens, dtype=np.int64), pieces=np.array(answer.pieces),
                        answer=np.str_(answer.text), grid=np.array(answer.grid), patch_size=np.array(patch_size),
                        unit=np.array(answer.layout.unit))
 
 
-def run_ask(args: argparse.Namespace) -> int:
-    """``run`` with ``--ask``: the VLM's answer about each image, one line on stderr for an image that cannot be read
-    or asked about; with ``--save-maps`` each answer token's attention to the image at every layer and head."""
+def check_answer_maps(vlm, prepared, source, methods: tuple[str, ...], dtype: str, limit: int) -> None:
+    """Refused in one line (ValueError) before the answer is generated: ``methods``' maps of the longest answer
+    over ``limit`` bytes (``--max-maps-mb``), or the last token's gradient x attention over the memory limit."""
     import numpy as np
 
+    need = prepared.maps_bytes(np.dtype(dtype).itemsize, methods)
+    if need > limit:
+        (gh, gw), overview = prepared.layout.grid, prepared.layout.overview
+        patches = f"{gh}x{gw}" + (f" + {overview.grid[0]}x{overview.grid[1]}" if overview is not None else "")
+        layers, heads = prepared.text.layers, prepared.text.heads
+        each = {"attention": f"{layers} layers x {heads} heads", "gradxattn": f"{layers} layers"}
+        maps = " + ".join(f"{m} {each.get(m, 1)}" for m in methods)
+        raise ValueError(f"--save-maps would write up to {need / 2**20:,.0f} MB for {source} "
+                         f"({prepared.max_new_tokens} tokens x ({maps}) maps x {patches} patches), over the "
+                         f"{limit // 2**20:,} MB limit; raise --max-maps-mb (or env {MAX_MAPS_ENV}), or ask for "
+                         "fewer --max-new-tokens or --lm-method maps")
+    if {"gradxattn", "gradxattn_rollout"} & set(methods):
+        from vit.explain.language.vlm_relevance import check
+
+        check(vlm, prepared, prepared.max_new_tokens - 1)  # the last token's run is the largest
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    """``run`` with ``--ask``: the VLM's answer about each image, one line on stderr for an image that cannot be read
+    or asked about; with ``--save-maps`` each answer token's maps by ``--lm-method`` (attention at every layer and
+    head, TAM by default), their size and the relevance's memory counted before the answer is generated."""
     from vit.checkpoint import CheckpointError
     from vit.core.images import ImageError, open_image
     from vit.explain.language.vlm_answer import generate_answer, prepare
@@ -683,6 +731,9 @@ def run_ask(args: argparse.Namespace) -> int:
         vlm = open_whole_vlm(args.checkpoint, resolve_device(args.device))
     except CheckpointError as e:
         raise UsageError(str(e)) from None
+    if args.lm_method and not args.save_maps:
+        raise UsageError("--lm-method chooses the maps --save-maps writes; add --save-maps DIR")
+    methods = tuple(dict.fromkeys(args.lm_method or DEFAULT_ANSWER_MAPS))
     maps_dir, limit = (Path(args.save_maps), maps_limit_mb(args) * 2**20) if args.save_maps else (None, 0)
     if maps_dir is not None:
         try:
@@ -693,13 +744,8 @@ def run_ask(args: argparse.Namespace) -> int:
     for source in args.images:
         try:
             prepared = prepare(vlm, open_image(source), args.ask, max_new_tokens=args.max_new_tokens)
-            need = prepared.maps_bytes(np.dtype(args.maps_dtype).itemsize)
-            if maps_dir is not None and need > limit:  # before the answer is generated
-                raise ValueError(f"--save-maps would write up to {need / 2**20:,.0f} MB for {source} "
-                                 f"({args.max_new_tokens} tokens x {prepared.text.layers} layers x "
-                                 f"{prepared.text.heads} heads x {prepared.layout.grid[0]}x{prepared.layout.grid[1]} "
-                                 f"patches), over the {limit // 2**20:,} MB limit; raise --max-maps-mb (or env "
-                                 f"{MAX_MAPS_ENV}), or ask for fewer --max-new-tokens")
+            if maps_dir is not None:  # before the answer is generated
+                check_answer_maps(vlm, prepared, source, methods, args.maps_dtype, limit)
             answer = generate_answer(vlm, prepared)
         except (ImageError, ValueError) as e:
             print(f"{PROG}: skipped {source}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -709,7 +755,7 @@ def run_ask(args: argparse.Namespace) -> int:
                   "pieces": list(answer.pieces)}
         if maps_dir is not None:
             path = maps_dir / f"{unique_stem(Path(source), taken)}.npz"
-            save_answer_maps(answer, path, args.maps_dtype, vlm.tower.model.config.patch_hw)
+            save_answer_maps(answer, path, args.maps_dtype, vlm.tower.model.config.patch_hw, methods)
             record["maps"] = {"npz": str(path)}
         records.append(record)
     print(json.dumps(records, indent=2))

@@ -1,5 +1,6 @@
 """Ask the VLM (issue 80): a question about the image to the whole vision-language model (its language model too),
-the answer generated with progress and Stop, each answer token clickable, the clicked token's attention over the
+the answer streamed token by token under its progress, with Stop (a stopped answer keeps its tokens so far, and
+their maps), each answer token clickable, the clicked token's attention over the
 image at a layer and head of the language model, and every answer token's share of attention on the image.
 
 The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transformers' greedy ``generate``, the
@@ -24,7 +25,7 @@ from vit.checkpoint import CheckpointError
 from vit.core.images import ImageError
 from vit.core.inference import seen_region
 from vit.core.text import escape_markdown, file_name_part, visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, generate_answer, prepare
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, prepare
 from vit.explain.views.overlay import display_image
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
@@ -108,13 +109,14 @@ def _one_line(error: Exception) -> str:
 
 
 def _answer(view: Shown, may_open: bool, question: str, length: int) -> VLMAnswer | None:
-    """The answer, kept per (model, image, question, length); None while it is generated (its progress and Stop are
-    drawn) or after it was stopped. Raises what a refusal raises (one line)."""
+    """The answer, kept per (model, image, question, length); None while it is generated (its progress, the answer
+    so far and Stop are drawn); after a Stop, the answer so far (for this page only). Raises what a refusal raises
+    (one line)."""
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
     prepared = prepare(vlm, view.image, question, max_new_tokens=length)  # counted, refused over the limit
     vlm_ask.check_visitor(prepared, may_open)
     return long_work(("vlm answer", view.full_fingerprint, view.image_key, question, length),
-                     f"Answering in at most {length} tokens", partial(generate_answer, vlm, prepared), "ask_vlm",
+                     f"Answering in at most {length} tokens", partial(vlm_ask.generate, vlm, prepared), "ask_vlm",
                      unit="tokens")
 
 
@@ -167,7 +169,9 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                                "(Chefer et al. 2021b) of the token's logit, at a layer or rolled out over every "
                                "layer: one forward and backward of the model; or TAM (Li et al., ICCV 2025), the "
                                "token's logit on each image token's last hidden state, the earlier words' share "
-                               "removed: one forward.")
+                               "removed: one forward; or AttnLRP (Achtibat et al. 2024) of the token's logit through "
+                               "the language model, the projector and the tower to the pixels, red for and blue "
+                               "against: one forward and backward.")
         if st.session_state.get(LAYER_KEY) not in range(answer.layers):
             st.session_state[LAYER_KEY] = answer.layers - 1
         layer = st.selectbox("Layer", list(range(answer.layers)), key=LAYER_KEY, format_func=lambda v: str(v + 1),
@@ -195,11 +199,12 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         return
     seen = _seen(view, answer, overview)
     caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview)
+    colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:
-        drawn = drawing.overlay_image(seen, map2d, view.opacity, view.colormap, view.mode, view.show_grid, None)
+        drawn = drawing.overlay_image(seen, map2d, view.opacity, colormap, view.mode, view.show_grid, None, vmin, vmax)
         st.image(drawn, output_format="PNG")
-        low, high = drawing.map_range(map2d, None, None)
-        st.html(drawing.colorbar_html(low, high, view.colormap))
+        low, high = drawing.map_range(map2d, vmin, vmax)
+        st.html(drawing.colorbar_html(low, high, colormap))
         st.caption(caption + " " + drawing.describe_range(map2d))
     with col_strip:
         shares = vlm_ask.image_shares(answer, layer)
@@ -226,9 +231,10 @@ def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2
     settings = {"Model": model_name, "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
                                    picked["head"], picked["fusion"], picked["method"], picked["overview"])}
+    colormap, vmin, vmax = vlm_ask.colours(picked["method"], map2d, view.colormap)  # as the page draws it
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
-                caption=caption, colormap=view.colormap, opacity=view.opacity, mode=view.mode, query=0,
-                num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)
+                caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, opacity=view.opacity, mode=view.mode,
+                query=0, num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)
     col_export.download_button("Export this answer (HTML)", on_click="ignore", mime="text/html",
                                file_name=f"{file_name_part(image_name.rsplit('.', 1)[0]) or 'image'}-answer.html",
                                data=partial(_export, page),

@@ -3,11 +3,12 @@
 ``long_work(key, label, compute, place)`` returns ``compute(progress)``'s result when it is known (kept for every
 visitor, by ``key``); otherwise it starts the computation in a worker thread owned by this session
 (``vit.app.work.Work``: at most one per session, so a new one stops the one before) and draws its progress in a
-fragment that redraws itself every half second, with a Stop button, and returns None; the page reruns when the
-work is done. At most ``AT_ONCE`` heavy computations run at once on the server (``VIT_HEAVY_AT_ONCE``); the
-others wait, and their page says so in one line. A work stops by itself at its next chunk when its session ends
-(the tab was closed), when its widget changes (another key is asked for) or when no page has drawn its progress
-for ``work.LEASE_S`` seconds (its widget went away).
+fragment that redraws itself every half second, with a Stop button and what the work shows so far (``Work.so_far``),
+and returns None; the page reruns when the work is done. A computation that keeps what it had done when stopped (a
+VLM's answer so far) has it returned after the stop, for this page only. At most ``AT_ONCE`` heavy computations
+run at once on the server (``VIT_HEAVY_AT_ONCE``); the others wait, and their page says so in one line. A work
+stops by itself at its next chunk when its session ends (the tab was closed), when its widget changes (another key
+is asked for) or when no page has drawn its progress for ``work.LEASE_S`` seconds (its widget went away).
 """
 
 import os
@@ -71,7 +72,8 @@ def _start(key: Any, label: str, compute: Callable[[Progress], Any], unit: str =
 def long_work(key: Any, label: str, compute: Callable[[Progress], Any], place: str, unit: str = "passes",
               kept: ByteCache | None = None, heavy: bool = True) -> Any:
     """``compute(progress)``'s result for ``key``, or None while it runs or after it was stopped (its progress and
-    a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys), ``unit`` what
+    a Stop or Run-again button are drawn here; stopped, what the computation kept if it caught the stop to keep it,
+    not kept for other visitors). ``place`` names the call site (its widgets' keys), ``unit`` what
     ``progress`` counts, ``kept`` the cache the result is kept in (default: ``results()``), ``heavy`` False for
     work that only waits on another machine (a Ray job), which takes none of the server's slots. Raises what the
     computation raised (a ValueError the page shows in one line)."""
@@ -101,8 +103,8 @@ def long_work(key: Any, label: str, compute: Callable[[Progress], Any], place: s
         st.info(escape_markdown(f"{current.label}: stopped after {current.done} of {current.total} {current.unit} "
                                 f"({current.error})."))
         st.button("Run again", key=f"long_work_again-{place}")
-    else:
-        progress_panel(place)
+        return current.result  # None unless the computation kept what it had done (a VLM's answer so far)
+    progress_panel(place)
     return None
 
 
@@ -121,4 +123,6 @@ def progress_panel(place: str) -> None:
     if current.finished:
         st.rerun()  # the page shows the result, the error or "stopped" where it asked for the work
     st.progress(current.fraction(), text=escape_markdown(current.describe()))
+    if current.so_far:
+        st.text(current.so_far)  # plain text: a model's words are data
     st.button("Stop", key=stop_key, help="Stops the computation at its next chunk.")

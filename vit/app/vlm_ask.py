@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from vit.core.text import escape_markdown, visible
-from vit.explain.language.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer
+from vit.explain.language.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer, generate_answer
+from vit.explain.views.overlay import DIVERGING_COLORMAP
 
 DEFAULT_NEW_TOKENS = 16
 # A visitor who may not read the server's files (no token) asks within these: an answer of at most this many tokens
@@ -21,7 +22,8 @@ VISITOR_NEW_TOKENS = 32
 VISITOR_PATCHES = 1024
 FUSION_LABELS = {"mean": "mean over heads", "max": "max over heads"}
 METHOD_LABELS = dict(zip(MAP_METHODS, ("attention", "gradient × attention", "gradient × attention, all layers",
-                                       "TAM (token activation map)"), strict=True))
+                                       "TAM (token activation map)", "AttnLRP (to the pixels)"), strict=True))
+SIGNED = ("attnlrp",)  # relevance for and against the token: a diverging colour map around 0
 
 
 def max_new_tokens(may_open: bool) -> int:
@@ -48,6 +50,16 @@ def check_visitor(prepared: Prepared, may_open: bool) -> None:
                          "token, entered on the Train page, larger)")
 
 
+def generate(vlm, prepared: Prepared, work) -> VLMAnswer:
+    """The answer for the page's long work (``vit.app.work.Work``): streamed, the answer so far in ``work.so_far``
+    (plain text, the page draws it under the progress) as each token is chosen; stopped, the answer keeps the
+    tokens so far and their maps (``generate_answer``)."""
+    def show(tokens: tuple[int, ...], text: str) -> None:
+        work.so_far = f"Answer so far ({len(tokens)} of {prepared.max_new_tokens} tokens at most): {visible(text)}"
+
+    return generate_answer(vlm, prepared, work, show)
+
+
 def token_label(answer: VLMAnswer, i: int) -> str:
     """Answer token ``i`` as a clickable label shows it, Markdown-escaped: its text with its blanks and control
     characters visible ('·' for a leading space), or its id for a token without text."""
@@ -62,15 +74,27 @@ def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
     """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
     fused by ``fusion`` (``VLMAnswer.attention``); ``method`` "gradxattn": its gradient x attention at ``layer``,
     "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule); "tam":
-    its Token Activation Map (``VLMAnswer.tam``, no layer or head). An image read as tiles: on the tiles' canvas,
-    or, ``overview``, on the model's one view of the whole image."""
+    its Token Activation Map (``VLMAnswer.tam``, no layer or head); "attnlrp": AttnLRP through every layer to the
+    pixels, signed (``VLMAnswer.relevance(method="attnlrp")``). An image read as tiles: on the tiles' canvas, or,
+    ``overview``, on the model's one view of the whole image."""
     if method == "tam":
         return answer.tam(i, overview=overview)
+    if method == "attnlrp":
+        return answer.relevance(i, overview=overview, method="attnlrp")
     if method == "gradxattn":
         return answer.relevance(i, layer, overview=overview)
     if method == "gradxattn_rollout":
         return answer.relevance(i, overview=overview)
     return answer.attention(i, layer, head, fusion, overview=overview)
+
+
+def colours(method: str, map2d: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
+    """``(colour map, vmin, vmax)`` the map of ``method`` is drawn with: a signed map (``SIGNED``) with the diverging
+    colour map, symmetric around 0; any other with the page's ``colormap`` on its own range (None, None)."""
+    if method not in SIGNED:
+        return colormap, None, None
+    bound = float(np.abs(map2d).max()) or 1.0
+    return DIVERGING_COLORMAP, -bound, bound
 
 
 def tiled(answer: VLMAnswer) -> bool:
@@ -111,6 +135,11 @@ def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
                 f"for the image token covering it ({unit}), the language-model head's logit of this token on that "
                 "image token's last hidden state, the earlier words' maps removed (estimated causal inference), "
                 "normalised with the text's and smoothed by the rank Gaussian filter." + first)
+    if method == "attnlrp":
+        return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, AttnLRP (Achtibat et al. 2024, lxt's rules) "
+                "of the token's logit through every layer of the language model, the projector and the vision tower "
+                "to the pixels: each patch holds its pixels' relevance (input × modified gradient, summed over the "
+                "colour channels), red for the token, blue against it.")
     if method != "attention":
         where = "rolled out over every layer of the language model" if method == "gradxattn_rollout" else \
             f"at layer {layer + 1} of the language model"
@@ -128,6 +157,8 @@ def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: i
              fusion: str, method: str = "attention", overview: bool = False) -> dict[str, str]:
     """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
     shown = _settings(question, answer, new_tokens, i, layer, head, fusion, method)
+    if answer.stopped is not None:
+        shown["Answer"] = f"{answer.text} (stopped after {len(answer.tokens)} tokens: {answer.stopped})"
     if tiled(answer):
         shown["Image view"] = "the overview" if overview else f"the {answer.layout.views - 1} tiles' canvas"
     return shown

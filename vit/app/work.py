@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vit.core.progress import Progress
+from vit.core.progress import Progress, Stop
 from vit.core.text import duration
 
 LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
 
 
-class Stopped(Exception):
+class Stopped(Stop):
     """The work was stopped before it finished; the message says why (asked to, its page closed, …)."""
 
 
@@ -67,7 +67,9 @@ class Work:
 
     ``Work(key, label).start(compute)`` runs ``compute(progress)`` in a daemon thread, ``progress`` being the
     work itself; ``state`` is ``"waiting"`` (for a server slot), ``"running"``, ``"done"`` (``result``),
-    ``"stopped"`` or ``"failed"`` (``error``).
+    ``"stopped"`` or ``"failed"`` (``error``). A computation that catches the ``Stopped`` its progress raised, to
+    return what it had done (a VLM's answer so far), ends ``"stopped"`` with that as its ``result``; one that has
+    something to show as it goes writes it to ``so_far`` (plain text, which the page draws under the progress).
     """
 
     def __init__(self, key: Any, label: str, slots: Slots | None = None, alive: Callable[[], bool] | None = None,
@@ -79,7 +81,9 @@ class Work:
         self.result: Any = None
         self.error: BaseException | None = None
         self.compute: Callable[[Progress], Any] | None = None
+        self.so_far = ""  # plain text the computation shows as it goes (an answer's words so far)
         self._reason: str | None = None
+        self._raised: Stopped | None = None  # the Stopped this work raised into its computation
         self._seen = clock()
         self._started: float | None = None  # when it began to run (after the wait for a slot)
         self._finished = threading.Event()
@@ -155,7 +159,8 @@ class Work:
         """``Stopped`` if the work should stop now (``stop_reason``)."""
         reason = self.stop_reason()
         if reason:
-            raise Stopped(reason)
+            self._raised = Stopped(reason)
+            raise self._raised
 
     def __call__(self, done: int, total: int) -> None:
         """The progress callback: ``done`` passes of ``total`` are done; ``Stopped`` if it should stop."""
@@ -171,7 +176,10 @@ class Work:
             self.check()
             self.state, self._started = "running", self.clock()
             self.result = self.compute(self)
-            self.state = "done"
+            if self._raised is not None:  # it caught the stop to keep what it had done
+                self.error, self.state = self._raised, "stopped"
+            else:
+                self.state = "done"
         except Stopped as e:
             self.error, self.state = e, "stopped"
         except Exception as e:  # shown on the page in one line; the thread must not die silently

@@ -433,6 +433,35 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
                                                                            + 3 * text.hidden * text.mlp)))
 
 
+def vlm_attnlrp(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
+                fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
+    """AttnLRP of answer token ``answer_token`` to the pixels (``vit.explain.language.vlm_attnlrp``): one forward of the
+    VLM
+    over ``tokens`` (the prompt and the answer's tokens before it) with the whole graph under the rules, from the
+    pixels through the tower, the projector and the language model, and its backward. Held at once: the tower's graph
+    under the rules for each of its ``views`` (``memory.attnlrp_bytes``, as ``attnlrp`` counts this project's tower),
+    every language-model layer's activations in the graph (norms, projections, attention output, the MLP's four and
+    the ratios its identity rule keeps), where the attention cannot fuse (eager) every layer's ``H x T²`` scores and
+    probabilities, and the last position's logits. Never a ``T x T`` held beside the graph."""
+    q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
+    parts = {
+        "the tower's graph under the rules": views * memory.attnlrp_bytes(tower, view_grid or grid),
+        "the language model's graph under the rules, every layer's activations": text.layers * tokens
+        * (6 * text.hidden + 2 * q + 2 * kv + 6 * text.mlp) * text.itemsize,
+        "the last position's logits": text.vocab * 4,
+    }
+    if not fused:
+        parts["every layer's scores and probabilities (eager attention)"] = 2 * text.layers * text.heads \
+            * tokens ** 2 * text.itemsize
+    refuse = _over(f"AttnLRP of answer token {answer_token} runs the model over {tokens:,} tokens (a "
+                   f"{grid[0]}x{grid[1]}-patch image) with the whole graph, from the pixels to the logit: about "
+                   f"{{need}} MB, over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); choose an earlier token or a "
+                   "smaller image.")
+    cost = _cost("vlm attnlrp", tower, grid, parts, refuse)
+    return replace(cost, tokens=tokens, flops=views * cost.flops * 3 + 6 * tokens * (
+        text.layers * (4 * text.hidden * q + 3 * text.hidden * text.mlp)))
+
+
 def vlm_tam(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int, image_tokens: int,
             classes: int, fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
     """TAM of answer token ``answer_token`` (``vit.explain.language.vlm_tam``): one forward of the VLM over ``tokens``

@@ -6,7 +6,10 @@ attention runs through one more attention function (``ROWS``, registered with tr
 the model's own implementation (sdpa, or the eager function of its modelling file) computes the output, and beside it
 the last query row of each call is kept, after RoPE (M-RoPE for Qwen), as the attention gets it: ``(H, d)`` per layer
 per answer token. Answer token ``i`` was predicted by the last query of generation step ``i`` (the prompt's last
-token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``.
+token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``. Each token is handed on as soon
+as ``generate`` chooses it (a stopping criterion, ``_Steps``: the answer streamed), and a ``vit.core.progress.Stop``
+raised
+by the progress there ends the generation with the tokens so far, their rows and cache kept.
 
 No layer's ``T x T`` attention is ever held. A row is computed when asked, from the keys the KV cache already holds:
 ``softmax(q_i K[:t_i]^T * scaling + mask)`` over the ``t_i`` keys that step saw (Gemma's soft cap where the model
@@ -23,23 +26,31 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from PIL import Image
 
+from vit.core.progress import Progress, Stop
+
 ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
 # An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
-# every layer (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
-MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam")
+# every layer, AttnLRP to the pixels (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
+MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
+RELEVANCE_METHODS = ("gradxattn", "attnlrp")  # ``VLMAnswer.relevance``'s
 
 # What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
 # answer's ``_Recorder``; the relevance's tape, ``vit.explain.language.vlm_relevance``)
 _RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
+# The relevance rules current in this context (``vit.explain.language.vlm_attnlrp``): the recording attention applies
+# their
+# ``attention_inputs`` to every call it runs, the tower's and the language model's; None: the plain attention
+RULES: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_answer_rules", default=None)
 
 
 @dataclass
@@ -85,6 +96,9 @@ def _recording(delegate):
     """The attention function that computes with ``delegate`` and, while an answer is recorded, keeps each language
     model layer's last query row."""
     def attention(module, query, key, value, attention_mask, **kwargs):
+        rules = RULES.get()
+        if rules is not None:
+            query, key, value = rules.attention_inputs(query, key, value)
         recorder = _RECORDING.get()
         layer = None if recorder is None else recorder.layers.get(module)
         if layer is None:
@@ -108,25 +122,31 @@ def _delegated_eager(module, *args, **kwargs):
     return _eager_of(module)(module, *args, **kwargs)
 
 
-def use_recording_attention(vlm) -> None:
-    """Point the language model's attention at the recording function that wraps its own implementation (sdpa or
-    eager); the tower's is left as it is. Registered once per implementation, under ``ROWS`` + its name."""
+def route_attention(part: torch.nn.Module) -> None:
+    """Point ``part``'s attention (a transformers model: the language model, or the tower for the relevance rules) at
+    the recording function that wraps its own implementation (sdpa or eager). Registered once per implementation,
+    under ``ROWS`` + its name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    lm = vlm.language_model
-    current = lm.config._attn_implementation
+    current = part.config._attn_implementation
     if current.startswith(ROWS):
         return
     if current not in ("sdpa", "eager"):
-        raise ValueError(f"the language model's attention is {current!r}; answers are recorded over sdpa or eager")
+        raise ValueError(f"the model's attention is {current!r}; answers are recorded over sdpa or eager")
     name = f"{ROWS}_{current}"
     if name not in ALL_ATTENTION_FUNCTIONS:
         delegate = _delegated_eager if current == "eager" else ALL_ATTENTION_FUNCTIONS[current]
         AttentionInterface.register(name, _recording(delegate))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
-    lm.set_attn_implementation(name)
+    part.set_attn_implementation(name)
+
+
+def use_recording_attention(vlm) -> None:
+    """Point the language model's attention at the recording function (``route_attention``); the tower's is left as
+    it is."""
+    route_attention(vlm.language_model)
 
 
 @contextlib.contextmanager
@@ -362,11 +382,14 @@ def text_shape(vlm):
 class VLMAnswer:
     """A VLM's answer to a question about an image: ``tokens`` (the generated ids, as ``generate`` returns them),
     ``text``, ``pieces`` (each token's text) and, for each answer token, its attention to the image
-    (``attention``), computed when asked from the kept query rows and the KV cache."""
+    (``attention``), computed when asked from the kept query rows and the KV cache. ``stopped``: why the generation
+    was stopped before its end (its tokens are the first ones of the whole answer), or None."""
 
     def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...], layout: ImageLayout,
-                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None) -> None:
+                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None,
+                 stopped: str | None = None) -> None:
         self.tokens, self.text, self.pieces = tokens, text, pieces
+        self.stopped = stopped  # why the generation was stopped before its end (None: it ended by itself)
         self.layout, self.prompt_tokens = layout, prompt_tokens
         self._recorder, self._cache = recorder, cache
         self._source = source  # (vlm, Prepared): what the relevance runs the model on again
@@ -437,22 +460,47 @@ class VLMAnswer:
         looked at the image."""
         return float(self.image_rows(i, layer).sum(-1).mean())
 
-    def relevance(self, i: int, layer: int | None = None, overview: bool = False) -> np.ndarray:
-        """(gh, gw) float32: answer token ``i``'s gradient x attention over the image tokens (Chefer et al. 2021b),
-        for the logit of token ``i`` at the query that predicted it, on the tower's patch grid. ``layer`` an int:
-        that language-model layer's ``mean_h (dy/dA * A)^+`` row of the query; None: the rule's rollout over every
-        layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its query row. One forward and backward of the
-        language model over the prompt and the answer's first ``i`` tokens, counted first
-        (``vit.costs.plan.vlm_relevance``; ``vit.explain.language.vlm_relevance``). ``overview``: as ``attention``'s."""
-        from vit.explain.language.vlm_relevance import relevance
+    def relevance(self, i: int, layer: int | None = None, overview: bool = False,
+                  method: str = "gradxattn") -> np.ndarray:
+        """(gh, gw) float32: answer token ``i``'s relevance over the image for the logit of token ``i`` at the query
+        that predicted it, on the tower's patch grid. ``method`` "gradxattn": gradient x attention over the image
+        tokens (Chefer et al. 2021b), ``layer`` an int: that language-model layer's ``mean_h (dy/dA * A)^+`` row of
+        the query; None: the rule's rollout over every layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its
+        query row (``vit.explain.language.vlm_relevance``, counted first by ``vit.costs.plan.vlm_relevance``).
+        "attnlrp":
+        AttnLRP (Achtibat et al. 2024, lxt's rules) from the logit through every language-model layer, the projector
+        and the tower to the pixels, signed, each patch holding its pixels' input x gradient summed over the
+        channels (``layer`` None: the rules run through every layer; ``vit.explain.language.vlm_attnlrp``, counted first
+        by
+        ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's
+        first ``i`` tokens. ``overview``: as ``attention``'s."""
+        if method not in RELEVANCE_METHODS:
+            raise ValueError(f"method must be one of {', '.join(RELEVANCE_METHODS)}, got {method!r}")
+        if method == "attnlrp":
+            from vit.explain.language.vlm_attnlrp import attnlrp
 
+            if layer is not None:
+                raise ValueError("AttnLRP runs from the logit through every layer to the pixels; ask it without a "
+                                 "layer")
+            vlm, prepared = self._model()
+            return attnlrp(vlm, prepared, self.tokens, self._token(i), overview).numpy()
         layout = self.layout.view(overview)
+        return layout.place(self.image_relevance(i, (layer,)))[0].numpy()
+
+    def image_relevance(self, i: int, layers) -> torch.Tensor:
+        """(len(layers), lead + N): answer token ``i``'s gradient x attention over the image tokens for each of
+        ``layers`` (an int: that layer's row; None: the rollout), all from one forward and backward (``relevance``'s,
+        counted first)."""
+        from vit.explain.language.vlm_relevance import relevances
+
+        vlm, prepared = self._model()
+        i, layers = self._token(i), tuple(None if layer is None else self._layer(layer) for layer in layers)
+        return relevances(vlm, prepared, self.tokens, i, layers, recording)[:, self.layout.positions]
+
+    def _model(self) -> tuple:
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
-        vlm, prepared = self._source
-        i, layer = self._token(i), None if layer is None else self._layer(layer)
-        values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
-        return layout.place(values[layout.positions][None])[0].numpy()
+        return self._source
 
     def tam(self, i: int, overview: bool = False) -> np.ndarray:
         """(gh, gw) float32 in [0, 1]: answer token ``i``'s Token Activation Map (Li et al., ICCV 2025; the authors'
@@ -462,13 +510,19 @@ class VLMAnswer:
         the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.language.vlm_tam``,
         where
         the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
-        from vit.explain.language.vlm_tam import tam
+        from vit.explain.language.vlm_tam import on_layout
 
         layout = self.layout.view(overview)
-        if self._source is None:
-            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
-        vlm, prepared = self._source
-        return tam(vlm, prepared, self.tokens, self._token(i), layout)
+        return on_layout(self.image_tam(i), layout)
+
+    def image_tam(self, i: int) -> np.ndarray:
+        """(lead + N,) float32: answer token ``i``'s TAM over the image tokens before the rank Gaussian filter (which
+        ``tam`` applies on a view's grid): one forward, counted first
+        (``vit.explain.language.vlm_tam.image_values``)."""
+        from vit.explain.language.vlm_tam import image_values
+
+        vlm, prepared = self._model()
+        return image_values(vlm, prepared, self.tokens, self._token(i))
 
     def held(self) -> tuple[torch.Tensor, ...]:
         """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.core.cache.nbytes`` counts
@@ -480,7 +534,8 @@ class VLMAnswer:
         return (*rows, *cached)
 
     def __repr__(self) -> str:
-        return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens, {self.grid[0]}x{self.grid[1]} patches)"
+        stopped = "" if self.stopped is None else ", stopped"
+        return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens{stopped}, {self.grid[0]}x{self.grid[1]} patches)"
 
 
 @dataclass(frozen=True)
@@ -495,12 +550,19 @@ class Prepared:
     text: object  # TextShape: the language model's sizes
     words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
 
-    def maps_bytes(self, itemsize: int = 4) -> int:
-        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``, and as many
-        on the overview's grid for an image read as tiles."""
+    def maps_per_token(self, method: str) -> int:
+        """How many maps each answer token has by ``method`` (one of ``MAP_METHODS``): attention one per layer and
+        head, gradient x attention one per layer, its rollout and TAM one."""
+        layers, heads = self.text.layers, self.text.heads
+        return {"attention": layers * heads, "gradxattn": layers, "gradxattn_rollout": 1, "tam": 1}[method]
+
+    def maps_bytes(self, itemsize: int = 4, methods: tuple[str, ...] = ("attention",)) -> int:
+        """Bytes of every answer token's maps by ``methods`` at most (``new x maps_per_token x gh x gw``), and as
+        many on the overview's grid for an image read as tiles."""
         gh, gw = self.layout.grid
         oh, ow = self.layout.overview.grid if self.layout.overview is not None else (0, 0)
-        return self.max_new_tokens * self.text.layers * self.text.heads * (gh * gw + oh * ow) * itemsize
+        maps = sum(self.maps_per_token(method) for method in set(methods))
+        return self.max_new_tokens * maps * (gh * gw + oh * ow) * itemsize
 
 
 def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
@@ -523,41 +585,62 @@ def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str
 
 
 class _Steps:
-    """A ``generate`` streamer that reports each answer token as done to ``progress(done, total)``, which may raise
-    to stop the generation between two steps (``vit.app.work.Stopped``)."""
+    """A ``generate`` stopping criterion that hands each answer token, as soon as it is chosen, to ``on_token`` (the
+    answer so far: its ids and text) and reports it to ``progress(done, total)``. A ``Stop`` that ``progress`` raises
+    ends the generation at once, the token just chosen kept: stopped after ``k`` tokens, the answer has ``k``."""
 
-    def __init__(self, progress, total: int) -> None:
-        self.progress, self.total, self.done = progress, total, -1  # generate puts the prompt first
+    def __init__(self, prompt_tokens: int, total: int, tokenizer, progress: Progress | None,
+                 on_token: Callable[[tuple[int, ...], str], None] | None) -> None:
+        self.prompt_tokens, self.total, self.tokenizer = prompt_tokens, total, tokenizer
+        self.progress, self.on_token = progress, on_token
+        self.stopped: Stop | None = None
 
-    def put(self, value) -> None:
-        self.done += 1
-        self.progress(min(self.done, self.total), self.total)
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        """(B, T) the prompt and the answer so far -> (B,) bool: whether to stop now."""
+        tokens = tuple(input_ids[0, self.prompt_tokens:].tolist())  # one copy from the device per step
+        if self.on_token is not None:
+            self.on_token(tokens, self.tokenizer.decode(list(tokens), skip_special_tokens=True))
+        if self.progress is not None and self.stopped is None:
+            try:
+                self.progress(len(tokens), self.total)
+            except Stop as e:  # the tokens so far are kept: generate ends after this step
+                self.stopped = e
+        return torch.full((input_ids.shape[0],), self.stopped is not None, dtype=torch.bool, device=input_ids.device)
 
-    def end(self) -> None:
-        self.progress(self.total, self.total)
 
+def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
+                    on_token: Callable[[tuple[int, ...], str], None] | None = None) -> VLMAnswer:
+    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded.
+    Streamed: ``on_token(tokens, text)`` is given the answer so far (its ids, its text) as soon as each token is
+    chosen, and ``progress(done, total)`` told each token done; a ``vit.core.progress.Stop`` it raises ends the
+    generation
+    there, the answer (``stopped``: why) keeping the tokens so far and every map of theirs. A ``Stop`` before the
+    first token propagates: there is nothing to keep."""
+    from transformers import StoppingCriteriaList
 
-def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
-    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded;
-    ``progress(done, total)`` is told each answer token generated, and may raise to stop between two."""
+    tokenizer = vlm.processor.tokenizer
+    if progress is not None:
+        progress(0, prepared.max_new_tokens)
+    steps = _Steps(prepared.prompt_tokens, prepared.max_new_tokens, tokenizer, progress, on_token)
     recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,
-                                 streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
+                                 stopping_criteria=StoppingCriteriaList([steps] if progress or on_token else []))
     tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
-    steps = {len(q) for q in recorder.queries}
-    if steps != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
-        raise RuntimeError(f"recorded {sorted(steps)} steps per layer for {len(tokens)} answer tokens")
-    tokenizer = vlm.processor.tokenizer
+    steps_kept = {len(q) for q in recorder.queries}
+    if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
+        raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
     return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens,
-                     (vlm, prepared))
+                     (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
 
 
 def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
-           max_new_tokens: int = 32) -> VLMAnswer:
+           max_new_tokens: int = 32, on_token: Callable[[tuple[int, ...], str], None] | None = None) -> VLMAnswer:
     """``vlm``'s greedy answer to ``question`` about ``image`` (``generate``'s tokens), its query rows recorded:
-    ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer``."""
-    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens))
+    ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer`` (``on_token``: given
+    the answer so far as each token is chosen)."""
+    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens),
+                           on_token=on_token)

@@ -95,19 +95,31 @@ def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None,
     ``i``'s gradient x attention row at ``layer`` (an int), or rolled out over every layer (None); see the module's
     docstring. ``recording(vlm, tape)``: the context in which the model's attention hands each layer's call to the
     tape (``vlm_answer.recording``). Counted first (``vit.costs.plan.vlm_relevance``)."""
+    return relevances(vlm, prepared, answer, i, (layer,), recording)[0]
+
+
+def check(vlm, prepared, i: int) -> None:
+    """Refused in one line (``TooManyTokens``) when answer token ``i``'s relevance would hold more than the memory
+    limit (``vit.costs.plan.vlm_relevance``); the last answer token's is the largest."""
     from vit.costs.plan import decide, vlm_relevance
 
-    tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
     layout = prepared.layout
-    decide(vlm_relevance(vlm.tower.model, layout.grid, prepared.text, tokens, i, fused="eager" not in implementation,
-                         views=layout.views, view_grid=layout.view_grid))
+    decide(vlm_relevance(vlm.tower.model, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
+                         fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
+
+
+def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording) -> torch.Tensor:
+    """(len(layers), T) float32: ``relevance``'s row for each of ``layers`` (an int: that layer's; None: the rollout)
+    from one forward and backward of the model, counted first (``check``)."""
+    check(vlm, prepared, i)
+    tokens = prepared.prompt_tokens + i
     tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
     with recording(vlm, tape), torch.no_grad():  # the tape switches the graph on at the first language-model layer
         out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
                            for k, v in _inputs(vlm, prepared, answer, i).items()}, use_cache=False, logits_to_keep=1)
         target = out.logits[0, -1, answer[i]]
-        wanted = list(range(len(tape.outputs))) if layer is None else [layer]
+        wanted = list(range(len(tape.outputs))) if None in layers else sorted(set(layers))
         gradients = torch.autograd.grad(target, [tape.outputs[n] for n in wanted])
     gradients = dict(zip(wanted, (g[0].detach().cpu() for g in gradients), strict=True))  # (T, H, d) each
     for n in range(len(tape.queries)):
@@ -115,18 +127,22 @@ def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None,
         for kept in (tape.queries, tape.keys, tape.values):
             kept[n] = kept[n].cpu()
     q = tokens - 1  # the query that predicted token i
-    if layer is not None:
-        values = tape.rows(layer, gradients[layer], slice(q, q + 1))[0]  # (T,)
-    else:
-        heads = tape.queries[0].shape[0]
-        chunk = max(1, ROW_CHUNK_BYTES // (4 * heads * tokens))
-        values = torch.zeros(tokens)
-        values[q] = 1.0
-        for n in reversed(range(len(tape.queries))):  # v <- v (I + Ā_n), the last layer first
-            spread = torch.zeros(tokens)
-            for start in range(0, tokens, chunk):
-                rows = slice(start, min(tokens, start + chunk))
-                if values[rows].any():
-                    spread += values[rows] @ tape.rows(n, gradients[n], rows)
-            values = values + spread
+    return torch.stack([_rollout(tape, gradients, q, tokens) if layer is None
+                        else tape.rows(layer, gradients[layer], slice(q, q + 1))[0] for layer in layers])  # (n, T)
+
+
+def _rollout(tape: _Tape, gradients: dict, q: int, tokens: int) -> torch.Tensor:
+    """(T,): query ``q``'s row of the rule's rollout over every layer, ``v <- v (I + Ā_n)`` the last layer first, in
+    chunks of rows."""
+    heads = tape.queries[0].shape[0]
+    chunk = max(1, ROW_CHUNK_BYTES // (4 * heads * tokens))
+    values = torch.zeros(tokens)
+    values[q] = 1.0
+    for n in reversed(range(len(tape.queries))):
+        spread = torch.zeros(tokens)
+        for start in range(0, tokens, chunk):
+            rows = slice(start, min(tokens, start + chunk))
+            if values[rows].any():
+                spread += values[rows] @ tape.rows(n, gradients[n], rows)
+        values = values + spread
     return values

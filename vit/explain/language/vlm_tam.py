@@ -128,6 +128,12 @@ def tam(vlm, prepared, answer: tuple[int, ...], i: int, layout) -> np.ndarray:
     """(gh, gw) float32: answer token ``i``'s TAM on ``layout``'s patch grid (each patch its image token's value),
     from one forward of the model over the prompt and the answer's first ``i`` tokens, counted first
     (``vit.costs.plan.vlm_tam``); see the module's docstring."""
+    return on_layout(image_values(vlm, prepared, answer, i), layout)
+
+
+def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
+    """(K,) float32: answer token ``i``'s TAM over the prompt's ``K`` image tokens (every view's), before the filter:
+    one forward, counted first (``vit.costs.plan.vlm_tam``)."""
     from vit.costs.plan import decide, vlm_tam
     from vit.explain.language.vlm_relevance import _inputs
 
@@ -147,8 +153,13 @@ def tam(vlm, prepared, answer: tuple[int, ...], i: int, layout) -> np.ndarray:
         inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v
                   for k, v in _inputs(vlm, prepared, answer, i).items()}
         hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
-        values = tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens, positions.to(hidden.device),
-                            (start, count), i)
+        return tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens, positions.to(hidden.device),
+                          (start, count), i)
+
+
+def on_layout(values: np.ndarray, layout) -> np.ndarray:
+    """(K,) TAM values of the image tokens -> (gh, gw) on ``layout``'s patch grid: the rank Gaussian filter over the
+    image tokens' own grid (a tiled image's canvas, or its overview's view), each patch its image token's value."""
     index, unit = token_canvas(layout)
     grid = rank_gaussian_filter(values[index.numpy()])  # (h, w) on the image tokens' own grid
     return np.repeat(np.repeat(grid, unit, axis=0), unit, axis=1)

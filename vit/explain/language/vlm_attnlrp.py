@@ -1,0 +1,206 @@
+"""AttnLRP of a VLM's answer token to the pixels, through the language model, the projector and the tower (Achtibat et
+al. 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML; the efficient rules of
+rachtibat/LRP-eXplains-Transformers, ``lxt/efficient``).
+
+The target is ``y``, the logit of answer token ``i`` at the query that predicted it, from one forward of transformers'
+whole model over the prompt and the answer's first ``i`` tokens (``vit.explain.language.vlm_relevance``'s). The forward
+is
+the model's own; under the rules its elementary operations take lxt's rules in the gradient x input framework, and
+the map is ``pixel_values * dy/dpixel_values`` summed over the channels and over each patch of the tower:
+
+- every RMSNorm (the language model's, its q / k norms, Qwen's tower and merger) and every LayerNorm holds its scale
+  constant (the identity rule: lxt's ``rms_norm_forward``, ``layer_norm_forward``; Gemma's ``_norm`` as lxt's
+  ``gemma3`` map patches it, its ``1 + weight`` outside the rule);
+- every gated MLP (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``: the language model's SwiGLU or GeGLU,
+  Qwen's tower's) takes the identity rule on its activation and the uniform rule on its product (lxt's
+  ``gated_mlp_forward``, which its ``qwen2``, ``llama`` and ``gemma3`` maps patch);
+- every other element-wise activation module (the towers' and the projectors' GELU) takes the identity rule (lxt's
+  ``non_linear_forward``);
+- every attention call, the tower's and the language model's, divides the gradients of its q and k by 4 and of its v
+  by 2 (the uniform rule on both matmuls: lxt's ``wrap_attention_forward``), at the recording attention function of
+  ``vit.explain.language.vlm_answer`` that the model's attention already runs through;
+- everything else keeps its plain gradient (the epsilon rule): the projections, the embeddings and the image
+  features' scatter into them, RoPE and M-RoPE (lxt's maps leave ``apply_rotary_pos_emb`` unpatched), the softmax,
+  the pixel shuffle and pooling of the projectors, Gemma's soft caps.
+
+The rules are the ones ``vit.explain.methods.relevance.AttnLRPRules`` applies to this project's towers (its autograd
+functions are used here); they are put on transformers' modules once, each module's own computation kept where no
+rule is current, and made current for one forward by a context variable, so an answer generated meanwhile in
+another thread runs the plain model. What the forward and backward hold is counted first
+(``vit.costs.plan.vlm_attnlrp``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+
+import torch
+
+from vit.explain.language.vlm_answer import RULES, route_attention, use_recording_attention
+from vit.explain.methods.relevance import AttnLRPRules, _IdentityRule
+
+_RULED = "_vit_attnlrp_ruled"  # set on a module whose forward the rules reach
+
+
+def _hf_rms_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm (``variance_epsilon``) with its scale held constant: lxt's ``rms_norm_forward``."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
+    return module.weight * x.to(dtype)
+
+
+def _gemma_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """Gemma's ``_norm`` with its scale held constant: lxt's ``gemma3_norm`` (``forward`` adds ``1 + weight``)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps).detach()
+
+
+def _layer_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm with its scale held constant: ``AttnLRPRules.layer_norm`` (lxt's ``layer_norm_forward``)."""
+    mean = x.mean(dim=-1, keepdim=True)
+    y = (x - mean) / ((x - mean) ** 2).mean(dim=-1, keepdim=True).add(module.eps).sqrt().detach()
+    if module.weight is not None:
+        y = y * module.weight
+    return y + module.bias if module.bias is not None else y
+
+
+def _gated_mlp(module, x: torch.Tensor) -> torch.Tensor:
+    """``down(act(gate(x)) * up(x))``: the identity rule on the activation, the uniform rule on the product (lxt's
+    ``gated_mlp_forward``; ``AttnLRPRules.product``)."""
+    gate = _IdentityRule.apply(module.gate_proj(x), module.act_fn)
+    return module.down_proj(RULES.get().product(gate, module.up_proj(x)))
+
+
+def _activation(module, x: torch.Tensor) -> torch.Tensor:
+    """An element-wise activation with the identity rule: lxt's ``non_linear_forward``."""
+    return _IdentityRule.apply(x, functools.partial(type(module).forward, module))
+
+
+def _activation_classes() -> tuple[type, ...]:
+    from transformers import activations
+
+    return tuple(c for c in vars(activations).values()
+                 if isinstance(c, type) and issubclass(c, torch.nn.Module) and c.__module__ == activations.__name__)
+
+
+def _rule_of(module: torch.nn.Module, activations: tuple[type, ...]):
+    """``(method name, rule(module, x))`` of a module whose computation takes a rule, else None."""
+    if isinstance(module, torch.nn.LayerNorm):
+        return "forward", _layer_norm
+    if hasattr(module, "variance_epsilon") and hasattr(module, "weight"):
+        return "forward", _hf_rms_norm
+    if callable(getattr(module, "_norm", None)) and hasattr(module, "eps"):
+        return "_norm", _gemma_norm
+    if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return "forward", _gated_mlp
+    if isinstance(module, (*activations, torch.nn.GELU, torch.nn.SiLU, torch.nn.Tanh)):
+        return "forward", _activation
+    return None
+
+
+def _put(module: torch.nn.Module, name: str, rule) -> None:
+    """``module.name`` (its ``forward``, Gemma's ``_norm``) made to apply ``rule`` while rules are current, its
+    class's own method otherwise; bound as a method of the module, so that a copy of the model calls its own."""
+    def method(self, x, *args, **kwargs):
+        if RULES.get() is None or args or kwargs:
+            return getattr(type(self), name)(self, x, *args, **kwargs)
+        return rule(self, x)
+    setattr(module, name, types.MethodType(method, module))
+    setattr(module, _RULED, True)
+
+
+def tower_of(vlm) -> torch.nn.Module:
+    """transformers' vision tower inside the VLM (``vision_tower``, Qwen's ``visual``)."""
+    inner = vlm.model.model
+    tower = getattr(inner, "vision_tower", None) or getattr(inner, "visual", None)
+    if tower is None:
+        raise ValueError(f"{type(vlm.model).__name__} keeps its vision tower under no name known here")
+    return tower
+
+
+def use_rules(vlm) -> None:
+    """Put the rules on ``vlm``'s modules (once): each computes as its class does unless ``RULES`` holds rules; the
+    tower's attention, as the language model's, runs through the recording attention function, which applies the
+    attention's rule."""
+    use_recording_attention(vlm)
+    route_attention(tower_of(vlm))
+    activations = _activation_classes()
+    for module in vlm.model.modules():
+        if getattr(module, _RULED, False):
+            continue
+        found = _rule_of(module, activations)
+        if found is not None:
+            _put(module, *found)
+
+
+@contextlib.contextmanager
+def rules_current(rules: AttnLRPRules):
+    """Within it, the ruled modules and the recording attention apply ``rules``."""
+    token = RULES.set(rules)
+    try:
+        yield rules
+    finally:
+        RULES.reset(token)
+
+
+def _patch_sums(relevance: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(n, C, H, W) input x gradient -> (n, gh, gw): summed over the channels and each patch."""
+    n, _, H, W = relevance.shape
+    gh, gw = grid
+    return relevance.sum(1).reshape(n, gh, H // gh, gw, W // gw).sum((2, 4))
+
+
+def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Tensor:
+    """The input x gradient of ``prepared``'s ``pixel_values`` (their shape) summed over the channels and each patch,
+    on the answer's patch grid as the other maps are placed: Qwen-VL's flattened patches (merge unit after merge
+    unit, each unit's patches row-major) row-major; InternVL's crops on their canvas, its thumbnail (the last tile)
+    as the overview; LLaVA-NeXT's crops on their canvas unpadded, its base image (the first) as the overview."""
+    layout = prepared.layout
+    if relevance.dim() == 2:  # Qwen-VL: (gh * gw, C x frames x patch x patch) in merge-unit order
+        (gh, gw), m = layout.grid, layout.unit
+        return relevance.sum(-1).reshape(gh // m, gw // m, m, m).permute(0, 2, 1, 3).reshape(gh, gw)
+    if layout.overview is None:
+        return _patch_sums(relevance.reshape(1, *relevance.shape[-3:]), layout.grid)[0]
+    vh, vw = layout.view_grid
+    if vlm.model_type == "internvl":
+        tiles = _patch_sums(relevance, (vh, vw))  # (rows x cols + 1, vh, vw), the thumbnail last
+        if overview:
+            return tiles[-1]
+        rows, cols = layout.grid[0] // vh, layout.grid[1] // vw
+        return tiles[:rows * cols].reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
+
+    config = vlm.model.config
+    tiles = _patch_sums(relevance[0], (vh, vw))  # (1 + rows x cols, vh, vw), the base image first
+    if overview:
+        return tiles[0]
+    rows, cols = get_anyres_image_grid_shape(prepared.inputs["image_sizes"][0], config.image_grid_pinpoints,
+                                             config.vision_config.image_size)
+    canvas = tiles[1:rows * cols + 1].reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
+    height, width = layout.grid  # unpad_image keeps the middle rows or columns
+    top, left = (rows * vh - height) // 2, (cols * vw - width) // 2
+    return canvas[top:top + height, left:left + width]
+
+
+def attnlrp(vlm, prepared, answer: tuple[int, ...], i: int, overview: bool = False) -> torch.Tensor:
+    """(gh, gw) float32, signed: AttnLRP of answer token ``i``'s logit (at the query that predicted it) to the pixels
+    the tower read, input x gradient summed over the channels and each patch (``on_grid``); see the module's
+    docstring. Counted first (``vit.costs.plan.vlm_attnlrp``)."""
+    from vit.costs.plan import decide, vlm_attnlrp
+    from vit.explain.language.vlm_relevance import _inputs
+
+    layout = prepared.layout
+    implementation = vlm.language_model.config._attn_implementation
+    decide(vlm_attnlrp(vlm.tower.model, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
+                       fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
+    use_rules(vlm)
+    inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in _inputs(vlm, prepared, answer, i).items()}
+    pixels = inputs["pixel_values"].detach().clone().requires_grad_(True)
+    inputs["pixel_values"] = pixels
+    # Relevance needs autograd even where the caller (the app) runs under inference_mode
+    with torch.inference_mode(False), torch.enable_grad(), rules_current(AttnLRPRules()):
+        out = vlm.model(**inputs, use_cache=False, logits_to_keep=1)
+        [grad] = torch.autograd.grad(out.logits[0, -1, answer[i]], pixels)
+    return on_grid(vlm, prepared, (pixels.detach() * grad).float().cpu(), overview)
