@@ -105,6 +105,17 @@ class _DivideGradient(torch.autograd.Function):
         return grad / ctx.factor, None
 
 
+def identity_rule(x: Tensor, fn) -> Tensor:
+    """``fn(x)`` (element-wise) under AttnLRP's identity rule: relevance passes through unchanged (lxt's
+    ``identity_rule_implicit``), for an activation outside this project's model (a library module's)."""
+    return _IdentityRule.apply(x, fn)
+
+
+def divide_gradient(x: Tensor, factor: float) -> Tensor:
+    """``x`` unchanged, its gradient divided by ``factor`` (lxt's ``divide_gradient``: the uniform rule)."""
+    return _DivideGradient.apply(x, factor)
+
+
 class AttnLRPRules(Rules):
     """lxt's efficient AttnLRP (``cp=False``) or CP-LRP (``cp=True``) as the model's elementary operations."""
 
