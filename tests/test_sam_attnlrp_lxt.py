@@ -159,3 +159,27 @@ def test_each_rule_dropped_moves_the_map_off_lxts(whole, image, dropped, monkeyp
         assert AttnLRPRules  # the encoder's rules are the ones the relevance tests check
     ours = vit.segment(checkpoint, image, **prompt, mask=1, methods=["attnlrp"])
     assert distance(ours.maps["attnlrp"], theirs) > 1e-3
+
+
+def test_predict_saves_the_attnlrp_map_of_the_mask_equal_to_lxts(whole, image, tmp_path, capsys, monkeypatch):
+    import json
+
+    from vit.predict import main
+
+    model, processor, checkpoint = whole
+    image.save(tmp_path / "photo.png")
+    code = main([checkpoint.metadata["source"]["path"], str(tmp_path / "photo.png"), "--points", "52,30", "--box",
+                 "10,5,80,45", "--mask", "1", "--save-maps", str(tmp_path / "maps"), "--relevance", "attnlrp",
+                 "--device", "cpu"])
+    [record] = json.loads(capsys.readouterr().out)
+    theirs = lxt_relevance(model, processor, image, PROMPTS["mixed"], 1, None, monkeypatch)
+    assert code == 0 and "attnlrp" in record["maps"]
+    assert distance(np.load(record["maps"]["npz"])["map/attnlrp"], theirs) <= RTOL
+
+
+def test_the_clis_prompt_maps_are_the_engines():
+    # written in the parser (parsing loads no torch): every pixel map of a mask, and nothing else
+    from vit.explain.segment import SEGMENT_METHODS
+    from vit.predict import PROMPT_MAPS
+
+    assert set(PROMPT_MAPS) == set(SEGMENT_METHODS) - {"decoder_attention"}

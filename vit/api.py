@@ -1096,8 +1096,9 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
 
     ``mask``: which of the three masks the attention and maps explain (default the best scored); ``token``:
     ``"mask"`` (that mask's output token) or ``"iou"`` (the IoU token) for the decoder attention; ``methods``:
-    ``"gradient_x_input"`` of the mask's logits, summed over the mask or at image pixel ``at = (x, y)`` (its memory
-    checked first by the cost model: the encoder's gradient at 1,024 px is the costly part). ValueError in one line
+    ``"gradient_x_input"`` or ``"attnlrp"`` (AttnLRP, lxt's rules through the decoder, the neck and the encoder) of
+    the mask's logits, summed over the mask or at image pixel ``at = (x, y)`` (their memory checked first by the
+    cost model: the encoder's gradient at 1,024 px is the costly part). ValueError in one line
     (``PromptError``, ``PromptHalfError`` for a model without its prompt half, ``TooManyTokens``)."""
     from vit.explain.relevance import patch_sums
     from vit.explain.segment import make_prompt, segmenter
