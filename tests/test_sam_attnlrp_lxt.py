@@ -1,22 +1,23 @@
-"""AttnLRP of a SAM mask (issue 81, item 4): ``vit.segment(..., methods=["attnlrp"])`` equals lxt's own AttnLRP rules
-patched into transformers' whole ``SamModel``, input x gradient of the same mask score at ``pixel_values`` summed over
-the channels, to 1e-5 of the map's largest value; and each rule, dropped from ours, moves the map off lxt's.
+"""AttnLRP of a SAM / SAM 2 mask (issue 81, item 4): ``vit.segment(..., methods=["attnlrp"])`` equals lxt's own
+AttnLRP rules patched into transformers' whole ``SamModel`` / ``Sam2Model``, input x gradient of the same mask score
+at ``pixel_values`` summed over the channels, to 1e-5 of the map's largest value; and each rule, dropped from ours,
+moves the map off lxt's.
 
-The model is ``test_sam_prompts``' tiny random SAM (eager attention), saved whole with its processor. lxt has no map
-for SAM, so its rules are patched in as its ``efficient`` module patches a generic torch model's classes:
-``layer_norm_forward`` on ``torch.nn.LayerNorm`` (which reaches ``SamLayerNorm``, channels-first in the neck and the
-upscaling: its forward calls ``nn.LayerNorm.forward``), ``non_linear_forward`` on every activation class (the
-encoder's GELU, the decoder's ReLU and GELU), ``wrap_attention_forward`` on ``modeling_sam.eager_attention_forward``
-(the decoder's attention function: the uniform rule on both matmuls). Two places lxt's patching cannot reach are
-written here with its own ``divide_gradient``:
+The models are ``test_sam_prompts``' tiny random SAM and SAM 2 (eager attention), saved whole with their processors.
+lxt has no map for SAM, so its rules are patched in as its ``efficient`` module patches a generic torch model's
+classes: ``layer_norm_forward`` on ``torch.nn.LayerNorm`` (which reaches ``SamLayerNorm`` / ``Sam2LayerNorm``,
+channels-first in the neck and the upscaling: their forward calls ``nn.LayerNorm.forward``), ``non_linear_forward``
+on every activation class (the encoder's GELU, the decoder's ReLU and GELU), ``wrap_attention_forward`` on the
+modeling file's ``eager_attention_forward`` (the decoder's attention function, and SAM 2's Hiera's: the uniform rule
+on both matmuls). Two places lxt's patching cannot reach are written here with its own ``divide_gradient``:
 
-- the image encoder's attention (``SamVisionAttention``) computes its weights inline, with SAM's decomposed relative
+- SAM's image encoder attention (``SamVisionAttention``) computes its weights inline, with SAM's decomposed relative
   positions read from the query: its forward below is transformers' with ``wrap_attention_forward``'s division of q,
   k and v where the attention function would begin, the relative positions (the logits' additive mask) computed from
   the query before it, as a model passing them as the function's ``attention_mask`` has them;
 - the masks ``hyper_in @ upscaled_embedding`` (a product of two image-dependent factors): the uniform rule, each
   factor's gradient halved (``gated_mlp_forward``'s rule on SwiGLU's product), by hooks on the hypernetwork MLPs and
-  the last upscaling convolution.
+  the upscaling's last GELU.
 
 Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt).
 """
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_sam_prompts import PROMPTS, _sam, library_inputs, library_run
+from test_sam_prompts import PROMPTS, _sam, _sam2, library_inputs, library_run
 
 import vit
 from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
@@ -37,14 +38,14 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    """(the library's SamModel, its processor, our checkpoint) of a tiny model saved whole."""
-    model, processor = _sam()
-    folder = tmp_path_factory.mktemp("sam") / "model"
+@pytest.fixture(scope="module", params=["sam", "sam2"])
+def whole(request, tmp_path_factory):
+    """(family, the library's model, its processor, our checkpoint) of a tiny model saved whole."""
+    model, processor = (_sam if request.param == "sam" else _sam2)()
+    folder = tmp_path_factory.mktemp(request.param) / "model"
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
-    return model, processor, vit.load(folder, device="cpu")
+    return request.param, model, processor, vit.load(folder, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -79,27 +80,31 @@ def _activation_classes(model: torch.nn.Module) -> set[type]:
             if type(m).__module__ == activations.__name__ or isinstance(m, (torch.nn.GELU, torch.nn.ReLU))}
 
 
-def lxt_relevance(model, processor, image, prompt, mask: int, at, monkeypatch) -> torch.Tensor:
+def lxt_relevance(family, model, processor, image, prompt, mask: int, at, monkeypatch) -> torch.Tensor:
     """lxt's AttnLRP of mask ``mask``'s low-resolution logits (summed where > 0, or at the cell under ``at``) on
     transformers' whole ``model``: ``(H, W)``, input x gradient at ``pixel_values`` summed over the channels."""
-    from transformers.models.sam import modeling_sam
-
+    modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["eager_attention_forward"])
     inputs = library_inputs(processor, image, **prompt)
     decoder = model.mask_decoder
+
+    def halved_factor(module, args, out):  # the upscaling's last GELU (hidden / 8 channels): the masks' factor
+        return divide_gradient(out, 2) if out.shape[1] == decoder.hidden_size // 8 else None
+
     hooks = [m.register_forward_hook(lambda module, args, out: divide_gradient(out, 2))
-             for m in (*decoder.output_hypernetworks_mlps, decoder.upscale_conv2)]
+             for m in decoder.output_hypernetworks_mlps]
+    hooks.append(decoder.activation.register_forward_hook(halved_factor))
     try:
         with monkeypatch.context() as m:  # lxt patches classes; undone before ours runs
             m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
             for act in _activation_classes(model):
                 m.setattr(act, "original_forward", act.forward, raising=False)
                 m.setattr(act, "forward", non_linear_forward)
-            m.setattr(modeling_sam, "eager_attention_forward",
-                      wrap_attention_forward(modeling_sam.eager_attention_forward))
-            m.setattr(modeling_sam.SamVisionAttention, "forward", vision_attention_forward)
+            m.setattr(modeling, "eager_attention_forward", wrap_attention_forward(modeling.eager_attention_forward))
+            if family == "sam":  # SAM 2's Hiera calls the attention function: the wrapper above reaches it
+                m.setattr(modeling.SamVisionAttention, "forward", vision_attention_forward)
             pixels = inputs["pixel_values"].clone().requires_grad_(True)
             with torch.enable_grad():
-                out, _ = library_run("sam", model, processor, inputs, pixels)
+                out, _ = library_run(family, model, processor, inputs, pixels)
                 logits = out.pred_masks[0, 0, mask]  # (h, w) over the whole input, SAM's padding included
                 if at is None:
                     score = logits[logits.detach() > 0].sum()
@@ -122,11 +127,11 @@ def distance(ours: np.ndarray, theirs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("at", [None, (52, 30)])
-def test_attnlrp_of_a_mask_equals_lxts_rules_on_the_librarys_sam(whole, image, at, monkeypatch):
-    model, processor, checkpoint = whole
+def test_attnlrp_of_a_mask_equals_lxts_rules_on_the_librarys_model(whole, image, at, monkeypatch):
+    family, model, processor, checkpoint = whole
     prompt = PROMPTS["mixed"]
     ours = vit.segment(checkpoint, image, **prompt, mask=1, methods=["attnlrp", "gradient_x_input"], at=at)
-    theirs = lxt_relevance(model, processor, image, prompt, 1, at, monkeypatch)
+    theirs = lxt_relevance(family, model, processor, image, prompt, 1, at, monkeypatch)
     assert distance(ours.maps["attnlrp"], theirs) <= RTOL
     assert distance(ours.maps["gradient_x_input"], theirs) > 1e-2  # the rules changed the map: not the gradient
     assert ours.patch_maps["attnlrp"].shape == checkpoint.model.patch_grid(*theirs.shape)
@@ -143,9 +148,9 @@ def test_each_rule_dropped_moves_the_map_off_lxts(whole, image, dropped, monkeyp
     from vit.explain import segment
     from vit.explain.relevance import AttnLRPRules
 
-    model, processor, checkpoint = whole
+    family, model, processor, checkpoint = whole
     prompt = PROMPTS["mixed"]
-    theirs = lxt_relevance(model, processor, image, prompt, 1, None, monkeypatch)
+    theirs = lxt_relevance(family, model, processor, image, prompt, 1, None, monkeypatch)
     if dropped == "decoder attention":
         monkeypatch.setattr(segment, "_attention_rule", lambda factor: _plain_norm)
     elif dropped == "masks product":
@@ -166,13 +171,13 @@ def test_predict_saves_the_attnlrp_map_of_the_mask_equal_to_lxts(whole, image, t
 
     from vit.predict import main
 
-    model, processor, checkpoint = whole
+    family, model, processor, checkpoint = whole
     image.save(tmp_path / "photo.png")
     code = main([checkpoint.metadata["source"]["path"], str(tmp_path / "photo.png"), "--points", "52,30", "--box",
                  "10,5,80,45", "--mask", "1", "--save-maps", str(tmp_path / "maps"), "--relevance", "attnlrp",
                  "--device", "cpu"])
     [record] = json.loads(capsys.readouterr().out)
-    theirs = lxt_relevance(model, processor, image, PROMPTS["mixed"], 1, None, monkeypatch)
+    theirs = lxt_relevance(family, model, processor, image, PROMPTS["mixed"], 1, None, monkeypatch)
     assert code == 0 and "attnlrp" in record["maps"]
     assert distance(np.load(record["maps"]["npz"])["map/attnlrp"], theirs) <= RTOL
 
