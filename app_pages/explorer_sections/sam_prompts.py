@@ -20,7 +20,7 @@ from vit.app import drawing
 from vit.app import sam_prompts as prompts
 from vit.checkpoint import CheckpointError
 from vit.explain.overlay import display_image, jpeg_data_uri, map_colours
-from vit.explain.segment import make_prompt
+from vit.explain.segment import SIGNED_MAPS, make_prompt
 from vit.inference import input_box, seen_region
 from vit.sources.sam_prompts import architecture
 from vit.text import escape_markdown
@@ -241,8 +241,8 @@ def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: s
 
 
 def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | None) -> None:
-    """Which input pixels made the drawn mask: gradient x input or AttnLRP of its logits, summed over it, signed,
-    over the pixels the model saw; chosen, never run before (a gradient through the whole image encoder)."""
+    """Which input pixels made the drawn mask: gradient x input, AttnLRP or LeGrad of its logits, summed over it,
+    over the pixels the model saw; chosen, never run before (a gradient through the image encoder)."""
     st.subheader("Which pixels made the mask")
     if st.session_state.get(MAP_KEY) not in prompts.PIXEL_MAPS:
         st.session_state[MAP_KEY] = "none"
@@ -260,7 +260,8 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
         with right:
             st.error(escape_markdown(str(e)))
         return
-    cmap, vmin, vmax = map_colours("attnlrp", values, view.colormap)  # signed: a diverging scale around 0
+    signed = method in SIGNED_MAPS  # on a diverging scale around 0; LeGrad's (>= 0) on the page's colour map
+    cmap, vmin, vmax = map_colours("attnlrp" if signed else "legrad", values, view.colormap)
     shown = display_image(seg.seen, max_side=480)
     with left:
         st.image(drawing.overlay_image(shown, values, view.opacity, cmap, view.mode, False, None, vmin, vmax),

@@ -190,10 +190,14 @@ def describe_attention(name: str, head: int, choice: str, grid: tuple[int, int])
 
 
 def describe_pixel_map(method: str, mask: int, values: np.ndarray) -> str:
-    """The pixel map's caption, plain text: what it is of, and its signed range."""
+    """The pixel map's caption, plain text: what it is of, and its range."""
+    bound = float(np.abs(values).max()) if values.size else 0.0
+    if method == "legrad":
+        return (f"LeGrad of mask {mask + 1}'s logits, summed over the mask: the neck and the mask decoder read each "
+                "of the image encoder's last two layers, and the positive gradient of the mask with respect to that "
+                f"layer's attention, averaged over heads and queries, is summed per patch (0 to {bound:.3g}).")
     how = ("AttnLRP (lxt's rules through the mask decoder, the neck and the image encoder)" if method == "attnlrp"
            else "Gradient x input (through the mask decoder, the neck and the image encoder)")
-    bound = float(np.abs(values).max()) if values.size else 0.0
     return (f"{how} of mask {mask + 1}'s logits, summed over the mask, per input pixel (its channels summed) over "
             f"the pixels the model saw: red for the mask, blue against it, ±{bound:.3g} at the ends of the scale.")
 

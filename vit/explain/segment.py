@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.costs import plan
-from vit.explain.relevance import AttnLRPRules, divide_gradient, identity_rule
+from vit.explain.relevance import AttnLRPRules, divide_gradient, identity_rule, legrad_of_readout
 from vit.images import resized_size
 from vit.model import use_rules
 from vit.threads import at_most
@@ -70,10 +70,16 @@ SEGMENT_METHODS = {
     "attnlrp": "AttnLRP (Achtibat et al. 2024) of the mask's logits (summed over the mask, or at one pixel) through "
                "the mask decoder, the neck and the image encoder, lxt's rules: the input's relevance summed over the "
                "channels",
+    "legrad": "LeGrad (Bousselham et al. 2024) of the mask on SAM's image encoder: at each of its last layers the "
+              "neck and the mask decoder read that layer's output, and the positive gradient of the mask's logits "
+              "(summed over the mask, or at one pixel) with respect to that layer's attention, averaged over heads "
+              "and queries, is summed over the layers, on the patch grid",
 }
-MAP_LABELS = {"gradient_x_input": "Gradient x input", "attnlrp": "AttnLRP"}  # the pixel maps, by name, as words
+MAP_LABELS = {"gradient_x_input": "Gradient x input", "attnlrp": "AttnLRP", "legrad": "LeGrad"}  # in words
+SIGNED_MAPS = ("gradient_x_input", "attnlrp")  # drawn on a diverging scale around 0 (LeGrad's are >= 0)
 TOKENS = ("mask", "iou")  # the output tokens whose attention is drawn
 CROSS_ATTENTIONS = ("cross_attn_token_to_image", "cross_attn_image_to_token", FINAL_ATTENTION)
+LEGRAD_START = -2  # LeGrad's first explained layer (the authors' wrapper's default: the last two)
 KEPT_EMBEDDINGS = 4  # images whose embedding a Segmenter keeps (SAM ViT-H's: 4 MB each)
 # torch threads for a prompt's mask decoder: ~250 small ops (SAM ViT-B's largest, a 4096 x 256 -> 128
 # projection, is ~1 ms on one core), so a second thread saves little and costs a barrier per op, which waits for a
@@ -357,12 +363,16 @@ class Segmenter:
         return embedding, tuple(pixels.shape[-2:]), False
 
     def check_gradient_fits(self, grid: tuple[int, int], method: str = "gradient_x_input") -> None:
-        """The cost model's answer for a gradient through the encoder and the decoder at ``grid``, asked first.
-        AttnLRP's is the same count: its rules change what the backward multiplies by, not what the graph keeps
-        (the identity rule keeps a ratio where GELU kept its input; LayerNorm's scale is kept either way)."""
+        """The cost model's answer for ``method``'s gradient through the encoder and the decoder at ``grid``, asked
+        first. AttnLRP's is gradient x input's count: its rules change what the backward multiplies by, not what
+        the graph keeps (the identity rule keeps a ratio where GELU kept its input; LayerNorm's scale is kept
+        either way). LeGrad's is LeGrad's own (in chunks) beside the decoder."""
         decoder = self.half.decoder
-        plan.decide(plan.mask_gradient(self.model, grid, decoder.hidden_size, len(decoder.transformer.layers),
-                                       self.half.embedding_grid, f"{MAP_LABELS[method]} of the mask"))
+        sizes = (decoder.hidden_size, len(decoder.transformer.layers), self.half.embedding_grid)
+        if method == "legrad":
+            plan.decide(plan.mask_legrad(self.model, grid, *sizes, LEGRAD_START))
+        else:
+            plan.decide(plan.mask_gradient(self.model, grid, *sizes, f"{MAP_LABELS[method]} of the mask"))
 
     def segment(self, image, prompt: Prompt, mask: int | None = None, token: str = "mask",
                 methods: tuple[str, ...] = (), at: tuple[float, float] | None = None) -> Segmented:
@@ -391,7 +401,8 @@ class Segmenter:
             self.check_gradient_fits(self.model.patch_grid(*input_hw), method)
         if methods:
             pixels = self.pixels(image)
-        makers = {"gradient_x_input": gradient_x_input, "attnlrp": attnlrp}  # read at the call: a test replaces one
+        makers = {"gradient_x_input": gradient_x_input, "attnlrp": attnlrp,  # read at the call: a test replaces one
+                  "legrad": legrad}
         for method in methods:
             maps[method] = makers[method](self.half, self.model, pixels, inputs, mask, cell).cpu()
         logits = logits[0, 0].float().cpu()
@@ -486,6 +497,35 @@ def attnlrp(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int
     gradient under the image encoder's rules and the library's (``library_rules``). Signed: positive pixels speak
     for the mask's logits, negative against."""
     return _input_x_gradient(half, model, pixels, inputs, mask, cell, rules=True)
+
+
+def legrad(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
+           cell: tuple[int, int] | None = None, start_layer: int = LEGRAD_START) -> Tensor:
+    """``(gh, gw)``: LeGrad (Bousselham et al. 2024) of the mask on SAM's image encoder's patch grid. As the authors
+    read CLIP's ``ln_post`` at every layer, the neck and the mask decoder read each layer's output from
+    ``start_layer`` on (the last two by default), and the positive gradient of the mask's logits there, summed over
+    the mask (its region where the last layer's logits are > 0, the same region at every layer) or at ``cell``,
+    with respect to that layer's attention is averaged over heads and queries and summed over the layers
+    (``relevance.legrad_of_readout``: in chunks, a windowed layer's keys back on their tokens). SAM 2's FPN neck
+    reads every stage at once, so there is no one layer's output to read: PromptError."""
+    if half.family != "sam":
+        raise PromptError("LeGrad of the mask reads the neck at each layer, and SAM 2's neck reads every Hiera "
+                          "stage at once; choose attnlrp or gradient_x_input")
+    grid = model.patch_grid(*pixels.shape[-2:])
+    region = None
+
+    def mask_at(out: Tensor) -> Tensor:  # the last layer is read first: its mask is the region at every layer
+        nonlocal region
+        embedding = half.library.vision_encoder.neck(out.reshape(out.shape[0], *grid, -1))  # (1, C, gh, gw)
+        _, logits = decode(half, embedding, inputs)
+        if cell is not None:
+            return mask_score(logits, mask, cell)
+        if region is None:
+            mask_score(logits, mask, None)  # PromptError for an empty mask
+            region = logits[0, 0, mask].detach() > 0
+        return logits[0, 0, mask][region].sum()
+
+    return legrad_of_readout(model, pixels, mask_at, start_layer)[0]
 
 
 def _is_activation(module: torch.nn.Module) -> bool:
