@@ -115,3 +115,17 @@ def test_legrad_of_a_sam_2_mask_is_refused_in_one_line(tmp_path, image):  # noqa
     with pytest.raises(PromptError, match="SAM 2's neck reads every Hiera stage") as error:
         vit.segment(vit.load(tmp_path / "model", device="cpu"), image, points=[(30, 20)], methods=["legrad"])
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "legrad"])
+def test_a_mask_map_over_the_memory_limit_is_refused_before_any_work(sam, image, monkeypatch, method):  # noqa: F811
+    from vit.bounds import TooManyTokens
+    from vit.explain import segment
+
+    _, _, checkpoint = sam
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    ran = []
+    monkeypatch.setattr(segment, method, lambda *args: ran.append(args))
+    with pytest.raises(TooManyTokens, match="limit") as error:
+        vit.segment(checkpoint, image, points=[(10, 10)], methods=[method])
+    assert not ran and "\n" not in str(error.value)

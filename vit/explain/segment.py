@@ -19,12 +19,17 @@ SamProcessor's to the longer side resized to ``longest_edge`` (before the paddin
   under its own rules (``relevance.AttnLRPRules``), the library's neck and decoder with lxt's rules hooked onto their
   modules for the one backward (``library_rules``): the uniform rule on the decoder's attention (q and k's gradient
   divided by 4, v's by 2, as lxt's ``wrap_attention_forward`` divides them at the attention function), the identity
-  rule on every LayerNorm's scale (lxt's ``layer_norm_forward``; SAM's channels-first ``SamLayerNorm`` in the neck
-  and the upscaling too: it calls ``nn.LayerNorm.forward``, which lxt patches on the class) and on every activation
+  rule on every LayerNorm's scale (lxt's ``layer_norm_forward``; the channels-first ``SamLayerNorm`` /
+  ``Sam2LayerNorm`` of the neck and the upscaling too: they call ``nn.LayerNorm.forward``, which lxt patches on the
+  class) and on every activation
   (GELU, ReLU: lxt's ``non_linear_forward``), and the uniform rule on the one product of two image-dependent factors
   lxt's attention rule does not reach, the hypernetwork's ``hyper_in @ upscaled_embedding`` that makes the masks
   (half each, as lxt's ``gated_mlp_forward`` splits SwiGLU's product). Everything else (the convolutions, the
-  projections, the positional encodings, the additions) is linear and keeps its plain gradient.
+  projections, the positional encodings, the additions) is linear and keeps its plain gradient. Equal to lxt's rules
+  patched into transformers' whole SamModel / Sam2Model (``tests/test_sam_attnlrp_lxt.py``).
+- ``legrad``: LeGrad (Bousselham et al. 2024) on SAM's image encoder: the neck and the decoder read each of its last
+  two layers' output, as the authors read CLIP's ``ln_post`` at each layer; the patch grid
+  (``tests/test_sam_legrad.py``). SAM 2's FPN neck reads every stage at once: refused.
 
 A ``Segmenter`` keeps the image embeddings of the last images it saw (as SAM's predictor keeps its image's), so a new
 prompt on the same image costs the decoder alone.
