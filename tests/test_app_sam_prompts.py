@@ -200,3 +200,25 @@ def test_the_exported_view_holds_the_prompts_masks_and_the_decoders_attention(wh
     # the export draws its attention first: block 2's image-to-token, head 2, of mask 2's token
     expected = weights[5][0][1, :, {"sam": 3, "sam2": 4}[family]].reshape(grid).numpy()
     np.testing.assert_allclose(drawn[before], expected, rtol=0, atol=1e-5)
+
+
+def test_the_masks_attnlrp_drawn_is_lxts_on_the_librarys_model_and_the_link_keeps_it(whole, monkeypatch):
+    """"Which pixels made the mask": AttnLRP of the drawn mask (mask 2, the chosen token's) summed over it, equal to
+    lxt's rules patched into the library's whole model (test_sam_attnlrp_lxt), kept in the link as ``smap``."""
+    from test_sam_attnlrp_lxt import RTOL, distance, lxt_relevance
+
+    family, model, processor, folder = whole
+    drawn = drawn_maps(monkeypatch)
+    at = opened(folder, sam_linked={**LINKED, "smap": "attnlrp"})
+    assert not at.main.error, [e.value for e in at.main.error]
+    theirs = lxt_relevance(family, model, processor, image(), PROMPT, 1, None, monkeypatch)
+    assert distance(drawn[-1], theirs) <= RTOL
+    assert "AttnLRP (lxt's rules" in " ".join(displayed(c.value) for c in at.main.caption)
+    link = url(at)
+    assert link["smap"] == "attnlrp"
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in link.items():
+        fresh.query_params[key] = value
+    fresh.run()
+    assert not fresh.exception and fresh.radio(key="sam_map").value == "attnlrp"
+    assert distance(drawn[-1], theirs) <= RTOL and url(fresh) == link

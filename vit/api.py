@@ -1074,7 +1074,9 @@ class Segmentation:
             values = self.maps[name]
         else:
             raise ValueError(f"no map {name!r} here; choose one of {', '.join([*self.attention, *self.maps])}")
-        kind = "attnlrp" if name in self.maps else ""  # signed maps on a scale around 0
+        from vit.explain.methods.segment import SIGNED_MAPS
+
+        kind = "attnlrp" if name in SIGNED_MAPS else ""  # signed maps on a scale around 0
         cmap, vmin, vmax = map_colours(kind, values, colormap)
         return draw_overlay(self.seen, values, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
 
@@ -1108,8 +1110,11 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
 
     ``mask``: which of the three masks the attention and maps explain (default the best scored); ``token``:
     ``"mask"`` (that mask's output token) or ``"iou"`` (the IoU token) for the decoder attention; ``methods``:
-    ``"gradient_x_input"`` of the mask's logits, summed over the mask or at image pixel ``at = (x, y)`` (its memory
-    checked first by the cost model: the encoder's gradient at 1,024 px is the costly part). ValueError in one line
+    ``"gradient_x_input"``, ``"attnlrp"`` (AttnLRP, lxt's rules through the decoder, the neck and the encoder) or
+    ``"legrad"`` (LeGrad on SAM's encoder, the neck and decoder reading each of its last two layers; on the patch
+    grid, each patch's value on its pixels in ``maps``) of the mask's logits, summed over the mask or at image pixel
+    ``at = (x, y)`` (their memory checked first by the cost model: the encoder's gradient at 1,024 px is the costly
+    part). ValueError in one line
     (``PromptError``, ``PromptHalfError`` for a model without its prompt half, ``TooManyTokens``)."""
     from vit.explain.methods.relevance import patch_sums
     from vit.explain.methods.segment import make_prompt, segmenter
@@ -1128,8 +1133,15 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
     done = segmenter(checkpoint, open_prompt_half).segment(image, prompt, mask, token, tuple(methods), where)
     grid = checkpoint.model.patch_grid(*p.image_hw)
     seen = seen_region(image, p)
-    maps = {k: v.numpy().astype(np.float32) for k, v in done.maps.items()}
-    patch_maps = {k: patch_sums(v[None], grid)[0].numpy().astype(np.float32) for k, v in done.maps.items()}
+    maps, patch_maps = {}, {}
+    for name, values in done.maps.items():
+        if tuple(values.shape) == tuple(grid):  # LeGrad's, on the patch grid: each patch's value on its pixels
+            ph, pw = (side // g for side, g in zip(p.image_hw, grid, strict=True))
+            patch_maps[name] = values.numpy().astype(np.float32)
+            maps[name] = values.repeat_interleave(ph, 0).repeat_interleave(pw, 1).numpy().astype(np.float32)
+        else:  # a pixel map, summed over each patch
+            maps[name] = values.numpy().astype(np.float32)
+            patch_maps[name] = patch_sums(values[None], grid)[0].numpy().astype(np.float32)
     return Segmentation(done.scores.numpy(), done.mask_logits.numpy(), done.masks.numpy(), done.mask, done.token,
                         {k: v.numpy() for k, v in done.attention.items()}, maps, patch_maps, image, seen,
                         input_box(image.size, p), prompt.points, prompt.box, done.embedding_reused)

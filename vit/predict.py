@@ -62,11 +62,12 @@ Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder 
 print per image its three masks' predicted IoU (``"scores"``), their areas on the image in pixels and the best one
 (``"mask"``); a second image is encoded once, every prompt on it runs the decoder alone. ``--mask N`` (from 0)
 chooses the mask the maps explain (default the best), ``--token mask|iou`` the decoder token whose attention is
-drawn, ``--relevance gradient_x_input`` adds which input pixels made the mask (summed over it, or at ``--at x,y``;
-its memory checked first). With ``--save-maps`` each image gets ``<stem>.npz`` (``vit.Segmentation.save``: scores,
-mask_logits, masks, the prompt, ``attention/<module>`` (heads, rows, cols) of each decoder cross-attention,
-``map/<method>``), ``<stem>_mask<i>.png`` (each mask over the image) and ``<stem>_<module>.png`` (each
-cross-attention, its heads averaged, over the pixels the model saw).
+drawn, ``--relevance gradient_x_input|attnlrp|legrad`` adds which input pixels made the mask (gradient x input,
+AttnLRP with lxt's rules through the decoder, the neck and the encoder, or LeGrad on SAM's encoder; summed over it, or
+at ``--at x,y``; its memory checked first). With ``--save-maps`` each image gets ``<stem>.npz``
+(``vit.Segmentation.save``: scores, mask_logits, masks, the prompt, ``attention/<module>`` (heads, rows, cols) of
+each decoder cross-attention, ``map/<method>``), ``<stem>_mask<i>.png`` (each mask over the image) and
+``<stem>_<module>.png`` (each cross-attention, its heads averaged, over the pixels the model saw).
 
 ``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
@@ -111,6 +112,10 @@ if TYPE_CHECKING:
     from vit.core.inference import FileResult, InputSize
 
 PROG = "vit.predict"
+# A SAM prompt's pixel maps, vit.explain.methods.segment.SEGMENT_METHODS' (written here: parsing loads no torch; a test
+# holds
+# the two lists equal)
+PROMPT_MAPS = ("gradient_x_input", "attnlrp", "legrad")
 MAPS_DTYPES = ("float32", "float16")
 MAX_MAPS_MB = 4096  # one image's .npz: ViT-B/16 at 448 px (785 tokens) is 355 MB in float32, at 1,024 px 9.7 GB
 MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
@@ -272,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "the best scored)")
     p.add_argument("--token", choices=("mask", "iou"), default="mask",
                    help="with a prompt: the decoder token whose attention is drawn (default mask)")
-    p.add_argument("--relevance", choices=("gradient_x_input",),
+    p.add_argument("--relevance", choices=PROMPT_MAPS,
                    help="with a prompt and --save-maps: which input pixels made the mask")
     p.add_argument("--at", type=prompt_pixel, metavar="X,Y",
                    help="with --relevance: explain the mask's logit at this image pixel (default: summed over it)")

@@ -21,17 +21,18 @@ from vit.app import sam_prompt_view as prompts
 from vit.checkpoint import CheckpointError
 from vit.core.inference import input_box, seen_region
 from vit.core.text import escape_markdown
-from vit.explain.methods.segment import make_prompt
-from vit.explain.views.overlay import display_image, jpeg_data_uri
+from vit.explain.methods.segment import SIGNED_MAPS, make_prompt
+from vit.explain.views.overlay import display_image, jpeg_data_uri, map_colours
 from vit.sources.sam_prompts import architecture
 
 POINTS_KEY, BOX_KEY, OF_KEY = "sam_points", "sam_box", "sam_prompt_of"  # the prompt, and the (model, image) it is on
 NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY = "sam_negative", "sam_token", "sam_attention", "sam_head"
 MOUSE_KEY = "sam_mouse"  # what the mouse does on the image: click points or drag a box
 PICKER_KEY, SHEET_KEY = "sam_picker", "sam_sheet"
+MAP_KEY = "sam_map"  # "Which pixels made the mask": none, or one of vit.explain.methods.segment's pixel maps
 LINKED_KEY = "sam_linked"  # the link's prompt, token, attention and head, until the section has an image to check
-LINK_NAMES = ("points", "box", "token", "dattn", "dhead")
-KEPT = (NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY, MOUSE_KEY)  # kept while not drawn (a page stopped)
+LINK_NAMES = ("points", "box", "token", "dattn", "dhead", "smap")
+KEPT = (NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY, MOUSE_KEY, MAP_KEY)  # kept while not drawn (a page stopped)
 ANSWERS_BYTES = 64 * 2**20  # masks on the image and the attentions of the last prompts (~1 MB each at ViT-B)
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 
@@ -66,7 +67,8 @@ def link_values(view: Shown) -> dict[str, object]:
     return {"points": tuple(tuple(p) for p in points) or None, "box": None if box is None else tuple(box),
             "token": st.session_state.get(TOKEN_KEY),
             "dattn": None if attention is None else prompts.attention_link(attention),
-            "dhead": st.session_state.get(HEAD_KEY)}
+            "dhead": st.session_state.get(HEAD_KEY),
+            "smap": None if st.session_state.get(MAP_KEY, "none") == "none" else st.session_state[MAP_KEY]}
 
 
 def _clear() -> None:
@@ -113,6 +115,8 @@ def _apply_link(view: Shown) -> None:
         st.session_state[ATTENTION_KEY] = prompts.attention_name(linked["dattn"])
     if "dhead" in linked:
         st.session_state[HEAD_KEY] = linked["dhead"]
+    if "smap" in linked:
+        st.session_state[MAP_KEY] = linked["smap"]
 
 
 def segmented(view: Shown, points: tuple, box: tuple | None, choice: str | None) -> vit.Segmentation:
@@ -181,6 +185,7 @@ def prompt_section(view: Shown) -> None:
             st.caption(escape_markdown(prompts.mask_caption(i, float(seg.scores[i]), int(seg.masks[i].sum()), total,
                                                             i == int(np.argmax(seg.scores)))))
     decoder_attention(view, seg)
+    pixel_map(view, seg, points, box)
 
 
 def prompt_text(points: tuple, box: tuple | None) -> str:
@@ -224,6 +229,45 @@ def decoder_attention(view: Shown, seg: vit.Segmentation) -> None:
                         selection_mode="points", config={"displayModeBar": False}, width="stretch")
         st.caption(escape_markdown("Every decoder attention (rows) and head (columns) of the chosen token, each on "
                                    "its own range; click one to enlarge it."))
+
+
+def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: str) -> np.ndarray:
+    """``vit.segment``'s ``method`` map of mask ``mask`` (summed over it) for the prompt, once per (model, image,
+    prompt, mask, method): a gradient through the image encoder, its memory asked of the cost model first."""
+    key = ("sam map", view.full_fingerprint, view.image_key, points, box, mask, method)
+    return byte_cache("sam prompts", ANSWERS_BYTES).get_or_compute(
+        key, lambda: vit.segment(view.full_checkpoint, view.image, list(points) or None, box, mask=mask,
+                                 methods=[method]).maps[method])
+
+
+def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | None) -> None:
+    """Which input pixels made the drawn mask: gradient x input, AttnLRP or LeGrad of its logits, summed over it,
+    over the pixels the model saw; chosen, never run before (a gradient through the image encoder)."""
+    st.subheader("Which pixels made the mask")
+    if st.session_state.get(MAP_KEY) not in prompts.PIXEL_MAPS:
+        st.session_state[MAP_KEY] = "none"
+    left, right = st.columns([1, 1.3], gap="medium")
+    with right:
+        method = st.radio("Map of the mask", list(prompts.PIXEL_MAPS), key=MAP_KEY,
+                          format_func=prompts.PIXEL_MAPS.get, horizontal=True)
+        st.caption(escape_markdown(f"Mask {seg.mask + 1}'s logits, summed over the mask, back to each input pixel. "
+                                   "Each choice runs a gradient through the whole image encoder."))
+    if method == "none":
+        return
+    try:
+        values = mask_map(view, points, box, seg.mask, method)
+    except ValueError as e:  # over the memory limit (TooManyTokens), an empty mask
+        with right:
+            st.error(escape_markdown(str(e)))
+        return
+    signed = method in SIGNED_MAPS  # on a diverging scale around 0; LeGrad's (>= 0) on the page's colour map
+    cmap, vmin, vmax = map_colours("attnlrp" if signed else "legrad", values, view.colormap)
+    shown = display_image(seg.seen, max_side=480)
+    with left:
+        st.image(drawing.overlay_image(shown, values, view.opacity, cmap, view.mode, False, None, vmin, vmax),
+                 output_format="PNG")
+        st.html(drawing.colorbar_html(vmin, vmax, cmap))
+        st.caption(escape_markdown(prompts.describe_pixel_map(method, seg.mask, values)))
 
 
 def export_part(view: Shown, values: dict) -> dict | None:

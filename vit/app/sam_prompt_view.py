@@ -18,12 +18,14 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from vit.app import drawing
+from vit.explain.methods.segment import MAP_LABELS
 
 CLICK_CELLS = 64  # clickable points along the image's long side (SAM's image embedding is 64 x 64)
 MAX_POINTS = 32  # points one prompt (and a link) may hold
 POSITIVE, NEGATIVE = (0, 200, 0), (220, 0, 0)  # as ``Segmentation.picture`` marks them
 TOKENS = {"mask1": "mask 1's token", "mask2": "mask 2's token", "mask3": "mask 3's token", "iou": "the IoU token"}
 TOKEN_OPTIONS = {"mask1": "mask 1", "mask2": "mask 2", "mask3": "mask 3", "iou": "IoU token"}  # the picker's words
+PIXEL_MAPS = {"none": "none", **MAP_LABELS}  # "Which pixels made the mask": the picker's options, none first
 _NUMBER = r"[0-9]{1,5}(?:\.[0-9]{1,2})?"
 _POINT = re.compile(rf"({_NUMBER}),({_NUMBER}),([01])")
 _BOX = re.compile(rf"({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})")
@@ -185,6 +187,19 @@ def describe_attention(name: str, head: int, choice: str, grid: tuple[int, int])
         what = f"where {TOKENS[choice]} attends on the image"
     return (f"The mask decoder's {attention_label(name)} attention, {who}: {what}, on the image embedding's "
             f"{grid[0]}×{grid[1]} grid over the pixels the model saw.")
+
+
+def describe_pixel_map(method: str, mask: int, values: np.ndarray) -> str:
+    """The pixel map's caption, plain text: what it is of, and its range."""
+    bound = float(np.abs(values).max()) if values.size else 0.0
+    if method == "legrad":
+        return (f"LeGrad of mask {mask + 1}'s logits, summed over the mask: the neck and the mask decoder read each "
+                "of the image encoder's last two layers, and the positive gradient of the mask with respect to that "
+                f"layer's attention, averaged over heads and queries, is summed per patch (0 to {bound:.3g}).")
+    how = ("AttnLRP (lxt's rules through the mask decoder, the neck and the image encoder)" if method == "attnlrp"
+           else "Gradient x input (through the mask decoder, the neck and the image encoder)")
+    return (f"{how} of mask {mask + 1}'s logits, summed over the mask, per input pixel (its channels summed) over "
+            f"the pixels the model saw: red for the mask, blue against it, ±{bound:.3g} at the ends of the scale.")
 
 
 def mask_caption(index: int, score: float, area: int, total: int, best: bool) -> str:

@@ -171,7 +171,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     # decoder's output token and attention drawn, and its head (0: their mean)
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
     "token": _one_of(tuple(sam_prompts.TOKENS)), "dattn": _prompt_part(sam_prompts.parse_attention),
-    "dhead": _whole(0),
+    "dhead": _whole(0), "smap": _one_of(tuple(sam_prompts.MAP_LABELS)),  # the pixel map of the mask
 }
 
 
@@ -193,7 +193,7 @@ LABELS = {
     "lm_layer": "Language model layer", "lm_head": "Language model head", "lm_fusion": "Language model head fusion",
     "lm_method": "Answer token's map", "lm_overview": "The whole image's view (a tiled image's overview)",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
-    "dattn": "Decoder attention", "dhead": "Decoder head",
+    "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
 }
 
 
@@ -223,7 +223,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "box": lambda v: ", ".join(f"{c:g}" for c in v), "token": sam_prompts.TOKENS.get,
         "attr": lambda v: options_text(v).replace(",", ", "),
         "dattn": lambda v: sam_prompts.attention_label(sam_prompts.attention_name(v)),
-        "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}",
+        "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}", "smap": sam_prompts.MAP_LABELS.get,
     }
     described = {}
     for name in PARSERS:

@@ -218,9 +218,21 @@ def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedd
     (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
     (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
     encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
+    return _with_mask_decoder(encoder, "mask gradient", hidden, layers, embedding_grid)
+
+
+def mask_legrad(model, grid: tuple[int, int], hidden: int, layers: int, embedding_grid: tuple[int, int],
+                start_layer: int = -2) -> Cost:
+    """LeGrad of SAM's mask (``vit.explain.methods.segment.legrad``): LeGrad's own (``legrad``: the explained layers'
+    inputs, one block's work, a chunk) beside the mask decoder's graph, which reads each explained layer."""
+    return _with_mask_decoder(legrad(model, grid, start_layer), "mask legrad", hidden, layers, embedding_grid)
+
+
+def _with_mask_decoder(encoder: Cost, view: str, hidden: int, layers: int, embedding_grid: tuple[int, int]) -> Cost:
+    """``encoder``'s cost with the mask decoder's graph (``memory.mask_decoder_bytes``) beside it."""
     decoder = memory.mask_decoder_bytes(hidden, layers, embedding_grid)
     parts = (*encoder.parts, ("the mask decoder's graph", decoder))
-    return replace(encoder, view="mask gradient", memory=encoder.memory + decoder, parts=parts)
+    return replace(encoder, view=view, memory=encoder.memory + decoder, parts=parts)
 
 
 def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +104,17 @@ class _DivideGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         return grad / ctx.factor, None
+
+
+def identity_rule(x: Tensor, fn) -> Tensor:
+    """``fn(x)`` (element-wise) under AttnLRP's identity rule: relevance passes through unchanged (lxt's
+    ``identity_rule_implicit``), for an activation outside this project's model (a library module's)."""
+    return _IdentityRule.apply(x, fn)
+
+
+def divide_gradient(x: Tensor, factor: float) -> Tensor:
+    """``x`` unchanged, its gradient divided by ``factor`` (lxt's ``divide_gradient``: the uniform rule)."""
+    return _DivideGradient.apply(x, factor)
 
 
 class AttnLRPRules(Rules):
@@ -233,11 +245,30 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     check_supported(model)
     if getattr(model.config, "stage_depths", ()):
         return stage_legrad(model, images, class_index, start_layer)
+    index = None
+
+    def class_score(out: Tensor) -> Tensor:  # the last layer is read first: its logits give the predicted class
+        nonlocal index
+        logits = model.classify(out)  # (B, classes)
+        if index is None:
+            index = _class_indices(logits, class_index)
+        return logits.gather(1, index[:, None].to(logits.device)).sum()  # the images are independent
+
+    return legrad_of_readout(model, images, class_score, start_layer, model.readout_tokens(), budget, head_chunk,
+                             query_chunk)
+
+
+def legrad_of_readout(model: ViT, images: Tensor, score: Callable[[Tensor], Tensor], start_layer: int = -2,
+                      readout: int | None = None, budget: int = CHUNK_BYTES, head_chunk: int | None = None,
+                      query_chunk: int | None = None) -> Tensor:
+    """LeGrad's map ``(B, gh, gw)`` of any read-out: ``score(out)`` is the scalar read from a layer's output ``out
+    (B, readout or T, D)`` (``legrad``'s: the class logit; a SAM's mask: the neck and the mask decoder on it), read
+    at every layer from ``start_layer``, the last first; ``readout``: the leading tokens it reads (None: all). See
+    ``legrad`` for how it is computed in chunks."""
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
     start, grid = start_layer % L, model.input_grid(images)  # a video model's clips: their folded grid
-    readout = model.readout_tokens()
     inputs: list[Tensor] = []  # the input (B, T, D) of each block from start on
     with torch.inference_mode():
         x, _ = model.run_blocks(model.embed(images), grid, 0, start)
@@ -245,17 +276,13 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
             inputs.append(x)
             x, _ = model.run_blocks(x, grid, layer, layer + 1)
         inputs.append(x)
-    index, total = None, None
+    total = None
     H, T = model.blocks[-1].attn.num_heads, x.shape[1]
-    for layer in reversed(range(start, L)):  # the last first: its logits give the predicted class
+    for layer in reversed(range(start, L)):
         with torch.inference_mode(False), torch.enable_grad():
             x = inputs[layer - start].clone()  # a normal tensor: these were made under inference_mode
             out, kept = run_block(model, layer, x, grid, leaf=True, queries=readout)
-            logits = model.classify(out)  # (B, classes)
-            if index is None:
-                index = _class_indices(logits, class_index)
-            score = logits.gather(1, index[:, None].to(logits.device)).sum()  # the images are independent
-            [contexts] = torch.autograd.grad(score, kept["hook_z"])  # (B, n, H, hd)
+            [contexts] = torch.autograd.grad(score(out), kept["hook_z"])  # (B, n, H, hd)
         values = kept["hook_v"].detach()  # (B, H, T, hd); a windowed layer's (B * nw, H, slots, hd)
         keys = None
         for _, _, grad in context_gradient_chunks(contexts, values, budget, head_chunk, query_chunk):

@@ -15,6 +15,21 @@ SamProcessor's to the longer side resized to ``longest_edge`` (before the paddin
 - ``gradient_x_input``: the input's gradient times the input, summed over the channels, of the chosen mask's
   logits (summed where the mask is, logit > 0, or at one pixel), back through the decoder, the neck and the image
   encoder: plain autograd through the same modules, so equal to autograd on the library's whole model.
+- ``attnlrp``: AttnLRP (Achtibat et al. 2024) of the same number, as input x modified gradient: the image encoder
+  under its own rules (``relevance.AttnLRPRules``), the library's neck and decoder with lxt's rules hooked onto their
+  modules for the one backward (``library_rules``): the uniform rule on the decoder's attention (q and k's gradient
+  divided by 4, v's by 2, as lxt's ``wrap_attention_forward`` divides them at the attention function), the identity
+  rule on every LayerNorm's scale (lxt's ``layer_norm_forward``; the channels-first ``SamLayerNorm`` /
+  ``Sam2LayerNorm`` of the neck and the upscaling too: they call ``nn.LayerNorm.forward``, which lxt patches on the
+  class) and on every activation
+  (GELU, ReLU: lxt's ``non_linear_forward``), and the uniform rule on the one product of two image-dependent factors
+  lxt's attention rule does not reach, the hypernetwork's ``hyper_in @ upscaled_embedding`` that makes the masks
+  (half each, as lxt's ``gated_mlp_forward`` splits SwiGLU's product). Everything else (the convolutions, the
+  projections, the positional encodings, the additions) is linear and keeps its plain gradient. Equal to lxt's rules
+  patched into transformers' whole SamModel / Sam2Model (``tests/test_sam_attnlrp_lxt.py``).
+- ``legrad``: LeGrad (Bousselham et al. 2024) on SAM's image encoder: the neck and the decoder read each of its last
+  two layers' output, as the authors read CLIP's ``ln_post`` at each layer; the patch grid
+  (``tests/test_sam_legrad.py``). SAM 2's FPN neck reads every stage at once: refused.
 
 A ``Segmenter`` keeps the image embeddings of the last images it saw (as SAM's predictor keeps its image's), so a new
 prompt on the same image costs the decoder alone.
@@ -38,6 +53,8 @@ from torch import Tensor
 from vit.core.images import resized_size
 from vit.core.threads import at_most
 from vit.costs import plan
+from vit.explain.methods.relevance import AttnLRPRules, divide_gradient, identity_rule, legrad_of_readout
+from vit.model import use_rules
 
 # Each two-way block's attention modules as the library names them, then the final token-to-image attention.
 BLOCK_ATTENTIONS = ("self_attn", "cross_attn_token_to_image", "cross_attn_image_to_token")
@@ -55,9 +72,19 @@ SEGMENT_METHODS = {
                          "grid (each two-way block's token-to-image and image-to-token, and the final token-to-image)",
     "gradient_x_input": "gradient x input of the mask's logits (summed over the mask, or at one pixel) through the "
                         "mask decoder and the image encoder, summed over the channels",
+    "attnlrp": "AttnLRP (Achtibat et al. 2024) of the mask's logits (summed over the mask, or at one pixel) through "
+               "the mask decoder, the neck and the image encoder, lxt's rules: the input's relevance summed over the "
+               "channels",
+    "legrad": "LeGrad (Bousselham et al. 2024) of the mask on SAM's image encoder: at each of its last layers the "
+              "neck and the mask decoder read that layer's output, and the positive gradient of the mask's logits "
+              "(summed over the mask, or at one pixel) with respect to that layer's attention, averaged over heads "
+              "and queries, is summed over the layers, on the patch grid",
 }
+MAP_LABELS = {"gradient_x_input": "Gradient x input", "attnlrp": "AttnLRP", "legrad": "LeGrad"}  # in words
+SIGNED_MAPS = ("gradient_x_input", "attnlrp")  # drawn on a diverging scale around 0 (LeGrad's are >= 0)
 TOKENS = ("mask", "iou")  # the output tokens whose attention is drawn
 CROSS_ATTENTIONS = ("cross_attn_token_to_image", "cross_attn_image_to_token", FINAL_ATTENTION)
+LEGRAD_START = -2  # LeGrad's first explained layer (the authors' wrapper's default: the last two)
 KEPT_EMBEDDINGS = 4  # images whose embedding a Segmenter keeps (SAM ViT-H's: 4 MB each)
 # torch threads for a prompt's mask decoder: ~250 small ops (SAM ViT-B's largest, a 4096 x 256 -> 128
 # projection, is ~1 ms on one core), so a second thread saves little and costs a barrier per op, which waits for a
@@ -340,11 +367,17 @@ class Segmenter:
                 self.embeddings.popitem(last=False)
         return embedding, tuple(pixels.shape[-2:]), False
 
-    def check_gradient_fits(self, grid: tuple[int, int]) -> None:
-        """The cost model's answer for a gradient through the encoder and the decoder at ``grid``, asked first."""
+    def check_gradient_fits(self, grid: tuple[int, int], method: str = "gradient_x_input") -> None:
+        """The cost model's answer for ``method``'s gradient through the encoder and the decoder at ``grid``, asked
+        first. AttnLRP's is gradient x input's count: its rules change what the backward multiplies by, not what
+        the graph keeps (the identity rule keeps a ratio where GELU kept its input; LayerNorm's scale is kept
+        either way). LeGrad's is LeGrad's own (in chunks) beside the decoder."""
         decoder = self.half.decoder
-        plan.decide(plan.mask_gradient(self.model, grid, decoder.hidden_size,
-                                       len(decoder.transformer.layers), self.half.embedding_grid))
+        sizes = (decoder.hidden_size, len(decoder.transformer.layers), self.half.embedding_grid)
+        if method == "legrad":
+            plan.decide(plan.mask_legrad(self.model, grid, *sizes, LEGRAD_START))
+        else:
+            plan.decide(plan.mask_gradient(self.model, grid, *sizes, f"{MAP_LABELS[method]} of the mask"))
 
     def segment(self, image, prompt: Prompt, mask: int | None = None, token: str = "mask",
                 methods: tuple[str, ...] = (), at: tuple[float, float] | None = None) -> Segmented:
@@ -369,11 +402,14 @@ class Segmenter:
         attention = {k: v.float().cpu() for k, v in attention_views(recorded, self.half, position).items()}
         cell = None if at is None else low_res_cell(at, image_size, p, input_hw, tuple(logits.shape[-2:]))
         maps = {}
+        for method in methods:  # every map's memory asked before any is made
+            self.check_gradient_fits(self.model.patch_grid(*input_hw), method)
         if methods:
-            self.check_gradient_fits(self.model.patch_grid(*input_hw))
             pixels = self.pixels(image)
+        makers = {"gradient_x_input": gradient_x_input, "attnlrp": attnlrp,  # read at the call: a test replaces one
+                  "legrad": legrad}
         for method in methods:
-            maps[method] = gradient_x_input(self.half, self.model, pixels, inputs, mask, cell).cpu()
+            maps[method] = makers[method](self.half, self.model, pixels, inputs, mask, cell).cpu()
         logits = logits[0, 0].float().cpu()
         masks = masks_on_image(self.half, logits, image_size, p)  # two large resizes: worth every thread
         return Segmented(scores[0, 0].float().cpu(), logits, masks, mask, token, attention, maps, reused)
@@ -438,12 +474,118 @@ def masks_on_image(half, logits: Tensor, image_size: tuple[int, int], preprocess
     return mask_logits_on_image(half, logits, image_size, preprocessing) > 0
 
 
-def gradient_x_input(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
-                     cell: tuple[int, int] | None = None) -> Tensor:
+def _input_x_gradient(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
+                      cell: tuple[int, int] | None, rules: bool) -> Tensor:
     """``(H, W)``: the gradient of ``mask_score`` with respect to ``pixels (1, C, H, W)`` times the pixels, summed
-    over the channels, back through the decoder, the neck and our image encoder."""
-    with torch.inference_mode(False), torch.enable_grad():
+    over the channels, back through the decoder, the neck and our image encoder; with ``rules``, AttnLRP's
+    modified gradient (the encoder's rules and ``library_rules``)."""
+    rule_contexts = (use_rules(AttnLRPRules()), library_rules(half)) if rules else ()
+    with torch.inference_mode(False), torch.enable_grad(), contextlib.ExitStack() as stack:
+        for context in rule_contexts:
+            stack.enter_context(context)
         x = pixels.detach().clone().requires_grad_(True)
         _, logits = decode(half, image_embedding(half, model, x), inputs)
         [grad] = torch.autograd.grad(mask_score(logits, mask, cell), x)
     return (x.detach() * grad).sum(dim=1)[0]  # (H, W)
+
+
+def gradient_x_input(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
+                     cell: tuple[int, int] | None = None) -> Tensor:
+    """``(H, W)``: the gradient of ``mask_score`` with respect to ``pixels (1, C, H, W)`` times the pixels, summed
+    over the channels, back through the decoder, the neck and our image encoder."""
+    return _input_x_gradient(half, model, pixels, inputs, mask, cell, rules=False)
+
+
+def attnlrp(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
+            cell: tuple[int, int] | None = None) -> Tensor:
+    """``(H, W)``: AttnLRP of ``mask_score``, the relevance of each input pixel summed over the channels: input x
+    gradient under the image encoder's rules and the library's (``library_rules``). Signed: positive pixels speak
+    for the mask's logits, negative against."""
+    return _input_x_gradient(half, model, pixels, inputs, mask, cell, rules=True)
+
+
+def legrad(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
+           cell: tuple[int, int] | None = None, start_layer: int = LEGRAD_START) -> Tensor:
+    """``(gh, gw)``: LeGrad (Bousselham et al. 2024) of the mask on SAM's image encoder's patch grid. As the authors
+    read CLIP's ``ln_post`` at every layer, the neck and the mask decoder read each layer's output from
+    ``start_layer`` on (the last two by default), and the positive gradient of the mask's logits there, summed over
+    the mask (its region where the last layer's logits are > 0, the same region at every layer) or at ``cell``,
+    with respect to that layer's attention is averaged over heads and queries and summed over the layers
+    (``relevance.legrad_of_readout``: in chunks, a windowed layer's keys back on their tokens). SAM 2's FPN neck
+    reads every stage at once, so there is no one layer's output to read: PromptError."""
+    if half.family != "sam":
+        raise PromptError("LeGrad of the mask reads the neck at each layer, and SAM 2's neck reads every Hiera "
+                          "stage at once; choose attnlrp or gradient_x_input")
+    grid = model.patch_grid(*pixels.shape[-2:])
+    region = None
+
+    def mask_at(out: Tensor) -> Tensor:  # the last layer is read first: its mask is the region at every layer
+        nonlocal region
+        embedding = half.library.vision_encoder.neck(out.reshape(out.shape[0], *grid, -1))  # (1, C, gh, gw)
+        _, logits = decode(half, embedding, inputs)
+        if cell is not None:
+            return mask_score(logits, mask, cell)
+        if region is None:
+            mask_score(logits, mask, None)  # PromptError for an empty mask
+            region = logits[0, 0, mask].detach() > 0
+        return logits[0, 0, mask][region].sum()
+
+    return legrad_of_readout(model, pixels, mask_at, start_layer)[0]
+
+
+def _is_activation(module: torch.nn.Module) -> bool:
+    """An element-wise activation module: torch's GELU / ReLU / SiLU or one of transformers' ``ACT2FN`` classes."""
+    return (isinstance(module, (torch.nn.GELU, torch.nn.ReLU, torch.nn.SiLU))
+            or type(module).__module__ == "transformers.activations")
+
+
+def _norm_rule(module, args, output) -> Tensor:
+    """A LayerNorm's output with its scale held constant (``AttnLRPRules.layer_norm``, lxt's ``layer_norm_forward``);
+    SAM's channels-first LayerNorm permuted to channels-last and back, as its own forward does."""
+    x = args[0]
+    if getattr(module, "data_format", "channels_last") == "channels_first":  # (B, C, H, W): normed over C
+        return AttnLRPRules().layer_norm(x.permute(0, 2, 3, 1), module).permute(0, 3, 1, 2)
+    return AttnLRPRules().layer_norm(x, module)
+
+
+def _activation_rule(module, args, output) -> Tensor:
+    """An activation module's output under the identity rule (lxt's ``non_linear_forward``)."""
+    return identity_rule(args[0], module.forward)
+
+
+def _attention_rule(factor: float) -> Callable:
+    """A hook dividing a decoder attention's projected q, k or v gradient by ``factor`` (lxt's
+    ``wrap_attention_forward``: 4, 4, 2)."""
+    return lambda module, args, output: divide_gradient(output, factor)
+
+
+def _masks_rule(module, args, output) -> tuple:
+    """The decoder's masks ``hyper_in @ upscaled_embedding``, a product of two image-dependent factors, under the
+    uniform rule: half the relevance to each, which is the masks' gradient halved."""
+    return (divide_gradient(output[0], 2.0), *output[1:])
+
+
+@contextlib.contextmanager
+def library_rules(half) -> Iterator[None]:
+    """For the ``with`` block, lxt's AttnLRP rules on the prompt half's modules (transformers' neck, prompt encoder
+    and mask decoder), as forward hooks that give the same values (to float rounding) with the rule's backward:
+    every LayerNorm (``_norm_rule``), every activation module (``_activation_rule``), each decoder attention's
+    projected q, k and v (``_attention_rule``: lxt divides them as they enter the attention function; the head split
+    between is a reshape, which the division passes through) and the decoder's masks (``_masks_rule``). Module
+    hooks on modules every session shares, as ``decoder_attentions``' are: a concurrent prompt without gradients
+    gets the same numbers to float rounding."""
+    handles = []
+    try:
+        for module in half.library.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                handles.append(module.register_forward_hook(_norm_rule))
+            elif _is_activation(module):
+                handles.append(module.register_forward_hook(_activation_rule))
+        for attention in attention_modules(half).values():
+            for name, factor in (("q_proj", 4.0), ("k_proj", 4.0), ("v_proj", 2.0)):
+                handles.append(getattr(attention, name).register_forward_hook(_attention_rule(factor)))
+        handles.append(half.decoder.register_forward_hook(_masks_rule))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
