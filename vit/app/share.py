@@ -25,6 +25,7 @@ from vit.core.text import visible
 from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_NEW_TOKENS
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.captum_maps import options_text, parse_options
+from vit.explain.methods.segment import MAP_LABELS
 from vit.explain.views.attention_maps import CAM_KINDS, method_of
 from vit.explain.views.overlay import UPSAMPLE_MODES
 from vit.explain.views.video import CLIP_KIND_LABELS
@@ -171,7 +172,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     # decoder's output token and attention drawn, and its head (0: their mean)
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
     "token": _one_of(tuple(sam_prompts.TOKENS)), "dattn": _prompt_part(sam_prompts.parse_attention),
-    "dhead": _whole(0), "smap": _one_of(tuple(sam_prompts.MAP_LABELS)),  # the pixel map of the mask
+    "dhead": _whole(0), "smap": _one_of(tuple(MAP_LABELS)),  # the pixel map of the mask
 }
 
 
@@ -223,7 +224,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "box": lambda v: ", ".join(f"{c:g}" for c in v), "token": sam_prompts.TOKENS.get,
         "attr": lambda v: options_text(v).replace(",", ", "),
         "dattn": lambda v: sam_prompts.attention_label(sam_prompts.attention_name(v)),
-        "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}", "smap": sam_prompts.MAP_LABELS.get,
+        "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}", "smap": MAP_LABELS.get,
     }
     described = {}
     for name in PARSERS:

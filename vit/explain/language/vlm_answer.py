@@ -2,14 +2,14 @@
 through the language model, in bounded memory.
 
 The model answers with transformers' own greedy ``generate`` (``vit.sources.vlm.whole_vlm``). Its language model's
-attention runs through one more attention function (``ROWS``, registered with transformers' ``AttentionInterface``):
-the model's own implementation (sdpa, or the eager function of its modelling file) computes the output, and beside it
-the last query row of each call is kept, after RoPE (M-RoPE for Qwen), as the attention gets it: ``(H, d)`` per layer
-per answer token. Answer token ``i`` was predicted by the last query of generation step ``i`` (the prompt's last
-token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``. Each token is handed on as soon
-as ``generate`` chooses it (a stopping criterion, ``_Steps``: the answer streamed), and a ``vit.core.progress.Stop``
-raised
-by the progress there ends the generation with the tokens so far, their rows and cache kept.
+attention runs through one more attention function (``vit.explain.language.vlm_attention``, registered with
+transformers' ``AttentionInterface``): the model's own implementation (sdpa, or the eager function of its modelling
+file) computes the output, and beside it the last query row of each call is kept, after RoPE (M-RoPE for Qwen), as
+the attention gets it: ``(H, d)`` per layer per answer token. Answer token ``i`` was predicted by the last query of
+generation step ``i`` (the prompt's last token at step 0), the row ``generate(output_attentions=True)`` returns at
+step ``i``. Each token is handed on as soon as ``generate`` chooses it (a stopping criterion, ``_Steps``: the answer
+streamed), and a ``vit.core.progress.Stop`` raised by the progress there ends the generation with the tokens so far,
+their rows and cache kept.
 
 No layer's ``T x T`` attention is ever held. A row is computed when asked, from the keys the KV cache already holds:
 ``softmax(q_i K[:t_i]^T * scaling + mask)`` over the ``t_i`` keys that step saw (Gemma's soft cap where the model
@@ -23,9 +23,6 @@ overview. What this holds is counted before the work (``vit.costs.plan.vlm_answe
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,8 +31,8 @@ import torch
 from PIL import Image
 
 from vit.core.progress import Progress, Stop
+from vit.explain.language.vlm_attention import recording
 
-ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
@@ -44,13 +41,6 @@ FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no
 MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
 RELEVANCE_METHODS = ("gradxattn", "attnlrp")  # ``VLMAnswer.relevance``'s
 
-# What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
-# answer's ``_Recorder``; the relevance's tape, ``vit.explain.language.vlm_relevance``)
-_RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
-# The relevance rules current in this context (``vit.explain.language.vlm_attnlrp``): the recording attention applies
-# their
-# ``attention_inputs`` to every call it runs, the tower's and the language model's; None: the plain attention
-RULES: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_answer_rules", default=None)
 
 
 @dataclass
@@ -90,75 +80,6 @@ def _additive(mask_row: torch.Tensor) -> torch.Tensor:
     if mask_row.dtype == torch.bool:
         return torch.zeros(mask_row.shape, dtype=torch.float32).masked_fill(~mask_row.cpu(), float("-inf"))
     return mask_row.detach().float().cpu()
-
-
-def _recording(delegate):
-    """The attention function that computes with ``delegate`` and, while an answer is recorded, keeps each language
-    model layer's last query row."""
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        rules = RULES.get()
-        if rules is not None:
-            query, key, value = rules.attention_inputs(query, key, value)
-        recorder = _RECORDING.get()
-        layer = None if recorder is None else recorder.layers.get(module)
-        if layer is None:
-            return delegate(module, query, key, value, attention_mask, **kwargs)
-        recorder.keep(layer, query, key, value, attention_mask, kwargs)
-        out = delegate(module, query, key, value, attention_mask, **kwargs)
-        recorder.output(layer, out[0])
-        return out
-    return attention
-
-
-def _eager_of(module: torch.nn.Module):
-    """The eager attention function of ``module``'s own modelling file (Gemma's soft cap lives there)."""
-    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    if function is None:
-        raise ValueError(f"{type(module).__name__}'s modelling file has no eager_attention_forward")
-    return function
-
-
-def _delegated_eager(module, *args, **kwargs):
-    return _eager_of(module)(module, *args, **kwargs)
-
-
-def route_attention(part: torch.nn.Module) -> None:
-    """Point ``part``'s attention (a transformers model: the language model, or the tower for the relevance rules) at
-    the recording function that wraps its own implementation (sdpa or eager). Registered once per implementation,
-    under ``ROWS`` + its name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    current = part.config._attn_implementation
-    if current.startswith(ROWS):
-        return
-    if current not in ("sdpa", "eager"):
-        raise ValueError(f"the model's attention is {current!r}; answers are recorded over sdpa or eager")
-    name = f"{ROWS}_{current}"
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        delegate = _delegated_eager if current == "eager" else ALL_ATTENTION_FUNCTIONS[current]
-        AttentionInterface.register(name, _recording(delegate))
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
-    part.set_attn_implementation(name)
-
-
-def use_recording_attention(vlm) -> None:
-    """Point the language model's attention at the recording function (``route_attention``); the tower's is left as
-    it is."""
-    route_attention(vlm.language_model)
-
-
-@contextlib.contextmanager
-def recording(vlm, recorder):
-    """Within it, each language-model layer's attention call is handed to ``recorder`` (``keep`` before, ``output``
-    after)."""
-    use_recording_attention(vlm)
-    token = _RECORDING.set(recorder)
-    try:
-        yield recorder
-    finally:
-        _RECORDING.reset(token)
 
 
 @dataclass(frozen=True)

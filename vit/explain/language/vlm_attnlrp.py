@@ -18,7 +18,7 @@ the map is ``pixel_values * dy/dpixel_values`` summed over the channels and over
   ``non_linear_forward``);
 - every attention call, the tower's and the language model's, divides the gradients of its q and k by 4 and of its v
   by 2 (the uniform rule on both matmuls: lxt's ``wrap_attention_forward``), at the recording attention function of
-  ``vit.explain.language.vlm_answer`` that the model's attention already runs through;
+  ``vit.explain.language.vlm_attention`` that the model's attention already runs through;
 - everything else keeps its plain gradient (the epsilon rule): the projections, the embeddings and the image
   features' scatter into them, RoPE and M-RoPE (lxt's maps leave ``apply_rotary_pos_emb`` unpatched), the softmax,
   the pixel shuffle and pooling of the projectors, Gemma's soft caps.
@@ -38,7 +38,7 @@ import types
 
 import torch
 
-from vit.explain.language.vlm_answer import RULES, route_attention, use_recording_attention
+from vit.explain.language.vlm_attention import RULES, route_attention, use_recording_attention
 from vit.explain.methods.relevance import AttnLRPRules, _IdentityRule
 
 _RULED = "_vit_attnlrp_ruled"  # set on a module whose forward the rules reach

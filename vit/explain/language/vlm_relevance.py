@@ -13,7 +13,7 @@ are placed on the tower's patch grid through the answer's layout (``VLMAnswer.at
 ``dy/dA`` is not asked of autograd through the attention probabilities (that needs the eager attention, every layer's
 ``H x T x T`` kept for the backward): the attention output is ``O_h = A_h V_h`` and ``A`` reaches ``y`` through it
 alone, so ``dy/dA_h[r, k] = dy/dO_h[r] · V_h[k]``. The model runs on its own attention (sdpa); each layer's queries,
-keys and values and its output are kept by the recording attention (``vlm_answer.ROWS``), ``dy/dO_l`` comes from one
+keys and values and its output are kept by the recording attention (``vlm_attention.ROWS``), ``dy/dO_l`` comes from one
 backward, and ``A_l``'s rows are formed again from the queries and keys as the eager attention forms them. The graph
 starts at the first language-model layer's attention output: the tower, the projector and the embeddings run without
 one. What it holds is counted first (``vit.costs.plan.vlm_relevance``).
@@ -94,7 +94,7 @@ def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None,
     """(T,) float32 over the ``T`` positions of the prompt and the ``answer``'s first ``i`` tokens: answer token
     ``i``'s gradient x attention row at ``layer`` (an int), or rolled out over every layer (None); see the module's
     docstring. ``recording(vlm, tape)``: the context in which the model's attention hands each layer's call to the
-    tape (``vlm_answer.recording``). Counted first (``vit.costs.plan.vlm_relevance``)."""
+    tape (``vlm_attention.recording``). Counted first (``vit.costs.plan.vlm_relevance``)."""
     return relevances(vlm, prepared, answer, i, (layer,), recording)[0]
 
 
