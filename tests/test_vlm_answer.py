@@ -455,7 +455,7 @@ def test_predict_ask_writes_the_maps_lm_method_names(vlms, answers, tmp_path, ca
     picture().save(tmp_path / "photo.png")
     assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
                  str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--device", "cpu", "--lm-method",
-                 "gradxattn", "gradxattn_rollout", "tam"]) == 0
+                 "gradxattn", "gradxattn_rollout", "tam", "attnlrp"]) == 0
     [record] = json.loads(capsys.readouterr().out)
     answer = answers["qwen2_5_vl"][0]
     saved = np.load(record["maps"]["npz"])
@@ -466,6 +466,9 @@ def test_predict_ask_writes_the_maps_lm_method_names(vlms, answers, tmp_path, ca
             np.testing.assert_allclose(saved["gradxattn"][i, layer], answer.relevance(i, layer), rtol=0, atol=1e-6)
         np.testing.assert_allclose(saved["gradxattn_rollout"][i], answer.relevance(i), rtol=0, atol=1e-6)
         np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+        # AttnLRP's: the API's, which test_vlm_answer_attnlrp holds equal to lxt's rules on transformers' model
+        lrp = answer.relevance(i, method="attnlrp")
+        np.testing.assert_allclose(saved["attnlrp"][i], lrp, rtol=0, atol=1e-6 * np.abs(lrp).max())
     assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION,
                  "--lm-method", "tam"]) == 2
     assert "--lm-method chooses the maps --save-maps writes; add --save-maps DIR" in capsys.readouterr().err
@@ -475,7 +478,7 @@ def test_predict_ask_counts_the_relevance_maps_before_answering(vlms, tmp_path, 
     """The maps ``--lm-method`` names count against ``--max-maps-mb`` before any forward: 512 tokens of attention
     fit 2 MB on a 10 x 12 grid, with gradient x attention's per layer they do not; and the last token's gradient x
     attention over the memory limit is refused before the answer too."""
-    from vit.costs.plan import vlm_answer, vlm_relevance
+    from vit.costs.plan import vlm_answer, vlm_attnlrp, vlm_relevance
     from vit.explain.language.vlm_answer import prepare, text_shape
     from vit.predict import main
 
@@ -499,6 +502,11 @@ def test_predict_ask_counts_the_relevance_maps_before_answering(vlms, tmp_path, 
     assert main([*args, "--max-maps-mb", "100", "--lm-method", "gradxattn_rollout"]) == 1
     err = capsys.readouterr().err
     assert "Gradient x attention of answer token 511 runs the model over" in err, err
+    lrp = vlm_attnlrp(vlm.tower.model, prepared.layout.grid, text_shape(vlm), prepared.prompt_tokens + 511, 511).memory
+    assert lrp > answering
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((answering + min(lrp, relevance)) / 2 / 2**20))
+    assert main([*args, "--max-maps-mb", "100", "--lm-method", "attnlrp"]) == 1
+    assert "AttnLRP of answer token 511 runs the model over" in capsys.readouterr().err
     assert not list((tmp_path / "maps").iterdir())
 
 

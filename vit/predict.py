@@ -52,10 +52,11 @@ on the tiles' canvas, and ``overview_attention`` on its one view of the whole im
 image); ``image_share`` (answer tokens, layers, heads): the share of each row on the image; ``tokens``, ``pieces``,
 ``answer``, ``grid``, ``patch_size``, ``unit``; ``tam`` (answer tokens, rows, cols): each token's Token Activation
 Map (``VLMAnswer.tam``); with ``--lm-method`` (the explorer's ``lm_method`` names: attention, gradxattn,
-gradxattn_rollout, tam; default attention tam) also ``gradxattn`` (answer tokens, layers, rows, cols) and
+gradxattn_rollout, tam, attnlrp; default attention tam) also ``gradxattn`` (answer tokens, layers, rows, cols) and
 ``gradxattn_rollout`` (answer tokens, rows, cols), each token's gradient x attention from one forward and backward
-(``VLMAnswer.relevance``); a tiled image's as ``overview_<name>`` too. Its largest size is refused before any work
-past ``--max-maps-mb``, and the last token's gradient x attention past the memory limit.
+(``VLMAnswer.relevance``), and ``attnlrp`` (answer tokens, rows, cols), each token's AttnLRP to the pixels
+(``VLMAnswer.relevance(i, method="attnlrp")``, signed); a tiled image's as ``overview_<name>`` too. Its largest size
+is refused before any work past ``--max-maps-mb``, and the last token's relevance past the memory limit.
 
 Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder or Hub id): ``--points x,y[,label]
 ...`` (label 1 on the object, the default; 0 off it) and / or ``--box x0,y0,x1,y1``, in each image's own pixels,
@@ -122,7 +123,7 @@ MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
 # --ask --save-maps's maps per answer token: vit.explain.language.vlm_answer.MAP_METHODS (the explorer's lm_method),
 # named here
 # so that parsing loads no torch (a test holds them equal); TAM is one cheap forward per token, written by default
-ANSWER_MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam")
+ANSWER_MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
 DEFAULT_ANSWER_MAPS = ("attention", "tam")
 PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
 PROGRESS_EVERY_S = 10.0
@@ -267,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ask: the answer's most tokens (default 32)")
     p.add_argument("--lm-method", nargs="+", choices=ANSWER_MAP_METHODS, metavar="METHOD",
                    help=f"with --ask and --save-maps: each answer token's maps to write, of "
-                        f"{', '.join(ANSWER_MAP_METHODS)} (default {' '.join(DEFAULT_ANSWER_MAPS)}; gradxattn and "
-                        "gradxattn_rollout run the model forward and backward once per token)")
+                        f"{', '.join(ANSWER_MAP_METHODS)} (default {' '.join(DEFAULT_ANSWER_MAPS)}; gradxattn, "
+                        "gradxattn_rollout and attnlrp run the model forward and backward once per token)")
     p.add_argument("--points", nargs="+", type=prompt_point, metavar="X,Y[,LABEL]",
                    help="a SAM / SAM 2's point prompt in the image's pixels (label 1 on the object, default; 0 off it)")
     p.add_argument("--box", type=prompt_box, metavar="X0,Y0,X1,Y1", help="a SAM / SAM 2's box prompt in the "
@@ -684,10 +685,12 @@ def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]
                     yield np.stack([answer.attention(i, layer, h, overview=overview) for h in range(H)])
             elif method == "tam":
                 yield on_layout(tam[i], view)
+            elif method == "attnlrp":  # a run of the model to the pixels per token (and per view: tiles, overview)
+                yield answer.relevance(i, overview=overview, method="attnlrp")
             else:
                 yield view.place(relevance[i][:L] if method == "gradxattn" else relevance[i][-1:]).numpy()
 
-    each = {"attention": (L, H), "gradxattn": (L,), "gradxattn_rollout": (), "tam": ()}
+    each = {"attention": (L, H), "gradxattn": (L,), "gradxattn_rollout": (), "tam": (), "attnlrp": ()}
     views = [("", answer.layout)] + ([("overview_", answer.layout.overview)] if answer.layout.overview else [])
     streamed = [(f"{prefix}{method}", (n, *each[method], *view.grid), dtype, pieces(method, view, bool(prefix)))
                 for prefix, view in views for method in ANSWER_MAP_METHODS if method in methods]
@@ -717,6 +720,10 @@ def check_answer_maps(vlm, prepared, source, methods: tuple[str, ...], dtype: st
         from vit.explain.language.vlm_relevance import check
 
         check(vlm, prepared, prepared.max_new_tokens - 1)  # the last token's run is the largest
+    if "attnlrp" in methods:
+        from vit.explain.language import vlm_attnlrp
+
+        vlm_attnlrp.check(vlm, prepared, prepared.max_new_tokens - 1)
 
 
 def run_ask(args: argparse.Namespace) -> int:

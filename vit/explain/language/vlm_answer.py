@@ -473,9 +473,10 @@ class Prepared:
 
     def maps_per_token(self, method: str) -> int:
         """How many maps each answer token has by ``method`` (one of ``MAP_METHODS``): attention one per layer and
-        head, gradient x attention one per layer, its rollout and TAM one."""
+        head, gradient x attention one per layer, its rollout, TAM and AttnLRP one."""
         layers, heads = self.text.layers, self.text.heads
-        return {"attention": layers * heads, "gradxattn": layers, "gradxattn_rollout": 1, "tam": 1}[method]
+        per_token = {"attention": layers * heads, "gradxattn": layers, "gradxattn_rollout": 1, "tam": 1, "attnlrp": 1}
+        return per_token[method]
 
     def maps_bytes(self, itemsize: int = 4, methods: tuple[str, ...] = ("attention",)) -> int:
         """Bytes of every answer token's maps by ``methods`` at most (``new x maps_per_token x gh x gw``), and as

@@ -184,17 +184,24 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     return canvas[top:top + height, left:left + width]
 
 
-def attnlrp(vlm, prepared, answer: tuple[int, ...], i: int, overview: bool = False) -> torch.Tensor:
-    """(gh, gw) float32, signed: AttnLRP of answer token ``i``'s logit (at the query that predicted it) to the pixels
-    the tower read, input x gradient summed over the channels and each patch (``on_grid``); see the module's
-    docstring. Counted first (``vit.costs.plan.vlm_attnlrp``)."""
+def check(vlm, prepared, i: int) -> None:
+    """Refused in one line (``TooManyTokens``) when answer token ``i``'s AttnLRP would hold more than the memory
+    limit (``vit.costs.plan.vlm_attnlrp``); the last answer token's is the largest."""
     from vit.costs.plan import decide, vlm_attnlrp
-    from vit.explain.language.vlm_relevance import _inputs
 
     layout = prepared.layout
     implementation = vlm.language_model.config._attn_implementation
     decide(vlm_attnlrp(vlm.tower.model, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
                        fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
+
+
+def attnlrp(vlm, prepared, answer: tuple[int, ...], i: int, overview: bool = False) -> torch.Tensor:
+    """(gh, gw) float32, signed: AttnLRP of answer token ``i``'s logit (at the query that predicted it) to the pixels
+    the tower read, input x gradient summed over the channels and each patch (``on_grid``); see the module's
+    docstring. Counted first (``vit.costs.plan.vlm_attnlrp``)."""
+    from vit.explain.language.vlm_relevance import _inputs
+
+    check(vlm, prepared, i)
     use_rules(vlm)
     inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in _inputs(vlm, prepared, answer, i).items()}
     pixels = inputs["pixel_values"].detach().clone().requires_grad_(True)
