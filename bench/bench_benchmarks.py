@@ -9,14 +9,12 @@ totals loop, run once per method as their script runs (``--method rollout``, ``f
 their models (tests/reference/chefer) holding our random weights. Their ``get_f1_scores`` (mF1, which neither side
 reports here; seconds per image) is left out, as in tests/test_faithfulness_chefer.py. Our side is
 ``vit.explain.benchmarks.benchmark_run.score_items``, what ``python -m vit.faithfulness --benchmark segmentation`` runs:
-every
-method in one pass over the set, ``--batch-size`` images per forward. Both read the same normalised 224 px images and
-masks already in memory (no file reading timed on either side) and take the model as built (no start-up timed).
+every method in one pass over the set, ``--batch-size`` images per forward. Both read the same normalised 224 px images
+and masks already in memory (no file reading timed on either side) and take the model as built (no start-up timed).
 Prints images/s per method on each side, the ratio, the totals and the largest score difference (pixel accuracy, mIoU,
-mAP), which should be ~1e-5 (float32 sums in another order) for every method: rollout and transformer_attribution
-start at the second layer on both sides (their ``start_layer=1``, ``faithfulness.CHEFER_START_LAYER``). The result
-file of 2026-11-25 was taken before that, when ours started at the first (its two gaps of 1e-2 and 2e-3).
-"""
+mAP), which should be ~1e-5 (float32 sums in another order) for every method: rollout and transformer_attribution start
+at the second layer on both sides (their ``start_layer=1``, ``faithfulness.CHEFER_START_LAYER``). The result file of
+2026-11-25 was taken before that, when ours started at the first (its two gaps of 1e-2 and 2e-3). """
 
 from __future__ import annotations
 

@@ -25,24 +25,21 @@ x 50 positions) 93.0 / 78.9 s before, 94.4 / 95.8 s after: the same within the n
 the batch dimension (a layer's heads, or a chunk of positions, per pass of the remaining layers), so batching gives
 no further factor: the residual grid's work is L x T passes of the remaining layers (1,280 forwards' worth at 224 px,
 and the old loop took 1,284 forwards' time). Exact savings left are small (the last block's unread rows, rows equal
-in both runs).
-2026-11-23, later: the grids batch each layer's B x T (or B x H) interventions across images, ``chunk`` at a time,
-and the last block computes only the tokens the head reads (``run_blocks(queries=)``). ``--size 112 --only none
---residual-repeats 2``, CPU seconds (the machine under a load of 5-25), one turn each before a time limit: batched
-grid 58.7 and 38.1 CPU s against the loop before 59.6 and 44.1 (1.02x and 1.16x). The torch-hook loop (one whole
-forward per cell) did not finish a turn within the limit either time.
-2026-11-23, evening, ViT-B/16 at 224 px (12 layers x 197 positions), one thread, the process's CPU seconds, the
-machine under a load of 4-9: ``--threads 1 --prisma --only none --residual-repeats 1 --residual-only
-batched,before,prisma`` gave the batched grid 597.1 CPU s and the per-layer loop before it 694.4 (1.16x; the run
-was stopped before its full ViT-Prisma turn); ``--prisma --prisma-layers 1 --residual-only prisma`` timed
-ViT-Prisma's ``run_with_hooks`` loop (what TransformerLens's ``get_act_patch_resid_pre`` does) over layer 0's 197
-cells, 135.7 CPU s, so 1,628.7 for the grid: 2.73x ours (one forward of ours then 0.519 CPU s: the grid is about
-1,150 forwards' CPU time, Prisma's 3,135). The issue's goal of 3x faster than the per-layer loop is out of reach
-for any exact grid: patching (l, p) changes every token from layer l + 1 on, so each cell runs its remaining
-layers (sum over l of L - l = 78 layer passes per position, 1,280 forwards at 224 px); all that can be skipped is
-what no later step reads (the last block's other tokens, done; block l's queries, keys and values of the tokens
-not patched, about 4 % more).
-"""
+in both runs). 2026-11-23, later: the grids batch each layer's B x T (or B x H) interventions across images, ``chunk``
+at a time, and the last block computes only the tokens the head reads (``run_blocks(queries=)``). ``--size 112 --only
+none --residual-repeats 2``, CPU seconds (the machine under a load of 5-25), one turn each before a time limit: batched
+grid 58.7 and 38.1 CPU s against the loop before 59.6 and 44.1 (1.02x and 1.16x). The torch-hook loop (one whole forward
+per cell) did not finish a turn within the limit either time. 2026-11-23, evening, ViT-B/16 at 224 px (12 layers x 197
+positions), one thread, the process's CPU seconds, the machine under a load of 4-9: ``--threads 1 --prisma --only none
+--residual-repeats 1 --residual-only batched,before,prisma`` gave the batched grid 597.1 CPU s and the per-layer loop
+before it 694.4 (1.16x; the run was stopped before its full ViT-Prisma turn); ``--prisma --prisma-layers 1
+--residual-only prisma`` timed ViT-Prisma's ``run_with_hooks`` loop (what TransformerLens's ``get_act_patch_resid_pre``
+does) over layer 0's 197 cells, 135.7 CPU s, so 1,628.7 for the grid: 2.73x ours (one forward of ours then 0.519 CPU s:
+the grid is about 1,150 forwards' CPU time, Prisma's 3,135). The issue's goal of 3x faster than the per-layer loop is
+out of reach for any exact grid: patching (l, p) changes every token from layer l + 1 on, so each cell runs its
+remaining layers (sum over l of L - l = 78 layer passes per position, 1,280 forwards at 224 px); all that can be skipped
+is what no later step reads (the last block's other tokens, done; block l's queries, keys and values of the tokens not
+patched, about 4 % more). """
 
 from __future__ import annotations
 

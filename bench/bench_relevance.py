@@ -3,8 +3,7 @@ against another.
 
 Every side runs on one model's weights: HF transformers' ViT (eager attention) with random weights plus noise, and
 ours converted from it (``vit.sources.families.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts
-its
-checkout first on the path)::
+its checkout first on the path)::
 
     python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1     # interleaved
     python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1 --size 448

@@ -1,11 +1,10 @@
 """SAE training steps and harvesting, each against its baseline, as whole processes side by side.
 
 ``--what step``: ``STEPS`` training steps of ``vit.features.autoencoder.SparseAutoencoder`` (our step: encode, decode,
-MSE,
-AuxK with some latents dead, backward, the parallel-gradient removal, Adam, decoder renormalisation) or, with
-``--reference``, the same steps through SAELens's own functions (``tests/reference/sae_lens``: its encode, decode
-and ``calculate_topk_aux_loss``, Adam, no decoder constraint: SAELens's TopK relies on
-``rescale_acts_by_decoder_norm`` instead). Time the pair with any process timer, e.g.::
+MSE, AuxK with some latents dead, backward, the parallel-gradient removal, Adam, decoder renormalisation) or, with
+``--reference``, the same steps through SAELens's own functions (``tests/reference/sae_lens``: its encode, decode and
+``calculate_topk_aux_loss``, Adam, no decoder constraint: SAELens's TopK relies on ``rescale_acts_by_decoder_norm``
+instead). Time the pair with any process timer, e.g.::
 
     python bench/bench_sae.py --what step & python bench/bench_sae.py --what step --reference   # alternate, repeat
 

@@ -1,8 +1,8 @@
 """The explorer draws a Swin (an HF folder opened by path): a clicked patch's window attention in a later stage's
 layer, on that layer's grid over the image, with that layer's heads; and the rollout through the stages. The drawn
 maps are checked against ``vit.explain.methods.stage_maps`` on HF's own attentions, placed by HF's own window sizes and
-shifts;
-LeGrad's drawn map is ``vit.explain.methods.relevance.legrad``'s (checked against HF in ``test_stage_legrad``)."""
+shifts; LeGrad's drawn map is ``vit.explain.methods.relevance.legrad``'s (checked against HF in
+``test_stage_legrad``)."""
 
 import io
 import json

@@ -8,11 +8,9 @@ matrix; and the most confident mistakes. ``--mechanism`` adds, per true class, t
 attribution of every head, the logit change when each head alone is zeroed (averaged over images), the
 high-norm token rate per layer and position (``--norm-threshold``), massive activations per layer and attention
 sinks per head (``vit.explain.mechanism.components``). ``--pca`` adds each image's PCA colours as a PNG and an .npz
-under
-``pca/`` and a grid of the pictures, a few per class, to the report (``--pca-layer``, ``--pca-joint``:
-``vit.explain.views.dataset_pca``). Writes ``analysis.json``, PNG plots and one
-self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
-prints the JSON's path. A progress bar is drawn on stderr.
+under ``pca/`` and a grid of the pictures, a few per class, to the report (``--pca-layer``, ``--pca-joint``:
+``vit.explain.views.dataset_pca``). Writes ``analysis.json``, PNG plots and one self-contained ``report.html`` into
+``--out`` (default ``analysis/<checkpoint name>``) and prints the JSON's path. A progress bar is drawn on stderr.
 
 With ``--ray ADDRESS`` (a Ray dashboard, http://HEAD:8265) the analysis is submitted to a Ray cluster as
 a job and its log followed until it ends; Ctrl-C stops it. Inside the cluster Ray Data maps batches of

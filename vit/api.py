@@ -334,11 +334,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     sampled uniformly to its ``num_frames``; ``method`` is attention, rollout, norms, or one class's (``target``)
     class, legrad or attnlrp, and ``query`` a token (time-major) or ``(frame, row, col)``; it returns a
     ``vit.explain.views.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated
-    over
-    its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms, its
-    CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
-    block). The other methods are refused in one line saying why.
-    """
+    over its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms,
+    its CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
+    block). The other methods are refused in one line saying why. """
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
     return _explain_image(checkpoint, image, method, target=target, layer=layer, head=head, query=query, size=size,

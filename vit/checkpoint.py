@@ -107,8 +107,7 @@ class Preprocessing:
     max_num_patches: int = 0
     patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to; Qwen's merge unit side (28)
     # Qwen-VL's smart_resize (vit.core.images.smart_resize): each image, without a crop, at its own aspect ratio on
-    # sides of
-    # whole patch_size units, between min_pixels and max_pixels pixels; 0: image_size
+    # sides of whole patch_size units, between min_pixels and max_pixels pixels; 0: image_size
     min_pixels: int = 0
     max_pixels: int = 0
     # What resizes: PIL (timm, open_clip, torchvision, ours; transformers' *ImageProcessorPil) or torchvision on uint8

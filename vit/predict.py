@@ -114,15 +114,13 @@ if TYPE_CHECKING:
 
 PROG = "vit.predict"
 # A SAM prompt's pixel maps, vit.explain.methods.segment.SEGMENT_METHODS' (written here: parsing loads no torch; a test
-# holds
-# the two lists equal)
+# holds the two lists equal)
 PROMPT_MAPS = ("gradient_x_input", "attnlrp", "legrad")
 MAPS_DTYPES = ("float32", "float16")
 MAX_MAPS_MB = 4096  # one image's .npz: ViT-B/16 at 448 px (785 tokens) is 355 MB in float32, at 1,024 px 9.7 GB
 MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
 # --ask --save-maps's maps per answer token: vit.explain.language.vlm_answer.MAP_METHODS (the explorer's lm_method),
-# named here
-# so that parsing loads no torch (a test holds them equal); TAM is one cheap forward per token, written by default
+# named here so that parsing loads no torch (a test holds them equal); TAM, one cheap forward per token, by default
 ANSWER_MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
 DEFAULT_ANSWER_MAPS = ("attention", "tam")
 PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
@@ -571,8 +569,7 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
     """``save_maps`` for a model with stages (Swin, Hiera): ``layer_i`` is each layer's windows as the layer forms
     them, ``(windows, heads, queries, keys)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` / ``_stride`` to place
     them (``vit.model.LayerLayout``, ``vit.explain.methods.attention.layer_on_grid``: a pooled-query layer's keys lie on
-    the
-    grid ``stride`` times finer); the logits as for every classifier; the overlay is the rollout of what the average
+    the grid ``stride`` times finer); the logits as for every classifier; the overlay is the rollout of what the average
     pooling reads, through every merge, on the image's patches (no CLS)."""
     import numpy as np
     import torch

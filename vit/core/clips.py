@@ -6,13 +6,12 @@ frame by frame as its processor does.
 Every declared size is checked before a pixel is decoded: the frame count and the frame's width x height from the
 file headers, their product against the memory bound (``vit.costs.bounds.memory_limit``), and its shape against the
 uploads' aspect bound (``vit.core.images.MAX_ASPECT``), in one line. A frame's size is checked again before that frame
-is
-decoded wherever a container lets frames differ: a GIF's image descriptors widen the canvas PIL decodes every later
+is decoded wherever a container lets frames differ: a GIF's image descriptors widen the canvas PIL decodes every later
 frame at (read off its blocks before PIL opens it, and counted as PIL holds it), a TIFF's pages each have their own
-size, and a video stream's frames may grow past the size its headers declare (each decoded frame is checked, sampled
-or not). A video decoder holds a few reference frames, not the clip, so a video's memory is its sampled frames; what
-grows with its length is the decoding, bounded by ``MAX_DECODE_PIXELS`` over every declared frame (a file with one
-keyframe must be decoded to its end), which refuses a 10-minute 4K file before its first frame.
+size, and a video stream's frames may grow past the size its headers declare (each decoded frame is checked, sampled or
+not). A video decoder holds a few reference frames, not the clip, so a video's memory is its sampled frames; what grows
+with its length is the decoding, bounded by ``MAX_DECODE_PIXELS`` over every declared frame (a file with one keyframe
+must be decoded to its end), which refuses a 10-minute 4K file before its first frame.
 
 A video is read in two passes. First its packets are demuxed, not decoded: their timestamps name every frame in
 presentation order and say which are keyframes, and FFmpeg's ``filter_units`` bitstream filter reads off their

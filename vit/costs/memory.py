@@ -301,8 +301,7 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
 def attentions_bytes(model, grid: tuple[int, int]) -> int:
     """Bytes of every layer's attention a forward returns for one image on patch ``grid`` (``output_attentions``:
     ``vit.explain.views.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``,
-    or
-    its windows' ``H x windows x queries x keys``, beside the costliest layer's scores as its probabilities are
+    or its windows' ``H x windows x queries x keys``, beside the costliest layer's scores as its probabilities are
     formed (the explicit path)."""
     prefix, layers = model.num_prefix_tokens, []
     for lay, block in zip(model.layer_layouts(grid), model.blocks, strict=True):

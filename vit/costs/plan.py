@@ -214,8 +214,7 @@ def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP", other: str = "a
 def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedding_grid: tuple[int, int],
                   what: str = "Gradient x input of the mask") -> Cost:
     """A gradient of SAM's mask (``vit.explain.methods.segment``): the image encoder's, as any gradient method's through
-    it
-    (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
+    it (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
     (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
     encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
     return _with_mask_decoder(encoder, "mask gradient", hidden, layers, embedding_grid)
@@ -340,10 +339,9 @@ def forward(model, grid: tuple[int, int], what: str = "This input", attentions: 
 
 def sink_diagnostics(model, grid: tuple[int, int], what: str = "This input") -> Cost:
     """The sink diagnostics of one image (``vit.explain.mechanism.sink_diagnostics``): every layer's hidden states
-    beside the
-    forward's costliest block, then one layer at a time its values and contexts (``H x T x hd`` each), the attention
-    each key receives and its sink column, one head's output-projected values and update (``T x D`` each, float32)
-    and its QR factor (float64), and a chunk of attention (``memory.attention_chunk``)."""
+    beside the forward's costliest block, then one layer at a time its values and contexts (``H x T x hd`` each), the
+    attention each key receives and its sink column, one head's output-projected values and update (``T x D`` each,
+    float32) and its QR factor (float64), and a chunk of attention (``memory.attention_chunk``)."""
     config, T = model.config, _tokens(model, grid)
     L, H, D = config.num_layers, config.num_heads, config.hidden_size
     hd = getattr(config, "head_dim", None) or D // H
@@ -386,11 +384,10 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
                view_grid: tuple[int, int] | None = None) -> Cost:
     """A VLM's greedy answer of ``new_tokens`` to a prompt of ``prompt_tokens`` (its image tokens included) about an
     image on the tower's patch ``grid`` (``vit.explain.language.vlm_answer``), or cut into ``views`` tiles of
-    ``view_grid``
-    patches each (the tiles' canvas ``grid``): the tower's forward over each (``forward``), the KV cache
+    ``view_grid`` patches each (the tiles' canvas ``grid``): the tower's forward over each (``forward``), the KV cache
     of every layer, the prompt's forward through one decoder layer (its activations, its MLP and, where the attention
-    cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at
-    every layer, kept for its maps (``L x H x d``); a map's row is ``H x T``. Never every layer's ``T x T``."""
+    cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at every
+    layer, kept for its maps (``L x H x d``); a map's row is ``H x T``. Never every layer's ``T x T``."""
     t = prompt_tokens + new_tokens
     parts = {
         "the tower's forward": views * forward(tower, view_grid or grid).memory,
@@ -416,14 +413,13 @@ ROW_CHUNK_BYTES = 2**25  # gradient x attention's chunk of attention rows, per t
 def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
                   fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
     """Gradient x attention of answer token ``answer_token`` (``vit.explain.language.vlm_relevance``): one forward of
-    the
-    VLM over ``tokens`` (the prompt and the answer's tokens before it) with the language model's graph, and its
+    the VLM over ``tokens`` (the prompt and the answer's tokens before it) with the language model's graph, and its
     backward. Held at once: the tower's forward (no graph), every language-model layer's activations in the graph
-    (norms, projections, attention output, the MLP's four), where the attention cannot fuse (eager) every layer's
-    ``H x T²`` scores and probabilities, each layer's queries, keys, values and ``dy/dO`` kept in float32, the
-    masks (one per kind of layer, ``T²``), and one chunk of attention rows formed again (scores, probabilities,
-    gradient). Never a ``T x T`` of the rollout: it runs as a row vector. An image cut into ``views`` tiles of
-    ``view_grid`` patches: the tower's forward over each."""
+    (norms, projections, attention output, the MLP's four), where the attention cannot fuse (eager) every layer's ``H x
+    T²`` scores and probabilities, each layer's queries, keys, values and ``dy/dO`` kept in float32, the masks (one per
+    kind of layer, ``T²``), and one chunk of attention rows formed again (scores, probabilities, gradient). Never a ``T
+    x T`` of the rollout: it runs as a row vector. An image cut into ``views`` tiles of ``view_grid`` patches: the
+    tower's forward over each."""
     q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
     parts = {
         "the tower's forward": views * forward(tower, view_grid or grid).memory,
@@ -448,12 +444,11 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
 def vlm_attnlrp(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
                 fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
     """AttnLRP of answer token ``answer_token`` to the pixels (``vit.explain.language.vlm_attnlrp``): one forward of the
-    VLM
-    over ``tokens`` (the prompt and the answer's tokens before it) with the whole graph under the rules, from the
+    VLM over ``tokens`` (the prompt and the answer's tokens before it) with the whole graph under the rules, from the
     pixels through the tower, the projector and the language model, and its backward. Held at once: the tower's graph
     under the rules for each of its ``views`` (``memory.attnlrp_bytes``, as ``attnlrp`` counts this project's tower),
-    every language-model layer's activations in the graph (norms, projections, attention output, the MLP's four and
-    the ratios its identity rule keeps), where the attention cannot fuse (eager) every layer's ``H x T²`` scores and
+    every language-model layer's activations in the graph (norms, projections, attention output, the MLP's four and the
+    ratios its identity rule keeps), where the attention cannot fuse (eager) every layer's ``H x T²`` scores and
     probabilities, and the last position's logits. Never a ``T x T`` held beside the graph."""
     q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
     parts = {
@@ -477,9 +472,8 @@ def vlm_attnlrp(tower, grid: tuple[int, int], text: TextShape, tokens: int, answ
 def vlm_tam(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int, image_tokens: int,
             classes: int, fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
     """TAM of answer token ``answer_token`` (``vit.explain.language.vlm_tam``): one forward of the VLM over ``tokens``
-    (the
-    prompt and the answer's tokens before it) without a graph or a cache, its last hidden states kept (float32), and
-    the language-model head's rows of ``classes`` token ids over the ``image_tokens`` (and the current class over
+    (the prompt and the answer's tokens before it) without a graph or a cache, its last hidden states kept (float32),
+    and the language-model head's rows of ``classes`` token ids over the ``image_tokens`` (and the current class over
     the text), one whole-vocabulary row (the first question word's greedy class). Never the vocabulary over every
     position. An image cut into ``views`` tiles of ``view_grid`` patches: the tower's forward over each."""
     q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim

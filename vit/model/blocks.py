@@ -99,10 +99,9 @@ class Parent(nn.Module):
 @dataclass(frozen=True)
 class AttentionVariant:
     """A training-free change of one block's computation (the dense text maps of ``vit.explain.methods.dense_clip``):
-    its
-    attention is the sum over ``pairs`` of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)`` (each pair ``"ab"`` of q, k,
-    v: ``"qk"`` the model's own), times v; the block then adds it to its input or not, and runs its MLP or not.
-    Only a global layer without position biases takes one (``Block.forward`` refuses the others)."""
+    its attention is the sum over ``pairs`` of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)`` (each pair ``"ab"`` of q, k,
+    v: ``"qk"`` the model's own), times v; the block then adds it to its input or not, and runs its MLP or not. Only a
+    global layer without position biases takes one (``Block.forward`` refuses the others)."""
 
     pairs: tuple[str, ...] = ("qk",)  # SCLIP ("qq", "kk"); ClearCLIP ("qq",); NACLIP ("kk",); CLIP Surgery ("vv",)
     neighbourhood: float = 0.0  # NACLIP: the std, in patches, of a Gaussian of two patches' distance on the logits
@@ -627,11 +626,10 @@ class Block(Parent):
         ``(B * nw, nh, wh*ww, wh*ww)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
         ``grid``: the patch grid of ``x`` (needed by windows, relative positions and a merge; after a merge the
         block works on ``grid_after(grid)``); ``shared_bias(rows)``: rows of the bias every layer adds (BEiT's shared
-        table, ``Attention.forward``);
-        ``key_mask`` (B, T): False at padding tokens, which no query reads; ``layout``: this layer's
-        (``ViT.layer_layouts``; None: ``self.layout`` of its grid); ``variant``: the block computed as an
-        ``AttentionVariant`` says (its attention's pairs, with or without the residual and the MLP; None: as the
-        model does), in a global block alone."""
+        table, ``Attention.forward``); ``key_mask`` (B, T): False at padding tokens, which no query reads; ``layout``:
+        this layer's (``ViT.layer_layouts``; None: ``self.layout`` of its grid); ``variant``: the block computed as an
+        ``AttentionVariant`` says (its attention's pairs, with or without the residual and the MLP; None: as the model
+        does), in a global block alone."""
         if variant is not None and (self.window or self.mask_units or self.merge is not None or self.frames):
             raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) changes a global block; "
                              "this one attends in windows or opens a stage")

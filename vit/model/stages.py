@@ -52,10 +52,8 @@ uniformly (``merge_matrix``, 1/4 each), the residual of the pooling layer is tha
 sit over the previous grid's keys, so the layer's rollout factor ``(T_new, T_old)`` is ``attention + merge_matrix``
 (rows renormalised). Swin's windows, SAM's, Hiera's mask units and pooled queries are all one placement and one
 rollout step (``vit.explain.methods.attention.layer_on_grid``, ``layer_rows``, ``layer_step``): each window's query
-slots
-(``LayerLayout.window_tokens``) over its key slots (``LayerLayout.key_tokens``), its residual the identity or the
-pooling (``merge_matrix`` of the key window); a global layer is one window of every token.
-"""
+slots (``LayerLayout.window_tokens``) over its key slots (``LayerLayout.key_tokens``), its residual the identity or the
+pooling (``merge_matrix`` of the key window); a global layer is one window of every token. """
 
 from __future__ import annotations
 

@@ -215,8 +215,7 @@ class ViT(Parent):
         ``layer`` on: the blocks before it run under ``no_grad``. For a gradient that stops at a leaf a hook makes in
         or after block ``layer`` (a CAM's layer, an SAE's splice): a forward all under grad would keep every earlier
         block's graph to the end, their parameters needing gradients (976 MB for a VideoMAE-B clip's Grad-CAM, 112 MB
-        without).
-        ``residual``: block ``layer``'s input ``(B, T, D)`` where a forward of ``images`` already gave it (an
+        without). ``residual``: block ``layer``'s input ``(B, T, D)`` where a forward of ``images`` already gave it (an
         analysis's hidden states): the embedding and the blocks before it are not run again."""
         grid = self.input_grid(images)
         start = layer % len(self.blocks)

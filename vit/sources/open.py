@@ -11,8 +11,7 @@
 - CLIP (``vit.sources.families.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's
 layout,
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.families.import_siglip``): HF ``siglip`` folders
-  and
-  SigLIP 2 NaFlex's ``siglip2`` ones;
+  and SigLIP 2 NaFlex's ``siglip2`` ones;
 - the vision tower (and projector) of a vision-language model (``vit.sources.vlm.import_vlm``): LLaVA 1.5 / NeXT /
   OneVision, PaliGemma and Gemma 3 folders, and InternVL 2.5 / 3 / 3.5 ``-hf`` ones
   (``vit.sources.vlm.import_internvl``),
@@ -502,9 +501,8 @@ def hf_image_processor(folder: Path) -> dict | None:
 def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """The vision tower and projector of an HF vision-language model folder (``HF_VLMS``,
     ``vit.sources.vlm.import_vlm``, ``vit.sources.vlm.import_internvl``): only their tensors are read, the language
-    model's
-    never (``map_location="meta"``: only the headers of the shards that hold them). The metadata's ``tower`` says
-    what the tower is."""
+    model's never (``map_location="meta"``: only the headers of the shards that hold them). The metadata's ``tower``
+    says what the tower is."""
     model_type = str(config_json.get("model_type"))
     architecture = hf_architecture(config_json) or HF_VLMS[model_type][0]
     if architecture not in HF_VLMS[model_type]:
@@ -689,8 +687,7 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
 def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arguments: Mapping,
                  map_location: str | torch.device = "cpu") -> Checkpoint:
     """A from-scratch ViT of a known ``layout`` (``vit.sources.libraries.import_scratch``). ``arguments`` are the
-    constructor
-    arguments given with ``--arch scratch:key=value,...`` over those of a ``config.json`` beside the weights
+    constructor arguments given with ``--arch scratch:key=value,...`` over those of a ``config.json`` beside the weights
     (for tintn's experiments, its own config); that file's ``mean``, ``std`` and ``class_names`` say how images were
     prepared and what the classes are."""
     sidecar = scratch_sidecar(path)

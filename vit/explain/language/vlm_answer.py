@@ -392,9 +392,8 @@ class VLMAnswer:
         AttnLRP (Achtibat et al. 2024, lxt's rules) from the logit through every language-model layer, the projector
         and the tower to the pixels, signed, each patch holding its pixels' input x gradient summed over the
         channels (``layer`` None: the rules run through every layer; ``vit.explain.language.vlm_attnlrp``, counted first
-        by
-        ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's
-        first ``i`` tokens. ``overview``: as ``attention``'s."""
+        by ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's first
+        ``i`` tokens. ``overview``: as ``attention``'s."""
         if method not in RELEVANCE_METHODS:
             raise ValueError(f"method must be one of {', '.join(RELEVANCE_METHODS)}, got {method!r}")
         if method == "attnlrp":
@@ -429,8 +428,7 @@ class VLMAnswer:
         maps removed by estimated causal inference, normalised with the text's activations and smoothed by the rank
         Gaussian filter, each patch holding its image token's value. One forward of the model over the prompt and
         the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.language.vlm_tam``,
-        where
-        the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
+        where the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
         from vit.explain.language.vlm_tam import on_layout
 
         layout = self.layout.view(overview)
@@ -535,9 +533,8 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded.
     Streamed: ``on_token(tokens, text)`` is given the answer so far (its ids, its text) as soon as each token is
     chosen, and ``progress(done, total)`` told each token done; a ``vit.core.progress.Stop`` it raises ends the
-    generation
-    there, the answer (``stopped``: why) keeping the tokens so far and every map of theirs. A ``Stop`` before the
-    first token propagates: there is nothing to keep."""
+    generation there, the answer (``stopped``: why) keeping the tokens so far and every map of theirs. A ``Stop`` before
+    the first token propagates: there is nothing to keep."""
     from transformers import StoppingCriteriaList
 
     tokenizer = vlm.processor.tokenizer

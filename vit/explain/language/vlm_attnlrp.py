@@ -4,8 +4,7 @@ rachtibat/LRP-eXplains-Transformers, ``lxt/efficient``).
 
 The target is ``y``, the logit of answer token ``i`` at the query that predicted it, from one forward of transformers'
 whole model over the prompt and the answer's first ``i`` tokens (``vit.explain.language.vlm_relevance``'s). The forward
-is
-the model's own; under the rules its elementary operations take lxt's rules in the gradient x input framework, and
+is the model's own; under the rules its elementary operations take lxt's rules in the gradient x input framework, and
 the map is ``pixel_values * dy/dpixel_values`` summed over the channels and over each patch of the tower:
 
 - every RMSNorm (the language model's, its q / k norms, Qwen's tower and merger) and every LayerNorm holds its scale

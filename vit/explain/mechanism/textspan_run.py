@@ -1,8 +1,7 @@
 """TextSpan over a set of images, for the explorer's Mechanism section, ``vit.textspan`` and ``vit.describe_heads``:
 a CLIP's late heads described by the texts of a bank (``vit.explain.mechanism.textspan``), and one head's map of an
-image in a
-text's direction. Plain functions; the page caches them. The texts are embedded by ``encode``, the model's own text
-tower's (``vit.sources.vlm.text_tower.open_text_tower(checkpoint).encode``), which the caller opens."""
+image in a text's direction. Plain functions; the page caches them. The texts are embedded by ``encode``, the model's
+own text tower's (``vit.sources.vlm.text_tower.open_text_tower(checkpoint).encode``), which the caller opens."""
 
 from __future__ import annotations
 

@@ -6,11 +6,9 @@ Pure functions of a forward's ``attentions`` (per layer, a windowed one's ``(B *
 pooled-query layer, Hiera / SAM 2), un-shifted and zero outside its window; the rollout runs from a token of layer
 ``end``'s grid down to the image's patch grid, each layer's step from its queries' grid to its keys'
 (``vit.explain.methods.attention.layer_step``: the residual is the pooling where the layer pools), each merge between
-stages
-passing the row to the tokens each merged token is built from (``vit.model.merge_matrix``). LeGrad's per-layer map
-(``legrad_layer``) and its sum over layers on the image's patch grid (``legrad_on_patches``) are formed here from
-the gradients ``vit.explain.methods.relevance.legrad`` takes.
-"""
+stages passing the row to the tokens each merged token is built from (``vit.model.merge_matrix``). LeGrad's per-layer
+map (``legrad_layer``) and its sum over layers on the image's patch grid (``legrad_on_patches``) are formed here from
+the gradients ``vit.explain.methods.relevance.legrad`` takes. """
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A target for the gradient maps of a vision-language model's tower, which has no classifier: a word's visual logit
 lens score (``vit.explain.methods.visual_lens``) at one projected image token (the merge unit under a patch) or summed
-over
-all of them. The tower becomes a classifier over the words whose logits are those scores, so LeGrad, gradient
+over all of them. The tower becomes a classifier over the words whose logits are those scores, so LeGrad, gradient
 rollout and AttnLRP run unchanged on it, as ``prompts.prompt_model`` makes a CLIP one over typed labels."""
 
 from __future__ import annotations

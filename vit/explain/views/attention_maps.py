@@ -40,8 +40,7 @@ MAP_KINDS = {m.name: m.title for m in _MAPS}
 PROBE_MAP_KINDS = tuple(m.name for m in _MAPS if m.group == "probe")
 # The controls each map kind reads; the page shows only these (a control that does nothing misleads). The CAMs
 # (vit.explain.methods.cam) read one block's first norm: the layer slider's, default the last block; Chefer's baselines
-# the
-# last layer's CLS, as theirs; LeGrad the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer.
+# the last layer's CLS, as theirs; LeGrad the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer.
 MAP_CONTROLS = {m.name: m.reads for m in _MAPS}
 CAM_KINDS = tuple(m.name for m in _MAPS if m.group == "cam")  # vit.explain.methods.cam
 CHEFER_BASELINES = tuple(m.name for m in _MAPS if m.group == "chefer baseline")  # their ViT_explanation_generator's
@@ -95,10 +94,9 @@ def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
 
 
 # The maps of a model with stages: each layer's on its own grid (``vit.explain.methods.stage_maps``), the rollout
-# through the
-# merges, the token norms, LeGrad (the average pooling's read-out applied at each of the last stage's layers,
-# ``relevance.stage_legrad``) and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
-# are refused in one line (``stage_refusal``), each for its reason.
+# through the merges, the token norms, LeGrad (the average pooling's read-out applied at each of the last stage's
+# layers, ``relevance.stage_legrad``) and AttnLRP (its rules run through the merges: a map of the input's pixels). The
+# others are refused in one line (``stage_refusal``), each for its reason.
 STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "legrad", "attnlrp", "gradcam", "gradcam++", "xgradcam",
                    "eigencam", "layercam", "scorecam")
 

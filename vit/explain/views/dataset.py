@@ -10,11 +10,9 @@ prints the JSON's path. A progress bar is drawn on stderr.
 
 A model with stages (Swin, Hiera; ``vit.model.stages``) has no CLS token and each layer its own grid and heads:
 distance and entropy are each layer's on its own grids (``vit.explain.methods.stage_maps.layer_stats``), ``(L, H)`` with
-NaN
-past a layer's heads (``null`` in the JSON); the class maps read what its average pooling reads
-(``readout == "average pooling"``): the last layer's attention averaged over every query, and the rollout through
-the stages from every last-layer token (``vit.explain.methods.stage_maps.rollout_row``), both on the image's patch grid.
-"""
+NaN past a layer's heads (``null`` in the JSON); the class maps read what its average pooling reads (``readout ==
+"average pooling"``): the last layer's attention averaged over every query, and the rollout through the stages from
+every last-layer token (``vit.explain.methods.stage_maps.rollout_row``), both on the image's patch grid. """
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The dense-feature views of the explorer and the notebook: PCA colours, patch similarity and correspondences of
 one layer's patch tokens, read from an ``image_analysis.Analysis`` (its hidden states: no second forward) and bounded
 like every other view. The tensor computations are ``vit.explain.methods.dense``'s; this module reads an analysis's
-tokens
-for them and places their answers on the image's patch grid (the pages and ``vit.api`` both call it).
+tokens for them and places their answers on the image's patch grid (the pages and ``vit.api`` both call it).
 
 A layer's tokens are that block's output after the model's final norm, as DINO's
 ``get_intermediate_layers(norm=True)`` gives them (the last layer's are the model's output tokens); CLS and

@@ -1,8 +1,7 @@
 """A clip through a video model (VideoMAE): one forward kept as an ``Analysis`` on the clip's folded grid
 ``(t*gh, gw)`` (``vit.model.layouts.folded_grid``: row-major there is the model's time-major token order), so every
 map of ``vit.explain.views.attention_maps`` that reads the attentions and hidden states draws for a clip as for an
-image;
-``clip_map`` unfolds the map it gives to per-frame maps ``(frames, gh, gw)``, a tubelet's value repeated over its
+image; ``clip_map`` unfolds the map it gives to per-frame maps ``(frames, gh, gw)``, a tubelet's value repeated over its
 frames.
 
 Token ``n`` is the tubelet ``(n // (gh*gw), n // gw % gh, n % gw)`` (time in tubelets); ``clip_token`` gives it.
@@ -418,11 +417,10 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
 def clip_cam_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_index: int | None = None,
                  layer: int | None = None, progress: Progress | None = None) -> np.ndarray:
     """A CAM of ``CLIP_CAM_KINDS`` (``vit.explain.methods.cam``) of layer ``layer``'s first norm (default the last
-    block's)
-    over every tubelet, as pytorch-grad-cam's on the 3D feature map ``(B, D, t, gh, gw)``: ``(frames, gh, gw)``, each
-    tubelet's value repeated over its frames, ReLU applied, not normalised; Grad-CAM and LayerCAM for ``class_index``
-    (default the predicted), EigenCAM for none. Refused against its memory bound before the work, as for images;
-    cached in the clip's analysis. ValueError in one line."""
+    block's) over every tubelet, as pytorch-grad-cam's on the 3D feature map ``(B, D, t, gh, gw)``: ``(frames, gh,
+    gw)``, each tubelet's value repeated over its frames, ReLU applied, not normalised; Grad-CAM and LayerCAM for
+    ``class_index`` (default the predicted), EigenCAM for none. Refused against its memory bound before the work, as for
+    images; cached in the clip's analysis. ValueError in one line."""
     from vit.costs import plan
     from vit.explain.methods.cam import cam
     from vit.explain.views.method_maps import reported_blocks

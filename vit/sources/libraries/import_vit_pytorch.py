@@ -8,8 +8,7 @@ a final ``LayerNorm`` closes the transformer. ``pool='mean'`` builds no class to
 Releases around 1.0 wrap each layer's attention and MLP in ``PreNorm`` and end with ``mlp_head = LayerNorm +
 Linear`` instead of the transformer's final norm (the same computation on the class token); their class token
 is there with either pooling, and their ``pool='mean'`` (the class token averaged with the patches) is not
-supported.
-``SimpleViT`` adds fixed 2D sin-cos positions (stored here as the position table of its grid, where they are
+supported. ``SimpleViT`` adds fixed 2D sin-cos positions (stored here as the position table of its grid, where they are
 exact: vit-pytorch runs it at that size only), a bias-free ``to_out`` and mean pooling.
 
 The constructor's arguments the weights cannot tell (``heads``; ``patch_size`` and ``image_size``, since the patch
