@@ -84,6 +84,8 @@ def _explained_at() -> tuple[int, int] | None:
 
 def _clear() -> None:
     st.session_state[POINTS_KEY], st.session_state[BOX_KEY] = [], None
+    for key in (AT_X_KEY, AT_Y_KEY):  # the next prompt's last point is the pixel to explain until one is typed
+        st.session_state.pop(key, None)
 
 
 def _picked(image_size: tuple[int, int]) -> None:
