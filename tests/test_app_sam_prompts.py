@@ -200,6 +200,7 @@ def test_the_exported_view_holds_the_prompts_masks_and_the_decoders_attention(wh
     # the export draws its attention first: block 2's image-to-token, head 2, of mask 2's token
     expected = weights[5][0][1, :, {"sam": 3, "sam2": 4}[family]].reshape(grid).numpy()
     np.testing.assert_allclose(drawn[before], expected, rtol=0, atol=1e-5)
+    assert 'id="pixel-map"' not in page and "Which pixels made the mask:" not in page  # none chosen: none drawn
 
 
 def test_the_masks_attnlrp_drawn_is_lxts_on_the_librarys_model_and_the_link_keeps_it(whole, monkeypatch):
@@ -222,3 +223,106 @@ def test_the_masks_attnlrp_drawn_is_lxts_on_the_librarys_model_and_the_link_keep
     fresh.run()
     assert not fresh.exception and fresh.radio(key="sam_map").value == "attnlrp"
     assert distance(drawn[-1], theirs) <= RTOL and url(fresh) == link
+
+
+def drawn_colours(monkeypatch) -> list[tuple[np.ndarray, str, float | None, float | None]]:
+    """``(map, colour map, vmin, vmax)`` of every map drawn with the explorer's overlay code, in order."""
+    from vit.app import drawing
+
+    drawn, overlay = [], drawing.overlay_image
+
+    def record(image, map2d, opacity, colormap, mode, grid, outline, vmin=None, vmax=None, *a, **k):
+        drawn.append((np.asarray(map2d), colormap, vmin, vmax))
+        return overlay(image, map2d, opacity, colormap, mode, grid, outline, vmin, vmax, *a, **k)
+
+    monkeypatch.setattr(drawing, "overlay_image", record)
+    return drawn
+
+
+AT = (70, 20)  # the pixel explained: the prompt's first point (on the object)
+
+
+def test_the_masks_pixel_map_at_a_pixel_is_vit_segments_there_and_the_link_reproduces_it(whole, monkeypatch):
+    """"Explain: its logit at one pixel": the drawn map is ``vit.segment(..., at=(x, y))``'s (itself equal to autograd
+    on the library's model, test_sam_prompts), not the mask's sum; the link keeps the pixel as ``sat``; gradient x
+    input is signed, drawn on the diverging colours symmetric around 0."""
+    import vit
+
+    family, model, processor, folder = whole
+    drawn = drawn_colours(monkeypatch)
+    at = opened(folder, sam_linked={**LINKED, "smap": "gradient_x_input", "sat": AT})
+    assert not at.main.error, [e.value for e in at.main.error]
+    checkpoint = vit.load(folder, device="cpu")
+    prompt = dict(points=list(LINKED["points"]), box=LINKED["box"])
+    theirs = vit.segment(checkpoint, image(), **prompt, mask=1, methods=["gradient_x_input"], at=AT)
+    summed = vit.segment(checkpoint, image(), **prompt, mask=1, methods=["gradient_x_input"])
+    expected = np.asarray(theirs.maps["gradient_x_input"])
+    values, cmap, vmin, vmax = drawn[-1]
+    np.testing.assert_allclose(values, expected, rtol=0, atol=1e-6)
+    assert not np.allclose(expected, np.asarray(summed.maps["gradient_x_input"]))  # the pixel, not the sum
+    bound = float(np.abs(expected).max())
+    assert cmap == "RdBu_r" and vmin == pytest.approx(-bound) and vmax == pytest.approx(bound)
+    assert "logit at pixel (70, 20)" in " ".join(displayed(c.value) for c in at.main.caption)
+    link = url(at)
+    assert link["smap"] == "gradient_x_input" and link["sat"] == "70,20"
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in link.items():
+        fresh.query_params[key] = value
+    fresh.run()
+    assert not fresh.exception and not fresh.main.error, [e.value for e in fresh.main.error]
+    assert fresh.radio(key="sam_map_at").value == "pixel" and url(fresh) == link
+    np.testing.assert_allclose(drawn[-1][0], expected, rtol=0, atol=1e-6)
+
+
+def test_the_exported_view_holds_the_masks_pixel_map_titled_by_its_method(whole, monkeypatch):
+    """The export draws "Which pixels made the mask" as the page does: its title and caption name the method and the
+    pixel explained, the map is the page's (gradient x input on the diverging colours), with its colour bar."""
+    import functools
+    import html
+
+    from app_pages.explorer_sections import share_view
+
+    _, _, _, folder = whole
+    exports = []
+    monkeypatch.setattr(share_view, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    drawn = drawn_colours(monkeypatch)
+    at = opened(folder, sam_linked={**LINKED, "smap": "gradient_x_input", "sat": AT})
+    on_page = drawn[-1]
+    [caption] = [displayed(c.value) for c in at.main.caption if displayed(c.value).startswith("Gradient x input")]
+    last = [f for f in exports if getattr(f.func, "__name__", "") == "_export"][-1]
+    before = len(drawn)
+    page = last().decode()
+    assert '<h2 id="pixel-map-title">Which pixels made the mask: Gradient x input</h2>' in page
+    assert 'id="pixel-map"' in page and 'id="pixel-map-colorbar"' in page
+    assert f'<figcaption class="caption">{html.escape(caption)}</figcaption>' in page
+    assert "logit at pixel (70, 20)" in caption
+    assert "Explained at pixel (x, y)</th><td>(70, 20)" in page
+    [(values, cmap, vmin, vmax)] = [d for d in drawn[before:] if d[0].shape == on_page[0].shape
+                                    and np.array_equal(d[0], on_page[0])]
+    assert (cmap, vmin, vmax) == on_page[1:] and cmap == "RdBu_r" and vmin == -vmax
+
+
+def test_the_pixel_maps_signed_colours_come_from_the_engines_list():
+    from vit.explain.methods.segment import MAP_LABELS, SIGNED_MAPS
+
+    values = np.array([[-0.5, 0.25], [0.0, 0.1]], dtype=np.float32)
+    assert set(SIGNED_MAPS) == {"gradient_x_input", "attnlrp"}  # input times gradient, relevance: both signed
+    for method in MAP_LABELS:
+        cmap, vmin, vmax = prompts.pixel_map_colours(method, values, "viridis")
+        if method in SIGNED_MAPS:
+            assert (cmap, vmin, vmax) == ("RdBu_r", -0.5, 0.5)
+        else:
+            assert (cmap, vmin, vmax) == ("viridis", None, None)
+
+
+def test_the_pixel_to_explain_in_a_link_reads_back_and_a_bad_one_is_one_line():
+    from vit.app import share
+
+    values, notes = share.decode({"smap": "attnlrp", "sat": "70,20"}, {}, False)
+    assert notes == [] and values["sat"] == (70, 20)
+    assert share.encode(values) == {"smap": "attnlrp", "sat": "70,20"}
+    for bad in ("70", "70,20,1", "-3,4", "7.5,2", "x,y"):
+        _, notes = share.decode({"sat": bad}, {}, False)
+        [note] = notes
+        assert "was not used: give the pixel to explain as x,y" in note and "\n" not in note

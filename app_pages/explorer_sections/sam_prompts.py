@@ -21,8 +21,8 @@ from vit.app import sam_prompt_view as prompts
 from vit.checkpoint import CheckpointError
 from vit.core.inference import input_box, seen_region
 from vit.core.text import escape_markdown
-from vit.explain.methods.segment import SIGNED_MAPS, make_prompt
-from vit.explain.views.overlay import display_image, jpeg_data_uri, map_colours
+from vit.explain.methods.segment import make_prompt
+from vit.explain.views.overlay import display_image, jpeg_data_uri
 from vit.sources.sam_prompts import architecture
 
 POINTS_KEY, BOX_KEY, OF_KEY = "sam_points", "sam_box", "sam_prompt_of"  # the prompt, and the (model, image) it is on
@@ -30,8 +30,11 @@ NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY = "sam_negative", "sam_token", 
 MOUSE_KEY = "sam_mouse"  # what the mouse does on the image: click points or drag a box
 PICKER_KEY, SHEET_KEY = "sam_picker", "sam_sheet"
 MAP_KEY = "sam_map"  # "Which pixels made the mask": none, or one of vit.explain.methods.segment's pixel maps
+# what the map explains: "mask" (its logits summed over it) or "pixel" (its logit at the pixel AT_X, AT_Y); their
+# names start with MAP_KEY, so KEPT keeps them
+AT_KEY, AT_X_KEY, AT_Y_KEY = "sam_map_at", "sam_map_x", "sam_map_y"
 LINKED_KEY = "sam_linked"  # the link's prompt, token, attention and head, until the section has an image to check
-LINK_NAMES = ("points", "box", "token", "dattn", "dhead", "smap")
+LINK_NAMES = ("points", "box", "token", "dattn", "dhead", "smap", "sat")
 KEPT = (NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY, MOUSE_KEY, MAP_KEY)  # kept while not drawn (a page stopped)
 ANSWERS_BYTES = 64 * 2**20  # masks on the image and the attentions of the last prompts (~1 MB each at ViT-B)
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
@@ -64,15 +67,25 @@ def link_values(view: Shown) -> dict[str, object]:
     if st.session_state.get(OF_KEY) != _on(view) or not (points or box):
         return {}
     attention = st.session_state.get(ATTENTION_KEY)
+    method = st.session_state.get(MAP_KEY, "none")
     return {"points": tuple(tuple(p) for p in points) or None, "box": None if box is None else tuple(box),
             "token": st.session_state.get(TOKEN_KEY),
             "dattn": None if attention is None else prompts.attention_link(attention),
             "dhead": st.session_state.get(HEAD_KEY),
-            "smap": None if st.session_state.get(MAP_KEY, "none") == "none" else st.session_state[MAP_KEY]}
+            "smap": None if method == "none" else method, "sat": None if method == "none" else _explained_at()}
+
+
+def _explained_at() -> tuple[int, int] | None:
+    """The pixel the map explains, or None: summed over the mask."""
+    if st.session_state.get(AT_KEY) != "pixel" or st.session_state.get(AT_X_KEY) is None:
+        return None
+    return int(st.session_state[AT_X_KEY]), int(st.session_state[AT_Y_KEY])
 
 
 def _clear() -> None:
     st.session_state[POINTS_KEY], st.session_state[BOX_KEY] = [], None
+    for key in (AT_X_KEY, AT_Y_KEY):  # the next prompt's last point is the pixel to explain until one is typed
+        st.session_state.pop(key, None)
 
 
 def _picked(image_size: tuple[int, int]) -> None:
@@ -117,6 +130,14 @@ def _apply_link(view: Shown) -> None:
         st.session_state[HEAD_KEY] = linked["dhead"]
     if "smap" in linked:
         st.session_state[MAP_KEY] = linked["smap"]
+    if "sat" in linked:
+        x, y = linked["sat"]
+        width, height = view.image.size
+        if x < width and y < height:
+            st.session_state[AT_KEY], st.session_state[AT_X_KEY], st.session_state[AT_Y_KEY] = "pixel", x, y
+        else:
+            st.warning(escape_markdown(f"The link's pixel to explain was not used: ({x}, {y}) is outside the "
+                                       f"{width}x{height} image."), icon=":material/link_off:")
 
 
 def segmented(view: Shown, points: tuple, box: tuple | None, choice: str | None) -> vit.Segmentation:
@@ -231,18 +252,40 @@ def decoder_attention(view: Shown, seg: vit.Segmentation) -> None:
                                    "its own range; click one to enlarge it."))
 
 
-def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: str) -> np.ndarray:
-    """``vit.segment``'s ``method`` map of mask ``mask`` (summed over it) for the prompt, once per (model, image,
-    prompt, mask, method): a gradient through the image encoder, its memory asked of the cost model first."""
-    key = ("sam map", view.full_fingerprint, view.image_key, points, box, mask, method)
+def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: str,
+             at: tuple[int, int] | None = None) -> np.ndarray:
+    """``vit.segment``'s ``method`` map of mask ``mask`` (summed over it, or its logit at image pixel ``at``) for the
+    prompt, once per (model, image, prompt, mask, method, pixel): a gradient through the image encoder, its memory
+    asked of the cost model first."""
+    key = ("sam map", view.full_fingerprint, view.image_key, points, box, mask, method, at)
     return byte_cache("sam prompts", ANSWERS_BYTES).get_or_compute(
         key, lambda: vit.segment(view.full_checkpoint, view.image, list(points) or None, box, mask=mask,
-                                 methods=[method]).maps[method])
+                                 methods=[method], at=at).maps[method])
+
+
+def pixel_map_picture(view: Shown, seg: vit.Segmentation, method: str,
+                      values: np.ndarray) -> tuple[Image.Image, str, float | None, float | None]:
+    """The pixel map drawn over the pixels the model saw, as the page and the export show it, with its colours
+    (``sam_prompt_view.pixel_map_colours``: signed maps on the diverging scale): ``(picture, cmap, vmin, vmax)``."""
+    cmap, vmin, vmax = prompts.pixel_map_colours(method, values, view.colormap)
+    shown = display_image(seg.seen, max_side=480)
+    return (drawing.overlay_image(shown, values, view.opacity, cmap, view.mode, False, None, vmin, vmax),
+            cmap, vmin, vmax)
+
+
+def _default_pixel(points: tuple, box: tuple | None, image_size: tuple[int, int]) -> tuple[int, int]:
+    """The pixel a map explains until one is chosen: the prompt's last point, else the box's centre."""
+    if points:
+        x, y = points[-1][:2]
+    else:
+        x, y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return min(int(x), image_size[0] - 1), min(int(y), image_size[1] - 1)
 
 
 def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | None) -> None:
-    """Which input pixels made the drawn mask: gradient x input, AttnLRP or LeGrad of its logits, summed over it,
-    over the pixels the model saw; chosen, never run before (a gradient through the image encoder)."""
+    """Which input pixels made the drawn mask: gradient x input, AttnLRP or LeGrad of its logits, summed over it or
+    at one pixel (the prompt's last point until another is chosen), over the pixels the model saw; chosen, never run
+    before (a gradient through the image encoder)."""
     st.subheader("Which pixels made the mask")
     if st.session_state.get(MAP_KEY) not in prompts.PIXEL_MAPS:
         st.session_state[MAP_KEY] = "none"
@@ -250,24 +293,33 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
     with right:
         method = st.radio("Map of the mask", list(prompts.PIXEL_MAPS), key=MAP_KEY,
                           format_func=prompts.PIXEL_MAPS.get, horizontal=True)
-        st.caption(escape_markdown(f"Mask {seg.mask + 1}'s logits, summed over the mask, back to each input pixel. "
+        width, height = view.image.size
+        if AT_X_KEY not in st.session_state or AT_Y_KEY not in st.session_state:
+            st.session_state[AT_X_KEY], st.session_state[AT_Y_KEY] = _default_pixel(points, box, view.image.size)
+        st.session_state[AT_X_KEY] = min(int(st.session_state[AT_X_KEY]), width - 1)  # another image's pixel
+        st.session_state[AT_Y_KEY] = min(int(st.session_state[AT_Y_KEY]), height - 1)
+        pixel = st.radio("Explain", ["mask", "pixel"], key=AT_KEY, horizontal=True,
+                         format_func={"mask": "the whole mask", "pixel": "its logit at one pixel"}.get) == "pixel"
+        if pixel:
+            x_column, y_column = st.columns(2)
+            x_column.number_input("x (image pixels, from the left)", 0, width - 1, step=1, key=AT_X_KEY)
+            y_column.number_input("y (image pixels, from the top)", 0, height - 1, step=1, key=AT_Y_KEY)
+        at = _explained_at()
+        st.caption(escape_markdown(f"{prompts.explained(seg.mask, at).capitalize()}, back to each input pixel. "
                                    "Each choice runs a gradient through the whole image encoder."))
     if method == "none":
         return
     try:
-        values = mask_map(view, points, box, seg.mask, method)
+        values = mask_map(view, points, box, seg.mask, method, at)
     except ValueError as e:  # over the memory limit (TooManyTokens), an empty mask
         with right:
             st.error(escape_markdown(str(e)))
         return
-    signed = method in SIGNED_MAPS  # on a diverging scale around 0; LeGrad's (>= 0) on the page's colour map
-    cmap, vmin, vmax = map_colours("attnlrp" if signed else "legrad", values, view.colormap)
-    shown = display_image(seg.seen, max_side=480)
+    picture, cmap, vmin, vmax = pixel_map_picture(view, seg, method, values)
     with left:
-        st.image(drawing.overlay_image(shown, values, view.opacity, cmap, view.mode, False, None, vmin, vmax),
-                 output_format="PNG")
+        st.image(picture, output_format="PNG")
         st.html(drawing.colorbar_html(vmin, vmax, cmap))
-        st.caption(escape_markdown(prompts.describe_pixel_map(method, seg.mask, values)))
+        st.caption(escape_markdown(prompts.describe_pixel_map(method, seg.mask, values, at)))
 
 
 def export_part(view: Shown, values: dict) -> dict | None:
@@ -283,6 +335,18 @@ def export_part(view: Shown, values: dict) -> dict | None:
     map2d = prompts.attention_map(seg.attention, name, head)
     shown = display_image(seg.seen, max_side=480)
     total = view.image.width * view.image.height
+    method, at = values.get("smap"), values.get("sat")
+    pixel_map = None
+    if method is not None:
+        try:
+            found = mask_map(view, tuple(values.get("points") or ()), values.get("box"), seg.mask, method, at)
+        except ValueError:  # over the memory limit, an empty mask: the page says so; the export leaves it out
+            found = None
+        if found is not None:
+            picture, cmap, vmin, vmax = pixel_map_picture(view, seg, method, found)
+            pixel_map = dict(pixel_map=picture, pixel_map_title=prompts.pixel_map_title(method),
+                             pixel_map_caption=prompts.describe_pixel_map(method, seg.mask, found, at),
+                             pixel_map_colours=(cmap, *drawing.map_range(np.asarray(found), vmin, vmax)))
     return dict(
         masks=[display_image(_canvas_picture(seg, i), max_side=240) for i in range(len(seg.scores))],
         mask_captions=[prompts.mask_caption(i, float(seg.scores[i]), int(seg.masks[i].sum()), total,
@@ -290,4 +354,4 @@ def export_part(view: Shown, values: dict) -> dict | None:
         prompt=prompt_text(seg.points, seg.box),
         attention=drawing.overlay_image(shown, map2d, view.opacity, view.colormap, view.mode, False, None),
         attention_caption=prompts.describe_attention(name, head, prompts.token_choice(seg.token, seg.mask),
-                                                     map2d.shape))
+                                                     map2d.shape), **(pixel_map or {}))

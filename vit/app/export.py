@@ -28,13 +28,19 @@ CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"
 @dataclass(frozen=True, eq=False)
 class PromptView:
     """A SAM's prompt as the explorer's Prompts section shows it: each mask over the pixels the model saw with its
-    caption (plain text), the prompt in words, and the mask decoder's attention drawn with its caption."""
+    caption (plain text), the prompt in words, the mask decoder's attention drawn with its caption, and "Which pixels
+    made the mask" when one was chosen: ``pixel_map`` drawn as the page draws it, its title and caption naming the
+    method, ``pixel_map_colours`` its colour bar ``(colour map, low, high)``."""
 
     masks: Sequence[Image.Image]
     mask_captions: Sequence[str]
     prompt: str
     attention: Image.Image
     attention_caption: str
+    pixel_map: Image.Image | None = None
+    pixel_map_title: str = ""
+    pixel_map_caption: str = ""
+    pixel_map_colours: tuple[str, float, float] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,11 +182,21 @@ def _prompts_html(prompts: PromptView) -> str:
                     f'alt="{html.escape(caption)}"><figcaption class="caption">{html.escape(caption)}</figcaption>'
                     "</figure>" for image, caption in zip(prompts.masks, prompts.mask_captions, strict=True))
     attention = prompts.attention
-    return (f'<h2>Prompts</h2><p class="caption" id="prompt">{html.escape(prompts.prompt)}</p>'
-            f'<div class="row" id="masks">{masks}</div><h2>What the decoder looked at</h2>'
-            f'<figure><img id="decoder-attention" src="{_png_uri(attention)}" width="{attention.width}" '
-            f'height="{attention.height}" alt="the mask decoder\'s attention">'
-            f'<figcaption class="caption">{html.escape(prompts.attention_caption)}</figcaption></figure>')
+    parts = (f'<h2>Prompts</h2><p class="caption" id="prompt">{html.escape(prompts.prompt)}</p>'
+             f'<div class="row" id="masks">{masks}</div><h2>What the decoder looked at</h2>'
+             f'<figure><img id="decoder-attention" src="{_png_uri(attention)}" width="{attention.width}" '
+             f'height="{attention.height}" alt="the mask decoder\'s attention">'
+             f'<figcaption class="caption">{html.escape(prompts.attention_caption)}</figcaption></figure>')
+    picture = prompts.pixel_map
+    if picture is None:
+        return parts
+    colour_bar = ("" if prompts.pixel_map_colours is None else _figure_html(
+        drawing.colorbar_figure(prompts.pixel_map_colours[1], prompts.pixel_map_colours[2],
+                                prompts.pixel_map_colours[0]), "pixel-map-colorbar"))
+    return (f'{parts}<h2 id="pixel-map-title">{html.escape(prompts.pixel_map_title)}</h2>'
+            f'<figure><img id="pixel-map" src="{_png_uri(picture)}" width="{picture.width}" '
+            f'height="{picture.height}" alt="{html.escape(prompts.pixel_map_title)}">{colour_bar}'
+            f'<figcaption class="caption">{html.escape(prompts.pixel_map_caption)}</figcaption></figure>')
 
 
 @dataclass(frozen=True, eq=False)

@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from vit.app import drawing
-from vit.explain.methods.segment import MAP_LABELS
+from vit.explain.methods.segment import MAP_LABELS, SIGNED_MAPS
+from vit.explain.views.overlay import DIVERGING_COLORMAP
 
 CLICK_CELLS = 64  # clickable points along the image's long side (SAM's image embedding is 64 x 64)
 MAX_POINTS = 32  # points one prompt (and a link) may hold
@@ -29,6 +30,7 @@ PIXEL_MAPS = {"none": "none", **MAP_LABELS}  # "Which pixels made the mask": the
 _NUMBER = r"[0-9]{1,5}(?:\.[0-9]{1,2})?"
 _POINT = re.compile(rf"({_NUMBER}),({_NUMBER}),([01])")
 _BOX = re.compile(rf"({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})")
+_AT = re.compile(r"([0-9]{1,5}),([0-9]{1,5})")  # the pixel a map explains: a whole image pixel
 
 
 def click_grid(image_size: tuple[int, int]) -> tuple[int, int, float]:
@@ -189,16 +191,39 @@ def describe_attention(name: str, head: int, choice: str, grid: tuple[int, int])
             f"{grid[0]}×{grid[1]} grid over the pixels the model saw.")
 
 
-def describe_pixel_map(method: str, mask: int, values: np.ndarray) -> str:
-    """The pixel map's caption, plain text: what it is of, and its range."""
+def pixel_map_colours(method: str, values: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
+    """``(colour map, vmin, vmax)`` the pixel map of ``method`` is drawn with, on the page and in the export: a signed
+    map (``vit.explain.methods.segment.SIGNED_MAPS``: gradient x input and AttnLRP, for and against the mask) on the
+    diverging colours symmetric around 0, LeGrad's (>= 0) on the page's ``colormap`` over its own range."""
+    if method not in SIGNED_MAPS:
+        return colormap, None, None
+    bound = float(np.abs(values).max()) if values.size else 0.0
+    return DIVERGING_COLORMAP, -(bound or 1.0), bound or 1.0
+
+
+def pixel_map_title(method: str) -> str:
+    """'Which pixels made the mask: AttnLRP'."""
+    return f"Which pixels made the mask: {MAP_LABELS[method]}"
+
+
+def explained(mask: int, at: Sequence[float] | None) -> str:
+    """What a pixel map explains: "mask 2's logits, summed over the mask" or "mask 2's logit at pixel (40, 12)"."""
+    if at is None:
+        return f"mask {mask + 1}'s logits, summed over the mask"
+    return f"mask {mask + 1}'s logit at pixel ({at[0]:g}, {at[1]:g})"
+
+
+def describe_pixel_map(method: str, mask: int, values: np.ndarray, at: Sequence[float] | None = None) -> str:
+    """The pixel map's caption, plain text: its method, what it is of (the mask summed, or its logit ``at`` one image
+    pixel), and its range."""
     bound = float(np.abs(values).max()) if values.size else 0.0
     if method == "legrad":
-        return (f"LeGrad of mask {mask + 1}'s logits, summed over the mask: the neck and the mask decoder read each "
+        return (f"LeGrad of {explained(mask, at)}: the neck and the mask decoder read each "
                 "of the image encoder's last two layers, and the positive gradient of the mask with respect to that "
                 f"layer's attention, averaged over heads and queries, is summed per patch (0 to {bound:.3g}).")
     how = ("AttnLRP (lxt's rules through the mask decoder, the neck and the image encoder)" if method == "attnlrp"
            else "Gradient x input (through the mask decoder, the neck and the image encoder)")
-    return (f"{how} of mask {mask + 1}'s logits, summed over the mask, per input pixel (its channels summed) over "
+    return (f"{how} of {explained(mask, at)}, per input pixel (its channels summed) over "
             f"the pixels the model saw: red for the mask, blue against it, ±{bound:.3g} at the ends of the scale.")
 
 
@@ -226,6 +251,19 @@ def parse_attention(text: str) -> str:
     if not re.fullmatch(r"b[1-9][0-9]?\.(t2i|i2t)|final", text):
         raise ValueError("give a decoder attention as bN.t2i, bN.i2t (block N from 1) or final")
     return text
+
+
+def parse_at(text: str) -> tuple[int, int]:
+    """``"x,y"`` (a whole image pixel) -> the pixel a map explains; ValueError in one line."""
+    found = _AT.fullmatch(text)
+    if found is None:
+        raise ValueError("give the pixel to explain as x,y, whole pixels of the image")
+    return int(found.group(1)), int(found.group(2))
+
+
+def at_text(at: Sequence[float]) -> str:
+    """``parse_at``'s text of ``at``."""
+    return f"{int(at[0])},{int(at[1])}"
 
 
 def parse_box(text: str) -> tuple[float, float, float, float]:

@@ -173,6 +173,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
     "token": _one_of(tuple(sam_prompts.TOKENS)), "dattn": _prompt_part(sam_prompts.parse_attention),
     "dhead": _whole(0), "smap": _one_of(tuple(MAP_LABELS)),  # the pixel map of the mask
+    "sat": _prompt_part(sam_prompts.parse_at),  # the pixel map of the mask's logit at this pixel, not summed over it
 }
 
 
@@ -195,6 +196,7 @@ LABELS = {
     "lm_method": "Answer token's map", "lm_overview": "The whole image's view (a tiled image's overview)",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
+    "sat": "Explained at pixel (x, y)",
 }
 
 
@@ -225,6 +227,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "attr": lambda v: options_text(v).replace(",", ", "),
         "dattn": lambda v: sam_prompts.attention_label(sam_prompts.attention_name(v)),
         "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}", "smap": MAP_LABELS.get,
+        "sat": lambda v: f"({v[0]:g}, {v[1]:g})",
     }
     described = {}
     for name in PARSERS:
@@ -349,6 +352,8 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
             params[name] = sam_prompts.points_text(value)
         elif name == "box":
             params[name] = sam_prompts.box_text(value)
+        elif name == "sat":
+            params[name] = sam_prompts.at_text(value)
         elif isinstance(value, tuple):
             params[name] = ".".join(map(str, value)) if name == "patch" else ",".join(value)
         else:
