@@ -303,6 +303,31 @@ def test_the_exported_view_holds_the_masks_pixel_map_titled_by_its_method(whole,
     assert (cmap, vmin, vmax) == on_page[1:] and cmap == "RdBu_r" and vmin == -vmax
 
 
+def test_a_pixel_map_the_export_cannot_draw_is_named_with_the_reason(whole, monkeypatch):
+    """A map refused in the export (over the memory limit, an empty mask) is not left out silently: its title and the
+    one-line reason stand where it would be."""
+    import functools
+
+    from app_pages.explorer_sections import sam_prompts, share_view
+
+    _, _, _, folder = whole
+    exports = []
+    monkeypatch.setattr(share_view, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    opened(folder, sam_linked={**LINKED, "smap": "attnlrp"})
+
+    def refused(*args, **kwargs):
+        raise ValueError("AttnLRP of the mask would hold 9 GB, over the 1 GB limit")
+
+    monkeypatch.setattr(sam_prompts, "mask_map", refused)
+    last = [f for f in exports if getattr(f.func, "__name__", "") == "_export"][-1]
+    page = last().decode()
+    assert '<h2 id="pixel-map-title">Which pixels made the mask: AttnLRP</h2>' in page
+    assert ('<p class="caption" id="pixel-map-refused">Not drawn: AttnLRP of the mask would hold 9 GB, over the 1 GB '
+            'limit</p>') in page
+    assert 'id="pixel-map"' not in page
+
+
 def test_the_pixel_maps_signed_colours_come_from_the_engines_list():
     from vit.explain.methods.segment import MAP_LABELS, SIGNED_MAPS
 

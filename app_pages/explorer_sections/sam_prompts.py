@@ -293,6 +293,9 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
     with right:
         method = st.radio("Map of the mask", list(prompts.PIXEL_MAPS), key=MAP_KEY,
                           format_func=prompts.PIXEL_MAPS.get, horizontal=True)
+    if method == "none":  # no map: nothing to explain, so no pixel to choose either
+        return
+    with right:
         width, height = view.image.size
         if AT_X_KEY not in st.session_state or AT_Y_KEY not in st.session_state:
             st.session_state[AT_X_KEY], st.session_state[AT_Y_KEY] = _default_pixel(points, box, view.image.size)
@@ -307,8 +310,6 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
         at = _explained_at()
         st.caption(escape_markdown(f"{prompts.explained(seg.mask, at).capitalize()}, back to each input pixel. "
                                    "Each choice runs a gradient through the whole image encoder."))
-    if method == "none":
-        return
     try:
         values = mask_map(view, points, box, seg.mask, method, at)
     except ValueError as e:  # over the memory limit (TooManyTokens), an empty mask
@@ -340,8 +341,9 @@ def export_part(view: Shown, values: dict) -> dict | None:
     if method is not None:
         try:
             found = mask_map(view, tuple(values.get("points") or ()), values.get("box"), seg.mask, method, at)
-        except ValueError:  # over the memory limit, an empty mask: the page says so; the export leaves it out
+        except ValueError as e:  # over the memory limit, an empty mask: the export says so, as the page does
             found = None
+            pixel_map = dict(pixel_map_title=prompts.pixel_map_title(method), pixel_map_caption=f"Not drawn: {e}")
         if found is not None:
             picture, cmap, vmin, vmax = pixel_map_picture(view, seg, method, found)
             pixel_map = dict(pixel_map=picture, pixel_map_title=prompts.pixel_map_title(method),

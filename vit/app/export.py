@@ -30,7 +30,8 @@ class PromptView:
     """A SAM's prompt as the explorer's Prompts section shows it: each mask over the pixels the model saw with its
     caption (plain text), the prompt in words, the mask decoder's attention drawn with its caption, and "Which pixels
     made the mask" when one was chosen: ``pixel_map`` drawn as the page draws it, its title and caption naming the
-    method, ``pixel_map_colours`` its colour bar ``(colour map, low, high)``."""
+    method, ``pixel_map_colours`` its colour bar ``(colour map, low, high)``; one that could not be drawn (over the
+    memory limit, an empty mask) has its title and the reason as its caption, and no ``pixel_map``."""
 
     masks: Sequence[Image.Image]
     mask_captions: Sequence[str]
@@ -188,8 +189,10 @@ def _prompts_html(prompts: PromptView) -> str:
              f'height="{attention.height}" alt="the mask decoder\'s attention">'
              f'<figcaption class="caption">{html.escape(prompts.attention_caption)}</figcaption></figure>')
     picture = prompts.pixel_map
-    if picture is None:
-        return parts
+    if picture is None:  # none chosen, or one the export could not draw: its title and why
+        return parts if not prompts.pixel_map_title else (
+            f'{parts}<h2 id="pixel-map-title">{html.escape(prompts.pixel_map_title)}</h2>'
+            f'<p class="caption" id="pixel-map-refused">{html.escape(prompts.pixel_map_caption)}</p>')
     colour_bar = ("" if prompts.pixel_map_colours is None else _figure_html(
         drawing.colorbar_figure(prompts.pixel_map_colours[1], prompts.pixel_map_colours[2],
                                 prompts.pixel_map_colours[0]), "pixel-map-colorbar"))
