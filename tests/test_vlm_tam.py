@@ -33,7 +33,8 @@ from vit.explain.language.vlm_tam import rank_gaussian_filter  # noqa: E402
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 TOL = 1e-5
-TAM_KINDS = ["llava", "qwen2_5_vl"]
+# Every family ``vit.ask_vlm`` answers for, one view each (the tiled ones below)
+TAM_KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "paligemma", "paligemma2"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def reference_tam():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """``{kind: folder}``: LLaVA and Qwen2.5-VL (the authors' demo family) saved whole with their processors."""
+    """``{kind: folder}``: each family saved whole with its processor."""
     return saved_whole(tmp_path_factory, TAM_KINDS)
 
 
@@ -55,9 +56,44 @@ def asked(folders):
             for kind, folder in folders.items()}
 
 
-def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int], list[np.ndarray], tuple]:
-    """The authors' way: ``(generated ids, [each round's map before the uint8 cast], vision_shape)``; ``eci``
-    False: their least-squares factor held at 0, the causal inference undone."""
+def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
+    """``(special_ids, vision_shape)`` as the authors' code passes them for this kind of model: the image tokens
+    between their start and end markers where the model has them (their Qwen demo: ``<|vision_start|>`` and
+    ``<|vision_end|>``; their InternVL demo: ``<img>`` and ``</img>``, ``vision_shape`` the pixel-shuffled grid;
+    Gemma 3 alike between ``<start_of_image>`` and ``<end_of_image>``), else every token of the image token's id
+    (their int form); the question from the image's end to the assistant's turn (PaliGemma, whose prompt has no
+    turn: to its last word, the prompt's last position their separate context entry), the answer after it. A tiled
+    image: one ``vision_shape`` per view (their form for several images), each view's tokens in the prompt's order."""
+    kind = config["model_type"]
+    assistant = [ids("assistant:")]
+    answer = {"answer_id": [assistant, -1]}
+    if kind in ("qwen2_5_vl", "qwen3_vl"):  # their Qwen demo's
+        start, end = ids("<|vision_start|>"), ids("<|vision_end|>")
+        _, h, w = inputs["image_grid_thw"][0].tolist()
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (h // 2, w // 2)
+    if kind == "internvl":  # their InternVL3 demo's, one view of (448 / 14 / 2)² there, (32 / 8 / 2)² here
+        start, end = ids("<img>"), ids("</img>")
+        side = config["vision_config"]["image_size"][0] // config["vision_config"]["patch_size"][0] // 2
+        views = inputs["pixel_values"].shape[0]
+        shape = (side, side) if views == 1 else ((side, side),) * views
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, shape
+    if kind == "gemma3":
+        start, end = ids("<start_of_image>"), ids("<end_of_image>")
+        side = int(config["mm_tokens_per_image"] ** 0.5)
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (side, side)
+    side = config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
+    if kind == "paligemma":  # image tokens, <bos>, the question: no turn after it
+        last = ids("?")
+        return {"img_id": [image], "prompt_id": [[ids("<bos>")], last], "answer_id": [[last], -1]}, (side, side)
+    if config.get("vision_feature_select_strategy") == "full":  # CLIP's CLS first: the tokens after the first
+        return {"img_id": [image, ids("what")], "prompt_id": [[image], assistant], **answer}, (side, side)
+    return {"img_id": [image], "prompt_id": [[image], assistant], **answer}, (side, side)
+
+
+def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int], list, tuple, list]:
+    """The authors' way: ``(generated ids, [each round's map before the uint8 cast], vision_shape, [each round's
+    values before the filter])``, a map and its values lists of each view's for a tiled image; ``eci`` False: their
+    least-squares factor held at 0, the causal inference undone."""
     import json
 
     config = json.loads((folder / "config.json").read_text())
@@ -71,39 +107,45 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int],
     tokens = outputs.sequences[0].tolist()
     prompt = inputs["input_ids"].shape[1]
     ids = processor.tokenizer.convert_tokens_to_ids
-    assistant = ids("assistant:")
+    special_ids, vision_shape = authors_form(config, model.config.image_token_id, inputs, ids)
     # The authors' special ids locate by the last occurrence; the answer must not repeat them
-    assert assistant not in tokens[prompt:] and tokens.count(assistant) == 1
-    if config["model_type"] == "qwen2_5_vl":  # their demo's: between <|vision_start|> and <|vision_end|>
-        start, end = ids("<|vision_start|>"), ids("<|vision_end|>")
-        special_ids = {"img_id": [start, end], "prompt_id": [end, [assistant]], "answer_id": [[assistant], -1]}
-        t, h, w = inputs["image_grid_thw"][0].tolist()
-        vision_shape = (h // 2, w // 2)
-    else:  # LLaVA: every token of the image token's id (their int form), the question after the last one
-        image = model.config.image_token_id
-        special_ids = {"img_id": [image], "prompt_id": [[image], [assistant]], "answer_id": [[assistant], -1]}
-        side = inputs["pixel_values"].shape[-1] // config["vision_config"]["patch_size"]
-        vision_shape = (side, side)
-    caught = []
+    answer_start = special_ids["answer_id"][0][0]
+    assert answer_start not in tokens[prompt:] and tokens.count(answer_start) == 1
+    views = len(vision_shape) if isinstance(vision_shape[0], tuple) else 1
+    image = [picture()] * views if views > 1 else picture()
+    caught, given = [], []
     filter_ = tam.rank_guassian_filter
-    monkeypatch.setattr(tam, "rank_guassian_filter", lambda img, k=3: caught.append(filter_(img, k)) or caught[-1])
+
+    def catching(img, k=3):
+        given.append(img.copy())
+        caught.append(filter_(img, k))
+        return caught[-1]
+
+    monkeypatch.setattr(tam, "rank_guassian_filter", catching)
     if not eci:
         monkeypatch.setattr(tam, "least_squares", lambda map1, map2: 0.0)
-    maps, records = [], []
+    maps, values, records = [], [], []
     for i in range(len(logits)):
         before = len(caught)
-        returned = tam.TAM(tokens, vision_shape, logits, special_ids, picture(), processor, "", i, records, True)
+        returned = tam.TAM(tokens, vision_shape, logits, special_ids, image, processor, "", i, records, True)
         # Round 0 maps every question word and returns the first's (their ``first_ori``); later rounds map one
-        np.testing.assert_array_equal(returned, (caught[before] * 255).astype("uint8"))
-        maps.append(caught[before])
+        if views == 1:
+            np.testing.assert_array_equal(returned, (caught[before] * 255).astype("uint8"))
+            maps.append(caught[before])
+            values.append(given[before])
+        else:
+            for v in range(views):
+                np.testing.assert_array_equal(returned[v], (caught[before + v] * 255).astype("uint8"))
+            maps.append(caught[before:before + views])
+            values.append(given[before:before + views])
     monkeypatch.undo()
-    return tokens[prompt:], maps, vision_shape
+    return tokens[prompt:], maps, vision_shape, values
 
 
 @pytest.mark.parametrize("kind", TAM_KINDS)
 def test_each_tokens_tam_is_the_authors(folders, asked, reference_tam, monkeypatch, kind):
     answer = asked[kind]
-    tokens, maps, shape = authors_maps(reference_tam, folders[kind], monkeypatch)
+    tokens, maps, shape, _ = authors_maps(reference_tam, folders[kind], monkeypatch)
     assert list(answer.tokens) == tokens and len(maps) == NEW_TOKENS
     unit = answer.layout.unit
     for i, expected in enumerate(maps):
@@ -117,7 +159,7 @@ def test_the_causal_inference_step_changes_the_maps_it_is_checked_on(folders, as
                                                                        kind):
     """Without the estimated causal inference the authors' maps move far past the tolerance: the test above fails
     for a port that drops it."""
-    _, maps, _ = authors_maps(reference_tam, folders[kind], monkeypatch, eci=False)
+    _, maps, _, _ = authors_maps(reference_tam, folders[kind], monkeypatch, eci=False)
     answer = asked[kind]
     unit = answer.layout.unit
     moved = [np.abs(answer.tam(i)[::unit, ::unit] - m).max() / m.max() for i, m in enumerate(maps) if i > 0]
