@@ -77,10 +77,11 @@ def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
         views = inputs["pixel_values"].shape[0]
         shape = (side, side) if views == 1 else ((side, side),) * views
         return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, shape
-    if kind == "gemma3":
+    if kind == "gemma3":  # its tiny answer repeats "assistant:": the turn by its first, the answer after "? assistant:"
         start, end = ids("<start_of_image>"), ids("<end_of_image>")
         side = int(config["mm_tokens_per_image"] ** 0.5)
-        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (side, side)
+        return {"img_id": [start, end], "prompt_id": [end, assistant[0]],
+                "answer_id": [[ids("?"), *assistant], -1]}, (side, side)
     side = config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
     if kind == "paligemma":  # image tokens, <bos>, the question: no turn after it
         last = ids("?")
@@ -109,8 +110,8 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int],
     ids = processor.tokenizer.convert_tokens_to_ids
     special_ids, vision_shape = authors_form(config, model.config.image_token_id, inputs, ids)
     # The authors' special ids locate by the last occurrence; the answer must not repeat them
-    answer_start = special_ids["answer_id"][0][0]
-    assert answer_start not in tokens[prompt:] and tokens.count(answer_start) == 1
+    marker = special_ids["answer_id"][0]
+    assert [k for k in range(len(tokens)) if tokens[k:k + len(marker)] == marker] == [prompt - len(marker)]
     views = len(vision_shape) if isinstance(vision_shape[0], tuple) else 1
     image = [picture()] * views if views > 1 else picture()
     caught, given = [], []
@@ -145,16 +146,25 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int],
 @pytest.mark.parametrize("kind", TAM_KINDS)
 def test_each_tokens_tam_is_the_authors(folders, asked, reference_tam, monkeypatch, kind):
     answer = asked[kind]
-    tokens, maps, shape, _ = authors_maps(reference_tam, folders[kind], monkeypatch)
+    tokens, maps, shape, values = authors_maps(reference_tam, folders[kind], monkeypatch)
     assert list(answer.tokens) == tokens and len(maps) == NEW_TOKENS
+    lead = answer.layout.lead  # CLIP's CLS under "full": no place on the grid, 0 in ours, outside theirs
+    for i, before in enumerate(values):  # before the filter: the grid's tokens row-major, as theirs reshapes them
+        np.testing.assert_allclose(answer.image_tam(i), np.concatenate([np.zeros(lead), before.ravel()]), rtol=0,
+                                   atol=TOL * max(before.max(), 1e-3))
     unit = answer.layout.unit
+    # A 2 x 2 grid's round may leave nothing after the causal inference (the authors' map all 0): to the answer's peak
+    peak = max(m.max() for m in maps)
+    # The tiny Gemma 3 answers "assistant:" five times and every class it maps has a negative logit on its four
+    # image tokens: theirs and ours all 0, equal but weak (the values above are compared all the same)
+    assert peak > 0 or kind == "gemma3"
     for i, expected in enumerate(maps):
-        assert expected.shape == shape and expected.max() > 0
+        assert expected.shape == shape
         placed = np.repeat(np.repeat(expected, unit, axis=0), unit, axis=1)
-        np.testing.assert_allclose(answer.tam(i), placed, rtol=0, atol=TOL * expected.max())
+        np.testing.assert_allclose(answer.tam(i), placed, rtol=0, atol=TOL * max(expected.max(), peak))
 
 
-@pytest.mark.parametrize("kind", TAM_KINDS)
+@pytest.mark.parametrize("kind", [k for k in TAM_KINDS if k != "gemma3"])  # Gemma 3's maps are all 0 (above)
 def test_the_causal_inference_step_changes_the_maps_it_is_checked_on(folders, asked, reference_tam, monkeypatch,
                                                                        kind):
     """Without the estimated causal inference the authors' maps move far past the tolerance: the test above fails
@@ -162,7 +172,8 @@ def test_the_causal_inference_step_changes_the_maps_it_is_checked_on(folders, as
     _, maps, _, _ = authors_maps(reference_tam, folders[kind], monkeypatch, eci=False)
     answer = asked[kind]
     unit = answer.layout.unit
-    moved = [np.abs(answer.tam(i)[::unit, ::unit] - m).max() / m.max() for i, m in enumerate(maps) if i > 0]
+    moved = [np.abs(answer.tam(i)[::unit, ::unit] - m).max() / m.max() for i, m in enumerate(maps)
+             if i > 0 and m.max() > 0]
     assert max(moved) > 100 * TOL
 
 

@@ -133,7 +133,8 @@ def tam(vlm, prepared, answer: tuple[int, ...], i: int, layout) -> np.ndarray:
 
 def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     """(K,) float32: answer token ``i``'s TAM over the prompt's ``K`` image tokens (every view's), before the filter:
-    one forward, counted first (``vit.costs.plan.vlm_tam``)."""
+    one forward, counted first (``vit.costs.plan.vlm_tam``). Leading tokens that cover no patch (CLIP's CLS under
+    LLaVA's "full" strategy) hold 0 and take no part: the authors' function sees the grid's tokens alone."""
     from vit.costs.plan import decide, vlm_tam
     from vit.explain.language.vlm_relevance import _inputs
 
@@ -143,6 +144,9 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     if words is None:
         raise ValueError("TAM needs the question's words; this answer was asked without them")
     start, count = question_span(vlm.processor.tokenizer, ids[:prepared.prompt_tokens], int(positions.max()), words)
+    if start + count == prepared.prompt_tokens:  # the prompt ends on the question (PaliGemma's, no turn after it):
+        count -= 1  # its last word is the prompt's last position, one context entry, not two
+    lead = prepared.layout.lead  # tokens that cover no patch (CLIP's CLS): outside the map, its ECI and its scale
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
     decide(vlm_tam(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
@@ -153,8 +157,9 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
         inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v
                   for k, v in _inputs(vlm, prepared, answer, i).items()}
         hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
-        return tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens, positions.to(hidden.device),
-                          (start, count), i)
+        values = tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens,
+                            positions[lead:].to(hidden.device), (start, count), i)
+    return np.concatenate([np.zeros(lead, dtype=np.float32), values])
 
 
 def on_layout(values: np.ndarray, layout) -> np.ndarray:
