@@ -21,6 +21,7 @@ from test_vlm_answer import (  # noqa: E402,F401
     NEW_TOKENS,
     QUESTION,
     internvl_tiles,
+    llava_next,
     picture,
     processor_inputs,
     saved_whole,
@@ -91,10 +92,11 @@ def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
     return {"img_id": [image], "prompt_id": [[image], assistant], **answer}, (side, side)
 
 
-def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int], list, tuple, list]:
+def authors_maps(tam, folder, monkeypatch, eci: bool = True, shape: tuple | None = None
+                 ) -> tuple[list[int], list, tuple, list]:
     """The authors' way: ``(generated ids, [each round's map before the uint8 cast], vision_shape, [each round's
     values before the filter])``, a map and its values lists of each view's for a tiled image; ``eci`` False: their
-    least-squares factor held at 0, the causal inference undone."""
+    least-squares factor held at 0, the causal inference undone; ``shape``: the ``vision_shape`` given instead."""
     import json
 
     config = json.loads((folder / "config.json").read_text())
@@ -109,6 +111,7 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int],
     prompt = inputs["input_ids"].shape[1]
     ids = processor.tokenizer.convert_tokens_to_ids
     special_ids, vision_shape = authors_form(config, model.config.image_token_id, inputs, ids)
+    vision_shape = shape or vision_shape
     # The authors' special ids locate by the last occurrence; the answer must not repeat them
     marker = special_ids["answer_id"][0]
     assert [k for k in range(len(tokens)) if tokens[k:k + len(marker)] == marker] == [prompt - len(marker)]
@@ -219,16 +222,53 @@ def test_the_cost_counts_the_classes_rows_never_the_vocabulary_over_every_positi
     assert rows == 8 * (text.hidden + 16 + 40) * 4 + 10 ** 6 * 4  # one vocabulary row: the greedy class
 
 
-def test_a_tiled_images_tam_is_on_the_tiles_canvas_and_its_overview(internvl_tiles):  # noqa: F811
-    """The authors filter each image's own token grid and ask crops to be mapped to the image ("map crops to raw
-    size"): InternVL's tiles are filtered on their canvas, the thumbnail on its own grid, each unit's patches alike."""
-    from vit.explain.language.vlm_tam import token_canvas
+def test_internvls_tiles_tam_is_the_authors_per_view_filtered_on_the_canvas(internvl_tiles, reference_tam,  # noqa: F811
+                                                                            monkeypatch):
+    """The authors' code reads one view per image ("if you want to use dynamic reso, please map crops to raw size",
+    their InternVL demo, which resizes to one 448-px tile): their form for several images (one ``vision_shape`` per
+    view, normalised together, each filtered on its own grid) gives each tile's and the thumbnail's values. Ours:
+    those values (equal before the filter), the thumbnail filtered as theirs (the overview), the tiles placed on the
+    canvas where the processor cut them and filtered there, across the tiles' seams (the crops mapped to raw size)."""
+    from test_vlm_answer import where_tiles_are
 
-    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=3)
-    for overview in (False, True):
-        layout = answer.layout.view(overview)
-        index, unit = token_canvas(layout)
-        drawn = answer.tam(2, overview=overview)
-        assert drawn.shape == layout.grid == tuple(s * unit for s in index.shape)
-        assert (drawn == np.repeat(np.repeat(drawn[::unit, ::unit], unit, 0), unit, 1)).all()
-        assert np.isfinite(drawn).all() and 0 <= drawn.min() and drawn.max() <= 1
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    tokens, maps, shape, values = authors_maps(reference_tam, internvl_tiles, monkeypatch)
+    assert list(answer.tokens) == tokens and shape == ((2, 2),) * 7
+    places = where_tiles_are(internvl_tiles, picture())
+    peak = max(max(m.max() for m in views) for views in maps)
+    assert peak > 0
+    for i in range(NEW_TOKENS):
+        np.testing.assert_allclose(answer.image_tam(i), np.concatenate([v.ravel() for v in values[i]]), rtol=0,
+                                   atol=TOL * peak)
+        np.testing.assert_allclose(answer.tam(i, overview=True), np.repeat(np.repeat(maps[i][6], 2, 0), 2, 1),
+                                   rtol=0, atol=TOL * peak)
+        canvas = np.zeros((4, 6))
+        for k, (r, c) in enumerate(places):
+            canvas[2 * r:2 * r + 2, 2 * c:2 * c + 2] = values[i][k]
+        expected = reference_tam.rank_guassian_filter(canvas, 3)
+        np.testing.assert_allclose(answer.tam(i), np.repeat(np.repeat(expected, 2, 0), 2, 1), rtol=0,
+                                   atol=TOL * peak)
+    # Each tile filtered alone (their several-images form) is another map: the seams are smoothed across
+    alone = np.zeros((4, 6))
+    for k, (r, c) in enumerate(places):
+        alone[2 * r:2 * r + 2, 2 * c:2 * c + 2] = maps[1][k]
+    assert np.abs(answer.tam(1)[::2, ::2] - alone).max() > 100 * TOL * peak
+
+
+def test_llava_nexts_tam_is_the_authors_per_view_filtered_on_the_unpadded_canvas(llava_next, reference_tam,  # noqa: F811
+                                                                                monkeypatch):
+    """LLaVA-NeXT in the authors' form for several images: the base image's 4 x 4 tokens, then the crops' 8 rows of 10
+    patches each followed by its newline token (8 x 11, as the model packs them). Ours: the same values before the
+    filter, the base image's map theirs (the overview), the crops' filtered on the 8 x 10 canvas, the newline tokens
+    (no patch) left out of the filter's windows."""
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    tokens, maps, _, values = authors_maps(reference_tam, llava_next, monkeypatch, shape=((4, 4), (8, 11)))
+    assert list(answer.tokens) == tokens and answer.grid == (8, 10)
+    peak = max(max(m.max() for m in views) for views in maps)
+    assert peak > 0
+    for i in range(NEW_TOKENS):
+        np.testing.assert_allclose(answer.image_tam(i), np.concatenate([v.ravel() for v in values[i]]), rtol=0,
+                                   atol=TOL * peak)
+        np.testing.assert_allclose(answer.tam(i, overview=True), maps[i][0], rtol=0, atol=TOL * peak)
+        expected = reference_tam.rank_guassian_filter(values[i][1][:, :10].copy(), 3)
+        np.testing.assert_allclose(answer.tam(i), expected, rtol=0, atol=TOL * peak)
