@@ -19,7 +19,10 @@ it). Differences, none reached by a map with a spread: a window of one positive 
 (theirs: NaN, from a zero width), no context token leaves the map as it is (theirs: an error), a map and text of one
 value are all zero (theirs: NaN); the least-squares factor is solved in closed form (theirs: Brent's search, to its
 tolerance); tokens are compared by id (theirs: by the tokenizer's pieces of the decoded text, the same where decoding
-round-trips); an image read as tiles is filtered on the tiles' canvas (the authors': "map crops to raw size").
+round-trips); an image read as tiles is filtered on the tiles' canvas (the authors': "map crops to raw size"; their
+form for several images filters each view alone), its values before the filter theirs; leading image tokens that
+cover no patch (CLIP's CLS) hold 0 and take no part (the authors' grid never holds them); a prompt that ends on the
+question (PaliGemma's) counts its last word once, as the prompt's last position.
 """
 
 from __future__ import annotations
