@@ -93,24 +93,25 @@ def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
         return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (side, side)
     side = config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
     if kind == "paligemma":  # image tokens, <bos>, the question: no turn after it
-        last = ids("?")
+        last = int(inputs["input_ids"][0, -1])
         return {"img_id": [image], "prompt_id": [[ids("<bos>")], last], "answer_id": [[last], -1]}, (side, side)
     if config.get("vision_feature_select_strategy") == "full":  # CLIP's CLS first: the tokens after the first
         return {"img_id": [image, ids("what")], "prompt_id": [[image], assistant], **answer}, (side, side)
     return {"img_id": [image], "prompt_id": [[image], assistant], **answer}, (side, side)
 
 
-def authors_maps(tam, folder, monkeypatch, eci: bool = True, shape: tuple | None = None
+def authors_maps(tam, folder, monkeypatch, eci: bool = True, shape: tuple | None = None, question: str = QUESTION
                  ) -> tuple[list[int], list, tuple, list]:
     """The authors' way: ``(generated ids, [each round's map before the uint8 cast], vision_shape, [each round's
     values before the filter])``, a map and its values lists of each view's for a tiled image; ``eci`` False: their
-    least-squares factor held at 0, the causal inference undone; ``shape``: the ``vision_shape`` given instead."""
+    least-squares factor held at 0, the causal inference undone; ``shape``: the ``vision_shape`` given instead;
+    ``question``: PaliGemma's (its prompt has no template)."""
     import json
 
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder).eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    inputs = processor_inputs(folder, picture())
+    inputs = processor_inputs(folder, picture(), None if question == QUESTION else processor.image_token + question)
     with torch.no_grad():
         outputs = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True,
                                  output_hidden_states=True, return_dict_in_generate=True)
@@ -184,6 +185,19 @@ def test_the_causal_inference_step_changes_the_maps_it_is_checked_on(folders, as
     moved = [np.abs(answer.tam(i)[::unit, ::unit] - m).max() / m.max() for i, m in enumerate(maps)
              if i > 0 and m.max() > 0]
     assert max(moved) > 100 * TOL
+
+
+def test_a_one_word_question_that_ends_the_prompt_is_the_authors(folders, reference_tam, monkeypatch):
+    """PaliGemma asked one word: the question is the prompt's last position alone, no question word before it (the
+    authors' prompt span empty); answer token 0's map is that position's own class's, as their round 0 makes it."""
+    answer = vit.ask_vlm(vit.open_vlm(folders["paligemma"]), picture(), "dog", max_new_tokens=NEW_TOKENS)
+    tokens, maps, _, values = authors_maps(reference_tam, folders["paligemma"], monkeypatch, question="dog")
+    assert list(answer.tokens) == tokens
+    peak = max(m.max() for m in maps)
+    assert peak > 0
+    for i, (expected, before) in enumerate(zip(maps, values, strict=True)):
+        np.testing.assert_allclose(answer.image_tam(i), before.ravel(), rtol=0, atol=TOL * peak)
+        np.testing.assert_allclose(answer.tam(i), expected, rtol=0, atol=TOL * peak)
 
 
 def test_the_rank_gaussian_filter_is_the_authors(reference_tam):

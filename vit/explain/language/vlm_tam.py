@@ -22,7 +22,8 @@ tolerance); tokens are compared by id (theirs: by the tokenizer's pieces of the 
 round-trips); an image read as tiles is filtered on the tiles' canvas (the authors': "map crops to raw size"; their
 form for several images filters each view alone), its values before the filter theirs; leading image tokens that
 cover no patch (CLIP's CLS) hold 0 and take no part (the authors' grid never holds them); a prompt that ends on the
-question (PaliGemma's) counts its last word once, as the prompt's last position.
+question (PaliGemma's) counts its last word once, as the prompt's last position (a one-word question: answer token
+0's map is that position's own class's, as the authors' round 0 gives it over an empty question span).
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ def tam_values(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     # is the position that predicted answer token k, whose id it is compared by)
     text_rows = torch.tensor([*range(start, start + count), *range(prompt_tokens - 1, prompt_tokens + i)],
                              device=hidden.device)
-    # The authors' class of the question's first word: the head's prediction there, in the head's own precision
-    greedy = int(torch.nn.functional.linear(hidden[start], weight, bias).argmax())
+    # The authors' class of the question's first word: the head's prediction there, in the head's own precision;
+    # with no word before the prompt's last position (a one-word question that ends the prompt) their first map is
+    # that position's, of its own token's class
+    greedy = int(torch.nn.functional.linear(hidden[start], weight, bias).argmax()) if count else ids[prompt_tokens - 1]
 
     def context_class(j: int) -> int:
         if j == 0:
