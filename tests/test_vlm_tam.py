@@ -21,6 +21,8 @@ from test_vlm_answer import (  # noqa: E402,F401
     NEW_TOKENS,
     QUESTION,
     internvl_tiles,
+    llava_next,
+    noisy,
     picture,
     processor_inputs,
     saved_whole,
@@ -33,7 +35,8 @@ from vit.explain.language.vlm_tam import rank_gaussian_filter  # noqa: E402
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 TOL = 1e-5
-TAM_KINDS = ["llava", "qwen2_5_vl"]
+# Every family ``vit.ask_vlm`` answers for, one view each (the tiled ones below)
+TAM_KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "paligemma", "paligemma2"]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,16 @@ def reference_tam():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """``{kind: folder}``: LLaVA and Qwen2.5-VL (the authors' demo family) saved whole with their processors."""
-    return saved_whole(tmp_path_factory, TAM_KINDS)
+    """``{kind: folder}``: each family saved whole with its processor; Gemma 3's head untied from its embeddings
+    (tied, the tiny model repeats "assistant:" and that class's logit is negative on all four image tokens: every
+    map 0, nothing compared), as PaliGemma's builder unties Gemma's."""
+    built = saved_whole(tmp_path_factory, TAM_KINDS)
+    config = transformers.AutoConfig.from_pretrained(built["gemma3"])
+    config.tie_word_embeddings = config.text_config.tie_word_embeddings = False
+    torch.manual_seed(0)  # the head the checkpoint lacks is drawn afresh
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(built["gemma3"], config=config)
+    noisy(model).save_pretrained(built["gemma3"], max_shard_size="20KB")
+    return built
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +66,52 @@ def asked(folders):
             for kind, folder in folders.items()}
 
 
-def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int], list[np.ndarray], tuple]:
-    """The authors' way: ``(generated ids, [each round's map before the uint8 cast], vision_shape)``; ``eci``
-    False: their least-squares factor held at 0, the causal inference undone."""
+def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
+    """``(special_ids, vision_shape)`` as the authors' code passes them for this kind of model: the image tokens
+    between their start and end markers where the model has them (their Qwen demo: ``<|vision_start|>`` and
+    ``<|vision_end|>``; their InternVL demo: ``<img>`` and ``</img>``, ``vision_shape`` the pixel-shuffled grid;
+    Gemma 3 alike between ``<start_of_image>`` and ``<end_of_image>``), else every token of the image token's id
+    (their int form); the question from the image's end to the assistant's turn (PaliGemma, whose prompt has no
+    turn: to its last word, the prompt's last position their separate context entry), the answer after it. A tiled
+    image: one ``vision_shape`` per view (their form for several images), each view's tokens in the prompt's order."""
+    kind = config["model_type"]
+    assistant = [ids("assistant:")]
+    answer = {"answer_id": [assistant, -1]}
+    if kind in ("qwen2_5_vl", "qwen3_vl"):  # their Qwen demo's
+        start, end = ids("<|vision_start|>"), ids("<|vision_end|>")
+        _, h, w = inputs["image_grid_thw"][0].tolist()
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (h // 2, w // 2)
+    if kind == "internvl":  # their InternVL3 demo's, one view of (448 / 14 / 2)² there, (32 / 8 / 2)² here
+        start, end = ids("<img>"), ids("</img>")
+        side = config["vision_config"]["image_size"][0] // config["vision_config"]["patch_size"][0] // 2
+        views = inputs["pixel_values"].shape[0]
+        shape = (side, side) if views == 1 else ((side, side),) * views
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, shape
+    if kind == "gemma3":
+        start, end = ids("<start_of_image>"), ids("<end_of_image>")
+        side = int(config["mm_tokens_per_image"] ** 0.5)
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (side, side)
+    side = config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
+    if kind == "paligemma":  # image tokens, <bos>, the question: no turn after it
+        last = int(inputs["input_ids"][0, -1])
+        return {"img_id": [image], "prompt_id": [[ids("<bos>")], last], "answer_id": [[last], -1]}, (side, side)
+    if config.get("vision_feature_select_strategy") == "full":  # CLIP's CLS first: the tokens after the first
+        return {"img_id": [image, ids("what")], "prompt_id": [[image], assistant], **answer}, (side, side)
+    return {"img_id": [image], "prompt_id": [[image], assistant], **answer}, (side, side)
+
+
+def authors_maps(tam, folder, monkeypatch, eci: bool = True, shape: tuple | None = None, question: str = QUESTION
+                 ) -> tuple[list[int], list, tuple, list]:
+    """The authors' way: ``(generated ids, [each round's map before the uint8 cast], vision_shape, [each round's
+    values before the filter])``, a map and its values lists of each view's for a tiled image; ``eci`` False: their
+    least-squares factor held at 0, the causal inference undone; ``shape``: the ``vision_shape`` given instead;
+    ``question``: PaliGemma's (its prompt has no template)."""
     import json
 
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder).eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    inputs = processor_inputs(folder, picture())
+    inputs = processor_inputs(folder, picture(), None if question == QUESTION else processor.image_token + question)
     with torch.no_grad():
         outputs = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True,
                                  output_hidden_states=True, return_dict_in_generate=True)
@@ -71,45 +119,59 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True) -> tuple[list[int],
     tokens = outputs.sequences[0].tolist()
     prompt = inputs["input_ids"].shape[1]
     ids = processor.tokenizer.convert_tokens_to_ids
-    assistant = ids("assistant:")
+    special_ids, vision_shape = authors_form(config, model.config.image_token_id, inputs, ids)
+    vision_shape = shape or vision_shape
     # The authors' special ids locate by the last occurrence; the answer must not repeat them
-    assert assistant not in tokens[prompt:] and tokens.count(assistant) == 1
-    if config["model_type"] == "qwen2_5_vl":  # their demo's: between <|vision_start|> and <|vision_end|>
-        start, end = ids("<|vision_start|>"), ids("<|vision_end|>")
-        special_ids = {"img_id": [start, end], "prompt_id": [end, [assistant]], "answer_id": [[assistant], -1]}
-        t, h, w = inputs["image_grid_thw"][0].tolist()
-        vision_shape = (h // 2, w // 2)
-    else:  # LLaVA: every token of the image token's id (their int form), the question after the last one
-        image = model.config.image_token_id
-        special_ids = {"img_id": [image], "prompt_id": [[image], [assistant]], "answer_id": [[assistant], -1]}
-        side = inputs["pixel_values"].shape[-1] // config["vision_config"]["patch_size"]
-        vision_shape = (side, side)
-    caught = []
+    marker = special_ids["answer_id"][0]
+    assert [k for k in range(len(tokens)) if tokens[k:k + len(marker)] == marker] == [prompt - len(marker)]
+    views = len(vision_shape) if isinstance(vision_shape[0], tuple) else 1
+    image = [picture()] * views if views > 1 else picture()
+    caught, given = [], []
     filter_ = tam.rank_guassian_filter
-    monkeypatch.setattr(tam, "rank_guassian_filter", lambda img, k=3: caught.append(filter_(img, k)) or caught[-1])
+
+    def catching(img, k=3):
+        given.append(img.copy())
+        caught.append(filter_(img, k))
+        return caught[-1]
+
+    monkeypatch.setattr(tam, "rank_guassian_filter", catching)
     if not eci:
         monkeypatch.setattr(tam, "least_squares", lambda map1, map2: 0.0)
-    maps, records = [], []
+    maps, values, records = [], [], []
     for i in range(len(logits)):
         before = len(caught)
-        returned = tam.TAM(tokens, vision_shape, logits, special_ids, picture(), processor, "", i, records, True)
+        returned = tam.TAM(tokens, vision_shape, logits, special_ids, image, processor, "", i, records, True)
         # Round 0 maps every question word and returns the first's (their ``first_ori``); later rounds map one
-        np.testing.assert_array_equal(returned, (caught[before] * 255).astype("uint8"))
-        maps.append(caught[before])
+        if views == 1:
+            np.testing.assert_array_equal(returned, (caught[before] * 255).astype("uint8"))
+            maps.append(caught[before])
+            values.append(given[before])
+        else:
+            for v in range(views):
+                np.testing.assert_array_equal(returned[v], (caught[before + v] * 255).astype("uint8"))
+            maps.append(caught[before:before + views])
+            values.append(given[before:before + views])
     monkeypatch.undo()
-    return tokens[prompt:], maps, vision_shape
+    return tokens[prompt:], maps, vision_shape, values
 
 
 @pytest.mark.parametrize("kind", TAM_KINDS)
 def test_each_tokens_tam_is_the_authors(folders, asked, reference_tam, monkeypatch, kind):
     answer = asked[kind]
-    tokens, maps, shape = authors_maps(reference_tam, folders[kind], monkeypatch)
+    tokens, maps, shape, values = authors_maps(reference_tam, folders[kind], monkeypatch)
     assert list(answer.tokens) == tokens and len(maps) == NEW_TOKENS
+    lead = answer.layout.lead  # CLIP's CLS under "full": no place on the grid, 0 in ours, outside theirs
+    for i, before in enumerate(values):  # before the filter: the grid's tokens row-major, as theirs reshapes them
+        np.testing.assert_allclose(answer.image_tam(i), np.concatenate([np.zeros(lead), before.ravel()]), rtol=0,
+                                   atol=TOL * max(before.max(), 1e-3))
     unit = answer.layout.unit
+    # A 2 x 2 grid's round may leave nothing after the causal inference (the authors' map all 0): to the answer's peak
+    peak = max(m.max() for m in maps)
+    assert peak > 0
     for i, expected in enumerate(maps):
-        assert expected.shape == shape and expected.max() > 0
+        assert expected.shape == shape
         placed = np.repeat(np.repeat(expected, unit, axis=0), unit, axis=1)
-        np.testing.assert_allclose(answer.tam(i), placed, rtol=0, atol=TOL * expected.max())
+        np.testing.assert_allclose(answer.tam(i), placed, rtol=0, atol=TOL * max(expected.max(), peak))
 
 
 @pytest.mark.parametrize("kind", TAM_KINDS)
@@ -117,11 +179,25 @@ def test_the_causal_inference_step_changes_the_maps_it_is_checked_on(folders, as
                                                                        kind):
     """Without the estimated causal inference the authors' maps move far past the tolerance: the test above fails
     for a port that drops it."""
-    _, maps, _ = authors_maps(reference_tam, folders[kind], monkeypatch, eci=False)
+    _, maps, _, _ = authors_maps(reference_tam, folders[kind], monkeypatch, eci=False)
     answer = asked[kind]
     unit = answer.layout.unit
-    moved = [np.abs(answer.tam(i)[::unit, ::unit] - m).max() / m.max() for i, m in enumerate(maps) if i > 0]
+    moved = [np.abs(answer.tam(i)[::unit, ::unit] - m).max() / m.max() for i, m in enumerate(maps)
+             if i > 0 and m.max() > 0]
     assert max(moved) > 100 * TOL
+
+
+def test_a_one_word_question_that_ends_the_prompt_is_the_authors(folders, reference_tam, monkeypatch):
+    """PaliGemma asked one word: the question is the prompt's last position alone, no question word before it (the
+    authors' prompt span empty); answer token 0's map is that position's own class's, as their round 0 makes it."""
+    answer = vit.ask_vlm(vit.open_vlm(folders["paligemma"]), picture(), "dog", max_new_tokens=NEW_TOKENS)
+    tokens, maps, _, values = authors_maps(reference_tam, folders["paligemma"], monkeypatch, question="dog")
+    assert list(answer.tokens) == tokens
+    peak = max(m.max() for m in maps)
+    assert peak > 0
+    for i, (expected, before) in enumerate(zip(maps, values, strict=True)):
+        np.testing.assert_allclose(answer.image_tam(i), before.ravel(), rtol=0, atol=TOL * peak)
+        np.testing.assert_allclose(answer.tam(i), expected, rtol=0, atol=TOL * peak)
 
 
 def test_the_rank_gaussian_filter_is_the_authors(reference_tam):
@@ -166,16 +242,53 @@ def test_the_cost_counts_the_classes_rows_never_the_vocabulary_over_every_positi
     assert rows == 8 * (text.hidden + 16 + 40) * 4 + 10 ** 6 * 4  # one vocabulary row: the greedy class
 
 
-def test_a_tiled_images_tam_is_on_the_tiles_canvas_and_its_overview(internvl_tiles):  # noqa: F811
-    """The authors filter each image's own token grid and ask crops to be mapped to the image ("map crops to raw
-    size"): InternVL's tiles are filtered on their canvas, the thumbnail on its own grid, each unit's patches alike."""
-    from vit.explain.language.vlm_tam import token_canvas
+def test_internvls_tiles_tam_is_the_authors_per_view_filtered_on_the_canvas(internvl_tiles, reference_tam,  # noqa: F811
+                                                                            monkeypatch):
+    """The authors' code reads one view per image ("if you want to use dynamic reso, please map crops to raw size",
+    their InternVL demo, which resizes to one 448-px tile): their form for several images (one ``vision_shape`` per
+    view, normalised together, each filtered on its own grid) gives each tile's and the thumbnail's values. Ours:
+    those values (equal before the filter), the thumbnail filtered as theirs (the overview), the tiles placed on the
+    canvas where the processor cut them and filtered there, across the tiles' seams (the crops mapped to raw size)."""
+    from test_vlm_answer import where_tiles_are
 
-    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=3)
-    for overview in (False, True):
-        layout = answer.layout.view(overview)
-        index, unit = token_canvas(layout)
-        drawn = answer.tam(2, overview=overview)
-        assert drawn.shape == layout.grid == tuple(s * unit for s in index.shape)
-        assert (drawn == np.repeat(np.repeat(drawn[::unit, ::unit], unit, 0), unit, 1)).all()
-        assert np.isfinite(drawn).all() and 0 <= drawn.min() and drawn.max() <= 1
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    tokens, maps, shape, values = authors_maps(reference_tam, internvl_tiles, monkeypatch)
+    assert list(answer.tokens) == tokens and shape == ((2, 2),) * 7
+    places = where_tiles_are(internvl_tiles, picture())
+    peak = max(max(m.max() for m in views) for views in maps)
+    assert peak > 0
+    for i in range(NEW_TOKENS):
+        np.testing.assert_allclose(answer.image_tam(i), np.concatenate([v.ravel() for v in values[i]]), rtol=0,
+                                   atol=TOL * peak)
+        np.testing.assert_allclose(answer.tam(i, overview=True), np.repeat(np.repeat(maps[i][6], 2, 0), 2, 1),
+                                   rtol=0, atol=TOL * peak)
+        canvas = np.zeros((4, 6))
+        for k, (r, c) in enumerate(places):
+            canvas[2 * r:2 * r + 2, 2 * c:2 * c + 2] = values[i][k]
+        expected = reference_tam.rank_guassian_filter(canvas, 3)
+        np.testing.assert_allclose(answer.tam(i), np.repeat(np.repeat(expected, 2, 0), 2, 1), rtol=0,
+                                   atol=TOL * peak)
+    # Each tile filtered alone (their several-images form) is another map: the seams are smoothed across
+    alone = np.zeros((4, 6))
+    for k, (r, c) in enumerate(places):
+        alone[2 * r:2 * r + 2, 2 * c:2 * c + 2] = maps[1][k]
+    assert np.abs(answer.tam(1)[::2, ::2] - alone).max() > 100 * TOL * peak
+
+
+def test_llava_nexts_tam_is_the_authors_per_view_filtered_on_the_unpadded_canvas(llava_next, reference_tam,  # noqa: F811
+                                                                                monkeypatch):
+    """LLaVA-NeXT in the authors' form for several images: the base image's 4 x 4 tokens, then the crops' 8 rows of 10
+    patches each followed by its newline token (8 x 11, as the model packs them). Ours: the same values before the
+    filter, the base image's map theirs (the overview), the crops' filtered on the 8 x 10 canvas, the newline tokens
+    (no patch) left out of the filter's windows."""
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    tokens, maps, _, values = authors_maps(reference_tam, llava_next, monkeypatch, shape=((4, 4), (8, 11)))
+    assert list(answer.tokens) == tokens and answer.grid == (8, 10)
+    peak = max(max(m.max() for m in views) for views in maps)
+    assert peak > 0
+    for i in range(NEW_TOKENS):
+        np.testing.assert_allclose(answer.image_tam(i), np.concatenate([v.ravel() for v in values[i]]), rtol=0,
+                                   atol=TOL * peak)
+        np.testing.assert_allclose(answer.tam(i, overview=True), maps[i][0], rtol=0, atol=TOL * peak)
+        expected = reference_tam.rank_guassian_filter(values[i][1][:, :10].copy(), 3)
+        np.testing.assert_allclose(answer.tam(i), expected, rtol=0, atol=TOL * peak)

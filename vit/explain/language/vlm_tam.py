@@ -19,7 +19,11 @@ it). Differences, none reached by a map with a spread: a window of one positive 
 (theirs: NaN, from a zero width), no context token leaves the map as it is (theirs: an error), a map and text of one
 value are all zero (theirs: NaN); the least-squares factor is solved in closed form (theirs: Brent's search, to its
 tolerance); tokens are compared by id (theirs: by the tokenizer's pieces of the decoded text, the same where decoding
-round-trips); an image read as tiles is filtered on the tiles' canvas (the authors': "map crops to raw size").
+round-trips); an image read as tiles is filtered on the tiles' canvas (the authors': "map crops to raw size"; their
+form for several images filters each view alone), its values before the filter theirs; leading image tokens that
+cover no patch (CLIP's CLS) hold 0 and take no part (the authors' grid never holds them); a prompt that ends on the
+question (PaliGemma's) counts its last word once, as the prompt's last position (a one-word question: answer token
+0's map is that position's own class's, as the authors' round 0 gives it over an empty question span).
 """
 
 from __future__ import annotations
@@ -83,8 +87,10 @@ def tam_values(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     # is the position that predicted answer token k, whose id it is compared by)
     text_rows = torch.tensor([*range(start, start + count), *range(prompt_tokens - 1, prompt_tokens + i)],
                              device=hidden.device)
-    # The authors' class of the question's first word: the head's prediction there, in the head's own precision
-    greedy = int(torch.nn.functional.linear(hidden[start], weight, bias).argmax())
+    # The authors' class of the question's first word: the head's prediction there, in the head's own precision;
+    # with no word before the prompt's last position (a one-word question that ends the prompt) their first map is
+    # that position's, of its own token's class
+    greedy = int(torch.nn.functional.linear(hidden[start], weight, bias).argmax()) if count else ids[prompt_tokens - 1]
 
     def context_class(j: int) -> int:
         if j == 0:
@@ -133,7 +139,8 @@ def tam(vlm, prepared, answer: tuple[int, ...], i: int, layout) -> np.ndarray:
 
 def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     """(K,) float32: answer token ``i``'s TAM over the prompt's ``K`` image tokens (every view's), before the filter:
-    one forward, counted first (``vit.costs.plan.vlm_tam``)."""
+    one forward, counted first (``vit.costs.plan.vlm_tam``). Leading tokens that cover no patch (CLIP's CLS under
+    LLaVA's "full" strategy) hold 0 and take no part: the authors' function sees the grid's tokens alone."""
     from vit.costs.plan import decide, vlm_tam
     from vit.explain.language.vlm_relevance import _inputs
 
@@ -143,6 +150,9 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     if words is None:
         raise ValueError("TAM needs the question's words; this answer was asked without them")
     start, count = question_span(vlm.processor.tokenizer, ids[:prepared.prompt_tokens], int(positions.max()), words)
+    if start + count == prepared.prompt_tokens:  # the prompt ends on the question (PaliGemma's, no turn after it):
+        count -= 1  # its last word is the prompt's last position, one context entry, not two
+    lead = prepared.layout.lead  # tokens that cover no patch (CLIP's CLS): outside the map, its ECI and its scale
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
     decide(vlm_tam(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
@@ -153,8 +163,9 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
         inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v
                   for k, v in _inputs(vlm, prepared, answer, i).items()}
         hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
-        return tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens, positions.to(hidden.device),
-                          (start, count), i)
+        values = tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens,
+                            positions[lead:].to(hidden.device), (start, count), i)
+    return np.concatenate([np.zeros(lead, dtype=np.float32), values])
 
 
 def on_layout(values: np.ndarray, layout) -> np.ndarray:
