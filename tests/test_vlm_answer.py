@@ -114,6 +114,22 @@ def _build(kind: str):
                                                     num_additional_image_tokens=1,
                                                     chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaNextForConditionalGeneration(config), processor
+    if kind.startswith("llava_onevision"):  # NeXT's canvas over SigLIP (no CLS); "_2": shrunk past anyres_max_2
+        aspect = "anyres_max_2" if kind.endswith("_2") else "anyres_max_9"
+        words = tokenizer(["<image>", "<video>"])
+        tower = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+        config = transformers.LlavaOnevisionConfig(
+            vision_config=tower, text_config=dict(LLAMA, model_type="qwen2", vocab_size=len(words)),
+            image_token_id=words.convert_tokens_to_ids("<image>"),
+            video_token_id=words.convert_tokens_to_ids("<video>"),
+            image_grid_pinpoints=NEXT_PINPOINTS, vision_aspect_ratio=aspect, eos_token_id=1)
+        images = transformers.LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
+                                                           image_grid_pinpoints=NEXT_PINPOINTS)
+        processor = transformers.LlavaOnevisionProcessor(
+            image_processor=images, tokenizer=words, video_processor=transformers.LlavaOnevisionVideoProcessor(),
+            num_image_tokens=16, vision_feature_select_strategy="full", vision_aspect_ratio=aspect,
+            chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+        return transformers.LlavaOnevisionForConditionalGeneration(config), processor
     if kind.startswith("llava"):
         strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too
         words = tokenizer(["<image>"])
@@ -603,22 +619,34 @@ def llava_next(tmp_path_factory):
     return folder
 
 
-def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
-    """transformers alone: the canvas (row, column) of the patch each image token holds, as
-    ``LlavaNextModel.pack_image_features`` lays out the base image and the crops (None: the base image's tokens and
-    the newlines): each crop's features tagged with the canvas place of its patches (crops row-major on the canvas,
-    as the image processor cuts them), packed, and read back."""
-    model = transformers.LlavaNextForConditionalGeneration.from_pretrained(folder)
+def packed_tags(folder, inputs, column_major: bool = False) -> list[tuple[float, float] | None]:
+    """transformers alone: the canvas (row, column) of the patch each image token holds, as ``pack_image_features``
+    of ``LlavaNextModel`` or ``LlavaOnevisionModel`` lays out the base image and the crops (None: the base image's
+    tokens and the newlines): each crop's features tagged with the canvas place of its patches (crops row-major on
+    the canvas, as the image processor cuts them; ``column_major``: a wrong reading of them), packed, and read back
+    (OneVision's bilinear shrink interpolates the tags: a token's tag is the canvas place it samples)."""
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(folder)
     crops, side = inputs["pixel_values"].shape[1] - 1, 4
     rows, cols = 2, 3
     assert crops == rows * cols
     tags = torch.full((crops + 1, side * side, 2), -1.0)  # the base image's: (-1, -1)
     for k in range(crops):
+        row, col = (k % rows, k // rows) if column_major else (k // cols, k % cols)
         for p in range(side * side):
-            tags[k + 1, p] = torch.tensor([k // cols * side + p // side, k % cols * side + p % side], dtype=torch.float)
-    packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], "default",
-                                                image_newline=torch.full((2,), -2.0))
-    return [None if tag[0] < 0 else (int(tag[0]), int(tag[1])) for tag in packed[0]]
+            tags[k + 1, p] = torch.tensor([row * side + p // side, col * side + p % side], dtype=torch.float)
+    if config["model_type"] == "llava_onevision":
+        packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], torch.full((2,), -2.0),
+                                                    config["vision_aspect_ratio"])
+    else:
+        packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], "default",
+                                                    image_newline=torch.full((2,), -2.0))
+    return [None if tag[0] < 0 else (float(tag[0]), float(tag[1])) for tag in packed[0]]
+
+
+def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
+    """``packed_tags`` of LLaVA-NeXT, whose tags are whole patches."""
+    return [None if tag is None else (int(tag[0]), int(tag[1])) for tag in packed_tags(folder, inputs)]
 
 
 def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
@@ -649,6 +677,55 @@ def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
                                            by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
     row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
     assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches
+
+
+@pytest.fixture(scope="module", params=["llava_onevision", "llava_onevision_2"])
+def llava_onevision(request, tmp_path_factory):
+    """LLaVA-OneVision saved whole: NeXT's 2 x 3 crops of ``picture()``; "_2": its 8 x 10-patch unpadded canvas over
+    ``anyres_max_2`` (sqrt(80 / 32) > 1.1) shrunk to 5 x 6 tokens."""
+    return saved_whole(tmp_path_factory, [request.param])[request.param]
+
+
+def nearest_tokens(tags, top: int, left: int, grid: tuple[int, int], wrong=None) -> np.ndarray:
+    """(gh, gw): the image token whose packed tag is nearest each patch of the unpadded canvas (its first patch at
+    canvas row ``top``, column ``left``), asserted unambiguous."""
+    which = np.array([k for k, tag in enumerate(tags) if tag is not None])
+    places = np.array([tags[k] for k in which])  # (n, 2)
+    index = np.zeros(grid, dtype=np.int64)
+    for r in range(grid[0]):
+        for c in range(grid[1]):
+            distance = np.hypot(places[:, 0] - (top + r), places[:, 1] - (left + c))
+            order = np.argsort(distance, kind="stable")
+            assert wrong is not None or distance[order[1]] > distance[order[0]] + 1e-3
+            index[r, c] = which[order[0]]
+    return index
+
+
+def test_llava_onevisions_crops_are_placed_as_transformers_packs_them(llava_onevision):
+    """LLaVA-OneVision's image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
+    canvas unpadded (8 x 10 of 8 x 12), shrunk by bilinear interpolation past ``anyres_max_N`` (5 x 6 tokens under
+    anyres_max_2), each row followed by a newline token, as ``pack_image_features`` packs them: each patch holds the
+    token whose sample lies nearest it. Crops read column-major would be another map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(llava_onevision, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    tags = packed_tags(llava_onevision, inputs)
+    shrunk = llava_onevision.name.startswith("llava_onevision_2")
+    assert len(positions) == len(tags) == (16 + 5 * 7 if shrunk else 16 + 8 * 11) and answer.grid == (8, 10)
+    index = nearest_tokens(tags, 0, 1, (8, 10))  # the canvas's first column is padding, as NeXT's
+    wrong = nearest_tokens(packed_tags(llava_onevision, inputs, column_major=True), 0, 1, (8, 10), wrong=True)
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, K)
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                np.testing.assert_allclose(answer.attention(i, layer, head), row[index], rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    assert _differs(answer.attention(1, 0), row[wrong])
 
 
 def unnormalised(images, pixels: torch.Tensor) -> np.ndarray:

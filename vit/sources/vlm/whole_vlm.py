@@ -20,10 +20,10 @@ from vit.checkpoint import Checkpoint, CheckpointError
 from vit.sources.files import _one_line, read_json
 
 # model_type -> the architectures asked here: a generating model (a bare ...Model has no language-model head).
-# LLaVA-OneVision (its crops pooled past anyres_max) is not placed yet.
 ARCHITECTURES = {
     "llava": "LlavaForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "paligemma": "PaliGemmaForConditionalGeneration",
