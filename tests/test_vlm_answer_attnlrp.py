@@ -24,7 +24,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_vlm_answer import NEW_TOKENS, QUESTION, internvl_tiles, llava_next, picture, saved_whole  # noqa: E402,F401
+from test_vlm_answer import (  # noqa: E402,F401
+    NEW_TOKENS,
+    QUESTION,
+    internvl_tiles,
+    llava_next,
+    llava_onevision,
+    picture,
+    saved_whole,
+)
 
 import vit  # noqa: E402
 from tests.reference.lxt.gemma3 import gemma3_norm  # noqa: E402
@@ -201,6 +209,21 @@ def test_llava_nexts_attnlrp_is_placed_on_its_unpadded_canvas(llava_next, monkey
     canvas = tiles[1:].reshape(2, 3, 4, 4).permute(0, 2, 1, 3).reshape(8, 12)
     unpadded = unpad_image(canvas[None], torch.tensor([70, 90]))[0].numpy()  # picture() is 90 x 70 px
     assert answer.grid == unpadded.shape == (8, 10)  # two padding columns dropped
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), unpadded)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[0].numpy())
+
+
+def test_llava_onevisions_attnlrp_is_placed_on_its_unpadded_canvas(llava_onevision, monkeypatch):  # noqa: F811
+    """LLaVA-OneVision (SigLIP, Qwen2; shrunk past anyres_max_2 by bilinear interpolation too): its base image (the
+    overview) and its 2 x 3 crops' patch sums on the canvas ``unpad_image`` keeps, as NeXT's."""
+    from transformers.models.llava_next.modeling_llava_next import unpad_image
+
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    relevance = lxt_relevance(llava_onevision, list(answer.tokens), 2, monkeypatch)  # (1, 7, 3, 32, 32)
+    tiles = relevance[0].sum(1).reshape(-1, 4, 8, 4, 8).sum((2, 4))  # (7, 4, 4): the base image first
+    canvas = tiles[1:].reshape(2, 3, 4, 4).permute(0, 2, 1, 3).reshape(8, 12)
+    unpadded = unpad_image(canvas[None], torch.tensor([70, 90]))[0].numpy()  # picture() is 90 x 70 px
+    assert answer.grid == unpadded.shape == (8, 10)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), unpadded)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[0].numpy())
 

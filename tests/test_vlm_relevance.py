@@ -26,7 +26,10 @@ from test_vlm_answer import (  # noqa: E402,F401
     by_hand,
     internvl_tiles,
     llava_next,
+    llava_onevision,
+    nearest_tokens,
     packed_places,
+    packed_tags,
     picture,
     vlms,
     where_tiles_are,
@@ -174,4 +177,20 @@ def test_llava_nexts_relevance_is_placed_as_transformers_packs_the_crops(llava_n
             if place is not None:
                 expected[place[0], place[1] - 1] = value
         _close(ours, expected)
+    _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:16], (4, 4), 1, 0))
+
+
+def test_llava_onevisions_relevance_is_placed_as_transformers_packs_the_crops(llava_onevision):  # noqa: F811
+    """Gradient x attention over LLaVA-OneVision's base image and crops: each patch of the unpadded canvas holds the
+    token ``pack_image_features`` samples nearest it (``nearest_tokens``; shrunk past anyres_max_2 too), the base
+    image as the overview."""
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(llava_onevision)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    inputs = processor(images=[picture()], text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    index = nearest_tokens(packed_tags(llava_onevision, inputs), 0, 1, (8, 10))
+    cams, rolled, positions = reference(llava_onevision, list(answer.tokens), 3)
+    for values, ours in ((cams[1], answer.relevance(3, 1)), (rolled, answer.relevance(3))):
+        _close(ours, values[positions.numpy()][index])
     _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:16], (4, 4), 1, 0))
