@@ -21,6 +21,9 @@ from test_vlm_answer import (  # noqa: E402,F401
     NEW_TOKENS,
     QUESTION,
     internvl_tiles,
+    llava_onevision,
+    nearest_tokens,
+    packed_tags,
     picture,
     processor_inputs,
     saved_whole,
@@ -179,3 +182,20 @@ def test_a_tiled_images_tam_is_on_the_tiles_canvas_and_its_overview(internvl_til
         assert drawn.shape == layout.grid == tuple(s * unit for s in index.shape)
         assert (drawn == np.repeat(np.repeat(drawn[::unit, ::unit], unit, 0), unit, 1)).all()
         assert np.isfinite(drawn).all() and 0 <= drawn.min() and drawn.max() <= 1
+
+
+def test_llava_onevisions_tam_is_filtered_on_its_tokens_own_grid(llava_onevision):  # noqa: F811
+    """LLaVA-OneVision's canvas tokens (8 x 10, or 5 x 6 shrunk past anyres_max_2) are filtered on their own grid,
+    its newlines left out, and drawn on each patch of the unpadded canvas the token ``pack_image_features`` samples
+    nearest it covers; the base image's 4 x 4 as the overview."""
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), picture(), QUESTION, max_new_tokens=3)
+    inputs = processor_inputs(llava_onevision, picture())
+    index = nearest_tokens(packed_tags(llava_onevision, inputs), 0, 1, (8, 10))  # (8, 10) into the image tokens
+    values = answer.image_tam(2)
+    high = 5 if len(values) == 16 + 5 * 7 else 8
+    own = values[16:].reshape(high, -1)[:, :-1]  # each row's newline dropped
+    filtered = np.zeros(len(values), dtype=np.float32)
+    filtered[16:] = np.pad(rank_gaussian_filter(own), ((0, 0), (0, 1))).reshape(-1)
+    np.testing.assert_allclose(answer.tam(2), filtered[index], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(answer.tam(2, overview=True), rank_gaussian_filter(values[:16].reshape(4, 4)),
+                               rtol=0, atol=1e-6)
