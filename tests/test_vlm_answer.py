@@ -431,7 +431,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
-                                       r"model: llava, llava_next, qwen2_5_vl"):
+                                       r"model: llava, llava_next, llava_onevision, qwen2_5_vl"):
         vit.open_vlm(tmp_path)
 
 
