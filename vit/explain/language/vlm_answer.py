@@ -17,9 +17,9 @@ has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' 
 grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
 Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
 them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's and
-OneVision's unpadded crops and newline tokens, OneVision's shrunk past ``anyres_max``), its one view of the whole
-image (InternVL's thumbnail, NeXT's and OneVision's base image) as the overview. What this holds is counted before
-the work (``vit.costs.plan.vlm_answer``).
+OneVision's unpadded crops and newline tokens, OneVision's shrunk past ``anyres_max``, Gemma 3's pan-and-scan
+crops), its one view of the whole image (InternVL's thumbnail, NeXT's and OneVision's base image, Gemma 3's
+original image) as the overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
 """
 
 from __future__ import annotations
@@ -189,6 +189,26 @@ def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
                        rows * cols + 1, grid, overview, _canvas(seen, rows, cols))
 
 
+def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Gemma 3's pan-and-scan (``Gemma3ImageProcessor.pan_and_scan_batched``, ``do_pan_and_scan``): the whole image
+    resized to one view first (the overview, "the original image" of the prompt), then its crops, cut side by side
+    along the image's longer side (a wide image's in one row, a tall one's in one column, row-major) and each resized
+    to one view: each its own image of pooled tokens (``mm_tokens_per_image``), placed on the crops' canvas where
+    the processor cut it."""
+    crops = pixels.shape[0] - 1
+    rows, cols = (1, crops) if image.width >= image.height else (crops, 1)  # as pan_and_scan_batched cuts them
+    ph, pw = vlm.tower.model.config.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_view = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (crops + 1) * per_view, f"the original image and {crops} pan-and-scan crops of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    seen = seen_pixels(vlm, pixels)
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit), pixels=seen[0])
+    return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0,
+                       tile_index(rows, cols, grid, unit, per_view), crops + 1, grid, overview,
+                       _canvas(seen[1:], rows, cols))
+
+
 def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
     """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
     ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
@@ -266,6 +286,8 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
         pixels = inputs["pixel_values"]
         if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
             layout = _internvl_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
+            layout = _pan_and_scan(vlm, image, pixels, positions)
         elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in ("llava_next", "llava_onevision"):
             layout = _next_tiles(vlm, inputs, positions)
         elif pixels.dim() != 4 or pixels.shape[0] != 1:
