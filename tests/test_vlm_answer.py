@@ -38,6 +38,9 @@ CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, h
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
 NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeXT's canvases, (height, width) px
+# Gemma 3's pan-and-scan settings, saved in its image processor (which Gemma3Processor's own defaults override)
+PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_scan_max_num_crops=4,
+                    pan_and_scan_min_ratio_to_activate=1.2)
 KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma", "paligemma2", "internvl"]
 QUESTION = "what is this ?"
 
@@ -89,7 +92,9 @@ def _build(kind: str):
             tokenizer=words, video_processor=transformers.InternVLVideoProcessor(), image_seq_length=4,
             chat_template=TEMPLATE.replace("IMAGE", "<IMG_CONTEXT>"))
         return transformers.InternVLForConditionalGeneration(config), processor
-    if kind == "gemma3":  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
+    if kind.startswith("gemma3"):  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
+        # "_pas": pan-and-scan, a crop beside another along a long side, each its own image of 2 x 2 tokens
+        scan = PAN_AND_SCAN if kind == "gemma3_pas" else {}
         named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
         words = tokenizer([], named)
         ids = {name: words.convert_tokens_to_ids(token) for name, token in named.items()}
@@ -99,7 +104,8 @@ def _build(kind: str):
             text_config=text, mm_tokens_per_image=4, image_token_id=ids["image_token"],
             boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"], eos_token_id=1)
         processor = transformers.Gemma3Processor(
-            image_processor=transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=words,
+            image_processor=transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}, **scan),
+            tokenizer=words,
             image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<start_of_image>"))
         return transformers.Gemma3ForConditionalGeneration(config), processor
     if kind == "llava_next":  # a 4 x 4-patch base image, then 32-px crops of its canvas unpadded, newline tokens
@@ -114,6 +120,22 @@ def _build(kind: str):
                                                     num_additional_image_tokens=1,
                                                     chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaNextForConditionalGeneration(config), processor
+    if kind.startswith("llava_onevision"):  # NeXT's canvas over SigLIP (no CLS); "_2": shrunk past anyres_max_2
+        aspect = "anyres_max_2" if kind.endswith("_2") else "anyres_max_9"
+        words = tokenizer(["<image>", "<video>"])
+        tower = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+        config = transformers.LlavaOnevisionConfig(
+            vision_config=tower, text_config=dict(LLAMA, model_type="qwen2", vocab_size=len(words)),
+            image_token_id=words.convert_tokens_to_ids("<image>"),
+            video_token_id=words.convert_tokens_to_ids("<video>"),
+            image_grid_pinpoints=NEXT_PINPOINTS, vision_aspect_ratio=aspect, eos_token_id=1)
+        images = transformers.LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
+                                                           image_grid_pinpoints=NEXT_PINPOINTS)
+        processor = transformers.LlavaOnevisionProcessor(
+            image_processor=images, tokenizer=words, video_processor=transformers.LlavaOnevisionVideoProcessor(),
+            num_image_tokens=16, vision_feature_select_strategy="full", vision_aspect_ratio=aspect,
+            chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+        return transformers.LlavaOnevisionForConditionalGeneration(config), processor
     if kind.startswith("llava"):
         strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too
         words = tokenizer(["<image>"])
@@ -192,19 +214,19 @@ def picture(width: int = 90, height: int = 70) -> Image.Image:
     return Image.fromarray(np.random.default_rng(3).integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
-def eager_generate(folder, image: Image.Image, text: str | None = None):
+def eager_generate(folder, image: Image.Image, text: str | None = None, **images_kwargs):
     """transformers alone: the eager model and the processor from ``folder``, greedy ``generate`` with every step's
-    attentions, and the prompt's input ids."""
+    attentions, and the prompt's input ids (``images_kwargs``: the processor's, as its call takes them)."""
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
-    inputs = processor_inputs(folder, image, text)
+    inputs = processor_inputs(folder, image, text, **images_kwargs)
     with torch.no_grad():
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
     return out, inputs, model.config.image_token_id
 
 
-def processor_inputs(folder, image: Image.Image, text: str | None = None):
+def processor_inputs(folder, image: Image.Image, text: str | None = None, **images_kwargs):
     """transformers alone: the processor's inputs for ``image`` and the question through its chat template."""
     processor = transformers.AutoProcessor.from_pretrained(folder)
     if text is None and processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
@@ -212,7 +234,7 @@ def processor_inputs(folder, image: Image.Image, text: str | None = None):
     elif text is None:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    return processor(images=[image], text=text, return_tensors="pt")
+    return processor(images=[image], text=text, return_tensors="pt", **images_kwargs)
 
 
 def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.ndarray:
@@ -415,7 +437,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
-                                       r"model: llava, llava_next, qwen2_5_vl"):
+                                       r"model: llava, llava_next, llava_onevision, qwen2_5_vl"):
         vit.open_vlm(tmp_path)
 
 
@@ -603,22 +625,34 @@ def llava_next(tmp_path_factory):
     return folder
 
 
-def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
-    """transformers alone: the canvas (row, column) of the patch each image token holds, as
-    ``LlavaNextModel.pack_image_features`` lays out the base image and the crops (None: the base image's tokens and
-    the newlines): each crop's features tagged with the canvas place of its patches (crops row-major on the canvas,
-    as the image processor cuts them), packed, and read back."""
-    model = transformers.LlavaNextForConditionalGeneration.from_pretrained(folder)
+def packed_tags(folder, inputs, column_major: bool = False) -> list[tuple[float, float] | None]:
+    """transformers alone: the canvas (row, column) of the patch each image token holds, as ``pack_image_features``
+    of ``LlavaNextModel`` or ``LlavaOnevisionModel`` lays out the base image and the crops (None: the base image's
+    tokens and the newlines): each crop's features tagged with the canvas place of its patches (crops row-major on
+    the canvas, as the image processor cuts them; ``column_major``: a wrong reading of them), packed, and read back
+    (OneVision's bilinear shrink interpolates the tags: a token's tag is the canvas place it samples)."""
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(folder)
     crops, side = inputs["pixel_values"].shape[1] - 1, 4
     rows, cols = 2, 3
     assert crops == rows * cols
     tags = torch.full((crops + 1, side * side, 2), -1.0)  # the base image's: (-1, -1)
     for k in range(crops):
+        row, col = (k % rows, k // rows) if column_major else (k // cols, k % cols)
         for p in range(side * side):
-            tags[k + 1, p] = torch.tensor([k // cols * side + p // side, k % cols * side + p % side], dtype=torch.float)
-    packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], "default",
-                                                image_newline=torch.full((2,), -2.0))
-    return [None if tag[0] < 0 else (int(tag[0]), int(tag[1])) for tag in packed[0]]
+            tags[k + 1, p] = torch.tensor([row * side + p // side, col * side + p % side], dtype=torch.float)
+    if config["model_type"] == "llava_onevision":
+        packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], torch.full((2,), -2.0),
+                                                    config["vision_aspect_ratio"])
+    else:
+        packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], "default",
+                                                    image_newline=torch.full((2,), -2.0))
+    return [None if tag[0] < 0 else (float(tag[0]), float(tag[1])) for tag in packed[0]]
+
+
+def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
+    """``packed_tags`` of LLaVA-NeXT, whose tags are whole patches."""
+    return [None if tag is None else (int(tag[0]), int(tag[1])) for tag in packed_tags(folder, inputs)]
 
 
 def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
@@ -649,6 +683,118 @@ def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
                                            by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
     row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
     assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches
+
+
+@pytest.fixture(scope="module", params=["llava_onevision", "llava_onevision_2"])
+def llava_onevision(request, tmp_path_factory):
+    """LLaVA-OneVision saved whole: NeXT's 2 x 3 crops of ``picture()``; "_2": its 8 x 10-patch unpadded canvas over
+    ``anyres_max_2`` (sqrt(80 / 32) > 1.1) shrunk to 5 x 6 tokens."""
+    return saved_whole(tmp_path_factory, [request.param])[request.param]
+
+
+def nearest_tokens(tags, top: int, left: int, grid: tuple[int, int], wrong=None) -> np.ndarray:
+    """(gh, gw): the image token whose packed tag is nearest each patch of the unpadded canvas (its first patch at
+    canvas row ``top``, column ``left``), asserted unambiguous."""
+    which = np.array([k for k, tag in enumerate(tags) if tag is not None])
+    places = np.array([tags[k] for k in which])  # (n, 2)
+    index = np.zeros(grid, dtype=np.int64)
+    for r in range(grid[0]):
+        for c in range(grid[1]):
+            distance = np.hypot(places[:, 0] - (top + r), places[:, 1] - (left + c))
+            order = np.argsort(distance, kind="stable")
+            assert wrong is not None or distance[order[1]] > distance[order[0]] + 1e-3
+            index[r, c] = which[order[0]]
+    return index
+
+
+def test_llava_onevisions_crops_are_placed_as_transformers_packs_them(llava_onevision):
+    """LLaVA-OneVision's image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
+    canvas unpadded (8 x 10 of 8 x 12), shrunk by bilinear interpolation past ``anyres_max_N`` (5 x 6 tokens under
+    anyres_max_2), each row followed by a newline token, as ``pack_image_features`` packs them: each patch holds the
+    token whose sample lies nearest it. Crops read column-major would be another map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(llava_onevision, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    tags = packed_tags(llava_onevision, inputs)
+    shrunk = llava_onevision.name.startswith("llava_onevision_2")
+    assert len(positions) == len(tags) == (16 + 5 * 7 if shrunk else 16 + 8 * 11) and answer.grid == (8, 10)
+    index = nearest_tokens(tags, 0, 1, (8, 10))  # the canvas's first column is padding, as NeXT's
+    wrong = nearest_tokens(packed_tags(llava_onevision, inputs, column_major=True), 0, 1, (8, 10), wrong=True)
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, K)
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                np.testing.assert_allclose(answer.attention(i, layer, head), row[index], rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    assert _differs(answer.attention(1, 0), row[wrong])
+
+
+@pytest.fixture(scope="module")
+def gemma3_pas(tmp_path_factory):
+    """Gemma 3 saved whole, its processor's pan-and-scan on."""
+    return saved_whole(tmp_path_factory, ["gemma3_pas"])["gemma3_pas"]
+
+
+def where_crops_are(folder, image: Image.Image) -> list[tuple[int, int]]:
+    """transformers alone: the (top, left) pixel at which ``Gemma3ImageProcessor.pan_and_scan_batched`` cut each
+    crop, in the order it returns them (the order of ``pixel_values`` after the original image): an image of its
+    own pixel coordinates cut by it."""
+    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    r, c = torch.meshgrid(torch.arange(image.height), torch.arange(image.width), indexing="ij")
+    crops = images.pan_and_scan_batched(torch.stack([r, c])[None].float(), images.pan_and_scan_min_crop_size,
+                                        images.pan_and_scan_max_num_crops,
+                                        images.pan_and_scan_min_ratio_to_activate)
+    return [(int(crop[0, 0, 0, 0]), int(crop[0, 1, 0, 0])) for crop in crops]
+
+
+@pytest.mark.parametrize(("width", "height", "crops"), [(200, 60, 3), (60, 130, 2)])
+def test_gemma3s_pan_and_scan_crops_are_placed_where_the_processor_cut_them(gemma3_pas, width, height, crops):
+    """Gemma 3's pan-and-scan: the original image's 4 tokens first (the overview), then each crop's own 2 x 2 pooled
+    tokens, each crop on the canvas where ``pan_and_scan_batched`` cut it from the image (side by side along the
+    longer side, ``where_crops_are``), equal to transformers' eager rows. The crops in reverse would be another
+    map."""
+    image = picture(width, height)
+    answer = vit.ask_vlm(vit.open_vlm(gemma3_pas, pan_and_scan=True), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(gemma3_pas, image, **PAN_AND_SCAN)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    cuts = where_crops_are(gemma3_pas, image)
+    assert len(cuts) == crops and len(positions) == 4 * (crops + 1)
+    tops, lefts = sorted({t for t, _ in cuts}), sorted({left for _, left in cuts})
+    places = [(tops.index(t), lefts.index(left)) for t, left in cuts]  # each crop's (row, column) on the canvas
+    assert answer.grid == (8 * len(tops), 8 * len(lefts))
+
+    def expected(row: np.ndarray, order) -> np.ndarray:
+        canvas = np.zeros(answer.grid, dtype=np.float32)
+        for k, (r, c) in zip(order, places, strict=True):
+            canvas[8 * r:8 * r + 8, 8 * c:8 * c + 8] = by_hand(row[4 * (k + 1):4 * (k + 2)], (8, 8), 4, 0)
+        return canvas
+
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 4 x (crops + 1))
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                np.testing.assert_allclose(answer.attention(i, layer, head), expected(row, range(crops)),
+                                           rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[:4], (8, 8), 4, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    assert _differs(answer.attention(1, 0), expected(row, reversed(range(crops))))
+    images = transformers.AutoProcessor.from_pretrained(gemma3_pas).image_processor
+    np.testing.assert_array_equal(answer.layout.overview.pixels, unnormalised(images, inputs["pixel_values"][0]))
+
+
+def test_pan_and_scan_on_another_family_is_refused_in_one_line(llava_next):
+    from vit.sources.vlm.whole_vlm import VLMError
+
+    with pytest.raises(VLMError, match=r"^pan-and-scan is Gemma 3's processor's; .* is a llava_next model"):
+        vit.open_vlm(llava_next, pan_and_scan=True)
 
 
 def unnormalised(images, pixels: torch.Tensor) -> np.ndarray:

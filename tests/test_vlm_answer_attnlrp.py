@@ -24,7 +24,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_vlm_answer import NEW_TOKENS, QUESTION, internvl_tiles, llava_next, picture, saved_whole  # noqa: E402,F401
+from test_vlm_answer import (  # noqa: E402,F401
+    NEW_TOKENS,
+    PAN_AND_SCAN,
+    QUESTION,
+    gemma3_pas,
+    internvl_tiles,
+    llava_next,
+    llava_onevision,
+    picture,
+    saved_whole,
+)
 
 import vit  # noqa: E402
 from tests.reference.lxt.gemma3 import gemma3_norm  # noqa: E402
@@ -61,7 +71,7 @@ def _eager(folder):
     return model.eval(), transformers.AutoProcessor.from_pretrained(folder)
 
 
-def _inputs(model, processor, tokens: list[int], i: int) -> dict:
+def _inputs(model, processor, tokens: list[int], i: int, image=None, **images_kwargs) -> dict:
     """The processor's inputs for ``picture()`` and the question, the answer's first ``i`` tokens appended and the
     rest extended as ``generate`` extends them (``test_vlm_relevance.reference``'s)."""
     if processor.chat_template is None:
@@ -69,7 +79,7 @@ def _inputs(model, processor, tokens: list[int], i: int) -> dict:
     else:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = dict(processor(images=[picture()], text=text, return_tensors="pt"))
+    inputs = dict(processor(images=[image or picture()], text=text, return_tensors="pt", **images_kwargs))
     inputs.pop("labels", None)
     new = torch.tensor([tokens[:i]], dtype=torch.long)
     inputs["input_ids"] = torch.cat([inputs["input_ids"], new], -1)
@@ -118,11 +128,13 @@ def _patch_lxt(m, model, drop: str | None = None) -> None:
             m.setattr(modeling, "eager_attention_forward", wrap_attention_forward(modeling.eager_attention_forward))
 
 
-def lxt_relevance(folder, tokens: list[int], i: int, monkeypatch, drop: str | None = None) -> torch.Tensor:
+def lxt_relevance(folder, tokens: list[int], i: int, monkeypatch, drop: str | None = None, image=None,
+                  **images_kwargs) -> torch.Tensor:
     """lxt's AttnLRP of answer token ``i``'s logit on transformers' eager model: input x gradient at
-    ``pixel_values`` (their shape)."""
+    ``pixel_values`` (their shape); ``image`` (``picture()``) and the processor's ``images_kwargs`` as ``_inputs``
+    takes them."""
     model, processor = _eager(folder)
-    inputs = _inputs(model, processor, tokens, i)
+    inputs = _inputs(model, processor, tokens, i, image, **images_kwargs)
     x = inputs["pixel_values"].clone().requires_grad_(True)
     inputs["pixel_values"] = x
     with monkeypatch.context() as m, torch.enable_grad():
@@ -203,6 +215,40 @@ def test_llava_nexts_attnlrp_is_placed_on_its_unpadded_canvas(llava_next, monkey
     assert answer.grid == unpadded.shape == (8, 10)  # two padding columns dropped
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), unpadded)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[0].numpy())
+
+
+def test_llava_onevisions_attnlrp_is_placed_on_its_unpadded_canvas(llava_onevision, monkeypatch):  # noqa: F811
+    """LLaVA-OneVision (SigLIP, Qwen2; shrunk past anyres_max_2 by bilinear interpolation too): its base image (the
+    overview) and its 2 x 3 crops' patch sums on the canvas ``unpad_image`` keeps, as NeXT's."""
+    from transformers.models.llava_next.modeling_llava_next import unpad_image
+
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    relevance = lxt_relevance(llava_onevision, list(answer.tokens), 2, monkeypatch)  # (1, 7, 3, 32, 32)
+    tiles = relevance[0].sum(1).reshape(-1, 4, 8, 4, 8).sum((2, 4))  # (7, 4, 4): the base image first
+    canvas = tiles[1:].reshape(2, 3, 4, 4).permute(0, 2, 1, 3).reshape(8, 12)
+    unpadded = unpad_image(canvas[None], torch.tensor([70, 90]))[0].numpy()  # picture() is 90 x 70 px
+    assert answer.grid == unpadded.shape == (8, 10)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), unpadded)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[0].numpy())
+
+
+def test_gemma3s_pan_and_scan_attnlrp_is_placed_where_the_processor_cut_the_crops(gemma3_pas, monkeypatch):  # noqa: F811
+    """Gemma 3's pan-and-scan: the original image first (the overview), then its 3 crops of a 200 x 60 image side by
+    side, each crop's patch sums on the canvas where ``pan_and_scan_batched`` cut it."""
+    from test_vlm_answer import where_crops_are
+
+    image = picture(200, 60)
+    answer = vit.ask_vlm(vit.open_vlm(gemma3_pas, pan_and_scan=True), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    relevance = lxt_relevance(gemma3_pas, list(answer.tokens), 2, monkeypatch, image=image, **PAN_AND_SCAN)
+    tiles = relevance.sum(1).reshape(-1, 8, 8, 8, 8).sum((2, 4)).numpy()  # (4, 8, 8): the original first
+    lefts = [left for _, left in where_crops_are(gemma3_pas, image)]
+    canvas = np.zeros((8, 24), dtype=np.float32)
+    for tile, left in zip(tiles[1:], lefts, strict=True):
+        c = sorted(lefts).index(left)
+        canvas[:, 8 * c:8 * c + 8] = tile
+    assert answer.grid == (8, 24)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), canvas)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[0])
 
 
 def test_attnlrp_is_counted_before_any_forward(asked, monkeypatch):

@@ -22,11 +22,16 @@ from test_vlm_answer import (  # noqa: E402,F401
     KINDS,
     LAYOUT,
     NEW_TOKENS,
+    PAN_AND_SCAN,
     QUESTION,
     by_hand,
+    gemma3_pas,
     internvl_tiles,
     llava_next,
+    llava_onevision,
+    nearest_tokens,
     packed_places,
+    packed_tags,
     picture,
     vlms,
     where_tiles_are,
@@ -47,9 +52,11 @@ def asked(vlms):  # noqa: F811
             for kind, folder in vlms.items()}
 
 
-def reference(folder, tokens: list[int], i: int) -> tuple[list[np.ndarray], np.ndarray, torch.Tensor]:
+def reference(folder, tokens: list[int], i: int, image=None,
+              **images_kwargs) -> tuple[list[np.ndarray], np.ndarray, torch.Tensor]:
     """transformers alone: ``([cam_l[q] for each layer], R[q], image positions)`` for answer token ``i``, q the last
-    position of the prompt followed by the answer's first ``i`` tokens (extended as ``generate`` extends them)."""
+    position of the prompt followed by the answer's first ``i`` tokens (extended as ``generate`` extends them);
+    ``image``: ``picture()`` unless given, through the processor with its ``images_kwargs``."""
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
     processor = transformers.AutoProcessor.from_pretrained(folder)
@@ -58,7 +65,7 @@ def reference(folder, tokens: list[int], i: int) -> tuple[list[np.ndarray], np.n
     else:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = dict(processor(images=[picture()], text=text, return_tensors="pt"))
+    inputs = dict(processor(images=[image or picture()], text=text, return_tensors="pt", **images_kwargs))
     inputs.pop("labels", None)  # PaliGemma's processor's, for a loss
     positions = (inputs["input_ids"][0] == model.config.image_token_id).nonzero()[:, 0]
     new = torch.tensor([tokens[:i]], dtype=torch.long)
@@ -175,3 +182,39 @@ def test_llava_nexts_relevance_is_placed_as_transformers_packs_the_crops(llava_n
                 expected[place[0], place[1] - 1] = value
         _close(ours, expected)
     _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:16], (4, 4), 1, 0))
+
+
+def test_llava_onevisions_relevance_is_placed_as_transformers_packs_the_crops(llava_onevision):  # noqa: F811
+    """Gradient x attention over LLaVA-OneVision's base image and crops: each patch of the unpadded canvas holds the
+    token ``pack_image_features`` samples nearest it (``nearest_tokens``; shrunk past anyres_max_2 too), the base
+    image as the overview."""
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(llava_onevision)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    inputs = processor(images=[picture()], text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    index = nearest_tokens(packed_tags(llava_onevision, inputs), 0, 1, (8, 10))
+    cams, rolled, positions = reference(llava_onevision, list(answer.tokens), 3)
+    for values, ours in ((cams[1], answer.relevance(3, 1)), (rolled, answer.relevance(3))):
+        _close(ours, values[positions.numpy()][index])
+    _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:16], (4, 4), 1, 0))
+
+
+def test_gemma3s_pan_and_scan_relevance_is_placed_where_the_processor_cut_the_crops(gemma3_pas):  # noqa: F811
+    """Gradient x attention over Gemma 3's original image (the overview) and its 3 pan-and-scan crops side by side,
+    each crop's 2 x 2 pooled tokens where ``pan_and_scan_batched`` cut it."""
+    from test_vlm_answer import where_crops_are
+
+    image = picture(200, 60)
+    answer = vit.ask_vlm(vit.open_vlm(gemma3_pas, pan_and_scan=True), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    cams, rolled, positions = reference(gemma3_pas, list(answer.tokens), 3, image, **PAN_AND_SCAN)
+    lefts = [left for _, left in where_crops_are(gemma3_pas, image)]
+    assert answer.grid == (8, 24) and len(positions) == 16
+    for values, ours in ((cams[1], answer.relevance(3, 1)), (rolled, answer.relevance(3))):
+        row = values[positions.numpy()]
+        expected = np.zeros((8, 24), dtype=np.float32)
+        for k, left in enumerate(lefts):
+            c = sorted(lefts).index(left)
+            expected[:, 8 * c:8 * c + 8] = by_hand(row[4 * (k + 1):4 * (k + 2)], (8, 8), 4, 0)
+        _close(ours, expected)
+    _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:4], (8, 8), 4, 0))

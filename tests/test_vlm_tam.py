@@ -22,7 +22,10 @@ from test_vlm_answer import (  # noqa: E402,F401
     QUESTION,
     internvl_tiles,
     llava_next,
+    llava_onevision,
+    nearest_tokens,
     noisy,
+    packed_tags,
     picture,
     processor_inputs,
     saved_whole,
@@ -292,3 +295,20 @@ def test_llava_nexts_tam_is_the_authors_per_view_filtered_on_the_unpadded_canvas
         np.testing.assert_allclose(answer.tam(i, overview=True), maps[i][0], rtol=0, atol=TOL * peak)
         expected = reference_tam.rank_guassian_filter(values[i][1][:, :10].copy(), 3)
         np.testing.assert_allclose(answer.tam(i), expected, rtol=0, atol=TOL * peak)
+
+
+def test_llava_onevisions_tam_is_filtered_on_its_tokens_own_grid(llava_onevision):  # noqa: F811
+    """LLaVA-OneVision's canvas tokens (8 x 10, or 5 x 6 shrunk past anyres_max_2) are filtered on their own grid,
+    its newlines left out, and drawn on each patch of the unpadded canvas the token ``pack_image_features`` samples
+    nearest it covers; the base image's 4 x 4 as the overview."""
+    answer = vit.ask_vlm(vit.open_vlm(llava_onevision), picture(), QUESTION, max_new_tokens=3)
+    inputs = processor_inputs(llava_onevision, picture())
+    index = nearest_tokens(packed_tags(llava_onevision, inputs), 0, 1, (8, 10))  # (8, 10) into the image tokens
+    values = answer.image_tam(2)
+    high = 5 if len(values) == 16 + 5 * 7 else 8
+    own = values[16:].reshape(high, -1)[:, :-1]  # each row's newline dropped
+    filtered = np.zeros(len(values), dtype=np.float32)
+    filtered[16:] = np.pad(rank_gaussian_filter(own), ((0, 0), (0, 1))).reshape(-1)
+    np.testing.assert_allclose(answer.tam(2), filtered[index], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(answer.tam(2, overview=True), rank_gaussian_filter(values[:16].reshape(4, 4)),
+                               rtol=0, atol=1e-6)

@@ -989,13 +989,16 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     return shown
 
 
-def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device | None = None):
+def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device | None = None, *,
+             pan_and_scan: bool = False):
     """A vision-language model opened whole from its folder (or ``vit.load``'s checkpoint of its tower) to ask it
     questions (``ask_vlm``): transformers' own model class and processor, offline, no remote code. Open it once and
-    ask it many times; VLMError (one line) for a folder that cannot be."""
+    ask it many times; VLMError (one line) for a folder that cannot be. ``pan_and_scan``: Gemma 3's processor cuts
+    a long image into crops, each its own image beside the whole one (its maps on the crops' canvas, the whole as
+    the overview); VLMError for another family."""
     from vit.sources.vlm.whole_vlm import open_whole_vlm
 
-    return open_whole_vlm(model, device)
+    return open_whole_vlm(model, device, pan_and_scan)
 
 
 def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str | None = None,

@@ -98,7 +98,7 @@ def colours(method: str, map2d: np.ndarray, colormap: str) -> tuple[str, float |
 
 
 def tiled(answer: VLMAnswer) -> bool:
-    """Whether the processor cut the image into tiles beside an overview (InternVL, LLaVA-NeXT)."""
+    """Whether the processor cut the image into tiles beside an overview (InternVL, LLaVA-NeXT, LLaVA-OneVision)."""
     return answer.layout.overview is not None
 
 

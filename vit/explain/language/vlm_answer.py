@@ -16,9 +16,10 @@ No layer's ``T x T`` attention is ever held. A row is computed when asked, from 
 has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' share is placed on the tower's patch
 grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
 Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
-them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded
-crops and newline tokens), its one view of the whole image (InternVL's thumbnail, NeXT's base image) as the
-overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's and
+OneVision's unpadded crops and newline tokens, OneVision's shrunk past ``anyres_max``, Gemma 3's pan-and-scan
+crops), its one view of the whole image (InternVL's thumbnail, NeXT's and OneVision's base image, Gemma 3's
+original image) as the overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
 """
 
 from __future__ import annotations
@@ -188,15 +189,37 @@ def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
                        rows * cols + 1, grid, overview, _canvas(seen, rows, cols))
 
 
+def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Gemma 3's pan-and-scan (``Gemma3ImageProcessor.pan_and_scan_batched``, ``do_pan_and_scan``): the whole image
+    resized to one view first (the overview, "the original image" of the prompt), then its crops, cut side by side
+    along the image's longer side (a wide image's in one row, a tall one's in one column, row-major) and each resized
+    to one view: each its own image of pooled tokens (``mm_tokens_per_image``), placed on the crops' canvas where
+    the processor cut it."""
+    crops = pixels.shape[0] - 1
+    rows, cols = (1, crops) if image.width >= image.height else (crops, 1)  # as pan_and_scan_batched cuts them
+    ph, pw = vlm.tower.model.config.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_view = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (crops + 1) * per_view, f"the original image and {crops} pan-and-scan crops of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    seen = seen_pixels(vlm, pixels)
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit), pixels=seen[0])
+    return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0,
+                       tile_index(rows, cols, grid, unit, per_view), crops + 1, grid, overview,
+                       _canvas(seen[1:], rows, cols))
+
+
 def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
-    """LLaVA-NeXT's anyres image (``LlavaNextModel.pack_image_features``): the base image's patches first (the
-    overview), then the crops of the canvas ``select_best_resolution`` chose, each on the tower's grid, laid out
-    row-major on the canvas, its padding rows or columns dropped (``unpad_image``: the canvas kept the image's aspect)
-    and a newline token after each row of it, which covers no patch."""
+    """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
+    ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
+    ``select_best_resolution`` chose, each on the tower's grid, laid out row-major on the canvas, its padding rows or
+    columns dropped (``unpad_image``: the canvas kept the image's aspect) and a newline token after each row of it,
+    which covers no patch. OneVision shrinks a canvas of more than ``anyres_max_N`` base images' patches (ratio over
+    1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre."""
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
     config = vlm.model.config
-    if config.vision_feature_select_strategy != "default":
+    if vlm.model_type == "llava_next" and config.vision_feature_select_strategy != "default":
         raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
                          "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
     side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
@@ -206,16 +229,39 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
     kept_rows = unpad_image(torch.arange(rows * side).view(1, -1, 1).expand(1, -1, cols * side), size)[0, :, 0]
     kept_cols = unpad_image(torch.arange(cols * side).view(1, 1, -1).expand(1, rows * side, -1), size)[0, 0, :]
     height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
-    r, c = torch.arange(height)[:, None], torch.arange(width)[None, :]
-    index = side * side + r * (width + 1) + c  # after the base image, each row followed by its newline
+    token_rows, token_cols = torch.arange(height), torch.arange(width)  # the token row (column) over each patch's
+    if vlm.model_type == "llava_onevision":
+        token_rows, token_cols = _downsampled(height, width, side, config.vision_aspect_ratio)
+    tokens_high, tokens_wide = int(token_rows[-1]) + 1, int(token_cols[-1]) + 1
+    # after the base image, each row of tokens followed by its newline
+    index = side * side + token_rows[:, None] * (tokens_wide + 1) + token_cols[None, :]
     seen = seen_pixels(vlm, inputs["pixel_values"][0, :rows * cols + 1])
     patch = config.vision_config.patch_size
     top, left = int(kept_rows[0]) * patch, int(kept_cols[0]) * patch
     canvas = _canvas(seen[1:], rows, cols)[top:top + height * patch, left:left + width * patch]
     overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1), pixels=seen[0])
-    _check_count(positions, side * side + height * (width + 1), f"a {side}x{side}-patch base image and a "
-                 f"{height}x{width}-patch canvas of {rows}x{cols} crops with a newline per row")
+    _check_count(positions, side * side + tokens_high * (tokens_wide + 1), f"a {side}x{side}-patch base image and "
+                 f"a {tokens_high}x{tokens_wide}-token canvas of {rows}x{cols} crops with a newline per row")
     return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview, canvas)
+
+
+def _downsampled(height: int, width: int, side: int, aspect: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaVA-OneVision's ``anyres_max_N`` (``LlavaOnevisionModel.pack_image_features``): an unpadded canvas of
+    ``height x width`` patches over ``N`` base images' (``side x side`` each) by a ratio over 1.1 is resized to
+    ``int(height // ratio) x int(width // ratio)`` tokens by bilinear interpolation (align_corners False): token ``j``
+    samples the canvas at ``(j + 0.5) * scale - 0.5``, ``scale = height / tokens``, so patch ``r`` is nearest token
+    ``floor((r + 0.5) / scale)``. ``(token row of each patch row, token column of each patch column)``."""
+    import math
+
+    # transformers reads N with str.strip("anyres_max_"), which strips those characters from both ends
+    most = int(str(aspect).strip("anyres_max_"))  # noqa: B005
+    ratio = math.sqrt(height * width / (most * side ** 2))
+    if ratio <= 1.1:
+        return torch.arange(height), torch.arange(width)
+    high, wide = int(height // ratio), int(width // ratio)
+    rows = ((torch.arange(height) + 0.5) * high / height).floor().long().clamp(max=high - 1)
+    cols = ((torch.arange(width) + 0.5) * wide / width).floor().long().clamp(max=wide - 1)
+    return rows, cols
 
 
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
@@ -240,7 +286,9 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
         pixels = inputs["pixel_values"]
         if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
             layout = _internvl_tiles(vlm, image, pixels, positions)
-        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type == "llava_next":
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
+            layout = _pan_and_scan(vlm, image, pixels, positions)
+        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in ("llava_next", "llava_onevision"):
             layout = _next_tiles(vlm, inputs, positions)
         elif pixels.dim() != 4 or pixels.shape[0] != 1:
             raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "

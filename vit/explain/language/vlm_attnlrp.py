@@ -155,7 +155,8 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     """The input x gradient of ``prepared``'s ``pixel_values`` (their shape) summed over the channels and each patch,
     on the answer's patch grid as the other maps are placed: Qwen-VL's flattened patches (merge unit after merge
     unit, each unit's patches row-major) row-major; InternVL's crops on their canvas, its thumbnail (the last tile)
-    as the overview; LLaVA-NeXT's crops on their canvas unpadded, its base image (the first) as the overview."""
+    as the overview; Gemma 3's pan-and-scan crops on theirs, its original image (the first) as the overview;
+    LLaVA-NeXT's and OneVision's crops on their canvas unpadded, the base image (the first) as the overview."""
     layout = prepared.layout
     if relevance.dim() == 2:  # Qwen-VL: (gh * gw, C x frames x patch x patch) in merge-unit order
         (gh, gw), m = layout.grid, layout.unit
@@ -163,12 +164,14 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     if layout.overview is None:
         return _patch_sums(relevance.reshape(1, *relevance.shape[-3:]), layout.grid)[0]
     vh, vw = layout.view_grid
-    if vlm.model_type == "internvl":
-        tiles = _patch_sums(relevance, (vh, vw))  # (rows x cols + 1, vh, vw), the thumbnail last
+    if vlm.model_type in ("internvl", "gemma3"):
+        # (rows x cols + 1, vh, vw): InternVL's thumbnail last, Gemma 3's original image first
+        tiles = _patch_sums(relevance, (vh, vw))
+        whole, crops = (tiles[-1], tiles[:-1]) if vlm.model_type == "internvl" else (tiles[0], tiles[1:])
         if overview:
-            return tiles[-1]
+            return whole
         rows, cols = layout.grid[0] // vh, layout.grid[1] // vw
-        return tiles[:rows * cols].reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
+        return crops.reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
 
     config = vlm.model.config

@@ -20,10 +20,11 @@ it). Differences, none reached by a map with a spread: a window of one positive 
 value are all zero (theirs: NaN); the least-squares factor is solved in closed form (theirs: Brent's search, to its
 tolerance); tokens are compared by id (theirs: by the tokenizer's pieces of the decoded text, the same where decoding
 round-trips); an image read as tiles is filtered on the tiles' canvas (the authors': "map crops to raw size"; their
-form for several images filters each view alone), its values before the filter theirs; leading image tokens that
-cover no patch (CLIP's CLS) hold 0 and take no part (the authors' grid never holds them); a prompt that ends on the
-question (PaliGemma's) counts its last word once, as the prompt's last position (a one-word question: answer token
-0's map is that position's own class's, as the authors' round 0 gives it over an empty question span).
+form for several images filters each view alone), its values before the filter theirs, and a canvas whose tokens
+were shrunk (LLaVA-OneVision past ``anyres_max``) on the shrunk tokens' grid; leading image tokens that cover no patch
+(CLIP's CLS) hold 0 and take no part (the authors' grid never holds them); a prompt that ends on the question
+(PaliGemma's) counts its last word once, as the prompt's last position (a one-word question: answer token 0's map is
+that position's own class's, as the authors' round 0 gives it over an empty question span).
 """
 
 from __future__ import annotations
@@ -170,7 +171,16 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
 
 def on_layout(values: np.ndarray, layout) -> np.ndarray:
     """(K,) TAM values of the image tokens -> (gh, gw) on ``layout``'s patch grid: the rank Gaussian filter over the
-    image tokens' own grid (a tiled image's canvas, or its overview's view), each patch its image token's value."""
+    image tokens' own grid (a tiled image's canvas, or its overview's view), each patch its image token's value. A
+    token over several rows or columns of units (LLaVA-OneVision's canvas shrunk past ``anyres_max``) is one place of
+    that grid: runs of equal rows and columns are filtered once."""
     index, unit = token_canvas(layout)
-    grid = rank_gaussian_filter(values[index.numpy()])  # (h, w) on the image tokens' own grid
+    # the first unit row (column) of each run of equal ones, and the run each row (column) falls in
+    new_row = torch.ones(index.shape[0], dtype=torch.bool)
+    new_row[1:] = (index[1:] != index[:-1]).any(1)
+    new_col = torch.ones(index.shape[1], dtype=torch.bool)
+    new_col[1:] = (index[:, 1:] != index[:, :-1]).any(0)
+    own = index[new_row][:, new_col]  # (h, w) the image tokens' own grid
+    grid = rank_gaussian_filter(values[own.numpy()])
+    grid = grid[(new_row.cumsum(0) - 1).numpy()][:, (new_col.cumsum(0) - 1).numpy()]
     return np.repeat(np.repeat(grid, unit, axis=0), unit, axis=1)

@@ -20,10 +20,10 @@ from vit.checkpoint import Checkpoint, CheckpointError
 from vit.sources.files import _one_line, read_json
 
 # model_type -> the architectures asked here: a generating model (a bare ...Model has no language-model head).
-# LLaVA-OneVision (its crops pooled past anyres_max) is not placed yet.
 ARCHITECTURES = {
     "llava": "LlavaForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "paligemma": "PaliGemmaForConditionalGeneration",
@@ -103,11 +103,15 @@ def can_answer(source: str | os.PathLike | Checkpoint) -> bool:
     return True
 
 
-def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | torch.device | None = None) -> VLM:
+def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | torch.device | None = None,
+                   pan_and_scan: bool = False) -> VLM:
     """The whole VLM in ``source`` (its folder, or ``vit.load``'s checkpoint of its tower): transformers' model
-    class for its architecture from the folder's weights and its processor, offline and without remote code. VLMError
+    class for its architecture from the folder's weights and its processor, offline and without remote code.
+    ``pan_and_scan``: Gemma 3's processor cuts a long image into crops beside the whole (``_pan_and_scan``). VLMError
     (one line) for a folder that is not one of ``ARCHITECTURES`` or lacks a file."""
     if isinstance(source, VLM):
+        if pan_and_scan:
+            _pan_and_scan(source)
         return source
     folder = folder_of(source)
     model_type, architecture = architecture_of(folder)
@@ -130,4 +134,24 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
                        "(processor.save_pretrained) into the folder")
     model = model.to(device or "cpu").eval()
-    return VLM(folder, model_type, model, processor, tower)
+    vlm = VLM(folder, model_type, model, processor, tower)
+    if pan_and_scan:
+        _pan_and_scan(vlm)
+    return vlm
+
+
+# The pan-and-scan settings Gemma 3's processor reads at each call (Gemma3Processor.images_kwargs)
+PAN_AND_SCAN = ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
+
+
+def _pan_and_scan(vlm: VLM) -> None:
+    """Turn on Gemma 3's pan-and-scan in ``vlm``'s processor: transformers' Gemma3Processor passes its own
+    ``images_kwargs`` (pan-and-scan off, 256-px crops at least) to the image processor at each call, over the image
+    processor's saved settings; here ``do_pan_and_scan`` and the image processor's own settings where it saved any
+    (a checkpoint's are null: the processor's defaults stay). VLMError (one line) for another family."""
+    if vlm.model_type != "gemma3":
+        raise VLMError(f"pan-and-scan is Gemma 3's processor's; {vlm.folder} is a {vlm.model_type} model, ask it "
+                       "without pan_and_scan")
+    images = vlm.processor.image_processor
+    saved = {key: getattr(images, key) for key in PAN_AND_SCAN if getattr(images, key, None) is not None}
+    vlm.processor.images_kwargs = {**vlm.processor.images_kwargs, **saved, "do_pan_and_scan": True}
