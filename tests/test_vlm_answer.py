@@ -790,6 +790,32 @@ def test_gemma3s_pan_and_scan_crops_are_placed_where_the_processor_cut_them(gemm
     np.testing.assert_array_equal(answer.layout.overview.pixels, unnormalised(images, inputs["pixel_values"][0]))
 
 
+def test_predict_ask_with_pan_and_scan_writes_the_crops_canvas_and_the_whole_image(gemma3_pas, tmp_path, capsys):
+    """``vit.predict --ask --pan-and-scan``: the API's pan-and-scan answer and maps (the crops' canvas, the whole
+    image as the overview, which a Gemma 3 read without it has not); without ``--ask``, one line."""
+    from vit.predict import main
+
+    image = picture(200, 60)
+    image.save(tmp_path / "wide.png")
+    args = [str(gemma3_pas), str(tmp_path / "wide.png"), "--ask", QUESTION, "--max-new-tokens", str(NEW_TOKENS),
+            "--device", "cpu", "--lm-method", "attention"]
+    assert main([*args, "--pan-and-scan", "--save-maps", str(tmp_path / "crops")]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer = vit.ask_vlm(vit.open_vlm(gemma3_pas, pan_and_scan=True), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    assert record["tokens"] == list(answer.tokens) and record["answer"] == answer.text
+    saved = np.load(record["maps"]["npz"])
+    for i in range(NEW_TOKENS):
+        np.testing.assert_allclose(saved["attention"][i, 0, 0], answer.attention(i, 0, 0), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["overview_attention"][i, 0, 0], answer.attention(i, 0, 0, overview=True),
+                                   rtol=0, atol=1e-6)
+    assert main([*args, "--save-maps", str(tmp_path / "whole")]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert "overview_attention" not in np.load(record["maps"]["npz"])  # one view: the image as the model read it
+    assert main([str(gemma3_pas), str(tmp_path / "wide.png"), "--pan-and-scan"]) == 2
+    assert "--pan-and-scan is how a Gemma 3 reads the image it is asked about; it goes with --ask" in \
+        capsys.readouterr().err
+
+
 def test_pan_and_scan_on_another_family_is_refused_in_one_line(llava_next):
     from vit.sources.vlm.whole_vlm import VLMError
 

@@ -264,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask a vision-language model (its folder) this question about each image")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
                    help="with --ask: the answer's most tokens (default 32)")
+    p.add_argument("--pan-and-scan", action="store_true",
+                   help="with --ask, a Gemma 3: its processor's pan-and-scan, a long image cut into crops beside the "
+                        "whole, each crop's maps placed where it was cut")
     p.add_argument("--lm-method", nargs="+", choices=ANSWER_MAP_METHODS, metavar="METHOD",
                    help=f"with --ask and --save-maps: each answer token's maps to write, of "
                         f"{', '.join(ANSWER_MAP_METHODS)} (default {' '.join(DEFAULT_ANSWER_MAPS)}; gradxattn, "
@@ -613,6 +616,8 @@ def run(args: argparse.Namespace) -> int:
         return run_ask(args)
     if args.lm_method:
         raise UsageError("--lm-method chooses the maps of a VLM's answer; it goes with --ask and --save-maps")
+    if args.pan_and_scan:
+        raise UsageError("--pan-and-scan is how a Gemma 3 reads the image it is asked about; it goes with --ask")
     prompted = args.points is not None or args.box is not None
     if not prompted:
         for flag, value in (("--mask", args.mask), ("--relevance", args.relevance), ("--at", args.at)):
@@ -737,7 +742,7 @@ def run_ask(args: argparse.Namespace) -> int:
         if value:
             raise UsageError(f"{flag} does not go with --ask: the VLM's processor sizes the image")
     try:
-        vlm = open_whole_vlm(args.checkpoint, resolve_device(args.device))
+        vlm = open_whole_vlm(args.checkpoint, resolve_device(args.device), pan_and_scan=args.pan_and_scan)
     except CheckpointError as e:
         raise UsageError(str(e)) from None
     if args.lm_method and not args.save_maps:
