@@ -790,6 +790,24 @@ def test_gemma3s_pan_and_scan_crops_are_placed_where_the_processor_cut_them(gemm
     np.testing.assert_array_equal(answer.layout.overview.pixels, unnormalised(images, inputs["pixel_values"][0]))
 
 
+def test_a_hub_id_opens_the_whole_vlm_from_the_hub_then_from_the_cache(vlms, fake_hub, monkeypatch):
+    """``vit.ask_vlm("org/name", ...)``: the Hub's snapshot, every shard (the language model answers too) and the
+    processor's files, downloaded into the HF cache; then the cache entry alone, offline. The answer is the
+    folder's."""
+    folder = vlms["llava"]
+    fake_hub.add_folder("org/tiny-llava", folder)
+    expected = vit.ask_vlm(folder, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    answer = vit.ask_vlm("org/tiny-llava", picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    assert answer.tokens == expected.tokens and answer.text == expected.text
+    np.testing.assert_allclose(answer.attention(1, 0), expected.attention(1, 0), rtol=0, atol=1e-6)
+    local = {p.name for p in folder.iterdir() if p.is_file()}
+    assert local <= set(fake_hub.fetched("GET"))  # every file of the folder: shards, processor, chat template
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fetched = len(fake_hub.fetched("GET"))
+    again = vit.ask_vlm("org/tiny-llava", picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    assert again.tokens == expected.tokens and len(fake_hub.fetched("GET")) == fetched
+
+
 def test_predict_ask_with_pan_and_scan_writes_the_crops_canvas_and_the_whole_image(gemma3_pas, tmp_path, capsys):
     """``vit.predict --ask --pan-and-scan``: the API's pan-and-scan answer and maps (the crops' canvas, the whole
     image as the overview, which a Gemma 3 read without it has not); without ``--ask``, one line."""

@@ -991,8 +991,10 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
 
 def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device | None = None, *,
              pan_and_scan: bool = False):
-    """A vision-language model opened whole from its folder (or ``vit.load``'s checkpoint of its tower) to ask it
-    questions (``ask_vlm``): transformers' own model class and processor, offline, no remote code. Open it once and
+    """A vision-language model opened whole from its folder, its Hub id (``org/name[@revision]``: the HF cache's
+    snapshot, downloaded whole when it is not there, its size checked first) or ``vit.load``'s checkpoint of its
+    tower opened from a folder, to ask it questions (``ask_vlm``): transformers' own model class and processor, no
+    remote code. Open it once and
     ask it many times; VLMError (one line) for a folder that cannot be. ``pan_and_scan``: Gemma 3's processor cuts
     a long image into crops, each its own image beside the whole one (its maps on the crops' canvas, the whole as
     the overview); VLMError for another family."""

@@ -37,7 +37,7 @@ from vit.sources.hub_names import REPO as _REPO
 MAX_DOWNLOAD_ENV = "VIT_MAX_DOWNLOAD_GB"
 DEFAULT_MAX_DOWNLOAD_GB = 5.0
 # What opening a model reads (vit.sources.open and the text towers' tokenizers); nothing else is fetched.
-WANTED = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken")
+WANTED = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja")  # .jinja: a chat template
 PICKLES = ("*.bin", "*.pth", "*.pt")  # weights as torch pickles: only when there are no safetensors
 INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's list of shards
 NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*.pth")  # trainer state, not a model

@@ -68,8 +68,15 @@ class VLM:
 
 
 def folder_of(source: str | os.PathLike | Checkpoint) -> Path:
-    """The VLM folder ``source`` names: a folder path, or the checkpoint ``vit.load`` opened from one."""
+    """The VLM folder ``source`` names: a folder path, a Hub id (``org/name[@revision]``: its snapshot in the HF
+    cache, downloaded when it is not there, every shard, since the language model is read too; its size checked
+    against the download bound first), or the checkpoint ``vit.load`` opened from a folder. HubError (one line) when
+    the Hub cannot give it."""
     path = source.path if isinstance(source, Checkpoint) else source
+    if path is not None and not isinstance(source, Checkpoint):
+        from vit.sources import hub
+
+        path = hub.resolve(path)
     folder = Path(path).expanduser() if path is not None else None
     if folder is None or not (folder / "config.json").is_file():
         raise VLMError(f"{path} is no model folder with a config.json; give the folder of a vision-language model "
