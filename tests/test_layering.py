@@ -310,3 +310,53 @@ def test_the_room_checks_catch_a_crowded_folder_and_a_repeated_name(tmp_path):
     assert crowded_folders(vit) == {"vit": ROOM_MODULES + 2}
     assert repeated_names(vit) == {"m0": ["vit/features/m0.py", "vit/m0.py"],
                                    "sae": ["vit/features/sae.py", "vit/sae.py"]}
+
+
+
+REPOSITORY = VIT.parent
+IMPORT_ROOTS = tuple(REPOSITORY / name for name in ("vit", "app_pages", "tests", "bench", "scripts"))
+
+
+def unresolved_imports(roots: tuple[Path, ...] = IMPORT_ROOTS) -> list[str]:
+    """``file:line: from MODULE import NAME`` for each from-import of a ``vit`` module, at module level or inside a
+    function, whose module does not exist or has no ``NAME`` (neither an attribute nor a submodule): a path a move of
+    modules left behind, which importing every module misses when the import is inside a function."""
+    import importlib
+
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if path.is_relative_to(REPOSITORY / "tests" / "reference"):  # the authors' code, vendored as it is
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                        and node.module.split(".")[0] == "vit"):
+                    continue
+                where = f"{path.relative_to(root.parent)}:{node.lineno}: from {node.module} import"
+                try:
+                    module = importlib.import_module(node.module)
+                except ImportError:
+                    found.append(f"{where} (no such module)")
+                    continue
+                for alias in node.names:
+                    if hasattr(module, alias.name):
+                        continue
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ImportError:
+                        found.append(f"{where} {alias.name}")
+    return found
+
+
+def test_every_from_import_of_a_vit_module_names_what_it_holds():
+    assert unresolved_imports() == []
+
+
+def test_the_import_check_catches_a_name_a_move_left_behind(tmp_path):
+    (tmp_path / "late.py").write_text("def f():\n    from vit.explain.mechanism import MechanismError\n"
+                                      "    from vit.core import images, no_such_module\n"
+                                      "    from vit.no_such_room import x\n")
+    assert unresolved_imports((tmp_path,)) == [
+        f"{tmp_path.name}/late.py:2: from vit.explain.mechanism import MechanismError",
+        f"{tmp_path.name}/late.py:3: from vit.core import no_such_module",
+        f"{tmp_path.name}/late.py:4: from vit.no_such_room import (no such module)"]

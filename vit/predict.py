@@ -323,7 +323,7 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
     (``mechanism.ablated_copy``: their columns of the output projection zero), so that its predictions and every
     saved map are the ablated model's, computed as the model's own (in chunks, with progress); UsageError when
     unusable (TimeSformer: a block's two attentions)."""
-    from vit.explain.mechanism import MechanismError, parse_heads
+    from vit.explain.mechanism.components import MechanismError, parse_heads
     from vit.explain.views.mechanism_views import ablated_checkpoint
     from vit.explain.views.video import is_divided
 
