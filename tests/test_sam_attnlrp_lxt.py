@@ -25,8 +25,7 @@ Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from test_sam_prompts import PROMPTS, _sam, _sam2, library_inputs, library_run
+from test_sam_prompts import PROMPTS, image, library_inputs, library_run, whole  # noqa: F401  (fixtures)
 
 import vit
 from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
@@ -36,21 +35,6 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 RTOL = 1e-5
-
-
-@pytest.fixture(scope="module", params=["sam", "sam2"])
-def whole(request, tmp_path_factory):
-    """(family, the library's model, its processor, our checkpoint) of a tiny model saved whole."""
-    model, processor = (_sam if request.param == "sam" else _sam2)()
-    folder = tmp_path_factory.mktemp(request.param) / "model"
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return request.param, model, processor, vit.load(folder, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def image():
-    return Image.fromarray(np.random.RandomState(0).randint(0, 256, (50, 90, 3)).astype(np.uint8))  # 90 x 50
 
 
 def vision_attention_forward(self, hidden_states, output_attentions=None):
@@ -80,11 +64,11 @@ def _activation_classes(model: torch.nn.Module) -> set[type]:
             if type(m).__module__ == activations.__name__ or isinstance(m, (torch.nn.GELU, torch.nn.ReLU))}
 
 
-def lxt_relevance(family, model, processor, image, prompt, mask: int, at, monkeypatch) -> torch.Tensor:
+def lxt_relevance(family, model, processor, picture, prompt, mask: int, at, monkeypatch) -> torch.Tensor:
     """lxt's AttnLRP of mask ``mask``'s low-resolution logits (summed where > 0, or at the cell under ``at``) on
     transformers' whole ``model``: ``(H, W)``, input x gradient at ``pixel_values`` summed over the channels."""
     modeling = __import__(f"transformers.models.{family}.modeling_{family}", fromlist=["eager_attention_forward"])
-    inputs = library_inputs(processor, image, **prompt)
+    inputs = library_inputs(processor, picture, **prompt)
     decoder = model.mask_decoder
 
     def halved_factor(module, args, out):  # the upscaling's last GELU (hidden / 8 channels): the masks' factor
@@ -127,7 +111,7 @@ def distance(ours: np.ndarray, theirs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("at", [None, (52, 30)])
-def test_attnlrp_of_a_mask_equals_lxts_rules_on_the_librarys_model(whole, image, at, monkeypatch):
+def test_attnlrp_of_a_mask_equals_lxts_rules_on_the_librarys_model(whole, image, at, monkeypatch):  # noqa: F811
     family, model, processor, checkpoint = whole
     prompt = PROMPTS["mixed"]
     ours = vit.segment(checkpoint, image, **prompt, mask=1, methods=["attnlrp", "gradient_x_input"], at=at)
@@ -143,7 +127,7 @@ def _plain_norm(module, args, output):
 
 @pytest.mark.parametrize("dropped", ["decoder attention", "masks product", "norms", "activations",
                                      "encoder rules"])
-def test_each_rule_dropped_moves_the_map_off_lxts(whole, image, dropped, monkeypatch):
+def test_each_rule_dropped_moves_the_map_off_lxts(whole, image, dropped, monkeypatch):  # noqa: F811
     """What the parity test above tells apart: with any one of the rules gone, the map is not lxt's."""
     from vit.explain.methods import segment
     from vit.explain.methods.relevance import AttnLRPRules
@@ -166,7 +150,7 @@ def test_each_rule_dropped_moves_the_map_off_lxts(whole, image, dropped, monkeyp
     assert distance(ours.maps["attnlrp"], theirs) > 1e-3
 
 
-def test_predict_saves_the_attnlrp_map_of_the_mask_equal_to_lxts(whole, image, tmp_path, capsys, monkeypatch):
+def test_predict_saves_the_attnlrp_map_of_the_mask_equal_to_lxts(whole, image, tmp_path, capsys, monkeypatch):  # noqa: F811
     import json
 
     from vit.predict import main
