@@ -90,14 +90,6 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     return inputs
 
 
-def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None, recording) -> torch.Tensor:
-    """(T,) float32 over the ``T`` positions of the prompt and the ``answer``'s first ``i`` tokens: answer token
-    ``i``'s gradient x attention row at ``layer`` (an int), or rolled out over every layer (None); see the module's
-    docstring. ``recording(vlm, tape)``: the context in which the model's attention hands each layer's call to the
-    tape (``vlm_attention.recording``). Counted first (``vit.costs.plan.vlm_relevance``)."""
-    return relevances(vlm, prepared, answer, i, (layer,), recording)[0]
-
-
 def check(vlm, prepared, i: int) -> None:
     """Refused in one line (``TooManyTokens``) when answer token ``i``'s relevance would hold more than the memory
     limit (``vit.costs.plan.vlm_relevance``); the last answer token's is the largest."""
@@ -110,8 +102,11 @@ def check(vlm, prepared, i: int) -> None:
 
 
 def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording) -> torch.Tensor:
-    """(len(layers), T) float32: ``relevance``'s row for each of ``layers`` (an int: that layer's; None: the rollout)
-    from one forward and backward of the model, counted first (``check``)."""
+    """(len(layers), T) float32 over the ``T`` positions of the prompt and the ``answer``'s first ``i`` tokens: answer
+    token ``i``'s gradient x attention row for each of ``layers`` (an int: that layer's; None: rolled out over every
+    layer; see the module's docstring), from one forward and backward of the model, counted first (``check``).
+    ``recording(vlm, tape)``: the context in which the model's attention hands each layer's call to the tape
+    (``vlm_attention.recording``)."""
     check(vlm, prepared, i)
     tokens = prepared.prompt_tokens + i
     tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})

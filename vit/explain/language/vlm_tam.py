@@ -131,13 +131,6 @@ def token_canvas(layout) -> tuple[torch.Tensor, int]:
     return layout.lead + torch.arange((gh // unit) * (gw // unit)).view(gh // unit, gw // unit), unit
 
 
-def tam(vlm, prepared, answer: tuple[int, ...], i: int, layout) -> np.ndarray:
-    """(gh, gw) float32: answer token ``i``'s TAM on ``layout``'s patch grid (each patch its image token's value),
-    from one forward of the model over the prompt and the answer's first ``i`` tokens, counted first
-    (``vit.costs.plan.vlm_tam``); see the module's docstring."""
-    return on_layout(image_values(vlm, prepared, answer, i), layout)
-
-
 def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     """(K,) float32: answer token ``i``'s TAM over the prompt's ``K`` image tokens (every view's), before the filter:
     one forward, counted first (``vit.costs.plan.vlm_tam``). Leading tokens that cover no patch (CLIP's CLS under
