@@ -119,7 +119,8 @@ def params_from_form(models: dict[str, catalog.CatalogEntry]) -> launch.RunParam
         name=name, dataset=dataset, preset=None if imported else s["train_preset"], init=init,
         finetune=s.get("train_finetune") if imported else None,
         layer_decay=s.get("train_layer_decay") if imported else None, **sizes, recipe=s["train_recipe"],
-        epochs=s["train_epochs"], batch_size=s["train_batch_size"], lr=s["train_lr"],
+        epochs=s["train_epochs"], time_budget=(s.get("train_time_budget") or "").strip() or None,
+        batch_size=s["train_batch_size"], lr=s["train_lr"],
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
         aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], drop_path=s["train_drop_path"],
@@ -141,7 +142,8 @@ def machine_threads() -> int:
 # not draw it, so a plain copy (not a widget key) is kept and put back before the widgets are drawn.
 FORM_KEYS = ("train_start", "train_preset", "train_init", "train_init_path", "train_finetune", "train_layer_decay",
              *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
-             "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
+             "train_recipe", "train_epochs", "train_time_budget", "train_batch_size", "train_lr",
+             "train_weight_decay",
              "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
              "train_drop_path", "train_mixup", "train_cutmix", "train_mix_prob", "train_random_erasing",
              "train_precision", "train_compile", "train_seed", "train_threads", "train_name", "train_devices",
@@ -253,6 +255,11 @@ with st.form("launch"):
         error_for("recipe")
         st.number_input("Epochs", value=None, step=1, key="train_epochs", placeholder=recipe_hint("epochs"))
         error_for("epochs")
+        st.text_input("Time budget", key="train_time_budget", placeholder="off; e.g. 10m or 1.5h",
+                      help="Train as many epochs as fit in this wall time (600, 10m, 1.5h): the run plans them at "
+                      "the end of its second epoch, and its cosine ends at the last. Epochs is then the most it "
+                      f"may plan (at most {launch.MAX_EPOCHS} from this page); the warmup must be 2 epochs or more.")
+        error_for("time_budget")
         st.number_input("Batch size", value=None, step=1, key="train_batch_size",
                         placeholder=recipe_hint("batch_size"))
         error_for("batch_size")

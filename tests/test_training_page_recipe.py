@@ -36,6 +36,22 @@ def test_the_recipe_fields_reach_the_cli_as_its_own_flags(tmp_path):
                 "--compile"} & set(left_out)  # empty fields: the recipe's and the preset's values
 
 
+def test_a_time_budget_reaches_the_cli_bounded_by_the_pages_epochs(tmp_path):
+    from vit.runs.launch import MAX_EPOCHS
+
+    argv = cli_args(RunParams(name="r", dataset="cifar10", time_budget="10m"), tmp_path / "r", tmp_path / "data")
+    args = parse_args([*argv, "--device", "cpu"])
+    assert (args.time_budget, args.epochs) == (600.0, MAX_EPOCHS)  # the CLI alone would plan up to 10,000
+    argv = cli_args(RunParams(name="r", dataset="cifar10", time_budget="1h", epochs=40), tmp_path / "r",
+                    tmp_path / "data")
+    assert parse_args([*argv, "--device", "cpu"]).epochs == 40
+    for budget, field, words in (("soon", "time_budget", "expected a duration above 0"),
+                                 ("10m", "time_budget", "needs --warmup-epochs 2 or more")):
+        problems = validate_params(RunParams(name="r", dataset="cifar10", time_budget=budget, warmup_epochs=1.0),
+                                   tmp_path / "runs", tmp_path / "data")
+        assert set(problems) == {field} and words in problems[field], problems
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("mixup", -1.0, "0 (off) or a number in"), ("random_erasing", 1.5, "1"), ("mix_prob", 2.0, "1"),
     ("drop_path", 1.0, "1"),
@@ -87,6 +103,9 @@ def test_the_page_launches_a_run_with_the_recipe_fields(folders):  # noqa: F811
     fill_tiny_run(at, images, "mixed")
     for field in ("mixup", "cutmix", "mix_prob", "random_erasing", "drop_path"):
         at.number_input(key=f"train_{field}").set_value(RECIPE[field])
+    at.text_input(key="train_time_budget").set_value("1.5h")  # with the 2 planning epochs and 1 more
+    at.number_input(key="train_epochs").set_value(3)
+    at.number_input(key="train_warmup_epochs").set_value(2.0)
     at.selectbox(key="train_precision").set_value("fp32")
     at.checkbox(key="train_compile").check()
     at = submit(at)
@@ -98,6 +117,7 @@ def test_the_page_launches_a_run_with_the_recipe_fields(folders):  # noqa: F811
         args = parse_args([*command[command.index("vit.train") + 1:], "--device", "cpu"])
         assert (args.mixup, args.cutmix, args.mix_prob, args.random_erasing, args.drop_path, args.precision,
                 args.compile) == (0.8, 1.0, 0.5, 0.25, 0.1, "fp32", True)
+        assert (args.time_budget, args.epochs, args.warmup_epochs) == (5400.0, 3, 2.0)
     finally:
         if manager.get("mixed").active:
             manager.stop("mixed")

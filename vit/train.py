@@ -15,6 +15,7 @@ training itself) is ``vit.training.run``.
 """
 
 import sys
+import time
 
 from vit.core.cli import UsageError, usage_error
 from vit.training.options import build_parser  # the parser alone: torch loads after it has read the arguments
@@ -22,12 +23,13 @@ from vit.training.options import build_parser  # the parser alone: torch loads a
 
 def main(argv: list[str] | None = None, stop=None) -> int:
     """A local run: ``vit.training.run.main`` (see there), imported when called."""
+    launched = time.time()  # --time-budget counts from here: PyTorch's loading is the run's time too
     from vit.core.runfiles import record_run_phase
 
     record_run_phase("loading PyTorch")  # seconds on a busy machine, before the run can say anything else
     from vit.training.run import main as run_main
 
-    return run_main(argv, stop)
+    return run_main(argv, stop, launched)
 
 
 def cli(argv: list[str]) -> int:

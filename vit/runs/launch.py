@@ -77,6 +77,7 @@ class RunParams:
     mlp_size: int | None = None
     recipe: str = "ours"
     epochs: int | None = None
+    time_budget: str | None = None  # a duration as vit.train reads it (600, 10m, 1.5h): as many epochs as fit
     batch_size: int | None = None
     lr: float | None = None
     weight_decay: float | None = None
@@ -184,6 +185,8 @@ def cli_values(params: RunParams) -> list[tuple[str, object]]:
         if value is None or value is False or (name == "preset" and params.init):
             continue
         values.append((name, resolve_path(value) if name == "init" else value))
+    if params.time_budget is not None and params.epochs is None:  # the page's bound, not the CLI's 10,000
+        values.append(("epochs", MAX_EPOCHS))
     return values
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from vit.core.cli import OneLineParser, UsageError, command_name
 from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
+from vit.training.budget import BUDGET_MAX_EPOCHS, PLAN_EPOCH, parse_duration
 
 if TYPE_CHECKING:
     from vit.model import ViTConfig
@@ -138,6 +139,9 @@ _positive_int = _checked(int, lambda v: v > 0, "a positive integer")
 _non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _checked(float, lambda v: v > 0 and not math.isinf(v), "a positive number")
 
+_duration = _checked(parse_duration, lambda v: True, "a duration above 0 and at most 366 days: seconds, or a "
+                     "number with s, m, h or d (600, 10m, 1.5h)")
+
 
 # torchvision draws the mixing weight from a float32 Beta(alpha, alpha): an alpha it rounds to 0 (1e-300) fails
 # the run at its start with torch's Dirichlet message, so anything below float32's smallest normal number is refused.
@@ -223,7 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ours (default: AdamW, linear warmup then cosine, label smoothing, gradient "
                    "clipping, crop + flip + TrivialAugment) or seed (the seed blog's AdamW lr 1e-2, "
                    "wd 1e-2, constant lr, batch 256, flip + RandomResizedCrop 0.8-1.0)")
-    g.add_argument("--epochs", type=_positive_int, help="epochs to train in total (ours and seed: 100)")
+    g.add_argument("--epochs", type=_positive_int, help="epochs to train in total (ours and seed: 100); with "
+                   f"--time-budget, the most it may plan (default {BUDGET_MAX_EPOCHS:,})")
+    g.add_argument("--time-budget", type=_duration, metavar="DURATION",
+                   help="train as many epochs as fit in this wall time, counted from the command's launch (600, "
+                   "10m, 1.5h). The run plans them once, at the end of its second epoch, from the time it took "
+                   "(start-up, compilation and validation count towards the budget), and the schedule's cosine "
+                   "then ends at the last planned epoch, as if --epochs had said it: config.json's epochs and "
+                   "status.json's total_epochs change to the plan. With the cosine schedule, --warmup-epochs must "
+                   f"be at least {PLAN_EPOCH} (default 5), so that the epochs before the plan train at the same "
+                   "rates. A budget too short for the planning epochs ends the run there")
     g.add_argument("--batch-size", type=_positive_int, help="global batch size (256); at most the number of "
                    "training images")
     g.add_argument("--lr", type=_learning_rate, help=f"peak learning rate (ours 2e-3, seed 1e-2; at most {MAX_LR:g})")
@@ -379,11 +392,15 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
     if not args.out:
         raise UsageError("--out RUN_DIR is required (or --resume RUN_DIR)")
     explicit_warmup = args.warmup_epochs is not None
+    if args.time_budget and args.epochs is None:
+        args.epochs = BUDGET_MAX_EPOCHS
     for key, value in RECIPES[args.recipe].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if not explicit_warmup:  # short runs get a proportionally short warmup
+    if not explicit_warmup and not args.time_budget:  # short runs get a proportionally short warmup
         args.warmup_epochs = min(args.warmup_epochs, args.epochs / 10)
+    if args.time_budget:
+        _check_budget(args)
     if args.init:
         fixed = sorted(given_options(argv) & {"preset", "patch_size", "hidden_size", "num_layers", "num_heads",
                                               "mlp_size"})
@@ -408,6 +425,18 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
         check_run_folder(Path(args.out))
     parse_device(args.device, here=device_here and args.ray is None)
     return args
+
+
+
+def _check_budget(args: argparse.Namespace) -> None:
+    """--time-budget: the planning epochs must fit in --epochs and, with the cosine, in the warmup."""
+    if args.epochs <= PLAN_EPOCH:
+        raise UsageError(f"--time-budget plans the epochs at the end of epoch {PLAN_EPOCH}, so --epochs (the most "
+                         f"it may plan) must be above {PLAN_EPOCH}, not {args.epochs}")
+    if args.schedule == "cosine" and args.warmup_epochs < PLAN_EPOCH:
+        raise UsageError(f"--time-budget with the cosine schedule needs --warmup-epochs {PLAN_EPOCH} or more (got "
+                         f"{args.warmup_epochs:g}): the epochs are planned at the end of epoch {PLAN_EPOCH}, and only "
+                         "the warmup's rates do not depend on how many follow")
 
 
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -256,11 +257,13 @@ def _usage_error(error: Exception) -> int:
     return usage_error("vit.train", error)
 
 
-def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
+def main(argv: list[str] | None = None, stop: StopRequest | None = None, launched: float | None = None) -> int:
     """The command line; returns the exit status (see ``--help``).
 
     ``stop`` lets a caller that is not the main thread (a Ray Train worker) request the stop
-    that SIGTERM requests here; by default the signals are the only way."""
+    that SIGTERM requests here; by default the signals are the only way. ``launched``: when the command started
+    (``time.time()``), the origin of ``--time-budget``; by default, now."""
+    launched = time.time() if launched is None else launched
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     is_main = int(os.environ.get("RANK", "0")) == 0
     try:
@@ -287,7 +290,8 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
             record_run_phase("reading the data")
             data = load_run_data(args, rank, world)
             record_run_phase("restoring the model from last.pt" if resumed else "building the model")
-            trainer = Trainer(settings_from_args(args), data, run_dir, payload, rank, world, device, stop)
+            trainer = Trainer(settings_from_args(args), data, run_dir, payload, rank, world, device, stop,
+                              launched)
             stop.armed = True
             if is_main:
                 status = _open_run(args, argv, run_dir, trainer, resumed, logger, buffer)

@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from vit.core.cli import UsageError  # noqa: F401 (invalid arguments or settings
 from vit.core.images import normalize
 from vit.core.runfiles import (
     BEST_CHECKPOINT,
+    CONFIG_FILE,
     LAST_CHECKPOINT,
     METRICS_FILE,
     STEPS_FILE,
@@ -40,9 +41,13 @@ from vit.core.runfiles import (
     epoch_checkpoints,
     epochs_to_prune,
     now_iso,
+    parse_json,
+    read_text_bounded,
+    write_json,
     write_metrics,
 )
 from vit.model import ViT, ViTConfig, count_parameters
+from vit.training.budget import PLAN_EPOCH, plan_epochs
 from vit.training.data import BatchAugment, DataError, Dataset, random_erasing
 from vit.training.snapshots import (
     has_probe,
@@ -104,6 +109,7 @@ class TrainSettings:
     attention_every: int = 1  # attention snapshot every N epochs, the last and the initial weights too; 0 = off
     save_every: int = 0  # a checkpoint of every Nth epoch in checkpoints/ (epochs, not time); 0 = off
     keep: int = 0  # of those, the K most recent plus the best epoch's are kept; 0 = all
+    time_budget: float | None = None  # seconds from launch: epochs is then the most to plan (see plan_epochs)
 
 
 class EtaClock:
@@ -170,6 +176,7 @@ class Progress:
     epoch_seconds: float = 0.0  # training seconds of the current epoch so far, over all sessions
     best_val_acc: float = -1.0
     elapsed: float = 0.0  # wall seconds of training (with validation) over all sessions
+    planned_epochs: int = 0  # with a time budget: the epochs planned at the end of PLAN_EPOCH (0: not yet)
 
     @classmethod
     def from_dict(cls, values: dict) -> Progress:
@@ -216,8 +223,11 @@ class Trainer:
 
     def __init__(self, settings: TrainSettings, data: Dataset, run_dir: Path | None,
                  resume_payload: dict | None = None, rank: int = 0, world: int = 1,
-                 device: torch.device | str = "cpu", stop: StopRequest | None = None) -> None:
+                 device: torch.device | str = "cpu", stop: StopRequest | None = None,
+                 launched: float | None = None) -> None:
         check_data(settings, data, world)
+        self.launched = time.time() if launched is None else launched  # the budget's origin: the command's start
+        self.epoch_ends: list[float] = []  # when this session's epochs ended, for the budget's plan
         self.settings, self.data, self.run_dir = settings, data, run_dir
         self.rank, self.world, self.device = rank, world, torch.device(device)
         self.is_main = rank == 0
@@ -362,14 +372,15 @@ class Trainer:
                 self._snapshot()  # the initial weights, or an epoch whose snapshot a kill cut off
         _say_phase(status, self.opening_phase())
         first_step = True
-        while p.epoch < settings.epochs:
+        while p.epoch < self.settings.epochs:  # a time budget's plan can change it
             order = self.epoch_order(p.epoch)
             if self.train.images.device.type == "cuda":  # one pinned copy per epoch, none per step
                 order = order.pin_memory().to(self.train.images.device, non_blocking=True)
             self._seed_epoch()
             epoch_start = time.time() - p.epoch_seconds
             self.net.train()
-            bar = _progress_bar(self.is_main, self.steps_per_epoch, p.step_in_epoch, p.epoch + 1, settings.epochs)
+            bar = _progress_bar(self.is_main, self.steps_per_epoch, p.step_in_epoch, p.epoch + 1,
+                                self.settings.epochs)
             # The epoch's running (loss sum, hits) on the device, folded into p at each sync.
             sums = torch.tensor([p.loss_sum, p.correct], dtype=torch.float64, device=self.device)
             synced = sums.clone()
@@ -420,8 +431,64 @@ class Trainer:
             p.epoch_seconds = time.time() - epoch_start
             start = time.time()
             self._end_epoch(status)
-            clock.exclude(time.time() - start)
+            self.epoch_ends.append(time.time())
+            clock.exclude(self.epoch_ends[-1] - start)
+            if settings.time_budget and not p.planned_epochs and p.epoch >= PLAN_EPOCH:
+                self._plan(status, clock, self.epoch_ends[-1] - start)
         return "completed"
+
+    # -- a time budget ---------------------------------------------------------------------------
+
+    def _plan(self, status: Status | None, clock: EtaClock, end_seconds: float) -> None:
+        """Fix the run's epochs from the budget left and the last epoch's wall time (rank 0's, for every rank),
+        then re-plan what follows from them: the schedule's cosine, the totals, config.json and status.json.
+
+        The last epoch's time runs from the end of the one before (its steps, validation, snapshot, checkpoints);
+        a session resumed inside it has only its steps' pace and this epoch end's time.
+        """
+        settings, p = self.settings, self.progress
+        now = self.epoch_ends[-1]
+        if len(self.epoch_ends) >= 2:
+            epoch_seconds = now - self.epoch_ends[-2]
+        else:
+            epoch_seconds = (clock.seconds_per_step() or 0.0) * self.steps_per_epoch + end_seconds
+        spent = self.elapsed_before + now - self.launched  # earlier sessions' training, and all of this one
+        planned = plan_epochs(settings.time_budget, spent, epoch_seconds, p.epoch, settings.epochs)
+        if self.world > 1:
+            flag = torch.tensor([planned], dtype=torch.float64, device=self.device)
+            dist.broadcast(flag, src=0)
+            planned = int(flag.item())
+        p.planned_epochs = planned
+        self.settings = replace(settings, epochs=planned)
+        self.total_steps = self.steps_per_epoch * planned
+        self.scheduler = self._scheduler()  # the steps so far were all warmup: the same rates, then this cosine
+        if self.is_main:
+            self._record_plan(status, spent, epoch_seconds, settings.epochs)
+        if planned <= p.epoch and self._snapshots_on() and p.epoch % settings.attention_every:
+            self._snapshot()  # the last epoch's, which its end did not know it was
+        self._save_last()  # the plan itself: a resume from here keeps it
+
+    def _record_plan(self, status: Status | None, spent: float, epoch_seconds: float, most: int) -> None:
+        """The plan in the log, config.json (its epochs, and ``budget_plan``) and status.json's totals."""
+        settings, p = self.settings, self.progress
+        planned = settings.epochs
+        log.info("time budget %.0f s: %.1f s spent, %.2f s an epoch; planned %d epochs in all%s",
+                 settings.time_budget, spent, epoch_seconds, planned,
+                 f" (--epochs {most} bounds it)" if planned == most else "")
+        if planned <= p.epoch:
+            log.warning("time budget: no epoch after the %d planning ones fits in %.0f s; the run ends here%s",
+                        p.epoch, settings.time_budget, ", inside its warmup" if settings.schedule == "cosine" else "")
+        if self.run_dir is not None:
+            config_file = self.run_dir / CONFIG_FILE
+            record = parse_json(read_text_bounded(config_file))
+            record["args"]["epochs"] = planned
+            record["budget_plan"] = {"time_budget": settings.time_budget, "at_epoch": p.epoch,
+                                     "spent_seconds": round(spent, 3), "epoch_seconds": round(epoch_seconds, 3),
+                                     "epochs": planned, "max_epochs": most}
+            write_json(config_file, record)
+        if status is not None:
+            status.update(total_epochs=planned, total_steps=self.total_steps,
+                          progress=round(p.global_step / self.total_steps, 5))
 
     def opening_phase(self, compiled: bool = False) -> str | None:
         """What this session does before its first epoch ends, as status.json's ``phase`` says it (None once an
@@ -447,6 +514,8 @@ class Trainer:
 
     def _eta(self, clock: EtaClock) -> float | None:
         p, settings = self.progress, self.settings
+        if settings.time_budget and not p.planned_epochs:  # before the plan: what is left of the budget
+            return round(max(settings.time_budget - self.elapsed_before - (time.time() - self.launched), 0.0), 1)
         eval_seconds = self.eval_seconds
         if eval_seconds is None:  # before the first validation: forward only, about a third of a step
             rate = clock.seconds_per_step() or 0.0
