@@ -1,21 +1,21 @@
-"""Train the GPU default inside a wall-clock budget on one GPU: decode, probe, plan, run, collect.
+"""Train the GPU default inside a wall-clock budget on one GPU: decode, profile (optionally), run, collect.
 
-    python bench/train_gpu_default.py --data data/cifar10/train --out OUT --deadline 560
+    python bench/train_gpu_default.py --data data/cifar10/train --out OUT --deadline 560 [--profile 256,1024]
 
-A lent GPU machine gives minutes, not hours, so the number of epochs is planned from the pace this very
-machine shows, not guessed:
+A lent GPU machine gives minutes, not hours, so the run is given what is left of them as ``vit.train
+--time-budget``: the run itself plans its epochs at the end of its second one, from the time that epoch took on
+this very machine, and its cosine ends at the last (no probe run spends the minutes first):
 
-1. decode the image folder into ``vit.train``'s uint8 cache (once; not part of the run's time);
-2. probe: the same ``python -m vit.train`` command for ``--probe-epochs`` epochs into a scratch folder,
-   timing each ``metrics.jsonl`` line as it appears: the launch to the first epoch (start-up, compilation,
-   one epoch, one validation) and the steady epoch after it;
-3. plan: the epochs whose launch-to-last-epoch time fits the budget left before ``--deadline`` (seconds
-   after this script started), less the margin that collecting the files takes;
-4. run: the planned command, timed from its launch to its last epoch's line; a run still going at the
-   deadline is stopped with SIGTERM (it saves ``last.pt`` and marks itself cancelled);
-5. collect into ``--out``: ``plan.json`` (the probe's figures, the plan, the run's measured wall time),
-   with the device and library versions), the run's ``config.json``, ``metrics.jsonl``, ``train.log`` and
-   ``best.pt``, and the probe's metrics (seven files with the console's copy: a lent machine returns eight).
+1. decode the image folder into ``vit.train``'s uint8 cache (once; before the run's launch);
+2. with ``--profile B1,B2``: ``bench/profile_train_step.py`` at each batch size, its report in ``--out``
+   (``step-B.txt``), to see where a step's time goes (each compiles its own step: about a minute each);
+3. run: ``python -m vit.train`` with the recipe and ``--time-budget`` = the seconds left before ``--deadline``
+   (seconds after this script started) less ``--margin``, timed from its launch to its last epoch's line; a run
+   still going half the margin past its budget is stopped with SIGTERM (it saves ``last.pt`` and marks itself
+   cancelled);
+4. collect into ``--out``: ``plan.json`` (the budget, the run's own plan from its ``config.json``, its measured
+   wall time, the device and library versions), the run's ``config.json``, ``metrics.jsonl``, ``train.log`` and
+   ``best.pt``, and the console's copy (a lent machine returns eight files).
 
 The recipe is Lee et al. 2021's for small ViTs on CIFAR (their ViT baseline: 93.58 % on the test split in 100
 epochs at batch 128), on the cifar-m preset (their depth-9, width-192, 12-head, patch-4 ViT, stochastic depth
@@ -46,21 +46,21 @@ RECIPE = ["--preset", "cifar-m", "--batch-size", "256", "--lr", "1.5e-3", "--min
           "--mixup", "1.0", "--cutmix", "1.0", "--mix-prob", "0.5", "--random-erasing", "0.25",
           "--ema", "0.9995", "--ema-warmup", "--compile", "--precision", "bf16",
           "--attention-every", "0", "--checkpoint-seconds", "600", "--eval-batch-size", "1000",
-          "--log-every", "15", "--seed", "0", "--val-fraction", "0.1"]
+          "--log-every", "15", "--seed", "0", "--val-fraction", "0.1", "--warmup-epochs", "5"]
 
 
-def launch(data: str, out: Path, epochs: int, warmup: float, device: str, extra: list[str]) -> subprocess.Popen:
-    """``python -m vit.train`` with the recipe, its output appended to ``out``'s console log."""
+def launch(data: str, out: Path, budget: float, device: str, extra: list[str]) -> subprocess.Popen:
+    """``python -m vit.train`` with the recipe and ``--time-budget``, its output in ``out``'s console log."""
     recipe = RECIPE if device != "cpu" else [a for a in RECIPE if a not in ("--compile", "--precision", "bf16")]
     command = [sys.executable, "-m", "vit.train", "--dataset", f"folder:{data}", "--out", str(out),
-               "--device", device, "--epochs", str(epochs), "--warmup-epochs", f"{warmup:g}", *recipe, *extra]
+               "--device", device, "--time-budget", f"{budget:g}", *recipe, *extra]
     out.parent.mkdir(parents=True, exist_ok=True)
     console = open(out.parent / f"{out.name}-console.log", "w")
     print(" ".join(command), file=console, flush=True)
     return subprocess.Popen(command, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
 
 
-def follow(process: subprocess.Popen, run_dir: Path, epochs: int, started: float, stop_at: float) -> list[float]:
+def follow(process: subprocess.Popen, run_dir: Path, started: float, stop_at: float) -> list[float]:
     """Seconds from ``started`` at which each epoch's metrics line appeared; SIGTERM past ``stop_at``."""
     metrics = run_dir / "metrics.jsonl"
     seen: list[float] = []
@@ -70,7 +70,7 @@ def follow(process: subprocess.Popen, run_dir: Path, epochs: int, started: float
         now = time.monotonic()
         seen.extend([now - started] * (lines - len(seen)))
         if now > stop_at and not stopped:
-            print(f"deadline: stopping {run_dir.name} at epoch {len(seen)}/{epochs}", flush=True)
+            print(f"deadline: stopping {run_dir.name} at epoch {len(seen)}", flush=True)
             process.send_signal(signal.SIGTERM)
             stopped = True
         time.sleep(0.05)
@@ -95,16 +95,28 @@ def device_report() -> str:
     return "\n".join(lines) + "\n"
 
 
+def profile(batch_sizes: list[int], data: str, out: Path, extra: list[str]) -> None:
+    """``bench/profile_train_step.py`` at each batch size, its report as ``out/step-B.txt``."""
+    for batch in batch_sizes:
+        t = time.monotonic()
+        command = [sys.executable, str(ROOT / "bench" / "profile_train_step.py"), "--data", data, "--batch-size",
+                   str(batch), "--steps", "30", "--warmup", "10", "--out", str(out / f"step-{batch}.txt"), "--",
+                   *extra]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        print(f"profile at batch {batch}: exit {done.returncode} in {time.monotonic() - t:.1f} s", flush=True)
+        if done.returncode != 0:
+            print(done.stdout[-2000:] + done.stderr[-2000:], flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="image folder: DATA/<class>/<image>")
     parser.add_argument("--out", required=True, type=Path, help="where the collected files go")
     parser.add_argument("--work", default=ROOT / "runs" / "gpu-default", type=Path, help="run folders")
     parser.add_argument("--deadline", type=float, default=560, help="seconds after start by which all is collected")
-    parser.add_argument("--margin", type=float, default=25, help="seconds kept for collecting after the run")
-    parser.add_argument("--probe-epochs", type=int, default=3)
-    parser.add_argument("--max-epochs", type=int, default=600)
+    parser.add_argument("--margin", type=float, default=20, help="seconds kept for collecting after the run")
     parser.add_argument("--max-run-seconds", type=float, default=600, help="the run's own cap (10 minutes)")
+    parser.add_argument("--profile", default="", metavar="B1,B2", help="profile a step at these batch sizes first")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more vit.train arguments")
     args = parser.parse_args()
@@ -123,33 +135,22 @@ def main() -> int:
     print(f"data: {len(data.train)} train, {len(data.val)} val, {decode_seconds:.1f} s "
           f"({'cache' if data.from_cache else 'decoded'})", flush=True)
     del data
+    if args.profile:
+        profile([int(b) for b in args.profile.split(",")], args.data, args.out, args.extra)
 
-    probe_dir = args.work / "probe"
-    launched = time.monotonic()
-    probe = launch(args.data, probe_dir, args.probe_epochs, 1, args.device, args.extra)
-    seen = follow(probe, probe_dir, args.probe_epochs, launched, start + args.deadline / 2)
-    if probe.returncode != 0 or len(seen) < 2:
-        print(f"probe failed (exit {probe.returncode}); see {probe_dir}-console.log", flush=True)
-        shutil.copy(probe_dir.parent / "probe-console.log", args.out / "probe-console.log")
-        return 1
-    first = seen[0]
-    steady = sorted(b - a for a, b in zip(seen, seen[1:], strict=False))[(len(seen) - 1) // 2]
-    budget = min(args.max_run_seconds, args.deadline - (time.monotonic() - start) - args.margin)
-    epochs = max(2, min(args.max_epochs, 1 + math.floor((budget - first) / (steady * 1.02))))
-    warmup = round(max(1.0, min(10.0, 0.05 * epochs)), 1)  # Lee et al.: 10 of 100
+    budget = math.floor(min(args.max_run_seconds, args.deadline - (time.monotonic() - start) - args.margin))
     plan = {"device": device.strip().splitlines(), "decode_seconds": round(decode_seconds, 1),
-            "probe_epoch_times": [round(s, 2) for s in seen],
-            "probe_first_epoch_seconds": round(first, 2), "probe_steady_epoch_seconds": round(steady, 3),
-            "budget_seconds": round(budget, 1), "epochs": epochs, "warmup_epochs": warmup,
-            "recipe": RECIPE + args.extra}
+            "time_budget_seconds": budget, "recipe": RECIPE + args.extra}
     print(f"plan: {json.dumps(plan)}", flush=True)
-    shutil.copy(probe_dir / "metrics.jsonl", args.out / "probe-metrics.jsonl")
-
+    if budget < 60:
+        print(f"only {budget} s left for the run; not started", flush=True)
+        return 1
     run_dir = args.work / "run"
     launched = time.monotonic()
-    run = launch(args.data, run_dir, epochs, warmup, args.device, args.extra)
-    seen = follow(run, run_dir, epochs, launched, start + args.deadline - args.margin)
-    plan.update(run_exit=run.returncode, run_epochs_done=len(seen),
+    run = launch(args.data, run_dir, budget, args.device, args.extra)
+    seen = follow(run, run_dir, launched, launched + budget + args.margin / 2)  # half the margin for an overrun
+    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+    plan.update(run_exit=run.returncode, run_plan=config.get("budget_plan"), run_epochs_done=len(seen),
                 run_launch_to_last_epoch_seconds=round(seen[-1], 2) if seen else None,
                 run_launch_to_exit_seconds=round(time.monotonic() - launched, 2),
                 run_epoch_times=[round(s, 2) for s in seen])
@@ -157,10 +158,11 @@ def main() -> int:
     for name in ("config.json", "metrics.jsonl", "train.log", "best.pt"):
         if (run_dir / name).exists():
             shutil.copy(run_dir / name, args.out / name)
+    shutil.copy(run_dir.parent / "run-console.log", args.out / "run-console.log")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if seen else [{}]
-    print(f"run: exit {run.returncode}, {len(seen)}/{epochs} epochs, launch to last epoch "
-          f"{plan['run_launch_to_last_epoch_seconds']} s, last val_acc {rows[-1].get('val_acc')}, "
-          f"best {max(r.get('val_acc', 0) for r in rows)}", flush=True)
+    print(f"run: exit {run.returncode}, {len(seen)} epochs (planned {config.get('args', {}).get('epochs')}), "
+          f"launch to last epoch {plan['run_launch_to_last_epoch_seconds']} s, last val_acc "
+          f"{rows[-1].get('val_acc')}, best {max(r.get('val_acc', 0) for r in rows)}", flush=True)
     return 0 if run.returncode == 0 else 1
 
 

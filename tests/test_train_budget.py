@@ -14,7 +14,7 @@ from vit.checkpoint import read_checkpoint_payload
 from vit.train import main
 from vit.training.budget import BUDGET_MAX_EPOCHS, BUDGET_SAFETY, parse_duration, plan_epochs
 from vit.training.options import parse_args
-from vit.training.trainer import FAULT_ENV
+from vit.training.trainer import FAULT_ENV, schedule_factor
 
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
         "--mlp-size", "16", "--threads", "1", "--batch-size", "4"]
@@ -120,6 +120,82 @@ def test_a_budget_too_short_for_more_ends_the_run_at_the_planning_epoch(images, 
         (out / "train.log").read_text()
     assert (out / "attention" / "epoch_0002.npz").is_file()  # the last epoch's snapshot, though 2 % 3 != 0
     assert read_checkpoint_payload(out / "last.pt")["training_state"]["progress"]["epoch"] == 2
+
+
+def test_the_plan_waits_for_the_warmups_end_and_takes_the_mean_epoch_after_the_first(images, cache, tmp_path,
+                                                                                      monkeypatch):
+    calls = []
+
+    def plan(budget, spent, epoch_seconds, done, most):
+        calls.append((done, epoch_seconds))
+        return most
+
+    monkeypatch.setattr(trainer_module, "plan_epochs", plan)
+    out = tmp_path / "budget"
+    ends = []
+    end_epoch = trainer_module.Trainer._end_epoch
+
+    def timed(self, status):
+        end_epoch(self, status)
+        if self.progress.epoch == 2:  # a slow second epoch: its time alone is not the mean
+            trainer_module.time.sleep(0.4)
+        ends.append(trainer_module.time.time())
+
+    monkeypatch.setattr(trainer_module.Trainer, "_end_epoch", timed)
+    assert main(cli(images, cache, out, "--time-budget", "1h", "--epochs", "5", "--warmup-epochs", "3.5")) == 0
+    # Asked at each epoch end from the second, and due at the warmup's end; whether the plan still fits waits
+    # two epochs after it.
+    assert [done for done, _ in calls] == [2, 3]
+    assert read_json(out / "config.json")["budget_plan"]["at_epoch"] == 3
+    mean = (ends[2] - ends[0]) / 2  # epochs 2 and 3, each from the end of the one before
+    assert calls[1][1] == pytest.approx(mean, abs=0.01) and calls[1][1] < ends[1] - ends[0] - 0.1
+
+
+def test_a_budget_that_runs_out_in_the_warmup_is_planned_there(images, cache, tmp_path):
+    out = tmp_path / "short"
+    assert main(cli(images, cache, out, "--time-budget", "0.01s", "--warmup-epochs", "4")) == 0
+    assert len(metrics(out)) == 2
+    assert read_json(out / "config.json")["budget_plan"]["at_epoch"] == 2
+
+
+def test_a_corrections_cosine_goes_on_from_the_rate_reached_to_the_floor_at_its_end():
+    base = dict(warmup=10, total=100, schedule="cosine", floor=0.0)
+    reached = schedule_factor(55, **base)
+    assert reached == pytest.approx(0.5)  # halfway down the first plan's cosine: (55 - 10) / (100 - 10)
+    segments = ((55, reached, 85),)
+    assert [schedule_factor(s, **base, segments=segments) for s in (54, 55, 70, 85, 95)] == \
+        pytest.approx([schedule_factor(54, **base), 0.5, 0.25, 0.0, 0.0])
+    later = ((55, reached, 85), (70, 0.25, 75))
+    assert schedule_factor(75, **base, segments=later) == 0.0 and schedule_factor(60, **base, segments=later) == \
+        pytest.approx(schedule_factor(60, **base, segments=segments))
+
+
+def test_a_pace_off_the_plan_corrects_it_and_a_resume_keeps_the_correction(images, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_module, "BUDGET_TOLERANCE", 0.0)  # off by two epochs is enough
+    answers = iter([8, 5])  # the plan at the end of epoch 2, then what fits two epochs later
+
+    def plan(budget, spent, epoch_seconds, done, most):
+        return next(answers)
+
+    monkeypatch.setattr(trainer_module, "plan_epochs", plan)
+    told = tmp_path / "told"
+    assert main(cli(images, cache, told, "--epochs", "8")) == 0
+    out = tmp_path / "budget"
+    monkeypatch.setenv(FAULT_ENV, "23")  # in epoch 5, after the correction at the end of epoch 4
+    assert main(cli(images, cache, out, "--time-budget", "1h", "--epochs", "10")) == 1
+    monkeypatch.delenv(FAULT_ENV)
+    assert main(["--resume", str(out)]) == 0
+
+    rows, told_rows = metrics(out), metrics(told)
+    assert len(rows) == 5 and rows[:4] == told_rows[:4]  # the plan of 8 up to the correction
+    assert rows[4]["lr"] == pytest.approx(1e-5)  # the floor (ours: --min-lr 1e-5) at the new last step
+    progress = read_checkpoint_payload(out / "last.pt")["training_state"]["progress"]
+    reached = told_rows[3]["lr"] / 2e-3  # the rate at the end of epoch 4, as a share of ours' peak 2e-3
+    assert progress["budget_segments"] == [[20, pytest.approx(reached), 25]]
+    assert (progress["planned_epochs"], progress["budget_base_epochs"], progress["budget_max_epochs"]) == (5, 8, 10)
+    plan = read_json(out / "config.json")["budget_plan"]
+    assert (plan["epochs"], plan["at_epoch"], [c["epochs"] for c in plan["corrections"]]) == (5, 2, [5])
+    assert read_json(out / "status.json")["total_epochs"] == 5
 
 
 def test_a_resume_after_the_plan_keeps_it(told_three, images, cache, tmp_path, monkeypatch):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
-# --time-budget: the epochs are planned at the end of this epoch, from its own wall time; with the cosine, the
-# warmup must last at least this long, so that the steps before the plan trained at the planned run's rates.
+# --time-budget: the epochs are planned at the end of the warmup, and not before this epoch (the first compiles,
+# so its time says little); with the cosine the warmup must last at least this long, so that the steps before the
+# plan trained at the planned run's rates.
 PLAN_EPOCH = 2
 BUDGET_MAX_EPOCHS = 10_000  # what a budgeted run may plan when --epochs does not bound it
 MAX_BUDGET_SECONDS = 366 * 86_400
@@ -24,6 +25,9 @@ def parse_duration(text: str) -> float:
 
 
 BUDGET_SAFETY = 1.02  # each planned epoch is taken to last this much longer than the one measured
+# A plan is corrected when what fits differs from it by two epochs or more, and by this share of the budget.
+BUDGET_TOLERANCE = 0.01
+BUDGET_SPACING = 0.05  # and at least this share of the plan's epochs (and two) after the last plan or correction
 
 
 def plan_epochs(budget: float, spent: float, epoch_seconds: float, done: int, most: int) -> int:

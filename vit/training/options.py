@@ -231,12 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
                    f"--time-budget, the most it may plan (default {BUDGET_MAX_EPOCHS:,})")
     g.add_argument("--time-budget", type=_duration, metavar="DURATION",
                    help="train as many epochs as fit in this wall time, counted from the command's launch (600, "
-                   "10m, 1.5h). The run plans them once, at the end of its second epoch, from the time it took "
-                   "(start-up, compilation and validation count towards the budget), and the schedule's cosine "
-                   "then ends at the last planned epoch, as if --epochs had said it: config.json's epochs and "
-                   "status.json's total_epochs change to the plan. With the cosine schedule, --warmup-epochs must "
-                   f"be at least {PLAN_EPOCH} (default 5), so that the epochs before the plan train at the same "
-                   "rates. A budget too short for the planning epochs ends the run there")
+                   "10m, 1.5h). The run plans them at the end of its warmup, from the mean time of its epochs "
+                   "after the first (start-up, compilation and validation count towards the budget), and the "
+                   "schedule's cosine then ends at the last planned epoch, as if --epochs had said it: config.json's "
+                   "epochs and status.json's total_epochs change to the plan. When the pace drifts so far that what "
+                   "fits differs by two epochs or more (and 1 %% of the budget), the plan is corrected: the cosine "
+                   "goes on from the rate reached and ends at the new last epoch. With the cosine "
+                   f"schedule, --warmup-epochs must be at least {PLAN_EPOCH} (default 5), so that the epochs before "
+                   f"the plan train at the same rates; with a constant one it plans at epoch {PLAN_EPOCH}. A budget "
+                   "that runs out sooner is planned when not one more epoch fits, and the run ends there")
     g.add_argument("--batch-size", type=_positive_int, help="global batch size (256); at most the number of "
                    "training images")
     g.add_argument("--lr", type=_learning_rate, help=f"peak learning rate (ours 2e-3, seed 1e-2; at most {MAX_LR:g})")

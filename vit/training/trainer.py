@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -47,7 +47,7 @@ from vit.core.runfiles import (
     write_metrics,
 )
 from vit.model import ViT, ViTConfig, count_parameters
-from vit.training.budget import PLAN_EPOCH, plan_epochs
+from vit.training.budget import BUDGET_SPACING, BUDGET_TOLERANCE, PLAN_EPOCH, plan_epochs
 from vit.training.data import BatchAugment, DataError, Dataset, random_erasing
 from vit.training.snapshots import (
     has_probe,
@@ -176,7 +176,13 @@ class Progress:
     epoch_seconds: float = 0.0  # training seconds of the current epoch so far, over all sessions
     best_val_acc: float = -1.0
     elapsed: float = 0.0  # wall seconds of training (with validation) over all sessions
-    planned_epochs: int = 0  # with a time budget: the epochs planned at the end of PLAN_EPOCH (0: not yet)
+    # With a time budget: the epochs planned (0: not yet), as later corrected; the first plan, whose cosine the
+    # schedule follows; the most it may plan; and each correction's continuation of the cosine, [its first step,
+    # the rate's share of the peak there, the step where it ends].
+    planned_epochs: int = 0
+    budget_base_epochs: int = 0
+    budget_max_epochs: int = 0
+    budget_segments: list = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, values: dict) -> Progress:
@@ -274,6 +280,7 @@ class Trainer:
         if resume_payload is not None:
             self._restore(resume_payload)
         self.ema_updates = int(self.ema.n_averaged) if self.ema is not None else 0  # one sync, here
+        self.planned_at = self.progress.epoch  # the budget's last plan or correction (a resumed session: its start)
         self.scheduler = self._scheduler()
         self.net: nn.Module = self.model
         if self.world > 1:
@@ -324,8 +331,12 @@ class Trainer:
             group["lr"] = settings.lr * self.lr_factor * scale
             group.pop("initial_lr", None)
         warmup = int(round(settings.warmup_epochs * self.steps_per_epoch))
-        factor = functools.partial(schedule_factor, warmup=warmup, total=self.total_steps,
-                                   schedule=settings.schedule, floor=settings.min_lr / settings.lr)
+        p, total, segments = self.progress, self.total_steps, ()
+        if p.planned_epochs and p.planned_epochs == settings.epochs:  # a budget's plan, not a later --epochs
+            total = p.budget_base_epochs * self.steps_per_epoch
+            segments = tuple(tuple(segment) for segment in p.budget_segments)
+        factor = functools.partial(schedule_factor, warmup=warmup, total=total, schedule=settings.schedule,
+                                   floor=settings.min_lr / settings.lr, segments=segments)
         scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
@@ -434,47 +445,90 @@ class Trainer:
             self.epoch_ends.append(time.time())
             clock.exclude(self.epoch_ends[-1] - start)
             if settings.time_budget and not p.planned_epochs and p.epoch >= PLAN_EPOCH:
-                self._plan(status, clock, self.epoch_ends[-1] - start)
+                self._plan_when_due(status, clock, self.epoch_ends[-1] - start)
+            elif settings.time_budget and p.planned_epochs:
+                self._replan_when_off(status)
         return "completed"
 
     # -- a time budget ---------------------------------------------------------------------------
 
-    def _plan(self, status: Status | None, clock: EtaClock, end_seconds: float) -> None:
-        """Fix the run's epochs from the budget left and the last epoch's wall time (rank 0's, for every rank),
-        then re-plan what follows from them: the schedule's cosine, the totals, config.json and status.json.
+    def _plan_when_due(self, status: Status | None, clock: EtaClock, end_seconds: float) -> None:
+        """With a time budget, fix the run's epochs at the end of its warmup (at the earliest PLAN_EPOCH; with a
+        constant rate at PLAN_EPOCH), or sooner when not one more epoch fits: rank 0's plan, for every rank.
+        Then re-plan what follows from it: the schedule's cosine, the totals, config.json and status.json.
 
-        The last epoch's time runs from the end of the one before (its steps, validation, snapshot, checkpoints);
-        a session resumed inside it has only its steps' pace and this epoch end's time.
+        An epoch's time is the mean wall time of this session's epochs after its first (which compiles): each
+        from the end of the one before, with its steps, validation, snapshot and checkpoints. A session that has
+        ended only one epoch has its steps' pace and this epoch end's time.
         """
         settings, p = self.settings, self.progress
-        now = self.epoch_ends[-1]
-        if len(self.epoch_ends) >= 2:
-            epoch_seconds = now - self.epoch_ends[-2]
+        ends = self.epoch_ends
+        if len(ends) >= 2:
+            epoch_seconds = (ends[-1] - ends[0]) / (len(ends) - 1)
         else:
             epoch_seconds = (clock.seconds_per_step() or 0.0) * self.steps_per_epoch + end_seconds
-        spent = self.elapsed_before + now - self.launched  # earlier sessions' training, and all of this one
+        spent = self.elapsed_before + ends[-1] - self.launched  # earlier sessions' training, and all of this one
         planned = plan_epochs(settings.time_budget, spent, epoch_seconds, p.epoch, settings.epochs)
+        plan_at = max(PLAN_EPOCH, int(settings.warmup_epochs)) if settings.schedule == "cosine" else PLAN_EPOCH
+        due = p.epoch >= plan_at or planned <= p.epoch
         if self.world > 1:
-            flag = torch.tensor([planned], dtype=torch.float64, device=self.device)
+            flag = torch.tensor([planned, float(due)], dtype=torch.float64, device=self.device)
             dist.broadcast(flag, src=0)
-            planned = int(flag.item())
-        p.planned_epochs = planned
+            planned, due = int(flag[0].item()), bool(flag[1].item())
+        if not due:
+            return
+        p.planned_epochs = p.budget_base_epochs = planned
+        p.budget_max_epochs = settings.epochs
+        self._apply_plan(status, planned, spent, epoch_seconds)
+
+    def _replan_when_off(self, status: Status | None) -> None:
+        """After the plan, at each epoch's end: when the epochs take so much more or less time than planned that
+        what fits in the budget now differs from the plan by two epochs or more (and by 1 % of the budget), correct
+        the plan to it. The pace is the mean of this session's epochs after its first, as for the plan. The cosine
+        continues from the rate it has reached and ends at the new last epoch."""
+        settings, p, ends = self.settings, self.progress, self.epoch_ends
+        if p.epoch >= settings.epochs or p.planned_epochs != settings.epochs or len(ends) < 2:
+            return  # ended, extended past the plan by --epochs, or no epoch after the session's first yet
+        if p.epoch - self.planned_at < max(2, math.ceil(BUDGET_SPACING * settings.epochs)):
+            return  # too soon after the last plan: the pace's mean is still noisy
+        epoch_seconds = (ends[-1] - ends[0]) / (len(ends) - 1)
+        spent = self.elapsed_before + ends[-1] - self.launched
+        fits = plan_epochs(settings.time_budget, spent, epoch_seconds, p.epoch, p.budget_max_epochs)
+        off = abs(fits - settings.epochs) >= max(2, math.ceil(BUDGET_TOLERANCE * settings.time_budget /
+                                                               max(epoch_seconds, 1e-9)))
+        if self.world > 1:
+            flag = torch.tensor([fits, float(off)], dtype=torch.float64, device=self.device)
+            dist.broadcast(flag, src=0)
+            fits, off = int(flag[0].item()), bool(flag[1].item())
+        if not off:
+            return
+        if settings.schedule == "cosine":
+            reached = self.scheduler.lr_lambdas[0](p.global_step)
+            p.budget_segments.append([p.global_step, reached, fits * self.steps_per_epoch])
+        p.planned_epochs = fits
+        self._apply_plan(status, fits, spent, epoch_seconds)
+
+    def _apply_plan(self, status: Status | None, planned: int, spent: float, epoch_seconds: float) -> None:
+        """The run's epochs become ``planned``: the totals, the schedule, the record and last.pt."""
+        settings, p = self.settings, self.progress
+        self.planned_at = p.epoch
         self.settings = replace(settings, epochs=planned)
         self.total_steps = self.steps_per_epoch * planned
-        self.scheduler = self._scheduler()  # the steps so far were all warmup: the same rates, then this cosine
+        self.scheduler = self._scheduler()  # the same rates up to here, then the planned cosine
         if self.is_main:
-            self._record_plan(status, spent, epoch_seconds, settings.epochs)
+            self._record_plan(status, spent, epoch_seconds)
         if planned <= p.epoch and self._snapshots_on() and p.epoch % settings.attention_every:
             self._snapshot()  # the last epoch's, which its end did not know it was
         self._save_last()  # the plan itself: a resume from here keeps it
 
-    def _record_plan(self, status: Status | None, spent: float, epoch_seconds: float, most: int) -> None:
+    def _record_plan(self, status: Status | None, spent: float, epoch_seconds: float) -> None:
         """The plan in the log, config.json (its epochs, and ``budget_plan``) and status.json's totals."""
         settings, p = self.settings, self.progress
-        planned = settings.epochs
-        log.info("time budget %.0f s: %.1f s spent, %.2f s an epoch; planned %d epochs in all%s",
-                 settings.time_budget, spent, epoch_seconds, planned,
-                 f" (--epochs {most} bounds it)" if planned == most else "")
+        planned, most = settings.epochs, p.budget_max_epochs
+        corrected = p.planned_epochs != p.budget_base_epochs or p.budget_segments
+        log.info("time budget %.0f s: %.1f s spent, %.2f s an epoch; %s %d epochs in all%s",
+                 settings.time_budget, spent, epoch_seconds, "the plan is now" if corrected else "planned",
+                 planned, f" (--epochs {most} bounds it)" if planned == most else "")
         if planned <= p.epoch:
             log.warning("time budget: no epoch after the %d planning ones fits in %.0f s; the run ends here%s",
                         p.epoch, settings.time_budget, ", inside its warmup" if settings.schedule == "cosine" else "")
@@ -482,9 +536,13 @@ class Trainer:
             config_file = self.run_dir / CONFIG_FILE
             record = parse_json(read_text_bounded(config_file))
             record["args"]["epochs"] = planned
-            record["budget_plan"] = {"time_budget": settings.time_budget, "at_epoch": p.epoch,
-                                     "spent_seconds": round(spent, 3), "epoch_seconds": round(epoch_seconds, 3),
-                                     "epochs": planned, "max_epochs": most}
+            plan = {"time_budget": settings.time_budget, "at_epoch": p.epoch, "spent_seconds": round(spent, 3),
+                    "epoch_seconds": round(epoch_seconds, 3), "epochs": planned, "max_epochs": most}
+            if corrected:
+                record["budget_plan"].setdefault("corrections", []).append(plan)
+                record["budget_plan"]["epochs"] = planned
+            else:
+                record["budget_plan"] = plan
             write_json(config_file, record)
         if status is not None:
             status.update(total_epochs=planned, total_steps=self.total_steps,
@@ -794,15 +852,20 @@ def compiled_augmentation(augment: BatchAugment, mode: str) -> Callable[[torch.T
     return torch.compile(augment, mode=mode, dynamic=False)
 
 
-def schedule_factor(step: int, warmup: int, total: int, schedule: str, floor: float) -> float:
+def schedule_factor(step: int, warmup: int, total: int, schedule: str, floor: float,
+                    segments: tuple[tuple[int, float, int], ...] = ()) -> float:
     """The learning rate after ``step`` optimizer steps as a share of the peak: linear from ``WARMUP_START`` over
-    ``warmup`` steps, then constant or a half cosine down to ``floor`` (--min-lr / --lr) at step ``total``."""
+    ``warmup`` steps, then constant or a half cosine down to ``floor`` (--min-lr / --lr) at step ``total``.
+
+    ``segments`` (a time budget's corrections, in order): from each ``(start, share, end)`` on, a half cosine from
+    ``share`` (the rate the schedule had reached at ``start``) down to ``floor`` at step ``end``."""
     if step < warmup:
         return WARMUP_START + (1.0 - WARMUP_START) * step / warmup
     if schedule == "constant":
         return 1.0
-    progress = (step - warmup) / max(total - warmup, 1)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    start, share, total = next(((a, f, b) for a, f, b in reversed(segments) if step >= a), (warmup, 1.0, total))
+    progress = min((step - start) / max(total - start, 1), 1.0)
+    return floor + (share - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 # The prefix tokens and the position table: never weight-decayed (timm's rule, with every parameter of one
