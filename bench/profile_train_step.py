@@ -10,7 +10,8 @@ GPU's arithmetic, set the pace. This script builds ``vit.training.trainer.Traine
 (the recipe of ``bench/train_gpu_default.py`` unless other ``vit.train`` options follow ``--``), warms it up
 (compilation included), then:
 
-1. times ``--steps`` steps end to end (a device sync before and after: the steady wall time per step);
+1. times ``--steps`` steps end to end (a device sync before and after: the steady wall time per step), and a
+   validation twice: the first compiles its model, the second is what each epoch's costs;
 2. profiles as many with ``torch.profiler`` (CPU and, on a GPU, CUDA) and prints, for each phase that
    ``Trainer.step`` labels (augment, forward, backward, optimizer, ema), the host's time in it and the device's
    kernel time, then the 20 costliest operators by host time.
@@ -108,6 +109,16 @@ def main() -> int:
     sync(device)
     per_step = (time.perf_counter() - start) / args.steps
     lines.append(f"steady: {per_step * 1e3:.2f} ms a step, {trainer.local_batch / per_step:,.0f} images/s")
+
+    # Validation: the first compiles the evaluation model (with --compile on a GPU), the second is an epoch's.
+    evals = []
+    for _ in range(2):
+        start = time.perf_counter()
+        trainer.evaluate()
+        sync(device)
+        evals.append(time.perf_counter() - start)
+    lines.append(f"validation of {len(trainer.val)} images: first {evals[0]:.2f} s (compilation included), then "
+                 f"{evals[1]:.3f} s")
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
