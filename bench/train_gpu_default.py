@@ -15,7 +15,7 @@ this very machine, and its cosine ends at the last (no probe run spends the minu
    cancelled);
 4. collect into ``--out``: ``plan.json`` (the budget, the run's own plan from its ``config.json``, its measured
    wall time, the device and library versions), the run's ``config.json``, ``metrics.jsonl``, ``train.log`` and
-   ``best.pt``, and the console's copy (a lent machine returns eight files).
+   ``best.pt``, the profiles' reports, and the run's console when it failed (a lent machine returns eight files).
 
 The recipe is Lee et al. 2021's for small ViTs on CIFAR (their ViT baseline: 93.58 % on the test split in 100
 epochs at batch 128), on the cifar-m preset (their depth-9, width-192, 12-head, patch-4 ViT, stochastic depth
@@ -158,7 +158,8 @@ def main() -> int:
     for name in ("config.json", "metrics.jsonl", "train.log", "best.pt"):
         if (run_dir / name).exists():
             shutil.copy(run_dir / name, args.out / name)
-    shutil.copy(run_dir.parent / "run-console.log", args.out / "run-console.log")
+    if run.returncode != 0:  # its train.log holds the rest; a lease returns eight files
+        shutil.copy(run_dir.parent / "run-console.log", args.out / "run-console.log")
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if seen else [{}]
     print(f"run: exit {run.returncode}, {len(seen)} epochs (planned {config.get('args', {}).get('epochs')}), "
           f"launch to last epoch {plan['run_launch_to_last_epoch_seconds']} s, last val_acc "

@@ -1,5 +1,6 @@
 """The scripts a lent GPU runs, run here on the CPU first (a lease has minutes: no time to find a mistake there):
-``bench/train_gpu_default.py`` plans its run's epochs from its own probe and collects what a lease can return;
+``bench/train_gpu_default.py`` gives its run the time left as ``--time-budget`` and collects what a lease can
+return;
 ``bench/profile_train_step.py`` reports every phase ``Trainer.step`` labels."""
 
 from __future__ import annotations
@@ -32,26 +33,30 @@ def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_default_run_is_planned_from_its_probe_and_collects_what_a_lease_returns(tmp_path):
+def test_the_default_run_is_given_the_time_left_and_collects_what_a_lease_returns(tmp_path):
     data, out = image_folder(tmp_path / "data"), tmp_path / "out"
     done = run("bench/train_gpu_default.py", "--data", str(data), "--out", str(out), "--work", str(tmp_path / "w"),
-               "--deadline", "500", "--margin", "5", "--device", "cpu", "--max-epochs", "4", "--probe-epochs", "2",
-               "--extra", *TINY)
+               "--deadline", "500", "--margin", "5", "--device", "cpu", "--profile", "16",
+               "--extra", *TINY, "--epochs", "6", "--warmup-epochs", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     plan = json.loads((out / "plan.json").read_text())
-    assert len(plan["probe_epoch_times"]) == 2 and plan["probe_steady_epoch_seconds"] > 0
-    # The budget holds far more than 4 epochs of this tiny model: the cap decides, and the run trains them all.
-    assert plan["epochs"] == 4 and plan["run_epochs_done"] == 4 and plan["run_exit"] == 0
-    assert plan["run_launch_to_last_epoch_seconds"] <= plan["budget_seconds"]
+    assert 400 < plan["time_budget_seconds"] <= 495  # the deadline less the margin, the decoding and the profile
+    # The budget holds far more than 6 epochs of this tiny model: the run plans at its warmup's end, and its
+    # --epochs bounds the plan.
+    assert (plan["run_plan"]["at_epoch"], plan["run_plan"]["epochs"], plan["run_plan"]["max_epochs"]) == (2, 6, 6)
+    assert plan["run_epochs_done"] == 6 and plan["run_exit"] == 0
+    assert plan["run_launch_to_last_epoch_seconds"] <= plan["time_budget_seconds"]
     returned = sorted(p.name for p in out.iterdir())
-    assert returned == ["best.pt", "config.json", "metrics.jsonl", "plan.json", "probe-metrics.jsonl", "train.log"]
-    assert len(returned) + 1 <= 8  # with the console's copy: a lease returns eight files
+    assert returned == ["best.pt", "config.json", "metrics.jsonl", "plan.json", "step-16.txt", "train.log"]
+    assert "step: forward" in (out / "step-16.txt").read_text()
     config = json.loads((out / "config.json").read_text())
-    assert config["args"]["epochs"] == 4 and config["args"]["mix_prob"] == 0.5
+    assert (config["args"]["epochs"], config["args"]["mix_prob"]) == (6, 0.5)
+    assert config["args"]["time_budget"] == plan["time_budget_seconds"]
     # The recipe is a valid vit.train command as the GPU runs it (the device aside: this machine has none).
     from bench.train_gpu_default import RECIPE
 
-    parsed = parse_args(["--dataset", f"folder:{data}", "--out", str(tmp_path / "x"), "--device", "cpu", *RECIPE])
+    parsed = parse_args(["--dataset", f"folder:{data}", "--out", str(tmp_path / "x"), "--device", "cpu", *RECIPE,
+                         "--time-budget", "560"])
     assert (parsed.preset, parsed.batch_size, parsed.compile, parsed.random_erasing) == ("cifar-m", 256, True, 0.25)
 
 
@@ -61,4 +66,4 @@ def test_the_step_profile_reports_every_phase_the_trainer_labels():
     rows = {line.split("  ")[0].strip(): line.split() for line in done.stdout.splitlines() if line.startswith("step:")}
     assert set(rows) == {"step: augment", "step: forward", "step: backward", "step: optimizer", "step: ema"}
     assert all(float(row[2]) > 0 for row in rows.values())  # host milliseconds a step in each phase
-    assert "images/s" in done.stdout
+    assert "images/s" in done.stdout and "validation of 5000 images: first" in done.stdout  # CIFAR-10-shaped data
