@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -121,6 +122,53 @@ def test_second_load_comes_from_the_cache_without_decoding(tmp_path, monkeypatch
     assert torch.equal(second.train.images, first.train.images)
     assert torch.equal(second.val.labels, first.val.labels)
     assert second.class_names == first.class_names
+
+
+@pytest.fixture
+def decoded_by_processes(monkeypatch):
+    """Folders of a few images decoded as large ones are: by two processes, a share each."""
+    monkeypatch.setattr(data, "POOL_MIN_FILES", 4)
+    monkeypatch.setattr(data, "SHARE_MIN_FILES", 2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_many_images_are_decoded_by_processes_as_one_process_decodes_them(tmp_path, monkeypatch,
+                                                                         decoded_by_processes, caplog):
+    root = make_image_folder(tmp_path / "d", per_class=7, size=12)
+    (root / "cat" / "broken.png").write_bytes(b"not an image")
+    started = []
+    popen = subprocess.Popen
+
+    def counted(command, **kwargs):
+        started.append(command)
+        return popen(command, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", counted)
+    scratch = tmp_path / "cache"
+    caplog.set_level("WARNING", logger="vit.training.data")
+    both = data._decode_folder(root, ["cat", "dog"], 8, 3, scratch)
+    assert len(started) == 2 and started[0][1:3] == ["-m", "vit.training.decoding"]
+    monkeypatch.setattr(data, "POOL_MIN_FILES", 10**9)
+    one = data._decode_folder(root, ["cat", "dog"], 8, 3, scratch)
+    assert len(started) == 2
+    assert torch.equal(both.images, one.images) and torch.equal(both.labels, one.labels) and len(one.images) == 14
+    assert caplog.text.count("skipped 1 unreadable image(s)") == 2 and "broken.png" in caplog.text
+    assert list(scratch.iterdir()) == []  # the shares' folder is gone
+
+
+def test_a_decoding_process_that_fails_leaves_its_share_to_this_one(tmp_path, monkeypatch, decoded_by_processes,
+                                                                    caplog):
+    root = make_image_folder(tmp_path / "d", per_class=4, size=12)
+    monkeypatch.setattr(data, "DECODE_WORKER", "vit.training.no_such_module")
+    caplog.set_level("WARNING", logger="vit.training.data")
+    split = data._decode_folder(root, ["cat", "dog"], 8, 3, tmp_path / "cache")
+    monkeypatch.setattr(data, "POOL_MIN_FILES", 10**9)
+    assert torch.equal(split.images, data._decode_folder(root, ["cat", "dog"], 8, 3, tmp_path / "cache").images)
+    assert caplog.text.count("a decoding process failed (exit status 1: ") == 2
+    assert "No module named vit.training.no_such_module" in caplog.text
 
 
 def test_cache_is_per_image_size_and_rebuilt_when_damaged(tmp_path):
