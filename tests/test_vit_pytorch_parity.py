@@ -230,6 +230,33 @@ def test_a_config_json_the_weights_contradict_is_refused_naming_the_value(tmp_pa
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("case", ["cls-dim_head", "one-channel"])
+def test_vit_for_small_datasets_opens_exactly_with_its_shifted_patches_and_locality_attention(tmp_path, case):
+    """Lee et al. 2021's levers as vit-pytorch writes them: shifted patch tokens and locality self-attention."""
+    from vit_pytorch.vit_for_small_dataset import ViT as SmallViT
+
+    arguments = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48, dim_head=16,
+                     pool="cls")  # its mean pooling keeps a class token too, so the weights cannot tell
+    if case == "one-channel":
+        arguments.update(image_size=28, patch_size=4, channels=1, heads=2)
+    model = randomize(SmallViT(**arguments))
+    with torch.no_grad():  # temperatures apart per layer, so a layer's own is the one read
+        for i, layer in enumerate(model.transformer.layers):
+            layer[0].temperature.add_(0.3 * i)
+    path = save(tmp_path, model, arguments)
+    side, channels = arguments["image_size"], arguments.get("channels", 3)
+    images = torch.randn(2, channels, side, side)
+    with torch.no_grad():
+        checkpoint = open_source(path)
+        logits, attentions = simple_vit_attentions(model, images)
+        ours = checkpoint.model(images, output_attentions=True)
+        assert_same(ours, logits, attentions)
+        torch.testing.assert_close(checkpoint.model(images)[0], logits, rtol=0, atol=1e-5)  # the fused path too
+    config = checkpoint.config
+    assert (config.patch_shift, config.attention, config.patch_norm) == ("cardinal", "lsa_temperature", False)
+    assert ours[1][0].diagonal(dim1=-2, dim2=-1).abs().max() == 0  # no token attends to itself
+
+
 def test_other_vit_pytorch_variants_are_refused_naming_what_they_are(tmp_path):
     from vit_pytorch.deepvit import DeepViT
     from vit_pytorch.simple_vit_with_value_residual import SimpleViT as ValueResidualViT

@@ -344,7 +344,7 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("scratch", "The tutorials' from-scratch ViTs", "image",
            "tintn's experiments, the MNIST tutorial's and the CIFAR-10 notebook's state dicts",
            "vit.sources.libraries.import_scratch", (), _EVERY_MAP),
-    Family("vit-pytorch", "vit-pytorch's ViT and SimpleViT", "image", "vit-pytorch state dicts",
+    Family("vit-pytorch", "vit-pytorch's ViT, SimpleViT and ViT for small datasets", "image", "vit-pytorch state dicts",
            "vit.sources.libraries.import_vit_pytorch", (), _EVERY_MAP),
     Family("mapped", "Any layout, by a mapping file", "image", "any state dict with a mapping (vit.convert --map)",
            "vit.sources.libraries.mapping", (), _EVERY_MAP),

@@ -17,6 +17,7 @@ from vit.model.hooks import PLAIN_RULES, HookPoint, activate, active_hooks, curr
 from vit.model.layouts import (
     RelativePositionBias,
     decomposed_rel_pos,
+    diagonal_bias,
     divided_partitions,
     neighbourhood_bias,
     padding_bias,
@@ -166,6 +167,13 @@ class Attention(Parent):
         # timm do) instead of 1 / sqrt(head_dim).
         self.logit_scale = (nn.Parameter(torch.log(10 * torch.ones(self.num_heads, 1, 1)))
                             if config.attention == "cosine" else None)
+        # Locality self-attention (Lee et al. 2021): the logits' scale learned, one a head (the authors', from
+        # 1 / sqrt(head_dim)) or one a layer as exp(temperature) (vit-pytorch's), and each token's own key masked out.
+        self.lsa_scale = (nn.Parameter(torch.full((self.num_heads,), self.head_dim ** -0.5))
+                          if config.attention == "lsa" else None)
+        self.lsa_temperature = (nn.Parameter(torch.tensor(math.log(self.head_dim ** -0.5)))
+                                if config.attention == "lsa_temperature" else None)
+        self.locality = config.attention.startswith("lsa")
         # (B, nh, T, hd) each, q and k after rotary positions; the bias (B or 1, nh, T, T) added to the scaled logits
         # before the softmax (only in models with one; formed whole only when hooked or when the pattern is, else
         # per query chunk by the fused path); the pattern (B, nh, T, T) exists only when it is asked for or hooked
@@ -202,6 +210,18 @@ class Attention(Parent):
             q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
 
+    @property
+    def logit_factor(self) -> float:
+        """What the queries at ``hook_q`` are multiplied by to give the logits: 1 / sqrt(head_dim), or 1 where the
+        layer's own scale is in them already (cosine attention, locality self-attention)."""
+        learned = self.logit_scale is not None or self.lsa_scale is not None or self.lsa_temperature is not None
+        return 1.0 if learned else self.head_dim ** -0.5
+
+    def own_key_bias(self, rows: torch.Tensor, keys: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Locality self-attention's mask for the queries ``rows`` (token indices) over ``keys`` keys, ``(1, 1,
+        len(rows), keys)``; None for a layer without it."""
+        return diagonal_bias(rows, keys, dtype)[None, None] if self.locality else None
+
     def logit_bias(self, q: torch.Tensor, grid: tuple[int, int] | None, shared: torch.Tensor | None,
                    rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """What this layer adds to its logits: the model's ``shared`` BEiT bias (nh, N, N) plus its own table's for
@@ -236,13 +256,13 @@ class Attention(Parent):
         ``pool`` on ``grid`` (Hiera's query pooling), so ``n = N / pool**2``; ``variant``: the logits' pairs and
         NACLIP's neighbourhood (``AttentionVariant``; None: the model's own), in a plain global layer alone."""
         B, N, C = x.shape
-        if variant is not None and (queries is not None or pool > 1 or self.logit_scale is not None
+        if variant is not None and (queries is not None or pool > 1 or self.logit_scale is not None or self.locality
                                     or self.rel_pos_bias is not None or self.rel_pos_h is not None
                                     or self.window_bias is not None or shared_bias is not None or mask is not None
                                     or key_mask is not None):
             raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) is defined for a plain "
                              "global layer over every token: this one has position biases, windows, padding, "
-                             "cosine attention or pooled queries")
+                             "cosine or locality attention or pooled queries")
         near = 0.0 if variant is None else variant.neighbourhood
         if near and grid is None:
             raise ValueError("NACLIP's neighbourhood lies on the patch grid, so the grid must be given")
@@ -257,6 +277,10 @@ class Attention(Parent):
                 q = rules.divide_by_norm(q, q.norm(dim=-1, keepdim=True).clamp_min(1e-12))  # F.normalize's eps
                 k = rules.divide_by_norm(k, k.norm(dim=-1, keepdim=True).clamp_min(1e-12))
             q, scale = q * limit.to(q.dtype), 1.0
+        elif self.lsa_scale is not None:  # the learned scale goes into q, the softmax's is 1
+            q, scale = q * self.lsa_scale.view(1, -1, 1, 1).to(q.dtype), 1.0
+        elif self.lsa_temperature is not None:
+            q, scale = q * self.lsa_temperature.exp().to(q.dtype), 1.0
         if pool > 1:
             q = pool_queries(q, grid, pool)  # (B, nh, N / pool**2, hd)
         if queries is not None:
@@ -268,7 +292,7 @@ class Attention(Parent):
         explicit = output_attentions or self.hook_pattern in active  # the probabilities are asked for, or hooked
         bias = None
         if (self.rel_pos_bias is not None or self.rel_pos_h is not None or self.window_bias is not None
-                or shared_bias is not None or mask is not None or key_mask is not None or near):
+                or shared_bias is not None or mask is not None or key_mask is not None or near or self.locality):
             def bias_rows(start: int, stop: int, q: torch.Tensor = q) -> torch.Tensor:  # q before the rules' copy
                 """Rows ``start..stop`` of all that is added to the logits, ``(B or 1, nh or 1, stop - start, N)``:
                 the position biases, Swin's shifted-window mask, NaFlex's key padding and NACLIP's neighbourhood."""
@@ -285,6 +309,9 @@ class Attention(Parent):
                 if key_mask is not None:
                     padding = padding_bias(key_mask, q.dtype, stop - start)  # (B, 1, stop - start, N)
                     bias = padding if bias is None else bias + padding
+                own = self.own_key_bias(torch.arange(start, stop, device=q.device), N, q.dtype)
+                if own is not None:  # locality self-attention: each query's own key gets zero probability
+                    bias = own if bias is None else bias + own
                 return bias
 
             if self.hook_bias in active or (explicit and rules is not PLAIN_RULES):  # whole, as its reader needs it
@@ -313,7 +340,7 @@ class Attention(Parent):
             else:
                 # SAM ViT-B's global layer at 1,024 px: its bias is 805 MB whole (12 x 4,096 x 4,096), 67 MB a chunk
                 pair = fused_attention(rows, columns, v, dropout_p, bias,
-                                       None if self.logit_scale is None else 1.0)  # (B, nh, n, hd)
+                                       None if scale != 1.0 else 1.0)  # (B, nh, n, hd)
                 y = pair if y is None else y + pair
         if explicit:
             probs = self.hook_pattern(probs)

@@ -106,7 +106,14 @@ class ViTConfig:
     window_rule: str = "hf"  # Swin's windows and shift on a grid no wider than a window on a side (WINDOW_RULES):
     # "hf" (HF Swin: the grid's short side, both axes), "hf_v2" (HF Swin V2: the height of the grid it is built
     # for, both axes) or "timm" (each axis on its own, timm's _calc_window_shift)
-    attention: str = "dot"  # "cosine": Swin V2's cosine attention times a learned per-head logit scale
+    attention: str = "dot"  # "cosine": Swin V2's cosine attention times a learned per-head logit scale; "lsa" and
+    # "lsa_temperature": locality self-attention (Lee et al. 2021), each token's own key masked out and the logits'
+    # scale learned, one a head (the authors': initialised to 1 / sqrt(head_dim)) or one a layer as exp(temperature)
+    # (vit-pytorch's vit_for_small_dataset)
+    # Shifted patch tokenization (Lee et al. 2021): each patch also sees 4 shifted copies of the image, its 5C
+    # channels normed (LayerNorm over the flattened patch) before the projection. "diagonal": the authors', shifted by
+    # half a patch towards each corner; "cardinal": vit-pytorch's, by one pixel left, right, up and down.
+    patch_shift: str = "none"
     res_post_norm: bool = False  # Swin V2: x + norm(attn(x)), then x + norm(mlp(x)) (the norm on each branch)
     pretrained_windows: tuple[int, ...] = ()  # Swin V2, per stage: the window its position MLP's offsets are
     # normalised by (its pre-training window, when fine-tuned at another); 0 or empty: the layer's own
@@ -321,6 +328,17 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"ViTConfig.attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        if self.patch_shift not in PATCH_SHIFTS:
+            raise ValueError(f"ViTConfig.patch_shift must be one of {', '.join(PATCH_SHIFTS)}, got "
+                             f"{str(self.patch_shift)[:40]!r}")
+        if self.patch_shift != "none" and (self.patch_kernel or self.patch_padding or self.num_frames
+                                           or self.patch_norm or self.patch_hw[0] != self.patch_hw[1]):
+            raise ValueError("ViTConfig.patch_shift (shifted patch tokens) is for square patches of images, cut "
+                             "without overlap and without patch_norm (it norms its patches itself)")
+        if self.attention.startswith("lsa") and (self.stage_depths or self.window_size or self.rel_pos != "none"
+                                                 or self.num_frames):
+            raise ValueError("ViTConfig.attention lsa (locality self-attention) is for a global layer over every "
+                             "token: no stages, windows, relative positions or video")
         for name in ("window_shift", "shift_padded", "res_post_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
@@ -375,6 +393,11 @@ class ViTConfig:
                 raise ValueError(f"ViTConfig.patch_kernel {self.patch_kernel} with padding {self.patch_padding} must "
                                  f"give one patch per {stride} px stride (0 < kernel - 2 * padding <= stride), on "
                                  "square patches without patch_norm")
+
+    @property
+    def patch_input_channels(self) -> int:
+        """The channels the patch embedding reads: the image's, five times over with shifted patch tokens."""
+        return self.num_channels * (5 if self.patch_shift != "none" else 1)
 
     @property
     def num_stages(self) -> int:
@@ -513,7 +536,8 @@ ROPES = ("none", "dinov3", "eva", "pe", "qwen", "vjepa2")  # pe: EVA's, counted 
 # row and column segments of the head, each index read off the token's on a square grid (positions.vjepa2_rope)
 REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a table per layer over a window's
 # offsets; swinv2: its continuous bias from a small MLP of log-spaced offsets
-ATTENTIONS = ("dot", "cosine")
+ATTENTIONS = ("dot", "cosine", "lsa", "lsa_temperature")
+PATCH_SHIFTS = ("none", "diagonal", "cardinal")
 MERGES = ("none", "swin", "swinv2", "pool")  # pool: Hiera / SAM 2's query pooling (the first block of a stage
 # max-pools its queries and its residual 2x2; vit.model.stages.QueryPool)
 REL_POS_RESIZES = ("bilinear", "timm")
@@ -539,6 +563,10 @@ PRESETS: dict[str, ViTConfig] = {
     # Ours for a GPU: the depth-9 / width-192 model of published CIFAR ViTs (2.70 M parameters).
     "cifar-m": ViTConfig(32, 4, 3, 10, hidden_size=192, num_layers=9, num_heads=12, mlp_size=384,
                          drop_path=0.1),
+    # cifar-m with Lee et al. 2021's two levers for small data (their SL-ViT): shifted patch tokens (the authors'
+    # half-patch diagonal shifts) and locality self-attention (a learned scale per head, each token's own key masked).
+    "cifar-m-sl": ViTConfig(32, 4, 3, 10, hidden_size=192, num_layers=9, num_heads=12, mlp_size=384,
+                            drop_path=0.1, attention="lsa", patch_shift="diagonal"),
     # Ours for MNIST-size data: 4-px patches give 49 tokens instead of mnist-p7's 16, which
     # learns far faster from few images (our MNIST checkpoint has 8,000) at a sixth the size.
     "mnist-p4": ViTConfig(28, 4, 1, 10, hidden_size=64, num_layers=4, num_heads=4, mlp_size=128),

@@ -18,6 +18,17 @@ def padding_bias(key_mask: torch.Tensor, dtype: torch.dtype, queries: int) -> to
     return bias[:, None, None, :].expand(-1, -1, queries, -1)  # (B, 1, n, N)
 
 
+def diagonal_bias(rows: torch.Tensor, keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """Locality self-attention's mask (Lee et al. 2021) as what the logits add for the queries ``rows`` (token
+    indices), ``(len(rows), keys)``: the dtype's lowest value at each query's own key, 0 elsewhere, so a token never
+    attends to itself (the authors set those logits to -987654321, vit-pytorch to the dtype's lowest: both give a
+    probability of exactly 0)."""
+    bias = torch.zeros(len(rows), keys, dtype=dtype, device=rows.device)
+    inside = rows < keys
+    low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=rows.device)
+    return bias.index_put_((torch.nonzero(inside).squeeze(1), rows[inside]), low)
+
+
 def neighbourhood_bias(grid: tuple[int, int], prefix: int, std: float, rows: torch.Tensor | None = None,
                        device: torch.device | None = None) -> torch.Tensor:
     """NACLIP's neighbourhood (``get_attention_addition`` of a ``gaussian_window``): what a patch query adds to its

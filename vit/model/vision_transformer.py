@@ -55,6 +55,24 @@ def patchify(pixels: torch.Tensor, kernel: Sequence[int]) -> torch.Tensor:
     return x.reshape(B, math.prod(grid), C * math.prod(kernel))
 
 
+def shifted_copies(images: torch.Tensor, mode: str, patch: int) -> torch.Tensor:
+    """Shifted patch tokenization's input (Lee et al. 2021): ``images`` (B, C, H, W) and 4 shifted copies of them,
+    the vacated pixels 0, concatenated over the channels -> (B, 5C, H, W).
+
+    ``diagonal`` (the authors' ``PatchShifting``): shifted by half a patch, ``s``, towards each corner: the copies
+    are ``pad(x, s)[:H, :W]``, ``pad(x, s)[:H, 2s:]``, ``pad(x, s)[2s:, :W]`` and ``pad(x, s)[2s:, 2s:]``, in that
+    order. ``cardinal`` (vit-pytorch's ``SPT``): by one pixel, ``F.pad`` with (1, -1, 0, 0), (-1, 1, 0, 0), (0, 0, 1,
+    -1) and (0, 0, -1, 1) (right, left, down and up)."""
+    H, W = images.shape[-2:]
+    if mode == "diagonal":
+        s = patch // 2
+        padded = F.pad(images, (s, s, s, s))
+        copies = [padded[..., :H, :W], padded[..., :H, 2 * s:], padded[..., 2 * s:, :W], padded[..., 2 * s:, 2 * s:]]
+    else:
+        copies = [F.pad(images, shift) for shift in ((1, -1, 0, 0), (-1, 1, 0, 0), (0, 0, 1, -1), (0, 0, -1, 1))]
+    return torch.cat([images, *copies], dim=1)
+
+
 class ViT(Parent):
     """Patch embedding, prefix tokens, positions (a learned table and/or rotary), pre-norm blocks, pooling,
     and a classifier or a projection to a joint embedding."""
@@ -68,10 +86,11 @@ class ViT(Parent):
             tubelet = (config.tubelet_size, *config.patch_hw)
             self.patch_embed = nn.Conv3d(config.num_channels, d, tubelet, tubelet)
         else:
-            self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_kernel or config.patch_hw,
+            self.patch_embed = nn.Conv2d(config.patch_input_channels, d, config.patch_kernel or config.patch_hw,
                                          config.patch_hw, config.patch_padding)  # Hiera's stem: kernel 7, stride 4
-        patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
-        self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
+        patch_dim = config.patch_input_channels * config.patch_hw[0] * config.patch_hw[1]
+        # vit-pytorch's LayerNorm of each flattened patch; shifted patch tokens' (of 5C channels), which has no second
+        self.patch_norm = make_norm(config, patch_dim) if config.patch_norm or config.patch_shift != "none" else None
         # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
         self.embed_norm = make_norm(config, d) if config.patch_norm or config.embed_norm else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.class_token else None
@@ -315,6 +334,8 @@ class ViT(Parent):
         else:  # kernel == stride: the convolution is one linear map of each flattened patch (or tubelet)
             # (B, frames, C, H, W) -> (B, C, frames, H, W): tokens time-major, as VideoMAE's Conv3d flattens them
             pixels = images.transpose(1, 2) if c.tubelet_size else images
+            if c.patch_shift != "none":  # shifted patch tokens: the image and 4 shifted copies, (B, 5C, H, W)
+                pixels = shifted_copies(pixels, c.patch_shift, c.patch_hw[0])
             patches = patchify(pixels, self.patch_embed.kernel_size)  # (B, N, C*kernel volume)
             if self.patch_norm is not None:  # vit-pytorch's LayerNorm of the flattened patch
                 patches = self.patch_norm(patches)

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from vit.training.trainer import TrainSettings
 
 # The names of vit.model.PRESETS, for --help without torch (tests/test_train.py checks they are the same).
-PRESET_NAMES = ("tintn-cifar10", "cifar10-p8", "mnist-p7", "cifar-s", "cifar-m", "mnist-p4", "vit-base-16",
-                "vit-large-16", "vit-huge-14")
+PRESET_NAMES = ("tintn-cifar10", "cifar10-p8", "mnist-p7", "cifar-s", "cifar-m", "cifar-m-sl", "mnist-p4",
+                "vit-base-16", "vit-large-16", "vit-huge-14")
 
 # What "--recipe" fills in for every option left unset on the command line.
 RECIPES: dict[str, dict] = {
@@ -41,7 +41,9 @@ RECIPES: dict[str, dict] = {
 
 PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
-                "dropout", "attention_dropout", "drop_path")
+                "dropout", "attention_dropout", "drop_path", "patch_shift", "attention")
+PATCH_SHIFT_CHOICES = ("none", "diagonal", "cardinal")  # vit.model.config.PATCH_SHIFTS, without torch
+ATTENTION_CHOICES = ("dot", "lsa", "lsa_temperature")  # of vit.model.config.ATTENTIONS, for a plain ViT
 
 
 
@@ -221,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dropout on the attention probabilities, in [0, 1)")
     g.add_argument("--drop-path", type=_float_in(0.0, 1.0), help="stochastic depth rate of the last block "
                    "(linear from 0 at the first), in [0, 1)")
+    g.add_argument("--patch-shift", choices=PATCH_SHIFT_CHOICES,
+                   help="shifted patch tokens (Lee et al. 2021): each patch also sees 4 shifted copies of the image, "
+                   "normed before the projection. diagonal: the authors' (half a patch towards each corner); "
+                   "cardinal: vit-pytorch's (one pixel each way); none (the presets' but cifar-m-sl's)")
+    g.add_argument("--attention", choices=ATTENTION_CHOICES,
+                   help="dot (softmax of q . k / sqrt(head width), the presets' but cifar-m-sl's); lsa: locality "
+                   "self-attention (Lee et al. 2021: each token's own key masked out, a learned scale per head); "
+                   "lsa_temperature: vit-pytorch's (one learned exp(temperature) per layer)")
 
     g = p.add_argument_group("recipe (options left unset take the --recipe's value)")
     g.add_argument("--recipe", choices=tuple(RECIPES), default="ours",
@@ -406,7 +416,7 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
         _check_budget(args)
     if args.init:
         fixed = sorted(given_options(argv) & {"preset", "patch_size", "hidden_size", "num_layers", "num_heads",
-                                              "mlp_size"})
+                                              "mlp_size", "patch_shift", "attention"})
         if fixed:
             raise UsageError(f"{', '.join(_flag(name) for name in fixed)} cannot be given with --init: the model "
                              "is the one you start from (only --image-size and the dropout rates may change)")

@@ -240,9 +240,9 @@ class LayerInputs:
 
             def bias(rows: list[int]) -> Tensor | None:
                 with torch.inference_mode():
-                    return bias_rows(model, layer, q[:, :, rows], rows, grid)
+                    return bias_rows(model, layer, q[:, :, rows], rows, grid, k.shape[2])
 
-            scaled = q * (1.0 / model.blocks[layer].attn.head_dim ** 0.5)
+            scaled = q * model.blocks[layer].attn.logit_factor
             yield from attention_chunks(scaled, k, heads, queries, len(heads), step, self.budget, bias=bias)
             return
         with torch.inference_mode():

@@ -58,7 +58,7 @@ def refusal(model: ViT, method: str) -> str | None:
     if model.projection is None or c.pooling not in ("cls", "avg"):
         return (f"{name} reads every token in the joint image-text embedding through the tower's projection, which "
                 "this model does not have (a SigLIP pools its tokens through an attention head)")
-    if c.stage_depths or c.window_size or c.rel_pos != "none" or c.attention == "cosine":
+    if c.stage_depths or c.window_size or c.rel_pos != "none" or c.attention != "dot":
         return f"{name} changes a global attention layer; this model's last layers attend in windows or stages"
     if method == "clipsurgery" and not c.class_token:
         return f"{name} weighs the labels by the CLS token's similarity; this model has no CLS token"

@@ -110,8 +110,8 @@ def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[in
         return rows_on_grid(layer_pattern(model, layer, block_input, grid), layout, queries)
     q, k, _ = layer_qkv(model, layer, block_input, grid)
     q = q[:, :, list(queries)]  # (B, H, t, hd)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / model.blocks[layer].attn.head_dim ** 0.5)  # (B, H, t, T)
-    bias = bias_rows(model, layer, q, queries, grid)
+    scores = (q @ k.transpose(-2, -1)) * model.blocks[layer].attn.logit_factor  # (B, H, t, T)
+    bias = bias_rows(model, layer, q, queries, grid, k.shape[2])
     return (scores if bias is None else scores + bias).softmax(dim=-1)
 
 
@@ -142,6 +142,8 @@ def layout_problem(model: nn.Module) -> str | None:
         return "attends within windows (SAM / ViTDet)"
     if getattr(config, "rel_pos", "none") != "none":
         return "adds a relative position bias to its attention logits"
+    if str(getattr(config, "attention", "dot")).startswith("lsa"):
+        return "masks each token's own key and learns its logits' scale (locality self-attention)"
     return None
 
 
@@ -170,7 +172,7 @@ def queries_keys_values(model: nn.Module, layer: int, block_input: Tensor, grid:
         raise ValueError(f"this model {problem}, so its attention is not softmax(q . k) of its queries and keys "
                          "alone; this view computes it that way and does not support it yet")
     q, k, v = layer_qkv(model, layer, block_input, grid)
-    return q * model.blocks[layer].attn.head_dim ** -0.5, k, v
+    return q * model.blocks[layer].attn.logit_factor, k, v
 
 
 def layer_qkv(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
@@ -201,15 +203,19 @@ def read_block(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[in
     return [kept[point] for point in points]
 
 
-def bias_rows(model: nn.Module, layer: int, q: Tensor, queries: Sequence[int], grid: tuple[int, int] | None
-              ) -> Tensor | None:
-    """Rows ``queries`` (token indices) of what global layer ``layer`` adds to its attention logits, ``(B or 1, H,
-    t, T)``, from those queries' unscaled ``q`` ``(B, H, t, hd)`` (the layer's own ``logit_bias``, BEiT's shared
-    table included): ``t x T`` per head, never the whole ``T x T``. None when the layer adds nothing."""
+def bias_rows(model: nn.Module, layer: int, q: Tensor, queries: Sequence[int], grid: tuple[int, int] | None,
+              keys: int) -> Tensor | None:
+    """Rows ``queries`` (token indices) of what global layer ``layer`` adds to its attention logits over its
+    ``keys`` keys, ``(B or 1, H or 1, t, T)``, from those queries' ``q`` ``(B, H, t, hd)`` as ``hook_q`` holds them
+    (the layer's own ``logit_bias``, BEiT's shared table included, and locality self-attention's mask): ``t x T`` per
+    head, never the whole ``T x T``. None when the layer adds nothing."""
     rows = torch.as_tensor(list(queries), dtype=torch.long)
     table = getattr(model, "rel_pos_bias", None)
     shared = table(grid, rows) if table is not None else None  # (H, t, T)
-    return model.blocks[layer].attn.logit_bias(q, grid, shared, rows)
+    attn = model.blocks[layer].attn
+    bias = attn.logit_bias(q, grid, shared, rows)
+    own = attn.own_key_bias(rows.to(q.device), keys, q.dtype)
+    return own if bias is None else bias if own is None else bias + own
 
 
 def query_key_hooks(model: nn.Module, kept: dict[int, Tensor]) -> list[tuple[str, Callable]]:
@@ -222,7 +228,7 @@ def query_key_hooks(model: nn.Module, kept: dict[int, Tensor]) -> list[tuple[str
     queries: dict[int, Tensor] = {}
 
     def keep_q(q: Tensor, hook, layer: int) -> None:
-        queries[layer] = q[0].detach() * model.blocks[layer].attn.head_dim ** -0.5  # (H, T, hd)
+        queries[layer] = q[0].detach() * model.blocks[layer].attn.logit_factor  # (H, T, hd)
 
     def keep_k(k: Tensor, hook, layer: int) -> None:  # detached: a forward recording a graph keeps none here
         kept[layer] = torch.stack([queries.pop(layer), k[0].detach()]).float().cpu()  # (2, H, T, hd)

@@ -536,7 +536,8 @@ def full_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None
     _check_lrp(model, "Chefer et al.'s full LRP", "runs one grid of tokens from the pixels to the class")
     if model.patch_norm is not None:
         raise UnsupportedModelError("Chefer et al.'s full LRP has no rule for the patch embedding's norms "
-                                    "(patch_norm=True); use AttnLRP, which reaches the pixels through them")
+                                    "(patch_norm=True, or shifted patch tokens'); use AttnLRP, which reaches the "
+                                    "pixels through them")
     names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED]
     with torch.no_grad():
         encoding, cache = model.run_with_cache(images, names + ["hook_embed", "hook_normed"])

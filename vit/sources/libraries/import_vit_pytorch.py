@@ -9,7 +9,11 @@ Releases around 1.0 wrap each layer's attention and MLP in ``PreNorm`` and end w
 Linear`` instead of the transformer's final norm (the same computation on the class token); their class token
 is there with either pooling, and their ``pool='mean'`` (the class token averaged with the patches) is not
 supported. ``SimpleViT`` adds fixed 2D sin-cos positions (stored here as the position table of its grid, where they are
-exact: vit-pytorch runs it at that size only), a bias-free ``to_out`` and mean pooling.
+exact: vit-pytorch runs it at that size only), a bias-free ``to_out`` and mean pooling. ``vit_for_small_dataset.ViT``
+(Lee et al. 2021's levers as vit-pytorch writes them) embeds shifted patch tokens (``patch_shift="cardinal"``: the
+image and 4 copies shifted by a pixel, ``LayerNorm`` over the flattened patch, ``Linear``) and attends with
+locality self-attention (``attention="lsa_temperature"``: its own key masked out, the logits times exp of a learned
+temperature per layer); its ``mlp_head`` is ``LayerNorm`` + ``Linear``, as in the releases around 1.0.
 
 The constructor's arguments the weights cannot tell (``heads``; ``patch_size`` and ``image_size``, since the patch
 embedding's input ``channels x ph x pw`` and the position table's length fix only products of the sides) come from a
@@ -28,21 +32,22 @@ import torch
 from vit.model import ViTConfig
 from vit.sources.libraries.import_scratch import required_argument
 
-SUPPORTED = "vit-pytorch ViT and SimpleViT state dicts (vit_pytorch:heads=N,... or their config.json)"
+SUPPORTED = ("vit-pytorch ViT, SimpleViT and ViT for small datasets state dicts (vit_pytorch:heads=N,... or their "
+             "config.json)")
+SMALL_EMBED = "to_patch_embedding.to_patch_tokens.2"  # vit_for_small_dataset's SPT projection
 ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim", "pool", "channels",
              "dim_head", "dropout", "emb_dropout"}
 _EPS = 1e-5  # nn.LayerNorm's default, which vit-pytorch keeps
 _LAYER = re.compile(r"^transformer\.layers\.(\d+)\.([01])\.(.+)$")
 VARIANTS = {"reattn_": "DeepViT (re-attention mixes the heads' maps)", "register_tokens": "a ViT with register tokens",
             "q_norm": "a ViT with query-key norms", "rel_pos_bias": "a ViT with a relative position bias",
-            "patch_merger": "a ViT with a patch merger", ".temperature": "a ViT for small datasets (learned "
-            "attention temperature)"}  # parts of other variants' keys, to name what the weights are
+            "patch_merger": "a ViT with a patch merger"}  # parts of other variants' keys, to name what the weights are
 
 
 def is_vit_pytorch_state_dict(state: Mapping[str, torch.Tensor]) -> bool:
     """Whether these keys look like vit-pytorch's ``ViT`` or ``SimpleViT`` (the norms inside the layers, or the
     ``PreNorm`` wrappers of releases around 1.0)."""
-    return "to_patch_embedding.2.weight" in state and (
+    return ("to_patch_embedding.2.weight" in state or f"{SMALL_EMBED}.weight" in state) and (
         "transformer.layers.0.0.to_qkv.weight" in state or "transformer.layers.0.0.fn.to_qkv.weight" in state)
 
 
@@ -53,7 +58,10 @@ def _prenorm(state: Mapping[str, torch.Tensor]) -> bool:
 
 
 def kind_of(state: Mapping[str, torch.Tensor]) -> str:
-    """``SimpleViT`` (``linear_head``, no stored positions) or ``ViT``."""
+    """``SimpleViT`` (``linear_head``, no stored positions), ``small`` (``vit_for_small_dataset.ViT``: shifted patch
+    tokens) or ``ViT``."""
+    if f"{SMALL_EMBED}.weight" in state:
+        return "small"
     return "SimpleViT" if "pos_embedding" not in state else "ViT"
 
 
@@ -112,14 +120,19 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
         # The patch embedding's input (channels x ph x pw) and the position table (gh x gw rows) fix only products.
         raise ValueError(f"the weights do not say {', '.join(missing)}: pass {', '.join(f'{n}=N' for n in missing)} "
                          f"(--arch vit_pytorch:{','.join(f'{n}=N' for n in missing)}, or a config.json beside them)")
-    dim, patch_dim = state["to_patch_embedding.2.weight"].shape
+    small = kind_of(state) == "small"
+    dim, patch_dim = state[f"{SMALL_EMBED if small else 'to_patch_embedding.2'}.weight"].shape
+    copies = 5 if small else 1  # shifted patch tokens: the image and 4 shifted copies
     channels = arguments.get("channels", 3)
-    if not isinstance(channels, int) or isinstance(channels, bool) or channels <= 0 or patch_dim % channels:
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels <= 0 or patch_dim % (copies * channels):
         raise ValueError(f"channels={channels!r} does not divide the patch embedding's {patch_dim} inputs")
     (ph, pw), (height, width) = _sides(arguments, "patch_size"), _sides(arguments, "image_size")
-    if channels * ph * pw != patch_dim:
-        raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels of {ph}x{pw} "
-                         "patches: correct channels or patch_size")
+    if copies * channels * ph * pw != patch_dim:
+        raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels"
+                         f"{' (x 5 shifted copies)' if small else ''} of {ph}x{pw} patches: correct channels or "
+                         "patch_size")
+    if small and ph != pw:
+        raise ValueError(f"vit-pytorch's ViT for small datasets shifts square patches; patch_size={_shown((ph, pw))}")
     if height % ph or width % pw:
         raise ValueError(f"image_size={_shown((height, width))} is not a multiple of "
                          f"patch_size={_shown((ph, pw))}")
@@ -137,9 +150,10 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
     elif state["cls_token"].dim() == 3:  # older releases: a (1, 1, dim) class token even with pool='mean'
         pool = arguments.get("pool")
         if pool != "cls":
-            raise ValueError("this vit-pytorch release keeps a class token with either pooling: pass pool=cls (its "
+            which = "vit-pytorch's ViT for small datasets" if small else "this vit-pytorch release"
+            raise ValueError(f"{which} keeps a class token with either pooling: pass pool=cls (its "
                              "pool='mean', which averages the class token with the patches, is not supported)"
-                             if pool is None else f"pool={pool!r} of this vit-pytorch release (the class token "
+                             if pool is None else f"pool={pool!r} of {which} (the class token "
                              "averaged with the patches) is not supported; only pool=cls")
         with_cls = True
     else:
@@ -153,7 +167,8 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
     if arguments.get("pool", "cls" if with_cls else "mean") != ("cls" if with_cls else "mean"):
         raise ValueError(f"pool={arguments['pool']!r} does not fit the weights ("
                          f"{'a' if with_cls else 'no'} class token)")
-    head = state.get("linear_head.weight" if simple else "mlp_head.1.weight" if prenorm else "mlp_head.weight")
+    head = state.get("linear_head.weight" if simple else "mlp_head.1.weight" if prenorm or small else
+                     "mlp_head.weight")
     mlp = state[f"transformer.layers.0.1.{'fn.net.0' if prenorm else 'net.1'}.weight"]
     depth = 1 + max(int(m.group(1)) for k in state if (m := _LAYER.match(k)))
     num_classes = head.shape[0] if head is not None else 0
@@ -170,7 +185,8 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
                      hidden_size=dim, num_layers=depth, num_heads=heads, mlp_size=mlp.shape[0],
                      dropout=dropout, attention_dropout=dropout, qkv_bias=False, layer_norm_eps=_EPS,
                      class_token=with_cls, pooling="cls" if with_cls else "avg",
-                     head_dim=inner // heads if inner != dim else 0, patch_norm=True)
+                     head_dim=inner // heads if inner != dim else 0, patch_norm=not small,
+                     patch_shift="cardinal" if small else "none", attention="lsa_temperature" if small else "dot")
 
 
 def posemb_sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -187,13 +203,19 @@ def posemb_sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000
 
 def _patch_order(value: torch.Tensor, config: ViTConfig) -> torch.Tensor:
     """A patch vector's last axis from vit-pytorch's (row, column, channel) order to our (channel, row, column)."""
-    (ph, pw), c = config.patch_hw, config.num_channels
+    (ph, pw), c = config.patch_hw, config.patch_input_channels
     return value.reshape(*value.shape[:-1], ph, pw, c).movedim(-1, -3).flatten(-3)
 
 
 def _our_name(key: str, state: Mapping[str, torch.Tensor]) -> str | None:
     """Our name for one of vit-pytorch's ``ViT`` / ``SimpleViT`` keys, or None when neither has it."""
     kind = key.rsplit(".", 1)[-1]
+    small = kind_of(state) == "small"
+    if small and key.startswith("to_patch_embedding.") and kind in ("weight", "bias"):
+        return {f"{SMALL_EMBED[:-1]}1.{kind}": f"patch_norm.{kind}", f"{SMALL_EMBED}.{kind}": f"patch_embed.{kind}"
+                }.get(key)
+    if small and (m := _LAYER.match(key)) and m.group(2) == "0" and m.group(3) == "temperature":
+        return f"blocks.{m.group(1)}.attn.lsa_temperature"
     if key in ("to_patch_embedding.1.weight", "to_patch_embedding.1.bias"):
         return f"patch_norm.{kind}"
     if key in ("to_patch_embedding.2.weight", "to_patch_embedding.2.bias"):
@@ -206,6 +228,8 @@ def _our_name(key: str, state: Mapping[str, torch.Tensor]) -> str | None:
         return f"norm.{kind}"
     if kind not in ("weight", "bias"):
         return None
+    if small and key.startswith(("mlp_head.0.", "mlp_head.1.")) and key.count(".") == 2:  # LayerNorm, then Linear
+        return f"{'norm' if key[9] == '0' else 'head'}.{kind}"
     if _prenorm(state):
         if key.startswith(("mlp_head.0.", "mlp_head.1.")) and key.count(".") == 2:  # LayerNorm, then Linear
             return f"{'norm' if key[9] == '0' else 'head'}.{kind}"
@@ -225,7 +249,7 @@ def _our_name(key: str, state: Mapping[str, torch.Tensor]) -> str | None:
 def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """Our key names for vit-pytorch's; a key with no counterpart raises ValueError. A missing ``to_out`` (one head
     as wide as the model: vit-pytorch's identity) becomes an identity projection, a bias-free one a zero bias."""
-    (ph, pw), c, d = config.patch_hw, config.num_channels, config.hidden_size
+    (ph, pw), c, d = config.patch_hw, config.patch_input_channels, config.hidden_size
     ours: dict[str, torch.Tensor] = {}
     simple = kind_of(state) == "SimpleViT"
     for key, value in state.items():
@@ -243,7 +267,8 @@ def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTCo
         elif name == "pos_embed":
             value = value.reshape(1, *value.shape[-2:])
         ours[name] = value
-    like = state["to_patch_embedding.2.bias"]  # new tensors on the weights' device (meta while checking)
+    like = state[f"{SMALL_EMBED if kind_of(state) == 'small' else 'to_patch_embedding.2'}.bias"]  # new tensors on
+    # the weights' device (meta while checking)
     identity = config.num_heads == 1 and not config.head_dim  # vit-pytorch's project_out=False: no to_out at all
     for layer in range(config.num_layers):
         proj = f"blocks.{layer}.attn.proj"
