@@ -23,10 +23,9 @@ def diagonal_bias(rows: torch.Tensor, keys: int, dtype: torch.dtype) -> torch.Te
     indices), ``(len(rows), keys)``: the dtype's lowest value at each query's own key, 0 elsewhere, so a token never
     attends to itself (the authors set those logits to -987654321, vit-pytorch to the dtype's lowest: both give a
     probability of exactly 0)."""
-    bias = torch.zeros(len(rows), keys, dtype=dtype, device=rows.device)
-    inside = rows < keys
-    low = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=rows.device)
-    return bias.index_put_((torch.nonzero(inside).squeeze(1), rows[inside]), low)
+    own = rows[:, None] == torch.arange(keys, device=rows.device)[None, :]  # (n, keys): no data-dependent shape,
+    # so a compiled model traces it
+    return torch.zeros(own.shape, dtype=dtype, device=rows.device).masked_fill(own, torch.finfo(dtype).min)
 
 
 def neighbourhood_bias(grid: tuple[int, int], prefix: int, std: float, rows: torch.Tensor | None = None,
