@@ -123,3 +123,12 @@ def test_the_levers_are_refused_where_they_do_not_apply(tmp_path):
         ViTConfig(**{**BASE, "attention": "lsa", "stage_depths": (1, 1)})
     args = parse_args(["--dataset", "cifar10", "--out", str(tmp_path / "r"), "--attention", "lsa"])
     assert resolve_model(args, 10).attention == "lsa"
+
+
+def test_a_compiled_model_traces_the_levers_in_one_graph():
+    """vit.train --compile: a graph break at every layer (a data-dependent mask) would cost the GPU's pace."""
+    net = model(attention="lsa", patch_shift="diagonal")
+    images = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(net, fullgraph=True, backend="eager")  # fullgraph: a graph break raises
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(images)[0], net(images)[0], rtol=0, atol=1e-6)
