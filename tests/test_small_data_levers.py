@@ -96,6 +96,11 @@ def test_the_explorers_maps_of_such_a_model_are_its_own_attention():
                                                                                       query=query))
             expected = attentions[layer][0, :, query, 1:].mean(0).reshape(4, 4).numpy()
             np.testing.assert_allclose(drawn, expected, atol=1e-6)
+    import vit
+
+    with pytest.raises(ValueError, match="has no rule for attention='lsa'; use AttnLRP"):  # no rule of theirs for it
+        vit.explain(checkpoint, image, "lrp")
+    assert np.isfinite(vit.explain(checkpoint, image, "attnlrp").map).all()
     rows = attention_maps.query_rows(analysis, 6)  # (L, H, T)
     torch.testing.assert_close(rows, torch.stack([a[0, :, 6] for a in attentions]), rtol=0, atol=1e-6)
     assert rows[:, :, 6].abs().max() == 0  # the patch never attends to itself

@@ -41,7 +41,7 @@ from vit.model import LayerLayout, Rules, ViT, activate, checkpointed_blocks, us
 # GELU MLPs and learned positions only).
 _LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False,
                  "rope": "none", "gated_mlp": False, "mlp_norm": False, "norm": "layer", "embed_norm": False,
-                 "qk_norm": False}
+                 "qk_norm": False, "attention": "dot"}  # attention: locality self-attention has no rule of theirs
 
 
 def lrp_rule_missing(config) -> str | None:
