@@ -132,23 +132,27 @@ def test_the_plan_waits_for_the_warmups_end_and_takes_the_mean_epoch_after_the_f
 
     monkeypatch.setattr(trainer_module, "plan_epochs", plan)
     out = tmp_path / "budget"
-    ends = []
-    end_epoch = trainer_module.Trainer._end_epoch
+    end_epoch, plan_when_due = trainer_module.Trainer._end_epoch, trainer_module.Trainer._plan_when_due
+    ends = []  # the run's own epoch ends, as each plan read them
 
-    def timed(self, status):
+    def slow_second(self, status):
         end_epoch(self, status)
         if self.progress.epoch == 2:  # a slow second epoch: its time alone is not the mean
-            trainer_module.time.sleep(0.4)
-        ends.append(trainer_module.time.time())
+            trainer_module.time.sleep(1.5)
 
-    monkeypatch.setattr(trainer_module.Trainer, "_end_epoch", timed)
+    def seen(self, status, clock, end_seconds):
+        ends[:] = self.epoch_ends
+        return plan_when_due(self, status, clock, end_seconds)
+
+    monkeypatch.setattr(trainer_module.Trainer, "_end_epoch", slow_second)
+    monkeypatch.setattr(trainer_module.Trainer, "_plan_when_due", seen)
     assert main(cli(images, cache, out, "--time-budget", "1h", "--epochs", "5", "--warmup-epochs", "3.5")) == 0
     # Asked at each epoch end from the second, and due at the warmup's end; whether the plan still fits waits
     # two epochs after it.
     assert [done for done, _ in calls] == [2, 3]
     assert read_json(out / "config.json")["budget_plan"]["at_epoch"] == 3
-    mean = (ends[2] - ends[0]) / 2  # epochs 2 and 3, each from the end of the one before
-    assert calls[1][1] == pytest.approx(mean, abs=0.01) and calls[1][1] < ends[1] - ends[0] - 0.1
+    mean, last = (ends[2] - ends[0]) / 2, ends[2] - ends[1]  # epochs 2 and 3, each from the end of the one before
+    assert calls[1][1] == pytest.approx(mean, rel=1e-9, abs=1e-9) and mean - last > 0.2
 
 
 def test_a_budget_that_runs_out_in_the_warmup_is_planned_there(images, cache, tmp_path):
