@@ -205,12 +205,28 @@ def measure(family: str, views: tuple[str, ...] = ()) -> list[dict]:
 STILL_OFF: dict[tuple[str, str, int], str] = {}
 
 
+def within(row: dict) -> bool:
+    """Whether a measured row's estimate bounds its peak less the allocator's slack and is at most 1.5 x the peak."""
+    return row["measured"] - ALLOCATOR_SLACK <= row["estimate"] <= 1.5 * row["measured"]
+
+
+def measured_again_where_off(family: str, views: tuple[str, ...], rows: list[dict]) -> list[dict]:
+    """``rows``, where a cell off the bound is measured once more, in a fresh process, and that measure kept: an
+    estimate that is wrong is off in both. Under load a small cell's peak once came out a third under what its
+    neighbours imply (gate 13 of 2026-11-26: vit's forward at 512 px, 27.3 MB between 30.1 at 448 and 49.6 at 576;
+    alone it measured within the bound)."""
+    if all(within(r) for r in rows if "measured" in r):
+        return rows
+    again = {(r["view"], r["side"]): r for r in measure(family, views) if "measured" in r}
+    return [again.get((r["view"], r["side"]), r) if "measured" in r and not within(r) else r for r in rows]
+
+
 def assert_within_the_bound(family: str, rows: list[dict]) -> None:
     """Every measured cell of ``rows`` (``measure``'s) bounds its measured peak less the allocator's slack and is at
     most 1.5 x the peak, bar ``STILL_OFF``'s, which must still be off; every refusal one line."""
     measured = [r for r in rows if "measured" in r]
     cells = {(family, r["view"], r["side"]): (round(r["measured"] / 2**20, 1), round(r["estimate"] / 2**20, 1),
-                                              r["measured"] - ALLOCATOR_SLACK <= r["estimate"] <= 1.5 * r["measured"])
+                                              within(r))
              for r in measured}
     off = {cell: figures[:2] for cell, figures in cells.items() if not figures[2] and cell not in STILL_OFF}
     assert not off, f"(family, view, side): (measured MB, estimated MB) off the bound: {off}"
@@ -242,7 +258,7 @@ def test_the_estimate_of_every_view_bounds_its_measured_peak_within_a_factor_of_
     rows = measure(family, (view,))
     if view in ("forward", "analysis"):  # every family has both: measured, not refused
         assert {r["view"] for r in rows if "measured" in r} == {view}, rows
-    assert_within_the_bound(family, rows)
+    assert_within_the_bound(family, measured_again_where_off(family, (view,), rows))
 
 
 def test_every_compared_cell_is_sized_so_the_view_dominates_the_slack(monkeypatch):
@@ -282,7 +298,7 @@ def test_the_estimate_of_each_attnlrp_path_bounds_its_measured_peak_within_a_fac
     rows = measure(family, ("attnlrp", "attnlrp-checkpointed"))
     assert {(r["view"], r["side"]) for r in rows if "measured" in r} == {
         (view, side) for view in ("attnlrp", "attnlrp-checkpointed") for side in SIDES[view]}, rows
-    assert_within_the_bound(family, rows)
+    assert_within_the_bound(family, measured_again_where_off(family, ("attnlrp", "attnlrp-checkpointed"), rows))
 
 
 def test_decide_runs_attnlrp_whole_while_it_fits_then_with_checkpointed_blocks_then_refuses(monkeypatch):
