@@ -471,10 +471,7 @@ class Trainer:
         planned = plan_epochs(settings.time_budget, spent, epoch_seconds, p.epoch, settings.epochs)
         plan_at = max(PLAN_EPOCH, int(settings.warmup_epochs)) if settings.schedule == "cosine" else PLAN_EPOCH
         due = p.epoch >= plan_at or planned <= p.epoch
-        if self.world > 1:
-            flag = torch.tensor([planned, float(due)], dtype=torch.float64, device=self.device)
-            dist.broadcast(flag, src=0)
-            planned, due = int(flag[0].item()), bool(flag[1].item())
+        planned, due = self._rank_0s(planned, due)
         if not due:
             return
         p.planned_epochs = p.budget_base_epochs = planned
@@ -496,10 +493,7 @@ class Trainer:
         fits = plan_epochs(settings.time_budget, spent, epoch_seconds, p.epoch, p.budget_max_epochs)
         off = abs(fits - settings.epochs) >= max(2, math.ceil(BUDGET_TOLERANCE * settings.time_budget /
                                                                max(epoch_seconds, 1e-9)))
-        if self.world > 1:
-            flag = torch.tensor([fits, float(off)], dtype=torch.float64, device=self.device)
-            dist.broadcast(flag, src=0)
-            fits, off = int(flag[0].item()), bool(flag[1].item())
+        fits, off = self._rank_0s(fits, off)
         if not off:
             return
         if settings.schedule == "cosine":
@@ -507,6 +501,14 @@ class Trainer:
             p.budget_segments.append([p.global_step, reached, fits * self.steps_per_epoch])
         p.planned_epochs = fits
         self._apply_plan(status, fits, spent, epoch_seconds)
+
+    def _rank_0s(self, epochs: int, decided: bool) -> tuple[int, bool]:
+        """Rank 0's (epochs, decision) of a time budget's plan, for every rank (each measured its own clock)."""
+        if self.world == 1:
+            return epochs, decided
+        flag = torch.tensor([epochs, float(decided)], dtype=torch.float64, device=self.device)
+        dist.broadcast(flag, src=0)
+        return int(flag[0].item()), bool(flag[1].item())
 
     def _apply_plan(self, status: Status | None, planned: int, spent: float, epoch_seconds: float) -> None:
         """The run's epochs become ``planned``: the totals, the schedule, the record and last.pt."""
