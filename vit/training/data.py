@@ -147,7 +147,7 @@ SHARE_MIN_FILES = 1_000
 DECODE_WORKER = "vit.training.decoding"
 
 
-def _decode_file(file: Path, image_size: int, num_channels: int) -> torch.Tensor | str:
+def decode_file(file: Path, image_size: int, num_channels: int) -> torch.Tensor | str:
     """One image through the evaluation transform as ``(C, S, S)`` uint8, or its one-line error."""
     try:
         return to_uint8(open_image(file), image_size, num_channels)
@@ -160,7 +160,7 @@ def _decode_files(files: list[Path], image_size: int, num_channels: int, scratch
     shares into a temporary folder under ``scratch``. A share whose process fails is decoded here instead."""
     workers = min(torch.get_num_threads(), len(files) // SHARE_MIN_FILES)
     if len(files) < POOL_MIN_FILES or workers < 2:
-        return [_decode_file(file, image_size, num_channels) for file in files]
+        return [decode_file(file, image_size, num_channels) for file in files]
     import json
     import subprocess
     import sys
@@ -172,7 +172,7 @@ def _decode_files(files: list[Path], image_size: int, num_channels: int, scratch
         scratch.mkdir(parents=True, exist_ok=True)
         folder = tempfile.TemporaryDirectory(prefix=".decoding-", dir=scratch)
     except OSError:  # nowhere to write the shares: one process does it all
-        return [_decode_file(file, image_size, num_channels) for file in files]
+        return [decode_file(file, image_size, num_channels) for file in files]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VIT_THREADS": "1"}
     processes: list[subprocess.Popen] = []
     with folder as tmp:
@@ -215,7 +215,7 @@ def _read_share(prefix: Path, share: list[Path], exit_code: int, image_size: int
             if prefix.with_suffix(".log").is_file() else []
         log.warning("a decoding process failed (%s%s); its %d images are decoded here", e,
                     f": {tail[0]}" if tail else "", len(share))
-        return [_decode_file(file, image_size, num_channels) for file in share]
+        return [decode_file(file, image_size, num_channels) for file in share]
     pixels = iter(torch.from_numpy(images))
     return [next(pixels) if error is None else error for error in errors]
 

@@ -21,20 +21,21 @@ import numpy as np
 
 
 def decode_share(files: list[str], image_size: int, num_channels: int) -> tuple[np.ndarray, list[str | None]]:
-    """The images of ``files`` through the evaluation transform (``vit.core.images.to_uint8``), and each file's
-    error (None where it decoded)."""
+    """The images of ``files`` as ``vit.training.data.decode_file`` gives each, stacked, and each file's error
+    (None where it decoded)."""
     import torch
 
-    from vit.core.images import ImageError, open_image, to_uint8
+    from vit.training.data import decode_file
 
     torch.set_num_threads(1)  # one process per core already
     images, errors = [], []
     for file in files:
-        try:
-            images.append(to_uint8(open_image(file), image_size, num_channels).numpy())
+        image = decode_file(Path(file), image_size, num_channels)
+        if isinstance(image, str):
+            errors.append(image)
+        else:
+            images.append(image.numpy())
             errors.append(None)
-        except ImageError as e:
-            errors.append(str(e))
     shape = (0, num_channels, image_size, image_size)
     return (np.stack(images) if images else np.zeros(shape, np.uint8)), errors
 
