@@ -155,6 +155,15 @@ def test_compile_on_cuda_trains_like_eager(images, tmp_path, mode):
     assert_close_metrics(read_metrics(eager), read_metrics(compiled), tolerance=2e-2)
 
 
+def test_compile_on_one_gpu_uses_cuda_graphs_unless_told(images, tmp_path):
+    auto, told = tmp_path / "auto", tmp_path / "told"
+    recipe = ["--epochs", "1", "--augment", "none", "--compile"]
+    assert main(cli(images, auto, *recipe)) == 0
+    assert main(cli(images, told, *recipe, "--compile-mode", "default")) == 0
+    assert read_json(auto / "config.json")["compile_mode"] == "reduce-overhead"
+    assert read_json(told / "config.json")["compile_mode"] == "default"
+
+
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_the_gpu_recipe_compiled_on_cuda_completes(images, tmp_path, mode):
     # What scripts/gpu_sweep.py trains: TrivialAugment, MixUp / CutMix on half the batches, random erasing, EMA,

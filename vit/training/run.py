@@ -220,6 +220,8 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
              "resuming" if resumed else "starting", run_dir, args.preset, count_parameters(trainer.model),
              len(trainer.data.train), len(trainer.data.val), len(trainer.data.class_names), trainer.total_steps,
              hardware(trainer.device, trainer.world))
+    if trainer.compile_mode is not None:
+        log.info("compiled with torch.compile, mode %s", trainer.compile_mode)
     if resumed:
         log.info("continuing at epoch %d step %d of %d epochs", p.epoch + 1, p.step_in_epoch, args.epochs)
     return status
@@ -231,7 +233,8 @@ def _config_record(args: argparse.Namespace, argv: list[str], trainer: Trainer) 
             "dataset": {"name": args.dataset, "class_names": data.class_names, "train_size": len(data.train),
                         "val_size": len(data.val), "mean": list(data.mean), "std": list(data.std),
                         "from_cache": data.from_cache},
-            "world_size": trainer.world, "device": str(trainer.device), "created": now_iso(),
+            "world_size": trainer.world, "device": str(trainer.device), "compile_mode": trainer.compile_mode,
+            "created": now_iso(),
             "command": [sys.executable, "-m", "vit.train", *argv]}
 
 
