@@ -13,9 +13,15 @@ this very machine, and its cosine ends at the last (no probe run spends the minu
    (seconds after this script started) less ``--margin``, timed from its launch to its last epoch's line; a run
    still going half the margin past its budget is stopped with SIGTERM (it saves ``last.pt`` and marks itself
    cancelled);
-4. collect into ``--out``: ``plan.json`` (the budget, the run's own plan from its ``config.json``, its measured
-   wall time, the device and library versions), the run's ``config.json``, ``metrics.jsonl``, ``train.log`` and
-   ``best.pt``, the profiles' reports, and the run's console when it failed (a lent machine returns eight files).
+4. evaluate each run's ``best.pt`` with ``python -m vit.evaluate`` on the held-out validation images, written
+   losslessly (PNG) from the decoded split, so the figure comes from the checkpoint as it would ship, through the
+   CLI's own preprocessing, not from the run's log;
+5. collect into ``--out``: ``plan.json`` (the budget, each run's own plan from its ``config.json``, its measured
+   wall time and evaluation, the device and library versions), the run's ``config.json``, ``metrics.jsonl``,
+   ``train.log`` and ``best.pt``, the profiles' reports, and the run's console when it failed (a lent machine returns
+   eight files). With ``--also NAME=ARGS`` (repeatable) more recipes train side by side on the same GPU, each with
+   the same budget and its own ``ARGS`` on top of the recipe (a small ViT's step leaves the GPU idle about half
+   the time: a second process fills it); each run's files then come back as one ``run-NAME.tar``.
 
 The recipe is Lee et al. 2021's for small ViTs on CIFAR (their ViT baseline: 93.58 % on the test split in 100
 epochs at batch 128), on the cifar-m preset (their depth-9, width-192, 12-head, patch-4 ViT, stochastic depth
@@ -36,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -60,22 +67,28 @@ def launch(data: str, out: Path, budget: float, device: str, extra: list[str]) -
     return subprocess.Popen(command, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
 
 
-def follow(process: subprocess.Popen, run_dir: Path, started: float, stop_at: float) -> list[float]:
-    """Seconds from ``started`` at which each epoch's metrics line appeared; SIGTERM past ``stop_at``."""
-    metrics = run_dir / "metrics.jsonl"
-    seen: list[float] = []
-    stopped = False
-    while process.poll() is None:
+def follow(processes: dict[str, subprocess.Popen], work: Path, started: float, stop_at: float) -> dict[str, list[float]]:
+    """Per run: seconds from ``started`` at which each epoch's metrics line appeared; SIGTERM past ``stop_at``."""
+    seen: dict[str, list[float]] = {name: [] for name in processes}
+    stopped: set[str] = set()
+
+    def count(name: str) -> None:
+        metrics = work / name / "metrics.jsonl"
         lines = metrics.read_text().count("\n") if metrics.exists() else 0
-        now = time.monotonic()
-        seen.extend([now - started] * (lines - len(seen)))
-        if now > stop_at and not stopped:
-            print(f"deadline: stopping {run_dir.name} at epoch {len(seen)}", flush=True)
-            process.send_signal(signal.SIGTERM)
-            stopped = True
+        seen[name].extend([time.monotonic() - started] * (lines - len(seen[name])))
+
+    while any(p.poll() is None for p in processes.values()):
+        for name, process in processes.items():
+            if process.poll() is not None:
+                continue
+            count(name)
+            if time.monotonic() > stop_at and name not in stopped:
+                print(f"deadline: stopping {name} at epoch {len(seen[name])}", flush=True)
+                process.send_signal(signal.SIGTERM)
+                stopped.add(name)
         time.sleep(0.05)
-    lines = metrics.read_text().count("\n") if metrics.exists() else 0
-    seen.extend([time.monotonic() - started] * (lines - len(seen)))
+    for name in processes:
+        count(name)
     return seen
 
 
@@ -108,6 +121,60 @@ def profile(batch_sizes: list[int], data: str, out: Path, extra: list[str]) -> N
             print(done.stdout[-2000:] + done.stderr[-2000:], flush=True)
 
 
+def write_val_folder(data, folder: Path) -> int:
+    """The held-out validation split as ``folder/<class>/NNNNN.png``: the decoded pixels, losslessly."""
+    from PIL import Image
+
+    shutil.rmtree(folder, ignore_errors=True)
+    for name in data.class_names:
+        (folder / name).mkdir(parents=True)
+    images = data.val.images.permute(0, 2, 3, 1).numpy()
+    for i, (image, label) in enumerate(zip(images, data.val.labels.tolist())):
+        Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image).save(
+            folder / data.class_names[label] / f"{i:05d}.png")
+    return len(images)
+
+
+def evaluate(checkpoint: Path, folder: Path, device: str) -> dict:
+    """``python -m vit.evaluate`` on ``folder``: its JSON, or the failure's last lines."""
+    command = [sys.executable, "-m", "vit.evaluate", str(checkpoint), "--data", str(folder), "--batch-size", "500",
+               "--device", "cuda" if device.startswith("cuda") else "cpu"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return {"exit": done.returncode, "error": (done.stdout + done.stderr)[-1500:]}
+    result = json.loads(done.stdout)
+    return {"accuracy": result["accuracy"], "count": result["count"], "command": " ".join(command[1:])}
+
+
+def parse_also(values: list[str]) -> list[tuple[str, list[str]]]:
+    runs = []
+    for value in values:
+        name, _, extra = value.partition("=")
+        if not name.replace("-", "").replace("_", "").isalnum() or name == "run":
+            raise SystemExit(f"--also {value!r}: give NAME=ARGS with NAME in letters, digits, - and _ (not 'run')")
+        runs.append((name, extra.split()))
+    return runs
+
+
+def collect(run_dir: Path, out: Path, returncode: int, as_tar: bool) -> None:
+    """The run's files into ``out``: one by one, or as ``run-NAME.tar`` when several runs share the eight files."""
+    names = ["config.json", "metrics.jsonl", "train.log", "best.pt"]
+    console = run_dir.parent / f"{run_dir.name}-console.log"
+    if not as_tar:
+        for name in names:
+            if (run_dir / name).exists():
+                shutil.copy(run_dir / name, out / name)
+        if returncode != 0:  # its train.log holds the rest; a lease returns eight files
+            shutil.copy(console, out / "run-console.log")
+        return
+    with tarfile.open(out / f"run-{run_dir.name}.tar", "w") as tar:
+        for name in names:
+            if (run_dir / name).exists():
+                tar.add(run_dir / name, arcname=f"{run_dir.name}/{name}")
+        if console.exists():
+            tar.add(console, arcname=f"{run_dir.name}/console.log")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="image folder: DATA/<class>/<image>")
@@ -118,9 +185,13 @@ def main() -> int:
     parser.add_argument("--max-run-seconds", type=float, default=600, help="the run's own cap (10 minutes)")
     parser.add_argument("--profile", default="", metavar="B1,B2", help="profile a step at these batch sizes first")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
+                        help="another run side by side: the recipe with ARGS on top (repeatable)")
+    parser.add_argument("--no-evaluate", action="store_true", help="skip vit.evaluate on the validation images")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more vit.train arguments")
     args = parser.parse_args()
     start = time.monotonic()
+    others = parse_also(args.also)
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
     device = device_report()
@@ -134,37 +205,51 @@ def main() -> int:
     decode_seconds = time.monotonic() - t
     print(f"data: {len(data.train)} train, {len(data.val)} val, {decode_seconds:.1f} s "
           f"({'cache' if data.from_cache else 'decoded'})", flush=True)
+    val_folder = args.work / "val-images"
+    if not args.no_evaluate:
+        print(f"validation images written for vit.evaluate: {write_val_folder(data, val_folder)}", flush=True)
     del data
     if args.profile:
         profile([int(b) for b in args.profile.split(",")], args.data, args.out, args.extra)
 
     budget = math.floor(min(args.max_run_seconds, args.deadline - (time.monotonic() - start) - args.margin))
+    runs = [("run", list(args.extra))] + [(name, [*args.extra, *extra]) for name, extra in others]
     plan = {"device": device.strip().splitlines(), "decode_seconds": round(decode_seconds, 1),
-            "time_budget_seconds": budget, "recipe": RECIPE + args.extra}
+            "time_budget_seconds": budget, "recipe": RECIPE + args.extra,
+            "side_by_side": dict(others)}
     print(f"plan: {json.dumps(plan)}", flush=True)
     if budget < 60:
         print(f"only {budget} s left for the run; not started", flush=True)
         return 1
-    run_dir = args.work / "run"
     launched = time.monotonic()
-    run = launch(args.data, run_dir, budget, args.device, args.extra)
-    seen = follow(run, run_dir, launched, launched + budget + args.margin / 2)  # half the margin for an overrun
-    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
-    plan.update(run_exit=run.returncode, run_plan=config.get("budget_plan"), run_epochs_done=len(seen),
-                run_launch_to_last_epoch_seconds=round(seen[-1], 2) if seen else None,
-                run_launch_to_exit_seconds=round(time.monotonic() - launched, 2),
-                run_epoch_times=[round(s, 2) for s in seen])
+    processes = {name: launch(args.data, args.work / name, budget, args.device, extra) for name, extra in runs}
+    seen = follow(processes, args.work, launched, launched + budget + args.margin / 2)  # half the margin: overrun
+    results = {}
+    for name, process in processes.items():
+        run_dir = args.work / name
+        config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if seen[name] else []
+        result = {"run_exit": process.returncode, "run_plan": config.get("budget_plan"),
+                  "compile_mode": config.get("compile_mode"), "run_epochs_done": len(seen[name]),
+                  "run_launch_to_last_epoch_seconds": round(seen[name][-1], 2) if seen[name] else None,
+                  "run_epoch_times": [round(s, 2) for s in seen[name]],
+                  "val_acc_last": rows[-1].get("val_acc") if rows else None,
+                  "val_acc_best": max((r.get("val_acc", 0) for r in rows), default=None)}
+        if not args.no_evaluate and (run_dir / "best.pt").exists():
+            result["evaluate_best"] = evaluate(run_dir / "best.pt", val_folder, args.device)
+        results[name] = result
+        print(f"{name}: exit {process.returncode}, {len(seen[name])} epochs (planned "
+              f"{config.get('args', {}).get('epochs')}), launch to last epoch "
+              f"{result['run_launch_to_last_epoch_seconds']} s, last val_acc {result['val_acc_last']}, best "
+              f"{result['val_acc_best']}, vit.evaluate {result.get('evaluate_best')}", flush=True)
+    plan.update(results.pop("run"))
+    plan["run_launch_to_exit_seconds"] = round(time.monotonic() - launched, 2)
+    if results:
+        plan["side_by_side_results"] = results
     (args.out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
-    for name in ("config.json", "metrics.jsonl", "train.log", "best.pt"):
-        if (run_dir / name).exists():
-            shutil.copy(run_dir / name, args.out / name)
-    if run.returncode != 0:  # its train.log holds the rest; a lease returns eight files
-        shutil.copy(run_dir.parent / "run-console.log", args.out / "run-console.log")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if seen else [{}]
-    print(f"run: exit {run.returncode}, {len(seen)} epochs (planned {config.get('args', {}).get('epochs')}), "
-          f"launch to last epoch {plan['run_launch_to_last_epoch_seconds']} s, last val_acc "
-          f"{rows[-1].get('val_acc')}, best {max(r.get('val_acc', 0) for r in rows)}", flush=True)
-    return 0 if run.returncode == 0 else 1
+    for name, process in processes.items():
+        collect(args.work / name, args.out, process.returncode, as_tar=len(processes) > 1)
+    return 0 if all(p.returncode == 0 for p in processes.values()) else 1
 
 
 if __name__ == "__main__":

@@ -60,6 +60,31 @@ def test_the_default_run_is_given_the_time_left_and_collects_what_a_lease_return
     assert (parsed.preset, parsed.batch_size, parsed.compile, parsed.random_erasing) == ("cifar-m", 256, True, 0.25)
 
 
+def test_runs_side_by_side_share_the_budget_and_each_best_pt_is_evaluated_as_it_would_ship(tmp_path):
+    # Issue 89: a second recipe trains beside the first on the same machine, with the same budget; vit.evaluate
+    # scores each best.pt on the validation images written out as PNGs, and must find what the run logged for it.
+    import tarfile
+
+    data, out = image_folder(tmp_path / "data"), tmp_path / "out"
+    done = run("bench/train_gpu_default.py", "--data", str(data), "--out", str(out), "--work", str(tmp_path / "w"),
+               "--deadline", "400", "--margin", "5", "--device", "cpu", "--also", "wide=--hidden-size 64",
+               "--extra", *TINY, "--epochs", "3", "--warmup-epochs", "2", "--precision", "fp32")
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    other = plan["side_by_side_results"]["wide"]
+    assert plan["side_by_side"] == {"wide": ["--hidden-size", "64"]}
+    assert plan["run_exit"] == other["run_exit"] == 0 and plan["run_epochs_done"] == other["run_epochs_done"] == 3
+    for result in (plan, other):
+        evaluated = result["evaluate_best"]
+        assert evaluated["count"] == 10 and abs(evaluated["accuracy"] - result["val_acc_best"]) < 1e-9
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "run-run.tar", "run-wide.tar"]
+    with tarfile.open(out / "run-wide.tar") as tar:
+        names = set(tar.getnames())
+        config = json.load(tar.extractfile("wide/config.json"))
+    assert {"wide/best.pt", "wide/metrics.jsonl", "wide/train.log", "wide/console.log"} <= names
+    assert config["model"]["hidden_size"] == 64 and config["args"]["time_budget"] == plan["time_budget_seconds"]
+
+
 def test_the_step_profile_reports_every_phase_the_trainer_labels():
     done = run("bench/profile_train_step.py", "--device", "cpu", "--steps", "2", "--warmup", "1", "--", *TINY)
     assert done.returncode == 0, done.stdout + done.stderr
