@@ -48,6 +48,7 @@ from vit.model.config import (
     CONFIG_BOUNDS,
     MAX_LAYER_SCALE,
     MAX_ROPE_THETA,
+    MIMETIC_DEFAULTS,
     NORMS,
     POOL_HEADS,
     POOLINGS,
@@ -100,19 +101,21 @@ from vit.model.stages import (
     window_and_shift,
     window_tokens,
 )
-from vit.model.vision_transformer import Encoding, ViT, count_parameters
+from vit.model.vision_transformer import Encoding, ViT, count_parameters, mimetic_init_
 
 __all__ = [
     "ACTIVATIONS", "Attention", "AttentionVariant", "MODEL_ATTENTION",
     "LayerLayout", "PatchMerging", "SwinPositionBias", "SwinV2PositionBias",
     "covering_token", "merge_matrix", "shift_mask", "shift_windows", "unshift_windows", "window_and_shift",
     "window_tokens", "AttentionPool", "Block", "CONFIG_BOUNDS", "Encoding",
-    "Hook", "HookPoint", "LayerNorm", "MAX_LAYER_SCALE", "MAX_ROPE_THETA", "MLP", "NORMS", "PLAIN_RULES",
+    "Hook", "HookPoint", "LayerNorm", "MAX_LAYER_SCALE", "MAX_ROPE_THETA", "MIMETIC_DEFAULTS", "MLP", "NORMS",
+    "PLAIN_RULES",
     "POOLINGS", "POOL_HEADS", "POS_RESIZES", "PREFIX_POSITIONS", "PRESETS", "PROJECTORS", "Parent", "Projector",
     "REL_POS", "RMSNorm", "ROPES",
     "RelativePositionBias", "Rules", "ViT", "ViTConfig", "activate", "apply_rope", "beit_relative_position_index",
     "checkpointed_blocks", "count_parameters", "current_rules", "decomposed_rel_pos", "dinov3_rope", "drop_path",
     "eva_rope",
-    "fused_attention", "make_norm", "padding_bias", "resample_pos_embed", "rotate_half", "rotate_pairs", "sam_rel_pos",
+    "fused_attention", "make_norm", "mimetic_init_", "padding_bias", "resample_pos_embed", "rotate_half",
+    "rotate_pairs", "sam_rel_pos",
     "sincos_positions", "use_rules", "window_partition", "window_unpartition",
 ]

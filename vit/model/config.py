@@ -13,6 +13,9 @@ CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hi
                  "num_frames": 1024, "tubelet_size": 64, "pool_layers": 64}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
+# Mimetic initialisation's (alpha1, beta1, alpha2, beta2) for ViTs on CIFAR (Trockman & Kolter 2023, section 4).
+MIMETIC_DEFAULTS = (0.7, 0.7, 0.4, 0.4)
+MAX_MIMETIC = 10.0  # the paper's alphas and betas lie in [0, 1]; far larger ones only blow the logits up
 
 @dataclass(frozen=True)
 class ViTConfig:
@@ -146,6 +149,10 @@ class ViTConfig:
     divided_attention: bool = False  # TimeSformer: each block attends over time (a patch over its position in every
     # frame), then over space (within a frame, the CLS copied into each and its outputs averaged); a learned table
     # per frame (time_embed) joins the frame's spatial one (vit.model.layouts.divided_partitions)
+    # Mimetic initialisation (Trockman & Kolter 2023; vit.model.vision_transformer.mimetic_init_): (alpha1, beta1,
+    # alpha2, beta2) sets each head's W_q W_k^T near alpha1 Z + beta1 I and each layer's W_v W_proj near
+    # alpha2 Z - beta2 I at construction; empty: the plain init. It changes only the starting weights.
+    mimetic_init: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -352,6 +359,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.pretrained_windows must be a list of window sides, got {str(windows)[:60]}")
         object.__setattr__(self, "pretrained_windows", tuple(windows))
         self._check_pooling()
+        self._check_mimetic()
         hierarchical = len(depths) > 1 or self.merge != "none"
         if hierarchical and (self.merge == "none" or self.num_prefix_tokens or self.rope != "none"
                              or self.pos_embed and self.pooling != "avg"):
@@ -393,6 +401,17 @@ class ViTConfig:
                 raise ValueError(f"ViTConfig.patch_kernel {self.patch_kernel} with padding {self.patch_padding} must "
                                  f"give one patch per {stride} px stride (0 < kernel - 2 * padding <= stride), on "
                                  "square patches without patch_norm")
+
+    def _check_mimetic(self) -> None:
+        values = self.mimetic_init
+        if not isinstance(values, (tuple, list)) or len(values) not in (0, 4) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= MAX_MIMETIC for v in values):
+            raise ValueError(f"ViTConfig.mimetic_init must be empty or four numbers (alpha1, beta1, alpha2, beta2) in "
+                             f"[0, {MAX_MIMETIC:g}], got {str(values)[:60]}")
+        object.__setattr__(self, "mimetic_init", tuple(float(v) for v in values))  # a JSON list reads back the same
+        if values and self.merge == "pool":
+            raise ValueError("ViTConfig.mimetic_init needs blocks whose attention reads and writes one width (not "
+                             "merge 'pool', whose pooling blocks widen the stream)")
 
     @property
     def patch_input_channels(self) -> int:

@@ -139,6 +139,9 @@ class ViT(Parent):
                 nn.init.trunc_normal_(token, std=0.02)
         if self.attn_pool is not None:
             nn.init.trunc_normal_(self.attn_pool.latent, std=0.02)
+        if config.mimetic_init:
+            for block in self.blocks:
+                mimetic_init_(block.attn, *config.mimetic_init)
         # The embedding before ln_pre (B, T, D); the last block's output after the final norm (B, T, D); the pooled
         # vector after fc_norm (B, D); the logits (B, classes); the (projected) embedding (B, E).
         self.hook_embed, self.hook_normed, self.hook_pooled = HookPoint(), HookPoint(), HookPoint()
@@ -552,6 +555,55 @@ def _init_weights(module: nn.Module) -> None:
         # As a linear layer on the flattened patch (timm's lecun-normal-ish choice).
         nn.init.trunc_normal_(module.weight, std=math.sqrt(1.0 / module.weight[0].numel()))
         nn.init.zeros_(module.bias)
+
+
+def factor_product(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``target`` (m, n) -> ``left`` (m, rank), ``right`` (rank, n) whose product is the best rank-``rank``
+    approximation of ``target`` (Eckart-Young): its SVD ``U S V^T`` truncated, ``sqrt(S)`` given to each side, so
+    ``left @ right == target`` exactly (to rounding) when ``rank >= min(m, n)``. Past ``min(m, n)`` the extra
+    columns of ``left`` and rows of ``right`` are zero."""
+    u, s, vh = torch.linalg.svd(target)  # (m, m), (min(m, n),), (n, n)
+    r = min(rank, s.shape[0])
+    root = s[:r].sqrt()
+    left = target.new_zeros(target.shape[0], rank)
+    right = target.new_zeros(rank, target.shape[1])
+    left[:, :r] = u[:, :r] * root  # (m, r)
+    right[:r] = root[:, None] * vh[:r]  # (r, n)
+    return left, right
+
+
+@torch.no_grad()
+def mimetic_init_(attn: nn.Module, alpha1: float, beta1: float, alpha2: float, beta2: float) -> None:
+    """Mimetic initialisation of one self-attention layer (Trockman & Kolter, "Mimetic Initialization of
+    Self-Attention Layers", ICML 2023, arXiv:2305.09828, section 3), in place.
+
+    In the paper's notation (``q = X W_q``, ``W_q`` and ``W_k`` (d, k) per head, ``W_v`` and ``W_proj`` (d, d) over
+    all heads), each head's ``W_q W_k^T`` is the best rank-k approximation of ``alpha1 Z1 + beta1 I`` and the
+    layer's ``W_v W_proj`` equals ``alpha2 Z2 - beta2 I`` (rank d), both factored by the SVD with ``sqrt(S)`` on each
+    side; every ``Z`` is a fresh (d, d) Gaussian of variance 1 / d per entry, drawn from torch's global generator
+    (one per head, in head order, then the layer's ``Z2``), so the seed fixes it. Our ``nn.Linear`` weights are the
+    transposes: ``qkv.weight``'s rows ``[h * hd:(h + 1) * hd]`` of each third are head h's ``W_q^T``, ``W_k^T`` and
+    ``W_v^T``, and ``proj.weight`` is ``W_proj^T``. The biases keep the plain init's zeros.
+
+    No public code of the authors' was found to follow (the paper links none); the closed form above is the paper's
+    and the defaults (``MIMETIC_DEFAULTS``) its ViT-on-CIFAR ones. A model on the ``meta`` device (shapes only)
+    is left as it is."""
+    weight = attn.qkv.weight  # (3 * nh * hd, d)
+    if weight.is_meta:
+        return
+    heads, hd = attn.num_heads, attn.head_dim
+    d = weight.shape[1]
+    eye = torch.eye(d)
+    q, k, v = weight.view(3, heads, hd, d).unbind(0)  # each (nh, hd, d), views of the weight
+    for h in range(heads):
+        z1 = torch.randn(d, d) / math.sqrt(d)
+        w_q, w_kt = factor_product(alpha1 * z1 + beta1 * eye, hd)  # (d, hd), (hd, d)
+        q[h].copy_(w_q.T)
+        k[h].copy_(w_kt)
+    z2 = torch.randn(d, d) / math.sqrt(d)
+    w_v, w_proj = factor_product(alpha2 * z2 - beta2 * eye, heads * hd)  # (d, nh*hd), (nh*hd, d)
+    v.copy_(w_v.T.reshape(heads, hd, d))
+    attn.proj.weight.copy_(w_proj.T)  # (d, nh*hd)
 
 
 def count_parameters(model: nn.Module) -> int:
