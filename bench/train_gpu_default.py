@@ -67,7 +67,8 @@ def launch(data: str, out: Path, budget: float, device: str, extra: list[str]) -
     return subprocess.Popen(command, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT)
 
 
-def follow(processes: dict[str, subprocess.Popen], work: Path, started: float, stop_at: float) -> dict[str, list[float]]:
+def follow(processes: dict[str, subprocess.Popen], work: Path, started: float,
+           stop_at: float) -> dict[str, list[float]]:
     """Per run: seconds from ``started`` at which each epoch's metrics line appeared; SIGTERM past ``stop_at``."""
     seen: dict[str, list[float]] = {name: [] for name in processes}
     stopped: set[str] = set()
@@ -129,21 +130,33 @@ def write_val_folder(data, folder: Path) -> int:
     for name in data.class_names:
         (folder / name).mkdir(parents=True)
     images = data.val.images.permute(0, 2, 3, 1).numpy()
-    for i, (image, label) in enumerate(zip(images, data.val.labels.tolist())):
+    for i, (image, label) in enumerate(zip(images, data.val.labels.tolist(), strict=True)):
         Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image).save(
             folder / data.class_names[label] / f"{i:05d}.png")
     return len(images)
 
 
-def evaluate(checkpoint: Path, folder: Path, device: str) -> dict:
-    """``python -m vit.evaluate`` on ``folder``: its JSON, or the failure's last lines."""
-    command = [sys.executable, "-m", "vit.evaluate", str(checkpoint), "--data", str(folder), "--batch-size", "500",
-               "--device", "cuda" if device.startswith("cuda") else "cpu"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        return {"exit": done.returncode, "error": (done.stdout + done.stderr)[-1500:]}
-    result = json.loads(done.stdout)
-    return {"accuracy": result["accuracy"], "count": result["count"], "command": " ".join(command[1:])}
+def evaluate(checkpoints: dict[str, Path], folder: Path, device: str) -> dict[str, dict]:
+    """``python -m vit.evaluate`` on ``folder`` for each checkpoint, side by side: its JSON, or the failure's end."""
+    where = "cuda" if device.startswith("cuda") else "cpu"
+    commands = {name: [sys.executable, "-m", "vit.evaluate", str(path), "--data", str(folder), "--batch-size", "500",
+                       "--device", where] for name, path in checkpoints.items()}
+    running = {name: subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, command in commands.items()}
+    results = {}
+    for name, process in running.items():
+        try:
+            stdout, stderr = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        if process.returncode != 0:
+            results[name] = {"exit": process.returncode, "error": (stdout + stderr)[-1500:]}
+            continue
+        result = json.loads(stdout)
+        results[name] = {"accuracy": result["accuracy"], "count": result["count"],
+                         "command": " ".join(commands[name][1:])}
+    return results
 
 
 def parse_also(values: list[str]) -> list[tuple[str, list[str]]]:
@@ -224,6 +237,9 @@ def main() -> int:
     launched = time.monotonic()
     processes = {name: launch(args.data, args.work / name, budget, args.device, extra) for name, extra in runs}
     seen = follow(processes, args.work, launched, launched + budget + args.margin / 2)  # half the margin: overrun
+    evaluated = {} if args.no_evaluate else evaluate(
+        {name: args.work / name / "best.pt" for name in processes if (args.work / name / "best.pt").exists()},
+        val_folder, args.device)
     results = {}
     for name, process in processes.items():
         run_dir = args.work / name
@@ -235,8 +251,8 @@ def main() -> int:
                   "run_epoch_times": [round(s, 2) for s in seen[name]],
                   "val_acc_last": rows[-1].get("val_acc") if rows else None,
                   "val_acc_best": max((r.get("val_acc", 0) for r in rows), default=None)}
-        if not args.no_evaluate and (run_dir / "best.pt").exists():
-            result["evaluate_best"] = evaluate(run_dir / "best.pt", val_folder, args.device)
+        if name in evaluated:
+            result["evaluate_best"] = evaluated[name]
         results[name] = result
         print(f"{name}: exit {process.returncode}, {len(seen[name])} epochs (planned "
               f"{config.get('args', {}).get('epochs')}), launch to last epoch "

@@ -300,7 +300,8 @@ class Trainer:
         self.eval_net: nn.Module = self.ema.module if self.ema is not None else self.model
         self.augment = BatchAugment(settings.augment, magnitude=settings.aug_magnitude, num_ops=settings.aug_ops)
         self.augment.prepare(*self.train.images.shape[-2:], self.train.images.device)  # outside any compiled graph
-        self.compile_mode = resolve_compile_mode(settings.compile_mode, self.device, world) if settings.compile else None
+        self.compile_mode = (resolve_compile_mode(settings.compile_mode, self.device, world) if settings.compile
+                             else None)  # what torch.compile runs, recorded in config.json
         if self.compile_mode is not None:
             self.net = torch.compile(self.net, mode=self.compile_mode)
             if on_gpu:  # on the CPU the augmentation runs op by op on subsets: data-dependent shapes
