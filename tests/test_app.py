@@ -200,7 +200,7 @@ def test_uploaded_image_replaces_the_sample_and_is_predicted(default_world, forw
 
 def test_same_image_again_does_not_rerun_the_model(default_world, forwards):
     at = run_app()
-    data = (default_world[0] / "samples" / "cifar10-cifar-s" / "cat_1.png").read_bytes()
+    data = (default_world[0] / "samples" / Path(DEFAULT_CHECKPOINT).stem / "cat_1.png").read_bytes()
     upload(at, "same-pixels.png", data)  # identical bytes: the cached forward pass is reused
     assert forwards.call_count == 1
 

@@ -1,6 +1,8 @@
 """A link's parameters reproduce the explorer's view in a fresh session, and the access rule holds for links
 (issue 50). The fixtures are test_app's."""
 
+from pathlib import Path
+
 import pytest
 import test_app
 import test_app_features
@@ -42,7 +44,8 @@ def under_the_title(at: AppTest) -> str:
 
 @pytest.mark.usefixtures("default_world")
 def test_a_links_parameters_reproduce_the_view_and_the_url_keeps_them():
-    link = {"model": "cifar10-cifar-s", "sample": "dog_1.png", "size": "0", "aspect": "0", "map": "attention",
+    link = {"model": Path(test_app.DEFAULT_CHECKPOINT).stem, "sample": "dog_1.png", "size": "0", "aspect": "0",
+            "map": "attention",
             "query": "3", "layer": "2", "head": "2", "opacity": "0.35", "cmap": "viridis", "scale": "zero",
             "upsample": "nearest", "grid": "1"}
     at = open_link(link)

@@ -93,12 +93,12 @@ def test_unreadable_file_becomes_an_entry_with_a_one_line_error(dirs, content):
 def test_listing_puts_the_default_first_and_keeps_broken_files(dirs):
     checkpoints, runs = dirs
     write_checkpoint(checkpoints / "a.pt")
-    write_checkpoint(checkpoints / "cifar10-cifar-s.pt")
+    write_checkpoint(checkpoints / catalog.DEFAULT_CHECKPOINT)
     (checkpoints / "zz-broken.pt").write_bytes(b"junk")
     (checkpoints / "notes.txt").write_text("not a checkpoint")
-    (checkpoints / ".cifar10-cifar-s.pt.abc.tmp").write_bytes(b"half-written")
+    (checkpoints / f".{catalog.DEFAULT_CHECKPOINT}.abc.tmp").write_bytes(b"half-written")
     names = [e.path.name for e in list_checkpoints(checkpoints, runs)]
-    assert names == ["cifar10-cifar-s.pt", "a.pt", "zz-broken.pt"]
+    assert names == [catalog.DEFAULT_CHECKPOINT, "a.pt", "zz-broken.pt"]
 
 
 def test_only_completed_runs_are_listed_with_best_pt_preferred_and_the_run_name_in_the_label(dirs):
@@ -137,11 +137,11 @@ def test_folders_come_from_environment_variables(dirs, monkeypatch):
 def test_default_entry_is_the_shipped_default_unless_it_is_broken(dirs):
     checkpoints, runs = dirs
     write_checkpoint(checkpoints / "a.pt")
-    (checkpoints / "cifar10-cifar-s.pt").write_bytes(b"junk")
+    (checkpoints / catalog.DEFAULT_CHECKPOINT).write_bytes(b"junk")
     entries = list_checkpoints(checkpoints, runs)
     assert default_entry(entries).path.name == "a.pt"
-    write_checkpoint(checkpoints / "cifar10-cifar-s.pt")
-    assert default_entry(list_checkpoints(checkpoints, runs)).path.name == "cifar10-cifar-s.pt"
+    write_checkpoint(checkpoints / catalog.DEFAULT_CHECKPOINT)
+    assert default_entry(list_checkpoints(checkpoints, runs)).path.name == catalog.DEFAULT_CHECKPOINT
     assert default_entry([]) is None
 
 

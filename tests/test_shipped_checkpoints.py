@@ -63,6 +63,22 @@ def test_cifar10_default_meets_its_bar():
     assert checkpoint.metadata["val_acc"] >= 0.80
 
 
+def test_the_default_is_the_gpu_trained_model_its_card_and_its_runs_files_describe():
+    # Issue 89: the app's default is trained on a GPU; its accuracy is the run's own (metrics.jsonl), < 16 MiB.
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
+
+    path = ROOT / "checkpoints" / DEFAULT_CHECKPOINT
+    assert path.stat().st_size < 16 * 2**20
+    meta = load_checkpoint(path).metadata
+    assert meta["hardware"].startswith("NVIDIA") and meta["val_acc"] >= 0.85
+    run = ROOT / "bench" / "results" / "h100-2026-11-26b" / meta["run"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert meta["val_acc"] == max(r["val_acc"] for r in rows) and meta["epochs"] == len(rows)
+    config = json.loads((run / "config.json").read_text())
+    assert config["device"].startswith("cuda") and config["compile_mode"] == "reduce-overhead"
+    assert f"**{100 * meta['val_acc']:.2f} %**" in CARDS.split("## `cifar10-cifar-s.pt`")[0]
+
+
 def test_mnist_checkpoint_meets_its_bar():
     (path,) = [p for p in SHIPPED if "mnist" in p.name]
     assert load_checkpoint(path).metadata["val_acc"] >= 0.97

@@ -31,7 +31,7 @@ from vit import registry
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError, open_image
 from vit.core.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
-from vit.core.runfiles import default_checkpoints_dir, images_in
+from vit.core.runfiles import DEFAULT_CHECKPOINT, default_checkpoints_dir, images_in
 from vit.costs import fits
 from vit.explain.language import words
 from vit.explain.language.vlm_answer import VLMAnswer
@@ -72,15 +72,15 @@ def load(source: str | os.PathLike, device: str | torch.device | None = None) ->
     return open_source(source, map_location=device)
 
 
-def shipped(name: str = "cifar10-cifar-s") -> Path:
-    """The path of a checkpoint shipped with the explorer (``cifar10-cifar-s``, ``mnist-p4``), wherever it is
-    installed."""
-    return default_checkpoints_dir() / f"{name}.pt"
+def shipped(name: str | None = None) -> Path:
+    """The path of a checkpoint shipped with the explorer (``cifar10-cifar-m-gpu``, the default the app opens;
+    ``cifar10-cifar-s``, trained on 2 CPU cores; ``mnist-p4``), wherever it is installed."""
+    return default_checkpoints_dir() / f"{name or Path(DEFAULT_CHECKPOINT).stem}.pt"
 
 
-def samples(name: str = "cifar10-cifar-s") -> list[Path]:
-    """The sample images shipped with checkpoint ``name``."""
-    return images_in(default_checkpoints_dir() / "samples" / name)
+def samples(name: str | None = None) -> list[Path]:
+    """The sample images shipped with checkpoint ``name`` (the default checkpoint's without one)."""
+    return images_in(default_checkpoints_dir() / "samples" / (name or Path(DEFAULT_CHECKPOINT).stem))
 
 
 def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:

@@ -26,6 +26,7 @@ from vit.checkpoint import (
 from vit.core.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
+    DEFAULT_CHECKPOINT,
     LAST_CHECKPOINT,
     STATUS_FILE,
     default_checkpoints_dir,
@@ -37,7 +38,6 @@ from vit.core.runfiles import (
 from vit.core.sizes import describe_size
 from vit.core.text import escape_markdown, visible
 
-DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 RUN_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)  # a run's checkpoint, in order of preference
 
 
