@@ -7,7 +7,9 @@
 #       copies ../shared/data/cifar10/train.tar.gz (16 MB; ../shared does not travel) into
 #       data/shared/cifar10/, which git ignores, a plotly wheel into data/shared/wheels and Ray's wheels into
 #       data/ray-a and data/ray-b; the lease's calls below say which each carries
-#   on the device, the lease's three calls `start`, `watch`, `finish` (below), or one of these alone:
+#   on the device, one call: `default` trains the app's default alone (bench/results/h100-2026-11-26b/README.md):
+#       run(command="bash scripts/gpu_session.sh default", carry=["data/shared/cifar10"], timeout_s=600)
+#   or the older lease's three calls `start`, `watch`, `finish` (below), or one of these alone:
 #       tests   unpack, build the uint8 cache, pytest -m cuda, then the engine's suite (~6 min)
 #       bench   bench/bench_gpu.py eager, --compile, --compile reduce-overhead (~6 min)
 #   Every phase writes its log and results under $OUT (they come back); nothing here is a
@@ -222,7 +224,17 @@ finish() {
     set -e
 }
 
+default() {  # unpack, then bench/train_gpu_default.py: decode, train alone with --time-budget, vit.evaluate, collect
+    if [ ! -d data/cifar10/train ]; then
+        mkdir -p data/cifar10
+        tar -xzf data/shared/cifar10/train.tar.gz -C data/cifar10
+    fi
+    $PY bench/train_gpu_default.py --data data/cifar10/train --out "$OUT" --deadline "${DEADLINE:-570}" --margin 15 \
+        2>&1 | tee "$OUT/console.txt"
+}
+
 case "${1:-}" in
+    default) default ;;
     stage) stage "${2:-}" ;;
     setup) setup ;;
     tests) tests ;;
@@ -231,5 +243,5 @@ case "${1:-}" in
     watch) watch ;;
     ray) ray ;;
     finish) finish ;;
-    *) echo "usage: $0 stage|setup|tests|bench|start|watch|ray|finish" >&2; exit 2 ;;
+    *) echo "usage: $0 default|stage|setup|tests|bench|start|watch|ray|finish" >&2; exit 2 ;;
 esac

@@ -57,7 +57,21 @@ def test_the_default_run_is_given_the_time_left_and_collects_what_a_lease_return
 
     parsed = parse_args(["--dataset", f"folder:{data}", "--out", str(tmp_path / "x"), "--device", "cpu", *RECIPE,
                          "--time-budget", "560"])
-    assert (parsed.preset, parsed.batch_size, parsed.compile, parsed.random_erasing) == ("cifar-m", 256, True, 0.25)
+    assert (parsed.preset, parsed.batch_size, parsed.compile, parsed.random_erasing) == ("cifar-m", 1024, True, 0.25)
+
+
+def test_the_recipe_is_the_one_the_shipped_gpu_default_trained_with(tmp_path):
+    # Issue 89: one command trains what ships; the default's own config.json (its lease's files) is the reference.
+    from bench.train_gpu_default import RECIPE
+
+    config = json.loads((REPO / "bench/results/h100-2026-11-26b/b1024/config.json").read_text())
+    shipped = config["args"]
+    ours = vars(parse_args(["--dataset", shipped["dataset"], "--out", str(tmp_path / "x"), "--device", "cpu", *RECIPE,
+                            "--time-budget", str(shipped["time_budget"])]))
+    differ = {k: (ours[k], shipped[k]) for k in ours if ours[k] != shipped.get(k)}
+    # config.json's epochs is the run's plan; --epochs 10000 (the default) only bounds it
+    assert differ == {"out": (str(tmp_path / "x"), shipped["out"]), "device": ("cpu", "cuda"),
+                      "epochs": (10000, config["budget_plan"]["epochs"])}
 
 
 def test_runs_side_by_side_share_the_budget_and_each_best_pt_is_evaluated_as_it_would_ship(tmp_path):
