@@ -231,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is printed)")
     parser.add_argument("--apptest", action="store_true", help="also time whole page reruns through AppTest")
     parser.add_argument("--only", choices=sorted(TARGETS), action="append", help="bench only these (repeatable)")
+    parser.add_argument("--default", type=Path, metavar="CHECKPOINT",
+                        help="bench this checkpoint (its samples beside it) in place of the shipped default")
     parser.add_argument("--first-upload", type=int, metavar="N", help="only the first upload of N fresh processes")
     parser.add_argument("--first-upload-child", choices=("cold", "warm"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -244,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.only or TARGETS)
     measured: dict[str, dict[str, tuple[float, float]]] = {}
 
-    default = default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT
-    samples = sorted((default_checkpoints_dir() / "samples" / default.stem).glob("*.png"))
+    default = args.default or default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT
+    samples = sorted((default.parent / "samples" / default.stem).glob("*.png"))
     if "default" in wanted and default.is_file():
         data = samples[0].read_bytes() if samples else photo_png()
         measured["default"] = bench(f"default checkpoint ({default.name})", load_checkpoint(default), data,
