@@ -150,6 +150,65 @@ def test_rise_equals_the_authors_code_with_the_same_masks(tmp_path):
     np.testing.assert_allclose(ours, patch_grid_by_hand(saliency, (4, 4), mean=False), rtol=1e-4, atol=1e-6)
 
 
+def test_rise_draws_its_grids_a_few_at_a_time_and_still_gives_the_authors_masks(monkeypatch):
+    # Issue 95: the N x s x s float64 draw is gone; grids drawn in pieces of one stream are the authors' grids.
+    pytest.importorskip("skimage")
+    from tests.reference.rise.explanations import RISE
+
+    rise = captum_maps.rise_module
+    monkeypatch.setattr(rise, "DRAW_BYTES", 8 * 5 * 5 * 3)  # three 5 x 5 grids a draw: 7 draws for 20 masks
+    assert rise.draw_masks(5) == 3
+    theirs = RISE(torch.nn.Identity(), (32, 32))
+    np.random.seed(7)
+    theirs.generate_masks(N=20, s=5, p1=0.3, savepath=None)
+    ours = rise.Masks(20, 5, 0.3, (32, 32), seed=7)
+    assert ours.bits.nbytes == 20 * 4  # 25 bits a grid, in 4 bytes
+    torch.testing.assert_close(torch.cat([ours.batch(0, 7), ours.batch(7, 20)]), theirs.masks[:, 0], rtol=0,
+                               atol=1e-6)
+
+
+RISE_PEAK = """
+import resource, sys, torch
+sys.path.insert(0, {tests!r})
+from vit.explain.views.method_maps import model_method_map
+from vit.model import ViT, ViTConfig
+from vit.checkpoint import Checkpoint, Preprocessing
+from PIL import Image
+model = ViT(ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32)).eval()
+checkpoint = Checkpoint(model, [str(i) for i in range(10)], Preprocessing(32, 3, (0.5,) * 3, (0.25,) * 3), {{}})
+image = Image.new("RGB", (32, 32), (90, 120, 30))
+model_method_map(checkpoint, image, "rise", 1, options={{"n_masks": 4, "s": 8}})  # everything imported and warm
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+model_method_map(checkpoint, image, "rise", 1, options={{"n_masks": 60, "s": 1024, "batch": 4}})
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_rise_with_a_fine_grid_holds_what_is_counted_not_every_grid_at_once():
+    # Issue 95: /?map=rise&attr=n_masks=300,s=1024 grew the server by 3 GB (every grid drawn in float64 at once).
+    # 60 grids of 1024 x 1024 cells: ~1.3 GB that way; as bits 7.5 MB, formed 4 at a time ~37 MB more.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rise = captum_maps.rise_module
+    counted = rise.held_bytes(60, 1024) + 4 * rise.batch_bytes(1024, (32, 32))
+    assert counted < 100 * 2**20
+    done = subprocess.run([sys.executable, "-c", RISE_PEAK.format(tests=str(Path(__file__).parent))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown = int(done.stdout.split()[-1])
+    assert grown < counted + 150 * 2**20, (grown, counted)  # the slack: allocator pages, the forwards, 8x below 1.3 GB
+
+
+def test_rises_masks_are_counted_before_the_work(tmp_path, monkeypatch):
+    checkpoint, _ = hf_vit(tmp_path / "vit")
+    monkeypatch.setattr(captum_maps.rise_module, "Masks", lambda *a, **k: pytest.fail("drew the masks"))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "64")
+    with pytest.raises(TooManyTokens, match="fewer masks or a smaller s"):  # 100,000 x 1024² bits: 13 GB
+        model_method_map(checkpoint, image(), "rise", TARGET, size=SIZE, options={"n_masks": 100_000, "s": 1024})
+
+
 class _Logits(torch.nn.Module):
     def __init__(self, forward):
         super().__init__()

@@ -515,26 +515,36 @@ def attribution_image_bytes(model, grid: tuple[int, int], gradient: bool) -> int
     return attnlrp(model, grid).memory if gradient else forward(model, grid).memory
 
 
-def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool) -> int:
+def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool, extra: int = 0,
+                      held: int = 0) -> int:
     """The forwards an attribution runs at once: as many as fit the memory limit, at most ``passes`` and
     ``MAX_BATCH``, evened out over the batches that takes (at least one: ``attribution`` then refuses
-    it)."""
-    per = attribution_image_bytes(model, grid, gradient)
-    fits = max(1, min(passes, MAX_BATCH, bounds.memory_limit() // max(per, 1)))
+    it). ``extra``: bytes each pass holds beside its forward (a RISE mask formed); ``held``: bytes held throughout
+    (RISE's grids)."""
+    per = attribution_image_bytes(model, grid, gradient) + extra
+    fits = max(1, min(passes, MAX_BATCH, (bounds.memory_limit() - held) // max(per, 1)))
     return math.ceil(passes / math.ceil(passes / fits))  # batches of equal size: 50 as 25 + 25, not 29 + 21
 
 
-def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int, gradient: bool) -> Cost:
+def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int, gradient: bool,
+                extra: int = 0, held: int = 0) -> Cost:
     """An attribution (captum's, RISE's) of ``passes`` forwards, ``batch`` at once, each with its backward to the
     pixels where ``gradient``: the batch's forwards (``attribution_image_bytes`` each) at once; FLOPs of every
-    forward (a backward counted as two)."""
+    forward (a backward counted as two). RISE's masks besides (``vit.explain.methods.rise``): ``extra`` bytes for each
+    mask of a batch formed (``batch_bytes``), ``held`` for its grids kept as bits and one draw (``held_bytes``)."""
     per = attribution_image_bytes(model, grid, gradient)
     tokens = _tokens(model, grid)
     kind = "forward and backward" if gradient else "forward"
+    masks = " (RISE: fewer masks or a smaller s)" if held else ""
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         return TooManyTokens(f"{what} runs {passes:,} {kind}s of {tokens:,} tokens, {batch} at once: about "
                              f"{need / MB:,.0f} MB, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
-                             f"choose a smaller batch, a smaller input size, or another map.")
-    cost = _cost("attribution", model, grid, {f"{batch} inputs' {kind} at once": batch * per}, refuse)
+                             f"choose a smaller batch, a smaller input size{masks}, or another map.")
+    parts = {f"{batch} inputs' {kind} at once": batch * per}
+    if extra:
+        parts[f"{batch} masks formed (float64)"] = batch * extra
+    if held:
+        parts["the masks' grids (bits) and one draw"] = held
+    cost = _cost("attribution", model, grid, parts, refuse)
     return replace(cost, flops=cost.flops * passes * (3 if gradient else 1))

@@ -268,8 +268,10 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     count = passes(method, chosen, grid, shape, patch)
     gradient = method in GRADIENT_METHODS
     plan.decide(plan.attribution_passes(model, grid, title, count))
-    batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient)
-    plan.decide(plan.attribution(model, grid, title, count, batch, gradient))
+    extra, held = ((rise_module.batch_bytes(chosen.s, shape), rise_module.held_bytes(chosen.n_masks, chosen.s))
+                   if method == "rise" else (0, 0))
+    batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient, extra, held)
+    plan.decide(plan.attribution(model, grid, title, count, batch, gradient, extra, held))
     device = next(model.parameters()).device
     x = given.pixels(device)  # (1, C, H, W)
 

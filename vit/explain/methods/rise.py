@@ -6,7 +6,9 @@ binary ``s x s`` grids, each cell kept with probability ``p1``, upsampled biline
 saliency is ``sum_i P(class | x * mask_i) * mask_i / N / p1``. Their defaults (their Saliency notebook): ``N=6000``,
 ``s=8``, ``p1=0.1``. The masks are drawn from ``numpy.random.RandomState(seed)`` in the authors' order (the grids,
 then each mask's two shifts), so ``np.random.seed(seed)`` before their ``generate_masks`` gives the same masks; they
-are formed a batch at a time (never the ``N x H x W`` the authors keep: 1.2 GB at their defaults).
+are formed a batch at a time (never the ``N x H x W`` the authors keep: 1.2 GB at their defaults). The grids are
+drawn ``DRAW_BYTES`` of numbers at a time, in the same order, and kept as bits (``N x s x s / 8`` bytes), so a large
+``s`` never holds the ``N x s x s`` float64 draw at once; ``vit.costs.plan.rise_masks`` counts what is held.
 """
 
 from __future__ import annotations
@@ -19,6 +21,25 @@ from torch import Tensor
 
 # The authors' defaults (their Saliency notebook's generate_masks(N=6000, s=8, p1=0.1))
 N_MASKS, CELLS, P1 = 6000, 8, 0.1
+DRAW_BYTES = 8 * 2**20  # the grids' uniform draws at once (float64), at least one grid's
+
+
+def draw_masks(s: int) -> int:
+    """The grids drawn at once: ``DRAW_BYTES`` of float64 uniforms, at least one ``s x s`` grid."""
+    return max(1, DRAW_BYTES // (8 * s * s))
+
+
+def held_bytes(n: int, s: int) -> int:
+    """What ``Masks`` holds while it lives: the grids as bits, each mask's shift, and one draw (float64 uniforms and
+    their comparison) while it draws."""
+    return math.ceil(n * s * s / 8) + 16 * n + draw_masks(s) * s * s * 9
+
+
+def batch_bytes(s: int, input_size: tuple[int, int]) -> int:
+    """One mask's share of ``Masks.batch``: its grid unpacked, the upsampling's row and column weights at its shift
+    and the product through them, in float64, and the mask in float32 and on the input (``rise``)."""
+    H, W = input_size
+    return 8 * (s * s + H * s + W * s + H * s + H * W) + 4 * H * W * 2
 
 
 def _linear_weights(size: int, out: int) -> Tensor:
@@ -47,13 +68,25 @@ class Masks:
     def __init__(self, n: int, s: int, p1: float, input_size: tuple[int, int], seed: int = 0):
         H, W = input_size
         random = np.random.RandomState(seed)
-        # The authors' order: every grid first, then each mask's two shifts (so their np.random.seed gives these)
-        self.grid = torch.from_numpy((random.rand(n, s, s) < p1).astype("float32")).double()  # (N, s, s)
+        # The authors' order: every grid first, then each mask's two shifts (so their np.random.seed gives these).
+        # RandomState's uniforms are one stream: rand(a + b) is rand(a) then rand(b), so drawing a few grids at a
+        # time gives the authors' grids; each is kept as s * s bits.
+        self.bits = np.empty((n, math.ceil(s * s / 8)), dtype=np.uint8)
+        step = draw_masks(s)
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            self.bits[start:stop] = np.packbits((random.rand(stop - start, s, s) < p1).reshape(stop - start, -1),
+                                                axis=1)
         cell = (math.ceil(H / s), math.ceil(W / s))
         self.shifts = torch.tensor([(random.randint(0, cell[0]), random.randint(0, cell[1])) for _ in range(n)])
         up = ((s + 1) * cell[0], (s + 1) * cell[1])
         self.rows, self.cols = _linear_weights(s, up[0]), _linear_weights(s, up[1])  # (up_h, s), (up_w, s)
-        self.n, self.p1, self.input_size = n, p1, (H, W)
+        self.n, self.s, self.p1, self.input_size = n, s, p1, (H, W)
+
+    def grids(self, start: int, stop: int) -> Tensor:
+        """Grids ``start..stop-1``: ``(B, s, s)`` float64 of 0 and 1."""
+        cells = np.unpackbits(self.bits[start:stop], axis=1, count=self.s * self.s)
+        return torch.from_numpy(cells.reshape(stop - start, self.s, self.s)).double()
 
     def batch(self, start: int, stop: int) -> Tensor:
         """Masks ``start..stop-1``: ``(B, H, W)`` float32, the upsampled grids cropped at their shifts."""
@@ -61,7 +94,7 @@ class Masks:
         shifts = self.shifts[start:stop]  # (B, 2)
         rows = self.rows[shifts[:, :1] + torch.arange(H)]  # (B, H, s): the crop's rows of the upsampling
         cols = self.cols[shifts[:, 1:] + torch.arange(W)]  # (B, W, s)
-        return (rows @ self.grid[start:stop] @ cols.transpose(1, 2)).float()  # (B, H, W)
+        return (rows @ self.grids(start, stop) @ cols.transpose(1, 2)).float()  # (B, H, W)
 
 
 def rise(forward, x: Tensor, class_index: int, masks: Masks, batch: int = 100, progress=None) -> Tensor:
