@@ -239,6 +239,61 @@ def drawn_colours(monkeypatch) -> list[tuple[np.ndarray, str, float | None, floa
     return drawn
 
 
+def colour_bars(at: AppTest) -> list[tuple[str, float, float]]:
+    """``(colour map, vmin, vmax)`` of every colour bar on the page (``drawing.colorbar_html``), in order."""
+    bars = [e.proto.body for e in at.get("html") if 'class="vit-colorbar"' in e.proto.body]
+    return [(re.search(r'data-colormap="([^"]*)"', b)[1], float(re.search(r'data-vmin="([^"]+)"', b)[1]),
+             float(re.search(r'data-vmax="([^"]+)"', b)[1])) for b in bars]
+
+
+def test_every_choice_of_which_pixels_made_the_mask_draws_its_map_and_colour_bar(whole, monkeypatch):
+    """Issue 90, item 2: each choice of the picker, clicked in the page in turn, draws ``vit.segment``'s map of the
+    drawn mask with a colour bar over its values (LeGrad's, unsigned, on its own range: that one crashed the page
+    with no range for its bar), and "none" draws none; no choice raises or shows an error (SAM 2 is not offered
+    LeGrad, which its FPN neck cannot give)."""
+    import vit
+
+    family, _, _, folder = whole
+    drawn = drawn_colours(monkeypatch)
+    at = opened(folder, sam_linked=LINKED)
+    checkpoint = vit.load(folder, device="cpu")
+    prompt = dict(points=list(LINKED["points"]), box=LINKED["box"])
+    choices = prompts.pixel_maps(family)
+    assert list(choices) == ["none", "gradient_x_input", "attnlrp", *(["legrad"] if family == "sam" else [])]
+    assert at.radio(key="sam_map").options == list(choices.values())
+    before = len(colour_bars(at))  # the main map's and the decoder attention's, none chosen yet
+    for method in [*list(choices)[1:], "none"]:  # none last: from a drawn map back to none
+        at.radio(key="sam_map").set_value(method).run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert not at.main.error, [e.value for e in at.main.error]
+        captions = " ".join(displayed(c.value) for c in at.main.caption)
+        bars = colour_bars(at)
+        if method == "none":
+            assert len(bars) == before and "back to each input pixel" not in captions
+            continue
+        expected = np.asarray(vit.segment(checkpoint, image(), **prompt, mask=1, methods=[method]).maps[method])
+        values, cmap, _, _ = drawn[-1]  # the pixel map is drawn last, under the decoder attention
+        np.testing.assert_allclose(values, expected, rtol=0, atol=1e-6)
+        assert len(bars) == before + 1, bars  # the pixel map's last
+        name, low, high = bars[-1]
+        assert name == cmap and np.isfinite([low, high]).all() and low <= values.min() and values.max() <= high
+        assert prompts.describe_pixel_map(method, 1, expected) in captions
+
+
+def test_a_linked_map_the_family_cannot_draw_is_reset_to_none_with_one_line(whole):
+    """LeGrad in a link: drawn on SAM; on SAM 2 (whose FPN neck reads every Hiera stage at once) the picker is back at
+    none with one line saying why, not the engine's refusal as an error."""
+    family, _, _, folder = whole
+    at = opened(folder, sam_linked={**LINKED, "smap": "legrad"})
+    assert not at.main.error, [e.value for e in at.main.error]
+    warnings = [displayed(w.value) for w in at.main.warning if "does not apply" in displayed(w.value)]
+    if family == "sam":
+        assert at.radio(key="sam_map").value == "legrad" and not warnings
+    else:
+        assert at.radio(key="sam_map").value == "none"
+        assert warnings == ["LeGrad does not apply to SAM 2's image encoder: no pixel map is drawn."]
+
+
 AT = (70, 20)  # the pixel explained: the prompt's first point (on the object)
 
 
@@ -339,6 +394,20 @@ def test_the_pixel_maps_signed_colours_come_from_the_engines_list():
             assert (cmap, vmin, vmax) == ("RdBu_r", -0.5, 0.5)
         else:
             assert (cmap, vmin, vmax) == ("viridis", None, None)
+
+
+def test_an_unsigned_pixel_maps_colour_bar_spans_its_finite_values_whatever_they_are():
+    """LeGrad's colours have no bounds of their own (None: the map's range); its colour bar is given the range the
+    colours span (``drawing.map_range``, as ``overlay.colorize`` reads it): finite values only, 0 to 1 with none."""
+    from vit.app import drawing
+
+    for values, expected in [([[0.0, 0.25], [0.5, 0.125]], (0.0, 0.5)), ([[np.nan, 2.0], [np.inf, 1.0]], (1.0, 2.0)),
+                             ([[3.0, 3.0]], (3.0, 3.0)), ([[np.nan, np.nan]], (0.0, 1.0))]:
+        values = np.asarray(values, dtype=np.float32)
+        cmap, vmin, vmax = prompts.pixel_map_colours("legrad", values, "magma")
+        assert drawing.map_range(values, vmin, vmax) == expected
+        bar = drawing.colorbar_html(*drawing.map_range(values, vmin, vmax), cmap)
+        assert f'data-vmin="{expected[0]!r}"' in bar and 'data-colormap="magma"' in bar
 
 
 def test_the_pixel_to_explain_in_a_link_reads_back_and_a_bad_one_is_one_line():

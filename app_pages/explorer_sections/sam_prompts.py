@@ -21,15 +21,15 @@ from vit.app import sam_prompt_view as prompts
 from vit.checkpoint import CheckpointError
 from vit.core.inference import input_box, seen_region
 from vit.core.text import escape_markdown
-from vit.explain.methods.segment import make_prompt
+from vit.explain.methods.segment import MAP_LABELS, make_prompt
 from vit.explain.views.overlay import display_image, jpeg_data_uri
-from vit.sources.sam_prompts import architecture
+from vit.sources.sam_prompts import ARCHITECTURES, architecture
 
 POINTS_KEY, BOX_KEY, OF_KEY = "sam_points", "sam_box", "sam_prompt_of"  # the prompt, and the (model, image) it is on
 NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY = "sam_negative", "sam_token", "sam_attention", "sam_head"
 MOUSE_KEY = "sam_mouse"  # what the mouse does on the image: click points or drag a box
 PICKER_KEY, SHEET_KEY = "sam_picker", "sam_sheet"
-MAP_KEY = "sam_map"  # "Which pixels made the mask": none, or one of vit.explain.methods.segment's pixel maps
+MAP_KEY = "sam_map"  # "Which pixels made the mask": none, or one of the pixel maps the family draws (pixel_maps)
 # what the map explains: "mask" (its logits summed over it) or "pixel" (its logit at the pixel AT_X, AT_Y); their
 # names start with MAP_KEY, so KEPT keeps them
 AT_KEY, AT_X_KEY, AT_Y_KEY = "sam_map_at", "sam_map_x", "sam_map_y"
@@ -264,13 +264,14 @@ def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: s
 
 
 def pixel_map_picture(view: Shown, seg: vit.Segmentation, method: str,
-                      values: np.ndarray) -> tuple[Image.Image, str, float | None, float | None]:
+                      values: np.ndarray) -> tuple[Image.Image, str, float, float]:
     """The pixel map drawn over the pixels the model saw, as the page and the export show it, with its colours
-    (``sam_prompt_view.pixel_map_colours``: signed maps on the diverging scale): ``(picture, cmap, vmin, vmax)``."""
+    (``sam_prompt_view.pixel_map_colours``: signed maps on the diverging scale) and the range its colour bar shows
+    (LeGrad's: the map's own): ``(picture, cmap, low, high)``."""
     cmap, vmin, vmax = prompts.pixel_map_colours(method, values, view.colormap)
     shown = display_image(seg.seen, max_side=480)
     return (drawing.overlay_image(shown, values, view.opacity, cmap, view.mode, False, None, vmin, vmax),
-            cmap, vmin, vmax)
+            cmap, *drawing.map_range(values, vmin, vmax))
 
 
 def _default_pixel(points: tuple, box: tuple | None, image_size: tuple[int, int]) -> tuple[int, int]:
@@ -287,12 +288,15 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
     at one pixel (the prompt's last point until another is chosen), over the pixels the model saw; chosen, never run
     before (a gradient through the image encoder)."""
     st.subheader("Which pixels made the mask")
-    if st.session_state.get(MAP_KEY) not in prompts.PIXEL_MAPS:
+    family = ARCHITECTURES[architecture(view.full_checkpoint)]
+    options, chosen = prompts.pixel_maps(family), st.session_state.get(MAP_KEY)
+    if chosen not in options:
+        if chosen in MAP_LABELS:  # a map this family cannot draw, chosen by a link or on another model
+            st.warning(escape_markdown(prompts.map_not_offered(chosen, family)))
         st.session_state[MAP_KEY] = "none"
     left, right = st.columns([1, 1.3], gap="medium")
     with right:
-        method = st.radio("Map of the mask", list(prompts.PIXEL_MAPS), key=MAP_KEY,
-                          format_func=prompts.PIXEL_MAPS.get, horizontal=True)
+        method = st.radio("Map of the mask", list(options), key=MAP_KEY, format_func=options.get, horizontal=True)
     if method == "none":  # no map: nothing to explain, so no pixel to choose either
         return
     with right:
@@ -316,10 +320,10 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
         with right:
             st.error(escape_markdown(str(e)))
         return
-    picture, cmap, vmin, vmax = pixel_map_picture(view, seg, method, values)
+    picture, cmap, low, high = pixel_map_picture(view, seg, method, values)
     with left:
         st.image(picture, output_format="PNG")
-        st.html(drawing.colorbar_html(vmin, vmax, cmap))
+        st.html(drawing.colorbar_html(low, high, cmap))
         st.caption(escape_markdown(prompts.describe_pixel_map(method, seg.mask, values, at)))
 
 
@@ -345,10 +349,10 @@ def export_part(view: Shown, values: dict) -> dict | None:
             found = None
             pixel_map = dict(pixel_map_title=prompts.pixel_map_title(method), pixel_map_caption=f"Not drawn: {e}")
         if found is not None:
-            picture, cmap, vmin, vmax = pixel_map_picture(view, seg, method, found)
+            picture, cmap, low, high = pixel_map_picture(view, seg, method, found)
             pixel_map = dict(pixel_map=picture, pixel_map_title=prompts.pixel_map_title(method),
                              pixel_map_caption=prompts.describe_pixel_map(method, seg.mask, found, at),
-                             pixel_map_colours=(cmap, *drawing.map_range(np.asarray(found), vmin, vmax)))
+                             pixel_map_colours=(cmap, low, high))
     return dict(
         masks=[display_image(_canvas_picture(seg, i), max_side=240) for i in range(len(seg.scores))],
         mask_captions=[prompts.mask_caption(i, float(seg.scores[i]), int(seg.masks[i].sum()), total,

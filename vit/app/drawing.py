@@ -74,9 +74,12 @@ def colour_range(maps: np.ndarray, scale: str) -> tuple[float | None, float | No
 
 
 def map_range(map2d: np.ndarray, vmin: float | None, vmax: float | None) -> tuple[float, float]:
-    """The values the darkest and brightest colours stand for on ``map2d`` with this ``vmin``/``vmax``."""
-    low = float(np.nanmin(map2d)) if vmin is None else vmin
-    high = float(np.nanmax(map2d)) if vmax is None else vmax
+    """The values the darkest and brightest colours stand for on ``map2d`` with this ``vmin``/``vmax``: a bound not
+    given is the map's own, over its finite values (0 to 1 without any), as ``overlay.colorize`` colours it."""
+    values = np.asarray(map2d, dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    low = (float(finite.min()) if finite.size else 0.0) if vmin is None else float(vmin)
+    high = (float(finite.max()) if finite.size else 1.0) if vmax is None else float(vmax)
     return low, high
 
 

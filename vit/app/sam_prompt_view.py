@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from vit.app import drawing
-from vit.explain.methods.segment import MAP_LABELS, SIGNED_MAPS
+from vit.explain.methods.segment import MAP_FAMILIES, MAP_LABELS, SIGNED_MAPS
 from vit.explain.views.overlay import DIVERGING_COLORMAP
 
 CLICK_CELLS = 64  # clickable points along the image's long side (SAM's image embedding is 64 x 64)
@@ -26,7 +26,7 @@ MAX_POINTS = 32  # points one prompt (and a link) may hold
 POSITIVE, NEGATIVE = (0, 200, 0), (220, 0, 0)  # as ``Segmentation.picture`` marks them
 TOKENS = {"mask1": "mask 1's token", "mask2": "mask 2's token", "mask3": "mask 3's token", "iou": "the IoU token"}
 TOKEN_OPTIONS = {"mask1": "mask 1", "mask2": "mask 2", "mask3": "mask 3", "iou": "IoU token"}  # the picker's words
-PIXEL_MAPS = {"none": "none", **MAP_LABELS}  # "Which pixels made the mask": the picker's options, none first
+FAMILY_NAMES = {"sam": "SAM", "sam2": "SAM 2"}
 _NUMBER = r"[0-9]{1,5}(?:\.[0-9]{1,2})?"
 _POINT = re.compile(rf"({_NUMBER}),({_NUMBER}),([01])")
 _BOX = re.compile(rf"({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})")
@@ -189,6 +189,17 @@ def describe_attention(name: str, head: int, choice: str, grid: tuple[int, int])
         what = f"where {TOKENS[choice]} attends on the image"
     return (f"The mask decoder's {attention_label(name)} attention, {who}: {what}, on the image embedding's "
             f"{grid[0]}×{grid[1]} grid over the pixels the model saw.")
+
+
+def pixel_maps(family: str) -> dict[str, str]:
+    """"Which pixels made the mask"'s options on a ``family`` model (``"sam"`` or ``"sam2"``), in words: none first,
+    then the maps that apply to it (``vit.explain.methods.segment.MAP_FAMILIES``), so none offered is refused."""
+    return {"none": "none", **{m: label for m, label in MAP_LABELS.items() if family in MAP_FAMILIES[m]}}
+
+
+def map_not_offered(method: str, family: str) -> str:
+    """The one line for a map chosen before (a link, another model) that ``family`` cannot draw."""
+    return f"{MAP_LABELS[method]} does not apply to {FAMILY_NAMES[family]}'s image encoder: no pixel map is drawn."
 
 
 def pixel_map_colours(method: str, values: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
