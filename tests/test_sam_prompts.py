@@ -336,3 +336,43 @@ def test_predict_refuses_a_prompt_it_cannot_use_in_one_line(whole, image, tmp_pa
     code = main([checkpoint.metadata["source"]["path"], str(tmp_path / "photo.png"), "--device", "cpu", *argv])
     error = capsys.readouterr().err
     assert code == 2 and message in error and error.count("\n") == 1
+
+
+def test_two_sessions_prompting_one_model_at_once_each_get_their_own_decoder_attention(whole, image, monkeypatch):
+    # Issue 95: the recording hooks sat on modules every session shares, so a second session's decoder, run while
+    # the first's recording was open, wrote its attention into the first's. Here the first session's decoder runs,
+    # then waits inside its recording while the second session's whole prompt runs; each must get what it gets alone.
+    import threading
+
+    from vit.explain.methods import segment as segment_module
+
+    _, _, _, checkpoint = whole
+    first_prompt, second_prompt = dict(points=[(30, 20)]), dict(box=(10, 5, 80, 45))
+    alone = [vit.segment(checkpoint, image, **p).attention for p in (first_prompt, second_prompt)]
+    original, first_decoded, second_done, results = segment_module.decode, threading.Event(), threading.Event(), {}
+
+    def decode_then_wait(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if threading.current_thread().name == "first":
+            first_decoded.set()
+            assert second_done.wait(60)
+        return out
+
+    monkeypatch.setattr(segment_module, "decode", decode_then_wait)
+
+    def run(name, prompt):
+        results[name] = vit.segment(checkpoint, image, **prompt).attention
+        if name == "second":
+            second_done.set()
+
+    threads = [threading.Thread(target=run, args=("first", first_prompt), name="first"),
+               threading.Thread(target=run, args=("second", second_prompt), name="second")]
+    threads[0].start()
+    assert first_decoded.wait(60)  # the first session's recording is open, its decoder run: now the second's
+    threads[1].start()
+    for thread in threads:
+        thread.join(120)
+    for got, expected in zip((results["first"], results["second"]), alone, strict=True):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key])

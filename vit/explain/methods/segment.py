@@ -38,6 +38,8 @@ prompt on the same image costs the decoder alone.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import hashlib
 import math
 import threading
@@ -82,6 +84,9 @@ SEGMENT_METHODS = {
 }
 MAP_LABELS = {"gradient_x_input": "Gradient x input", "attnlrp": "AttnLRP", "legrad": "LeGrad"}  # in words
 SIGNED_MAPS = ("gradient_x_input", "attnlrp")  # drawn on a diverging scale around 0 (LeGrad's are >= 0)
+# the families each map applies to: SAM 2's FPN neck reads every Hiera stage at once, so LeGrad has no one layer's
+# output for the neck to read
+MAP_FAMILIES = {"gradient_x_input": ("sam", "sam2"), "attnlrp": ("sam", "sam2"), "legrad": ("sam",)}
 TOKENS = ("mask", "iou")  # the output tokens whose attention is drawn
 CROSS_ATTENTIONS = ("cross_attn_token_to_image", "cross_attn_image_to_token", FINAL_ATTENTION)
 LEGRAD_START = -2  # LeGrad's first explained layer (the authors' wrapper's default: the last two)
@@ -245,21 +250,38 @@ def attention_modules(half) -> dict[str, torch.nn.Module]:
     return named
 
 
+# What the decoder's attention modules record, and for whom: the ``decoder_attentions`` block running in this thread
+# (each thread, each server session, its own context). The modules are every session's: a hook on them fires for any
+# session's forward, so it writes only into the dict of the block that this very forward runs in.
+_RECORDING: contextvars.ContextVar[dict[str, Tensor] | None] = contextvars.ContextVar("sam_decoder_attentions",
+                                                                                       default=None)
+_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # an attention module -> its recording hook
+_HOOKING = threading.Lock()
+
+
+def _record(name: str, module, args, output) -> None:
+    recorded = _RECORDING.get()
+    if recorded is not None:
+        recorded[name] = output[1]
+
+
 @contextlib.contextmanager
 def decoder_attentions(half) -> Iterator[dict[str, torch.Tensor]]:
     """For the ``with`` block, every decoder attention module's weights as the library's eager attention returns
-    them (post-softmax ``(B * masks, heads, queries, keys)``), by ``attention_modules`` name."""
+    them (post-softmax ``(B * masks, heads, queries, keys)``), by ``attention_modules`` name: those of the forwards
+    this thread runs inside the block, never another session's on the same model (issue 95: two sessions prompting
+    one model at once got each other's maps). Each module gets one hook, once, that writes to the block now running
+    in the forward's own context."""
+    with _HOOKING:
+        for name, module in attention_modules(half).items():
+            if module not in _HOOKED:
+                _HOOKED[module] = module.register_forward_hook(functools.partial(_record, name))
     recorded: dict[str, torch.Tensor] = {}
-    handles = []
-    for name, module in attention_modules(half).items():
-        def keep(module, args, output, name=name) -> None:
-            recorded[name] = output[1]
-        handles.append(module.register_forward_hook(keep))
+    token = _RECORDING.set(recorded)
     try:
         yield recorded
     finally:
-        for handle in handles:
-            handle.remove()
+        _RECORDING.reset(token)
 
 
 def output_token(half, token: str, mask: int) -> int:
@@ -513,7 +535,7 @@ def legrad(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
     with respect to that layer's attention is averaged over heads and queries and summed over the layers
     (``relevance.legrad_of_readout``: in chunks, a windowed layer's keys back on their tokens). SAM 2's FPN neck
     reads every stage at once, so there is no one layer's output to read: PromptError."""
-    if half.family != "sam":
+    if half.family not in MAP_FAMILIES["legrad"]:
         raise PromptError("LeGrad of the mask reads the neck at each layer, and SAM 2's neck reads every Hiera "
                           "stage at once; choose attnlrp or gradient_x_input")
     grid = model.patch_grid(*pixels.shape[-2:])
