@@ -242,12 +242,11 @@ def test_a_writer_killed_mid_write_leaves_the_earlier_snapshots_intact(tmp_path)
     script = textwrap.dedent(f"""
         import os, signal, numpy as np
         from vit.training import snapshots
-        real = snapshots._atomic_write_bytes
         def dying(path, data):
             fd = os.open(str(path.parent / ('.' + path.name + '.x.tmp')), os.O_WRONLY | os.O_CREAT)
             os.write(fd, data[: len(data) // 2])
             os.kill(os.getpid(), signal.SIGKILL)
-        snapshots._atomic_write_bytes = dying
+        snapshots.atomic_write_bytes = dying
         arrays = {{k: np.zeros((2, 3, 2, 40, 40), np.float32) for k in ["cls_attention"]}}
         snapshots.write_snapshot({str(tmp_path)!r}, 1, arrays)
     """)

@@ -31,7 +31,13 @@ from vit import registry
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError, open_image
 from vit.core.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
-from vit.core.runfiles import DEFAULT_CHECKPOINT, default_checkpoints_dir, images_in
+from vit.core.runfiles import (
+    DEFAULT_CHECKPOINT,
+    atomic_write_text,
+    atomic_write_with,
+    default_checkpoints_dir,
+    images_in,
+)
 from vit.costs import fits
 from vit.explain.language import words
 from vit.explain.language.vlm_answer import VLMAnswer
@@ -53,6 +59,7 @@ from vit.explain.views.overlay import (
     map_colours,
     pca_picture,
     to_png_bytes,
+    write_png,
 )
 from vit.explain.views.overlay import overlay as draw_overlay
 
@@ -202,13 +209,14 @@ def _needs_classifier(checkpoint: Checkpoint, what: str) -> None:
 
 
 def _save(path: str | os.PathLike, picture: Image.Image, arrays: dict[str, np.ndarray]) -> Path:
-    """``path``: ``.png`` writes ``picture``, ``.npz`` the arrays; anything else is refused."""
+    """``path``: ``.png`` writes ``picture``, ``.npz`` the arrays; anything else is refused. Written atomically: a
+    kill mid-write leaves the earlier file whole."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".png":
-        picture.save(path, format="PNG")
+        write_png(path, picture)
     elif suffix == ".npz":
-        np.savez_compressed(path, **arrays)
+        atomic_write_with(path, lambda f: np.savez_compressed(f, **arrays))
     else:
         raise ValueError(f"cannot save as {path.suffix or 'a file without a suffix'}; give a .png or .npz path")
     return path
@@ -282,7 +290,7 @@ class Explanation:
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
         path = Path(path)
-        path.write_text(view_html(view), encoding="utf-8")
+        atomic_write_text(path, view_html(view))
         return path
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -372,7 +372,7 @@ def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder
     the image tower's own (not the one ``prompt_checkpoint`` made)."""
     from vit.core.inference import preprocess, seen_region
     from vit.explain.language.prompts import methods_for, prompt_maps
-    from vit.explain.views.overlay import overlay
+    from vit.explain.views.overlay import overlay, write_png
 
     model = checkpoint.model
     x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
@@ -384,7 +384,7 @@ def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder
         arrays[f"prompt_{method}"] = maps.numpy()
         for i, map2d in enumerate(maps):
             path = folder / f"{stem}_{method}_{i}.png"
-            overlay(seen, map2d.numpy()).save(path, format="PNG")
+            write_png(path, overlay(seen, map2d.numpy()))
             files[i][method] = str(path)
     return arrays, files
 
@@ -507,7 +507,7 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     from vit.explain.methods.attention import fuse_heads, rollout
     from vit.explain.methods.chunked import LayerInputs, attention_chunks
     from vit.explain.methods.hidden import forward_with_hidden_states, layout_problem
-    from vit.explain.views.overlay import overlay, write_npz_streamed
+    from vit.explain.views.overlay import overlay, write_npz_streamed, write_png
     from vit.model import ViT
 
     size = TRAINING_SIZE if size is None else size
@@ -563,8 +563,8 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
                        prefix_tokens=np.array(prefix), input_size=np.array(shape),
                        input_box=np.array(box, dtype=np.float64))
     seen = seen_region(result.image, checkpoint.preprocessing, size)  # maps go over exactly those pixels
-    overlay(seen, cls_row[prefix:].reshape(grid).float().numpy()).save(files["cls"], format="PNG")
-    overlay(seen, rollout_row[prefix:].reshape(grid).float().numpy()).save(files["rollout"], format="PNG")
+    write_png(files["cls"], overlay(seen, cls_row[prefix:].reshape(grid).float().numpy()))
+    write_png(files["rollout"], overlay(seen, rollout_row[prefix:].reshape(grid).float().numpy()))
     return {**{kind: str(path) for kind, path in files.items()}, **listed}
 
 
@@ -579,7 +579,7 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
 
     from vit.core.inference import input_box, input_shape, preprocess, seen_region
     from vit.explain.methods.stage_maps import rollout_row
-    from vit.explain.views.overlay import overlay, write_npz_streamed
+    from vit.explain.views.overlay import overlay, write_npz_streamed, write_png
 
     model, prediction = checkpoint.model, result.prediction
     shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
@@ -607,7 +607,7 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
                        input_box=np.array(input_box(result.image.size, checkpoint.preprocessing, size),
                                           dtype=np.float64))
     seen = seen_region(result.image, checkpoint.preprocessing, size)
-    overlay(seen, rollout_row(attentions, layouts, -1, None)[0].numpy()).save(files["rollout"], format="PNG")
+    write_png(files["rollout"], overlay(seen, rollout_row(attentions, layouts, -1, None)[0].numpy()))
     return {kind: str(path) for kind, path in files.items()}
 
 
@@ -836,6 +836,7 @@ def run_prompts(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
     from vit.core.images import ImageError, open_image
     from vit.costs.bounds import TooManyTokens
     from vit.explain.methods.segment import PromptError, segmenter
+    from vit.explain.views.overlay import write_png
     from vit.sources.sam_prompts import PromptHalfError, open_prompt_half
 
     for flag, value in (("--labels", args.labels), ("--template", args.template), ("--ablate", args.ablate),
@@ -872,11 +873,11 @@ def run_prompts(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
             saved = {"npz": str(done.save(maps_dir / f"{stem}.npz"))}
             for i in range(len(done.scores)):
                 path = maps_dir / f"{stem}_mask{i}.png"
-                done.picture(i).save(path)
+                write_png(path, done.picture(i))
                 saved[f"mask{i}"] = str(path)
             for name in (*done.attention, *done.maps):
                 path = maps_dir / f"{stem}_{name}.png"
-                done.overlay(name).save(path)
+                write_png(path, done.overlay(name))
                 saved[name] = str(path)
             record["maps"] = saved
         records.append(record)

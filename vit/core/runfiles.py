@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 import json
 import logging
 import math
@@ -38,7 +39,7 @@ import shutil
 import socket
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -224,6 +225,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``atomic_write_bytes`` of what ``write`` writes into a binary file object (``image.save(f, format="PNG")``,
+    ``np.savez_compressed(f, ...)``, ``figure.savefig(f, format="png")``), rendered in memory first: an error or
+    a kill while rendering or writing leaves the earlier file as it was. For files of bounded size;
+    ``unnamed_until_done`` streams larger ones."""
+    buffer = io.BytesIO()
+    write(buffer)
+    atomic_write_bytes(Path(path), buffer.getvalue())
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError
+from vit.core.runfiles import atomic_write_text
 from vit.sources.files import SourceError, read_json
 from vit.sources.hub_names import HF_HUB_PREFIX, WEIGHT_FILES, looks_like_name
 from vit.sources.hub_names import MODEL_NAME as _TIMM_OR_OPEN_CLIP
@@ -443,7 +444,7 @@ def _record_ref(name: HubName, commit: str) -> None:
     when it downloads by a branch, so that the snapshot opens offline by that name."""
     ref = cache_dir() / ("models--" + name.repo_id.replace("/", "--")) / "refs" / (name.revision or "main")
     ref.parent.mkdir(parents=True, exist_ok=True)
-    ref.write_text(commit)
+    atomic_write_text(ref, commit)  # a kill mid-write must not leave an empty ref
 
 
 def _bounded_tqdm(filename: str, size: int, report: Callable[[int], None] | None):

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from PIL import Image
 
 from vit.core.cache import ByteCache
 from vit.core.images import ImageError, open_image
-from vit.core.runfiles import ATTENTION_DIR, PROBE_DIR, parse_json, read_text_bounded
+from vit.core.runfiles import ATTENTION_DIR, PROBE_DIR, atomic_write_bytes, parse_json, read_text_bounded
 from vit.explain.methods.attention import fuse_heads, layer_stats, rollout, token_map
 
 PROBE_FILE = "probe.json"
@@ -138,10 +137,10 @@ def save_probe(run_dir: str | os.PathLike, probe: Probe) -> None:
     for i, image in enumerate(probe.pil_images()):
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
-        _atomic_write_bytes(folder / f"{i:02d}.png", buffer.getvalue())
+        atomic_write_bytes(folder / f"{i:02d}.png", buffer.getvalue())
     record = {"indices": probe.indices, "labels": probe.labels, "class_names": probe.class_names,
               "files": [f"{i:02d}.png" for i in range(len(probe.indices))], "sample_indices": probe.sample_indices}
-    _atomic_write_bytes(folder / PROBE_FILE, (json.dumps(record, indent=2) + "\n").encode())
+    atomic_write_bytes(folder / PROBE_FILE, (json.dumps(record, indent=2) + "\n").encode())
 
 
 def has_probe(run_dir: str | os.PathLike) -> bool:
@@ -248,7 +247,8 @@ def write_snapshot(run_dir: str | os.PathLike, epoch: int, arrays: dict[str, np.
     extra = {"seconds": np.float64(seconds)} if seconds is not None else {}
     np.savez_compressed(buffer, epoch=np.int64(epoch), **arrays, **extra)
     path = snapshot_path(run_dir, epoch)
-    _atomic_write_bytes(path, buffer.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 
@@ -493,22 +493,6 @@ def gif_bytes(frames: Sequence[Image.Image], seconds_per_frame: float = 0.5, loo
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path`` (a dot name readers skip), fsync, rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these are ordinary files
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def statistics_figure(epochs: Sequence[int], values: np.ndarray, statistic: str, title: str = ""):

@@ -30,7 +30,7 @@ from plotly.subplots import make_subplots
 
 from vit.checkpoint import Checkpoint
 from vit.core.inference import predict_files
-from vit.core.runfiles import atomic_write_text, lies_inside
+from vit.core.runfiles import atomic_write_text, atomic_write_with, lies_inside
 from vit.core.text import escape_plotly
 from vit.costs import plan
 from vit.explain.methods.attention import fuse_heads, layer_stats, rollout, token_map
@@ -409,7 +409,7 @@ def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
                 ax.imshow(maps[k], cmap="inferno")
                 ax.set_title(a.class_names[k], fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write_with(path, lambda f: fig.savefig(f, dpi=120, format="png"))
     plt.close(fig)
 
 
@@ -662,6 +662,6 @@ def _mechanism_png(fig: go.Figure, stem: str, path: Path) -> None:
         ax.legend()
     ax.set_title(fig.layout.title.text or stem, fontsize=8)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    atomic_write_with(path, lambda f: figure.savefig(f, dpi=120, format="png"))
     plt.close(figure)
 

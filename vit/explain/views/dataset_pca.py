@@ -15,6 +15,7 @@ import base64
 import html
 import io
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from urllib.parse import quote
 
@@ -25,10 +26,11 @@ from PIL import Image
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError, open_image
 from vit.core.inference import TRAINING_SIZE, preprocess, seen_region
+from vit.core.runfiles import atomic_write_with
 from vit.costs import bounds, memory
 from vit.explain.methods import dense
 from vit.explain.methods.stage_maps import on_patch_grid
-from vit.explain.views.overlay import pca_picture
+from vit.explain.views.overlay import pca_picture, write_png
 
 FOLDER = "pca"  # inside the analysis folder
 # report.html's grid of the pictures: a few of each class, every one a link to its file (all of them are in pca/)
@@ -142,9 +144,9 @@ def write_pca(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], root: P
             target = _target(out, root, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             seen = seen_region(image, checkpoint.preprocessing)
-            pca_picture(seen, colours).save(target.with_name(target.name + ".png"), format="PNG")
-            np.savez_compressed(target.with_name(target.name + ".npz"), map=colours,
-                                mask=np.ones(colours.shape[:2], dtype=bool), layer=np.int64(index))
+            write_png(target.with_name(target.name + ".png"), pca_picture(seen, colours))
+            atomic_write_with(target.with_name(target.name + ".npz"), partial(
+                np.savez_compressed, map=colours, mask=np.ones(colours.shape[:2], dtype=bool), layer=np.int64(index)))
             written += 1
         done += 1
         if progress is not None:

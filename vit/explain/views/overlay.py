@@ -29,6 +29,7 @@ from PIL import Image, ImageDraw
 
 from vit import registry
 from vit.core.images import to_mode
+from vit.core.runfiles import atomic_write_bytes
 
 UPSAMPLE_MODES = ("nearest", "bilinear")
 
@@ -189,6 +190,13 @@ def to_png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def write_png(path: str | os.PathLike, image: Image.Image) -> Path:
+    """``image`` as a PNG file at ``path``, written atomically: a kill mid-write leaves the earlier file whole."""
+    path = Path(path)
+    atomic_write_bytes(path, to_png_bytes(image))
+    return path
 
 
 def attentions_npz_bytes(attentions: Sequence[torch.Tensor | np.ndarray], **extra_arrays) -> bytes:
