@@ -43,9 +43,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vit.app import catalog, drawing  # noqa: E402
+from vit.app import drawing  # noqa: E402
 from vit.app import explorer_page as explorer  # noqa: E402
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
+from vit.core import runfiles  # noqa: E402
 from vit.core.images import open_image  # noqa: E402
 from vit.core.inference import TRAINING_SIZE, InputSize  # noqa: E402
 from vit.core.runfiles import default_checkpoints_dir  # noqa: E402
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.only or TARGETS)
     measured: dict[str, dict[str, tuple[float, float]]] = {}
 
-    default = args.default or default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT
+    default = args.default or default_checkpoints_dir() / runfiles.DEFAULT_CHECKPOINT
     samples = sorted((default.parent / "samples" / default.stem).glob("*.png"))
     if "default" in wanted and default.is_file():
         data = samples[0].read_bytes() if samples else photo_png()

@@ -43,8 +43,8 @@ def make_world(folder: Path) -> tuple[Path, Path]:
     import torch
     from PIL import Image
 
-    from vit.app.catalog import DEFAULT_CHECKPOINT
     from vit.checkpoint import save_checkpoint
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
     from vit.model import ViT, ViTConfig
 
     checkpoints, runs = folder / "checkpoints", folder / "runs"

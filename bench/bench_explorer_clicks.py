@@ -79,8 +79,8 @@ def ship_vit_b16(folder: Path) -> None:
     """A random ViT-B/16 (our format) under the default checkpoint name, as the app's shipped model."""
     import torch
 
-    from vit.app.catalog import DEFAULT_CHECKPOINT
     from vit.checkpoint import save_checkpoint
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
     from vit.model import ViT, ViTConfig
 
     torch.manual_seed(0)

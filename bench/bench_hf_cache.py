@@ -50,8 +50,8 @@ def main() -> None:
     import torch
     from streamlit.testing.v1 import AppTest
 
-    from vit.app.catalog import DEFAULT_CHECKPOINT
     from vit.checkpoint import save_checkpoint
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
     from vit.model import ViT, ViTConfig
 
     opened: list[str] = []

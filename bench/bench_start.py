@@ -217,8 +217,8 @@ def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, 
     import torch
     from PIL import Image
 
-    from vit.app.catalog import DEFAULT_CHECKPOINT
     from vit.core.inference import preprocess
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
     from vit.sources.open import open_source
 
     torch.set_num_threads(threads)

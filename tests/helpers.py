@@ -132,8 +132,8 @@ def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
     checkpoints and (empty) runs folders to point ``VIT_CHECKPOINTS_DIR`` and ``VIT_RUNS_DIR`` at."""
     import torch  # here, not at the top: scripts/screenshots.py imports this module without the package
 
-    from vit.app.catalog import DEFAULT_CHECKPOINT
     from vit.checkpoint import save_checkpoint
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
     from vit.model import ViT
 
     checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"

@@ -25,11 +25,10 @@ from streamlit.testing.v1 import AppTest
 
 from vit.app import drawing
 from vit.app import explorer_page as explorer
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import save_checkpoint
 from vit.core.images import ImageError
 from vit.core.inference import preprocess
-from vit.core.runfiles import default_checkpoints_dir
+from vit.core.runfiles import DEFAULT_CHECKPOINT, default_checkpoints_dir
 from vit.costs import fits
 from vit.costs.bounds import TooManyTokens
 from vit.explain.views import attention_maps, image_analysis, map_captions, method_maps

@@ -14,10 +14,10 @@ from helpers import displayed
 from PIL import Image
 from test_app import png_bytes, run_app, write_checkpoint
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.app.drawing import describe_range
 from vit.checkpoint import load_checkpoint
 from vit.core.inference import preprocess
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 
 
 @pytest.fixture

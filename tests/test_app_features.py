@@ -16,10 +16,10 @@ from test_app import CLASSES, charts, png_bytes, run_app
 from test_app_mechanism import sample_input
 from test_sae_formats import prisma_sae, saev_sae
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
 from vit.core.images import open_image
 from vit.core.inference import preprocess
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.features.autoencoder import SAEInfo, SparseAutoencoder, model_fingerprint, save_sae
 from vit.features.autoencoder_training import HeldOut
 

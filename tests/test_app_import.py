@@ -9,6 +9,7 @@ from test_app import dirs, open_by_path, png_bytes, run_app, sidebar_widget, upl
 from test_catalog import tiny_hf_cache
 
 from vit.app import catalog
+from vit.core import runfiles
 from vit.sources import open as sources
 
 transformers = pytest.importorskip("transformers")
@@ -78,7 +79,7 @@ def test_a_large_hf_cache_costs_the_picker_a_bounded_number_of_config_files(tmp_
     """10,000 cached models once took 51 s a page load: the picker lists the first MAX_HF_CACHE_EXAMINED folders,
     says how many there are, and a name filter reaches the others."""
     checkpoints = tmp_path / "checkpoints"  # the dirs fixture's
-    write_checkpoint(checkpoints / catalog.DEFAULT_CHECKPOINT)
+    write_checkpoint(checkpoints / runfiles.DEFAULT_CHECKPOINT)
     count = catalog.MAX_HF_CACHE_EXAMINED + 10
     tiny_hf_cache(tmp_path / "hf-cache", count)  # the dirs fixture points HF_HUB_CACHE here
     reads, read_json = [], sources.read_json

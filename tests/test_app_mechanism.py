@@ -11,10 +11,10 @@ import torch
 from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, write_checkpoint
 
 from vit.app import drawing
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
 from vit.core.images import open_image
 from vit.core.inference import InputSize, input_shape, preprocess, preprocess_at
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.explain.mechanism.components import (
     ablate_heads,
     direct_logit_attribution,

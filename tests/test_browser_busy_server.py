@@ -13,8 +13,8 @@ import torch
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, click_until, streamlit_app
 from PIL import Image
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import save_checkpoint
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.model import ViT, ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

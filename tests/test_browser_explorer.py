@@ -17,7 +17,7 @@ from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, strea
 from PIL import Image
 
 from app_pages.explorer_sections.uploader import REPLACE_WAIT_S, UPLOAD_WAIT_S
-from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -10,8 +10,8 @@ from PIL import Image
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, png
 
 from vit.app import share
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.app.export import View, view_html
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from test_browser_explorer import SCRIPT_DONE, TINY, png
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

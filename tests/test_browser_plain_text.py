@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import chromium, ship_default, streamlit_app
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

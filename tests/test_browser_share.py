@@ -9,7 +9,7 @@ import pytest
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, choose, png
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.runs.access import TOKEN_ENV
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -93,12 +93,12 @@ def test_unreadable_file_becomes_an_entry_with_a_one_line_error(dirs, content):
 def test_listing_puts_the_default_first_and_keeps_broken_files(dirs):
     checkpoints, runs = dirs
     write_checkpoint(checkpoints / "a.pt")
-    write_checkpoint(checkpoints / catalog.DEFAULT_CHECKPOINT)
+    write_checkpoint(checkpoints / runfiles.DEFAULT_CHECKPOINT)
     (checkpoints / "zz-broken.pt").write_bytes(b"junk")
     (checkpoints / "notes.txt").write_text("not a checkpoint")
-    (checkpoints / f".{catalog.DEFAULT_CHECKPOINT}.abc.tmp").write_bytes(b"half-written")
+    (checkpoints / f".{runfiles.DEFAULT_CHECKPOINT}.abc.tmp").write_bytes(b"half-written")
     names = [e.path.name for e in list_checkpoints(checkpoints, runs)]
-    assert names == [catalog.DEFAULT_CHECKPOINT, "a.pt", "zz-broken.pt"]
+    assert names == [runfiles.DEFAULT_CHECKPOINT, "a.pt", "zz-broken.pt"]
 
 
 def test_only_completed_runs_are_listed_with_best_pt_preferred_and_the_run_name_in_the_label(dirs):
@@ -137,11 +137,11 @@ def test_folders_come_from_environment_variables(dirs, monkeypatch):
 def test_default_entry_is_the_shipped_default_unless_it_is_broken(dirs):
     checkpoints, runs = dirs
     write_checkpoint(checkpoints / "a.pt")
-    (checkpoints / catalog.DEFAULT_CHECKPOINT).write_bytes(b"junk")
+    (checkpoints / runfiles.DEFAULT_CHECKPOINT).write_bytes(b"junk")
     entries = list_checkpoints(checkpoints, runs)
     assert default_entry(entries).path.name == "a.pt"
-    write_checkpoint(checkpoints / catalog.DEFAULT_CHECKPOINT)
-    assert default_entry(list_checkpoints(checkpoints, runs)).path.name == catalog.DEFAULT_CHECKPOINT
+    write_checkpoint(checkpoints / runfiles.DEFAULT_CHECKPOINT)
+    assert default_entry(list_checkpoints(checkpoints, runs)).path.name == runfiles.DEFAULT_CHECKPOINT
     assert default_entry([]) is None
 
 
@@ -293,7 +293,7 @@ def test_the_shipped_checkpoints_folder_is_the_repositorys(monkeypatch):
     monkeypatch.delenv("VIT_CHECKPOINTS_DIR", raising=False)
     repository = Path(__file__).resolve().parent.parent
     assert runfiles.default_checkpoints_dir() == repository / "checkpoints"
-    assert (runfiles.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT).is_file()
+    assert (runfiles.default_checkpoints_dir() / runfiles.DEFAULT_CHECKPOINT).is_file()
 
 
 def tiny_hf_cache(root: Path, count: int) -> Path:

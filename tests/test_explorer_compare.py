@@ -12,10 +12,10 @@ from PIL import Image
 from test_app import TINY, run_app, write_checkpoint
 from test_training_attention_page import fake_run, shown_text
 
-from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.app.drawing import display_images
 from vit.app.explorer_page import MORE_METHODS
 from vit.core.inference import preprocess
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.explain.methods.attention import token_map
 from vit.explain.views.compare import difference
 from vit.model import ViT

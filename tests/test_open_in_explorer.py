@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from test_catalog import write_checkpoint, write_run
 
 from app_pages import open_in_explorer
-from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.core.runfiles import DEFAULT_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
