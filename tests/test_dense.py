@@ -1,9 +1,9 @@
 """What the patches represent (issue 48): PCA colours, patch similarity and correspondences.
 
 The PCA and the matching are DINOv3's own notebook cells (``tests/reference/dinov3_notebooks``) run on the tokens
-HF transformers' ``DINOv3ViTModel`` gives for the same image; sklearn is not installed here, so the cells get a
-stand-in ``PCA`` from sklearn's documented computation (a centred SVD, whitening by the square root of each
-component's variance over N - 1), compared after aligning each component's sign.
+HF transformers' ``DINOv3ViTModel`` gives for the same image, with scikit-learn's own ``PCA`` as the notebook
+imports it (scikit-learn is in requirements.txt since KernelSHAP needs it), compared after aligning each
+component's sign where the notebook's colours allow either.
 """
 
 import io
@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from sklearn.decomposition import PCA
 
 import vit
 from vit.checkpoint import Preprocessing, save_checkpoint
@@ -38,29 +39,10 @@ def notebook_cells(name: str) -> dict[str, str]:
     return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
 
 
-class StandInPCA:
-    """sklearn's ``PCA(n_components, whiten=True)`` as its documentation computes it (sklearn is not installed)."""
-
-    def __init__(self, n_components: int, whiten: bool) -> None:
-        assert whiten
-        self.n_components = n_components
-
-    def fit(self, x):
-        x = np.asarray(x, dtype=np.float64)
-        self.mean_ = x.mean(axis=0)
-        _, s, vt = np.linalg.svd(x - self.mean_, full_matrices=False)
-        self.components_ = vt[:self.n_components]
-        self.explained_variance_ = s[:self.n_components] ** 2 / (len(x) - 1)
-        return self
-
-    def transform(self, x):
-        return (np.asarray(x, dtype=np.float64) - self.mean_) @ self.components_.T / np.sqrt(self.explained_variance_)
-
-
 def run_pca_notebook(x: torch.Tensor, grid: tuple[int, int], foreground: torch.Tensor) -> np.ndarray:
     """pca.ipynb's cells 14, 16, 18 on patch tokens ``x (N, D)``; ``foreground (gh, gw)`` stands for the classifier's
     median-filtered score: ``(gh, gw, 3)`` colours."""
-    space = dict(torch=torch, PCA=StandInPCA, plt=mock.MagicMock(), x=x, h_patches=grid[0], w_patches=grid[1],
+    space = dict(torch=torch, PCA=PCA, plt=mock.MagicMock(), x=x, h_patches=grid[0], w_patches=grid[1],
                  fg_score_mf=foreground.double())
     for cell in ("cell 14", "cell 16", "cell 18"):
         exec(notebook_cells("pca_cells.py")[cell], space)
@@ -245,12 +227,10 @@ def test_pca_of_token_sets_added_one_at_a_time_equals_sklearns_on_all_of_them():
     for tokens in sets:
         moments.add(tokens)
     every = torch.cat(sets).double().numpy()
-    reference = StandInPCA(3, whiten=True).fit(every)
-    # sklearn's svd_flip (since 1.5): each component's largest entry in absolute value is positive.
-    signs = np.sign(reference.components_[np.arange(3), np.abs(reference.components_).argmax(axis=1)])
+    reference = PCA(3, whiten=True, svd_solver="full").fit(every)
     fit = moments.fit()
-    np.testing.assert_allclose(fit.components.numpy(), reference.components_ * signs[:, None], atol=1e-9)
-    np.testing.assert_allclose(fit.transform(torch.from_numpy(every)).numpy(), reference.transform(every) * signs,
+    np.testing.assert_allclose(fit.components.numpy(), reference.components_, atol=1e-9)
+    np.testing.assert_allclose(fit.transform(torch.from_numpy(every)).numpy(), reference.transform(every),
                                atol=1e-8)
 
 
