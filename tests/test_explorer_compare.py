@@ -61,7 +61,7 @@ def test_compare_mode_shows_both_maps_and_their_difference(two_checkpoints):
     assert not at.exception, [e.message for e in at.exception]
     assert any(s.value == "Compare" for s in at.subheader)
     captions = [shown_text(c.value) for c in at.caption]
-    assert any(c.startswith("A: cifar10-cifar-s.pt") for c in captions)
+    assert any(c.startswith(f"A: {DEFAULT_CHECKPOINT}") for c in captions)
     assert any(c.startswith("B: other.pt") for c in captions)
     # The difference caption's range is that of the two models' own maps, computed here independently.
     image = Image.open(sample).convert("RGB")
