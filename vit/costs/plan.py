@@ -527,15 +527,16 @@ def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool,
 
 
 def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int, gradient: bool,
-                extra: int = 0, held: int = 0) -> Cost:
+                extra: int = 0, held: int = 0, hint: str = "") -> Cost:
     """An attribution (captum's, RISE's) of ``passes`` forwards, ``batch`` at once, each with its backward to the
     pixels where ``gradient``: the batch's forwards (``attribution_image_bytes`` each) at once; FLOPs of every
-    forward (a backward counted as two). RISE's masks besides (``vit.explain.methods.rise``): ``extra`` bytes for each
-    mask of a batch formed (``batch_bytes``), ``held`` for its grids kept as bits and one draw (``held_bytes``)."""
+    forward (a backward counted as two). What the method holds besides (``captum_maps.held_bytes``): ``extra`` bytes
+    for each pass of a batch (RISE's masks formed, captum's perturbed inputs), ``held`` throughout (RISE's grids,
+    IG's quadrature); ``hint``: the method's own way down, for the refusal."""
     per = attribution_image_bytes(model, grid, gradient)
     tokens = _tokens(model, grid)
     kind = "forward and backward" if gradient else "forward"
-    masks = " (RISE: fewer masks or a smaller s)" if held else ""
+    masks = f" ({hint})" if hint else ""
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         return TooManyTokens(f"{what} runs {passes:,} {kind}s of {tokens:,} tokens, {batch} at once: about "
@@ -543,8 +544,8 @@ def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int
                              f"choose a smaller batch, a smaller input size{masks}, or another map.")
     parts = {f"{batch} inputs' {kind} at once": batch * per}
     if extra:
-        parts[f"{batch} masks formed (float64)"] = batch * extra
+        parts[f"what {batch} passes form beside their forwards"] = batch * extra
     if held:
-        parts["the masks' grids (bits) and one draw"] = held
+        parts["what the method holds throughout"] = held
     cost = _cost("attribution", model, grid, parts, refuse)
     return replace(cost, flops=cost.flops * passes * (3 if gradient else 1))

@@ -82,6 +82,32 @@ class Options:
         return cls(**values)
 
 
+# Integrated Gradients' steps: captum's Gauss-Legendre weights (numpy's leggauss) cost n² memory and n³ time before any
+# forward (10,000 steps: 1.2 GB and minutes, issue 95); 2,000 take 0.5 s and 46 MB, and are counted (QUADRATURE_BYTES).
+MAX_STEPS = 2_000
+QUADRATURE_BYTES = 16  # per n_steps²: leggauss's companion matrix and its eigenvectors (46 MB measured at 2,000)
+# captum's perturbation methods form each pass's input beside its forward: (input-sized float tensors, int64 masks of
+# the input's pixels) a pass. Feature ablation and KernelSHAP: the expanded input, the masked input, the baseline's
+# share and their sum, and the patch mask compared to each feature; occlusion also its window's mask over every
+# channel and its complement. Measured at 512 px on 3 channels, 32 passes at once, of which 4.2 MB each the forward's:
+# feature ablation 17.1 MB a pass, occlusion 28.3 (issue 95: occlusion at 1,024 px counted at 1,020 MB, killed at 3 GB).
+PERTURBATION = {"feature_ablation": (4, 1), "kernel_shap": (4, 1), "occlusion": (8, 1)}
+
+
+def held_bytes(method: str, options: Options, shape: tuple[int, int], channels: int) -> tuple[int, int]:
+    """``(bytes each pass holds beside its forward, bytes held throughout)`` of ``method`` on an input of ``shape``
+    px: RISE's masks (``vit.explain.methods.rise``), captum's perturbations' formed inputs, IG's quadrature."""
+    H, W = shape
+    if method == "rise":
+        return rise_module.batch_bytes(options.s, shape), rise_module.held_bytes(options.n_masks, options.s)
+    if method in PERTURBATION:
+        inputs, masks = PERTURBATION[method]  # and throughout: the attribution, its weights, the input and baseline
+        return H * W * (inputs * channels * 4 + masks * 8), 6 * channels * H * W * 4
+    if method == "integrated_gradients":
+        return 0, QUADRATURE_BYTES * options.n_steps ** 2
+    return 0, 0
+
+
 # What each method takes, captum's names; and each option's (low, high, type), checked before the work.
 OPTIONS: dict[str, tuple[str, ...]] = {
     "integrated_gradients": ("n_steps", "baselines", "batch"),
@@ -93,7 +119,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "rise": ("n_masks", "s", "p1", "seed", "batch"),
 }
 BOUNDS: dict[str, tuple[float, float, type]] = {
-    "n_steps": (1, 10_000, int), "baselines": (-1e6, 1e6, float), "nt_samples": (1, 10_000, int),
+    "n_steps": (1, MAX_STEPS, int), "baselines": (-1e6, 1e6, float), "nt_samples": (1, 10_000, int),
     "stdevs": (0.0, 1e6, float), "sliding_window_shapes": (1, 100_000, int), "strides": (1, 100_000, int),
     "n_samples": (1, 100_000, int), "n_masks": (1, 100_000, int), "s": (1, 1024, int), "p1": (1e-6, 1.0, float),
     "seed": (0, 2**32 - 1, int), "batch": (1, 4096, int),
@@ -268,10 +294,10 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     count = passes(method, chosen, grid, shape, patch)
     gradient = method in GRADIENT_METHODS
     plan.decide(plan.attribution_passes(model, grid, title, count))
-    extra, held = ((rise_module.batch_bytes(chosen.s, shape), rise_module.held_bytes(chosen.n_masks, chosen.s))
-                   if method == "rise" else (0, 0))
+    extra, held = held_bytes(method, chosen, shape, checkpoint.preprocessing.num_channels)
     batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient, extra, held)
-    plan.decide(plan.attribution(model, grid, title, count, batch, gradient, extra, held))
+    hint = {"rise": "fewer masks or a smaller s", "integrated_gradients": "fewer steps"}.get(method, "")
+    plan.decide(plan.attribution(model, grid, title, count, batch, gradient, extra, held, hint))
     device = next(model.parameters()).device
     x = given.pixels(device)  # (1, C, H, W)
 
