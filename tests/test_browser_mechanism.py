@@ -1,7 +1,8 @@
 """The explorer's Mechanism view in a real browser: switch a head off on a real photo and see the prediction change,
 zeroed, then set to its mean over uploaded reference photos in every map.
 
-The shipped CIFAR-10 model calls its sample photo cat_1.png an airplane (44 %); with head 4.3 zero-ablated it says
+The shipped 2-CPU-core CIFAR-10 model (opened by its link, ``?model=cifar10-cifar-s``: the app's default is the GPU one)
+calls its sample photo cat_1.png an airplane (44 %); with head 4.3 zero-ablated it says
 cat (50 %), as ``python -m vit.predict checkpoints/cifar10-cifar-s.pt checkpoints/samples/cifar10-cifar-s/cat_1.png
 --ablate 4.3`` prints too.
 """
@@ -40,7 +41,7 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
     if not (ROOT / "checkpoints" / "samples" / "cifar10-cifar-s" / "cat_1.png").is_file():
         pytest.skip("the shipped CIFAR-10 sample photos are missing")
     ARTIFACTS.mkdir(exist_ok=True)
-    page.goto(server)
+    page.goto(f"{server}/?model=cifar10-cifar-s")
     page.get_by_text("Colours span").wait_for()
     box = page.get_by_role("combobox", name="…or a sample image", exact=True)
     box.click()
