@@ -96,7 +96,8 @@ PERTURBATION = {"feature_ablation": (4, 1), "kernel_shap": (4, 1), "occlusion": 
 
 def held_bytes(method: str, options: Options, shape: tuple[int, int], channels: int) -> tuple[int, int]:
     """``(bytes each pass holds beside its forward, bytes held throughout)`` of ``method`` on an input of ``shape``
-    px: RISE's masks (``vit.explain.methods.rise``), captum's perturbations' formed inputs, IG's quadrature."""
+    px: RISE's masks (``vit.explain.methods.rise``), captum's perturbations' formed inputs, IG's quadrature,
+    SmoothGrad's noisy copies."""
     H, W = shape
     if method == "rise":
         return rise_module.batch_bytes(options.s, shape), rise_module.held_bytes(options.n_masks, options.s)
@@ -105,6 +106,8 @@ def held_bytes(method: str, options: Options, shape: tuple[int, int], channels: 
         return H * W * (inputs * channels * 4 + masks * 8), 6 * channels * H * W * 4
     if method == "integrated_gradients":
         return 0, QUADRATURE_BYTES * options.n_steps ** 2
+    if method == "smoothgrad":  # every noisy copy, drawn before the first forward (``smoothgrad``), and their sum
+        return 0, (options.nt_samples + 1) * channels * H * W * 4
     return 0, 0
 
 
@@ -204,6 +207,28 @@ def feature_mask(grid: tuple[int, int], shape: tuple[int, int], device: torch.de
     return index.repeat_interleave(H // gh, 0).repeat_interleave(W // gw, 1)[None, None]  # (1, 1, H, W)
 
 
+def smoothgrad(saliency, x: Tensor, class_index: int, options: Options, batch: int) -> Tensor:
+    """captum's SmoothGrad (``NoiseTunnel(Saliency).attribute(nt_type="smoothgrad", abs=False)``) of ``x (1, C, H,
+    W)``: ``(1, C, H, W)``, the mean of ``saliency``'s signed gradients over ``options.nt_samples`` noisy copies, run
+    ``batch`` at a time, drawn from the current random state.
+
+    captum draws each batch's noise with one ``torch.normal``, whose draws depend on the tensor's size (on the CPU it
+    fills 16 at a time and redraws the last 16), so with C x H x W not a multiple of 16 the same seed gave another map
+    at each batch (issue 90). Here all the noise is drawn first, as captum's call in one batch draws it (its
+    ``_add_noise_to_input``): the map is that call's whatever the batch, at the cost of ``held_bytes``'s noisy
+    copies."""
+    n = options.nt_samples
+    with torch.no_grad():
+        stdevs = torch.tensor(options.stdevs, device=x.device).expand(n, *x.shape[1:])  # captum's, not repeated
+        noisy = torch.normal(0, stdevs).add_(x.detach())  # (n, C, H, W)
+    total = torch.zeros_like(x, dtype=noisy.dtype)  # (1, C, H, W)
+    for start in range(0, n, batch):
+        gradients = saliency.attribute(noisy[start:start + batch].detach().requires_grad_(), target=class_index,
+                                       abs=False)  # (b, C, H, W)
+        total += gradients.detach().sum(dim=0, keepdim=True)
+    return total / n
+
+
 def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[int, int], options: Options,
                 batch: int, progress=None) -> Tensor:
     """captum's (or RISE's) attribution of ``class_index`` for ``x (1, C, H, W)``: ``(1, C, H, W)`` (RISE's
@@ -214,7 +239,6 @@ def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[i
         InputXGradient,
         IntegratedGradients,
         KernelShap,
-        NoiseTunnel,
         Occlusion,
         Saliency,
     )
@@ -231,10 +255,8 @@ def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[i
         if method == "integrated_gradients":
             return IntegratedGradients(forward).attribute(x, baselines=options.baselines, target=class_index,
                                                           n_steps=options.n_steps, internal_batch_size=batch)
-        if method == "smoothgrad":  # captum's SmoothGrad: NoiseTunnel over Saliency, the gradients signed
-            return NoiseTunnel(Saliency(forward)).attribute(x, nt_type="smoothgrad", nt_samples=options.nt_samples,
-                                                            nt_samples_batch_size=batch, stdevs=options.stdevs,
-                                                            target=class_index, abs=False)
+        if method == "smoothgrad":
+            return smoothgrad(Saliency(forward), x, class_index, options, batch)
         if method == "input_x_gradient":
             return InputXGradient(forward).attribute(x, target=class_index)
         if method == "occlusion":
