@@ -271,6 +271,7 @@ def test_a_model_no_checkpoint_holds_any_more_is_let_go_with_its_prompt_half(who
     (dict(points=[(10, 10, 2)]), "label must be 1 .* or 0"),
     (dict(box=(50, 5, 40, 45)), "x0 < x1"),
     (dict(), "at least one point"),
+    (dict(points=[(10, 10)] * 10_000), "at most 256 points in one prompt, got 10,000"),  # 3 GB at SAM ViT-B's sizes
 ])
 def test_a_prompt_that_cannot_be_used_is_refused_in_one_line(whole, image, prompt, message):
     _, _, _, checkpoint = whole
