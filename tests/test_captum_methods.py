@@ -329,7 +329,7 @@ def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsew
     np.testing.assert_allclose(shown.map, patch_grid_by_hand(expected, (4, 4), mean=False), rtol=1e-3, atol=1e-7)
     assert shown.description.startswith("**Integrated Gradients for")
     # the caption names the settings it ran with, not captum's defaults
-    assert "from a baseline of 0.25 in the model's input" in shown.description, shown.description
+    assert "from a baseline of 0.25 in the model's normalised input" in shown.description, shown.description
     assert "captum's, 7 steps" in shown.description and "50 steps" not in shown.description, shown.description
     defaults = vit.explain(checkpoint, image(), "kernel_shap", target=TARGET, size=32, n_samples=4)
     assert "from 4 random coalitions" in defaults.description, defaults.description
@@ -355,3 +355,16 @@ def test_the_benchmark_cli_scores_them_with_their_options(tmp_path, capsys):
     assert faithfulness.main([*argv, "--methods", "rise", "--option", "n_steps=8"]) != 0
     assert "--option n_steps: none of the methods scored takes it (captum's attributions and RISE do: " \
            "integrated_gradients)" in capsys.readouterr().err
+
+
+def test_a_zero_baseline_is_said_to_be_the_mean_colour_it_is_not_black(tmp_path):
+    # Issue 90: IG's caption said "a black baseline"; zeros in the normalised input are the preprocessing's mean.
+    checkpoint, _ = hf_vit(tmp_path / "vit")
+    p = checkpoint.preprocessing
+    zeros_as_pixels = torch.tensor(p.mean) + 0 * torch.tensor(p.std)  # x = (pixel - mean) / std = 0
+    assert not torch.allclose(zeros_as_pixels, torch.zeros(3))  # this model's zeros are not black
+    for method in ("integrated_gradients", "occlusion", "feature_ablation", "kernel_shap"):
+        _, said = captum_maps.caption(method)
+        assert "black" not in said and "mean colour" in said and "normalised input" in said, said
+    _, said = captum_maps.caption("integrated_gradients", captum_maps.Options(baselines=0.5))
+    assert "a baseline of 0.5 in the model's normalised input" in said

@@ -337,9 +337,11 @@ def caption(method: str, options: Options | None = None) -> tuple[str, str]:
     """``(title, what it shows)`` of an attribution map with ``options`` (default: captum's and the RISE authors'),
     for the map's caption: the settings named are the ones it ran with."""
     o = options or Options()
-    baseline = "a black baseline (zeros in the model's input)" if o.baselines == 0 else \
-        f"a baseline of {o.baselines:g} in the model's input"
-    set_to = "set to zero" if o.baselines == 0 else f"set to {o.baselines:g} in the model's input"
+    # Zeros in the normalised input are the preprocessing's mean colour, not black (issue 90: the caption said black).
+    baseline = "a baseline of zeros in the model's normalised input (every pixel at the preprocessing's mean " \
+        "colour)" if o.baselines == 0 else f"a baseline of {o.baselines:g} in the model's normalised input"
+    set_to = "set to the preprocessing's mean colour (zeros in the model's normalised input)" if o.baselines == 0 \
+        else f"set to {o.baselines:g} in the model's normalised input"
     window = "a patch-sized window" if o.sliding_window_shapes is None else \
         f"a {o.sliding_window_shapes}-px window"
     stride = "" if o.strides is None else f", every {o.strides} px"
