@@ -318,7 +318,8 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     plan.decide(plan.attribution_passes(model, grid, title, count))
     extra, held = held_bytes(method, chosen, shape, checkpoint.preprocessing.num_channels)
     batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient, extra, held)
-    hint = {"rise": "fewer masks or a smaller s", "integrated_gradients": "fewer steps"}.get(method, "")
+    hint = {"rise": "fewer masks or a smaller s", "integrated_gradients": "fewer steps",
+            "smoothgrad": "fewer samples"}.get(method, "")
     plan.decide(plan.attribution(model, grid, title, count, batch, gradient, extra, held, hint))
     device = next(model.parameters()).device
     x = given.pixels(device)  # (1, C, H, W)
