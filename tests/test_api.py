@@ -76,7 +76,7 @@ def test_every_listed_method_draws_a_patch_grid_or_says_it_does_not_apply(tiny, 
                     or method in words and f"vit.ask(checkpoint, image, labels).explain(label, '{method}')" in str(e))
 
 
-def family_checkpoint(family: str) -> "vit.api.Checkpoint":
+def family_checkpoint(family: str) -> "vit.checkpoint.Checkpoint":
     """A random tiny model of ``family`` (test_family_relevance's, plus a plain ViT, a feature model without a
     classifier and a two-stage Swin) with three classes where it has a classifier."""
     from test_family_relevance import BASE, FAMILIES

@@ -6,9 +6,9 @@ there) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- 
 commands' room: the modules ``python -m vit.…`` runs (a command must stand there to keep its ``python -m`` name),
 which may use every room but ``app``. Only the pages and the notebook API use ``app``, the API only to draw as the
 explorer draws (its computations are the engine's). The notebook API is ``vit/__init__.py`` (its names load
-``vit.api`` when first used, so ``import vit`` imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it
-but a command that draws any map ``vit.methods()`` lists through ``vit.explain``, the one place that dispatches
-every method (``vit.faithfulness``).
+``vit.api`` when first used, so ``import vit`` imports no wing) and the ``vit/api/`` package (its ``__init__`` names
+what its modules hold, one module by concern); nothing in ``vit/`` imports it but a command that draws any map
+``vit.methods()`` lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
 """
 
 import ast
@@ -22,7 +22,7 @@ COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze"
 LOW = {"costs", "model", "core"}  # the engine's lower rooms, each a package
 ROOT_CORE = {"checkpoint", "registry"}  # modules of the core kept at the root: their paths are what users import
 WINGS = {"sources", "explain", "training", "features", "runs", "app"}
-API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks
+API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks, with ``vit.api``'s modules
 # What each layer may import besides itself.
 ALLOWED = {
     "costs": set(),
@@ -41,7 +41,7 @@ ALLOWED = {
 
 def layer_of(module: str) -> str:
     """The layer of a dotted ``vit`` module name (``vit.explain.methods.attention`` -> ``explain``)."""
-    if module in API:
+    if module in API or module.startswith("vit.api."):
         return "api"
     name = module.split(".")[1]
     if name in LOW | WINGS:
@@ -162,7 +162,8 @@ def app_imports_outside(path: Path, allowed: set[str]) -> list[str]:
 
 
 def test_the_notebook_api_imports_the_app_only_to_draw():
-    assert app_imports_outside(VIT / "api.py", API_DISPLAY) == []
+    assert [f"{path.name}:{found}" for path in sorted((VIT / "api").glob("*.py"))
+            for found in app_imports_outside(path, API_DISPLAY)] == []
 
 
 def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(tmp_path):
@@ -176,6 +177,7 @@ def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(t
 @pytest.mark.parametrize("module, layer", [("vit.model", "model"), ("vit.train", "commands"),
                                            ("vit.explain.methods.attention", "explain"), ("vit.app", "app"),
                                            ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api"),
+                                           ("vit.api.maps", "api"), ("vit.api.sam.segment", "api"),
                                            ("vit.features.autoencoder", "features"), ("vit.sae", "commands"),
                                            ("vit.core.inference", "core"), ("vit.costs.bounds", "costs"),
                                            ("vit.ViT", "api"), ("vit.__version__", "core"),
@@ -185,10 +187,10 @@ def test_layer_of(module, layer):
 
 
 def test_packages_are_empty():
-    """No star re-exports or registries: a package's ``__init__`` holds at most a docstring (but ``vit``'s, the
-    notebook API, and ``vit.model``'s, which names the model's parts)."""
+    """No star re-exports or registries: a package's ``__init__`` holds at most a docstring (but ``vit``'s and
+    ``vit.api``'s, the notebook API, and ``vit.model``'s, which names the model's parts)."""
     for init in VIT.rglob("__init__.py"):
-        if init.parent in (VIT, VIT / "model"):
+        if init.parent in (VIT, VIT / "api", VIT / "model"):
             continue
         body = ast.parse(init.read_text()).body
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), init

@@ -5,6 +5,7 @@ image; the gradient here is computed by hand with autograd on the model's own ho
 import pytest
 import torch
 
+from vit.api.arguments import input_size, pil_image
 from vit.features.attribution import feature_attribution
 from vit.features.autoencoder import SAEInfo, SparseAutoencoder, model_fingerprint
 from vit.model import ViT, ViTConfig
@@ -99,7 +100,7 @@ def test_vit_feature_attribution_opens_the_sae_folder_and_attributes_the_preproc
     save_sae(sae, tmp_path / "sae")
     image = vit.samples()[0]
     result = vit.feature_attribution(checkpoint, image, tmp_path / "sae", target=1)
-    x = preprocess([vit.api._image(image)], checkpoint.preprocessing, vit.api._size(None), model.config.patch_size)
+    x = preprocess([pil_image(image)], checkpoint.preprocessing, input_size(None), model.config.patch_size)
     g, stream, _ = gradient_at_hook(model, x, 1, "blocks.2.hook_resid_post")
     assert result.target == 1 and result.attributions.shape == (len(stream), 64)
     torch.testing.assert_close(result.attributions.sum(-1) + result.bias + result.error, (g * stream).sum(-1),

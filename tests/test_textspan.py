@@ -21,6 +21,7 @@ from parity_helpers import randomize
 from safetensors.torch import save_file
 from test_app import dirs  # noqa: F401 (a fixture)
 
+from vit.api.arguments import pil_image
 from vit.explain.mechanism import textspan
 from vit.explain.mechanism.components import MechanismError
 from vit.sources.open import open_source
@@ -198,7 +199,7 @@ def test_vit_textspan_describes_the_late_heads_and_maps_one_along_its_text(tmp_p
     bank = textspan.read_texts()[:40]
     result = vit.textspan(checkpoint, photos, bank, layers=2, texts_per_head=3, rank=5)
     assert result.images == 6 and [(s.layer, s.head) for s in result.heads] == [(1, 0), (1, 1), (2, 0), (2, 1)]
-    x = preprocess([vit.api._image(p) for p in photos], checkpoint.preprocessing)
+    x = preprocess([pil_image(p) for p in photos], checkpoint.preprocessing)
     features = textspan.encode_texts(open_text_tower(checkpoint).encode, bank)
     expected = textspan.describe_heads(textspan.head_outputs(checkpoint.model, x, [1, 2]), [1, 2], features, bank,
                                        3, 5)
@@ -309,7 +310,7 @@ def test_a_siglips_probe_heads_and_texts_equal_compute_siglip(tmp_path):
     checkpoint = vit.load(tmp_path / "m", device="cpu")
     from vit.core.inference import preprocess
 
-    x = preprocess([vit.api._image(p) for p in photos], checkpoint.preprocessing)
+    x = preprocess([pil_image(p) for p in photos], checkpoint.preprocessing)
     with torch.no_grad():
         pooled = theirs(pixel_values=x).pooler_output
     non_spatial = prs_hook.finalize()["attention_records"][:, 0]  # (N, h, D), as their main

@@ -1,0 +1,78 @@
+"""Opening a model and listing what it offers: ``vit.load``, ``vit.shipped``, ``vit.samples``, ``vit.methods``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from vit import registry
+from vit.checkpoint import Checkpoint
+from vit.core.runfiles import (
+    DEFAULT_CHECKPOINT,
+    default_checkpoints_dir,
+    images_in,
+)
+from vit.explain.views import (
+    attention_maps,
+    image_analysis,
+)
+
+
+def load(source: str | os.PathLike, device: str | torch.device | None = None) -> Checkpoint:
+    """Open any model the explorer opens: our ``.pt``, an HF / timm / torchvision / open_clip folder or file, or a
+    Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm name), downloaded into the HF cache first when
+    needed. ``device`` defaults to a GPU when there is one. Raises ``CheckpointError`` with a one-line message."""
+    from vit.sources.open import open_source
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return open_source(source, map_location=device)
+
+
+def shipped(name: str | None = None) -> Path:
+    """The path of a checkpoint shipped with the explorer (``cifar10-cifar-m-gpu``, the default the app opens;
+    ``cifar10-cifar-s``, trained on 2 CPU cores; ``mnist-p4``), wherever it is installed."""
+    return default_checkpoints_dir() / f"{name or Path(DEFAULT_CHECKPOINT).stem}.pt"
+
+
+def samples(name: str | None = None) -> list[Path]:
+    """The sample images shipped with checkpoint ``name`` (the default checkpoint's without one)."""
+    return images_in(default_checkpoints_dir() / "samples" / (name or Path(DEFAULT_CHECKPOINT).stem))
+
+
+def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
+    """The maps ``explain`` draws, ``{method: "what it is — which models it applies to"}``, in the explorer's order:
+    every one, then the maps of typed labels alone (Grad-ECLIP and the training-free dense maps SCLIP, NACLIP,
+    ClearCLIP, CLIP Surgery, which ``vit.ask(...).explain`` draws); or with ``checkpoint`` those ``explain`` draws
+    for that model (the explorer's choice for it, its default first; a CLIP's or SigLIP's maps of typed labels are
+    ``vit.ask_methods``). The arguments each reads are in ``explain``'s docstring."""
+    every = {m.name: m for m in registry.methods()}  # the built-ins, then the plugins'
+    kinds = [k for k, m in every.items() if m.group != "words"] if checkpoint is None else _drawn_for(checkpoint)
+    drawn = {kind: f"{every[kind].title} — {every[kind].applies_to}" for kind in kinds}
+    if checkpoint is None:  # the maps of typed labels, which vit.ask draws: vit.ask_methods(checkpoint) for a model
+        drawn.update({m.name: f"{m.title} of a typed label — {m.applies_to}, through "
+                              f"vit.ask(checkpoint, image, labels).explain(label, {m.name!r})"
+                      for m in every.values() if m.group == "words"})
+    return drawn
+
+
+def _drawn_for(checkpoint: Checkpoint) -> list[str]:
+    """The methods ``explain`` draws for ``checkpoint``'s model, as it decides: the explorer's map kinds for the
+    model (``attention_maps.map_kinds``), less the class-specific ones without a classifier and Chefer's LRP where its
+    rules do not reach."""
+    from vit.explain.methods.relevance import lrp_rule_missing
+
+    if not isinstance(checkpoint, Checkpoint):
+        raise TypeError(f"vit.methods takes a checkpoint (vit.load(...)), got a {type(checkpoint).__name__}")
+    model = checkpoint.model
+    shape = image_analysis.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
+    kinds = attention_maps.map_kinds(shape, bool(checkpoint.class_names))
+    if model.head is None:
+        kinds = [k for k in kinds if not attention_maps.is_class_map(k)]
+    if not shape.staged and lrp_rule_missing(model.config):
+        kinds = [k for k in kinds if k not in ("lrp", "lrp-partial", "lrp-full")]
+    if model.cls_token is None:
+        kinds = [k for k in kinds if k != "attn-gradcam"]
+    return kinds
