@@ -20,6 +20,10 @@ them to the language model; an image cut into tiles on the tiles' canvas (Intern
 OneVision's unpadded crops and newline tokens, OneVision's shrunk past ``anyres_max``, Gemma 3's pan-and-scan
 crops), its one view of the whole image (InternVL's thumbnail, NeXT's and OneVision's base image, Gemma 3's
 original image) as the overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+
+A sliding-window layer (Gemma 2's and 3's, beside their global ones) has a cache that keeps only its last keys: once
+an answer may outgrow the window, its keys are kept beside the cache as each call hands them over (``_Recorder``), and
+its row is the eager attention's, the keys inside the window read and the others 0, for every token and any cache.
 """
 
 from __future__ import annotations
@@ -46,34 +50,85 @@ RELEVANCE_METHODS = ("gradxattn", "attnlrp")  # ``VLMAnswer.relevance``'s
 
 @dataclass
 class _Recorder:
-    """What the recording attention keeps of each call, per layer: the last query row, the keys it saw, its mask row
-    (None: causal alone) and the scaling and soft cap it was given."""
+    """What the recording attention keeps of each call, per layer: the last query row, where the keys it read begin
+    and end in the sequence, its mask row over them (None: causal alone) and the scaling and soft cap it was given.
+
+    A sliding-window layer's cache keeps only its last keys (transformers' ``DynamicSlidingWindowLayer``,
+    ``StaticSlidingWindowLayer``): where the answer may outgrow the window (``tokens``: the prompt's and the answer's
+    most), that layer's keys are kept here as each call hands them over, from the first the prompt's last query reads
+    (PaliGemma's prefix reads all of it), so that every answer token's row is formed from the keys it read."""
 
     layers: dict[torch.nn.Module, int]  # the language model's attention modules -> layer
+    tokens: int = 0  # the most positions an answer's calls reach (prompt + new tokens); 0: no window is outgrown
     queries: list[list[torch.Tensor]] = field(default_factory=list)  # [layer][step] (H, d) float32
-    seen: list[list[int]] = field(default_factory=list)  # [layer][step] keys seen
-    masks: list[list[torch.Tensor | None]] = field(default_factory=list)  # [layer][step] (keys,) additive
+    seen: list[list[int]] = field(default_factory=list)  # [layer][step] positions read: the query's own and before
+    starts: list[list[int]] = field(default_factory=list)  # [layer][step] the position of the call's first key
+    masks: list[list[torch.Tensor | None]] = field(default_factory=list)  # [layer][step] (seen - start,) additive
     scaling: list[float] = field(default_factory=list)
     softcap: list[float | None] = field(default_factory=list)
+    # [layer] a sliding layer's keys kept here, (Hkv, n, d) chunks in the model's dtype, from position ``kept_from``;
+    # None: the layer's cache holds every key its rows read
+    keys: list[list[torch.Tensor] | None] = field(default_factory=list)
+    kept_from: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.layers)
-        self.queries, self.seen, self.masks = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        self.queries, self.seen, self.starts = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        self.masks, self.keys, self.kept_from = [[] for _ in range(n)], [None] * n, [0] * n
         self.scaling, self.softcap = [1.0] * n, [None] * n
 
     def keep(self, layer: int, query, key, value, attention_mask, kwargs: dict) -> None:
-        """Keep ``layer``'s last query row of this call, before the attention runs. (B, H, q, d), B = 1."""
+        """Keep ``layer``'s last query row of this call, before the attention runs. (B, H, q, d), B = 1.
+
+        The call's keys (B, Hkv, kv, d) are the cache's as its ``update`` returned them, key ``j`` at position
+        ``start + j``: a growing cache's every key (``start`` 0), a sliding one's last ``kv`` (``start`` = positions
+        read - kv), a static one's whole buffer, whose places past the query are the future, masked."""
+        seen = (self.seen[layer][-1] if self.seen[layer] else 0) + query.shape[-2]
+        start = max(seen - key.shape[-2], 0)
         self.queries[layer].append(query[0, :, -1].detach().float().cpu())
-        self.seen[layer].append(int(key.shape[-2]))
-        mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :key.shape[-2]])
+        self.seen[layer].append(seen)
+        self.starts[layer].append(start)
+        mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :seen - start])
         self.masks[layer].append(mask)
         scaling = kwargs.get("scaling")
         self.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         self.softcap[layer] = kwargs.get("softcap")
+        read = start if mask is None else start + int((mask > _UNREAD).nonzero()[0])  # the first key it reads
+        window = kwargs.get("sliding_window")
+        if len(self.seen[layer]) == 1 and window is not None and window < self.tokens:
+            self.keys[layer], self.kept_from[layer] = [], read
+        if self.keys[layer] is not None:  # the positions not kept yet, up to the query's own
+            if read < self.kept_from[layer]:  # a window moves forward: no later query reads an earlier key
+                raise RuntimeError(f"layer {layer}'s query at position {seen - 1} reads position {read}, before the "
+                                   f"kept keys' first ({self.kept_from[layer]})")
+            have = self.kept_from[layer] + sum(chunk.shape[-2] for chunk in self.keys[layer])
+            # a copy: a static cache rolls its buffer in place, and a view would hold a sliding call's every key
+            self.keys[layer].append(key[0, :, have - start:seen - start].detach().clone())
+
+    def keys_read(self, layer: int, step: int, cache) -> tuple[torch.Tensor, int]:
+        """``(keys, first)``: the keys (Hkv, n, d) of positions ``first`` to the query's own that ``step``'s call read
+        at ``layer``, from what this recorder kept of a sliding layer, else from the layer's ``cache``."""
+        seen, start = self.seen[layer][step], self.starts[layer][step]
+        kept = self.keys[layer]
+        if kept is None:
+            keys = cache.layers[layer].keys[0]  # (Hkv, keys, d)
+            if start or keys.shape[-2] < seen:  # a window the attention was not told of (no sliding_window)
+                raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys from a sliding window, not the "
+                                 f"{seen} answer token {step} read; choose another layer")
+            return keys[:, :seen], 0
+        if len(kept) > 1:
+            kept[:] = [torch.cat(kept, dim=-2)]
+        first = max(start, self.kept_from[layer])
+        return kept[0][:, first - self.kept_from[layer]:seen - self.kept_from[layer]], first
 
     def output(self, layer: int, output: torch.Tensor) -> None:
         """``layer``'s attention output (B, q, H, d), as the model's attention returns it: not needed here
         (``vit.explain.language.vlm_relevance`` reads it)."""
+
+
+# Below it a mask's value masks its key, whatever the mask's dtype (an eager mask holds its dtype's lowest, -65504 in
+# float16; sdpa's boolean mask becomes -inf here)
+_UNREAD = torch.finfo(torch.float16).min / 2
 
 
 def _additive(mask_row: torch.Tensor) -> torch.Tensor:
@@ -325,8 +380,10 @@ def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | N
         if not getattr(processor, "chat_template", None):
             raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
                              f"placeholder instead")
+        from vit.sources.vlm.chat_template import render
+
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+        text = render(processor, messages)  # the folder's own code: rendered under a time and size bound
     else:
         placeholder = getattr(processor, "image_token", None)
         if placeholder and text.count(placeholder) != 1:
@@ -383,23 +440,22 @@ class VLMAnswer:
         return layer % self.layers
 
     def row(self, i: int, layer: int) -> torch.Tensor:
-        """Answer token ``i``'s whole attention row at ``layer``: (H, t_i) over every key the query that predicted it
-        read, as the eager attention forms it (float32)."""
+        """Answer token ``i``'s whole attention row at ``layer``: (H, t_i) over every position up to the query that
+        predicted it, as the eager attention forms it (float32); at a sliding-window layer the keys outside its
+        window hold 0, as in transformers' eager attention."""
         i, layer = self._token(i), self._layer(layer)
         r = self._recorder
-        q, seen, mask = r.queries[layer][i], r.seen[layer][i], r.masks[layer][i]  # (H, d)
-        keys = self._cache.layers[layer].keys[0]  # (Hkv, keys, d)
-        if keys.shape[-2] < seen:  # a sliding-window layer's cache keeps the last keys only
-            raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys, fewer than the {seen} answer token "
-                             f"{i} read (a sliding window); choose another layer")
-        keys = keys[:, :seen].float().cpu()
-        keys = keys.repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # (H, t, d): each kv head's query heads
+        q, seen, start, mask = r.queries[layer][i], r.seen[layer][i], r.starts[layer][i], r.masks[layer][i]  # (H, d)
+        keys, first = r.keys_read(layer, i, self._cache)  # (Hkv, seen - first, d)
+        keys = keys.float().cpu().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # (H, t, d): per query head
         logits = torch.einsum("hd,htd->ht", q, keys) * r.scaling[layer]  # (H, t)
         if r.softcap[layer] is not None:
             logits = torch.tanh(logits / r.softcap[layer]) * r.softcap[layer]
         if mask is not None:
-            logits = logits + mask
-        return logits.softmax(dim=-1)
+            logits = logits + mask[first - start:]
+        row = torch.full((q.shape[0], seen), float("-inf"))  # the keys before the call's (or its kept) first: unread
+        row[:, first:] = logits
+        return row.softmax(dim=-1)
 
     def image_rows(self, i: int, layer: int) -> torch.Tensor:
         """(H, lead + N): answer token ``i``'s attention to each image token at ``layer``, per head."""
@@ -492,10 +548,11 @@ class VLMAnswer:
         return image_values(vlm, prepared, self.tokens, self._token(i))
 
     def held(self) -> tuple[torch.Tensor, ...]:
-        """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.core.cache.nbytes`` counts
-        them."""
+        """The tensors the answer holds (its query rows and masks, a sliding layer's kept keys, the KV cache), as
+        ``vit.core.cache.nbytes`` counts them."""
         r = self._recorder
-        rows = [t for layer in (*r.queries, *r.masks) for t in layer if t is not None]
+        rows = [t for layer in (*r.queries, *r.masks, *(k for k in r.keys if k is not None)) for t in layer
+                if t is not None]
         cached = [t for layer in self._cache.layers for t in (getattr(layer, "keys", None),
                                                               getattr(layer, "values", None)) if t is not None]
         return (*rows, *cached)
@@ -589,7 +646,8 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     if progress is not None:
         progress(0, prepared.max_new_tokens)
     steps = _Steps(prepared.prompt_tokens, prepared.max_new_tokens, tokenizer, progress, on_token)
-    recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
+    recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)},
+                         prepared.prompt_tokens + prepared.max_new_tokens)
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,
