@@ -158,6 +158,27 @@ def test_a_sliding_layers_kept_keys_are_counted_in_what_the_answer_holds(asked):
     assert all(id(chunk) in held for chunk in kept[0])
 
 
+@pytest.mark.parametrize("case", [("gemma3", 4, None), ("gemma3", 16, "static"), ("paligemma2", 264, None)],
+                         ids=_name)
+def test_a_sliding_layers_kept_keys_are_counted_before_the_answer(asked, case):
+    """The cost model counts each sliding layer's keys over the prompt and the answer where the answer may outgrow
+    its window, and nothing where it may not (the cache holds them all)."""
+    from vit.costs.plan import vlm_answer
+
+    answer = asked[case]
+    vlm, prepared = answer._source
+    part = "the sliding-window layers' keys, kept past the window"
+    counted = dict(vlm_answer(vlm.tower.model, prepared.layout.grid, prepared.text, prepared.prompt_tokens,
+                              NEW).parts)
+    kept = sum(chunk.nbytes for k in answer._recorder.keys if k is not None for chunk in k)
+    assert 0 < kept <= counted[part]
+    assert counted[part] == 2 * (prepared.prompt_tokens + NEW) * 8 * 4  # one layer, 2 kv heads of 8, float32
+    within = case[1] - prepared.prompt_tokens  # an answer that cannot outgrow the window: its keys stay cached
+    if within > 0:
+        assert part not in dict(vlm_answer(vlm.tower.model, prepared.layout.grid, prepared.text,
+                                           prepared.prompt_tokens, within).parts)
+
+
 @pytest.mark.parametrize("case", [("gemma3", 4, None), ("gemma3", 8, "static"), ("paligemma2", 8, None)],
                          ids=_name)
 def test_gradient_x_attention_at_sliding_layers_is_chefers_rule_on_the_eager_model(windowed, asked, case):

@@ -378,6 +378,7 @@ class TextShape:
     mlp: int
     vocab: int
     itemsize: int  # bytes per value of its weights and cache
+    windows: tuple[int | None, ...] = ()  # each layer's sliding window (None: global); (): every layer global
 
 
 def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int, views: int = 1,
@@ -387,7 +388,8 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
     ``view_grid`` patches each (the tiles' canvas ``grid``): the tower's forward over each (``forward``), the KV cache
     of every layer, the prompt's forward through one decoder layer (its activations, its MLP and, where the attention
     cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at every
-    layer, kept for its maps (``L x H x d``); a map's row is ``H x T``. Never every layer's ``T x T``."""
+    layer, kept for its maps (``L x H x d``), with the keys of each sliding-window layer the answer may outgrow; a
+    map's row is ``H x T``. Never every layer's ``T x T``."""
     t = prompt_tokens + new_tokens
     parts = {
         "the tower's forward": views * forward(tower, view_grid or grid).memory,
@@ -398,6 +400,10 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
         "each answer token's query rows and one map's row": text.layers * text.heads * text.head_dim * new_tokens * 4
         + 3 * text.heads * t * 4,
     }
+    sliding = sum(1 for window in text.windows if window is not None and window < t)
+    if sliding:  # the keys a sliding layer's cache drops, kept for the maps (``vlm_answer._Recorder``)
+        parts["the sliding-window layers' keys, kept past the window"] = sliding * text.kv_heads * t * text.head_dim \
+            * text.itemsize
     refuse = _over(f"Answering {new_tokens} tokens to a prompt of {prompt_tokens:,} tokens (a "
                    f"{grid[0]}x{grid[1]}-patch image) needs about {{need}} MB (the KV cache of {text.layers} layers, "
                    f"the prompt's forward), over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); ask for fewer "

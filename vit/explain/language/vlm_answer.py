@@ -398,11 +398,13 @@ def text_shape(vlm):
 
     config = vlm.model.config.get_text_config()
     heads = config.num_attention_heads
+    kinds, window = getattr(config, "layer_types", None) or (), getattr(config, "sliding_window", None)
+    windows = tuple(window if kind == "sliding_attention" else None for kind in kinds) if window else ()
     return TextShape(layers=config.num_hidden_layers, heads=heads,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                      hidden=config.hidden_size, mlp=config.intermediate_size, vocab=config.vocab_size,
-                     itemsize=next(vlm.model.parameters()).dtype.itemsize)
+                     itemsize=next(vlm.model.parameters()).dtype.itemsize, windows=windows)
 
 
 class VLMAnswer:
