@@ -23,6 +23,7 @@ from app_pages.explorer_sections import (
     sam_prompts,
     share_view,
     starting,
+    view_link,
     word_lens,
 )
 from app_pages.explorer_sections.caches import analyse, display_images, load_model
@@ -141,7 +142,7 @@ prediction_box = main_view.main_view(state, main, places, map_choice.query_key, 
 # The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
 shared = share_view.view_values(share.model_text(choice, entry.name, share.model_names(entries.values())), state,
                                 image_name, sample, invert)
-share_view.follow(shared)
+view_link.follow(shared)
 share_view.share_buttons(shared, state, main, image_name, entry.name)
 
 # -- a whole SAM / SAM 2: prompts in, masks out, and what its mask decoder looked at (issue 81) -------------------

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 VIT = Path(__file__).resolve().parent.parent / "vit"
+REPOSITORY = VIT.parent
+# The house's modules, each place a folder and its package's name or a file and its module's: the engine, the pages.
+HOUSE = ((VIT, "vit"), (REPOSITORY / "app_pages", "app_pages"), (REPOSITORY / "app.py", "app"))
 COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae", "describe_heads"}
 LOW = {"costs", "model", "core"}  # the engine's lower rooms, each a package
 ROOT_CORE = {"checkpoint", "registry"}  # modules of the core kept at the root: their paths are what users import
@@ -51,24 +54,35 @@ def layer_of(module: str) -> str:
     return "commands" if name in COMMANDS else "api"  # any other name of the root is the notebook API's (vit.ViT)
 
 
-def vit_imports(path: Path) -> list[tuple[int, str]]:
-    """``(line, module)`` for every import of a ``vit`` module in ``path``, inside functions too."""
+def vit_imports(path: Path, packages: set[str] = frozenset({"vit"})) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import of a module of ``packages`` (``vit``'s) in ``path``, inside functions
+    too; a from-import names the module, or the submodule a name may be."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "vit"]
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] in packages]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "vit":  # from vit import x, y: each name is a module
-                found += [(node.lineno, f"vit.{a.name}") for a in node.names]
-            elif node.module.split(".")[0] == "vit":  # the module, or the submodule a name may be
+            if node.module.split(".")[0] in packages:  # from vit import x, y: each name may be a module
                 found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level:
             found.append((node.lineno, "relative import"))
     return found
 
 
-def module_name(path: Path, root: Path = VIT) -> str:
-    return ".".join(("vit", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+def module_name(path: Path, root: Path = VIT, package: str = "vit") -> str:
+    return ".".join((package, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def house_modules(places: tuple[tuple[Path, str], ...] = HOUSE) -> dict[str, Path]:
+    """{dotted name: file} of every module of ``places`` (a folder and its package's name, or a file and its
+    module's)."""
+    found = {}
+    for place, name in places:
+        if place.is_file():
+            found[name] = place
+        else:
+            found |= {module_name(path, place, name): path for path in sorted(place.rglob("*.py"))}
+    return found
 
 
 def violations(root: Path = VIT) -> list[str]:
@@ -103,19 +117,20 @@ def test_the_check_catches_an_upward_import(tmp_path):
     assert len(found) == 6 and all("imports" in p for p in found)
 
 
-def circles(root: Path = VIT) -> list[list[str]]:
-    """Every set of modules that import one another round a circle (imports inside functions count: a circle is a
-    constant or an exception defined in the wrong room, whenever the import runs)."""
+def circles(places: tuple[tuple[Path, str], ...] = HOUSE) -> list[list[str]]:
+    """Every set of modules of ``places`` (the engine's, the pages' and ``app.py``) that import one another round a
+    circle (imports inside functions count: a circle is a constant or an exception defined in the wrong room,
+    whenever the import runs)."""
     import networkx as nx
 
-    names = {module_name(p, root) for p in root.rglob("*.py")}
+    modules = house_modules(places)
+    packages = {name for place, name in places if place.is_dir()}  # a package's root (vit's lazy names): no edge
     graph = nx.DiGraph()
-    for path in root.rglob("*.py"):
-        name = module_name(path, root)
-        for _, imported in vit_imports(path):
-            while imported not in names and "." in imported:  # from vit.a.b import name: module vit.a.b
+    for name, path in modules.items():
+        for _, imported in vit_imports(path, {n for _, n in places}):
+            while imported not in modules and "." in imported:  # from vit.a.b import name: module vit.a.b
                 imported = imported.rsplit(".", 1)[0]
-            if imported in names and imported not in (name, "vit"):
+            if imported in modules and imported != name and imported not in packages:
                 graph.add_edge(name, imported)
     return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
 
@@ -135,9 +150,24 @@ def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(t
     (tmp_path / "sources").mkdir()  # a module named in a from-import of its package
     (tmp_path / "sources" / "hf_preprocessing.py").write_text("from vit.sources import import_qwen\n")
     (tmp_path / "sources" / "import_qwen.py").write_text("def f():\n    from vit.sources import hf_preprocessing\n")
-    assert circles(tmp_path) == [["vit.core.cli", "vit.core.inference"],
-                                 ["vit.sources.hf_preprocessing", "vit.sources.import_qwen"],
-                                 ["vit.training.data", "vit.training.options", "vit.training.trainer"]]
+    assert circles(((tmp_path, "vit"),)) == [["vit.core.cli", "vit.core.inference"],
+                                             ["vit.sources.hf_preprocessing", "vit.sources.import_qwen"],
+                                             ["vit.training.data", "vit.training.options", "vit.training.trainer"]]
+
+
+def test_the_circle_check_catches_a_circle_between_pages_and_through_app_py(tmp_path):
+    sections = tmp_path / "app_pages" / "explorer_sections"
+    sections.mkdir(parents=True)
+    (sections / "ask_vlm.py").write_text("def share():\n    from app_pages.explorer_sections import share_view\n")
+    (sections / "share_view.py").write_text("from app_pages.explorer_sections.ask_vlm import take_link\n"
+                                            "from vit.app import share\n")
+    (tmp_path / "app_pages" / "explorer.py").write_text("import app\n")
+    (tmp_path / "app.py").write_text("from app_pages import explorer\n")
+    (tmp_path / "vit" / "app").mkdir(parents=True)
+    (tmp_path / "vit" / "app" / "share.py").write_text("")
+    places = ((tmp_path / "vit", "vit"), (tmp_path / "app_pages", "app_pages"), (tmp_path / "app.py", "app"))
+    assert circles(places) == [["app", "app_pages.explorer"],
+                               ["app_pages.explorer_sections.ask_vlm", "app_pages.explorer_sections.share_view"]]
 
 
 # The notebook API computes through the engine; it reaches into ``vit.app`` only where it draws as the explorer draws
@@ -259,6 +289,16 @@ def test_no_page_file_is_longer_than_400_lines():
     assert len((VIT.parent / "app.py").read_text().splitlines()) <= PAGE_LINES
 
 
+# Past this many lines a module has more than one concern (STYLE.md): split it by concern, as ``vit/model/`` and
+# ``vit/api/`` are.
+MODULE_LINES = 1000
+
+
+def test_no_module_is_longer_than_1000_lines():
+    found = {place.name: long_files(place, MODULE_LINES) for place, _ in HOUSE if place.is_dir()}
+    assert all(not long for long in found.values()), f"split these by concern: {found}"
+
+
 def test_the_length_check_catches_a_long_page(tmp_path):
     (tmp_path / "explorer_sections").mkdir()
     (tmp_path / "explorer_sections" / "long.py").write_text("x = 1\n" * (PAGE_LINES + 1))
@@ -314,8 +354,6 @@ def test_the_room_checks_catch_a_crowded_folder_and_a_repeated_name(tmp_path):
                                    "sae": ["vit/features/sae.py", "vit/sae.py"]}
 
 
-
-REPOSITORY = VIT.parent
 IMPORT_ROOTS = tuple(REPOSITORY / name for name in ("vit", "app_pages", "tests", "bench", "scripts"))
 
 

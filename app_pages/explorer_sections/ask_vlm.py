@@ -17,6 +17,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from app_pages.explorer_sections import view_link
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask
@@ -223,11 +224,9 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
            model_name: str, image_name: str, picked: dict) -> None:
     """"Copy link to this view" and "Export this answer (HTML)"; the URL follows the clicked token."""
-    from app_pages.explorer_sections import share_view  # it reads this section's link values: imported late
-
-    share_view.follow(values)
+    view_link.follow(values)
     col_link, col_export = st.columns(2)
-    share_view.link_popover(col_link, values)
+    view_link.link_popover(col_link, values)
     settings = {"Model": model_name, "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
                                    picked["head"], picked["fusion"], picked["method"], picked["overview"])}

@@ -13,7 +13,7 @@ from functools import partial
 import streamlit as st
 
 from app_pages import player
-from app_pages.explorer_sections import plotly_preload, share_view
+from app_pages.explorer_sections import plotly_preload, share_view, view_link
 from app_pages.explorer_sections.caches import ANALYSIS_CACHE_BYTES, IMAGE_CACHE_BYTES, PROGRESS_TOKENS, byte_cache
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.uploader import file_upload
@@ -111,9 +111,9 @@ def _frame_view(view: FrameView) -> None:
                f"{visible(view.name)}); {view.tubelets}; one colour scale over the clip, {low:.4g} to {high:.4g}.")
     st.caption(escape_markdown(caption + " Click a patch to make it the query."))
     values = {**view.values, "frame": position + 1}
-    share_view.follow({k: v for k, v in values.items() if v is not None})
+    view_link.follow({k: v for k, v in values.items() if v is not None})
     link, export = st.columns(2)
-    share_view.link_popover(link, {k: v for k, v in values.items() if v is not None}, what="clip")
+    view_link.link_popover(link, {k: v for k, v in values.items() if v is not None}, what="clip")
     export.download_button(
         "Export this view (HTML)", on_click="ignore", mime="text/html",
         file_name=f"{file_name_part(view.name.rsplit('.', 1)[0])}-view.html",

@@ -178,7 +178,7 @@ def link_values() -> dict[str, object]:
 
 def follow_link() -> None:
     """The URL follows the section's SAE, block and feature: a click here reruns this fragment alone, which the
-    page's own ``share_view.follow`` does not see until the page runs again."""
+    page's own ``view_link.follow`` does not see until the page runs again."""
     wanted = share.encode(link_values())
     for name in ("sae", "sae_layer", "feature"):
         if name not in wanted:

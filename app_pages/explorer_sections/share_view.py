@@ -3,12 +3,11 @@ widgets, and the view is offered as a link and as a self-contained HTML file. Th
 
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlencode
 
 import numpy as np
 import streamlit as st
 
-from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechanism, sam_prompts, word_lens
+from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechanism, sam_prompts, view_link, word_lens
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
@@ -281,26 +280,10 @@ def _controls(view: Shown) -> tuple[str, ...]:
     return attention_maps.method_of(s.kind).reads
 
 
-def follow(values: dict[str, object]) -> None:
-    """The URL follows the view (a message to the browser: no rerun)."""
-    params = share.encode(values)
-    if st.query_params.to_dict() != params:
-        st.query_params.from_dict(params)
-
-
-def link_popover(where, values: dict[str, object], what: str = "image") -> None:
-    """"Copy link to this view" in ``where``: the URL of the view ``values`` describe, to copy."""
-    url = str(st.context.url or "").split("?")[0] + "?" + urlencode(share.encode(values))
-    with where.popover("Copy link to this view"):
-        st.code(url, language=None, wrap_lines=True)  # its copy button puts the link on the clipboard
-        st.caption(f"Anyone who can reach this server sees this view at this link; an uploaded {what} is kept for a "
-                   "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
-
-
 def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_name: str, model_name: str) -> None:
     """"Copy link to this view" and "Export this view (HTML)"."""
     link, export = st.columns(2)
-    link_popover(link, values)
+    view_link.link_popover(link, values)
     analysis, s = view.analysis, view.settings
     shown = dict(values)  # and the pickers' first options, which a link leaves out but the sidebar shows
     if "head" in _controls(view) and s.head is None:
