@@ -138,6 +138,26 @@ def test_each_tokens_map_at_every_layer_and_head_is_the_eager_rows_image_part(as
             np.testing.assert_allclose(answer.image_share(i, layer), rows.sum(-1).mean(), rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("case", [("gemma3", 4, None), ("gemma3", 8, "static"), ("paligemma2", 8, None)],
+                         ids=_name)
+def test_over_the_models_eager_attention_the_rows_are_the_same(windowed, references, case):
+    """A language model on its eager attention hands the recording attention float masks (its dtype's lowest where a
+    key is masked), not sdpa's boolean ones: the same rows, the keys kept from the first the prompt's last query
+    reads."""
+    vlm = vit.open_vlm(windowed[case])
+    vlm.language_model.set_attn_implementation("eager")
+    answer = vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW)
+    generated, attentions, prompt, _, types = references[case]
+    assert vlm.language_model.config._attn_implementation.endswith("eager") and list(answer.tokens) == generated
+    for layer in range(len(types)):
+        for i in range(NEW):
+            expected = attentions[layer][:, prompt + i - 1, :prompt + i]  # (H, prompt + i)
+            np.testing.assert_allclose(answer.row(i, layer).numpy(), expected.numpy(), rtol=0, atol=ATOL)
+    window = case[1]
+    first = 0 if case[0] == "paligemma2" else prompt - window  # PaliGemma's last prefix position reads it all
+    assert answer._recorder.kept_from[types.index("sliding_attention")] == first
+
+
 def test_a_window_that_cuts_the_image_leaves_its_earlier_tokens_at_0(asked, references):
     """Gemma 3 at a window of 4: the first answer token's window starts after the image's first tokens, whose share
     is 0 at the sliding layer and not at the global one (the maps above compare windows, not zeros alone)."""
