@@ -1,0 +1,98 @@
+"""A VLM's chat template rendered under a time and a size bound (issue 95, item 2).
+
+The template is the folder's own code. transformers renders it in jinja's sandbox, which stops a template from
+reaching Python but not from working without end: ``{{ 'x' * 10**10 }}`` built a 4 GB string that killed the
+server, and three nested ``range(100000)`` loops (the sandbox's limit is per range) held a core without an answer.
+So the template is rendered by transformers' own ``render_jinja_template`` (the prompt is the one
+``processor.apply_chat_template`` gives) in a child process whose address space is bounded
+(``TEMPLATE_MEMORY_BYTES`` past what its imports take), killed after ``TEMPLATE_SECONDS``, and whose prompt is
+refused past ``MAX_PROMPT_CHARS``. A rendering is kept (``_rendered``) per template, conversation and day (a template
+may write the date), so a question asked again costs no child.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+
+MAX_PROMPT_CHARS = 100_000  # the question is at most 2,000; published templates add a system prompt of a few kB
+TEMPLATE_SECONDS = 20  # the child's import of transformers takes ~1.5 s on 2 busy cores; a prompt renders in ms
+TEMPLATE_MEMORY_BYTES = 256 * 2**20  # past the child's imports: a prompt of MAX_PROMPT_CHARS is a few MB
+
+# The child: reads the job, bounds its own address space past its imports, renders, answers in one JSON line.
+_CHILD = r"""
+import json, resource, sys
+from transformers.utils.chat_template_utils import render_jinja_template
+job = json.loads(sys.stdin.read())
+try:
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (used + job["memory"], used + job["memory"]))
+except (OSError, ValueError):
+    pass
+try:
+    [text], _ = render_jinja_template(conversations=[job["messages"]], chat_template=job["template"],
+                                      add_generation_prompt=True, **job["kwargs"])
+    answer = {"chars": len(text)} if len(text) > job["chars"] else {"text": text}
+except MemoryError:
+    answer = {"memory": True}
+except Exception as e:
+    lines = str(e).strip().splitlines()
+    answer = {"error": type(e).__name__ + (": " + lines[0][:200] if lines else "")}
+sys.stdout.write(json.dumps(answer))
+"""
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that fails, or works past its bounds; the message says which, in one line."""
+
+
+def render(processor, messages: list[dict]) -> str:
+    """``processor.apply_chat_template(messages, add_generation_prompt=True)``, rendered in a bounded child:
+    ChatTemplateError (one line) for a template that fails, runs past ``TEMPLATE_SECONDS``, takes more than
+    ``TEMPLATE_MEMORY_BYTES`` or gives a prompt of more than ``MAX_PROMPT_CHARS``."""
+    template = processor.chat_template
+    if isinstance(template, dict):  # several named templates: the processor's "default", as transformers reads it
+        template = template.get("default")
+    if not isinstance(template, str):
+        raise ChatTemplateError("the processor has no chat template to render")
+    kwargs = json.dumps(processor.tokenizer.special_tokens_map, default=str, sort_keys=True)
+    outcome, text = _rendered(template, json.dumps(messages, sort_keys=True), kwargs, time.strftime("%Y-%m-%d"))
+    if outcome != "text":
+        raise ChatTemplateError(text)
+    return text
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered(template: str, messages: str, kwargs: str, day: str) -> tuple[str, str]:
+    """``("text", prompt)`` or ``("refused", why)``: the child's rendering of ``template`` (JSON ``messages`` and
+    special tokens ``kwargs``), kept per ``day``."""
+    job = json.dumps({"template": template, "messages": json.loads(messages), "kwargs": json.loads(kwargs),
+                      "memory": TEMPLATE_MEMORY_BYTES, "chars": MAX_PROMPT_CHARS})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _CHILD], input=job, capture_output=True, text=True,
+                              timeout=TEMPLATE_SECONDS, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return "refused", (f"the model's chat template ran past {TEMPLATE_SECONDS} s without giving a prompt (a "
+                           "template renders in milliseconds); fix its chat_template, or give prompt= with the "
+                           "model's image placeholder instead")
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        answer = {"error": f"its rendering ended without an answer (exit status {done.returncode})"}
+    if "text" in answer:
+        return "text", answer["text"]
+    if answer.get("memory"):
+        why = f"took more than the {TEMPLATE_MEMORY_BYTES // 2**20} MB a template may take"
+    elif "chars" in answer:
+        why = f"gives a prompt of {answer['chars']:,} characters, more than the {MAX_PROMPT_CHARS:,} allowed"
+    else:
+        why = f"fails: {answer['error']}"
+    return "refused", (f"the model's chat template {why}; fix its chat_template, or give prompt= with the model's "
+                       "image placeholder instead")
