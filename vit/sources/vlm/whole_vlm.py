@@ -123,6 +123,11 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     folder = folder_of(source)
     model_type, architecture = architecture_of(folder)
     from vit.sources.open import open_source
+    from vit.sources.vlm import declared
+
+    wrong = declared.problem(folder, read_json(folder / "config.json"))  # before anything of it is built
+    if wrong:
+        raise VLMError(f"{folder} is refused: {wrong}")
 
     try:  # the tower's layout: its config and shapes from the headers, no weight read
         tower = open_source(folder, map_location="meta")

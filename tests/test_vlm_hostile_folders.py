@@ -1,0 +1,212 @@
+"""A VLM's own files are counted before anything of it is built (issue 95, item 2): a hostile folder in the server's
+HF cache, which a visitor without the token may ask, is refused in one line before the tower, the processor or the
+model is built (each build is made to fail here, so a refusal after one fails the test, in milliseconds); its chat
+template is rendered in a bounded child process, never in ours.
+
+Measured on 2 busy cores, asking each hostile folder in a fresh process (``vit.ask_vlm``), before and after:
+a text config of 10^6 layers ran past 40 s (refused in 5 s, the process at 554 MB, its imports); InternVL's
+``max_patches`` 10^6 ran past 40 s (5 s); ``num_additional_image_tokens`` 10^8 grew the process to 2.1 GB in 13 s
+(5 s, 554 MB); Qwen's ``min_pixels`` 2^26 to 1.5 GB in 14 s (5 s); ``{{ 'x' * 10**10 }}`` ran past 40 s (refused in
+15 s at 796 MB, the model opened); three nested ``range(100000)`` ran past 40 s (the child killed at 20 s).
+
+The folders are the tiny random VLMs of ``test_vlm_answer`` (saved whole with their processor), each edited to one
+hostile value.
+"""
+
+import json
+import shutil
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+from test_vlm_answer import QUESTION, picture, saved_whole  # noqa: E402
+
+import vit  # noqa: E402
+from vit.sources.vlm import chat_template  # noqa: E402
+from vit.sources.vlm.chat_template import ChatTemplateError  # noqa: E402
+from vit.sources.vlm.whole_vlm import VLMError  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """``{kind: folder}``: tiny random VLMs saved whole with their processor."""
+    return saved_whole(tmp_path_factory, ["llava", "internvl", "qwen2_5_vl", "llava_next", "gemma3"])
+
+
+def hostile(base, tmp_path, kind: str, file: str, edit) -> str:
+    """A copy of ``kind``'s folder whose ``file`` (JSON) ``edit`` changed in place."""
+    folder = tmp_path / f"hostile_{kind}"
+    shutil.copytree(base[kind], folder)
+    values = json.loads((folder / file).read_text())
+    edit(values)
+    (folder / file).write_text(json.dumps(values))
+    return str(folder)
+
+
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Every way a VLM is built fails the test: our tower, transformers' processor and model."""
+    import vit.sources.open
+
+    def built(*args, **kwargs):
+        raise AssertionError("the folder was built before its declared sizes were counted")
+
+    monkeypatch.setattr(vit.sources.open, "open_source", built)
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", built)
+    for name in ("LlavaForConditionalGeneration", "InternVLForConditionalGeneration",
+                 "Qwen2_5_VLForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                 "Gemma3ForConditionalGeneration"):
+        monkeypatch.setattr(getattr(transformers, name), "from_pretrained", built)
+
+
+def refused(folder: str, match: str) -> str:
+    with pytest.raises(VLMError, match=match) as refusal:
+        vit.open_vlm(folder)
+    message = str(refusal.value)
+    assert "\n" not in message and message.startswith(f"{folder} is refused: ")
+    return message
+
+
+def test_a_text_config_of_a_million_layers_is_refused_before_it_is_built(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "llava", "config.json",
+                     lambda c: c["text_config"].update(num_hidden_layers=10**6))
+    refused(folder, r"declares 1,000,003 layers in all, more than any model this program opens")
+
+
+def test_a_text_config_of_more_layers_than_any_language_model_is_refused(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "llava", "config.json", lambda c: c["text_config"].update(num_hidden_layers=300))
+    refused(folder, r"declares a language model of 300 layers; at most 256 are built")
+
+
+@pytest.mark.parametrize(("field", "value"), [("num_hidden_layers", 200), ("hidden_size", 10**6),
+                                              ("intermediate_size", 10**9), ("vocab_size", 10**9)])
+def test_a_text_config_wider_than_its_weights_is_refused_before_it_is_built(base, tmp_path, nothing_built, field,
+                                                                            value):
+    """Building it would allocate what the weights files do not hold (transformers fills missing weights at random):
+    its parameters at least, counted from the config, against every tensor in the files' headers."""
+    folder = hostile(base, tmp_path, "llava", "config.json", lambda c: c["text_config"].update({field: value}))
+    refused(folder, r"declares a language model of at least [\d,]+ parameters, but its weights files hold [\d,]+ "
+                    r"in all: the config does not describe these weights$")
+
+
+def test_internvls_million_tiles_are_refused_before_its_processor_loops(base, tmp_path, nothing_built):
+    """``max_patches`` 10^6: transformers' processor (and ``get_optimal_tiled_canvas``) walk every aspect ratio of
+    up to that many tiles, 10^12 steps."""
+    folder = hostile(base, tmp_path, "internvl", "processor_config.json",
+                     lambda c: c["image_processor"].update(max_patches=10**6, crop_to_patches=True))
+    refused(folder, r"sets image_processor.max_patches = 1,000,000: an image cut into that many tiles; at most 64")
+
+
+def test_a_hundred_million_additional_image_tokens_are_refused_before_the_prompt_grows(base, tmp_path,
+                                                                                         nothing_built):
+    folder = hostile(base, tmp_path, "llava", "processor_config.json",
+                     lambda c: c.update(num_additional_image_tokens=10**8))
+    refused(folder, r"sets num_additional_image_tokens = 100,000,000 image tokens; at most 4,096 a view")
+
+
+def test_gemmas_image_tokens_per_image_are_counted(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "gemma3", "processor_config.json", lambda c: c.update(image_seq_length=10**8))
+    refused(folder, r"sets image_seq_length = 100,000,000 image tokens")
+
+
+def test_a_processor_of_other_patches_than_its_tower_is_refused(base, tmp_path, nothing_built):
+    """LLaVA's processor counts an image's tokens with its own patch size: 1 px made every pixel a token."""
+    folder = hostile(base, tmp_path, "llava", "processor_config.json", lambda c: c.update(patch_size=1))
+    refused(folder, r"sets patch_size = 1 but its vision tower's patch_size is 8")
+
+
+def test_a_canvas_of_a_million_tiles_is_refused(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "llava_next", "processor_config.json",
+                     lambda c: c["image_processor"].update(image_grid_pinpoints=[[32, 64], [32000, 32000]]))
+    refused(folder, r"image_grid_pinpoints to a 32,000x32,000-px canvas, 1,000,000 tiles of 32 px; at most 64")
+
+
+def test_qwens_least_pixels_past_a_views_tokens_are_refused(base, tmp_path, nothing_built):
+    """Every image, the smallest too, is resized to at least ``min_pixels``: 2^26 grew a 90 x 70 image to 1.5 GB."""
+    folder = hostile(base, tmp_path, "qwen2_5_vl", "processor_config.json",
+                     lambda c: c["image_processor"].update(min_pixels=2**26, size={"shortest_edge": 2**26,
+                                                                                   "longest_edge": 2**26}))
+    refused(folder, r"resizes every image to at least 67,108,864 pixels \(min_pixels\), 85,598 image tokens")
+
+
+@pytest.mark.parametrize("flag", ["output_attentions", "output_hidden_states", "output_scores", "output_logits"])
+def test_a_generation_config_that_keeps_every_steps_attention_is_refused(base, tmp_path, nothing_built, flag):
+    folder = hostile(base, tmp_path, "llava", "generation_config.json",
+                     lambda c: c.update({flag: True, "return_dict_in_generate": True}))
+    refused(folder, rf"generation_config.json sets {flag} = True, which keeps every layer's")
+
+
+def test_a_config_that_keeps_every_layers_attention_is_refused(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "llava", "config.json", lambda c: c["text_config"].update(output_attentions=True))
+    refused(folder, r"its config.json sets text_config.output_attentions = True")
+
+
+@pytest.mark.parametrize(("setting", "message"), [({"num_return_sequences": 8}, "asks for 8 answers at once"),
+                                                  ({"guidance_scale": 3.0}, "sets guidance_scale"),
+                                                  ({"use_cache": False}, "sets use_cache false"),
+                                                  ({"prompt_lookup_num_tokens": 10}, "sets prompt_lookup_num_tokens")])
+def test_a_generation_config_that_generates_otherwise_than_counted_is_refused(base, tmp_path, nothing_built,
+                                                                              setting, message):
+    folder = hostile(base, tmp_path, "llava", "generation_config.json", lambda c: c.update(setting))
+    refused(folder, message)
+
+
+def test_a_huge_generation_config_is_refused_unread(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "llava", "generation_config.json",
+                     lambda c: c.update(bad_words_ids=[[7]] * 2_000_000))
+    refused(folder, r"its generation_config.json is \d+ MB, over the 4 MB such a file may have")
+
+
+# --- the chat template -------------------------------------------------------------------------------------------
+
+def with_template(base, tmp_path, template: str) -> str:
+    folder = tmp_path / "hostile_template"
+    shutil.copytree(base["llava"], folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return str(folder)
+
+
+@pytest.fixture
+def rendered_here(monkeypatch):
+    """The processor's own rendering, in this process, fails the test."""
+    def here(*args, **kwargs):
+        raise AssertionError("the chat template was rendered in the server's process")
+
+    monkeypatch.setattr(transformers.ProcessorMixin, "apply_chat_template", here)
+
+
+def test_the_bounded_rendering_is_the_processors_own(base):
+    vlm = vit.open_vlm(base["llava"])
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    expected = vlm.processor.apply_chat_template(messages, add_generation_prompt=True)
+    assert chat_template.render(vlm.processor, messages) == expected == f"user: <image> {QUESTION} assistant: "
+
+
+def test_a_template_that_builds_ten_gigabytes_is_refused_in_one_line(base, tmp_path, rendered_here):
+    vlm = vit.open_vlm(with_template(base, tmp_path, "{{ 'x' * 10**10 }}<image>"))
+    with pytest.raises(ChatTemplateError, match=r"^the model's chat template took more than the 256 MB a template "
+                                                r"may take; fix its chat_template, or give prompt="):
+        vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
+
+
+def test_a_template_that_loops_without_end_is_stopped_in_time(base, tmp_path, rendered_here, monkeypatch):
+    """Three nested ``range(100000)``: the sandbox bounds each range, not their product (10^15 steps)."""
+    monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 4)
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}"
+    vlm = vit.open_vlm(with_template(base, tmp_path, loops + "{% endfor %}{% endfor %}{% endfor %}<image>"))
+    with pytest.raises(ChatTemplateError, match=r"^the model's chat template ran past 4 s without giving a prompt"):
+        vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
+
+
+def test_a_template_that_gives_a_long_prompt_is_refused(base, tmp_path, rendered_here):
+    vlm = vit.open_vlm(with_template(base, tmp_path, "{{ 'x' * 10**6 }}<image>"))
+    with pytest.raises(ChatTemplateError, match=r"gives a prompt of 1,000,007 characters, more than the 100,000"):
+        vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
+
+
+def test_a_template_that_fails_is_refused_in_one_line(base, tmp_path, rendered_here):
+    vlm = vit.open_vlm(with_template(base, tmp_path, "{{ raise_exception('no images here') }}"))
+    with pytest.raises(ChatTemplateError, match=r"^the model's chat template fails: TemplateError: no images here; "):
+        vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)

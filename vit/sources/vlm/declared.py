@@ -1,0 +1,236 @@
+"""What a vision-language model's folder declares, counted before anything of it is built (issue 95, item 2).
+
+A VLM in the server's HF cache may be asked by a visitor without the token, so its own files are data to bound, not
+settings to trust: a text config of 10^6 layers grew the server by 1.5 GB in 80 s while transformers built it;
+InternVL's ``max_patches`` of 10^6 starts a loop of 10^12 steps in its processor; LLaVA's
+``num_additional_image_tokens`` of 10^8 grew the prompt to 3 GB in 6 s; a generation config asking for
+``output_attentions`` keeps every layer's attention of every step, past what the cost model counts. ``problem``
+reads the folder's small files (config.json, its processor's and generation config) and the weights files' headers,
+nothing else, and says in one line what is wrong; ``vit.sources.vlm.whole_vlm.open_whole_vlm`` asks it before the
+tower, the processor or the model is built. The chat template is bounded where it is rendered
+(``vit.sources.vlm.chat_template``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from vit.sources.files import MAX_JSON_BYTES, read_json
+
+MAX_TEXT_LAYERS = 256  # the largest published language models have 126 (Llama 3.1 405B); VLMs' 80 at most
+MAX_TILES = 64  # tiles or crops of one image: InternVL's max_patches is 12 (40 at most), OneVision's canvas 6 x 6
+MAX_IMAGE_TOKENS = 4096  # tokens of one view: PaliGemma at 896 px has 4,096, LLaVA at 336 px 576, InternVL 256
+MAX_PINPOINTS = 256  # LLaVA-NeXT's canvases (5 for 1.6, 36 for OneVision)
+# The folder's files transformers reads besides the weights and the tokenizer: each a few kB in published models
+SMALL_FILES = ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
+               "video_preprocessor_config.json", "chat_template.json", "chat_template.jinja", "tokenizer_config.json",
+               "special_tokens_map.json", "added_tokens.json")
+# Settings of the processor that multiply what one image becomes: tiles or crops, and image tokens per view
+TILE_KEYS = ("max_patches", "min_patches", "pan_and_scan_max_num_crops", "max_image_tiles", "max_num_tiles",
+             "max_num_crops")
+TOKEN_KEYS = ("image_seq_length", "num_image_tokens", "num_additional_image_tokens", "mm_tokens_per_image",
+              "image_seq_len", "num_query_tokens")
+# What makes generate keep more than the answer's tokens and cache (the cost model counts those alone)
+KEEPS_EVERY_STEP = ("output_attentions", "output_hidden_states", "output_scores", "output_logits")
+# The processor's settings that must be the tower's own (the image tokens are counted from the tower's patches)
+SAME_AS_TOWER = (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
+                 ("temporal_patch_size", "temporal_patch_size"))
+
+
+def problem(folder: Path, config_json: Mapping) -> str | None:
+    """What is wrong with the sizes ``folder`` (a VLM's, ``config_json`` its config.json) declares, in one line, or
+    None: its small files over ``MAX_JSON_BYTES``, a language model of more than ``MAX_TEXT_LAYERS`` layers or of
+    more parameters than its weights files hold, a processor of more than ``MAX_TILES`` tiles or ``MAX_IMAGE_TOKENS``
+    image tokens a view or of other patches than its tower's, a config or generation config that keeps every
+    step's attention, states or logits. Reads the small files and the weights' headers only."""
+    return (_files_problem(folder) or _flags_problem(config_json, "config.json")
+            or _generation_problem(folder) or _processor_problem(folder, config_json)
+            or _text_problem(folder, config_json))
+
+
+def _files_problem(folder: Path) -> str | None:
+    for name in SMALL_FILES:
+        path = folder / name
+        if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
+            return (f"its {name} is {path.stat().st_size / 2**20:,.0f} MB, over the {MAX_JSON_BYTES // 2**20} MB "
+                    "such a file may have (a published model's is a few kB)")
+    return None
+
+
+def _walk(value: object, where: str = "") -> Iterator[tuple[str, str, object]]:
+    """Every ``(path, key, value)`` of a JSON object and the objects inside it (sub-configs, processors)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield f"{where}{key}", str(key), item
+            yield from _walk(item, f"{where}{key}.")
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item, where)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _flags_problem(config: Mapping, name: str) -> str | None:
+    for path, key, value in _walk(config):
+        if key in KEEPS_EVERY_STEP and value not in (None, False):
+            return (f"its {name} sets {path} = {str(value)[:20]}, which keeps every layer's {key[7:]} of every "
+                    "step beyond what the answer is counted for; remove it (the maps are computed when asked)")
+    return None
+
+
+def _generation_problem(folder: Path) -> str | None:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return None
+    config = read_json(path)
+    flags = _flags_problem(config, "generation_config.json")
+    if flags:
+        return flags
+    if _number(config.get("num_return_sequences")) and config["num_return_sequences"] != 1:
+        return (f"its generation_config.json asks for {config['num_return_sequences']} answers at once "
+                "(num_return_sequences); one is counted: remove it")
+    if _number(config.get("guidance_scale")) and config["guidance_scale"] != 1:
+        return ("its generation_config.json sets guidance_scale, which runs the model twice a step beyond what the "
+                "answer is counted for; remove it")
+    if config.get("use_cache") is False:
+        return ("its generation_config.json sets use_cache false: each step would run the whole prompt again, and "
+                "the answer's maps read the cache; remove it")
+    for key in ("custom_generate", "prompt_lookup_num_tokens", "assistant_early_exit"):
+        if config.get(key) not in (None, False):
+            return (f"its generation_config.json sets {key}, another way to generate than the greedy one counted "
+                    "here; remove it")
+    return None
+
+
+def _processor_settings(folder: Path) -> dict:
+    """The processor's settings as saved: processor_config.json (its image processor nested, transformers 5) and
+    preprocessor_config.json (the image processor alone, as older folders keep it)."""
+    settings = {}
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        if (folder / name).is_file():
+            settings[name] = read_json(folder / name)
+    return settings
+
+
+def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
+    vision = config_json.get("vision_config") if isinstance(config_json.get("vision_config"), Mapping) else {}
+    side = vision.get("image_size")
+    side = side[0] if isinstance(side, list) and side else side
+    for name, settings in {**_processor_settings(folder), "config.json": config_json}.items():
+        for path, key, value in _walk(settings):
+            if key in TILE_KEYS and _number(value) and not 0 <= value <= MAX_TILES:
+                return (f"its {name} sets {path} = {value:,}: an image cut into that many tiles; at most "
+                        f"{MAX_TILES} are read")
+            if key in TOKEN_KEYS and _number(value) and not 0 <= value <= MAX_IMAGE_TOKENS:
+                return (f"its {name} sets {path} = {value:,} image tokens; at most {MAX_IMAGE_TOKENS:,} a view are "
+                        "read")
+            if key == "image_grid_pinpoints" and isinstance(value, list):
+                pinpoints = _pinpoints_problem(value, side)
+                if pinpoints:
+                    return f"its {name} sets {path} {pinpoints}"
+        if name == "config.json":
+            continue
+        smallest = _smallest_image_problem(settings)
+        if smallest:
+            return f"its {name} {smallest}"
+        for path, key, value in _walk(settings):
+            tower_key = dict(SAME_AS_TOWER).get(key)
+            if tower_key and _number(value) and _number(vision.get(tower_key)) and value != vision[tower_key]:
+                return (f"its {name} sets {path} = {value:,} but its vision tower's {tower_key} is "
+                        f"{vision[tower_key]:,}: the processor would give other image tokens than the model reads")
+    return None
+
+
+def _smallest_image_problem(settings: Mapping) -> str | None:
+    """Qwen-VL's processors resize every image to at least ``min_pixels`` (transformers 5 saves it as
+    ``size.shortest_edge``): more than ``MAX_IMAGE_TOKENS`` merge units of it would grow any image, the smallest
+    too, past what a view may have before anything counts it (2^26 pixels took 1.5 GB for a 90 x 70 image)."""
+    processors = [settings, *(v for v in settings.values() if isinstance(v, Mapping))]
+    for processor in processors:
+        patch, merge = processor.get("patch_size"), processor.get("merge_size")
+        if not (_number(patch) and _number(merge)):
+            continue
+        size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
+        unit = int(patch * merge) ** 2
+        for least in (processor.get("min_pixels"), size.get("shortest_edge")):
+            if _number(least) and least > MAX_IMAGE_TOKENS * unit:
+                return (f"resizes every image to at least {least:,} pixels (min_pixels), "
+                        f"{least / unit:,.0f} image tokens; at most {MAX_IMAGE_TOKENS:,} a view are read")
+    return None
+
+
+def _pinpoints_problem(pinpoints: list, side: object) -> str | None:
+    if len(pinpoints) > MAX_PINPOINTS:
+        return f"to {len(pinpoints):,} canvases; at most {MAX_PINPOINTS} are read"
+    for point in pinpoints:
+        if not (isinstance(point, list) and len(point) == 2 and all(_number(v) and v > 0 for v in point)):
+            return f"to {str(point)[:40]}, which is no canvas (height, width)"
+        tiles = math.ceil(point[0] / side) * math.ceil(point[1] / side) if _number(side) and side > 0 else 0
+        if tiles > MAX_TILES:
+            return (f"to a {point[0]:,}x{point[1]:,}-px canvas, {tiles:,} tiles of {side} px; at most {MAX_TILES} "
+                    "are read")
+    return None
+
+
+def _text_problem(folder: Path, config_json: Mapping) -> str | None:
+    """The language model: its layers (counted in the JSON, before transformers builds a config whose lists grow
+    with them), then its parameters at least (``text_parameters``) against those the weights files hold."""
+    from vit.sources.hub import MAX_CONFIG_LAYERS, _layer_count
+
+    every = _layer_count(config_json)
+    if every > MAX_CONFIG_LAYERS:
+        return (f"its config.json declares {every:,} layers in all, more than any model this program opens "
+                f"({MAX_CONFIG_LAYERS:,})")
+    text = config_json.get("text_config") if isinstance(config_json.get("text_config"), Mapping) else config_json
+    layers = text.get("num_hidden_layers")
+    if _number(layers) and not 0 < layers <= MAX_TEXT_LAYERS:
+        return (f"its config.json declares a language model of {layers:,} layers; at most {MAX_TEXT_LAYERS} are "
+                "built (the largest published have 126)")
+    try:
+        declared = text_parameters(_text_config(config_json))
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+        return f"its config.json's language model cannot be read ({str(e).splitlines()[0][:120] if str(e) else e!r})"
+    from vit.checkpoint import CheckpointError
+    from vit.sources.open import read_hf_weights
+
+    try:
+        held = sum(t.numel() for t in read_hf_weights(folder, "meta").values())
+    except (CheckpointError, OSError, ValueError) as e:
+        return f"its weights cannot be read ({str(e).splitlines()[0][:200]})"
+    if declared > held:
+        return (f"its config.json declares a language model of at least {declared:,} parameters, but its weights "
+                f"files hold {held:,} in all: the config does not describe these weights")
+    return None
+
+
+def _text_config(config_json: Mapping):
+    """transformers' config of the folder's language model (its defaults filled in), from the JSON alone."""
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[str(config_json["model_type"])].from_dict(dict(config_json))
+    text = config.get_text_config()
+    if not isinstance(text, PretrainedConfig):
+        raise TypeError("no text config")
+    return text
+
+
+def text_parameters(text) -> int:
+    """The parameters a language model of ``text`` (transformers' text config) has at least: its token embeddings
+    and, per layer, the attention's four projections and an MLP's two matrices (a gated one has three; norms,
+    biases and an untied head come on top). ValueError for a size that is not a positive whole number."""
+    def size(name: str, default: int | None = None) -> int:
+        value = getattr(text, name, None)
+        value = default if value is None else value
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} is {str(value)[:20]}, not a positive whole number")
+        return value
+
+    hidden, heads, vocab = size("hidden_size"), size("num_attention_heads"), size("vocab_size")
+    kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", max(1, hidden // heads))
+    mlp, layers = size("intermediate_size"), size("num_hidden_layers")
+    return vocab * hidden + layers * (2 * hidden * head_dim * (heads + kv_heads) + 2 * hidden * mlp)
