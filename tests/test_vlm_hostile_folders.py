@@ -210,3 +210,21 @@ def test_a_template_that_fails_is_refused_in_one_line(base, tmp_path, rendered_h
     vlm = vit.open_vlm(with_template(base, tmp_path, "{{ raise_exception('no images here') }}"))
     with pytest.raises(ChatTemplateError, match=r"^the model's chat template fails: TemplateError: no images here; "):
         vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
+
+
+def test_a_question_asked_again_renders_no_second_child_but_a_late_one_is_tried_again(base, tmp_path, monkeypatch):
+    """The explorer prepares the question at each rerun: its rendering is kept; one stopped by the clock is not (a
+    busy machine may have slowed the child)."""
+    children = []
+    run = chat_template.subprocess.run
+    monkeypatch.setattr(chat_template.subprocess, "run", lambda *a, **k: children.append(1) or run(*a, **k))
+    vlm = vit.open_vlm(base["llava"])
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a question kept"}]}]
+    assert chat_template.render(vlm.processor, messages) == chat_template.render(vlm.processor, messages)
+    assert len(children) == 1
+    monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 0.001)
+    late = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a question too late"}]}]
+    for _ in range(2):
+        with pytest.raises(ChatTemplateError, match=r"ran past 0.001 s"):
+            chat_template.render(vlm.processor, late)
+    assert len(children) == 3

@@ -6,19 +6,23 @@ server, and three nested ``range(100000)`` loops (the sandbox's limit is per ran
 So the template is rendered by transformers' own ``render_jinja_template`` (the prompt is the one
 ``processor.apply_chat_template`` gives) in a child process whose address space is bounded
 (``TEMPLATE_MEMORY_BYTES`` past what its imports take), killed after ``TEMPLATE_SECONDS``, and whose prompt is
-refused past ``MAX_PROMPT_CHARS``. A rendering is kept (``_rendered``) per template, conversation and day (a template
-may write the date), so a question asked again costs no child.
+refused past ``MAX_PROMPT_CHARS``. A rendering (or its refusal) is kept per template, conversation and day (a
+template may write the date), so a question asked again (the explorer prepares it at each rerun) costs no child; a
+rendering stopped by the clock is not kept (a busy machine may have slowed the child's imports).
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections import OrderedDict
 
+KEPT = 64  # renderings kept: each at most MAX_PROMPT_CHARS, keyed by the template's digest (a template may be MBs)
 MAX_PROMPT_CHARS = 100_000  # the question is at most 2,000; published templates add a system prompt of a few kB
 TEMPLATE_SECONDS = 20  # the child's import of transformers takes ~1.5 s on 2 busy cores; a prompt renders in ms
 TEMPLATE_MEMORY_BYTES = 256 * 2**20  # past the child's imports: a prompt of MAX_PROMPT_CHARS is a few MB
@@ -61,16 +65,33 @@ def render(processor, messages: list[dict]) -> str:
     if not isinstance(template, str):
         raise ChatTemplateError("the processor has no chat template to render")
     kwargs = json.dumps(processor.tokenizer.special_tokens_map, default=str, sort_keys=True)
-    outcome, text = _rendered(template, json.dumps(messages, sort_keys=True), kwargs, time.strftime("%Y-%m-%d"))
+    conversation = json.dumps(messages, sort_keys=True)
+    key = (hashlib.sha256(template.encode("utf-8", "surrogatepass")).hexdigest(), conversation, kwargs,
+           time.strftime("%Y-%m-%d"))
+    with _lock:
+        kept = _kept.get(key)
+        if kept is not None:
+            _kept.move_to_end(key)
+    if kept is None:
+        kept = _rendered(template, conversation, kwargs)
+        if kept[0] != "late":
+            with _lock:
+                _kept[key] = kept
+                while len(_kept) > KEPT:
+                    _kept.popitem(last=False)
+    outcome, text = kept
     if outcome != "text":
         raise ChatTemplateError(text)
     return text
 
 
-@functools.lru_cache(maxsize=64)
-def _rendered(template: str, messages: str, kwargs: str, day: str) -> tuple[str, str]:
-    """``("text", prompt)`` or ``("refused", why)``: the child's rendering of ``template`` (JSON ``messages`` and
-    special tokens ``kwargs``), kept per ``day``."""
+_kept: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # the renderings kept, least recently used first
+_lock = threading.Lock()  # the explorer's sessions render from their own threads
+
+
+def _rendered(template: str, messages: str, kwargs: str) -> tuple[str, str]:
+    """``("text", prompt)``, ``("refused", why)`` or ``("late", why)``: the child's rendering of ``template`` (JSON
+    ``messages`` and special tokens ``kwargs``)."""
     job = json.dumps({"template": template, "messages": json.loads(messages), "kwargs": json.loads(kwargs),
                       "memory": TEMPLATE_MEMORY_BYTES, "chars": MAX_PROMPT_CHARS})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -79,9 +100,9 @@ def _rendered(template: str, messages: str, kwargs: str, day: str) -> tuple[str,
         done = subprocess.run([sys.executable, "-I", "-c", _CHILD], input=job, capture_output=True, text=True,
                               timeout=TEMPLATE_SECONDS, env=env, check=False)
     except subprocess.TimeoutExpired:
-        return "refused", (f"the model's chat template ran past {TEMPLATE_SECONDS} s without giving a prompt (a "
-                           "template renders in milliseconds); fix its chat_template, or give prompt= with the "
-                           "model's image placeholder instead")
+        return "late", (f"the model's chat template ran past {TEMPLATE_SECONDS} s without giving a prompt (a "
+                        "template renders in milliseconds); fix its chat_template, or give prompt= with the "
+                        "model's image placeholder instead")
     try:
         answer = json.loads(done.stdout)
     except ValueError:
