@@ -73,33 +73,11 @@ API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods",
        "Segmentation")  # no name of a module: vit.predict is the command
 
 
-DISTRIBUTION = "vit-attention-explorer"  # pyproject.toml's [project] name
-
-
-def _version() -> str:
-    """The project's version: in a checkout, its ``pyproject.toml`` (the code being run, even where an older copy is
-    also installed); once installed, the distribution's metadata (the wheel carries no pyproject.toml)."""
-    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
-    try:
-        with open(pyproject, "rb") as file:
-            import tomllib
-
-            project = tomllib.load(file).get("project", {})
-        if project.get("name") == DISTRIBUTION:
-            return str(project["version"])
-    except (OSError, ValueError, KeyError):
-        pass
-    from importlib import metadata
-
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def __getattr__(name: str):
     if name == "__version__":  # read when first asked: import vit reads no file
-        globals()["__version__"] = version = _version()
+        from vit.core.version import project_version
+
+        globals()["__version__"] = version = project_version()
         return version
     if name in API:
         from vit import api

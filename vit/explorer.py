@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0
     if argv and argv[0] == "--version":  # the project's version, not Streamlit's
-        from vit import __version__
+        from vit.core.version import project_version
 
-        print(f"{PROG} {__version__}")
+        print(f"{PROG} {project_version()}")
         return 0
     root = app_root()
     if not (root / "app.py").is_file():

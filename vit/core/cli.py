@@ -37,9 +37,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from vit import __version__  # pyproject.toml or the installed metadata: no torch
+        from vit.core.version import project_version  # pyproject.toml or the installed metadata: no torch
 
-        self.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+        self.add_argument("--version", action="version", version=f"%(prog)s {project_version()}",
                           help="print the version and exit")
 
     def error(self, message: str) -> NoReturn:
