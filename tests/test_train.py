@@ -165,6 +165,21 @@ def tiny_trainer(*extra: str) -> Trainer:
     return Trainer(options.settings_from_args(args), data, None)
 
 
+def test_a_full_disk_at_a_save_says_where_the_run_goes_on_from(tmp_path, monkeypatch):
+    import errno
+
+    trainer = tiny_trainer()
+    trainer.run_dir = tmp_path
+    trainer._save_model(tmp_path / "last.pt", None)
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: (os.close(fd), real_fdopen(
+        os.open("/dev/full", os.O_WRONLY), mode))[1])  # every write fails with ENOSPC, as on a full disk
+    with pytest.raises(OSError) as info:
+        trainer._save_model(tmp_path / "best.pt", None)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value).endswith("free some space, then save again (the run resumes from its last.pt)")
+
+
 def test_seed_recipe_is_the_blogs_constant_adamw_on_every_parameter():
     trainer = tiny_trainer("--recipe", "seed")
     assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [1e-2, 1e-2]

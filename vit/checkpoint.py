@@ -22,10 +22,6 @@ from pathlib import Path
 
 import torch
 
-from vit.core.images import (
-    BACKENDS,  # what resizes (vit.core.images.resize): PIL, or torchvision as transformers 5 does
-)
-from vit.core.runfiles import EPOCH_CHECKPOINT_DIR, LAST_CHECKPOINT
 from vit.model import ViT, ViTConfig
 
 FORMAT = "vit-attention-explorer-checkpoint"
@@ -73,6 +69,11 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # De
 RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad", "keep_ratio", "border")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
 CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.core.images.crop_start)
+# What resizes (vit.core.images.resize). "pil": PIL's filters (timm, open_clip and torchvision's transforms given PIL
+# images; transformers' *ImageProcessorPil). "torchvision": torchvision's antialiased kernels on the uint8 tensor
+# (transformers 5's *ImageProcessor, what AutoImageProcessor gives for every HF folder); the two differ by a grey level
+# here and there.
+BACKENDS = ("pil", "torchvision")
 
 
 @dataclass(frozen=True)
@@ -128,13 +129,10 @@ class Preprocessing:
 
     @property
     def fill_colour(self) -> tuple[int, ...]:
-        """The colour "border" pads with, 0-255 RGB: ``pad_fill`` (one value is a grey), else the mean's
-        (``vit.core.images.pad_colour``)."""
-        from vit.core.images import pad_colour
-
-        if not self.pad_fill:
-            return pad_colour(self.mean)
-        return self.pad_fill * 3 if len(self.pad_fill) == 1 else self.pad_fill[:3]
+        """The colour the padding is drawn in, 0-255 RGB (one value is a grey): "border"'s ``pad_fill``, else the
+        normalisation's mean, which SAM's zero padding of the normalised input stands for."""
+        values = self.pad_fill or tuple(min(255, max(0, round(m * 255))) for m in self.mean)
+        return values * 3 if len(values) == 1 else values[:3]
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -439,22 +437,11 @@ def _write_problem(path: Path, error: BaseException) -> OSError | None:
     if (os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT)) or (free is not None and
                                                                                    free < 64 * 2**20):
         return OSError(errno.ENOSPC, f"No space left on the disk to write {path} ({space}); free some space, "
-                                     f"then save again{_resume_hint(path)}")
+                                     "then save again")
     if os_error is not None:
         return OSError(os_error.errno, f"cannot write {path}: {os_error.strerror or os_error} ({space})")
     return OSError(errno.EIO, f"cannot write {path}: the write was cut short ({space}); the disk may be full or "
                               "failing")
-
-
-def _resume_hint(path: Path) -> str:
-    """Where a training run can go on from after a failed save: its last.pt, only when one is on disk (a failed
-    atomic save leaves the previous one whole); nothing when it has none yet, e.g. a first save failed."""
-    run = path.parent.parent if path.parent.name == EPOCH_CHECKPOINT_DIR else path.parent
-    if not (run / LAST_CHECKPOINT).is_file():
-        return ""
-    if path.name == LAST_CHECKPOINT and path.parent == run:
-        return " (the run's previous last.pt is intact: it resumes from there)"
-    return " (the run resumes from its last.pt)"
 
 
 def check_archive(path: Path) -> None:

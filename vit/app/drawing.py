@@ -396,7 +396,7 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     array = array.permute(1, 2, 0).numpy()  # (H, W, C)
     seen = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
     if size == TRAINING_SIZE and p.resize_mode == "longest_edge_pad":  # the resized image at the top left
-        return on_padded_canvas(seen, p.image_hw[::-1], p.mean)
+        return on_padded_canvas(seen, p.image_hw[::-1], p.fill_colour)
     return seen
 
 

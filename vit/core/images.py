@@ -6,7 +6,7 @@ model need; ``to_uint8`` applies the evaluation transform shared by the data cac
 and the app: EXIF orientation, first frame, transparency composited on white, colour or
 greyscale per the model, and a resize to the model's input (a centre crop after it where the model's library
 crops; SAM's: its longer side, then padding), by PIL or, as transformers 5's ``*ImageProcessor`` does, by
-torchvision on uint8 tensors (``BACKENDS``).
+torchvision on uint8 tensors (``vit.checkpoint.BACKENDS``).
 """
 
 from __future__ import annotations
@@ -252,8 +252,8 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
     ``crop_rule``. ``"longest_edge_pad"`` (SAM) returns the resized image alone, ``(C, h, w)`` with its longer side
     ``resize_size``: its padding is added after normalisation (``pad_normalized``), as zeros no uint8 value gives.
     ``"border"`` (timm's crop_mode "border") crops or pads each side to ``image_size`` (``border_start``), the
-    padding in the colour ``fill`` (timm's: the mean's, ``pad_colour``). ``backend`` resizes with PIL or with
-    torchvision (``resize``).
+    padding in the colour ``fill`` (timm's: the mean's, ``Preprocessing.fill_colour``). ``backend`` resizes with PIL
+    or with torchvision (``resize``).
     """
     image = to_mode(image, num_channels)
     crop_h, crop_w = _hw(image_size)
@@ -274,12 +274,6 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
         return canvas
     left, top = crop_start(size[0], crop_w, crop_rule), crop_start(size[1], crop_h, crop_rule)
     return pixels[:, top:top + crop_h, left:left + crop_w].contiguous()
-
-
-# "pil": PIL's filters (timm, open_clip and torchvision's transforms given PIL images; transformers'
-# *ImageProcessorPil). "torchvision": torchvision's antialiased kernels on the uint8 tensor (transformers 5's
-# *ImageProcessor, what AutoImageProcessor gives for every HF folder); the two differ by a grey level here and there.
-BACKENDS = ("pil", "torchvision")
 
 
 def resize(image: Image.Image, size: tuple[int, int], resample: str = "bicubic", backend: str = "pil"
@@ -315,18 +309,12 @@ def pad_normalized(image: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     return torch.nn.functional.pad(image, (0, shape[1] - w, 0, shape[0] - h), value=0.0)
 
 
-def pad_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
-    """The colour SAM's zero padding stands for: the normalisation's mean, in 0-255 RGB (a grey for one channel)."""
-    values = tuple(min(255, max(0, round(m * 255))) for m in mean)
-    return values * 3 if len(values) == 1 else values[:3]
-
-
-def on_padded_canvas(image: Image.Image, size: tuple[int, int], mean: tuple[float, ...],
-                     offset: tuple[int, int] = (0, 0), colour: tuple[int, ...] | None = None) -> Image.Image:
+def on_padded_canvas(image: Image.Image, size: tuple[int, int], colour: tuple[int, ...],
+                     offset: tuple[int, int] = (0, 0)) -> Image.Image:
     """``image`` at ``offset = (x, y)`` (the top left by default, as SAM pads; timm's crop_mode "border" centres it)
-    on a ``size = (width, height)`` canvas in the colour the padding stands for (``colour``, 0-255, else the mean's:
-    ``pad_colour``), in the image's mode: the padded input as a picture; what lies outside the canvas is cut off."""
-    colour = colour or pad_colour(mean)
+    on a ``size = (width, height)`` canvas in the colour the padding stands for (``colour``, 0-255 RGB: the
+    preprocessing's ``fill_colour``), in the image's mode: the padded input as a picture; what lies outside the canvas
+    is cut off."""
     canvas = Image.new(image.mode, size, colour[0] if image.mode == "L" else colour)
     canvas.paste(image, offset)
     return canvas

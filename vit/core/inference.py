@@ -149,14 +149,14 @@ class ModelInput:
 def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE) -> Image.Image:
     """The part of ``image`` the model sees (``input_box`` rounded to whole pixels): what maps are drawn over.
     Padding beyond the image (SAM's, timm's crop_mode "border") is shown as the colour it stands for
-    (``vit.core.images.pad_colour``)."""
+    (``Preprocessing.fill_colour``)."""
     x0, y0, x1, y1 = input_box(image.size, preprocessing, size)
     box = (round(x0), round(y0), round(x1), round(y1))
     if box == (0, 0, image.width, image.height):
         return image
     if min(box[:2]) < 0 or box[2] > image.width or box[3] > image.height:  # padded: the image on a canvas
-        return on_padded_canvas(to_mode(image, 3), (box[2] - box[0], box[3] - box[1]), preprocessing.mean,
-                                (-box[0], -box[1]), preprocessing.fill_colour)
+        return on_padded_canvas(to_mode(image, 3), (box[2] - box[0], box[3] - box[1]), preprocessing.fill_colour,
+                                (-box[0], -box[1]))
     return image.crop(box)
 
 

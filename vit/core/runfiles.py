@@ -135,6 +135,18 @@ def epoch_checkpoints(run_dir: Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def resume_hint(path: Path) -> str:
+    """What a run's message on a failed save of ``path`` adds: where the run can go on from, its last.pt, only when
+    one is on disk (a failed atomic save leaves the previous one whole); nothing when it has none yet, e.g. a first
+    save failed."""
+    run = path.parent.parent if path.parent.name == EPOCH_CHECKPOINT_DIR else path.parent
+    if not (run / LAST_CHECKPOINT).is_file():
+        return ""
+    if path.name == LAST_CHECKPOINT and path.parent == run:
+        return " (the run's previous last.pt is intact: it resumes from there)"
+    return " (the run resumes from its last.pt)"
+
+
 def epochs_to_prune(epochs: list[int], keep: int, best_epoch: int | None) -> list[int]:
     """The saved epochs ``--keep K`` deletes: all but the K most recent and ``best_epoch``; none when K is 0."""
     if keep <= 0:

@@ -10,8 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 
-from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-from vit.core.images import BACKENDS
+from vit.checkpoint import BACKENDS, IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vit.model import ViTConfig
 from vit.sources.families import import_clip
 from vit.sources.files import SourceError, _one_line

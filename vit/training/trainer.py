@@ -8,6 +8,7 @@ every rank trains on its shard of each global batch and only rank 0 writes.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -43,6 +44,7 @@ from vit.core.runfiles import (
     now_iso,
     parse_json,
     read_text_bounded,
+    resume_hint,
     write_json,
     write_metrics,
 )
@@ -816,8 +818,13 @@ class Trainer:
 
     def _save_model(self, path: Path, val_acc: float | None, training_state: dict | None = None) -> None:
         model = self.ema.module if self.ema is not None else self.model
-        save_checkpoint(path, model, self.data.class_names, self.preprocessing,
-                        metadata=self._metadata(val_acc), training_state=training_state)
+        try:
+            save_checkpoint(path, model, self.data.class_names, self.preprocessing,
+                            metadata=self._metadata(val_acc), training_state=training_state)
+        except OSError as e:  # a full disk: the message says where the run goes on from
+            if e.errno != errno.ENOSPC:
+                raise
+            raise OSError(e.errno, f"{e.strerror}{resume_hint(path)}") from e
 
     def _last_due(self) -> bool:
         """Whether an epoch end writes last.pt: the run's last epoch, this session's first, and
