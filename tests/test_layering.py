@@ -1,14 +1,15 @@
 """The folder layout of ``vit/`` is its architecture: each room imports only what sits below it.
 
-``costs`` (the cost model) <- ``model`` <- ``core`` (images, clips, inference, the runs folder's files, small
-helpers; with ``vit.checkpoint`` and ``vit.registry``, which stay at the root because users and plugins import them
-there) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``. The package root is the
-commands' room: the modules ``python -m vit.…`` runs (a command must stand there to keep its ``python -m`` name),
-which may use every room but ``app``. Only the pages and the notebook API use ``app``, the API only to draw as the
-explorer draws (its computations are the engine's). The notebook API is ``vit/__init__.py`` (its names load
-``vit.api`` when first used, so ``import vit`` imports no wing) and the ``vit/api/`` package (its ``__init__`` names
-what its modules hold, one module by concern); nothing in ``vit/`` imports it but a command that draws any map
-``vit.methods()`` lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
+``costs`` (the cost model) <- ``model`` <- ``core`` (images, clips, inference, the runs folder's files, small helpers;
+with ``vit.checkpoint`` and ``vit.registry``, which stay at the root because users and plugins import them there, and
+import nothing of ``vit/core/``, which reads them) <- ``sources``, ``explain`` <- ``training`` <- ``features``,
+``runs`` <- ``app``. The package root is the commands' room: the modules ``python -m vit.…`` runs (a command must
+stand there to keep its ``python -m`` name), which may use every room but ``app``. Only the pages and the notebook API
+use ``app``, the API only to draw as the explorer draws (its computations are the engine's). The notebook API is
+``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit`` imports no wing) and the
+``vit/api/`` package (its ``__init__`` names what its modules hold, one module by concern); nothing in ``vit/``
+imports it but a command that draws any map ``vit.methods()`` lists through ``vit.explain``, the one place that
+dispatches every method (``vit.faithfulness``).
 """
 
 import ast
@@ -137,6 +138,38 @@ def circles(places: tuple[tuple[Path, str], ...] = HOUSE) -> list[list[str]]:
 
 def test_no_modules_import_one_another_round_a_circle():
     assert circles() == []
+
+
+def back_up(root: Path = VIT) -> list[str]:
+    """``"module:line imports name"`` for each import that runs back up inside the house though every layer allows it:
+    a name of the package root that is no module (``from vit import __version__``: the root's names load the
+    notebook API, above everything), and an import of ``vit/core/`` by a core module kept at the root (the core's
+    images and inference read ``vit.checkpoint``, so it stands below them)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        name = module_name(path, root)
+        for line, imported in vit_imports(path):
+            parts = imported.split(".")
+            root_name = (len(parts) == 2 and name != "vit" and not (root / parts[1]).is_dir()
+                         and not (root / f"{parts[1]}.py").is_file())
+            core_below = name.removeprefix("vit.") in ROOT_CORE and imported.startswith("vit.core.")
+            if root_name or core_below:
+                found.append(f"{name}:{line} imports {imported}")
+    return found
+
+
+def test_no_import_runs_back_up_to_the_package_root_or_from_the_checkpoint_format_to_the_core():
+    assert back_up() == []
+
+
+def test_the_back_up_check_catches_a_root_name_and_the_checkpoint_format_reading_the_core(tmp_path):
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "cli.py").write_text("def f():\n    from vit import __version__\n")
+    (tmp_path / "core" / "images.py").write_text("from vit import checkpoint, registry\n")
+    (tmp_path / "checkpoint.py").write_text("from vit.core.images import BACKENDS\n")
+    (tmp_path / "registry.py").write_text("")
+    assert back_up(tmp_path) == ["vit.checkpoint:1 imports vit.core.images.BACKENDS",
+                                 "vit.core.cli:2 imports vit.__version__"]
 
 
 def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(tmp_path):
