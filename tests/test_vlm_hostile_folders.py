@@ -228,3 +228,10 @@ def test_a_question_asked_again_renders_no_second_child_but_a_late_one_is_tried_
         with pytest.raises(ChatTemplateError, match=r"ran past 0.001 s"):
             chat_template.render(vlm.processor, late)
     assert len(children) == 3
+
+
+def test_qwens_most_pixels_past_its_published_bound_are_refused(base, tmp_path, nothing_built):
+    folder = hostile(base, tmp_path, "qwen2_5_vl", "processor_config.json",
+                     lambda c: c["image_processor"].update(max_pixels=2**26, size={"shortest_edge": 3136,
+                                                                                   "longest_edge": 2**26}))
+    refused(folder, r"resizes an image to up to 67,108,864 pixels \(max_pixels\), 85,598 image tokens; at most 16,384")

@@ -22,6 +22,7 @@ from vit.sources.files import MAX_JSON_BYTES, read_json
 MAX_TEXT_LAYERS = 256  # the largest published language models have 126 (Llama 3.1 405B); VLMs' 80 at most
 MAX_TILES = 64  # tiles or crops of one image: InternVL's max_patches is 12 (40 at most), OneVision's canvas 6 x 6
 MAX_IMAGE_TOKENS = 4096  # tokens of one view: PaliGemma at 896 px has 4,096, LLaVA at 336 px 576, InternVL 256
+MAX_MERGED_TOKENS = 16_384  # Qwen2.5-VL's max_pixels (12,845,056) and Qwen3-VL's are 16,384 merge units
 MAX_PINPOINTS = 256  # LLaVA-NeXT's canvases (5 for 1.6, 36 for OneVision)
 # The folder's files transformers reads besides the weights and the tokenizer: each a few kB in published models
 SMALL_FILES = ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
@@ -134,9 +135,9 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
                     return f"its {name} sets {path} {pinpoints}"
         if name == "config.json":
             continue
-        smallest = _smallest_image_problem(settings)
-        if smallest:
-            return f"its {name} {smallest}"
+        resize = _resize_problem(settings)
+        if resize:
+            return f"its {name} {resize}"
         for path, key, value in _walk(settings):
             tower_key = dict(SAME_AS_TOWER).get(key)
             if tower_key and _number(value) and _number(vision.get(tower_key)) and value != vision[tower_key]:
@@ -145,11 +146,13 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
     return None
 
 
-def _smallest_image_problem(settings: Mapping) -> str | None:
-    """Qwen-VL's processors resize every image to at least ``min_pixels`` (transformers 5 saves it as
-    ``size.shortest_edge``): more than ``MAX_IMAGE_TOKENS`` merge units of it would grow any image, the smallest
-    too, past what a view may have before anything counts it (2^26 pixels took 1.5 GB for a 90 x 70 image)."""
-    processors = [settings, *(v for v in settings.values() if isinstance(v, Mapping))]
+def _resize_problem(settings: Mapping) -> str | None:
+    """Qwen-VL's processors resize every image to between ``min_pixels`` and ``max_pixels`` (transformers 5 saves
+    them as ``size.shortest_edge`` and ``size.longest_edge``): more than ``MAX_IMAGE_TOKENS`` merge units at least
+    would grow any image, the smallest too, before anything counts it (2^26 pixels took 1.5 GB for a 90 x 70
+    image); more than ``MAX_MERGED_TOKENS`` at most would let an upload of 40 M pixels through the processor whole."""
+    # the image processor's (a video processor's bounds are over every frame: Qwen3-VL's longest_edge is 24,576 units)
+    processors = [settings, *(v for k, v in settings.items() if isinstance(v, Mapping) and "video" not in k)]
     for processor in processors:
         patch, merge = processor.get("patch_size"), processor.get("merge_size")
         if not (_number(patch) and _number(merge)):
@@ -160,6 +163,10 @@ def _smallest_image_problem(settings: Mapping) -> str | None:
             if _number(least) and least > MAX_IMAGE_TOKENS * unit:
                 return (f"resizes every image to at least {least:,} pixels (min_pixels), "
                         f"{least / unit:,.0f} image tokens; at most {MAX_IMAGE_TOKENS:,} a view are read")
+        for most in (processor.get("max_pixels"), size.get("longest_edge")):
+            if _number(most) and most > MAX_MERGED_TOKENS * unit:
+                return (f"resizes an image to up to {most:,} pixels (max_pixels), {most / unit:,.0f} image tokens; "
+                        f"at most {MAX_MERGED_TOKENS:,} (Qwen2.5-VL's and Qwen3-VL's own)")
     return None
 
 
