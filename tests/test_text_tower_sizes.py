@@ -121,3 +121,26 @@ def test_the_tokenizer_is_read_once_per_model_not_each_time_a_tower_opens(tmp_pa
         first, second = open_text_tower(checkpoint), open_text_tower(checkpoint)
     assert read.call_count == 1
     torch.testing.assert_close(first.encode(["a dog"]), second.encode(["a dog"]))
+
+
+@pytest.mark.parametrize("library", ["hf", "open_clip"])
+def test_a_text_config_of_a_million_layers_is_refused_before_even_its_meta_model_is_built(tmp_path, library):
+    """Building a layer on the meta device takes ~3.5 ms (a million: ~1 hour of a core, extrapolated from 5,000;
+    issue 95): the layers are counted in the config first."""
+    if library == "hf":
+        folder, cls, name = hf_clip_folder(tmp_path), transformers.CLIPModel, "config.json"
+        checkpoint = open_source(folder)
+        config = json.loads((folder / name).read_text())
+        config["text_config"]["num_hidden_layers"] = 10**6
+    else:
+        _, folder = save_open_clip(tmp_path / "clip")
+        cls, name = open_clip.model.CLIP, "open_clip_config.json"
+        checkpoint = open_source(folder)
+        config = json.loads((folder / name).read_text())
+        config["model_cfg"]["text_cfg"]["layers"] = 10**6
+    (folder / name).write_text(json.dumps(config))
+    never = mock.patch.object(cls, "__init__", side_effect=AssertionError("built before its layers were counted"))
+    refused = pytest.raises(TextTowerError, match=r"declares 1,00\d,\d{3} layers in all, more than any model")
+    with never, refused as error:
+        open_text_tower(checkpoint)
+    assert "\n" not in str(error.value)

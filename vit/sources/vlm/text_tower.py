@@ -131,6 +131,19 @@ def _tokenize_each(tokenize: Callable[[str], object], texts: Sequence[str], betw
     return out
 
 
+def check_declared_layers(config: Mapping, origin: str) -> None:
+    """TextTowerError (one line) when a config (config.json, open_clip's ``model_cfg``) declares more layers in all
+    than any model this program opens (``hub.MAX_CONFIG_LAYERS``): even on the meta device, building a declared
+    model takes ~3.5 ms a layer (CLIP's text model, measured over 5,000: a million would hold a core ~1 hour), so
+    they are counted first (issue 95)."""
+    from vit.sources.hub import MAX_CONFIG_LAYERS, _layer_count
+
+    layers = _layer_count(config)
+    if layers > MAX_CONFIG_LAYERS:
+        raise TextTowerError(f"{origin} declares {layers:,} layers in all, more than any model this program opens "
+                             f"({MAX_CONFIG_LAYERS:,}); its config is not that of a published model")
+
+
 def check_declared_model(skeleton: torch.nn.Module, state: Mapping[str, Tensor], vision_prefix: str,
                          origin: str) -> None:
     """Refuse a model before any memory is allocated for it: ``skeleton`` is the model its config declares, built on
@@ -213,6 +226,9 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
         raise TextTowerError(f"{folder} has no {' or '.join(HF_WEIGHTS)}")
     model_class = getattr(transformers, class_name)
     with _offline(), _quiet_transformers():
+        from vit.sources.files import read_json
+
+        check_declared_layers(read_json(folder / "config.json"), str(folder / "config.json"))
         try:  # the declared model on the meta device, compared with the file before from_pretrained allocates it
             config = model_class.config_class.from_pretrained(str(folder), local_files_only=True)
             with torch.device("meta"):
@@ -272,6 +288,7 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
                 raise TextTowerError(f"{weights}: its text tower is a Hugging Face model open_clip would download "
                                      "(hf_model_name); only open_clip's own text transformer is supported")
             cfg = {k: v for k, v in model_cfg.items() if k != "custom_text"}
+            check_declared_layers(cfg, str(config_path))
             try:  # the declared model on the meta device first: its size is checked before it is allocated
                 with torch.device("meta"):
                     skeleton = open_clip.model.CLIP(**cfg)
