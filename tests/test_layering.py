@@ -9,7 +9,7 @@ use ``app``, the API only to draw as the explorer draws (its computations are th
 ``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit`` imports no wing) and the
 ``vit/api/`` package (its ``__init__`` names what its modules hold, one module by concern); nothing in ``vit/``
 imports it but a command that draws any map ``vit.methods()`` lists through ``vit.explain``, the one place that
-dispatches every method (``vit.faithfulness``).
+dispatches every method (``vit.faithfulness``), and ``vit.predict``'s SAM prompts (``vit.segment``).
 """
 
 import ast
