@@ -156,7 +156,15 @@ def test_a_generation_config_that_generates_otherwise_than_counted_is_refused(ba
 def test_a_huge_generation_config_is_refused_unread(base, tmp_path, nothing_built):
     folder = hostile(base, tmp_path, "llava", "generation_config.json",
                      lambda c: c.update(bad_words_ids=[[7]] * 2_000_000))
-    refused(folder, r"its generation_config.json is \d+ MB, over the 4 MB such a file may have")
+    refused(folder, r"its generation_config.json is \d+ MB, over the 4 MB such a file may have \(a few kB\)$")
+
+
+def test_a_huge_tokenizer_is_refused_unread(base, tmp_path, nothing_built):
+    folder = tmp_path / "hostile_tokenizer"
+    shutil.copytree(base["llava"], folder)
+    with open(folder / "tokenizer.json", "r+b") as f:
+        f.truncate(41 * 2**20)  # sparse: its size alone is read
+    refused(str(folder), r"its tokenizer.json is 41 MB, over the 40 MB such a file may have \(Gemma 3's is 33 MB\)$")
 
 
 # --- the chat template -------------------------------------------------------------------------------------------

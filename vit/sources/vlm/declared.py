@@ -52,11 +52,17 @@ def problem(folder: Path, config_json: Mapping) -> str | None:
 
 
 def _files_problem(folder: Path) -> str | None:
-    for name in SMALL_FILES:
+    """The small files over ``MAX_JSON_BYTES``, the tokenizer's over ``text_tower.MAX_TOKENIZER_BYTES`` (a 60 MB
+    tokenizer.json took 28 s and 2 GB to read)."""
+    from vit.sources.vlm.text_tower import MAX_TOKENIZER_BYTES, TOKENIZER_FILES
+
+    tokenizer = {name for names in TOKENIZER_FILES for name in names}
+    for name, most, usual in [*((name, MAX_JSON_BYTES, "a few kB") for name in SMALL_FILES),
+                              *((name, MAX_TOKENIZER_BYTES, "Gemma 3's is 33 MB") for name in sorted(tokenizer))]:
         path = folder / name
-        if path.is_file() and path.stat().st_size > MAX_JSON_BYTES:
-            return (f"its {name} is {path.stat().st_size / 2**20:,.0f} MB, over the {MAX_JSON_BYTES // 2**20} MB "
-                    "such a file may have (a published model's is a few kB)")
+        if path.is_file() and path.stat().st_size > most:
+            return (f"its {name} is {path.stat().st_size / 2**20:,.0f} MB, over the {most // 2**20} MB such a file "
+                    f"may have ({usual})")
     return None
 
 
