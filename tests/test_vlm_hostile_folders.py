@@ -243,3 +243,16 @@ def test_qwens_most_pixels_past_its_published_bound_are_refused(base, tmp_path, 
                      lambda c: c["image_processor"].update(max_pixels=2**26, size={"shortest_edge": 3136,
                                                                                    "longest_edge": 2**26}))
     refused(folder, r"resizes an image to up to 67,108,864 pixels \(max_pixels\), 85,598 image tokens; at most 16,384")
+
+
+@pytest.mark.parametrize(("file", "edit", "message"), [
+    ("processor_config.json", lambda c: c["image_processor"].update(image_grid_pinpoints=[[float("inf"), 32]]),
+     r"its processor_config.json sets image_processor.image_grid_pinpoints = inf, which is no size"),
+    ("config.json", lambda c: c["text_config"].update(num_hidden_layers=float("nan")),
+     r"its config.json sets text_config.num_hidden_layers = nan, which is no size"),
+    ("generation_config.json", lambda c: c.update(max_length=float("inf")), r"sets max_length = inf"),
+])
+def test_a_size_that_is_no_number_is_refused_in_one_line(base, tmp_path, nothing_built, file, edit, message):
+    """JSON as Python reads it allows NaN and infinities, which no size is (``math.ceil(inf)`` raised)."""
+    refused(hostile(base, tmp_path, "llava_next", file, edit), message)
+

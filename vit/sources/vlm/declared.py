@@ -66,19 +66,32 @@ def _files_problem(folder: Path) -> str | None:
     return None
 
 
-def _walk(value: object, where: str = "") -> Iterator[tuple[str, str, object]]:
-    """Every ``(path, key, value)`` of a JSON object and the objects inside it (sub-configs, processors)."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            yield f"{where}{key}", str(key), item
-            yield from _walk(item, f"{where}{key}.")
-    elif isinstance(value, list):
-        for item in value:
-            yield from _walk(item, where)
+def _walk(value: object) -> Iterator[tuple[str, str, object]]:
+    """Every ``(path, key, value)`` of a JSON object and the objects inside it (sub-configs, processors), without
+    recursion (a file of 4 MB may nest deeper than Python's stack)."""
+    stack = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, inner in item.items():
+                yield f"{where}{key}", str(key), inner
+                stack.append((f"{where}{key}.", inner))
+        elif isinstance(item, list):  # its items under the list's path, with no key of their own
+            for inner in item:
+                yield where.rstrip("."), "", inner
+                stack.append((where, inner))
 
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite_problem(settings: Mapping, name: str) -> str | None:
+    """A NaN or an infinity (JSON as Python reads it allows both) where a size may be: no size is either."""
+    for path, _, value in _walk(settings):
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"its {name} sets {path} = {value}, which is no size; give a finite number"
+    return None
 
 
 def _flags_problem(config: Mapping, name: str) -> str | None:
@@ -94,7 +107,7 @@ def _generation_problem(folder: Path) -> str | None:
     if not path.is_file():
         return None
     config = read_json(path)
-    flags = _flags_problem(config, "generation_config.json")
+    flags = _finite_problem(config, "generation_config.json") or _flags_problem(config, "generation_config.json")
     if flags:
         return flags
     if _number(config.get("num_return_sequences")) and config["num_return_sequences"] != 1:
@@ -128,6 +141,9 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
     side = vision.get("image_size")
     side = side[0] if isinstance(side, list) and side else side
     for name, settings in {**_processor_settings(folder), "config.json": config_json}.items():
+        finite = _finite_problem(settings, name)
+        if finite:
+            return finite
         for path, key, value in _walk(settings):
             if key in TILE_KEYS and _number(value) and not 0 <= value <= MAX_TILES:
                 return (f"its {name} sets {path} = {value:,}: an image cut into that many tiles; at most "
@@ -161,8 +177,8 @@ def _resize_problem(settings: Mapping) -> str | None:
     processors = [settings, *(v for k, v in settings.items() if isinstance(v, Mapping) and "video" not in k)]
     for processor in processors:
         patch, merge = processor.get("patch_size"), processor.get("merge_size")
-        if not (_number(patch) and _number(merge)):
-            continue
+        if not (_number(patch) and _number(merge) and patch >= 1 and merge >= 1):
+            continue  # no Qwen-VL processor (a wrong patch size is the tower's check's)
         size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
         unit = int(patch * merge) ** 2
         for least in (processor.get("min_pixels"), size.get("shortest_edge")):
