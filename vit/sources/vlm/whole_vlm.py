@@ -115,7 +115,8 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     """The whole VLM in ``source`` (its folder, or ``vit.load``'s checkpoint of its tower): transformers' model
     class for its architecture from the folder's weights and its processor, offline and without remote code.
     ``pan_and_scan``: Gemma 3's processor cuts a long image into crops beside the whole (``_pan_and_scan``). VLMError
-    (one line) for a folder that is not one of ``ARCHITECTURES`` or lacks a file."""
+    (one line) for a folder that is not one of ``ARCHITECTURES``, lacks a file, or declares a size past
+    ``vit.sources.vlm.declared``'s bounds (counted before anything of it is built)."""
     if isinstance(source, VLM):
         if pan_and_scan:
             _pan_and_scan(source)
