@@ -22,8 +22,8 @@ transformers = pytest.importorskip("transformers")
 from test_vlm_answer import QUESTION, picture, saved_whole  # noqa: E402
 
 import vit  # noqa: E402
-from vit.sources.vlm import chat_template  # noqa: E402
-from vit.sources.vlm.chat_template import ChatTemplateError  # noqa: E402
+from vit.explain.language import chat_template  # noqa: E402
+from vit.explain.language.chat_template import ChatTemplateError  # noqa: E402
 from vit.sources.vlm.whole_vlm import VLMError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds

@@ -380,7 +380,7 @@ def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | N
         if not getattr(processor, "chat_template", None):
             raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
                              f"placeholder instead")
-        from vit.sources.vlm.chat_template import render
+        from vit.explain.language.chat_template import render
 
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
         text = render(processor, messages)  # the folder's own code: rendered under a time and size bound

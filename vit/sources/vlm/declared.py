@@ -8,7 +8,7 @@ InternVL's ``max_patches`` of 10^6 starts a loop of 10^12 steps in its processor
 reads the folder's small files (config.json, its processor's and generation config) and the weights files' headers,
 nothing else, and says in one line what is wrong; ``vit.sources.vlm.whole_vlm.open_whole_vlm`` asks it before the
 tower, the processor or the model is built. The chat template is bounded where it is rendered
-(``vit.sources.vlm.chat_template``).
+(``vit.explain.language.chat_template``).
 """
 
 from __future__ import annotations
