@@ -289,3 +289,21 @@ def test_an_attributions_settings_are_in_the_sidebar_the_map_the_caption_and_the
     assert given and given[-1] == ("integrated_gradients", {"n_steps": 7, "baselines": 0.25})
     assert next(w for w in linked.sidebar.number_input if w.label == "Steps").value == 7
     assert overlay_caption(linked) == caption
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_linked_occlusion_whose_strides_pass_its_window_is_one_line_not_captums_assertion():
+    """Issue 95, item 6: captum asserts a stride is at most its window; a link asking for more showed Streamlit's
+    error box (a traceback). The page says in one line what to choose instead."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_app import APP, TIMEOUT
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["map"] = "occlusion"
+    at.query_params["attr"] = "sliding_window_shapes=2,strides=8"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    [error] = [e.value for e in at.error]
+    assert "strides 8 px are larger than its 2x2 px window" in error and "choose strides of at most 2 px" in error
+    assert "\n" not in error

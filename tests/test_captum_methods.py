@@ -322,6 +322,22 @@ def test_an_attribution_over_its_limits_is_refused_before_the_work(tmp_path, mon
     assert not ran
 
 
+def test_occlusion_strides_past_its_window_are_refused_in_one_line_before_captums_assertion(tmp_path, monkeypatch):
+    """captum asserts that a stride is at most the window wherever the window does not cover the input (issue 95,
+    item 6: its AssertionError reached the page as a traceback): refused before the work, saying what to choose."""
+    checkpoint, _ = hf_vit(tmp_path / "vit")
+    ran = []
+    monkeypatch.setattr(captum_maps, "attribution", lambda *a, **k: ran.append(1))
+    with pytest.raises(ValueError, match=r"^occlusion's strides 12 px are larger than its 4x4 px window, so the pixels "
+                                         r"between two windows would never be occluded; choose strides of at most 4 "
+                                         r"px") as refused:
+        vit.explain(checkpoint, image(), "occlusion", target=TARGET, sliding_window_shapes=4, strides=12)
+    assert "\n" not in str(refused.value) and not ran
+    monkeypatch.undo()
+    whole = vit.explain(checkpoint, image(), "occlusion", target=TARGET, sliding_window_shapes=32, strides=40)
+    assert whole.map.shape == (4, 4)  # a window as large as the input: one position, any stride (captum's too)
+
+
 def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsewhere(tmp_path):
     checkpoint, forward = hf_vit(tmp_path / "vit")
     x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)

@@ -174,12 +174,18 @@ def parse_options(text: str) -> tuple[tuple[str, float | int], ...]:
 def _window(options: Options, patch: tuple[int, int], shape: tuple[int, int]) -> tuple[tuple[int, int],
                                                                                        tuple[int, int]]:
     """Occlusion's window and strides in pixels ``((h, w), (h, w))``: one patch by default; ValueError for a window
-    larger than the input."""
+    larger than the input, or strides past a window that does not cover the input (captum's assertion: the pixels
+    between two windows would never be occluded)."""
     window = patch if options.sliding_window_shapes is None else (options.sliding_window_shapes,) * 2
     strides = window if options.strides is None else (options.strides,) * 2
     if window[0] > shape[0] or window[1] > shape[1]:
         raise ValueError(f"occlusion's sliding_window_shapes {window[0]} px is larger than the {shape[1]}x{shape[0]} "
                          "px input; choose a smaller window")
+    if any(w < side and s > w for s, w, side in zip(strides, window, shape, strict=True)):
+        most = min(window)
+        raise ValueError(f"occlusion's strides {strides[0]} px are larger than its {window[1]}x{window[0]} px window, "
+                         f"so the pixels between two windows would never be occluded; choose strides of at most "
+                         f"{most} px (the default is the window's side) or a larger sliding_window_shapes")
     return window, strides
 
 
