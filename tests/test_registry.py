@@ -74,7 +74,9 @@ def test_every_registered_method_is_drawn_or_refused_in_one_line(checkpoint):
             assert str(e) and "\n" not in str(e), (method.name, str(e))
             assert method.name not in vit.methods(checkpoint)  # refused: not offered for this model
         else:
-            assert drawn.map.shape == (4, 4) and method.name in vit.methods(checkpoint), method.name
+            pixels = (16, 16)  # a pixel method's map: the 16-px input's pixels (issue 90, item 3)
+            assert drawn.map.shape == (pixels if method.pixels else (4, 4)), method.name
+            assert drawn.patch_sums().shape == (4, 4) and method.name in vit.methods(checkpoint), method.name
 
 
 def test_an_unknown_method_is_refused_naming_every_registered_map():

@@ -66,6 +66,7 @@ class Method:
     group: str
     class_specific: bool = False
     signed: bool = False  # negative values are evidence against the class: drawn on a diverging scale around 0
+    pixels: bool = False  # vit.explain's map is on the model's input pixels (H, W), not the patch grid
     own_pass: bool = False
     module: str = ""
     paper: str = ""
@@ -173,17 +174,19 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            test=_CAM_TEST, cost="gradient"),
     # The model-agnostic baselines (vit.explain.methods.captum_maps): captum's own attributions of the logits, and RISE.
     Method("integrated_gradients", "Integrated Gradients (class-specific, signed; captum)", ("class",),
-           _AGNOSTIC_APPLIES, "model-agnostic", class_specific=True, signed=True, own_pass=True,
+           _AGNOSTIC_APPLIES, "model-agnostic", class_specific=True, signed=True, pixels=True, own_pass=True,
            module="vit.explain.methods.captum_maps", paper="Sundararajan et al. 2017",
            code="captum's IntegratedGradients",
            test=_CAPTUM_TEST, cost="attribution"),
     Method("smoothgrad", "SmoothGrad (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
-           "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.methods.captum_maps",
-           paper="Smilkov et al. 2017", code="captum's NoiseTunnel(Saliency), nt_type='smoothgrad'",
+           "model-agnostic", class_specific=True, signed=True, pixels=True, own_pass=True,
+           module="vit.explain.methods.captum_maps", paper="Smilkov et al. 2017",
+           code="captum's NoiseTunnel(Saliency), nt_type='smoothgrad'",
            test=_CAPTUM_TEST, cost="attribution"),
     Method("input_x_gradient", "Input x Gradient (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
-           "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.methods.captum_maps",
-           paper="Shrikumar et al. 2016", code="captum's InputXGradient", test=_CAPTUM_TEST,
+           "model-agnostic", class_specific=True, signed=True, pixels=True, own_pass=True,
+           module="vit.explain.methods.captum_maps", paper="Shrikumar et al. 2016",
+           code="captum's InputXGradient", test=_CAPTUM_TEST,
            cost="attribution"),
     Method("occlusion", "Occlusion of patches (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
            "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.methods.captum_maps",

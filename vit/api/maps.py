@@ -41,11 +41,12 @@ _READS = {"query": "query", "layer": "layer", "end_layer": "layer", "start_layer
 
 @dataclass
 class Explanation:
-    """One map of one image: ``map`` is the ``(rows, cols)`` patch grid, drawn over ``seen`` (exactly the pixels
-    the model saw: a centre crop for preprocessing that crops)."""
+    """One map of one image: ``map`` is the ``(rows, cols)`` patch grid (a pixel method's, ``pixels``: the model's
+    ``(H, W)`` input pixels), drawn over ``seen`` (exactly the pixels the model saw: a centre crop for preprocessing
+    that crops)."""
 
     method: str
-    map: np.ndarray  # (gh, gw) float32
+    map: np.ndarray  # (gh, gw) float32; (H, W) where ``pixels``
     image: Image.Image  # the image as given
     seen: Image.Image  # the part of it the model saw, at the image's own resolution
     input_box: tuple[float, float, float, float]  # (x0, y0, x1, y1) of ``seen`` in ``image``
@@ -61,6 +62,17 @@ class Explanation:
     # A model with stages (Swin, Hiera): ``map`` and ``grid`` are the layer's own grid, coarser than the image's patch
     # grid ``patch_grid``, over which each cell covers its 2**stage patches (the padding's part outside the image).
     patch_grid: tuple[int, int] | None = None
+    # A pixel method's map (registry.Method.pixels: captum's Integrated Gradients, SmoothGrad, Input x Gradient) on the
+    # model's input pixels, not summed over each patch: drawn at pixel resolution over ``seen``.
+    pixels: bool = False
+
+    def patch_sums(self) -> np.ndarray:
+        """``map`` on the patch grid ``(rows, cols)``: a pixel map summed over each patch's pixels (the patches tile
+        the model's input exactly), any other map as it is."""
+        if not self.pixels:
+            return self.map
+        (gh, gw), (H, W) = self.grid, self.map.shape
+        return self.map.reshape(gh, H // gh, gw, W // gw).sum(axis=(1, 3), dtype=np.float64).astype(np.float32)
 
     def overlay(self, alpha: float = 0.6, colormap: str = "inferno", scale: int | None = None) -> Image.Image:
         """The map blended over the pixels the model saw, at the image's own resolution times ``scale``; signed maps
@@ -102,7 +114,7 @@ class Explanation:
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
         method = registry.find_method(self.method)  # a typed label's map: its description is its title
         view = View(title=self.description if method is None or method.group == "words" else method.title,
-                    seen=self.seen, map2d=self.map,
+                    seen=self.seen, map2d=self.map, grid=self.grid if self.pixels else None,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
@@ -113,9 +125,12 @@ class Explanation:
     def save(self, path: str | os.PathLike) -> Path:
         """``.png``: the overlay (``overlay()``); ``.npz``: ``map`` (rows, cols), ``method``, ``query``,
         ``input_box`` (x0, y0, x1, y1: the seen pixels in the image's), and where there are some ``heads``
-        (H, rows, cols) with ``heads_layer``, ``target`` (the explained class or label) and ``patch_grid``."""
-        arrays = {"map": self.map, "method": np.str_(self.method), "query": np.int64(self.query),
+        (H, rows, cols) with ``heads_layer``, ``target`` (the explained class or label), ``patch_grid`` and, for a
+        pixel method, ``pixel_map`` (H, W): ``map`` then holds its patch sums (``patch_sums()``)."""
+        arrays = {"map": self.patch_sums(), "method": np.str_(self.method), "query": np.int64(self.query),
                   "input_box": np.array(self.input_box, dtype=np.float64)}
+        if self.pixels:
+            arrays["pixel_map"] = self.map
         if self.heads is not None:
             arrays.update(heads=np.asarray(self.heads, dtype=np.float32), heads_layer=np.int64(self.heads_layer))
         if self.target is not None:
@@ -130,7 +145,8 @@ class Explanation:
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
             layer: int | None = None, head: int | None = None, query: int | None = None,
-            size: int | InputSize | None = None, max_tokens: int | None = None, **options: float | int) -> Explanation:
+            size: int | InputSize | None = None, max_tokens: int | None = None, patch_sums: bool = False,
+            **options: float | int) -> Explanation:
     """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image, a file, an array or a tensor: see the
     module docstring), as the explorer draws it.
 
@@ -146,6 +162,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     ``size``: the input side in pixels (default the model's own), rounded to whole patches. ``max_tokens``: the
     explorer's token gate in patches (default env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top),
     checked before any work; a larger input is refused with the work it would be.
+    A pixel method's map (``integrated_gradients``, ``smoothgrad``, ``input_x_gradient``: captum's attribution summed
+    over the colour channels, signed) is on the model's input pixels ``(H, W)``; ``patch_sums`` sums it over each
+    patch instead (the patch grid, as benchmarks read it; other maps are on the patch grid already).
     ``**options``: the parameters of captum's attributions and RISE, captum's names and defaults
     (``vit.explain.methods.captum_maps.Options``): ``integrated_gradients`` ``n_steps`` (50), ``baselines`` (0.0, in the
     model's input space); ``smoothgrad`` ``nt_samples`` (5), ``stdevs`` (1.0), ``seed``; ``occlusion``
@@ -165,12 +184,12 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
     return explain_image(checkpoint, image, method, target=target, layer=layer, head=head, query=query, size=size,
-                         max_tokens=max_tokens, **options)
+                         max_tokens=max_tokens, patch_sums=patch_sums, **options)
 
 
 def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, target: int | str | None = None,
                   layer: int | None = None, head: int | None = None, query: int | None = None,
-                  size: int | InputSize | None = None, max_tokens: int | None = None,
+                  size: int | InputSize | None = None, max_tokens: int | None = None, patch_sums: bool = False,
                   **options: float | int) -> Explanation:
     """``explain`` of an image model (every model but a video one): the method's map of one image."""
     chosen = registry.find_method(method)
@@ -178,6 +197,7 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
         raise ValueError(f"{method} maps a typed label: vit.ask(checkpoint, image, labels).explain(label, "
                          f"{method!r}) (it applies to {chosen.applies_to})")
     chosen = attention_maps.method_of(method)  # ValueError naming every map for an unknown one
+    pixels = chosen.pixels and chosen.plugin is None and not patch_sums  # a built-in's (captum_maps.PIXEL_METHODS)
     reads = {_READS[c] for c in chosen.reads if c in _READS}
     given = {"target": target, "layer": layer, "head": head, "query": query}
     unread = [name for name, value in given.items() if value is not None and name not in reads]
@@ -246,7 +266,7 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
         method_map = method_maps.model_method_map(checkpoint, image, method, class_index, settings.query,
                                                   settings.end_layer, settings.fusion, size,
                                                   start_layer=settings.start_layer, analysis=analysis,
-                                                  options=options)
+                                                  options=options, pixels=pixels)
     map2d = np.asarray(attention_maps.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid
@@ -258,9 +278,9 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
                        input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
-                       map_captions.describe_map(settings, analysis, checkpoint.class_names, options),
+                       map_captions.describe_map(settings, analysis, checkpoint.class_names, options, pixels),
                        attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
-                       {k: v for k, v in shown.items() if v is not None}, patch_grid)
+                       {k: v for k, v in shown.items() if v is not None}, patch_grid, pixels)
 
 
 def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head, query, size, max_tokens

@@ -51,7 +51,9 @@ class View:
     ``query`` outlined (none for a prefix token), the patch grid when ``show_grid``, the contour of ``mask (gh, gw)``;
     ``heads (H, gh, gw)`` the heads grid of layer ``heads_layer`` (from 0; None: unnamed) on colour ``scale``
     (``drawing.COLOUR_SCALES``), ``selected_head`` outlined, each head's ``mask_share`` contour, or None.
-    ``settings``: what the sidebar shows, its label -> its option (``share.describe``)."""
+    ``settings``: what the sidebar shows, its label -> its option (``share.describe``). ``grid``: the patch grid
+    ``(gh, gw)`` when ``map2d`` is a pixel method's ``(H, W)`` map on the model's input pixels (drawn at pixel
+    resolution; hovering a patch gives its sum); None when ``map2d`` is the patch grid."""
 
     title: str
     seen: Image.Image
@@ -75,6 +77,7 @@ class View:
     prediction: Prediction | None = None
     settings: Mapping[str, object] = field(default_factory=dict)
     prompts: PromptView | None = None  # a whole SAM's prompt, its masks and its decoder's attention
+    grid: tuple[int, int] | None = None
 
 
 def _png_uri(image: Image.Image) -> str:
@@ -133,14 +136,18 @@ def view_html(view: View) -> str:
     text is escaped, so a class name or a file name shows as written. The figures are the page's own (``drawing``):
     the image and the map at the page's size, the query's patch outlined, the heads grid with its head numbers."""
     shown, _, small = drawing.display_images(view.seen)
-    gh, gw = view.map2d.shape
+    hovered = view.map2d  # (gh, gw); a pixel map's patch sums
+    if view.grid is not None:
+        (gh, gw), (H, W) = view.grid, view.map2d.shape
+        hovered = view.map2d.reshape(gh, H // gh, gw, W // gw).sum(axis=(1, 3), dtype=np.float64)
+    gh, gw = hovered.shape
     outline = patch_of(view.query, view.num_prefix_tokens)
     drawn = drawing.overlay_image(shown, view.map2d, view.opacity, view.colormap, view.mode, view.show_grid, outline,
                                   view.vmin, view.vmax, view.mask)
     low, high = drawing.map_range(view.map2d, view.vmin, view.vmax)
     main = _hovering(drawing.patch_picker_figure(drawn.size, _png_uri(drawn), (gh, gw), view.query,
                                                  view.num_prefix_tokens, show_grid=False, fit_width=drawn.width),
-                     valued_points(view.map2d[None], drawn.size, 1, 0, [""]))
+                     valued_points(hovered[None], drawn.size, 1, 0, [""]))
     parts = [f"<h1>{html.escape(view.title)}</h1>", '<div class="row">',
              f'<figure><figcaption>Image</figcaption><img id="image" src="{_png_uri(shown)}" '
              f'width="{shown.width}" height="{shown.height}" alt="the image the model saw"></figure>',

@@ -143,7 +143,9 @@ def method_maps(checkpoint: Checkpoint, x: Tensor, pixels: Tensor, method: str, 
                                                          resize_mode="square"))
     found = registry.find_method(method)  # a built-in's or a plugin's
     reads_class = found is not None and "class" in found.reads
-    maps = [explain(straight, image, method, target=int(c) if reads_class else None).map
+    # a pixel method's map summed over each patch: the benchmarks read the patch grid
+    summed = {"patch_sums": True} if found is not None and found.pixels else {}
+    maps = [explain(straight, image, method, target=int(c) if reads_class else None, **summed).map
             for image, c in zip(pixels, class_index.tolist(), strict=True)]
     return torch.from_numpy(np.stack(maps)).to(x.device)
 

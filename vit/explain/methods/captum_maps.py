@@ -2,8 +2,10 @@
 and Input x Gradient, run by captum itself on the model's logits, and RISE (``vit.explain.methods.rise``).
 
 Each explains one class of one input ``x (1, C, H, W)`` (the model's normalised input). A pixel method's map
-(``integrated_gradients``, ``smoothgrad``, ``input_x_gradient``, ``rise``) is its attribution summed over the colour
-channels, then over each patch's pixels (``relevance.patch_sums``, as full LRP's), signed. A patch method's
+(``PIXEL_METHODS``: ``integrated_gradients``, ``smoothgrad``, ``input_x_gradient``) is captum's attribution summed
+over the colour channels, on the model's input pixels ``(H, W)``, signed; ``patch_map`` sums it over each patch's
+pixels (``relevance.patch_sums``, as full LRP's) for what reads the patch grid (benchmarks, the explorer's page).
+RISE's is summed per patch. A patch method's
 (``occlusion``, ``feature_ablation``, ``kernel_shap``) perturbs the patches: captum's ``feature_mask`` is the patch
 grid, ``(1, 1, H, W)`` of row-major patch indices broadcast over the channels, and captum gives every pixel of a
 patch the patch's value; its map is the mean over each patch's pixels and channels (that value; an occlusion
@@ -35,6 +37,7 @@ CAPTUM_METHODS = ("integrated_gradients", "smoothgrad", "occlusion", "feature_ab
 ATTRIBUTION_METHODS = CAPTUM_METHODS + ("rise",)
 PATCH_METHODS = ("occlusion", "feature_ablation", "kernel_shap")  # captum's perturbations of the patch grid
 GRADIENT_METHODS = ("integrated_gradients", "smoothgrad", "input_x_gradient")  # a backward per forward
+PIXEL_METHODS = GRADIENT_METHODS  # a map on the input's pixels (registry.Method.pixels), patch sums on request
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,12 @@ def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[i
     raise ValueError(f"unknown attribution {method!r}; choose one of: {', '.join(ATTRIBUTION_METHODS)}")
 
 
+def pixel_map(attributions: Tensor) -> Tensor:
+    """The ``(1, H, W)`` map of a pixel method's attribution ``(1, C, H, W)``: summed over the colour channels,
+    signed."""
+    return attributions.detach().sum(dim=1).float()  # (1, H, W)
+
+
 def patch_map(method: str, attributions: Tensor, grid: tuple[int, int]) -> Tensor:
     """The ``(1, gh, gw)`` map of an attribution ``(1, C, H, W)`` (RISE's ``(1, H, W)``): a pixel method's summed
     over the channels and each patch's pixels, a patch method's its mean there (the patch's own value)."""
@@ -300,8 +309,10 @@ def batches(count: int, batch: int) -> int:
 
 
 def attribution_map(checkpoint, image, method: str, class_index: int, size, options: Mapping[str, object] | None = None,
-                    progress=None, reporting: Callable[[int], AbstractContextManager] | None = None) -> Tensor:
-    """``model_method_map``'s map of ``method`` (``ATTRIBUTION_METHODS``) for one image: ``(1, gh, gw)``. Its options
+                    progress=None, reporting: Callable[[int], AbstractContextManager] | None = None,
+                    pixels: bool = False) -> Tensor:
+    """``model_method_map``'s map of ``method`` (``ATTRIBUTION_METHODS``) for one image: ``(1, gh, gw)``; with
+    ``pixels``, a ``PIXEL_METHODS`` one's ``(1, H, W)`` on the model's input pixels (``pixel_map``). Its options
     (``Options.of``), its forwards and its batch's memory (``vit.costs.plan.attribution``) are checked before any
     work. ``progress(done, total)`` reports RISE's masks; captum's methods report the blocks run inside
     ``reporting(total blocks)``, the caller's context (``method_maps.reported_blocks``, which imports this module)."""
@@ -336,14 +347,18 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     if method == "rise":
         return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch, progress), grid)
     with (reporting or (lambda total: contextlib.nullcontext()))(batches(count, batch) * len(model.blocks)):
-        return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch), grid)
+        attributions = attribution(forward, x, method, class_index, grid, chosen, batch)  # (1, C, H, W)
+    return pixel_map(attributions) if pixels else patch_map(method, attributions, grid)
 
 
 # The explorer's caption of each (vit.explain.views.map_captions): the method's name, what its map sums.
-def caption(method: str, options: Options | None = None) -> tuple[str, str]:
+def caption(method: str, options: Options | None = None, pixels: bool = False) -> tuple[str, str]:
     """``(title, what it shows)`` of an attribution map with ``options`` (default: captum's and the RISE authors'),
-    for the map's caption: the settings named are the ones it ran with."""
+    for the map's caption: the settings named are the ones it ran with. ``pixels``: a pixel method's map on the
+    input's pixels (``pixel_map``), not summed over each patch."""
     o = options or Options()
+    summed = "summed over the colour channels at each of the model's input pixels" if pixels else \
+        "summed over the colour channels and each patch's pixels"
     # Zeros in the normalised input are the preprocessing's mean colour, not black (issue 90: the caption said black).
     baseline = "a baseline of zeros in the model's normalised input (every pixel at the preprocessing's mean " \
         "colour)" if o.baselines == 0 else f"a baseline of {o.baselines:g} in the model's normalised input"
@@ -355,13 +370,13 @@ def caption(method: str, options: Options | None = None) -> tuple[str, str]:
     steps = f"{o.n_steps} step{'s' if o.n_steps != 1 else ''}"
     return {
         "integrated_gradients": ("Integrated Gradients", f"the gradient of the class score along the straight path "
-                                 f"from {baseline} to the image, times the input's difference, summed over the colour "
-                                 f"channels and each patch's pixels (Sundararajan et al., 2017; captum's, {steps})"),
+                                 f"from {baseline} to the image, times the input's difference, {summed} "
+                                 f"(Sundararajan et al., 2017; captum's, {steps})"),
         "smoothgrad": ("SmoothGrad", f"the gradient of the class score averaged over {o.nt_samples} noisy copies of "
-                       f"the input (noise of standard deviation {o.stdevs:g} in the model's input), summed over the "
-                       "colour channels and each patch's pixels (Smilkov et al., 2017; captum's NoiseTunnel)"),
-        "input_x_gradient": ("Input × Gradient", "the input times the gradient of the class score, summed over the "
-                             "colour channels and each patch's pixels (captum's InputXGradient)"),
+                       f"the input (noise of standard deviation {o.stdevs:g} in the model's input), {summed} "
+                       "(Smilkov et al., 2017; captum's NoiseTunnel)"),
+        "input_x_gradient": ("Input × Gradient", f"the input times the gradient of the class score, {summed} "
+                             "(captum's InputXGradient)"),
         "occlusion": ("Occlusion", f"how much the class score drops when {window}{stride} there is {set_to} "
                       "(Zeiler & Fergus, 2014; captum's Occlusion)"),
         "feature_ablation": ("Feature ablation", f"how much the class score drops when the patch is {set_to} "

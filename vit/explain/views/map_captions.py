@@ -37,9 +37,10 @@ def _query_phrase(query: int, analysis: Analysis) -> str:
 
 
 def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str],
-                 options: Mapping[str, object] | None = None) -> str:
+                 options: Mapping[str, object] | None = None, pixels: bool = False) -> str:
     """A caption that says what the drawn map means; ``options``: an attribution's (``captum_maps.Options``), which
-    its caption names (default: captum's and the RISE authors')."""
+    its caption names (default: captum's and the RISE authors'); ``pixels``: a pixel method's map on the input's
+    pixels, not summed per patch."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
     who = _query_phrase(s.query, analysis)
     if analysis.staged and s.kind in ("attention", "rollout"):
@@ -69,7 +70,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
                 "A few patches far brighter than the rest are the high-norm \"artifact\" tokens of Darcet et al. "
                 "(2023), which register tokens remove.")
     if is_method_map(s.kind):
-        return describe_method_map(settings, analysis, class_names, options)
+        return describe_method_map(settings, analysis, class_names, options, pixels)
     if s.kind == "probe":
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
         return (f"**Attention-pooling probe, {heads}**: this model has no CLS token; its embedding is what a learned "
@@ -155,8 +156,8 @@ CAM_CAPTIONS = {  # how each CAM weighs the channels (pytorch-grad-cam's get_cam
 
 
 def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str],
-                        options: Mapping[str, object] | None = None) -> str:
-    """The caption of a ``METHOD_MAP_KINDS`` map or a plugin's."""
+                        options: Mapping[str, object] | None = None, pixels: bool = False) -> str:
+    """The caption of a ``METHOD_MAP_KINDS`` map or a plugin's (``pixels``: a pixel method's on the input's pixels)."""
     s = settings
     who = _query_phrase(s.query, analysis)
     if s.kind not in METHOD_MAP_KINDS:  # a plugin's: its title and what it applies to, in its own words
@@ -192,7 +193,7 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
                 "averaged over heads and queries, summed (Bousselham et al., 2024).")
     # captum's and RISE (vit.explain.methods.captum_maps), with the options it ran with
     if s.kind in ATTRIBUTION_METHODS:
-        title, how = attribution_caption(s.kind, Options.of(s.kind, options))
+        title, how = attribution_caption(s.kind, Options.of(s.kind, options), pixels)
         return f"**{title} for “{name}”** ({which}): {how}."
     if s.kind in CAM_CAPTIONS:
         layer = s.end_layer % L + 1

@@ -100,10 +100,11 @@ def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
                      end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
                      progress: Progress | None = None, start_layer: int = -2, analysis: Analysis | None = None,
-                     hooks: Sequence[tuple[str, Callable]] = (), options: Mapping[str, object] | None = None
-                     ) -> np.ndarray:
+                     hooks: Sequence[tuple[str, Callable]] = (), options: Mapping[str, object] | None = None,
+                     pixels: bool = False) -> np.ndarray:
     """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind or a plugin's method for one image (seconds for
-    ``flow``; a plugin's: ``plugin_map``).
+    ``flow``; a plugin's: ``plugin_map``); with ``pixels``, a pixel method's (``captum_maps.PIXEL_METHODS``)
+    ``(H, W)`` map on the model's input pixels instead of its patch sums (refused for the others).
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
     relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS); ``start_layer``
@@ -117,15 +118,17 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     (``vit.explain.methods.captum_maps.Options``: captum's names, e.g. ``n_steps``); refused for other kinds.
     """
     from vit.explain.methods.attention_flow import MAX_FLOW_TOKENS, attention_flow
-    from vit.explain.methods.captum_maps import ATTRIBUTION_METHODS, attribution_map
+    from vit.explain.methods.captum_maps import ATTRIBUTION_METHODS, PIXEL_METHODS, attribution_map
     from vit.explain.methods.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
+    if pixels and kind not in PIXEL_METHODS:
+        raise ValueError(f"{kind}'s map is on the patch grid; the pixel maps are {', '.join(PIXEL_METHODS)}")
     if kind in ATTRIBUTION_METHODS:  # captum's and RISE: their options and costs checked there, before the work
         if hooks:
             raise ValueError(f"hooks are set on a CAM's one forward; {kind} runs others")
         shown = attribution_map(checkpoint, image, kind, class_index, size, options, progress,
-                                lambda total: reported_blocks(checkpoint.model, progress, total))
-        return shown[0].float().cpu().numpy()
+                                lambda total: reported_blocks(checkpoint.model, progress, total), pixels)
+        return shown[0].float().cpu().numpy()  # (gh, gw), or (H, W) with pixels
     if options:
         raise ValueError(f"{kind} takes no options; captum's attributions and RISE do")
     model = checkpoint.model
