@@ -140,6 +140,19 @@ def test_overlay_draws_grid_lines_at_patch_borders_and_outlines_the_chosen_patch
     assert (outlined[~border] == 0).all()
 
 
+def test_a_pixel_map_is_drawn_pixel_by_pixel_with_its_patch_grids_lines_and_outline():
+    # issue 90, item 3: a pixel method's (H, W) map on the model's input pixels, its patches 3 x 3 px on a 2 x 3 grid
+    image = Image.new("RGB", (9, 6), (0, 0, 0))
+    pixels = np.arange(54, dtype=np.float32).reshape(6, 9)
+    heat = np.asarray(overlay(image, pixels, opacity=1.0, colormap="gray", grid=(2, 3)))
+    np.testing.assert_array_equal(heat, colorize(pixels, "gray"))  # each pixel its own value, none a patch's
+    lined = np.asarray(overlay(image, pixels, opacity=0.0, show_grid=True, grid_color=(255, 0, 0), grid=(2, 3)))
+    assert (lined[:, 3] == [255, 0, 0]).all() and (lined[3] == [255, 0, 0]).all() and (lined[:3, 4] == 0).all()
+    outlined = np.asarray(overlay(image, pixels, opacity=0.0, outline_patch=5, outline_color=(0, 255, 0),
+                                  grid=(2, 3)))
+    assert (outlined[3:6, 6] == [0, 255, 0]).all() and (outlined[:3] == 0).all()  # patch 5: (6, 3, 9, 6)
+
+
 def test_overlay_rejects_opacity_out_of_range():
     with pytest.raises(ValueError, match="opacity"):
         overlay(Image.new("RGB", (4, 4)), np.zeros((2, 2)), opacity=1.5)

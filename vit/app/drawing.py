@@ -671,20 +671,21 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
 
 def overlay_image(image: Image.Image, map2d: np.ndarray, opacity: float, colormap: str, mode: str, show_grid: bool,
                   outline_patch: int | None, vmin: float | None = None, vmax: float | None = None,
-                  mask: np.ndarray | None = None) -> Image.Image:
+                  mask: np.ndarray | None = None, grid: tuple[int, int] | None = None) -> Image.Image:
     """The main map as the page draws it over ``image``: its patch grid, the query's patch outlined and the
-    attention-mass contour of ``mask`` (the page, its PNG download and the HTML export all draw this one)."""
+    attention-mass contour of ``mask`` (the page, its PNG download and the HTML export all draw this one).
+    ``grid``: the patch grid of a pixel method's ``(H, W)`` map (drawn at pixel resolution); default its shape."""
     drawn = overlay(image, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline_patch,
-                    vmin=vmin, vmax=vmax)
+                    vmin=vmin, vmax=vmax, grid=grid)
     return drawn if mask is None else draw_mask_contours(drawn, mask)
 
 
 def overlay_png(image: Image.Image, map2d: np.ndarray, opacity: float, colormap: str, mode: str, show_grid: bool,
                 outline_patch: int | None, vmin: float | None = None, vmax: float | None = None,
-                mask: np.ndarray | None = None) -> bytes:
+                mask: np.ndarray | None = None, grid: tuple[int, int] | None = None) -> bytes:
     """``overlay_image`` at the image's own resolution, as PNG (for the download)."""
     return to_png_bytes(overlay_image(image, map2d, opacity, colormap, mode, show_grid, outline_patch, vmin, vmax,
-                                      mask))
+                                      mask, grid))
 
 
 

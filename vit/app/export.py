@@ -143,7 +143,7 @@ def view_html(view: View) -> str:
     gh, gw = hovered.shape
     outline = patch_of(view.query, view.num_prefix_tokens)
     drawn = drawing.overlay_image(shown, view.map2d, view.opacity, view.colormap, view.mode, view.show_grid, outline,
-                                  view.vmin, view.vmax, view.mask)
+                                  view.vmin, view.vmax, view.mask, (gh, gw))
     low, high = drawing.map_range(view.map2d, view.vmin, view.vmax)
     main = _hovering(drawing.patch_picker_figure(drawn.size, _png_uri(drawn), (gh, gw), view.query,
                                                  view.num_prefix_tokens, show_grid=False, fit_width=drawn.width),

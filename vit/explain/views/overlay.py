@@ -124,19 +124,22 @@ def patch_box(patch: int, image_size: tuple[int, int], grid: tuple[int, int]) ->
 def overlay(image: Image.Image, map2d, opacity: float = 0.5, colormap: str = "inferno", mode: str = "bilinear",
             show_grid: bool = False, grid_color: tuple[int, int, int] = (255, 255, 255),
             outline_patch: int | None = None, outline_color: tuple[int, int, int] = (0, 255, 255),
-            vmin: float | None = None, vmax: float | None = None) -> Image.Image:
+            vmin: float | None = None, vmax: float | None = None, grid: tuple[int, int] | None = None
+            ) -> Image.Image:
     """Blend a coloured ``(gh, gw)`` map over ``image`` at the image's own size; RGB result.
 
     ``opacity`` 0 gives the image back, 1 the colour map alone. Colours span ``vmin`` to
     ``vmax`` (default the map's own min and max). ``show_grid`` draws the patch borders;
-    ``outline_patch`` (a row-major patch index, not a token index) outlines one patch.
+    ``outline_patch`` (a row-major patch index, not a token index) outlines one patch. ``grid``: the patch grid
+    when ``map2d`` is finer (a pixel method's ``(H, W)`` map on the model's input pixels, drawn at its own
+    resolution); default the map's shape.
     """
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
     values = _as_map(map2d)
     image = to_mode(image, 3)
     width, height = image.size
-    grid = values.shape
+    grid = values.shape if grid is None else tuple(grid)
     base = np.asarray(image, dtype=np.float32)  # (H, W, 3)
     heat = colorize(upsample(values, (height, width), mode), colormap, vmin, vmax).astype(np.float32)  # (H, W, 3)
     blended = np.clip(np.rint((1.0 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8)
