@@ -117,6 +117,9 @@ _CHEFER_CODE = "Transformer-Explainability's ViT_explanation_generator.py / ViT_
 _DENSE_APPLIES = "a CLIP (every token through its projection)"
 _AGNOSTIC_APPLIES = "classifiers of one patch grid (the model's logits; models with stages refused)"
 _CAPTUM_TEST = "tests/test_captum_methods.py::test_each_captum_method_equals_captums_own_call_on"
+# a pixel method's map on the input's pixels (Method.pixels), equal to captum's attribution summed over the channels
+_CAPTUM_PIXELS_TEST = ("tests/test_captum_methods.py::"
+                       "test_a_pixel_methods_map_is_captums_attribution_summed_over_the_channels_on_the_input_pixels")
 
 # The built-in methods, in the explorer's order (its map picker's, vit.methods()'s).
 BUILTIN_METHODS: tuple[Method, ...] = (
@@ -177,16 +180,16 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            _AGNOSTIC_APPLIES, "model-agnostic", class_specific=True, signed=True, pixels=True, own_pass=True,
            module="vit.explain.methods.captum_maps", paper="Sundararajan et al. 2017",
            code="captum's IntegratedGradients",
-           test=_CAPTUM_TEST, cost="attribution"),
+           test=_CAPTUM_PIXELS_TEST, cost="attribution"),
     Method("smoothgrad", "SmoothGrad (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
            "model-agnostic", class_specific=True, signed=True, pixels=True, own_pass=True,
            module="vit.explain.methods.captum_maps", paper="Smilkov et al. 2017",
            code="captum's NoiseTunnel(Saliency), nt_type='smoothgrad'",
-           test=_CAPTUM_TEST, cost="attribution"),
+           test=_CAPTUM_PIXELS_TEST, cost="attribution"),
     Method("input_x_gradient", "Input x Gradient (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
            "model-agnostic", class_specific=True, signed=True, pixels=True, own_pass=True,
            module="vit.explain.methods.captum_maps", paper="Shrikumar et al. 2016",
-           code="captum's InputXGradient", test=_CAPTUM_TEST,
+           code="captum's InputXGradient", test=_CAPTUM_PIXELS_TEST,
            cost="attribution"),
     Method("occlusion", "Occlusion of patches (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
            "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.methods.captum_maps",
