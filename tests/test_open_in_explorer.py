@@ -82,3 +82,23 @@ def test_the_train_page_says_which_weights_each_link_opens_and_offers_the_last(t
     at = follow_page_link(at, opens[1])
     assert not at.exception, [e.message for e in at.exception]
     assert at.session_state["explorer_last_checkpoint"] == str(run / "last.pt")
+
+
+def test_a_link_opened_in_a_new_tab_opens_the_model_it_names(world):
+    """Issue 90, item 7: a new tab is another session, which holds no hand-off; the link names the model as a shared
+    view's link does (the run's catalogue name), so the new tab opens that run, not the default model."""
+    from urllib.parse import parse_qsl
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("app_pages/training.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    [link] = [link for link in at.page_link if link.value == "Open in explorer (best weights)"]
+    params = dict(parse_qsl(link.proto.query_string))
+    assert params["model"] == "tiny-run"  # its name in the catalogue, not its path on the server
+    tab = AppTest.from_file(APP, default_timeout=TIMEOUT)  # a fresh session, as a new tab is
+    for name, value in params.items():
+        tab.query_params[name] = value
+    tab.switch_page("app_pages/explorer.py").run()
+    assert not tab.exception, [e.message for e in tab.exception]
+    assert tab.session_state["explorer_last_checkpoint"] == str(world / "best.pt")
+    assert not [w for w in tab.main.warning if "was not used" in w.value]

@@ -15,9 +15,10 @@ PICKER_KEY = "compare_with"
 NOTHING = ""  # the picker's first choice: a value, not None (a None selection shows "Choose an option")
 
 
-def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
+def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d, error: str | None = None) -> None:
     """The picker of a second checkpoint among ``entries`` (and the runs' epochs) but ``choice``, and, with one
-    picked, its map of ``view.settings`` beside ``map2d`` and their difference."""
+    picked, its map of ``view.settings`` beside ``map2d`` and their difference; ``error``: why this checkpoint's
+    map is not drawn (``MainMap.error``), said here in one line instead."""
     entry = entries[choice]
     image_key, size, image, settings, analysis = view.image_key, view.size, view.image, view.settings, view.analysis
     class_names, kind, fusion, L = view.class_names, settings.kind, settings.fusion, analysis.num_layers
@@ -37,6 +38,9 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
     if other != NOTHING:
         st.subheader("Compare")
         entry_b = compare_entries[other]
+        if error is not None:
+            st.warning(f"A cannot show this map: {error}")
+            return
         try:
             if not entry_b.ok:
                 raise CheckpointError(entry_b.error)

@@ -114,7 +114,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
         st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, "
                    f"{describe_size(image.width, image.height)}; " + drawing.describe_input(analysis, image.size, box))
     with col_overlay:
-        if main.error is not None:  # a word map the folder cannot give: why, in one line
+        if main.error is not None:  # a map the model cannot give (a word's, a bound's refusal): why, in one line
             st.error(main.error)
         else:
             low, high = drawing.map_range(map2d, vmin, vmax)
@@ -127,7 +127,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
             file_name=vlm_words.file_name(stem, *main.word_parts) if main.word_parts is not None
             else drawing.map_file_name(stem, settings, analysis, "overlay.png", class_names),
             data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
-                         mask),
+                         mask), disabled=main.error is not None,
             help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
                  f"sees: {describe_size(seen.width, seen.height)}.")
         # The model's attention weights whatever the map is: named so, beside a Grad-CAM's or a lens's overlay
@@ -152,7 +152,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
                     data=partial(attention_maps.attentions_npz, analysis, class_names, chosen_layers, precision),
                     help="layer_i: heads × tokens × tokens (token 0 is CLS) of layer i + 1 as counted here "
                          "(the file counts from 0), with logits and class names.")
-        if class_names and st.toggle("Deletion and insertion curves", key="faithfulness_curves",
+        if class_names and main.error is None and st.toggle("Deletion and insertion curves", key="faithfulness_curves",
                      help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "
                           "makes deletion fall and insertion rise fast."):

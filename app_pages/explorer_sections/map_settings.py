@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import streamlit as st
 from PIL import Image
 
@@ -11,7 +12,7 @@ from vit.app import drawing, share, vlm_words
 from vit.app import explorer_page as explorer
 from vit.checkpoint import Checkpoint
 from vit.core.inference import InputSize
-from vit.costs.bounds import TooManyTokens
+from vit.core.text import escape_markdown
 from vit.explain.methods import captum_maps
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.stage_maps import on_patch_grid
@@ -44,6 +45,14 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         choices = [k for k in kinds if k not in more]
         choices += [explorer.MORE_METHODS] if set(kinds) & set(more) else []
         choices += [vlm_words.CHOICE] if vlm_words.has_words(model) else []  # a VLM's tower: words typed below
+        methods = [k for k in more if k in kinds  # a Swin's: AttnLRP
+                   and (class_names or not attention_maps.is_class_map(k))]
+        if st.session_state.get("method_kind") not in (None, *methods):  # another model's (a class map, a feature
+            # model now): this model's default map, not the list's first method (a max-flow, slow or refused)
+            dropped = attention_maps.method_of(st.session_state.pop("method_kind")).title.split(" (")[0]
+            if st.session_state.get("map_kind") == explorer.MORE_METHODS:
+                st.session_state["map_kind"] = None
+                st.caption(f"{dropped} does not apply to this model: its default map is shown.")
         st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
             st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
             st.session_state.get("map_model") != model_key)
@@ -51,8 +60,6 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         kind = st.radio(share.LABELS["map"], choices, key="map_kind",
                         format_func=lambda k: attention_maps.MAP_KINDS.get(k) or LABELS_BY_CHOICE[k])
         if kind == explorer.MORE_METHODS:
-            methods = [k for k in more if k in kinds  # a Swin's: AttnLRP
-                       and (class_names or not attention_maps.is_class_map(k))]
             kind = st.selectbox("Method", methods, format_func=lambda k: attention_maps.method_of(k).title,
                                 key="method_kind",
                                 help="LeGrad, LRP, AttnLRP and the CAMs (but EigenCAM) explain a class; attention "
@@ -245,46 +252,21 @@ def choose_class(choice: MapChoice, prediction, class_names: list[str], model_ke
 
 def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,
              analysis: image_analysis.Analysis, choice: MapChoice) -> MainMap:
-    """The map the sidebar chose, computed (a class map or a method's, once per settings); stops the page with
-    the reason when the model cannot give it."""
+    """The map the sidebar chose, computed (a class map or a method's, once per settings); when the model cannot
+    give it, an empty map whose ``error`` says why in one line (the page goes on: the other sections do not depend
+    on the main map)."""
     settings, colormap, scale = choice.settings, choice.colormap, choice.scale
     if settings.kind in vlm_words.KINDS:
         from app_pages.explorer_sections import word_lens
 
         return word_lens.main_map(checkpoint, fingerprint, image, image_key, size, analysis, choice)
-    kind, query, fusion, layer, end_layer = (settings.kind, settings.query, settings.fusion, choice.layer,
-                                             settings.end_layer + 1)
-    relevance = None
-    if kind == "class":
-        try:
-            relevance = class_relevance(fingerprint, image_key, size, attention_maps.resolved_class(settings, analysis),
-                                        checkpoint, image, analysis.num_tokens)
-        except TooManyTokens as e:
-            st.error(str(e))
-            st.stop()
-    method_map2d = None
-    if attention_maps.is_method_map(kind):
-        try:
-            method_map2d = method_map(fingerprint, image_key, size, kind,
-                                      attention_maps.resolved_class(settings, analysis), query, end_layer - 1, fusion,
-                                      checkpoint, image, settings.start_layer, analysis, settings.options)
-        except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
-            st.error(str(e))
-            st.stop()
-    if kind in ("rollout", "probe_rollout") and not attention_maps.factors_fit(analysis):
-        try:
-            map2d = rollout_map(fingerprint, image_key, size, analysis, settings)
-        except ValueError as e:  # a query the new grid does not have, a model without a probe
-            st.error(str(e))
-            st.stop()
-    else:
-        try:
-            map2d = attention_maps.attention_map(analysis, settings, relevance, method_map2d)
-        except ValueError as e:  # a map a Swin does not draw, a head its layer does not have
-            st.error(str(e))
-            st.stop()
-    if analysis.staged:  # a Swin layer's map on its own grid: each cell over the image patches it covers
-        map2d = on_patch_grid(map2d, analysis.grid)
+    kind, query, layer = settings.kind, settings.query, choice.layer
+    try:
+        map2d = _map2d(checkpoint, fingerprint, image, image_key, size, analysis, choice)
+    except ValueError as e:  # over a bound (TooManyTokens), an option the model does not support, a map a Swin
+        # does not draw: said in one line where the map goes; the page goes on (a SAM's Prompts, the tabs below)
+        return MainMap(np.zeros(analysis.grid, np.float32), colormap, None, None, None,
+                       error=escape_markdown(" ".join(str(e).split())))
     map_colormap, vmin, vmax = map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
     signed = is_signed(kind)  # their symmetric range is kept whatever the colour scale
     if scale == "zero" and not signed:
@@ -293,3 +275,27 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
         vmin, vmax = drawing.colour_range(attention_maps.head_maps(analysis, query, layer=layer - 1), scale)
     mask = attention_maps.map_mask(map2d, choice.mask_share) if choice.mask_share is not None else None
     return MainMap(map2d, map_colormap, vmin, vmax, mask)
+
+
+def _map2d(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,
+           analysis: image_analysis.Analysis, choice: MapChoice) -> np.ndarray:
+    """The main map's values on the image's patch grid (gh, gw), computed once per settings; ValueError (one line)
+    when the model cannot give it."""
+    settings = choice.settings
+    kind, query, fusion, end_layer = settings.kind, settings.query, settings.fusion, settings.end_layer + 1
+    relevance = None
+    if kind == "class":
+        relevance = class_relevance(fingerprint, image_key, size, attention_maps.resolved_class(settings, analysis),
+                                    checkpoint, image, analysis.num_tokens)
+    method_map2d = None
+    if attention_maps.is_method_map(kind):
+        method_map2d = method_map(fingerprint, image_key, size, kind, attention_maps.resolved_class(settings, analysis),
+                                  query, end_layer - 1, fusion, checkpoint, image, settings.start_layer, analysis,
+                                  settings.options)
+    if kind in ("rollout", "probe_rollout") and not attention_maps.factors_fit(analysis):
+        map2d = rollout_map(fingerprint, image_key, size, analysis, settings)
+    else:
+        map2d = attention_maps.attention_map(analysis, settings, relevance, method_map2d)
+    if analysis.staged:  # a Swin layer's map on its own grid: each cell over the image patches it covers
+        map2d = on_patch_grid(map2d, analysis.grid)
+    return map2d

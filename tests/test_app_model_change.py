@@ -1,0 +1,103 @@
+"""What a model change leaves of the last model's view (issue 90, item 7), driven through AppTest: a choice the new
+model does not offer goes back to its default map, and a main map the model refuses is said in one line where the
+map goes while the rest of the page (a SAM's Prompts, Compare) is drawn, each section with its own refusal.
+
+The models are test_app's tiny random ViTs and test_sam_prompts' tiny random ``SamModel`` saved whole."""
+
+from dataclasses import replace
+
+import pytest
+from helpers import displayed
+from test_app import (  # noqa: F401 (default_world and dirs: fixtures)
+    TINY,
+    default_world,
+    dirs,
+    png_bytes,
+    run_app,
+    sidebar_widget,
+    upload,
+    write_checkpoint,
+)
+
+from vit.core.runfiles import DEFAULT_CHECKPOINT
+from vit.explain.methods import attention_flow
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def checkpoints(request):
+    """The checkpoints folder of test_app's ``default_world``: the default tiny ViT and its two samples."""
+    return request.getfixturevalue("default_world")[0]
+
+
+def choose_method(at, method: str):
+    at.session_state["map_kind"] = "methods"  # "More: LeGrad, LRP, …", then its Method picker
+    at.run()
+    at.session_state["method_kind"] = method
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    return at
+
+
+def test_a_method_the_new_model_does_not_offer_goes_back_to_its_default_map_with_one_line(checkpoints):
+    """LRP (class-specific) chosen on a classifier, then a feature model opens: not the Method list's first entry
+    (attention flow, a max-flow: slow, and refused past 400 tokens) but the feature model's default map."""
+    write_checkpoint(checkpoints / "features.pt", config=replace(TINY, num_classes=0), classes=[])
+    at = choose_method(run_app(), "lrp")
+    sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(checkpoints / "features.pt"))
+    at.run()
+    upload(at, "photo.png", png_bytes(40, 30))
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.session_state["map_kind"] == "attention"
+    assert "Method" not in [w.label for w in at.sidebar.selectbox]
+    captions = [displayed(c.value) for c in at.sidebar.caption]
+    assert "LRP transformer attribution does not apply to this model: its default map is shown." in captions
+
+
+def test_a_method_both_models_offer_stays_chosen(checkpoints):
+    write_checkpoint(checkpoints / "other.pt", seed=3)
+    at = choose_method(run_app(), "lrp")
+    sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(checkpoints / "other.pt"))
+    at.run()
+    upload(at, "photo.png", png_bytes(40, 30))
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert (at.session_state["map_kind"], at.session_state["method_kind"]) == ("methods", "lrp")
+
+
+@pytest.fixture
+def sam_folder(tmp_path):
+    pytest.importorskip("transformers")
+    from test_sam_prompts import _sam
+
+    model, processor = _sam()
+    folder = tmp_path / "sam"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def test_attention_flow_carried_to_a_sam_is_refused_in_one_line_and_its_prompts_are_still_drawn(
+        checkpoints, sam_folder, monkeypatch):
+    """Attention flow chosen on a ViT of 17 tokens, then a SAM of 49 opens, over flow's limit (30 here, 400 in the
+    app: a SAM ViT-B has 4,096): the refusal stands where the map goes, in one line, and the Prompts section, the
+    heads' tabs and Compare are drawn below it (the refusal stopped the page before them)."""
+    monkeypatch.setattr(attention_flow, "MAX_FLOW_TOKENS", 30)
+    at = choose_method(run_app(), "flow")
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(sam_folder))
+    at.run()
+    upload(at, "photo.png", png_bytes(90, 50, seed=4))
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["method_kind"] == "flow"  # a SAM draws flow: only its size is refused
+    [error] = [displayed(e.value) for e in at.main.error]
+    assert error.startswith("Attention flow solves one max-flow problem per token: 49 tokens is over its limit of 30")
+    assert "\n" not in error
+    headers = [h.value for h in at.main.header]
+    assert "Prompts" in headers
+    assert at.radio(key="sam_mouse") is not None and at.tabs  # the Prompts section's controls, the analyses' tabs
+    sidebar_widget(at, "selectbox", "Compare with (a second checkpoint)").set_value(
+        str(checkpoints / DEFAULT_CHECKPOINT))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    [warning] = [displayed(w.value) for w in at.main.warning if displayed(w.value).startswith("A cannot")]
+    assert warning == f"A cannot show this map: {error}"
