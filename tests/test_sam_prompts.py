@@ -10,6 +10,8 @@ the masks and IoU scores, every decoder cross-attention, and gradient x input of
 - The image is 90 x 50 px, so a prompt read with x and y swapped lands elsewhere (and outside the image).
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -299,6 +301,23 @@ def test_a_mask_gradient_over_the_memory_limit_is_refused_before_any_work(whole,
         vit.segment(checkpoint, image, points=[(10, 10)], methods=["gradient_x_input"])
     assert not ran and "\n" not in str(error.value)
 
+
+def test_a_mask_gradients_refusal_advises_what_vit_segment_takes(whole, image, monkeypatch):
+    """Issue 90, item 6: over the bound (at ViT-B's shapes, the default one) the advice was a smaller input size,
+    which vit.segment does not take (it encodes at the model's own size): it names the limit to raise, and what runs
+    without a gradient. 0.2 MB: the tiny models' forward fits, their mask gradient does not."""
+    from vit.costs.bounds import TooManyTokens
+
+    _, _, _, checkpoint = whole
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.2")
+    with pytest.raises(TooManyTokens) as error:
+        vit.segment(checkpoint, image, points=[(10, 10)], methods=["gradient_x_input"])
+    message = str(error.value)
+    assert message.startswith("Gradient x input of the mask keeps the image encoder's graph and the mask decoder's")
+    assert "smaller input" not in message and "largest square input" not in message
+    assert re.search(r"vit\.segment encodes the image at the model's own input size, never a smaller one: raise "
+                     r"VIT_ANALYSIS_MEMORY_MB to [\d,]+ or more, or ask for the masks and the decoder's attention "
+                     r"alone \(no gradient\)\.$", message), message
 
 def test_predict_with_a_prompt_prints_the_librarys_scores_and_saves_the_maps(whole, image, tmp_path, capsys):
     import json

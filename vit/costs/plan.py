@@ -217,21 +217,31 @@ def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedd
     it (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
     (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
     encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
-    return _with_mask_decoder(encoder, "mask gradient", hidden, layers, embedding_grid)
+    return _with_mask_decoder(encoder, "mask gradient", hidden, layers, embedding_grid, what)
 
 
 def mask_legrad(model, grid: tuple[int, int], hidden: int, layers: int, embedding_grid: tuple[int, int],
                 start_layer: int = -2) -> Cost:
     """LeGrad of SAM's mask (``vit.explain.methods.segment.legrad``): LeGrad's own (``legrad``: the explained layers'
     inputs, one block's work, a chunk) beside the mask decoder's graph, which reads each explained layer."""
-    return _with_mask_decoder(legrad(model, grid, start_layer), "mask legrad", hidden, layers, embedding_grid)
+    return _with_mask_decoder(legrad(model, grid, start_layer), "mask legrad", hidden, layers, embedding_grid,
+                              "LeGrad of the mask")
 
 
-def _with_mask_decoder(encoder: Cost, view: str, hidden: int, layers: int, embedding_grid: tuple[int, int]) -> Cost:
-    """``encoder``'s cost with the mask decoder's graph (``memory.mask_decoder_bytes``) beside it."""
+def _with_mask_decoder(encoder: Cost, view: str, hidden: int, layers: int, embedding_grid: tuple[int, int],
+                       what: str) -> Cost:
+    """``encoder``'s cost with the mask decoder's graph (``memory.mask_decoder_bytes``) beside it. Its refusal
+    advises what ``vit.segment`` takes: it encodes the image at the model's own input size, so no smaller one."""
     decoder = memory.mask_decoder_bytes(hidden, layers, embedding_grid)
     parts = (*encoder.parts, ("the mask decoder's graph", decoder))
-    return replace(encoder, view=view, memory=encoder.memory + decoder, parts=parts)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        return TooManyTokens(f"{what} keeps the image encoder's graph and the mask decoder's: about {need / MB:,.0f} "
+                             f"MB at {encoder.tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
+                             f"({ANALYSIS_MEMORY_ENV}). vit.segment encodes the image at the model's own input size, "
+                             f"never a smaller one: raise {ANALYSIS_MEMORY_ENV} to {math.ceil(need / MB):,} or more, "
+                             "or ask for the masks and the decoder's attention alone (no gradient).")
+    return replace(encoder, view=view, memory=encoder.memory + decoder, parts=parts, refuse=refuse)
 
 
 def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
