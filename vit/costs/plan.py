@@ -565,3 +565,19 @@ def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int
         parts["what the method holds throughout"] = held
     cost = _cost("attribution", model, grid, parts, refuse)
     return replace(cost, flops=cost.flops * passes * (3 if gradient else 1))
+
+
+def library_attention(batch: int, heads: int, tokens: int, layers: int, rows: int | None = None) -> Cost:
+    """What a library model's recording keeps (``vit.sources.library_path``: the library's own forward, its attention
+    through our recording function) for ``layers`` asked layers of ``batch`` images of ``tokens`` tokens: each asked
+    layer's post-softmax attention of ``heads`` heads over ``rows`` query rows (every token's when None), float32, and
+    the one layer's eager scores formed at a time to compute them (``batch x H x T²``, scores and probabilities).
+    Counted before the forward; its refusal says what to ask instead."""
+    kept_rows = tokens if rows is None else rows
+    parts = {f"{layers} asked layers' attention, kept": 4 * batch * heads * kept_rows * tokens * layers,
+             "one layer's eager scores and probabilities": 2 * 4 * batch * heads * tokens * tokens}
+    refuse = _over(f"Recording {layers} layers' attention of {tokens:,} tokens ({heads} heads) needs about "
+                   f"{{need}} MB, over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); ask for fewer layers, one "
+                   "query's row, or a smaller input.")
+    memory_bytes = sum(parts.values())
+    return Cost("library attention", tokens, memory_bytes, 0, bounds.memory_limit(), refuse, tuple(parts.items()))

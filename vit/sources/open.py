@@ -558,6 +558,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
         return open_hf_family(folder, config_json, map_location)
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
+    if config_json.get("model_type") not in registry.hf_model_types():  # no port: the library road, where it runs
+        from vit.sources import library_path
+
+        if library_path.opens(config_json):
+            return library_path.open_library(folder, config_json, hf_image_processor(folder), map_location)
     architecture = hf_architecture(config_json)
     if architecture is None and "model_type" not in config_json:  # a from-scratch config without its weights
         raise SourceError(f"{folder}: its config.json is no Hugging Face or timm config (no model_type, "

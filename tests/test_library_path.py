@@ -1,0 +1,152 @@
+"""The library road (issue 91, items 1 and 2, first slice): a transformers vision model with no port opens as
+transformers builds it, its attention through our recording function; logits, features and every layer's and
+head's attention equal transformers' own (SDPA's forward, eager's ``output_attentions``). Each model is built tiny
+with random weights in transformers and saved with its image processor, never downloaded."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import vit
+from vit.checkpoint import CheckpointError
+from vit.costs.bounds import TooManyTokens
+from vit.model import ViT
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, patch_size=8)
+# model_type -> (the model transformers builds, the prefix tokens before the patches)
+FAMILIES = {
+    "ijepa": (lambda: transformers.IJepaModel(transformers.IJepaConfig(**SMALL, image_size=32)), 0),
+    "vit_msn": (lambda: transformers.ViTMSNForImageClassification(
+        transformers.ViTMSNConfig(**SMALL, image_size=32, num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"})), 1),
+    "pixio": (lambda: transformers.PixioModel(transformers.PixioConfig(**SMALL, image_size=32, n_cls_tokens=2)), 2),
+}
+
+
+def save_family(folder, model_type: str, size: tuple[int, int] = (32, 32)):
+    torch.manual_seed(0)
+    model = FAMILIES[model_type][0]()
+    model.save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": size[0], "width": size[1]}).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return {t: save_family(tmp_path_factory.mktemp(t), t) for t in FAMILIES}
+
+
+def reference(folder, implementation: str):
+    """The folder's model as transformers itself opens it, with the attention ``implementation``."""
+    config = transformers.AutoConfig.from_pretrained(folder)
+    cls = getattr(transformers, config.architectures[0])
+    return cls.from_pretrained(folder, attn_implementation=implementation).eval()
+
+
+def pixels(batch: int = 2, hw: tuple[int, int] = (32, 32)) -> torch.Tensor:
+    return torch.randn(batch, 3, *hw, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_a_family_without_a_port_opens_by_the_library_road(folders, model_type):
+    checkpoint = vit.load(folders[model_type], device="cpu")
+    assert checkpoint.road == "library" and checkpoint.metadata["road"] == "library"
+    assert not isinstance(checkpoint.model, ViT)
+    assert checkpoint.model.layout.num_prefix_tokens == FAMILIES[model_type][1]
+    assert checkpoint.model.layout.grid == (4, 4) and checkpoint.model.num_layers == 3
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_its_logits_and_features_are_transformers_sdpa_forward(folders, model_type):
+    checkpoint = vit.load(folders[model_type], device="cpu")
+    x = pixels()
+    ours, _ = checkpoint.model.run(x)
+    with torch.no_grad():
+        theirs = reference(folders[model_type], "sdpa")(pixel_values=x)
+    name = "logits" if model_type == "vit_msn" else "last_hidden_state"
+    assert torch.allclose(getattr(ours, name), getattr(theirs, name), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_layer_and_head_attention_is_transformers_eager_output_attentions(folders, model_type):
+    checkpoint = vit.load(folders[model_type], device="cpu")
+    x = pixels()
+    _, attentions = checkpoint.model.run(x, layers=range(3))
+    with torch.no_grad():
+        theirs = reference(folders[model_type], "eager")(pixel_values=x, output_attentions=True).attentions
+    assert len(attentions) == len(theirs) == 3
+    tokens = 16 + FAMILIES[model_type][1]
+    for layer, expected in enumerate(theirs):
+        assert attentions[layer].shape == expected.shape == (2, 4, tokens, tokens)
+        assert torch.allclose(attentions[layer], expected, atol=1e-6, rtol=0)
+
+
+def test_the_recording_keeps_only_the_asked_layers_heads_and_rows(folders):
+    model = vit.load(folders["vit_msn"], device="cpu").model
+    x = pixels()
+    _, every = model.run(x, layers=[0, 1, 2])
+    _, asked = model.run(x, layers=[-1], heads=[2], rows=[0])
+    assert list(asked) == [2] and asked[2].shape == (2, 1, 1, 17)
+    assert torch.equal(asked[2], every[2][:, [2]][:, :, [0]])
+    _, none = model.run(x)
+    assert none == {}
+
+
+def test_concurrent_recordings_in_two_threads_never_mix(folders):
+    model = vit.load(folders["pixio"], device="cpu").model
+    inputs = {0: pixels(1), 1: torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(7))}
+    alone = {i: model.run(inputs[i], layers=[i])[1] for i in inputs}
+    assert not torch.allclose(alone[0][0], model.run(inputs[1], layers=[0])[1][0])
+    found, barrier = {i: [] for i in inputs}, threading.Barrier(2)
+
+    def record(i):
+        barrier.wait()
+        for _ in range(20):
+            found[i].append(model.run(inputs[i], layers=[i])[1])
+
+    threads = [threading.Thread(target=record, args=(i,)) for i in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in inputs:
+        assert all(list(kept) == [i] and torch.equal(kept[i], alone[i][i]) for kept in found[i])
+
+
+def test_a_recording_past_the_memory_limit_is_refused_in_one_line_before_the_forward(folders, monkeypatch):
+    model = vit.load(folders["ijepa"], device="cpu").model
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")  # 10 kB: one layer of 4 heads x 16² floats is 4 kB
+    calls = []
+    monkeypatch.setattr(model.model, "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(TooManyTokens) as refused:
+        model.run(pixels(), layers=range(3))
+    assert "\n" not in str(refused.value) and "fewer layers" in str(refused.value) and not calls
+
+
+def test_the_cost_model_counts_tokens_squared_heads_and_layers_asked():
+    from vit.costs import plan
+
+    cost = plan.library_attention(batch=1, heads=12, tokens=197, layers=2)
+    assert dict(cost.parts)["2 asked layers' attention, kept"] == 4 * 12 * 197 * 197 * 2
+    assert plan.library_attention(1, 12, 197, 2, rows=1).memory < cost.memory
+
+
+def test_a_family_with_a_port_still_opens_by_its_port(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(**SMALL, image_size=32, num_labels=3)
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.road == "port" and isinstance(checkpoint.model, ViT)
+
+
+def test_a_model_without_the_attention_interface_keeps_its_one_line_refusal(tmp_path):
+    config = transformers.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_labels=2,
+                                         out_features=None, out_indices=None, stage_names=None, num_stages=2)
+    transformers.ConvNextForImageClassification(config).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="is not supported"):
+        vit.load(tmp_path, device="cpu")

@@ -1,0 +1,95 @@
+"""The recording attention: one more attention function registered with transformers' ``AttentionInterface``
+(``ROWS`` + the implementation it wraps), through which a transformers model's own attention modules run, unchanged.
+The model's own implementation (sdpa, or the eager function of its modelling file) computes the output, so the
+numbers are the library's; beside it, while a recorder is current in this context (``recording``), each call of a
+module the recorder lists (``recorder.layers``: module -> layer) is handed to it, ``keep`` before and ``output``
+after; while relevance rules are current (``RULES``) their ``attention_inputs`` apply to every call it runs.
+
+Both roads' library parts read it: a VLM's answer (``vit.explain.language.vlm_attention``) and a vision model opened
+as transformers builds it (``vit.sources.library_path``). The recorder is a ContextVar's, so two threads (or two
+views) recording over one model never see each other's calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+
+import torch
+
+ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
+# What the recording attention hands each listed module's call to: ``keep`` before it, ``output`` after (a VLM
+# answer's ``_Recorder``, the relevance's tape, a library model's attention probabilities)
+_RECORDING: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_answer_rows", default=None)
+# The relevance rules current in this context (``vit.explain.language.vlm_attnlrp``): the recording attention applies
+# their ``attention_inputs`` to every call it runs, the tower's and the language model's; None: the plain attention
+RULES: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_answer_rules", default=None)
+
+
+def _recording(delegate):
+    """The attention function that computes with ``delegate`` and, while a recorder is current, hands it each call
+    of a module it lists."""
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        rules = RULES.get()
+        if rules is not None:
+            query, key, value = rules.attention_inputs(query, key, value)
+        recorder = _RECORDING.get()
+        layer = None if recorder is None else recorder.layers.get(module)
+        if layer is None:
+            return delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.keep(layer, query, key, value, attention_mask, kwargs)
+        out = delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.output(layer, out[0])
+        return out
+    return attention
+
+
+def _eager_of(module: torch.nn.Module):
+    """The eager attention function of ``module``'s own modelling file (Gemma's soft cap lives there)."""
+    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if function is None:
+        raise ValueError(f"{type(module).__name__}'s modelling file has no eager_attention_forward")
+    return function
+
+
+def _delegated_eager(module, *args, **kwargs):
+    return _eager_of(module)(module, *args, **kwargs)
+
+
+def recording_name(implementation: str) -> str:
+    """The name the recording attention over ``implementation`` ("sdpa" or "eager") is registered under, registering
+    it (and the implementation's mask function) the first time."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation not in ("sdpa", "eager"):
+        raise ValueError(f"the model's attention is {implementation!r}; it is recorded over sdpa or eager")
+    name = f"{ROWS}_{implementation}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        delegate = _delegated_eager if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+        AttentionInterface.register(name, _recording(delegate))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
+    return name
+
+
+def route_attention(part: torch.nn.Module) -> None:
+    """Point ``part``'s attention (a transformers model) at the recording function that wraps its own implementation
+    (sdpa or eager). Registered once per implementation, under ``ROWS`` + its name."""
+    current = part.config._attn_implementation
+    if current.startswith(ROWS):
+        return
+    part.set_attn_implementation(recording_name(current))
+
+
+@contextlib.contextmanager
+def recording(part: torch.nn.Module, recorder):
+    """Within it, each call of a module ``recorder.layers`` lists, in ``part`` (its attention routed through the
+    recording function first), is handed to ``recorder`` (``keep`` before, ``output`` after), in this context only."""
+    route_attention(part)
+    token = _RECORDING.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDING.reset(token)

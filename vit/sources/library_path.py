@@ -1,0 +1,298 @@
+"""The library road: a transformers vision model whose family has no port, opened as transformers builds it.
+
+The folder's own model class (``architectures[0]``, else ``AutoModel``) is built from its config.json and weights,
+offline and without remote code, with its attention implementation set to the recording attention over SDPA
+(``vit.core.recording_attention``): every attention module of the model runs through transformers' own
+``sdpa_attention_forward``, so logits and features are the library's by construction. Only when a view asks
+(``LibraryModel.run(pixels, layers=...)``) does the recording keep, for the asked layers, the post-softmax attention
+probabilities, computed by the model's own eager function (what ``output_attentions=True`` returns), in a recorder
+that is the current context's alone, so concurrent calls never mix. What it keeps is counted by the cost model
+(``vit.costs.plan.library_attention``) and refused in one line past the limit before the forward.
+
+Where the patches are (``LibraryLayout``) comes from the config and the image processor: the patch size, the input
+size (its size or crop), and the prefix tokens before the patches (a CLS token, registers, Pixio's several CLS
+tokens), counted from the embeddings' own token parameters. Families with a port never come here
+(``vit.sources.open.open_hf_folder`` asks ``opens`` only for a model_type no port reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
+from vit.core import recording_attention
+from vit.model import ViTConfig
+from vit.sources.files import SourceError, _one_line
+from vit.sources.hf_preprocessing import hf_preprocessing
+
+ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own ViT
+# The embeddings' parameters that are tokens before the patches: (1, n, hidden) each
+PREFIX_PARAMETERS = ("cls_token", "register_tokens", "distillation_token", "mask_token_prefix")
+MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
+
+
+@dataclass(frozen=True)
+class LibraryLayout:
+    """Where a library model's tokens sit on the image: ``num_prefix_tokens`` tokens first (CLS, registers), then
+    the patches of a ``grid`` (rows, cols) row-major, each ``patch_hw`` pixels of an ``image_hw`` input."""
+
+    num_prefix_tokens: int
+    patch_hw: tuple[int, int]
+    image_hw: tuple[int, int]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.image_hw[0] // self.patch_hw[0], self.image_hw[1] // self.patch_hw[1]
+
+    @property
+    def num_tokens(self) -> int:
+        gh, gw = self.grid
+        return self.num_prefix_tokens + gh * gw
+
+
+class _AttentionRecorder:
+    """What the recording attention hands the asked layers' calls to (``recording_attention.recording``): each
+    layer's post-softmax probabilities ``(B, H, rows, T)`` from the module's own eager function, the asked heads
+    and query rows alone."""
+
+    def __init__(self, modules: Mapping[int, torch.nn.Module], heads: list[int] | None, rows: list[int] | None):
+        self.layers = {module: layer for layer, module in modules.items()}
+        self.modules = dict(modules)
+        self.heads, self.rows = heads, rows
+        self.kept: dict[int, torch.Tensor] = {}
+
+    def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
+        module = self.modules[layer]
+        with torch.no_grad():  # output_attentions' numbers: the modelling file's own eager function
+            _, probabilities = recording_attention._eager_of(module)(module, query, key, value, attention_mask,
+                                                                     **kwargs)  # (B, H, T, T)
+        if self.heads is not None:
+            probabilities = probabilities[:, self.heads]
+        if self.rows is not None:
+            probabilities = probabilities[:, :, self.rows]
+        self.kept[layer] = probabilities.detach()
+
+    def output(self, layer, out) -> None:
+        pass
+
+
+class LibraryModel(torch.nn.Module):
+    """A transformers vision model as transformers builds it, its attention through the recording function.
+    ``model`` is the library's module (eval mode); ``layout`` places its tokens on the image."""
+
+    road = ROAD
+
+    def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module]):
+        super().__init__()
+        self.model = model
+        self.layout = layout
+        self._attention = attention_modules  # a plain list: the modules are the model's, registered once there
+
+    @property
+    def config(self):
+        """The library's config (``PretrainedConfig``)."""
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._attention)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.layout.num_prefix_tokens
+
+    @property
+    def is_classifier(self) -> bool:
+        return type(self.model).__name__.endswith("ForImageClassification")
+
+    def attention_module(self, layer: int) -> torch.nn.Module:
+        """Layer ``layer``'s attention module (the one that calls transformers' attention interface)."""
+        return self._attention[layer]
+
+    def run(self, pixels: torch.Tensor, layers: Iterable[int] = (), heads: list[int] | None = None,
+            rows: list[int] | None = None) -> tuple[object, dict[int, torch.Tensor]]:
+        """The library's forward of ``pixels`` (B, C, H, W): its own output (``logits`` of a classifier,
+        ``last_hidden_state`` ...), and for each of ``layers`` the post-softmax attention ``(B, heads, rows, T)``
+        (every head and query row when not given), equal to ``output_attentions=True``'s. What is kept is checked
+        against the memory limit first (``TooManyTokens``, one line)."""
+        from vit.costs import plan
+
+        L = self.num_layers
+        asked = sorted({layer % L for layer in layers})
+        gh, gw = grid_of(self.layout, pixels.shape[-2:])
+        tokens = self.layout.num_prefix_tokens + gh * gw
+        if asked:
+            plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
+                                               tokens, len(asked), None if rows is None else len(rows)))
+        recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
+        with torch.no_grad(), recording_attention.recording(self.model, recorder):
+            out = self.model(pixel_values=pixels)
+        for layer, kept in recorder.kept.items():
+            if kept.shape[-1] != tokens:
+                raise ValueError(f"layer {layer}'s attention has {kept.shape[-1]} keys; the layout places "
+                                 f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches")
+        return out, dict(sorted(recorder.kept.items()))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The logits of a classifier, else the last hidden states ``(B, T, hidden)``."""
+        out = self.run(pixels)[0]
+        return out.logits if self.is_classifier else out.last_hidden_state
+
+
+def grid_of(layout: LibraryLayout, image_hw) -> tuple[int, int]:
+    """The patch grid of an input of ``image_hw`` pixels."""
+    return int(image_hw[0]) // layout.patch_hw[0], int(image_hw[1]) // layout.patch_hw[1]
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose forward calls transformers' attention interface (``ALL_ATTENTION_FUNCTIONS``), in the order
+    the model holds them: one per layer."""
+    return [m for m in model.modules() if "ALL_ATTENTION_FUNCTIONS" in getattr(
+        getattr(type(m).forward, "__code__", None), "co_names", ())]
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if not (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIDE for v in value)):
+        raise ValueError(f"{name} {str(value)[:40]} is not a side (or height, width) in pixels from 1 to {MAX_SIDE}")
+    return int(value[0]), int(value[1])
+
+
+def prefix_tokens(model: torch.nn.Module) -> int:
+    """The tokens before the patches: the embeddings' token parameters (CLS, registers, a distillation token), each
+    ``(1, n, hidden)``."""
+    embeddings = getattr(model, "embeddings", None)
+    if embeddings is None:
+        base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+        embeddings = getattr(base, "embeddings", None)
+    if embeddings is None:
+        raise ValueError("it has no embeddings module to count its prefix tokens from")
+    return sum(int(p.shape[-2]) for name, p in embeddings.named_parameters(recurse=False)
+               if name in PREFIX_PARAMETERS and p.dim() == 3)
+
+
+def opens(config_json: Mapping) -> bool:
+    """Whether the library road takes the folder (asked for a model_type no port reads): transformers knows its
+    model_type, its model class runs its attention through the attention interface
+    (``_supports_attention_backend``), and its config has a patch size (a vision model). Judged from config.json and
+    transformers' classes, nothing of the folder's built; any other folder keeps its one-line refusal."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = config_json.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return False
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+        cls = _model_class(config_json, config_class)
+        vision = "patch_size" in config_json or hasattr(config_class(), "patch_size")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return vision and bool(getattr(cls, "_supports_attention_backend", False))
+
+
+def _model_class(config_json: Mapping, config_class):
+    """The class the folder names (``architectures[0]``, one of transformers'), else ``AutoModel``'s for its
+    config."""
+    import transformers
+
+    named = config_json.get("architectures")
+    name = str(named[0]) if isinstance(named, list) and named else None
+    if name is not None:
+        cls = getattr(transformers, name, None)
+        if cls is None or not isinstance(cls, type):
+            raise ValueError(f"transformers has no class {name[:60]}")
+        return cls
+    return transformers.AutoModel._model_mapping[config_class]
+
+
+def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None,
+                 map_location: str | torch.device = "cpu") -> Checkpoint:
+    """The folder's model as transformers builds it (``LibraryModel``), in a ``Checkpoint`` with ``road="library"``:
+    its class names from ``id2label``, its preprocessing from the image processor. ``map_location="meta"`` builds
+    it on the meta device, no weight read. SourceError (one line) for a model whose attention does not run through
+    transformers' attention interface, or whose layout cannot be read."""
+    import transformers
+
+    model_type = str(config_json.get("model_type"))
+    origin = f"{folder} ({model_type}, opened as transformers builds it)"
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        cls = _model_class(config_json, type(config))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    if not getattr(cls, "_supports_attention_backend", False):
+        raise SourceError(f"{folder}: {cls.__name__} has no port here and its attention does not run through "
+                          "transformers' attention interface, which the library road records; "
+                          "the README's table \"What it opens\" links a page listing every model this program opens")
+    name = recording_attention.recording_name("sdpa")
+    try:
+        if torch.device(map_location).type == "meta":
+            with torch.device("meta"):
+                model = cls._from_config(config, attn_implementation=name)
+        else:
+            model = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
+                                        attn_implementation=name, dtype=torch.float32)
+            model = model.to(map_location)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model.eval()
+    modules = attention_modules(model)
+    if not modules:
+        raise SourceError(f"{folder}: {cls.__name__}'s attention does not run through transformers' attention "
+                          "interface (no module of it calls ALL_ATTENTION_FUNCTIONS); it cannot be recorded")
+    try:
+        patch = _pair(getattr(config, "patch_size", None), "patch_size")
+        channels = int(getattr(config, "num_channels", 3))
+        own = _pair(getattr(config, "image_size", None), "image_size")
+        stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0], patch_size=patch if patch[0] != patch[1]
+                             else patch[0], num_channels=channels, num_classes=0)
+        preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
+        layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    problem = preprocessing_problem(preprocessing, stand_in)
+    if problem:
+        raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
+    if len(modules) != int(getattr(config, "num_hidden_layers", len(modules))):
+        raise SourceError(f"{folder}: {len(modules)} attention modules for {config.num_hidden_layers} layers; the "
+                          "library road reads one attention per layer")
+    wrapped = LibraryModel(model, layout, modules)
+    classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
+    return _finish_library(wrapped, class_names(config, classes), preprocessing, folder, cls.__name__,
+                           image_processor is None)
+
+
+def class_names(config, classes: int) -> list[str]:
+    """The config's ``id2label`` in index order, 'class 0', 'class 1', ... where it does not name them all."""
+    labels = getattr(config, "id2label", None) or {}
+    try:
+        by_index = {int(k): str(v) for k, v in labels.items()}
+    except (TypeError, ValueError, AttributeError):
+        by_index = {}
+    return [by_index.get(i, f"class {i}") for i in range(classes)]
+
+
+def _finish_library(model: LibraryModel, names: list[str], preprocessing: Preprocessing, folder: Path,
+                    architecture: str, guessed: bool) -> Checkpoint:
+    """The checkpoint the one door returns, its metadata as a port's (``vit.sources.open._finish``), the road
+    marked."""
+    metadata = {"source": {"kind": "hf", "path": str(folder), "architecture": f"hf:{architecture}"},
+                "architecture": f"hf:{architecture}", "parameters": sum(p.numel() for p in model.parameters()),
+                "road": ROAD}
+    if guessed:
+        metadata["preprocessing_guessed"] = (
+            "No preprocessor_config.json came with these weights, so the images are prepared with assumed "
+            f"defaults: {preprocessing.size_text}, mean {preprocessing.mean}, std {preprocessing.std}.")
+    return Checkpoint(model=model, class_names=names, preprocessing=preprocessing, metadata=metadata, path=folder,
+                      road=ROAD)
+
