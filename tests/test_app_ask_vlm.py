@@ -412,3 +412,17 @@ def test_the_map_may_be_the_tokens_attnlrp_to_the_pixels_drawn_around_zero(folde
     assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
     np.testing.assert_allclose(under[-1][0], expected, rtol=0, atol=1e-6)
     assert under[-1][1] == DIVERGING_COLORMAP
+
+
+def test_a_folder_whose_weights_do_not_fit_its_config_is_one_line_on_the_page(folders, tmp_path):
+    """Issue 95, item 6: transformers' size-mismatch RuntimeError reached the page as Streamlit's traceback box; it
+    is the refusal's one line (``whole_vlm``), and the page stays up."""
+    from test_vlm_hostile_folders import with_weights
+
+    shrunk = "language_model.model.layers.0.mlp.down_proj.weight"
+    folder = with_weights(folders, tmp_path, "llava", lambda tensors: {
+        name: t[:-1] if name == shrunk else t for name, t in tensors.items()})
+    at = ask(open_folder(folder), QUESTION)
+    [error] = [e.value.replace("\\", "") for e in at.error]  # as written, less Markdown's escapes
+    assert "its weights do not match its config.json (size mismatch for model.language_model.layers.0.mlp" in error
+    assert "\n" not in error and not [w for w in at.main.pills if w.label == "Answer token"]

@@ -16,7 +16,14 @@ from helpers import displayed
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 from test_app import APP, TIMEOUT, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
-from test_sam_prompts import _sam, _sam2, library_inputs, library_run, recorded_attention
+from test_sam_prompts import (
+    _sam,
+    _sam2,
+    library_inputs,
+    library_run,
+    recorded_attention,
+    with_a_shrunk_decoder_weight,
+)
 
 from vit.app import sam_prompt_view as prompts
 
@@ -144,6 +151,15 @@ def test_a_link_prompt_outside_the_image_is_dropped_with_one_line(whole):
     at = opened(folder, sam_linked={"points": ((20, 70, 1),)})  # (70, 20) read as y, x: below the 50-px image
     [warning] = [displayed(w.value) for w in at.main.warning if "prompt was not used" in displayed(w.value)]
     assert "outside the 90x50 image" in warning and "\n" not in warning
+    assert not mask_captions(at)
+
+
+def test_a_folder_whose_prompt_half_does_not_fit_its_config_is_one_line(whole, tmp_path):
+    """Issue 95, item 6: torch's size-mismatch RuntimeError reached the page as Streamlit's traceback box."""
+    folder, name = with_a_shrunk_decoder_weight(whole[3], tmp_path)
+    at = opened(folder, sam_linked={"points": ((20, 20, 1),)})
+    [error] = [displayed(e.value) for e in at.error]
+    assert f"weights do not match its config.json (size mismatch for {name}:" in error and "\n" not in error
     assert not mask_captions(at)
 
 

@@ -11,6 +11,7 @@ the masks and IoU scores, every decoder cross-attention, and gradient x input of
 """
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,6 +288,40 @@ def test_an_image_encoder_alone_is_refused_in_one_line(tmp_path, image):
     with pytest.raises(PromptHalfError, match="no prompt encoder or mask decoder") as error:
         vit.segment(vit.load(tmp_path / "encoder", device="cpu"), image, points=[(10, 10)])
     assert "\n" not in str(error.value)
+
+
+def with_a_shrunk_decoder_weight(source: str | Path, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the SAM folder ``source`` whose first matrix of the mask decoder lost a row: ``(folder, its
+    name)``."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "shrunk"
+    shutil.copytree(source, folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = sorted(k for k, t in tensors.items() if k.startswith("mask_decoder.") and t.ndim == 2)[0]
+    tensors[name] = tensors[name][:-1]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder, name
+
+
+def test_a_prompt_half_whose_weights_do_not_fit_its_config_is_one_line_in_the_api_and_the_cli(whole, image, tmp_path,
+                                                                                                capsys):
+    """Issue 95, item 6: torch's strict load raised a RuntimeError of a line per mismatch, whose first line ("Error(s)
+    in loading state_dict for SamModel:") was all the CLI printed and the explorer showed as a traceback."""
+    from vit.predict import main
+
+    folder, name = with_a_shrunk_decoder_weight(whole[3].metadata["source"]["path"], tmp_path)
+    with pytest.raises(PromptHalfError, match=rf"the \w+ weights do not match its config.json \(size mismatch for "
+                                              rf"{re.escape(name)}: \(\d+, \d+\) in the weights") as refusal:
+        vit.segment(vit.load(folder, device="cpu"), image, points=[(10, 10)])
+    assert "\n" not in str(refusal.value) and str(refusal.value).endswith("(save_pretrained writes both)")
+    image.save(tmp_path / "photo.png")
+    capsys.readouterr()
+    main([str(folder), str(tmp_path / "photo.png"), "--points", "10,10", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"size mismatch for {name}" in err, err
 
 
 def test_a_mask_gradient_over_the_memory_limit_is_refused_before_any_work(whole, image, monkeypatch):

@@ -220,6 +220,80 @@ def test_a_template_that_fails_is_refused_in_one_line(base, tmp_path, rendered_h
         vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
 
 
+@pytest.mark.parametrize(("template", "error"), [
+    ("{% set kept = [] %}{{ kept.append(1) }}<image>", "SecurityError: access to attribute 'append' of 'list' object"),
+    ("{% for m in messages %}<image>", "TemplateSyntaxError: Unexpected end of template"),
+])
+def test_a_template_the_sandbox_refuses_or_that_does_not_parse_is_one_line_in_the_api_and_the_cli(
+        base, tmp_path, rendered_here, capsys, template, error):
+    """jinja's sandbox (an immutable list changed) and parser raise their own errors, of several lines for a syntax
+    error (the template's line under the message): each is the one line of a ChatTemplateError, which the CLI
+    prints as the image's one line and the explorer as its error (a ValueError, as every refusal of ``prepare``)."""
+    from vit.predict import main
+
+    folder = with_template(base, tmp_path, template)
+    with pytest.raises(ChatTemplateError, match=rf"^the model's chat template fails: {error}") as refusal:
+        vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=2)
+    assert "\n" not in str(refusal.value) and "give prompt=" in str(refusal.value)
+    picture().save(tmp_path / "photo.png")
+    capsys.readouterr()
+    assert main([folder, str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "2",
+                 "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert f"chat template fails: {error}" in err and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if "chat template" in line] == err.strip().splitlines()[-1:], err
+
+
+# --- the weights -------------------------------------------------------------------------------------------------
+
+def with_weights(base, tmp_path, kind: str, edit) -> str:
+    """A copy of ``kind``'s folder whose weights ``edit`` changed (``{name: tensor}`` in, out), shard by shard, and
+    its index rewritten to list what the shards then hold."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / f"weights_{kind}"
+    shutil.copytree(base[kind], folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    held = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors = edit(load_file(folder / shard))
+        save_file(tensors, folder / shard, metadata={"format": "pt"})
+        held.update(dict.fromkeys(tensors, shard))
+    index["weight_map"] = held
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return str(folder)
+
+
+def test_a_folder_without_its_language_models_layers_is_refused_instead_of_answering_with_random_ones(base, tmp_path):
+    """Issue 95, item 6: every layer of the language model left out of the shards (its embeddings and head kept, so
+    the files still hold more parameters than the config declares at least); transformers filled them at random and
+    the model answered without a word said."""
+    folder = with_weights(base, tmp_path, "llava", lambda tensors: {
+        name: t for name, t in tensors.items() if not name.startswith("language_model.model.layers.")})
+    message = refused(folder, r"its weights files lack 18 of the model's weights, 18 of them the language model's "
+                              r"\(model\.language_model\.layers\.0\.")
+    assert message.endswith("copy every weights file of the model into the folder (model.safetensors, or each shard "
+                            "model.safetensors.index.json names)")
+
+
+def test_weights_of_another_size_than_the_config_are_one_line_in_the_api_and_the_cli(base, tmp_path, capsys):
+    """transformers' own refusal is a RuntimeError ("You set `ignore_mismatched_sizes` to `False`, thus raising an
+    error. For details look at the above report!"), which reached the explorer as a traceback."""
+    from vit.predict import main
+
+    shrunk = "language_model.model.layers.0.mlp.down_proj.weight"
+    folder = with_weights(base, tmp_path, "llava", lambda tensors: {
+        name: t[:-1] if name == shrunk else t for name, t in tensors.items()})
+    refused(folder, r"its weights do not match its config.json \(size mismatch for model\.language_model\.layers\.0\."
+                    r"mlp\.down_proj\.weight: \(31, 48\) in the weights, \(32, 48\) in the config\); give the folder "
+                    r"the config.json saved with these weights$")
+    picture().save(tmp_path / "photo.png")
+    capsys.readouterr()
+    assert main([folder, str(tmp_path / "photo.png"), "--ask", QUESTION, "--device", "cpu"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "Loading weights" not in line]
+    assert len(lines) == 1 and "size mismatch for model.language_model.layers.0.mlp.down_proj.weight" in lines[0], lines
+
+
 def test_a_question_asked_again_renders_no_second_child_but_a_late_one_is_tried_again(base, tmp_path, monkeypatch):
     """The explorer prepares the question at each rerun: its rendering is kept; one stopped by the clock is not (a
     busy machine may have slowed the child)."""

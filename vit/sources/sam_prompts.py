@@ -122,6 +122,14 @@ def open_prompt_half(checkpoint) -> PromptHalf:
     for target, source in (getattr(library, "_tied_weights_keys", None) or {}).items():
         if target not in state and source in state:  # saved once, used twice (SAM's positional embedding)
             state[target] = state[source]
+    expected = library.state_dict()  # shapes only (meta): torch's own refusal is a multi-line RuntimeError
+    wrong = [k for k, t in state.items() if k in expected and tuple(t.shape) != tuple(expected[k].shape)]
+    if wrong:
+        more = f" and {len(wrong) - 1:,} more" if len(wrong) > 1 else ""
+        raise PromptHalfError(f"{folder}: the {name} weights do not match its config.json (size mismatch for "
+                              f"{wrong[0]}: {tuple(state[wrong[0]].shape)} in the weights, "
+                              f"{tuple(expected[wrong[0]].shape)} in the config{more}); give the folder the "
+                              "config.json saved with these weights (save_pretrained writes both)")
     missing, unexpected = library.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         what = f"lacks {missing[0]}" if missing else f"has {unexpected[0]}, which its config does not build"
