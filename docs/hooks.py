@@ -2,9 +2,13 @@
 
 A page asks for one with a marker line, ``<!-- generated: NAME -->``, which ``on_page_markdown`` replaces with
 ``GENERATORS[NAME]()``; ``<!-- include: PATH -->`` puts a file of the repository there (CHANGELOG.md, the model
-cards). Everything here reads the code's own lists: ``vit.registry`` for the methods and the families (the list the
-loader, ``vit.methods()``, the explorer's pickers and the CLI read, plugins' entries included), ``[project.scripts]``
-and each command's parser for ``--help``, ``vit.API`` for the notebook API, ``bench/results/`` for the measurements.
+cards). A page GitHub shows too (the README links its anchors: ``COMMITTED``) holds the generated part itself, between
+``<!-- generated: NAME -->`` and ``<!-- /generated: NAME -->``: the build generates it again, and
+``python docs/hooks.py`` writes it into the page (``tests/test_docs.py`` fails while the committed one differs).
+
+Everything here reads the code's own lists: ``vit.registry`` for the methods and the families (the list the loader,
+``vit.methods()``, the explorer's pickers and the CLI read, plugins' entries included), ``[project.scripts]`` and
+each command's parser for ``--help``, ``vit.API`` for the notebook API, ``bench/results/`` for the measurements.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 MARKER = re.compile(r"^<!-- (generated|include): (\S+) -->$", re.MULTILINE)
+BLOCK = re.compile(r"^<!-- generated: (\S+) -->\n.*?^<!-- /generated: \1 -->$", re.MULTILINE | re.DOTALL)
+COMMITTED = ("methods.md",)  # pages of docs/ whose generated parts are written into the file: GitHub shows them
 HELP_COLUMNS = "100"  # argparse wraps --help to $COLUMNS: fixed, so the page does not depend on the build's terminal
 
 # Which page of "Models" shows each of the registry's family kinds (vit.registry.FAMILY_KINDS); the from-scratch
@@ -36,12 +42,13 @@ def method_anchor(method: str) -> str:
 
 def methods_markdown() -> str:
     """One entry per method of the registry, in the explorer's order: what it shows and where it applies, its
-    reference and the test that holds it equal to that reference."""
+    reference and the test that holds it equal to that reference. Each entry's anchor is an ``<a id>``, which GitHub
+    keeps (as ``user-content-``, which its pages scroll to) where it drops a ``<span id>``."""
     from vit import registry
 
     lines = ["| method | what it shows — where it applies | reference | held equal by |", "|---|---|---|---|"]
     for m in registry.methods():
-        lines.append(f"| <span id=\"{method_anchor(m.name)}\"></span>`{m.name}` | {_literal(m.title)} — "
+        lines.append(f"| <a id=\"{method_anchor(m.name)}\"></a>`{m.name}` | {_literal(m.title)} — "
                      f"{_literal(m.applies_to)} | {_literal(m.reference) or '—'} | `{m.test or '—'}` |")
     return "\n".join(lines) + "\n"
 
@@ -173,7 +180,17 @@ def expand(markdown: str) -> str:
             raise ValueError(f"no generator {name!r} (docs/hooks.py GENERATORS has {sorted(GENERATORS)})")
         return GENERATORS[name]()
 
-    return MARKER.sub(replace, markdown)
+    return MARKER.sub(replace, BLOCK.sub(lambda m: f"<!-- generated: {m[1]} -->", markdown))
+
+
+def refreshed(markdown: str) -> str:
+    """A committed page (``COMMITTED``) with each generated part written out between its two markers, as GitHub
+    shows it."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    markdown = BLOCK.sub(lambda m: f"<!-- generated: {m[1]} -->", markdown)
+    return MARKER.sub(lambda m: m[0] if m[1] == "include" else
+                      f"{m[0]}\n\n{GENERATORS[m[2]]()}\n<!-- /generated: {m[2]} -->", markdown)
 
 
 def on_page_markdown(markdown, page, config, files):  # mkdocs' hook
@@ -213,3 +230,10 @@ def on_files(files, config):  # mkdocs' hook: the included files' images
             files.append(File.generated(config, "repository/" + path.relative_to(ROOT).as_posix(),
                                         abs_src_path=str(path)))
     return files
+
+
+if __name__ == "__main__":  # python docs/hooks.py: the committed pages' generated parts written again
+    for name in COMMITTED:
+        page = ROOT / "docs" / name
+        page.write_text(refreshed(page.read_text()))
+        print(f"wrote {page.relative_to(ROOT)}")

@@ -201,11 +201,41 @@ def test_the_readmes_methods_are_vit_methods_each_linking_its_entry():
     assert all(link == anchor(method) for method, link in listed)
 
 
+def test_every_readme_method_link_lands_on_its_entry_as_github_shows_the_file():
+    """Issue 90, item 6: the methods table was generated only on the built site, so on GitHub each README link
+    landed on a page without it. Each link's file, as committed, holds the anchor on a table row that names the
+    method, with its description, reference and test."""
+    listed = re.findall(r"\[`([^`]+)`\]\(([^)#]+)#([\w-]+)\)", readme_section("Methods"))
+    assert len(listed) == len(vit.methods())
+    for method, path, anchor in listed:
+        text = (ROOT / path).read_text()
+        [row] = [line for line in text.splitlines() if f'<a id="{anchor}"></a>' in line]
+        cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
+        assert cells[0].endswith(f"`{method}`") and all(cells) and "—" not in cells[2:], row
+
+
+def test_the_committed_methods_table_is_the_registrys():
+    """What GitHub shows of docs/methods.md is what the site generates: run ``python docs/hooks.py`` after a change to
+    the registry's methods."""
+    site = hooks()
+    for name in site.COMMITTED:
+        text = (ROOT / "docs" / name).read_text()
+        assert site.refreshed(text) == text, f"docs/{name} is stale: run python docs/hooks.py"
+
+
+def test_the_site_generates_a_committed_part_again_from_the_registry():
+    site = hooks()
+    page = "# Methods\n\n<!-- generated: methods -->\n\n| an old table |\n\n<!-- /generated: methods -->\n\nMore.\n"
+    built = site.expand(page)
+    assert "an old table" not in built and "generated" not in built
+    assert built == "# Methods\n\n" + site.methods_markdown() + "\n\nMore.\n"
+    assert site.refreshed(page) == site.refreshed(site.refreshed(page))  # written once, whatever was there
+
 def test_every_method_of_vit_methods_has_its_entry_in_the_generated_table():
     site = hooks()
     table = site.methods_markdown()
     for method in vit.methods():  # the registry's, which the table reads
-        assert f'<span id="{site.method_anchor(method)}"></span>`{method}`' in table
+        assert f'<a id="{site.method_anchor(method)}"></a>`{method}`' in table
     assert len(set(map(site.method_anchor, vit.methods()))) == len(vit.methods())  # gradcam++ is not gradcam
 
 
@@ -218,7 +248,7 @@ def test_a_method_added_to_the_registry_appears_in_the_generated_table_and_a_rem
     kept = [m for m in registry.methods() if m.name != "flow"]
     monkeypatch.setattr(registry, "methods", lambda group=None: (*kept, new))
     table = site.methods_markdown()
-    assert f'<span id="{site.method_anchor("newcam")}"></span>`newcam`' in table and "Someone et al. 2026" in table
+    assert f'<a id="{site.method_anchor("newcam")}"></a>`newcam`' in table and "Someone et al. 2026" in table
     assert f'id="{site.method_anchor("flow")}"' not in table
 
 
