@@ -150,3 +150,51 @@ def test_a_model_without_the_attention_interface_keeps_its_one_line_refusal(tmp_
     transformers.ConvNextForImageClassification(config).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="is not supported"):
         vit.load(tmp_path, device="cpu")
+
+
+def test_vit_explain_draws_each_heads_attention_of_a_query_as_transformers_eager_gives_it(folders):
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    checkpoint = vit.load(folders["vit_msn"], device="cpu")
+    image = Image.fromarray((torch.rand(40, 56, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    assert list(vit.methods(checkpoint)) == ["attention", "rollout"]
+    explanation = vit.explain(checkpoint, image, "attention", layer=1, query=0)
+    with torch.no_grad():
+        eager = reference(folders["vit_msn"], "eager")(pixel_values=preprocess([image], checkpoint.preprocessing),
+                                                       output_attentions=True)
+    expected = eager.attentions[1][0, :, 0, 1:].reshape(4, 4, 4)  # CLS's row, the CLS key dropped, row-major
+    assert explanation.grid == (4, 4) and explanation.num_prefix_tokens == 1
+    assert torch.allclose(torch.from_numpy(explanation.heads), expected, atol=1e-6, rtol=0)
+    assert torch.allclose(torch.from_numpy(explanation.map), expected.mean(0), atol=1e-6, rtol=0)
+    assert explanation.prediction.label == ["cat", "dog", "fox"][int(eager.logits.argmax())]
+    one = vit.explain(checkpoint, image, "attention", layer=-1, head=2, query=5)
+    assert torch.allclose(torch.from_numpy(one.map), eager.attentions[2][0, 2, 5, 1:].reshape(4, 4), atol=1e-6)
+
+
+def test_vit_explain_draws_the_rollout_of_the_recorded_attention(folders):
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+    from vit.explain.methods.attention import rollout
+
+    checkpoint = vit.load(folders["pixio"], device="cpu")
+    image = Image.new("RGB", (32, 32), (200, 30, 60))
+    explanation = vit.explain(checkpoint, image, "rollout")
+    with torch.no_grad():
+        eager = reference(folders["pixio"], "eager")(pixel_values=preprocess([image], checkpoint.preprocessing),
+                                                     output_attentions=True)
+    expected = rollout(eager.attentions, num_prefix_tokens=2)[0, 0, 2:].reshape(4, 4)
+    assert torch.allclose(torch.from_numpy(explanation.map), expected, atol=1e-6, rtol=0)
+
+
+def test_a_map_the_library_road_does_not_draw_yet_is_refused_in_one_line(folders):
+    from PIL import Image
+
+    checkpoint = vit.load(folders["ijepa"], device="cpu")
+    with pytest.raises(ValueError, match="not drawn yet .* issue 91") as refused:
+        vit.explain(checkpoint, Image.new("RGB", (32, 32)), "legrad")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="does not read head"):
+        vit.explain(checkpoint, Image.new("RGB", (32, 32)), "rollout", head=0)

@@ -181,6 +181,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     over its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms,
     its CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
     block). The other methods are refused in one line saying why. """
+    if getattr(checkpoint, "road", "port") == "library":  # transformers' own model, its attention recorded
+        return _explain_library(checkpoint, image, method, target, layer, head, query, size, max_tokens, options)
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
     return explain_image(checkpoint, image, method, target=target, layer=layer, head=head, query=query, size=size,
@@ -281,6 +283,39 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
                        map_captions.describe_map(settings, analysis, checkpoint.class_names, options, pixels),
                        attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid, pixels)
+
+
+def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, target, layer, head, query, size,
+                     max_tokens, options) -> Explanation:
+    """``explain`` of a model opened by the library road (``vit.explain.views.library_maps``): ``attention`` (layer,
+    head, query) and ``rollout`` (layer, query) at the model's own input size; any other map or argument is refused
+    in one line."""
+    from vit.explain.views import library_maps
+
+    problem = library_maps.refusal(method)
+    if problem:
+        raise ValueError(problem)
+    given = {"target": target, "size": size, "max_tokens": max_tokens, **options}
+    reads = ("layer", "head", "query") if method == "attention" else ("layer", "query")
+    unread = [name for name, value in {**given, "head": head}.items() if value is not None and name not in reads]
+    if unread:
+        raise ValueError(f"{method} of a model opened as its library builds it does not read {', '.join(unread)}; "
+                         f"it reads {', '.join(reads)}")
+    model = checkpoint.model
+    L, H, T = model.num_layers, model.num_heads, model.layout.num_tokens
+    layer = -1 if layer is None else checked_index(layer, L, "layer", f"this model has {L} layers")
+    head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer")
+    query = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens")
+    image = pil_image(image)
+    drawn = library_maps.library_map(checkpoint, image, method, layer, head, query)
+    which = "the heads' mean" if head is None else f"head {head}"
+    description = (f"Layer {layer % L + 1}, {which}: what token {query} attends to." if method == "attention" else
+                   f"Attention rollout up to layer {layer % L + 1}: what token {query} draws on.")
+    shown = {"method": method, "layer": layer, "head": head, "query": query}
+    return Explanation(method, drawn.map, image, seen_region(image, checkpoint.preprocessing),
+                       input_box(image.size, checkpoint.preprocessing), drawn.grid, drawn.num_prefix_tokens,
+                       drawn.prediction, None, query, description, drawn.heads, drawn.heads_layer,
+                       {k: v for k, v in shown.items() if v is not None})
 
 
 def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head, query, size, max_tokens
