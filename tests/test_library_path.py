@@ -27,9 +27,19 @@ FAMILIES = {
 }
 
 
+def spread(model: torch.nn.Module) -> None:
+    """Weights drawn wide enough that every head's attention differs from uniform (ViT-MSN initialises near zero,
+    where every map would be the same 1/T and a misplaced one would pass)."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+
+
 def save_family(folder, model_type: str, size: tuple[int, int] = (32, 32)):
     torch.manual_seed(0)
     model = FAMILIES[model_type][0]()
+    spread(model)
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": size[0], "width": size[1]}).save_pretrained(folder)
     return folder
@@ -198,3 +208,27 @@ def test_a_map_the_library_road_does_not_draw_yet_is_refused_in_one_line(folders
     assert "\n" not in str(refused.value)
     with pytest.raises(ValueError, match="does not read head"):
         vit.explain(checkpoint, Image.new("RGB", (32, 32)), "rollout", head=0)
+
+
+def test_a_non_square_grid_is_placed_row_major_and_a_transposed_grid_would_fail(tmp_path):
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    torch.manual_seed(0)
+    config = transformers.ViTMSNConfig(**SMALL, image_size=[32, 48], num_labels=2)  # (height, width): 4 x 6 patches
+    model = transformers.ViTMSNForImageClassification(config)
+    spread(model)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 48}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.model.layout.grid == (4, 6)
+    image = Image.fromarray((torch.rand(30, 50, 3, generator=torch.Generator().manual_seed(4)) * 255).byte().numpy())
+    explanation = vit.explain(checkpoint, image, "attention", layer=0, head=1, query=0)
+    with torch.no_grad():
+        eager = reference(tmp_path, "eager")(pixel_values=preprocess([image], checkpoint.preprocessing),
+                                             output_attentions=True)
+    row = eager.attentions[0][0, 1, 0, 1:]  # CLS's row over the 24 patches, row-major
+    assert explanation.map.shape == (4, 6)
+    assert torch.allclose(torch.from_numpy(explanation.map), row.reshape(4, 6), atol=1e-6, rtol=0)
+    assert not torch.allclose(torch.from_numpy(explanation.map), row.reshape(6, 4).T, atol=1e-6, rtol=0)
