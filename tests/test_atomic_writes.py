@@ -225,6 +225,8 @@ MODE = re.compile(r"[rwaxbt+]{1,4}")
 # (file, function, call): each file written otherwise than by vit.core.runfiles' atomic writers, and why.
 ALLOWED = {
     ("vit/core/runfiles.py", "atomic_write_bytes", "open"): "the atomic writer itself: its temporary file",
+    ("vit/core/runfiles.py", "atomic_write_files", "open"): "the atomic writer of a set of files: their temporary "
+                                                            "files, renamed once all are written",
     ("vit/core/runfiles.py", "unnamed_until_done", "os.open"): "the streaming atomic writer: an unnamed file (Linux)",
     ("vit/core/runfiles.py", "unnamed_until_done", "os.fdopen"): "the same file",
     ("vit/core/runfiles.py", "unnamed_until_done", "open"): "its NAME.part elsewhere, or its copy without /proc",

@@ -40,6 +40,9 @@ def road(checkpoint: Path, data: Path, out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("killed_in", ["faithfulness.json", "faithfulness.png"])
 def test_a_rerun_killed_as_it_writes_its_report_leaves_the_previous_report_whole(tmp_path, capsys, killed_in):
+    """Each file whole, and all three the previous run's (issue 95, item 6: the plot and table of the killed rerun
+    stood beside the JSON of the run before); the next rerun removes the killed one's temporary files, not a live
+    writer's, and writes its own report whole."""
     checkpoint = tiny_model_and_images(tmp_path, labelled=False)
     out = tmp_path / "out"
     assert faithfulness.main(road(checkpoint, tmp_path / "data", out, "--methods", "random")) == 0
@@ -51,14 +54,28 @@ def test_a_rerun_killed_as_it_writes_its_report_leaves_the_previous_report_whole
                             *road(checkpoint, tmp_path / "data", out, "--methods", "random", "attention")],
                            cwd=ROOT, timeout=300, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     assert rerun.returncode == -signal.SIGKILL, rerun.stderr[-2000:]  # killed in the write, not done before it
-    assert (out / "faithfulness.json").read_bytes() == before["faithfulness.json"]  # the last complete report
-    # each file whole, the previous one or the rerun's (the JSON goes last: the plot and table may be new)
-    assert (out / "faithfulness.png").read_bytes().endswith(b"IEND\xaeB`\x82")
-    table = (out / "faithfulness.md").read_text()  # whole: its table, then the arrows' legend (benchmark_run.table)
-    assert table.rstrip("\n").splitlines()[-1].endswith("is better (images_per_s: faster).")
-    assert table.rstrip("\n").splitlines()[-3].endswith(" |")
-    if killed_in == "faithfulness.png":
-        assert (out / "faithfulness.png").read_bytes() == before["faithfulness.png"]
+    assert {name: (out / name).read_bytes() for name in faithfulness.REPORT_FILES} == before
+    assert list(out.glob(".faithfulness.*.tmp"))  # SIGKILL cleans nothing up: the killed rerun's files stay
+    live = out / ".faithfulness.md.1.1.tmp"  # pid 1 is alive: a writer about to rename its file
+    live.write_bytes(b"")
+
+    assert faithfulness.main(road(checkpoint, tmp_path / "data", out, "--methods", "random", "attention")) == 0
+    assert sorted(p.name for p in out.iterdir()) == [live.name, *sorted(faithfulness.REPORT_FILES)]
+    assert json.loads((out / "faithfulness.json").read_text())["methods"].keys() == {"random", "attention"}
+    assert "| attention |" in (out / "faithfulness.md").read_text()
+
+
+def test_a_deletion_report_after_another_benchmarks_leaves_no_plot_of_that_run(tmp_path, capsys):
+    """Deletion draws no plot: the one of the run before is removed with the rest of its report."""
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    out = tmp_path / "out"
+    assert faithfulness.main([str(checkpoint), "--benchmark", "perturbation", "--data", str(tmp_path / "data"),
+                              "--methods", "random", "--out", str(out)]) == 0
+    assert (out / "faithfulness.png").is_file()
+    assert faithfulness.main([str(checkpoint), "--data", str(tmp_path / "data"), "--methods", "random", "--out",
+                              str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["faithfulness.json", "faithfulness.md"]
+    assert "deletion_auc" in json.loads((out / "faithfulness.json").read_text())["methods"]["random"]
 
 
 def test_the_report_files_named_before_torch_loads_are_the_ones_written():

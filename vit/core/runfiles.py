@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import glob
 import io
 import json
 import logging
@@ -39,7 +40,7 @@ import shutil
 import socket
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -237,6 +238,50 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_files(files: Mapping[Path, bytes], gone: Iterable[Path] = ()) -> None:
+    """Several files written as one set (a report's table, plot and JSON): each to its temporary file beside it,
+    fsynced, and only once all are, renamed into place in ``files``' order, each of ``gone`` (a file of an earlier
+    set this one has not) removed before the last rename. A kill while any is written leaves the earlier set whole;
+    only one in the microseconds between the renames mixes two. The last file, whose new version says the set is
+    complete, goes last."""
+    temps = {}
+    try:
+        for path, data in files.items():
+            temps[path] = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            with open(temps[path], "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        *first, last = files
+        for path in first:
+            os.replace(temps.pop(path), path)
+        for path in gone:
+            path.unlink(missing_ok=True)
+        os.replace(temps.pop(last), last)
+    except BaseException:
+        for temp in temps.values():
+            temp.unlink(missing_ok=True)
+        raise
+
+
+def remove_dead_writers_temp_files(folder: Path, names: Iterable[str]) -> list[Path]:
+    """Delete the temporary files (``.NAME.PID.THREAD.tmp``) that the atomic writes of ``names`` in ``folder`` left
+    when their process was killed: those of a process no longer alive on this host (a live writer's file is about to
+    be renamed into place). Returns what was removed."""
+    removed = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            for path in folder.glob(f".{glob.escape(name)}.*.tmp"):
+                pid = path.name[len(name) + 2:].partition(".")[0]
+                if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+                    continue
+                with contextlib.suppress(OSError):
+                    if path.is_file() and not path.is_symlink():
+                        path.unlink()
+                        removed.append(path)
+    return removed
 
 
 def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from vit.checkpoint import Checkpoint
 from vit.core.images import MAX_SIDE, ImageError, normalize, open_image, to_uint8
-from vit.core.runfiles import atomic_write_bytes, atomic_write_text, lies_inside, open_regular
+from vit.core.runfiles import atomic_write_files, lies_inside, open_regular, remove_dead_writers_temp_files
 from vit.costs import memory, plan
 from vit.costs.bounds import ANALYSIS_MEMORY_ENV, TooManyTokens, forward_flops, memory_limit
 from vit.explain.benchmarks import metrics as bench
@@ -419,8 +419,10 @@ def markdown(result: dict, text: str | None = None) -> str:
 
 def write_out(out: str | Path | None, result: dict, text: str | None = None) -> None:
     """``--out DIR``: ``faithfulness.json``, ``faithfulness.md`` (the table) and, but for deletion, the plot
-    ``faithfulness.png`` (``REPORT_FILES``), each written atomically (``vit.core.runfiles.atomic_write_bytes``): a rerun
-    killed while it writes leaves the previous report whole. The JSON goes last, so a new one means a complete set."""
+    ``faithfulness.png`` (``REPORT_FILES``), written as one set (``vit.core.runfiles.atomic_write_files``): a rerun
+    killed while it writes leaves the previous report whole, not a plot of one run beside the JSON of another, and
+    a deletion run removes an earlier run's plot. The JSON goes last, so a new one means a complete set. The
+    temporary files of a run killed before (``.faithfulness.*.tmp``) are removed first."""
     import io
     import json
 
@@ -428,7 +430,9 @@ def write_out(out: str | Path | None, result: dict, text: str | None = None) -> 
         return
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
+    remove_dead_writers_temp_files(folder, REPORT_FILES)
     png, md, report = (folder / name for name in REPORT_FILES)
+    files = {}
     if result.get("benchmark", "deletion") != "deletion":
         fig, drawn = figure(result), io.BytesIO()  # figure() chooses matplotlib's backend before pyplot loads
         import matplotlib.pyplot as plt
@@ -437,9 +441,10 @@ def write_out(out: str | Path | None, result: dict, text: str | None = None) -> 
             fig.savefig(drawn, dpi=120, format="png")
         finally:
             plt.close(fig)
-        atomic_write_bytes(png, drawn.getvalue())
-    atomic_write_text(md, markdown(result, text))
-    atomic_write_text(report, json.dumps(result, indent=2) + "\n")
+        files[png] = drawn.getvalue()
+    files[md] = markdown(result, text).encode("utf-8")
+    files[report] = (json.dumps(result, indent=2) + "\n").encode("utf-8")
+    atomic_write_files(files, gone=() if png in files else (png,))
 
 
 def figure(result: dict):
