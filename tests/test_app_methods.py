@@ -307,3 +307,46 @@ def test_a_linked_occlusion_whose_strides_pass_its_window_is_one_line_not_captum
     [error] = [e.value for e in at.error]
     assert "strides 8 px are larger than its 2x2 px window" in error and "choose strides of at most 2 px" in error
     assert "\n" not in error
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_black_baseline_is_chosen_in_the_sidebar_named_in_the_caption_and_kept_by_the_link(monkeypatch):
+    """Issue 90, item 6: "Baseline is: a black image" reaches the map as ``baseline="black"`` (its value input is
+    then not drawn), the caption says the black image ran, and a page opened from the link draws the same."""
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.explorer_sections import long_work
+    from tests.test_app import APP, TIMEOUT
+    from tests.test_app_share import url
+
+    given = []
+    real = method_maps.model_method_map
+
+    def recorded(checkpoint, image, kind, *args, options=None, **kwargs):
+        given.append((kind, dict(options or {})))
+        return real(checkpoint, image, kind, *args, options=options, **kwargs)
+
+    monkeypatch.setattr(method_maps, "model_method_map", recorded)
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value("integrated_gradients")
+    at.run()
+    assert "mean colour" in overlay_caption(at) and "Baseline" in [w.label for w in at.sidebar.number_input]
+    sidebar_widget(at, "radio", "Baseline is").set_value("black")
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    assert given[-1] == ("integrated_gradients", {"baseline": "black"})
+    assert "Baseline" not in [w.label for w in at.sidebar.number_input]
+    caption = overlay_caption(at)
+    assert "from a black image (baseline=black) to the image" in caption, caption
+    link = url(at)
+    assert link["attr"] == "baseline=black"
+    long_work.results.clear()
+    linked = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in link.items():
+        linked.query_params[key] = value
+    linked.run()
+    assert not linked.exception, [e.message for e in linked.exception]
+    assert sidebar_widget(linked, "radio", "Baseline is").value == "black"
+    assert overlay_caption(linked) == caption

@@ -485,3 +485,34 @@ def test_the_benchmarks_get_a_pixel_methods_patch_sums(tmp_path):
     expected = captums_pixels("input_x_gradient", forward, x).reshape(4, 8, 4, 8).sum(dim=(1, 3))
     assert maps.shape == (1, 4, 4)
     torch.testing.assert_close(maps[0], expected, rtol=1e-3, atol=1e-5 * float(expected.abs().max()))
+
+
+def test_a_black_baseline_is_captums_call_with_the_black_image_the_preprocessing_makes(tmp_path):
+    """Issue 90, item 6: ``baseline="black"`` is a black image normalised as the model's input is (this model's
+    zeros are its mean colour), Integrated Gradients' path and feature ablation's replacement both; the caption says
+    which baseline ran, and the link's ``attr`` keeps it."""
+    checkpoint, forward = hf_vit(tmp_path / "vit")
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)
+    black = preprocess([Image.new("RGB", (32, 32))], checkpoint.preprocessing, SIZE, 8)  # (1, 3, 32, 32)
+    assert not torch.allclose(black, torch.zeros_like(black))
+    expected = captum_attr.IntegratedGradients(forward).attribute(x, baselines=black, target=TARGET, n_steps=7)
+    shown = vit.explain(checkpoint, image(), "integrated_gradients", target=TARGET, size=32, n_steps=7,
+                        baseline="black")
+    np.testing.assert_allclose(shown.map, expected.sum(dim=1)[0].detach().numpy(), rtol=1e-3,
+                               atol=1e-5 * float(expected.abs().max()))
+    assert "from a black image (baseline=black) to the image" in shown.description, shown.description
+    zeros = vit.explain(checkpoint, image(), "integrated_gradients", target=TARGET, size=32, n_steps=7)
+    assert not np.allclose(zeros.map, shown.map)  # the mean colour's path is another
+    p = x.shape[2] // 4
+    mask = torch.tensor([[(r // p) * 4 + c // p for c in range(32)] for r in range(32)])[None, None]
+    ablated = captum_attr.FeatureAblation(forward).attribute(x, baselines=black, target=TARGET, feature_mask=mask)
+    shown = vit.explain(checkpoint, image(), "feature_ablation", target=TARGET, size=32, baseline="black")
+    np.testing.assert_allclose(shown.map, patch_grid_by_hand(ablated, (4, 4), mean=True), rtol=1e-4, atol=1e-6)
+    assert "set to black (baseline=black)" in shown.description, shown.description
+    chosen = captum_maps.chosen_options("integrated_gradients", {"baseline": "black", "n_steps": 7})
+    assert captum_maps.options_text(chosen) == "n_steps=7,baseline=black"
+    assert captum_maps.parse_options("n_steps=7,baseline=black") == (("n_steps", 7), ("baseline", "black"))
+    with pytest.raises(ValueError, match="baseline must be one of value, black"):
+        captum_maps.parse_options("baseline=white")
+    with pytest.raises(ValueError, match="smoothgrad does not take baseline"):
+        vit.explain(checkpoint, image(), "smoothgrad", baseline="black")

@@ -180,6 +180,9 @@ def option_key(name: str) -> str:
 # captum's and RISE's parameters as the sidebar shows them: its label and what it does
 OPTION_LABELS = {
     "n_steps": ("Steps", "Integrated Gradients' steps along the path from the baseline (captum's default: 50)."),
+    "baseline": ("Baseline is", "What the input is compared with or replaced by: a value in the model's input "
+                                "space (below; captum's default 0: the normalisation's mean colour), or a black image "
+                                "normalised as the model's input is."),
     "baselines": ("Baseline", "The value the input is compared with or replaced by, in the model's input space "
                               "(captum's default 0: the normalisation's mean colour)."),
     "nt_samples": ("Noisy samples", "SmoothGrad's noisy copies of the input (captum's default: 5)."),
@@ -200,9 +203,16 @@ def attribution_options(kind: str) -> tuple[tuple[str, float | int], ...]:
     ``captum_maps.BOUNDS`` is; the map's cost is counted before it runs."""
     default, values = captum_maps.Options(), {}
     for name in captum_maps.page_options(kind):
-        low, high, number = captum_maps.BOUNDS[name]
         label, help_text = OPTION_LABELS[name]
         key, value = option_key(name), getattr(default, name)
+        if name in captum_maps.CHOICES:  # the baseline: a value, or a black image
+            st.session_state.setdefault(key, value)
+            values[name] = st.radio(label, captum_maps.CHOICES[name], key=key, help=help_text, horizontal=True,
+                                    format_func={"value": "a value", "black": "a black image"}.get)
+            continue
+        if name == "baselines" and values.get("baseline") == "black":  # not used: the black image is
+            continue
+        low, high, number = captum_maps.BOUNDS[name]
         if value is None:  # occlusion's window and stride: one patch, shown as 0
             st.session_state.setdefault(key, 0)
             values[name] = st.number_input(label, 0, int(high), step=1, key=key, help=help_text) or None

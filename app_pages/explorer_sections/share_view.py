@@ -117,7 +117,8 @@ def read_link(may_open: bool) -> None:
     for name, value in linked:
         if name in takes:
             st.session_state[option_key(name)] = value
-    _note([f"The link's {name}={value:g} was not used: {kind or 'the default map'} does not take it."
+    _note([f"The link's {captum_maps.options_text(((name, value),))} was not used: {kind or 'the default map'} "
+           "does not take it."
            for name, value in linked if name not in takes])
     if "mass" in values:
         st.session_state["mass_mask"], st.session_state["mask_share"] = True, values.pop("mass")

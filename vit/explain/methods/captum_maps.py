@@ -46,6 +46,7 @@ class Options:
 
     n_steps: int = 50  # integrated_gradients: captum's default (Gauss-Legendre steps)
     baselines: float = 0.0  # IG, occlusion, feature ablation, KernelSHAP: captum's zeros, in the model's input space
+    baseline: str = "value"  # "value": ``baselines`` (0: the preprocessing's mean colour); "black": a black image
     nt_samples: int = 5  # smoothgrad: captum's NoiseTunnel default
     stdevs: float = 1.0  # smoothgrad: captum's default, the noise's standard deviation in the model's input space
     sliding_window_shapes: int | None = None  # occlusion: the window's side in pixels (default one patch)
@@ -69,6 +70,12 @@ class Options:
         values = {}
         for f in fields(cls):
             if f.name not in given or given[f.name] is None:
+                continue
+            if f.name in CHOICES:  # a word, not a number
+                if given[f.name] not in CHOICES[f.name]:
+                    raise ValueError(f"{method}'s {f.name} must be one of {', '.join(CHOICES[f.name])}; got "
+                                     f"{given[f.name]!r}")
+                values[f.name] = given[f.name]
                 continue
             low, high, kind = BOUNDS[f.name]
             value = given[f.name]
@@ -116,11 +123,11 @@ def held_bytes(method: str, options: Options, shape: tuple[int, int], channels: 
 
 # What each method takes, captum's names; and each option's (low, high, type), checked before the work.
 OPTIONS: dict[str, tuple[str, ...]] = {
-    "integrated_gradients": ("n_steps", "baselines", "batch"),
+    "integrated_gradients": ("n_steps", "baseline", "baselines", "batch"),
     "smoothgrad": ("nt_samples", "stdevs", "seed", "batch"),
-    "occlusion": ("sliding_window_shapes", "strides", "baselines", "batch"),
-    "feature_ablation": ("baselines", "batch"),
-    "kernel_shap": ("n_samples", "baselines", "seed", "batch"),
+    "occlusion": ("sliding_window_shapes", "strides", "baseline", "baselines", "batch"),
+    "feature_ablation": ("baseline", "baselines", "batch"),
+    "kernel_shap": ("n_samples", "baseline", "baselines", "seed", "batch"),
     "input_x_gradient": (),
     "rise": ("n_masks", "s", "p1", "seed", "batch"),
 }
@@ -130,6 +137,9 @@ BOUNDS: dict[str, tuple[float, float, type]] = {
     "n_samples": (1, 100_000, int), "n_masks": (1, 100_000, int), "s": (1, 1024, int), "p1": (1e-6, 1.0, float),
     "seed": (0, 2**32 - 1, int), "batch": (1, 4096, int),
 }
+# The options whose value is one of a few words: the baseline, "value" (``baselines`` in the model's normalised input,
+# captum's 0 the preprocessing's mean colour) or "black" (a black image, normalised as the model's input is)
+CHOICES: dict[str, tuple[str, ...]] = {"baseline": ("value", "black")}
 
 
 # What the explorer's sidebar offers of each method's options (the batch is the memory bound's to choose) and how a
@@ -156,13 +166,18 @@ def options_text(options: tuple[tuple[str, float | int], ...]) -> str:
 
 
 def parse_options(text: str) -> tuple[tuple[str, float | int], ...]:
-    """``options_text``'s pairs back, each name one of ``BOUNDS`` (but ``batch``) and its value within them;
-    ValueError in one line otherwise. Which method takes them is checked where the map is drawn."""
+    """``options_text``'s pairs back, each name one of ``BOUNDS`` (but ``batch``) or ``CHOICES`` and its value within
+    them; ValueError in one line otherwise. Which method takes them is checked where the map is drawn."""
     pairs = []
     for part in text.split(","):
         name, sep, value = part.partition("=")
-        if not sep or name not in BOUNDS or name == "batch":
-            raise ValueError(f"give name=value pairs of {', '.join(n for n in BOUNDS if n != 'batch')}")
+        if not sep or name not in (*BOUNDS, *CHOICES) or name == "batch":
+            raise ValueError(f"give name=value pairs of {', '.join(n for n in (*BOUNDS, *CHOICES) if n != 'batch')}")
+        if name in CHOICES:
+            if value not in CHOICES[name]:
+                raise ValueError(f"{name} must be one of {', '.join(CHOICES[name])}")
+            pairs.append((name, value))
+            continue
         low, high, kind = BOUNDS[name]
         try:
             number = kind(value) if kind is float else int(value)
@@ -238,11 +253,21 @@ def smoothgrad(saliency, x: Tensor, class_index: int, options: Options, batch: i
     return total / n
 
 
+def black_input(x: Tensor, preprocessing) -> Tensor:
+    """A black image as the model's input ``x (1, C, H, W)`` is formed (``preprocessing``'s mean and std): the
+    ``baseline="black"`` of the methods that take one."""
+    from vit.core.images import normalize
+
+    return normalize(torch.zeros_like(x), preprocessing.mean, preprocessing.std).to(x.dtype)  # (1, C, H, W)
+
+
 def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[int, int], options: Options,
-                batch: int, progress=None) -> Tensor:
+                batch: int, progress=None, baselines: float | Tensor | None = None) -> Tensor:
     """captum's (or RISE's) attribution of ``class_index`` for ``x (1, C, H, W)``: ``(1, C, H, W)`` (RISE's
     ``(1, H, W)``), ``batch`` forwards at once. ``forward(images) -> logits (B, classes)``. The random ones are
-    seeded by ``options.seed`` without touching the caller's random state."""
+    seeded by ``options.seed`` without touching the caller's random state. ``baselines``: captum's, default
+    ``options.baselines`` (``black_input`` for ``baseline="black"``)."""
+    baselines = options.baselines if baselines is None else baselines
     from captum.attr import (
         FeatureAblation,
         InputXGradient,
@@ -262,7 +287,7 @@ def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[i
     with torch.random.fork_rng(devices=devices):  # SmoothGrad's noise, KernelSHAP's draws: seeded, ours only
         torch.manual_seed(options.seed)
         if method == "integrated_gradients":
-            return IntegratedGradients(forward).attribute(x, baselines=options.baselines, target=class_index,
+            return IntegratedGradients(forward).attribute(x, baselines=baselines, target=class_index,
                                                           n_steps=options.n_steps, internal_batch_size=batch)
         if method == "smoothgrad":
             return smoothgrad(Saliency(forward), x, class_index, options, batch)
@@ -272,13 +297,13 @@ def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[i
             patch = (H // grid[0], W // grid[1])
             window, strides = _window(options, patch, (H, W))
             return Occlusion(forward).attribute(x, sliding_window_shapes=(x.shape[1], *window),
-                                                strides=(x.shape[1], *strides), baselines=options.baselines,
+                                                strides=(x.shape[1], *strides), baselines=baselines,
                                                 target=class_index, perturbations_per_eval=batch)
         if method == "feature_ablation":
-            return FeatureAblation(forward).attribute(x, baselines=options.baselines, target=class_index,
+            return FeatureAblation(forward).attribute(x, baselines=baselines, target=class_index,
                                                       feature_mask=mask, perturbations_per_eval=batch)
         if method == "kernel_shap":
-            return KernelShap(forward).attribute(x, baselines=options.baselines, target=class_index,
+            return KernelShap(forward).attribute(x, baselines=baselines, target=class_index,
                                                  feature_mask=mask, n_samples=options.n_samples,
                                                  perturbations_per_eval=batch)
     raise ValueError(f"unknown attribution {method!r}; choose one of: {', '.join(ATTRIBUTION_METHODS)}")
@@ -346,8 +371,10 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
 
     if method == "rise":
         return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch, progress), grid)
+    baselines = black_input(x, checkpoint.preprocessing) if chosen.baseline == "black" else None
     with (reporting or (lambda total: contextlib.nullcontext()))(batches(count, batch) * len(model.blocks)):
-        attributions = attribution(forward, x, method, class_index, grid, chosen, batch)  # (1, C, H, W)
+        attributions = attribution(forward, x, method, class_index, grid, chosen, batch,
+                                   baselines=baselines)  # (1, C, H, W)
     return pixel_map(attributions) if pixels else patch_map(method, attributions, grid)
 
 
@@ -364,6 +391,8 @@ def caption(method: str, options: Options | None = None, pixels: bool = False) -
         "colour)" if o.baselines == 0 else f"a baseline of {o.baselines:g} in the model's normalised input"
     set_to = "set to the preprocessing's mean colour (zeros in the model's normalised input)" if o.baselines == 0 \
         else f"set to {o.baselines:g} in the model's normalised input"
+    if o.baseline == "black":  # the option says which baseline ran: then ``baselines`` is not used
+        baseline, set_to = "a black image (baseline=black)", "set to black (baseline=black)"
     window = "a patch-sized window" if o.sliding_window_shapes is None else \
         f"a {o.sliding_window_shapes}-px window"
     stride = "" if o.strides is None else f", every {o.strides} px"
