@@ -24,6 +24,10 @@ FAMILIES = {
     "vit_msn": (lambda: transformers.ViTMSNForImageClassification(
         transformers.ViTMSNConfig(**SMALL, image_size=32, num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"})), 1),
     "pixio": (lambda: transformers.PixioModel(transformers.PixioConfig(**SMALL, image_size=32, n_cls_tokens=2)), 2),
+    # CLIP's layout (class_embedding: one token), MetaCLIP 2's vision tower and MLCD's (rotary positions)
+    "metaclip_2_vision_model": (lambda: transformers.MetaClip2VisionModel(
+        transformers.MetaClip2VisionConfig(**SMALL, image_size=32)), 1),
+    "mlcd": (lambda: transformers.MLCDVisionModel(transformers.MLCDVisionConfig(**SMALL, image_size=32)), 1),
 }
 
 
@@ -232,3 +236,12 @@ def test_a_non_square_grid_is_placed_row_major_and_a_transposed_grid_would_fail(
     assert explanation.map.shape == (4, 6)
     assert torch.allclose(torch.from_numpy(explanation.map), row.reshape(4, 6), atol=1e-6, rtol=0)
     assert not torch.allclose(torch.from_numpy(explanation.map), row.reshape(6, 4).T, atol=1e-6, rtol=0)
+
+
+def test_tokens_after_the_patches_are_refused_in_one_line_at_opening(tmp_path):
+    config = transformers.YolosConfig(**SMALL, image_size=[32, 32], num_detection_tokens=3)  # 3 tokens after them
+    transformers.YolosModel(config).save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"runs over \[20\] tokens, not the 1 prefix tokens and 4x4") as refused:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(refused.value)

@@ -30,8 +30,8 @@ from vit.sources.files import SourceError, _one_line
 from vit.sources.hf_preprocessing import hf_preprocessing
 
 ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own ViT
-# The embeddings' parameters that are tokens before the patches: (1, n, hidden) each
-PREFIX_PARAMETERS = ("cls_token", "register_tokens", "distillation_token", "mask_token_prefix")
+# The embeddings' parameters that are tokens before the patches: (1, n, hidden) each, CLIP's (hidden,) one
+PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distillation_token")
 MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
 
 
@@ -169,16 +169,16 @@ def _pair(value, name: str) -> tuple[int, int]:
 
 
 def prefix_tokens(model: torch.nn.Module) -> int:
-    """The tokens before the patches: the embeddings' token parameters (CLS, registers, a distillation token), each
-    ``(1, n, hidden)``."""
-    embeddings = getattr(model, "embeddings", None)
-    if embeddings is None:
-        base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-        embeddings = getattr(base, "embeddings", None)
+    """The tokens before the patches: the embeddings' token parameters (CLS, registers, a distillation token:
+    ``(1, n, hidden)`` each; CLIP's ``class_embedding``: ``(hidden,)``, one token)."""
+    embeddings = next((m for name, m in model.named_modules() if name.rpartition(".")[2] == "embeddings"), None)
     if embeddings is None:
         raise ValueError("it has no embeddings module to count its prefix tokens from")
-    return sum(int(p.shape[-2]) for name, p in embeddings.named_parameters(recurse=False)
-               if name in PREFIX_PARAMETERS and p.dim() == 3)
+    count = 0
+    for name, parameter in embeddings.named_parameters(recurse=False):
+        if name in PREFIX_PARAMETERS:
+            count += 1 if parameter.dim() == 1 else int(parameter.shape[-2])
+    return count
 
 
 def opens(config_json: Mapping) -> bool:
@@ -267,9 +267,44 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         raise SourceError(f"{folder}: {len(modules)} attention modules for {config.num_hidden_layers} layers; the "
                           "library road reads one attention per layer")
     wrapped = LibraryModel(model, layout, modules)
+    if torch.device(map_location).type == "meta":  # the layout checked against the tokens the model forms, no data
+        problem = _layout_problem(wrapped, channels)
+        if problem:
+            raise SourceError(f"{folder}: {problem}")
     classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
     return _finish_library(wrapped, class_names(config, classes), preprocessing, folder, cls.__name__,
                            image_processor is None)
+
+
+def _layout_problem(model: LibraryModel, channels: int) -> str | None:
+    """Why the layout does not place the tokens the model forms (its forward on the meta device, one image at the
+    input size: shapes only), or None: every layer's attention is over prefix + patches tokens."""
+    pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
+    seen: list[int] = []
+
+    class Shapes:  # a recorder that notes each layer's key count and keeps nothing
+        layers = {module: i for i, module in enumerate(model._attention)}
+
+        @staticmethod
+        def keep(layer, query, key, value, attention_mask, kwargs) -> None:
+            seen.append(int(key.shape[-2]))
+
+        @staticmethod
+        def output(layer, out) -> None:
+            pass
+
+    try:
+        with torch.no_grad(), recording_attention.recording(model.model, Shapes()):
+            model.model(pixel_values=pixels)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
+        return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+    expected = model.layout.num_tokens
+    if set(seen) != {expected}:
+        gh, gw = model.layout.grid
+        return (f"its attention runs over {sorted(set(seen))} tokens, not the {model.layout.num_prefix_tokens} prefix "
+                f"tokens and {gh}x{gw} patches the library road places (tokens after the patches, windows or stages "
+                "need a layout of their own: issue 91)")
+    return None
 
 
 def class_names(config, classes: int) -> list[str]:
