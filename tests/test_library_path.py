@@ -245,3 +245,11 @@ def test_tokens_after_the_patches_are_refused_in_one_line_at_opening(tmp_path):
     with pytest.raises(CheckpointError, match=r"runs over \[20\] tokens, not the 1 prefix tokens and 4x4") as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value)
+
+
+def test_the_explorer_and_the_commands_refuse_it_in_one_line_naming_the_notebook_api(folders):
+    from vit.sources.open import open_source
+
+    with pytest.raises(CheckpointError, match=r"has no port; it opens .* \(vit.load\)") as refused:
+        open_source(folders["ijepa"])  # how the explorer's pages, vit.predict and vit.convert open a model
+    assert "\n" not in str(refused.value)

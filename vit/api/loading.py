@@ -24,11 +24,13 @@ from vit.explain.views import (
 def load(source: str | os.PathLike, device: str | torch.device | None = None) -> Checkpoint:
     """Open any model the explorer opens: our ``.pt``, an HF / timm / torchvision / open_clip folder or file, or a
     Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm name), downloaded into the HF cache first when
-    needed. ``device`` defaults to a GPU when there is one. Raises ``CheckpointError`` with a one-line message."""
+    needed. ``device`` defaults to a GPU when there is one. A transformers vision model whose family has no port
+    opens as transformers builds it (``Checkpoint.road == "library"``: its attention and rollout are drawn). Raises
+    ``CheckpointError`` with a one-line message."""
     from vit.sources.open import open_source
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return open_source(source, map_location=device)
+    return open_source(source, map_location=device, library_road=True)
 
 
 def shipped(name: str | None = None) -> Path:

@@ -547,8 +547,10 @@ def open_plugin_family(family: registry.Family, folder: Path, config_json: dict,
     return checkpoint
 
 
-def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """An HF ``save_pretrained`` folder of a supported architecture (a plugin's family's model_type too)."""
+def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu",
+                   library_road: bool = False) -> Checkpoint:
+    """An HF ``save_pretrained`` folder of a supported architecture (a plugin's family's model_type too); with
+    ``library_road``, a transformers vision model no port reads, as transformers builds it (``library_path``)."""
     family = registry.plugin_family(config_json.get("model_type"))
     if family is not None:
         return open_plugin_family(family, folder, config_json, map_location)
@@ -561,8 +563,12 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     if config_json.get("model_type") not in registry.hf_model_types():  # no port: the library road, where it runs
         from vit.sources import library_path
 
-        if library_path.opens(config_json):
+        if library_path.opens(config_json) and library_road:
             return library_path.open_library(folder, config_json, hf_image_processor(folder), map_location)
+        if library_path.opens(config_json):  # the explorer and the commands read our ViT: ports only, for now
+            raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
+                              "in the notebook API (vit.load), which draws its attention and rollout; the explorer "
+                              "and the commands read ports only for now (issue 91)")
     architecture = hf_architecture(config_json)
     if architecture is None and "model_type" not in config_json:  # a from-scratch config without its weights
         raise SourceError(f"{folder}: its config.json is no Hugging Face or timm config (no model_type, "
@@ -800,22 +806,25 @@ def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
     return library, name
 
 
-def open_source(path: str | os.PathLike, arch: str | None = None, map_location: str | torch.device = "cpu"
-                ) -> Checkpoint:
+def open_source(path: str | os.PathLike, arch: str | None = None, map_location: str | torch.device = "cpu",
+                library_road: bool = False) -> Checkpoint:
     """Open ``path`` (a file or folder, see the module docstring) as an eval-mode ``Checkpoint``.
 
-    ``arch`` names the architecture of a bare state dict: ``timm:NAME`` or ``torchvision:NAME``.
+    ``arch`` names the architecture of a bare state dict: ``timm:NAME`` or ``torchvision:NAME``. With
+    ``library_road`` (``vit.load``), a transformers vision model no port reads opens as transformers builds it
+    (``vit.sources.library_path``, ``Checkpoint.road == "library"``); without, it is refused in one line.
     Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open.
     The whole opening runs first on the ``meta`` device, from the files' headers alone, so weights whose
     names, shapes or counts do not fit are refused before any tensor data is read. A Hub id is downloaded
     first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
     """
     path = hub.resolve(path, needed=needed_shards)
-    _open(path, arch, "meta")
-    return _open(path, arch, map_location)
+    _open(path, arch, "meta", library_road)
+    return _open(path, arch, map_location, library_road)
 
 
-def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.device) -> Checkpoint:
+def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.device, library_road: bool = False
+          ) -> Checkpoint:
     path = Path(path).expanduser()
     library, name = parse_arch(arch)
     if not path.exists():
@@ -851,7 +860,7 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
             if weights is None:
                 raise SourceError(f"{path} has a timm config.json but no model.safetensors or pytorch_model.bin")
             return open_timm(path, read_weights(weights, map_location), name, config_json, map_location)
-        return open_hf_folder(path, config_json, map_location)
+        return open_hf_folder(path, config_json, map_location, library_road)
     if path.suffix != ".safetensors":
         try:
             read_checkpoint_payload(path, mmap=True)  # which kind of torch file: the pickle only, tensors mapped
