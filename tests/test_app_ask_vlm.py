@@ -426,3 +426,16 @@ def test_a_folder_whose_weights_do_not_fit_its_config_is_one_line_on_the_page(fo
     [error] = [e.value.replace("\\", "") for e in at.error]  # as written, less Markdown's escapes
     assert "its weights do not match its config.json (size mismatch for model.language_model.layers.0.mlp" in error
     assert "\n" not in error and not [w for w in at.main.pills if w.label == "Answer token"]
+
+
+@pytest.mark.parametrize("template", ["{% set kept = [] %}{{ kept.append(1) }}<image>",
+                                      "{% for m in messages %}<image>"])
+def test_a_chat_template_the_sandbox_refuses_or_that_does_not_parse_is_one_line_on_the_page(folders, tmp_path,
+                                                                                            template):
+    """jinja's SecurityError and TemplateSyntaxError (of several lines) are the one line of the refusal."""
+    from test_vlm_hostile_folders import with_template
+
+    at = ask(open_folder(with_template(folders, tmp_path, template)), QUESTION)
+    [error] = [e.value.replace("\\", "") for e in at.error]  # as written, less Markdown's escapes
+    assert error.startswith("the model's chat template fails: ") and "\n" not in error, error
+    assert "SecurityError" in error or "TemplateSyntaxError" in error, error
