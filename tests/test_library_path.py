@@ -253,3 +253,29 @@ def test_the_explorer_and_the_commands_refuse_it_in_one_line_naming_the_notebook
     with pytest.raises(CheckpointError, match=r"has no port; it opens .* \(vit.load\)") as refused:
         open_source(folders["ijepa"])  # how the explorer's pages, vit.predict and vit.convert open a model
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("shrunk", r"is refused: its weights do not match its config.json \(size mismatch for [\w.]+: \(31, 32\) in the "
+               r"weights, \(32, 32\) in the config\); give the folder the config.json saved with these weights$"),
+    ("no layers", r"is refused: its weights files lack 48 of the model's weights \(.*\), which transformers would "
+                  r"fill at random, so the model would run with random layers; copy every weights file"),
+])
+def test_weights_that_do_not_fit_or_lack_layers_are_refused_in_one_line(tmp_path, edit, message):
+    """Issue 95, item 6: transformers' size-mismatch refusal is a RuntimeError pointing at a report it logged ("For
+    details look at the above report!"), and weights it does not find it fills at random: the model opened and
+    drew maps of random layers without a word. Both are one line saying what to do (the commands and the explorer
+    read ports only, for now)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = save_family(tmp_path / "model", "ijepa")
+    tensors = load_file(folder / "model.safetensors")
+    if edit == "shrunk":
+        name = sorted(k for k, t in tensors.items() if ".layer.0." in k and t.shape == (32, 32))[0]
+        tensors[name] = tensors[name][:-1]
+    else:
+        tensors = {k: t for k, t in tensors.items() if ".layer." not in k}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=message) as refusal:
+        vit.load(folder, device="cpu")
+    assert "\n" not in str(refusal.value)

@@ -1,10 +1,12 @@
 """Small files read on the way to a model, by opening (``vit.sources.open``) and by downloading
 (``vit.sources.hub``, which checks a config.json before fetching its weights): the one-line error and a bounded
-JSON reader."""
+JSON reader, and what transformers' loading info says is wrong with a folder's weights."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError
@@ -34,3 +36,39 @@ def read_json(path: Path) -> dict:
     if not isinstance(value, dict):
         raise SourceError(f"{path} is not a JSON object; not a model config")
     return value
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger: our one line
+    says what matters, so it is kept at errors while a model opens."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
+
+
+def loading_problem(loaded: dict) -> str | None:
+    """What transformers' loading info (``from_pretrained(..., ignore_mismatched_sizes=True,
+    output_loading_info=True)``) says is wrong with a folder's weights, in one line, or None: a weight of the model
+    the files do not hold (transformers fills it at random, and the model runs with random layers without a word),
+    or one of another size than the config's (transformers' own refusal is a RuntimeError pointing at a report)."""
+    mismatched = sorted(loaded.get("mismatched_keys") or (), key=lambda m: str(m[0]))
+    if mismatched:
+        key, stored, built = mismatched[0]
+        more = f" and {len(mismatched) - 1:,} more" if len(mismatched) > 1 else ""
+        return (f"its weights do not match its config.json (size mismatch for {key}: {tuple(stored)} in the weights, "
+                f"{tuple(built)} in the config{more}); give the folder the config.json saved with these weights")
+    missing = sorted(map(str, loaded.get("missing_keys") or ()))
+    if missing:
+        language = sum(".language_model." in f".{key}" or key.startswith("lm_head.") for key in missing)
+        which = f", {language:,} of them the language model's" if language else ""
+        shown = ", ".join(missing[:2]) + (f" and {len(missing) - 2:,} more" if len(missing) > 2 else "")
+        return (f"its weights files lack {len(missing):,} of the model's weights{which} ({shown}), which transformers "
+                "would fill at random, so the model would run with random layers; copy every weights file of the "
+                "model into the folder (model.safetensors, or each shard model.safetensors.index.json names)")
+    return None

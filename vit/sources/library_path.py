@@ -26,7 +26,7 @@ import torch
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core import recording_attention
 from vit.model import ViTConfig
-from vit.sources.files import SourceError, _one_line
+from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers
 from vit.sources.hf_preprocessing import hf_preprocessing
 
 ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own ViT
@@ -235,16 +235,22 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                           "transformers' attention interface, which the library road records; "
                           "the README's table \"What it opens\" links a page listing every model this program opens")
     name = recording_attention.recording_name("sdpa")
+    loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
     try:
         if torch.device(map_location).type == "meta":
             with torch.device("meta"):
                 model = cls._from_config(config, attn_implementation=name)
         else:
-            model = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
-                                        attn_implementation=name, dtype=torch.float32)
+            with quiet_transformers():  # its multi-line loading report: loading_problem's one line says it
+                model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
+                                                    attn_implementation=name, dtype=torch.float32,
+                                                    ignore_mismatched_sizes=True, output_loading_info=True)
             model = model.to(map_location)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
+    wrong = loading_problem(loaded)
+    if wrong:
+        raise SourceError(f"{folder} is refused: {wrong}")
     model.eval()
     modules = attention_modules(model)
     if not modules:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Checkpoint, CheckpointError
+from vit.sources.files import quiet_transformers
 
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
 MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
@@ -196,20 +197,6 @@ def _load_tokenizer(library: str, folder: str, version: tuple):
         return open_clip.get_tokenizer(f"local-dir:{folder}")
 
 
-@contextlib.contextmanager
-def _quiet_transformers():
-    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger: our one line
-    says what matters, so it is kept at errors while a tower opens."""
-    import transformers
-
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        transformers.logging.set_verbosity(level)
-
-
 def _open_hf(folder: Path, architecture: str) -> TextTower:
     import transformers
 
@@ -225,7 +212,7 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
     if weights is None:
         raise TextTowerError(f"{folder} has no {' or '.join(HF_WEIGHTS)}")
     model_class = getattr(transformers, class_name)
-    with _offline(), _quiet_transformers():
+    with _offline(), quiet_transformers():
         from vit.sources.files import read_json
 
         check_declared_layers(read_json(folder / "config.json"), str(folder / "config.json"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.sources.files import _one_line, read_json
+from vit.sources.files import _one_line, loading_problem, quiet_transformers, read_json
 
 # model_type -> the architectures asked here: a generating model (a bare ...Model has no language-model head).
 ARCHITECTURES = {
@@ -117,7 +117,7 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     ``pan_and_scan``: Gemma 3's processor cuts a long image into crops beside the whole (``_pan_and_scan``). VLMError
     (one line) for a folder that is not one of ``ARCHITECTURES``, lacks a file, or declares a size past
     ``vit.sources.vlm.declared``'s bounds (counted before anything of it is built), and for weights files that lack
-    a weight of the model or hold one of another size than its config's (``_weights_problem``)."""
+    a weight of the model or hold one of another size than its config's (``vit.sources.files.loading_problem``)."""
     if isinstance(source, VLM):
         if pan_and_scan:
             _pan_and_scan(source)
@@ -137,20 +137,18 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         raise VLMError(str(e)) from None
     import transformers
 
-    from vit.sources.vlm.text_tower import _quiet_transformers
-
     try:
         processor = transformers.AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         # Mismatched sizes loaded at random, not raised: the loading info names them, for one line here (transformers'
         # own refusal is a RuntimeError pointing at the multi-line report it logs, kept quiet).
-        with _quiet_transformers():
+        with quiet_transformers():
             model, loaded = getattr(transformers, architecture).from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, dtype="auto", ignore_mismatched_sizes=True,
                 output_loading_info=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
                        f"{_one_line(e)}") from None
-    wrong = _weights_problem(loaded)
+    wrong = loading_problem(loaded)
     if wrong:
         del model  # not kept alive by the refusal's traceback
         raise VLMError(f"{folder} is refused: {wrong}")
@@ -162,27 +160,6 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if pan_and_scan:
         _pan_and_scan(vlm)
     return vlm
-
-
-def _weights_problem(loaded: dict) -> str | None:
-    """What transformers' loading info (``from_pretrained(..., output_loading_info=True)``) says is wrong with a
-    folder's weights, in one line, or None: a weight of the model that the files do not hold (transformers fills it
-    at random, and the model answers with random layers), or one of another size than the config's."""
-    mismatched = sorted(loaded.get("mismatched_keys") or (), key=lambda m: str(m[0]))
-    if mismatched:
-        key, stored, built = mismatched[0]
-        more = f" and {len(mismatched) - 1:,} more" if len(mismatched) > 1 else ""
-        return (f"its weights do not match its config.json (size mismatch for {key}: {tuple(stored)} in the weights, "
-                f"{tuple(built)} in the config{more}); give the folder the config.json saved with these weights")
-    missing = sorted(map(str, loaded.get("missing_keys") or ()))
-    if missing:
-        language = sum(".language_model." in f".{key}" or key.startswith("lm_head.") for key in missing)
-        shown = ", ".join(missing[:2]) + (f" and {len(missing) - 2:,} more" if len(missing) > 2 else "")
-        return (f"its weights files lack {len(missing):,} of the model's weights, {language:,} of them the language "
-                f"model's ({shown}), which transformers would fill at random, so it would answer with random layers; "
-                "copy every weights file of the model into the folder (model.safetensors, or each shard "
-                "model.safetensors.index.json names)")
-    return None
 
 
 # The pan-and-scan settings Gemma 3's processor reads at each call (Gemma3Processor.images_kwargs)
