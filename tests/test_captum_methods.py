@@ -81,13 +81,8 @@ def captums_own(method: str, forward, x: torch.Tensor, grid: tuple[int, int]) ->
     mask = torch.tensor([[(r // p) * gw + c // p for c in range(x.shape[3])] for r in range(x.shape[2])])[None, None]
     x = x.clone().requires_grad_(True)
     torch.manual_seed(0)
-    if method == "integrated_gradients":
-        result = captum_attr.IntegratedGradients(forward).attribute(x, target=TARGET)
-    elif method == "smoothgrad":
-        result = captum_attr.NoiseTunnel(captum_attr.Saliency(forward)).attribute(x, nt_type="smoothgrad",
-                                                                                  target=TARGET, abs=False)
-    elif method == "input_x_gradient":
-        result = captum_attr.InputXGradient(forward).attribute(x, target=TARGET)
+    if method in ("integrated_gradients", "smoothgrad", "input_x_gradient"):
+        result = captums_gradient(method, forward, x)
     elif method == "occlusion":
         result = captum_attr.Occlusion(forward).attribute(x, sliding_window_shapes=(3, p, p), strides=(3, p, p),
                                                           target=TARGET)
@@ -394,18 +389,21 @@ def test_a_zero_baseline_is_said_to_be_the_mean_colour_it_is_not_black(tmp_path)
 PIXEL_METHODS = ("integrated_gradients", "smoothgrad", "input_x_gradient")
 
 
-def captums_pixels(method: str, forward, x: torch.Tensor) -> torch.Tensor:
-    """captum's own call with its defaults (seed 0, one batch), summed over the colour channels: ``(H, W)``."""
+def captums_gradient(method: str, forward, x: torch.Tensor) -> torch.Tensor:
+    """captum's own call of a gradient method with its defaults (seed 0, one batch): ``(1, C, H, W)``."""
     x = x.clone().requires_grad_(True)
     torch.manual_seed(0)
     if method == "integrated_gradients":
-        result = captum_attr.IntegratedGradients(forward).attribute(x, target=TARGET)
-    elif method == "smoothgrad":
-        result = captum_attr.NoiseTunnel(captum_attr.Saliency(forward)).attribute(x, nt_type="smoothgrad",
-                                                                                  target=TARGET, abs=False)
-    else:
-        result = captum_attr.InputXGradient(forward).attribute(x, target=TARGET)
-    return result.detach().sum(dim=1)[0]  # (H, W)
+        return captum_attr.IntegratedGradients(forward).attribute(x, target=TARGET)
+    if method == "smoothgrad":
+        return captum_attr.NoiseTunnel(captum_attr.Saliency(forward)).attribute(x, nt_type="smoothgrad",
+                                                                                target=TARGET, abs=False)
+    return captum_attr.InputXGradient(forward).attribute(x, target=TARGET)
+
+
+def captums_pixels(method: str, forward, x: torch.Tensor) -> torch.Tensor:
+    """captum's own call summed over the colour channels: ``(H, W)``."""
+    return captums_gradient(method, forward, x).detach().sum(dim=1)[0]
 
 
 def test_the_pixel_methods_are_the_registrys(tmp_path):
