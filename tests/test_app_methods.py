@@ -242,12 +242,8 @@ def test_a_cam_on_the_page_starts_from_the_analysis_and_embeds_no_image_again(ki
 
 
 @pytest.mark.usefixtures("default_world")
-def test_an_attributions_settings_are_in_the_sidebar_the_map_the_caption_and_the_link(monkeypatch):
-    """captum's parameters on the page (issue 82): the sidebar's inputs reach the map (the dispatcher is given
-    them), its caption names them, the link keeps those that differ from the defaults and a fresh page opened from
-    it draws the same; the map runs as long work (progress and Stop), whatever the input's size."""
-    from tests.test_app_share import url
-
+def integrated_gradients_page(monkeypatch):
+    """The explorer with Integrated Gradients chosen, and the (method, options) each map was asked with."""
     given = []
     real = method_maps.model_method_map
 
@@ -261,6 +257,16 @@ def test_an_attributions_settings_are_in_the_sidebar_the_map_the_caption_and_the
     at.run()
     sidebar_widget(at, "selectbox", "Method").set_value("integrated_gradients")
     at.run()
+    return at, given
+
+
+def test_an_attributions_settings_are_in_the_sidebar_the_map_the_caption_and_the_link(monkeypatch):
+    """captum's parameters on the page (issue 82): the sidebar's inputs reach the map (the dispatcher is given
+    them), its caption names them, the link keeps those that differ from the defaults and a fresh page opened from
+    it draws the same; the map runs as long work (progress and Stop), whatever the input's size."""
+    from tests.test_app_share import url
+
+    at, given = integrated_gradients_page(monkeypatch)
     steps = next(w for w in at.sidebar.number_input if w.label == "Steps")
     assert steps.value == 50 and "captum's, 50 steps" in overlay_caption(at)
     assert given[-1] == ("integrated_gradients", {}) and "attr" not in url(at)  # defaults: nothing in the link
@@ -319,19 +325,7 @@ def test_a_black_baseline_is_chosen_in_the_sidebar_named_in_the_caption_and_kept
     from tests.test_app import APP, TIMEOUT
     from tests.test_app_share import url
 
-    given = []
-    real = method_maps.model_method_map
-
-    def recorded(checkpoint, image, kind, *args, options=None, **kwargs):
-        given.append((kind, dict(options or {})))
-        return real(checkpoint, image, kind, *args, options=options, **kwargs)
-
-    monkeypatch.setattr(method_maps, "model_method_map", recorded)
-    at = run_app()
-    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
-    at.run()
-    sidebar_widget(at, "selectbox", "Method").set_value("integrated_gradients")
-    at.run()
+    at, given = integrated_gradients_page(monkeypatch)
     assert "mean colour" in overlay_caption(at) and "Baseline" in [w.label for w in at.sidebar.number_input]
     sidebar_widget(at, "radio", "Baseline is").set_value("black")
     at.run()
