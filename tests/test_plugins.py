@@ -235,5 +235,5 @@ def test_the_generated_docs_tables_show_a_plugins_method_and_family(plugin):
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     site = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(site)
-    assert f'<span id="{site.method_anchor("pixelmean")}"></span>`pixelmean`' in site.methods_markdown()
+    assert f'<a id="{site.method_anchor("pixelmean")}"></a>`pixelmean`' in site.methods_markdown()
     assert "| A plugin's tiny ViT |" in site.families_markdown("image")
