@@ -2,8 +2,8 @@
 three input sizes, the estimate bounds the measured peak and is within a factor of 1.5 of it (issue 67, item 2).
 
 The peak is the resident set's high-water mark over the resident set just before the view (tests/peak_memory.py),
-in a fresh subprocess per family and view that has imported and loaded everything first and ran the view once at a
-small size (``warm``).
+in a fresh process per family and view (forked from one measuring process that imported everything once:
+``peak_memory.run_measured``) that loaded the model first and ran the view once at a small size (``warm``).
 
 A resident set is not a count of tensors: pages, allocator headers, arenas and what a BLAS keeps move it by up to
 ``ALLOCATOR_SLACK`` from one process or machine to the next (measured: bench/bench_memory_noise.py). The bound
@@ -15,11 +15,9 @@ failed on another machine).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from peak_memory import ALLOCATOR_SLACK, ROOT, can_reset_the_peak, environment
+from peak_memory import ALLOCATOR_SLACK, ROOT, can_reset_the_peak, run_measured
 
 from vit.costs import plan
 from vit.model import ViT
@@ -205,11 +203,9 @@ def measure(family: str, views: tuple[str, ...] = ()) -> list[dict]:
     """Each of ``views`` (default: forward, analysis, and a classifier's class map and LeGrad) of ``family``'s model
     at each of its ``sides``: its measured peak and estimate, or its refusal; each view in a fresh process, so no
     view runs on what an earlier one left mapped."""
-    env = environment(VIT_MAX_TOKENS="2000000")
     rows: list[dict] = []
     for view in views or default_views(family):
-        done = subprocess.run([sys.executable, "-c", WORKER, family, str(ROOT / "tests"), view],
-                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=280)
+        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, VIT_MAX_TOKENS="2000000")
         assert done.returncode == 0, done.stderr[-3000:]
         rows += json.loads(done.stdout.strip().splitlines()[-1])
     return rows
@@ -310,7 +306,8 @@ def test_the_estimate_of_each_attnlrp_path_bounds_its_measured_peak_within_a_fac
     """The whole path (``decide``'s at these sizes: every block's graph under the rules) and the checkpointed one
     (forced: each block's input, one block's graph at a time)."""
     model = build(family)
-    assert all(plan.decide(plan.attnlrp(model, model.patch_grid(side, side))) == "run" for side in sides(family, "attnlrp"))
+    assert all(plan.decide(plan.attnlrp(model, model.patch_grid(side, side))) == "run"
+               for side in sides(family, "attnlrp"))
     rows = measure(family, ("attnlrp", "attnlrp-checkpointed"))
     assert {(r["view"], r["side"]) for r in rows if "measured" in r} == {
         (view, side) for view in ("attnlrp", "attnlrp-checkpointed") for side in sides(family, view)}, rows

@@ -2,25 +2,23 @@
 masks, pooled queries, the windows a model with stages keeps and the rollout through its merges) counts in the one
 memory bound per image, before any work, whatever the token gate allows.
 
-A Swin V2 config.json with ``window_size`` 128 at its own 512 px (16,384 tokens, the token limit) made one forward
-ask for 4 GB at once (its position bias and index over 16,384 x 16,384 pairs), and the rollout through Swin's merges
-formed each merge as a dense matrix (7.6 GB at 896 px). Each family with a layout runs in a subprocess under an
-address-space cap (``RLIMIT_AS``): at a hostile size the analysis, and a plain forward, are refused before any block
-runs; at the largest size the bound allows, the analysis and its maps run and the peak RSS grows by no more than the
-bound (``VmHWM``, the peak reset first through ``/proc/self/clear_refs``).
+A Swin V2 config.json with ``window_size`` 128 at its own 512 px (16,384 tokens, the token limit) made one forward ask
+for 4 GB at once (its position bias and index over 16,384 x 16,384 pairs), and the rollout through Swin's merges
+formed each merge as a dense matrix (7.6 GB at 896 px). Each family with a layout runs in a fresh process (forked from
+the measuring process, ``peak_memory.run_measured``) under an address-space cap (``RLIMIT_AS``): at a hostile size the
+analysis, and a plain forward, are refused before any block runs; at the largest size the bound allows, the analysis
+and its maps run and the peak RSS grows by no more than the bound (``VmHWM``, the peak reset first through
+``/proc/self/clear_refs``).
 """
 
 import contextlib
 import json
-import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from peak_memory import can_reset_the_peak
+from peak_memory import can_reset_the_peak, run_measured
 from PIL import Image
 
 from vit.costs import bounds
@@ -197,11 +195,8 @@ print(json.dumps(out))
 
 
 def run_family(name: str) -> dict:
-    env = {**os.environ, "VIT_ANALYSIS_MEMORY_MB": str(FAMILIES[name].get("limit", LIMIT_MB)),
-           "VIT_MAX_TOKENS": "2000000", "VIT_THREADS": "1",
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(FAMILIES[name]), str(ROOT / "tests")],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=280)
+    done = run_measured(WORKER, [json.dumps(FAMILIES[name]), str(ROOT / "tests")], timeout=280,
+                        VIT_ANALYSIS_MEMORY_MB=str(FAMILIES[name].get("limit", LIMIT_MB)), VIT_MAX_TOKENS="2000000")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
