@@ -115,6 +115,18 @@ def test_the_cpu_note_comes_before_the_first_command():
     assert "download.pytorch.org/whl/cpu" in code_blocks(README, "bash")[0]
 
 
+def test_the_installs_size_and_its_cuda_share_are_said_just_before_the_cpu_line_and_the_apps_command():
+    """Issue 90, item 8: a reader on a CPU machine learns the install's size, and how much of it is CUDA, before
+    running either command; the app's command points back to the CPU line."""
+    size = re.compile(r"about \d+(\.\d+)? GB, \d+(\.\d+)? GB of it CUDA libraries")
+    blocks = code_blocks(README, "bash")
+    before_cpu = README[:README.index(blocks[0])].rsplit("```", 1)[0].strip().rsplit("\n\n", 1)[1]
+    after_cpu = README.index(blocks[0]) + len(blocks[0])
+    before_app = README[after_cpu:README.index(blocks[1])].rsplit("```", 1)[0].strip().rsplit("\n\n", 1)[1]
+    assert size.search(" ".join(before_cpu.split())), before_cpu
+    assert size.search(" ".join(before_app.split())) and "(#cpu-or-gpu)" in before_app, before_app
+
+
 def test_the_readmes_notebook_lines_run_on_the_shipped_checkpoint(tmp_path, monkeypatch):
     [block] = code_blocks(README, "python")
     monkeypatch.chdir(tmp_path)
