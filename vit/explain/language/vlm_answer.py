@@ -273,8 +273,10 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
     1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre."""
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
+    from vit.explain.methods.visual_lens import leading_rows
+
     config = vlm.model.config
-    if vlm.model_type == "llava_next" and config.vision_feature_select_strategy != "default":
+    if leading_rows(vlm.tower.model):  # "full" over a tower with a CLS; SigLIP's (Granite Vision's) has none
         raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
                          "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
     side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
@@ -319,6 +321,13 @@ def _downsampled(height: int, width: int, side: int, aspect: str) -> tuple[torch
     return rows, cols
 
 
+def image_token_id(config) -> int | None:
+    """The id of the image placeholder token in the VLM's ``config`` (``image_token_id``, or LLaVA's older
+    ``image_token_index``)."""
+    image_token = getattr(config, "image_token_id", None)
+    return getattr(config, "image_token_index", None) if image_token is None else image_token
+
+
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
     (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
@@ -328,10 +337,7 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     from vit.explain.methods.visual_lens import leading_rows
 
     tower = vlm.tower.model
-    image_token = getattr(vlm.model.config, "image_token_id", None)
-    if image_token is None:
-        image_token = getattr(vlm.model.config, "image_token_index", None)
-    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     if "image_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
         if t != 1 or inputs["image_grid_thw"].shape[0] != 1:

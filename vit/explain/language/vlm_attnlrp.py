@@ -201,15 +201,15 @@ def attnlrp(vlm, prepared, answer: tuple[int, ...], i: int, overview: bool = Fal
     """(gh, gw) float32, signed: AttnLRP of answer token ``i``'s logit (at the query that predicted it) to the pixels
     the tower read, input x gradient summed over the channels and each patch (``on_grid``); see the module's
     docstring. Counted first (``vit.costs.plan.vlm_attnlrp``)."""
-    from vit.explain.language.vlm_relevance import _inputs
+    from vit.explain.language.vlm_relevance import answer_run
 
     check(vlm, prepared, i)
     use_rules(vlm)
-    inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in _inputs(vlm, prepared, answer, i).items()}
-    pixels = inputs["pixel_values"].detach().clone().requires_grad_(True)
-    inputs["pixel_values"] = pixels
     # Relevance needs autograd even where the caller (the app) runs under inference_mode
-    with torch.inference_mode(False), torch.enable_grad(), rules_current(AttnLRPRules()):
+    with torch.inference_mode(False), torch.enable_grad(), rules_current(AttnLRPRules()), \
+            answer_run(vlm, prepared, answer, i) as inputs:
+        pixels = inputs["pixel_values"].detach().clone().requires_grad_(True)
+        inputs["pixel_values"] = pixels
         out = vlm.model(**inputs, use_cache=False, logits_to_keep=1)
         [grad] = torch.autograd.grad(out.logits[0, -1, answer[i]], pixels)
     return on_grid(vlm, prepared, (pixels.detach() * grad).float().cpu(), overview)

@@ -21,6 +21,8 @@ one. What it holds is counted first (``vit.costs.plan.vlm_relevance``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from vit.costs.plan import ROW_CHUNK_BYTES
@@ -90,6 +92,44 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     return inputs
 
 
+def _stand_in(config) -> int:
+    """A token id the model's forward reads as no marker: none of its config's ``*_token_id`` / ``*_token_index``
+    (image, video, vision start, ...)."""
+    marked = {value for c in (config, config.get_text_config()) for name, value in vars(c).items()
+              if name.endswith(("token_id", "token_index")) and isinstance(value, int)}
+    return min(set(range(len(marked) + 1)) - marked)
+
+
+@contextmanager
+def answer_run(vlm, prepared, answer: tuple[int, ...], i: int):
+    """The inputs of the model's run over the prompt and the ``answer``'s first ``i`` tokens (``_inputs``, on the
+    model's device), in a context where an answer token of the image placeholder's id is read as ``generate`` read
+    it: a word, its row of the embedding table. The image's tokens are the prompt's alone; transformers' model takes
+    every placeholder id in ``input_ids`` for one (and refuses the count), so there the answer's hold a stand-in id
+    that marks nothing (``_stand_in``), and the embedding's output at those positions is the placeholder's row again."""
+    from vit.explain.language.vlm_answer import image_token_id
+
+    inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in _inputs(vlm, prepared, answer, i).items()}
+    ids, image = inputs["input_ids"], image_token_id(vlm.model.config)
+    said = torch.zeros_like(ids, dtype=torch.bool)  # (1, T) the answer's placeholder ids
+    said[:, prepared.prompt_tokens:] = ids[:, prepared.prompt_tokens:] == image
+    if not said.any():
+        yield inputs
+        return
+    inputs["input_ids"] = ids.masked_fill(said, _stand_in(vlm.model.config))
+
+    def as_generated(module, args, output):  # the embedding's own forward (Gemma's scale too) of the answer's ids
+        if not args or args[0].shape != said.shape:
+            return None
+        return module.forward(args[0].masked_fill(said, image))
+
+    handle = vlm.model.get_input_embeddings().register_forward_hook(as_generated)
+    try:
+        yield inputs
+    finally:
+        handle.remove()
+
+
 def check(vlm, prepared, i: int) -> None:
     """Refused in one line (``TooManyTokens``) when answer token ``i``'s relevance would hold more than the memory
     limit (``vit.costs.plan.vlm_relevance``); the last answer token's is the largest."""
@@ -110,9 +150,9 @@ def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording
     check(vlm, prepared, i)
     tokens = prepared.prompt_tokens + i
     tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
-    with recording(vlm, tape), torch.no_grad():  # the tape switches the graph on at the first language-model layer
-        out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
-                           for k, v in _inputs(vlm, prepared, answer, i).items()}, use_cache=False, logits_to_keep=1)
+    with recording(vlm, tape), torch.no_grad(), answer_run(vlm, prepared, answer, i) as inputs:
+        # the tape switches the graph on at the first language-model layer
+        out = vlm.model(**inputs, use_cache=False, logits_to_keep=1)
         target = out.logits[0, -1, answer[i]]
         wanted = list(range(len(tape.outputs))) if None in layers else sorted(set(layers))
         gradients = torch.autograd.grad(target, [tape.outputs[n] for n in wanted])

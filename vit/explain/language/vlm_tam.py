@@ -136,7 +136,7 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     one forward, counted first (``vit.costs.plan.vlm_tam``). Leading tokens that cover no patch (CLIP's CLS under
     LLaVA's "full" strategy) hold 0 and take no part: the authors' function sees the grid's tokens alone."""
     from vit.costs.plan import decide, vlm_tam
-    from vit.explain.language.vlm_relevance import _inputs
+    from vit.explain.language.vlm_relevance import answer_run
 
     ids = [int(t) for t in prepared.inputs["input_ids"][0]] + list(answer)
     positions = prepared.layout.positions
@@ -153,9 +153,7 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
                    fused="eager" not in implementation, views=prepared.layout.views,
                    view_grid=prepared.layout.view_grid))
     head = vlm.model.get_output_embeddings()
-    with torch.inference_mode():
-        inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v
-                  for k, v in _inputs(vlm, prepared, answer, i).items()}
+    with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
         hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
         values = tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens,
                             positions[lead:].to(hidden.device), (start, count), i)

@@ -156,7 +156,8 @@ def config_from_hf(config_json: Mapping, state: Mapping[str, torch.Tensor]) -> V
         tower = import_clip.config_from_hf(vision)
     else:
         tower = import_siglip.config_from_hf({**vision, "vision_use_head": True})  # its head is never read here
-    projector: dict = {}
+    # the tokens the language model leaves out, with or without the projector (a list of layers leaves it out)
+    projector: dict = dict(projector_skip=read.skip)
     if read.projector != "none":
         prefix = _projector_prefix(state)
         first = {"mlp": "linear_1.weight", "linear": "linear.weight",
@@ -165,7 +166,7 @@ def config_from_hf(config_json: Mapping, state: Mapping[str, torch.Tensor]) -> V
         if weight is None or weight.dim() != 2:
             raise ValueError(f"the VLM's weights lack a two-dimensional {prefix + first}")
         width = weight.shape[1] if read.projector == "gemma3" else weight.shape[0]
-        projector = dict(projector=read.projector, projector_dim=int(width), projector_skip=read.skip)
+        projector.update(projector=read.projector, projector_dim=int(width))
         if read.projector == "mlp":
             projector.update(projector_bias=prefix + "linear_1.bias" in state,
                              projector_activation=activation(config_json.get("projector_hidden_act", "gelu")))

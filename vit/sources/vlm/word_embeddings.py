@@ -180,5 +180,7 @@ def projector_unit(checkpoint: Checkpoint) -> int:
     """How many patches each projected token spans along each side: 1 (LLaVA, PaliGemma), Gemma 3's pool (4),
     Qwen-VL's merge unit (2), InternVL's pixel-shuffle unit (2)."""
     projector = checkpoint.model.projector
+    if projector is None:  # left out (LLaVA reading a list of layers): each patch its own token
+        return 1
     return max(1, projector.pool or 0, projector.unit or 0)
 
