@@ -25,7 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 MARKER = re.compile(r"^<!-- (generated|include): (\S+) -->$", re.MULTILINE)
 BLOCK = re.compile(r"^<!-- generated: (\S+) -->\n.*?^<!-- /generated: \1 -->$", re.MULTILINE | re.DOTALL)
-COMMITTED = ("methods.md",)  # pages of docs/ whose generated parts are written into the file: GitHub shows them
 HELP_COLUMNS = "100"  # argparse wraps --help to $COLUMNS: fixed, so the page does not depend on the build's terminal
 
 # Which page of "Models" shows each of the registry's family kinds (vit.registry.FAMILY_KINDS); the from-scratch
@@ -33,6 +32,8 @@ HELP_COLUMNS = "100"  # argparse wraps --help to $COLUMNS: fixed, so the page do
 PAGES = {"image": "image", "windowed": "windowed / hierarchical", "vlm": "vlm tower", "video": "video",
          "own": "image"}
 OWN = ("ours", "scratch", "vit-pytorch", "mapped")  # the families of the "own" page, not the "image" one
+# Pages of docs/ whose generated parts are written into the file, so GitHub shows them: the README links each.
+COMMITTED = ("methods.md", "which-map.md", *(f"models/{page}.md" for page in PAGES))
 
 
 def method_anchor(method: str) -> str:
@@ -50,6 +51,26 @@ def methods_markdown() -> str:
     for m in registry.methods():
         lines.append(f"| <a id=\"{method_anchor(m.name)}\"></a>`{m.name}` | {_literal(m.title)} — "
                      f"{_literal(m.applies_to)} | {_literal(m.reference) or '—'} | `{m.test or '—'}` |")
+    return "\n".join(lines) + "\n"
+
+
+# What a plugin's method costs, from its cost ("forward", or "gradient", a class-specific one's default)
+PLUGIN_RUNS = {"forward": "a forward", "gradient": "a forward and a backward"}
+
+
+def which_map_markdown() -> str:
+    """"Which map should I use?": one row per method of the registry, in the explorer's order: the question its map
+    answers, whether it explains one class, whether it is signed, what it costs, and how close its test holds it to
+    its reference. A plugin's method says what its registration says."""
+    from vit import registry
+
+    lines = ["| method | the question it answers | class-specific | signed | what it costs | held to its reference "
+             "within |", "|---|---|---|---|---|---|"]
+    for m in registry.methods():
+        runs = m.runs or PLUGIN_RUNS.get(m.cost or ("gradient" if m.class_specific else "forward"), "")
+        lines.append(f"| [`{m.name}`](methods.md#{method_anchor(m.name)}) | {_literal(m.question) or '—'} | "
+                     f"{'yes' if m.class_specific else 'no'} | {'yes' if m.signed else 'no'} | "
+                     f"{_literal(runs) or '—'} | {_literal(m.tolerance) or '—'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +182,7 @@ INCLUDED_IMAGES = ("checkpoints/*.png",)  # the model cards' curves, copied into
 
 GENERATORS = {
     "methods": methods_markdown,
+    "which-map": which_map_markdown,
     "cli": cli_markdown,
     "api": api_markdown,
     "bench": bench_markdown,

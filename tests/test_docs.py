@@ -227,12 +227,68 @@ def test_every_readme_method_link_lands_on_its_entry_as_github_shows_the_file():
 
 
 def test_the_committed_methods_table_is_the_registrys():
-    """What GitHub shows of docs/methods.md is what the site generates: run ``python docs/hooks.py`` after a change to
-    the registry's methods."""
+    """What GitHub shows of docs/methods.md, docs/which-map.md and each Models page is what the site generates: run
+    ``python docs/hooks.py`` after a change to the registry."""
     site = hooks()
     for name in site.COMMITTED:
         text = (ROOT / "docs" / name).read_text()
         assert site.refreshed(text) == text, f"docs/{name} is stale: run python docs/hooks.py"
+
+
+def test_each_models_page_the_readme_links_holds_its_family_table_as_github_shows_the_file():
+    """Issue 90, item 8: the README's family links landed on pages whose tables were generated only on the built
+    site. Each page, as committed, holds its table between the markers, a row per family of the registry."""
+    site = hooks()
+    for page in site.PAGES:
+        assert f"models/{page}.md" in site.COMMITTED
+        text = (ROOT / "docs" / "models" / f"{page}.md").read_text()
+        block = text.split(f"<!-- generated: families-{page} -->\n", 1)[1].split(f"<!-- /generated: families-{page}")[0]
+        rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| family |")]
+        titles = [f"| {site._literal(f.title)}" for f in site.page_families(page)]
+        assert [row.split(" | ")[0] for row in rows] == titles, page
+
+
+def test_which_map_lists_every_method_with_what_the_registry_says_of_it_and_is_linked():
+    """Issue 90, item 8: "Which map should I use?", generated from the registry: a row per method, in the explorer's
+    order, with its question, class-specific, signed, cost and tolerance; the README and the site's nav link it."""
+    from vit import registry
+
+    site = hooks()
+    rows = site.which_map_markdown().splitlines()[2:]
+    assert len(rows) == len(registry.methods())
+    for row, m in zip(rows, registry.methods(), strict=True):
+        cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
+        assert cells[0] == f"[`{m.name}`](methods.md#{site.method_anchor(m.name)})"
+        assert cells[2:4] == ["yes" if m.class_specific else "no", "yes" if m.signed else "no"], row
+        assert all(cell != "—" for cell in cells), row  # every built-in says all five
+    committed = (ROOT / "docs" / "which-map.md").read_text()
+    assert all(f"`{m.name}`" in committed for m in registry.methods())
+    assert "(docs/which-map.md)" in readme_section("Methods")
+    assert "which-map.md" in (ROOT / "mkdocs.yml").read_text().split("\nnav:", 1)[1]
+
+
+def test_a_method_added_to_the_registry_gets_its_row_in_which_map(monkeypatch):
+    from vit import registry
+
+    new = registry.Method("newcam", "NewCAM", ("class",), "every model", "cam", class_specific=True, signed=True,
+                          question="Which patches does NewCAM like?", runs="a forward", tolerance="rtol 0, atol 1e-3")
+    monkeypatch.setattr(registry, "methods", lambda group=None: (new,))
+    assert hooks().which_map_markdown().splitlines()[2] == (
+        "| [`newcam`](methods.md#method-newcam) | Which patches does NewCAM like? | yes | yes | a forward | "
+        "rtol 0, atol 1e-3 |")
+
+
+def test_each_methods_tolerance_is_the_one_its_test_asserts():
+    """The page's "held to its reference within" is written in the registry beside the test's name: each rtol and
+    atol it gives is one its test's file passes (``rtol=1e-5``), so a loosened test and the page cannot disagree
+    unseen."""
+    from vit import registry
+
+    for m in registry.methods():
+        source = (ROOT / m.test.split("::")[0]).read_text()
+        assert f"def {m.test.split('::')[1]}" in source, m.name
+        for kind, value in re.findall(r"\b(rtol|atol) (\S+?),?(?=\s|$)", m.tolerance):
+            assert re.search(rf"\b{kind}={re.escape(value)}\b", source), (m.name, kind, value)
 
 
 def test_the_site_generates_a_committed_part_again_from_the_registry():

@@ -237,3 +237,6 @@ def test_the_generated_docs_tables_show_a_plugins_method_and_family(plugin):
     spec.loader.exec_module(site)
     assert f'<a id="{site.method_anchor("pixelmean")}"></a>`pixelmean`' in site.methods_markdown()
     assert "| A plugin's tiny ViT |" in site.families_markdown("image")
+    # "Which map should I use?": its row, class-specific and unsigned as registered, its cost said from its default
+    row = "| [`pixelmean`](methods.md#method-pixelmean) | — | yes | no | a forward and a backward | — |"
+    assert row in site.which_map_markdown().splitlines()
