@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from vit.core.progress import Progress, Stop
-from vit.explain.language.vlm_attention import recording
+from vit.explain.language.vlm_attention import image_token_id, recording
 
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
@@ -319,13 +319,6 @@ def _downsampled(height: int, width: int, side: int, aspect: str) -> tuple[torch
     rows = ((torch.arange(height) + 0.5) * high / height).floor().long().clamp(max=high - 1)
     cols = ((torch.arange(width) + 0.5) * wide / width).floor().long().clamp(max=wide - 1)
     return rows, cols
-
-
-def image_token_id(config) -> int | None:
-    """The id of the image placeholder token in the VLM's ``config`` (``image_token_id``, or LLaVA's older
-    ``image_token_index``)."""
-    image_token = getattr(config, "image_token_id", None)
-    return getattr(config, "image_token_index", None) if image_token is None else image_token
 
 
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:

@@ -28,3 +28,10 @@ def recording(vlm, recorder):
     after)."""
     with recording_attention.recording(vlm.language_model, recorder):
         yield recorder
+
+
+def image_token_id(config) -> int | None:
+    """The id of the image placeholder token in the VLM's ``config`` (``image_token_id``, or LLaVA's older
+    ``image_token_index``)."""
+    image_token = getattr(config, "image_token_id", None)
+    return getattr(config, "image_token_index", None) if image_token is None else image_token

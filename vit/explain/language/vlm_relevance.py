@@ -107,7 +107,7 @@ def answer_run(vlm, prepared, answer: tuple[int, ...], i: int):
     it: a word, its row of the embedding table. The image's tokens are the prompt's alone; transformers' model takes
     every placeholder id in ``input_ids`` for one (and refuses the count), so there the answer's hold a stand-in id
     that marks nothing (``_stand_in``), and the embedding's output at those positions is the placeholder's row again."""
-    from vit.explain.language.vlm_answer import image_token_id
+    from vit.explain.language.vlm_attention import image_token_id
 
     inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in _inputs(vlm, prepared, answer, i).items()}
     ids, image = inputs["input_ids"], image_token_id(vlm.model.config)
