@@ -25,8 +25,8 @@ def load(source: str | os.PathLike, device: str | torch.device | None = None) ->
     """Open any model the explorer opens: our ``.pt``, an HF / timm / torchvision / open_clip folder or file, or a
     Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm name), downloaded into the HF cache first when
     needed. ``device`` defaults to a GPU when there is one. A transformers vision model whose family has no port
-    opens as transformers builds it (``Checkpoint.road == "library"``: its attention and rollout are drawn). Raises
-    ``CheckpointError`` with a one-line message."""
+    opens as transformers builds it, a timm architecture the ports refuse as timm builds it (``Checkpoint.road ==
+    "library"``: its attention and rollout are drawn). Raises ``CheckpointError`` with a one-line message."""
     from vit.sources.open import open_source
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -598,8 +598,33 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
 
 
 def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
-              map_location: str | torch.device = "cpu") -> Checkpoint:
-    """timm weights with the architecture ``name`` (from timm's config.json or the user)."""
+              map_location: str | torch.device = "cpu", library_road: bool = False) -> Checkpoint:
+    """timm weights with the architecture ``name`` (from timm's config.json or the user). With ``library_road``
+    (``vit.load``), an architecture the ports refuse opens as timm builds it (``vit.sources.library_timm``) where its
+    attention can be recorded; where it cannot either, the port's refusal says both."""
+    try:
+        return _open_timm_port(path, state, name, config_json, map_location)
+    except SourceError as refused:
+        if not library_road or not name:
+            raise
+        from vit.sources import library_timm
+
+        config_json = dict(config_json or {})
+        model_args = timm_model_args(config_json)
+        pretrained_cfg = config_json.get("pretrained_cfg")
+        pretrained_cfg = pretrained_cfg if isinstance(pretrained_cfg, Mapping) else {}
+        try:
+            return library_timm.open_timm_library(
+                path, state, name, config_json, model_args,
+                lambda stand_in: import_timm.preprocessing_from_timm(name, stand_in, pretrained_cfg, model_args),
+                map_location)
+        except SourceError as also:
+            raise SourceError(f"{refused}; as timm builds it: {str(also).partition('): ')[2] or also}") from None
+
+
+def _open_timm_port(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
+                    map_location: str | torch.device = "cpu") -> Checkpoint:
+    """timm weights with the architecture ``name`` in a port (our ``ViT``)."""
     config_json = dict(config_json or {})
     model_args = timm_model_args(config_json)
     pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
@@ -859,7 +884,8 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
                            None)
             if weights is None:
                 raise SourceError(f"{path} has a timm config.json but no model.safetensors or pytorch_model.bin")
-            return open_timm(path, read_weights(weights, map_location), name, config_json, map_location)
+            return open_timm(path, read_weights(weights, map_location), name, config_json, map_location,
+                             library_road)
         return open_hf_folder(path, config_json, map_location, library_road)
     if path.suffix != ".safetensors":
         try:
@@ -899,7 +925,7 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
             name = name or str(config_json["architecture"])
         else:
             config_json = None
-        return open_timm(path, state, name, config_json, map_location)
+        return open_timm(path, state, name, config_json, map_location, library_road)
     if any(k.endswith("embeddings.cls_token") for k in state):
         raise SourceError(f"{path} looks like Hugging Face weights; open the folder that holds it with its config.json")
     raise SourceError(f"{path} holds {mapping.describe(state)}, which this program does not recognise; to map it "

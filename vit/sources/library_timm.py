@@ -1,0 +1,298 @@
+"""The library road for timm: a timm model whose architecture has no port, opened as timm builds it.
+
+``timm.create_model`` builds the folder's architecture (its config.json's ``architecture``, ``model_args`` and
+``num_classes``), and its weights are loaded with ``strict=True``: what runs is timm's own modules, so logits and
+features are timm's by construction. Every attention module of timm's (``Attention``, ``AttentionRope``,
+``EvaAttention``, ``RelPosAttention`` ...) has a fused path (SDPA) and an explicit one chosen by its ``fused_attn``
+flag, and the explicit one passes the post-softmax probabilities through its ``attn_drop``. Each attention module is
+given a ``fused_attn`` that is False only for the layers the current recorder asks (a ContextVar's, so two threads
+over one model never see each other's), and a hook on its ``attn_drop`` hands those probabilities to the recorder:
+the layers a view does not ask run timm's fused path, the asked ones timm's own explicit path, whose probabilities
+are what timm's attention computes.
+
+Where the patches are (``LibraryLayout``) comes from the model itself: ``num_prefix_tokens`` and the patch
+embedding's ``patch_size``, at the input size of its pretrained config (or ``model_args``' ``img_size``). A model
+whose attention runs over other tokens (windows, pooled stages, two branches) is refused in one line, checked on
+the meta device before any weight is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from vit.checkpoint import Checkpoint, preprocessing_problem
+from vit.model import ViTConfig
+from vit.sources.files import SourceError, _one_line
+from vit.sources.library_path import ROAD, LibraryLayout, LibraryModel, _AttentionRecorder, _pair, grid_of
+
+# The recorder current in this context: its ``layers`` (attention module -> layer) run timm's explicit path and
+# hand it their probabilities
+_RECORDING: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_timm_recording", default=None)
+_RECORDED_CLASSES: dict[type, type] = {}
+
+
+def _recorded_class(cls: type) -> type:
+    """``cls`` (a timm attention module's class) with a ``fused_attn`` that is False while the current recorder
+    asks this module, else the module's own flag."""
+    if cls not in _RECORDED_CLASSES:
+        def fused_attn(self) -> bool:
+            recorder = _RECORDING.get()
+            if recorder is not None and self in recorder.layers:
+                return False
+            return self.__dict__["_vit_fused_attn"]
+
+        def set_fused_attn(self, value: bool) -> None:
+            self.__dict__["_vit_fused_attn"] = value
+
+        _RECORDED_CLASSES[cls] = type(cls.__name__, (cls,), {"fused_attn": property(fused_attn, set_fused_attn),
+                                                             "__module__": cls.__module__,
+                                                             "__qualname__": cls.__qualname__})
+    return _RECORDED_CLASSES[cls]
+
+
+def _hand_probabilities(attention: torch.nn.Module):
+    """The forward hook of ``attention``'s ``attn_drop``: its input, the post-softmax probabilities (B, H, T, T), to
+    the current recorder when it asks this module."""
+    def hook(module, args, output) -> None:
+        recorder = _RECORDING.get()
+        layer = None if recorder is None else recorder.layers.get(attention)
+        if layer is not None:
+            recorder.keep_probabilities(layer, args[0])
+    return hook
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """timm's attention modules of ``model``'s blocks, in order: one per layer (those with a ``fused_attn`` flag and
+    an ``attn_drop``; a pooling head's attention is not a layer)."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, torch.nn.Module):
+        return []
+    return [m for m in blocks.modules() if "fused_attn" in vars(m) and isinstance(getattr(m, "attn_drop", None),
+                                                                                   torch.nn.Dropout)]
+
+
+def _record_through(modules: list[torch.nn.Module]) -> None:
+    """Make each of ``modules`` recordable: its class given the recorder's ``fused_attn``, its ``attn_drop`` hooked."""
+    for module in modules:
+        fused = bool(module.__dict__.pop("fused_attn"))
+        module.__class__ = _recorded_class(type(module))
+        module.fused_attn = fused
+        module.attn_drop.register_forward_hook(_hand_probabilities(module))
+
+
+@contextlib.contextmanager
+def recording(recorder):
+    """Within it, the modules ``recorder.layers`` lists run timm's explicit path and hand it their probabilities,
+    in this context only."""
+    token = _RECORDING.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDING.reset(token)
+
+
+class _TimmRecorder(_AttentionRecorder):
+    """The asked layers' probabilities, the asked heads and query rows alone."""
+
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
+        if self.heads is not None:
+            probabilities = probabilities[:, self.heads]
+        if self.rows is not None:
+            probabilities = probabilities[:, :, self.rows]
+        self.kept[layer] = probabilities.detach()
+
+
+class TimmLibraryModel(LibraryModel):
+    """A timm model as timm builds it, its asked layers' attention recorded. ``model`` is timm's module (eval
+    mode); ``layout`` places its tokens on the image."""
+
+    @property
+    def config(self):
+        """timm's pretrained config (``pretrained_cfg``)."""
+        return getattr(self.model, "pretrained_cfg", {})
+
+    @property
+    def num_heads(self) -> int:
+        return int(self._attention[0].num_heads)
+
+    @property
+    def is_classifier(self) -> bool:
+        return int(getattr(self.model, "num_classes", 0) or 0) > 0
+
+    def run(self, pixels: torch.Tensor, layers: Iterable[int] = (), heads: list[int] | None = None,
+            rows: list[int] | None = None) -> tuple[object, dict[int, torch.Tensor]]:
+        """timm's forward of ``pixels`` (B, C, H, W): ``logits`` of a classifier, else ``last_hidden_state`` (its
+        ``forward_features``), and for each of ``layers`` the post-softmax attention ``(B, heads, rows, T)`` timm's
+        explicit path computes. What is kept is checked against the memory limit first (one line)."""
+        from vit.costs import plan
+
+        L = self.num_layers
+        asked = sorted({layer % L for layer in layers})
+        gh, gw = grid_of(self.layout, pixels.shape[-2:])
+        tokens = self.layout.num_prefix_tokens + gh * gw
+        if asked:
+            plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
+                                               tokens, len(asked), None if rows is None else len(rows)))
+        recorder = _TimmRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
+        with torch.no_grad(), recording(recorder):
+            out = (SimpleNamespace(logits=self.model(pixels)) if self.is_classifier
+                   else SimpleNamespace(last_hidden_state=self.model.forward_features(pixels)))
+        for layer, kept in recorder.kept.items():
+            if kept.shape[-1] != tokens:
+                raise ValueError(f"layer {layer}'s attention has {kept.shape[-1]} keys; the layout places "
+                                 f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches")
+        return out, dict(sorted(recorder.kept.items()))
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The logits of a classifier, else the features ``(B, T, hidden)``."""
+        out = self.run(pixels)[0]
+        return out.logits if self.is_classifier else out.last_hidden_state
+
+
+def _layout_problem(model: TimmLibraryModel, channels: int) -> str | None:
+    """Why the layout does not place the tokens every layer's attention runs over (timm's forward on the meta
+    device, every layer recorded: shapes only), or None."""
+    pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
+    seen: list[int] = []
+
+    class Shapes:  # a recorder that notes each layer's key count and keeps nothing
+        layers = {module: i for i, module in enumerate(model._attention)}
+
+        @staticmethod
+        def keep_probabilities(layer, probabilities) -> None:
+            seen.append(int(probabilities.shape[-1]))
+
+    try:
+        with torch.no_grad(), recording(Shapes()):
+            model.model(pixels)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError, AssertionError) as e:
+        return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+    expected = model.layout.num_tokens
+    if len(seen) != model.num_layers or set(seen) != {expected}:
+        gh, gw = model.layout.grid
+        return (f"its attention runs over {sorted(set(seen)) or 'no recorded'} tokens, not the "
+                f"{model.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches the library road places "
+                "(windows, pooled stages or several branches need a layout of their own: issue 91)")
+    return None
+
+
+MAX_LAYERS = 1000  # blocks a model_args may declare (each is built, on the meta device, before the weights' check)
+MAX_NUMBER = 1_000_000  # any other number in model_args (a width, a ratio's numerator), as the weights bound them
+
+
+def _declared_problem(model_args: Mapping) -> str | None:
+    """Why ``model_args`` declares more than can be built before the weights' shapes are checked, or None: the
+    layers (``depth``, ``depths``) and every number, nested lists included."""
+    def numbers(value):
+        if isinstance(value, bool):
+            return
+        if isinstance(value, (int, float)):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value[:64]:
+                yield from numbers(item)
+            if len(value) > 64:
+                yield float("inf")
+        elif isinstance(value, Mapping):
+            yield float("inf")
+
+    depth = model_args.get("depth", 0)
+    depths = model_args.get("depths", ())
+    layers = (sum(numbers(depth)) if not isinstance(depth, bool) else 0) + sum(numbers(depths))
+    if not layers <= MAX_LAYERS:
+        return f"its model_args declare {layers} layers, over the {MAX_LAYERS} this program builds"
+    for key, value in model_args.items():
+        if any(not abs(n) <= MAX_NUMBER for n in numbers(value)):
+            return f"its model_args' {str(key)[:40]} is over {MAX_NUMBER:,} (or not a plain number or list of them)"
+    return None
+
+
+def _sides(value):
+    """A side or (height, width) as ``_pair`` reads it: a list made a tuple."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _build(name: str, kwargs: Mapping, device: str | torch.device) -> torch.nn.Module:
+    import timm
+
+    with torch.device(device):
+        return timm.create_model(name, pretrained=False, **kwargs)
+
+
+def open_timm_library(path: Path, state: Mapping[str, torch.Tensor], name: str, config_json: Mapping,
+                      model_args: Mapping, preprocessing_of, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """``state`` (timm weights of architecture ``name``) in the model timm builds for it, in a ``Checkpoint`` with
+    ``road="library"``. ``preprocessing_of(stand_in)`` is timm's evaluation transform for a ``ViTConfig`` that
+    carries the input size and patch size (``vit.sources.libraries.import_timm.preprocessing_from_timm``).
+    ``map_location="meta"``: built on the meta device, the weights' shapes checked, no data read. SourceError (one
+    line) for an architecture timm does not know, weights that do not fit it, or attention the layout cannot
+    place."""
+    import timm
+
+    origin = f"{path} (timm {name}, opened as timm builds it)"
+    if not timm.is_model(name):
+        raise SourceError(f"{origin}: timm has no architecture {name[:60]!r}")
+    kwargs = dict(model_args)
+    problem = _declared_problem(kwargs)
+    if problem:
+        raise SourceError(f"{origin}: {problem}")
+    classes = config_json.get("num_classes")
+    if isinstance(classes, int) and not isinstance(classes, bool) and 0 <= classes <= 100_000:
+        kwargs["num_classes"] = classes
+    if "img_size" in kwargs:
+        try:
+            _pair(_sides(kwargs["img_size"]), "img_size")
+        except ValueError as e:
+            raise SourceError(f"{origin}: {_one_line(e)}") from None
+    meta = torch.device(map_location).type == "meta"
+    try:
+        # the meta pass first: every declared size checked against the weights' shapes before any memory is taken
+        model = _build(name, kwargs, "meta" if meta else "cpu")
+        model.load_state_dict(dict(state), strict=True, assign=meta)
+        model = model.to(map_location).eval()
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
+        raise SourceError(f"{origin}: the weights do not fit {name} as timm builds it ({_one_line(e)})") from None
+    modules = attention_modules(model)
+    if not modules:
+        raise SourceError(f"{origin}: none of its blocks has timm's attention with a fused and an explicit path "
+                          "(fused_attn, attn_drop), which the library road records")
+    _record_through(modules)
+    embed = getattr(model, "patch_embed", None)
+    if not isinstance(embed, torch.nn.Module) or not hasattr(embed, "patch_size") or not hasattr(embed, "img_size"):
+        raise SourceError(f"{origin}: it has no patch embedding (patch_embed with patch_size and img_size) to place "
+                          "its tokens on the image from; it needs a layout of its own (issue 91)")
+    try:
+        patch = _pair(_sides(embed.patch_size), "patch_size")
+        channels = int(getattr(getattr(embed, "proj", None), "in_channels", 3))
+        own = _pair(_sides(embed.img_size), "img_size")
+        stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0],
+                             patch_size=patch if patch[0] != patch[1] else patch[0], num_channels=channels,
+                             num_classes=0)
+        preprocessing = preprocessing_of(stand_in)
+        prefix = int(getattr(model, "num_prefix_tokens", 0))
+        layout = LibraryLayout(prefix, patch, preprocessing.image_hw)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    problem = preprocessing_problem(preprocessing, stand_in)
+    if problem:
+        raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
+    wrapped = TimmLibraryModel(model, layout, modules)
+    if meta:
+        problem = _layout_problem(wrapped, channels)
+        if problem:
+            raise SourceError(f"{origin}: {problem}")
+    labels = config_json.get("label_names") or (config_json.get("pretrained_cfg") or {}).get("label_names")
+    n = int(getattr(model, "num_classes", 0) or 0)
+    names = [str(label) for label in labels] if isinstance(labels, list) and len(labels) == n else [
+        f"class {i}" for i in range(n)]
+    metadata = {"source": {"kind": "timm", "path": str(path), "architecture": f"timm:{name}"},
+                "architecture": f"timm:{name}", "parameters": sum(p.numel() for p in model.parameters()),
+                "road": ROAD}
+    return Checkpoint(model=wrapped, class_names=names, preprocessing=preprocessing, metadata=metadata, path=path,
+                      road=ROAD)
