@@ -53,6 +53,29 @@ def test_the_quickstart_notebook_is_committed_executed_and_small():
     assert dog["predicted"] == dog["label"] == "dog" and f"[('dog', {dog['probability']:.4f}" in shown_text(notebook)
 
 
+def shown_by(notebook, source: str):
+    """The value the code cell ``source`` shows, read back from its committed text (a dict or a list's repr)."""
+    import ast
+
+    [cell] = [cell for cell in notebook.cells if cell.cell_type == "code" and cell.source.strip() == source]
+    [shown] = [o["data"]["text/plain"] for o in cell.outputs if "text/plain" in o.get("data", {})]
+    return ast.literal_eval(shown)
+
+
+def test_the_notebooks_committed_method_lists_are_the_registrys():
+    """Issue 90, item 8: the quickstart's committed ``vit.methods()`` listed 10 methods where the registry has 31,
+    and compare-methods' the shipped model's 17 of 24. Each list as committed is the registry's now: re-run the
+    notebook (``nbclient``, as above) when a method is added."""
+    import vit
+    from vit import registry
+
+    quickstart = shown_by(nbformat.read(NOTEBOOK, as_version=4), "vit.methods()")
+    assert list(quickstart) == [m.name for m in registry.methods()] and quickstart == vit.methods()
+    compare = nbformat.read(TUTORIAL_DIR / "compare-methods.ipynb", as_version=4)
+    shipped = vit.load(vit.shipped("cifar10-cifar-s"))
+    assert shown_by(compare, "list(vit.methods(checkpoint))") == list(vit.methods(shipped))
+
+
 def run_notebook(path: Path, monkeypatch):
     """``path`` executed in a fresh kernel from its own folder, as a clone's reader runs it: the README's
     environment (requirements installed, the project not, no PYTHONPATH) and one torch thread, as the suite's. No
