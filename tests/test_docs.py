@@ -422,8 +422,8 @@ def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
 
 
 NAV_PAGES = ("start", "quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed",
-             "models/vlm", "models/video", "models/own", "checkpoints", "methods", "cli", "notebook", "benchmarks",
-             "deploy", "architecture", "changelog", *(f"tutorials/{name}" for name in (
+             "models/vlm", "models/video", "models/own", "checkpoints", "which-map", "methods", "cli", "notebook",
+             "benchmarks", "deploy", "architecture", "changelog", *(f"tutorials/{name}" for name in (
                  "compare-methods", "dense-views", "vlm-lens", "video-clip", "sae-features", "benchmarks")))
 
 
