@@ -249,3 +249,70 @@ def test_declared_sizes_past_what_can_be_built_are_refused_before_the_build(fold
     with pytest.raises(CheckpointError, match=message) as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value)
+
+
+# --- open_clip towers with a timm trunk (SigLIP 2, PE-Core): open_clip's own tower, the trunk's attention recorded ---
+
+TRUNKS = {  # timm trunk -> (vision_cfg beside it, the prefix tokens): PE-Core's (timm's Eva, RoPE, a CLS), and
+    # SigLIP 2's kind (timm's ViT with attention pooling) at a tiny width; open_clip builds the trunk at its own size
+    "vit_pe_core_tiny_patch16_384": (dict(image_size=384, timm_pool="map", timm_proj=None), 1),
+    "vit_tiny_patch16_224": (dict(image_size=224, timm_pool="map", timm_proj="none"), 1),
+}
+
+
+def open_clip_folder(folder, trunk: str):
+    open_clip = pytest.importorskip("open_clip")
+    open_clip_hub = pytest.importorskip("open_clip.push_to_hf_hub")
+    from safetensors.torch import save_file
+
+    vision, _ = TRUNKS[trunk]
+    model_cfg = dict(embed_dim=16, vision_cfg=dict(vision, timm_model_name=trunk, timm_model_pretrained=False),
+                     text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+    torch.manual_seed(0)
+    model = open_clip.model.CLIP(**model_cfg)
+    spread(model)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    open_clip_hub.save_config_for_hf(model, folder / "open_clip_config.json", model_config=model_cfg)
+    return folder
+
+
+@pytest.mark.parametrize("trunk", TRUNKS)
+def test_an_open_clip_tower_with_a_timm_trunk_opens_as_open_clip_builds_it(tmp_path, trunk):
+    open_clip = pytest.importorskip("open_clip")
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    folder = open_clip_folder(tmp_path, trunk)
+    checkpoint = vit.load(folder, device="cpu")
+    assert checkpoint.road == "library" and checkpoint.metadata["architecture"] == f"open_clip:timm:{trunk}"
+    side = TRUNKS[trunk][0]["image_size"] // 16
+    assert checkpoint.model.layout.grid == (side, side)
+    assert checkpoint.model.layout.num_prefix_tokens == TRUNKS[trunk][1]
+    reference, transform = open_clip.create_model_from_pretrained(f"local-dir:{folder}")
+    reference.eval()
+    image = Image.fromarray((torch.rand(50, 70, 3, generator=torch.Generator().manual_seed(2)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    torch.testing.assert_close(x, transform(image)[None], atol=1e-6, rtol=0)  # open_clip's own transform
+    with torch.no_grad():
+        expected = reference.encode_image(x)
+    out, _ = checkpoint.model.run(x)
+    torch.testing.assert_close(out.image_embeds, expected, atol=1e-6, rtol=0)
+    _, eager = eager_attention(reference.visual.trunk, x)
+    _, kept = checkpoint.model.run(x, layers=range(checkpoint.model.num_layers))
+    assert len(kept) == len(eager) == len(reference.visual.trunk.blocks)
+    for layer, probabilities in kept.items():
+        torch.testing.assert_close(probabilities, eager[layer], atol=1e-6, rtol=0)
+    explanation = vit.explain(checkpoint, image, "attention", layer=-1, head=1, query=0)
+    torch.testing.assert_close(torch.from_numpy(explanation.map), eager[-1][0, 1, 0, 1:].reshape(side, side),
+                               atol=1e-6, rtol=0)
+
+
+def test_the_explorer_keeps_the_open_clip_ports_refusal_of_a_timm_trunk(tmp_path):
+    from vit.sources.open import open_source
+
+    folder = open_clip_folder(tmp_path, "vit_tiny_patch16_224")
+    with pytest.raises(CheckpointError) as refused:
+        open_source(folder)
+    assert "as open_clip builds it" not in str(refused.value) and "\n" not in str(refused.value)

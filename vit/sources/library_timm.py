@@ -109,8 +109,14 @@ class _TimmRecorder(_AttentionRecorder):
 
 
 class TimmLibraryModel(LibraryModel):
-    """A timm model as timm builds it, its asked layers' attention recorded. ``model`` is timm's module (eval
-    mode); ``layout`` places its tokens on the image."""
+    """A timm model as timm builds it, its asked layers' attention recorded. ``model`` is the module that runs (eval
+    mode): timm's model, or open_clip's tower around a timm ``trunk``, which holds the attention; ``layout`` places
+    the trunk's tokens on the image."""
+
+    def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
+                 trunk: torch.nn.Module | None = None):
+        super().__init__(model, layout, attention_modules)
+        self.trunk = model if trunk is None else trunk
 
     @property
     def config(self):
@@ -141,8 +147,12 @@ class TimmLibraryModel(LibraryModel):
                                                tokens, len(asked), None if rows is None else len(rows)))
         recorder = _TimmRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
         with torch.no_grad(), recording(recorder):
-            out = (SimpleNamespace(logits=self.model(pixels)) if self.is_classifier
-                   else SimpleNamespace(last_hidden_state=self.model.forward_features(pixels)))
+            if self.is_classifier:
+                out = SimpleNamespace(logits=self.model(pixels))
+            elif self.trunk is self.model:
+                out = SimpleNamespace(last_hidden_state=self.model.forward_features(pixels))
+            else:  # open_clip's tower: its image embedding
+                out = SimpleNamespace(image_embeds=self.model(pixels))
         for layer, kept in recorder.kept.items():
             if kept.shape[-1] != tokens:
                 raise ValueError(f"layer {layer}'s attention has {kept.shape[-1]} keys; the layout places "
@@ -150,9 +160,9 @@ class TimmLibraryModel(LibraryModel):
         return out, dict(sorted(recorder.kept.items()))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The logits of a classifier, else the features ``(B, T, hidden)``."""
-        out = self.run(pixels)[0]
-        return out.logits if self.is_classifier else out.last_hidden_state
+        """The logits of a classifier, else timm's features ``(B, T, hidden)``, or open_clip's image embedding."""
+        out = vars(self.run(pixels)[0])
+        return next(iter(out.values()))
 
 
 def _layout_problem(model: TimmLibraryModel, channels: int) -> str | None:
@@ -258,12 +268,23 @@ def open_timm_library(path: Path, state: Mapping[str, torch.Tensor], name: str, 
         model = model.to(map_location).eval()
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
         raise SourceError(f"{origin}: the weights do not fit {name} as timm builds it ({_one_line(e)})") from None
-    modules = attention_modules(model)
+    labels = config_json.get("label_names") or (config_json.get("pretrained_cfg") or {}).get("label_names")
+    n = int(getattr(model, "num_classes", 0) or 0)
+    names = [str(label) for label in labels] if isinstance(labels, list) and len(labels) == n else [
+        f"class {i}" for i in range(n)]
+    return _checkpoint(path, origin, model, model, preprocessing_of, names, "timm", f"timm:{name}", meta)
+
+
+def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn.Module, preprocessing_of,
+                names: list[str], kind: str, architecture: str, meta: bool) -> Checkpoint:
+    """The checkpoint of ``model`` (built, its weights in), whose timm ``trunk`` holds the attention: the trunk's
+    attention made recordable, its layout read and checked (on the meta device), the preprocessing read."""
+    modules = attention_modules(trunk)
     if not modules:
         raise SourceError(f"{origin}: none of its blocks has timm's attention with a fused and an explicit path "
                           "(fused_attn, attn_drop), which the library road records")
     _record_through(modules)
-    embed = getattr(model, "patch_embed", None)
+    embed = getattr(trunk, "patch_embed", None)
     if not isinstance(embed, torch.nn.Module) or not hasattr(embed, "patch_size") or not hasattr(embed, "img_size"):
         raise SourceError(f"{origin}: it has no patch embedding (patch_embed with patch_size and img_size) to place "
                           "its tokens on the image from; it needs a layout of its own (issue 91)")
@@ -275,24 +296,63 @@ def open_timm_library(path: Path, state: Mapping[str, torch.Tensor], name: str, 
                              patch_size=patch if patch[0] != patch[1] else patch[0], num_channels=channels,
                              num_classes=0)
         preprocessing = preprocessing_of(stand_in)
-        prefix = int(getattr(model, "num_prefix_tokens", 0))
+        prefix = int(getattr(trunk, "num_prefix_tokens", 0))
         layout = LibraryLayout(prefix, patch, preprocessing.image_hw)
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     problem = preprocessing_problem(preprocessing, stand_in)
     if problem:
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
-    wrapped = TimmLibraryModel(model, layout, modules)
+    wrapped = TimmLibraryModel(model, layout, modules, trunk)
     if meta:
         problem = _layout_problem(wrapped, channels)
         if problem:
             raise SourceError(f"{origin}: {problem}")
-    labels = config_json.get("label_names") or (config_json.get("pretrained_cfg") or {}).get("label_names")
-    n = int(getattr(model, "num_classes", 0) or 0)
-    names = [str(label) for label in labels] if isinstance(labels, list) and len(labels) == n else [
-        f"class {i}" for i in range(n)]
-    metadata = {"source": {"kind": "timm", "path": str(path), "architecture": f"timm:{name}"},
-                "architecture": f"timm:{name}", "parameters": sum(p.numel() for p in model.parameters()),
+    metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
+                "architecture": architecture, "parameters": sum(p.numel() for p in model.parameters()),
                 "road": ROAD}
     return Checkpoint(model=wrapped, class_names=names, preprocessing=preprocessing, metadata=metadata, path=path,
                       road=ROAD)
+
+
+def open_clip_library(path: Path, state: Mapping[str, torch.Tensor], config_json: Mapping, preprocessing_of,
+                      map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An open_clip image tower whose trunk is a timm model (``vision_cfg.timm_model_name``: SigLIP 2, PE-Core), as
+    open_clip builds it (``open_clip.model._build_vision_tower``, its ``visual.*`` weights loaded strictly), the
+    trunk's attention recorded; its output is open_clip's image embedding. ``preprocessing_of(stand_in)`` is
+    open_clip's transform for a ``ViTConfig`` with the input and patch size. SourceError (one line) as
+    ``open_timm_library``."""
+    import open_clip
+    import timm
+
+    origin = f"{path} (open_clip, opened as open_clip builds it)"
+    model_cfg = config_json.get("model_cfg")
+    vision_cfg = model_cfg.get("vision_cfg") if isinstance(model_cfg, Mapping) else None
+    name = vision_cfg.get("timm_model_name") if isinstance(vision_cfg, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise SourceError(f"{origin}: its open_clip_config.json names no timm trunk (vision_cfg.timm_model_name)")
+    if not timm.is_model(name):
+        raise SourceError(f"{origin}: timm has no architecture {name[:60]!r}")
+    numbers = {k: v for k, v in vision_cfg.items() if not isinstance(v, str)}
+    problem = _declared_problem({**numbers, "embed_dim": model_cfg.get("embed_dim", 0)})
+    if problem:
+        raise SourceError(f"{origin}: {problem}")
+    try:
+        _pair(_sides(vision_cfg.get("image_size", 224)), "image_size")
+    except ValueError as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    visual = {k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")}
+    meta = torch.device(map_location).type == "meta"
+    try:
+        cfg = {**vision_cfg, "timm_model_pretrained": False}
+        with torch.device("meta" if meta else "cpu"):
+            tower = open_clip.model._build_vision_tower(int(model_cfg.get("embed_dim", 0)), cfg)
+        tower.load_state_dict(visual, strict=True, assign=meta)
+        tower = tower.to(map_location).eval()
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
+        raise SourceError(f"{origin}: the weights do not fit its tower as open_clip builds it ({_one_line(e)})"
+                          ) from None
+    trunk = getattr(tower, "trunk", None)
+    if not isinstance(trunk, torch.nn.Module):
+        raise SourceError(f"{origin}: open_clip built no timm trunk for it")
+    return _checkpoint(path, origin, tower, trunk, preprocessing_of, [], "open_clip", f"open_clip:timm:{name}", meta)

@@ -686,19 +686,41 @@ def open_dinov3_original(path: Path, state: Mapping[str, torch.Tensor], name: st
 
 
 def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
-                   map_location: str | torch.device = "cpu") -> Checkpoint:
+                   map_location: str | torch.device = "cpu", library_road: bool = False) -> Checkpoint:
     """open_clip weights (``visual.*``), with ``open_clip_config.json`` when there is one; ``name`` is
-    ``quickgelu`` or ``gelu`` (or an open_clip model name, QuickGELU when it ends in ``-quickgelu``)."""
+    ``quickgelu`` or ``gelu`` (or an open_clip model name, QuickGELU when it ends in ``-quickgelu``). With
+    ``library_road`` (``vit.load``), a tower whose trunk is a timm model (SigLIP 2, PE-Core) opens as open_clip
+    builds it (``vit.sources.library_timm.open_clip_library``) where the port refuses it."""
     config_json = dict(config_json or {})
     model_cfg = config_json.get("model_cfg") if isinstance(config_json.get("model_cfg"), Mapping) else None
     quick = None if name is None else (name == "quickgelu" or name.endswith("-quickgelu"))
     origin = f"{path} (open_clip)"
-    config = _config(origin, lambda: import_clip.config_from_open_clip(state, model_cfg, quick))
     try:
+        config = _config(origin, lambda: import_clip.config_from_open_clip(state, model_cfg, quick))
         ours = import_clip.state_dict_from_open_clip(state, config)
-    except (ValueError, KeyError) as e:
-        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    except (ValueError, KeyError, SourceError) as e:
+        refused = e if isinstance(e, SourceError) else SourceError(f"{origin}: {_one_line(e)}")
+        vision = (model_cfg or {}).get("vision_cfg")
+        if not library_road or not isinstance(vision, Mapping) or not vision.get("timm_model_name"):
+            raise refused from None
+        from vit.sources import library_timm
+
+        try:
+            return library_timm.open_clip_library(path, state, config_json,
+                                                  lambda stand_in: open_clip_preprocessing(config_json, stand_in,
+                                                                                           origin), map_location)
+        except SourceError as also:
+            raise SourceError(f"{refused}; as open_clip builds it: {str(also).partition('): ')[2] or also}"
+                              ) from None
     model = build_model(config, ours, origin, map_location)
+    preprocessing = open_clip_preprocessing(config_json, config, origin)
+    activation = "quickgelu" if config.activation == "quick_gelu" else "gelu"
+    return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
+
+
+def open_clip_preprocessing(config_json: Mapping, config: ViTConfig, origin: str) -> Preprocessing:
+    """open_clip's image transform for a tower of ``config``'s input size, from ``open_clip_config.json``'s
+    ``preprocess_cfg``."""
     pre = config_json.get("preprocess_cfg") if isinstance(config_json.get("preprocess_cfg"), Mapping) else {}
     channels = config.num_channels
     mean, std = tuple(pre.get("mean") or import_clip.OPENAI_MEAN), tuple(pre.get("std") or import_clip.OPENAI_STD)
@@ -716,8 +738,7 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
                                   resize_size=config.image_size, resize_mode=mode,
                                   resample="bicubic" if mode == "keep_ratio" else resample,
                                   pad_fill=(fill,) if mode == "border" else ())
-    activation = "quickgelu" if config.activation == "quick_gelu" else "gelu"
-    return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
+    return preprocessing
 
 
 def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arguments: Mapping,
@@ -864,7 +885,7 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
             if weights is None:
                 raise SourceError(f"{path} has an open_clip_config.json but no {' or '.join(OPEN_CLIP_WEIGHTS)}")
             return open_open_clip(weights, read_weights(weights, map_location), name,
-                                  read_json(path / OPEN_CLIP_CONFIG), map_location)
+                                  read_json(path / OPEN_CLIP_CONFIG), map_location, library_road)
         if not config_path.is_file():
             files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
             if len(files) != 1:
