@@ -279,3 +279,59 @@ def test_weights_that_do_not_fit_or_lack_layers_are_refused_in_one_line(tmp_path
     with pytest.raises(CheckpointError, match=message) as refusal:
         vit.load(folder, device="cpu")
     assert "\n" not in str(refusal.value)
+
+
+# --- a head around a backbone (Depth Anything): the head as transformers builds it, the backbone's attention recorded
+
+def depth_anything_folder(folder, keep_aspect_ratio=False):
+    torch.manual_seed(0)
+    backbone = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                         intermediate_size=64, image_size=32, patch_size=8, out_indices=[1, 2, 3, 4],
+                                         reshape_hidden_states=False)
+    model = transformers.DepthAnythingForDepthEstimation(transformers.DepthAnythingConfig(
+        backbone_config=backbone, reassemble_hidden_size=32, neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16,
+        patch_size=8))
+    spread(model)
+    model.save_pretrained(folder)
+    transformers.DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=keep_aspect_ratio,
+                                   ensure_multiple_of=8).save_pretrained(folder)
+    return folder
+
+
+def test_depth_anythings_depth_is_transformers_and_its_backbones_attention_eagers(tmp_path):
+    """Depth Anything's head does not take an attention implementation (transformers refuses one for it); its DINOv2
+    backbone's does: the head runs as transformers builds it, the backbone's attention through the recording
+    function."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    folder = depth_anything_folder(tmp_path)
+    checkpoint = vit.load(folder, device="cpu")
+    assert checkpoint.road == "library" and checkpoint.model.num_layers == 4
+    assert checkpoint.model.layout.grid == (4, 4) and checkpoint.model.layout.num_prefix_tokens == 1
+    image = Image.fromarray((torch.rand(40, 30, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    processor = transformers.DPTImageProcessor.from_pretrained(folder)
+    torch.testing.assert_close(x, processor(image, return_tensors="pt")["pixel_values"], atol=1e-5, rtol=0)
+    own = transformers.DepthAnythingForDepthEstimation.from_pretrained(folder).eval()
+    with torch.no_grad():
+        depth = own(pixel_values=x).predicted_depth
+    out, kept = checkpoint.model.run(x, layers=range(4))
+    torch.testing.assert_close(out.predicted_depth, depth, atol=1e-5, rtol=0)
+    torch.testing.assert_close(checkpoint.model(x), depth, atol=1e-5, rtol=0)
+    own.backbone.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = own(pixel_values=x, output_attentions=True).attentions
+    for layer in range(4):
+        torch.testing.assert_close(kept[layer], eager[layer], atol=1e-6, rtol=0)
+    explanation = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=0)
+    torch.testing.assert_close(torch.from_numpy(explanation.map), eager[2][0, 1, 0, 1:].reshape(4, 4), atol=1e-6,
+                               rtol=0)
+
+
+def test_a_processor_that_keeps_the_aspect_ratio_is_refused_in_one_line(tmp_path):
+    folder = depth_anything_folder(tmp_path, keep_aspect_ratio=True)
+    with pytest.raises(CheckpointError, match="keeps each image's aspect ratio .* multiple of 8") as refused:
+        vit.load(folder, device="cpu")
+    assert "\n" not in str(refused.value)

@@ -86,11 +86,15 @@ class LibraryModel(torch.nn.Module):
 
     road = ROAD
 
-    def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module]):
+    def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
+                 part: torch.nn.Module | None = None):
         super().__init__()
         self.model = model
         self.layout = layout
         self._attention = attention_modules  # a plain list: the modules are the model's, registered once there
+        # the pretrained model whose attention is routed through the recording function: the whole model, or the
+        # backbone a head wraps (Depth Anything's DINOv2), a plain attribute: it is a module of ``model``
+        self.__dict__["part"] = model if part is None else part
 
     @property
     def config(self):
@@ -103,7 +107,7 @@ class LibraryModel(torch.nn.Module):
 
     @property
     def num_heads(self) -> int:
-        return int(self.model.config.num_attention_heads)
+        return int(self.part.config.num_attention_heads)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -133,7 +137,7 @@ class LibraryModel(torch.nn.Module):
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
                                                tokens, len(asked), None if rows is None else len(rows)))
         recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
-        with torch.no_grad(), recording_attention.recording(self.model, recorder):
+        with torch.no_grad(), recording_attention.recording(self.part, recorder):
             out = self.model(pixel_values=pixels)
         for layer, kept in recorder.kept.items():
             if kept.shape[-1] != tokens:
@@ -142,9 +146,12 @@ class LibraryModel(torch.nn.Module):
         return out, dict(sorted(recorder.kept.items()))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The logits of a classifier, else the last hidden states ``(B, T, hidden)``."""
+        """The logits of a classifier, else the last hidden states ``(B, T, hidden)``, else the head's first output
+        (a depth model's ``predicted_depth``)."""
         out = self.run(pixels)[0]
-        return out.logits if self.is_classifier else out.last_hidden_state
+        if self.is_classifier:
+            return out.logits
+        return out.last_hidden_state if getattr(out, "last_hidden_state", None) is not None else out[0]
 
 
 def grid_of(layout: LibraryLayout, image_hw) -> tuple[int, int]:
@@ -195,9 +202,26 @@ def opens(config_json: Mapping) -> bool:
         config_class = CONFIG_MAPPING[model_type]
         cls = _model_class(config_json, config_class)
         vision = "patch_size" in config_json or hasattr(config_class(), "patch_size")
+        recorded = getattr(cls, "_supports_attention_backend", False) or _backbone_class(config_json) is not None
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
-    return vision and bool(getattr(cls, "_supports_attention_backend", False))
+    return vision and bool(recorded)
+
+
+def _backbone_class(config_json: Mapping):
+    """The backbone class of a head that wraps one (``backbone_config``: Depth Anything's DINOv2) when its attention
+    runs through the attention interface, else None."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_BACKBONE_MAPPING_NAMES
+
+    backbone = config_json.get("backbone_config")
+    model_type = backbone.get("model_type") if isinstance(backbone, Mapping) else None
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return None
+    import transformers
+
+    cls = getattr(transformers, MODEL_FOR_BACKBONE_MAPPING_NAMES.get(model_type, ""), None)
+    return cls if getattr(cls, "_supports_attention_backend", False) else None
 
 
 def _model_class(config_json: Mapping, config_class):
@@ -230,21 +254,24 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         cls = _model_class(config_json, type(config))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    if not getattr(cls, "_supports_attention_backend", False):
+    whole = bool(getattr(cls, "_supports_attention_backend", False))
+    if not whole and _backbone_class(config_json) is None:
         raise SourceError(f"{folder}: {cls.__name__} has no port here and its attention does not run through "
                           "transformers' attention interface, which the library road records; "
                           "the README's table \"What it opens\" links a page listing every model this program opens")
-    name = recording_attention.recording_name("sdpa")
+    # the whole model's attention through the recording function over SDPA; a head that does not take it (Depth
+    # Anything) as transformers builds it, its backbone's attention routed to the recording function afterwards
+    name = {"attn_implementation": recording_attention.recording_name("sdpa")} if whole else {}
     loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
     try:
         if torch.device(map_location).type == "meta":
             with torch.device("meta"):
-                model = cls._from_config(config, attn_implementation=name)
+                model = cls._from_config(config, **name)
         else:
             with quiet_transformers():  # its multi-line loading report: loading_problem's one line says it
                 model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
-                                                    attn_implementation=name, dtype=torch.float32,
-                                                    ignore_mismatched_sizes=True, output_loading_info=True)
+                                                    dtype=torch.float32, ignore_mismatched_sizes=True,
+                                                    output_loading_info=True, **name)
             model = model.to(map_location)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
@@ -252,6 +279,10 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
     model.eval()
+    part = model if whole else _backbone_part(model)
+    if part is None:
+        raise SourceError(f"{folder}: {cls.__name__} has no backbone whose attention runs through transformers' "
+                          "attention interface; it cannot be recorded")
     modules = attention_modules(model)
     if not modules:
         raise SourceError(f"{folder}: {cls.__name__}'s attention does not run through transformers' attention "
@@ -259,9 +290,15 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     try:
         patch = _pair(getattr(config, "patch_size", None), "patch_size")
         channels = int(getattr(config, "num_channels", 3))
-        own = _pair(getattr(config, "image_size", None), "image_size")
+        own = _pair(getattr(config, "image_size", None) or getattr(getattr(config, "backbone_config", None),
+                                                                   "image_size", None), "image_size")
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0], patch_size=patch if patch[0] != patch[1]
                              else patch[0], num_channels=channels, num_classes=0)
+        if isinstance(image_processor, Mapping) and image_processor.get("keep_aspect_ratio"):
+            raise ValueError("its image processor keeps each image's aspect ratio at a size that is a multiple of "
+                             f"{image_processor.get('ensure_multiple_of', 1)} (DPT's resize), which this program does "
+                             "not reproduce yet; set keep_aspect_ratio to false in preprocessor_config.json for a "
+                             "fixed size")
         preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
         layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw)
     except (ValueError, TypeError, AttributeError) as e:
@@ -269,10 +306,12 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     problem = preprocessing_problem(preprocessing, stand_in)
     if problem:
         raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
-    if len(modules) != int(getattr(config, "num_hidden_layers", len(modules))):
+    layers = getattr(config, "num_hidden_layers", None) or getattr(getattr(config, "backbone_config", None),
+                                                                   "num_hidden_layers", len(modules))
+    if len(modules) != int(layers):
         raise SourceError(f"{folder}: {len(modules)} attention modules for {config.num_hidden_layers} layers; the "
                           "library road reads one attention per layer")
-    wrapped = LibraryModel(model, layout, modules)
+    wrapped = LibraryModel(model, layout, modules, part)
     if torch.device(map_location).type == "meta":  # the layout checked against the tokens the model forms, no data
         problem = _layout_problem(wrapped, channels)
         if problem:
@@ -280,6 +319,15 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
     return _finish_library(wrapped, class_names(config, classes), preprocessing, folder, cls.__name__,
                            image_processor is None)
+
+
+def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The first pretrained model inside ``model`` whose attention runs through the attention interface (a head's
+    backbone), or None."""
+    from transformers import PreTrainedModel
+
+    return next((m for m in model.modules() if m is not model and isinstance(m, PreTrainedModel)
+                 and getattr(type(m), "_supports_attention_backend", False)), None)
 
 
 def _layout_problem(model: LibraryModel, channels: int) -> str | None:
@@ -300,7 +348,7 @@ def _layout_problem(model: LibraryModel, channels: int) -> str | None:
             pass
 
     try:
-        with torch.no_grad(), recording_attention.recording(model.model, Shapes()):
+        with torch.no_grad(), recording_attention.recording(model.part, Shapes()):
             model.model(pixel_values=pixels)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
         return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
