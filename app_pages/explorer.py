@@ -185,7 +185,7 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
 
 # -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
 
-compare_checkpoints(state, entries, choice, main.map2d, main.error)
+compare_checkpoints(state, entries, choice, main.map2d, main.error, main.grid)
 probe_snapshots(state, entry)
 
 # Room below the tabs: while a newly opened tab is computed its old content is gone, and a page that

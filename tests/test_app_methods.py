@@ -344,3 +344,66 @@ def test_a_black_baseline_is_chosen_in_the_sidebar_named_in_the_caption_and_kept
     assert not linked.exception, [e.message for e in linked.exception]
     assert sidebar_widget(linked, "radio", "Baseline is").value == "black"
     assert overlay_caption(linked) == caption
+
+
+@pytest.mark.parametrize("kind, steps", [("integrated_gradients", 4), ("input_x_gradient", None)])
+@pytest.mark.usefixtures("dirs")
+def test_a_pixel_methods_map_is_drawn_on_the_input_pixels_as_vit_explain_gives_it(monkeypatch, kind, steps):
+    """Issue 90, item 3: on the shipped checkpoint the page drew Integrated Gradients and Input x Gradient summed
+    over each patch. It draws vit.explain's map (captum's attribution summed over the colour channels, held equal
+    to captum's own call in test_captum_methods) on the model's input pixels, with the patch grid's lines, and says
+    so; the exported view draws the same map."""
+    import functools
+
+    import vit
+    from app_pages.explorer_sections import share_view
+    from tests.test_app import DEFAULT_CHECKPOINT, charts, default_checkpoints_dir
+
+    monkeypatch.delenv("VIT_CHECKPOINTS_DIR")
+    shipped = default_checkpoints_dir() / DEFAULT_CHECKPOINT
+    if not shipped.is_file():
+        pytest.skip(f"{shipped} is not there yet")
+    drawn, original = [], drawing.overlay_image  # (map, grid, mask) of each overlay the page and its export draw
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: drawn.append(
+        (np.asarray(map2d), a[8] if len(a) > 8 else k.get("grid"), a[7] if len(a) > 7 else k.get("mask")))
+        or original(image, map2d, *a, **k))
+    curves, real_curves = [], drawing.faithfulness_figure  # the map the deletion and insertion curves read
+    monkeypatch.setattr(drawing, "faithfulness_figure", lambda checkpoint, image, map2d, *a, **k: curves.append(
+        np.asarray(map2d)) or real_curves(checkpoint, image, map2d, *a, **k))
+    exports = []  # the page's "Export this view" data, built as its button would on a click
+    monkeypatch.setattr(share_view, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value(kind)
+    at.run()
+    if steps is not None:
+        next(w for w in at.sidebar.number_input if w.label == "Steps").set_value(steps)
+        at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    sample = sidebar_widget(at, "selectbox", "…or a sample image").value
+    checkpoint = vit.load(shipped, device="cpu")
+    want = vit.explain(checkpoint, sample, kind, **({} if steps is None else {"n_steps": steps}))
+    side = checkpoint.model.config.image_size
+    assert want.map.shape == (side, side) and want.pixels  # the model's input pixels, not the patch grid
+    page_map, page_grid, _ = drawn[-1]
+    assert page_map.shape == (side, side) and tuple(page_grid) == tuple(want.grid)
+    np.testing.assert_allclose(page_map, want.map, rtol=1e-5, atol=1e-7)
+    assert "at each of the model's input pixels" in overlay_caption(at)
+    [export] = [f for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
+    drawn.clear()
+    page = export().decode()
+    [(exported_map, exported_grid, _)] = drawn
+    np.testing.assert_array_equal(exported_map, page_map)
+    assert tuple(exported_grid) == tuple(want.grid)
+    assert "input pixels" in page  # the exported caption, as the page's
+    # What reads patches reads the map's patch sums: the deletion and insertion curves, the mass contour
+    next(c for c in at.sidebar.checkbox if c.label == "Attention-mass contour (DINO)").check()
+    next(t for t in at.toggle if t.label == "Deletion and insertion curves").set_value(True)
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    sums = want.patch_sums()
+    np.testing.assert_allclose(curves[-1], sums, rtol=1e-5, atol=1e-6 * float(np.abs(sums).max()))
+    assert drawn[-1][2].shape == tuple(want.grid)
+    assert any(trace.get("name", "").startswith("deletion (AUC") for fig in charts(at) for trace in fig["data"])

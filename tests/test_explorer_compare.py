@@ -85,6 +85,28 @@ def test_compare_mode_draws_the_newer_methods_for_b_too(two_checkpoints, method)
     assert any(shown_text(c.value).startswith("Difference A − B") for c in at.caption)
 
 
+def test_compare_mode_draws_a_pixel_methods_maps_on_each_models_input_pixels(two_checkpoints, monkeypatch):
+    """Issue 90, item 3: with Input x Gradient, A and B are drawn as the page draws A (vit.explain's map on the
+    model's input pixels, with the patch grid's lines), not summed over each patch."""
+    import vit
+    from app_pages.explorer_sections import compare_checkpoints
+
+    a, b, _, sample, _ = two_checkpoints
+    drawn, original = [], compare_checkpoints.overlay  # (map, grid) of A's and B's overlays
+    monkeypatch.setattr(compare_checkpoints, "overlay", lambda image, map2d, *args, **kwargs: drawn.append(
+        (np.asarray(map2d), kwargs.get("grid"))) or original(image, map2d, *args, **kwargs))
+    at = run_app()
+    at = at.radio(key="map_kind").set_value(MORE_METHODS).run()
+    at = at.selectbox(key="method_kind").set_value("input_x_gradient").run()
+    at = at.selectbox(key="compare_with").set_value(str(b)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not [w.value for w in at.warning if "cannot show" in w.value]
+    for (shown_map, grid), path in zip(drawn[-2:], (a, b), strict=True):
+        want = vit.explain(vit.load(path, device="cpu"), sample, "input_x_gradient")
+        assert shown_map.shape == (TINY.image_size, TINY.image_size) and tuple(grid) == tuple(want.grid) == (4, 4)
+        np.testing.assert_allclose(shown_map, want.map, rtol=1e-5, atol=1e-7)
+
+
 def test_compare_mode_matches_a_shallower_checkpoint_by_relative_depth_and_says_both_layers(two_checkpoints):
     _, _, shallow, _, _ = two_checkpoints
     at = run_app()

@@ -171,9 +171,10 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
                 end_layer: int, fusion: str, start_layer: int, _checkpoint: Checkpoint, _image: Image.Image,
-                _analysis: image_analysis.Analysis | None, options: tuple = ()):
+                _analysis: image_analysis.Analysis | None, options: tuple = (), pixels: bool = False):
     return method_maps.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size,
-                                        start_layer=start_layer, analysis=_analysis, options=dict(options))
+                                        start_layer=start_layer, analysis=_analysis, options=dict(options),
+                                        pixels=pixels)
 
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
@@ -184,12 +185,14 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
     progress and a Stop button are drawn here, the server's bound holds, and the page stops below them until it is
     done. ``analysis``: the page's of this image and size (its tokens decide whether the work is long; a CAM starts
     from the explained block's input it kept: ``method_maps.model_method_map``); ``options``: an attribution's
-    (``MapSettings.options``)."""
+    (``MapSettings.options``). A pixel method's map (``method_maps.draws_pixels``) is on the model's input pixels
+    ``(H, W)``, as ``vit.explain`` gives it, not its patch sums."""
+    pixels = method_maps.draws_pixels(kind)
     if kind == "flow":
         key, label, unit = ((kind, fingerprint, digest, size, query, end_layer, fusion),
                             "Computing the attention flow (one max-flow problem per token)", "passes")
     elif kind in ATTRIBUTION_METHODS:
-        key, label, unit = ((kind, fingerprint, digest, size, class_index, options),
+        key, label, unit = ((kind, fingerprint, digest, size, class_index, options, pixels),
                             f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map",
                             "masks" if kind == "rise" else "blocks")
     elif analysis.num_tokens > PROGRESS_TOKENS:
@@ -197,10 +200,10 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
                             f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map", "blocks")
     else:
         return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, start_layer,
-                           checkpoint, image, analysis, options)
+                           checkpoint, image, analysis, options, pixels)
     result = long_work(key, label, lambda progress: method_maps.model_method_map(
         checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer, analysis,
-        options=dict(options)), kind, unit=unit)
+        options=dict(options), pixels=pixels), kind, unit=unit)
     if result is None:
         st.stop()
     return result

@@ -15,10 +15,12 @@ PICKER_KEY = "compare_with"
 NOTHING = ""  # the picker's first choice: a value, not None (a None selection shows "Choose an option")
 
 
-def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d, error: str | None = None) -> None:
+def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d, error: str | None = None,
+                        grid: tuple[int, int] | None = None) -> None:
     """The picker of a second checkpoint among ``entries`` (and the runs' epochs) but ``choice``, and, with one
     picked, its map of ``view.settings`` beside ``map2d`` and their difference; ``error``: why this checkpoint's
-    map is not drawn (``MainMap.error``), said here in one line instead."""
+    map is not drawn (``MainMap.error``), said here in one line instead; ``grid``: the patch grid of a pixel
+    method's ``(H, W)`` ``map2d`` (``MainMap.grid``), B's then drawn on its own input pixels too."""
     entry = entries[choice]
     image_key, size, image, settings, analysis = view.image_key, view.size, view.image, view.settings, view.analysis
     class_names, kind, fusion, L = view.class_names, settings.kind, settings.fusion, analysis.num_layers
@@ -69,11 +71,12 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d, error: s
             st.warning(f"B cannot show this map: {escape_markdown(e)}")
         else:
             col_a, col_b, col_diff = st.columns(3)
-            for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
-                                                                    (col_b, "B", entry_b, analysis_b, map_b)):
+            grid_b = None if grid is None else tuple(analysis_b.grid)  # a pixel method's: on B's input pixels
+            for column, label, one_entry, one_analysis, one_map, one_grid in (
+                    (col_a, "A", entry, analysis, map2d, grid), (col_b, "B", entry_b, analysis_b, map_b, grid_b)):
                 top_k = one_analysis.prediction.top_k
                 column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid,
-                                     outline_patch=outline), output_format="PNG")
+                                     outline_patch=outline, grid=one_grid), output_format="PNG")
                 predicts = (f"Predicts {escape_markdown(top_k[0][0])} ({top_k[0][1]:.0%}). " if top_k
                             else "No classifier (a feature model). ")
                 depth = compare.depth_note(settings, settings_b, L, analysis_b.num_layers) if label == "B" else ""

@@ -72,7 +72,7 @@ def map_caption(view: Shown, main: MainMap) -> str:
     """The main map's caption, as Markdown: what it shows (a word map's own, else ``map_captions.describe_map``'s), then
     its colours' range."""
     what = main.caption if main.caption is not None else map_captions.describe_map(
-        view.settings, view.analysis, view.class_names, dict(view.settings.options))
+        view.settings, view.analysis, view.class_names, dict(view.settings.options), main.grid is not None)
     return what + " " + drawing.describe_range(main.map2d, main.vmin, main.vmax)
 
 
@@ -89,7 +89,9 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
                                                        view.outline, settings.query)
     map2d, map_colormap, vmin, vmax, mask = main.map2d, main.colormap, main.vmin, main.vmax, main.mask
     pre = checkpoint.preprocessing
-    drawn = drawing.overlay_image(shown, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax, mask)
+    # A pixel method's map (main.grid: its patch grid) is drawn at the model's input pixels, the grid's lines over it
+    drawn = drawing.overlay_image(shown, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax, mask,
+                                  main.grid)
     picker = partial(drawing.patch_picker_figure, fit_width=ENLARGED_WIDTH if places.enlarge else FIT_WIDTH,
                      zoomable=places.enlarge)
     overlay_figure = picker(shown.size, jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)
@@ -127,7 +129,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
             file_name=vlm_words.file_name(stem, *main.word_parts) if main.word_parts is not None
             else drawing.map_file_name(stem, settings, analysis, "overlay.png", class_names),
             data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
-                         mask), disabled=main.error is not None,
+                         mask, main.grid), disabled=main.error is not None,
             help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
                  f"sees: {describe_size(seen.width, seen.height)}.")
         # The model's attention weights whatever the map is: named so, beside a Grad-CAM's or a lens's overlay
@@ -157,9 +159,10 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "
                           "makes deletion fall and insertion rise fast."):
             chosen_class = attention_maps.resolved_class(settings, analysis)
+            patches = main.patch_sums()  # the curves remove and restore patches, most relevant first
             curves = long_work(("curves", fingerprint, image_key, size, chosen_class,
-                                explorer.image_digest(map2d.tobytes())), "Deletion and insertion curves",
-                               lambda progress: drawing.faithfulness_figure(checkpoint, image, map2d, chosen_class,
+                                explorer.image_digest(patches.tobytes())), "Deletion and insertion curves",
+                               lambda progress: drawing.faithfulness_figure(checkpoint, image, patches, chosen_class,
                                                                             size=size, progress=progress), "curves")
             if curves is not None:  # else its progress and a Stop button are drawn
                 st.plotly_chart(curves, config={"displayModeBar": False}, width="stretch")  # the column's width

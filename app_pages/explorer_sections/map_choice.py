@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 from streamlit.delta_generator import DeltaGenerator
 
-from vit.explain.views import attention_maps
+from vit.explain.views import attention_maps, method_maps
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,7 +31,8 @@ class MapChoice:
 
 @dataclass(frozen=True, eq=False)
 class MainMap:
-    """The main map (grid_h, grid_w) and its colours: signed maps diverge around 0."""
+    """The main map (grid_h, grid_w), a pixel method's on the model's input pixels (H, W) (``grid``: its patch grid),
+    and its colours: signed maps diverge around 0."""
 
     map2d: np.ndarray
     colormap: str
@@ -41,3 +42,9 @@ class MainMap:
     caption: str | None = None  # a word map's (Markdown; the others' is ``map_captions.describe_map``'s)
     error: str | None = None  # why a word map is not drawn (one line), shown where its caption goes
     word_parts: tuple | None = None  # a word map's (kind, word, patch or None), which name its download
+    grid: tuple[int, int] | None = None  # the patch grid of a pixel method's (H, W) map2d; None: map2d is on it
+
+    def patch_sums(self):
+        """``map2d`` on the patch grid (what reads patches: the faithfulness curves, the mass contour): a pixel
+        map summed over each patch's pixels, any other as it is."""
+        return self.map2d if self.grid is None else method_maps.pixel_patch_sums(self.map2d, self.grid)

@@ -16,7 +16,7 @@ from vit.core.text import escape_markdown
 from vit.explain.methods import captum_maps
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.stage_maps import on_patch_grid
-from vit.explain.views import attention_maps, image_analysis
+from vit.explain.views import attention_maps, image_analysis, method_maps
 from vit.explain.views.overlay import UPSAMPLE_MODES, is_signed, map_colours
 
 # The sidebar's map settings, kept by the page while their widgets are not drawn (``state.keep_settings``).
@@ -283,14 +283,17 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
         vmin, vmax = drawing.colour_range(map2d, scale)
     elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
         vmin, vmax = drawing.colour_range(attention_maps.head_maps(analysis, query, layer=layer - 1), scale)
-    mask = attention_maps.map_mask(map2d, choice.mask_share) if choice.mask_share is not None else None
-    return MainMap(map2d, map_colormap, vmin, vmax, mask)
+    # A pixel method's map is on the model's input pixels, as vit.explain gives it; its mass contour on its patch sums
+    grid = tuple(analysis.grid) if attention_maps.is_method_map(kind) and method_maps.draws_pixels(kind) else None
+    patches = map2d if grid is None else method_maps.pixel_patch_sums(map2d, grid)
+    mask = attention_maps.map_mask(patches, choice.mask_share) if choice.mask_share is not None else None
+    return MainMap(map2d, map_colormap, vmin, vmax, mask, grid=grid)
 
 
 def _map2d(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,
            analysis: image_analysis.Analysis, choice: MapChoice) -> np.ndarray:
-    """The main map's values on the image's patch grid (gh, gw), computed once per settings; ValueError (one line)
-    when the model cannot give it."""
+    """The main map's values on the image's patch grid (gh, gw) (a pixel method's on the model's input pixels
+    (H, W)), computed once per settings; ValueError (one line) when the model cannot give it."""
     settings = choice.settings
     kind, query, fusion, end_layer = settings.kind, settings.query, settings.fusion, settings.end_layer + 1
     relevance = None

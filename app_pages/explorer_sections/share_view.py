@@ -316,7 +316,7 @@ def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settin
         vmin=main.vmin, vmax=main.vmax, opacity=view.opacity, mode=view.mode,
         caption=map_caption(view, main) if main.error is None else main.error,
         query=s.query if view.outline is not None else 0, num_prefix_tokens=analysis.num_prefix_tokens,
-        show_grid=view.show_grid, mask=main.mask,
+        show_grid=view.show_grid, mask=main.mask, grid=main.grid,  # a pixel method's map at its pixels, as the page
         heads=heads, heads_caption=f"Layer {view.layer}: each head's attention of the query.",
         heads_layer=view.layer - 1, selected_head=s.head if s.kind == "attention" else None, scale=view.scale,
         mask_share=view.mask_share, prediction=analysis.prediction if view.class_names else None, settings=settings,

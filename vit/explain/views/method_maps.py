@@ -97,6 +97,22 @@ def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: 
     return ClassRelevance(class_index, (), inputs=inputs, contexts=contexts)
 
 
+def draws_pixels(kind: str) -> bool:
+    """Whether ``kind``'s map is drawn on the model's input pixels: a built-in pixel method (``registry.Method.pixels``:
+    captum's Integrated Gradients, SmoothGrad, Input x Gradient), as ``vit.explain`` gives it."""
+    method = registry.find_method(kind)
+    return method is not None and method.pixels and method.plugin is None
+
+
+def pixel_patch_sums(pixel_map: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """A pixel method's ``(H, W)`` map summed over each patch's pixels: ``(gh, gw)``, the map its patch sums give
+    (``relevance.patch_sums``, as ``model_method_map`` without ``pixels``), for what reads the patch grid."""
+    from vit.explain.methods.relevance import patch_sums
+
+    pixels = torch.from_numpy(np.ascontiguousarray(pixel_map, dtype=np.float32))[None]  # (1, H, W)
+    return patch_sums(pixels, tuple(grid))[0].numpy()  # (gh, gw)
+
+
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
                      end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
                      progress: Progress | None = None, start_layer: int = -2, analysis: Analysis | None = None,
