@@ -283,6 +283,18 @@ def test_weights_that_do_not_fit_or_lack_layers_are_refused_in_one_line(tmp_path
 
 # --- a head around a backbone (Depth Anything): the head as transformers builds it, the backbone's attention recorded
 
+def dpt_folder(folder):
+    torch.manual_seed(0)
+    model = transformers.DPTForDepthEstimation(transformers.DPTConfig(
+        hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8,
+        backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16,
+        reassemble_factors=[4, 2, 1, 0.5]))
+    spread(model)
+    model.save_pretrained(folder)
+    transformers.DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=False).save_pretrained(folder)
+    return folder
+
+
 def depth_anything_folder(folder, keep_aspect_ratio=False):
     torch.manual_seed(0)
     backbone = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
@@ -298,15 +310,17 @@ def depth_anything_folder(folder, keep_aspect_ratio=False):
     return folder
 
 
-def test_depth_anythings_depth_is_transformers_and_its_backbones_attention_eagers(tmp_path):
+@pytest.mark.parametrize("family", ["depth_anything", "dpt"])
+def test_a_depth_models_depth_is_transformers_and_its_backbones_attention_eagers(tmp_path, family):
     """Depth Anything's head does not take an attention implementation (transformers refuses one for it); its DINOv2
     backbone's does: the head runs as transformers builds it, the backbone's attention through the recording
-    function."""
+    function. DPT's takes one: its whole model's attention is recorded."""
     from PIL import Image
 
     from vit.core.inference import preprocess
 
-    folder = depth_anything_folder(tmp_path)
+    folder = (depth_anything_folder if family == "depth_anything" else dpt_folder)(tmp_path)
+    cls = getattr(transformers, transformers.AutoConfig.from_pretrained(folder).architectures[0])
     checkpoint = vit.load(folder, device="cpu")
     assert checkpoint.road == "library" and checkpoint.model.num_layers == 4
     assert checkpoint.model.layout.grid == (4, 4) and checkpoint.model.layout.num_prefix_tokens == 1
@@ -314,13 +328,13 @@ def test_depth_anythings_depth_is_transformers_and_its_backbones_attention_eager
     x = preprocess([image], checkpoint.preprocessing)
     processor = transformers.DPTImageProcessor.from_pretrained(folder)
     torch.testing.assert_close(x, processor(image, return_tensors="pt")["pixel_values"], atol=1e-5, rtol=0)
-    own = transformers.DepthAnythingForDepthEstimation.from_pretrained(folder).eval()
+    own = cls.from_pretrained(folder).eval()
     with torch.no_grad():
         depth = own(pixel_values=x).predicted_depth
     out, kept = checkpoint.model.run(x, layers=range(4))
     torch.testing.assert_close(out.predicted_depth, depth, atol=1e-5, rtol=0)
     torch.testing.assert_close(checkpoint.model(x), depth, atol=1e-5, rtol=0)
-    own.backbone.set_attn_implementation("eager")
+    (own.backbone if family == "depth_anything" else own).set_attn_implementation("eager")
     with torch.no_grad():
         eager = own(pixel_values=x, output_attentions=True).attentions
     for layer in range(4):
