@@ -107,6 +107,31 @@ def test_compare_mode_draws_a_pixel_methods_maps_on_each_models_input_pixels(two
         np.testing.assert_allclose(shown_map, want.map, rtol=1e-5, atol=1e-7)
 
 
+def test_compare_mode_draws_b_with_the_sidebars_attribution_options_as_a(two_checkpoints, monkeypatch):
+    """B's map is asked with the options the sidebar set for A (Integrated Gradients' steps and baseline), not
+    captum's defaults."""
+    from vit.explain.views import method_maps
+
+    _, b, _, _, _ = two_checkpoints
+    given = []
+    real = method_maps.model_method_map
+
+    def recorded(checkpoint, image, kind, *args, options=None, **kwargs):
+        given.append((str(checkpoint.path), kind, dict(options or {})))
+        return real(checkpoint, image, kind, *args, options=options, **kwargs)
+
+    monkeypatch.setattr(method_maps, "model_method_map", recorded)
+    at = run_app()
+    at = at.radio(key="map_kind").set_value(MORE_METHODS).run()
+    at = at.selectbox(key="method_kind").set_value("integrated_gradients").run()
+    next(w for w in at.sidebar.number_input if w.label == "Steps").set_value(3)
+    at = at.run()
+    at = at.selectbox(key="compare_with").set_value(str(b)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    asked_b = [options for path, kind, options in given if path == str(b) and kind == "integrated_gradients"]
+    assert asked_b and asked_b[-1].get("n_steps") == 3, given
+
+
 def test_compare_mode_matches_a_shallower_checkpoint_by_relative_depth_and_says_both_layers(two_checkpoints):
     _, _, shallow, _, _ = two_checkpoints
     at = run_app()

@@ -65,7 +65,7 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d, error: s
             if attention_maps.is_method_map(kind):
                 method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
                                           settings_b.end_layer, fusion, checkpoint_b, image, settings_b.start_layer,
-                                          analysis_b)
+                                          analysis_b, settings_b.options)  # B with A's sidebar options
             map_b = attention_maps.attention_map(analysis_b, settings_b, relevance_b, method_map_b)
         except (CheckpointError, ValueError) as e:
             st.warning(f"B cannot show this map: {escape_markdown(e)}")
