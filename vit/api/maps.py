@@ -146,7 +146,7 @@ class Explanation:
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
             layer: int | None = None, head: int | None = None, query: int | None = None,
             size: int | InputSize | None = None, max_tokens: int | None = None, patch_sums: bool = False,
-            **options: float | int) -> Explanation:
+            **options: float | int | str) -> Explanation:
     """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image, a file, an array or a tensor: see the
     module docstring), as the explorer draws it.
 
@@ -166,11 +166,13 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     over the colour channels, signed) is on the model's input pixels ``(H, W)``; ``patch_sums`` sums it over each
     patch instead (the patch grid, as benchmarks read it; other maps are on the patch grid already).
     ``**options``: the parameters of captum's attributions and RISE, captum's names and defaults
-    (``vit.explain.methods.captum_maps.Options``): ``integrated_gradients`` ``n_steps`` (50), ``baselines`` (0.0, in the
-    model's input space); ``smoothgrad`` ``nt_samples`` (5), ``stdevs`` (1.0), ``seed``; ``occlusion``
-    ``sliding_window_shapes`` and ``strides`` (px; default one patch), ``baselines``; ``feature_ablation``
-    ``baselines``; ``kernel_shap`` ``n_samples`` (25), ``baselines``, ``seed``; ``rise`` ``n_masks`` (6000), ``s``
-    (8), ``p1`` (0.1), ``seed``; each ``batch`` (the forwards at once, default the most that fit the memory limit).
+    (``vit.explain.methods.captum_maps.Options``): ``integrated_gradients`` ``n_steps`` (50), ``baselines`` (0.0, in
+    the model's input space: the normalisation's mean colour); ``smoothgrad`` ``nt_samples`` (5), ``stdevs`` (1.0),
+    ``seed``; ``occlusion`` ``sliding_window_shapes`` and ``strides`` (px; default one patch), ``baselines``;
+    ``feature_ablation`` ``baselines``; ``kernel_shap`` ``n_samples`` (25), ``baselines``, ``seed``; each method
+    with ``baselines`` also takes ``baseline="black"`` (a black image, normalised, instead of that value); ``rise``
+    ``n_masks`` (6000), ``s`` (8), ``p1`` (0.1), ``seed``; each ``batch`` (the forwards at once, default the most
+    that fit the memory limit).
     Checked, with the forwards they imply, before any work.
     Raises ValueError with a message that says what to do.
 
@@ -192,7 +194,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
 def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, target: int | str | None = None,
                   layer: int | None = None, head: int | None = None, query: int | None = None,
                   size: int | InputSize | None = None, max_tokens: int | None = None, patch_sums: bool = False,
-                  **options: float | int) -> Explanation:
+                  **options: float | int | str) -> Explanation:
     """``explain`` of an image model (every model but a video one): the method's map of one image."""
     chosen = registry.find_method(method)
     if chosen is not None and chosen.group == "words":
