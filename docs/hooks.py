@@ -94,9 +94,9 @@ def page_families(page: str) -> list:
 def families_markdown(page: str) -> str:
     """The families one Models page covers, one row each from the registry: what opens, from where, which maps
     (and what is refused, and why), the module that reads it."""
-    lines = ["| family | opens from | maps | read by |", "|---|---|---|---|"]
-    lines += [f"| {_literal(f.title)} | {_literal(f.opens_from)} | {_literal(f.maps) or '—'} | `{f.importer}` |"
-              for f in page_families(page)]
+    lines = ["| family | opens from | maps | road | read by |", "|---|---|---|---|---|"]
+    lines += [f"| {_literal(f.title)} | {_literal(f.opens_from)} | {_literal(f.maps) or '—'} | {f.road} | "
+              f"`{f.importer}` |" for f in page_families(page)]
     return "\n".join(lines) + "\n"
 
 

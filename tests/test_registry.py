@@ -140,3 +140,19 @@ def test_the_registry_imports_no_torch_and_nothing_else_of_vit():
             "print(sorted(m for m in sys.modules if m.startswith('vit')), 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "['vit', 'vit.registry'] False"
+
+
+def test_the_library_road_families_are_listed_with_their_road_and_on_the_models_page():
+    """Issue 91: the docs' Models pages list every family with its road (port or library), from the registry."""
+    from pathlib import Path
+
+    library = {f.name: f for f in registry.families() if f.road == "library"}
+    assert set(library) == {"transformers-library", "timm-library", "open_clip-timm"}
+    assert {f.importer for f in library.values()} == {"vit.sources.library_path", "vit.sources.library_timm"}
+    assert {f.road for f in registry.families()} == {"port", "library"}
+    assert all(not f.hf_model_types for f in library.values())  # taken where no port reads the folder
+    page = (Path(__file__).resolve().parents[1] / "docs" / "models" / "image.md").read_text()
+    for family in library.values():
+        [row] = [line for line in page.splitlines() if line.startswith(f"| {family.title} |")]
+        assert f"| library | `{family.importer}` |" in row
+    assert "| port | `vit.sources.families.hf` |" in page

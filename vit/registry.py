@@ -90,7 +90,9 @@ class Method:
 class Family:
     """One model family. ``kind`` one of ``FAMILY_KINDS``; ``opens_from`` in words (HF model_types, timm names,
     files); ``importer`` the module that reads it (a path, imported by ``load_importer``); ``hf_model_types`` the
-    config.json model_types it opens; ``maps`` which maps it draws and which it refuses, in one line.
+    config.json model_types it opens; ``maps`` which maps it draws and which it refuses, in one line; ``road``
+    how it runs: ``"port"`` (its weights in our ``ViT``) or ``"library"`` (the library's own modules, its attention
+    recorded: ``vit.load`` alone so far, ``Checkpoint.road``).
 
     A plugin's family has ``open(folder, config_json, map_location) -> vit.checkpoint.Checkpoint`` for an HF-style
     folder whose config.json has one of its ``hf_model_types``. Opening runs it twice, as every family's: first with
@@ -108,12 +110,15 @@ class Family:
     maps: str = ""
     open: Callable | None = field(default=None, compare=False, repr=False)
     plugin: str | None = None
+    road: str = "port"
 
     def load_importer(self) -> ModuleType:
         """The importer module, imported now."""
         return importlib.import_module(self.importer)
 
 
+_LIBRARY_MAPS = ("attention (any layer, head, query) and rollout; the other maps refused in one line until the "
+                 "library road draws them (issue 91); the explorer and the commands read ports only for now")
 _CAM_READS = ("class", "end_layer")
 _CAM_APPLIES = "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)"
 _CAM_TEST = "tests/test_cam.py::test_cam_of_the_last_blocks_norm1_equals_pytorch_grad_cam"
@@ -428,6 +433,17 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "vit.sources.libraries.import_vit_pytorch", (), _EVERY_MAP),
     Family("mapped", "Any layout, by a mapping file", "image", "any state dict with a mapping (vit.convert --map)",
            "vit.sources.libraries.mapping", (), _EVERY_MAP),
+    # The library road (issue 91): the library's own model, its attention recorded; taken where no port reads it
+    Family("transformers-library", "Any transformers vision model without a port: I-JEPA, ViT-MSN, Pixio, MetaCLIP 2 "
+           "and MLCD towers, DPT, Depth Anything", "image", "HF folders whose model_type no port reads and whose "
+           "attention runs through transformers' attention interface, its tokens a prefix then the patches (vit.load)",
+           "vit.sources.library_path", (), _LIBRARY_MAPS, road="library"),
+    Family("timm-library", "timm architectures without a port: FlexiViT, the RoPE ViTs, InternViT-300M, relpos ViT",
+           "image", "timm folders and weights the ports refuse whose blocks use timm's attention (vit.load)",
+           "vit.sources.library_timm", (), _LIBRARY_MAPS, road="library"),
+    Family("open_clip-timm", "open_clip towers with a timm trunk: SigLIP 2, PE-Core", "image",
+           "open_clip folders whose vision_cfg names a timm_model_name (vit.load)", "vit.sources.library_timm", (),
+           _LIBRARY_MAPS, road="library"),
 )
 
 
