@@ -61,10 +61,11 @@ def timm_pair(name: str, **kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 def save_timm(model: torch.nn.Module, folder: Path, **model_args) -> Path:
     """``model`` saved as timm saves for the Hub (``config.json`` + safetensors), with the model arguments a tiny
-    one needs to be built again (``num_heads=2, img_size=32``, and ``model_args``); returns ``folder``."""
+    one needs to be built again (``num_heads=2, img_size=32``, which ``model_args`` extend or override); returns
+    ``folder``."""
     import timm
 
-    timm.models.save_for_hf(model, folder, model_args=dict(num_heads=2, img_size=32, **model_args),
+    timm.models.save_for_hf(model, folder, model_args={"num_heads": 2, "img_size": 32, **model_args},
                             safe_serialization=True)
     return folder
 

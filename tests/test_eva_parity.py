@@ -6,7 +6,8 @@ SwiGLU with its inner LayerNorm), fused attention off, saved with timm's ``save_
 """
 
 import pytest
-from parity_helpers import assert_timm_parity, save_timm, timm_pair, timm_random
+import torch
+from parity_helpers import assert_parity, assert_timm_parity, save_timm, timm_outputs, timm_pair, timm_random
 
 from vit.sources.open import SourceError, open_source
 
@@ -20,6 +21,22 @@ def test_timm_eva02_matches_timm(tmp_path, name):
     checkpoint = open_source(save_timm(model, tmp_path / "eva"))
     assert checkpoint.config.rope == "eva" and checkpoint.config.gated_mlp
     assert_timm_parity(f"EVA-02 | timm {name}", checkpoint, (("native", model, (32, 32)), ("48x24", dynamic, (48, 24))))
+
+
+def test_timm_eva02_built_at_a_rectangular_img_size_opens_and_matches_timm(tmp_path):
+    # timm builds the position table and RoPE on the 6 x 3 grid of img_size=(48, 24) (RotaryEmbeddingCat's
+    # feat_shape, each axis rescaled to ref_feat_shape); the logits and attention equal timm's there, and at another
+    # size equal its dynamic_img_size twin's (the rectangular table resampled).
+    model, dynamic = timm_pair("eva02_tiny_patch14_224", img_size=(48, 24), num_classes=5)
+    checkpoint = open_source(save_timm(model, tmp_path / "eva", img_size=[48, 24]))
+    assert checkpoint.config.image_size == (48, 24)
+    for label, reference, size in (("48x24 built", model, (48, 24)), ("24x40", dynamic, (24, 40))):
+        images = torch.randn(2, 3, *size)
+        expected, attentions = timm_outputs(reference, images)
+        with torch.no_grad():
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity(f"EVA-02 | timm eva02_tiny img_size=(48, 24) | {label}", ours.logits, expected,
+                      ours.attentions, attentions)
 
 
 def test_an_eva_clip_tower_is_refused_in_one_line(tmp_path):

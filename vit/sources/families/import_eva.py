@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
+from vit.sources.families.import_beit import _timm_grid
 from vit.sources.families.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "EVA-02: timm eva02_* weights (not the EVA-CLIP towers)"
@@ -47,10 +48,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     heads = args.get("num_heads") or HEADS_BY_WIDTH.get(width)
     if not heads:
         raise ValueError(f"cannot tell the number of heads of {name} (width {width}); give model_args.num_heads")
-    positions = state["pos_embed"].shape[1] - 1
-    grid = int(round(positions ** 0.5))
-    if grid * grid != positions:
-        raise ValueError(f"timm {name}: a position table of {positions + 1} entries is not 1 + a square grid")
+    grid = _timm_grid(name, args.get("img_size"), patch, None, state["pos_embed"])  # timm's (H, W) img_size too
     ref = args.get("ref_feat_shape", 16)
     if isinstance(ref, (list, tuple)):
         if len(ref) != 2 or ref[0] != ref[1]:
@@ -64,7 +62,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     separate = "blocks.0.mlp.fc1_g.weight" in state
     hidden = state["blocks.0.mlp.fc1_x.weight" if separate else "blocks.0.mlp.fc1.weight"].shape[0]
     return ViTConfig(
-        image_size=grid * patch, patch_size=patch, num_channels=channels,
+        image_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, num_channels=channels,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, hidden_size=width,
         num_layers=depth, num_heads=int(heads), mlp_size=hidden if separate else hidden // 2,
         qkv_bias="blocks.0.attn.q_bias" in state or "blocks.0.attn.q_proj.bias" in state, key_bias=False,
