@@ -346,6 +346,57 @@ def test_a_black_baseline_is_chosen_in_the_sidebar_named_in_the_caption_and_kept
     assert overlay_caption(linked) == caption
 
 
+@pytest.mark.usefixtures("default_world")
+def test_rise_opens_at_a_first_look_count_the_authors_one_click_away_and_each_link_reopens_its_count(monkeypatch):
+    """Issue 90, item 8: RISE's 6,000 masks took ~14 minutes on a ViT-S, so the page opens it at 1,000 masks, says
+    so in the caption, and one button gives the authors' 6,000 (the map asked with the defaults); the link of each
+    reopens that count, a link without ``n_masks`` meaning the authors' (not the page's first look)."""
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.explorer_sections import long_work
+    from tests.test_app import APP, TIMEOUT
+    from tests.test_app_share import url
+
+    given = []
+    real = method_maps.model_method_map
+
+    def recorded(checkpoint, image, kind, *args, options=None, **kwargs):
+        given.append((kind, dict(options or {})))
+        return real(checkpoint, image, kind, *args, options=options, **kwargs)
+
+    monkeypatch.setattr(method_maps, "model_method_map", recorded)
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value("rise")
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    masks = next(w for w in at.sidebar.number_input if w.label == "Masks")
+    assert masks.value == 1000 and given[-1] == ("rise", {"n_masks": 1000})
+    assert "the mean of 1,000 random masks" in overlay_caption(at)
+    first_look = url(at)
+    assert first_look["map"] == "rise" and first_look["attr"] == "n_masks=1000"
+    next(b for b in at.sidebar.button if b.label == "Use the authors' 6,000 masks").click()
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    assert next(w for w in at.sidebar.number_input if w.label == "Masks").value == 6000
+    assert given[-1] == ("rise", {}) and "the mean of 6,000 random masks" in overlay_caption(at)
+    assert "Use the authors' 6,000 masks" not in [b.label for b in at.sidebar.button]
+    authors = url(at)
+    assert "attr" not in authors  # the defaults: nothing in the link
+    for link, count in ((first_look, 1000), (authors, 6000)):
+        long_work.results.clear()  # the map was kept for every visitor: the linked page must compute its own
+        given.clear()
+        linked = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        for key, value in link.items():
+            linked.query_params[key] = value
+        linked.run()
+        assert not linked.exception, [e.message for e in linked.exception]
+        assert next(w for w in linked.sidebar.number_input if w.label == "Masks").value == count
+        assert given and given[-1] == ("rise", {} if count == 6000 else {"n_masks": count})
+        assert f"the mean of {count:,} random masks" in overlay_caption(linked)
+
+
 @pytest.mark.parametrize("kind, steps", [("integrated_gradients", 4), ("input_x_gradient", None)])
 @pytest.mark.usefixtures("dirs")
 def test_a_pixel_methods_map_is_drawn_on_the_input_pixels_as_vit_explain_gives_it(monkeypatch, kind, steps):

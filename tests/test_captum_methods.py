@@ -145,6 +145,26 @@ def test_rise_equals_the_authors_code_with_the_same_masks(tmp_path):
     np.testing.assert_allclose(ours, patch_grid_by_hand(saliency, (4, 4), mean=False), rtol=1e-4, atol=1e-6)
 
 
+def test_vit_explain_runs_rise_with_the_masks_it_is_given_and_says_how_many(tmp_path):
+    # Issue 90, item 8: the explorer's first look runs fewer masks than the authors' 6,000; vit.explain's n_masks is
+    # that count: the authors' code with the same N gives the map, the caption names it, and left out it is theirs.
+    pytest.importorskip("skimage")
+    from tests.reference.rise.explanations import RISE
+
+    checkpoint, forward = hf_vit(tmp_path / "vit")
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)
+    theirs = RISE(torch.nn.Sequential(_Logits(forward), torch.nn.Softmax(dim=1)), (32, 32), gpu_batch=100)
+    np.random.seed(3)
+    theirs.generate_masks(N=120, s=4, p1=0.3, savepath=None)
+    with torch.no_grad():
+        saliency = theirs(x)[TARGET][None, None]  # (1, 1, H, W)
+    shown = vit.explain(checkpoint, image(), "rise", target=TARGET, size=32, n_masks=120, s=4, p1=0.3, seed=3)
+    np.testing.assert_allclose(shown.map, patch_grid_by_hand(saliency, (4, 4), mean=False), rtol=1e-4, atol=1e-6)
+    assert "the mean of 120 random masks (4x4 cells" in shown.description
+    assert captum_maps.Options().n_masks == 6000 and captum_maps.rise_module.FIRST_LOOK_MASKS == 1000
+    assert "the mean of 6,000 random masks" in captum_maps.caption("rise")[1]
+
+
 def test_rise_draws_its_grids_a_few_at_a_time_and_still_gives_the_authors_masks(monkeypatch):
     # Issue 95: the N x s x s float64 draw is gone; grids drawn in pieces of one stream are the authors' grids.
     pytest.importorskip("skimage")

@@ -190,11 +190,21 @@ OPTION_LABELS = {
     "sliding_window_shapes": ("Window (px)", "Occlusion's window side; 0: one patch."),
     "strides": ("Stride (px)", "Occlusion's stride; 0: the window's side."),
     "n_samples": ("Coalitions", "KernelSHAP's random coalitions of patches (captum's default: 25)."),
-    "n_masks": ("Masks", "RISE's random masks (its authors' default: 6,000; each is one forward)."),
+    "n_masks": ("Masks", "RISE's random masks, each one forward: 1,000 for a first look; its authors' default is "
+                         "6,000 (the button below the count)."),
     "s": ("Cells per side", "RISE's mask grid of s x s cells (its authors' default: 8)."),
     "p1": ("Keep probability", "The probability a RISE cell is kept (its authors' default: 0.1)."),
     "seed": ("Seed", "The noise's, the coalitions' or the masks' random seed."),
 }
+
+
+# The options whose first value on the page is not the default (captum_maps.Options): RISE's masks start at a first
+# look, the authors' 6,000 one click away; a link without the option means the default (share_view.take_link).
+PAGE_FIRST = {"n_masks": captum_maps.rise_module.FIRST_LOOK_MASKS}
+
+
+def _set_option(key: str, value: int) -> None:
+    st.session_state[key] = value
 
 
 def attribution_options(kind: str) -> tuple[tuple[str, float | int], ...]:
@@ -217,8 +227,12 @@ def attribution_options(kind: str) -> tuple[tuple[str, float | int], ...]:
             st.session_state.setdefault(key, 0)
             values[name] = st.number_input(label, 0, int(high), step=1, key=key, help=help_text) or None
         elif number is int:
-            st.session_state.setdefault(key, int(value))
+            st.session_state.setdefault(key, int(PAGE_FIRST.get(name, value)))
             values[name] = st.number_input(label, int(low), int(high), step=1, key=key, help=help_text)
+            if name in PAGE_FIRST and values[name] != value:  # the default (the authors') one click away
+                st.button(f"Use the authors' {value:,} masks", key=f"{key}-default", on_click=_set_option,
+                          args=(key, int(value)), help="RISE as its authors ran it: six times the forwards, a "
+                          "less noisy map.")
         else:
             st.session_state.setdefault(key, float(value))
             values[name] = st.number_input(label, float(low), float(high), step=0.05, format="%g", key=key,

@@ -11,7 +11,7 @@ from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechani
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
-from app_pages.explorer_sections.map_settings import option_key
+from app_pages.explorer_sections.map_settings import PAGE_FIRST, option_key
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, share, vlm_words
 from vit.app import explorer_page as explorer
@@ -117,6 +117,9 @@ def read_link(may_open: bool) -> None:
     for name, value in linked:
         if name in takes:
             st.session_state[option_key(name)] = value
+    for name in PAGE_FIRST:  # left out of a link: the default, not the page's first look
+        if name in takes and name not in dict(linked):
+            st.session_state[option_key(name)] = getattr(captum_maps.Options(), name)
     _note([f"The link's {captum_maps.options_text(((name, value),))} was not used: {kind or 'the default map'} "
            "does not take it."
            for name, value in linked if name not in takes])
