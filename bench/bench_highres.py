@@ -62,7 +62,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too
 from vit.model import ViT, ViTConfig  # noqa: E402
-from vit.sources.families.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
+from vit.sources.ports.families.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
 
 LAYER, HEAD, QUERY = 6, 5, 0  # a middle layer, one head, the CLS query
 

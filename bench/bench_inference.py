@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_inference.py
 from vit.model import ViT, ViTConfig  # noqa: E402
-from vit.sources.families.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
+from vit.sources.ports.families.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
 
 
 def build_pair(preset: str) -> tuple[torch.nn.Module, ViT]:

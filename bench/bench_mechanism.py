@@ -112,7 +112,7 @@ def prisma_twin(model: ViT, side: int):
     from vit_prisma.models.base_vit import HookedViT
     from vit_prisma.prisma_tools.loading_from_pretrained import convert_timm_weights
 
-    from vit.sources.libraries.import_timm import config_from_timm, state_dict_from_timm
+    from vit.sources.ports.libraries.import_timm import config_from_timm, state_dict_from_timm
 
     c = model.config
     torch.manual_seed(0)

@@ -2,8 +2,8 @@
 against another.
 
 Every side runs on one model's weights: HF transformers' ViT (eager attention) with random weights plus noise, and
-ours converted from it (``vit.sources.families.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts
-its checkout first on the path)::
+ours converted from it (``vit.sources.ports.families.hf``). Run from the repository root (no ``PYTHONPATH``: the script
+puts its checkout first on the path)::
 
     python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1     # interleaved
     python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1 --size 448
@@ -58,7 +58,7 @@ def build_pair(preset: str, size: int, seed: int = 0) -> tuple[torch.nn.Module, 
     init), and ours holding the same weights."""
     import transformers
 
-    from vit.sources.families.hf import hf_config_kwargs, state_dict_from_hf
+    from vit.sources.ports.families.hf import hf_config_kwargs, state_dict_from_hf
 
     torch.manual_seed(seed)
     config = ViTConfig.from_preset(preset, image_size=size, layer_norm_eps=1e-12, drop_path=0.0)  # HF's eps

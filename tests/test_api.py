@@ -84,7 +84,7 @@ def family_checkpoint(family: str) -> "vit.checkpoint.Checkpoint":
     from test_family_relevance import BASE, FAMILIES
 
     from vit.checkpoint import Checkpoint
-    from vit.sources.families import import_swin
+    from vit.sources.ports.families import import_swin
 
     if family == "swin":
         config = import_swin.config_from_hf({"model_type": "swin", "architectures": ["SwinForImageClassification"],

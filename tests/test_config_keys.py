@@ -11,9 +11,9 @@ import pytest
 import torch
 from parity_helpers import assert_parity, capture_inputs, randomize
 
-from vit.sources.families import hf, import_clip, import_dinov3, import_siglip
-from vit.sources.libraries import import_timm
 from vit.sources.open import SourceError, open_source
+from vit.sources.ports.families import hf, import_clip, import_dinov3, import_siglip
+from vit.sources.ports.libraries import import_timm
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -122,7 +122,7 @@ def test_an_unknown_timm_model_arg_in_a_folder_is_refused_in_one_line(tmp_path):
 
 
 def test_every_timm_eva_argument_for_eva02_is_honoured_or_refused():
-    from vit.sources.families import import_eva
+    from vit.sources.ports.families import import_eva
 
     params = set(inspect.signature(timm.models.eva.Eva.__init__).parameters) - SKIP
     state = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,

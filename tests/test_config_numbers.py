@@ -7,7 +7,7 @@ import math
 import pytest
 
 from vit.model import ViTConfig
-from vit.sources.families import hf, import_dinov3
+from vit.sources.ports.families import hf, import_dinov3
 
 DINOV3 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=16,
               image_size=224, rope_theta=100.0, layerscale_value=1.0, pos_embed_rescale=2.0)

@@ -81,7 +81,7 @@ def build(family: str) -> ViT:
     """The family's tiny model (random weights) from its config.json, as ``vit.sources`` reads it."""
     import torch
 
-    from vit.sources.families import hf, import_beit, import_hiera, import_sam, import_siglip, import_swin
+    from vit.sources.ports.families import hf, import_beit, import_hiera, import_sam, import_siglip, import_swin
     from vit.sources.vlm import import_qwen
 
     kind, config, architecture = FAMILIES[family]

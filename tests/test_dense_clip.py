@@ -25,7 +25,7 @@ from vit.explain.language import prompts
 from vit.explain.methods import dense_clip
 from vit.model import MODEL_ATTENTION, ViT, ViTConfig
 from vit.model.layouts import neighbourhood_bias
-from vit.sources.families.import_clip import config_from_open_clip, state_dict_from_open_clip
+from vit.sources.ports.families.import_clip import config_from_open_clip, state_dict_from_open_clip
 
 open_clip = pytest.importorskip("open_clip")
 pytestmark = pytest.mark.slow  # ViT-B towers: seconds each

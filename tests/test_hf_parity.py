@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vit.model import ViT, ViTConfig
-from vit.sources.families.hf import config_from_hf, hf_config_kwargs, state_dict_from_hf
+from vit.sources.ports.families.hf import config_from_hf, hf_config_kwargs, state_dict_from_hf
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers' ViT takes seconds

@@ -6,7 +6,7 @@ import torch
 from vit.core.cache import ByteCache
 from vit.explain.methods.hidden import LayerAttentions, forward_with_hidden_states
 from vit.model import ViT, ViTConfig
-from vit.sources.families.hf import config_from_hf, state_dict_from_hf
+from vit.sources.ports.families.hf import config_from_hf, state_dict_from_hf
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=3,
                  num_heads=2, mlp_size=32)

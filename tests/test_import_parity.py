@@ -191,7 +191,7 @@ def test_torchvision_vision_transformer_matches_torchvision():
     model = randomize(VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16,
                                         mlp_dim=40, num_classes=5))
     # A tiny model is none of the named architectures; its mapping is the one vit_b_16 uses.
-    import vit.sources.libraries.import_torchvision as tv
+    import vit.sources.ports.libraries.import_torchvision as tv
 
     config = tv.config_from_torchvision("vit_b_16", model.state_dict())
     config = type(config)(**{**config.to_dict(), "hidden_size": 16, "num_layers": 2, "num_heads": 2, "mlp_size": 40})
@@ -205,7 +205,7 @@ def test_torchvision_vision_transformer_matches_torchvision():
 
 @pytest.mark.parametrize("name", ["vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"])
 def test_named_torchvision_architectures_map_key_for_key_and_shape_for_shape(name):
-    import vit.sources.libraries.import_torchvision as tv
+    import vit.sources.ports.libraries.import_torchvision as tv
 
     with torch.device("meta"):
         reference = getattr(torchvision.models, name)()
@@ -234,7 +234,7 @@ def test_torchvision_file_is_recognised_and_named_with_imagenet_classes(tmp_path
 def test_in_memory_and_saved_hf_key_names_map_to_the_same_weights(tmp_path, architecture):
     from safetensors.torch import load_file
 
-    from vit.sources.families.hf import state_dict_from_hf
+    from vit.sources.ports.families.hf import state_dict_from_hf
 
     hf, folder = hf_folder(tmp_path, architecture)
     saved = state_dict_from_hf(load_file(folder / "model.safetensors"), 2, architecture)  # the Hub's layout

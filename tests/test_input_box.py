@@ -15,7 +15,7 @@ from PIL import Image
 from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vit.core.inference import TRAINING_SIZE, InputSize, input_box, preprocess, seen_region
 from vit.model import ViTConfig
-from vit.sources.libraries.import_timm import preprocessing_from_timm
+from vit.sources.ports.libraries.import_timm import preprocessing_from_timm
 
 
 def ramp_image(width: int, height: int, axis: int) -> Image.Image:

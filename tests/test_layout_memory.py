@@ -24,7 +24,7 @@ from PIL import Image
 from vit.costs import bounds
 from vit.model import ViT
 from vit.model.stages import through_merge
-from vit.sources.families import import_swin
+from vit.sources.ports.families import import_swin
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MB = 600  # VIT_ANALYSIS_MEMORY_MB in the subprocesses: the cache and chunk alone are 384 MB of it
@@ -83,7 +83,7 @@ def build(importer: str, config: dict, timm: bool = False) -> ViT:
     """A family's model (random weights) from its config.json, as ``vit.sources`` reads it."""
     from dataclasses import replace
 
-    from vit.sources.families import import_beit, import_hiera, import_sam
+    from vit.sources.ports.families import import_beit, import_hiera, import_sam
 
     read = {"swin": import_swin.config_from_hf, "hiera": import_hiera.config_from_hf,
             "sam2": import_hiera.sam2_config_from_hf, "sam": import_sam.config_from_hf,

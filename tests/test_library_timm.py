@@ -238,14 +238,14 @@ def test_declared_sizes_past_what_can_be_built_are_refused_before_the_build(fold
     import json
     import shutil
 
-    from vit.sources import library_timm
+    from vit.sources.library_road import timm_models
 
     for f in folders["flexivit_small"].iterdir():
         shutil.copy(f, tmp_path / f.name)
     config = json.loads((tmp_path / "config.json").read_text())
     config["model_args"].update(edit)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    monkeypatch.setattr(library_timm, "_build", lambda *a: pytest.fail("built before the declared sizes' check"))
+    monkeypatch.setattr(timm_models, "_build", lambda *a: pytest.fail("built before the declared sizes' check"))
     with pytest.raises(CheckpointError, match=message) as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.libraries import mapping
+from vit.sources.ports.libraries import mapping
 
 # Each of the 2**40 ways to split 40 a's between the two branches is tried before the 'b' fails the match.
 BACKTRACKING_RULE = "^(a|a)*$"

@@ -141,7 +141,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_pair():
-    from vit.sources.families.hf import config_from_hf, state_dict_from_hf
+    from vit.sources.ports.families.hf import config_from_hf, state_dict_from_hf
 
     torch.manual_seed(0)
     config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3,

@@ -27,7 +27,7 @@ from vit.explain.mechanism.components import (
     with_test_time_registers,
 )
 from vit.model import ViT
-from vit.sources.libraries.import_timm import config_from_timm, state_dict_from_timm
+from vit.sources.ports.libraries.import_timm import config_from_timm, state_dict_from_timm
 
 timm = pytest.importorskip("timm")
 ARGS = dict(img_size=32, patch_size=8, depth=3, embed_dim=16, num_heads=2, num_classes=5, reg_tokens=2,

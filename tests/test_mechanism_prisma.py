@@ -12,7 +12,7 @@ import torch
 
 from vit.explain.mechanism.components import direct_logit_attribution
 from vit.model import ViT
-from vit.sources.libraries.import_timm import config_from_timm, state_dict_from_timm
+from vit.sources.ports.libraries.import_timm import config_from_timm, state_dict_from_timm
 
 timm = pytest.importorskip("timm")
 pytest.importorskip("vit_prisma", reason="install it with: pip install --no-deps -r requirements-test-nodeps.txt")

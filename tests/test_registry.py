@@ -103,7 +103,7 @@ def test_every_model_type_the_loader_opens_is_a_family_read_by_the_importer_it_n
 
     importers = {t: f.importer for f in registry.BUILTIN_FAMILIES for t in f.hf_model_types}
     assert sorted(sources.HF_MODEL_TYPES) == sorted(importers)
-    opened = {**dict.fromkeys(sources._HF_MODEL_TYPES, "vit.sources.families.hf"),
+    opened = {**dict.fromkeys(sources._HF_MODEL_TYPES, "vit.sources.ports.families.hf"),
               **{t: module.__name__ for t, (module, _) in sources.HF_FAMILIES.items()},
               **{t: module.__name__ for t, module in sources.VLM_MODULES.items()}}
     assert opened == importers
@@ -148,7 +148,8 @@ def test_the_library_road_families_are_listed_with_their_road_and_on_the_models_
 
     library = {f.name: f for f in registry.families() if f.road == "library"}
     assert set(library) == {"transformers-library", "timm-library", "open_clip-timm"}
-    assert {f.importer for f in library.values()} == {"vit.sources.library_path", "vit.sources.library_timm"}
+    assert {f.importer for f in library.values()} == {"vit.sources.library_road.transformers_models",
+                                                      "vit.sources.library_road.timm_models"}
     assert {f.road for f in registry.families()} == {"port", "library"}
     assert all(not f.hf_model_types for f in library.values())  # taken where no port reads the folder
     page = (Path(__file__).resolve().parents[1] / "docs" / "models" / "image.md").read_text()
@@ -156,4 +157,4 @@ def test_the_library_road_families_are_listed_with_their_road_and_on_the_models_
         title = family.title.replace("_", "\\_")  # as the page's Markdown writes it
         [row] = [line for line in page.splitlines() if line.startswith(f"| {title} |")]
         assert f"| library | `{family.importer}` |" in row
-    assert "| port | `vit.sources.families.hf` |" in page
+    assert "| port | `vit.sources.ports.families.hf` |" in page

@@ -186,7 +186,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_and_ours(seed: int = 0):
-    from vit.sources.families.hf import config_from_hf, state_dict_from_hf
+    from vit.sources.ports.families.hf import config_from_hf, state_dict_from_hf
 
     torch.manual_seed(seed)
     config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3,

@@ -75,7 +75,7 @@ def test_simple_vit_opens_exactly_with_its_sincos_positions(tmp_path):
 
 
 def test_simple_vit_positions_are_vit_pytorchs():
-    from vit.sources.libraries.import_vit_pytorch import posemb_sincos_2d as ours
+    from vit.sources.ports.libraries.import_vit_pytorch import posemb_sincos_2d as ours
 
     torch.testing.assert_close(ours((4, 6), 32), posemb_sincos_2d(4, 6, 32), rtol=0, atol=0)
 

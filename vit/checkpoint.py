@@ -236,7 +236,7 @@ class Checkpoint:
     training_state: dict | None = None  # optimizer, scheduler, EMA, RNG: only for resuming
     path: Path | None = None
     # Which road opened it: "port" (our ViT, the weights mapped onto it) or "library" (the library's own model run
-    # with our recording attention, vit.sources.library_path.LibraryModel in ``model``)
+    # with our recording attention, vit.sources.library_road.transformers_models.LibraryModel in ``model``)
     road: str = "port"
 
     def __post_init__(self) -> None:

@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
 def inspect(source: str) -> int:
     """Print one line describing the weights on stderr and the draft mapping (JSON) on stdout."""
     from vit.checkpoint import CheckpointError
-    from vit.sources.libraries.mapping import describe, draft_mapping
     from vit.sources.open import open_source, read_weights
+    from vit.sources.ports.libraries.mapping import describe, draft_mapping
 
     path = Path(source).expanduser()
     if path.exists():

@@ -264,7 +264,7 @@ def describe(candidate: Candidate) -> CatalogEntry:
 def describe_import(candidate: Candidate) -> CatalogEntry:
     """An HF or timm folder from its config.json alone (no weights read); a weights file by opening it."""
     from vit.sources import open as sources
-    from vit.sources.families import hf  # the import mappings are only needed for imported models
+    from vit.sources.ports.families import hf  # the import mappings are only needed for imported models
 
     path = candidate.path
     preprocessing = None  # unless known without reading weights
@@ -434,8 +434,8 @@ def supported_snapshot(model_dir: Path) -> Path | None:
     """The snapshot of an HF cache model folder when it holds a model this program opens, judged by its
     config.json alone (or an open_clip_config.json); None otherwise, e.g. for custom code (``auto_map``)."""
     from vit.sources import open as sources
-    from vit.sources.families import hf
-    from vit.sources.libraries import import_timm
+    from vit.sources.ports.families import hf
+    from vit.sources.ports.libraries import import_timm
 
     snapshot = hf_snapshot(model_dir)
     if snapshot is None:

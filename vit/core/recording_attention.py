@@ -6,8 +6,8 @@ module the recorder lists (``recorder.layers``: module -> layer) is handed to it
 after; while relevance rules are current (``RULES``) their ``attention_inputs`` apply to every call it runs.
 
 Both roads' library parts read it: a VLM's answer (``vit.explain.language.vlm_attention``) and a vision model opened
-as transformers builds it (``vit.sources.library_path``). The recorder is a ContextVar's, so two threads (or two
-views) recording over one model never see each other's calls.
+as transformers builds it (``vit.sources.library_road.transformers_models``). The recorder is a ContextVar's, so two
+threads (or two views) recording over one model never see each other's calls.
 """
 
 from __future__ import annotations

@@ -568,11 +568,11 @@ def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int
 
 
 def library_attention(batch: int, heads: int, tokens: int, layers: int, rows: int | None = None) -> Cost:
-    """What a library model's recording keeps (``vit.sources.library_path``: the library's own forward, its attention
-    through our recording function) for ``layers`` asked layers of ``batch`` images of ``tokens`` tokens: each asked
-    layer's post-softmax attention of ``heads`` heads over ``rows`` query rows (every token's when None), float32, and
-    the one layer's eager scores formed at a time to compute them (``batch x H x T²``, scores and probabilities).
-    Counted before the forward; its refusal says what to ask instead."""
+    """What a library model's recording keeps (``vit.sources.library_road.transformers_models``: the library's own
+    forward, its attention through our recording function) for ``layers`` asked layers of ``batch`` images of ``tokens``
+    tokens: each asked layer's post-softmax attention of ``heads`` heads over ``rows`` query rows (every token's when
+    None), float32, and the one layer's eager scores formed at a time to compute them (``batch x H x T²``, scores and
+    probabilities). Counted before the forward; its refusal says what to ask instead."""
     kept_rows = tokens if rows is None else rows
     parts = {f"{layers} asked layers' attention, kept": 4 * batch * heads * kept_rows * tokens * layers,
              "one layer's eager scores and probabilities": 2 * 4 * batch * heads * tokens * tokens}

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from vit.checkpoint import BACKENDS, IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vit.model import ViTConfig
-from vit.sources.families import import_clip
 from vit.sources.files import SourceError, _one_line
+from vit.sources.ports.families import import_clip
 
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
 # Which of transformers' two processors an HF folder's images are prepared as (hf_backend)

@@ -8,22 +8,21 @@
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
 - a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
-- CLIP (``vit.sources.families.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's
-layout,
-  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.families.import_siglip``): HF ``siglip`` folders
-  and SigLIP 2 NaFlex's ``siglip2`` ones;
+- CLIP (``vit.sources.ports.families.import_clip``): open_clip state dicts and folders (``open_clip_config.json``),
+  OpenAI's layout, HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.ports.families.import_siglip``):
+  HF ``siglip`` folders and SigLIP 2 NaFlex's ``siglip2`` ones;
 - the vision tower (and projector) of a vision-language model (``vit.sources.vlm.import_vlm``): LLaVA 1.5 / NeXT /
   OneVision, PaliGemma and Gemma 3 folders, and InternVL 2.5 / 3 / 3.5 ``-hf`` ones
   (``vit.sources.vlm.import_internvl``),
   whose language model is never read;
-- DINOv3 (``vit.sources.families.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
-  ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
-- from-scratch ViTs (``vit.sources.libraries.import_scratch``, ``vit.sources.libraries.import_vit_pytorch``): the
-tutorials' models
-  (tintn's ``experiments/NAME/`` folders, the MNIST tutorial's, the CIFAR-10 notebook's) and vit-pytorch's ``ViT`` /
-  ``SimpleViT``, recognised from their keys, with the constructor arguments the weights cannot tell from a
-  ``config.json`` beside them or ``arch="scratch:num_heads=8"`` / ``"vit_pytorch:heads=8,..."``; any other state
-  dict is refused with what it looks like and the ``vit.convert --inspect`` command that maps it (``open_mapped``);
+- DINOv3 (``vit.sources.ports.families.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights,
+  original ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
+- from-scratch ViTs (``vit.sources.ports.libraries.import_scratch``,
+  ``vit.sources.ports.libraries.import_vit_pytorch``): the tutorials' models (tintn's ``experiments/NAME/`` folders, the
+  MNIST tutorial's, the CIFAR-10 notebook's) and vit-pytorch's ``ViT`` / ``SimpleViT``, recognised from their keys, with
+  the constructor arguments the weights cannot tell from a ``config.json`` beside them or ``arch="scratch:num_heads=8"``
+  / ``"vit_pytorch:heads=8,..."``; any other state dict is refused with what it looks like and the ``vit.convert
+  --inspect`` command that maps it (``open_mapped``);
 - a Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm or open_clip model name) that is no path here:
   its snapshot in the Hugging Face cache, downloaded first when needed (``vit.sources.hub``).
 
@@ -64,7 +63,9 @@ from vit.checkpoint import (
 from vit.core.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.model import ViT, ViTConfig
 from vit.sources import hub
-from vit.sources.families import (
+from vit.sources.files import SourceError, _one_line, read_json
+from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing
+from vit.sources.ports.families import (
     hf,
     import_aimv2,
     import_beit,
@@ -81,9 +82,7 @@ from vit.sources.families import (
     import_videomae,
     import_vjepa2,
 )
-from vit.sources.files import SourceError, _one_line, read_json
-from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing
-from vit.sources.libraries import import_scratch, import_timm, import_torchvision, import_vit_pytorch, mapping
+from vit.sources.ports.libraries import import_scratch, import_timm, import_torchvision, import_vit_pytorch, mapping
 from vit.sources.vlm import import_internvl, import_qwen, import_vlm
 
 # Where a refusal sends the user: every family's own list of what opens is longer than a line (together 2,200
@@ -550,7 +549,8 @@ def open_plugin_family(family: registry.Family, folder: Path, config_json: dict,
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu",
                    library_road: bool = False) -> Checkpoint:
     """An HF ``save_pretrained`` folder of a supported architecture (a plugin's family's model_type too); with
-    ``library_road``, a transformers vision model no port reads, as transformers builds it (``library_path``)."""
+    ``library_road``, a transformers vision model no port reads, as transformers builds it
+    (``vit.sources.library_road.transformers_models``)."""
     family = registry.plugin_family(config_json.get("model_type"))
     if family is not None:
         return open_plugin_family(family, folder, config_json, map_location)
@@ -561,11 +561,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     if config_json.get("model_type") not in registry.hf_model_types():  # no port: the library road, where it runs
-        from vit.sources import library_path
+        from vit.sources.library_road import transformers_models
 
-        if library_path.opens(config_json) and library_road:
-            return library_path.open_library(folder, config_json, hf_image_processor(folder), map_location)
-        if library_path.opens(config_json):  # the explorer and the commands read our ViT: ports only, for now
+        if transformers_models.opens(config_json) and library_road:
+            return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
+        if transformers_models.opens(config_json):  # the explorer and the commands read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
                               "in the notebook API (vit.load), which draws its attention and rollout; the explorer "
                               "and the commands read ports only for now (issue 91)")
@@ -600,21 +600,21 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
 def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
               map_location: str | torch.device = "cpu", library_road: bool = False) -> Checkpoint:
     """timm weights with the architecture ``name`` (from timm's config.json or the user). With ``library_road``
-    (``vit.load``), an architecture the ports refuse opens as timm builds it (``vit.sources.library_timm``) where its
-    attention can be recorded; where it cannot either, the port's refusal says both."""
+    (``vit.load``), an architecture the ports refuse opens as timm builds it (``vit.sources.library_road.timm_models``)
+    where its attention can be recorded; where it cannot either, the port's refusal says both."""
     try:
         return _open_timm_port(path, state, name, config_json, map_location)
     except SourceError as refused:
         if not library_road or not name:
             raise
-        from vit.sources import library_timm
+        from vit.sources.library_road import timm_models
 
         config_json = dict(config_json or {})
         model_args = timm_model_args(config_json)
         pretrained_cfg = config_json.get("pretrained_cfg")
         pretrained_cfg = pretrained_cfg if isinstance(pretrained_cfg, Mapping) else {}
         try:
-            return library_timm.open_timm_library(
+            return timm_models.open_timm_library(
                 path, state, name, config_json, model_args,
                 lambda stand_in: import_timm.preprocessing_from_timm(name, stand_in, pretrained_cfg, model_args),
                 map_location)
@@ -690,7 +690,7 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     """open_clip weights (``visual.*``), with ``open_clip_config.json`` when there is one; ``name`` is
     ``quickgelu`` or ``gelu`` (or an open_clip model name, QuickGELU when it ends in ``-quickgelu``). With
     ``library_road`` (``vit.load``), a tower whose trunk is a timm model (SigLIP 2, PE-Core) opens as open_clip
-    builds it (``vit.sources.library_timm.open_clip_library``) where the port refuses it."""
+    builds it (``vit.sources.library_road.timm_models.open_clip_library``) where the port refuses it."""
     config_json = dict(config_json or {})
     model_cfg = config_json.get("model_cfg") if isinstance(config_json.get("model_cfg"), Mapping) else None
     quick = None if name is None else (name == "quickgelu" or name.endswith("-quickgelu"))
@@ -703,10 +703,10 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
         vision = (model_cfg or {}).get("vision_cfg")
         if not library_road or not isinstance(vision, Mapping) or not vision.get("timm_model_name"):
             raise refused from None
-        from vit.sources import library_timm
+        from vit.sources.library_road import timm_models
 
         try:
-            return library_timm.open_clip_library(path, state, config_json,
+            return timm_models.open_clip_library(path, state, config_json,
                                                   lambda stand_in: open_clip_preprocessing(config_json, stand_in,
                                                                                            origin), map_location)
         except SourceError as also:
@@ -743,7 +743,7 @@ def open_clip_preprocessing(config_json: Mapping, config: ViTConfig, origin: str
 
 def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arguments: Mapping,
                  map_location: str | torch.device = "cpu") -> Checkpoint:
-    """A from-scratch ViT of a known ``layout`` (``vit.sources.libraries.import_scratch``). ``arguments`` are the
+    """A from-scratch ViT of a known ``layout`` (``vit.sources.ports.libraries.import_scratch``). ``arguments`` are the
     constructor arguments given with ``--arch scratch:key=value,...`` over those of a ``config.json`` beside the weights
     (for tintn's experiments, its own config); that file's ``mean``, ``std`` and ``class_names`` say how images were
     prepared and what the classes are."""
@@ -822,7 +822,7 @@ def scratch_weights(folder: Path) -> Path | None:
 
 
 def open_mapped(path: str | os.PathLike, mapping_path: str | os.PathLike) -> Checkpoint:
-    """Weights of any layout mapped onto ours by a mapping file (``vit.sources.libraries.mapping``;
+    """Weights of any layout mapped onto ours by a mapping file (``vit.sources.ports.libraries.mapping``;
     ``vit.convert --map``)."""
     path, mapping_path = Path(path).expanduser(), Path(mapping_path).expanduser()
     rules = read_json(mapping_path)
@@ -858,11 +858,11 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
 
     ``arch`` names the architecture of a bare state dict: ``timm:NAME`` or ``torchvision:NAME``. With
     ``library_road`` (``vit.load``), a transformers vision model no port reads opens as transformers builds it
-    (``vit.sources.library_path``, ``Checkpoint.road == "library"``); without, it is refused in one line.
-    Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open.
-    The whole opening runs first on the ``meta`` device, from the files' headers alone, so weights whose
-    names, shapes or counts do not fit are refused before any tensor data is read. A Hub id is downloaded
-    first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
+    (``vit.sources.library_road.transformers_models``, ``Checkpoint.road == "library"``); without, it is refused in one
+    line. Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open. The whole
+    opening runs first on the ``meta`` device, from the files' headers alone, so weights whose names, shapes or counts
+    do not fit are refused before any tensor data is read. A Hub id is downloaded first (its size on stderr, then
+    huggingface_hub's progress bars) unless the HF cache has it.
     """
     path = hub.resolve(path, needed=needed_shards)
     _open(path, arch, "meta", library_road)

@@ -2,10 +2,10 @@
 image encoder was opened from (``SamModel`` / ``Sam2Model``) and run by transformers' own modules on this
 project's image encoder's output.
 
-The image encoder is ours (``vit.sources.families.import_sam`` / ``import_hiera``, equal to the library's to 1e-5); what
-follows it is transformers' code with the folder's weights: the library's model class built from the folder's
-config on the meta device, its image encoder's blocks left out, every other tensor read from the folder's weights
-(no code from the folder). Its masks and IoU scores are the library's for the same image embedding by
+The image encoder is ours (``vit.sources.ports.families.import_sam`` / ``import_hiera``, equal to the library's to
+1e-5); what follows it is transformers' code with the folder's weights: the library's model class built from the
+folder's config on the meta device, its image encoder's blocks left out, every other tensor read from the folder's
+weights (no code from the folder). Its masks and IoU scores are the library's for the same image embedding by
 construction; ``tests/test_sam_prompts.py`` checks them against the library's whole model on the same pixels.
 
 The half is built with ``attn_implementation="eager"``, so its attention modules return their weights

@@ -1,9 +1,9 @@
 """The maps of a model opened by the library road (``Checkpoint.road == "library"``: transformers' or timm's own model,
-its attention recorded, ``vit.sources.library_path.LibraryModel``, ``vit.sources.library_timm``): each layer's and
-head's attention for a query, and the attention rollout (Abnar & Zuidema), from the recorded post-softmax attention
-over the library's own forward. The model is read through what it offers (``run``, ``layout``, ``num_layers``,
-``num_heads``), so this wing imports nothing of ``vit.sources``. The other maps are refused in one line until the
-library road draws them (issue 91)."""
+its attention recorded, ``vit.sources.library_road.transformers_models.LibraryModel``,
+``vit.sources.library_road.timm_models``): each layer's and head's attention for a query, and the attention rollout
+(Abnar & Zuidema), from the recorded post-softmax attention over the library's own forward. The model is read through
+what it offers (``run``, ``layout``, ``num_layers``, ``num_heads``), so this wing imports nothing of ``vit.sources``.
+The other maps are refused in one line until the library road draws them (issue 91)."""
 
 from __future__ import annotations
 

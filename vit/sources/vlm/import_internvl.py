@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_dinov3 import _linear, _Taker, activation, joined
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation, joined
 from vit.sources.vlm.import_vlm import PROJECTOR_PREFIXES, Reading
 
 ARCHITECTURES = {"internvl": ("InternVLForConditionalGeneration", "InternVLModel")}

@@ -30,7 +30,7 @@ import torch
 
 from vit.checkpoint import Preprocessing
 from vit.model import ViTConfig
-from vit.sources.families.import_dinov3 import _linear, _Taker, activation
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation
 
 SUPPORTED = "Qwen2.5-VL and Qwen3-VL vision towers: HF Qwen2_5_VL / Qwen3VL ...ForConditionalGeneration, ...Model"
 ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel")

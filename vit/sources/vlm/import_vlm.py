@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families import import_clip, import_siglip
-from vit.sources.families.import_dinov3 import _Taker, activation
+from vit.sources.ports.families import import_clip, import_siglip
+from vit.sources.ports.families.import_dinov3 import _Taker, activation
 
 # model_type -> the architectures whose tower opens (the bare ...Model has the same tower and projector keys)
 ARCHITECTURES: dict[str, tuple[str, ...]] = {

@@ -1,6 +1,6 @@
 """The text side of CLIP and SigLIP: the model's own tokenizer and text transformer, from its own library.
 
-The image tower is ours (``vit.sources.families.import_clip`` / ``import_siglip``), so every map walks our
+The image tower is ours (``vit.sources.ports.families.import_clip`` / ``import_siglip``), so every map walks our
 modules; a text embedding is a constant for the image side's gradients, so it is computed exactly
 by the library that defines it: ``transformers`` for HF ``CLIPModel`` / ``SiglipModel`` folders
 (``get_text_features`` after the folder's own tokenizer), ``open_clip`` for open_clip weights

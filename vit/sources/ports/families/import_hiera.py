@@ -27,8 +27,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
-from vit.sources.families.import_dinov3 import _linear, _Taker
+from vit.sources.ports.families.hf import check_number
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker
 
 SUPPORTED = ("Hiera: HF HieraModel / HieraForImageClassification folders and timm hiera_* weights; SAM 2's Hiera "
              "image encoder: HF Sam2VisionModel / Sam2Model / Sam2HieraDetModel folders and timm sam2_hiera_* weights")

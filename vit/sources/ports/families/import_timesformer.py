@@ -22,8 +22,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
-from vit.sources.families.import_dinov3 import _linear, _Taker
+from vit.sources.ports.families.hf import check_number
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker
 
 SUPPORTED = "TimeSformer: HF TimesformerModel and TimesformerForVideoClassification folders (divided space-time)"
 ARCHITECTURES = {"TimesformerModel": False, "TimesformerForVideoClassification": True}

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_clip import _one, _vision_prefix, vision_config
-from vit.sources.families.import_dinov3 import _Taker, activation, timm_shape
+from vit.sources.ports.families.import_clip import _one, _vision_prefix, vision_config
+from vit.sources.ports.families.import_dinov3 import _Taker, activation, timm_shape
 
 SUPPORTED = "AIMv2: HF Aimv2VisionModel / Aimv2Model folders (also native-resolution), timm aimv2_* weights"
 HF_HONOURED = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_dinov3 import _linear, _Taker, timm_shape
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "SAM image encoders: HF SamVisionModel / SamModel folders and timm samvit_* weights"
 ARCHITECTURES = ("SamVisionModel", "SamModel")

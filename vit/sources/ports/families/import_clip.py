@@ -8,7 +8,7 @@ QuickGELU in OpenAI's weights and exact GELU in most open_clip ones, a final nor
 joint image-text embedding (``proj`` / ``visual_projection``: our ``projection``). Our
 ``ViT.encode(images).embedding`` is open_clip's ``encode_image`` and HF's ``image_embeds``
 (unnormalised). The text tower's weights are recognised by name and left for the text
-side (``vit.sources.families.import_clip`` reads only the image tower).
+side (``vit.sources.ports.families.import_clip`` reads only the image tower).
 
 A state dict cannot tell QuickGELU from GELU: the activation comes from ``open_clip_config.json``
 (``model_cfg.quick_gelu``, false when absent, as open_clip builds it) beside the weights, or from
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_dinov3 import _linear, _Taker, activation, joined
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation, joined
 
 SUPPORTED = ("CLIP: open_clip state dicts (visual.*, OpenAI layout) with open_clip_config.json or "
              "--arch open_clip:quickgelu|gelu, HF CLIPVisionModel / CLIPVisionModelWithProjection / CLIPModel folders")

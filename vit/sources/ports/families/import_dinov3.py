@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
+from vit.sources.ports.families.hf import check_number
 
 SUPPORTED = ("DINOv3: HF DINOv3ViTModel folders, timm vit_*_patch16_dinov3* weights, original facebookresearch/dinov3 "
              "backbones (.pth)")

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
-from vit.sources.families.import_dinov3 import _linear, _qkv, _Taker
+from vit.sources.ports.families.hf import check_number
+from vit.sources.ports.families.import_dinov3 import _linear, _qkv, _Taker
 
 SUPPORTED = ("Swin / Swin V2: HF SwinModel, SwinForImageClassification, Swinv2Model, Swinv2ForImageClassification "
              "folders and timm swin_* / swinv2_* weights")

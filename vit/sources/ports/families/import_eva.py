@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_beit import _timm_grid
-from vit.sources.families.import_dinov3 import _linear, _Taker, timm_shape
+from vit.sources.ports.families.import_beit import _timm_grid
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "EVA-02: timm eva02_* weights (not the EVA-CLIP towers)"
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16}

@@ -8,7 +8,7 @@ the result to the joint embedding (timm's ``head``, with the zero bias timm give
 our ``projection``; a head with a bias there is refused in one line); PE-spatial and PE-lang average the patches
 without a final norm (a head there is a classifier). What timm's model function fixes inside itself (the rotary
 grid, the probe's heads, the norms' eps) is read from timm's own registry, building the named model on the meta
-device, as ``vit.sources.libraries.import_timm`` does.
+device, as ``vit.sources.ports.libraries.import_timm`` does.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import CONFIG_BOUNDS, ViTConfig
-from vit.sources.families.import_dinov3 import _linear, _Taker, timm_shape
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "Perception Encoder: timm vit_pe_* weights (core, spatial, lang)"
 MODEL_ARGS_HONOURED = {"img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_clip import _one, _vision_prefix, vision_config
-from vit.sources.families.import_dinov3 import _linear, _Taker, activation, joined
+from vit.sources.ports.families.import_clip import _one, _vision_prefix, vision_config
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation, joined
 
 SUPPORTED = ("SigLIP / SigLIP 2 (fixed resolution): HF SiglipVisionModel / SiglipModel folders; SigLIP 2 NaFlex: HF "
              "Siglip2VisionModel / Siglip2Model folders")

@@ -29,7 +29,14 @@ import torch
 from vit.checkpoint import Checkpoint, preprocessing_problem
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line
-from vit.sources.library_path import ROAD, LibraryLayout, LibraryModel, _AttentionRecorder, _pair, grid_of
+from vit.sources.library_road.transformers_models import (
+    ROAD,
+    LibraryLayout,
+    LibraryModel,
+    _AttentionRecorder,
+    _pair,
+    grid_of,
+)
 
 # The recorder current in this context: its ``layers`` (attention module -> layer) run timm's explicit path and
 # hand it their probabilities
@@ -239,7 +246,7 @@ def open_timm_library(path: Path, state: Mapping[str, torch.Tensor], name: str, 
                       model_args: Mapping, preprocessing_of, map_location: str | torch.device = "cpu") -> Checkpoint:
     """``state`` (timm weights of architecture ``name``) in the model timm builds for it, in a ``Checkpoint`` with
     ``road="library"``. ``preprocessing_of(stand_in)`` is timm's evaluation transform for a ``ViTConfig`` that
-    carries the input size and patch size (``vit.sources.libraries.import_timm.preprocessing_from_timm``).
+    carries the input size and patch size (``vit.sources.ports.libraries.import_timm.preprocessing_from_timm``).
     ``map_location="meta"``: built on the meta device, the weights' shapes checked, no data read. SourceError (one
     line) for an architecture timm does not know, weights that do not fit it, or attention the layout cannot
     place."""

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.import_dinov3 import _linear, _Taker
-from vit.sources.families.import_pe import timm_probe
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker
+from vit.sources.ports.families.import_pe import timm_probe
 
 SUPPORTED = "timm naflexvit_* (a learned grid table; gap or map pooling: *_gap, *_map, *_reg1_map, *_siglip)"
 HEADS_BY_WIDTH = {768: 12, 832: 13}  # naflexvit_base_*, naflexvit_so150m2_*

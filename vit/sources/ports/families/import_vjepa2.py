@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
-from vit.sources.families.import_dinov3 import _linear, _Taker
+from vit.sources.ports.families.hf import check_number
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker
 
 SUPPORTED = "V-JEPA 2: HF VJEPA2Model (the encoder) and VJEPA2ForVideoClassification folders"
 ARCHITECTURES = ("VJEPA2Model", "VJEPA2ForVideoClassification")

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
-from vit.sources.families.import_dinov3 import _linear, _Taker
+from vit.sources.ports.families.hf import check_number
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker
 
 SUPPORTED = "VideoMAE: HF VideoMAEModel, VideoMAEForVideoClassification and VideoMAEForPreTraining folders"
 ARCHITECTURES = {"VideoMAEModel": False, "VideoMAEForVideoClassification": True, "VideoMAEForPreTraining": False}

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.libraries.import_scratch import required_argument
+from vit.sources.ports.libraries.import_scratch import required_argument
 
 SUPPORTED = ("vit-pytorch ViT, SimpleViT and ViT for small datasets state dicts (vit_pytorch:heads=N,... or their "
              "config.json)")

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.families.hf import check_number
-from vit.sources.families.import_dinov3 import _linear, _Taker, timm_shape
+from vit.sources.ports.families.hf import check_number
+from vit.sources.ports.families.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = ("BEiT / Data2Vec-vision: HF BeitModel, BeitForImageClassification, Data2VecVisionModel, "
              "Data2VecVisionForImageClassification folders and timm beit* / beitv2* weights")
