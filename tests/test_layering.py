@@ -13,6 +13,7 @@ dispatches every method (``vit.faithfulness``), and ``vit.predict``'s SAM prompt
 """
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -269,20 +270,35 @@ def borrowed(module: str, module_path: Path, files: list[Path]) -> list[str]:
     package, _, leaf = module.rpartition(".")
     found = []
     for path in files:
-        try:
-            tree = ast.parse(path.read_text())
-        except SyntaxError:  # tests/reference/ holds third-party scripts copied verbatim
+        reads = _reads(path)
+        if reads is None:  # tests/reference/ holds third-party scripts copied verbatim
             continue
-        aliases = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == package:
-                aliases |= {a.asname or a.name for a in node.names if a.name == leaf}
-            elif isinstance(node, ast.ImportFrom) and node.module == module:
-                found += [f"{path.name}:{node.lineno}: {a.name}" for a in node.names if a.name in foreign]
-        found += [f"{path.name}:{node.lineno}: {node.attr}" for node in ast.walk(tree)
-                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                  and node.value.id in aliases and node.attr in foreign]
+        imports, attributes = reads
+        aliases = {asname or name for source, name, asname, _ in imports if source == package and name == leaf}
+        found += [f"{path.name}:{line}: {name}" for source, name, _, line in imports
+                  if source == module and name in foreign]
+        found += [f"{path.name}:{line}: {attr}" for base, attr, line in attributes
+                  if base in aliases and attr in foreign]
     return found
+
+
+@functools.cache
+def _reads(path: Path) -> tuple[tuple, tuple] | None:
+    """What ``path`` reads, parsed once per test process (each app module's check reads every file of the
+    repository: parsing them again per module took 20-30 s a module under load): each ``from M import name as
+    asname`` as ``(M, name, asname, line)`` and each ``base.attr`` on a bare name as ``(base, attr, line)``, in
+    ``ast.walk``'s order; None when it does not parse."""
+    try:
+        tree = ast.parse(path.read_text())
+    except SyntaxError:
+        return None
+    imports, attributes = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imports += [(node.module, a.name, a.asname, node.lineno) for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            attributes.append((node.value.id, node.attr, node.lineno))
+    return tuple(imports), tuple(attributes)
 
 
 @pytest.mark.parametrize("module", sorted(p.stem for p in (VIT / "app").glob("*.py") if p.stem != "__init__"))
