@@ -349,3 +349,25 @@ def test_a_processor_that_keeps_the_aspect_ratio_is_refused_in_one_line(tmp_path
     with pytest.raises(CheckpointError, match="keeps each image's aspect ratio .* multiple of 8") as refused:
         vit.load(folder, device="cpu")
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"num_hidden_layers": 10**6}, "declares 1e\\+06 layers, over the 1000"),
+    ({"image_size": 10**6}, "image_size \\(1000000, 1000000\\) is not a side"),
+    ({"patch_size": [8, 0]}, "patch_size \\(8, 0\\) is not a side"),
+])
+def test_declared_sizes_past_what_can_be_built_are_refused_before_anything_is_built(folders, tmp_path, monkeypatch,
+                                                                                       edit, message):
+    import json
+    import shutil
+
+    for f in folders["ijepa"].iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(edit)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda *a, **k: pytest.fail("read by transformers before the declared sizes' check"))
+    with pytest.raises(CheckpointError, match=message) as refused:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(refused.value)

@@ -224,6 +224,36 @@ def _backbone_class(config_json: Mapping):
     return cls if getattr(cls, "_supports_attention_backend", False) else None
 
 
+MAX_LAYERS = 1000  # layers a config may declare in all: each is built (on the meta device) before its weights' check
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "depth", "encoder_layers", "decoder_layers")
+SIDE_KEYS = ("image_size", "patch_size")  # sides in pixels, bounded by MAX_SIDE before anything is built
+
+
+def declared_problem(config_json: Mapping) -> str | None:
+    """Why config.json declares more than can be built before its weights are checked, or None: more than
+    ``MAX_LAYERS`` layers in all (its sub-configs' too: a backbone's, a vision tower's) or an image or patch side
+    over ``MAX_SIDE``. Read from the JSON alone, walked without recursion."""
+    layers, stack = 0, [config_json]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, value in item.items():
+                if key in LAYER_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    layers += value
+                elif key in SIDE_KEYS and value is not None:
+                    try:
+                        _pair(tuple(value) if isinstance(value, list) else value, key)
+                    except ValueError as e:
+                        return str(e)
+                elif isinstance(value, (Mapping, list)):
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item[:256])
+    if not layers <= MAX_LAYERS:
+        return f"its config declares {layers:g} layers, over the {MAX_LAYERS} this program builds"
+    return None
+
+
 def _model_class(config_json: Mapping, config_class):
     """The class the folder names (``architectures[0]``, one of transformers'), else ``AutoModel``'s for its
     config."""
@@ -249,6 +279,9 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
 
     model_type = str(config_json.get("model_type"))
     origin = f"{folder} ({model_type}, opened as transformers builds it)"
+    problem = declared_problem(config_json)
+    if problem:
+        raise SourceError(f"{origin}: {problem}")
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         cls = _model_class(config_json, type(config))
