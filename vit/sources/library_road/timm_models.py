@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,7 +35,6 @@ from vit.sources.library_road.transformers_models import (
     LibraryModel,
     _AttentionRecorder,
     _pair,
-    grid_of,
 )
 
 # The recorder current in this context: its ``layers`` (attention module -> layer) run timm's explicit path and
@@ -104,17 +103,6 @@ def recording(recorder):
         _RECORDING.reset(token)
 
 
-class _TimmRecorder(_AttentionRecorder):
-    """The asked layers' probabilities, the asked heads and query rows alone."""
-
-    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
-        if self.heads is not None:
-            probabilities = probabilities[:, self.heads]
-        if self.rows is not None:
-            probabilities = probabilities[:, :, self.rows]
-        self.kept[layer] = probabilities.detach()
-
-
 class TimmLibraryModel(LibraryModel):
     """A timm model as timm builds it, its asked layers' attention recorded. ``model`` is the module that runs (eval
     mode): timm's model, or open_clip's tower around a timm ``trunk``, which holds the attention; ``layout`` places
@@ -138,33 +126,16 @@ class TimmLibraryModel(LibraryModel):
     def is_classifier(self) -> bool:
         return int(getattr(self.model, "num_classes", 0) or 0) > 0
 
-    def run(self, pixels: torch.Tensor, layers: Iterable[int] = (), heads: list[int] | None = None,
-            rows: list[int] | None = None) -> tuple[object, dict[int, torch.Tensor]]:
-        """timm's forward of ``pixels`` (B, C, H, W): ``logits`` of a classifier, else ``last_hidden_state`` (its
-        ``forward_features``), and for each of ``layers`` the post-softmax attention ``(B, heads, rows, T)`` timm's
-        explicit path computes. What is kept is checked against the memory limit first (one line)."""
-        from vit.costs import plan
-
-        L = self.num_layers
-        asked = sorted({layer % L for layer in layers})
-        gh, gw = grid_of(self.layout, pixels.shape[-2:])
-        tokens = self.layout.num_prefix_tokens + gh * gw
-        if asked:
-            plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
-                                               tokens, len(asked), None if rows is None else len(rows)))
-        recorder = _TimmRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
+    def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> SimpleNamespace:
+        """timm's forward of ``pixels``: ``logits`` of a classifier, else ``last_hidden_state`` (its
+        ``forward_features``), else open_clip's ``image_embeds``; the layers ``recorder`` lists on timm's explicit
+        path, their probabilities kept."""
         with torch.no_grad(), recording(recorder):
             if self.is_classifier:
-                out = SimpleNamespace(logits=self.model(pixels))
-            elif self.trunk is self.model:
-                out = SimpleNamespace(last_hidden_state=self.model.forward_features(pixels))
-            else:  # open_clip's tower: its image embedding
-                out = SimpleNamespace(image_embeds=self.model(pixels))
-        for layer, kept in recorder.kept.items():
-            if kept.shape[-1] != tokens:
-                raise ValueError(f"layer {layer}'s attention has {kept.shape[-1]} keys; the layout places "
-                                 f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches")
-        return out, dict(sorted(recorder.kept.items()))
+                return SimpleNamespace(logits=self.model(pixels))
+            if self.trunk is self.model:
+                return SimpleNamespace(last_hidden_state=self.model.forward_features(pixels))
+            return SimpleNamespace(image_embeds=self.model(pixels))  # open_clip's tower: its image embedding
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """The logits of a classifier, else timm's features ``(B, T, hidden)``, or open_clip's image embedding."""

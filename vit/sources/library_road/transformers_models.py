@@ -70,6 +70,10 @@ class _AttentionRecorder:
         with torch.no_grad():  # output_attentions' numbers: the modelling file's own eager function
             _, probabilities = recording_attention._eager_of(module)(module, query, key, value, attention_mask,
                                                                      **kwargs)  # (B, H, T, T)
+        self.keep_probabilities(layer, probabilities)
+
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
+        """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept."""
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
         if self.rows is not None:
@@ -137,13 +141,17 @@ class LibraryModel(torch.nn.Module):
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
                                                tokens, len(asked), None if rows is None else len(rows)))
         recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
-        with torch.no_grad(), recording_attention.recording(self.part, recorder):
-            out = self.model(pixel_values=pixels)
+        out = self._recorded_forward(pixels, recorder)
         for layer, kept in recorder.kept.items():
             if kept.shape[-1] != tokens:
                 raise ValueError(f"layer {layer}'s attention has {kept.shape[-1]} keys; the layout places "
                                  f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches")
         return out, dict(sorted(recorder.kept.items()))
+
+    def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> object:
+        """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it."""
+        with torch.no_grad(), recording_attention.recording(self.part, recorder):
+            return self.model(pixel_values=pixels)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """The logits of a classifier, else the last hidden states ``(B, T, hidden)``, else the head's first output
