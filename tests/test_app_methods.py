@@ -244,6 +244,12 @@ def test_a_cam_on_the_page_starts_from_the_analysis_and_embeds_no_image_again(ki
 @pytest.mark.usefixtures("default_world")
 def integrated_gradients_page(monkeypatch):
     """The explorer with Integrated Gradients chosen, and the (method, options) each map was asked with."""
+    return method_page(monkeypatch, "integrated_gradients")
+
+
+def method_page(monkeypatch, method: str):
+    """The explorer with ``method`` chosen among the other maps, and the (method, options) each map was asked
+    with."""
     given = []
     real = method_maps.model_method_map
 
@@ -255,7 +261,7 @@ def integrated_gradients_page(monkeypatch):
     at = run_app()
     sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
     at.run()
-    sidebar_widget(at, "selectbox", "Method").set_value("integrated_gradients")
+    sidebar_widget(at, "selectbox", "Method").set_value(method)
     at.run()
     return at, given
 
@@ -357,19 +363,7 @@ def test_rise_opens_at_a_first_look_count_the_authors_one_click_away_and_each_li
     from tests.test_app import APP, TIMEOUT
     from tests.test_app_share import url
 
-    given = []
-    real = method_maps.model_method_map
-
-    def recorded(checkpoint, image, kind, *args, options=None, **kwargs):
-        given.append((kind, dict(options or {})))
-        return real(checkpoint, image, kind, *args, options=options, **kwargs)
-
-    monkeypatch.setattr(method_maps, "model_method_map", recorded)
-    at = run_app()
-    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
-    at.run()
-    sidebar_widget(at, "selectbox", "Method").set_value("rise")
-    at.run()
+    at, given = method_page(monkeypatch, "rise")
     assert not at.exception and not at.error, [e.message for e in at.exception]
     masks = next(w for w in at.sidebar.number_input if w.label == "Masks")
     assert masks.value == 1000 and given[-1] == ("rise", {"n_masks": 1000})

@@ -655,20 +655,11 @@ def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
     return [None if tag is None else (int(tag[0]), int(tag[1])) for tag in packed_tags(folder, inputs)]
 
 
-def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
-    """LLaVA-NeXT's 104 image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
-    canvas, its padding columns dropped (8 x 10 of 8 x 12), each row followed by a newline token that covers no patch,
-    as ``pack_image_features`` packs them. The crops taken row-major without the unpadding and the newlines would be
-    another map."""
-    image = picture()
-    answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=NEW_TOKENS)
-    out, inputs, image_token = eager_generate(llava_next, image)
-    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
-    places = packed_places(llava_next, inputs)
-    assert len(positions) == len(places) == 104 and answer.grid == (8, 10)
+def packed_like_transformers(answer, out, positions, places) -> tuple[int, int]:
+    """Every answer token's map, each layer, head and their mean, on the 8 x 10 canvas and the 4 x 4 overview, equal
+    to transformers' eager rows (``out.attentions``) at the image ``positions`` placed at ``places``; the canvas's
+    (top, left) corner in the tags."""
     top, left = min(p[0] for p in places if p), min(p[1] for p in places if p)
-    assert (top, left) == (0, 1)  # the canvas's first column is padding
     for i in range(NEW_TOKENS):
         for layer in range(answer.layers):
             rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 104)
@@ -681,6 +672,22 @@ def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
                 np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
                 np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
                                            by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+    return top, left
+
+
+def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
+    """LLaVA-NeXT's 104 image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
+    canvas, its padding columns dropped (8 x 10 of 8 x 12), each row followed by a newline token that covers no patch,
+    as ``pack_image_features`` packs them. The crops taken row-major without the unpadding and the newlines would be
+    another map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(llava_next, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    places = packed_places(llava_next, inputs)
+    assert len(positions) == len(places) == 104 and answer.grid == (8, 10)
+    assert packed_like_transformers(answer, out, positions, places) == (0, 1)  # the canvas's 1st column is padding
     row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
     assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches
 

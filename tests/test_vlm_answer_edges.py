@@ -27,6 +27,7 @@ from test_vlm_answer import (  # noqa: E402
     by_hand,
     eager_generate,
     noisy,
+    packed_like_transformers,
     packed_places,
     picture,
     tokenizer,
@@ -109,19 +110,7 @@ def test_llava_next_over_siglip_under_full_places_its_crops_as_transformers_pack
     assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     places = packed_places(folder, inputs)
     assert len(positions) == len(places) == 104 and answer.grid == (8, 10) and answer.layout.lead == 0
-    top, left = min(p[0] for p in places if p), min(p[1] for p in places if p)
-    for i in range(NEW_TOKENS):
-        for layer in range(answer.layers):
-            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 104)
-            for head in (*range(rows.shape[0]), None):
-                row = rows.mean(0) if head is None else rows[head]
-                expected = np.full((8, 10), np.nan, dtype=np.float32)
-                for value, place in zip(row, places, strict=True):
-                    if place is not None:
-                        expected[place[0] - top, place[1] - left] = value
-                np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
-                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
-                                           by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+    packed_like_transformers(answer, out, positions, places)
 
 
 @pytest.fixture(scope="module")
