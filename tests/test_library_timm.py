@@ -16,6 +16,7 @@ from vit.checkpoint import CheckpointError
 from vit.model import ViT
 
 timm = pytest.importorskip("timm")
+from test_import_parity import timm_attentions  # noqa: E402
 from timm.models import _hub  # noqa: E402  (timm's save_for_hf)
 
 TINY = dict(depth=2, embed_dim=64, num_heads=2)
@@ -60,21 +61,11 @@ def timms_own(name: str) -> torch.nn.Module:
 
 
 def eager_attention(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """timm's own explicit path: every attention module's ``fused_attn`` off, the probabilities its ``attn_drop``
-    receives; the logits of that forward."""
-    kept: list[torch.Tensor] = []
-    modules = [m for m in model.blocks.modules() if hasattr(m, "fused_attn") and hasattr(m, "attn_drop")]
-    handles = [m.attn_drop.register_forward_hook(lambda mod, args, out: kept.append(args[0].detach()))
-               for m in modules]
-    for m in modules:
-        m.fused_attn = False
-    try:
-        with torch.no_grad():
-            logits = model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return logits, kept
+    """timm's own explicit path: every block's attention with ``fused_attn`` off, the probabilities its
+    ``attn_drop`` receives (``timm_attentions``); the logits of that forward."""
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    return timm_attentions(model, x)
 
 
 def pixels(hw: int, batch: int = 2) -> torch.Tensor:
