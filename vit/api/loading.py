@@ -69,9 +69,9 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError(f"vit.methods takes a checkpoint (vit.load(...)), got a {type(checkpoint).__name__}")
     if checkpoint.road == "library":  # transformers' own model: the maps its recorded attention draws so far
-        from vit.explain.views.library_maps import METHODS
+        from vit.explain.views.library_maps import method_names
 
-        return list(METHODS)
+        return method_names(bool(checkpoint.class_names))
     model = checkpoint.model
     shape = image_analysis.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
     kinds = attention_maps.map_kinds(shape, bool(checkpoint.class_names))

@@ -289,35 +289,38 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
 
 def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, target, layer, head, query, size,
                      max_tokens, options) -> Explanation:
-    """``explain`` of a model opened by the library road (``vit.explain.views.library_maps``): ``attention`` (layer,
-    head, query) and ``rollout`` (layer, query) at the model's own input size; any other map or argument is refused
-    in one line."""
+    """``explain`` of a model opened by the library road (``vit.explain.views.library_maps``): each map it draws
+    (``library_maps.methods()``: ``attention``, ``rollout`` and its wings') at the model's own input size, reading
+    the arguments its ``LibraryMethod.reads`` names; any other map or argument is refused in one line."""
     from vit.explain.views import library_maps
 
-    problem = library_maps.refusal(method)
+    problem = library_maps.refusal(method, bool(checkpoint.class_names))
     if problem:
         raise ValueError(problem)
-    given = {"target": target, "size": size, "max_tokens": max_tokens, **options}
-    reads = ("layer", "head", "query") if method == "attention" else ("layer", "query")
-    unread = [name for name, value in {**given, "head": head}.items() if value is not None and name not in reads]
+    chosen = library_maps.methods()[method]
+    given = {"target": target, "layer": layer, "head": head, "query": query, "size": size, "max_tokens": max_tokens,
+             **options}
+    unread = [name for name, value in given.items() if value is not None and name not in chosen.reads]
     if unread:
         raise ValueError(f"{method} of a model opened as its library builds it does not read {', '.join(unread)}; "
-                         f"it reads {', '.join(reads)}")
+                         f"it reads {', '.join(chosen.reads) or 'none'}")
     model = checkpoint.model
     L, H, T = model.num_layers, model.num_heads, model.layout.num_tokens
-    layer = -1 if layer is None else checked_index(layer, L, "layer", f"this model has {L} layers")
-    head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer")
-    query = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens")
+    layer = (-1 if layer is None else checked_index(layer, L, "layer", f"this model has {L} layers")) % L
+    head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer") % H
+    query = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens") % T
+    class_index = target_class(checkpoint, target) if chosen.classifier else None
     image = pil_image(image)
-    drawn = library_maps.library_map(checkpoint, image, method, layer, head, query)
-    which = "the heads' mean" if head is None else f"head {head}"
-    description = (f"Layer {layer % L + 1}, {which}: what token {query} attends to." if method == "attention" else
-                   f"Attention rollout up to layer {layer % L + 1}: what token {query} draws on.")
-    shown = {"method": method, "layer": layer, "head": head, "query": query}
+    drawn = library_maps.library_map(checkpoint, image, method, layer, head, query, class_index,
+                                     {k: v for k, v in options.items() if v is not None})
+    shown = {"method": method, "layer": layer if "layer" in chosen.reads else None,
+             "head": head if "head" in chosen.reads else None, "query": query if "query" in chosen.reads else None,
+             "target": class_index, **options}
     return Explanation(method, drawn.map, image, seen_region(image, checkpoint.preprocessing),
                        input_box(image.size, checkpoint.preprocessing), drawn.grid, drawn.num_prefix_tokens,
-                       drawn.prediction, None, query, description, drawn.heads, drawn.heads_layer,
-                       {k: v for k, v in shown.items() if v is not None})
+                       drawn.prediction, drawn.target, query, chosen.describe(layer, head, query, drawn.target),
+                       drawn.heads, drawn.heads_layer, {k: v for k, v in shown.items() if v is not None},
+                       pixels=drawn.pixels)
 
 
 def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head, query, size, max_tokens

@@ -1,29 +1,37 @@
 """The maps of a model opened by the library road (``Checkpoint.road == "library"``: transformers' or timm's own model,
 its attention recorded, ``vit.sources.library_road.transformers_models.LibraryModel``,
-``vit.sources.library_road.timm_models``): each layer's and head's attention for a query, and the attention rollout
-(Abnar & Zuidema), from the recorded post-softmax attention over the library's own forward. The model is read through
-what it offers (``run``, ``layout``, ``num_layers``, ``num_heads``), so this wing imports nothing of ``vit.sources``.
-The other maps are refused in one line until the library road draws them (issue 91)."""
+``vit.sources.library_road.timm_models``), from the recorded post-softmax attention over the library's own forward.
+The model is read through what it offers (``run``, ``layout``, ``num_layers``, ``num_heads``), so this wing imports
+nothing of ``vit.sources``.
+
+Each map the road draws is a ``LibraryMethod``: its name, the ``explain`` arguments it reads, whether it explains a
+class, and the function that draws it. This module draws each layer's and head's attention for a query and the
+attention rollout (Abnar & Zuidema); its wings add theirs (``WINGS``: the gradient maps, captum's attributions and
+RISE), each in its own module. Any other map is refused in one line naming what the road draws."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint
 from vit.core.inference import Prediction, predictions_from_logits, preprocess
 from vit.explain.methods.attention import rollout_factor, rollout_rows
 
-METHODS = ("attention", "rollout")  # what the library road draws today, the default first
+# The modules that add maps to the library road, each with a ``METHODS`` tuple of ``LibraryMethod``s
+WINGS = ("vit.explain.views.library_gradients", "vit.explain.views.library_attributions")
 
 
 @dataclass
 class LibraryMap:
-    """One map of one image on the library road: ``map`` (gh, gw), ``heads`` (H, gh, gw) of ``heads_layer`` (the
-    attention map's layer; None for rollout), the patch ``grid``, the prefix tokens, the prediction of a
-    classifier."""
+    """One map of one image on the library road: ``map`` (gh, gw) (a pixel method's ``(H, W)`` on the model's input
+    pixels, ``pixels``), ``heads`` (H, gh, gw) of ``heads_layer`` (the attention map's layer; None otherwise), the
+    patch ``grid``, the prefix tokens, the prediction of a classifier, the explained class's name (``target``)."""
 
     map: np.ndarray
     heads: np.ndarray | None
@@ -31,46 +39,112 @@ class LibraryMap:
     grid: tuple[int, int]
     num_prefix_tokens: int
     prediction: Prediction | None
+    target: str | None = None
+    pixels: bool = False
 
 
-def refusal(method: str) -> str | None:
-    """Why ``method`` is not drawn on the library road, or None when it is."""
-    if method in METHODS:
+@dataclass(frozen=True)
+class LibraryMethod:
+    """A map the library road draws: ``reads`` (the ``explain`` arguments it takes: ``layer``, ``head``, ``query``,
+    ``target``, and option names), ``classifier`` (it explains a class: refused for a model without one),
+    ``describe(layer, head, query, target)`` (its caption) and ``draw(checkpoint, pixels, layer, head, query,
+    class_index, options) -> LibraryMap``, where ``pixels`` is the image preprocessed ``(1, C, H, W)`` on the
+    model's device, ``layer`` (from 0), ``head`` and ``query`` already in range (``head`` None: the heads' mean),
+    ``class_index`` the explained class (None: the predicted one, or a map of no class) and ``options`` the rest of
+    ``explain``'s keywords."""
+
+    name: str
+    reads: tuple[str, ...]
+    classifier: bool
+    draw: Callable[..., LibraryMap]
+    describe: Callable[..., str]
+
+
+def prediction_of(checkpoint: Checkpoint, logits: torch.Tensor | None) -> Prediction | None:
+    """The top-5 prediction of a classifier's ``logits`` (1, classes), None without them."""
+    if logits is None or not checkpoint.class_names:
         return None
-    return (f"{method} is not drawn yet for a model opened as its library builds it (the library road draws "
-            f"{', '.join(METHODS)}); issue 91 tracks the rest")
+    return predictions_from_logits(logits[:1].detach(), checkpoint.class_names, 5)[0]
+
+
+def _logits(model, out) -> torch.Tensor | None:
+    return out.logits if model.is_classifier else None
+
+
+def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
+    model = checkpoint.model
+    grid, prefix, L = model.layout.grid, model.layout.num_prefix_tokens, model.num_layers
+    out, kept = model.run(pixels, layers=[layer], rows=[query])
+    row = kept[layer % L]  # (1, H, 1, T)
+    heads = row[0, :, 0, prefix:].float().reshape(-1, *grid)  # (H, gh, gw): the prefix keys dropped, row-major
+    chosen = heads.mean(0) if head is None else heads[head]
+    return LibraryMap(chosen.cpu().numpy().astype(np.float32), heads.cpu().numpy().astype(np.float32), layer % L,
+                      grid, prefix, prediction_of(checkpoint, _logits(model, out)))
+
+
+def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
+    model = checkpoint.model
+    grid, prefix, L = model.layout.grid, model.layout.num_prefix_tokens, model.num_layers
+    asked = range(layer % L + 1)
+    out, kept = model.run(pixels, layers=asked)
+    factors = [rollout_factor(kept[i], "mean", 0.0, prefix) for i in asked]  # (1, T, T) each
+    row = rollout_rows(factors, query)[0]  # (T,)
+    value = row[prefix:].reshape(grid).float()
+    return LibraryMap(value.cpu().numpy().astype(np.float32), None, None, grid, prefix,
+                      prediction_of(checkpoint, _logits(model, out)))
+
+
+def _which(head) -> str:
+    return "the heads' mean" if head is None else f"head {head}"
+
+
+BUILT_IN = (
+    LibraryMethod("attention", ("layer", "head", "query"), False, _attention,
+                  lambda layer, head, query, target: f"Layer {layer + 1}, {_which(head)}: what token {query} attends "
+                                                     "to."),
+    LibraryMethod("rollout", ("layer", "query"), False, _rollout,
+                  lambda layer, head, query, target: f"Attention rollout up to layer {layer + 1}: what token {query} "
+                                                     "draws on."),
+)
+
+
+def methods() -> dict[str, LibraryMethod]:
+    """Every map the library road draws, by name, in the explorer's order: the attention and rollout, then each
+    wing's (``WINGS``)."""
+    every = {m.name: m for m in BUILT_IN}
+    for wing in WINGS:
+        every.update({m.name: m for m in importlib.import_module(wing).METHODS})
+    return every
+
+
+def method_names(classifier: bool = True) -> list[str]:
+    """The names of the maps the library road draws for a model with (or without) a classifier, the default first."""
+    return [name for name, m in methods().items() if classifier or not m.classifier]
+
+
+def refusal(method: str, classifier: bool = True) -> str | None:
+    """Why ``method`` is not drawn on the library road for a model with (or without) a classifier, or None when it
+    is."""
+    chosen = methods().get(method)
+    if chosen is None:
+        return (f"{method} is not drawn yet for a model opened as its library builds it (the library road draws "
+                f"{', '.join(method_names())}); issue 91 tracks the rest")
+    if chosen.classifier and not classifier:
+        return f"{method} explains a class: this model has no classifier"
+    return None
 
 
 def library_map(checkpoint: Checkpoint, image: Image.Image, method: str, layer: int, head: int | None,
-                query: int) -> LibraryMap:
-    """``method`` (``attention`` of ``layer``, ``head`` or the heads' mean, for token ``query``; ``rollout`` up to
-    ``layer`` from ``query``) of ``image`` at the model's own input size. ``layer``, ``head`` and ``query`` are
-    already in range (``vit.explain``'s checks). The recording keeps only what the map reads: one row of one
-    layer for ``attention``, the layers up to ``layer`` for ``rollout``, counted by the cost model first."""
-    problem = refusal(method)
+                query: int, class_index: int | None = None, options: Mapping[str, object] | None = None
+                ) -> LibraryMap:
+    """``method``'s map of ``image`` at the model's own input size (``attention`` of ``layer``, ``head`` or the
+    heads' mean, for token ``query``; ``rollout`` up to ``layer`` from ``query``; a wing's map). ``layer``, ``head``,
+    ``query`` and ``class_index`` are already in range (``vit.explain``'s checks). The recording keeps only what the
+    map reads (one row of one layer for ``attention``, the layers up to ``layer`` for ``rollout``), counted by the
+    cost model first."""
+    problem = refusal(method, bool(checkpoint.class_names))
     if problem:
         raise ValueError(problem)
     model = checkpoint.model
     pixels = preprocess([image], checkpoint.preprocessing).to(next(model.parameters()).device)
-    grid = model.layout.grid
-    prefix = model.layout.num_prefix_tokens
-    L = model.num_layers
-    if method == "attention":
-        out, kept = model.run(pixels, layers=[layer], rows=[query])
-        row = kept[layer % L]  # (1, H, 1, T)
-        heads = row[0, :, 0, prefix:].float().reshape(-1, *grid)  # (H, gh, gw): the prefix keys dropped, row-major
-        chosen = heads.mean(0) if head is None else heads[head]
-        value, heads_layer = chosen, layer % L
-    else:
-        asked = range(layer % L + 1)
-        out, kept = model.run(pixels, layers=asked)
-        factors = [rollout_factor(kept[i], "mean", 0.0, prefix) for i in asked]  # (1, T, T) each
-        row = rollout_rows(factors, query)[0]  # (T,)
-        value = row[prefix:].reshape(grid).float()
-        heads, heads_layer = None, None
-    logits = out.logits if model.is_classifier else None
-    prediction = None if logits is None else predictions_from_logits(logits[:1], checkpoint.class_names, 5)[0]
-    return LibraryMap(value.cpu().numpy().astype(np.float32),
-                      None if heads is None else heads.cpu().numpy().astype(np.float32), heads_layer, grid, prefix,
-                      prediction)
-
+    return methods()[method].draw(checkpoint, pixels, layer, head, query, class_index, dict(options or {}))
