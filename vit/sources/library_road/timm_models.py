@@ -129,8 +129,8 @@ class TimmLibraryModel(LibraryModel):
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> SimpleNamespace:
         """timm's forward of ``pixels``: ``logits`` of a classifier, else ``last_hidden_state`` (its
         ``forward_features``), else open_clip's ``image_embeds``; the layers ``recorder`` lists on timm's explicit
-        path, their probabilities kept."""
-        with torch.no_grad(), recording(recorder):
+        path, their probabilities kept (with autograd where the recorder asks for gradients)."""
+        with torch.set_grad_enabled(recorder.gradient), recording(recorder):
             if self.is_classifier:
                 return SimpleNamespace(logits=self.model(pixels))
             if self.trunk is self.model:

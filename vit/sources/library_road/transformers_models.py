@@ -59,6 +59,8 @@ class _AttentionRecorder:
     layer's post-softmax probabilities ``(B, H, rows, T)`` from the module's own eager function, the asked heads
     and query rows alone."""
 
+    gradient = False  # whether the forward it records runs with autograd (``_GradientRecorder``)
+
     def __init__(self, modules: Mapping[int, torch.nn.Module], heads: list[int] | None, rows: list[int] | None):
         self.layers = {module: layer for layer, module in modules.items()}
         self.modules = dict(modules)
@@ -82,6 +84,42 @@ class _AttentionRecorder:
 
     def output(self, layer, out) -> None:
         pass
+
+
+class _GradientRecorder(_AttentionRecorder):
+    """A recorder over a forward with autograd: each asked layer's probabilities ``(B, H, T, T)`` and, once the
+    backward has run, their gradient ``gradients[layer]``, the same shape. timm hands it probabilities that are in
+    the graph (its explicit path's), whose gradient a hook takes as it passes. transformers' attention runs SDPA,
+    whose probabilities are never formed: their gradient is the gradient of the attention's output ``O = A V``
+    (``output``, ``(B, T, H, D)``) times the values, ``dA = dO V^T``, exactly what autograd gives through the eager
+    function, where ``O`` is that product (dropout is off in eval mode)."""
+
+    gradient = True
+
+    def __init__(self, modules: Mapping[int, torch.nn.Module]):
+        super().__init__(modules, None, None)
+        self.values: dict[int, torch.Tensor] = {}
+        self.gradients: dict[int, torch.Tensor] = {}
+
+    def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
+        super().keep(layer, query, key, value, attention_mask, kwargs)
+        self.values[layer] = value.detach()  # (B, KV heads, T, D)
+
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
+        if probabilities.requires_grad:  # timm's explicit path: the probabilities the rest of the layer reads
+            probabilities.register_hook(lambda grad: self.gradients.__setitem__(layer, grad.detach()))
+        super().keep_probabilities(layer, probabilities)
+
+    def output(self, layer, out) -> None:
+        value = self.values.pop(layer, None)
+        if value is None or not out.requires_grad:
+            return
+
+        def hook(grad: torch.Tensor) -> None:  # grad: (B, T, H, D), as the attention output
+            heads = grad.shape[2]
+            v = value if value.shape[1] == heads else value.repeat_interleave(heads // value.shape[1], dim=1)
+            self.gradients[layer] = (grad.transpose(1, 2).to(v.dtype) @ v.transpose(-1, -2)).detach()
+        out.register_hook(hook)
 
 
 class LibraryModel(torch.nn.Module):
@@ -148,9 +186,38 @@ class LibraryModel(torch.nn.Module):
                                  f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches")
         return out, dict(sorted(recorder.kept.items()))
 
+    def class_gradients(self, pixels: torch.Tensor, class_index: int | None, layers: Iterable[int]
+                        ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """A classifier's logits ``(B, classes)`` for ``pixels`` (B, C, H, W), and for each of ``layers`` its
+        post-softmax attention ``(B, H, T, T)`` and the gradient of the class logit (``class_index``; None: each
+        image's predicted class) with respect to it: what ``class_gradients`` of the port gives for Chefer's
+        gradient rollout, here through the library's own forward and backward. Checked against the memory limit
+        first (one line)."""
+        from vit.costs import plan
+
+        if not self.is_classifier:
+            raise ValueError("a class's gradients need a classifier: this model has none")
+        L = self.num_layers
+        asked = sorted({layer % L for layer in layers})
+        gh, gw = grid_of(self.layout, pixels.shape[-2:])
+        tokens = self.layout.num_prefix_tokens + gh * gw
+        plan.decide(plan.library_attention(pixels.shape[0], self.num_heads, tokens, 2 * len(asked)))
+        recorder = _GradientRecorder({layer: self._attention[layer] for layer in asked})
+        with torch.inference_mode(False), torch.enable_grad():
+            pixels = pixels.detach().clone().requires_grad_(True)  # the graph even where the weights are frozen
+            logits = self._recorded_forward(pixels, recorder).logits
+            index = logits.argmax(-1) if class_index is None else torch.full(
+                (logits.shape[0],), int(class_index), device=logits.device)
+            torch.autograd.grad(logits.gather(1, index[:, None]).sum(), pixels)  # each image its own logit's
+        missing = [layer for layer in asked if layer not in recorder.gradients]
+        if missing:
+            raise ValueError(f"layers {missing}' attention does not reach the class logit; no gradient to weigh it")
+        return logits.detach(), dict(sorted(recorder.kept.items())), dict(sorted(recorder.gradients.items()))
+
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> object:
-        """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it."""
-        with torch.no_grad(), recording_attention.recording(self.part, recorder):
+        """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it (with autograd where
+        the recorder asks for gradients)."""
+        with torch.set_grad_enabled(recorder.gradient), recording_attention.recording(self.part, recorder):
             return self.model(pixel_values=pixels)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:

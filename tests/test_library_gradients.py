@@ -1,0 +1,146 @@
+"""The class-specific map on the library road (issue 91, item 3): Chefer, Gur & Wolf's gradient rollout of a model
+opened as its library builds it. The attention it weighs and the class logit's gradient with respect to it equal
+what autograd gives through the library's own eager attention (transformers' ``output_attentions=True``, timm's
+explicit path), and the map equals the rollout done by hand on those references. Tiny random models, built and
+saved by their own library."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vit
+from vit.costs.bounds import TooManyTokens
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+from test_library_path import reference, save_family  # noqa: E402
+from test_library_timm import build  # noqa: E402
+from timm.models import _hub  # noqa: E402
+
+TIMM = "flexivit_small"
+
+
+@pytest.fixture(scope="module")
+def msn(tmp_path_factory):
+    return save_family(tmp_path_factory.mktemp("vit_msn"), "vit_msn")
+
+
+@pytest.fixture(scope="module")
+def flexivit(tmp_path_factory):
+    folder = tmp_path_factory.mktemp(TIMM)
+    _hub.save_for_hf(build(TIMM), folder, model_args=dict(depth=2, embed_dim=64, num_heads=2, img_size=48,
+                                                          patch_size=8))
+    return folder
+
+
+def image(side: int):
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(3)
+    return Image.fromarray((torch.rand(side, side, 3, generator=generator) * 255).to(torch.uint8).numpy())
+
+
+def by_hand(attentions, gradients, query: int, prefix: int, grid) -> torch.Tensor:
+    """Chefer et al.'s rollout written out: R = I, R = R + mean_h(max(grad * A, 0)) @ R per layer; row ``query``,
+    the patches' keys on the grid."""
+    T = attentions[0].shape[-1]
+    R = torch.eye(T, dtype=torch.float64)
+    for a, g in zip(attentions, gradients, strict=True):
+        R = R + (g[0].double() * a[0].double()).clamp(min=0).mean(0) @ R
+    return R[query, prefix:].reshape(grid).float()
+
+
+def transformers_eager(folder, x: torch.Tensor, class_index: int):
+    """transformers' own eager model: its attentions (in the graph) and the class logit's gradient of each."""
+    model = reference(folder, "eager")
+    out = model(pixel_values=x, output_attentions=True)
+    gradients = torch.autograd.grad(out.logits[0, class_index], out.attentions)
+    return out.logits.detach(), [a.detach() for a in out.attentions], list(gradients)
+
+
+def timm_explicit(x: torch.Tensor, class_index: int):
+    """timm's own model on its explicit path: the probabilities each block's ``attn_drop`` receives (in the graph)
+    and the class logit's gradient of each."""
+    model = build(TIMM)
+    kept = []
+    for block in model.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda module, args, output: kept.append(args[0]))
+    logits = model(x)
+    gradients = torch.autograd.grad(logits[0, class_index], kept)
+    return logits.detach(), [a.detach() for a in kept], list(gradients)
+
+
+def test_transformers_attention_and_its_class_gradient_equal_eager_autograd(msn):
+    checkpoint = vit.load(msn, device="cpu")
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    logits, attentions, gradients = checkpoint.model.class_gradients(x, 2, range(3))
+    their_logits, their_attentions, their_gradients = transformers_eager(msn, x, 2)
+    assert torch.allclose(logits, their_logits, atol=1e-6, rtol=0)
+    for layer in range(3):
+        assert gradients[layer].shape == their_gradients[layer].shape == (1, 4, 17, 17)
+        assert torch.allclose(attentions[layer], their_attentions[layer], atol=1e-6, rtol=0)
+        assert their_gradients[layer].abs().max() > 1e-4  # a gradient that says something
+        assert torch.allclose(gradients[layer], their_gradients[layer], atol=1e-6, rtol=1e-5)
+
+
+def test_timm_attention_and_its_class_gradient_equal_its_explicit_paths_autograd(flexivit):
+    checkpoint = vit.load(flexivit, device="cpu")
+    x = torch.randn(1, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    logits, attentions, gradients = checkpoint.model.class_gradients(x, 1, range(2))
+    their_logits, their_attentions, their_gradients = timm_explicit(x, 1)
+    assert torch.allclose(logits, their_logits, atol=1e-5, rtol=0)
+    for layer in range(2):
+        assert gradients[layer].shape == (1, 2, 37, 37)
+        assert torch.allclose(attentions[layer], their_attentions[layer], atol=1e-6, rtol=0)
+        assert their_gradients[layer].abs().max() > 1e-4
+        assert torch.allclose(gradients[layer], their_gradients[layer], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer", [-1, 1])
+def test_vit_explain_draws_the_class_map_as_the_rollout_by_hand_of_eagers_gradients(msn, layer):
+    checkpoint = vit.load(msn, device="cpu")
+    picture = image(40)
+    x = vit.core.inference.preprocess([picture], checkpoint.preprocessing)
+    explanation = vit.explain(checkpoint, picture, "class", target="fox", layer=layer, query=3)
+    _, attentions, gradients = transformers_eager(msn, x, 2)
+    end = layer % 3 + 1
+    expected = by_hand(attentions[:end], gradients[:end], 3, 1, (4, 4))
+    assert explanation.map.shape == (4, 4) and explanation.target == "fox"
+    assert torch.allclose(torch.from_numpy(explanation.map), expected, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(torch.from_numpy(explanation.map), expected.T, atol=1e-6, rtol=1e-5)
+    assert explanation.prediction is not None and "fox" in explanation.description
+
+
+def test_the_class_map_defaults_to_the_predicted_class(flexivit):
+    checkpoint = vit.load(flexivit, device="cpu")
+    picture = image(48)
+    x = vit.core.inference.preprocess([picture], checkpoint.preprocessing)
+    explanation = vit.explain(checkpoint, picture, "class")
+    with torch.no_grad():
+        predicted = int(build(TIMM)(x)[0].argmax())
+    _, attentions, gradients = timm_explicit(x, predicted)
+    assert explanation.target == checkpoint.class_names[predicted]
+    expected = by_hand(attentions, gradients, 0, 1, (6, 6))
+    assert torch.allclose(torch.from_numpy(explanation.map), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_the_class_map_is_listed_for_a_classifier_and_refused_in_one_line_without_one(msn, tmp_path):
+    assert "class" in vit.methods(vit.load(msn, device="cpu"))
+    ijepa = vit.load(save_family(tmp_path, "ijepa"), device="cpu")
+    assert "class" not in vit.methods(ijepa)
+    with pytest.raises(ValueError, match="^class explains a class: this model has no classifier$"):
+        vit.explain(ijepa, image(32), "class")
+    with pytest.raises(ValueError, match="does not read head; it reads target, layer, query$"):
+        vit.explain(vit.load(msn, device="cpu"), image(32), "class", head=0)
+
+
+def test_past_the_memory_limit_the_class_map_is_refused_in_one_line_before_the_forward(msn, monkeypatch):
+    checkpoint = vit.load(msn, device="cpu")
+    ran = []
+    checkpoint.model.model.register_forward_pre_hook(lambda *args: ran.append(1))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens) as refused:
+        vit.explain(checkpoint, image(32), "class")
+    assert "\n" not in str(refused.value) and not ran
