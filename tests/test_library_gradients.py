@@ -144,3 +144,46 @@ def test_past_the_memory_limit_the_class_map_is_refused_in_one_line_before_the_f
     with pytest.raises(TooManyTokens) as refused:
         vit.explain(checkpoint, image(32), "class")
     assert "\n" not in str(refused.value) and not ran
+
+
+# -- the CAMs: pytorch-grad-cam's own classes on the library's own model ------------------------------------------
+
+from test_cam import REFERENCE, reference_cam, scaled, vit_transform  # noqa: E402
+
+
+class Logits(torch.nn.Module):
+    """transformers' classifier as pytorch-grad-cam calls a model: pixels in, logits out."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(pixel_values=x).logits
+
+
+@pytest.mark.parametrize("method", list(REFERENCE))
+@pytest.mark.parametrize("road", ["transformers", "timm"])
+def test_each_cam_equals_pytorch_grad_cams_own_on_the_librarys_own_norm1(msn, flexivit, road, method):
+    """pytorch-grad-cam's class on the library's own model, its target the explained layer's first norm named by
+    hand (transformers' ``layernorm_before``, timm's ``norm1``, the ViT tutorial's), with the tutorial's
+    ``reshape_transform``; both maps min-max scaled as pytorch-grad-cam scales its output."""
+    folder, side, grid, layer = (msn, 40, (4, 4), 2) if road == "transformers" else (flexivit, 48, (6, 6), 0)
+    checkpoint = vit.load(folder, device="cpu")
+    picture = image(side)
+    x = vit.core.inference.preprocess([picture], checkpoint.preprocessing)
+    if road == "transformers":
+        theirs = reference(folder, "eager")
+        model, target = Logits(theirs), theirs.vit.layers[layer].layernorm_before
+    else:
+        model = build(TIMM)
+        target = model.blocks[layer].norm1
+    expected = reference_cam(method, model, target, vit_transform(1, grid), x, 1)[0]
+    options = {} if method == "eigencam" else {"target": 1}
+    ours = vit.explain(checkpoint, picture, method, layer=layer, **options)
+    assert ours.map.shape == grid
+    assert torch.from_numpy(ours.map).abs().max() > 0
+    assert torch.allclose(scaled(torch.from_numpy(ours.map)[None])[0], expected, atol=1e-4, rtol=0)
+    if method != "eigencam":
+        assert ours.target == checkpoint.class_names[1]
+        assert not torch.allclose(scaled(torch.from_numpy(ours.map.T.copy())[None])[0], expected, atol=1e-4, rtol=0)

@@ -17,6 +17,7 @@ tokens), counted from the embeddings' own token parameters. Families with a port
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,23 @@ class _GradientRecorder(_AttentionRecorder):
         out.register_hook(hook)
 
 
+# The attention module whose input the current context reads (``LibraryModel.attention_inputs``), and where to keep it
+_INPUTS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("vit_library_inputs", default=None)
+
+
+def _take_input(module, args, kwargs):
+    """An attention module's forward pre-hook: where the current context reads this module's input, that input made
+    a leaf (needing a gradient where asked) and kept; the module runs on the leaf."""
+    asked = _INPUTS.get()
+    if asked is None or asked[0] is not module:
+        return None
+    kept = asked[1]
+    x = args[0] if args else kwargs["hidden_states"]
+    leaf = x.detach().requires_grad_(bool(kept["gradients"]))
+    kept["x"] = leaf
+    return ((leaf, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": leaf})
+
+
 class LibraryModel(torch.nn.Module):
     """A transformers vision model as transformers builds it, its attention through the recording function.
     ``model`` is the library's module (eval mode); ``layout`` places its tokens on the image."""
@@ -213,6 +231,35 @@ class LibraryModel(torch.nn.Module):
         if missing:
             raise ValueError(f"layers {missing}' attention does not reach the class logit; no gradient to weigh it")
         return logits.detach(), dict(sorted(recorder.kept.items())), dict(sorted(recorder.gradients.items()))
+
+    def attention_inputs(self, pixels: torch.Tensor, layer: int, class_index: int | None = None,
+                         gradients: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The tokens layer ``layer``'s attention module reads ``(B, T, D)`` (a pre-norm block's first norm's output:
+        pytorch-grad-cam's ViT tutorial's ``norm1``), with ``gradients`` the gradient of each image's class logit
+        (``class_index``; None: the predicted one) with respect to them, and the logits (None without a classifier).
+        They are read as the module's input in this context only (``_INPUTS``), made a leaf there: the gradient
+        stops at the layer."""
+        if gradients and not self.is_classifier:
+            raise ValueError("a class's gradients need a classifier: this model has none")
+        module = self._attention[layer % self.num_layers]
+        if not getattr(module, "_vit_inputs_hooked", False):
+            module.register_forward_pre_hook(_take_input, with_kwargs=True)
+            module._vit_inputs_hooked = True
+        kept: dict[str, torch.Tensor] = {"gradients": gradients}
+        token = _INPUTS.set((module, kept))
+        try:
+            with torch.inference_mode(False):
+                recorder = _GradientRecorder({}) if gradients else _AttentionRecorder({}, None, None)
+                out = self._recorded_forward(pixels.detach().clone(), recorder)
+                logits = out.logits if self.is_classifier else None
+                grad = None
+                if gradients:
+                    index = logits.argmax(-1) if class_index is None else torch.full(
+                        (logits.shape[0],), int(class_index), device=logits.device)
+                    [grad] = torch.autograd.grad(logits.gather(1, index[:, None]).sum(), kept["x"])
+        finally:
+            _INPUTS.reset(token)
+        return kept["x"].detach(), grad, None if logits is None else logits.detach()
 
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> object:
         """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it (with autograd where
