@@ -117,7 +117,8 @@ class Family:
         return importlib.import_module(self.importer)
 
 
-_LIBRARY_MAPS = ("attention (any layer, head, query) and rollout; the other maps refused in one line until the "
+_LIBRARY_MAPS = ("attention (any layer, head, query) and rollout; captum's attributions and RISE for classifiers; "
+                 "the other maps refused in one line until the "
                  "library road draws them (issue 91); the explorer and the commands read ports only for now")
 _CAM_READS = ("class", "end_layer")
 _CAM_APPLIES = "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)"

@@ -298,6 +298,24 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
                         for i in range(model.config.num_layers))
 
 
+def library_pass_bytes(shape, grid: tuple[int, int], gradient: bool) -> int:
+    """One input's share of a batch through a model opened as its library builds it (``plan.LibraryShape``: its
+    declared sizes; its modules are the library's, so the port's terms are read at those sizes), on patch ``grid``:
+    without ``gradient``, the input beside one block's forward (``BLOCK_COPIES`` streams, the MLP's width) and one
+    layer's ``H x T²`` scores and probabilities; with it, AttnLRP's whole path as ``attnlrp_bytes`` counts a plain
+    block's (the pixels' copies, every block's graph, the backward's gradients), each layer's probabilities kept in
+    the graph too. The library's SDPA forms no ``H x T²`` where it runs a fused kernel; where it falls back to its
+    math path it does: counted as formed (safe, not fitted)."""
+    H, L, D, M = shape.num_heads, shape.num_layers, shape.hidden_size, shape.mlp_size
+    tokens = shape.num_prefix_tokens + grid[0] * grid[1]
+    pixels, attention = input_bytes(shape, grid), 4 * H * tokens * tokens
+    if not gradient:
+        return pixels + 4 * tokens * (BLOCK_COPIES * D + M) + 2 * attention
+    block = 4 * tokens * (ATTNLRP_BLOCK_PER_HIDDEN * D + ATTNLRP_PER_MLP * M) + attention
+    return (ATTNLRP_INPUT_COPIES * pixels + L * block + attention
+            + 4 * tokens * (ATTNLRP_REST_PER_HIDDEN * D + ATTNLRP_PER_MLP * M))
+
+
 def attentions_bytes(model, grid: tuple[int, int]) -> int:
     """Bytes of every layer's attention a forward returns for one image on patch ``grid`` (``output_attentions``:
     ``vit.explain.views.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``,

@@ -525,18 +525,40 @@ def attribution_passes(model, grid: tuple[int, int], what: str, passes: int) -> 
     return _cost("attribution passes", model, grid, {"forwards": passes}, refuse, limit=MAX_PASSES)
 
 
+@dataclass(frozen=True)
+class LibraryShape:
+    """What the cost model reads of a model opened as its library builds it (``LibraryModel.cost_shape``: its
+    config's sizes, or timm's modules'), named as our ``ViTConfig`` names them, so the views that count our ViT
+    (``attribution_passes``, ``attribution_batch``, ``attribution``) take it in its place; ``config`` is itself."""
+
+    num_layers: int
+    num_heads: int
+    hidden_size: int
+    mlp_size: int  # the MLP's hidden width (transformers' intermediate_size)
+    num_prefix_tokens: int
+    patch_hw: tuple[int, int]
+    num_channels: int = 3
+
+    @property
+    def config(self) -> LibraryShape:
+        return self
+
+
 def attribution_image_bytes(model, grid: tuple[int, int], gradient: bool) -> int:
     """One input's share of an attribution's batch: a forward's (``forward``), or with ``gradient`` the graph of a
-    whole backward to the pixels (``attnlrp``'s whole path: every block's graph, the attention fused)."""
+    whole backward to the pixels (``attnlrp``'s whole path: every block's graph, the attention fused); a library
+    model's (``LibraryShape``) from its sizes alone (``memory.library_pass_bytes``)."""
+    if isinstance(model, LibraryShape):
+        return memory.library_pass_bytes(model, grid, gradient)
     return attnlrp(model, grid).memory if gradient else forward(model, grid).memory
 
 
 def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool, extra: int = 0,
                       held: int = 0) -> int:
-    """The forwards an attribution runs at once: as many as fit the memory limit, at most ``passes`` and
-    ``MAX_BATCH``, evened out over the batches that takes (at least one: ``attribution`` then refuses
-    it). ``extra``: bytes each pass holds beside its forward (a RISE mask formed); ``held``: bytes held throughout
-    (RISE's grids)."""
+    """The forwards an attribution runs at once (``model``: our ViT, or a library model's ``LibraryShape``): as many
+    as fit the memory limit, at most ``passes`` and ``MAX_BATCH``, evened out over the batches that takes (at least
+    one: ``attribution`` then refuses it). ``extra``: bytes each pass holds beside its forward (a RISE mask
+    formed); ``held``: bytes held throughout (RISE's grids)."""
     per = attribution_image_bytes(model, grid, gradient) + extra
     fits = max(1, min(passes, MAX_BATCH, (bounds.memory_limit() - held) // max(per, 1)))
     return math.ceil(passes / math.ceil(passes / fits))  # batches of equal size: 50 as 25 + 25, not 29 + 21
@@ -545,7 +567,8 @@ def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool,
 def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int, gradient: bool,
                 extra: int = 0, held: int = 0, hint: str = "") -> Cost:
     """An attribution (captum's, RISE's) of ``passes`` forwards, ``batch`` at once, each with its backward to the
-    pixels where ``gradient``: the batch's forwards (``attribution_image_bytes`` each) at once; FLOPs of every
+    pixels where ``gradient`` (``model``: our ViT, or a library model's ``LibraryShape``): the batch's forwards
+    (``attribution_image_bytes`` each) at once; FLOPs of every
     forward (a backward counted as two). What the method holds besides (``captum_maps.held_bytes``): ``extra`` bytes
     for each pass of a batch (RISE's masks formed, captum's perturbed inputs), ``held`` throughout (RISE's grids,
     IG's quadrature); ``hint``: the method's own way down, for the refusal."""

@@ -333,6 +333,32 @@ def batches(count: int, batch: int) -> int:
     return math.ceil(count / batch)
 
 
+def title(method: str) -> str:
+    """``method``'s name in a refusal: ``Integrated gradients``, ``RISE``."""
+    return method.replace("_", " ").capitalize() if method != "rise" else "RISE"
+
+
+def planned_batch(model, method: str, options: Options, grid: tuple[int, int], shape: tuple[int, int],
+                  patch: tuple[int, int], channels: int) -> tuple[int, int]:
+    """``(forwards, forwards at once)`` of ``method`` with ``options`` on an input of ``shape = (H, W)`` px of
+    ``channels`` colours, on patch ``grid`` of ``patch`` px, each counted by the cost model before any work and
+    refused there in one line: the forwards (``plan.attribution_passes``), then the batch's memory
+    (``plan.attribution``), the batch ``options.batch`` or the most that fit the memory limit
+    (``plan.attribution_batch``). ``model``: our ViT, or a library model's ``vit.costs.plan.LibraryShape``."""
+    from vit.costs import plan
+
+    name = title(method)
+    count = passes(method, options, grid, shape, patch)
+    gradient = method in GRADIENT_METHODS
+    plan.decide(plan.attribution_passes(model, grid, name, count))
+    extra, held = held_bytes(method, options, shape, channels)
+    batch = options.batch or plan.attribution_batch(model, grid, count, gradient, extra, held)
+    hint = {"rise": "fewer masks or a smaller s", "integrated_gradients": "fewer steps",
+            "smoothgrad": "fewer samples"}.get(method, "")
+    plan.decide(plan.attribution(model, grid, name, count, batch, gradient, extra, held, hint))
+    return count, batch
+
+
 def attribution_map(checkpoint, image, method: str, class_index: int, size, options: Mapping[str, object] | None = None,
                     progress=None, reporting: Callable[[int], AbstractContextManager] | None = None,
                     pixels: bool = False) -> Tensor:
@@ -342,27 +368,18 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
     work. ``progress(done, total)`` reports RISE's masks; captum's methods report the blocks run inside
     ``reporting(total blocks)``, the caller's context (``method_maps.reported_blocks``, which imports this module)."""
     from vit.core.inference import ModelInput
-    from vit.costs import plan
 
     model = checkpoint.model
-    title = method.replace("_", " ").capitalize() if method != "rise" else "RISE"
     if model.head is None:
-        raise ValueError(f"{title} explains a class: this model has no classifier")
+        raise ValueError(f"{title(method)} explains a class: this model has no classifier")
     if model.config.stage_depths:
-        raise ValueError(f"{title} is drawn on one patch grid: a model with stages (Swin, Hiera) is refused")
+        raise ValueError(f"{title(method)} is drawn on one patch grid: a model with stages (Swin, Hiera) is refused")
     chosen = Options.of(method, options)
     given = ModelInput.of(checkpoint, image, size)
     shape = given.shape  # (H, W)
     grid = model.patch_grid(*shape)
     patch = (shape[0] // grid[0], shape[1] // grid[1])
-    count = passes(method, chosen, grid, shape, patch)
-    gradient = method in GRADIENT_METHODS
-    plan.decide(plan.attribution_passes(model, grid, title, count))
-    extra, held = held_bytes(method, chosen, shape, checkpoint.preprocessing.num_channels)
-    batch = chosen.batch or plan.attribution_batch(model, grid, count, gradient, extra, held)
-    hint = {"rise": "fewer masks or a smaller s", "integrated_gradients": "fewer steps",
-            "smoothgrad": "fewer samples"}.get(method, "")
-    plan.decide(plan.attribution(model, grid, title, count, batch, gradient, extra, held, hint))
+    count, batch = planned_batch(model, method, chosen, grid, shape, patch, checkpoint.preprocessing.num_channels)
     device = next(model.parameters()).device
     x = given.pixels(device)  # (1, C, H, W)
 

@@ -126,6 +126,23 @@ class TimmLibraryModel(LibraryModel):
     def is_classifier(self) -> bool:
         return int(getattr(self.model, "num_classes", 0) or 0) > 0
 
+    def cost_shape(self):
+        """What the cost model reads of it (``vit.costs.plan.LibraryShape``), from timm's modules: the attention's
+        input width, its MLP's hidden widths (every linear layer of the first block's ``mlp`` but the one back to
+        the stream: a gated MLP's both branches), the prefix tokens, the patch and the channels."""
+        from vit.costs.plan import LibraryShape
+
+        attention = self._attention[0]
+        qkv = getattr(attention, "qkv", None)
+        hidden = int(qkv.in_features if isinstance(qkv, torch.nn.Linear) else self.trunk.embed_dim)
+        mlp = getattr(self.trunk.blocks[0], "mlp", None)
+        widths = [m.out_features for m in (mlp.modules() if mlp is not None else ())
+                  if isinstance(m, torch.nn.Linear) and m.out_features != hidden]
+        proj = getattr(self.trunk.patch_embed, "proj", None)
+        return LibraryShape(self.num_layers, self.num_heads, hidden, sum(widths) or 4 * hidden,
+                            self.layout.num_prefix_tokens, self.layout.patch_hw,
+                            int(getattr(proj, "in_channels", 3)))
+
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> SimpleNamespace:
         """timm's forward of ``pixels``: ``logits`` of a classifier, else ``last_hidden_state`` (its
         ``forward_features``), else open_clip's ``image_embeds``; the layers ``recorder`` lists on timm's explicit

@@ -261,6 +261,26 @@ class LibraryModel(torch.nn.Module):
             _INPUTS.reset(token)
         return kept["x"].detach(), grad, None if logits is None else logits.detach()
 
+    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
+        """A classifier's logits ``(B, classes)`` of ``pixels`` (B, C, H, W), nothing recorded, in autograd's graph
+        where it is on (captum's and RISE's forward; ``forward`` runs without a graph)."""
+        if not self.is_classifier:
+            raise ValueError("this model has no classifier: it gives no logits")
+        recorder = _GradientRecorder({}) if torch.is_grad_enabled() else _AttentionRecorder({}, None, None)
+        return self._recorded_forward(pixels, recorder).logits
+
+    def cost_shape(self):
+        """What the cost model reads of it (``vit.costs.plan.LibraryShape``): the recorded part's config's layers,
+        heads, hidden and MLP widths (``intermediate_size``, else ``mlp_ratio`` x hidden), the prefix tokens, the
+        patch and the channels."""
+        from vit.costs.plan import LibraryShape
+
+        config = self.part.config
+        hidden = int(config.hidden_size)
+        mlp = getattr(config, "intermediate_size", None) or round(getattr(config, "mlp_ratio", 4) * hidden)
+        return LibraryShape(self.num_layers, self.num_heads, hidden, int(mlp), self.layout.num_prefix_tokens,
+                            self.layout.patch_hw, int(getattr(config, "num_channels", 3)))
+
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> object:
         """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it (with autograd where
         the recorder asks for gradients)."""
