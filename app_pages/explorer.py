@@ -16,6 +16,7 @@ from app_pages.explorer_sections import (
     clip_view,
     features,
     image_picker,
+    library_view,
     main_view,
     map_settings,
     mechanism,
@@ -50,7 +51,8 @@ from vit.sources.vlm.whole_vlm import can_answer
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT
-              + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT + sam_prompts.KEPT)
+              + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT + sam_prompts.KEPT
+              + library_view.KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -67,7 +69,7 @@ if not entry.ok:
     st.stop()
 fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
 try:
-    checkpoint = load_model(choice, fingerprint)
+    checkpoint = load_model(choice, fingerprint, library_road=True)  # a model no port reads: as its library builds it
 except CheckpointError as e:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(e)}")
     st.stop()
@@ -79,6 +81,9 @@ if video.is_video(checkpoint):  # a clip in, its maps per frame (issue 65); the 
     clip_view.clip_view(checkpoint, fingerprint, model_key,
                         share.model_text(choice, entry.name, share.model_names(entries.values())), entry.name)
     st.stop()
+if checkpoint.road == "library":  # the library's own model, its attention recorded (issue 91): the maps that road
+    library_view.library_view(checkpoint, fingerprint, entry, entries, model_key)  # draws, in a smaller view of its
+    st.stop()  # own; the sections below read our own ViT
 
 
 full_checkpoint, full_fingerprint = checkpoint, fingerprint

@@ -247,11 +247,13 @@ def test_tokens_after_the_patches_are_refused_in_one_line_at_opening(tmp_path):
     assert "\n" not in str(refused.value)
 
 
-def test_the_explorer_and_the_commands_refuse_it_in_one_line_naming_the_notebook_api(folders):
+def test_the_commands_refuse_it_in_one_line_naming_the_notebook_api(folders):
+    """open_source without ``library_road``: how vit.predict, vit.convert and the Analyse and Train pages open a
+    model (the explorer passes ``library_road``: tests/test_library_explorer.py)."""
     from vit.sources.open import open_source
 
     with pytest.raises(CheckpointError, match=r"has no port; it opens .* \(vit.load\)") as refused:
-        open_source(folders["ijepa"])  # how the explorer's pages, vit.predict and vit.convert open a model
+        open_source(folders["ijepa"])
     assert "\n" not in str(refused.value)
 
 
@@ -264,8 +266,8 @@ def test_the_explorer_and_the_commands_refuse_it_in_one_line_naming_the_notebook
 def test_weights_that_do_not_fit_or_lack_layers_are_refused_in_one_line(tmp_path, edit, message):
     """Issue 95, item 6: transformers' size-mismatch refusal is a RuntimeError pointing at a report it logged ("For
     details look at the above report!"), and weights it does not find it fills at random: the model opened and
-    drew maps of random layers without a word. Both are one line saying what to do (the commands and the explorer
-    read ports only, for now)."""
+    drew maps of random layers without a word. Both are one line saying what to do (through vit.load, as the explorer
+    opens it; the commands read ports only, for now)."""
     from safetensors.torch import load_file, save_file
 
     folder = save_family(tmp_path / "model", "ijepa")

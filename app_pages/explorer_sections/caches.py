@@ -39,10 +39,11 @@ PROGRESS_TOKENS = 1025  # above (e.g. 512 px at patch 16), a forward takes secon
 
 
 @st.cache_data(ttl=30, show_spinner=False)
-def hf_cache_models(cache_dirs: tuple[str, ...], contains: str) -> catalog.HfCacheListing:
-    """The supported models of a bounded first part of the HF cache; its config files are read at most every 30 s,
-    not on every rerun."""
-    return catalog.hf_cache_listing([Path(d) for d in cache_dirs], contains)
+def hf_cache_models(cache_dirs: tuple[str, ...], contains: str, library_road: bool = False
+                    ) -> catalog.HfCacheListing:
+    """The supported models of a bounded first part of the HF cache (``library_road``: the library road's too);
+    its config files are read at most every 30 s, not on every rerun."""
+    return catalog.hf_cache_listing([Path(d) for d in cache_dirs], contains, library_road=library_road)
 
 
 @st.cache_resource(show_spinner=False)
@@ -50,15 +51,18 @@ def byte_cache(name: str, max_bytes: int) -> ByteCache:
     return ByteCache(max_bytes)
 
 
-def load_model(path: str, fingerprint: tuple) -> Checkpoint:
+def load_model(path: str, fingerprint: tuple, library_road: bool = False) -> Checkpoint:
+    """The model at ``path`` once per version of its file; ``library_road`` (the explorer's own checkpoint, which
+    ``library_view`` shows): a model no port reads, as its library builds it (``Checkpoint.road == "library"``)."""
     def load() -> Checkpoint:
         use_free_cores()  # once per server: torch's threads from the cores free at its first model
         with st.spinner("Loading the checkpoint…"):
-            checkpoint = open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+            # our .pt files, HF / timm folders, timm / torchvision weights
+            checkpoint = open_source(path, library_road=library_road)
         # Class names come from the file: one with U+202E would turn every label and caption showing it around.
         # This page only shows them, so it holds them with such characters written as their escapes.
         return replace(checkpoint, class_names=[visible(name) for name in checkpoint.class_names])
-    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
+    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint, library_road), load)
 
 
 def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Image:

@@ -16,13 +16,14 @@ HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open fr
 CHOICE_KEY = "explorer_checkpoint_choice"
 
 
-def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "explorer_hub_download"
-                  ) -> catalog.Candidate | None:
+def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "explorer_hub_download",
+                  library_road: bool = False) -> catalog.Candidate | None:
     """The Hub model ``text`` names, drawn in ``place`` (the sidebar, or ``st`` for a page's body): the cached copy,
     else (for a visitor who may) its size on a Download button and, once pressed, the download with a progress
-    bar; None, with the reason shown, until it is there. The explorer, the Analyse and the Train page share it."""
+    bar; None, with the reason shown, until it is there. The explorer (``library_road``: a model no port reads
+    too), the Analyse and the Train page share it."""
     try:
-        found, wanted = catalog.open_from_hub(text, may_download)
+        found, wanted = catalog.open_from_hub(text, may_download, library_road)
         if wanted is not None:
             box = place.empty()  # emptied once the download is done: its size, button and full bar said nothing more
             panel = box.container()
@@ -57,7 +58,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
         hf_filter = st.sidebar.text_input(HF_FILTER, key="explorer_hf_filter", placeholder="part of a model's name",
                                           help="The Hugging Face cache holds more models than the picker lists: only "
                                                "those whose name holds this are looked at.")
-    hf_listing = hf_cache_models(tuple(str(d) for d in hf_dirs), hf_filter)
+    hf_listing = hf_cache_models(tuple(str(d) for d in hf_dirs), hf_filter, True)  # the library road's too
     candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
     hf_chosen = st.session_state.get("explorer_hf_choice")  # kept in the picker when the name filter changes
     if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
@@ -78,8 +79,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
         OPEN_HUB, key="explorer_open_hub", placeholder="google/vit-base-patch16-224",
         help="A model on the Hugging Face Hub: ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm model name. Downloaded "
              "into the Hugging Face cache (its safetensors and configs, never code) when it is not there yet.").strip()
-    from_hub = open_from_hub(hub_text, may_open) \
-        if hub_text else None
+    from_hub = open_from_hub(hub_text, may_open, library_road=True) if hub_text else None
     if from_hub is not None and str(from_hub.path) != st.session_state.get("explorer_opened_hub"):
         if from_hub not in candidates + extra:
             extra.append(from_hub)
@@ -94,7 +94,8 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
             extra.append(wanted)
         st.session_state["explorer_checkpoint_choice"] = str(wanted.path)
     candidates = candidates + [c for c in extra if c not in candidates]
-    entries = {str(c.path): catalog.describe_current(c) for c in candidates}
+    # a model no port reads is listed as its library builds it: the page shows it in library_view
+    entries = {str(c.path): catalog.describe_current(c, library_road=True) for c in candidates}
 
     st.sidebar.header("Checkpoint")
     if not entries:

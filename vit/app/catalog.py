@@ -132,6 +132,9 @@ class CatalogEntry:
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
         ]
         if self.metadata.get("architecture"):
+            road = road_note(self.metadata)
+            if road:
+                lines.append(f"**Road** {road}")
             shown = ", ".join(self.class_names[:10]) + (", …" if len(self.class_names) > 10 else "")
             lines.append(f"**Imported** {escape_markdown(visible(self.metadata['architecture']))}; "
                          + (f"{len(self.class_names)} classes: {escape_markdown(visible(shown))}" if self.class_names
@@ -156,6 +159,19 @@ class CatalogEntry:
             lines.append("**Training** " + ", ".join(trained))
         lines.append(escape_markdown(visible(self.path)))
         return "  \n".join(lines)
+
+
+LIBRARIES = {"hf": "transformers", "timm": "timm", "open_clip": "open_clip"}  # metadata["architecture"]'s prefix
+
+
+def road_note(metadata: dict) -> str | None:
+    """Which road opened a model, said under the picker: for the library road (``metadata["road"]``), that the
+    library's own modules run, their attention recorded; None for a port (our own ViT, the weights mapped onto it)."""
+    if metadata.get("road") != "library":
+        return None
+    library = LIBRARIES.get(str(metadata.get("architecture", "")).partition(":")[0], "its library")
+    return (f"opened as {library} builds it (the library road): its own modules run, their attention recorded; this "
+            "page draws the maps that road draws")
 
 
 def format_parameters(count: int) -> str:
@@ -224,19 +240,21 @@ def run_state(run_dir: Path) -> str | None:
     return (read_json(run_dir / STATUS_FILE) or {}).get("state")
 
 
-def describe(candidate: Candidate) -> CatalogEntry:
+def describe(candidate: Candidate, library_road: bool = False) -> CatalogEntry:
     """Check a checkpoint as loading it would, without reading its weights (they are memory-mapped) or
     building a model; errors become the entry's ``error``, so such a file is listed as "cannot be loaded".
 
-    Imported models are described from their config.json (folders) or by opening them (weights files).
+    Imported models are described from their config.json (folders) or by opening them (weights files); with
+    ``library_road`` (the explorer, which draws such a model's maps), a model no port reads as its library builds it
+    (``describe_library``).
     """
     try:
         if candidate.path.is_dir() or candidate.path.suffix != ".pt":
-            return describe_import(candidate)
+            return describe_import(candidate, library_road)
         payload = read_checkpoint_payload(candidate.path, mmap=True)
         config, _, class_names = check_payload(candidate.path, payload)
     except ForeignCheckpointError:
-        return describe_import(candidate)
+        return describe_import(candidate, library_road)
     except CheckpointError as e:
         return CatalogEntry(candidate.path, candidate.source, candidate.name, error=str(e))
     metadata = dict(payload.get("metadata") or {})
@@ -261,8 +279,9 @@ def describe(candidate: Candidate) -> CatalogEntry:
     )
 
 
-def describe_import(candidate: Candidate) -> CatalogEntry:
-    """An HF or timm folder from its config.json alone (no weights read); a weights file by opening it."""
+def describe_import(candidate: Candidate, library_road: bool = False) -> CatalogEntry:
+    """An HF or timm folder from its config.json alone (no weights read); a weights file by opening it. With
+    ``library_road``, one the ports refuse is described as its library builds it (``describe_library``)."""
     from vit.sources import open as sources
     from vit.sources.ports.families import hf  # the import mappings are only needed for imported models
 
@@ -296,11 +315,21 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
             parameters = count_parameters_of(config)
         elif config_json and isinstance(config_json.get("architecture"), str) \
                 and (path / "model.safetensors").is_file():  # timm: shapes from the safetensors header only
-            config, class_names = sources.describe_timm_folder(path, config_json)
+            try:
+                config, class_names = sources.describe_timm_folder(path, config_json)
+            except (CheckpointError, ValueError, TypeError):
+                if not library_road:
+                    raise
+                return describe_library(candidate)  # an architecture the ports refuse, as timm builds it
             metadata = {"architecture": f"timm:{config_json['architecture']}"}
             parameters = count_parameters_of(config)
         else:
-            checkpoint = sources.open_source(path)
+            try:
+                checkpoint = sources.open_source(path)
+            except CheckpointError:
+                if not library_road:
+                    raise
+                return describe_library(candidate)  # no port: as transformers, timm or open_clip builds it
             config, class_names, metadata = checkpoint.config, checkpoint.class_names, checkpoint.metadata
             preprocessing = checkpoint.preprocessing
             parameters = sum(p.numel() for p in checkpoint.model.parameters())
@@ -311,6 +340,27 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
                         num_channels=config.num_channels, num_layers=config.num_layers, num_heads=config.num_heads,
                         stage_depths=tuple(config.stage_depths), stage_heads=tuple(config.stage_heads),
                         metadata=dict(metadata), preprocessing=preprocessing)
+
+
+def describe_library(candidate: Candidate) -> CatalogEntry:
+    """A model no port reads, opened on the library road on the meta device (no weight read: the library builds it
+    from its config, the layout checked against the tokens it forms), its sizes read from what the road offers
+    (``LibraryModel``: ``layout``, ``num_layers``, ``num_heads``); the library road's one-line refusal as its error
+    where that road does not take it either."""
+    from vit.sources import open as sources
+
+    path = candidate.path
+    try:
+        checkpoint = sources.open_source(path, map_location="meta", library_road=True)
+    except (CheckpointError, ValueError, TypeError) as e:
+        return CatalogEntry(path, candidate.source, candidate.name, error=str(e).splitlines()[0] if str(e) else repr(e))
+    model, p = checkpoint.model, checkpoint.preprocessing
+    (ih, iw), (ph, pw) = model.layout.image_hw, model.layout.patch_hw
+    return CatalogEntry(path=path, source=candidate.source, name=candidate.name,
+                        class_names=tuple(checkpoint.class_names), parameters=checkpoint.metadata.get("parameters"),
+                        image_size=ih if ih == iw else (ih, iw), patch_size=ph if ph == pw else (ph, pw),
+                        num_channels=p.num_channels, num_layers=model.num_layers, num_heads=model.num_heads,
+                        metadata=dict(checkpoint.metadata), preprocessing=p)
 
 
 def count_parameters_of(config) -> int:
@@ -401,14 +451,15 @@ def _model_folders(cache: str, version: int) -> tuple[tuple[str, Path], ...]:
 
 
 def hf_cache_listing(cache_dirs: list[Path] | None = None, contains: str = "",
-                     limit: int | None = MAX_HF_CACHE_EXAMINED) -> HfCacheListing:
+                     limit: int | None = MAX_HF_CACHE_EXAMINED, library_road: bool = False) -> HfCacheListing:
     """The supported ViTs among the first ``limit`` model folders of the local HF cache whose hub name holds
-    ``contains`` (any case), by hub name; reads only those folders' config.json (``limit`` None: every one)."""
+    ``contains`` (any case), by hub name; reads only those folders' config.json (``limit`` None: every one).
+    ``library_road``: those the library road opens too (``supported_snapshot``)."""
     wanted = contains.strip().casefold()
     folders = [(name, folder) for name, folder in hf_cache_folders(cache_dirs) if wanted in name.casefold()]
     examined = folders if limit is None else folders[:limit]
     found = [Candidate(snapshot, "hf-cache", name) for name, folder in examined
-             if (snapshot := supported_snapshot(folder)) is not None]
+             if (snapshot := supported_snapshot(folder, library_road)) is not None]
     return HfCacheListing(tuple(found), len(folders), len(examined))
 
 
@@ -430,9 +481,11 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
     return list(hf_cache_listing(cache_dirs, limit=None).candidates)
 
 
-def supported_snapshot(model_dir: Path) -> Path | None:
+def supported_snapshot(model_dir: Path, library_road: bool = False) -> Path | None:
     """The snapshot of an HF cache model folder when it holds a model this program opens, judged by its
-    config.json alone (or an open_clip_config.json); None otherwise, e.g. for custom code (``auto_map``)."""
+    config.json alone (or an open_clip_config.json); None otherwise, e.g. for custom code (``auto_map``). With
+    ``library_road`` (the explorer), a transformers vision model no port reads that the library road takes
+    (``transformers_models.opens``) and a timm architecture timm knows that the ports refuse are listed too."""
     from vit.sources import open as sources
     from vit.sources.ports.families import hf
     from vit.sources.ports.libraries import import_timm
@@ -463,9 +516,20 @@ def supported_snapshot(model_dir: Path) -> Path | None:
             if sources.timm_family(timm_name) is import_timm:  # EVA-02, DINOv3, AIMv2, PE have modules of their own
                 import_timm.check_name(timm_name)
         except ValueError:
-            return None
+            return snapshot if library_road and _timm_knows(timm_name) else None
         return snapshot
+    if library_road and config_json.get("model_type") not in registry.hf_model_types():
+        from vit.sources.library_road import transformers_models
+
+        return snapshot if transformers_models.opens(config_json) else None
     return None
+
+
+def _timm_knows(name: str) -> bool:
+    """Whether timm builds an architecture of this name (``NAME`` or ``NAME.TAG``)."""
+    import timm
+
+    return timm.is_model(name)
 
 
 def model_candidates(contains: str = "") -> list[Candidate]:
@@ -476,14 +540,15 @@ def model_candidates(contains: str = "") -> list[Candidate]:
 
 
 @functools.lru_cache(maxsize=256)
-def _describe_version(candidate: Candidate, fingerprint: tuple[str, int, int]) -> CatalogEntry:
-    return describe(candidate)
+def _describe_version(candidate: Candidate, fingerprint: tuple[str, int, int], library_road: bool = False
+                      ) -> CatalogEntry:
+    return describe(candidate, library_road)
 
 
-def describe_current(candidate: Candidate) -> CatalogEntry:
-    """``describe(candidate)``, read once per version of the file (its fingerprint: path, mtime, size), so a
-    page that lists the checkpoints on every rerun does not read every file each time."""
-    return _describe_version(candidate, candidate.fingerprint)
+def describe_current(candidate: Candidate, library_road: bool = False) -> CatalogEntry:
+    """``describe(candidate, library_road)``, read once per version of the file (its fingerprint: path, mtime,
+    size), so a page that lists the checkpoints on every rerun does not read every file each time."""
+    return _describe_version(candidate, candidate.fingerprint, library_road)
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
@@ -574,21 +639,22 @@ def hub_candidate(text: str) -> Candidate | None:
     return Candidate(snapshot, "hf-cache", str(name)) if snapshot is not None else None
 
 
-def open_from_hub(text: str, may_download: bool):
+def open_from_hub(text: str, may_download: bool, library_road: bool = False):
     """What a page's "Open from the Hub" field does with ``text``: ``(candidate, None)`` when the HF cache holds a
-    copy that opens, else ``(None, download)``, the files and size to show before a download button. ``HubError``
-    (one line) for a name that is no Hub model, one the Hub refuses, and for a visitor who may not download."""
+    copy that opens (``library_road``: on the library road too, as the explorer opens it), else
+    ``(None, download)``, the files and size to show before a download button. ``HubError`` (one line) for a name
+    that is no Hub model, one the Hub refuses, and for a visitor who may not download."""
     from vit.sources import hub
 
     found = hub_candidate(text)
-    if found is not None and describe_current(found).ok:
+    if found is not None and describe_current(found, library_road).ok:
         return found, None
     if not may_download:
         raise hub.HubError("This model is not in the server's Hugging Face cache, and downloading it takes the "
                            "training token: enter it on the Train page.")
     wanted = _planned(hub.parse_name(text), int(time.monotonic() // PLAN_SECONDS))
     if found is not None and not wanted.files:  # all there, and it does not open: say why
-        raise hub.HubError(describe_current(found).error or f"{text.strip()} cannot be opened")
+        raise hub.HubError(describe_current(found, library_road).error or f"{text.strip()} cannot be opened")
     return None, wanted
 
 

@@ -1,0 +1,145 @@
+"""The explorer for a model opened by the library road (issue 91): a transformers, timm or open_clip model no port
+reads, run as its library builds it with its attention recorded (``Checkpoint.road == "library"``). The page's other
+sections read our own ViT; this one is smaller: an image (an upload or a sample), a map among those the road draws
+(``library_maps.method_names``: read from its list, wings included), the controls that map reads
+(``LibraryMethod.reads``: layer, head, query, class), the map over exactly the pixels the model saw, each head's map
+of an attention map, a classifier's top-5 prediction and the map's caption. Every map is ``vit.explain``'s, so what
+the page shows is what the notebook API gives; a refusal (the cost model's, a map that does not apply) is one line."""
+
+from functools import partial
+
+import streamlit as st
+from PIL import Image
+
+import vit
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
+from app_pages.explorer_sections.image_picker import UPLOAD_KEY
+from app_pages.explorer_sections.uploader import file_upload
+from vit.app import catalog, drawing
+from vit.app import explorer_page as explorer
+from vit.app import library_view as view
+from vit.checkpoint import Checkpoint
+from vit.core.images import ImageError
+from vit.core.text import escape_markdown, visible
+from vit.explain.views import library_maps
+
+METHOD_KEY = "library_method"
+PICKER_KEY = "library_map_picker"
+PREDICTED = -1  # the class picker's "the predicted class"
+MEAN = -1  # the head picker's "the heads' mean"
+# kept by the page while not drawn (a rejected upload stops it before the map's controls)
+KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-", "library_opacity")
+
+
+def _one_line(error: Exception) -> str:
+    return escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))
+
+
+def _image(entry: catalog.CatalogEntry, entries: dict, model_key: str) -> tuple[Image.Image, str, str]:
+    """The sidebar's image (an upload, else a sample of the checkpoint) as (image, its name, its digest); stops
+    the page, saying what to do, without one."""
+    st.sidebar.header("Image")
+    uploaded = file_upload(st.sidebar, "Upload an image", UPLOAD_KEY, type=UPLOAD_TYPES,
+                           help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio: the model sees it "
+                                "at its own input size.")
+    samples = catalog.sample_images(entry, list(entries.values()))
+    sample = None
+    if samples:
+        sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
+                                      key=f"sample-{model_key}", disabled=uploaded is not None,
+                                      help="Remove the upload to use the samples again.")
+    if uploaded is not None:
+        data, name = uploaded.getvalue(), uploaded.name
+    elif sample is not None:
+        data, name = sample.read_bytes(), sample.name
+    else:
+        st.info("Upload an image in the sidebar to see what the model attends to.")
+        st.stop()
+    digest = explorer.image_digest(data)
+    try:
+        return decode_image(digest, name, False, data), name, digest
+    except ImageError as e:
+        st.error(f"Cannot use this upload: {_one_line(e)}")
+        st.stop()
+
+
+def _pick_query(key: str, num_prefix_tokens: int) -> None:
+    """A click on the map made that patch's token the query."""
+    token = drawing.token_from_selection(st.session_state[PICKER_KEY].selection, num_prefix_tokens)
+    if token is not None:
+        st.session_state[key] = token
+
+
+def _settings(checkpoint: Checkpoint, model_key: str) -> tuple[str, dict]:
+    """The sidebar's map and the controls it reads: (its name, ``vit.explain``'s keyword arguments)."""
+    model = checkpoint.model
+    layout, classifier = model.layout, bool(checkpoint.class_names)
+    st.sidebar.header("Map")
+    names = library_maps.method_names(classifier)
+    if st.session_state.get(METHOD_KEY) not in names:
+        st.session_state.pop(METHOD_KEY, None)
+    method = st.sidebar.selectbox("Map", names, key=METHOD_KEY, format_func=view.method_label,
+                                  help="The maps drawn for a model opened as its library builds it.")
+    reads = library_maps.methods()[method].reads
+    asked: dict = {}
+    if "target" in reads and classifier:
+        target = st.sidebar.selectbox("Class", [PREDICTED, *range(len(checkpoint.class_names))],
+                                      key=f"library_class-{model_key}",
+                                      format_func=lambda c: "the predicted class" if c == PREDICTED
+                                      else f"{c} · {checkpoint.class_names[c]}")
+        asked["target"] = None if target == PREDICTED else target
+    if "layer" in reads:
+        L = model.num_layers
+        st.session_state.setdefault(f"library_layer-{model_key}", L)  # the last layer first, as vit.explain's
+        layer = st.sidebar.slider("Layer", 1, L, key=f"library_layer-{model_key}") if L > 1 else 1
+        asked["layer"] = layer - 1
+    if "head" in reads:
+        head = st.sidebar.selectbox("Head", [MEAN, *range(model.num_heads)], key=f"library_head-{model_key}",
+                                    format_func=lambda h: "the heads' mean" if h == MEAN else f"head {h + 1}")
+        asked["head"] = None if head == MEAN else head
+    if "query" in reads:
+        asked["query"] = st.sidebar.selectbox(
+            "Query token", view.query_options(layout.grid, layout.num_prefix_tokens),
+            key=f"library_query-{model_key}",
+            format_func=lambda t: drawing.token_option(t, layout.grid, layout.num_prefix_tokens),
+            help="The token whose map is shown; a click on a patch of the map picks it.")
+    others = [name for name in reads if name not in ("target", "layer", "head", "query")]
+    if others:
+        st.sidebar.caption(escape_markdown(f"{', '.join(others)}: the method's defaults, as vit.explain's."))
+    return method, asked
+
+
+@st.cache_resource(max_entries=16, show_spinner="Computing the map…")
+def _explain(fingerprint: tuple, digest: str, method: str, asked: tuple, _checkpoint: Checkpoint,
+             _image: Image.Image):
+    """``vit.explain``'s map, once per (model, image, settings)."""
+    return vit.explain(_checkpoint, _image, method, **dict(asked))
+
+
+def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.CatalogEntry, entries: dict,
+                 model_key: str) -> None:
+    """The page for ``checkpoint`` (``road == "library"``), below the sidebar's checkpoint; ``entries``: the
+    checkpoints the page lists (their samples)."""
+    image, name, digest = _image(entry, entries, model_key)
+    method, asked = _settings(checkpoint, model_key)
+    opacity = st.sidebar.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="library_opacity")
+    try:
+        explained = _explain(fingerprint, digest, method, tuple(sorted(asked.items())), checkpoint, image)
+    except (ValueError, ImageError) as e:  # the cost model's refusal, a map that does not apply here
+        st.error(_one_line(e))
+        st.stop()
+    if explained.prediction is not None:
+        st.subheader("Prediction")
+        st.plotly_chart(drawing.predictions_figure(explained.prediction), config={"displayModeBar": False})
+    st.subheader(view.method_label(method))
+    picker = partial(_pick_query, f"library_query-{model_key}", explained.num_prefix_tokens) \
+        if "query" in asked else "ignore"
+    st.plotly_chart(view.map_picker_figure(explained, opacity), key=PICKER_KEY, on_select=picker,
+                    selection_mode="points", config={"displayModeBar": False})
+    st.caption(f"{escape_markdown(visible(explained.description))} Drawn over the pixels the model saw of "
+               f"{escape_markdown(visible(name))}, on its own {explained.grid[0]}×{explained.grid[1]} patch grid.")
+    sheet = view.heads_sheet(explained, opacity)
+    if sheet is not None:
+        st.subheader("Heads")
+        st.image(sheet)
+        st.caption(view.heads_caption(explained))  # the layer and token's place: no text of the model's

@@ -1,0 +1,68 @@
+"""What the explorer draws for a model opened by the library road (issue 91: the library's own model, its attention
+recorded, ``Checkpoint.road == "library"``): the map over the pixels the model saw as a patch picker whose points
+carry the map's values, the heads' sheet of an attention map, and the sidebar's labels. The maps themselves are
+``vit.explain``'s (``vit.explain.views.library_maps``); nothing here computes one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+from PIL import Image
+
+from vit import registry
+from vit.app import drawing
+from vit.explain.views.map_captions import token_label
+from vit.explain.views.overlay import display_image, jpeg_data_uri, map_colours
+
+HEADS_COLUMNS = 8  # heads per row of the sheet
+
+
+def method_label(name: str) -> str:
+    """The map picker's text for a library-road method: the registry's title where it knows the name ('Attention
+    rollout (Abnar & Zuidema 2020)'), else the name."""
+    method = registry.find_method(name)
+    return method.title if method is not None else name
+
+
+def map_picker_figure(explanation, opacity: float = 0.6, colormap: str = "inferno", fit_width: int = 320
+                      ) -> go.Figure:
+    """``explanation``'s overlay over the pixels the model saw (``Explanation.overlay``, at display size) as a
+    patch picker (``drawing.patch_picker_figure``): a click on a patch picks its token. Point ``i`` is patch ``i``
+    (row-major) and carries the map's value there (``customdata``; a pixel map's patch sums), named on hover; the
+    query's patch is outlined where the map reads a query."""
+    shown = display_image(explanation.overlay(alpha=opacity, colormap=colormap))
+    grid, prefix = explanation.grid, explanation.num_prefix_tokens
+    query = explanation.settings.get("query", -1)
+    values = np.asarray(explanation.patch_sums(), dtype=np.float64).reshape(-1)  # (gh * gw,)
+    figure = drawing.patch_picker_figure(shown.size, jpeg_data_uri(shown), grid, query, prefix, show_grid=False,
+                                         fit_width=fit_width)
+    text = [f"{token_label(p + prefix, grid, prefix)}: {v:.4g}" for p, v in enumerate(values.tolist())]
+    figure.data[0].update(text=text, customdata=values)
+    return figure
+
+
+def heads_sheet(explanation, opacity: float = 0.6, colormap: str = "inferno") -> Image.Image | None:
+    """Every head's map of an attention map (``Explanation.heads`` ``(H, gh, gw)``) over the seen pixels at
+    thumbnail size, tiled ``HEADS_COLUMNS`` to a row and labelled 'head 1', ...; each head on its own colour
+    range. None for a map without heads."""
+    heads = explanation.heads
+    if heads is None:
+        return None
+    small = display_image(explanation.seen, min_side=72, max_side=112)
+    cmap, _, _ = map_colours(explanation.method, heads[0], colormap)
+    cells = drawing.small_multiples(small, np.asarray(heads), opacity, cmap, "bilinear")
+    columns = min(len(cells), HEADS_COLUMNS)
+    return drawing.heads_grid_image(cells, columns, labels=[f"head {h + 1}" for h in range(len(cells))])
+
+
+def heads_caption(explanation) -> str:
+    """The sheet's caption: 'Layer 3: each head's attention of token 0 (CLS).'"""
+    label = token_label(explanation.query, explanation.grid, explanation.num_prefix_tokens)
+    return f"Layer {explanation.heads_layer + 1}: each head's attention of token {explanation.query} ({label})."
+
+
+def query_options(grid: tuple[int, int], num_prefix_tokens: int) -> list[int]:
+    """Every token a map may be asked of: the prefix tokens, then the patches row-major."""
+    return list(range(num_prefix_tokens + math.prod(grid)))
