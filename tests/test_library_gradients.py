@@ -187,3 +187,89 @@ def test_each_cam_equals_pytorch_grad_cams_own_on_the_librarys_own_norm1(msn, fl
     if method != "eigencam":
         assert ours.target == checkpoint.class_names[1]
         assert not torch.allclose(scaled(torch.from_numpy(ours.map.T.copy())[None])[0], expected, atol=1e-4, rtol=0)
+
+
+# -- AttnLRP: lxt's own rules patched into transformers' own model -----------------------------------------------
+
+from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward  # noqa: E402
+
+
+def lxt_relevance(folder, x: torch.Tensor, class_index: int, monkeypatch) -> torch.Tensor:
+    """lxt's AttnLRP of the class logit on transformers' own eager model, its efficient rules patched in as
+    ``lxt.efficient`` patches a model's classes (``layer_norm_forward`` on ``nn.LayerNorm``, ``non_linear_forward``
+    on the activation classes, ``wrap_attention_forward`` on the modelling file's ``eager_attention_forward``):
+    input x gradient at ``pixel_values`` summed over the channels, ``(H, W)``."""
+    from transformers import activations
+    from transformers.models.vit_msn import modeling_vit_msn
+
+    model = reference(folder, "eager")
+    with monkeypatch.context() as m:
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        for act in {type(module) for module in model.modules() if type(module).__module__ == activations.__name__}:
+            m.setattr(act, "original_forward", act.forward, raising=False)
+            m.setattr(act, "forward", non_linear_forward)
+        m.setattr(modeling_vit_msn, "eager_attention_forward",
+                  wrap_attention_forward(modeling_vit_msn.eager_attention_forward))
+        pixels = x.clone().requires_grad_(True)
+        with torch.enable_grad():
+            [grad] = torch.autograd.grad(model(pixel_values=pixels).logits[0, class_index], pixels)
+    return (pixels.detach() * grad).sum(1)[0]
+
+
+def test_attnlrp_equals_lxts_rules_on_transformers_own_model(msn, monkeypatch):
+    checkpoint = vit.load(msn, device="cpu")
+    picture = image(40)
+    x = vit.core.inference.preprocess([picture], checkpoint.preprocessing)
+    theirs = lxt_relevance(msn, x, 0, monkeypatch).reshape(4, 8, 4, 8).sum((1, 3))
+    ours = vit.explain(checkpoint, picture, "attnlrp", target=0)
+    scale = float(theirs.abs().max())
+    assert ours.map.shape == (4, 4) and scale > 0 and ours.target == "cat"
+    assert float((torch.from_numpy(ours.map) - theirs).abs().max()) <= 1e-5 * scale
+    assert float((torch.from_numpy(ours.map.T.copy()) - theirs).abs().max()) > 1e-2 * scale
+    with torch.enable_grad():  # the rules changed the map: it is not the plain gradient x input
+        pixels = x.clone().requires_grad_(True)
+        [grad] = torch.autograd.grad(reference(msn, "eager")(pixel_values=pixels).logits[0, 0], pixels)
+    plain = (pixels.detach() * grad).sum(1)[0].reshape(4, 8, 4, 8).sum((1, 3))
+    assert float((torch.from_numpy(ours.map) - plain).abs().max()) > 1e-2 * scale
+    # the rules are current only inside the map: the model's own forward afterwards is the plain one
+    with torch.no_grad():
+        assert torch.allclose(checkpoint.model(x), reference(msn, "sdpa")(pixel_values=x).logits, atol=1e-6, rtol=0)
+
+
+def test_attnlrp_on_timms_own_modules_is_refused_in_one_line_and_not_listed(flexivit, msn):
+    checkpoint = vit.load(flexivit, device="cpu")
+    assert "attnlrp" not in vit.methods(checkpoint) and "class" in vit.methods(checkpoint)
+    assert "attnlrp" in vit.methods(vit.load(msn, device="cpu"))
+    with pytest.raises(ValueError, match="^AttnLRP on the library road puts lxt's rules on transformers' modules;"):
+        vit.explain(checkpoint, image(48), "attnlrp")
+
+
+@pytest.mark.parametrize("method", ["gradcam", "attnlrp", "scorecam"])
+def test_past_the_memory_limit_each_gradient_map_is_refused_in_one_line_before_the_forward(msn, monkeypatch, method):
+    checkpoint = vit.load(msn, device="cpu")
+    ran = []
+    checkpoint.model.model.register_forward_pre_hook(lambda *args: ran.append(1))
+    if method == "scorecam":  # its forwards, one per channel, past the limit of forwards
+        from vit.costs import plan
+
+        monkeypatch.setattr(plan, "MAX_PASSES", 31)
+        picture = image(32)
+        with pytest.raises(TooManyTokens, match="would run 32 forwards") as refused:
+            vit.explain(checkpoint, picture, method)
+    else:
+        monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+        with pytest.raises(TooManyTokens) as refused:
+            vit.explain(checkpoint, image(32), method)
+        assert not ran
+    assert "\n" not in str(refused.value)
+
+
+def test_the_library_gradient_cost_counts_the_backward_and_the_kept_layers():
+    """The bytes ``plan.library_gradient`` counts, by hand: captum's gradient pass of one input
+    (``memory.library_pass_bytes``) and 2 x H x T² floats a kept layer."""
+    from vit.costs import memory, plan
+
+    shape = plan.LibraryShape(12, 12, 768, 3072, 1, (16, 16))
+    base = plan.library_gradient(shape, (14, 14), "x").memory
+    assert base == memory.library_pass_bytes(shape, (14, 14), True)
+    assert plan.library_gradient(shape, (14, 14), "x", 12).memory - base == 2 * 4 * 12 * 197 * 197 * 12

@@ -71,7 +71,7 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     if checkpoint.road == "library":  # transformers' own model: the maps its recorded attention draws so far
         from vit.explain.views.library_maps import method_names
 
-        return method_names(bool(checkpoint.class_names))
+        return method_names(bool(checkpoint.class_names), checkpoint.model)
     model = checkpoint.model
     shape = image_analysis.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
     kinds = attention_maps.map_kinds(shape, bool(checkpoint.class_names))

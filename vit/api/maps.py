@@ -294,7 +294,7 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
     the arguments its ``LibraryMethod.reads`` names; any other map or argument is refused in one line."""
     from vit.explain.views import library_maps
 
-    problem = library_maps.refusal(method, bool(checkpoint.class_names))
+    problem = library_maps.refusal(method, bool(checkpoint.class_names), checkpoint.model)
     if problem:
         raise ValueError(problem)
     chosen = library_maps.methods()[method]

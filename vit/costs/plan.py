@@ -604,3 +604,21 @@ def library_attention(batch: int, heads: int, tokens: int, layers: int, rows: in
                    "query's row, or a smaller input.")
     memory_bytes = sum(parts.values())
     return Cost("library attention", tokens, memory_bytes, 0, bounds.memory_limit(), refuse, tuple(parts.items()))
+
+
+def library_gradient(shape: LibraryShape, grid: tuple[int, int], what: str, kept_layers: int = 0) -> Cost:
+    """A gradient map of a model opened as its library builds it (``shape``: ``LibraryModel.cost_shape``) on patch
+    ``grid``, one image: the graph of a whole backward to the pixels (``memory.library_pass_bytes``, as captum's
+    gradient methods count one input) and, for ``kept_layers`` layers, their post-softmax attention and its gradient
+    kept beside it (the class-specific map: ``2 x H x T²`` floats a layer). Counted before the forward; its refusal
+    says what to ask instead."""
+    tokens = shape.num_prefix_tokens + grid[0] * grid[1]
+    parts = {"the forward's graph and the backward to the pixels": memory.library_pass_bytes(shape, grid, True)}
+    if kept_layers:
+        parts[f"{kept_layers} layers' attention and its gradient, kept"] = (2 * 4 * shape.num_heads * tokens * tokens
+                                                                            * kept_layers)
+    refuse = _over(f"{what} of {tokens:,} tokens ({shape.num_layers} layers, {shape.num_heads} heads) needs about "
+                   f"{{need}} MB for its forward and backward, over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); "
+                   "choose a smaller input or a map without gradients (attention, rollout).")
+    return Cost("library gradient", tokens, sum(parts.values()), 0, bounds.memory_limit(), refuse,
+                tuple(parts.items()))

@@ -125,13 +125,30 @@ def use_rules(vlm) -> None:
     attention's rule."""
     use_recording_attention(vlm)
     route_attention(tower_of(vlm))
+    put_rules(vlm.model)
+
+
+def put_rules(root: torch.nn.Module) -> None:
+    """Put the rules on every module of ``root`` whose computation takes one (once each): the norms, the gated MLPs
+    and the activations compute as their classes do unless ``RULES`` holds rules. The attention's rule is the
+    recording attention function's, which ``root``'s attention must already run through (a VLM's, or a model
+    opened by the library road)."""
     activations = _activation_classes()
-    for module in vlm.model.modules():
+    for module in root.modules():
         if getattr(module, _RULED, False):
             continue
         found = _rule_of(module, activations)
         if found is not None:
             _put(module, *found)
+
+
+def unruled_norms(root: torch.nn.Module) -> list[str]:
+    """The class names of ``root``'s normalisation modules no rule reaches (a name with "Norm" that is not a
+    LayerNorm, an RMSNorm with ``variance_epsilon`` or Gemma's ``_norm``): AttnLRP would pass their plain gradient,
+    which is not lxt's identity rule."""
+    activations = _activation_classes()
+    return sorted({type(m).__name__ for m in root.modules()
+                   if "Norm" in type(m).__name__ and _rule_of(m, activations) is None})
 
 
 @contextlib.contextmanager

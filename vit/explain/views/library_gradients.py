@@ -8,7 +8,11 @@ numbers:
 - the CAMs (Grad-CAM, Grad-CAM++, XGrad-CAM, EigenCAM, LayerCAM, Score-CAM, as pytorch-grad-cam defines them:
   ``vit.explain.methods.cam``) of the tokens a layer's attention reads, a pre-norm block's first norm's output
   (pytorch-grad-cam's ViT tutorial's ``norm1``; ``LibraryModel.attention_inputs``), the prefix tokens dropped and
-  the patches row-major on the grid."""
+  the patches row-major on the grid;
+- ``attnlrp``: AttnLRP (Achtibat et al. 2024) of a transformers model, the efficient rules of lxt put on the
+  library's own modules by type, as a VLM's answer takes them (``vlm_attnlrp.put_rules``: the norms' identity rule,
+  the activations', the gated MLPs' uniform rule, the attention's at the recording attention function its attention
+  already runs through), input x gradient of the class logit summed over the channels and each patch."""
 
 from __future__ import annotations
 
@@ -49,6 +53,9 @@ def _cam(method: str):
             if method == "scorecam":
                 if logits is None:
                     raise ValueError("Score-CAM scores a class; this model has no classifier")
+                from vit.costs import plan
+
+                plan.decide(plan.attribution_passes(model.cost_shape(), grid, "Score-CAM", acts.shape[1]))
                 index = logits.argmax(-1) if class_index is None else torch.tensor([class_index])
                 weights = cam.score_weights(lambda images: (model(images),), pixels, acts, index)
             else:
@@ -70,9 +77,54 @@ def _cam_caption(method: str):
                                                "reads.")
 
 
+def attnlrp_problem(model) -> str | None:
+    """Why AttnLRP's rules do not reach ``model`` (a library-road model), or None."""
+    from transformers import PreTrainedModel
+
+    from vit.explain.language.vlm_attnlrp import unruled_norms
+
+    if not isinstance(model.model, PreTrainedModel):
+        return ("AttnLRP on the library road puts lxt's rules on transformers' modules; timm's own are not ruled "
+                "yet (a timm family with a port draws it there)")
+    unruled = unruled_norms(model.model)
+    if unruled:
+        return f"AttnLRP has no rule for {', '.join(unruled[:3])} (lxt's rules reach LayerNorm and RMSNorm)"
+    return None
+
+
+def _attnlrp(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
+    """AttnLRP of class ``class_index`` (None: the predicted one) to the pixels, signed, on the patch grid."""
+    from vit.explain.language.vlm_attnlrp import put_rules, rules_current
+    from vit.explain.methods.relevance import AttnLRPRules
+
+    model = checkpoint.model
+    problem = attnlrp_problem(model)
+    if problem:
+        raise ValueError(problem)
+    grid, prefix = model.layout.grid, model.layout.num_prefix_tokens
+    from vit.costs import plan
+
+    plan.decide(plan.library_gradient(model.cost_shape(), grid, "AttnLRP"))
+    put_rules(model.model)
+    with torch.inference_mode(False), torch.enable_grad(), rules_current(AttnLRPRules()):
+        x = pixels.detach().clone().requires_grad_(True)
+        logits = model.logits(x)
+        explained = int(logits[0].argmax()) if class_index is None else class_index
+        [grad] = torch.autograd.grad(logits[0, explained], x)
+    relevance = (x.detach() * grad).sum(1)[0]  # (H, W)
+    H, W = relevance.shape
+    sums = relevance.reshape(grid[0], H // grid[0], grid[1], W // grid[1]).sum((1, 3))
+    return LibraryMap(sums.float().cpu().numpy().astype(np.float32), None, None, grid, prefix,
+                      prediction_of(checkpoint, logits.detach()), checkpoint.class_names[explained])
+
+
 METHODS = (
     LibraryMethod("class", ("target", "layer", "query"), True, _class_map,
                   lambda layer, head, query, target: f"Class-specific map of {target!r} (gradient rollout up to layer "
                                                      f"{layer + 1}): what token {query} draws on for that class."),
+    LibraryMethod("attnlrp", ("target",), True, _attnlrp,
+                  lambda layer, head, query, target: f"AttnLRP of {target!r}: each patch's signed share of the class "
+                                                     "logit (lxt's rules on the library's own modules).",
+                  attnlrp_problem),
 ) + tuple(LibraryMethod(name, ("layer",) if name == "eigencam" else ("target", "layer"), name != "eigencam",
                         _cam(name), _cam_caption(name)) for name in cam.CAM_METHODS)

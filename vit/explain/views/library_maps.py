@@ -58,6 +58,9 @@ class LibraryMethod:
     classifier: bool
     draw: Callable[..., LibraryMap]
     describe: Callable[..., str]
+    # why the map cannot be drawn for a model (a library-road model), in one line, or None: what reaches only some
+    # models (AttnLRP's rules, transformers' modules alone)
+    problem: Callable[[object], str | None] | None = None
 
 
 def prediction_of(checkpoint: Checkpoint, logits: torch.Tensor | None) -> Prediction | None:
@@ -117,20 +120,24 @@ def methods() -> dict[str, LibraryMethod]:
     return every
 
 
-def method_names(classifier: bool = True) -> list[str]:
-    """The names of the maps the library road draws for a model with (or without) a classifier, the default first."""
-    return [name for name, m in methods().items() if classifier or not m.classifier]
+def method_names(classifier: bool = True, model=None) -> list[str]:
+    """The names of the maps the library road draws for a model with (or without) a classifier, the default first;
+    with ``model`` (a library-road model) only those that reach it (``LibraryMethod.problem``)."""
+    return [name for name, m in methods().items() if (classifier or not m.classifier)
+            and (model is None or m.problem is None or m.problem(model) is None)]
 
 
-def refusal(method: str, classifier: bool = True) -> str | None:
-    """Why ``method`` is not drawn on the library road for a model with (or without) a classifier, or None when it
-    is."""
+def refusal(method: str, classifier: bool = True, model=None) -> str | None:
+    """Why ``method`` is not drawn on the library road for a model with (or without) a classifier (and, given, for
+    ``model``), or None when it is."""
     chosen = methods().get(method)
     if chosen is None:
         return (f"{method} is not drawn yet for a model opened as its library builds it (the library road draws "
                 f"{', '.join(method_names())}); issue 91 tracks the rest")
     if chosen.classifier and not classifier:
         return f"{method} explains a class: this model has no classifier"
+    if model is not None and chosen.problem is not None:
+        return chosen.problem(model)
     return None
 
 
@@ -142,9 +149,9 @@ def library_map(checkpoint: Checkpoint, image: Image.Image, method: str, layer: 
     ``query`` and ``class_index`` are already in range (``vit.explain``'s checks). The recording keeps only what the
     map reads (one row of one layer for ``attention``, the layers up to ``layer`` for ``rollout``), counted by the
     cost model first."""
-    problem = refusal(method, bool(checkpoint.class_names))
+    model = checkpoint.model
+    problem = refusal(method, bool(checkpoint.class_names), model)
     if problem:
         raise ValueError(problem)
-    model = checkpoint.model
     pixels = preprocess([image], checkpoint.preprocessing).to(next(model.parameters()).device)
     return methods()[method].draw(checkpoint, pixels, layer, head, query, class_index, dict(options or {}))

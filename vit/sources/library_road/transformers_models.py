@@ -218,8 +218,7 @@ class LibraryModel(torch.nn.Module):
         L = self.num_layers
         asked = sorted({layer % L for layer in layers})
         gh, gw = grid_of(self.layout, pixels.shape[-2:])
-        tokens = self.layout.num_prefix_tokens + gh * gw
-        plan.decide(plan.library_attention(pixels.shape[0], self.num_heads, tokens, 2 * len(asked)))
+        plan.decide(plan.library_gradient(self.cost_shape(), (gh, gw), "The class-specific map", len(asked)))
         recorder = _GradientRecorder({layer: self._attention[layer] for layer in asked})
         with torch.inference_mode(False), torch.enable_grad():
             pixels = pixels.detach().clone().requires_grad_(True)  # the graph even where the weights are frozen
@@ -239,8 +238,12 @@ class LibraryModel(torch.nn.Module):
         (``class_index``; None: the predicted one) with respect to them, and the logits (None without a classifier).
         They are read as the module's input in this context only (``_INPUTS``), made a leaf there: the gradient
         stops at the layer."""
+        from vit.costs import plan
+
         if gradients and not self.is_classifier:
             raise ValueError("a class's gradients need a classifier: this model has none")
+        if gradients:
+            plan.decide(plan.library_gradient(self.cost_shape(), grid_of(self.layout, pixels.shape[-2:]), "A CAM"))
         module = self._attention[layer % self.num_layers]
         if not getattr(module, "_vit_inputs_hooked", False):
             module.register_forward_pre_hook(_take_input, with_kwargs=True)
