@@ -165,3 +165,18 @@ def test_a_timm_architecture_the_ports_refuse_draws_timms_own_attention(tmp_path
     row = attentions[layer][0, head, query, 1:].reshape(grid).numpy()
     np.testing.assert_allclose(shown_map(at, grid), row, atol=1e-6, rtol=1e-5)
     assert not np.allclose(row, row.mean())
+
+
+def test_an_open_clip_tower_with_a_timm_trunk_opens_as_open_clip_builds_it(tmp_path):
+    from test_library_timm import TRUNKS, open_clip_folder
+
+    trunk = "vit_tiny_patch16_224"
+    side = TRUNKS[trunk][0]["image_size"]
+    folder = tmp_path / "siglip"
+    folder.mkdir()
+    at = opened(open_clip_folder(folder, trunk), side)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("opened as open_clip builds it (the library road)" in c.value for c in at.sidebar.caption)
+    assert not [c for c in charts(at) if any(t.get("type") == "bar" for t in c["data"])]  # no classifier
+    grid = (side // 16, side // 16)
+    assert shown_map(at, grid).shape == grid
