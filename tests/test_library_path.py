@@ -247,9 +247,10 @@ def test_tokens_after_the_patches_are_refused_in_one_line_at_opening(tmp_path):
     assert "\n" not in str(refused.value)
 
 
-def test_the_commands_refuse_it_in_one_line_naming_the_notebook_api(folders):
-    """open_source without ``library_road``: how vit.predict, vit.convert and the Analyse and Train pages open a
-    model (the explorer passes ``library_road``: tests/test_library_explorer.py)."""
+def test_open_source_without_the_library_road_refuses_it_in_one_line_naming_the_notebook_api(folders):
+    """open_source without ``library_road``: how the Analyse and Train pages open a model (the explorer, vit-predict
+    and vit-evaluate pass ``library_road``: tests/test_library_explorer.py, tests/test_library_commands.py; the
+    commands that need our own ViT say so in a line of their own)."""
     from vit.sources.open import open_source
 
     with pytest.raises(CheckpointError, match=r"has no port; it opens .* \(vit.load\)") as refused:
@@ -267,7 +268,7 @@ def test_weights_that_do_not_fit_or_lack_layers_are_refused_in_one_line(tmp_path
     """Issue 95, item 6: transformers' size-mismatch refusal is a RuntimeError pointing at a report it logged ("For
     details look at the above report!"), and weights it does not find it fills at random: the model opened and
     drew maps of random layers without a word. Both are one line saying what to do (through vit.load, as the explorer
-    opens it; the commands read ports only, for now)."""
+    opens it, and vit-predict)."""
     from safetensors.torch import load_file, save_file
 
     folder = save_family(tmp_path / "model", "ijepa")

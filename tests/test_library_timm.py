@@ -211,9 +211,9 @@ def test_weights_that_do_not_fit_the_architecture_are_refused_in_one_line(folder
     assert "\n" not in str(refused.value)
 
 
-def test_the_commands_keep_the_ports_refusal(folders):
-    """open_source without ``library_road``, as the commands open a model (the explorer passes it:
-    tests/test_library_explorer.py)."""
+def test_open_source_without_the_library_road_keeps_the_ports_refusal(folders):
+    """open_source without ``library_road``, as the Analyse and Train pages open a model (the explorer, vit-predict
+    and vit-evaluate pass it: tests/test_library_explorer.py, tests/test_library_commands.py)."""
     from vit.sources.open import open_source
 
     with pytest.raises(CheckpointError, match="is not supported") as refused:
@@ -302,8 +302,9 @@ def test_an_open_clip_tower_with_a_timm_trunk_opens_as_open_clip_builds_it(tmp_p
                                atol=1e-6, rtol=0)
 
 
-def test_the_commands_keep_the_open_clip_ports_refusal_of_a_timm_trunk(tmp_path):
-    """open_source without ``library_road``, as the commands open a model (the explorer passes it)."""
+def test_open_source_without_the_library_road_keeps_the_open_clip_ports_refusal_of_a_timm_trunk(tmp_path):
+    """open_source without ``library_road``, as the Analyse and Train pages open a model (the explorer, vit-predict
+    and vit-evaluate pass it: tests/test_library_commands.py)."""
     from vit.sources.open import open_source
 
     folder = open_clip_folder(tmp_path, "vit_tiny_patch16_224")

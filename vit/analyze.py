@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and not args.ray_job:
         raise UsageError("--workers needs --ray ADDRESS: locally the analysis runs in this process")
     # In the cluster's job this process only lists files and aggregates: the actors run the model.
-    checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device))
+    checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device),
+                                 port_only="vit-analyze reads every layer's attention and hidden states of our own ViT")
     try:
         check_forward_fits(checkpoint)  # before the first image: the cost model's answer (TooManyTokens)
     except ValueError as e:

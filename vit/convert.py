@@ -58,16 +58,20 @@ def summary(checkpoint) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from vit.checkpoint import CheckpointError, save_checkpoint
-    from vit.sources.open import open_mapped, open_source
+    from vit.predict import open_checkpoint
+    from vit.sources.open import open_mapped
 
     if args.inspect:
         return inspect(args.source)
     if not args.out:
         raise UsageError("--out FILE.pt is required (or --inspect to see the weights' structure)")
-    try:
-        checkpoint = open_mapped(args.source, args.map) if args.map else open_source(args.source, args.arch)
-    except CheckpointError as e:
-        raise UsageError(str(e)) from None
+    if args.map:
+        try:
+            checkpoint = open_mapped(args.source, args.map)
+        except CheckpointError as e:
+            raise UsageError(str(e)) from None
+    else:
+        checkpoint = open_checkpoint(args.source, "cpu", args.arch, port_only="vit-convert writes our own ViT")
     weights = str(checkpoint.path or args.source)  # a folder's weights file, as opened
     checked = verify(checkpoint, weights, args.verify, args.verify_args) if args.verify else None
     metadata = {**checkpoint.metadata, "converted_from": str(args.source)}

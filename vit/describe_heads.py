@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < len(files):
         files = sorted(random.Random(args.seed).sample(files, args.limit))
     texts = read_texts(args.texts)
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device),
+                                 port_only="vit-describe-heads decomposes our own CLIP ViT's heads (TextSpan)")
     textspan.check_model(checkpoint)
     encode = open_text_tower(checkpoint).encode  # TextTowerError in one line before any image is read
     bar = tqdm(total=len(files) + len(texts), unit="item", desc="describe_heads", file=sys.stderr, dynamic_ncols=True)

@@ -31,6 +31,7 @@ from vit.predict import (
     UsageError,
     add_size_arguments,
     check_folder,
+    check_library_arguments,
     check_model_path,
     command_name,
     input_size,
@@ -157,7 +158,8 @@ def zero_shot_checkpoint(checkpoint: Checkpoint, root: Path, template: str | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch, library_road=True)
+    check_library_arguments(checkpoint, args)  # the library's own model: its own classes, at its own input size
     if args.zero_shot:
         checkpoint = zero_shot_checkpoint(checkpoint, Path(args.data), args.template)
     elif args.template is not None:

@@ -46,6 +46,8 @@ MAX_STEPS = MAX_TOKENS
 # SaCo's K: each group is one more forward of every image (the paper's K is 10); 100 keeps a batch's SaCo under a
 # minute and a half of ViT-B/16 on a CPU between two checks of a page's Stop.
 MAX_GROUPS = 100
+# Why a model opened as its library builds it is refused (vit.predict.open_checkpoint's one line)
+PORT_ONLY = "vit-faithfulness computes its maps and perturbation curves on our own ViT's forward (its hook points)"
 
 
 
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return run_benchmark(args)
     if args.methods is None:
         args.methods = list(DEFAULT_METHODS)
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), port_only=PORT_ONLY)
     model = checkpoint.model.eval()
     device = next(model.parameters()).device
     files = sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed)
@@ -286,7 +288,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     from vit.predict import open_checkpoint, resolve_device
 
     # In the cluster's job this process only lists the items and joins the scores: the actors run the model.
-    checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device))
+    checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device),
+                                 port_only=PORT_ONLY)
     settings = run_.Settings(args.benchmark, tuple(args.methods or bench.DEFAULT_METHODS), args.groups,
                              args.batch_size, args.seed)
     check_methods(list(settings.methods), checkpoint)

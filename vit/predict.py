@@ -216,15 +216,61 @@ def check_paths(args: argparse.Namespace) -> None:
         raise UsageError(f"no such image file: {', '.join(args.images[:3])}{more}")
 
 
-def open_checkpoint(path: str, device: torch.device, arch: str | None = None) -> Checkpoint:
-    """Any model ``vit.sources.open.open_source`` reads (our .pt, HF/timm folders, timm/torchvision weights)."""
+# What a model opened as its library builds it (a family with no port: ``vit.load``'s library road) does work with
+LIBRARY_WORKS = ("vit-predict and vit-evaluate classify with it, and the notebook API (vit.load) draws its maps "
+                 "(vit.explain) and dense views (vit.pca, vit.similarity)")
+
+
+def open_checkpoint(path: str, device: torch.device, arch: str | None = None, library_road: bool = False,
+                    port_only: str | None = None) -> Checkpoint:
+    """Any model ``vit.sources.open.open_source`` reads (our .pt, HF/timm folders, timm/torchvision weights). With
+    ``library_road``, a model no port reads opens as its library builds it (``Checkpoint.road == "library"``), as
+    ``vit.load`` opens it. Without, such a model is refused in one line: ``port_only`` (what the command does that
+    needs our own ViT) and what does work with it (``LIBRARY_WORKS``), told by opening it on the meta device."""
     from vit.checkpoint import CheckpointError
     from vit.sources.open import open_source  # imported here: it pulls in the HF/timm/torchvision mappings
 
     try:
-        return open_source(path, arch, map_location=device)
+        return open_source(path, arch, map_location=device, library_road=library_road)
     except CheckpointError as e:
+        if not library_road and port_only is not None and _opens_by_library(path, arch):
+            raise UsageError(library_refusal(port_only)) from None
         raise UsageError(str(e)) from None
+
+
+def _opens_by_library(path: str, arch: str | None) -> bool:
+    """Whether ``path`` opens as its library builds it (no port reads it): opened on the meta device, no weight
+    read."""
+    from vit.checkpoint import CheckpointError
+    from vit.sources.open import open_source
+
+    try:
+        return open_source(path, arch, map_location="meta", library_road=True).road == "library"
+    except CheckpointError:
+        return False
+
+
+def library_refusal(port_only: str) -> str:
+    """The one line of a command that needs our own ViT, given a model opened as its library builds it."""
+    return f"{port_only}; a model opened as its library builds it has no port to run that on: {LIBRARY_WORKS}"
+
+
+def check_library_arguments(checkpoint: Checkpoint, args: argparse.Namespace) -> None:
+    """A model opened as its library builds it runs at its own input size, on its own weights and classes:
+    UsageError in one line for the options that ask otherwise (those vit.predict and vit.evaluate share)."""
+    if checkpoint.road != "library":
+        return
+    asked = {"--size": args.size, "--keep-aspect": getattr(args, "keep_aspect", False),
+             "--labels": getattr(args, "labels", None), "--zero-shot": getattr(args, "zero_shot", False),
+             "--template": getattr(args, "template", None), "--ablate": getattr(args, "ablate", None),
+             "--save-maps": getattr(args, "save_maps", None), "--points": getattr(args, "points", None),
+             "--box": getattr(args, "box", None)}
+    given = [flag for flag, value in asked.items() if value not in (None, False)]
+    if given:
+        raise UsageError(f"{given[0]} is for a model with a port; {args.checkpoint} opens as its library builds it "
+                         f"({checkpoint.metadata.get('architecture', 'its own model')}), which runs at its own input "
+                         f"size ({checkpoint.preprocessing.size_text}) and predicts its own classes; its maps are "
+                         "drawn by vit.explain (vit.load)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -623,7 +669,12 @@ def run(args: argparse.Namespace) -> int:
         for flag, value in (("--mask", args.mask), ("--relevance", args.relevance), ("--at", args.at)):
             if value is not None:
                 raise UsageError(f"{flag} goes with a SAM prompt (--points or --box)")
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch, library_road=True)
+    if checkpoint.road == "library":  # the library's own model: its own logits, at its own input size
+        check_library_arguments(checkpoint, args)
+        records, failed = predicted(checkpoint, args, None, input_size(args), None, checkpoint, False)
+        print(json.dumps(records, indent=2))
+        return 1 if failed else 0
     if prompted:
         return run_prompts(checkpoint, args)
     if checkpoint.model.config.tubelet_size:

@@ -119,8 +119,8 @@ class Family:
 
 _LIBRARY_MAPS = ("attention (any layer, head, query) and rollout; captum's attributions and RISE for classifiers; "
                  "the other maps refused in one line until the "
-                 "library road draws them (issue 91); the explorer draws them too, the commands read ports only for "
-                 "now")
+                 "library road draws them (issue 91); the explorer draws them too; vit-predict and vit-evaluate "
+                 "classify with them, the other commands read ports only for now")
 _CAM_READS = ("class", "end_layer")
 _CAM_APPLIES = "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)"
 _CAM_TEST = "tests/test_cam.py::test_cam_of_the_last_blocks_norm1_equals_pytorch_grad_cam"

@@ -317,7 +317,8 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         raise UsageError(f"--lr must be between 0 and 1, got {args.lr}")
     out = Path(args.out)
     device = resolve_device(args.device)
-    checkpoint = open_checkpoint(args.model, device, args.arch)
+    checkpoint = open_checkpoint(args.model, device, args.arch,
+                                 port_only="vit-sae reads a layer's tokens at our own ViT's hook points")
     model = checkpoint.model.eval()
     try:
         grid, prefix, d_in = stream_shape(model, args.layer) if 1 <= args.layer <= model.config.num_layers else (

@@ -14,7 +14,7 @@ from PIL import Image
 from vit.api.arguments import ImageLike, checked_index, input_size, pil_image, save_as
 from vit.api.maps import Explanation
 from vit.checkpoint import Checkpoint
-from vit.core.inference import InputSize, input_box, seen_region
+from vit.core.inference import TRAINING_SIZE, InputSize, input_box, seen_region
 from vit.explain.views import (
     dense_views,
     image_analysis,
@@ -28,8 +28,14 @@ from vit.explain.views.overlay import (
 
 
 def _analysed(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | None):
-    """``(image, size, analysis)``, the dense views' memory bound checked before the forward."""
+    """``(image, size, analysis)``, the dense views' memory bound checked before the forward. A model opened as its
+    library builds it: its own last hidden state at its own input size (``dense_views.library_analysis``)."""
     image, size = pil_image(image), input_size(size)
+    if checkpoint.road == "library":
+        if size != TRAINING_SIZE:
+            raise ValueError("a model opened as its library builds it runs at its own input size "
+                             f"({checkpoint.preprocessing.size_text}); leave out size")
+        return image, size, dense_views.library_analysis(checkpoint, image)
     dense_views.check_dense_fits(checkpoint, image, size)
     return image, size, image_analysis.analyse(checkpoint, image, size)
 

@@ -237,14 +237,21 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
     model, names = checkpoint.model, checkpoint.class_names
     k = min(top_k, len(names))
     device = next(model.parameters()).device
+    library = checkpoint.road == "library"
+    if library and size != TRAINING_SIZE:
+        raise ValueError(f"a model opened as its library builds it runs at its own input size "
+                         f"({checkpoint.preprocessing.size_text}); leave out the other size")
     results: list[Prediction] = []
     with torch.inference_mode():
         for chunk in _batches(images, checkpoint, size, batch_size):
-            patch = model.config.patch_size
+            patch = _patch_size(checkpoint)
             per_image = None  # each image's attentions, per layer (nh, T_i, T_i)
             if len({input_shape(image, checkpoint.preprocessing, patch, size) for image in chunk}) == 1:
                 x = preprocess(chunk, checkpoint.preprocessing, size, patch).to(device)  # (B, C, H, W)
-                logits, attentions = model(x, output_attentions=output_attentions)
+                if library:
+                    logits, attentions = _library_forward(model, x, output_attentions)
+                else:
+                    logits, attentions = model(x, output_attentions=output_attentions)
                 if attentions is not None:
                     # A windowed layer (Swin, Hiera, SAM) returns (B * nw, H, nq, nk): each image's nw windows.
                     layers = [a.float().cpu().numpy() for a in attentions]
@@ -309,6 +316,21 @@ def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], to
             for i in range(logits.shape[0])]
 
 
+def _library_forward(model: torch.nn.Module, x: torch.Tensor, output_attentions: bool
+                     ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+    """A model opened as its library builds it (``Checkpoint.road == "library"``: it offers ``run``,
+    ``num_layers``, ``is_classifier``): the library's own logits of ``x`` (None without a classifier) and, when
+    asked, every layer's recorded attention ``(B, H, T, T)``, as the library's eager ``output_attentions``."""
+    out, kept = model.run(x, layers=range(model.num_layers) if output_attentions else ())
+    return (out.logits if model.is_classifier else None), (tuple(kept.values()) if output_attentions else None)
+
+
+def _patch_size(checkpoint: Checkpoint) -> int | tuple[int, int]:
+    """The patch size inputs are rounded to: our ViT's config's, a library model's layout's."""
+    model = checkpoint.model
+    return model.layout.patch_hw if checkpoint.road == "library" else model.config.patch_size
+
+
 def _padded(model: torch.nn.Module) -> bool:
     """Whether ``model`` runs images of different grids in one padded forward: a NaFlex ``ViT`` whose attention
     does not depend on the grid (``ViT.encode_padded``)."""
@@ -327,7 +349,7 @@ def _batches(images: Sequence[Image.Image], checkpoint: Checkpoint, size: InputS
         for start in range(0, len(images), batch_size):
             yield images[start:start + batch_size]
         return
-    patch = checkpoint.model.config.patch_size
+    patch = _patch_size(checkpoint)
     start = 0
     while start < len(images):
         shape = input_shape(images[start], checkpoint.preprocessing, patch, size)

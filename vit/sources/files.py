@@ -40,16 +40,21 @@ def read_json(path: Path) -> dict:
 
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger: our one line
-    says what matters, so it is kept at errors while a model opens."""
+    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger, and a "Loading
+    weights" progress bar on stderr (which the commands keep to one line a problem): our one line says what
+    matters, so its logger is kept at errors and its progress bars off while a model opens."""
     import transformers
 
     level = transformers.logging.get_verbosity()
+    bars = transformers.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     try:
         yield
     finally:
         transformers.logging.set_verbosity(level)
+        if bars:
+            transformers.logging.enable_progress_bar()
 
 
 def loading_problem(loaded: dict) -> str | None:

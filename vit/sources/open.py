@@ -565,10 +565,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
 
         if transformers_models.opens(config_json) and library_road:
             return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
-        if transformers_models.opens(config_json):  # the commands read our ViT: ports only, for now
+        if transformers_models.opens(config_json):  # the callers that read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
-                              "in the notebook API (vit.load) and the explorer, which draw its attention and rollout; "
-                              "the commands read ports only for now (issue 91)")
+                              "in the notebook API (vit.load) and the explorer, which draw its attention and rollout, "
+                              "and vit-predict and vit-evaluate classify with it; the rest reads ports only for now "
+                              "(issue 91)")
     architecture = hf_architecture(config_json)
     if architecture is None and "model_type" not in config_json:  # a from-scratch config without its weights
         raise SourceError(f"{folder}: its config.json is no Hugging Face or timm config (no model_type, "

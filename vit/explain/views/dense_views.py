@@ -16,6 +16,7 @@ covers (``on_patch_grid``), and matches are cells of the layers' grids, placed b
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 
 import matplotlib
@@ -77,12 +78,81 @@ def layer_index(analysis: Analysis, layer: int | None) -> int:
     return int(layer) % L
 
 
+def library_analysis(checkpoint: Checkpoint, image: Image.Image) -> Analysis:
+    """The dense views' analysis of ``image`` through a model opened as its library builds it
+    (``Checkpoint.road == "library"``: it offers ``run`` and ``layout``), at its own input size: the library's own
+    last hidden state ``(T, D)`` (``library_states``), its prefix tokens first (``layout.num_prefix_tokens``), then
+    the patches row-major on ``layout.grid``; its prediction where it has a classifier. ValueError in one line for a
+    model whose output has no last hidden state (a depth model's head)."""
+    from vit.core.inference import predictions_from_logits, preprocess
+
+    model = checkpoint.model
+    layout = model.layout
+    pixels = preprocess([image], checkpoint.preprocessing).to(next(model.parameters()).device)  # (1, C, H, W)
+    with torch.inference_mode():
+        logits, states = library_states(model, pixels)
+    if states is None:
+        raise ValueError("this model's output has no last hidden state (its head gives another output: a depth "
+                         "model's); the PCA, similarity and correspondences read a model's patch tokens")
+    gh, gw = layout.grid
+    if states.shape[1] != layout.num_tokens:
+        raise ValueError(f"its last hidden state has {states.shape[1]} tokens, not the {layout.num_prefix_tokens} "
+                         f"prefix tokens and {gh}x{gw} patches its layout places")
+    if logits is None:  # a feature model: no prediction
+        logits = pixels.new_zeros(1, 0)
+    [prediction] = predictions_from_logits(logits.float(), checkpoint.class_names, 5, model=model)
+    return Analysis(prediction, tuple(torch.empty(1, model.num_heads, 0, 0) for _ in range(model.num_layers)),
+                    (gh, gw), layout.patch_hw, layout.image_hw, layout.num_prefix_tokens,
+                    last_hidden_state=states[0].float().cpu())
+
+
+_LIBRARY_STATES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vit_library_states", default=None)
+
+
+def _keep_output(module, args, output) -> None:
+    kept = _LIBRARY_STATES.get()  # this context's call only: two threads over one model never mix
+    if kept is not None:
+        kept["out"] = output
+
+
+def library_states(model, pixels: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A library model's logits ``(B, classes)`` (None without a classifier) and last hidden state ``(B, T, D)``
+    of ``pixels`` (None where it has none): timm's ``forward_features`` of its trunk (the final norm included), or
+    transformers' base model's ``last_hidden_state`` (a classifier's ViT's, read as it passes in the library's own
+    forward: ``model.run``)."""
+    trunk = getattr(model, "trunk", None)
+    if trunk is not None:  # timm: the features its head reads, and the head's logits of them (timm's forward)
+        features = trunk.forward_features(pixels)
+        return (model.model.forward_head(features) if model.is_classifier else None), features
+    base = model.model.base_model  # transformers' PreTrainedModel: the model a head wraps, or the model itself
+    kept: dict = {}
+    token = _LIBRARY_STATES.set(kept)
+    handle = base.register_forward_hook(_keep_output)
+    try:
+        out = model.run(pixels)[0]
+    finally:
+        handle.remove()
+        _LIBRARY_STATES.reset(token)
+    return (out.logits if model.is_classifier else None), getattr(kept.get("out"), "last_hidden_state", None)
+
+
+def _library_layer(analysis: Analysis, index: int) -> None:
+    """ValueError in one line when a library model's dense view asks a layer other than its last."""
+    L = analysis.num_layers
+    if index != L - 1:
+        raise ValueError(f"layer {index}: a model opened as its library builds it gives its dense views of its last "
+                         f"hidden state only (layer -1, or {L - 1}); its library applies no final norm to the others")
+
+
 def patch_tokens(checkpoint: Checkpoint, analysis: Analysis, layer: int | None = None) -> torch.Tensor:
     """Layer ``layer``'s patch tokens after the final norm, ``(gh * gw, D)`` float32 row-major, kept in the
-    analysis's cache."""
-    if analysis.hidden is None and not analysis.staged:
+    analysis's cache (a library model's: its last hidden state's patches, ``library_analysis``)."""
+    if analysis.hidden is None and not analysis.staged and analysis.last_hidden_state is None:
         raise ValueError("this analysis has no hidden states; run image_analysis.analyse")
     index = layer_index(analysis, layer)
+    if analysis.last_hidden_state is not None:
+        _library_layer(analysis, index)
+        return analysis.last_hidden_state[analysis.num_prefix_tokens:]
 
     def compute() -> torch.Tensor:
         model = checkpoint.model
@@ -121,6 +191,9 @@ def query_vector(checkpoint: Checkpoint, analysis: Analysis, token: int, layer: 
                                                                         layer_grid(analysis, layer))]
     if token >= prefix:
         return patch_tokens(checkpoint, analysis, layer)[token - prefix]
+    if analysis.last_hidden_state is not None:  # a library model's prefix token: its last hidden state's row
+        _library_layer(analysis, layer_index(analysis, layer))
+        return analysis.last_hidden_state[token]
     model, index = checkpoint.model, layer_index(analysis, layer)
     parameter = next(model.parameters())
     with torch.inference_mode():

@@ -80,6 +80,9 @@ class Analysis:
     # NaFlex at its own sizing: the patch budget its preprocessing fits the image's aspect into (0: another input).
     max_num_patches: int = 0
     max_pixels: int = 0  # Qwen-VL at its own sizing (smart_resize): the pixels it fits the image's aspect into
+    # A model opened as its library builds it (Checkpoint.road == "library"): its last hidden state (T, D) as the
+    # library gives it, the one layer its dense views read (``dense_views.library_analysis``); None for our ViT
+    last_hidden_state: torch.Tensor | None = None
 
     @property
     def staged(self) -> bool:
