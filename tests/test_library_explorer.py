@@ -180,3 +180,16 @@ def test_an_open_clip_tower_with_a_timm_trunk_opens_as_open_clip_builds_it(tmp_p
     assert not [c for c in charts(at) if any(t.get("type") == "bar" for t in c["data"])]  # no classifier
     grid = (side // 16, side // 16)
     assert shown_map(at, grid).shape == grid
+
+
+def test_every_map_the_road_lists_draws_on_the_page_or_says_why_in_one_line(tmp_path):
+    """The page reads the road's list (its wings' maps join there): each map of it, chosen in the sidebar, is drawn
+    with the controls it reads, or refused in one line; none raises."""
+    at = opened(save_family(tmp_path / "vit_msn", "vit_msn"))
+    for name in library_maps.method_names(True):
+        at.sidebar.selectbox(key="library_method").set_value(name).run()
+        assert not at.exception, (name, [e.message for e in at.exception])
+        if at.error:  # a refusal: one line
+            assert len(at.error) == 1 and "\n" not in at.error[0].value, name
+        else:
+            assert shown_map(at).shape == (4, 4), name
