@@ -244,7 +244,7 @@ def test_attnlrp_on_timms_own_modules_is_refused_in_one_line_and_not_listed(flex
         vit.explain(checkpoint, image(48), "attnlrp")
 
 
-@pytest.mark.parametrize("method", ["gradcam", "attnlrp", "scorecam"])
+@pytest.mark.parametrize("method", ["gradcam", "attnlrp", "legrad", "scorecam"])
 def test_past_the_memory_limit_each_gradient_map_is_refused_in_one_line_before_the_forward(msn, monkeypatch, method):
     checkpoint = vit.load(msn, device="cpu")
     ran = []
@@ -273,3 +273,63 @@ def test_the_library_gradient_cost_counts_the_backward_and_the_kept_layers():
     base = plan.library_gradient(shape, (14, 14), "x").memory
     assert base == memory.library_pass_bytes(shape, (14, 14), True)
     assert plan.library_gradient(shape, (14, 14), "x", 12).memory - base == 2 * 4 * 12 * 197 * 197 * 12
+
+
+# -- LeGrad: the head reading an earlier layer, as a model cut after that layer reads it ----------------------------
+
+def legrad_by_hand(per_layer: list[tuple[torch.Tensor, torch.Tensor]], prefix: int, grid) -> torch.Tensor:
+    """LeGrad's aggregation written out: relu(dS_l/dA_l) averaged over heads and queries, summed over the layers,
+    the patches' keys on the grid."""
+    total = sum(g[0].clamp(min=0).mean(0).mean(0) for _, g in per_layer)
+    return total[prefix:].reshape(grid).float()
+
+
+def transformers_cut(folder, x: torch.Tensor, class_index: int, layer: int):
+    """transformers' own eager model with its layers after ``layer`` removed, so its head reads that layer's
+    output: the class logit's gradient with respect to that layer's attention."""
+    model = reference(folder, "eager")
+    model.vit.layers = torch.nn.ModuleList(list(model.vit.layers)[:layer + 1])
+    out = model(pixel_values=x, output_attentions=True)
+    [grad] = torch.autograd.grad(out.logits[0, class_index], out.attentions[layer])
+    return out.attentions[layer].detach(), grad
+
+
+def timm_cut(x: torch.Tensor, class_index: int, layer: int):
+    model = build(TIMM)
+    model.blocks = model.blocks[:layer + 1]
+    kept = []
+    for block in model.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda module, args, output: kept.append(args[0]))
+    [grad] = torch.autograd.grad(model(x)[0, class_index], kept[layer])
+    return kept[layer].detach(), grad
+
+
+@pytest.mark.parametrize("road", ["transformers", "timm"])
+def test_legrad_equals_the_aggregation_by_hand_of_cut_models_eager_gradients(msn, flexivit, road):
+    folder, side, grid, first, layers = (msn, 40, (4, 4), 1, 3) if road == "transformers" else (flexivit, 48, (6, 6),
+                                                                                               0, 2)
+    checkpoint = vit.load(folder, device="cpu")
+    picture = image(side)
+    x = vit.core.inference.preprocess([picture], checkpoint.preprocessing)
+    cut = (lambda layer: transformers_cut(folder, x, 2, layer)) if road == "transformers" else (
+        lambda layer: timm_cut(x, 2, layer))
+    expected = legrad_by_hand([cut(layer) for layer in range(first, layers)], 1, grid)
+    ours = vit.explain(checkpoint, picture, "legrad", target=2, layer=first)
+    assert ours.map.shape == grid and float(expected.abs().max()) > 0
+    assert torch.allclose(torch.from_numpy(ours.map), expected, atol=1e-7, rtol=1e-5)
+    assert not torch.allclose(torch.from_numpy(ours.map.T.copy()), expected, atol=1e-7, rtol=1e-5)
+
+
+def test_legrad_defaults_to_the_last_two_layers_and_the_predicted_class(msn):
+    checkpoint = vit.load(msn, device="cpu")
+    picture = image(40)
+    x = vit.core.inference.preprocess([picture], checkpoint.preprocessing)
+    with torch.no_grad():
+        predicted = int(reference(msn, "sdpa")(pixel_values=x).logits[0].argmax())
+    expected = legrad_by_hand([transformers_cut(msn, x, predicted, layer) for layer in (1, 2)], 1, (4, 4))
+    ours = vit.explain(checkpoint, picture, "legrad")
+    assert ours.target == checkpoint.class_names[predicted] and ours.settings["layer"] == 1
+    assert torch.allclose(torch.from_numpy(ours.map), expected, atol=1e-7, rtol=1e-5)
+    with torch.no_grad():  # the blocks pass their input on only inside LeGrad: the model afterwards is whole
+        assert torch.allclose(checkpoint.model(x), reference(msn, "sdpa")(pixel_values=x).logits, atol=1e-6, rtol=0)

@@ -208,7 +208,7 @@ def test_a_map_the_library_road_does_not_draw_yet_is_refused_in_one_line(folders
 
     checkpoint = vit.load(folders["ijepa"], device="cpu")
     with pytest.raises(ValueError, match="not drawn yet .* issue 91") as refused:
-        vit.explain(checkpoint, Image.new("RGB", (32, 32)), "legrad")
+        vit.explain(checkpoint, Image.new("RGB", (32, 32)), "flow")
     assert "\n" not in str(refused.value)
     with pytest.raises(ValueError, match="does not read head"):
         vit.explain(checkpoint, Image.new("RGB", (32, 32)), "rollout", head=0)

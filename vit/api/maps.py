@@ -306,7 +306,8 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
                          f"it reads {', '.join(chosen.reads) or 'none'}")
     model = checkpoint.model
     L, H, T = model.num_layers, model.num_heads, model.layout.num_tokens
-    layer = (-1 if layer is None else checked_index(layer, L, "layer", f"this model has {L} layers")) % L
+    layer = (max(chosen.default_layer, -L) if layer is None else checked_index(layer, L, "layer",
+                                                                              f"this model has {L} layers")) % L
     head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer") % H
     query = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens") % T
     class_index = target_class(checkpoint, target) if chosen.classifier else None

@@ -9,6 +9,9 @@ numbers:
   ``vit.explain.methods.cam``) of the tokens a layer's attention reads, a pre-norm block's first norm's output
   (pytorch-grad-cam's ViT tutorial's ``norm1``; ``LibraryModel.attention_inputs``), the prefix tokens dropped and
   the patches row-major on the grid;
+- ``legrad``: LeGrad (Bousselham et al. 2024) of a classifier, the model's own head reading each layer's output from
+  the explained one on (the blocks after it pass their input on: ``LibraryModel.legrad_gradients``), aggregated by
+  the port's ``legrad_from_gradients``;
 - ``attnlrp``: AttnLRP (Achtibat et al. 2024) of a transformers model, the efficient rules of lxt put on the
   library's own modules by type, as a VLM's answer takes them (``vlm_attnlrp.put_rules``: the norms' identity rule,
   the activations', the gated MLPs' uniform rule, the attention's at the recording attention function its attention
@@ -77,6 +80,21 @@ def _cam_caption(method: str):
                                                "reads.")
 
 
+def _legrad(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
+    """LeGrad of class ``class_index`` (None: the predicted one) over the layers from ``layer`` to the last: at each,
+    the model's own head reading that layer's output, ``relu(dS/dA)`` averaged over the heads and the queries, summed
+    over the layers (``relevance.legrad_from_gradients``), on the patch keys."""
+    from vit.explain.methods.relevance import legrad_from_gradients
+
+    model = checkpoint.model
+    grid, prefix = model.layout.grid, model.layout.num_prefix_tokens
+    logits, gradients = model.legrad_gradients(pixels, class_index, range(layer, model.num_layers))
+    value = legrad_from_gradients(list(gradients.values()), grid, prefix)[0]
+    explained = int(logits[0].argmax()) if class_index is None else class_index
+    return LibraryMap(value.float().cpu().numpy().astype(np.float32), None, None, grid, prefix,
+                      prediction_of(checkpoint, logits), checkpoint.class_names[explained])
+
+
 def attnlrp_problem(model) -> str | None:
     """Why AttnLRP's rules do not reach ``model`` (a library-road model), or None."""
     from transformers import PreTrainedModel
@@ -122,6 +140,10 @@ METHODS = (
     LibraryMethod("class", ("target", "layer", "query"), True, _class_map,
                   lambda layer, head, query, target: f"Class-specific map of {target!r} (gradient rollout up to layer "
                                                      f"{layer + 1}): what token {query} draws on for that class."),
+    LibraryMethod("legrad", ("target", "layer"), True, _legrad,
+                  lambda layer, head, query, target: f"LeGrad of {target!r} from layer {layer + 1} on: where the "
+                                                     "head's reading of each layer is most sensitive to its "
+                                                     "attention.", default_layer=-2),
     LibraryMethod("attnlrp", ("target",), True, _attnlrp,
                   lambda layer, head, query, target: f"AttnLRP of {target!r}: each patch's signed share of the class "
                                                      "logit (lxt's rules on the library's own modules).",

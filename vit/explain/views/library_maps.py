@@ -61,6 +61,7 @@ class LibraryMethod:
     # why the map cannot be drawn for a model (a library-road model), in one line, or None: what reaches only some
     # models (AttnLRP's rules, transformers' modules alone)
     problem: Callable[[object], str | None] | None = None
+    default_layer: int = -1  # the layer when none is given (LeGrad's first explained layer: the last but one)
 
 
 def prediction_of(checkpoint: Checkpoint, logits: torch.Tensor | None) -> Prediction | None:

@@ -140,6 +140,26 @@ def _take_input(module, args, kwargs):
     return ((leaf, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": leaf})
 
 
+# The model and the last layer the current context runs (``LibraryModel.read_at``): the blocks after it pass their
+# input through, so the model's own head reads that layer's output
+_LAST_LAYER: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("vit_library_last_layer", default=None)
+
+
+def _pass_through(block, args, kwargs, output):
+    """A block's forward hook: where the current context stops the model before this block, its input handed on in
+    place of its output (a tuple's other items kept)."""
+    asked = _LAST_LAYER.get()
+    if asked is None or block not in asked:
+        return None
+    x = args[0] if args else kwargs["hidden_states"]
+    if isinstance(output, torch.Tensor):
+        return x
+    if isinstance(output, tuple):
+        return (x, *output[1:])
+    raise ValueError(f"{type(block).__name__} returns a {type(output).__name__}; LeGrad cannot read an earlier "
+                     "layer through the model's head")
+
+
 class LibraryModel(torch.nn.Module):
     """A transformers vision model as transformers builds it, its attention through the recording function.
     ``model`` is the library's module (eval mode); ``layout`` places its tokens on the image."""
@@ -283,6 +303,60 @@ class LibraryModel(torch.nn.Module):
         mlp = getattr(config, "intermediate_size", None) or round(getattr(config, "mlp_ratio", 4) * hidden)
         return LibraryShape(self.num_layers, self.num_heads, hidden, int(mlp), self.layout.num_prefix_tokens,
                             self.layout.patch_hw, int(getattr(config, "num_channels", 3)))
+
+    def blocks(self) -> list[torch.nn.Module]:
+        """Each layer's block, in order: the nearest module above its attention module that is an item of a
+        ``ModuleList`` or ``Sequential`` (transformers' ``layers.3``, timm's ``blocks.3``)."""
+        names = {module: name for name, module in self.model.named_modules()}
+        found = []
+        for attention in self._attention:
+            parts = names[attention].split(".")
+            for i in range(len(parts) - 1, 0, -1):
+                parent = self.model.get_submodule(".".join(parts[:i]))
+                if isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)) and parts[i].isdigit():
+                    found.append(parent[int(parts[i])])
+                    break
+            else:
+                raise ValueError(f"its attention module {names[attention]} is in no list of blocks")
+        return found
+
+    def legrad_gradients(self, pixels: torch.Tensor, class_index: int | None, layers: Iterable[int]
+                         ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """LeGrad's gradients: for each of ``layers``, the model's own head reading that layer's output (the blocks
+        after it pass their input on) and the gradient of its class logit (``class_index``; None: the class the
+        whole model predicts) with respect to that layer's post-softmax attention ``(B, H, T, T)``; and the whole
+        model's logits. One forward and backward per layer, each counted first (one line past the limit)."""
+        from vit.costs import plan
+
+        if not self.is_classifier:
+            raise ValueError("LeGrad reads a class through the model's head: this model has no classifier")
+        L = self.num_layers
+        asked = sorted({layer % L for layer in layers}, reverse=True)  # the last first: its logits give the class
+        plan.decide(plan.library_gradient(self.cost_shape(), grid_of(self.layout, pixels.shape[-2:]), "LeGrad", 1))
+        blocks = self.blocks()
+        for block in blocks:
+            if not getattr(block, "_vit_pass_through", False):
+                block.register_forward_hook(_pass_through, with_kwargs=True)
+                block._vit_pass_through = True
+        gradients, whole = {}, None
+        for layer in asked:
+            recorder = _GradientRecorder({layer: self._attention[layer]})
+            token = _LAST_LAYER.set(set(blocks[layer + 1:]))
+            try:
+                with torch.inference_mode(False), torch.enable_grad():
+                    x = pixels.detach().clone().requires_grad_(True)
+                    logits = self._recorded_forward(x, recorder).logits
+                    if whole is None:
+                        whole = logits.detach()
+                    index = whole.argmax(-1) if class_index is None else torch.full(
+                        (logits.shape[0],), int(class_index), device=logits.device)
+                    torch.autograd.grad(logits.gather(1, index[:, None]).sum(), x)
+            finally:
+                _LAST_LAYER.reset(token)
+            if layer not in recorder.gradients:
+                raise ValueError(f"layer {layer}'s attention does not reach the class logit; no gradient to read")
+            gradients[layer] = recorder.gradients[layer]
+        return whole, dict(sorted(gradients.items()))
 
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> object:
         """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it (with autograd where
