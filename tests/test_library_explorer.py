@@ -193,3 +193,18 @@ def test_every_map_the_road_lists_draws_on_the_page_or_says_why_in_one_line(tmp_
             assert len(at.error) == 1 and "\n" not in at.error[0].value, name
         else:
             assert shown_map(at).shape == (4, 4), name
+
+
+def test_rise_on_the_page_is_a_first_look_of_a_thousand_masks(tmp_path):
+    """As the port's page opens RISE: ``rise.FIRST_LOOK_MASKS`` masks, not vit.explain's default of the authors'
+    6,000; the drawn map is vit.explain's with that count."""
+    import vit
+    from vit.explain.methods.rise import FIRST_LOOK_MASKS
+
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")
+    at = opened(folder)
+    at.sidebar.selectbox(key="library_method").set_value("rise").run()
+    assert not at.exception and not at.error
+    expected = vit.explain(vit.load(folder, device="cpu"), photo()[1], "rise", n_masks=FIRST_LOOK_MASKS).map
+    np.testing.assert_allclose(shown_map(at), expected, atol=1e-6, rtol=1e-5)
+    assert any("1,000 masks" in c.value for c in at.sidebar.caption)

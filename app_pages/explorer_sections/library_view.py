@@ -21,6 +21,7 @@ from vit.app import library_view as view
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError
 from vit.core.text import escape_markdown, visible
+from vit.explain.methods.rise import FIRST_LOOK_MASKS
 from vit.explain.views import library_maps
 
 METHOD_KEY = "library_method"
@@ -75,7 +76,7 @@ def _settings(checkpoint: Checkpoint, model_key: str) -> tuple[str, dict]:
     model = checkpoint.model
     layout, classifier = model.layout, bool(checkpoint.class_names)
     st.sidebar.header("Map")
-    names = library_maps.method_names(classifier)
+    names = library_maps.method_names(classifier, model)
     if st.session_state.get(METHOD_KEY) not in names:
         st.session_state.pop(METHOD_KEY, None)
     method = st.sidebar.selectbox("Map", names, key=METHOD_KEY, format_func=view.method_label,
@@ -103,7 +104,11 @@ def _settings(checkpoint: Checkpoint, model_key: str) -> tuple[str, dict]:
             key=f"library_query-{model_key}",
             format_func=lambda t: drawing.token_option(t, layout.grid, layout.num_prefix_tokens),
             help="The token whose map is shown; a click on a patch of the map picks it.")
-    others = [name for name in reads if name not in ("target", "layer", "head", "query")]
+    if method == "rise":  # a first look, as the port's page opens RISE: the authors' 6,000 masks one call away
+        asked["n_masks"] = FIRST_LOOK_MASKS
+        st.sidebar.caption(f"RISE: a first look of {FIRST_LOOK_MASKS:,} masks (vit.explain's default is the authors' "
+                           "6,000).")
+    others = [name for name in reads if name not in ("target", "layer", "head", "query", *asked)]
     if others:
         st.sidebar.caption(escape_markdown(f"{', '.join(others)}: the method's defaults, as vit.explain's."))
     return method, asked
