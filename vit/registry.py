@@ -117,9 +117,10 @@ class Family:
         return importlib.import_module(self.importer)
 
 
-_LIBRARY_MAPS = ("attention (any layer, head, query) and rollout; captum's attributions and RISE for classifiers; "
-                 "the other maps refused in one line until the "
-                 "library road draws them (issue 91); the explorer draws them too; vit-predict and vit-evaluate "
+_LIBRARY_MAPS = ("attention (any layer, head, query) and rollout; for classifiers the class map (gradient rollout), "
+                 "LeGrad, the CAMs, captum's attributions and RISE; AttnLRP for transformers classifiers; PCA and "
+                 "similarity of the last hidden states; the other maps (flow, norms, Chefer's LRP, the probe) "
+                 "refused in one line (issue 91); the explorer draws them too; vit-predict and vit-evaluate "
                  "classify with them, the other commands read ports only for now")
 _CAM_READS = ("class", "end_layer")
 _CAM_APPLIES = "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)"
