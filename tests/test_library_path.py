@@ -374,3 +374,34 @@ def test_declared_sizes_past_what_can_be_built_are_refused_before_anything_is_bu
     with pytest.raises(CheckpointError, match=message) as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value)
+
+
+# Classes whose modules call transformers' attention interface without saying so (no _supports_attention_backend):
+# their attention is routed to the recording function over their own implementation at the first recording
+UNFLAGGED = {
+    "vitpose_backbone": (lambda: transformers.VitPoseBackbone(transformers.VitPoseBackboneConfig(
+        **{**SMALL, "patch_size": [8, 8]}, image_size=[32, 32])), 0),
+    "git_vision_model": (lambda: transformers.GitVisionModel(transformers.GitVisionConfig(**SMALL, image_size=32)), 1),
+}
+
+
+@pytest.mark.parametrize("model_type", UNFLAGGED)
+def test_a_model_whose_modules_call_the_interface_unflagged_opens_and_records_eagers_attention(tmp_path, model_type):
+    torch.manual_seed(0)
+    model = UNFLAGGED[model_type][0]()
+    assert not getattr(type(model), "_supports_attention_backend", False)
+    spread(model)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == UNFLAGGED[model_type][1]
+    x = pixels()
+    _, attentions = checkpoint.model.run(x, layers=range(3))
+    with torch.no_grad():
+        theirs = reference(tmp_path, "eager")(pixel_values=x, output_attentions=True).attentions
+    tokens = 16 + UNFLAGGED[model_type][1]
+    for layer, expected in enumerate(theirs):
+        assert attentions[layer].shape == expected.shape == (2, 4, tokens, tokens)
+        assert torch.allclose(attentions[layer], expected, atol=1e-6, rtol=0)
+    drawn = vit.explain(checkpoint, torch.rand(3, 40, 40), "attention", layer=2, head=1, query=UNFLAGGED[model_type][1])
+    assert drawn.map.shape == (4, 4)

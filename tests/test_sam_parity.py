@@ -31,10 +31,14 @@ def last_block(checkpoint, images):
     return checkpoint.model.run_with_cache(images, [name])[1][name]
 
 
-@pytest.mark.parametrize("architecture", ["SamVisionModel", "SamModel"])
+@pytest.mark.parametrize("architecture", ["SamVisionModel", "SamModel", "SamHQVisionModel"])
 def test_hf_sam_matches_transformers(tmp_path, architecture):
+    """SAM-HQ's image encoder (issue 91) is SAM's, weight for weight: it opens by SAM's port, held to its own
+    ``SamHQVisionModel``'s eager attention and last block."""
     if architecture == "SamModel":
         config = transformers.SamConfig(vision_config=TINY)
+    elif architecture == "SamHQVisionModel":
+        config = transformers.SamHQVisionConfig(**TINY)
     else:
         config = transformers.SamVisionConfig(**TINY)
     config._attn_implementation = "eager"

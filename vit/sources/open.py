@@ -404,6 +404,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "hiera": (import_hiera, ("HieraModel", "HieraForImageClassification")),
                 **{t: (import_hiera, (a,)) for t, a in import_hiera.SAM2_HF_ARCHITECTURES.items()},
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
+                # SAM-HQ's image encoder is SAM's, module for module and weight for weight (its HQ part is the decoder)
+                "sam_hq_vision_model": (import_sam, ("SamHQVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),

@@ -421,10 +421,23 @@ def opens(config_json: Mapping) -> bool:
         config_class = CONFIG_MAPPING[model_type]
         cls = _model_class(config_json, config_class)
         vision = "patch_size" in config_json or hasattr(config_class(), "patch_size")
-        recorded = getattr(cls, "_supports_attention_backend", False) or _backbone_class(config_json) is not None
+        recorded = (getattr(cls, "_supports_attention_backend", False) or calls_interface(cls)
+                    or _backbone_class(config_json) is not None)
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
     return vision and bool(recorded)
+
+
+def calls_interface(cls: type) -> bool:
+    """Whether a module class of ``cls``'s modelling file calls transformers' attention interface
+    (``ALL_ATTENTION_FUNCTIONS`` in its forward): a model whose class does not say so (no
+    ``_supports_attention_backend``: EoMT, SAM-HQ, ViTPose, GIT) but whose attention runs through it."""
+    import sys
+
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    return any(isinstance(item, type) and issubclass(item, torch.nn.Module)
+               and "ALL_ATTENTION_FUNCTIONS" in getattr(getattr(item.forward, "__code__", None), "co_names", ())
+               for item in vars(module).values()) if module is not None else False
 
 
 def _backbone_class(config_json: Mapping):
@@ -506,14 +519,17 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         cls = _model_class(config_json, type(config))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    whole = bool(getattr(cls, "_supports_attention_backend", False))
+    flagged = bool(getattr(cls, "_supports_attention_backend", False))
+    whole = flagged or calls_interface(cls)
     if not whole and _backbone_class(config_json) is None:
         raise SourceError(f"{folder}: {cls.__name__} has no port here and its attention does not run through "
                           "transformers' attention interface, which the library road records; "
                           "the README's table \"What it opens\" links a page listing every model this program opens")
-    # the whole model's attention through the recording function over SDPA; a head that does not take it (Depth
-    # Anything) as transformers builds it, its backbone's attention routed to the recording function afterwards
-    name = {"attn_implementation": recording_attention.recording_name("sdpa")} if whole else {}
+    # the whole model's attention through the recording function over SDPA where its class takes an attention
+    # function by name; a model whose modules call the interface without saying so (EoMT, ViTPose, GIT), or a head
+    # that does not take it (Depth Anything), as transformers builds it, its attention (or its backbone's) routed
+    # to the recording function over its own implementation at the first recording
+    name = {"attn_implementation": recording_attention.recording_name("sdpa")} if flagged else {}
     loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
     try:
         if torch.device(map_location).type == "meta":
