@@ -33,6 +33,7 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import shlex  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -556,6 +557,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(f"{row['family'][:40]:40} {row['library']:12} {'yes' if row['attention'] else 'no ':3} "
               f"{row['seconds']:6.1f}s  {outcome(row)[:160]}", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(_HOME, ignore_errors=True)
     summary = totals(rows)
     print("\nTotals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items()))
     command = "python -m bench.census_families " + shlex.join(argv if argv is not None else sys.argv[1:])
