@@ -155,10 +155,15 @@ def test_openai_layout_with_quickgelu_matches_open_clips_openai_loader(tmp_path)
 CLIP_VISION = dict(HF_VISION, projection_dim=16)
 
 
-@pytest.mark.parametrize("architecture", ["CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel"])
+@pytest.mark.parametrize("architecture", ["CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel",
+                                          "MetaClip2Model"])
 def test_hf_clip_matches_transformers(tmp_path, architecture):
+    """MetaCLIP 2's dual encoder (issue 91) is CLIP's architecture under its own name: CLIP's port, held to its own
+    ``MetaClip2Model``."""
     if architecture == "CLIPModel":
         config = transformers.CLIPConfig(vision_config=CLIP_VISION, projection_dim=16, text_config=HF_TEXT)
+    elif architecture == "MetaClip2Model":
+        config = transformers.MetaClip2Config(vision_config=CLIP_VISION, projection_dim=16, text_config=HF_TEXT)
     else:
         config = transformers.CLIPVisionConfig(**CLIP_VISION)
     model = hf_random(getattr(transformers, architecture), config)

@@ -162,8 +162,23 @@ def test_a_model_without_the_attention_interface_keeps_its_one_line_refusal(tmp_
     config = transformers.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_labels=2,
                                          out_features=None, out_indices=None, stage_names=None, num_stages=2)
     transformers.ConvNextForImageClassification(config).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match="is not supported"):
+    with pytest.raises(CheckpointError, match="convnext has no port here, and as transformers builds it "
+                       "ConvNextForImageClassification's attention does not run through transformers' attention "
+                       r"interface \(no module of its modelling file calls ALL_ATTENTION_FUNCTIONS\)") as refused:
         vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_composite_config_is_refused_naming_where_its_patch_size_sits():
+    """The piece the library road misses, named (issue 91's "refused in one line that names the missing piece"):
+    SAM 3's vision encoder keeps its patch size in its backbone's config."""
+    from vit.sources.library_road.transformers_models import missing_piece
+
+    config_json = {"model_type": "sam3_vision_model", "backbone_config": {"model_type": "sam3_vit_model",
+                                                                          "patch_size": 14}}
+    assert missing_piece(config_json) == ("its config has no patch size at its top level to place its tokens by (it "
+                                          "sits in backbone_config: open that part's own folder)")
+    assert missing_piece({"model_type": "ijepa"}) is None  # it opens
 
 
 def test_vit_explain_draws_each_heads_attention_of_a_query_as_transformers_eager_gives_it(folders):

@@ -120,10 +120,14 @@ HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=
                  num_attention_heads=2)
 
 
-@pytest.mark.parametrize("architecture", ["CLIPModel", "SiglipModel"])
+@pytest.mark.parametrize("architecture", ["CLIPModel", "SiglipModel", "MetaClip2Model"])
 def test_hf_zero_shot_equals_the_models_own_forward(tmp_path, architecture):
+    """MetaCLIP 2 (issue 91) is CLIP's architecture under its own name: it opens by CLIP's port and its text tower is
+    transformers' own MetaClip2Model, held to that model's own forward."""
     if architecture == "CLIPModel":
         config = transformers.CLIPConfig(vision_config=HF_VISION, text_config=HF_TEXT, projection_dim=16)
+    elif architecture == "MetaClip2Model":
+        config = transformers.MetaClip2Config(vision_config=HF_VISION, text_config=HF_TEXT, projection_dim=16)
     else:
         config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=dict(HF_TEXT, projection_size=32))
     torch.manual_seed(0)
@@ -135,17 +139,17 @@ def test_hf_zero_shot_equals_the_models_own_forward(tmp_path, architecture):
     assert "\n" not in str(error.value)
     bpe_tokenizer_files(tmp_path / "m")
     tower = open_text_tower(checkpoint)
-    assert tower.kind == ("softmax" if architecture == "CLIPModel" else "sigmoid")
+    assert tower.kind == ("sigmoid" if architecture == "SiglipModel" else "softmax")
     x = image_batch(2)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))
-    padding = True if architecture == "CLIPModel" else "max_length"
+    padding = "max_length" if architecture == "SiglipModel" else True
     tokens = tokenizer(LABELS, padding=padding, max_length=16, truncation=True, return_tensors="pt")
     with torch.no_grad():
         expected = model(pixel_values=x, **tokens).logits_per_image  # (images, texts)
     logits, probs = prompts.zero_shot(checkpoint.model, x, tower.encode(LABELS), tower.logit_scale,
                                       tower.logit_bias, tower.kind)
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
-    reference = expected.softmax(-1) if architecture == "CLIPModel" else expected.sigmoid()
+    reference = expected.sigmoid() if architecture == "SiglipModel" else expected.softmax(-1)
     torch.testing.assert_close(probs, reference, rtol=1e-5, atol=1e-5)
 
 

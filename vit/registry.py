@@ -377,8 +377,9 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "HF dinov3_vit folders, timm vit_*_dinov3* weights, facebookresearch/dinov3 backbones",
            "vit.sources.ports.families.import_dinov3", ("dinov3_vit",),
            "every map; Chefer's LRP refused (layer scale, RoPE)"),
-    Family("clip", "CLIP", "image", "open_clip folders and state dicts, OpenAI's layout, HF clip / clip_vision_model",
-           "vit.sources.ports.families.import_clip", ("clip", "clip_vision_model"),
+    Family("clip", "CLIP, MetaCLIP 2", "image", "open_clip folders and state dicts, OpenAI's layout, HF clip / "
+           "clip_vision_model / metaclip_2", "vit.sources.ports.families.import_clip",
+           ("clip", "clip_vision_model", "metaclip_2"),
            "every map; the typed labels' maps through vit.ask (Grad-ECLIP, SCLIP, NACLIP, ClearCLIP, CLIP Surgery)"),
     Family("siglip", "SigLIP (attention pooling)", "image", "HF siglip / siglip_vision_model folders",
            "vit.sources.ports.families.import_siglip", ("siglip", "siglip_vision_model"),

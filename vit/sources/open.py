@@ -391,6 +391,8 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
 # model_type -> (the module that reads it, the architectures it opens)
 HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip": (import_clip, ("CLIPModel",)),
+                # MetaCLIP 2 is CLIP's architecture under another name, weight for weight (its tokenizer is its own)
+                "metaclip_2": (import_clip, ("MetaClip2Model",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
                 "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
@@ -567,6 +569,10 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
 
         if transformers_models.opens(config_json) and library_road:
             return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
+        missing = transformers_models.missing_piece(config_json) if library_road else None
+        if missing:  # transformers knows it, no port reads it, and the library road cannot take it: say why
+            raise SourceError(f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it "
+                              f"{missing}")
         if transformers_models.opens(config_json):  # the callers that read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
                               "in the notebook API (vit.load) and the explorer, which draw its attention and rollout, "

@@ -428,6 +428,29 @@ def opens(config_json: Mapping) -> bool:
     return vision and bool(recorded)
 
 
+def missing_piece(config_json: Mapping) -> str | None:
+    """What keeps the library road from a folder whose model_type transformers knows and no port reads, in words
+    (``opens`` is False), or None when it opens or transformers does not know it: the patch size the layout needs,
+    or attention that runs through transformers' attention interface."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = config_json.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING or opens(config_json):
+        return None
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+        cls = _model_class(config_json, config_class)
+        has_patch = "patch_size" in config_json or hasattr(config_class(), "patch_size")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"transformers cannot name its model class ({_one_line(e)})"
+    if not has_patch:
+        nested = [key for key, value in config_json.items() if isinstance(value, Mapping) and "patch_size" in value]
+        where = f" (it sits in {', '.join(nested)}: open that part's own folder)" if nested else ""
+        return f"its config has no patch size at its top level to place its tokens by{where}"
+    return (f"{cls.__name__}'s attention does not run through transformers' attention interface (no module of its "
+            "modelling file calls ALL_ATTENTION_FUNCTIONS), which the library road records")
+
+
 def calls_interface(cls: type) -> bool:
     """Whether a module class of ``cls``'s modelling file calls transformers' attention interface
     (``ALL_ATTENTION_FUNCTIONS`` in its forward): a model whose class does not say so (no

@@ -73,7 +73,8 @@ class TextTower:
 
 # transformers 5 builds a tokenizer with an empty vocabulary from config.json alone: require the files.
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("spiece.model",), ("tokenizer.model",))
-_HF_TEXT = {"hf:CLIPModel": ("CLIPModel", "softmax"), "hf:SiglipModel": ("SiglipModel", "sigmoid"),
+_HF_TEXT = {"hf:CLIPModel": ("CLIPModel", "softmax"), "hf:MetaClip2Model": ("MetaClip2Model", "softmax"),
+            "hf:SiglipModel": ("SiglipModel", "sigmoid"),
             "hf:Siglip2Model": ("Siglip2Model", "sigmoid")}
 
 

@@ -160,11 +160,12 @@ def vision_config(config_json: Mapping) -> tuple[dict, int]:
 
 
 def config_from_hf(config_json: Mapping) -> ViTConfig:
-    """Our config for an HF CLIP config.json (``clip`` or ``clip_vision_model``); the projection size counts only
-    for the architectures that have one (``projection`` below)."""
+    """Our config for an HF CLIP config.json (``clip``, MetaCLIP 2's ``metaclip_2`` or ``clip_vision_model``); the
+    projection size counts only for the architectures that have one (``projection`` below)."""
     vision, projection = vision_config(config_json)
     architectures = config_json.get("architectures") or []
-    with_projection = config_json.get("model_type") == "clip" or "CLIPVisionModelWithProjection" in architectures
+    with_projection = config_json.get("model_type") in ("clip", "metaclip_2") \
+        or "CLIPVisionModelWithProjection" in architectures
     patch = _one(vision.get("patch_size", 32), "patch_size")
     return ViTConfig(
         image_size=_one(vision.get("image_size", 224), "image_size"), patch_size=patch,
