@@ -28,6 +28,8 @@ FAMILIES = {
     "metaclip_2_vision_model": (lambda: transformers.MetaClip2VisionModel(
         transformers.MetaClip2VisionConfig(**SMALL, image_size=32)), 1),
     "mlcd": (lambda: transformers.MLCDVisionModel(transformers.MLCDVisionConfig(**SMALL, image_size=32)), 1),
+    # C-RADIO: three CLS tokens and seven registers in one (n, hidden) parameter before the patches
+    "radio": (lambda: transformers.RadioModel(transformers.RadioConfig(**SMALL, image_size=32)), 10),
 }
 
 

@@ -443,8 +443,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("mapped", "Any layout, by a mapping file", "image", "any state dict with a mapping (vit.convert --map)",
            "vit.sources.ports.libraries.mapping", (), _EVERY_MAP),
     # The library road (issue 91): the library's own model, its attention recorded; taken where no port reads it
-    Family("transformers-library", "Any transformers vision model without a port: I-JEPA, ViT-MSN, Pixio, MetaCLIP 2 "
-           "and MLCD towers, DPT, Depth Anything", "image", "HF folders whose model_type no port reads and whose "
+    Family("transformers-library", "Any transformers vision model without a port: I-JEPA, ViT-MSN, Pixio, C-RADIO, "
+           "MetaCLIP 2 and MLCD towers, ViTPose's backbone, GIT's tower, DPT, Depth Anything", "image", "HF folders whose model_type no port reads and whose "
            "attention runs through transformers' attention interface, its tokens a prefix then the patches (vit.load)",
            "vit.sources.library_road.transformers_models", (), _LIBRARY_MAPS, road="library"),
     Family("timm-library", "timm architectures without a port: FlexiViT, the RoPE ViTs, InternViT-300M, relpos ViT",

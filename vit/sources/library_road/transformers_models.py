@@ -32,7 +32,8 @@ from vit.sources.hf_preprocessing import hf_preprocessing
 
 ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own ViT
 # The embeddings' parameters that are tokens before the patches: (1, n, hidden) each, CLIP's (hidden,) one
-PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distillation_token")
+PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distillation_token",
+                     "cls_register_token")  # C-RADIO's CLS and registers: (n, hidden)
 MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
 
 
