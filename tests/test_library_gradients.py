@@ -15,6 +15,7 @@ from vit.costs.bounds import TooManyTokens
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 from test_library_path import reference, save_family  # noqa: E402
+from test_library_timm import FAMILIES as TIMM_FAMILIES  # noqa: E402
 from test_library_timm import build  # noqa: E402
 from timm.models import _hub  # noqa: E402
 
@@ -29,8 +30,7 @@ def msn(tmp_path_factory):
 @pytest.fixture(scope="module")
 def flexivit(tmp_path_factory):
     folder = tmp_path_factory.mktemp(TIMM)
-    _hub.save_for_hf(build(TIMM), folder, model_args=dict(depth=2, embed_dim=64, num_heads=2, img_size=48,
-                                                          patch_size=8))
+    _hub.save_for_hf(build(TIMM), folder, model_args=TIMM_FAMILIES[TIMM][0])
     return folder
 
 
