@@ -9,8 +9,9 @@ A lent GPU machine gives minutes, not hours, so the run is given what is left of
 this very machine, and its cosine ends at the last (no probe run spends the minutes first):
 
 1. decode the image folder into ``vit.train``'s uint8 cache (once; before the run's launch);
-2. with ``--profile B1,B2``: ``bench/profile_train_step.py`` at each batch size, its report in ``--out``
-   (``step-B.txt``), to see where a step's time goes (each compiles its own step: about a minute each);
+2. with ``--profile B1,B2``: ``bench/profile_train_step.py`` at each batch size (``--profile-steps``: 30 timed and
+   30 profiled steps after 10 of warm-up), its report in ``--out`` (``step-B.txt``), to see where a step's time goes
+   (each compiles its own step: about a minute each);
 3. run: ``python -m vit.train`` with the recipe and ``--time-budget`` = the seconds left before ``--deadline``
    (seconds after this script started) less ``--margin``, timed from its launch to its last epoch's line; a run
    still going half the margin past its budget is stopped with SIGTERM (it saves ``last.pt`` and marks itself
@@ -117,13 +118,14 @@ def device_report() -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile(batch_sizes: list[int], data: str, out: Path, extra: list[str]) -> None:
-    """``bench/profile_train_step.py`` at each batch size, its report as ``out/step-B.txt``."""
+def profile(batch_sizes: list[int], data: str, out: Path, extra: list[str], steps: int = 30, warmup: int = 10) -> None:
+    """``bench/profile_train_step.py`` at each batch size, ``steps`` steps after ``warmup``, its report as
+    ``out/step-B.txt``."""
     for batch in batch_sizes:
         t = time.monotonic()
         command = [sys.executable, str(ROOT / "bench" / "profile_train_step.py"), "--data", data, "--batch-size",
-                   str(batch), "--steps", "30", "--warmup", "10", "--out", str(out / f"step-{batch}.txt"), "--",
-                   *extra]
+                   str(batch), "--steps", str(steps), "--warmup", str(warmup), "--out", str(out / f"step-{batch}.txt"),
+                   "--", *extra]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         print(f"profile at batch {batch}: exit {done.returncode} in {time.monotonic() - t:.1f} s", flush=True)
         if done.returncode != 0:
@@ -205,6 +207,8 @@ def main() -> int:
     parser.add_argument("--margin", type=float, default=20, help="seconds kept for collecting after the run")
     parser.add_argument("--max-run-seconds", type=float, default=600, help="the run's own cap (10 minutes)")
     parser.add_argument("--profile", default="", metavar="B1,B2", help="profile a step at these batch sizes first")
+    parser.add_argument("--profile-steps", default="30,10", metavar="STEPS,WARMUP",
+                        help="the profile's timed (and then profiled) steps and its warm-up steps")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
                         help="another run side by side: the recipe with ARGS on top (repeatable)")
@@ -231,7 +235,8 @@ def main() -> int:
         print(f"validation images written for vit.evaluate: {write_val_folder(data, val_folder)}", flush=True)
     del data
     if args.profile:
-        profile([int(b) for b in args.profile.split(",")], args.data, args.out, args.extra)
+        steps, warmup = (int(n) for n in args.profile_steps.split(","))
+        profile([int(b) for b in args.profile.split(",")], args.data, args.out, args.extra, steps, warmup)
 
     budget = math.floor(min(args.max_run_seconds, args.deadline - (time.monotonic() - start) - args.margin))
     runs = [("run", list(args.extra))] + [(name, [*args.extra, *extra]) for name, extra in others]
