@@ -155,8 +155,8 @@ FAMILIES: list[Family] = [
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Depth Pro", "DepthProForDepthEstimation"),
     hf("ZoeDepth", "ZoeDepthForDepthEstimation"),
-    hf("EoMT", "EomtForUniversalSegmentation"),
-    hf("EoMT-DINOv3", "EomtDinov3ForUniversalSegmentation", named=True),
+    hf("EoMT", "EomtForUniversalSegmentation", num_blocks=1),
+    hf("EoMT-DINOv3", "EomtDinov3ForUniversalSegmentation", named=True, num_blocks=1),
     # --- transformers: video (tubelets or divided space-time attention)
     hf("ViViT", "VivitForVideoClassification", named=True, num_frames=2, tubelet_size=[1, 8, 8]),
     hf("VideoMAE", "VideoMAEForVideoClassification", num_frames=2, tubelet_size=1),

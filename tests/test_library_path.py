@@ -422,3 +422,53 @@ def test_a_model_whose_modules_call_the_interface_unflagged_opens_and_records_ea
         assert torch.allclose(attentions[layer], expected, atol=1e-6, rtol=0)
     drawn = vit.explain(checkpoint, torch.rand(3, 40, 40), "attention", layer=2, head=1, query=UNFLAGGED[model_type][1])
     assert drawn.map.shape == (4, 4)
+
+
+@pytest.mark.parametrize("family", ["eomt", "eomt_dinov3"])
+def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_attention(tmp_path, family,
+                                                                                           monkeypatch):
+    """EoMT (a named family, issue 91) puts its object queries before the CLS token in its last ``num_blocks``
+    layers: the layout's extra tokens, from its config. Every layer's attention equals the probabilities its own
+    modelling file's eager function returns (transformers collects none for EoMT: the function is hooked), a
+    patch's row read past the queries, the queries' keys dropped; rollout stops before the queries join."""
+    import importlib
+
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    name = "Eomt" if family == "eomt" else "EomtDinov3"
+    config = getattr(transformers, f"{name}Config")(**SMALL, image_size=32, num_blocks=1, num_queries=3, num_labels=2)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{name}ForUniversalSegmentation")(config)
+    spread(model)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    prefix = 1 + config.num_register_tokens
+    assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == prefix
+    assert checkpoint.model.layout.extra_tokens == (0, 0, 3)
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    seen = []
+
+    def eager(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out[1].detach())
+        return out
+
+    original = modeling.eager_attention_forward
+    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
+    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    with torch.no_grad():
+        reference(tmp_path, "eager")(pixel_values=preprocess([image], checkpoint.preprocessing))
+    monkeypatch.undo()  # our recording calls the same eager function: unhooked before it runs
+    assert [a.shape[-1] for a in seen] == [prefix + 16, prefix + 16, 3 + prefix + 16]
+    query = prefix + 6  # the patch at row 1, col 2
+    for layer, expected in enumerate(seen):
+        extra = 3 if layer == 2 else 0
+        drawn = vit.explain(checkpoint, image, "attention", layer=layer, head=1, query=query)
+        row = expected[0, 1, query + extra, extra + prefix:].reshape(4, 4)
+        assert torch.allclose(torch.from_numpy(drawn.map), row, atol=1e-6, rtol=0)
+    assert vit.explain(checkpoint, image, "rollout", layer=1).map.shape == (4, 4)
+    with pytest.raises(ValueError, match=r"layer 3 adds 3 tokens \(its object queries\); choose a layer up to 2$"):
+        vit.explain(checkpoint, image, "rollout")

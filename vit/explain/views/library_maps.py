@@ -79,8 +79,9 @@ def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> 
     model = checkpoint.model
     grid, prefix, L = model.layout.grid, model.layout.num_prefix_tokens, model.num_layers
     out, kept = model.run(pixels, layers=[layer], rows=[query])
-    row = kept[layer % L]  # (1, H, 1, T)
-    heads = row[0, :, 0, prefix:].float().reshape(-1, *grid)  # (H, gh, gw): the prefix keys dropped, row-major
+    row = kept[layer % L]  # (1, H, 1, T): the layer's extra tokens (EoMT's queries) first where it has them
+    keys = prefix + model.layout.extra_of(layer % L)
+    heads = row[0, :, 0, keys:].float().reshape(-1, *grid)  # (H, gh, gw): the prefix keys dropped, row-major
     chosen = heads.mean(0) if head is None else heads[head]
     return LibraryMap(chosen.cpu().numpy().astype(np.float32), heads.cpu().numpy().astype(np.float32), layer % L,
                       grid, prefix, prediction_of(checkpoint, _logits(model, out)))
@@ -90,6 +91,10 @@ def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> Li
     model = checkpoint.model
     grid, prefix, L = model.layout.grid, model.layout.num_prefix_tokens, model.num_layers
     asked = range(layer % L + 1)
+    if any(model.layout.extra_of(i) for i in asked):
+        first = next(i for i in asked if model.layout.extra_of(i))
+        raise ValueError(f"rollout multiplies layers over the same tokens, and layer {first + 1} adds "
+                         f"{model.layout.extra_of(first)} tokens (its object queries); choose a layer up to {first}")
     out, kept = model.run(pixels, layers=asked)
     factors = [rollout_factor(kept[i], "mean", 0.0, prefix) for i in asked]  # (1, T, T) each
     row = rollout_rows(factors, query)[0]  # (T,)

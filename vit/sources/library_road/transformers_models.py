@@ -45,6 +45,15 @@ class LibraryLayout:
     num_prefix_tokens: int
     patch_hw: tuple[int, int]
     image_hw: tuple[int, int]
+    # Tokens a layer's attention has before its prefix tokens, layer by layer, where some layers have more (EoMT's
+    # object queries in its last blocks); empty: none in any layer. A token keeps its index of the layout (0 is
+    # CLS, patch p is p + num_prefix_tokens) in every layer: a layer's row of it is its index plus the layer's extra
+    # tokens.
+    extra_tokens: tuple[int, ...] = ()
+
+    def extra_of(self, layer: int) -> int:
+        """The tokens layer ``layer`` has before the layout's prefix tokens (0 in most models)."""
+        return self.extra_tokens[layer] if self.extra_tokens else 0
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -67,6 +76,7 @@ class _AttentionRecorder:
         self.layers = {module: layer for layer, module in modules.items()}
         self.modules = dict(modules)
         self.heads, self.rows = heads, rows
+        self.rows_of: dict[int, list[int]] = {}  # a layer's own rows, where its extra tokens move them
         self.kept: dict[int, torch.Tensor] = {}
 
     def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
@@ -80,8 +90,9 @@ class _AttentionRecorder:
         """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept."""
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
-        if self.rows is not None:
-            probabilities = probabilities[:, :, self.rows]
+        rows = self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
+        if rows is not None:
+            probabilities = probabilities[:, :, rows]
         self.kept[layer] = probabilities.detach()
 
     def output(self, layer, out) -> None:
@@ -217,11 +228,17 @@ class LibraryModel(torch.nn.Module):
         if asked:
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
                                                tokens, len(asked), None if rows is None else len(rows)))
-        recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
+        extra = {layer: self.layout.extra_of(layer) for layer in asked}
+        if rows is not None and any(extra.values()):  # a layer with extra tokens first: each row moved past them
+            recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, None)
+            recorder.rows_of = {layer: [row + extra[layer] for row in rows] for layer in asked}
+        else:
+            recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
         out = self._recorded_forward(pixels, recorder)
         for layer, kept in recorder.kept.items():
-            if kept.shape[-1] != tokens:
+            if kept.shape[-1] != tokens + extra[layer]:
                 raise ValueError(f"layer {layer}'s attention has {kept.shape[-1]} keys; the layout places "
+                                 f"{extra[layer] or ''}{' extra tokens, ' if extra[layer] else ''}"
                                  f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches")
         return out, dict(sorted(recorder.kept.items()))
 
@@ -592,7 +609,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                              "not reproduce yet; set keep_aspect_ratio to false in preprocessor_config.json for a "
                              "fixed size")
         preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
-        layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw)
+        layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw, extra_tokens(config))
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     problem = preprocessing_problem(preprocessing, stand_in)
@@ -604,7 +621,9 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         raise SourceError(f"{folder}: {len(modules)} attention modules for {config.num_hidden_layers} layers; the "
                           "library road reads one attention per layer")
     wrapped = LibraryModel(model, layout, modules, part)
-    if torch.device(map_location).type == "meta":  # the layout checked against the tokens the model forms, no data
+    # the layout checked against the tokens the model forms, no data; EoMT's forward reads a value of its masks'
+    # annealing (not traceable without data): its layout is the config's (extra_tokens), checked at each recording
+    if torch.device(map_location).type == "meta" and not layout.extra_tokens:
         problem = _layout_problem(wrapped, channels)
         if problem:
             raise SourceError(f"{folder}: {problem}")
@@ -651,6 +670,18 @@ def _layout_problem(model: LibraryModel, channels: int) -> str | None:
                 f"tokens and {gh}x{gw} patches the library road places (tokens after the patches, windows or stages "
                 "need a layout of their own: issue 91)")
     return None
+
+
+def extra_tokens(config) -> tuple[int, ...]:
+    """The layout adapter where the config says it and the tokens do not: tokens a layer has before its prefix
+    tokens, layer by layer. EoMT (and EoMT-DINOv3) puts its ``num_queries`` object queries before the CLS token in
+    its last ``num_blocks`` layers; every other model: none."""
+    if getattr(config, "model_type", None) not in ("eomt", "eomt_dinov3"):
+        return ()
+    layers, blocks, queries = int(config.num_hidden_layers), int(config.num_blocks), int(config.num_queries)
+    if not 0 <= blocks <= layers:
+        raise ValueError(f"num_blocks {blocks} is not between 0 and its {layers} layers")
+    return (0,) * (layers - blocks) + (queries,) * blocks
 
 
 def class_names(config, classes: int) -> list[str]:
