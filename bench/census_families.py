@@ -444,6 +444,10 @@ MISSING = [("tokens after the patches", "tokens after the patches"),
            ("image_size None", "no fixed image size (a processor that resizes by pixel budget)"),
            ("have parts this model does not have", "weights whose names do not fit (a wrapper's prefix)"),
            ("timm architecture", "a timm architecture outside the library road (no timm Attention/Eva blocks)"),
+           ("does not run through transformers' attention interface",
+            "attention off transformers' attention interface (no module calls ALL_ATTENTION_FUNCTIONS)"),
+           ("no patch size at its top level (it sits in", "a composite config: the patch size sits in a part's config"),
+           ("no patch size at its top level", "no patch size in the config (video tubelets, stages, pixels)"),
            ("is not supported", "no port and no library-road match for the architecture (generic refusal)")]
 
 
