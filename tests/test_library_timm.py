@@ -311,3 +311,22 @@ def test_open_source_without_the_library_road_keeps_the_open_clip_ports_refusal_
     with pytest.raises(CheckpointError) as refused:
         open_source(folder)
     assert "as open_clip builds it" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_transformers_timm_wrapper_opens_by_the_timm_port_as_its_own_forward(tmp_path):
+    """A timm model saved through transformers (``TimmWrapperForImageClassification``) keeps timm's keys under
+    ``timm_model.``: it opens by timm's port (issue 91's census found it refused), its logits its own forward's."""
+    transformers = pytest.importorskip("transformers")
+    args = dict(depth=2, embed_dim=64, num_heads=2, img_size=32, patch_size=8)
+    config = transformers.TimmWrapperConfig(architecture="vit_tiny_patch16_224", model_args=args, num_labels=3)
+    torch.manual_seed(0)
+    model = transformers.TimmWrapperForImageClassification(config).eval()
+    spread(model)
+    model.save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.road == "port" and len(checkpoint.class_names) == 3
+    x = pixels(32)
+    with torch.no_grad():
+        ours, _ = checkpoint.model(x)
+        theirs = model(pixel_values=x).logits
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)

@@ -914,8 +914,10 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
                            None)
             if weights is None:
                 raise SourceError(f"{path} has a timm config.json but no model.safetensors or pytorch_model.bin")
-            return open_timm(path, read_weights(weights, map_location), name, config_json, map_location,
-                             library_road)
+            state = read_weights(weights, map_location)
+            if config_json.get("model_type") == "timm_wrapper":  # transformers' TimmWrapper: timm's keys, prefixed
+                state = {k.removeprefix("timm_model."): v for k, v in state.items()}
+            return open_timm(path, state, name, config_json, map_location, library_road)
         return open_hf_folder(path, config_json, map_location, library_road)
     if path.suffix != ".safetensors":
         try:
