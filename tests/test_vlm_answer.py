@@ -41,7 +41,8 @@ NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeX
 # Gemma 3's pan-and-scan settings, saved in its image processor (which Gemma3Processor's own defaults override)
 PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_scan_max_num_crops=4,
                     pan_and_scan_min_ratio_to_activate=1.2)
-KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma", "paligemma2", "internvl"]
+KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma", "paligemma2",
+         "internvl"]
 QUESTION = "what is this ?"
 
 
@@ -153,12 +154,15 @@ def _build(kind: str):
     words = tokenizer(QWEN_SPECIALS)
     ids = {token: words.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
     template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
-    if kind == "qwen3_vl":  # 16-px patches, interleaved M-RoPE, DeepStack
+    if kind in ("qwen3_vl", "qwen3_vl_moe"):  # 16-px patches, interleaved M-RoPE, DeepStack
         text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=8, vocab_size=len(words), max_position_embeddings=256,
                     rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0,
                                      "mrope_interleaved": True})
-        config = transformers.Qwen3VLConfig(
+        moe = kind == "qwen3_vl_moe"  # Qwen3-VL's tower beside a language model of experts (issue 92)
+        if moe:
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1)
+        config = (transformers.Qwen3VLMoeConfig if moe else transformers.Qwen3VLConfig)(
             vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
                                num_position_embeddings=64, deepstack_visual_indexes=[0]),
             text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
@@ -168,7 +172,8 @@ def _build(kind: str):
         processor = transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
                                                   video_processor=transformers.Qwen3VLVideoProcessor(),
                                                   chat_template=template)
-        return transformers.Qwen3VLForConditionalGeneration(config), processor
+        return (transformers.Qwen3VLMoeForConditionalGeneration if moe
+                else transformers.Qwen3VLForConditionalGeneration)(config), processor
     text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=len(words), max_position_embeddings=256,
                 rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0})
@@ -248,8 +253,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 
 
 # (unit, lead): patches per image token along each side, image tokens before the patches'
-LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0),
-          "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "qwen3_vl_moe": (2, 0),
+          "gemma3": (4, 0), "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
 @pytest.fixture(scope="module")

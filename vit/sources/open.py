@@ -412,6 +412,7 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
                 "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES),
+                "qwen3_vl_moe": (import_qwen, import_qwen.QWEN3_MOE_ARCHITECTURES),
                 "videomae": (import_videomae, tuple(import_videomae.ARCHITECTURES)),
                 "timesformer": (import_timesformer, tuple(import_timesformer.ARCHITECTURES)),
                 "vjepa2": (import_vjepa2, import_vjepa2.ARCHITECTURES)}

@@ -35,7 +35,10 @@ from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation
 SUPPORTED = "Qwen2.5-VL and Qwen3-VL vision towers: HF Qwen2_5_VL / Qwen3VL ...ForConditionalGeneration, ...Model"
 ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel")
 QWEN3_ARCHITECTURES = ("Qwen3VLForConditionalGeneration", "Qwen3VLModel")
-NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
+# Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-VL's tower, module for module, beside a mixture-of-experts LM
+QWEN3_MOE_ARCHITECTURES = ("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeModel")
+QWEN3_TYPES = ("qwen3_vl", "qwen3_vl_moe")
+NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
 # Where the tower's tensors live: the Hub's layout (what save_pretrained writes), or transformers' module path
 TOWER_PREFIXES = ("visual.", "model.visual.")
 NOMINAL_SIDE = 1024  # Qwen2.5-VL's image_size: what smart_resize makes of a 1,024 px square (no table depends on it)
@@ -57,9 +60,9 @@ def _layers(values, depth: int, name: str) -> tuple[int, ...]:
 
 
 def config_from_hf(config_json: Mapping) -> ViTConfig:
-    """Our config for a ``qwen2_5_vl`` or ``qwen3_vl`` config.json (its ``vision_config``)."""
-    qwen3 = config_json.get("model_type") == "qwen3_vl"
-    name = NAMES["qwen3_vl" if qwen3 else "qwen2_5_vl"]
+    """Our config for a ``qwen2_5_vl``, ``qwen3_vl`` or ``qwen3_vl_moe`` config.json (its ``vision_config``)."""
+    qwen3 = config_json.get("model_type") in QWEN3_TYPES
+    name = NAMES[config_json.get("model_type") if qwen3 else "qwen2_5_vl"]
     vision = config_json.get("vision_config")
     if not isinstance(vision, Mapping):
         raise ValueError(f"{name} config.json has no vision_config")

@@ -26,6 +26,7 @@ ARCHITECTURES = {
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     "paligemma": "PaliGemmaForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
     "internvl": "InternVLForConditionalGeneration",
