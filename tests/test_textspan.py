@@ -131,7 +131,7 @@ def test_texts_and_variance_explained_equal_their_script_on_a_vit_b16(vit_b16, t
     # Ours, through the checkpoint's own text tower
     ours = textspan.head_outputs(checkpoint.model, x, layers)
     # In float32 our stem (one matrix product) sums a patch's pixels in another order than their convolution: 1.3e-4
-    # of the peak apart after 12 layers (less after these 4). In float64 on both sides the two agree to rounding (1e-15).
+    # of the peak apart after 12 layers (less after 4). In float64 on both sides the two agree to rounding (1e-15).
     reference = torch.from_numpy(attns[:, layers])
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=3e-4 * reference.abs().max().item())
     x64 = x[:2].double()
