@@ -41,8 +41,8 @@ NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeX
 # Gemma 3's pan-and-scan settings, saved in its image processor (which Gemma3Processor's own defaults override)
 PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_scan_max_num_crops=4,
                     pan_and_scan_min_ratio_to_activate=1.2)
-KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma", "paligemma2",
-         "internvl"]
+KINDS = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma",
+         "paligemma2", "internvl"]
 QUESTION = "what is this ?"
 
 
@@ -177,6 +177,15 @@ def _build(kind: str):
     text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=len(words), max_position_embeddings=256,
                 rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0})
+    if kind == "qwen2_vl":  # every tower layer global, LayerNorms, QuickGELU (issue 92)
+        config = transformers.Qwen2VLConfig(
+            vision_config=dict(depth=2, embed_dim=32, mlp_ratio=2, num_heads=2, hidden_size=32),
+            text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
+        processor = transformers.Qwen2VLProcessor(
+            image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40), tokenizer=words,
+            video_processor=transformers.Qwen2VLVideoProcessor(), chat_template=template)
+        return transformers.Qwen2VLForConditionalGeneration(config), processor
     config = transformers.Qwen2_5_VLConfig(
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
                            fullatt_block_indexes=[1]),
@@ -253,7 +262,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 
 
 # (unit, lead): patches per image token along each side, image tokens before the patches'
-LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "qwen3_vl_moe": (2, 0),
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_vl": (2, 0), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0),
+          "qwen3_vl_moe": (2, 0),
           "gemma3": (4, 0), "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
@@ -442,7 +452,8 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
-                                       r"model: llava, llava_next, llava_onevision, qwen2_5_vl"):
+                                       r"model: llava, llava_next, llava_onevision, qwen2_vl, qwen2_5_vl, qwen3_vl, "
+                                       r"qwen3_vl_moe"):
         vit.open_vlm(tmp_path)
 
 

@@ -401,6 +401,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "HF sam / sam_vision_model / sam_hq_vision_model folders, timm samvit_*",
            "vit.sources.ports.families.import_sam", ("sam", "sam_vision_model", "sam_hq_vision_model"),
            f"a windowed layer's attention is the query's window; {_NO_CLASSIFIER}"),
+    Family("qwen2-vl", "Qwen2-VL's vision tower", "vlm tower", "HF qwen2_vl folders (the tower only)",
+           "vit.sources.vlm.import_qwen", ("qwen2_vl",), _TOWER),
     Family("qwen2.5-vl", "Qwen2.5-VL's vision tower", "vlm tower", "HF qwen2_5_vl folders (the tower only)",
            "vit.sources.vlm.import_qwen", ("qwen2_5_vl",), _TOWER),
     Family("qwen3-vl", "Qwen3-VL's and Qwen3-VL-MoE's vision tower", "vlm tower",

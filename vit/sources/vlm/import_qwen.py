@@ -32,13 +32,16 @@ from vit.checkpoint import Preprocessing
 from vit.model import ViTConfig
 from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation
 
-SUPPORTED = "Qwen2.5-VL and Qwen3-VL vision towers: HF Qwen2_5_VL / Qwen3VL ...ForConditionalGeneration, ...Model"
+SUPPORTED = ("Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision towers: HF Qwen2VL / Qwen2_5_VL / Qwen3VL "
+             "...ForConditionalGeneration, ...Model")
 ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel")
+# Qwen2-VL: Qwen2.5-VL's rotary positions and merger without its windows, a LayerNorm tower with a QuickGELU MLP
+QWEN2_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2VLModel")
 QWEN3_ARCHITECTURES = ("Qwen3VLForConditionalGeneration", "Qwen3VLModel")
 # Qwen3-VL-MoE (Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-VL's tower, module for module, beside a mixture-of-experts LM
 QWEN3_MOE_ARCHITECTURES = ("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeModel")
 QWEN3_TYPES = ("qwen3_vl", "qwen3_vl_moe")
-NAMES = {"qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
+NAMES = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
 # Where the tower's tensors live: the Hub's layout (what save_pretrained writes), or transformers' module path
 TOWER_PREFIXES = ("visual.", "model.visual.")
 NOMINAL_SIDE = 1024  # Qwen2.5-VL's image_size: what smart_resize makes of a 1,024 px square (no table depends on it)
@@ -60,12 +63,15 @@ def _layers(values, depth: int, name: str) -> tuple[int, ...]:
 
 
 def config_from_hf(config_json: Mapping) -> ViTConfig:
-    """Our config for a ``qwen2_5_vl``, ``qwen3_vl`` or ``qwen3_vl_moe`` config.json (its ``vision_config``)."""
+    """Our config for a ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl`` or ``qwen3_vl_moe`` config.json (its
+    ``vision_config``)."""
     qwen3 = config_json.get("model_type") in QWEN3_TYPES
     name = NAMES[config_json.get("model_type") if qwen3 else "qwen2_5_vl"]
     vision = config_json.get("vision_config")
     if not isinstance(vision, Mapping):
         raise ValueError(f"{name} config.json has no vision_config")
+    if config_json.get("model_type") == "qwen2_vl":
+        return _qwen2_config(vision)
     act = vision.get("hidden_act", "gelu_pytorch_tanh" if qwen3 else "silu")
     if not qwen3 and act != "silu":
         raise ValueError(f"Qwen2.5-VL vision_config.hidden_act {act!r}: this tower reads SiLU only")
@@ -102,6 +108,26 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
         **common)
 
 
+def _qwen2_config(vision: Mapping) -> ViTConfig:
+    """Qwen2-VL's tower (HF ``Qwen2VisionTransformerPretrainedModel``): ``embed_dim`` wide (its ``hidden_size`` is
+    the language model's, the merger's output), LayerNorms, a ``mlp_ratio`` MLP with ``hidden_act`` (QuickGELU),
+    every layer global, the rotary positions and merger of Qwen2.5-VL."""
+    patch = _whole(vision.get("patch_size", 14), "patch_size")
+    merge = _whole(vision.get("spatial_merge_size", 2), "spatial_merge_size")
+    width = _whole(vision.get("embed_dim", 1280), "embed_dim")
+    ratio = vision.get("mlp_ratio", 4)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 64 or (ratio * width) % 1:
+        raise ValueError(f"Qwen2-VL vision_config.mlp_ratio {str(ratio)[:20]} gives no whole MLP width")
+    return ViTConfig(
+        image_size=round(NOMINAL_SIDE / (patch * merge)) * patch * merge, patch_size=patch,
+        num_channels=_whole(vision.get("in_channels", vision.get("in_chans", 3)), "in_channels"), num_classes=0,
+        hidden_size=width, num_layers=_whole(vision.get("depth", 32), "depth"),
+        num_heads=_whole(vision.get("num_heads", 16), "num_heads"), mlp_size=int(ratio * width), layer_norm_eps=1e-6,
+        class_token=False, pooling="avg", final_norm=False, rope="qwen", rope_theta=10000.0, spatial_merge=merge,
+        projector="qwen", projector_dim=_whole(vision.get("hidden_size", 3584), "hidden_size"), pos_embed=False,
+        activation=activation(vision.get("hidden_act", "quick_gelu")))
+
+
 def tower_prefix(keys) -> str:
     """Which of ``TOWER_PREFIXES`` the tower's keys carry; ValueError when none does."""
     keys = list(keys)
@@ -121,8 +147,9 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     expected: the reader leaves them unread); ValueError on any tower key it cannot place."""
     base = tower_prefix(state)
     state = {k: v for k, v in state.items() if k.startswith(base)}
-    qwen3 = config.pos_embed  # of the two, only Qwen3-VL has a position table
-    take = _Taker(state, f"{'Qwen3-VL' if qwen3 else 'Qwen2.5-VL'} vision tower")
+    qwen3 = config.pos_embed  # of the three, only Qwen3-VL has a position table
+    qwen2 = not qwen3 and config.norm != "rms"  # Qwen2-VL: LayerNorms, Qwen2.5-VL: RMSNorms
+    take = _Taker(state, f"{'Qwen3-VL' if qwen3 else 'Qwen2-VL' if qwen2 else 'Qwen2.5-VL'} vision tower")
     kernel = take(f"{base}patch_embed.proj.weight")  # (D, C, T, P, P): T identical frames of a still image
     if kernel.dim() != 5:
         raise ValueError(f"Qwen-VL patch_embed.proj.weight has shape {tuple(kernel.shape)}, not (D, C, T, P, P)")
@@ -132,13 +159,14 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     if qwen3:
         ours["pos_embed"] = take(f"{base}pos_embed.weight")[None]  # (1, side², D), row-major over the square table
     mlp = (("mlp.fc1", "mlp.linear_fc1"), ("mlp.fc2", "mlp.linear_fc2")) if qwen3 else (
+        ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")) if qwen2 else (
         ("mlp.fc1_g", "mlp.gate_proj"), ("mlp.fc1", "mlp.up_proj"), ("mlp.fc2", "mlp.down_proj"))
     for i in range(config.num_layers):
         layer, b = f"{base}blocks.{i}", f"blocks.{i}"
         for mine, theirs in (("attn.qkv", "attn.qkv"), ("attn.proj", "attn.proj"), *mlp):
             ours.update(_linear(take, f"{b}.{mine}", f"{layer}.{theirs}"))
         for norm in ("norm1", "norm2"):
-            ours.update(_norm(take, f"{b}.{norm}", f"{layer}.{norm}", qwen3))
+            ours.update(_norm(take, f"{b}.{norm}", f"{layer}.{norm}", qwen3 or qwen2))
     if qwen3:
         mergers = [("projector", f"{base}merger")] + [(f"deepstack.{i}", f"{base}deepstack_merger_list.{i}")
                                                      for i in range(len(config.deepstack_layers))]
@@ -147,7 +175,7 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
             ours.update(_linear(take, f"{mine}.fc1", f"{theirs}.linear_fc1"))
             ours.update(_linear(take, f"{mine}.fc2", f"{theirs}.linear_fc2"))
     else:
-        ours["projector.norm.weight"] = take(f"{base}merger.ln_q.weight")
+        ours.update(_norm(take, "projector.norm", f"{base}merger.ln_q", qwen2))
         ours.update(_linear(take, "projector.fc1", f"{base}merger.mlp.0"))
         ours.update(_linear(take, "projector.fc2", f"{base}merger.mlp.2"))
     take.check_all_used()
@@ -155,7 +183,7 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
 
 
 def _norm(take: _Taker, ours: str, theirs: str, layer_norm: bool) -> dict[str, torch.Tensor]:
-    """A LayerNorm's weight and bias (Qwen3-VL), or an RMSNorm's weight (Qwen2.5-VL)."""
+    """A LayerNorm's weight and bias (Qwen2-VL, Qwen3-VL), or an RMSNorm's weight (Qwen2.5-VL)."""
     out = {f"{ours}.weight": take(f"{theirs}.weight")}
     if layer_norm:
         out[f"{ours}.bias"] = take(f"{theirs}.bias")

@@ -23,7 +23,7 @@ from vit.sources.vlm import import_internvl, import_vlm
 # Gemma 3 under language_model.model., Qwen2.5-VL's checkpoints under model.).
 EMBEDDING_NAMES = ("model.language_model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
                    "language_model.embed_tokens.weight", "model.embed_tokens.weight")
-VLM_TYPES = (*import_vlm.ARCHITECTURES, *import_internvl.ARCHITECTURES, "qwen2_5_vl", "qwen3_vl",
+VLM_TYPES = (*import_vlm.ARCHITECTURES, *import_internvl.ARCHITECTURES, "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
              "qwen3_vl_moe")
 MAX_WORDS = 64  # as vit.ask's labels: more is a vocabulary scan, not a question about an image
 MAX_WORD_TOKENS = 16  # a word or a short phrase; each token is one row read
