@@ -364,11 +364,51 @@ def test_a_depth_models_depth_is_transformers_and_its_backbones_attention_eagers
                                rtol=0)
 
 
-def test_a_processor_that_keeps_the_aspect_ratio_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize(("width", "height"), [(30, 40), (90, 20)])
+def test_dpts_keep_aspect_resize_sizes_each_image_as_its_processor_and_the_map_sits_on_its_own_grid(tmp_path, width,
+                                                                                                  height):
+    """DPT's keep_aspect_ratio (its and Depth Anything's default): each image scaled as little as it can be toward
+    the processor's size, each side a multiple of ensure_multiple_of, no crop. The pixels equal DPTImageProcessor's
+    own, the depth transformers' own on them, and each layer's attention its eager one, placed on the image's own
+    grid (a transposed grid fails: the grid is not square)."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
     folder = depth_anything_folder(tmp_path, keep_aspect_ratio=True)
-    with pytest.raises(CheckpointError, match="keeps each image's aspect ratio .* multiple of 8") as refused:
-        vit.load(folder, device="cpu")
-    assert "\n" not in str(refused.value)
+    checkpoint = vit.load(folder, device="cpu")
+    assert checkpoint.preprocessing.multiple_of == 8 and checkpoint.preprocessing.own_size
+    image = Image.fromarray((torch.rand(height, width, 3, generator=torch.Generator().manual_seed(3)) * 255)
+                            .byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    theirs = transformers.DPTImageProcessor.from_pretrained(folder)(image, return_tensors="pt")["pixel_values"]
+    assert x.shape == theirs.shape and x.shape[-2] != x.shape[-1]
+    torch.testing.assert_close(x, theirs, atol=1e-5, rtol=0)
+    own = transformers.DepthAnythingForDepthEstimation.from_pretrained(folder).eval()
+    with torch.no_grad():
+        depth = own(pixel_values=x).predicted_depth
+    torch.testing.assert_close(checkpoint.model(x), depth, atol=1e-5, rtol=0)
+    own.backbone.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = own(pixel_values=x, output_attentions=True).attentions
+    grid = (x.shape[-2] // 8, x.shape[-1] // 8)
+    explanation = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=3)
+    assert explanation.grid == grid and explanation.map.shape == grid
+    torch.testing.assert_close(torch.from_numpy(explanation.map), eager[2][0, 1, 3, 1:].reshape(grid), atol=1e-6,
+                               rtol=0)
+    with pytest.raises(ValueError, match="out of range: this input has"):
+        vit.explain(checkpoint, image, "attention", query=1 + grid[0] * grid[1])
+
+
+def test_dpts_keep_aspect_size_is_its_processors_for_any_image():
+    """``keep_aspect_multiple`` against DPT's own ``get_resize_output_image_size``, over shapes both ways round."""
+    from transformers.models.dpt.image_processing_dpt import get_resize_output_image_size
+
+    from vit.core.images import keep_aspect_multiple
+
+    for height, width in [(40, 30), (20, 90), (518, 518), (1080, 1920), (333, 77), (7, 500)]:
+        theirs = get_resize_output_image_size(torch.empty(3, height, width), (518, 518), True, 14)
+        assert keep_aspect_multiple(height, width, (518, 518), 14) == (theirs.height, theirs.width), (height, width)
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -111,6 +111,10 @@ class Preprocessing:
     # sides of whole patch_size units, between min_pixels and max_pixels pixels; 0: image_size
     min_pixels: int = 0
     max_pixels: int = 0
+    # DPT's keep_aspect_ratio resize (DPT, Depth Anything: ``ensure_multiple_of``): each image scaled as little as it
+    # can be toward image_size, one scale for both sides, each side rounded to a multiple of it, without a crop
+    # (vit.core.images.keep_aspect_multiple); 0: image_size
+    multiple_of: int = 0
     # What resizes: PIL (timm, open_clip, torchvision, ours; transformers' *ImageProcessorPil) or torchvision on uint8
     # tensors (transformers 5's *ImageProcessor, what its AutoImageProcessor picks for an HF folder)
     backend: str = "pil"
@@ -143,7 +147,7 @@ class Preprocessing:
     def own_size(self) -> bool:
         """Whether each image is brought to a size of its own (NaFlex's patch budget, Qwen's smart_resize), not to
         ``image_size``."""
-        return bool(self.max_num_patches or self.max_pixels)
+        return bool(self.max_num_patches or self.max_pixels or self.multiple_of)
 
     @property
     def own_size_rule(self) -> str:
@@ -154,6 +158,9 @@ class Preprocessing:
                     "units")
         if self.max_num_patches:
             return f"NaFlex, at most {self.max_num_patches:,} patches of {self.patch_size} px"
+        if self.multiple_of:
+            return (f"DPT's keep-aspect resize toward {self.size_label} px, each side a multiple of {self.multiple_of} "
+                    "px")
         return ""
 
     @property
@@ -176,7 +183,8 @@ class Preprocessing:
                 "mean": list(self.mean), "std": list(self.std), "resize_size": resize,
                 "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule,
                 "max_num_patches": self.max_num_patches, "patch_size": self.patch_size, "backend": self.backend,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "pad_fill": list(self.pad_fill)}
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "pad_fill": list(self.pad_fill),
+                "multiple_of": self.multiple_of}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
@@ -197,7 +205,7 @@ class Preprocessing:
                    crop_rule=str(values.get("crop_rule", "torchvision")),
                    max_num_patches=int(values.get("max_num_patches", 0)), patch_size=int(values.get("patch_size", 0)),
                    backend=str(values.get("backend", "pil")), min_pixels=int(values.get("min_pixels", 0)),
-                   max_pixels=int(values.get("max_pixels", 0)),
+                   max_pixels=int(values.get("max_pixels", 0)), multiple_of=int(values.get("multiple_of", 0)),
                    pad_fill=tuple(values.get("pad_fill", ())) if isinstance(values.get("pad_fill", ()), (list, tuple))
                    else values.get("pad_fill"))
 
@@ -312,6 +320,11 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return (f"Qwen's smart_resize needs 0 < min_pixels ({p.min_pixels:,}) <= max_pixels ({p.max_pixels:,}) <= "
                 f"{MAX_SMART_PIXELS:,}, sides rounded to whole patches ({p.patch_size} px on {config.patch_size} px "
                 "patches) and no crop")
+    if p.multiple_of and not (0 < p.multiple_of <= max(p.image_hw) and p.resize_size is None
+                              and not (p.max_num_patches or p.max_pixels)
+                              and all(p.multiple_of % q == 0 for q in config.patch_hw)):
+        return (f"DPT's keep-aspect resize needs a multiple ({p.multiple_of}) of the patch size {config.patch_size} "
+                f"no larger than the image size {p.size_label}, and no crop")
     return None
 
 

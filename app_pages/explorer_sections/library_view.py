@@ -20,6 +20,7 @@ from vit.app import explorer_page as explorer
 from vit.app import library_view as view
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError
+from vit.core.inference import input_shape
 from vit.core.text import escape_markdown, visible
 from vit.explain.methods.rise import FIRST_LOOK_MASKS
 from vit.explain.views import library_maps
@@ -71,10 +72,17 @@ def _pick_query(key: str, num_prefix_tokens: int) -> None:
         st.session_state[key] = token
 
 
-def _settings(checkpoint: Checkpoint, model_key: str) -> tuple[str, dict]:
-    """The sidebar's map and the controls it reads: (its name, ``vit.explain``'s keyword arguments)."""
+def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tuple[str, dict]:
+    """The sidebar's map and the controls it reads: (its name, ``vit.explain``'s keyword arguments); the query's
+    tokens are ``image``'s (its own grid where each image is sized by itself: DPT's keep-aspect resize)."""
     model = checkpoint.model
     layout, classifier = model.layout, bool(checkpoint.class_names)
+    try:
+        shape = input_shape(image, checkpoint.preprocessing, layout.patch_hw)
+    except (ValueError, ImageError) as e:  # a strip too long at its own aspect
+        st.error(_one_line(e))
+        st.stop()
+    grid = (shape[0] // layout.patch_hw[0], shape[1] // layout.patch_hw[1])
     st.sidebar.header("Map")
     names = library_maps.method_names(classifier, model)
     if st.session_state.get(METHOD_KEY) not in names:
@@ -100,9 +108,9 @@ def _settings(checkpoint: Checkpoint, model_key: str) -> tuple[str, dict]:
         asked["head"] = None if head == MEAN else head
     if "query" in reads:
         asked["query"] = st.sidebar.selectbox(
-            "Query token", view.query_options(layout.grid, layout.num_prefix_tokens),
+            "Query token", view.query_options(grid, layout.num_prefix_tokens),
             key=f"library_query-{model_key}",
-            format_func=lambda t: drawing.token_option(t, layout.grid, layout.num_prefix_tokens),
+            format_func=lambda t: drawing.token_option(t, grid, layout.num_prefix_tokens),
             help="The token whose map is shown; a click on a patch of the map picks it.")
     if method == "rise":  # a first look, as the port's page opens RISE: the authors' 6,000 masks one call away
         asked["n_masks"] = FIRST_LOOK_MASKS
@@ -126,7 +134,7 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     """The page for ``checkpoint`` (``road == "library"``), below the sidebar's checkpoint; ``entries``: the
     checkpoints the page lists (their samples)."""
     image, name, digest = _image(entry, entries, model_key)
-    method, asked = _settings(checkpoint, model_key)
+    method, asked = _settings(checkpoint, model_key, image)
     opacity = st.sidebar.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="library_opacity")
     try:
         explained = _explain(fingerprint, digest, method, tuple(sorted(asked.items())), checkpoint, image)

@@ -15,7 +15,7 @@ from PIL import Image
 from vit import registry
 from vit.api.arguments import ImageLike, checked_index, input_size, pil_image, save_as, target_class
 from vit.checkpoint import Checkpoint
-from vit.core.inference import InputSize, Prediction, input_box, seen_region
+from vit.core.inference import InputSize, Prediction, input_box, input_shape, seen_region
 from vit.core.runfiles import (
     atomic_write_text,
 )
@@ -305,13 +305,15 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
         raise ValueError(f"{method} of a model opened as its library builds it does not read {', '.join(unread)}; "
                          f"it reads {', '.join(chosen.reads) or 'none'}")
     model = checkpoint.model
-    L, H, T = model.num_layers, model.num_heads, model.layout.num_tokens
+    image = pil_image(image)
+    shape = input_shape(image, checkpoint.preprocessing, model.layout.patch_hw)  # the image's own where it has one
+    grid = (shape[0] // model.layout.patch_hw[0], shape[1] // model.layout.patch_hw[1])
+    L, H, T = model.num_layers, model.num_heads, model.layout.num_prefix_tokens + grid[0] * grid[1]
     layer = (max(chosen.default_layer, -L) if layer is None else checked_index(layer, L, "layer",
                                                                               f"this model has {L} layers")) % L
     head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer") % H
     query = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens") % T
     class_index = target_class(checkpoint, target) if chosen.classifier else None
-    image = pil_image(image)
     drawn = library_maps.library_map(checkpoint, image, method, layer, head, query, class_index,
                                      {k: v for k, v in options.items() if v is not None})
     shown = {"method": method, "layer": layer if "layer" in chosen.reads else None,

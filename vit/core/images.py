@@ -37,6 +37,7 @@ UPLOAD_MAX_PIXELS = 40_000_000
 MAX_ASPECT = 64
 # Pixels an evaluation transform may resize an image to before its centre crop (64 MB of RGB).
 MAX_RESIZED_PIXELS = 4096 * 4096
+MAX_RESIZED_SIDE = 4096  # px: a side an own-size resize (DPT's keep-aspect) may bring an image to
 # Full-size decodes running at once: five users uploading big images hold two of them, not five.
 _DECODE_SLOTS = threading.BoundedSemaphore(2)
 
@@ -238,6 +239,26 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         beta = math.sqrt(min_pixels / (height * width))
         h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def keep_aspect_multiple(height: int, width: int, target_hw: tuple[int, int], multiple: int) -> tuple[int, int]:
+    """DPT's input ``(height, width)`` for an image of ``height x width`` px (HF ``DPTImageProcessor``'s
+    ``get_resize_output_image_size`` with ``keep_aspect_ratio``, step for step): the one scale, of the two that bring
+    a side to ``target_hw``, that is nearer 1 (the image scaled as little as it can be), then each side rounded to a
+    multiple of ``multiple`` (``constrain_to_multiple_of``: Python's round to the nearest multiple). ImageError where
+    a side would come out at 0 px or pass ``MAX_RESIZED_SIDE`` px (a long strip keeps its aspect)."""
+    scale_h, scale_w = target_hw[0] / height, target_hw[1] / width
+    if abs(1 - scale_w) < abs(1 - scale_h):
+        scale_h = scale_w
+    else:
+        scale_w = scale_h
+
+    size = round(scale_h * height / multiple) * multiple, round(scale_w * width / multiple) * multiple
+    if max(size) > MAX_RESIZED_SIDE or min(size) < 1:
+        raise ImageError(f"a {width:,}×{height:,}-px image kept at its aspect ratio comes out at "
+                         f"{size[1]:,}×{size[0]:,} px, outside 1 to {MAX_RESIZED_SIDE:,} px a side; crop it to a less "
+                         "extreme shape")
+    return size
 
 
 def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int,

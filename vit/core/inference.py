@@ -23,6 +23,7 @@ from vit.core.images import (
     ImageError,
     border_start,
     crop_start,
+    keep_aspect_multiple,
     naflex_size,
     normalize,
     on_padded_canvas,
@@ -87,6 +88,8 @@ def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: in
             return naflex_size(image.height, image.width, p.patch_size, p.max_num_patches)
         if p.max_pixels:
             return smart_resize(image.height, image.width, p.patch_size, p.min_pixels, p.max_pixels)
+        if p.multiple_of:
+            return keep_aspect_multiple(image.height, image.width, p.image_hw, p.multiple_of)
         return preprocessing.image_hw
     return size.shape(image.size, preprocessing, patch_size)
 

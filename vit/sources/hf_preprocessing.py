@@ -16,6 +16,7 @@ from vit.sources.files import SourceError, _one_line
 from vit.sources.ports.families import import_clip
 
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
+MAX_MULTIPLE = 2048  # px: DPT's ensure_multiple_of, at most a side
 # Which of transformers' two processors an HF folder's images are prepared as (hf_backend)
 HF_BACKEND_ENV = "VIT_HF_IMAGE_BACKEND"
 # The processor's defaults (Qwen2VLImageProcessor): 56 x 56 to 28 x 28 x 1280 pixels
@@ -119,6 +120,13 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
             raise ValueError(f"size's longest_edge must be a whole number of pixels, got {str(longest)[:40]}")
         return Preprocessing((pad["height"], pad["width"]), channels, tuple(mean)[:channels], tuple(std)[:channels],
                              resize_size=longest, resize_mode="longest_edge_pad", resample=resample)
+    if processor.get("keep_aspect_ratio") and not crop:  # DPT's: each image at its aspect, sides a multiple of this
+        multiple = processor.get("ensure_multiple_of", 1)
+        if isinstance(multiple, bool) or not isinstance(multiple, int) or not 1 <= multiple <= MAX_MULTIPLE:
+            raise ValueError(f"ensure_multiple_of must be a whole number of pixels from 1 to {MAX_MULTIPLE}, got "
+                             f"{str(multiple)[:40]}")
+        return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample,
+                             multiple_of=multiple)
     if crop:
         return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
                              resize_mode="shortest_edge" if shortest else "square", resample=resample,

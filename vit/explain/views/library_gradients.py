@@ -30,7 +30,7 @@ from vit.explain.views.library_maps import LibraryMap, LibraryMethod, prediction
 def _class_map(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
     """Row ``query`` of the gradient rollout up to ``layer`` for class ``class_index`` (None: the predicted one)."""
     model = checkpoint.model
-    grid, prefix = model.layout.grid, model.layout.num_prefix_tokens
+    grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
     logits, attentions, gradients = model.class_gradients(pixels, class_index, range(layer + 1))
     terms = [positive_gradient_attention(attentions[i], gradients[i]) for i in range(layer + 1)]  # (1, T, T) each
     row = relevance_rollout_row(terms, query)[0]  # (T,)
@@ -44,7 +44,7 @@ def _cam(method: str):
         """The ``method`` CAM of layer ``layer``'s attention input for class ``class_index`` (None: the predicted
         one; EigenCAM reads no class)."""
         model = checkpoint.model
-        grid, prefix = model.layout.grid, model.layout.num_prefix_tokens
+        grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
         gradients = method not in cam.GRADIENT_FREE
         tokens, grads, logits = model.attention_inputs(pixels, layer, class_index, gradients)
         acts = cam._on_grid(tokens, grid)  # (1, D, gh, gw)
@@ -87,7 +87,7 @@ def _legrad(checkpoint, pixels, layer, head, query, class_index, options) -> Lib
     from vit.explain.methods.relevance import legrad_from_gradients
 
     model = checkpoint.model
-    grid, prefix = model.layout.grid, model.layout.num_prefix_tokens
+    grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
     logits, gradients = model.legrad_gradients(pixels, class_index, range(layer, model.num_layers))
     value = legrad_from_gradients(list(gradients.values()), grid, prefix)[0]
     explained = int(logits[0].argmax()) if class_index is None else class_index
@@ -119,7 +119,7 @@ def _attnlrp(checkpoint, pixels, layer, head, query, class_index, options) -> Li
     problem = attnlrp_problem(model)
     if problem:
         raise ValueError(problem)
-    grid, prefix = model.layout.grid, model.layout.num_prefix_tokens
+    grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
     from vit.costs import plan
 
     plan.decide(plan.library_gradient(model.cost_shape(), grid, "AttnLRP"))

@@ -77,7 +77,7 @@ def _logits(model, out) -> torch.Tensor | None:
 
 def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
     model = checkpoint.model
-    grid, prefix, L = model.layout.grid, model.layout.num_prefix_tokens, model.num_layers
+    grid, prefix, L = model.input_grid(pixels), model.layout.num_prefix_tokens, model.num_layers
     out, kept = model.run(pixels, layers=[layer], rows=[query])
     row = kept[layer % L]  # (1, H, 1, T): the layer's extra tokens (EoMT's queries) first where it has them
     keys = prefix + model.layout.extra_of(layer % L)
@@ -89,7 +89,7 @@ def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> 
 
 def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
     model = checkpoint.model
-    grid, prefix, L = model.layout.grid, model.layout.num_prefix_tokens, model.num_layers
+    grid, prefix, L = model.input_grid(pixels), model.layout.num_prefix_tokens, model.num_layers
     asked = range(layer % L + 1)
     if any(model.layout.extra_of(i) for i in asked):
         first = next(i for i in asked if model.layout.extra_of(i))

@@ -209,6 +209,11 @@ class LibraryModel(torch.nn.Module):
     def is_classifier(self) -> bool:
         return type(self.model).__name__.endswith("ForImageClassification")
 
+    def input_grid(self, pixels: torch.Tensor) -> tuple[int, int]:
+        """The patch grid of ``pixels`` (B, C, H, W): the layout's own, or an image's own where each is sized by
+        itself (DPT's keep-aspect resize)."""
+        return grid_of(self.layout, pixels.shape[-2:])
+
     def attention_module(self, layer: int) -> torch.nn.Module:
         """Layer ``layer``'s attention module (the one that calls transformers' attention interface)."""
         return self._attention[layer]
@@ -603,11 +608,6 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                                                                    "image_size", None), "image_size")
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0], patch_size=patch if patch[0] != patch[1]
                              else patch[0], num_channels=channels, num_classes=0)
-        if isinstance(image_processor, Mapping) and image_processor.get("keep_aspect_ratio"):
-            raise ValueError("its image processor keeps each image's aspect ratio at a size that is a multiple of "
-                             f"{image_processor.get('ensure_multiple_of', 1)} (DPT's resize), which this program does "
-                             "not reproduce yet; set keep_aspect_ratio to false in preprocessor_config.json for a "
-                             "fixed size")
         preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
         layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw, extra_tokens(config))
     except (ValueError, TypeError, AttributeError) as e:
