@@ -255,10 +255,15 @@ def test_a_non_square_grid_is_placed_row_major_and_a_transposed_grid_would_fail(
     assert not torch.allclose(torch.from_numpy(explanation.map), row.reshape(6, 4).T, atol=1e-6, rtol=0)
 
 
-def test_tokens_after_the_patches_are_refused_in_one_line_at_opening(tmp_path):
+def test_tokens_the_layout_does_not_place_are_refused_in_one_line_at_opening(tmp_path, monkeypatch):
+    """A model whose attention runs over tokens the layout does not count (here YOLOS's detection tokens, with the
+    road's count of them taken away) is refused at opening, on the meta device, before any weight is read."""
+    from vit.sources.library_road import transformers_models
+
     config = transformers.YolosConfig(**SMALL, image_size=[32, 32], num_detection_tokens=3)  # 3 tokens after them
     transformers.YolosModel(config).save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    monkeypatch.setattr(transformers_models, "SUFFIX_PARAMETERS", ())
     with pytest.raises(CheckpointError, match=r"runs over \[20\] tokens, not the 1 prefix tokens and 4x4") as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value)
@@ -512,3 +517,39 @@ def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_a
     assert vit.explain(checkpoint, image, "rollout", layer=1).map.shape == (4, 4)
     with pytest.raises(ValueError, match=r"layer 3 adds 3 tokens \(its object queries\); choose a layer up to 2$"):
         vit.explain(checkpoint, image, "rollout")
+
+
+def test_yolos_detection_tokens_after_the_patches_are_placed_and_their_rows_drawn(tmp_path):
+    """YOLOS puts its detection tokens after the patches: CLS, the patches, then them (the layout's suffix, counted
+    from the embeddings' ``detection_tokens``). Every layer's attention equals transformers' eager one; a map reads
+    the patches' keys between them; a detection token's own row is a query; EigenCAM and the dense views leave the
+    detection tokens out."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    torch.manual_seed(0)
+    model = transformers.YolosForObjectDetection(transformers.YolosConfig(
+        **{**SMALL, "patch_size": 8}, image_size=[32, 32], num_detection_tokens=3, num_labels=2))
+    spread(model)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    layout = checkpoint.model.layout
+    assert checkpoint.road == "library" and (layout.num_prefix_tokens, layout.num_suffix_tokens) == (1, 3)
+    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    _, attentions = checkpoint.model.run(x, layers=range(3))
+    with torch.no_grad():
+        eager = reference(tmp_path, "eager")(pixel_values=x, output_attentions=True).attentions
+    for layer in range(3):
+        assert attentions[layer].shape == eager[layer].shape == (1, 4, 20, 20)
+        assert torch.allclose(attentions[layer], eager[layer], atol=1e-6, rtol=0)
+    for query in (5, 18):  # a patch, then the second detection token
+        drawn = vit.explain(checkpoint, image, "attention", layer=1, head=2, query=query)
+        assert torch.allclose(torch.from_numpy(drawn.map), eager[1][0, 2, query, 1:17].reshape(4, 4), atol=1e-6,
+                              rtol=0)
+    with pytest.raises(ValueError, match="query 20 is out of range: this input has 20 tokens"):
+        vit.explain(checkpoint, image, "attention", query=20)
+    assert vit.explain(checkpoint, image, "eigencam").map.shape == (4, 4)
+    assert vit.similarity(checkpoint, image, query=5).map.shape == (4, 4)

@@ -308,7 +308,8 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
     image = pil_image(image)
     shape = input_shape(image, checkpoint.preprocessing, model.layout.patch_hw)  # the image's own where it has one
     grid = (shape[0] // model.layout.patch_hw[0], shape[1] // model.layout.patch_hw[1])
-    L, H, T = model.num_layers, model.num_heads, model.layout.num_prefix_tokens + grid[0] * grid[1]
+    L, H, T = (model.num_layers, model.num_heads,
+               model.layout.num_prefix_tokens + grid[0] * grid[1] + model.layout.num_suffix_tokens)
     layer = (max(chosen.default_layer, -L) if layer is None else checked_index(layer, L, "layer",
                                                                               f"this model has {L} layers")) % L
     head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer") % H

@@ -120,7 +120,7 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
             raise ValueError(f"size's longest_edge must be a whole number of pixels, got {str(longest)[:40]}")
         return Preprocessing((pad["height"], pad["width"]), channels, tuple(mean)[:channels], tuple(std)[:channels],
                              resize_size=longest, resize_mode="longest_edge_pad", resample=resample)
-    if processor.get("keep_aspect_ratio") and not crop:  # DPT's: each image at its aspect, sides a multiple of this
+    if processor.get("keep_aspect_ratio") and processor.get("do_resize", True) and not crop:  # DPT's, at its aspect
         multiple = processor.get("ensure_multiple_of", 1)
         if isinstance(multiple, bool) or not isinstance(multiple, int) or not 1 <= multiple <= MAX_MULTIPLE:
             raise ValueError(f"ensure_multiple_of must be a whole number of pixels from 1 to {MAX_MULTIPLE}, got "

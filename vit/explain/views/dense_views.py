@@ -95,7 +95,7 @@ def library_analysis(checkpoint: Checkpoint, image: Image.Image) -> Analysis:
         raise ValueError("this model's output has no last hidden state (its head gives another output: a depth "
                          "model's); the PCA, similarity and correspondences read a model's patch tokens")
     gh, gw = model.input_grid(pixels)  # the layout's, or the image's own (DPT's keep-aspect resize)
-    if states.shape[1] != layout.num_prefix_tokens + gh * gw:
+    if states.shape[1] != layout.num_prefix_tokens + gh * gw + layout.num_suffix_tokens:
         raise ValueError(f"its last hidden state has {states.shape[1]} tokens, not the {layout.num_prefix_tokens} "
                          f"prefix tokens and {gh}x{gw} patches its layout places")
     if logits is None:  # a feature model: no prediction
@@ -103,7 +103,7 @@ def library_analysis(checkpoint: Checkpoint, image: Image.Image) -> Analysis:
     [prediction] = predictions_from_logits(logits.float(), checkpoint.class_names, 5, model=model)
     return Analysis(prediction, tuple(torch.empty(1, model.num_heads, 0, 0) for _ in range(model.num_layers)),
                     (gh, gw), layout.patch_hw, tuple(pixels.shape[-2:]), layout.num_prefix_tokens,
-                    last_hidden_state=states[0].float().cpu())
+                    last_hidden_state=states[0, :layout.num_prefix_tokens + gh * gw].float().cpu())
 
 
 _LIBRARY_STATES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vit_library_states", default=None)

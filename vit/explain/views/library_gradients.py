@@ -33,9 +33,9 @@ def _class_map(checkpoint, pixels, layer, head, query, class_index, options) -> 
     grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
     logits, attentions, gradients = model.class_gradients(pixels, class_index, range(layer + 1))
     terms = [positive_gradient_attention(attentions[i], gradients[i]) for i in range(layer + 1)]  # (1, T, T) each
-    row = relevance_rollout_row(terms, query)[0]  # (T,)
+    row = relevance_rollout_row(terms, query)[0][prefix:prefix + grid[0] * grid[1]]  # (gh * gw,): the patches
     explained = int(logits[0].argmax()) if class_index is None else class_index
-    return LibraryMap(row[prefix:].reshape(grid).float().cpu().numpy().astype(np.float32), None, None, grid, prefix,
+    return LibraryMap(row.reshape(grid).float().cpu().numpy().astype(np.float32), None, None, grid, prefix,
                       prediction_of(checkpoint, logits), checkpoint.class_names[explained])
 
 
@@ -47,6 +47,8 @@ def _cam(method: str):
         grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
         gradients = method not in cam.GRADIENT_FREE
         tokens, grads, logits = model.attention_inputs(pixels, layer, class_index, gradients)
+        end = prefix + grid[0] * grid[1]  # the tokens after the patches (YOLOS's detection tokens) left out
+        tokens, grads = tokens[:, :end], None if grads is None else grads[:, :end]
         acts = cam._on_grid(tokens, grid)  # (1, D, gh, gw)
         if method == "eigencam":
             result = cam.eigen_projection(acts)

@@ -81,7 +81,8 @@ def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> 
     out, kept = model.run(pixels, layers=[layer], rows=[query])
     row = kept[layer % L]  # (1, H, 1, T): the layer's extra tokens (EoMT's queries) first where it has them
     keys = prefix + model.layout.extra_of(layer % L)
-    heads = row[0, :, 0, keys:].float().reshape(-1, *grid)  # (H, gh, gw): the prefix keys dropped, row-major
+    patches = row[0, :, 0, keys:keys + grid[0] * grid[1]]  # the prefix keys dropped, and any after the patches
+    heads = patches.float().reshape(-1, *grid)  # (H, gh, gw), row-major
     chosen = heads.mean(0) if head is None else heads[head]
     return LibraryMap(chosen.cpu().numpy().astype(np.float32), heads.cpu().numpy().astype(np.float32), layer % L,
                       grid, prefix, prediction_of(checkpoint, _logits(model, out)))
@@ -98,7 +99,7 @@ def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> Li
     out, kept = model.run(pixels, layers=asked)
     factors = [rollout_factor(kept[i], "mean", 0.0, prefix) for i in asked]  # (1, T, T) each
     row = rollout_rows(factors, query)[0]  # (T,)
-    value = row[prefix:].reshape(grid).float()
+    value = row[prefix:prefix + grid[0] * grid[1]].reshape(grid).float()  # the patches' keys
     return LibraryMap(value.cpu().numpy().astype(np.float32), None, None, grid, prefix,
                       prediction_of(checkpoint, _logits(model, out)))
 

@@ -34,6 +34,7 @@ ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own Vi
 # The embeddings' parameters that are tokens before the patches: (1, n, hidden) each, CLIP's (hidden,) one
 PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distillation_token",
                      "cls_register_token")  # C-RADIO's CLS and registers: (n, hidden)
+SUFFIX_PARAMETERS = ("detection_tokens",)  # the embeddings' tokens after the patches: YOLOS's (1, n, hidden)
 MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
 
 
@@ -50,6 +51,7 @@ class LibraryLayout:
     # CLS, patch p is p + num_prefix_tokens) in every layer: a layer's row of it is its index plus the layer's extra
     # tokens.
     extra_tokens: tuple[int, ...] = ()
+    num_suffix_tokens: int = 0  # tokens after the patches in every layer (YOLOS's detection tokens)
 
     def extra_of(self, layer: int) -> int:
         """The tokens layer ``layer`` has before the layout's prefix tokens (0 in most models)."""
@@ -62,7 +64,7 @@ class LibraryLayout:
     @property
     def num_tokens(self) -> int:
         gh, gw = self.grid
-        return self.num_prefix_tokens + gh * gw
+        return self.num_prefix_tokens + gh * gw + self.num_suffix_tokens
 
 
 class _AttentionRecorder:
@@ -152,8 +154,8 @@ def _take_input(module, args, kwargs):
     return ((leaf, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": leaf})
 
 
-# The model and the last layer the current context runs (``LibraryModel.read_at``): the blocks after it pass their
-# input through, so the model's own head reads that layer's output
+# The blocks the current context passes over (``LibraryModel.legrad_gradients``): each hands its input on, so the
+# model's own head reads the output of the layer before them
 _LAST_LAYER: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("vit_library_last_layer", default=None)
 
 
@@ -229,7 +231,7 @@ class LibraryModel(torch.nn.Module):
         L = self.num_layers
         asked = sorted({layer % L for layer in layers})
         gh, gw = grid_of(self.layout, pixels.shape[-2:])
-        tokens = self.layout.num_prefix_tokens + gh * gw
+        tokens = self.layout.num_prefix_tokens + gh * gw + self.layout.num_suffix_tokens
         if asked:
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
                                                tokens, len(asked), None if rows is None else len(rows)))
@@ -417,15 +419,16 @@ def _pair(value, name: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-def prefix_tokens(model: torch.nn.Module) -> int:
+def prefix_tokens(model: torch.nn.Module, names: tuple[str, ...] = PREFIX_PARAMETERS) -> int:
     """The tokens before the patches: the embeddings' token parameters (CLS, registers, a distillation token:
-    ``(1, n, hidden)`` each; CLIP's ``class_embedding``: ``(hidden,)``, one token)."""
+    ``(1, n, hidden)`` each; CLIP's ``class_embedding``: ``(hidden,)``, one token); with ``SUFFIX_PARAMETERS``
+    those after them (YOLOS's detection tokens)."""
     embeddings = next((m for name, m in model.named_modules() if name.rpartition(".")[2] == "embeddings"), None)
     if embeddings is None:
         raise ValueError("it has no embeddings module to count its prefix tokens from")
     count = 0
     for name, parameter in embeddings.named_parameters(recurse=False):
-        if name in PREFIX_PARAMETERS:
+        if name in names:
             count += 1 if parameter.dim() == 1 else int(parameter.shape[-2])
     return count
 
@@ -609,7 +612,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0], patch_size=patch if patch[0] != patch[1]
                              else patch[0], num_channels=channels, num_classes=0)
         preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
-        layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw, extra_tokens(config))
+        layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw, extra_tokens(config),
+                               prefix_tokens(model, SUFFIX_PARAMETERS))
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     problem = preprocessing_problem(preprocessing, stand_in)
