@@ -553,3 +553,29 @@ def test_yolos_detection_tokens_after_the_patches_are_placed_and_their_rows_draw
         vit.explain(checkpoint, image, "attention", query=20)
     assert vit.explain(checkpoint, image, "eigencam").map.shape == (4, 4)
     assert vit.similarity(checkpoint, image, query=5).map.shape == (4, 4)
+
+
+def test_idefics3s_tower_whose_forward_reads_its_patch_mask_opens_and_records_eagers_attention(tmp_path):
+    """SmolVLM's (Idefics3's) vision tower reads a value of its patch mask in its forward, which the meta device
+    cannot: its layout is checked against the keys each recording gets instead. Every layer's attention equals
+    transformers' eager one, the map on the grid row-major."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    torch.manual_seed(0)
+    model = transformers.Idefics3VisionTransformer(transformers.Idefics3VisionConfig(**SMALL, image_size=32))
+    spread(model)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == 0
+    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    _, attentions = checkpoint.model.run(x, layers=range(3))
+    with torch.no_grad():
+        eager = reference(tmp_path, "eager")(pixel_values=x, output_attentions=True).attentions
+    for layer in range(3):
+        assert torch.allclose(attentions[layer], eager[layer], atol=1e-6, rtol=0)
+    drawn = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=6)
+    assert torch.allclose(torch.from_numpy(drawn.map), eager[2][0, 1, 6].reshape(4, 4), atol=1e-6, rtol=0)

@@ -447,7 +447,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "vit.sources.ports.libraries.mapping", (), _EVERY_MAP),
     # The library road (issue 91): the library's own model, its attention recorded; taken where no port reads it
     Family("transformers-library", "Any transformers vision model without a port: I-JEPA, ViT-MSN, Pixio, C-RADIO, "
-           "MetaCLIP 2 and MLCD towers, ViTPose's backbone, GIT's tower, EoMT, YOLOS, DPT, Depth Anything", "image",
+           "MetaCLIP 2, MLCD and SmolVLM towers, ViTPose's backbone, GIT's tower, EoMT, YOLOS, DPT, Depth Anything",
+           "image",
            "HF folders whose model_type no port reads and whose attention runs through transformers' attention "
            "interface, its tokens a prefix then the patches (EoMT's object queries before them in its last blocks, "
            "YOLOS's detection tokens after them) (vit.load)",
