@@ -208,3 +208,18 @@ def test_rise_on_the_page_is_a_first_look_of_a_thousand_masks(tmp_path):
     expected = vit.explain(vit.load(folder, device="cpu"), photo()[1], "rise", n_masks=FIRST_LOOK_MASKS).map
     np.testing.assert_allclose(shown_map(at), expected, atol=1e-6, rtol=1e-5)
     assert any("1,000 masks" in c.value for c in at.sidebar.caption)
+
+
+def test_the_view_downloads_as_an_overlay_and_an_offline_html_as_vit_explains_it(tmp_path):
+    """Every view a file too: the overlay (PNG) and the view as one offline HTML, the notebook API's own export
+    (``Explanation.html``, what ``to_html`` writes)."""
+    import vit
+
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")
+    at = opened(folder)
+    labels = [b.label for b in at.get("download_button")]
+    assert "Overlay (PNG)" in labels and "This view, offline (HTML)" in labels
+    explanation = vit.explain(vit.load(folder, device="cpu"), photo()[1], "attention")
+    written = explanation.to_html(tmp_path / "view.html")
+    assert written.read_text(encoding="utf-8") == explanation.html()
+    assert "<script src=" not in explanation.html()  # self-contained: nothing fetched when it opens

@@ -7,6 +7,7 @@ of an attention map, a classifier's top-5 prediction and the map's caption. Ever
 the page shows is what the notebook API gives; a refusal (the cost model's, a map that does not apply) is one line."""
 
 from functools import partial
+from pathlib import Path
 
 import streamlit as st
 from PIL import Image
@@ -21,9 +22,10 @@ from vit.app import library_view as view
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError
 from vit.core.inference import input_shape
-from vit.core.text import escape_markdown, visible
+from vit.core.text import escape_markdown, file_name_part, visible
 from vit.explain.methods.rise import FIRST_LOOK_MASKS
 from vit.explain.views import library_maps
+from vit.explain.views.overlay import to_png_bytes
 
 METHOD_KEY = "library_method"
 PICKER_KEY = "library_map_picker"
@@ -151,6 +153,17 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
                     selection_mode="points", config={"displayModeBar": False})
     st.caption(f"{escape_markdown(visible(explained.description))} Drawn over the pixels the model saw of "
                f"{escape_markdown(visible(name))}, on its own {explained.grid[0]}×{explained.grid[1]} patch grid.")
+    stem = "-".join(part for part in (file_name_part(Path(name).stem) or "image", method,
+                                      *(f"{k}{v}" for k, v in sorted(asked.items()) if v is not None)))
+    as_png, as_html = st.columns(2)
+    as_png.download_button("Overlay (PNG)", data=partial(to_png_bytes, explained.overlay(alpha=opacity)),
+                           file_name=f"{stem}-overlay.png", mime="image/png", on_click="ignore",
+                           key="library_download_png")
+    as_html.download_button("This view, offline (HTML)", data=partial(explained.html, opacity),
+                            file_name=f"{stem}.html", mime="text/html", on_click="ignore",
+                            key="library_download_html",
+                            help="One self-contained file: the image, the map with its colour bar and caption, the "
+                                 "heads, the prediction and the settings; it opens without this server.")
     sheet = view.heads_sheet(explained, opacity)
     if sheet is not None:
         st.subheader("Heads")

@@ -108,6 +108,12 @@ class Explanation:
         """Writes the explorer's export of this view to ``path``: one self-contained ``.html`` (the image, the map
         with its colour bar and caption, the heads grid, the prediction and the settings; hover a patch for its
         value) that opens offline. Returns the path."""
+        path = Path(path)
+        atomic_write_text(path, self.html(alpha, colormap))
+        return path
+
+    def html(self, alpha: float = 0.6, colormap: str = "inferno") -> str:
+        """The text ``to_html`` writes: the view as one self-contained, offline ``.html``."""
         from vit.app.export import View, view_html  # the explorer's export, as its Download button writes it
 
         cmap, vmin, vmax = map_colours(self.method, self.map, colormap)
@@ -118,9 +124,7 @@ class Explanation:
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
-        path = Path(path)
-        atomic_write_text(path, view_html(view))
-        return path
+        return view_html(view)
 
     def save(self, path: str | os.PathLike) -> Path:
         """``.png``: the overlay (``overlay()``); ``.npz``: ``map`` (rows, cols), ``method``, ``query``,
