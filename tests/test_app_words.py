@@ -75,10 +75,10 @@ def test_ask_in_words_scores_and_maps_every_label(clip):
 
     [method] = [w for w in at.main.selectbox if w.label == "Method"]
     assert method.options == ["gradient rollout (Chefer et al. 2021b)", "LeGrad", "AttnLRP", "Grad-ECLIP", "SCLIP",
-                              "NACLIP", "ClearCLIP", "CLIP Surgery"]
+                              "NACLIP", "ClearCLIP", "MaskCLIP", "CLIP Surgery"]
     for key, name in (("rollout", "gradient rollout"), ("legrad", "LeGrad"), ("attnlrp", "AttnLRP"),
                       ("grad_eclip", "Grad-ECLIP"), ("sclip", "SCLIP"), ("naclip", "NACLIP"),
-                      ("clearclip", "ClearCLIP"), ("clipsurgery", "CLIP Surgery")):
+                      ("clearclip", "ClearCLIP"), ("maskclip", "MaskCLIP"), ("clipsurgery", "CLIP Surgery")):
         [method] = [w for w in at.main.selectbox if w.label == "Method"]
         method.set_value(key)
         at.run()

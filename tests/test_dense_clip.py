@@ -1,15 +1,17 @@
-"""Training-free dense text maps of a CLIP (issue 63, item 3): SCLIP, NACLIP, ClearCLIP and CLIP Surgery, each equal
-to its authors' segmentor output before post-processing, on the same weights.
+"""Training-free dense text maps of a CLIP (issue 63, item 3; MaskCLIP: issue 94, item 2): SCLIP, NACLIP, ClearCLIP,
+CLIP Surgery and MaskCLIP, each equal to its authors' segmentor output before post-processing, on the same weights.
 
 The references are the authors' code, kept verbatim in ``tests/reference`` (repository, commit and path in each
 header): SCLIP's ``CLIPForSegmentation.forward_feature`` on its ``clip/model.py``; NACLIP's ``NACLIP.forward_feature``
 on its ``clip/model.py`` with the segmentor's defaults (``set_params("reduced", "naclip", 5.)``); ClearCLIP's
 ``ClearCLIPSegmentation.forward_feature`` on its open_clip fork's ``VisionTransformer`` (``model_type="ClearCLIP"``,
 ``ignore_residual``); CLIP Surgery's ``CLIPSurgery.encode_image`` and ``clip_feature_surgery`` (its demo's similarity
-before ``get_similarity_map``). Each is built from the state dict of an open_clip model made here with random
-weights (open_clip's init plus Gaussian noise on every parameter): ViT-B/16 as OpenAI released it (QuickGELU), the
-backbone the authors ship, and ViT-B/32, which none of the four ships. The segmentors' ``forward_feature``
-upsamples the patch-grid logits bilinearly to the input: ours are compared through the same upsampling.
+before ``get_similarity_map``); MaskCLIP's mmseg ``VisionTransformer.forward`` and ``MaskClipHead.forward`` (their
+head's output, before the segmentor's resize), run on open_clip's modules. Each is built from the state dict of an
+open_clip model made here with random weights (open_clip's init plus Gaussian noise on every parameter): ViT-B/16 as
+OpenAI released it (QuickGELU), the backbone the authors ship, and ViT-B/32, which none of the first four ships. The
+segmentors' ``forward_feature`` upsamples the patch-grid logits bilinearly to the input: ours are compared through
+the same upsampling.
 """
 
 import inspect
@@ -158,6 +160,90 @@ def test_clip_surgery_is_the_authors_demo(backbone, labels):
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
 
 
+class Stand(types.SimpleNamespace):
+    """A namespace called as the mmcv module it stands for: its ``forward``."""
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+def maskclip_reference(state: dict, model_cfg: dict, texts: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """The authors' MaskCLIP on ``state``: their backbone's ``VisionTransformer.forward`` (``maskclip_vit16.py``:
+    ``pre_norm``, ``final_norm``, ``return_qkv`` at the last layer) and ``MaskClipHead.forward`` (``vit=True``, the
+    visual projection a 1x1 conv as ``convert_clip_weights.py`` stores it), run on open_clip's own modules where
+    mmcv's would be: ``(B, n, gh, gw)``, the head's output before the segmentor's resize."""
+    from tests.reference.maskclip import maskclip_head, vit
+
+    clip = open_clip.model.CLIP(**model_cfg)
+    clip.load_state_dict(state)
+    visual = clip.eval().visual
+    gh, gw = images.shape[2] // visual.patch_size[0], images.shape[3] // visual.patch_size[1]
+
+    def attention(block):  # mmcv's MultiheadAttention (batch_first): identity + nn.MultiheadAttention(q, q, q)
+        def forward(query, identity):
+            q = query if block.attn.batch_first else query.transpose(0, 1)
+            out = block.attn(q, q, q, need_weights=False)[0]
+            return identity + (out if block.attn.batch_first else out.transpose(0, 1))
+        return Stand(attn=block.attn, forward=forward)
+
+    layers = []
+    for block in visual.transformer.resblocks:  # mmcv's FFN: identity + its layers (c_fc, the activation, c_proj)
+        layer = Stand(norm1=block.ln_1, norm2=block.ln_2, attn=attention(block),
+                      ffn=lambda x, identity, mlp=block.mlp: identity + mlp(x))
+        layer.forward = types.MethodType(vit.TransformerEncoderLayer.forward, layer)
+        layers.append(layer)
+    last = len(layers) - 1
+    backbone = types.SimpleNamespace(
+        patch_embed=lambda x: (visual.conv1(x).flatten(2).transpose(1, 2), (gh, gw)),  # mmseg's PatchEmbed
+        cls_token=visual.class_embedding[None, None], pos_embed=visual.positional_embedding[None],
+        img_size=(gh * visual.patch_size[0], gw * visual.patch_size[1]), patch_size=visual.patch_size[0],
+        drop_after_pos=torch.nn.Identity(), with_cls_token=True, output_cls_token=False, pre_norm=True,
+        norm0=visual.ln_pre, layers=layers, final_norm=True, norm1=visual.ln_post, out_indices=[last],
+        return_qkv=[i == last for i in range(len(layers))], skip_last_attn=False)  # as the config sets them
+    backbone._pos_embeding = types.MethodType(vit.VisionTransformer._pos_embeding, backbone)
+    defaults = inspect.signature(maskclip_head.MaskClipHead.__init__).parameters
+    proj = torch.nn.Conv2d(visual.proj.shape[0], visual.proj.shape[1], 1, bias=False)
+    proj.weight.data = visual.proj.detach().t()[:, :, None, None]  # convert_clip_weights, load_visual_projs
+    head = types.SimpleNamespace(vit=True, proj=proj, text_embeddings=texts, training=False,
+                                 ks_thresh=defaults["ks_thresh"].default, pd_thresh=defaults["pd_thresh"].default,
+                                 _transform_inputs=lambda inputs: inputs[-1])  # BaseDecodeHead: in_index=-1
+    head.cls_seg = types.MethodType(maskclip_head.MaskClipHead.cls_seg, head)
+    head.refine_output = types.MethodType(maskclip_head.MaskClipHead.refine_output, head)
+    with torch.no_grad():
+        return maskclip_head.MaskClipHead.forward(head, vit.VisionTransformer.forward(backbone, images))
+
+
+def test_maskclip_is_the_authors_backbone_and_head(backbone):
+    state, model_cfg, model, texts, images = backbone
+    expected = maskclip_reference(state, model_cfg, texts, images)  # (1, n, gh, gw)
+    ours = dense_clip.dense_text_maps(model, images, texts, "maskclip")
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    assert (ours - dense_clip.dense_text_maps(model, images, texts, "sclip")).abs().max() > 1e-3  # its own change
+
+
+def test_maskclip_on_a_non_square_grid_is_the_authors_row_major_grid():
+    """An open_clip tower trained at 64 x 96 (a 4 x 6 grid): the authors' ``reshape(B, h, w, C)`` of the tokens is
+    the map; read column-major it would not be."""
+    cfg = open_clip.get_model_config("ViT-B-16")
+    vision = dict(cfg["vision_cfg"], image_size=(64, 96), layers=2)
+    model_cfg = dict(embed_dim=cfg["embed_dim"], vision_cfg=vision, text_cfg=TEXT_CFG, quick_gelu=True)
+    torch.manual_seed(0)
+    clip = open_clip.model.CLIP(**model_cfg)
+    with torch.no_grad():
+        for p in clip.parameters():
+            p.add_(torch.randn_like(p) * NOISE)
+    state = {k: v.detach().clone() for k, v in clip.state_dict().items()}
+    model = our_model(state, model_cfg)
+    texts = F.normalize(torch.randn(LABELS, cfg["embed_dim"]), dim=-1)
+    images = torch.randn(1, 3, 64, 96)
+    expected = maskclip_reference(state, model_cfg, texts, images)  # (1, n, 4, 6)
+    ours = dense_clip.dense_text_maps(model, images, texts, "maskclip")
+    assert ours.shape == expected.shape == (1, LABELS, 4, 6)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    transposed = ours.flatten(2).reshape(1, LABELS, 6, 4).transpose(2, 3)  # the tokens read column-major
+    assert (transposed - expected).abs().max() > 1e-2
+
+
 # --- the engine's variants, on a tiny CLIP-like tower and a non-square grid ---------------------------------------
 
 CLIP_LIKE = dict(image_size=32, patch_size=8, num_classes=0, hidden_size=32, num_layers=6, num_heads=2, mlp_size=64,
@@ -201,7 +287,8 @@ VARIANTS = {**dense_clip.VARIANTS, "surgery branch": dense_clip.SURGERY_BRANCH}
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_a_variants_attention_is_its_formula_on_both_paths(name):
     """The explicit path's probabilities are the sum over the pairs of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)``
-    (NACLIP's addition from its authors' functions) from the block's own q, k, v, and the fused path (no T x T
+    (NACLIP's addition from its authors' functions) from the block's own q, k, v (no pairs, MaskCLIP's: the
+    identity), and the fused path (no T x T
     tensor) gives the same block output, with or without its residual and MLP."""
     from tests.reference.naclip.model import VisionTransformer
 
@@ -224,6 +311,8 @@ def test_a_variants_attention_is_its_formula_on_both_paths(name):
     scale = named["q"].shape[-1] ** -0.5
     expected = sum(((named[a] @ named[b].transpose(-2, -1)) * scale + addition).softmax(dim=-1)
                    for a, b in variant.pairs)
+    if not variant.pairs:  # MaskCLIP: each token attends to itself alone
+        expected = torch.eye(x.shape[1]).expand(*named["q"].shape[:2], -1, -1)
     torch.testing.assert_close(attentions[-1], expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
     branch = cache[last + "hook_attn_out"]

@@ -434,7 +434,8 @@ def test_predict_labels_save_maps_writes_every_prompts_maps(clip_folder, chefer_
     listed = records[0]["maps"]["prompts"]
     assert [entry["label"] for entry in listed] == LABELS
     # the dense maps but CLIP Surgery, which changes six blocks (this CLIP has three)
-    assert set(listed[0]) == {"label", "rollout", "legrad", "attnlrp", "grad_eclip", "sclip", "naclip", "clearclip"}
+    assert set(listed[0]) == {"label", "rollout", "legrad", "attnlrp", "grad_eclip", "sclip", "naclip", "clearclip",
+                              "maskclip"}
     assert all(Path(p).is_file() for entry in listed for key, p in entry.items() if key != "label")
     with np.load(records[0]["maps"]["npz"]) as arrays:
         assert list(arrays["class_names"]) == LABELS and str(arrays["probability_kind"]) == "softmax"

@@ -28,7 +28,7 @@ filled into ``--template`` (default "a photo of a {}."; "{}" uses the labels ver
 open_clip's 80 ImageNet templates). CLIP's probabilities are a softmax over the labels, SigLIP's each label's
 own sigmoid. With ``--save-maps`` the ``.npz`` also holds ``prompt_<method>`` (labels, rows, cols): every
 label's map by each method that applies (rollout, legrad, attnlrp, grad_eclip, the similarity the target; the
-training-free sclip, naclip, clearclip, clipsurgery, the similarity itself),
+training-free sclip, naclip, clearclip, maskclip, clipsurgery, the similarity itself),
 with ``class_names`` the labels and ``probability_kind``; each map is also drawn as
 ``<stem>_<method>_<i>.png`` (i: the label's place, from 0), listed under ``"maps"`` → ``"prompts"``.
 

@@ -338,6 +338,11 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            test="tests/test_dense_clip.py::test_clearclip_is_the_authors_segmentor",
            question=_DENSE_QUESTION,
            runs=_DENSE_RUNS, tolerance="rtol 1e-5, atol 1e-5"),
+    Method("maskclip", "MaskCLIP", ("label",), _DENSE_APPLIES, "words", module="vit.explain.methods.dense_clip",
+           paper="Zhou et al. 2022", code="the authors' MaskCLIP backbone and head (mmseg fork)",
+           test="tests/test_dense_clip.py::test_maskclip_is_the_authors_backbone_and_head",
+           question=_DENSE_QUESTION,
+           runs=_DENSE_RUNS, tolerance="rtol 1e-5, atol 1e-5"),
     Method("clipsurgery", "CLIP Surgery", ("label",), "a CLIP with a CLS token and six blocks or more", "words",
            module="vit.explain.methods.dense_clip", paper="Li et al. 2023",
            code="the authors' demo (clip_surgery_model)",
@@ -380,7 +385,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("clip", "CLIP, MetaCLIP 2", "image", "open_clip folders and state dicts, OpenAI's layout, HF clip / "
            "clip_vision_model / metaclip_2", "vit.sources.ports.families.import_clip",
            ("clip", "clip_vision_model", "metaclip_2"),
-           "every map; the typed labels' maps through vit.ask (Grad-ECLIP, SCLIP, NACLIP, ClearCLIP, CLIP Surgery)"),
+           "every map; the typed labels' maps through vit.ask (Grad-ECLIP, SCLIP, NACLIP, ClearCLIP, MaskCLIP, "
+           "CLIP Surgery)"),
     Family("siglip", "SigLIP (attention pooling)", "image", "HF siglip / siglip_vision_model folders",
            "vit.sources.ports.families.import_siglip", ("siglip", "siglip_vision_model"),
            "the probe's maps first; every map but Chefer's LRP (pooling); labels' maps through vit.ask"),

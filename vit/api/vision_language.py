@@ -40,7 +40,7 @@ class Answer:
 
     def explain(self, label: str | int, method: str = "legrad") -> Explanation:
         """The map of ``label`` (typed text or its index) by ``method`` (``rollout``, ``legrad``, ``attnlrp``,
-        ``grad_eclip``, ``sclip``, ``naclip``, ``clearclip``, ``clipsurgery``, where it applies:
+        ``grad_eclip``, ``sclip``, ``naclip``, ``clearclip``, ``maskclip``, ``clipsurgery``, where it applies:
         ``vit.ask_methods(checkpoint)``)."""
         labels = self.answer.labels
         index = label if isinstance(label, int) else labels.index(label) if label in labels else -1

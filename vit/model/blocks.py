@@ -101,16 +101,18 @@ class Parent(nn.Module):
 class AttentionVariant:
     """A training-free change of one block's computation (the dense text maps of ``vit.explain.methods.dense_clip``):
     its attention is the sum over ``pairs`` of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)`` (each pair ``"ab"`` of q, k,
-    v: ``"qk"`` the model's own), times v; the block then adds it to its input or not, and runs its MLP or not. Only a
-    global layer without position biases takes one (``Block.forward`` refuses the others)."""
+    v: ``"qk"`` the model's own), times v; no pairs: each token attends to itself alone, its context its own value
+    (MaskCLIP); the block then adds it to its input or not, and runs its MLP or not. Only a global layer without
+    position biases takes one (``Block.forward`` refuses the others)."""
 
-    pairs: tuple[str, ...] = ("qk",)  # SCLIP ("qq", "kk"); ClearCLIP ("qq",); NACLIP ("kk",); CLIP Surgery ("vv",)
+    # SCLIP ("qq", "kk"); ClearCLIP ("qq",); NACLIP ("kk",); CLIP Surgery ("vv",); MaskCLIP () (the identity)
+    pairs: tuple[str, ...] = ("qk",)
     neighbourhood: float = 0.0  # NACLIP: the std, in patches, of a Gaussian of two patches' distance on the logits
     residual: bool = True  # the block's output is its input plus the attention (NACLIP, ClearCLIP: the attention)
     mlp: bool = True  # the block runs its MLP after the attention (NACLIP, ClearCLIP, a Surgery branch: not)
 
     def __post_init__(self) -> None:
-        if not self.pairs or any(len(p) != 2 or set(p) - set("qkv") for p in self.pairs):
+        if any(len(p) != 2 or set(p) - set("qkv") for p in self.pairs):
             raise ValueError(f"attention pairs {self.pairs!r}: each is two of q, k, v (e.g. 'qk')")
         if self.neighbourhood < 0:
             raise ValueError(f"a neighbourhood std of {self.neighbourhood} patches; give a positive one (0: none)")
@@ -260,8 +262,8 @@ class Attention(Parent):
                                     or self.rel_pos_bias is not None or self.rel_pos_h is not None
                                     or self.window_bias is not None or shared_bias is not None or mask is not None
                                     or key_mask is not None):
-            raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) is defined for a plain "
-                             "global layer over every token: this one has position biases, windows, padding, "
+            raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery, MaskCLIP) is defined for "
+                             "a plain global layer over every token: this one has position biases, windows, padding, "
                              "cosine or locality attention or pooled queries")
         near = 0.0 if variant is None else variant.neighbourhood
         if near and grid is None:
@@ -324,6 +326,11 @@ class Attention(Parent):
         # The logits' rows and columns: q against k, or a variant's pairs, whose softmaxes are summed
         operands = ((q, k),) if variant is None else variant.operands(q, k, v)
         probs = y = None
+        if not operands:  # MaskCLIP: no logits; each token attends to itself alone, so its context is its value
+            if explicit:
+                probs = torch.eye(N, dtype=v.dtype, device=v.device).expand(B, self.num_heads, N, N)
+            else:
+                y = v
         for rows, columns in operands:
             if explicit:
                 # The scale on the rows (n x hd) rather than on the logits (n x N): one pass over the smaller tensor
@@ -658,8 +665,8 @@ class Block(Parent):
         ``AttentionVariant`` says (its attention's pairs, with or without the residual and the MLP; None: as the model
         does), in a global block alone."""
         if variant is not None and (self.window or self.mask_units or self.merge is not None or self.frames):
-            raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) changes a global block; "
-                             "this one attends in windows or opens a stage")
+            raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery, MaskCLIP) changes a "
+                             "global block; this one attends in windows or opens a stage")
         x = self.hook_resid_pre(x)
         if self.frames:
             x = self._temporal(x, grid)  # (B, T, D): the patches plus their attention over time

@@ -394,7 +394,7 @@ class ViT(Parent):
         and three quarters of that block's work saved (the rows' values are the full run's, up to rounding).
         ``key_mask`` (B, T): False at padding tokens, which no query of any layer reads (``encode_padded``).
         ``variant``: the last block is computed as this ``AttentionVariant`` says (the training-free dense maps'
-        changed last block: SCLIP, NACLIP, ClearCLIP, a CLIP Surgery branch), on the same forward."""
+        changed last block: SCLIP, NACLIP, ClearCLIP, MaskCLIP, a CLIP Surgery branch), on the same forward."""
         rope = None
         if self.config.rope != "none":
             if grid is None:

@@ -15,8 +15,9 @@ The methods whose authors read CLIP differently have their own functions here, p
 - Grad-ECLIP (Cyang-Zhao/Grad-Eclip ``generate_emap.py``, ``clip_encode_dense`` + ``grad_eclip``): the last
   block's attention replaced at its hook point by one head over the full width, as the authors do; the map is
   ``relu(sum_c(dcos/d(attn_output)[CLS] * v * minmax(cos(q_out[CLS], k_out))))`` over the patches;
-- the training-free dense maps (SCLIP, NACLIP, ClearCLIP, CLIP Surgery: ``vit.explain.methods.dense_clip``): each patch
-  token in the joint embedding after the authors' change of the last block(s), its similarity with the label.
+- the training-free dense maps (SCLIP, NACLIP, ClearCLIP, MaskCLIP, CLIP Surgery:
+  ``vit.explain.methods.dense_clip``): each patch token in the joint embedding after the authors' change of the last
+  block(s), its similarity with the label.
 """
 
 from __future__ import annotations

@@ -131,6 +131,9 @@ def describe_method(method: str, label: str, other: str | None = None, *, kind: 
                   "al. 2025)",
         "clearclip": "ClearCLIP, training-free: each patch's cosine with the label once the last layer's output is "
                      "its query-query attention alone, no residual, no MLP (Lan et al. 2024)",
+        "maskclip": "MaskCLIP, training-free: each patch's cosine with the label once the last layer's attention is "
+                    "skipped, each token its own value embedding through the output projection, residual and MLP "
+                    "kept (Zhou et al. 2022)",
         "clipsurgery": "CLIP Surgery, training-free: value-value attention on a second path through the last six "
                        "layers, then feature surgery, each label against the mean of all asked (one label: against "
                        "the empty text) (Li et al. 2025)",

@@ -16,7 +16,10 @@ post-processing (bilinear upsampling, the softmax over labels, PAMR, argmax):
   own forward a second path starts at the input of the last six blocks and adds each one's ``softmax(v vᵀ)``
   attention of the model's own stream (no MLP); its CLS token is the model's; then feature surgery: each
   token-label product minus its mean over the labels, weighted by the labels' softmax at CLS (``2 cos``), or for one
-  label the label's embedding minus the empty text's (the authors' single-text case).
+  label the label's embedding minus the empty text's (the authors' single-text case);
+- MaskCLIP (chongzhou96/MaskCLIP's mmseg fork, ``VisionTransformer`` with ``return_qkv`` and ``MaskClipHead``,
+  ``vit=True``): the last block's attention skipped, each token's value embedding through the attention's output
+  projection, its residual and MLP kept (``v += x; v = ffn(norm2(v), identity=v)``).
 
 Then each token goes through the final norm and the projection (``ln_post @ proj``), is L2-normalised and compared
 with each label's normalised text embedding. The maps are ``(gh, gw)`` cosines (surgery: surgery-weighted), on the
@@ -40,6 +43,7 @@ VARIANTS = {  # each method's last block
     "sclip": AttentionVariant(("qq", "kk")),
     "naclip": AttentionVariant(("kk",), NACLIP_STD, residual=False, mlp=False),
     "clearclip": AttentionVariant(("qq",), residual=False, mlp=False),
+    "maskclip": AttentionVariant(()),  # no q-k attention: each token's own value, the residual and the MLP
 }
 SURGERY_BRANCH = AttentionVariant(("vv",), residual=False, mlp=False)  # what each surgery block adds to its path
 SURGERY_BLOCKS = 6  # "apply architecture surgery on the last 6 blocks"
