@@ -7,11 +7,12 @@ on its ``clip/model.py`` with the segmentor's defaults (``set_params("reduced", 
 ``ClearCLIPSegmentation.forward_feature`` on its open_clip fork's ``VisionTransformer`` (``model_type="ClearCLIP"``,
 ``ignore_residual``); CLIP Surgery's ``CLIPSurgery.encode_image`` and ``clip_feature_surgery`` (its demo's similarity
 before ``get_similarity_map``); MaskCLIP's mmseg ``VisionTransformer.forward`` and ``MaskClipHead.forward`` (their
-head's output, before the segmentor's resize), run on open_clip's modules. Each is built from the state dict of an
+head's output, before the segmentor's resize), run on open_clip's modules, and on transformers' for an HF CLIP
+(``CLIPVisionModelWithProjection``, opened as a folder). Each is built from the state dict of an
 open_clip model made here with random weights (open_clip's init plus Gaussian noise on every parameter): ViT-B/16 as
 OpenAI released it (QuickGELU), the backbone the authors ship, and ViT-B/32, which none of the first four ships. The
 segmentors' ``forward_feature`` upsamples the patch-grid logits bilinearly to the input: ours are compared through
-the same upsampling.
+the same upsampling (MaskCLIP's head leaves them on the grid: compared there).
 """
 
 import inspect
@@ -167,36 +168,25 @@ class Stand(types.SimpleNamespace):
         return self.forward(*args, **kwargs)
 
 
-def maskclip_reference(state: dict, model_cfg: dict, texts: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
-    """The authors' MaskCLIP on ``state``: their backbone's ``VisionTransformer.forward`` (``maskclip_vit16.py``:
-    ``pre_norm``, ``final_norm``, ``return_qkv`` at the last layer) and ``MaskClipHead.forward`` (``vit=True``, the
-    visual projection a 1x1 conv as ``convert_clip_weights.py`` stores it), run on open_clip's own modules where
-    mmcv's would be: ``(B, n, gh, gw)``, the head's output before the segmentor's resize."""
+def maskclip_reference(visual, texts: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """The authors' MaskCLIP on ``visual`` (``open_clip_visual`` or ``hf_visual``): their backbone's
+    ``VisionTransformer.forward`` (``maskclip_vit16.py``: ``pre_norm``, ``final_norm``, ``return_qkv`` at the last
+    layer) and ``MaskClipHead.forward`` (``vit=True``, the visual projection a 1x1 conv as ``convert_clip_weights.py``
+    stores it), run on the library's own modules where mmcv's would be: ``(B, n, gh, gw)``, the head's output before
+    the segmentor's resize."""
     from tests.reference.maskclip import maskclip_head, vit
 
-    clip = open_clip.model.CLIP(**model_cfg)
-    clip.load_state_dict(state)
-    visual = clip.eval().visual
-    gh, gw = images.shape[2] // visual.patch_size[0], images.shape[3] // visual.patch_size[1]
-
-    def attention(block):  # mmcv's MultiheadAttention (batch_first): identity + nn.MultiheadAttention(q, q, q)
-        def forward(query, identity):
-            q = query if block.attn.batch_first else query.transpose(0, 1)
-            out = block.attn(q, q, q, need_weights=False)[0]
-            return identity + (out if block.attn.batch_first else out.transpose(0, 1))
-        return Stand(attn=block.attn, forward=forward)
-
+    gh, gw = images.shape[2] // visual.patch_size, images.shape[3] // visual.patch_size
     layers = []
-    for block in visual.transformer.resblocks:  # mmcv's FFN: identity + its layers (c_fc, the activation, c_proj)
-        layer = Stand(norm1=block.ln_1, norm2=block.ln_2, attn=attention(block),
-                      ffn=lambda x, identity, mlp=block.mlp: identity + mlp(x))
+    for block in visual.blocks:
+        layer = Stand(**block)
         layer.forward = types.MethodType(vit.TransformerEncoderLayer.forward, layer)
         layers.append(layer)
     last = len(layers) - 1
     backbone = types.SimpleNamespace(
         patch_embed=lambda x: (visual.conv1(x).flatten(2).transpose(1, 2), (gh, gw)),  # mmseg's PatchEmbed
         cls_token=visual.class_embedding[None, None], pos_embed=visual.positional_embedding[None],
-        img_size=(gh * visual.patch_size[0], gw * visual.patch_size[1]), patch_size=visual.patch_size[0],
+        img_size=(gh * visual.patch_size, gw * visual.patch_size), patch_size=visual.patch_size,
         drop_after_pos=torch.nn.Identity(), with_cls_token=True, output_cls_token=False, pre_norm=True,
         norm0=visual.ln_pre, layers=layers, final_norm=True, norm1=visual.ln_post, out_indices=[last],
         return_qkv=[i == last for i in range(len(layers))], skip_last_attn=False)  # as the config sets them
@@ -213,9 +203,55 @@ def maskclip_reference(state: dict, model_cfg: dict, texts: torch.Tensor, images
         return maskclip_head.MaskClipHead.forward(head, vit.VisionTransformer.forward(backbone, images))
 
 
+def open_clip_visual(state: dict, model_cfg: dict) -> types.SimpleNamespace:
+    """open_clip's image tower holding ``state``, as ``maskclip_reference`` reads it: each layer's norms, its
+    ``nn.MultiheadAttention`` (mmcv's wraps the same module: ``identity + attn(q, q, q)``) and its MLP (mmcv's FFN:
+    ``identity + layers(x)``)."""
+    clip = open_clip.model.CLIP(**model_cfg)
+    clip.load_state_dict(state)
+    visual = clip.eval().visual
+
+    def attention(block):
+        def forward(query, identity):
+            q = query if block.attn.batch_first else query.transpose(0, 1)
+            out = block.attn(q, q, q, need_weights=False)[0]
+            return identity + (out if block.attn.batch_first else out.transpose(0, 1))
+        return Stand(attn=block.attn, forward=forward)
+
+    blocks = [dict(norm1=block.ln_1, norm2=block.ln_2, attn=attention(block),
+                   ffn=lambda x, identity, mlp=block.mlp: identity + mlp(x))
+              for block in visual.transformer.resblocks]
+    return types.SimpleNamespace(conv1=visual.conv1, class_embedding=visual.class_embedding,
+                                 positional_embedding=visual.positional_embedding, ln_pre=visual.ln_pre,
+                                 blocks=blocks, ln_post=visual.ln_post, proj=visual.proj,
+                                 patch_size=visual.patch_size[0])
+
+
+def hf_visual(model) -> types.SimpleNamespace:
+    """transformers' ``CLIPVisionModelWithProjection`` as ``maskclip_reference`` reads it: each layer's own
+    attention for the model's path; for the value path, its q, k, v projections packed as the OpenAI layout's
+    ``in_proj`` (transformers' conversion of OpenAI's weights, inverted) and its ``out_proj``."""
+    vm = model.vision_model
+
+    def attention(layer):
+        a = layer.self_attn
+        packed = types.SimpleNamespace(
+            in_proj_weight=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+            in_proj_bias=torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]), out_proj=a.out_proj)
+        return Stand(attn=packed, forward=lambda query, identity: identity + a(query)[0])
+
+    blocks = [dict(norm1=layer.layer_norm1, norm2=layer.layer_norm2, attn=attention(layer),
+                   ffn=lambda x, identity, mlp=layer.mlp: identity + mlp(x))
+              for layer in vm.encoder.layers]
+    return types.SimpleNamespace(conv1=vm.embeddings.patch_embedding, class_embedding=vm.embeddings.class_embedding,
+                                 positional_embedding=vm.embeddings.position_embedding.weight,
+                                 ln_pre=vm.pre_layrnorm, blocks=blocks, ln_post=vm.post_layernorm,
+                                 proj=model.visual_projection.weight.t(), patch_size=vm.config.patch_size)
+
+
 def test_maskclip_is_the_authors_backbone_and_head(backbone):
     state, model_cfg, model, texts, images = backbone
-    expected = maskclip_reference(state, model_cfg, texts, images)  # (1, n, gh, gw)
+    expected = maskclip_reference(open_clip_visual(state, model_cfg), texts, images)  # (1, n, gh, gw)
     ours = dense_clip.dense_text_maps(model, images, texts, "maskclip")
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     assert (ours - dense_clip.dense_text_maps(model, images, texts, "sclip")).abs().max() > 1e-3  # its own change
@@ -236,12 +272,34 @@ def test_maskclip_on_a_non_square_grid_is_the_authors_row_major_grid():
     model = our_model(state, model_cfg)
     texts = F.normalize(torch.randn(LABELS, cfg["embed_dim"]), dim=-1)
     images = torch.randn(1, 3, 64, 96)
-    expected = maskclip_reference(state, model_cfg, texts, images)  # (1, n, 4, 6)
+    expected = maskclip_reference(open_clip_visual(state, model_cfg), texts, images)  # (1, n, 4, 6)
     ours = dense_clip.dense_text_maps(model, images, texts, "maskclip")
     assert ours.shape == expected.shape == (1, LABELS, 4, 6)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     transposed = ours.flatten(2).reshape(1, LABELS, 6, 4).transpose(2, 3)  # the tokens read column-major
     assert (transposed - expected).abs().max() > 1e-2
+
+
+def test_maskclip_on_an_hf_clip_is_the_authors_backbone_and_head(tmp_path):
+    """The HF layout (separate q, k, v projections, ``visual_projection``), opened as a checkpoint folder."""
+    import transformers
+
+    from vit.sources.open import open_source
+
+    config = transformers.CLIPVisionConfig(image_size=64, patch_size=16, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=2, num_attention_heads=2, projection_dim=32)
+    torch.manual_seed(0)
+    model = transformers.CLIPVisionModelWithProjection(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * NOISE)
+    model.save_pretrained(tmp_path / "clip")
+    ours = open_source(tmp_path / "clip").model
+    texts = F.normalize(torch.randn(LABELS, 32), dim=-1)
+    images = torch.randn(1, 3, 64, 64)
+    expected = maskclip_reference(hf_visual(model.eval()), texts, images)  # (1, n, 4, 4)
+    torch.testing.assert_close(dense_clip.dense_text_maps(ours, images, texts, "maskclip"), expected,
+                               rtol=1e-5, atol=1e-5)
 
 
 # --- the engine's variants, on a tiny CLIP-like tower and a non-square grid ---------------------------------------
