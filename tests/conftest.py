@@ -236,3 +236,25 @@ def long_work_waited_for(request, monkeypatch):
         from app_pages.explorer_sections import long_work
 
         monkeypatch.setattr(long_work, "QUICK_S", 600.0)
+
+
+# The library road's two classifiers, one per road, shared by its map tests (test_library_gradients.py,
+# test_library_attributions.py): built tiny with random weights by their own library and saved natively, once per
+# module that asks.
+@pytest.fixture(scope="module")
+def msn(tmp_path_factory):
+    """A transformers ViT-MSN classifier folder (``test_library_path.save_family``)."""
+    from test_library_path import save_family
+
+    return save_family(tmp_path_factory.mktemp("vit_msn"), "vit_msn")
+
+
+@pytest.fixture(scope="module")
+def flexivit(tmp_path_factory):
+    """A timm FlexiViT classifier folder (``test_library_timm``'s model, saved with ``save_for_hf``)."""
+    from test_library_timm import FAMILIES, build
+    from timm.models import _hub
+
+    folder = tmp_path_factory.mktemp("flexivit_small")
+    _hub.save_for_hf(build("flexivit_small"), folder, model_args=FAMILIES["flexivit_small"][0])
+    return folder

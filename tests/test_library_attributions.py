@@ -21,24 +21,10 @@ timm = pytest.importorskip("timm")
 captum_attr = pytest.importorskip("captum.attr")
 from test_captum_methods import TARGET, _Logits, captums_own, captums_pixels, image, patch_grid_by_hand  # noqa: E402
 from test_library_path import reference, save_family  # noqa: E402
-from test_library_timm import FAMILIES as TIMM_FAMILIES  # noqa: E402
 from test_library_timm import build  # noqa: E402
-from timm.models import _hub  # noqa: E402
 
 TIMM = "flexivit_small"
 PATCH_METHODS = ("occlusion", "feature_ablation", "kernel_shap")
-
-
-@pytest.fixture(scope="module")
-def msn(tmp_path_factory):
-    return save_family(tmp_path_factory.mktemp("vit_msn"), "vit_msn")
-
-
-@pytest.fixture(scope="module")
-def flexivit(tmp_path_factory):
-    folder = tmp_path_factory.mktemp(TIMM)
-    _hub.save_for_hf(build(TIMM), folder, model_args=TIMM_FAMILIES[TIMM][0])
-    return folder
 
 
 def transformers_logits(folder):

@@ -519,29 +519,36 @@ def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_a
         vit.explain(checkpoint, image, "rollout")
 
 
+def recorded_and_eager(model: torch.nn.Module, folder):
+    """``model`` (transformers', built tiny) spread, saved with a 32-px processor and opened by ``vit.load``; a 32-px
+    image, every layer's recorded attention of it and transformers' eager ``output_attentions`` of the same pixels."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    spread(model)
+    model.save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    checkpoint = vit.load(folder, device="cpu")
+    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    _, attentions = checkpoint.model.run(x, layers=range(checkpoint.model.num_layers))
+    with torch.no_grad():
+        eager = reference(folder, "eager")(pixel_values=x, output_attentions=True).attentions
+    return checkpoint, image, attentions, eager
+
+
 def test_yolos_detection_tokens_after_the_patches_are_placed_and_their_rows_drawn(tmp_path):
     """YOLOS puts its detection tokens after the patches: CLS, the patches, then them (the layout's suffix, counted
     from the embeddings' ``detection_tokens``). Every layer's attention equals transformers' eager one; a map reads
     the patches' keys between them; a detection token's own row is a query; EigenCAM and the dense views leave the
     detection tokens out."""
-    from PIL import Image
-
-    from vit.core.inference import preprocess
-
     torch.manual_seed(0)
     model = transformers.YolosForObjectDetection(transformers.YolosConfig(
         **{**SMALL, "patch_size": 8}, image_size=[32, 32], num_detection_tokens=3, num_labels=2))
-    spread(model)
-    model.save_pretrained(tmp_path)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
-    checkpoint = vit.load(tmp_path, device="cpu")
+    checkpoint, image, attentions, eager = recorded_and_eager(model, tmp_path)
     layout = checkpoint.model.layout
     assert checkpoint.road == "library" and (layout.num_prefix_tokens, layout.num_suffix_tokens) == (1, 3)
-    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
-    x = preprocess([image], checkpoint.preprocessing)
-    _, attentions = checkpoint.model.run(x, layers=range(3))
-    with torch.no_grad():
-        eager = reference(tmp_path, "eager")(pixel_values=x, output_attentions=True).attentions
     for layer in range(3):
         assert attentions[layer].shape == eager[layer].shape == (1, 4, 20, 20)
         assert torch.allclose(attentions[layer], eager[layer], atol=1e-6, rtol=0)
@@ -559,22 +566,10 @@ def test_idefics3s_tower_whose_forward_reads_its_patch_mask_opens_and_records_ea
     """SmolVLM's (Idefics3's) vision tower reads a value of its patch mask in its forward, which the meta device
     cannot: its layout is checked against the keys each recording gets instead. Every layer's attention equals
     transformers' eager one, the map on the grid row-major."""
-    from PIL import Image
-
-    from vit.core.inference import preprocess
-
     torch.manual_seed(0)
     model = transformers.Idefics3VisionTransformer(transformers.Idefics3VisionConfig(**SMALL, image_size=32))
-    spread(model)
-    model.save_pretrained(tmp_path)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
-    checkpoint = vit.load(tmp_path, device="cpu")
+    checkpoint, image, attentions, eager = recorded_and_eager(model, tmp_path)
     assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == 0
-    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
-    x = preprocess([image], checkpoint.preprocessing)
-    _, attentions = checkpoint.model.run(x, layers=range(3))
-    with torch.no_grad():
-        eager = reference(tmp_path, "eager")(pixel_values=x, output_attentions=True).attentions
     for layer in range(3):
         assert torch.allclose(attentions[layer], eager[layer], atol=1e-6, rtol=0)
     drawn = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=6)

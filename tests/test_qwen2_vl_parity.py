@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import torch
 from parity_helpers import ATOL, randomize
-from test_qwen3_vl_parity import IMAGES, image
+from test_qwen3_vl_parity import IMAGES, image, transformers_run
 
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration  # noqa: E402
 from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor  # noqa: E402
-from transformers.vision_utils import get_vision_position_ids  # noqa: E402
 
 import vit  # noqa: E402
 from vit.core.inference import preprocess  # noqa: E402
@@ -43,41 +42,13 @@ def folder(qwen, tmp_path_factory):
     return path
 
 
-def transformers_run(qwen, folder, picture):
-    """The processor's grid, each layer's attention as transformers' eager function computes it placed on the
-    row-major grid ``(H, T, T)``, and ``get_image_features``' merged tokens."""
-    theirs = Qwen2VLImageProcessor.from_pretrained(folder)(images=[picture], return_tensors="pt")
-    grid = tuple(theirs["image_grid_thw"][0, 1:].tolist())
-    calls, eager = [], modeling_qwen2_vl.eager_attention_forward
-
-    def spy(module, query, key, value, attention_mask, **kwargs):
-        out, weights = eager(module, query, key, value, attention_mask, **kwargs)
-        calls.append(weights.detach()[0])
-        return out, weights
-
-    modeling_qwen2_vl.eager_attention_forward = spy
-    try:
-        with torch.no_grad():
-            features = qwen.get_image_features(theirs["pixel_values"], theirs["image_grid_thw"])
-    finally:
-        modeling_qwen2_vl.eager_attention_forward = eager
-    vision_calls = calls[:VISION["depth"]]  # one image, every layer global: one call a layer
-    ids = get_vision_position_ids(theirs["image_grid_thw"], 2)  # (T, 2): each of Qwen's tokens' (row, column)
-    token = ids[:, 0] * grid[1] + ids[:, 1]  # its place on the row-major grid
-    placed = []
-    for reference in vision_calls:
-        on_grid = torch.zeros_like(reference)
-        on_grid[:, token[:, None], token[None, :]] = reference
-        placed.append(on_grid)
-    return grid, placed, features.pooler_output[0]
-
-
 @pytest.mark.parametrize("size", IMAGES)
 def test_every_layer_attention_and_the_merger_equal_transformers(qwen, folder, size):
     checkpoint, picture = vit.load(folder, device="cpu"), image(size)
     assert checkpoint.road == "port" and checkpoint.config.norm == "layer" and not checkpoint.config.window_size
     model = checkpoint.model
-    grid, reference, merged = transformers_run(qwen, folder, picture)
+    grid, reference, features = transformers_run(qwen, folder, picture, modeling_qwen2_vl, VISION["depth"])
+    merged = features.pooler_output[0]
     x = preprocess([picture], checkpoint.preprocessing, patch_size=14)
     assert x.shape[-2:] == (grid[0] * 14, grid[1] * 14) and grid[0] != grid[1]
     with torch.no_grad():

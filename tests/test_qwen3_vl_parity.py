@@ -52,25 +52,25 @@ def image(size: tuple[int, int]) -> Image.Image:
     return Image.fromarray(np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
 
 
-def transformers_run(qwen, folder, picture):
-    """The processor's input, its grid, each layer's attention as transformers' eager function computes it placed on
-    the row-major grid ``(H, T, T)``, and ``get_image_features``."""
+def transformers_run(qwen, folder, picture, modeling=modeling_qwen3_vl, depth: int = VISION["depth"]):
+    """The processor's input, its grid, each layer's attention as transformers' eager function (``modeling``'s: a
+    Qwen-VL's modelling file) computes it placed on the row-major grid ``(H, T, T)``, and ``get_image_features``."""
     theirs = Qwen2VLImageProcessor.from_pretrained(folder)(images=[picture], return_tensors="pt")
     grid = tuple(theirs["image_grid_thw"][0, 1:].tolist())
-    calls, eager = [], modeling_qwen3_vl.eager_attention_forward
+    calls, eager = [], modeling.eager_attention_forward
 
     def spy(module, query, key, value, attention_mask, **kwargs):
         out, weights = eager(module, query, key, value, attention_mask, **kwargs)
         calls.append(weights.detach()[0])
         return out, weights
 
-    modeling_qwen3_vl.eager_attention_forward = spy
+    modeling.eager_attention_forward = spy
     try:
         with torch.no_grad():
             features = qwen.get_image_features(theirs["pixel_values"], theirs["image_grid_thw"])
     finally:
-        modeling_qwen3_vl.eager_attention_forward = eager
-    assert len(calls) == VISION["depth"]  # one image, global attention: one call a layer
+        modeling.eager_attention_forward = eager
+    assert len(calls) == depth  # one image, global attention: one call a layer
     ids = get_vision_position_ids(theirs["image_grid_thw"], 2)  # (T, 2): each of Qwen's tokens' (row, column)
     token = ids[:, 0] * grid[1] + ids[:, 1]  # its place on the row-major grid
     placed = []
