@@ -11,6 +11,7 @@ RISE), each in its own module. Any other map is refused in one line naming what 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -118,13 +119,16 @@ BUILT_IN = (
 )
 
 
+@functools.cache
+def _every() -> tuple[LibraryMethod, ...]:
+    """``BUILT_IN`` and each wing's ``METHODS``, imported once (static tuples; the explorer asks on every rerun)."""
+    return BUILT_IN + tuple(m for wing in WINGS for m in importlib.import_module(wing).METHODS)
+
+
 def methods() -> dict[str, LibraryMethod]:
     """Every map the library road draws, by name, in the explorer's order: the attention and rollout, then each
     wing's (``WINGS``)."""
-    every = {m.name: m for m in BUILT_IN}
-    for wing in WINGS:
-        every.update({m.name: m for m in importlib.import_module(wing).METHODS})
-    return every
+    return {m.name: m for m in _every()}
 
 
 def method_names(classifier: bool = True, model=None) -> list[str]:
