@@ -33,6 +33,8 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}
             "IMAGE {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}")
 QWEN_SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
+GLM_SPECIALS = ["<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>", "<|begin_of_video|>",
+                "<|end_of_video|>"]
 CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, hidden_size=32, intermediate_size=48,
                   num_hidden_layers=3, num_attention_heads=2)
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -42,7 +44,7 @@ NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeX
 PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_scan_max_num_crops=4,
                     pan_and_scan_min_ratio_to_activate=1.2)
 KINDS = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma",
-         "paligemma2", "internvl"]
+         "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral"]
 QUESTION = "what is this ?"
 
 
@@ -149,6 +151,62 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind in ("mistral3", "pixtral"):  # a Pixtral tower no port reads (its config declares it), 8-px patches, 2D
+        # RoPE, the image kept at its aspect (longest edge 64 px), a row break token after each row of image tokens.
+        # "mistral3": Mistral 3's patch merger joins 2 x 2 patches; "pixtral": Pixtral-12B, the tower under LLaVA
+        # (each patch its token)
+        merge = 2 if kind == "mistral3" else 1
+        words = tokenizer(["[IMG]", "[IMG_BREAK]", "[IMG_END]"])
+        text = dict(LLAMA, model_type="mistral", vocab_size=len(words))
+        vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=2, head_dim=16, patch_size=8, image_size=64)
+        images = transformers.PixtralImageProcessor(size={"longest_edge": 64}, patch_size={"height": 8, "width": 8})
+        processor = transformers.PixtralProcessor(image_processor=images, tokenizer=words, patch_size=8,
+                                                  spatial_merge_size=merge,
+                                                  chat_template=TEMPLATE.replace("IMAGE", "[IMG]"))
+        image_token = words.convert_tokens_to_ids("[IMG]")
+        if kind == "pixtral":
+            config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token,
+                                              vision_feature_layer=-1, vision_feature_select_strategy="full",
+                                              eos_token_id=1)
+            return transformers.LlavaForConditionalGeneration(config), processor
+        config = transformers.Mistral3Config(vision_config=vision, text_config=text, image_token_index=image_token,
+                                             spatial_merge_size=merge, eos_token_id=1)
+        return transformers.Mistral3ForConditionalGeneration(config), processor
+    if kind.startswith("glm4"):  # GLM-4.1V: a tower no port reads (its config declares it), 14-px patches merged
+        # 2 x 2 by a convolution, M-RoPE over half of each head (partial_rotary_factor 0.5); "glm4v_moe" (GLM-4.5V):
+        # the same tower beside a language model of experts; "glm46v" (GLM-4.6V): GLM-4.1V's two parts by AutoModel
+        from transformers.models.glm4v.image_processing_glm4v import Glm4vImageProcessor
+
+        words = tokenizer(GLM_SPECIALS)
+        ids = {token: words.convert_tokens_to_ids(token) for token in GLM_SPECIALS}
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=16, vocab_size=len(words), max_position_embeddings=256,
+                    rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0,
+                                     "partial_rotary_factor": 0.5})
+        vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32, patch_size=14,
+                      image_size=56, spatial_merge_size=2)
+        config, model, processor = {
+            "glm4v": (transformers.Glm4vConfig, transformers.Glm4vForConditionalGeneration,
+                      transformers.Glm4vProcessor),
+            "glm4v_moe": (transformers.Glm4vMoeConfig, transformers.Glm4vMoeForConditionalGeneration,
+                          transformers.Glm4vProcessor),
+            "glm46v": (transformers.Glm46VConfig, transformers.Glm46VForConditionalGeneration,
+                       transformers.Glm46VProcessor)}[kind]
+        if kind == "glm4v_moe":
+            text.update(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=1)
+        if kind == "glm46v":
+            text, vision = dict(text, model_type="glm4v_text"), dict(vision, model_type="glm4v_vision")
+        config = config(
+            vision_config=vision, text_config=text, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+            image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+            video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"], eos_token_id=1)
+        processor = processor(
+            image_processor=Glm4vImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40, patch_size=14,
+                                                merge_size=2),
+            tokenizer=words, video_processor=transformers.Glm4vVideoProcessor(),
+            chat_template=TEMPLATE.replace("IMAGE", "<|begin_of_image|><|image|><|end_of_image|>"))
+        return model(config), processor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     words = tokenizer(QWEN_SPECIALS)
@@ -263,7 +321,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 
 # (unit, lead): patches per image token along each side, image tokens before the patches'
 LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_vl": (2, 0), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0),
-          "qwen3_vl_moe": (2, 0),
+          "qwen3_vl_moe": (2, 0), "glm4v": (2, 0), "glm4v_moe": (2, 0), "glm46v": (2, 0),
+          "mistral3": (2, 0), "pixtral": (1, 0),
           "gemma3": (4, 0), "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
@@ -399,6 +458,54 @@ def test_qwens_image_tokens_are_merge_units_row_major(answers):
         assert _differs(answer.attention(i, -1), np.kron(rows.reshape(3, 2).T, np.ones((2, 2))))  # column-major
 
 
+def test_glms_image_tokens_are_merge_units_row_major_from_a_tower_its_config_declares(answers, vlms):
+    """GLM-4.1V's tower has no port here: the answer places its image tokens from what the config declares (14-px
+    patches, 2 x 2 merge units) over the processor's ``image_grid_thw``: on a 6 x 8 patch grid, 3 x 4 units
+    row-major; taken column-major they would be another map. ``vit.load`` itself refuses the folder in one line."""
+    from vit.sources.vlm.declared import DeclaredTower
+
+    answer, out, inputs, image_token = answers["glm4v"]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert answer.grid == (6, 8) and len(positions) == 12 and inputs["image_grid_thw"].tolist() == [[1, 6, 8]]
+    assert isinstance(vit.open_vlm(vlms["glm4v"]).tower, DeclaredTower)
+    for i in range(NEW_TOKENS):
+        rows = out.attentions[i][-1][0, :, -1, positions].numpy().mean(0)  # (12,)
+        np.testing.assert_allclose(answer.attention(i, -1), np.kron(rows.reshape(3, 4), np.ones((2, 2))), rtol=0,
+                                   atol=ATOL)
+        assert _differs(answer.attention(i, -1), np.kron(rows.reshape(4, 3).T, np.ones((2, 2))))  # column-major
+    from vit.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(vlms["glm4v"], device="cpu")
+    assert "\n" not in str(refused.value) and "glm4v has no port here" in str(refused.value)
+    assert str(refused.value).endswith("it answers questions about an image as transformers builds it: "
+                                       "vit.ask_vlm(folder, image, question), vit-predict --ask")
+
+
+@pytest.mark.parametrize("kind", ["mistral3", "pixtral"])
+def test_pixtrals_image_tokens_are_its_rows_without_their_breaks(vlms, kind):
+    """A Pixtral tower (no port here: its config declares it) reads the image at its aspect; the prompt holds a row
+    of image tokens per row of merge units (Mistral 3: 2 x 2 patches; Pixtral-12B under LLaVA: one patch), each row
+    followed by a break token that covers no patch. Placed row-major on the patch grid the processor's
+    ``image_sizes`` give (a wide image: 64 x 32 px); taken column-major they would be another map."""
+    image = picture(120, 40)
+    answer = vit.ask_vlm(vlms[kind], image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(vlms[kind], image)
+    unit = LAYOUT[kind][0]
+    height, width = (int(v) for v in inputs["image_sizes"][0])
+    grid = (height // 8, width // 8)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    rows, cols = grid[0] // unit, grid[1] // unit
+    assert answer.grid == grid and grid[0] != grid[1] and len(positions) == rows * cols
+    gaps = positions[1:] - positions[:-1]  # a row's tokens side by side, one break token between rows
+    assert gaps.tolist() == [2 if (k + 1) % cols == 0 else 1 for k in range(len(positions) - 1)]
+    for i in range(NEW_TOKENS):
+        row = out.attentions[i][-1][0, :, -1, positions].numpy().mean(0)
+        np.testing.assert_allclose(answer.attention(i, -1), np.kron(row.reshape(rows, cols), np.ones((unit, unit))),
+                                   rtol=0, atol=ATOL)
+        assert _differs(answer.attention(i, -1), np.kron(row.reshape(cols, rows).T, np.ones((unit, unit))))
+
+
 def test_only_query_rows_are_kept_never_a_layers_attention(answers):
     """What the answer keeps per layer and token is the query row that predicted it, (heads, head dim), and the KV
     cache the generation held anyway: never a T x T attention."""
@@ -409,8 +516,9 @@ def test_only_query_rows_are_kept_never_a_layers_attention(answers):
     assert [s for s in recorder.seen[0]] == [inputs["input_ids"].shape[1] + i for i in range(NEW_TOKENS)]
 
 
-def test_the_cost_is_counted_before_any_forward(vlms, monkeypatch):
-    vlm = vit.open_vlm(vlms["llava"])
+@pytest.mark.parametrize("kind", ["llava", "glm4v"])  # GLM-4.1V's tower counted from what its config declares
+def test_the_cost_is_counted_before_any_forward(vlms, monkeypatch, kind):
+    vlm = vit.open_vlm(vlms[kind])
     monkeypatch.setattr(vlm.model, "generate", lambda *a, **k: pytest.fail("the model ran"))
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
     with pytest.raises(TooManyTokens, match=r"^Answering 5 tokens to a prompt of \d+ tokens .* over the 0 MB limit "
@@ -480,6 +588,28 @@ def test_predict_ask_writes_the_answer_and_each_tokens_maps(vlms, answers, tmp_p
     assert saved["tam"].shape == (NEW_TOKENS, 4, 6) and "gradxattn" not in saved  # TAM by default, relevance asked
     for i in range(NEW_TOKENS):  # the API's TAM (test_vlm_tam checks it against the authors' function)
         np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+
+
+def test_predict_ask_answers_with_a_tower_its_config_declares(vlms, answers, tmp_path, capsys):
+    """GLM-4.1V's folder (no tower port, ``vit.load`` refuses it) answers on the command line as in the API: the
+    tokens generate chose, each token's eager rows on its 6 x 8 grid of 14-px patches."""
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    assert main([str(vlms["glm4v"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer, out, inputs, image_token = answers["glm4v"]
+    assert record["tokens"] == list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    saved = np.load(record["maps"]["npz"])
+    assert saved["attention"].shape == (NEW_TOKENS, 2, 2, 6, 8) and tuple(saved["grid"]) == (6, 8)
+    assert tuple(saved["patch_size"]) == (14, 14)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    for i in range(NEW_TOKENS):
+        rows = out.attentions[i][-1][0, :, -1, positions].numpy()  # (H, 12)
+        for head in range(2):
+            np.testing.assert_allclose(saved["attention"][i, -1, head], by_hand(rows[head], (6, 8), 2, 0), rtol=0,
+                                       atol=ATOL)
 
 
 def test_predict_ask_writes_the_maps_lm_method_names(vlms, answers, tmp_path, capsys):

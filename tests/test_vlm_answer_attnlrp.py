@@ -45,12 +45,14 @@ from tests.reference.lxt.patches import (  # noqa: E402
     rms_norm_forward,
     wrap_attention_forward,
 )
+from tests.reference.lxt.rules import divide_gradient, identity_rule_implicit  # noqa: E402
 from vit.costs.bounds import TooManyTokens  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 RTOL = 1e-5
-KINDS = ["llava", "qwen2_5_vl", "internvl", "gemma3", "qwen3_vl", "paligemma", "paligemma2"]
+KINDS = ["llava", "qwen2_5_vl", "internvl", "gemma3", "qwen3_vl", "paligemma", "paligemma2", "glm4v", "mistral3",
+         "pixtral"]
 LM_RULES = ("rms_norm", "gated_mlp", "attention")  # what lxt's llama / qwen2 / gemma3 maps patch in the LM
 
 
@@ -92,6 +94,16 @@ def _inputs(model, processor, tokens: list[int], i: int, image=None, **images_kw
     return inputs
 
 
+def fused_gated_mlp_forward(self, x):
+    """lxt's ``gated_mlp_forward`` on an MLP whose gate and up projections are one linear split in halves
+    (GLM-4.1V's ``Glm4vTextMLP``: ``gate_up_proj``, ``activation_fn``; lxt has no map for it): lxt's own rule
+    functions, in its order."""
+    gate_out, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    gate_out = identity_rule_implicit(self.activation_fn, gate_out)
+    weighted = divide_gradient(gate_out * up, 2)
+    return self.down_proj(weighted)
+
+
 def _patch_lxt(m, model, drop: str | None = None) -> None:
     """lxt's rules on ``model``'s classes through the monkeypatch context ``m``: the language model's as lxt's map
     for it patches them (its MLP, its RMSNorm, its modelling file's attention), the tower's and the projector's as
@@ -103,7 +115,8 @@ def _patch_lxt(m, model, drop: str | None = None) -> None:
     lm_mlp, lm_norm = type(lm.layers[0].mlp), type(lm.norm)
     lm_modeling = sys.modules[type(lm.layers[0].self_attn).__module__]
     if drop != "gated_mlp":
-        m.setattr(lm_mlp, "forward", gated_mlp_forward)
+        m.setattr(lm_mlp, "forward", fused_gated_mlp_forward if hasattr(lm.layers[0].mlp, "gate_up_proj")
+                  else gated_mlp_forward)
     if drop != "rms_norm":
         if hasattr(lm_norm, "_norm"):  # lxt's gemma3 map (Gemma's and Gemma 2's norms are the same)
             m.setattr(lm_norm, "_norm", gemma3_norm)
@@ -145,10 +158,10 @@ def lxt_relevance(folder, tokens: list[int], i: int, monkeypatch, drop: str | No
 
 
 def on_patches(relevance: torch.Tensor, kind: str, grid: tuple[int, int]) -> np.ndarray:
-    """Input x gradient -> ``grid``, by hand: an image's channels and each patch summed; Qwen's flattened patches
-    (merge unit after merge unit, 2 x 2 patches each) summed and laid out row-major."""
+    """Input x gradient -> ``grid``, by hand: an image's channels and each patch summed; Qwen's and GLM-4.1V's
+    flattened patches (merge unit after merge unit, 2 x 2 patches each) summed and laid out row-major."""
     gh, gw = grid
-    if kind.startswith("qwen"):
+    if kind.startswith(("qwen", "glm")):
         return relevance.sum(-1).reshape(gh // 2, gw // 2, 2, 2).permute(0, 2, 1, 3).reshape(gh, gw).numpy()
     _, _, H, W = relevance.shape
     return relevance.sum(1)[0].reshape(gh, H // gh, gw, W // gw).sum((1, 3)).numpy()
@@ -297,3 +310,30 @@ def test_a_copy_of_the_ruled_model_runs_its_own_modules(asked):
         expected = type(norm).forward(norm, x)
         assert torch.equal(norm(x), expected)
         assert not torch.equal(vlm.language_model.norm(x), expected)
+
+
+@pytest.fixture(scope="module")
+def experts(tmp_path_factory):
+    """Qwen3-VL-MoE and GLM-4.5V: language models of experts, whose stacked expert weights no rule reaches."""
+    return saved_whole(tmp_path_factory, ["qwen3_vl_moe", "glm4v_moe"])
+
+
+@pytest.mark.parametrize("kind", ["qwen3_vl_moe", "glm4v_moe"])
+def test_attnlrp_of_a_language_model_of_experts_is_refused_in_one_line(experts, kind, tmp_path, capsys):
+    """lxt has no rule for a mixture of experts: their product's plain gradient would not be AttnLRP, so the map is
+    refused in one line naming the experts, in the API before the backward and on the command line before the
+    answer; gradient x attention still draws."""
+    from vit.predict import main
+
+    answer = vit.ask_vlm(vit.open_vlm(experts[kind]), picture(), QUESTION, max_new_tokens=2)
+    experts_class = {"qwen3_vl_moe": "Qwen3VLMoeTextExperts", "glm4v_moe": "Glm4vMoeTextExperts"}[kind]
+    with pytest.raises(ValueError, match=rf"^AttnLRP is not drawn for this {kind} model: its {experts_class} take "
+                                         r"no AttnLRP rule here .*; use gradxattn or tam$"):
+        answer.relevance(1, method="attnlrp")
+    assert answer.relevance(1).shape == answer.grid
+    picture().save(tmp_path / "photo.png")
+    assert main([str(experts[kind]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--save-maps",
+                 str(tmp_path / "maps"), "--lm-method", "attnlrp", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"its {experts_class} take no AttnLRP rule here" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "maps" / "photo.npz").exists()

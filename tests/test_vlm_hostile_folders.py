@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """``{kind: folder}``: tiny random VLMs saved whole with their processor."""
-    return saved_whole(tmp_path_factory, ["llava", "internvl", "qwen2_5_vl", "llava_next", "gemma3"])
+    return saved_whole(tmp_path_factory, ["llava", "internvl", "qwen2_5_vl", "llava_next", "gemma3", "glm4v"])
 
 
 def hostile(base, tmp_path, kind: str, file: str, edit) -> str:
@@ -57,7 +57,7 @@ def nothing_built(monkeypatch):
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", built)
     for name in ("LlavaForConditionalGeneration", "InternVLForConditionalGeneration",
                  "Qwen2_5_VLForConditionalGeneration", "LlavaNextForConditionalGeneration",
-                 "Gemma3ForConditionalGeneration"):
+                 "Gemma3ForConditionalGeneration", "Glm4vForConditionalGeneration"):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", built)
 
 
@@ -89,6 +89,22 @@ def test_a_text_config_wider_than_its_weights_is_refused_before_it_is_built(base
     folder = hostile(base, tmp_path, "llava", "config.json", lambda c: c["text_config"].update({field: value}))
     refused(folder, r"declares a language model of at least [\d,]+ parameters, but its weights files hold [\d,]+ "
                     r"in all: the config does not describe these weights$")
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("hidden_size", 10**5, r"declares a vision tower of at least [\d,]+ parameters, but its weights files hold [\d,]+ "
+                           r"in all: the config does not describe these weights$"),
+    ("depth", 10**6, r"declares 1,000,\d{3} layers in all, more than any model this program opens"),
+    ("patch_size", 0, r"its processor_config.json sets video_processor.patch_size = 14 but its vision tower's "
+                      r"patch_size is 0"),
+    # transformers' config refuses the field's type (huggingface_hub's strict dataclass): one line all the same
+    ("spatial_merge_size", "2", r"its config.json's language model cannot be read \(.*spatial_merge_size")])
+def test_a_tower_no_port_reads_is_counted_from_its_config_before_it_is_built(base, tmp_path, nothing_built, field,
+                                                                           value, match):
+    """GLM-4.1V's tower is built by transformers from the config alone (no port reads it): its declared sizes are
+    whole numbers and its parameters at least are held by the weights files, checked before anything is built."""
+    folder = hostile(base, tmp_path, "glm4v", "config.json", lambda c: c["vision_config"].update({field: value}))
+    refused(folder, match)
 
 
 def test_internvls_million_tiles_are_refused_before_its_processor_loops(base, tmp_path, nothing_built):

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 TOL = 1e-5
 # Every family ``vit.ask_vlm`` answers for, one view each (the tiled ones below)
-TAM_KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "paligemma", "paligemma2"]
+TAM_KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "paligemma", "paligemma2", "glm4v",
+             "mistral3", "pixtral"]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,10 @@ def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
         start, end = ids("<|vision_start|>"), ids("<|vision_end|>")
         _, h, w = inputs["image_grid_thw"][0].tolist()
         return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (h // 2, w // 2)
+    if kind == "glm4v":  # their Qwen demo's form, GLM-4.1V's markers: its 2 x 2 merge units between them
+        start, end = ids("<|begin_of_image|>"), ids("<|end_of_image|>")
+        _, h, w = inputs["image_grid_thw"][0].tolist()
+        return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (h // 2, w // 2)
     if kind == "internvl":  # their InternVL3 demo's, one view of (448 / 14 / 2)² there, (32 / 8 / 2)² here
         start, end = ids("<img>"), ids("</img>")
         side = config["vision_config"]["image_size"][0] // config["vision_config"]["patch_size"][0] // 2
@@ -94,6 +99,12 @@ def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
         start, end = ids("<start_of_image>"), ids("<end_of_image>")
         side = int(config["mm_tokens_per_image"] ** 0.5)
         return {"img_id": [start, end], "prompt_id": [end, assistant], **answer}, (side, side)
+    if kind in ("mistral3", "llava") and config["vision_config"]["model_type"] == "pixtral":  # their int form, on
+        # the merge units' grid of the image kept at its aspect (the row breaks are other tokens); the question
+        # after the image's end token
+        merge = config.get("spatial_merge_size", 2) if kind == "mistral3" else 1
+        h, w = (int(v) // (config["vision_config"]["patch_size"] * merge) for v in inputs["image_sizes"][0])
+        return {"img_id": [image], "prompt_id": [[ids("[IMG_END]")], assistant], **answer}, (h, w)
     side = config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
     if kind == "paligemma":  # image tokens, <bos>, the question: no turn after it
         last = int(inputs["input_ids"][0, -1])

@@ -799,6 +799,13 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.lm_method and not args.save_maps:
         raise UsageError("--lm-method chooses the maps --save-maps writes; add --save-maps DIR")
     methods = tuple(dict.fromkeys(args.lm_method or DEFAULT_ANSWER_MAPS))
+    if "attnlrp" in methods and args.save_maps:
+        from vit.explain.language.vlm_attnlrp import check_rules
+
+        try:  # before any answer: a model whose modules take no rule here is refused once
+            check_rules(vlm)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     maps_dir, limit = (Path(args.save_maps), maps_limit_mb(args) * 2**20) if args.save_maps else (None, 0)
     if maps_dir is not None:
         try:
@@ -820,7 +827,7 @@ def run_ask(args: argparse.Namespace) -> int:
                   "pieces": list(answer.pieces)}
         if maps_dir is not None:
             path = maps_dir / f"{unique_stem(Path(source), taken)}.npz"
-            save_answer_maps(answer, path, args.maps_dtype, vlm.tower.model.config.patch_hw, methods)
+            save_answer_maps(answer, path, args.maps_dtype, vlm.patch_hw, methods)
             record["maps"] = {"npz": str(path)}
         records.append(record)
     print(json.dumps(records, indent=2))

@@ -613,3 +613,23 @@ def table(what: str) -> list[dict[str, str]]:
             row["reference"] = item.reference
         rows.append(row)
     return rows
+
+
+# The vision-language models that answer questions (``vit.ask_vlm``): model_type -> the architecture asked, a
+# generating model (a bare ...Model has no language-model head).
+VLM_ARCHITECTURES = {
+    "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+    "paligemma": "PaliGemmaForConditionalGeneration",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "internvl": "InternVLForConditionalGeneration",
+    "glm4v": "Glm4vForConditionalGeneration",
+    "glm4v_moe": "Glm4vMoeForConditionalGeneration",
+    "glm46v": "Glm46VForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
+}

@@ -328,7 +328,14 @@ def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
 def forward(model, grid: tuple[int, int], what: str = "This input", attentions: bool = False) -> Cost:
     """One image's forward without a graph (``vit.predict``, ``vit.analyze``, an SAE's harvest): its costliest
     block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``); with
-    ``attentions``, every layer's attention it returns (``memory.attentions_bytes``: the dataset analysis's)."""
+    ``attentions``, every layer's attention it returns (``memory.attentions_bytes``: the dataset analysis's). A
+    library-built model (``LibraryShape``: a VLM's declared tower) is counted from its sizes alone
+    (``memory.library_pass_bytes``)."""
+    if isinstance(model, LibraryShape) and not attentions:
+        return _cost("forward", model, grid, {"the library's forward": memory.library_pass_bytes(model, grid, False)},
+                     _over(f"{what} ({grid[0]}×{grid[1]} patches) needs about {{need}} MB at once for one image's "
+                           f"forward, over the {{limit}} MB limit per image ({ANALYSIS_MEMORY_ENV}). Choose a smaller "
+                           "input size."))
     layouts = bounds.layout_memory(model, grid)
     parts = {"the costliest block and the input": memory.forward_bytes(model, grid),
              f"layer {layouts.layer}'s {layouts.why or 'layout'}": layouts.peak}
@@ -468,7 +475,9 @@ def vlm_attnlrp(tower, grid: tuple[int, int], text: TextShape, tokens: int, answ
     probabilities, and the last position's logits. Never a ``T x T`` held beside the graph."""
     q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
     parts = {
-        "the tower's graph under the rules": views * memory.attnlrp_bytes(tower, view_grid or grid),
+        "the tower's graph under the rules": views * (
+            memory.library_pass_bytes(tower, view_grid or grid, True) if isinstance(tower, LibraryShape)
+            else memory.attnlrp_bytes(tower, view_grid or grid)),
         "the language model's graph under the rules, every layer's activations": text.layers * tokens
         * (6 * text.hidden + 2 * q + 2 * kv + 6 * text.mlp) * text.itemsize,
         "the last position's logits": text.vocab * 4,

@@ -573,8 +573,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
             return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
         missing = transformers_models.missing_piece(config_json) if library_road else None
         if missing:  # transformers knows it, no port reads it, and the library road cannot take it: say why
+            answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
+                       "question), vit-predict --ask" if config_json.get("model_type") in registry.VLM_ARCHITECTURES
+                       else "")
             raise SourceError(f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it "
-                              f"{missing}")
+                              f"{missing}{answers}")
         if transformers_models.opens(config_json):  # the callers that read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
                               "in the notebook API (vit.load) and the explorer, which draw its attention and rollout, "

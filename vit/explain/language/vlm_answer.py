@@ -181,6 +181,15 @@ class ImageLayout:
         return self.overview
 
 
+def tower_lead(vlm) -> int:
+    """Image tokens before the patches' units that cover no patch (``visual_lens.leading_rows``: LLaVA's "full"
+    strategy keeps CLIP's CLS); 0 for a declared tower (``declared.DeclaredTower``: its merger reads patches only)."""
+    from vit.checkpoint import Checkpoint
+    from vit.explain.methods.visual_lens import leading_rows
+
+    return leading_rows(vlm.tower.model) if isinstance(vlm.tower, Checkpoint) else 0
+
+
 def _check_count(positions: torch.Tensor, expected: int, where: str) -> None:
     if len(positions) != expected:
         raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of {where}; its image "
@@ -232,7 +241,7 @@ def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
     if pixels.shape[0] != rows * cols + 1:
         raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
                          "of InternVL's canvas; ask about one image")
-    ph, pw = vlm.tower.model.config.patch_hw
+    ph, pw = vlm.patch_hw
     grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
     per_tile = (grid[0] // unit) * (grid[1] // unit)
     _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
@@ -252,7 +261,7 @@ def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
     the processor cut it."""
     crops = pixels.shape[0] - 1
     rows, cols = (1, crops) if image.width >= image.height else (crops, 1)  # as pan_and_scan_batched cuts them
-    ph, pw = vlm.tower.model.config.patch_hw
+    ph, pw = vlm.patch_hw
     grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
     per_view = (grid[0] // unit) * (grid[1] // unit)
     _check_count(positions, (crops + 1) * per_view, f"the original image and {crops} pan-and-scan crops of "
@@ -273,10 +282,8 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
     1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre."""
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
-    from vit.explain.methods.visual_lens import leading_rows
-
     config = vlm.model.config
-    if leading_rows(vlm.tower.model):  # "full" over a tower with a CLS; SigLIP's (Granite Vision's) has none
+    if tower_lead(vlm):  # "full" over a tower with a CLS; SigLIP's (Granite Vision's) has none
         raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
                          "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
     side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
@@ -327,15 +334,12 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
     (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
     (several images, another family's tiles)."""
-    from vit.explain.methods.visual_lens import leading_rows
-
-    tower = vlm.tower.model
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     if "image_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
         if t != 1 or inputs["image_grid_thw"].shape[0] != 1:
             raise ValueError("the processor gave several images or frames; ask about one image")
-        layout = ImageLayout(positions, (gh, gw), vlm.unit, leading_rows(tower))
+        layout = ImageLayout(positions, (gh, gw), vlm.unit, tower_lead(vlm))
     else:
         pixels = inputs["pixel_values"]
         if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
@@ -348,9 +352,8 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
             raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
                              "on one patch grid yet; ask a model that reads one view of the image")
         else:
-            ph, pw = tower.config.patch_hw
-            layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit,
-                                 leading_rows(tower))
+            ph, pw = vlm.patch_hw
+            layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit, tower_lead(vlm))
     if layout.index is None:
         (gh, gw), unit = layout.grid, layout.unit
         _check_count(positions, layout.lead + (gh // unit) * (gw // unit),
@@ -604,7 +607,7 @@ def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str
     inputs = prompt_inputs(vlm, image, question, prompt)
     layout = image_layout(vlm, inputs, image)
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
-    decide(vlm_answer(vlm.tower.model, layout.grid, text, prompt_tokens, max_new_tokens, layout.views,
+    decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens, layout.views,
                       layout.view_grid))
     words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
     return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None)

@@ -11,8 +11,9 @@ the map is ``pixel_values * dy/dpixel_values`` summed over the channels and over
   constant (the identity rule: lxt's ``rms_norm_forward``, ``layer_norm_forward``; Gemma's ``_norm`` as lxt's
   ``gemma3`` map patches it, its ``1 + weight`` outside the rule);
 - every gated MLP (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``: the language model's SwiGLU or GeGLU,
-  Qwen's tower's) takes the identity rule on its activation and the uniform rule on its product (lxt's
-  ``gated_mlp_forward``, which its ``qwen2``, ``llama`` and ``gemma3`` maps patch);
+  Qwen's tower's; or one ``gate_up_proj`` split in halves, GLM-4.1V's language model's) takes the identity rule on
+  its activation and the uniform rule on its product (lxt's ``gated_mlp_forward``, which its ``qwen2``, ``llama`` and
+  ``gemma3`` maps patch);
 - every other element-wise activation module (the towers' and the projectors' GELU) takes the identity rule (lxt's
   ``non_linear_forward``);
 - every attention call, the tower's and the language model's, divides the gradients of its q and k by 4 and of its v
@@ -72,6 +73,14 @@ def _gated_mlp(module, x: torch.Tensor) -> torch.Tensor:
     return module.down_proj(RULES.get().product(gate, module.up_proj(x)))
 
 
+def _fused_gated_mlp(module, x: torch.Tensor) -> torch.Tensor:
+    """``down(up * act(gate))`` whose gate and up projections are one linear split in halves (``gate_up_proj``,
+    ``activation_fn``: GLM-4.1V's language model's, Phi-3's): the gated MLP's rules on its two halves."""
+    gate, up = module.gate_up_proj(x).chunk(2, dim=-1)
+    gate = _IdentityRule.apply(gate, module.activation_fn)
+    return module.down_proj(RULES.get().product(gate, up))
+
+
 def _activation(module, x: torch.Tensor) -> torch.Tensor:
     """An element-wise activation with the identity rule: lxt's ``non_linear_forward``."""
     return _IdentityRule.apply(x, functools.partial(type(module).forward, module))
@@ -94,6 +103,8 @@ def _rule_of(module: torch.nn.Module, activations: tuple[type, ...]):
         return "_norm", _gemma_norm
     if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return "forward", _gated_mlp
+    if all(hasattr(module, name) for name in ("gate_up_proj", "down_proj", "activation_fn")):
+        return "forward", _fused_gated_mlp
     if isinstance(module, (*activations, torch.nn.GELU, torch.nn.SiLU, torch.nn.Tanh)):
         return "forward", _activation
     return None
@@ -149,6 +160,26 @@ def unruled_norms(root: torch.nn.Module) -> list[str]:
     activations = _activation_classes()
     return sorted({type(m).__name__ for m in root.modules()
                    if "Norm" in type(m).__name__ and _rule_of(m, activations) is None})
+
+
+def unruled_gates(root: torch.nn.Module) -> list[str]:
+    """The class names of ``root``'s gated modules no rule reaches (a ``gate_proj`` or ``gate_up_proj`` outside the
+    gated MLPs above: a mixture of experts' stacked expert weights): AttnLRP would pass their product's plain
+    gradient, which is not lxt's uniform rule (lxt's maps have no rule for experts or their router)."""
+    activations = _activation_classes()
+    return sorted({type(m).__name__ for m in root.modules()
+                   if any(hasattr(m, name) for name in ("gate_proj", "gate_up_proj"))
+                   and _rule_of(m, activations) is None})
+
+
+def check_rules(vlm) -> None:
+    """ValueError (one line) when a module of ``vlm`` takes no rule here (``unruled_norms``, ``unruled_gates``):
+    its AttnLRP would not be lxt's."""
+    unruled = unruled_norms(vlm.model) + unruled_gates(vlm.model)
+    if unruled:
+        raise ValueError(f"AttnLRP is not drawn for this {vlm.model_type} model: its {', '.join(unruled)} take no "
+                         "AttnLRP rule here (lxt has none for a mixture of experts), so the map would not be "
+                         "AttnLRP's; use gradxattn or tam")
 
 
 @contextlib.contextmanager
@@ -210,7 +241,7 @@ def check(vlm, prepared, i: int) -> None:
 
     layout = prepared.layout
     implementation = vlm.language_model.config._attn_implementation
-    decide(vlm_attnlrp(vlm.tower.model, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
+    decide(vlm_attnlrp(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
                        fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
 
 
@@ -220,6 +251,7 @@ def attnlrp(vlm, prepared, answer: tuple[int, ...], i: int, overview: bool = Fal
     docstring. Counted first (``vit.costs.plan.vlm_attnlrp``)."""
     from vit.explain.language.vlm_relevance import answer_run
 
+    check_rules(vlm)
     check(vlm, prepared, i)
     use_rules(vlm)
     # Relevance needs autograd even where the caller (the app) runs under inference_mode

@@ -137,7 +137,7 @@ def check(vlm, prepared, i: int) -> None:
 
     implementation = vlm.language_model.config._attn_implementation
     layout = prepared.layout
-    decide(vlm_relevance(vlm.tower.model, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
+    decide(vlm_relevance(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
                          fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
 
 

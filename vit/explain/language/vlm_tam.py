@@ -149,7 +149,7 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     lead = prepared.layout.lead  # tokens that cover no patch (CLIP's CLS): outside the map, its ECI and its scale
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
-    decide(vlm_tam(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
+    decide(vlm_tam(vlm.tower_shape, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
                    fused="eager" not in implementation, views=prepared.layout.views,
                    view_grid=prepared.layout.view_grid))
     head = vlm.model.get_output_embeddings()

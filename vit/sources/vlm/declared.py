@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from vit.sources.files import MAX_JSON_BYTES, read_json
@@ -40,6 +41,63 @@ SAME_AS_TOWER = (("patch_size", "patch_size"), ("merge_size", "spatial_merge_siz
                  ("temporal_patch_size", "temporal_patch_size"))
 
 
+@dataclass(frozen=True)
+class DeclaredTower:
+    """A VLM's vision tower that no port here reads (GLM-4.1V's, Pixtral's), as its whole model's config declares
+    it: the patch, the merge unit of the patches its merger joins into one image token, and its sizes for the cost
+    model. transformers' own tower runs in the answer; only where its tokens sit is read here, on the grid the
+    processor gives (``image_grid_thw``, or the pixels' sides over the patch)."""
+
+    name: str  # the vision config's model_type
+    unit: int  # patches per image token along each side (the merger's ``spatial_merge_size``)
+    shape: object  # ``vit.costs.plan.LibraryShape``: layers, heads, widths, patch, channels
+
+
+# The towers a declared config places, each with its config's names for (layers, heads, channels) and where its
+# merge unit is declared: the vision config (GLM), the whole config (Mistral 3's patch merger), or nowhere (1).
+# Each merges ``spatial_merge_size`` x ``spatial_merge_size`` patches into one image token, row-major over the
+# patch grid: transformers' ``Glm4vVisionModel`` by its downsample convolution over each merge unit the image
+# processor lays out together, ``Mistral3PatchMerger`` by ``unfold`` over the image's patch grid; a Pixtral under
+# LLaVA (Pixtral-12B) gives each patch its token. The processor's row breaks (``[IMG_BREAK]``) are not image tokens.
+DECLARED_TOWERS = {
+    "glm4v_vision": (("depth", "num_heads", "in_channels"), "vision"),  # GLM-4.1V / 4.6V
+    "glm4v_moe_vision": (("depth", "num_heads", "in_channels"), "vision"),  # GLM-4.5V: the same module
+    "pixtral": (("num_hidden_layers", "num_attention_heads", "num_channels"), "model"),  # Mistral 3, Pixtral-12B
+}
+
+
+def declared_tower(config_json: Mapping) -> DeclaredTower | None:
+    """The tower ``config_json`` (a whole VLM's) declares, if it is one of ``DECLARED_TOWERS``; None otherwise.
+    ValueError (one line) for sizes that are not positive whole numbers."""
+    from vit.costs.plan import LibraryShape
+
+    vision = config_json.get("vision_config")
+    if not isinstance(vision, Mapping) or vision.get("model_type") not in DECLARED_TOWERS:
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    (layers, heads, channels), merged_in = DECLARED_TOWERS[vision["model_type"]]
+    where = vision if merged_in == "vision" else config_json
+
+    def size(name: str, config: Mapping = vision) -> int:
+        """``config``'s ``name``, else its transformers config class's default (a config.json written by hand may
+        leave a default out; transformers then builds the default)."""
+        value = config.get(name)
+        if value is None and str(config.get("model_type")) in CONFIG_MAPPING:
+            value = getattr(CONFIG_MAPPING[str(config["model_type"])](), name, None)
+        if value is None and name == "spatial_merge_size":  # a tower whose merger is not there (LLaVA's Pixtral)
+            return 1
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= 2**20:
+            whose = "vision config" if config is vision else "config"
+            raise ValueError(f"its {whose}'s {name} is {str(value)[:20]}, not a positive whole number")
+        return value
+
+    patch = size("patch_size")
+    shape = LibraryShape(size(layers), size(heads), size("hidden_size"), size("intermediate_size"), 0,
+                         (patch, patch), size(channels))
+    return DeclaredTower(str(vision["model_type"]), size("spatial_merge_size", where), shape)
+
+
 def problem(folder: Path, config_json: Mapping) -> str | None:
     """What is wrong with the sizes ``folder`` (a VLM's, ``config_json`` its config.json) declares, in one line, or
     None: its small files over ``MAX_JSON_BYTES``, a language model of more than ``MAX_TEXT_LAYERS`` layers or of
@@ -48,7 +106,7 @@ def problem(folder: Path, config_json: Mapping) -> str | None:
     step's attention, states or logits. Reads the small files and the weights' headers only."""
     return (_files_problem(folder) or _flags_problem(config_json, "config.json")
             or _generation_problem(folder) or _processor_problem(folder, config_json)
-            or _text_problem(folder, config_json))
+            or _text_problem(folder, config_json) or _declared_tower_problem(folder, config_json))
 
 
 def _files_problem(folder: Path) -> str | None:
@@ -219,9 +277,12 @@ def _text_problem(folder: Path, config_json: Mapping) -> str | None:
     if _number(layers) and not 0 < layers <= MAX_TEXT_LAYERS:
         return (f"its config.json declares a language model of {layers:,} layers; at most {MAX_TEXT_LAYERS} are "
                 "built (the largest published have 126)")
+    from huggingface_hub.errors import StrictDataclassError  # transformers' configs validate their fields' types
+
     try:
         declared = text_parameters(_text_config(config_json))
-    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, ZeroDivisionError,
+            StrictDataclassError) as e:
         return f"its config.json's language model cannot be read ({str(e).splitlines()[0][:120] if str(e) else e!r})"
     from vit.checkpoint import CheckpointError
     from vit.sources.open import read_hf_weights
@@ -233,6 +294,27 @@ def _text_problem(folder: Path, config_json: Mapping) -> str | None:
     if declared > held:
         return (f"its config.json declares a language model of at least {declared:,} parameters, but its weights "
                 f"files hold {held:,} in all: the config does not describe these weights")
+    return None
+
+
+def _declared_tower_problem(folder: Path, config_json: Mapping) -> str | None:
+    """A tower no port reads (``whole_vlm.declared_tower``: transformers builds it from the config alone): its sizes
+    whole numbers, and its parameters at least (each layer's attention and MLP) not more than the weights files
+    hold."""
+    from vit.sources.open import read_hf_weights
+
+    try:
+        tower = declared_tower(config_json)
+    except ValueError as e:
+        return str(e)
+    if tower is None:
+        return None
+    shape = tower.shape
+    declared = shape.num_layers * (4 * shape.hidden_size ** 2 + 2 * shape.hidden_size * shape.mlp_size)
+    held = sum(t.numel() for t in read_hf_weights(folder, "meta").values())
+    if declared > held:
+        return (f"its config.json declares a vision tower of at least {declared:,} parameters, but its weights files "
+                f"hold {held:,} in all: the config does not describe these weights")
     return None
 
 

@@ -17,21 +17,9 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
+from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
 from vit.sources.files import _one_line, loading_problem, quiet_transformers, read_json
-
-# model_type -> the architectures asked here: a generating model (a bare ...Model has no language-model head).
-ARCHITECTURES = {
-    "llava": "LlavaForConditionalGeneration",
-    "llava_next": "LlavaNextForConditionalGeneration",
-    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
-    "qwen2_vl": "Qwen2VLForConditionalGeneration",
-    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-    "qwen3_vl": "Qwen3VLForConditionalGeneration",
-    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
-    "paligemma": "PaliGemmaForConditionalGeneration",
-    "gemma3": "Gemma3ForConditionalGeneration",
-    "internvl": "InternVLForConditionalGeneration",
-}
+from vit.sources.vlm.declared import DeclaredTower
 
 
 class VLMError(CheckpointError):
@@ -46,14 +34,31 @@ class VLM:
     model_type: str
     model: torch.nn.Module  # transformers' ...ForConditionalGeneration, eval mode
     processor: object  # transformers' processor of the folder (image processor, tokenizer, chat template)
-    tower: Checkpoint  # our tower opened on the meta device: its config and layout, no weights
+    # our tower opened on the meta device (its config and layout, no weights), or, for a tower no port here reads,
+    # what its config declares (``DeclaredTower``): the answer reads only where the image tokens sit and its size
+    tower: Checkpoint | DeclaredTower
 
     @property
     def unit(self) -> int:
         """Patches per image token along each side (``word_embeddings.projector_unit``: Qwen-VL's merge unit, ...)."""
+        if isinstance(self.tower, DeclaredTower):
+            return self.tower.unit
         from vit.sources.vlm.word_embeddings import projector_unit
 
         return projector_unit(self.tower)
+
+    @property
+    def patch_hw(self) -> tuple[int, int]:
+        """The tower's patch (height, width) in pixels."""
+        if isinstance(self.tower, DeclaredTower):
+            return self.tower.shape.patch_hw
+        return tuple(self.tower.model.config.patch_hw)
+
+    @property
+    def tower_shape(self):
+        """What the cost model reads of the tower: our ViT on the meta device, or a declared tower's
+        ``plan.LibraryShape``."""
+        return self.tower.shape if isinstance(self.tower, DeclaredTower) else self.tower.model
 
     @property
     def language_model(self) -> torch.nn.Module:
@@ -133,10 +138,13 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if wrong:
         raise VLMError(f"{folder} is refused: {wrong}")
 
-    try:  # the tower's layout: its config and shapes from the headers, no weight read
-        tower = open_source(folder, map_location="meta")
+    try:  # the tower's layout: its config and shapes from the headers, no weight read; or what its config declares
+        tower = declared.declared_tower(read_json(folder / "config.json")) or open_source(folder,
+                                                                                            map_location="meta")
     except CheckpointError as e:
         raise VLMError(str(e)) from None
+    except ValueError as e:
+        raise VLMError(f"{folder} is refused: {e}") from None
     import transformers
 
     try:
