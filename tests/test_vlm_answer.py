@@ -111,18 +111,25 @@ def _build(kind: str):
             tokenizer=words,
             image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<start_of_image>"))
         return transformers.Gemma3ForConditionalGeneration(config), processor
-    if kind == "llava_next":  # a 4 x 4-patch base image, then 32-px crops of its canvas unpadded, newline tokens
-        words = tokenizer(["<image>"])
-        config = transformers.LlavaNextConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
-                                              image_token_id=words.convert_tokens_to_ids("<image>"),
-                                              image_grid_pinpoints=NEXT_PINPOINTS)
+    if kind.startswith("llava_next"):  # a 4 x 4-patch base image, then 32-px crops of its canvas unpadded, newline
+        # tokens; "llava_next_video": LLaVA-NeXT-Video asked about an image, which it reads as LLaVA-NeXT does
+        video = kind == "llava_next_video"
+        words = tokenizer(["<image>", "<video>"] if video else ["<image>"])
+        ids = dict(image_token_id=words.convert_tokens_to_ids("<image>"))
+        if video:
+            ids = dict(image_token_index=ids["image_token_id"],
+                       video_token_index=words.convert_tokens_to_ids("<video>"))
+        config = (transformers.LlavaNextVideoConfig if video else transformers.LlavaNextConfig)(
+            vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
+            image_grid_pinpoints=NEXT_PINPOINTS, **ids)
         images = transformers.LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                                                       image_grid_pinpoints=NEXT_PINPOINTS)
-        processor = transformers.LlavaNextProcessor(image_processor=images, tokenizer=words, patch_size=8,
-                                                    vision_feature_select_strategy="default",
-                                                    num_additional_image_tokens=1,
-                                                    chat_template=TEMPLATE.replace("IMAGE", "<image>"))
-        return transformers.LlavaNextForConditionalGeneration(config), processor
+        extra = dict(video_processor=transformers.LlavaNextVideoVideoProcessor()) if video else {}
+        processor = (transformers.LlavaNextVideoProcessor if video else transformers.LlavaNextProcessor)(
+            image_processor=images, tokenizer=words, patch_size=8, vision_feature_select_strategy="default",
+            num_additional_image_tokens=1, chat_template=TEMPLATE.replace("IMAGE", "<image>"), **extra)
+        return (transformers.LlavaNextVideoForConditionalGeneration if video
+                else transformers.LlavaNextForConditionalGeneration)(config), processor
     if kind.startswith("llava_onevision"):  # NeXT's canvas over SigLIP (no CLS); "_2": shrunk past anyres_max_2
         aspect = "anyres_max_2" if kind.endswith("_2") else "anyres_max_9"
         words = tokenizer(["<image>", "<video>"])
@@ -821,11 +828,19 @@ def packed_like_transformers(answer, out, positions, places) -> tuple[int, int]:
     return top, left
 
 
-def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
+@pytest.fixture(scope="module")
+def llava_next_video(tmp_path_factory):
+    """LLaVA-NeXT-Video saved whole, asked about ``picture()``: LLaVA-NeXT's canvas (``llava_next``)."""
+    return saved_whole(tmp_path_factory, ["llava_next_video"])["llava_next_video"]
+
+
+@pytest.mark.parametrize("kind", ["llava_next", "llava_next_video"])
+def test_llava_nexts_crops_are_placed_as_transformers_packs_them(request, kind):
     """LLaVA-NeXT's 104 image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
     canvas, its padding columns dropped (8 x 10 of 8 x 12), each row followed by a newline token that covers no patch,
     as ``pack_image_features`` packs them. The crops taken row-major without the unpadding and the newlines would be
-    another map."""
+    another map. LLaVA-NeXT-Video reads an image as LLaVA-NeXT does (its tower opens by the same port)."""
+    llava_next = request.getfixturevalue(kind)
     image = picture()
     answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=NEW_TOKENS)
     out, inputs, image_token = eager_generate(llava_next, image)

@@ -91,13 +91,16 @@ def _llava(kind: str):
                                           image_token_id=3)
         processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
         return transformers.LlavaForConditionalGeneration, config, processor
-    if kind == "llava_next":
-        config = transformers.LlavaNextConfig(vision_config=CLIP_TOWER, text_config=dict(TEXT, model_type="llama"),
-                                              image_token_id=3, image_grid_pinpoints=PINPOINTS)
+    if kind in ("llava_next", "llava_next_video"):  # NeXT-Video: NeXT's tower and projector beside its video pooling
+        video = kind == "llava_next_video"
+        config = (transformers.LlavaNextVideoConfig if video else transformers.LlavaNextConfig)(
+            vision_config=CLIP_TOWER, text_config=dict(TEXT, model_type="llama"), image_grid_pinpoints=PINPOINTS,
+            **(dict(image_token_index=3, video_token_index=4) if video else dict(image_token_id=3)))
         processor = transformers.LlavaNextImageProcessor(size={"shortest_edge": 32},
                                                          crop_size={"height": 32, "width": 32},
                                                          image_grid_pinpoints=PINPOINTS)
-        return transformers.LlavaNextForConditionalGeneration, config, processor
+        return (transformers.LlavaNextVideoForConditionalGeneration if video
+                else transformers.LlavaNextForConditionalGeneration), config, processor
     config = transformers.LlavaOnevisionConfig(vision_config=SIGLIP_TOWER, text_config=dict(TEXT, model_type="qwen2"),
                                                image_token_id=3, image_grid_pinpoints=PINPOINTS)
     processor = transformers.LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
@@ -119,8 +122,9 @@ def _gemma(kind: str):
     return transformers.Gemma3ForConditionalGeneration, config, processor
 
 
-KINDS = ["llava", "llava_next", "llava_onevision", "paligemma", "gemma3"]
-DEPTH = {"llava": 2, "llava_next": 2, "llava_onevision": 3, "paligemma": 3, "gemma3": 3}  # of the tower's 3 layers
+KINDS = ["llava", "llava_next", "llava_next_video", "llava_onevision", "paligemma", "gemma3"]
+# of the tower's 3 layers
+DEPTH = {"llava": 2, "llava_next": 2, "llava_next_video": 2, "llava_onevision": 3, "paligemma": 3, "gemma3": 3}
 NATIVE = {"gemma3": (64, 64)}
 OTHER = {"gemma3": (48, 80)}  # another aspect: the tower's positions interpolated as its library does
 
@@ -167,7 +171,7 @@ def _image_features(model, kind: str, images: torch.Tensor) -> torch.Tensor:
     """What transformers' ``get_image_features`` gives the language model for each image, (B, N, E); LLaVA-NeXT
     and OneVision: the base tile's rows (the first tile of each image's tiles, packed first)."""
     with torch.no_grad():
-        if kind in ("llava_next", "llava_onevision"):
+        if kind in ("llava_next", "llava_next_video", "llava_onevision"):
             from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
 
             image_size = [48, 80]

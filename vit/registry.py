@@ -430,9 +430,11 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            ("swin",), _STAGES),
     Family("swinv2", "Swin V2", "windowed / hierarchical", "HF swinv2 folders, timm swinv2_* (not swinv2_cr)",
            "vit.sources.ports.families.import_swin", ("swinv2",), _STAGES),
-    Family("llava", "A VLM's vision tower: LLaVA 1.5 / NeXT / OneVision, PaliGemma, Gemma 3", "vlm tower",
-           "HF llava / llava_next / llava_onevision / paligemma / gemma3 folders (the tower and projector only)",
-           "vit.sources.vlm.import_vlm", ("llava", "llava_next", "llava_onevision", "paligemma", "gemma3"), _TOWER),
+    Family("llava", "A VLM's vision tower: LLaVA 1.5 / NeXT / NeXT-Video / OneVision, PaliGemma, Gemma 3", "vlm tower",
+           "HF llava / llava_next / llava_next_video / llava_onevision / paligemma / gemma3 folders (the tower and "
+           "projector only)",
+           "vit.sources.vlm.import_vlm", ("llava", "llava_next", "llava_next_video", "llava_onevision", "paligemma",
+                                           "gemma3"), _TOWER),
     Family("videomae", "VideoMAE", "video", "HF videomae folders", "vit.sources.ports.families.import_videomae",
            ("videomae",),
            _CLIP),
@@ -620,6 +622,7 @@ def table(what: str) -> list[dict[str, str]]:
 VLM_ARCHITECTURES = {
     "llava": "LlavaForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
+    "llava_next_video": "LlavaNextVideoForConditionalGeneration",
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",

@@ -273,6 +273,9 @@ def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
                        _canvas(seen[1:], rows, cols))
 
 
+NEXT_TILES = ("llava_next", "llava_next_video", "llava_onevision")  # anyres canvases packed as LLaVA-NeXT packs them
+
+
 def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
     """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
     ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
@@ -346,7 +349,7 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
             layout = _internvl_tiles(vlm, image, pixels, positions)
         elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
             layout = _pan_and_scan(vlm, image, pixels, positions)
-        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in ("llava_next", "llava_onevision"):
+        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in NEXT_TILES:
             layout = _next_tiles(vlm, inputs, positions)
         elif pixels.dim() != 4 or pixels.shape[0] != 1:
             raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "

@@ -34,14 +34,17 @@ from vit.sources.ports.families.import_dinov3 import _Taker, activation
 ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "llava": ("LlavaForConditionalGeneration", "LlavaModel"),
     "llava_next": ("LlavaNextForConditionalGeneration", "LlavaNextModel"),
+    "llava_next_video": ("LlavaNextVideoForConditionalGeneration", "LlavaNextVideoModel"),
     "llava_onevision": ("LlavaOnevisionForConditionalGeneration", "LlavaOnevisionModel"),
     "paligemma": ("PaliGemmaForConditionalGeneration", "PaliGemmaModel"),
     "gemma3": ("Gemma3ForConditionalGeneration", "Gemma3Model"),
 }
-NAMES = {"llava": "LLaVA", "llava_next": "LLaVA-NeXT", "llava_onevision": "LLaVA-OneVision",
+NAMES = {"llava": "LLaVA", "llava_next": "LLaVA-NeXT", "llava_next_video": "LLaVA-NeXT-Video",
+         "llava_onevision": "LLaVA-OneVision",
          "paligemma": "PaliGemma", "gemma3": "Gemma 3"}
 # transformers' defaults where a config.json leaves them out: (vision_feature_layer, vision_feature_select_strategy)
-FEATURE_DEFAULTS = {"llava": (-2, "default"), "llava_next": (-2, "default"), "llava_onevision": (-1, "full")}
+FEATURE_DEFAULTS = {"llava": (-2, "default"), "llava_next": (-2, "default"), "llava_next_video": (-2, "default"),
+                    "llava_onevision": (-1, "full")}
 TOWERS = {"clip_vision_model": "CLIP", "siglip_vision_model": "SigLIP"}
 # Where the tower and projector live: the Hub's layout (transformers 4, and what transformers 5 saves) and
 # transformers 5's in memory; the CLIP / SigLIP tower's own "vision_model." in the older one. Longest first.
@@ -229,7 +232,7 @@ def image_processor(processor: Mapping | None, config_json: Mapping) -> tuple[Ma
     if processor is None:
         return None, None
     model_type = str(config_json.get("model_type"))
-    if model_type in ("llava_next", "llava_onevision"):
+    if model_type in ("llava_next", "llava_next_video", "llava_onevision"):
         onevision = model_type == "llava_onevision"
         size = processor.get("size") or ({"height": 384, "width": 384} if onevision else {"shortest_edge": 224})
         size = size if isinstance(size, Mapping) else {}
