@@ -158,6 +158,26 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind in ("idefics3", "smolvlm"):  # a SigLIP-like tower no port reads (its config declares it): 32-px tiles of
+        # 4 x 4 patches, each pixel-shuffled 2 x 2 into 2 x 2 image tokens, the image split into tiles (longest edge
+        # 64 px) and the whole image resized to one tile after them
+        specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+                    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
+        words = tokenizer(specials)
+        smol = kind == "smolvlm"
+        config = (transformers.SmolVLMConfig if smol else transformers.Idefics3Config)(
+            vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=32, patch_size=8),
+            text_config=dict(LLAMA, vocab_size=len(words)), scale_factor=2,
+            image_token_id=words.convert_tokens_to_ids("<image>"), eos_token_id=1)
+        images = (transformers.SmolVLMImageProcessor if smol else transformers.Idefics3ImageProcessor)(
+            size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True)
+        extra = dict(video_processor=transformers.SmolVLMVideoProcessor()) if smol else {}
+        processor = (transformers.SmolVLMProcessor if smol else transformers.Idefics3Processor)(
+            image_processor=images, tokenizer=words, image_seq_len=4,
+            chat_template=TEMPLATE.replace("IMAGE", "<image>"), **extra)
+        return (transformers.SmolVLMForConditionalGeneration if smol
+                else transformers.Idefics3ForConditionalGeneration)(config), processor
     if kind in ("mistral3", "pixtral"):  # a Pixtral tower no port reads (its config declares it), 8-px patches, 2D
         # RoPE, the image kept at its aspect (longest edge 64 px), a row break token after each row of image tokens.
         # "mistral3": Mistral 3's patch merger joins 2 x 2 patches; "pixtral": Pixtral-12B, the tower under LLaVA
@@ -567,8 +587,9 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
-                                       r"model: llava, llava_next, llava_onevision, qwen2_vl, qwen2_5_vl, qwen3_vl, "
-                                       r"qwen3_vl_moe"):
+                                       r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
+                                       r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
+                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm$"):
         vit.open_vlm(tmp_path)
 
 
@@ -765,6 +786,70 @@ def test_internvls_tiles_are_placed_where_the_processor_cut_them(internvl_tiles)
     with pytest.raises(ValueError, match=r"^this image was read in one view"):
         vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(32, 32), QUESTION, max_new_tokens=1).attention(
             0, overview=True)
+
+
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
+def idefics3_tiles(request, tmp_path_factory):
+    """Idefics3 / SmolVLM saved whole, whose image processor splits an image into 32-px tiles of its 64-px resize,
+    the whole image resized to one tile after them: ``(kind, folder)``."""
+    return request.param, saved_whole(tmp_path_factory, [request.param])[request.param]
+
+
+def quadrants(width: int, height: int) -> Image.Image:
+    """An image of four flat colours, one a quadrant: where each tile came from is read off its colour."""
+    colours = np.array([[[230, 20, 20], [20, 230, 20]], [[20, 20, 230], [230, 230, 20]]], dtype=np.uint8)
+    rows = (np.arange(height) >= height // 2).astype(int)
+    cols = (np.arange(width) >= width // 2).astype(int)
+    return Image.fromarray(colours[rows[:, None], cols[None, :]])
+
+
+def quadrant_places(tiles: torch.Tensor) -> list[tuple[int, int]]:
+    """(n, 3, h, w) tiles of ``quadrants`` -> each tile's (row, column) on the canvas, read off its colours: a 2 x 2
+    split's tiles are one quadrant each; a wide image's two tiles its left half (red over blue) and right (green over
+    yellow)."""
+    reds, greens, blues = (tiles[:, channel].mean((-1, -2)).tolist() for channel in range(3))
+    if len(reds) == 2:
+        return [(0, int(g > r)) for r, g in zip(reds, greens, strict=True)]
+    colour = {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}  # red, green, blue, yellow
+    return [colour[int(np.argmax([r - g - b, g - r - b, b - r - g, r + g - 2 * b]))]
+            for r, g, b in zip(reds, greens, blues, strict=True)]
+
+
+@pytest.mark.parametrize(("width", "height", "places"), [(80, 80, [(0, 0), (0, 1), (1, 0), (1, 1)]),
+                                                         (120, 50, [(0, 0), (0, 1)])])
+def test_idefics3s_tiles_are_placed_where_the_processor_cut_them(idefics3_tiles, width, height, places):
+    """Idefics3's and SmolVLM's split image: each tile's four image tokens (its 2 x 2 pixel-shuffle units) cover the
+    part of the canvas its pixels came from (read off the quadrants' colours of the pixels the tower read, not from
+    our layout), the global image's tokens after them are the overview; the tokens are generate's. Tiles taken
+    column-major would be another map (the 2 x 2 split)."""
+    kind, folder = idefics3_tiles
+    image = quadrants(width, height)
+    answer = vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(folder, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    found = quadrant_places(inputs["pixel_values"][0, :-1])  # the global image last
+    rows, cols = max(p[0] for p in places) + 1, max(p[1] for p in places) + 1
+    assert found == places and answer.grid == (4 * rows, 4 * cols)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert len(positions) == (len(places) + 1) * 4
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            heads = out.attentions[i][layer][0, :, -1, positions].numpy()
+            for head in (*range(heads.shape[0]), None):
+                row = heads.mean(0) if head is None else heads[head]
+                expected = np.zeros((4 * rows, 4 * cols), dtype=np.float32)
+                for k, (r, c) in enumerate(found):
+                    expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[4 * k:4 * k + 4], (4, 4), 2, 0)
+                np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[-4:], (4, 4), 2, 0), rtol=0, atol=ATOL)
+    if rows == cols == 2:
+        row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+        column_major = np.zeros((8, 8), dtype=np.float32)
+        for k in range(4):
+            column_major[4 * (k % 2):4 * (k % 2) + 4, 4 * (k // 2):4 * (k // 2) + 4] = by_hand(
+                row[4 * k:4 * k + 4], (4, 4), 2, 0)
+        assert _differs(answer.attention(1, 0), column_major)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from test_vlm_answer import (  # noqa: E402,F401
     PAN_AND_SCAN,
     QUESTION,
     gemma3_pas,
+    idefics3_tiles,
     internvl_tiles,
     llava_next,
     llava_onevision,
@@ -111,7 +112,7 @@ def _patch_lxt(m, model, drop: str | None = None) -> None:
     gradient)."""
     from transformers import activations
 
-    lm = model.model.language_model
+    lm = getattr(model.model, "language_model", None) or model.model.text_model  # Idefics3's: text_model
     lm_mlp, lm_norm = type(lm.layers[0].mlp), type(lm.norm)
     lm_modeling = sys.modules[type(lm.layers[0].self_attn).__module__]
     if drop != "gated_mlp":
@@ -124,7 +125,10 @@ def _patch_lxt(m, model, drop: str | None = None) -> None:
             m.setattr(lm_norm, "forward", rms_norm_forward)
     lm_modules = set(lm.modules())
     outside = [module for module in model.modules() if module not in lm_modules]  # the tower, the projector
-    m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+    # lxt's layer_norm_forward keeps its input's strides where torch's LayerNorm returns a contiguous tensor: the same
+    # values, made contiguous as the module's, or Idefics3's pixel shuffle (a .view of its transposed patch
+    # embedding's stream) cannot read them
+    m.setattr(torch.nn.LayerNorm, "forward", lambda self, x: layer_norm_forward(self, x).contiguous())
     for cls in {type(x) for x in outside if hasattr(x, "variance_epsilon")} - {lm_norm}:
         m.setattr(cls, "forward", rms_norm_forward)
     for cls in {type(x) for x in outside if hasattr(x, "_norm")} - {lm_norm}:
@@ -211,6 +215,26 @@ def test_internvls_attnlrp_is_placed_where_the_processor_cut_the_tiles(internvl_
     for tile, (r, c) in zip(tiles, where_tiles_are(internvl_tiles, image), strict=False):
         canvas[r * 4:(r + 1) * 4, c * 4:(c + 1) * 4] = tile
     assert answer.grid == (8, 12)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), canvas)
+    assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[-1])
+
+
+def test_idefics3s_attnlrp_is_placed_where_the_processor_cut_the_tiles(idefics3_tiles, monkeypatch):  # noqa: F811
+    """Idefics3's and SmolVLM's 2 x 2 split: each tile's patch sums on the canvas where its pixels came from (read off
+    the quadrants' colours), the global image's (the last) as the overview; lxt's rules on transformers' model."""
+    from test_vlm_answer import quadrant_places, quadrants
+
+    kind, folder = idefics3_tiles
+    image = quadrants(80, 80)
+    answer = vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    relevance = lxt_relevance(folder, list(answer.tokens), 2, monkeypatch, image=image)[0]  # (5, 3, 32, 32)
+    tiles = relevance.sum(1).reshape(-1, 4, 8, 4, 8).sum((2, 4)).numpy()  # (5, 4, 4)
+    model, processor = _eager(folder)
+    pixels = _inputs(model, processor, list(answer.tokens), 2, image)["pixel_values"][0, :-1]
+    canvas = np.zeros(answer.grid, dtype=np.float32)
+    for tile, (r, c) in zip(tiles, quadrant_places(pixels), strict=False):
+        canvas[r * 4:(r + 1) * 4, c * 4:(c + 1) * 4] = tile
+    assert answer.grid == (8, 8)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp"), canvas)
     assert_equal_to_lxt(answer.relevance(2, method="attnlrp", overview=True), tiles[-1])
 

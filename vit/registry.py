@@ -635,4 +635,6 @@ VLM_ARCHITECTURES = {
     "glm4v_moe": "Glm4vMoeForConditionalGeneration",
     "glm46v": "Glm46VForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
+    "idefics3": "Idefics3ForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
 }

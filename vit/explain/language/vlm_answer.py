@@ -241,6 +241,25 @@ def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
     if pixels.shape[0] != rows * cols + 1:
         raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
                          "of InternVL's canvas; ask about one image")
+    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
+
+
+def _idefics3_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Idefics3's and SmolVLM's split image (``Idefics3ImageProcessor.split_image``): the image resized to whole
+    tiles, cut row-major (its rows and columns as the image processor counts them, ``return_row_col_info``), the
+    whole image resized to one tile after them (the global image); each tile's pixel-shuffle units row-major
+    (``Idefics3Connector.pixel_shuffle``). An image no larger than one tile is read whole, in one view."""
+    counted = vlm.processor.image_processor(images=[[image]], return_row_col_info=True, return_tensors="pt")
+    rows, cols = int(counted["rows"][0][0]), int(counted["cols"][0][0])
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
+                         "of its split; ask about one image")
+    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
+
+
+def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int) -> ImageLayout:
+    """``rows x cols`` tiles in ``pixels`` row-major, the whole image resized to one tile after them (InternVL's
+    thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order."""
     ph, pw = vlm.patch_hw
     grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
     per_tile = (grid[0] // unit) * (grid[1] // unit)
@@ -345,7 +364,11 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
         layout = ImageLayout(positions, (gh, gw), vlm.unit, tower_lead(vlm))
     else:
         pixels = inputs["pixel_values"]
-        if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
+        if pixels.dim() == 5 and vlm.model_type in ("idefics3", "smolvlm"):  # (1, views, C, H, W)
+            layout = (_idefics3_tiles(vlm, image, pixels[0], positions) if pixels.shape[1] > 1 else
+                      ImageLayout(positions, (pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]),
+                                  vlm.unit, 0))
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
             layout = _internvl_tiles(vlm, image, pixels, positions)
         elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
             layout = _pan_and_scan(vlm, image, pixels, positions)

@@ -63,7 +63,9 @@ def _layer_norm(module, x: torch.Tensor) -> torch.Tensor:
     y = (x - mean) / ((x - mean) ** 2).mean(dim=-1, keepdim=True).add(module.eps).sqrt().detach()
     if module.weight is not None:
         y = y * module.weight
-    return y + module.bias if module.bias is not None else y
+    # contiguous as torch's LayerNorm returns it: element-wise ops keep the input's strides, and a residual stream
+    # begun as a transposed patch embedding (Idefics3's) would reach a .view() (its pixel shuffle) that cannot take them
+    return (y + module.bias if module.bias is not None else y).contiguous()
 
 
 def _gated_mlp(module, x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +126,8 @@ def _put(module: torch.nn.Module, name: str, rule) -> None:
 def tower_of(vlm) -> torch.nn.Module:
     """transformers' vision tower inside the VLM (``vision_tower``, Qwen's ``visual``)."""
     inner = vlm.model.model
-    tower = getattr(inner, "vision_tower", None) or getattr(inner, "visual", None)
+    tower = getattr(inner, "vision_tower", None) or getattr(inner, "visual", None) or getattr(inner, "vision_model",
+                                                                                               None)
     if tower is None:
         raise ValueError(f"{type(vlm.model).__name__} keeps its vision tower under no name known here")
     return tower
@@ -202,9 +205,10 @@ def _patch_sums(relevance: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
 def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Tensor:
     """The input x gradient of ``prepared``'s ``pixel_values`` (their shape) summed over the channels and each patch,
     on the answer's patch grid as the other maps are placed: Qwen-VL's flattened patches (merge unit after merge
-    unit, each unit's patches row-major) row-major; InternVL's crops on their canvas, its thumbnail (the last tile)
-    as the overview; Gemma 3's pan-and-scan crops on theirs, its original image (the first) as the overview;
-    LLaVA-NeXT's and OneVision's crops on their canvas unpadded, the base image (the first) as the overview."""
+    unit, each unit's patches row-major) row-major; InternVL's and Idefics3's crops on their canvas, the thumbnail
+    or global image (the last tile) as the overview; Gemma 3's pan-and-scan crops on theirs, its original image (the
+    first) as the overview; LLaVA-NeXT's and OneVision's crops on their canvas unpadded, the base image (the first)
+    as the overview."""
     layout = prepared.layout
     if relevance.dim() == 2:  # Qwen-VL: (gh * gw, C x frames x patch x patch) in merge-unit order
         (gh, gw), m = layout.grid, layout.unit
@@ -212,10 +216,10 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     if layout.overview is None:
         return _patch_sums(relevance.reshape(1, *relevance.shape[-3:]), layout.grid)[0]
     vh, vw = layout.view_grid
-    if vlm.model_type in ("internvl", "gemma3"):
-        # (rows x cols + 1, vh, vw): InternVL's thumbnail last, Gemma 3's original image first
-        tiles = _patch_sums(relevance, (vh, vw))
-        whole, crops = (tiles[-1], tiles[:-1]) if vlm.model_type == "internvl" else (tiles[0], tiles[1:])
+    if vlm.model_type in ("internvl", "gemma3", "idefics3", "smolvlm"):
+        # (rows x cols + 1, vh, vw): InternVL's thumbnail and Idefics3's global image last, Gemma 3's original first
+        tiles = _patch_sums(relevance.reshape(-1, *relevance.shape[-3:]), (vh, vw))
+        whole, crops = (tiles[0], tiles[1:]) if vlm.model_type == "gemma3" else (tiles[-1], tiles[:-1])
         if overview:
             return whole
         rows, cols = layout.grid[0] // vh, layout.grid[1] // vw

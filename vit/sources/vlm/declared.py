@@ -54,15 +54,19 @@ class DeclaredTower:
 
 
 # The towers a declared config places, each with its config's names for (layers, heads, channels) and where its
-# merge unit is declared: the vision config (GLM), the whole config (Mistral 3's patch merger), or nowhere (1).
+# merge unit is declared, and as what: the vision config (GLM), the whole config (Mistral 3's patch merger, Idefics3's
+# pixel shuffle), or nowhere (1).
 # Each merges ``spatial_merge_size`` x ``spatial_merge_size`` patches into one image token, row-major over the
 # patch grid: transformers' ``Glm4vVisionModel`` by its downsample convolution over each merge unit the image
 # processor lays out together, ``Mistral3PatchMerger`` by ``unfold`` over the image's patch grid; a Pixtral under
 # LLaVA (Pixtral-12B) gives each patch its token. The processor's row breaks (``[IMG_BREAK]``) are not image tokens.
 DECLARED_TOWERS = {
-    "glm4v_vision": (("depth", "num_heads", "in_channels"), "vision"),  # GLM-4.1V / 4.6V
-    "glm4v_moe_vision": (("depth", "num_heads", "in_channels"), "vision"),  # GLM-4.5V: the same module
-    "pixtral": (("num_hidden_layers", "num_attention_heads", "num_channels"), "model"),  # Mistral 3, Pixtral-12B
+    "glm4v_vision": (("depth", "num_heads", "in_channels"), ("vision", "spatial_merge_size")),  # GLM-4.1V / 4.6V
+    "glm4v_moe_vision": (("depth", "num_heads", "in_channels"), ("vision", "spatial_merge_size")),  # GLM-4.5V
+    "pixtral": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "spatial_merge_size")),
+    # Idefics3's and SmolVLM's SigLIP-like tower, its connector's pixel shuffle of scale_factor x scale_factor
+    "idefics3_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "scale_factor")),
+    "smolvlm_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "scale_factor")),
 }
 
 
@@ -76,7 +80,7 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
         return None
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    (layers, heads, channels), merged_in = DECLARED_TOWERS[vision["model_type"]]
+    (layers, heads, channels), (merged_in, merge) = DECLARED_TOWERS[vision["model_type"]]
     where = vision if merged_in == "vision" else config_json
 
     def size(name: str, config: Mapping = vision) -> int:
@@ -85,7 +89,7 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
         value = config.get(name)
         if value is None and str(config.get("model_type")) in CONFIG_MAPPING:
             value = getattr(CONFIG_MAPPING[str(config["model_type"])](), name, None)
-        if value is None and name == "spatial_merge_size":  # a tower whose merger is not there (LLaVA's Pixtral)
+        if value is None and name == merge:  # a tower whose merger is not there (LLaVA's Pixtral)
             return 1
         if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= 2**20:
             whose = "vision config" if config is vision else "config"
@@ -95,7 +99,7 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
     patch = size("patch_size")
     shape = LibraryShape(size(layers), size(heads), size("hidden_size"), size("intermediate_size"), 0,
                          (patch, patch), size(channels))
-    return DeclaredTower(str(vision["model_type"]), size("spatial_merge_size", where), shape)
+    return DeclaredTower(str(vision["model_type"]), size(merge, where), shape)
 
 
 def problem(folder: Path, config_json: Mapping) -> str | None:

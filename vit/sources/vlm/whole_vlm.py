@@ -21,6 +21,8 @@ from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types t
 from vit.sources.files import _one_line, loading_problem, quiet_transformers, read_json
 from vit.sources.vlm.declared import DeclaredTower
 
+TEXT_MODEL = ("idefics3", "smolvlm")  # whose decoder stack transformers names text_model
+
 
 class VLMError(CheckpointError):
     """A folder whose whole vision-language model cannot be opened; the message says why and what to do."""
@@ -62,9 +64,10 @@ class VLM:
 
     @property
     def language_model(self) -> torch.nn.Module:
-        """The decoder stack (``model.model.language_model``): its ``layers[i].self_attn`` are what the answer's
-        attention reads."""
-        return self.model.model.language_model
+        """The decoder stack (``model.model.language_model``, Idefics3's ``text_model``): its
+        ``layers[i].self_attn`` are what the answer's attention reads."""
+        inner = self.model.model
+        return inner.text_model if self.model_type in TEXT_MODEL else inner.language_model
 
     @property
     def device(self) -> torch.device:
@@ -155,7 +158,8 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
             model, loaded = getattr(transformers, architecture).from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, dtype="auto", ignore_mismatched_sizes=True,
                 output_loading_info=True)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as e:
+        # ImportError: a processor needing a package this install lacks (transformers' message names it)
         raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
                        f"{_one_line(e)}") from None
     wrong = loading_problem(loaded)
