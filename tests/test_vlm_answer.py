@@ -44,7 +44,8 @@ NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeX
 PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_scan_max_num_crops=4,
                     pan_and_scan_min_ratio_to_activate=1.2)
 KINDS = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma",
-         "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral"]
+         "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral",
+         "qwen3_5", "qwen3_5_moe"]
 QUESTION = "what is this ?"
 
 
@@ -239,6 +240,31 @@ def _build(kind: str):
     words = tokenizer(QWEN_SPECIALS)
     ids = {token: words.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
     template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
+    if kind.startswith("qwen3_5"):  # Qwen3.5: a Qwen3-VL-like tower its config declares, beside a hybrid language
+        # model whose linear-attention layers (the gated delta rule) alternate with attention layers; "_moe": its MLPs
+        # experts
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, vocab_size=len(words), max_position_embeddings=256,
+                    layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
+                    linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                    rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0,
+                                     "mrope_interleaved": True, "partial_rotary_factor": 1.0})
+        moe = kind == "qwen3_5_moe"
+        if moe:
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        shared_expert_intermediate_size=16)
+        config = (transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config)(
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
+                               num_position_embeddings=64),
+            text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
+        images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        processor = transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
+                                                  video_processor=transformers.Qwen3VLVideoProcessor(),
+                                                  chat_template=template)
+        return (transformers.Qwen3_5MoeForConditionalGeneration if moe
+                else transformers.Qwen3_5ForConditionalGeneration)(config), processor
     if kind in ("qwen3_vl", "qwen3_vl_moe"):  # 16-px patches, interleaved M-RoPE, DeepStack
         text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=8, vocab_size=len(words), max_position_embeddings=256,
@@ -349,7 +375,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 # (unit, lead): patches per image token along each side, image tokens before the patches'
 LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_vl": (2, 0), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0),
           "qwen3_vl_moe": (2, 0), "glm4v": (2, 0), "glm4v_moe": (2, 0), "glm46v": (2, 0),
-          "mistral3": (2, 0), "pixtral": (1, 0),
+          "mistral3": (2, 0), "pixtral": (1, 0), "qwen3_5": (2, 0),
+          "qwen3_5_moe": (2, 0),
           "gemma3": (4, 0), "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
@@ -533,6 +560,43 @@ def test_pixtrals_image_tokens_are_its_rows_without_their_breaks(vlms, kind):
         assert _differs(answer.attention(i, -1), np.kron(row.reshape(cols, rows).T, np.ones((unit, unit))))
 
 
+def test_a_hybrid_language_models_maps_are_its_attention_layers_and_its_states_are_counted(answers, vlms):
+    """Qwen3.5's decoder alternates linear-attention layers (the gated delta rule: a recurrent state, no attention
+    over the tokens) with attention layers: the answer's layers are the 2 attention layers of its 4, as transformers'
+    output_attentions numbers them (their rows equal: ``test_each_tokens_attention_is_the_eager_row...``); the cost
+    counts a KV cache for those and each linear layer's recurrent and convolution states (by hand from the config:
+    value heads x key dim x value dim float32, and (2 x key heads x key dim + value heads x value dim) x kernel)."""
+    from vit.explain.language.vlm_answer import text_shape
+
+    answer, out, _, _ = answers["qwen3_5"]
+    assert answer.layers == len(out.attentions[0]) == 2
+    text = text_shape(vit.open_vlm(vlms["qwen3_5"]))
+    assert text.layers == 2 and text.state_bytes == 2 * (2 * 8 * 8 * 4 + (2 * 2 * 8 + 2 * 8) * 4 * 4)
+    with pytest.raises(ValueError, match=r"^layer 2 does not exist: the language model has 2 layers"):
+        answer.attention(0, 2)
+
+
+def test_predict_ask_refuses_a_hybrids_rollout_before_answering(vlms, tmp_path, capsys, monkeypatch):
+    """``--lm-method gradxattn_rollout`` on a hybrid language model is refused in one line before the answer is
+    generated, nothing written; its layers' gradient x attention is written."""
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    vlm_class = transformers.Qwen3_5ForConditionalGeneration
+    generate = vlm_class.generate
+    monkeypatch.setattr(vlm_class, "generate", lambda *a, **k: pytest.fail("the model answered"))
+    assert main([str(vlms["qwen3_5"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "2",
+                 "--save-maps", str(tmp_path / "maps"), "--lm-method", "gradxattn_rollout", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the rollout multiplies every layer's attention" in err
+    assert not (tmp_path / "maps" / "photo.npz").exists()
+    monkeypatch.setattr(vlm_class, "generate", generate)
+    assert main([str(vlms["qwen3_5"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "2",
+                 "--save-maps", str(tmp_path / "maps"), "--lm-method", "gradxattn", "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert np.load(record["maps"]["npz"])["gradxattn"].shape[:2] == (2, 2)  # 2 tokens x its 2 attention layers
+
+
 def test_only_query_rows_are_kept_never_a_layers_attention(answers):
     """What the answer keeps per layer and token is the query row that predicted it, (heads, head dim), and the KV
     cache the generation held anyway: never a T x T attention."""
@@ -589,7 +653,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
-                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm$"):
+                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe$"):
         vit.open_vlm(tmp_path)
 
 

@@ -338,23 +338,25 @@ def test_a_copy_of_the_ruled_model_runs_its_own_modules(asked):
 
 @pytest.fixture(scope="module")
 def experts(tmp_path_factory):
-    """Qwen3-VL-MoE and GLM-4.5V: language models of experts, whose stacked expert weights no rule reaches."""
-    return saved_whole(tmp_path_factory, ["qwen3_vl_moe", "glm4v_moe"])
+    """Qwen3-VL-MoE and GLM-4.5V: language models of experts, whose stacked expert weights no rule reaches; Qwen3.5:
+    a hybrid whose linear-attention layers (the gated delta rule) no rule reaches."""
+    return saved_whole(tmp_path_factory, ["qwen3_vl_moe", "glm4v_moe", "qwen3_5"])
 
 
-@pytest.mark.parametrize("kind", ["qwen3_vl_moe", "glm4v_moe"])
+@pytest.mark.parametrize("kind", ["qwen3_vl_moe", "glm4v_moe", "qwen3_5"])
 def test_attnlrp_of_a_language_model_of_experts_is_refused_in_one_line(experts, kind, tmp_path, capsys):
-    """lxt has no rule for a mixture of experts: their product's plain gradient would not be AttnLRP, so the map is
-    refused in one line naming the experts, in the API before the backward and on the command line before the
+    """lxt has no rule for a mixture of experts or a linear attention: their plain gradient would not be AttnLRP, so
+    the map is refused in one line naming them, in the API before the backward and on the command line before the
     answer; gradient x attention still draws."""
     from vit.predict import main
 
     answer = vit.ask_vlm(vit.open_vlm(experts[kind]), picture(), QUESTION, max_new_tokens=2)
-    experts_class = {"qwen3_vl_moe": "Qwen3VLMoeTextExperts", "glm4v_moe": "Glm4vMoeTextExperts"}[kind]
+    experts_class = {"qwen3_vl_moe": "Qwen3VLMoeTextExperts", "glm4v_moe": "Glm4vMoeTextExperts",
+                     "qwen3_5": "Qwen3_5GatedDeltaNet"}[kind]
     with pytest.raises(ValueError, match=rf"^AttnLRP is not drawn for this {kind} model: its {experts_class} take "
                                          r"no AttnLRP rule here .*; use gradxattn or tam$"):
         answer.relevance(1, method="attnlrp")
-    assert answer.relevance(1).shape == answer.grid
+    assert answer.relevance(1, -1).shape == answer.grid
     picture().save(tmp_path / "photo.png")
     assert main([str(experts[kind]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--save-maps",
                  str(tmp_path / "maps"), "--lm-method", "attnlrp", "--device", "cpu"]) == 2

@@ -40,7 +40,8 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 TOL = 1e-5
 # Every family ``vit.ask_vlm`` answers for, one view each (the tiled ones below)
 TAM_KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "internvl", "gemma3", "paligemma", "paligemma2", "glm4v",
-             "mistral3", "pixtral"]
+             "mistral3", "pixtral"]  # Qwen3.5's test folder left out: transformers reloads its word-level tokenizer
+# as Qwen3_5Tokenizer, whose own BPE spells the question's words otherwise, so the question is not found
 
 
 @pytest.fixture(scope="module")

@@ -770,8 +770,10 @@ def check_answer_maps(vlm, prepared, source, methods: tuple[str, ...], dtype: st
                          f"{limit // 2**20:,} MB limit; raise --max-maps-mb (or env {MAX_MAPS_ENV}), or ask for "
                          "fewer --max-new-tokens or --lm-method maps")
     if {"gradxattn", "gradxattn_rollout"} & set(methods):
-        from vit.explain.language.vlm_relevance import check
+        from vit.explain.language.vlm_relevance import check, check_rollout
 
+        if "gradxattn_rollout" in methods:  # a hybrid's linear layers have no attention to roll out
+            check_rollout(vlm)
         check(vlm, prepared, prepared.max_new_tokens - 1)  # the last token's run is the largest
     if "attnlrp" in methods:
         from vit.explain.language import vlm_attnlrp

@@ -396,6 +396,7 @@ class TextShape:
     vocab: int
     itemsize: int  # bytes per value of its weights and cache
     windows: tuple[int | None, ...] = ()  # each layer's sliding window (None: global); (): every layer global
+    state_bytes: int = 0  # a hybrid's linear-attention layers' recurrent and convolution states (``layers``: the rest)
 
 
 def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int, views: int = 1,
@@ -417,6 +418,8 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
         "each answer token's query rows and one map's row": text.layers * text.heads * text.head_dim * new_tokens * 4
         + 3 * text.heads * t * 4,
     }
+    if text.state_bytes:
+        parts["the linear-attention layers' states"] = text.state_bytes
     sliding = sum(1 for window in text.windows if window is not None and window < t)
     if sliding:  # the keys a sliding layer's cache drops, kept for the maps (``vlm_answer._Recorder``)
         parts["the sliding-window layers' keys, kept past the window"] = sliding * text.kv_heads * t * text.head_dim \

@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from vit.core.progress import Progress, Stop
-from vit.explain.language.vlm_attention import image_token_id, recording
+from vit.explain.language.vlm_attention import attention_layers, image_token_id, recording
 
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
@@ -70,6 +70,9 @@ class _Recorder:
     # None: the layer's cache holds every key its rows read
     keys: list[list[torch.Tensor] | None] = field(default_factory=list)
     kept_from: list[int] = field(default_factory=list)
+    # [layer] the decoder layer whose cache holds its keys (a hybrid model's attention layers are not every decoder
+    # layer: ``vlm_attention.attention_layers``); None: layer k is decoder layer k
+    cache_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -111,7 +114,8 @@ class _Recorder:
         seen, start = self.seen[layer][step], self.starts[layer][step]
         kept = self.keys[layer]
         if kept is None:
-            keys = cache.layers[layer].keys[0]  # (Hkv, keys, d)
+            decoder = layer if self.cache_layers is None else self.cache_layers[layer]
+            keys = cache.layers[decoder].keys[0]  # (Hkv, keys, d)
             if start or keys.shape[-2] < seen:  # a window the attention was not told of (no sliding_window)
                 raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys from a sliding window, not the "
                                  f"{seen} answer token {step} read; choose another layer")
@@ -427,8 +431,16 @@ def text_shape(vlm):
     config = vlm.model.config.get_text_config()
     heads = config.num_attention_heads
     kinds, window = getattr(config, "layer_types", None) or (), getattr(config, "sliding_window", None)
-    windows = tuple(window if kind == "sliding_attention" else None for kind in kinds) if window else ()
-    return TextShape(layers=config.num_hidden_layers, heads=heads,
+    linear = sum(1 for kind in kinds if kind == "linear_attention")  # a hybrid's: a recurrent state, no KV cache
+    windows = tuple(window if kind == "sliding_attention" else None for kind in kinds
+                    if kind != "linear_attention") if window else ()
+    state = 0
+    if linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
+        key_dim, value_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        value_heads, key_heads = config.linear_num_value_heads, config.linear_num_key_heads
+        conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
+        state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
+    return TextShape(layers=config.num_hidden_layers - linear, heads=heads, state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                      hidden=config.hidden_size, mlp=config.intermediate_size, vocab=config.vocab_size,
@@ -676,8 +688,9 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     if progress is not None:
         progress(0, prepared.max_new_tokens)
     steps = _Steps(prepared.prompt_tokens, prepared.max_new_tokens, tokenizer, progress, on_token)
-    recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)},
-                         prepared.prompt_tokens + prepared.max_new_tokens)
+    attending = attention_layers(vlm.language_model)
+    recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
+                         prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=[n for n, _ in attending])
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,

@@ -13,7 +13,8 @@ import contextlib
 from vit.core import recording_attention
 from vit.core.recording_attention import _RECORDING, ROWS, RULES, route_attention
 
-__all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording"]
+__all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording",
+           "attention_layers", "linear_layers"]
 
 
 def use_recording_attention(vlm) -> None:
@@ -35,3 +36,18 @@ def image_token_id(config) -> int | None:
     ``image_token_index``)."""
     image_token = getattr(config, "image_token_id", None)
     return getattr(config, "image_token_index", None) if image_token is None else image_token
+
+
+def attention_layers(language_model) -> list[tuple[int, object]]:
+    """``(decoder layer, its attention module)`` of each decoder layer that attends (``self_attn``), in order: the
+    answer's layer ``k`` is the ``k``-th of them, as transformers' ``output_attentions`` numbers them. A hybrid
+    model's linear-attention layers (Qwen3.5's gated delta rule) hold a recurrent state, not an attention over the
+    tokens, and are not among them."""
+    return [(n, layer.self_attn) for n, layer in enumerate(language_model.layers) if hasattr(layer, "self_attn")]
+
+
+def linear_layers(language_model) -> list[str]:
+    """The class names of the decoder layers' token mixers that are not attention (a hybrid model's linear attention,
+    ``linear_attn``)."""
+    return sorted({type(layer.linear_attn).__name__ for layer in language_model.layers
+                   if not hasattr(layer, "self_attn") and hasattr(layer, "linear_attn")})

@@ -176,13 +176,15 @@ def unruled_gates(root: torch.nn.Module) -> list[str]:
 
 
 def check_rules(vlm) -> None:
-    """ValueError (one line) when a module of ``vlm`` takes no rule here (``unruled_norms``, ``unruled_gates``):
-    its AttnLRP would not be lxt's."""
-    unruled = unruled_norms(vlm.model) + unruled_gates(vlm.model)
+    """ValueError (one line) when a module of ``vlm`` takes no rule here (``unruled_norms``, ``unruled_gates``, a
+    hybrid's linear attention): its AttnLRP would not be lxt's."""
+    from vit.explain.language.vlm_attention import linear_layers
+
+    unruled = unruled_norms(vlm.model) + unruled_gates(vlm.model) + linear_layers(vlm.language_model)
     if unruled:
         raise ValueError(f"AttnLRP is not drawn for this {vlm.model_type} model: its {', '.join(unruled)} take no "
-                         "AttnLRP rule here (lxt has none for a mixture of experts), so the map would not be "
-                         "AttnLRP's; use gradxattn or tam")
+                         "AttnLRP rule here (lxt has none for a mixture of experts or a linear attention), so the "
+                         "map would not be AttnLRP's; use gradxattn or tam")
 
 
 @contextlib.contextmanager

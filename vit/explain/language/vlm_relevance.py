@@ -149,7 +149,11 @@ def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording
     (``vlm_attention.recording``)."""
     check(vlm, prepared, i)
     tokens = prepared.prompt_tokens + i
-    tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
+    from vit.explain.language.vlm_attention import attention_layers
+
+    if None in layers:
+        check_rollout(vlm)
+    tape = _Tape({module: k for k, (_, module) in enumerate(attention_layers(vlm.language_model))})
     with recording(vlm, tape), torch.no_grad(), answer_run(vlm, prepared, answer, i) as inputs:
         # the tape switches the graph on at the first language-model layer
         out = vlm.model(**inputs, use_cache=False, logits_to_keep=1)
@@ -164,6 +168,18 @@ def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording
     q = tokens - 1  # the query that predicted token i
     return torch.stack([_rollout(tape, gradients, q, tokens) if layer is None
                         else tape.rows(layer, gradients[layer], slice(q, q + 1))[0] for layer in layers])  # (n, T)
+
+
+def check_rollout(vlm) -> None:
+    """ValueError (one line) for a hybrid language model (``vlm_attention.linear_layers``): the rollout multiplies
+    every layer's attention, and its linear-attention layers have none."""
+    from vit.explain.language.vlm_attention import linear_layers
+
+    linear = linear_layers(vlm.language_model)
+    if linear:
+        raise ValueError(f"the rollout multiplies every layer's attention, and this language model's "
+                         f"{', '.join(linear)} layers mix the tokens by a recurrent state, not an attention; ask one "
+                         "layer's gradient x attention")
 
 
 def _rollout(tape: _Tape, gradients: dict, q: int, tokens: int) -> torch.Tensor:

@@ -64,6 +64,8 @@ DECLARED_TOWERS = {
     "glm4v_vision": (("depth", "num_heads", "in_channels"), ("vision", "spatial_merge_size")),  # GLM-4.1V / 4.6V
     "glm4v_moe_vision": (("depth", "num_heads", "in_channels"), ("vision", "spatial_merge_size")),  # GLM-4.5V
     "pixtral": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "spatial_merge_size")),
+    "qwen3_5_vision": (("depth", "num_heads", "in_channels"), ("vision", "spatial_merge_size")),  # Qwen3.5
+    "qwen3_5_moe_vision": (("depth", "num_heads", "in_channels"), ("vision", "spatial_merge_size")),
     # Idefics3's and SmolVLM's SigLIP-like tower, its connector's pixel shuffle of scale_factor x scale_factor
     "idefics3_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "scale_factor")),
     "smolvlm_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "scale_factor")),
