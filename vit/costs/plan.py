@@ -467,6 +467,28 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
                                                                            + 3 * text.hidden * text.mlp)))
 
 
+def vlm_lens(tower, grid: tuple[int, int], text: TextShape, tokens: int, lens_rows: int = 0, views: int = 1,
+             view_grid: tuple[int, int] | None = None) -> Cost:
+    """A forward of the VLM over ``tokens`` without a graph (``vit.explain.language.vlm_lens``: the logit lens of an
+    answer token, or one run of a region's ablation): the tower's forward over each of its ``views``, one decoder
+    layer's activations and its attention's ``H x T²`` scores (an unfused attention's; counted whatever runs), the
+    input embeddings (the ablation's copy too), the last position's logits and, for the lens, its ``lens_rows`` (every
+    decoder layer's query row and the first layer's input) read through the head, a row of the vocabulary each."""
+    parts = {
+        "the tower's forward": views * forward(tower, view_grid or grid).memory,
+        "one layer's forward over the tokens": tokens * (4 * text.hidden + 3 * text.mlp) * text.itemsize
+        + text.heads * tokens ** 2 * 4,
+        "the input embeddings, and a copy": 2 * tokens * text.hidden * text.itemsize,
+        "the last position's logits": text.vocab * 4,
+    }
+    if lens_rows:
+        parts["every layer's row read through the head"] = lens_rows * (text.vocab + text.hidden) * 4
+    refuse = _over(f"Reading answer token's layers at {tokens:,} tokens (a {grid[0]}x{grid[1]}-patch image) needs "
+                   f"about {{need}} MB, over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); choose an earlier token "
+                   "or a smaller image.")
+    return replace(_cost("vlm lens", tower, grid, parts, refuse), tokens=tokens)
+
+
 def vlm_attnlrp(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
                 fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
     """AttnLRP of answer token ``answer_token`` to the pixels (``vit.explain.language.vlm_attnlrp``): one forward of the

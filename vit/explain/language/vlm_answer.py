@@ -563,6 +563,26 @@ class VLMAnswer:
         i, layers = self._token(i), tuple(None if layer is None else self._layer(layer) for layer in layers)
         return relevances(vlm, prepared, self.tokens, i, layers, recording)[:, self.layout.positions]
 
+    def logit_lens(self, i: int) -> np.ndarray:
+        """(L + 1,) float32: answer token ``i``'s probability read at the query that predicted it from the stream the
+        first decoder layer receives and from each of the language model's ``L`` decoder layers, through its final
+        norm and head (the logit lens; the last entry is the model's own prediction): the first layer that "knows"
+        the word (``vit.explain.language.vlm_lens``, counted first by ``vit.costs.plan.vlm_lens``)."""
+        from vit.explain.language.vlm_lens import logit_lens
+
+        vlm, prepared = self._model()
+        return logit_lens(vlm, prepared, self.tokens, self._token(i)).numpy()
+
+    def ablate(self, i: int, box: tuple[int, int, int, int], overview: bool = False, how: str = "zero"):
+        """``vit.explain.language.vlm_lens.Ablation``: answer token ``i``'s logit and probability at the query that
+        predicted it, with the image tokens that cover ``box`` = ``(top, left, bottom, right)`` patches of the map's
+        grid (``overview``: the overview's) ablated (``how``: "zero", or "mean" of the image's tokens) and without; two
+        forwards of transformers' model (counted first)."""
+        from vit.explain.language.vlm_lens import ablate, region_tokens
+
+        vlm, prepared = self._model()
+        return ablate(vlm, prepared, self.tokens, self._token(i), region_tokens(self.layout.view(overview), box), how)
+
     def _model(self) -> tuple:
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")

@@ -1,0 +1,149 @@
+"""The language model's side of a VLM's answer (issue 92, item 3): at which layer the answer's word is first read off
+the residual stream (the logit lens), and what the image tokens of a region do to it (ablation), on transformers'
+own model.
+
+Both read answer token ``i`` at the query that predicted it (the prompt's last position for ``i = 0``, else answer
+token ``i - 1``), from one forward of the whole model over the prompt and the answer's first ``i`` tokens
+(``vlm_relevance.answer_run``: generate's inputs, extended as generate extends them):
+
+- **logit lens** (nostalgebraist 2020; TransformerLens' ``accumulated_resid`` + ``apply_ln``): the residual stream
+  the first decoder layer receives and each decoder layer's output, at the query, read through the model's own final
+  norm and head (and its final soft cap, Gemma 2's and 3's), softmax over the vocabulary: the probability of the
+  answer's token. The last entry is the model's own prediction. Only the query's row of each layer is kept
+  (``L + 1`` rows of the hidden width), never a layer's ``T`` rows.
+- **region ablation**: the language model's input embeddings at the image tokens that cover a box of patches (its
+  units, tiles or crops, through the answer's layout) replaced by zeros (``how="zero"``) or by the mean over every
+  image token of the view (``how="mean"``), at the decoder stack's input, after the projector has put the image's
+  features there; the token's logit and probability with and without. Two forwards, no graph.
+
+What each holds is counted before it runs (``vit.costs.plan.vlm_lens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ABLATIONS = ("zero", "mean")
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Answer token ``token``'s logit and probability at its query, with the image tokens of a region ablated and
+    without; ``image_tokens`` of the prompt's were ablated."""
+
+    token: int
+    logit: float
+    ablated_logit: float
+    probability: float
+    ablated_probability: float
+    image_tokens: int
+
+    @property
+    def effect(self) -> float:
+        """How much the ablation moved the token's logit (ablated - whole)."""
+        return self.ablated_logit - self.logit
+
+
+def _head(vlm):
+    """The model's read-out of a hidden state: ``(norm, head, soft cap or None)``."""
+    text = vlm.model.config.get_text_config()
+    return vlm.language_model.norm, vlm.model.get_output_embeddings(), getattr(text, "final_logit_softcapping", None)
+
+
+def _logits(vlm, rows: torch.Tensor) -> torch.Tensor:
+    """(n, D) hidden states -> (n, V) float32 logits, as the model reads its last layer's."""
+    norm, head, cap = _head(vlm)
+    logits = head(norm(rows)).float()
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def check(vlm, prepared, i: int, lens: bool) -> None:
+    """Refused in one line (``TooManyTokens``) over the memory limit (``vit.costs.plan.vlm_lens``)."""
+    from vit.costs.plan import decide, vlm_lens
+
+    layout = prepared.layout
+    rows = len(vlm.language_model.layers) + 1 if lens else 0
+    decide(vlm_lens(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, rows,
+                    views=layout.views, view_grid=layout.view_grid))
+
+
+def logit_lens(vlm, prepared, answer: tuple[int, ...], i: int) -> torch.Tensor:
+    """(L + 1,) float32: answer token ``i``'s probability read at its query from the stream the first decoder layer
+    receives and from each of the ``L`` decoder layers' outputs (see the module's docstring)."""
+    from vit.explain.language.vlm_relevance import answer_run
+
+    check(vlm, prepared, i, lens=True)
+    layers, rows = vlm.language_model.layers, {}
+
+    def keep(n: int):
+        def hook(module, args, kwargs, output=None):
+            stream = output if output is not None else (args[0] if args else kwargs["hidden_states"])
+            stream = stream[0] if isinstance(stream, tuple) else stream
+            rows[n] = stream[0, -1].detach().clone()  # the query's row: the run ends at it
+        return hook
+
+    handles = [layers[0].register_forward_pre_hook(keep(0), with_kwargs=True)]
+    handles += [layer.register_forward_hook(lambda m, a, k, o, n=n: keep(n + 1)(m, a, k, o), with_kwargs=True)
+                for n, layer in enumerate(layers)]
+    try:
+        with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
+            out = vlm.model(**inputs, use_cache=False, logits_to_keep=1)
+            lens = _logits(vlm, torch.stack([rows[n] for n in range(len(layers) + 1)]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    # the last layer read through the head is the model's own logits: a check that the read-out is the model's
+    if not torch.allclose(lens[-1], out.logits[0, -1].float(), rtol=1e-4, atol=1e-4):
+        raise RuntimeError("the logit lens's last layer is not the model's own logits: its read-out is otherwise")
+    return lens.softmax(-1)[:, answer[i]].cpu()
+
+
+def region_tokens(layout, box: tuple[int, int, int, int]) -> torch.Tensor:
+    """The image tokens (indices into ``layout.positions``) that cover any patch of ``box`` = ``(top, left, bottom,
+    right)`` on ``layout``'s patch grid (bottom and right excluded). ValueError (one line) for a box off the grid or
+    empty."""
+    gh, gw = layout.grid
+    if (len(box) != 4 or any(isinstance(v, bool) or not isinstance(v, int) for v in box)
+            or not (0 <= box[0] < box[2] <= gh and 0 <= box[1] < box[3] <= gw)):
+        raise ValueError(f"box must be (top, left, bottom, right) whole patches with top < bottom <= {gh} and left < "
+                         f"right <= {gw} on the {gh}x{gw} patch grid, got {tuple(box)}")
+    index = layout.place(torch.arange(len(layout.positions), dtype=torch.float64)[None])[0]  # (gh, gw) token per patch
+    top, left, bottom, right = box
+    return torch.unique(index[top:bottom, left:right].round().long())
+
+
+def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor, how: str = "zero") -> Ablation:
+    """Answer token ``i``'s logit and probability with the image tokens ``tokens`` (indices into the layout's
+    positions) ablated at the decoder stack's input (``how``: "zero", or "mean" of the view's image tokens), and
+    without (see the module's docstring)."""
+    from vit.explain.language.vlm_relevance import answer_run
+
+    if how not in ABLATIONS:
+        raise ValueError(f"how must be one of {', '.join(ABLATIONS)}, got {how!r}")
+    check(vlm, prepared, i, lens=False)
+    layout, token = prepared.layout, answer[i]
+    positions = layout.positions.to(vlm.device)
+    chosen = positions[tokens.to(vlm.device)]
+
+    def ablated(module, args, kwargs):
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None:
+            raise RuntimeError("the language model was not given its input embeddings; it cannot be ablated here")
+        embeds = embeds.clone()
+        embeds[0, chosen] = 0 if how == "zero" else embeds[0, positions].mean(0)
+        return args, {**kwargs, "inputs_embeds": embeds}
+
+    results = []
+    with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
+        for intervene in (False, True):
+            handle = vlm.language_model.register_forward_pre_hook(ablated, with_kwargs=True) if intervene else None
+            try:
+                logits = vlm.model(**inputs, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+            finally:
+                if handle is not None:
+                    handle.remove()
+            results.append((float(logits[token]), float(logits.softmax(-1)[token])))
+    (logit, probability), (ablated_logit, ablated_probability) = results
+    return Ablation(token, logit, ablated_logit, probability, ablated_probability, len(chosen))
