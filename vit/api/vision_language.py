@@ -232,8 +232,13 @@ def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str
     head=None)``, answer token ``i``'s attention to the image tokens on the tower's patch grid (heads averaged when
     ``head`` is None) from the query that predicted it, computed from the KV cache when asked. What it holds is
     counted first and refused in one line over the memory bound (VIT_ANALYSIS_MEMORY_MB). ``on_token(tokens, text)``:
-    given the answer so far (its ids and text) as each token is chosen, to stream it."""
-    from vit.explain.language.vlm_answer import answer
+    given the answer so far (its ids and text) as each token is chosen, to stream it. ``image`` a list: a question
+    about several images in order (each read in one view, or Qwen-VL's and GLM's grids), each answer token's map on
+    each (``attention(i, layer, image=k)``, ``image_share(i, layer, image=k)``)."""
+    from vit.explain.language.vlm_answer import MAX_IMAGES, answer
 
-    return answer(open_vlm(model), pil_image(image), question, prompt=prompt, max_new_tokens=max_new_tokens,
+    if isinstance(image, (list, tuple)) and not 1 <= len(image) <= MAX_IMAGES:  # before any is read
+        raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(image)}")
+    images = [pil_image(one) for one in image] if isinstance(image, (list, tuple)) else pil_image(image)
+    return answer(open_vlm(model), images, question, prompt=prompt, max_new_tokens=max_new_tokens,
                   on_token=on_token)

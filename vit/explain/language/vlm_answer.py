@@ -28,7 +28,7 @@ its row is the eager attention's, the keys inside the window read and the others
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -391,15 +391,49 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     return layout
 
 
+MAX_IMAGES = 16  # images in one question: each a tower's forward and its tokens in the prompt
+
+
+def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
+    """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: one image's
+    (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
+    Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
+    per image. ValueError (one line) for several images a model cuts into tiles."""
+    if len(images) == 1:
+        return (image_layout(vlm, inputs, images[0]),)
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    ph, pw = vlm.patch_hw
+    lead, unit = tower_lead(vlm), vlm.unit
+    if "image_grid_thw" in inputs:
+        grids = []
+        for t, gh, gw in inputs["image_grid_thw"].tolist():
+            if t != 1:
+                raise ValueError("the processor gave an image several frames deep; ask about still images")
+            grids.append((int(gh), int(gw)))
+    elif "image_sizes" in inputs and inputs["pixel_values"].dim() == 4:  # Pixtral's: each image at its own size
+        grids = [(int(h) // ph, int(w) // pw) for h, w in inputs["image_sizes"].tolist()]
+    elif inputs["pixel_values"].dim() == 4 and inputs["pixel_values"].shape[0] == len(images):
+        grids = [(inputs["pixel_values"].shape[-2] // ph, inputs["pixel_values"].shape[-1] // pw)] * len(images)
+    else:
+        raise ValueError(f"the processor cut these {len(images)} images into tiles, whose tokens are not placed per "
+                         "image yet; ask about one image, or ask a model that reads each image in one view")
+    counts = [lead + (gh // unit) * (gw // unit) for gh, gw in grids]
+    _check_count(positions, sum(counts), f"{len(images)} images of " + ", ".join(f"{gh}x{gw}" for gh, gw in grids)
+                 + f" patches in {unit}x{unit} units")
+    starts = np.cumsum([0, *counts])
+    return tuple(ImageLayout(positions[starts[k]:starts[k + 1]], grid, unit, lead) for k, grid in enumerate(grids))
+
+
 # model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
 # itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
 PROCESSOR_PROMPTS = frozenset({"paligemma"})
 
 
-def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | None):
-    """The processor's inputs for one image and ``question`` through the model's chat template (or, for a family
-    without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt`` as raw text
-    holding the processor's image placeholder once (the template bypassed)."""
+def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str | None, prompt: str | None):
+    """The processor's inputs for ``image`` (one, or several in order) and ``question`` through the model's chat
+    template (or, for a family without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt``
+    as raw text holding the processor's image placeholder once per image (the template bypassed)."""
+    images = list(image) if isinstance(image, (list, tuple)) else [image]
     processor = vlm.processor
     if (question is None) == (prompt is None):
         raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")
@@ -407,21 +441,23 @@ def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | N
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
     if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
-        text = processor.image_token + question  # the processor adds the rest of its prompt
+        text = processor.image_token * len(images) + question  # the processor adds the rest of its prompt
     elif prompt is None:
         if not getattr(processor, "chat_template", None):
             raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
                              f"placeholder instead")
         from vit.explain.language.chat_template import render
 
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
+                                                 {"type": "text", "text": question}]}]
         text = render(processor, messages)  # the folder's own code: rendered under a time and size bound
     else:
         placeholder = getattr(processor, "image_token", None)
-        if placeholder and text.count(placeholder) != 1:
-            raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} once, got "
+        if placeholder and text.count(placeholder) != len(images):
+            times = "once" if len(images) == 1 else f"{len(images)} times (once per image)"
+            raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} {times}, got "
                              f"{text.count(placeholder)}")
-    return processor(images=[image], text=text, return_tensors="pt")
+    return processor(images=images, text=text, return_tensors="pt")
 
 
 def text_shape(vlm):
@@ -453,12 +489,14 @@ class VLMAnswer:
     (``attention``), computed when asked from the kept query rows and the KV cache. ``stopped``: why the generation
     was stopped before its end (its tokens are the first ones of the whole answer), or None."""
 
-    def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...], layout: ImageLayout,
-                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None,
-                 stopped: str | None = None) -> None:
+    def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...],
+                 layout: ImageLayout | tuple[ImageLayout, ...], recorder: _Recorder, cache, prompt_tokens: int,
+                 source: tuple | None = None, stopped: str | None = None) -> None:
         self.tokens, self.text, self.pieces = tokens, text, pieces
         self.stopped = stopped  # why the generation was stopped before its end (None: it ended by itself)
-        self.layout, self.prompt_tokens = layout, prompt_tokens
+        # every image's layout in the prompt's order (a question about several images); ``layout``: the first's
+        self.layouts = tuple(layout) if isinstance(layout, tuple) else (layout,)
+        self.layout, self.prompt_tokens = self.layouts[0], prompt_tokens
         self._recorder, self._cache = recorder, cache
         self._source = source  # (vlm, Prepared): what the relevance runs the model on again
         self.layers = len(recorder.queries)
@@ -499,20 +537,33 @@ class VLMAnswer:
         row[:, first:] = logits
         return row.softmax(dim=-1)
 
-    def image_rows(self, i: int, layer: int) -> torch.Tensor:
-        """(H, lead + N): answer token ``i``'s attention to each image token at ``layer``, per head."""
-        return self.row(i, layer)[:, self.layout.positions]
+    def _image(self, image: int) -> ImageLayout:
+        """The layout of the question's ``image``-th image; ValueError (one line) for one it does not have."""
+        if isinstance(image, bool) or not isinstance(image, int) or not 0 <= image < len(self.layouts):
+            raise ValueError(f"image {image} does not exist: the question has {len(self.layouts)} image"
+                             f"{'s' if len(self.layouts) > 1 else ''}, numbered 0 to {len(self.layouts) - 1}")
+        return self.layouts[image]
+
+    def _one_image(self, what: str) -> None:
+        if len(self.layouts) > 1:
+            raise ValueError(f"{what} is drawn for a question about one image; this one has {len(self.layouts)}: "
+                             "use attention or gradxattn, per image")
+
+    def image_rows(self, i: int, layer: int, image: int = 0) -> torch.Tensor:
+        """(H, lead + N): answer token ``i``'s attention to each image token of ``image`` at ``layer``, per head."""
+        return self.row(i, layer)[:, self._image(image).positions]
 
     def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean",
-                  overview: bool = False) -> np.ndarray:
+                  overview: bool = False, image: int = 0) -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
         attention to the image token whose unit covers it; ``head`` None: the heads fused by ``fusion`` ("mean" or
         "max", each image token's own). An image read as tiles: on the tiles' canvas, or, ``overview``, on the
-        model's one view of the whole image beside them (InternVL's thumbnail)."""
-        layout = self.layout.view(overview)
+        model's one view of the whole image beside them (InternVL's thumbnail). ``image``: which of the question's
+        images (each on its own patch grid, ``layouts[image].grid``)."""
+        layout = self._image(image).view(overview)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
-        rows = self.image_rows(i, layer)  # (H, lead + N)
+        rows = self.image_rows(i, layer, image)  # (H, lead + N)
         if head is None:
             rows = rows.mean(0, keepdim=True) if fusion == "mean" else rows.amax(0, keepdim=True)
         else:
@@ -522,13 +573,16 @@ class VLMAnswer:
             rows = rows[head:head + 1]
         return layout.place(rows)[0].numpy()
 
-    def image_share(self, i: int, layer: int = -1) -> float:
+    def image_share(self, i: int, layer: int = -1, image: int | None = None) -> float:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
-        looked at the image."""
-        return float(self.image_rows(i, layer).sum(-1).mean())
+        looked at the image (``image`` None: at every image of the question; an int: at that one)."""
+        if image is not None:
+            return float(self.image_rows(i, layer, image).sum(-1).mean())
+        positions = torch.cat([layout.positions for layout in self.layouts])
+        return float(self.row(i, layer)[:, positions].sum(-1).mean())
 
     def relevance(self, i: int, layer: int | None = None, overview: bool = False,
-                  method: str = "gradxattn") -> np.ndarray:
+                  method: str = "gradxattn", image: int = 0) -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s relevance over the image for the logit of token ``i`` at the query
         that predicted it, on the tower's patch grid. ``method`` "gradxattn": gradient x attention over the image
         tokens (Chefer et al. 2021b), ``layer`` an int: that language-model layer's ``mean_h (dy/dA * A)^+`` row of
@@ -548,20 +602,22 @@ class VLMAnswer:
             if layer is not None:
                 raise ValueError("AttnLRP runs from the logit through every layer to the pixels; ask it without a "
                                  "layer")
+            self._one_image("AttnLRP")
             vlm, prepared = self._model()
             return attnlrp(vlm, prepared, self.tokens, self._token(i), overview).numpy()
-        layout = self.layout.view(overview)
-        return layout.place(self.image_relevance(i, (layer,)))[0].numpy()
+        layout = self._image(image).view(overview)
+        return layout.place(self.image_relevance(i, (layer,), image))[0].numpy()
 
-    def image_relevance(self, i: int, layers) -> torch.Tensor:
-        """(len(layers), lead + N): answer token ``i``'s gradient x attention over the image tokens for each of
+    def image_relevance(self, i: int, layers, image: int = 0) -> torch.Tensor:
+        """(len(layers), lead + N): answer token ``i``'s gradient x attention over ``image``'s tokens for each of
         ``layers`` (an int: that layer's row; None: the rollout), all from one forward and backward (``relevance``'s,
         counted first)."""
         from vit.explain.language.vlm_relevance import relevances
 
+        positions = self._image(image).positions
         vlm, prepared = self._model()
         i, layers = self._token(i), tuple(None if layer is None else self._layer(layer) for layer in layers)
-        return relevances(vlm, prepared, self.tokens, i, layers, recording)[:, self.layout.positions]
+        return relevances(vlm, prepared, self.tokens, i, layers, recording)[:, positions]
 
     def logit_lens(self, i: int) -> np.ndarray:
         """(L + 1,) float32: answer token ``i``'s probability read at the query that predicted it from the stream the
@@ -573,15 +629,27 @@ class VLMAnswer:
         vlm, prepared = self._model()
         return logit_lens(vlm, prepared, self.tokens, self._token(i)).numpy()
 
-    def ablate(self, i: int, box: tuple[int, int, int, int], overview: bool = False, how: str = "zero"):
+    def ablate(self, i: int, box: tuple[int, int, int, int], overview: bool = False, how: str = "zero",
+               image: int = 0):
         """``vit.explain.language.vlm_lens.Ablation``: answer token ``i``'s logit and probability at the query that
         predicted it, with the image tokens that cover ``box`` = ``(top, left, bottom, right)`` patches of the map's
-        grid (``overview``: the overview's) ablated (``how``: "zero", or "mean" of the image's tokens) and without; two
-        forwards of transformers' model (counted first)."""
+        grid (``overview``: the overview's; ``image``: of the question's ``image``-th image) ablated (``how``: "zero",
+        or "mean" of the image's tokens) and without; two forwards of transformers' model (counted first)."""
         from vit.explain.language.vlm_lens import ablate, region_tokens
 
         vlm, prepared = self._model()
-        return ablate(vlm, prepared, self.tokens, self._token(i), region_tokens(self.layout.view(overview), box), how)
+        layout = self._image(image)
+        return ablate(vlm, prepared, self.tokens, self._token(i), region_tokens(layout.view(overview), box), how,
+                      layout)
+
+    def ablate_image(self, i: int, image: int, how: str = "zero"):
+        """``ablate`` of every image token of the question's ``image``-th image: what that image does to answer token
+        ``i`` (a question about several images)."""
+        from vit.explain.language.vlm_lens import ablate
+
+        layout = self._image(image)
+        vlm, prepared = self._model()
+        return ablate(vlm, prepared, self.tokens, self._token(i), torch.arange(len(layout.positions)), how, layout)
 
     def _model(self) -> tuple:
         if self._source is None:
@@ -597,6 +665,7 @@ class VLMAnswer:
         where the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
         from vit.explain.language.vlm_tam import on_layout
 
+        self._one_image("TAM")
         layout = self.layout.view(overview)
         return on_layout(self.image_tam(i), layout)
 
@@ -635,6 +704,11 @@ class Prepared:
     max_new_tokens: int
     text: object  # TextShape: the language model's sizes
     words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
+    layouts: tuple[ImageLayout, ...] = ()  # every image's layout, in the prompt's order (``layout``: the first's)
+
+    def __post_init__(self) -> None:
+        if not self.layouts:
+            self.layouts = (self.layout,)
 
     def maps_per_token(self, method: str) -> int:
         """How many maps each answer token has by ``method`` (one of ``MAP_METHODS``): attention one per layer and
@@ -646,29 +720,37 @@ class Prepared:
     def maps_bytes(self, itemsize: int = 4, methods: tuple[str, ...] = ("attention",)) -> int:
         """Bytes of every answer token's maps by ``methods`` at most (``new x maps_per_token x gh x gw``), and as
         many on the overview's grid for an image read as tiles."""
-        gh, gw = self.layout.grid
-        oh, ow = self.layout.overview.grid if self.layout.overview is not None else (0, 0)
+        patches = sum(layout.grid[0] * layout.grid[1] + (layout.overview.grid[0] * layout.overview.grid[1]
+                                                         if layout.overview is not None else 0)
+                      for layout in self.layouts)
         maps = sum(self.maps_per_token(method) for method in set(methods))
-        return self.max_new_tokens * maps * (gh * gw + oh * ow) * itemsize
+        return self.max_new_tokens * maps * patches * itemsize
 
 
-def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
-            max_new_tokens: int = 32) -> Prepared:
-    """``question`` (or ``prompt``) about ``image`` through the model's processor, its image tokens' layout found
-    and what the answer holds counted (``vit.costs.plan.vlm_answer``): refused in one line over the limit, before
-    any forward."""
+def prepare(vlm, image: Image.Image | Sequence[Image.Image], question: str | None = None, *,
+            prompt: str | None = None, max_new_tokens: int = 32) -> Prepared:
+    """``question`` (or ``prompt``) about ``image`` (one, or several in order: at most ``MAX_IMAGES``) through the
+    model's processor, its image tokens' layout found (each image's) and what the answer holds counted
+    (``vit.costs.plan.vlm_answer``: every image's tower forward): refused in one line over the limit, before any
+    forward."""
     from vit.costs.plan import decide, vlm_answer
 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens!r}")
-    inputs = prompt_inputs(vlm, image, question, prompt)
-    layout = image_layout(vlm, inputs, image)
+    images = list(image) if isinstance(image, (list, tuple)) else [image]
+    if not 1 <= len(images) <= MAX_IMAGES:
+        raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(images)}")
+    inputs = prompt_inputs(vlm, images, question, prompt)
+    layouts = image_layouts(vlm, inputs, images)
+    layout = layouts[0]
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
-    decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens, layout.views,
-                      layout.view_grid))
+    # every image's tower forward, each counted at the largest one's grid (a bound for images of other sizes)
+    largest = max((lay.view_grid or lay.grid for lay in layouts), key=lambda g: g[0] * g[1])
+    decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens,
+                      sum(lay.views for lay in layouts), largest if len(layouts) > 1 else layout.view_grid))
     words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
-    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None)
+    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts)
 
 
 class _Steps:
@@ -721,7 +803,7 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
         raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
-    return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens,
+    return VLMAnswer(tokens, text, pieces, prepared.layouts, recorder, out.past_key_values, prepared.prompt_tokens,
                      (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
 
 

@@ -114,16 +114,17 @@ def region_tokens(layout, box: tuple[int, int, int, int]) -> torch.Tensor:
     return torch.unique(index[top:bottom, left:right].round().long())
 
 
-def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor, how: str = "zero") -> Ablation:
-    """Answer token ``i``'s logit and probability with the image tokens ``tokens`` (indices into the layout's
-    positions) ablated at the decoder stack's input (``how``: "zero", or "mean" of the view's image tokens), and
-    without (see the module's docstring)."""
+def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor, how: str = "zero",
+           layout=None) -> Ablation:
+    """Answer token ``i``'s logit and probability with the image tokens ``tokens`` (indices into ``layout``'s
+    positions: an image's, the prepared question's first by default) ablated at the decoder stack's input (``how``:
+    "zero", or "mean" of that image's tokens), and without (see the module's docstring)."""
     from vit.explain.language.vlm_relevance import answer_run
 
     if how not in ABLATIONS:
         raise ValueError(f"how must be one of {', '.join(ABLATIONS)}, got {how!r}")
     check(vlm, prepared, i, lens=False)
-    layout, token = prepared.layout, answer[i]
+    layout, token = layout or prepared.layout, answer[i]
     positions = layout.positions.to(vlm.device)
     chosen = positions[tokens.to(vlm.device)]
 

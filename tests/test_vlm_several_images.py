@@ -1,0 +1,124 @@
+"""A question about several images (issue 92, item 2): ``vit.ask_vlm(vlm, [image, image], question)`` answers with
+transformers' own greedy ``generate`` over the processor's prompt of both images, and each answer token's attention
+to each image is the eager row over that image's tokens, placed by hand on that image's own patch grid (the tokens
+split image after image: LLaVA's 16 each, Qwen2.5-VL's and GLM-4.1V's ``image_grid_thw`` row by row, Mistral 3's
+``image_sizes``, Gemma 3's pooled 2 x 2, InternVL's 2 x 2 units of one view each); its share per image the row's sum
+over that image's tokens. Taken in the other order the maps would differ.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from test_vlm_answer import ATOL, NEW_TOKENS, QUESTION, by_hand, picture, saved_whole  # noqa: E402
+
+import vit  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+# kind -> (unit, lead, patch): patches per image token along each side, tokens before the patches', patch px
+KINDS = {"llava": (1, 0, 8), "qwen2_5_vl": (2, 0, 14), "glm4v": (2, 0, 14), "mistral3": (2, 0, 8),
+         "gemma3": (4, 0, 8), "internvl": (2, 0, 8)}
+IMAGES = (picture(90, 70), picture(60, 90))  # a wide image and a tall one: their grids differ where the model keeps it
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    return saved_whole(tmp_path_factory, list(KINDS))
+
+
+def eager_two(folder, images=IMAGES):
+    """transformers alone: the eager model's greedy generate, every step's attentions, over the processor's prompt of
+    ``images`` and the question through the chat template."""
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
+                                             {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=list(images), text=text, return_tensors="pt")
+    with torch.no_grad():
+        out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
+                                    return_dict_in_generate=True)
+    image_token = getattr(model.config, "image_token_id", None)
+    image_token = model.config.image_token_index if image_token is None else image_token
+    return out, inputs, (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+
+
+def grids_by_hand(kind: str, inputs) -> list[tuple[int, int]]:
+    """Each image's patch grid as the processor's outputs give it."""
+    patch = KINDS[kind][2]
+    if "image_grid_thw" in inputs:
+        return [(int(h), int(w)) for _, h, w in inputs["image_grid_thw"].tolist()]
+    if "image_sizes" in inputs:
+        return [(int(h) // patch, int(w) // patch) for h, w in inputs["image_sizes"].tolist()]
+    side = inputs["pixel_values"].shape[-1] // patch
+    return [(side, side)] * 2
+
+
+@pytest.fixture(scope="module")
+def answers(vlms):
+    return {kind: (vit.ask_vlm(vit.open_vlm(folder), list(IMAGES), QUESTION, max_new_tokens=NEW_TOKENS),
+                   *eager_two(folder)) for kind, folder in vlms.items()}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_tokens_attention_to_each_image_is_the_eager_row_over_that_images_tokens(answers, kind):
+    answer, out, inputs, positions = answers[kind]
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    unit, lead, _ = KINDS[kind]
+    grids = grids_by_hand(kind, inputs)
+    counts = [lead + (gh // unit) * (gw // unit) for gh, gw in grids]
+    assert len(answer.layouts) == 2 and [layout.grid for layout in answer.layouts] == grids
+    assert len(positions) == sum(counts)
+    split = np.split(np.arange(len(positions)), [counts[0]])
+    for i in range(len(answer.tokens)):  # generate may end on its end token before NEW_TOKENS
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, both images' tokens)
+            for k, (grid, tokens) in enumerate(zip(grids, split, strict=True)):
+                np.testing.assert_allclose(answer.attention(i, layer, image=k),
+                                           by_hand(rows[:, tokens].mean(0), grid, unit, lead), rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head=0, image=k),
+                                           by_hand(rows[0, tokens], grid, unit, lead), rtol=0, atol=ATOL)
+                assert answer.image_share(i, layer, image=k) == pytest.approx(rows[:, tokens].sum(-1).mean(),
+                                                                                abs=ATOL)
+            assert answer.image_share(i, layer) == pytest.approx(rows.sum(-1).mean(), abs=ATOL)
+    if grids[0] == grids[1]:  # the images in the other order would be another map
+        rows = out.attentions[1][-1][0, :, -1, positions].numpy().mean(0)
+        assert not np.allclose(answer.attention(1, -1, image=0), by_hand(rows[split[1]], grids[1], unit, lead),
+                               rtol=0, atol=1e-4)
+
+
+def test_a_tokens_gradient_x_attention_and_an_images_ablation_are_per_image(answers, vlms):
+    """Gradient x attention at a layer on each image is the same forward and backward's row over that image's tokens
+    (the whole row's entries, split); ablating every token of one image moves the token's logit, each image its own
+    way."""
+    answer, out, inputs, positions = answers["llava"]
+    whole = answer.image_relevance(2, (0,), 0)
+    second = answer.image_relevance(2, (0,), 1)
+    assert whole.shape == second.shape == (1, 16) and not torch.allclose(whole, second)
+    np.testing.assert_allclose(answer.relevance(2, 0, image=1), second[0].reshape(4, 4).numpy(), rtol=0, atol=1e-6)
+    first, other = answer.ablate_image(2, 0), answer.ablate_image(2, 1)
+    assert first.logit == pytest.approx(other.logit) and first.image_tokens == other.image_tokens == 16
+    assert abs(first.ablated_logit - other.ablated_logit) > 1e-4
+
+
+def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_line(answers, vlms,
+                                                                                     tmp_path_factory):
+    answer = answers["llava"][0]
+    with pytest.raises(ValueError, match=r"^TAM is drawn for a question about one image; this one has 2: use "
+                                         r"attention or gradxattn, per image$"):
+        answer.tam(0)
+    with pytest.raises(ValueError, match=r"^AttnLRP is drawn for a question about one image"):
+        answer.relevance(0, method="attnlrp")
+    with pytest.raises(ValueError, match=r"^image 2 does not exist: the question has 2 images, numbered 0 to 1$"):
+        answer.attention(0, image=2)
+    with pytest.raises(ValueError, match=r"^ask about 1 to 16 images at once, got 17$"):
+        vit.ask_vlm(vit.open_vlm(vlms["llava"]), [object()] * 17, QUESTION)  # refused before any is read
+    next_folder = saved_whole(tmp_path_factory, ["llava_next"])["llava_next"]
+    with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not placed "
+                                         r"per image yet; ask about one image"):
+        vit.ask_vlm(vit.open_vlm(next_folder), list(IMAGES), QUESTION, max_new_tokens=1)
