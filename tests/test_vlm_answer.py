@@ -30,7 +30,7 @@ WORDS = ["[UNK]", "<pad>", "dog", "cat", "hot", "red", "sky", "what", "is", "thi
          "assistant:", *(f"w{i}" for i in range(40))]
 # A chat template of the shape real ones have: each message's role, its image placeholder and text
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
-            "IMAGE {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+            "IMAGE {% elif c['type'] == 'video' %}VIDEO {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}")
 QWEN_SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
 GLM_SPECIALS = ["<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>", "<|begin_of_video|>",
@@ -125,10 +125,12 @@ def _build(kind: str):
             image_grid_pinpoints=NEXT_PINPOINTS, **ids)
         images = transformers.LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                                                       image_grid_pinpoints=NEXT_PINPOINTS)
-        extra = dict(video_processor=transformers.LlavaNextVideoVideoProcessor()) if video else {}
+        extra = dict(video_processor=transformers.LlavaNextVideoVideoProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})) if video else {}
         processor = (transformers.LlavaNextVideoProcessor if video else transformers.LlavaNextProcessor)(
             image_processor=images, tokenizer=words, patch_size=8, vision_feature_select_strategy="default",
-            num_additional_image_tokens=1, chat_template=TEMPLATE.replace("IMAGE", "<image>"), **extra)
+            num_additional_image_tokens=1,
+            chat_template=TEMPLATE.replace("IMAGE", "<image>").replace("VIDEO", "<video>"), **extra)
         return (transformers.LlavaNextVideoForConditionalGeneration if video
                 else transformers.LlavaNextForConditionalGeneration)(config), processor
     if kind.startswith("llava_onevision"):  # NeXT's canvas over SigLIP (no CLS); "_2": shrunk past anyres_max_2
@@ -233,13 +235,15 @@ def _build(kind: str):
             image_processor=Glm4vImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40, patch_size=14,
                                                 merge_size=2),
             tokenizer=words, video_processor=transformers.Glm4vVideoProcessor(),
-            chat_template=TEMPLATE.replace("IMAGE", "<|begin_of_image|><|image|><|end_of_image|>"))
+            chat_template=TEMPLATE.replace("IMAGE", "<|begin_of_image|><|image|><|end_of_image|>").replace(
+                "VIDEO", "<|begin_of_video|><|video|><|end_of_video|>"))
         return model(config), processor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     words = tokenizer(QWEN_SPECIALS)
     ids = {token: words.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
-    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
+    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>").replace(
+        "VIDEO", "<|vision_start|><|video_pad|><|vision_end|>")
     if kind.startswith("qwen3_5"):  # Qwen3.5: a Qwen3-VL-like tower its config declares, beside a hybrid language
         # model whose linear-attention layers (the gated delta rule) alternate with attention layers; "_moe": its MLPs
         # experts

@@ -223,8 +223,8 @@ def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device |
     return open_whole_vlm(model, device, pan_and_scan)
 
 
-def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str | None = None,
-            max_new_tokens: int = 32, on_token=None) -> VLMAnswer:
+def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, *, prompt: str | None = None,
+            max_new_tokens: int = 32, on_token=None, video=None, frames: int = 8) -> VLMAnswer:
     """A vision-language model's greedy answer to ``question`` about ``image`` (through its processor's chat
     template; ``prompt=`` instead: raw text with the model's image placeholder, the template bypassed), token for
     token transformers' ``generate``. ``model``: ``open_vlm``'s model, or a folder / ``vit.load`` checkpoint opened
@@ -234,9 +234,23 @@ def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str
     counted first and refused in one line over the memory bound (VIT_ANALYSIS_MEMORY_MB). ``on_token(tokens, text)``:
     given the answer so far (its ids and text) as each token is chosen, to stream it. ``image`` a list: a question
     about several images in order (each read in one view, or Qwen-VL's and GLM's grids), each answer token's map on
-    each (``attention(i, layer, image=k)``, ``image_share(i, layer, image=k)``)."""
-    from vit.explain.language.vlm_answer import MAX_IMAGES, answer
+    each (``attention(i, layer, image=k)``, ``image_share(i, layer, image=k)``). ``video``: a question about a clip
+    instead (a video file, a GIF, a folder of frames or a list of PIL images; ``frames`` sampled uniformly, as the
+    explorer's clips are), for Qwen2-VL / 2.5-VL / 3-VL, GLM-4.1V and LLaVA-NeXT-Video: each temporal slice's map
+    (``attention(i, layer, image=k)``, Qwen's and GLM's slices two frames deep)."""
+    from vit.core.clips import read_clip
+    from vit.explain.language.vlm_answer import MAX_CLIP_FRAMES, MAX_IMAGES, answer
 
+    if video is not None:
+        if image is not None:
+            raise ValueError("ask about an image or a video, not both")
+        if isinstance(frames, bool) or not isinstance(frames, int) or not 1 <= frames <= MAX_CLIP_FRAMES:
+            raise ValueError(f"frames must be a whole number from 1 to {MAX_CLIP_FRAMES}, got {frames!r}")
+        clip = read_clip(video, frames).frames
+        return answer(open_vlm(model), None, question, prompt=prompt, max_new_tokens=max_new_tokens,
+                      on_token=on_token, clip=clip)
+    if image is None:
+        raise ValueError("give an image (or several) or video= to ask about")
     if isinstance(image, (list, tuple)) and not 1 <= len(image) <= MAX_IMAGES:  # before any is read
         raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(image)}")
     images = [pil_image(one) for one in image] if isinstance(image, (list, tuple)) else pil_image(image)

@@ -392,6 +392,40 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
 
 
 MAX_IMAGES = 16  # images in one question: each a tower's forward and its tokens in the prompt
+MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sample 2 fps of a short clip)
+# The video placeholder's id, for the families whose clip's tokens are another id than their image's
+VIDEO_TOKEN = ("video_token_id", "video_token_index")
+CLIP_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v",
+                 "llava_next_video")
+
+
+def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
+    """The layout of each of a clip's temporal slices in the processor's ``inputs``, in order: Qwen-VL's and GLM's
+    ``video_grid_thw`` (each slice ``temporal_patch_size`` frames deep, its merge units row-major; GLM writes its
+    frames' tokens with its image token), LLaVA-NeXT-Video's frames (each frame's patches pooled
+    ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major). ValueError (one line) for
+    a model that does not answer about a clip here."""
+    config = vlm.model.config
+    if vlm.model_type not in CLIP_FAMILIES:
+        raise ValueError(f"a {vlm.model_type} model does not answer about a clip here; ask "
+                         f"{', '.join(CLIP_FAMILIES)}, or ask about its frames as images")
+    if vlm.model_type.startswith("glm4"):
+        token = image_token_id(config)
+    else:
+        token = next(getattr(config, name) for name in VIDEO_TOKEN if getattr(config, name, None) is not None)
+    positions = (inputs["input_ids"][0] == token).nonzero()[:, 0]
+    if "video_grid_thw" in inputs:
+        t, gh, gw = (int(v) for v in inputs["video_grid_thw"][0])
+        unit = vlm.unit
+    else:  # LLaVA-NeXT-Video: (1, frames, C, H, W)
+        pixels = inputs["pixel_values_videos"]
+        t, gh, gw = pixels.shape[1], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
+        unit = int(config.spatial_pool_stride)
+    per = (gh // unit) * (gw // unit)
+    _check_count(positions, t * per, f"{t} slices of a clip of {gh}x{gw} patches in {unit}x{unit} units")
+    return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), unit, 0) for k in range(t))
+
+
 
 
 def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
@@ -429,10 +463,16 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
 PROCESSOR_PROMPTS = frozenset({"paligemma"})
 
 
-def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str | None, prompt: str | None):
+def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str | None, prompt: str | None,
+                  clip: Sequence[Image.Image] | None = None):
     """The processor's inputs for ``image`` (one, or several in order) and ``question`` through the model's chat
     template (or, for a family without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt``
-    as raw text holding the processor's image placeholder once per image (the template bypassed)."""
+    as raw text holding the processor's image placeholder once per image (the template bypassed); ``clip``: its
+    frames instead of images, one video entry, the frames as given (no sampling)."""
+    if clip is not None:
+        if prompt is not None:
+            raise ValueError("a clip is asked about through the model's chat template; give question=, not prompt=")
+        return _clip_inputs(vlm, clip, question)
     images = list(image) if isinstance(image, (list, tuple)) else [image]
     processor = vlm.processor
     if (question is None) == (prompt is None):
@@ -458,6 +498,20 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
             raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} {times}, got "
                              f"{text.count(placeholder)}")
     return processor(images=images, text=text, return_tensors="pt")
+
+
+def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None):
+    """The processor's inputs for a clip of ``frames`` and ``question`` through the chat template's video entry."""
+    from vit.explain.language.chat_template import render
+
+    if not isinstance(question, str) or not question.strip() or len(question) > MAX_QUESTION_CHARS:
+        raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(question)[:40]!r}")
+    if not getattr(vlm.processor, "chat_template", None):
+        raise ValueError(f"{vlm.folder}'s processor has no chat template to ask about a clip with")
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+    text = render(vlm.processor, messages)
+    video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
+    return vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False)
 
 
 def text_shape(vlm):
@@ -496,6 +550,7 @@ class VLMAnswer:
         self.stopped = stopped  # why the generation was stopped before its end (None: it ended by itself)
         # every image's layout in the prompt's order (a question about several images); ``layout``: the first's
         self.layouts = tuple(layout) if isinstance(layout, tuple) else (layout,)
+        self.clip = False  # a question about a clip: ``layouts`` (``image=``) are its temporal slices
         self.layout, self.prompt_tokens = self.layouts[0], prompt_tokens
         self._recorder, self._cache = recorder, cache
         self._source = source  # (vlm, Prepared): what the relevance runs the model on again
@@ -545,6 +600,9 @@ class VLMAnswer:
         return self.layouts[image]
 
     def _one_image(self, what: str) -> None:
+        if self.clip:
+            raise ValueError(f"{what} is drawn for a question about one image; this one is about a clip: use "
+                             "attention or gradxattn, per slice")
         if len(self.layouts) > 1:
             raise ValueError(f"{what} is drawn for a question about one image; this one has {len(self.layouts)}: "
                              "use attention or gradxattn, per image")
@@ -705,6 +763,7 @@ class Prepared:
     text: object  # TextShape: the language model's sizes
     words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
     layouts: tuple[ImageLayout, ...] = ()  # every image's layout, in the prompt's order (``layout``: the first's)
+    clip: bool = False  # a question about a clip: ``layouts`` are its temporal slices
 
     def __post_init__(self) -> None:
         if not self.layouts:
@@ -727,8 +786,9 @@ class Prepared:
         return self.max_new_tokens * maps * patches * itemsize
 
 
-def prepare(vlm, image: Image.Image | Sequence[Image.Image], question: str | None = None, *,
-            prompt: str | None = None, max_new_tokens: int = 32) -> Prepared:
+def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: str | None = None, *,
+            prompt: str | None = None, max_new_tokens: int = 32,
+            clip: Sequence[Image.Image] | None = None) -> Prepared:
     """``question`` (or ``prompt``) about ``image`` (one, or several in order: at most ``MAX_IMAGES``) through the
     model's processor, its image tokens' layout found (each image's) and what the answer holds counted
     (``vit.costs.plan.vlm_answer``: every image's tower forward): refused in one line over the limit, before any
@@ -738,11 +798,21 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image], question: str | Non
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens!r}")
-    images = list(image) if isinstance(image, (list, tuple)) else [image]
-    if not 1 <= len(images) <= MAX_IMAGES:
-        raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(images)}")
-    inputs = prompt_inputs(vlm, images, question, prompt)
-    layouts = image_layouts(vlm, inputs, images)
+    if clip is not None:
+        if image is not None:
+            raise ValueError("ask about images or a clip, not both")
+        if not 1 <= len(clip) <= MAX_CLIP_FRAMES:
+            raise ValueError(f"a clip is asked about in 1 to {MAX_CLIP_FRAMES} frames, got {len(clip)}")
+        if vlm.model_type not in CLIP_FAMILIES:
+            clip_layouts(vlm, None)  # its one-line refusal, before the processor runs
+        inputs = prompt_inputs(vlm, None, question, prompt, clip)
+        layouts = clip_layouts(vlm, inputs)
+    else:
+        images = list(image) if isinstance(image, (list, tuple)) else [image]
+        if not 1 <= len(images) <= MAX_IMAGES:
+            raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(images)}")
+        inputs = prompt_inputs(vlm, images, question, prompt)
+        layouts = image_layouts(vlm, inputs, images)
     layout = layouts[0]
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
     # every image's tower forward, each counted at the largest one's grid (a bound for images of other sizes)
@@ -750,7 +820,8 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image], question: str | Non
     decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens,
                       sum(lay.views for lay in layouts), largest if len(layouts) > 1 else layout.view_grid))
     words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
-    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts)
+    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
+                    clip is not None)
 
 
 class _Steps:
@@ -803,14 +874,18 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
         raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
-    return VLMAnswer(tokens, text, pieces, prepared.layouts, recorder, out.past_key_values, prepared.prompt_tokens,
-                     (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
+    answered = VLMAnswer(tokens, text, pieces, prepared.layouts, recorder, out.past_key_values,
+                         prepared.prompt_tokens, (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
+    answered.clip = prepared.clip
+    return answered
 
 
-def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
-           max_new_tokens: int = 32, on_token: Callable[[tuple[int, ...], str], None] | None = None) -> VLMAnswer:
+def answer(vlm, image: Image.Image | Sequence[Image.Image] | None, question: str | None = None, *,
+           prompt: str | None = None, max_new_tokens: int = 32,
+           on_token: Callable[[tuple[int, ...], str], None] | None = None,
+           clip: Sequence[Image.Image] | None = None) -> VLMAnswer:
     """``vlm``'s greedy answer to ``question`` about ``image`` (``generate``'s tokens), its query rows recorded:
     ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer`` (``on_token``: given
     the answer so far as each token is chosen)."""
-    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens),
-                           on_token=on_token)
+    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens,
+                                        clip=clip), on_token=on_token)

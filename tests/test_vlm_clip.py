@@ -1,0 +1,99 @@
+"""A question about a clip (issue 92, item 2): ``vit.ask_vlm(vlm, video=frames, question=...)`` answers with
+transformers' own greedy ``generate`` over the processor's prompt of the clip (its chat template's video entry, the
+frames as given), and each answer token's attention to each temporal slice is the eager row over that slice's tokens,
+placed by hand on its patch grid: Qwen2.5-VL's and Qwen3-VL's ``video_grid_thw`` (slices two frames deep, 2 x 2 merge
+units row-major; Qwen3-VL's timestamps between them), GLM-4.1V's (its frames written with its image token),
+LLaVA-NeXT-Video's frames (each pooled 2 x 2). The slices taken in reverse would be other maps.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from test_vlm_answer import ATOL, NEW_TOKENS, QUESTION, by_hand, picture, saved_whole  # noqa: E402
+
+import vit  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video"]
+FRAMES = [picture(90, 70), picture(90, 70).rotate(3), picture(90, 70).transpose(0), picture(90, 70).transpose(1)]
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    return saved_whole(tmp_path_factory, KINDS + ["llava"])
+
+
+def eager_clip(folder):
+    """transformers alone: the eager model's greedy generate over the processor's prompt of the clip (its video
+    entry through the chat template, the frames unsampled), every step's attentions; the clip's token id."""
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    video = np.stack([np.asarray(frame) for frame in FRAMES])
+    inputs = processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False)
+    with torch.no_grad():
+        out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
+                                    return_dict_in_generate=True)
+    c = model.config
+    token = c.image_token_id if config["model_type"] == "glm4v" else getattr(c, "video_token_id", None)
+    token = c.video_token_index if token is None else token
+    return out, inputs, (inputs["input_ids"][0] == token).nonzero()[:, 0]
+
+
+@pytest.fixture(scope="module")
+def answers(vlms):
+    return {kind: (vit.ask_vlm(vit.open_vlm(vlms[kind]), video=FRAMES, question=QUESTION, frames=4,
+                               max_new_tokens=NEW_TOKENS), *eager_clip(vlms[kind])) for kind in KINDS}
+
+
+def slices_by_hand(kind: str, inputs) -> tuple[int, tuple[int, int], int]:
+    """(slices, each one's patch grid, unit) as the processor's outputs give them."""
+    if "video_grid_thw" in inputs:
+        t, h, w = inputs["video_grid_thw"][0].tolist()
+        return t, (h, w), 2
+    side = inputs["pixel_values_videos"].shape[-1] // 8
+    return inputs["pixel_values_videos"].shape[1], (side, side), 2  # LLaVA-NeXT-Video's pooling stride
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_tokens_attention_to_each_slice_is_the_eager_row_over_its_tokens(answers, kind):
+    answer, out, inputs, positions = answers[kind]
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    slices, grid, unit = slices_by_hand(kind, inputs)
+    per = (grid[0] // unit) * (grid[1] // unit)
+    assert len(answer.layouts) == slices > 1 and len(positions) == slices * per and answer.clip
+    for i in range(len(answer.tokens)):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()
+            for k in range(slices):
+                mine = rows[:, k * per:(k + 1) * per]
+                np.testing.assert_allclose(answer.attention(i, layer, image=k), by_hand(mine.mean(0), grid, unit, 0),
+                                           rtol=0, atol=ATOL)
+                assert answer.image_share(i, layer, image=k) == pytest.approx(mine.sum(-1).mean(), abs=ATOL)
+    rows = out.attentions[1][-1][0, :, -1, positions].numpy().mean(0)
+    last = rows[(slices - 1) * per:]
+    assert not np.allclose(answer.attention(1, -1, image=0), by_hand(last, grid, unit, 0), rtol=0, atol=1e-4)
+
+
+def test_what_is_drawn_for_one_image_and_a_model_without_clips_are_refused_in_one_line(answers, vlms):
+    answer = answers["qwen2_5_vl"][0]
+    with pytest.raises(ValueError, match=r"^TAM is drawn for a question about one image; this one is about a clip: "
+                                         r"use attention or gradxattn, per slice$"):
+        answer.tam(0)
+    with pytest.raises(ValueError, match=r"^AttnLRP is drawn for a question about one image; this one is about a "
+                                         r"clip"):
+        answer.relevance(0, method="attnlrp")
+    assert answer.relevance(0, 0, image=1).shape == answer.layouts[1].grid  # gradient x attention per slice
+    with pytest.raises(ValueError, match=r"^a llava model does not answer about a clip here; ask qwen2_vl, "):
+        vit.ask_vlm(vit.open_vlm(vlms["llava"]), video=FRAMES, question=QUESTION, frames=4)
+    with pytest.raises(ValueError, match=r"^frames must be a whole number from 1 to 64, got 65$"):
+        vit.ask_vlm(vlms["qwen2_5_vl"], video=FRAMES, question=QUESTION, frames=65)
+    with pytest.raises(ValueError, match=r"^ask about an image or a video, not both$"):
+        vit.ask_vlm(vlms["qwen2_5_vl"], FRAMES[0], QUESTION, video=FRAMES)
