@@ -700,6 +700,20 @@ class VLMAnswer:
         return ablate(vlm, prepared, self.tokens, self._token(i), region_tokens(layout.view(overview), box), how,
                       layout)
 
+    def segments(self, grid: tuple[int, int] | None = None, masks=None, method: str = "ablation", samples: int = 8,
+                 baseline: tuple[int, int, int] = (255, 255, 255)):
+        """``vit.explain.language.vlm_segments.SegmentAttribution``: captum 0.9's own ``LLMAttribution`` of this
+        answer to segments of the image (a ``grid`` of ``(rows, cols)`` cells, or ``masks``: segment ids or
+        ``vit.segment``'s boolean masks), by feature ablation or Shapley value sampling (``method``), each segment
+        made absent in the baseline colour and the image through the processor again; its forwards counted and
+        bounded first."""
+        from vit.explain.language.vlm_segments import segments
+
+        self._one_image("captum's segment attribution")
+        vlm, prepared = self._model()
+        return segments(vlm, prepared, self.tokens, prepared.images[0], grid=grid, masks=masks, method=method,
+                        samples=samples, baseline=baseline)
+
     def ablate_image(self, i: int, image: int, how: str = "zero"):
         """``ablate`` of every image token of the question's ``image``-th image: what that image does to answer token
         ``i`` (a question about several images)."""
@@ -764,6 +778,8 @@ class Prepared:
     words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
     layouts: tuple[ImageLayout, ...] = ()  # every image's layout, in the prompt's order (``layout``: the first's)
     clip: bool = False  # a question about a clip: ``layouts`` are its temporal slices
+    images: tuple = field(default=(), compare=False, repr=False)  # the images asked about (PIL), for captum's segments
+    asked: tuple = (None, None)  # (question, prompt) as given: the processor's run again for another image
 
     def __post_init__(self) -> None:
         if not self.layouts:
@@ -821,7 +837,7 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
                       sum(lay.views for lay in layouts), largest if len(layouts) > 1 else layout.view_grid))
     words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
     return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
-                    clip is not None)
+                    clip is not None, tuple(images) if clip is None else (), (question, prompt))
 
 
 class _Steps:
