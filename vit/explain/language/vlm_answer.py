@@ -711,8 +711,10 @@ class VLMAnswer:
 
         self._one_image("captum's segment attribution")
         vlm, prepared = self._model()
-        return segments(vlm, prepared, self.tokens, prepared.images[0], grid=grid, masks=masks, method=method,
-                        samples=samples, baseline=baseline)
+        question, prompt = prepared.asked
+        return segments(vlm, prepared, self.tokens, prepared.images[0],
+                        lambda shown: prompt_inputs(vlm, shown, question, prompt), grid=grid, masks=masks,
+                        method=method, samples=samples, baseline=baseline)
 
     def ablate_image(self, i: int, image: int, how: str = "zero"):
         """``ablate`` of every image token of the question's ``image``-th image: what that image does to answer token

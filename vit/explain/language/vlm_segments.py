@@ -58,17 +58,18 @@ def forwards(method: str, features: int, samples: int) -> int:
     return features + 1 if method == "ablation" else samples * (features + 1)
 
 
-def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, *, grid: tuple[int, int] | None = None,
+def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, inputs_of, *,
+             grid: tuple[int, int] | None = None,
              masks: Sequence[np.ndarray] | np.ndarray | None = None, method: str = "ablation", samples: int = 8,
              baseline: tuple[int, int, int] = (255, 255, 255)) -> SegmentAttribution:
-    """captum's attribution of ``answer`` (its tokens, the target) to segments of ``image``: a ``grid`` of
+    """captum's attribution of ``answer`` (its tokens, the target) to segments of ``image`` (``inputs_of(image)``:
+    the processor's inputs for another image with the question as asked, ``vlm_answer.prompt_inputs``): a ``grid`` of
     ``(rows, cols)`` cells, or ``masks`` (an (H, W) int array of segment ids, or a list of (H, W) boolean masks, as
     ``vit.segment`` gives them). ``method``: "ablation" (captum's ``FeatureAblation``) or "shapley"
     (``ShapleyValueSampling``, ``samples`` permutations). ValueError (one line) for a wrong segmentation or past
     ``MAX_SEGMENTS`` / ``MAX_FORWARDS``, before any forward."""
     from captum.attr import FeatureAblation, ImageMaskInput, LLMAttribution, ShapleyValueSampling
 
-    from vit.explain.language.vlm_answer import prompt_inputs
     from vit.explain.language.vlm_lens import check
 
     if method not in SEGMENT_METHODS:
@@ -85,10 +86,8 @@ def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, *, grid
         raise ValueError(f"{method} over {features} segments runs the model {need:,} times, past {MAX_FORWARDS:,}; "
                          "choose fewer segments or samples")
     check(vlm, prepared, len(answer) - 1, lens=False)  # each forward's memory: the longest run's
-    question, prompt = prepared.asked
-
     def processor_fn(shown: Image.Image):  # the image through the processor again, as the answer's was
-        inputs = prompt_inputs(vlm, shown, question, prompt).to(vlm.device)
+        inputs = inputs_of(shown).to(vlm.device)
         # captum extends input_ids and the attention mask by the answer, not the processor's per-token types
         # (Qwen-VL's, GLM's): without them the model reads the image tokens off input_ids, as generate's later steps
         inputs.pop("mm_token_type_ids", None)
