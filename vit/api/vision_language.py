@@ -210,17 +210,22 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
 
 
 def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device | None = None, *,
-             pan_and_scan: bool = False):
+             pan_and_scan: bool = False, device_map: str | dict | None = None, max_memory: dict | None = None,
+             offload_folder: str | os.PathLike | None = None, dtype: str = "auto"):
     """A vision-language model opened whole from its folder, its Hub id (``org/name[@revision]``: the HF cache's
     snapshot, downloaded whole when it is not there, its size checked first) or ``vit.load``'s checkpoint of its
     tower opened from a folder, to ask it questions (``ask_vlm``): transformers' own model class and processor, no
     remote code. Open it once and
     ask it many times; VLMError (one line) for a folder that cannot be. ``pan_and_scan``: Gemma 3's processor cuts
     a long image into crops, each its own image beside the whole one (its maps on the crops' canvas, the whole as
-    the overview); VLMError for another family."""
+    the overview); VLMError for another family. ``device_map`` ("auto" or a dict of module names to devices, "cpu"
+    or "disk"), ``max_memory``, ``offload_folder``: a model too large for one device, placed by accelerate across
+    the GPUs present and offloaded to CPU or disk, each layer run where it lives (the maps are the same as in one
+    place); ``dtype``: "auto" (the weights' own), "float32", "bfloat16" or "float16"."""
     from vit.sources.vlm.whole_vlm import open_whole_vlm
 
-    return open_whole_vlm(model, device, pan_and_scan)
+    return open_whole_vlm(model, device, pan_and_scan, device_map=device_map, max_memory=max_memory,
+                          offload_folder=offload_folder, dtype=dtype)
 
 
 def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, *, prompt: str | None = None,

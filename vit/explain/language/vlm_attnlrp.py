@@ -114,11 +114,18 @@ def _rule_of(module: torch.nn.Module, activations: tuple[type, ...]):
 
 def _put(module: torch.nn.Module, name: str, rule) -> None:
     """``module.name`` (its ``forward``, Gemma's ``_norm``) made to apply ``rule`` while rules are current, its
-    class's own method otherwise; bound as a method of the module, so that a copy of the model calls its own."""
+    class's own method otherwise; bound as a method of the module, so that a copy of the model calls its own. A
+    module accelerate placed (``device_map``: its ``_hf_hook`` wraps ``forward``) still runs the hook around it,
+    which brings an offloaded module's weights in before and takes them out after."""
     def method(self, x, *args, **kwargs):
+        hook = getattr(self, "_hf_hook", None) if name == "forward" else None
+        if hook is not None:
+            (x, *args), kwargs = hook.pre_forward(self, x, *args, **kwargs)
         if RULES.get() is None or args or kwargs:
-            return getattr(type(self), name)(self, x, *args, **kwargs)
-        return rule(self, x)
+            out = getattr(type(self), name)(self, x, *args, **kwargs)
+        else:
+            out = rule(self, x)
+        return hook.post_forward(self, out) if hook is not None else out
     setattr(module, name, types.MethodType(method, module))
     setattr(module, _RULED, True)
 

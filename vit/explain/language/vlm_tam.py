@@ -29,6 +29,8 @@ that position's own class's, as the authors' round 0 gives it over an empty ques
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -153,11 +155,27 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
                    fused="eager" not in implementation, views=prepared.layout.views,
                    view_grid=prepared.layout.view_grid))
     head = vlm.model.get_output_embeddings()
-    with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
+    with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs, _weights_in(head):
         hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
         values = tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens,
                             positions[lead:].to(hidden.device), (start, count), i)
     return np.concatenate([np.zeros(lead, dtype=np.float32), values])
+
+
+@contextlib.contextmanager
+def _weights_in(module: torch.nn.Module):
+    """Within it, ``module``'s weights are in place: a head accelerate offloaded (``device_map``) has them brought in
+    by its own hook (``pre_forward``) and taken out after (``post_forward``), as its forward would; TAM reads the
+    head's rows directly."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        yield module
+        return
+    hook.pre_forward(module)
+    try:
+        yield module
+    finally:
+        hook.post_forward(module, None)
 
 
 def on_layout(values: np.ndarray, layout) -> np.ndarray:

@@ -71,6 +71,12 @@ class VLM:
 
     @property
     def device(self) -> torch.device:
+        """Where the inputs go: the model's one device, or, placed across devices (``device_map``), the device its
+        first module runs on (accelerate's hooks move each module's weights there as it runs)."""
+        placed = getattr(self.model, "hf_device_map", None)
+        if placed:
+            first = next((d for d in placed.values() if d not in ("cpu", "disk", "meta")), "cpu")
+            return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
         return next(self.model.parameters()).device
 
     def __repr__(self) -> str:
@@ -120,11 +126,20 @@ def can_answer(source: str | os.PathLike | Checkpoint) -> bool:
     return True
 
 
+DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | torch.device | None = None,
-                   pan_and_scan: bool = False) -> VLM:
+                   pan_and_scan: bool = False, *, device_map: str | dict | None = None,
+                   max_memory: dict | None = None, offload_folder: str | os.PathLike | None = None,
+                   dtype: str = "auto") -> VLM:
     """The whole VLM in ``source`` (its folder, or ``vit.load``'s checkpoint of its tower): transformers' model
     class for its architecture from the folder's weights and its processor, offline and without remote code.
-    ``pan_and_scan``: Gemma 3's processor cuts a long image into crops beside the whole (``_pan_and_scan``). VLMError
+    ``pan_and_scan``: Gemma 3's processor cuts a long image into crops beside the whole (``_pan_and_scan``).
+    ``device_map`` (``"auto"``, or a dict of module names to devices, ``"cpu"`` or ``"disk"``), ``max_memory`` and
+    ``offload_folder``: a model that does not fit one device, placed by accelerate across the GPUs present, its other
+    layers offloaded to the CPU or to disk (each moved where it runs, as it runs); ``dtype``: "auto" (the weights'
+    own), "float32", "bfloat16" or "float16". VLMError
     (one line) for a folder that is not one of ``ARCHITECTURES``, lacks a file, or declares a size past
     ``vit.sources.vlm.declared``'s bounds (counted before anything of it is built), and for weights files that lack
     a weight of the model or hold one of another size than its config's (``vit.sources.files.loading_problem``)."""
@@ -132,6 +147,10 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         if pan_and_scan:
             _pan_and_scan(source)
         return source
+    if dtype not in DTYPES:
+        raise VLMError(f"dtype must be one of {', '.join(DTYPES)}, got {str(dtype)[:40]!r}")
+    if device_map is not None and device is not None:
+        raise VLMError("give a device or a device_map (accelerate places the layers across devices), not both")
     folder = folder_of(source)
     model_type, architecture = architecture_of(folder)
     from vit.sources.open import open_source
@@ -154,10 +173,12 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         processor = transformers.AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         # Mismatched sizes loaded at random, not raised: the loading info names them, for one line here (transformers'
         # own refusal is a RuntimeError pointing at the multi-line report it logs, kept quiet).
+        placed = {} if device_map is None else dict(device_map=device_map, max_memory=max_memory,
+                                                    offload_folder=offload_folder)
         with quiet_transformers():
             model, loaded = getattr(transformers, architecture).from_pretrained(
-                folder, local_files_only=True, trust_remote_code=False, dtype="auto", ignore_mismatched_sizes=True,
-                output_loading_info=True)
+                folder, local_files_only=True, trust_remote_code=False, dtype=DTYPES[dtype],
+                ignore_mismatched_sizes=True, output_loading_info=True, **placed)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as e:
         # ImportError: a processor needing a package this install lacks (transformers' message names it)
         raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
@@ -169,7 +190,7 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
         raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
                        "(processor.save_pretrained) into the folder")
-    model = model.to(device or "cpu").eval()
+    model = (model if device_map is not None else model.to(device or "cpu")).eval()
     vlm = VLM(folder, model_type, model, processor, tower)
     if pan_and_scan:
         _pan_and_scan(vlm)
