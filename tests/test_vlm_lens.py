@@ -131,3 +131,21 @@ def test_the_lens_and_the_ablation_are_counted_before_any_forward(asked, monkeyp
     with pytest.raises(TooManyTokens, match=r"^Reading answer token's layers at \d+ tokens \(a 4x4-patch image\) "
                                             r"needs about .* MB, over the 0 MB limit \(VIT_ANALYSIS_MEMORY_MB\)"):
         call(answer)
+
+
+def test_predict_ask_writes_each_tokens_logit_lens(vlms, asked, tmp_path, capsys):
+    """``--lm-method lens`` writes ``logit_lens`` (answer tokens, layers + 1): the API's, itself held by hand above."""
+    import json
+
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    assert main([str(vlms["llava"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--lm-method", "lens", "attention",
+                 "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    saved = np.load(record["maps"]["npz"])
+    answer = asked["llava"]
+    assert saved["logit_lens"].shape == (NEW_TOKENS, 3) and "tam" not in saved
+    np.testing.assert_allclose(saved["logit_lens"], np.stack([answer.logit_lens(i) for i in range(NEW_TOKENS)]),
+                               rtol=0, atol=1e-6)

@@ -55,8 +55,10 @@ Map (``VLMAnswer.tam``); with ``--lm-method`` (the explorer's ``lm_method`` name
 gradxattn_rollout, tam, attnlrp; default attention tam) also ``gradxattn`` (answer tokens, layers, rows, cols) and
 ``gradxattn_rollout`` (answer tokens, rows, cols), each token's gradient x attention from one forward and backward
 (``VLMAnswer.relevance``), and ``attnlrp`` (answer tokens, rows, cols), each token's AttnLRP to the pixels
-(``VLMAnswer.relevance(i, method="attnlrp")``, signed); a tiled image's as ``overview_<name>`` too. Its largest size
-is refused before any work past ``--max-maps-mb``, and the last token's relevance past the memory limit.
+(``VLMAnswer.relevance(i, method="attnlrp")``, signed); a tiled image's as ``overview_<name>`` too; ``lens`` writes
+``logit_lens`` (answer tokens, layers + 1), each token's probability read at every language-model layer
+(``VLMAnswer.logit_lens``). Its largest size is refused before any work past ``--max-maps-mb``, and the last token's
+relevance past the memory limit.
 
 Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder or Hub id): ``--points x,y[,label]
 ...`` (label 1 on the object, the default; 0 off it) and / or ``--box x0,y0,x1,y1``, in each image's own pixels,
@@ -123,6 +125,7 @@ MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
 # named here so that parsing loads no torch (a test holds them equal); TAM, one cheap forward per token, by default
 ANSWER_MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
 DEFAULT_ANSWER_MAPS = ("attention", "tam")
+ANSWER_READINGS = ("lens",)  # not maps: each token's logit lens over the language model's layers
 PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
 PROGRESS_EVERY_S = 10.0
 
@@ -313,10 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pan-and-scan", action="store_true",
                    help="with --ask, a Gemma 3: its processor's pan-and-scan, a long image cut into crops beside the "
                         "whole, each crop's maps placed where it was cut")
-    p.add_argument("--lm-method", nargs="+", choices=ANSWER_MAP_METHODS, metavar="METHOD",
+    p.add_argument("--lm-method", nargs="+", choices=ANSWER_MAP_METHODS + ANSWER_READINGS, metavar="METHOD",
                    help=f"with --ask and --save-maps: each answer token's maps to write, of "
                         f"{', '.join(ANSWER_MAP_METHODS)} (default {' '.join(DEFAULT_ANSWER_MAPS)}; gradxattn, "
-                        "gradxattn_rollout and attnlrp run the model forward and backward once per token)")
+                        "gradxattn_rollout and attnlrp run the model forward and backward once per token), or lens: "
+                        "each token's logit lens, its probability at every language-model layer (logit_lens)")
     p.add_argument("--points", nargs="+", type=prompt_point, metavar="X,Y[,LABEL]",
                    help="a SAM / SAM 2's point prompt in the image's pixels (label 1 on the object, default; 0 off it)")
     p.add_argument("--box", type=prompt_box, metavar="X0,Y0,X1,Y1", help="a SAM / SAM 2's box prompt in the "
@@ -730,6 +734,7 @@ def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]
     layers = (*(range(L) if "gradxattn" in methods else ()), *((None,) if "gradxattn_rollout" in methods else ()))
     relevance = [answer.image_relevance(i, layers) for i in range(n)] if layers else []  # (len(layers), K) each
     tam = [answer.image_tam(i) for i in range(n)] if "tam" in methods else []  # (K,) each
+    readings = {"logit_lens": np.stack([answer.logit_lens(i) for i in range(n)])} if "lens" in methods else {}
 
     def pieces(method: str, view, overview: bool):  # each token's maps on ``view`` (layers, heads, gh, gw) or less
         for i in range(n):
@@ -747,7 +752,7 @@ def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]
     views = [("", answer.layout)] + ([("overview_", answer.layout.overview)] if answer.layout.overview else [])
     streamed = [(f"{prefix}{method}", (n, *each[method], *view.grid), dtype, pieces(method, view, bool(prefix)))
                 for prefix, view in views for method in ANSWER_MAP_METHODS if method in methods]
-    write_npz_streamed(path, streamed, image_share=shares,
+    write_npz_streamed(path, streamed, image_share=shares, **readings,
                        tokens=np.array(answer.tokens, dtype=np.int64), pieces=np.array(answer.pieces),
                        answer=np.str_(answer.text), grid=np.array(answer.grid), patch_size=np.array(patch_size),
                        unit=np.array(answer.layout.unit))
@@ -758,7 +763,7 @@ def check_answer_maps(vlm, prepared, source, methods: tuple[str, ...], dtype: st
     over ``limit`` bytes (``--max-maps-mb``), or the last token's gradient x attention over the memory limit."""
     import numpy as np
 
-    need = prepared.maps_bytes(np.dtype(dtype).itemsize, methods)
+    need = prepared.maps_bytes(np.dtype(dtype).itemsize, tuple(m for m in methods if m in ANSWER_MAP_METHODS))
     if need > limit:
         (gh, gw), overview = prepared.layout.grid, prepared.layout.overview
         patches = f"{gh}x{gw}" + (f" + {overview.grid[0]}x{overview.grid[1]}" if overview is not None else "")
@@ -779,6 +784,10 @@ def check_answer_maps(vlm, prepared, source, methods: tuple[str, ...], dtype: st
         from vit.explain.language import vlm_attnlrp
 
         vlm_attnlrp.check(vlm, prepared, prepared.max_new_tokens - 1)
+    if "lens" in methods:
+        from vit.explain.language import vlm_lens
+
+        vlm_lens.check(vlm, prepared, prepared.max_new_tokens - 1, lens=True)
 
 
 def run_ask(args: argparse.Namespace) -> int:
