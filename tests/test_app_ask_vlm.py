@@ -439,3 +439,29 @@ def test_a_chat_template_the_sandbox_refuses_or_that_does_not_parse_is_one_line_
     [error] = [e.value.replace("\\", "") for e in at.error]  # as written, less Markdown's escapes
     assert error.startswith("the model's chat template fails: ") and "\n" not in error, error
     assert "SecurityError" in error or "TemplateSyntaxError" in error, error
+
+
+def test_the_clicked_tokens_logit_lens_is_the_apis_on_demand(folders):
+    """Off by default (one forward of the model); on, the clicked token's probability at every layer is
+    ``VLMAnswer.logit_lens``'s (held by hand to transformers' hidden states in test_vlm_lens)."""
+    at = ask(open_folder(folders["llava"]), QUESTION)
+    def lens():
+        [found] = [w for w in at.main.toggle if w.label == "Read the token at every layer (logit lens)"]
+        return found
+
+    assert not lens().value and not [d for d in at.main.dataframe if "probability" in d.value.columns]
+    pills(at).set_value(2)
+    at.run()
+    lens().set_value(True)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    expected = answer_of(folders["llava"]).logit_lens(2)
+    [table] = [d for d in at.main.dataframe if "probability" in d.value.columns]
+    assert list(table.value["layer"]) == ["input", "1", "2"]
+    np.testing.assert_allclose(table.value["probability"].to_numpy() / 100, expected, rtol=0, atol=1e-6)
+    from test_app_share import url
+
+    assert url(at)["lm_lens"] == "1"  # the view, lens shown, is the link's
+    linked = open_link(url(at))  # and a fresh session opened from it shows the lens again
+    [table] = [d for d in linked.main.dataframe if "probability" in d.value.columns]
+    np.testing.assert_allclose(table.value["probability"].to_numpy() / 100, expected, rtol=0, atol=1e-6)

@@ -32,11 +32,11 @@ from vit.explain.views.overlay import display_image
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
 LAYER_KEY, HEAD_KEY, FUSION_KEY, METHOD_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion", "vlm_ask_method"
-OVERVIEW_KEY = "vlm_ask_overview"
+OVERVIEW_KEY, LENS_KEY = "vlm_ask_overview", "vlm_ask_lens"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY}
 
 
@@ -74,6 +74,7 @@ def link_values() -> dict[str, object]:
     method = st.session_state.get(METHOD_KEY)
     values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
     values["lm_overview"] = True if st.session_state.get(OVERVIEW_KEY) else None  # the tiles' canvas: the default
+    values["lm_lens"] = True if st.session_state.get(LENS_KEY) else None  # off: the default
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -215,10 +216,32 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                          "on the image", min_value=0.0, max_value=100.0, format="%.1f%%")})
         st.caption(f"How much each answer token looked at the image: the share of its attention row on the image "
                    f"tokens at layer {layer + 1}, mean over heads.")
+        _logit_lens(answer, token)
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name,
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
                 method=method, overview=overview))
+
+
+def _logit_lens(answer: VLMAnswer, token: int) -> None:
+    """On demand (one forward of the model): the clicked token's probability read at every language-model layer
+    (``VLMAnswer.logit_lens``), the layer that first "knows" the word."""
+    if not st.toggle("Read the token at every layer (logit lens)", key=LENS_KEY,
+                     help="The clicked token's probability read from the language model's stream at each layer, "
+                          "through its own final norm and head: the layer where the word first appears. One forward "
+                          "of the model."):
+        return
+    try:
+        lens = answer.logit_lens(token)
+    except ValueError as e:  # over the memory limit
+        st.error(_one_line(e))
+        return
+    st.dataframe([{"layer": "input" if n == 0 else str(n), "probability": 100 * float(p)}
+                  for n, p in enumerate(lens)], hide_index=True, width="stretch",
+                 column_config={"probability": st.column_config.ProgressColumn(
+                     "probability", min_value=0.0, max_value=100.0, format="%.1f%%")})
+    st.caption(f"“{visible(answer.pieces[token])}” read at the stream each layer hands on, through the model's final "
+               "norm and head; the last row is the model's own prediction.")
 
 
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,

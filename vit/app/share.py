@@ -168,6 +168,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     # head (from 1), head fusion and the map's method
     "question": _text, "answer_length": _whole(1, MAX_NEW_TOKENS), "answer_token": _whole(1), "lm_layer": _whole(1),
     "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS), "lm_method": _one_of(MAP_METHODS), "lm_overview": _flag,
+    "lm_lens": _flag,
     # a SAM's prompt (its points and box in the image's pixels, checked against the image where it is shown), the
     # decoder's output token and attention drawn, and its head (0: their mean)
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
@@ -194,6 +195,7 @@ LABELS = {
     "question": "Question", "answer_length": "Answer length (tokens at most)", "answer_token": "Answer token",
     "lm_layer": "Language model layer", "lm_head": "Language model head", "lm_fusion": "Language model head fusion",
     "lm_method": "Answer token's map", "lm_overview": "The whole image's view (a tiled image's overview)",
+    "lm_lens": "The clicked token read at every layer (logit lens)",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
     "sat": "Explained at pixel (x, y)",
