@@ -4,13 +4,13 @@ peak memory of the explorer's clip analysis with every map it draws (issue 65's 
 
 The model is VideoMAE-B's shape (12 layers, 768 wide, 12 heads, MLP 3,072, 16-px patches, tubelets of 2 frames)
 with random weights (float32), ours opened from transformers' state dict by
-``vit.sources.ports.families.import_videomae``. Calls alternate so background load slows both alike; the table gives
-medians, our time as a ratio of theirs and the median of each pair's ratio. The memory runs in a subprocess after a
-warm-up clip: the analysis (one forward, every layer's hidden states kept), then each layer's attention from the middle
-token and its token norms, one head's map, the rollout and the statistics, each frame's map as the page draws them
-(``vit.explain.views.video.clip_map``). The peak is the resident set's high-water mark (VmHWM, reset through
-/proc/self/clear_refs) over the resident set before the analysis, as tests/test_costs.py measures it. Run from the
-repository root::
+``vit.sources.ports.families.video_ports.import_videomae``. Calls alternate so background load slows both alike; the
+table gives medians, our time as a ratio of theirs and the median of each pair's ratio. The memory runs in a
+subprocess after a warm-up clip: the analysis (one forward, every layer's hidden states kept), then each layer's
+attention from the middle token and its token norms, one head's map, the rollout and the statistics, each frame's
+map as the page draws them (``vit.explain.views.video.clip_map``). The peak is the resident set's high-water mark
+(VmHWM, reset through /proc/self/clear_refs) over the resident set before the analysis, as tests/test_costs.py
+measures it. Run from the repository root::
 
     python -m bench.bench_videomae --threads 1 --repeats 3
     python -m bench.bench_videomae --no-forward --methods   # the memory, each class's map too
@@ -39,7 +39,7 @@ def build(layers: int):
     import transformers
 
     from vit.sources.open import build_model
-    from vit.sources.ports.families import import_videomae
+    from vit.sources.ports.families.video_ports import import_videomae
 
     config = transformers.VideoMAEConfig(**{**SHAPE, "num_hidden_layers": layers})
     config._attn_implementation = "eager"

@@ -20,7 +20,7 @@ from vit.core.clips import clip_pixels, read_clip
 from vit.explain.views.video import explain_clip
 from vit.model.layouts import divided_partitions, partition, unpartition
 from vit.sources.open import SourceError, open_source
-from vit.sources.ports.families.import_timesformer import hf_token_order
+from vit.sources.ports.families.video_ports.import_timesformer import hf_token_order
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds

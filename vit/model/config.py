@@ -269,7 +269,9 @@ class ViTConfig:
                                        or self.num_prefix_tokens != 1 or not self.pos_embed):
             raise ValueError("ViTConfig.divided_attention is TimeSformer's: a video model of one-frame tubelets, a CLS "
                              "token and a learned position table")
-        prefix = self.num_prefix_tokens and not self.divided_attention  # TimeSformer's CLS is its own
+        # TimeSformer's CLS is its own; a joint-attention model's one CLS (ViViT's) reads every tubelet, which the
+        # clip's views place after it (``num_prefix_tokens``); registers or a distillation token are refused
+        prefix = self.num_prefix_tokens > int(self.class_token) and not self.divided_attention
         if self.num_frames and (prefix or self.rope not in ("none", "vjepa2") or self.rel_pos != "none"
                                 or self.window_size or self.stage_depths or self.projector != "none"
                                 or self.patch_norm or self.patch_kernel or self.max_num_patches or self.sincos_pos):

@@ -361,6 +361,11 @@ class ViT(Parent):
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
         else:
             table = (c.pos_embed_grid,) * 2 if c.pos_embed_grid else c.grid_size
+            if c.num_frames:  # a clip's table (ViViT's): every tubelet's, time-major, read at the model's own clip
+                table = (c.clip_grid[0] * c.grid_size[0], c.grid_size[1])
+                if tuple(grid) != table:
+                    raise ValueError(f"this video model's learned positions cover a clip of {c.num_frames} frames "
+                                     f"of {c.image_size} px; give it that clip")
             pos = resample_pos_embed(self.pos_embed, grid, table, positioned, c.pos_embed_antialias, c.pos_resize)
             if self.pos_embed_window is not None:
                 pos = pos + self.window_positions(grid)

@@ -93,6 +93,20 @@ def channel_numbers(value, name: str, channels: int) -> tuple[float, ...]:
     return tuple(float(v) for v in value)[:channels]
 
 
+def _rescaled(processor: Mapping, mean: tuple[float, ...], std: tuple[float, ...]):
+    """``(mean, std)`` as ``Preprocessing`` applies them to pixels in [0, 1] (``p / 255``), for a processor that
+    rescales by ``rescale_factor`` (not 1/255: ViViT's 1/127.5), shifts by -1 after it (``offset``: ViViT's) or does
+    not rescale: ``(p r - o - m) / s`` is ``(p / 255 - (o + m) / 255r) / (s / 255r)``."""
+    rescale = processor.get("rescale_factor", 1 / 255) if processor.get("do_rescale", True) else 1.0
+    if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or not 0 < rescale <= 1:
+        raise ValueError(f"rescale_factor must be a number in (0, 1], got {str(rescale)[:40]}")
+    offset = 1.0 if processor.get("offset") and processor.get("do_rescale", True) else 0.0
+    if rescale == 1 / 255 and not offset:
+        return mean, std
+    scale = 255 * rescale
+    return tuple((offset + m) / scale for m in mean), tuple(v / scale for v in std)
+
+
 def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preprocessing:
     """``preprocessor_config.json``'s settings, every value checked before use."""
     channels = config.num_channels
@@ -101,6 +115,7 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
     mean, std = channel_numbers(mean, "image_mean", channels), channel_numbers(std, "image_std", channels)
     if not all(s > 0 for s in std):
         raise ValueError("image_std must be positive")
+    mean, std = _rescaled(processor, mean, std)
     size = _side(processor.get("size")) or config.image_size
     shortest = isinstance(processor.get("size"), Mapping) and "shortest_edge" in processor["size"]
     crop = _crop_side(processor.get("crop_size")) if processor.get("do_center_crop") else None

@@ -78,10 +78,8 @@ from vit.sources.ports.families import (
     import_sam,
     import_siglip,
     import_swin,
-    import_timesformer,
-    import_videomae,
-    import_vjepa2,
 )
+from vit.sources.ports.families.video_ports import import_timesformer, import_videomae, import_vivit, import_vjepa2
 from vit.sources.ports.libraries import import_scratch, import_timm, import_torchvision, import_vit_pytorch, mapping
 from vit.sources.vlm import import_internvl, import_qwen, import_vlm
 
@@ -415,6 +413,7 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES),
                 "qwen3_vl_moe": (import_qwen, import_qwen.QWEN3_MOE_ARCHITECTURES),
                 "videomae": (import_videomae, tuple(import_videomae.ARCHITECTURES)),
+                "vivit": (import_vivit, tuple(import_vivit.ARCHITECTURES)),
                 "timesformer": (import_timesformer, tuple(import_timesformer.ARCHITECTURES)),
                 "vjepa2": (import_vjepa2, import_vjepa2.ARCHITECTURES)}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened

@@ -79,10 +79,24 @@ DIVIDED_CLASS_MAPS = ("{name} is not drawn for TimeSformer: it is defined for on
 ONE_ATTENTION_KINDS = ("class", "legrad", "lrp", "attn-gradcam", "lrp-partial", "lrp-full")
 
 
+# The class maps defined on a pooled classifier (VideoMAE's mean of the tubelets) that a CLS classifier's clip
+# (ViViT's) is not drawn with: their reading of the class through the CLS is not held to a reference for clips yet
+CLS_CLIP_REFUSAL = ("{name} of a clip is drawn for a classifier that pools its tubelets; this one reads a CLS token, "
+                    "which it is not checked for yet: use AttnLRP, Grad-CAM or LayerCAM (or attention, rollout)")
+
+
+def _reads_a_cls(checkpoint: Checkpoint) -> bool:
+    """A joint-attention video classifier reading a CLS token (ViViT's), not a pool of the tubelets."""
+    config = checkpoint.model.config
+    return bool(config.class_token and not config.divided_attention and checkpoint.model.head is not None)
+
+
 def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
     """Why ``kind`` is not drawn for this video checkpoint's clips (one line), or None where it is."""
     divided = is_divided(checkpoint)
     kinds = DIVIDED_MAP_KINDS if divided else CLIP_MAP_KINDS
+    if kind in ("class", "legrad") and _reads_a_cls(checkpoint):
+        return CLS_CLIP_REFUSAL.format(name="The class map" if kind == "class" else "LeGrad")
     if (kind in CLASS_READ_KINDS and kind not in POOLER_CLASS_KINDS
             and getattr(checkpoint.model, "pool_blocks", None) is not None):
         return POOLER_REFUSAL
@@ -109,6 +123,8 @@ def clip_map_kinds(checkpoint: Checkpoint) -> tuple[str, ...]:
         kinds = tuple(k for k in kinds if k not in CLASS_READ_KINDS)
     elif getattr(checkpoint.model, "pool_blocks", None) is not None:  # V-JEPA 2's classifier: POOLER_REFUSAL
         kinds = tuple(k for k in kinds if k not in CLASS_READ_KINDS or k in POOLER_CLASS_KINDS)
+    if _reads_a_cls(checkpoint):  # ViViT's: CLS_CLIP_REFUSAL
+        kinds = tuple(k for k in kinds if k not in ("class", "legrad"))
     return kinds
 
 
