@@ -10,7 +10,7 @@ parameter, saved natively with their processor.
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from test_videomae import write_gif
 
 from vit.core.clips import clip_pixels, read_clip
 from vit.explain.views.video import analyse_clip, explain_clip
@@ -39,13 +39,6 @@ def vivit_folder(folder, frames: int, height: int, width: int, classes: int = 5)
                                                  crop_size={"height": height, "width": width})
     processor.save_pretrained(folder)
     return model, processor
-
-
-def write_gif(path, count: int, size=(40, 30), seed: int = 0):
-    rng = np.random.default_rng(seed)
-    frames = [Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)) for _ in range(count)]
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=40, loop=0)
-    return path
 
 
 @pytest.mark.parametrize("frames, height, width", CLIPS, ids=[f"{f}x{w}x{h}" for f, h, w in CLIPS])

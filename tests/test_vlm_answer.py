@@ -61,6 +61,16 @@ def tokenizer(specials: list[str], named: dict[str, str] | None = None, bos: str
                                                 extra_special_tokens=named or {})
 
 
+def qwen3_processor(words, template: str):
+    """Qwen3-VL's processor (Qwen3.5's too): 16-px patches merged 2 x 2, at most 64 merge units."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+                                   image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
+                                         video_processor=transformers.Qwen3VLVideoProcessor(), chat_template=template)
+
+
 def _build(kind: str):
     if kind.startswith("paligemma"):  # SigLIP's 4 x 4 patches, one image token each, read as a bidirectional prefix
         words = tokenizer(["<image>"], bos="<bos>")
@@ -262,11 +272,7 @@ def _build(kind: str):
                                num_position_embeddings=64),
             text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
             vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
-        images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
-                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        processor = transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
-                                                  video_processor=transformers.Qwen3VLVideoProcessor(),
-                                                  chat_template=template)
+        processor = qwen3_processor(words, template)
         return (transformers.Qwen3_5MoeForConditionalGeneration if moe
                 else transformers.Qwen3_5ForConditionalGeneration)(config), processor
     if kind in ("qwen3_vl", "qwen3_vl_moe"):  # 16-px patches, interleaved M-RoPE, DeepStack
@@ -282,11 +288,7 @@ def _build(kind: str):
                                num_position_embeddings=64, deepstack_visual_indexes=[0]),
             text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
             vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
-        images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
-                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        processor = transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
-                                                  video_processor=transformers.Qwen3VLVideoProcessor(),
-                                                  chat_template=template)
+        processor = qwen3_processor(words, template)
         return (transformers.Qwen3VLMoeForConditionalGeneration if moe
                 else transformers.Qwen3VLForConditionalGeneration)(config), processor
     text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -126,6 +126,7 @@ def test_a_box_off_the_grid_or_an_unknown_ablation_is_refused_in_one_line(asked)
 def test_the_lens_and_the_ablation_are_counted_before_any_forward(asked, monkeypatch, call):
     answer = asked["llava"]
     vlm = answer._source[0]
+    monkeypatch.setattr(answer, "_lens", {})  # a lens read before is kept, not counted again
     monkeypatch.setattr(vlm.model, "forward", lambda *a, **k: pytest.fail("the model ran"))
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
     with pytest.raises(TooManyTokens, match=r"^Reading answer token's layers at \d+ tokens \(a 4x4-patch image\) "
@@ -149,3 +150,11 @@ def test_predict_ask_writes_each_tokens_logit_lens(vlms, asked, tmp_path, capsys
     assert saved["logit_lens"].shape == (NEW_TOKENS, 3) and "tam" not in saved
     np.testing.assert_allclose(saved["logit_lens"], np.stack([answer.logit_lens(i) for i in range(NEW_TOKENS)]),
                                rtol=0, atol=1e-6)
+
+
+def test_a_tokens_logit_lens_is_read_once(asked, monkeypatch):
+    """The explorer asks again on every rerun while its table is shown: the second ask runs no model."""
+    answer = asked["llava"]
+    first = answer.logit_lens(3)
+    monkeypatch.setattr(answer._source[0].model, "forward", lambda *a, **k: pytest.fail("the model ran again"))
+    np.testing.assert_array_equal(answer.logit_lens(3), first)

@@ -554,6 +554,7 @@ class VLMAnswer:
         self.layout, self.prompt_tokens = self.layouts[0], prompt_tokens
         self._recorder, self._cache = recorder, cache
         self._source = source  # (vlm, Prepared): what the relevance runs the model on again
+        self._lens: dict[int, np.ndarray] = {}  # each token's logit lens once read ((L + 1,) floats each)
         self.layers = len(recorder.queries)
         self.heads = recorder.queries[0][0].shape[0] if self.layers and recorder.queries[0] else 0
 
@@ -684,8 +685,11 @@ class VLMAnswer:
         the word (``vit.explain.language.vlm_lens``, counted first by ``vit.costs.plan.vlm_lens``)."""
         from vit.explain.language.vlm_lens import logit_lens
 
-        vlm, prepared = self._model()
-        return logit_lens(vlm, prepared, self.tokens, self._token(i)).numpy()
+        i = self._token(i)
+        if i not in self._lens:  # kept: the explorer asks again on every rerun while its table is shown
+            vlm, prepared = self._model()
+            self._lens[i] = logit_lens(vlm, prepared, self.tokens, i).numpy()
+        return self._lens[i].copy()
 
     def ablate(self, i: int, box: tuple[int, int, int, int], overview: bool = False, how: str = "zero",
                image: int = 0):
