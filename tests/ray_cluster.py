@@ -86,6 +86,13 @@ class RayCluster:
                           str(self.temp), *(str(p.pid) for p in self.processes)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
+    def restart(self) -> None:
+        """Start again after ``stop``, on new ports and a new temp dir."""
+        self.stop()
+        self.processes, self.temp = [], None
+        self._ports()
+        self.start()
+
     def _start_once(self, timeout: float) -> None:
         self._start("head", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
@@ -152,3 +159,4 @@ class RayCluster:
             _signal_group(process.pid, signal.SIGKILL)
         if self.temp is not None:
             shutil.rmtree(self.temp, ignore_errors=True)
+        self.processes = []  # stopped: a second stop has nothing to signal

@@ -33,3 +33,41 @@ def test_a_parallel_run_keeps_the_ray_modules_on_one_worker_and_a_module_on_one_
     assert set(groups) == {"ray-cluster", "test_mechanism_cli", "tests/test_widget_keys.py"}, groups
     assert len(groups["ray-cluster"]) == 1 and len(groups["test_mechanism_cli"]) == 1, groups
     assert all("test_widget_keys" not in test or "@" not in test for _, test in ran)  # no group: spread
+
+
+class _Cluster:
+    def __init__(self) -> None:
+        self.stops = 0
+
+    def stop(self) -> None:
+        self.stops += 1
+
+
+class _Item:
+    def __init__(self, *fixtures: str) -> None:
+        self.fixturenames, self.nodeid = list(fixtures), "tests/test_x.py::test_x"
+
+
+def _run_protocol(item, nextitem) -> None:
+    import conftest
+
+    protocol = conftest.pytest_runtest_protocol(item, nextitem)
+    next(protocol)
+    with pytest.raises(StopIteration):
+        protocol.send(None)
+
+
+@pytest.mark.parametrize("after, nextitem, stopped", [
+    ("ray_cluster", _Item("ray_cluster", "tmp_path"), 0),  # the next test runs on it: kept
+    ("ray_cluster", _Item("tmp_path"), 1),  # the worker's last test on it: stopped now, not idle beside the rest
+    ("ray_cluster", None, 0),  # the worker's last test: the session's teardown stops it
+    ("tmp_path", _Item("tmp_path"), 0),  # a test not on the cluster
+])
+def test_the_ray_cluster_stops_after_the_workers_last_test_on_it(monkeypatch, after, nextitem, stopped):
+    import conftest
+
+    cluster = _Cluster()
+    monkeypatch.setattr(conftest, "_RAY_CLUSTERS", [cluster])
+    monkeypatch.delenv("VIT_TEST_TIMELINE", raising=False)
+    _run_protocol(_Item(after), nextitem)
+    assert cluster.stops == stopped and conftest._RAY_CLUSTERS == ([] if stopped else [cluster])
