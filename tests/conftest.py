@@ -145,8 +145,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_protocol(item, nextitem):
     """After a worker's last test on the Ray cluster (the Ray modules are one group, run first: ``_group``) the
     cluster is stopped, not left idle beside every later test (its ~20 processes took 4.3 s of CPU a minute, idle).
-    With ``VIT_TEST_TIMELINE=FILE`` each test appends ``worker start stop id`` (wall-clock seconds, setup and
-    teardown included) to FILE: which worker ran what, and when, to see where a parallel run waits."""
+    With ``VIT_TEST_TIMELINE=FILE`` each test appends ``worker pid start stop id`` to FILE (its worker's name and
+    process, wall-clock seconds, setup and teardown included): which worker ran what, and when, to see where a
+    parallel run waits, and whose CPU a process's is (bench/suite_cpu.py)."""
     import time
 
     began = time.time()
@@ -158,7 +159,7 @@ def pytest_runtest_protocol(item, nextitem):
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(path, "a") as out:
-            out.write(f"{worker} {began:.2f} {time.time():.2f} {item.nodeid}\n")
+            out.write(f"{worker} {os.getpid()} {began:.2f} {time.time():.2f} {item.nodeid}\n")
 
 
 @pytest.hookimpl(hookwrapper=True)

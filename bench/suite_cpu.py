@@ -1,0 +1,171 @@
+"""Where the suite's CPU goes (issue 93): each test's, module's and kind of process's seconds of CPU in one run.
+
+    python bench/suite_cpu.py --out bench/results/cpu-2026-11-27/suite-cpu.txt              # the whole suite
+    python bench/suite_cpu.py --out /tmp/ray.txt -- tests/test_ray_train.py -k cluster       # pytest's arguments
+
+A test's wall time is no measure of what it costs on two shared cores: four workers and their processes (app servers,
+Chromium, a Ray cluster, the memory tests' measuring server) take turns, and a test that alone takes 15 s took 105 s
+in a whole run. This runs pytest (its own ``addopts``: the workers of the README's command) with
+``VIT_TEST_TIMELINE`` (tests/conftest.py: each test's worker process and wall-clock span), reads every process's CPU
+(``/proc/PID/stat``: user + system) once a second, and gives each process's CPU since the last reading to the test
+its xdist worker ran then: the worker itself and every process it started, however deep (a Ray job's workers, a
+browser's renderers), by the chain of parents. A process that lived less than a second between two readings is not
+seen; one whose parent exited before it was first read is counted as "(no worker)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+# A process's kind, by the first of these its command line holds (else the first word of its command)
+KINDS = (("chromium", "Chromium"), ("playwright/driver", "Playwright's driver"), ("ray::", "Ray workers"),
+         ("raylet", "Ray's daemons"), ("gcs_server", "Ray's daemons"), ("ray/dashboard", "Ray's daemons"),
+         ("ray/_private", "Ray's daemons"), ("bin/ray start", "Ray's daemons"), ("streamlit", "app servers"),
+         ("ipykernel", "notebook kernels"), ("torchrun", "torchrun"), ("-m pip", "pip"),
+         ("import numpy, torch, transformers", "measuring server"), ("-m vit.", "vit's commands"),
+         ("-m bench.", "bench scripts"), ("exec(eval(sys.stdin", "pytest workers"))
+
+
+def kind(command: str) -> str:
+    """The kind of process a command line is (``KINDS``)."""
+    for key, name in KINDS:
+        if key in command:
+            return name
+    words = command.split()
+    return Path(words[0]).name if words else "?"
+
+
+def processes() -> dict[int, tuple[int, str, float, str]]:
+    """Every process now: pid -> (parent pid, start time, CPU seconds, command line)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # it ended while we read
+            continue
+        if command:  # a kernel thread, or a zombie whose CPU was read while it ran
+            found[int(entry)] = (int(fields[1]), fields[19], (int(fields[11]) + int(fields[12])) / TICK, command)
+    return found
+
+
+def sample(pytest: subprocess.Popen, every: float = 1.0) -> list[tuple[float, tuple, int, float, str]]:
+    """(time, process key, its chain of ancestors, CPU since the last reading, kind) of each process that used CPU
+    since the last reading, read every ``every`` seconds until ``pytest`` ends. A process's chain is read the first
+    time it is seen (its parent may exit first)."""
+    seen: dict[tuple, float] = {}
+    chains: dict[tuple, tuple[int, ...]] = {}
+    rows = []
+    while True:
+        now, running = time.time(), pytest.poll() is None
+        table = processes()
+        for pid, (parent, started, cpu, command) in table.items():
+            key = (pid, started)
+            if key not in chains:
+                chain, at = [pid], parent
+                while at in table and len(chain) < 64:
+                    chain.append(at)
+                    at = table[at][0]
+                chains[key] = tuple(chain)
+            spent = cpu - seen.get(key, 0.0)
+            seen[key] = cpu
+            if spent > 0:
+                rows.append((now, key, chains[key], spent, kind(command)))
+        if not running:
+            return rows
+        time.sleep(max(0.0, every - (time.time() - now)))
+
+
+def read_timeline(path: Path) -> dict[int, list[tuple[float, float, str]]]:
+    """worker pid -> its tests' (start, stop, id), in order (tests/conftest.py's ``VIT_TEST_TIMELINE`` lines)."""
+    spans: dict[int, list] = collections.defaultdict(list)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            _worker, pid, start, stop, test = line.split(" ", 4)
+            spans[int(pid)].append((float(start), float(stop), test))
+    for tests in spans.values():
+        tests.sort()
+    return spans
+
+
+def attribute(rows, spans, baseline: set[tuple]) -> tuple[collections.Counter, collections.Counter]:
+    """(CPU by test, CPU by (module, kind)): each row's CPU given to the test its worker ran at its time (a second's
+    slack either side: the reading is once a second); "(worker, between tests)" for a worker's collection and the
+    gaps; processes that ran before pytest started are left out."""
+    starts = {pid: [s for s, _, _ in tests] for pid, tests in spans.items()}
+    by_test: collections.Counter = collections.Counter()
+    by_kind: collections.Counter = collections.Counter()
+    for when, key, chain, spent, what in rows:
+        if key in baseline:
+            continue
+        worker = next((pid for pid in chain if pid in spans), None)
+        test = "(no worker)"
+        if worker is not None:
+            test = "(worker, between tests)"
+            i = bisect.bisect_right(starts[worker], when + 1.0) - 1
+            if i >= 0 and spans[worker][i][1] >= when - 1.0:
+                test = spans[worker][i][2]
+        by_test[test] += spent
+        by_kind[(test.split("::")[0], what)] += spent
+    return by_test, by_kind
+
+
+def report(by_test, by_kind, wall: float, command: list[str], top: int) -> list[str]:
+    """The report's lines: the run, then CPU by kind of process, by module (``top``) and by test (``top``)."""
+    total = sum(by_test.values())
+    by_module: collections.Counter = collections.Counter()
+    kinds: collections.Counter = collections.Counter()
+    for (module, what), spent in by_kind.items():
+        by_module[module] += spent
+        kinds[what] += spent
+    lines = [f"# python bench/suite_cpu.py -- {' '.join(command)}",
+             f"# {os.cpu_count()} cores; {wall:.0f} s of wall time; {total:.0f} s of CPU "
+             f"({total / max(wall, 1e-9):.2f} cores busy on average)", "",
+             "| kind of process | CPU s | share |", "|---|---:|---:|"]
+    lines += [f"| {what} | {spent:.0f} | {100 * spent / total:.1f} % |" for what, spent in kinds.most_common()]
+    lines += ["", "| module | CPU s | share |", "|---|---:|---:|"]
+    lines += [f"| {module} | {spent:.0f} | {100 * spent / total:.1f} % |"
+              for module, spent in by_module.most_common(top)]
+    lines += ["", "| test | CPU s |", "|---|---:|"]
+    lines += [f"| {test} | {spent:.1f} |" for test, spent in by_test.most_common(top)]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the report (Markdown tables)")
+    parser.add_argument("--top", type=int, default=60, help="modules and tests listed (default 60)")
+    parser.add_argument("pytest_args", nargs="*", help="pytest's arguments, after --")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        timeline = Path(folder) / "timeline.txt"
+        baseline = {(pid, started) for pid, (_, started, _, _) in processes().items()}
+        began = time.time()
+        pytest = subprocess.Popen([sys.executable, "-m", "pytest", "-q", *args.pytest_args], cwd=ROOT,
+                                  env={**os.environ, "VIT_TEST_TIMELINE": str(timeline)})
+        rows = sample(pytest)
+        wall = time.time() - began
+        by_test, by_kind = attribute(rows, read_timeline(timeline), baseline)
+    lines = report(by_test, by_kind, wall, args.pytest_args, args.top)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:40]))
+    return pytest.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""bench/suite_cpu.py: each process's CPU given to the test its worker ran then, descendants included (issue 93)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "suite_cpu.py"
+spec = importlib.util.spec_from_file_location("suite_cpu", BENCH)
+suite_cpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite_cpu)
+
+
+def test_a_descendants_cpu_is_its_workers_test_at_that_time(tmp_path):
+    timeline = tmp_path / "timeline.txt"
+    timeline.write_text("gw0 100 10.00 20.00 tests/test_a.py::test_one\n"
+                        "gw1 200 10.00 40.00 tests/test_b.py::test_two\n"
+                        "gw0 100 30.00 50.00 tests/test_a.py::test_three\n")
+    spans = suite_cpu.read_timeline(timeline)
+    rows = [(15.0, (101, "s1"), (101, 100, 1), 2.0, "Chromium"),  # gw0's child during test_one
+            (25.0, (102, "s2"), (102, 101, 100, 1), 3.0, "Chromium"),  # a grandchild, between gw0's tests
+            (35.0, (201, "s3"), (201, 200, 1), 4.0, "app servers"),  # gw1's child during test_two
+            (35.0, (100, "s0"), (100, 1), 1.5, "pytest workers"),  # gw0 itself during test_three
+            (35.0, (300, "s4"), (300, 1), 5.0, "yes"),  # not the suite's worker
+            (35.0, (400, "s5"), (400, 100, 1), 9.0, "yes")]  # running before the run: left out
+    by_test, by_kind = suite_cpu.attribute(rows, spans, baseline={(400, "s5")})
+    assert by_test == {"tests/test_a.py::test_one": 2.0, "(worker, between tests)": 3.0,
+                       "tests/test_b.py::test_two": 4.0, "tests/test_a.py::test_three": 1.5, "(no worker)": 5.0}
+    assert by_kind[("tests/test_a.py", "Chromium")] == 2.0 and by_kind[("tests/test_a.py", "pytest workers")] == 1.5
+    lines = suite_cpu.report(by_test, by_kind, wall=10.0, command=["tests"], top=10)
+    assert "| Chromium | 5 | 32.3 % |" in lines and "| tests/test_b.py | 4 | 25.8 % |" in lines
+
+
+def test_kinds_of_processes():
+    assert suite_cpu.kind("/usr/lib/chromium/chromium --type=renderer") == "Chromium"
+    assert suite_cpu.kind("ray::RayTrainWorker") == "Ray workers"
+    assert suite_cpu.kind("/venv/bin/python -m vit.train --out x") == "vit's commands"
+    assert suite_cpu.kind("/usr/bin/yes") == "yes"
+
+
+@pytest.mark.slow
+def test_a_run_reports_the_cpu_of_a_test_that_starts_a_busy_process(tmp_path):
+    # tests/test_suite_cpu.py's own busy test, run by the bench in one process: its subprocess's second of CPU is
+    # the test's
+    out = tmp_path / "cpu.txt"
+    done = subprocess.run([sys.executable, str(BENCH), "--out", str(out), "--", "-p", "no:xdist", "-p",
+                           "no:cacheprovider", str(Path(__file__)), "-k", "busy_child"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "VIT_BUSY_CHILD": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): float(line.split(" | ")[1].strip(" |"))
+            for line in out.read_text().splitlines() if line.startswith("| tests/test_suite_cpu.py::")}
+    assert rows["tests/test_suite_cpu.py::test_busy_child"] >= 1.0, out.read_text()
+
+
+def test_busy_child():
+    """Run by the test above (skipped in a normal run): a child process that spends about two seconds of CPU."""
+    if "VIT_BUSY_CHILD" not in os.environ:
+        pytest.skip("run by test_a_run_reports_the_cpu_of_a_test_that_starts_a_busy_process")
+    subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 2\n"
+                    "while time.process_time() < end: pass"], check=True)
