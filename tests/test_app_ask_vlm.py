@@ -184,6 +184,12 @@ def test_a_visitor_without_a_token_asks_within_bounds(folders):
     vlm_ask.check_visitor(prepared, may_open=True)
     large = prepare(vlm, picture(1400, 1000), QUESTION, max_new_tokens=4)  # the processor's max_pixels: 40 units
     assert large.layout.grid[0] * large.layout.grid[1] <= vlm_ask.VISITOR_PATCHES  # this processor stays small
+    vlm_ask.check_visitor(prepare(vlm, [picture(1400, 1000)] * 7, QUESTION, max_new_tokens=4), may_open=False)
+    several = prepare(vlm, [picture(1400, 1000)] * 8, QUESTION, max_new_tokens=4)  # 140 patches each
+    with pytest.raises(ValueError, match=r"^the model's processor makes these 8 images 1,120 patches in all, more "
+                                         r"than the 1,024 a visitor may ask about here; ask about fewer"):
+        vlm_ask.check_visitor(several, may_open=False)
+    vlm_ask.check_visitor(several, may_open=True)
 
 
 def test_the_page_streams_the_answer_so_far_into_its_work(folders):
@@ -465,3 +471,66 @@ def test_the_clicked_tokens_logit_lens_is_the_apis_on_demand(folders):
     linked = open_link(url(at))  # and a fresh session opened from it shows the lens again
     [table] = [d for d in linked.main.dataframe if "probability" in d.value.columns]
     np.testing.assert_allclose(table.value["probability"].to_numpy() / 100, expected, rtol=0, atol=1e-6)
+
+
+def test_a_question_about_two_images_draws_each_tokens_map_on_the_picked_image_and_the_link_keeps_both(folders,
+                                                                                                        drawn):
+    """More images for the question (the section's uploader): the answer is ``vit.ask_vlm``'s about the page's image
+    and the upload, in that order; the picked image's map and shares are ``VLMAnswer``'s for that image (each held
+    to transformers' eager rows in test_vlm_several_images); the link names the upload and the image, and a fresh
+    session opened from it draws the same map; TAM, drawn for one image, is one line."""
+    from test_app_share import url
+
+    folder = folders["qwen2_5_vl"]
+    second = picture(60, 90).transpose(0)  # another picture, of another shape
+    at = open_folder(folder)
+    [more] = [w for w in at.main.file_uploader if w.label == "More images for the question (optional)"]
+    more.set_value([("second.png", png(second), "image/png")])
+    at.run()
+    ask(at, QUESTION)
+    answer = vit.ask_vlm(vit.open_vlm(folder), [picture(), second], QUESTION, max_new_tokens=LENGTH)
+    assert [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")] == [f"Answer: {answer.text}"]
+    assert answer.layouts[0].grid != answer.layouts[1].grid  # a map drawn on the wrong image would not fit
+    [image] = [w for w in at.main.radio if w.label == "Image"]
+    assert [displayed(o) for o in image.options] == ["1: photo.png", "2: second.png"] and image.value == 0
+    np.testing.assert_allclose(drawn[-1], answer.attention(0, answer.layers - 1, image=0), rtol=0, atol=0)
+    pills(at).set_value(2)
+    at.run()
+    [image] = [w for w in at.main.radio if w.label == "Image"]
+    image.set_value(1)
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    expected = answer.attention(2, answer.layers - 1, image=1)
+    assert expected.shape == answer.layouts[1].grid
+    np.testing.assert_allclose(drawn[-1], expected, rtol=0, atol=0)
+    assert any("On image 2 of the question's 2." in c.value for c in at.main.caption)
+    [strip] = [d for d in at.main.dataframe if "on the image" in d.value.columns]
+    np.testing.assert_allclose(strip.value["on the image"].to_numpy() / 100,
+                               [answer.image_share(i, answer.layers - 1, 1) for i in range(LENGTH)], rtol=0, atol=1e-6)
+    link = url(at)
+    from vit.app.uploads import upload_digest
+
+    assert link["more"] == upload_digest(png(second)) and link["lm_image"] == "2" and link["answer_token"] == "3"
+    linked = open_link(link)
+    assert not linked.main.error and notes(linked) == [], [e.value for e in linked.main.error]
+    np.testing.assert_allclose(drawn[-1], expected, rtol=0, atol=0)
+
+    [method] = [w for w in at.main.radio if w.label == "Map"]
+    method.set_value("tam")
+    at.run()
+    assert [displayed(e.value) for e in at.main.error] == [
+        "TAM is drawn for a question about one image; this one has 2: use attention or gradxattn, per image"]
+
+
+def test_a_link_to_more_images_past_the_question_or_gone_from_the_server_says_so(folders):
+    from vit.app.share import decode
+
+    values, lines = decode({"more": ",".join(["a" * 64] * 16)}, {}, True)
+    assert "more" not in values and len(lines) == 1 and "give at most 15 uploads' SHA-256s" in lines[0], lines
+    values, lines = decode({"more": f"{'a' * 64},{'c' * 64}", "lm_image": "3"}, {}, True)
+    assert values == {"more": ("a" * 64, "c" * 64), "lm_image": 3} and lines == []
+    at = open_link({"model": str(folders["llava"]), "question": QUESTION, "answer_length": str(LENGTH),
+                    "more": "b" * 64, "lm_image": "2"})
+    upload(at, "photo.png", png(picture()))
+    assert any("no longer holds" in w.value for w in at.main.warning), [w.value for w in at.main.warning]
+    assert any("lm_image=2 was not used: the question has 1 image" in n for n in notes(at)), notes(at)

@@ -18,6 +18,7 @@ import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections import view_link
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask
@@ -26,18 +27,21 @@ from vit.checkpoint import CheckpointError
 from vit.core.images import ImageError
 from vit.core.inference import seen_region
 from vit.core.text import escape_markdown, file_name_part, visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, prepare
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, VLMAnswer, prepare
 from vit.explain.views.overlay import display_image
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
 LAYER_KEY, HEAD_KEY, FUSION_KEY, METHOD_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion", "vlm_ask_method"
-OVERVIEW_KEY, LENS_KEY = "vlm_ask_overview", "vlm_ask_lens"
+OVERVIEW_KEY, LENS_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_lens", "vlm_ask_image"
+# The question's more images: the uploads' SHA-256s (the server's upload store holds their bytes, a link names them),
+# and their uploader (not under KEPT's prefix: an uploader's value cannot be written back)
+MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files", "ask_vlm_more_seen"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
            "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY}
-PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY}
+PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
 @st.cache_resource(max_entries=1, show_spinner="Opening the whole vision-language model (its language model too)…")
@@ -54,6 +58,8 @@ def take_link(values: dict) -> None:
     for name, key in WIDGETS.items():
         if name in values:
             st.session_state[key] = values.pop(name)
+    if "more" in values:
+        st.session_state[MORE_KEY] = list(values.pop("more"))
     picked = {name: values.pop(name) for name in PICKED if name in values}
     if picked:
         st.session_state[LINKED_KEY] = picked
@@ -66,10 +72,13 @@ def link_values() -> dict[str, object]:
     if not question.strip():
         return {}
     linked = st.session_state.get(LINKED_KEY) or {}
-    values: dict[str, object] = {"question": question, "answer_length": st.session_state.get(LENGTH_KEY)}
+    values: dict[str, object] = {"question": question, "answer_length": st.session_state.get(LENGTH_KEY),
+                                 "more": tuple(st.session_state.get(MORE_KEY) or ()) or None}
     for name, key in PICKED.items():
         value = st.session_state.get(key)
         values[name] = linked.get(name, None if value is None else value + 1)
+    if values.get("lm_image") == 1:  # the page's image: the default, left out
+        values["lm_image"] = None
     values["lm_fusion"] = st.session_state.get(FUSION_KEY) if values.get("lm_head") is None else None
     method = st.session_state.get(METHOD_KEY)
     values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
@@ -81,7 +90,9 @@ def link_values() -> dict[str, object]:
 def _apply_link(answer: VLMAnswer) -> list[str]:
     """The link's answer token, layer and head, checked against the answer; one line for each dropped."""
     linked = st.session_state.pop(LINKED_KEY, None) or {}
+    images = len(answer.layouts)
     bounds = {"answer_token": (len(answer.tokens), f"the answer has {len(answer.tokens)} tokens"),
+              "lm_image": (images, f"the question has {images} image{'s' if images > 1 else ''}"),
               "lm_layer": (answer.layers, f"the language model has {answer.layers} layers"),
               "lm_head": (answer.heads, f"the language model has {answer.heads} heads")}
     notes = []
@@ -94,30 +105,66 @@ def _apply_link(answer: VLMAnswer) -> list[str]:
     return notes
 
 
-def _seen(view: Shown, answer: VLMAnswer, overview: bool = False):
-    """The pixels the model saw, at display size: a tiled image's as the model read them (the tiles' canvas or the
-    overview); else the page's own where the tower's grid is the answer's (the processor prepares the image as the
-    tower's preprocessing does), else the tower's preprocessing at its own size."""
-    pixels = vlm_ask.seen_pixels(answer, overview)
+def _seen(view: Shown, answer: VLMAnswer, overview: bool = False, image: int = 0, picture: Image.Image | None = None):
+    """The pixels the model saw of the question's ``image``-th image (``picture``; the page's for the first), at
+    display size: a tiled image's as the model read them (the tiles' canvas or the overview); else the page's own
+    where the tower's grid is the answer's (the processor prepares the image as the tower's preprocessing does), else
+    the tower's preprocessing at its own size."""
+    pixels = vlm_ask.seen_pixels(answer, overview, image)
     if pixels is not None:
         return display_image(Image.fromarray(pixels), max_side=480)
-    if tuple(view.analysis.grid) == tuple(answer.grid):
+    if image == 0 and tuple(view.analysis.grid) == tuple(answer.layouts[0].grid):
         return view.shown
-    return drawing.display_images(seen_region(view.image, view.checkpoint.preprocessing))[0]
+    return drawing.display_images(seen_region(view.image if picture is None else picture,
+                                              view.checkpoint.preprocessing))[0]
 
 
 def _one_line(error: Exception) -> str:
     return escape_markdown(" ".join(str(error).split()))
 
 
-def _answer(view: Shown, may_open: bool, question: str, length: int) -> VLMAnswer | None:
-    """The answer, kept per (model, image, question, length); None while it is generated (its progress, the answer
+def _more_images() -> tuple[list[Image.Image], list[str], tuple[str, ...]]:
+    """The uploader of the question's more images and what it (or the link) holds: (the images, their names, their
+    SHA-256s), each decoded within the uploads' bounds; a file that is no image, or a link's upload the server no
+    longer holds, is left out with one line; past ``MAX_IMAGES`` - 1 files, the first are taken and it is said."""
+    files = st.file_uploader(
+        "More images for the question (optional)", type=UPLOAD_TYPES, accept_multiple_files=True,
+        key=MORE_FILES_KEY, help=f"Asked about after the page's image, in this order (up to {MAX_IMAGES - 1} more); "
+                                 "each answer token's map is drawn on the image you pick below.")
+    seen = tuple(f.file_id for f in files or ())
+    if seen != st.session_state.get(SEEN_FILES_KEY, ()):  # the uploader changed: its files replace the link's
+        st.session_state[SEEN_FILES_KEY] = seen
+        if len(seen) > MAX_IMAGES - 1:
+            st.warning(f"A question takes at most {MAX_IMAGES} images: the first {MAX_IMAGES - 1} uploads are asked "
+                       "about after the page's image.")
+        st.session_state[MORE_KEY] = [upload_store().put(f.getvalue(), f.name) for f in files[:MAX_IMAGES - 1]]
+    images, names, kept = [], [], []
+    for digest in st.session_state.get(MORE_KEY) or ():
+        found = upload_store().upload(digest)
+        if found is None:
+            st.warning("An image the link asks about was an upload the server no longer holds: upload it again (the "
+                       "same file) to ask about it.", icon=":material/link_off:")
+            continue
+        try:
+            images.append(decode_image(digest, found.name, False, found.data))
+        except ImageError as e:
+            st.error(f"Cannot use {escape_markdown(visible(found.name))}: {_one_line(e)}")
+            continue
+        names.append(found.name or f"image {len(names) + 2}")
+        kept.append(digest)
+    return images, names, tuple(kept)
+
+
+def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[Image.Image],
+            digests: tuple[str, ...]) -> VLMAnswer | None:
+    """The answer, kept per (model, images, question, length); None while it is generated (its progress, the answer
     so far and Stop are drawn); after a Stop, the answer so far (for this page only). Raises what a refusal raises
-    (one line)."""
+    (one line). ``more``: the images asked about after the page's (``digests``: theirs)."""
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
-    prepared = prepare(vlm, view.image, question, max_new_tokens=length)  # counted, refused over the limit
+    images = [view.image, *more] if more else view.image
+    prepared = prepare(vlm, images, question, max_new_tokens=length)  # counted, refused over the limit
     vlm_ask.check_visitor(prepared, may_open)
-    return long_work(("vlm answer", view.full_fingerprint, view.image_key, question, length),
+    return long_work(("vlm answer", view.full_fingerprint, view.image_key, digests, question, length),
                      f"Answering in at most {length} tokens", partial(vlm_ask.generate, vlm, prepared), "ask_vlm",
                      unit="tokens")
 
@@ -141,12 +188,13 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
              "is transformers' greedy generate.")
     length = col_length.number_input("Answer length", min_value=1, max_value=limit, step=1, key=LENGTH_KEY,
                                      help=f"Tokens at most (a visitor without a token: {vlm_ask.VISITOR_NEW_TOKENS}).")
+    more, names, digests = _more_images()
     if not question.strip():
         st.caption("Ask a question about the image: the model answers, and each word of the answer shows where it "
                    "looked in the image (its attention through the language model).")
         return
     try:
-        answer = _answer(view, may_open, question, int(length))
+        answer = _answer(view, may_open, question, int(length), more, digests)
     except (ValueError, CheckpointError, ImageError) as e:  # no whole model, too large, too long for a visitor
         st.error(_one_line(e))
         return
@@ -164,6 +212,14 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     token = 0 if token is None else token
     col_map, col_controls, col_strip = st.columns([1.2, 0.8, 1], gap="medium")
     with col_controls:
+        image = 0
+        if len(answer.layouts) > 1:
+            if st.session_state.get(IMAGE_KEY) not in range(len(answer.layouts)):
+                st.session_state[IMAGE_KEY] = 0
+            labels = [image_name, *names]
+            image = st.radio("Image", list(range(len(answer.layouts))), key=IMAGE_KEY,
+                             format_func=lambda k: f"{k + 1}: {escape_markdown(visible(labels[k]))}",
+                             help="Which of the question's images the map is drawn on (the page's image first).")
         if st.session_state.get(METHOD_KEY) not in MAP_METHODS:
             st.session_state[METHOD_KEY] = "attention"
         method = st.radio("Map", MAP_METHODS, key=METHOD_KEY, format_func=vlm_ask.METHOD_LABELS.get,
@@ -190,17 +246,17 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
             fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
                               format_func=vlm_ask.FUSION_LABELS.get)
         overview = False
-        if vlm_ask.tiled(answer):  # InternVL's thumbnail, LLaVA-NeXT's base image beside the tiles
+        if vlm_ask.tiled(answer, image):  # InternVL's thumbnail, LLaVA-NeXT's base image beside the tiles
             overview = st.toggle("The whole image's view", key=OVERVIEW_KEY,
                                  help="The processor cut the image into tiles and gave the model one more view of "
                                       "the whole image: off, the map over the tiles' canvas; on, over that view.")
     try:
-        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview)
-    except ValueError as e:  # gradient x attention or TAM over the memory limit
+        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview, image)
+    except ValueError as e:  # gradient x attention or TAM over the memory limit; TAM for several images
         st.error(_one_line(e))
         return
-    seen = _seen(view, answer, overview)
-    caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview)
+    seen = _seen(view, answer, overview, image, more[image - 1] if image else None)
+    caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview, image)
     colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:
         drawn = drawing.overlay_image(seen, map2d, view.opacity, colormap, view.mode, view.show_grid, None, vmin, vmax)
@@ -209,18 +265,20 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         st.html(drawing.colorbar_html(low, high, colormap))
         st.caption(caption + " " + drawing.describe_range(map2d))
     with col_strip:
-        shares = vlm_ask.image_shares(answer, layer)
+        several = len(answer.layouts) > 1
+        shares = vlm_ask.image_shares(answer, layer, image if several else None)
         st.dataframe([{"#": i + 1, "token": visible(answer.pieces[i]), "on the image": 100 * s}
                       for i, s in enumerate(shares)], hide_index=True, width="stretch",
                      column_config={"on the image": st.column_config.ProgressColumn(
                          "on the image", min_value=0.0, max_value=100.0, format="%.1f%%")})
-        st.caption(f"How much each answer token looked at the image: the share of its attention row on the image "
-                   f"tokens at layer {layer + 1}, mean over heads.")
+        st.caption(f"How much each answer token looked at {f'image {image + 1}' if several else 'the image'}: the "
+                   f"share of its attention row on {'that image' if several else 'the image'}'s tokens at layer "
+                   f"{layer + 1}, mean over heads.")
         _logit_lens(answer, token)
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name,
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
-                method=method, overview=overview))
+                method=method, overview=overview, image=image))
 
 
 def _logit_lens(answer: VLMAnswer, token: int) -> None:
@@ -252,7 +310,8 @@ def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2
     view_link.link_popover(col_link, values)
     settings = {"Model": model_name, "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
-                                   picked["head"], picked["fusion"], picked["method"], picked["overview"])}
+                                   picked["head"], picked["fusion"], picked["method"], picked["overview"],
+                                   picked["image"])}
     colormap, vmin, vmax = vlm_ask.colours(picked["method"], map2d, view.colormap)  # as the page draws it
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
                 caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, opacity=view.opacity, mode=view.mode,

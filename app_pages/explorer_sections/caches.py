@@ -15,6 +15,7 @@ from PIL import Image
 from app_pages.explorer_sections.long_work import long_work
 from vit.app import catalog, drawing
 from vit.app import explorer_page as explorer
+from vit.app.uploads import UploadStore
 from vit.checkpoint import Checkpoint
 from vit.core.cache import ByteCache
 from vit.core.images import UPLOAD_MAX_PIXELS, open_image
@@ -225,3 +226,9 @@ def rollout_map(fingerprint: tuple, digest: str, size: InputSize, analysis: imag
     if result is None:
         st.stop()
     return result
+
+
+@st.cache_resource(show_spinner=False)
+def upload_store() -> UploadStore:
+    """The server's recent uploads, shared by every session (a link names one by its hash)."""
+    return UploadStore()

@@ -8,6 +8,7 @@ import numpy as np
 import streamlit as st
 
 from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechanism, sam_prompts, view_link, word_lens
+from app_pages.explorer_sections.caches import upload_store
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
@@ -16,7 +17,7 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, share, vlm_words
 from vit.app import explorer_page as explorer
 from vit.app.export import PromptView, View, view_html
-from vit.app.uploads import Upload, UploadStore
+from vit.app.uploads import Upload
 from vit.core.text import escape_markdown, file_name_part, visible
 from vit.explain.methods import captum_maps
 from vit.explain.methods.stage_maps import on_patch_grid
@@ -35,12 +36,6 @@ WIDGETS = {"size": "input_side", "aspect": "keep_aspect", "invert": "invert", "f
            "discard": "discard_ratio", "opacity": "opacity", "cmap": "colormap", "scale": "colour_scale",
            "upsample": "upsample", "grid": "show_grid", "labels": ask_in_words.LABELS_KEY,
            "space": word_lens.SPACE_KEY, "target": word_lens.TARGET_KEY, "sae_layer": features.LAYER_KEY}
-
-
-@st.cache_resource(show_spinner=False)
-def upload_store() -> UploadStore:
-    """The server's recent uploads, shared by every session (a link names one by its hash)."""
-    return UploadStore()
 
 
 def _note(lines: list[str]) -> None:

@@ -22,7 +22,7 @@ from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.core.inference import MAX_INPUT_SIDE
 from vit.core.text import visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_NEW_TOKENS
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, MAX_NEW_TOKENS
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.captum_maps import options_text, parse_options
 from vit.explain.methods.segment import MAP_LABELS
@@ -111,6 +111,16 @@ def _digest(text: str) -> str:
     return text
 
 
+def _digests(text: str) -> tuple[str, ...]:
+    """A question's more images: the SHA-256s of uploads, comma-separated, at most ``MAX_IMAGES`` - 1 (the page's
+    image is the first)."""
+    digests = tuple(text.split(","))
+    if len(digests) > MAX_IMAGES - 1 or not all(_DIGEST.fullmatch(d) for d in digests):
+        raise ShareError(f"give at most {MAX_IMAGES - 1} uploads' SHA-256s (64 hexadecimal digits each), separated by "
+                         "commas")
+    return digests
+
+
 def _heads(text: str) -> tuple[str, ...]:
     labels = tuple(text.split(","))
     if len(labels) > MAX_HEADS or not all(_HEAD.fullmatch(label) for label in labels):
@@ -168,7 +178,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     # head (from 1), head fusion and the map's method
     "question": _text, "answer_length": _whole(1, MAX_NEW_TOKENS), "answer_token": _whole(1), "lm_layer": _whole(1),
     "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS), "lm_method": _one_of(MAP_METHODS), "lm_overview": _flag,
-    "lm_lens": _flag,
+    "lm_lens": _flag, "more": _digests, "lm_image": _whole(1),  # the question's more images (uploads), the one shown
     # a SAM's prompt (its points and box in the image's pixels, checked against the image where it is shown), the
     # decoder's output token and attention drawn, and its head (0: their mean)
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
@@ -196,6 +206,7 @@ LABELS = {
     "lm_layer": "Language model layer", "lm_head": "Language model head", "lm_fusion": "Language model head fusion",
     "lm_method": "Answer token's map", "lm_overview": "The whole image's view (a tiled image's overview)",
     "lm_lens": "The clicked token read at every layer (logit lens)",
+    "more": "More images in the question (uploads)", "lm_image": "Image of the question shown",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
     "sat": "Explained at pixel (x, y)",
@@ -230,6 +241,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "dattn": lambda v: sam_prompts.attention_label(sam_prompts.attention_name(v)),
         "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}", "smap": MAP_LABELS.get,
         "sat": lambda v: f"({v[0]:g}, {v[1]:g})",
+        "more": lambda v: f"{len(v)} upload{'s' if len(v) > 1 else ''} after the page's image",
     }
     described = {}
     for name in PARSERS:

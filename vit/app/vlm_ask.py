@@ -33,15 +33,21 @@ def max_new_tokens(may_open: bool) -> int:
 
 
 def check_visitor(prepared: Prepared, may_open: bool) -> None:
-    """ValueError (one line) when a visitor without access asks beyond ``VISITOR_NEW_TOKENS`` or about an image of
-    more than ``VISITOR_PATCHES`` patches (every tile's, where the processor cuts it); nothing for a visitor with
-    access (the cost model bounds every one)."""
+    """ValueError (one line) when a visitor without access asks beyond ``VISITOR_NEW_TOKENS`` or about an image (or
+    images) of more than ``VISITOR_PATCHES`` patches (every tile's, where the processor cuts it); nothing for a
+    visitor with access (the cost model bounds every one)."""
     if may_open:
         return
     layout = prepared.layout
     if prepared.max_new_tokens > VISITOR_NEW_TOKENS:
         raise ValueError(f"an answer of {prepared.max_new_tokens} tokens is more than the {VISITOR_NEW_TOKENS} a "
                          "visitor may ask for here; ask for fewer (with a token, entered on the Train page, more)")
+    layouts = prepared.layouts or (layout,)
+    if len(layouts) > 1 and sum(one.patches for one in layouts) > VISITOR_PATCHES:
+        raise ValueError(f"the model's processor makes these {len(layouts)} images "
+                         f"{sum(one.patches for one in layouts):,} patches in all, more than the {VISITOR_PATCHES:,} "
+                         "a visitor may ask about here; ask about fewer or smaller images (with a token, entered on "
+                         "the Train page, more)")
     if layout.patches > VISITOR_PATCHES:
         (gh, gw), views = layout.view_grid or layout.grid, layout.views
         made = f"{gh}x{gw}" if views == 1 else f"{views} tiles of {gh}x{gw}"
@@ -70,22 +76,23 @@ def token_label(answer: VLMAnswer, i: int) -> str:
 
 
 def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean",
-              method: str = "attention", overview: bool = False) -> np.ndarray:
+              method: str = "attention", overview: bool = False, image: int = 0) -> np.ndarray:
     """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
     fused by ``fusion`` (``VLMAnswer.attention``); ``method`` "gradxattn": its gradient x attention at ``layer``,
     "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule); "tam":
     its Token Activation Map (``VLMAnswer.tam``, no layer or head); "attnlrp": AttnLRP through every layer to the
     pixels, signed (``VLMAnswer.relevance(method="attnlrp")``). An image read as tiles: on the tiles' canvas, or,
-    ``overview``, on the model's one view of the whole image."""
+    ``overview``, on the model's one view of the whole image. ``image``: which of the question's images (TAM and
+    AttnLRP are drawn for a question about one image: ValueError, one line, for more)."""
     if method == "tam":
         return answer.tam(i, overview=overview)
     if method == "attnlrp":
         return answer.relevance(i, overview=overview, method="attnlrp")
     if method == "gradxattn":
-        return answer.relevance(i, layer, overview=overview)
+        return answer.relevance(i, layer, overview=overview, image=image)
     if method == "gradxattn_rollout":
-        return answer.relevance(i, overview=overview)
-    return answer.attention(i, layer, head, fusion, overview=overview)
+        return answer.relevance(i, overview=overview, image=image)
+    return answer.attention(i, layer, head, fusion, overview=overview, image=image)
 
 
 def colours(method: str, map2d: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
@@ -97,36 +104,42 @@ def colours(method: str, map2d: np.ndarray, colormap: str) -> tuple[str, float |
     return DIVERGING_COLORMAP, -bound, bound
 
 
-def tiled(answer: VLMAnswer) -> bool:
-    """Whether the processor cut the image into tiles beside an overview (InternVL, LLaVA-NeXT, LLaVA-OneVision)."""
-    return answer.layout.overview is not None
+def tiled(answer: VLMAnswer, image: int = 0) -> bool:
+    """Whether the processor cut the question's ``image``-th image into tiles beside an overview (InternVL,
+    LLaVA-NeXT, LLaVA-OneVision)."""
+    return answer.layouts[image].overview is not None
 
 
-def seen_pixels(answer: VLMAnswer, overview: bool = False) -> np.ndarray | None:
+def seen_pixels(answer: VLMAnswer, overview: bool = False, image: int = 0) -> np.ndarray | None:
     """(H, W, 3) uint8: the pixels a tiled image's map is drawn over, as the model read them (the tiles' canvas, or
     the overview's view); None for an image read in one view (its pixels are the tower's preprocessing)."""
-    return answer.layout.view(overview).pixels if tiled(answer) else None
+    return answer.layouts[image].view(overview).pixels if tiled(answer, image) else None
 
 
-def image_shares(answer: VLMAnswer, layer: int) -> list[float]:
-    """Each answer token's share of its attention at ``layer`` on the image tokens, mean over heads: how much it
-    looked at the image (``VLMAnswer.image_share``)."""
-    return [answer.image_share(i, layer) for i in range(len(answer.tokens))]
+def image_shares(answer: VLMAnswer, layer: int, image: int | None = None) -> list[float]:
+    """Each answer token's share of its attention at ``layer`` on the image tokens (``image`` None: of every image
+    of the question; an int: of that one), mean over heads: how much it looked at the image
+    (``VLMAnswer.image_share``)."""
+    return [answer.image_share(i, layer, image) for i in range(len(answer.tokens))]
 
 
 def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str = "attention",
-             overview: bool = False) -> str:
-    """The map's caption, as Markdown (the token escaped): which token, layer and head, what a patch holds, and for
-    an image read as tiles on which of the model's views."""
-    view = "" if not tiled(answer) else (" On the model's one view of the whole image (its overview)." if overview
-                                         else f" On the canvas of the {answer.layout.views - 1} tiles the processor "
-                                              "cut the image into, as the model read them.")
-    return _describe(answer, i, layer, head, fusion, method) + view
+             overview: bool = False, image: int = 0) -> str:
+    """The map's caption, as Markdown (the token escaped): which token, layer and head, what a patch holds, for a
+    question about several images on which, and for an image read as tiles on which of the model's views."""
+    layout = answer.layouts[image]
+    view = "" if not tiled(answer, image) else (
+        " On the model's one view of the whole image (its overview)." if overview
+        else f" On the canvas of the {layout.views - 1} tiles the processor cut the image into, as the model read "
+             "them.")
+    several = f" On image {image + 1} of the question's {len(answer.layouts)}." if len(answer.layouts) > 1 else ""
+    return _describe(answer, i, layer, head, fusion, method, image) + several + view
 
 
-def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str) -> str:
+def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str,
+              image: int = 0) -> str:
     heads = f"head {head + 1}" if head is not None else FUSION_LABELS[fusion]
-    side = answer.layout.unit
+    side = answer.layouts[image].unit
     unit = "one patch" if side == 1 else f"the {side}×{side} patches of its unit"
     if method == "tam":
         first = (" For the first answer token the authors' code gives the map of the class the model predicts at the "
@@ -146,7 +159,7 @@ def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
         return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, gradient × attention {where} (Chefer et "
                 f"al. 2021b): each patch holds, for the image token covering it ({unit}), the positive part of the "
                 f"token's logit's gradient times the attention of the query that predicted it, mean over heads.")
-    share = answer.image_share(i, layer)
+    share = answer.image_share(i, layer, image if len(answer.layouts) > 1 else None)
     return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, layer {layer + 1} of the language model, {heads}: "
             f"each patch holds the attention of the query that predicted this token to the image token covering "
             f"it ({unit}), as transformers' eager attention forms it. At this layer the token's attention on the "
@@ -154,13 +167,15 @@ def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
 
 
 def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: int, head: int | None,
-             fusion: str, method: str = "attention", overview: bool = False) -> dict[str, str]:
+             fusion: str, method: str = "attention", overview: bool = False, image: int = 0) -> dict[str, str]:
     """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
     shown = _settings(question, answer, new_tokens, i, layer, head, fusion, method)
     if answer.stopped is not None:
         shown["Answer"] = f"{answer.text} (stopped after {len(answer.tokens)} tokens: {answer.stopped})"
-    if tiled(answer):
-        shown["Image view"] = "the overview" if overview else f"the {answer.layout.views - 1} tiles' canvas"
+    if len(answer.layouts) > 1:
+        shown["Image of the question shown"] = f"{image + 1} of {len(answer.layouts)}"
+    if tiled(answer, image):
+        shown["Image view"] = "the overview" if overview else f"the {answer.layouts[image].views - 1} tiles' canvas"
     return shown
 
 
