@@ -1,7 +1,8 @@
 """Ask the VLM in a real browser (issue 80, item 4): ``streamlit run app.py`` in headless Chromium opens a tiny LLaVA
 saved whole (test_vlm_answer's builder), a question is typed, the answer's second token clicked and head 2 picked; the
 map the page shows (its exported values) is ``VLMAnswer.attention`` of that token, layer and head; the page's link,
-opened in a fresh page, shows the same map."""
+opened in a fresh page, shows the same map. Then a second image is uploaded for the question (issue 92, item 2) and
+picked: the map is the token's on that image, and the link reproduces it."""
 
 import base64
 import json
@@ -92,3 +93,26 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         again_main = again.locator('[data-testid="stMain"]')
         again_main.get_by_text(re.compile(r"Answer token 2 “.*layer 2 of the language model, head 2")).wait_for()
         np.testing.assert_allclose(exported_map(again, tmp_path, "linked.html"), want.ravel(), rtol=0, atol=1e-6)
+
+        # A second image for the question, from the section's uploader: the answer is about both, and the clicked
+        # token's map on the second image is VLMAnswer's for that image; the link keeps both and the image shown.
+        second = tmp_path / "second.png"
+        picture(70, 90).save(second)
+        both = vit.ask_vlm(vit.open_vlm(folder), [picture(), picture(70, 90)], QUESTION, max_new_tokens=LENGTH)
+        want_second = both.attention(1, both.layers - 1, 1, image=1)
+        assert not np.allclose(want_second, both.attention(1, both.layers - 1, 1, image=0))
+        more = main.locator('[data-testid="stFileUploader"]').filter(has_text="More images for the question")
+        more.locator('input[type="file"]').set_input_files(str(second))
+        main.get_by_text("2: second.png").click()  # the Image choice, once the answer about both is drawn
+        main.get_by_text(re.compile(r"On image 2 of the question.s 2")).wait_for()
+        page.wait_for_function("() => window.location.search.includes('lm_image=2')")
+        np.testing.assert_allclose(exported_map(page, tmp_path, "second.html"), want_second.ravel(), rtol=0, atol=1e-6)
+        link = page.evaluate("() => window.location.href")
+        assert "more=" in link and "answer_token=2" in link and "lm_head=2" in link
+
+        third = context.new_page()
+        third.set_default_timeout(TIMEOUT_MS)
+        third.goto(link)
+        third.locator('[data-testid="stMain"]').get_by_text(re.compile(r"On image 2 of the question.s 2")).wait_for()
+        np.testing.assert_allclose(exported_map(third, tmp_path, "linked-second.html"), want_second.ravel(), rtol=0,
+                                   atol=1e-6)
