@@ -5,17 +5,21 @@ reaching Python but not from working without end: ``{{ 'x' * 10**10 }}`` built a
 server, and three nested ``range(100000)`` loops (the sandbox's limit is per range) held a core without an answer.
 So the template is rendered by transformers' own ``render_jinja_template`` (the prompt is the one
 ``processor.apply_chat_template`` gives) in a child process whose address space is bounded
-(``TEMPLATE_MEMORY_BYTES`` past what its imports take), killed after ``TEMPLATE_SECONDS``, and whose prompt is
-refused past ``MAX_PROMPT_CHARS``. A rendering (or its refusal) is kept per template, conversation and day (a
-template may write the date), so a question asked again (the explorer prepares it at each rerun) costs no child; a
-rendering stopped by the clock is not kept (a busy machine may have slowed the child's imports).
+(``TEMPLATE_MEMORY_BYTES`` past what its imports take), whose CPU time is bounded (``TEMPLATE_SECONDS`` past its
+imports: a template's own work, which a busy machine does not lengthen; a wall clock of 20 s once refused a correct
+template while two test runs kept the cores busy, the child still importing), killed past ``TEMPLATE_WALL_SECONDS`` of
+waiting all the same, and whose prompt is refused past ``MAX_PROMPT_CHARS``. A rendering (or its refusal) is kept per
+template, conversation and day (a template may write the date), so a question asked again (the explorer prepares it
+at each rerun) costs no child; a rendering stopped by the wall clock is not kept (a busy machine slowed the child).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +28,8 @@ from collections import OrderedDict
 
 KEPT = 64  # renderings kept: each at most MAX_PROMPT_CHARS, keyed by the template's digest (a template may be MBs)
 MAX_PROMPT_CHARS = 100_000  # the question is at most 2,000; published templates add a system prompt of a few kB
-TEMPLATE_SECONDS = 20  # the child's import of transformers takes ~1.5 s on 2 busy cores; a prompt renders in ms
+TEMPLATE_SECONDS = 20  # of the child's CPU past its imports: a prompt renders in ms
+TEMPLATE_WALL_SECONDS = 300  # of waiting for the child, its imports included (~1.5 s on 2 busy cores, 20+ at load 20)
 TEMPLATE_MEMORY_BYTES = 256 * 2**20  # past the child's imports: a prompt of MAX_PROMPT_CHARS is a few MB
 
 # The child: reads the job, bounds its own address space past its imports, renders, answers in one JSON line.
@@ -38,6 +43,9 @@ try:
     resource.setrlimit(resource.RLIMIT_AS, (used + job["memory"], used + job["memory"]))
 except (OSError, ValueError):
     pass
+spent = resource.getrusage(resource.RUSAGE_SELF)
+cpu = int(spent.ru_utime + spent.ru_stime) + 1 + job["seconds"]  # whole seconds: SIGXCPU there, SIGKILL 1 s after
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 try:
     [text], _ = render_jinja_template(conversations=[job["messages"]], chat_template=job["template"],
                                       add_generation_prompt=True, **job["kwargs"])
@@ -93,16 +101,21 @@ def _rendered(template: str, messages: str, kwargs: str) -> tuple[str, str]:
     """``("text", prompt)``, ``("refused", why)`` or ``("late", why)``: the child's rendering of ``template`` (JSON
     ``messages`` and special tokens ``kwargs``)."""
     job = json.dumps({"template": template, "messages": json.loads(messages), "kwargs": json.loads(kwargs),
-                      "memory": TEMPLATE_MEMORY_BYTES, "chars": MAX_PROMPT_CHARS})
+                      "memory": TEMPLATE_MEMORY_BYTES, "chars": MAX_PROMPT_CHARS,
+                      "seconds": math.ceil(TEMPLATE_SECONDS)})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
     try:
         done = subprocess.run([sys.executable, "-I", "-c", _CHILD], input=job, capture_output=True, text=True,
-                              timeout=TEMPLATE_SECONDS, env=env, check=False)
+                              timeout=TEMPLATE_WALL_SECONDS, env=env, check=False)
     except subprocess.TimeoutExpired:
-        return "late", (f"the model's chat template ran past {TEMPLATE_SECONDS} s without giving a prompt (a "
-                        "template renders in milliseconds); fix its chat_template, or give prompt= with the "
+        return "late", (f"the model's chat template gave no prompt within {TEMPLATE_WALL_SECONDS:g} s (this machine "
+                        "may be too busy: ask again; a template renders in milliseconds), or give prompt= with the "
                         "model's image placeholder instead")
+    if done.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not done.stdout:
+        return "refused", (f"the model's chat template ran past {TEMPLATE_SECONDS:g} s of CPU without giving a "
+                           "prompt (a template renders in milliseconds); fix its chat_template, or give prompt= with "
+                           "the model's image placeholder instead")
     try:
         answer = json.loads(done.stdout)
     except ValueError:
