@@ -144,6 +144,18 @@ def test_a_tokens_label_shows_its_text_as_written():
     assert [displayed(token_label(answer, i)) for i in range(5)] == ["**dog**", "·<b>x</b>", "·", "#8", "a\\u202eb"]
 
 
+def test_tokens_alike_get_labels_apart_their_positions_said():
+    """A widget knows its options by their labels: two answer tokens of the same text are told apart by their
+    positions (from 1), every other label as written; a token whose own text looks like such a label stays apart."""
+    from types import SimpleNamespace
+
+    from vit.app.vlm_ask import token_labels
+
+    answer = SimpleNamespace(pieces=(" the", " dog", " the", " the (3)", " the"), tokens=(5, 6, 5, 7, 5))
+    labels = [displayed(label) for label in token_labels(answer)]
+    assert labels == ["·the (1)", "·dog", "·the (3)", "·the (3) (4)", "·the (5)"], labels
+
+
 def test_the_view_is_in_the_link_and_the_exported_html(folders, drawn, monkeypatch):
     from app_pages.explorer_sections import ask_vlm
 
@@ -534,3 +546,92 @@ def test_a_link_to_more_images_past_the_question_or_gone_from_the_server_says_so
     upload(at, "photo.png", png(picture()))
     assert any("no longer holds" in w.value for w in at.main.warning), [w.value for w in at.main.warning]
     assert any("lm_image=2 was not used: the question has 1 image" in n for n in notes(at)), notes(at)
+
+
+def gif(frames) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    return buffer.getvalue()
+
+
+def test_a_question_about_a_clip_draws_each_tokens_map_on_the_picked_slice_and_the_link_keeps_it(
+        folders, monkeypatch, tmp_path):
+    """A clip for the question (the section's second uploader, an animated GIF): the answer is ``vit.ask_vlm``'s
+    about the clip's frames, read from the same file (each slice's map held to transformers' eager rows in
+    test_vlm_clip); the picked slice's map is drawn over the pixels its first frame was prepared as; the link names
+    the upload, its frames and the slice, and a fresh session opened from it draws the same map; more images beside
+    a clip are one line."""
+    from PIL import Image
+    from test_app_share import url
+    from test_vlm_clip import FRAMES
+
+    from vit.app import drawing
+    from vit.app.uploads import upload_digest
+    from vit.explain.views.overlay import display_image
+
+    drawn, original = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: drawn.append(
+        (np.asarray(image), np.asarray(map2d))) or original(image, map2d, *a, **k))
+    folder, data = folders["qwen2_5_vl"], gif(FRAMES)
+    (tmp_path / "clip.gif").write_bytes(data)
+    answer = vit.ask_vlm(vit.open_vlm(folder), video=tmp_path / "clip.gif", question=QUESTION, frames=4,
+                         max_new_tokens=LENGTH)
+    assert len(answer.layouts) == 2 and answer.clip
+    at = open_folder(folder)
+    [clip] = [w for w in at.main.file_uploader if w.label == "Or a clip to ask about instead (optional)"]
+    clip.set_value(("clip.gif", data, "image/gif"))
+    at.run()
+    [frames] = [w for w in at.main.number_input if w.label == "Clip frames"]
+    assert frames.value == 8
+    frames.set_value(4)
+    ask(at, QUESTION)
+    assert [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")] == [f"Answer: {answer.text}"]
+    [when] = [w for w in at.main.select_slider if w.label == "Slice of the clip"]
+    assert [displayed(o) for o in when.options] == ["frames 1–2", "frames 3–4"] and when.value == 0
+    when.set_value(1)  # the slice moves, the clicked token stays
+    at.run()
+    assert pills(at).value == 0 and any(c.value.startswith("**Answer token 1 “") and "On slice 2 of" in c.value
+                                        for c in at.main.caption), [c.value for c in at.main.caption]
+    np.testing.assert_allclose(drawn[-1][1], answer.attention(0, answer.layers - 1, image=1), rtol=0, atol=0)
+    pills(at).set_value(2)
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    expected = answer.attention(2, answer.layers - 1, image=1)
+    assert not np.allclose(expected, answer.attention(2, answer.layers - 1, image=0))
+    pixels, map2d = drawn[-1]
+    np.testing.assert_allclose(map2d, expected, rtol=0, atol=0)
+    seen = np.asarray(display_image(Image.fromarray(answer.layouts[1].pixels), max_side=480))
+    np.testing.assert_array_equal(pixels, seen)  # slice 2's first frame (the clip's third) as prepared
+    assert any("On slice 2 of the clip's 2 (its sampled frames 3–4), drawn over frame 3" in c.value
+               for c in at.main.caption), [c.value for c in at.main.caption]
+    [strip] = [d for d in at.main.dataframe if "on the image" in d.value.columns]
+    np.testing.assert_allclose(strip.value["on the image"].to_numpy() / 100,
+                               [answer.image_share(i, answer.layers - 1, 1) for i in range(LENGTH)], rtol=0, atol=1e-6)
+    link = url(at)
+    assert link["lm_clip"] == upload_digest(data) and link["lm_frames"] == "4" and link["lm_image"] == "2"
+    linked = open_link(link)
+    assert not linked.main.error and notes(linked) == [], [e.value for e in linked.main.error]
+    np.testing.assert_allclose(drawn[-1][1], expected, rtol=0, atol=0)
+    past = open_link({**link, "lm_image": "3"})  # a slice the clip does not have: dropped, said, the first drawn
+    assert any("lm_image=3 was not used: the clip has 2 slices" in n for n in notes(past)), notes(past)
+    np.testing.assert_allclose(drawn[-1][1], answer.attention(2, answer.layers - 1, image=0), rtol=0, atol=0)
+
+    [more] = [w for w in at.main.file_uploader if w.label == "More images for the question (optional)"]
+    more.set_value([("second.png", png(picture(60, 90)), "image/png")])
+    at.run()
+    assert [displayed(e.value) for e in at.main.error] == [
+        "A question is about images or a clip, not both: remove the more images or the clip."]
+
+
+def test_a_link_to_a_clip_past_its_slices_or_gone_from_the_server_says_so(folders):
+    from vit.app.share import decode
+
+    values, lines = decode({"lm_clip": "a" * 64, "lm_frames": "65"}, {}, True)
+    assert values == {"lm_clip": "a" * 64} and len(lines) == 1 and "lm_frames=65" in lines[0], lines
+    at = open_link({"model": str(folders["qwen2_5_vl"]), "question": QUESTION, "answer_length": str(LENGTH),
+                    "lm_clip": "b" * 64, "lm_frames": "4"})
+    upload(at, "photo.png", png(picture()))
+    assert any("The clip the link asks about was an upload the server no longer holds" in w.value
+               for w in at.main.warning), [w.value for w in at.main.warning]

@@ -2,7 +2,8 @@
 saved whole (test_vlm_answer's builder), a question is typed, the answer's second token clicked and head 2 picked; the
 map the page shows (its exported values) is ``VLMAnswer.attention`` of that token, layer and head; the page's link,
 opened in a fresh page, shows the same map. Then a second image is uploaded for the question (issue 92, item 2) and
-picked: the map is the token's on that image, and the link reproduces it."""
+picked: the map is the token's on that image, and the link reproduces it; and a clip, on a Qwen2.5-VL, its second
+slice picked on the time slider."""
 
 import base64
 import json
@@ -116,3 +117,72 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         third.locator('[data-testid="stMain"]').get_by_text(re.compile(r"On image 2 of the question.s 2")).wait_for()
         np.testing.assert_allclose(exported_map(third, tmp_path, "linked-second.html"), want_second.ravel(), rtol=0,
                                    atol=1e-6)
+
+
+def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reproduces_it(server, tmp_path):
+    """A clip (an animated GIF) for the question, from the section's second uploader, on a Qwen2.5-VL saved whole:
+    the time slider's second slice picked (the token clicked before kept), then the answer's second token clicked,
+    shows that token's map on that slice, ``VLMAnswer.attention`` of the same clip asked through ``vit.ask_vlm`` (its
+    slices held to transformers' eager rows in test_vlm_clip); the page's link, opened in a fresh page, shows the
+    same."""
+    from test_app_ask_vlm import gif
+    from test_vlm_clip import FRAMES
+
+    url, _, photo = server
+    folder = tmp_path / "qwen2_5_vl"
+    torch.manual_seed(0)
+    model, processor = _build("qwen2_5_vl")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    clip = tmp_path / "clip.gif"
+    clip.write_bytes(gif(FRAMES))
+    answer = vit.ask_vlm(vit.open_vlm(folder), video=clip, question=QUESTION, frames=4, max_new_tokens=LENGTH)
+    want = answer.attention(1, answer.layers - 1, image=1)
+    assert len(answer.layouts) == 2 and not np.allclose(want, answer.attention(1, answer.layers - 1, image=0))
+    with chromium() as browser:
+        from playwright.sync_api import expect  # there: chromium() skips the test without playwright
+
+        context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{url}?model={folder}")
+        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
+        main = page.locator('[data-testid="stMain"]')
+        length = main.get_by_role("spinbutton", name="Answer length")
+        length.fill(str(LENGTH))
+        length.press("Enter")
+        uploader = main.locator('[data-testid="stFileUploader"]').filter(has_text="Or a clip to ask about instead")
+        uploader.locator('input[type="file"]').set_input_files(str(clip))
+        frames = main.get_by_role("spinbutton", name="Clip frames")
+        frames.fill("4")
+        frames.press("Enter")
+        question = main.get_by_role("textbox", name="Question")
+        question.fill(QUESTION)
+        question.press("Enter")
+        main.get_by_text(re.compile(r"On slice 1 of the clip.s 2 \(its sampled frames 1–2\)")).wait_for()
+        # The time slider's track clicked at its right end (the last slice), then the answer's second token.
+        track = main.locator('[data-testid="stSlider"]').filter(has_text="Slice of the clip").locator(
+            '[role="group"] > div').first
+
+        def last_slice(ms):
+            track.scroll_into_view_if_needed(timeout=ms)  # a click lands only within the viewport
+            box = track.bounding_box(timeout=ms)
+            page.mouse.click(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
+
+        click_until(last_slice, main.get_by_text(re.compile(r"Answer token 1 “.*On slice 2 of the clip.s 2 \(its "
+                                                            r"sampled frames 3–4\)")), TIMEOUT_MS)
+        tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")
+        expect(tokens).to_have_count(LENGTH, timeout=TIMEOUT_MS)
+        click_until(lambda ms: tokens.nth(1).click(timeout=ms),
+                    main.get_by_text(re.compile(r"Answer token 2 “.*On slice 2 of the clip.s 2")), TIMEOUT_MS)
+        page.wait_for_function("() => window.location.search.includes('answer_token=2')")
+        page.wait_for_function("() => window.location.search.includes('lm_image=2')")
+        np.testing.assert_allclose(exported_map(page, tmp_path, "clip.html"), want.ravel(), rtol=0, atol=1e-6)
+        link = page.evaluate("() => window.location.href")
+        assert "lm_clip=" in link and "lm_frames=4" in link
+
+        again = context.new_page()
+        again.set_default_timeout(TIMEOUT_MS)
+        again.goto(link)
+        again.locator('[data-testid="stMain"]').get_by_text(re.compile(r"On slice 2 of the clip.s 2")).wait_for()
+        np.testing.assert_allclose(exported_map(again, tmp_path, "linked-clip.html"), want.ravel(), rtol=0, atol=1e-6)

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 transformers = pytest.importorskip("transformers")
 from test_vlm_answer import ATOL, NEW_TOKENS, QUESTION, by_hand, picture, saved_whole  # noqa: E402
@@ -97,3 +98,32 @@ def test_what_is_drawn_for_one_image_and_a_model_without_clips_are_refused_in_on
         vit.ask_vlm(vlms["qwen2_5_vl"], video=FRAMES, question=QUESTION, frames=65)
     with pytest.raises(ValueError, match=r"^ask about an image or a video, not both$"):
         vit.ask_vlm(vlms["qwen2_5_vl"], FRAMES[0], QUESTION, video=FRAMES)
+
+
+def resized_by_hand(kind: str, frame, size: tuple[int, int]) -> np.ndarray:
+    """The frame as the model's video processor prepares it, by PIL alone: Qwen-VL's and GLM's resized to the slice's
+    pixels (bicubic); LLaVA-NeXT-Video's shortest side to the crop's, then cropped at the centre (CLIP's way)."""
+    h, w = size
+    frame = frame.convert("RGB")
+    if kind != "llava_next_video":
+        return np.asarray(frame.resize((w, h), Image.BICUBIC))
+    scale = h / min(frame.size)
+    frame = frame.resize((max(h, round(frame.width * scale)), max(h, round(frame.height * scale))), Image.BICUBIC)
+    left, top = (frame.width - w) // 2, (frame.height - h) // 2
+    return np.asarray(frame.crop((left, top, left + w, top + h)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_slice_is_drawn_over_its_first_frame_as_the_processor_prepared_it(answers, kind):
+    """The pixels a slice's map is drawn over (``layouts[k].pixels``, the processor's normalisation undone) are the
+    slice's first frame at the size the processor resized it to: the map's grid times the patch. Another frame of
+    the clip (FRAMES differ by a turn and by mirroring) or the frame transposed would be far off."""
+    answer, _, inputs, _ = answers[kind]
+    depth = len(FRAMES) // len(answer.layouts)
+    for k, layout in enumerate(answer.layouts):
+        pixels = layout.pixels.astype(np.float32)
+        side = {"llava_next_video": 8, "qwen3_vl": 16}.get(kind, 14)  # the tower's patch
+        assert pixels.shape[:2] == (layout.grid[0] * side, layout.grid[1] * side)
+        errors = [np.abs(resized_by_hand(kind, frame, pixels.shape[:2]) - pixels).mean() for frame in FRAMES]
+        assert errors[k * depth] < 0.5, errors
+        assert min(e for j, e in enumerate(errors) if j != k * depth) > 10, errors

@@ -1,7 +1,9 @@
 """Ask the VLM (issue 80): a question about the image to the whole vision-language model (its language model too),
 the answer streamed token by token under its progress, with Stop (a stopped answer keeps its tokens so far, and
 their maps), each answer token clickable, the clicked token's attention over the
-image at a layer and head of the language model, and every answer token's share of attention on the image.
+image at a layer and head of the language model, and every answer token's share of attention on the image. The
+question may take more images after the page's, or a clip instead (a video, an animated GIF or a zip of frames):
+the map is then drawn on the image or the clip's temporal slice picked.
 
 The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transformers' greedy ``generate``, the
 prompt through the folder's processor and chat template) and each map is ``VLMAnswer.attention``: a notebook given
@@ -18,16 +20,17 @@ import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections import view_link
-from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image, upload_store
+from app_pages.explorer_sections.caches import CLIP_UPLOAD_TYPES, UPLOAD_TYPES, decode_image, sampled_clip, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
+from vit.core.clips import SampledClip
 from vit.core.images import ImageError
 from vit.core.inference import seen_region
 from vit.core.text import escape_markdown, file_name_part, visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, VLMAnswer, prepare
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_CLIP_FRAMES, MAX_IMAGES, VLMAnswer, prepare
 from vit.explain.views.overlay import display_image
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
@@ -37,10 +40,14 @@ OVERVIEW_KEY, LENS_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_lens", "vlm_ask
 # The question's more images: the uploads' SHA-256s (the server's upload store holds their bytes, a link names them),
 # and their uploader (not under KEPT's prefix: an uploader's value cannot be written back)
 MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files", "ask_vlm_more_seen"
+# A clip instead of the images: its upload's SHA-256, its uploader, what the uploader last held, the frames sampled
+CLIP_KEY, CLIP_FILE_KEY, CLIP_SEEN_KEY, FRAMES_KEY = "vlm_ask_clip", "ask_vlm_clip_file", "ask_vlm_clip_seen", \
+    "vlm_ask_frames"
+DEFAULT_FRAMES = 8
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY, "lm_frames": FRAMES_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
@@ -60,6 +67,8 @@ def take_link(values: dict) -> None:
             st.session_state[key] = values.pop(name)
     if "more" in values:
         st.session_state[MORE_KEY] = list(values.pop("more"))
+    if "lm_clip" in values:
+        st.session_state[CLIP_KEY] = values.pop("lm_clip")
     picked = {name: values.pop(name) for name in PICKED if name in values}
     if picked:
         st.session_state[LINKED_KEY] = picked
@@ -72,12 +81,14 @@ def link_values() -> dict[str, object]:
     if not question.strip():
         return {}
     linked = st.session_state.get(LINKED_KEY) or {}
+    clip = st.session_state.get(CLIP_KEY)
     values: dict[str, object] = {"question": question, "answer_length": st.session_state.get(LENGTH_KEY),
-                                 "more": tuple(st.session_state.get(MORE_KEY) or ()) or None}
+                                 "more": tuple(st.session_state.get(MORE_KEY) or ()) or None, "lm_clip": clip,
+                                 "lm_frames": st.session_state.get(FRAMES_KEY) if clip else None}
     for name, key in PICKED.items():
         value = st.session_state.get(key)
         values[name] = linked.get(name, None if value is None else value + 1)
-    if values.get("lm_image") == 1:  # the page's image: the default, left out
+    if values.get("lm_image") == 1:  # the page's image (a clip's first slice): the default, left out
         values["lm_image"] = None
     values["lm_fusion"] = st.session_state.get(FUSION_KEY) if values.get("lm_head") is None else None
     method = st.session_state.get(METHOD_KEY)
@@ -92,7 +103,8 @@ def _apply_link(answer: VLMAnswer) -> list[str]:
     linked = st.session_state.pop(LINKED_KEY, None) or {}
     images = len(answer.layouts)
     bounds = {"answer_token": (len(answer.tokens), f"the answer has {len(answer.tokens)} tokens"),
-              "lm_image": (images, f"the question has {images} image{'s' if images > 1 else ''}"),
+              "lm_image": (images, f"the clip has {images} slices" if answer.clip else
+                           f"the question has {images} image{'s' if images > 1 else ''}"),
               "lm_layer": (answer.layers, f"the language model has {answer.layers} layers"),
               "lm_head": (answer.heads, f"the language model has {answer.heads} heads")}
     notes = []
@@ -155,16 +167,54 @@ def _more_images() -> tuple[list[Image.Image], list[str], tuple[str, ...]]:
     return images, names, tuple(kept)
 
 
+def _clip() -> tuple[SampledClip, str, str] | None:
+    """The uploader of a clip to ask about instead of the images, and what it (or the link) holds: (its sampled
+    frames, its name, its SHA-256), the frames' count from "Clip frames"; None without one, or (one line said) for
+    a file that is no clip or a link's upload the server no longer holds."""
+    file = st.file_uploader(
+        "Or a clip to ask about instead (optional)", type=CLIP_UPLOAD_TYPES, key=CLIP_FILE_KEY,
+        help="A video, an animated GIF or a zip of its frames, sampled uniformly: the question is about the clip, "
+             "not the images, and each answer token's map is drawn on the temporal slice you pick below.")
+    seen = None if file is None else file.file_id
+    if seen != st.session_state.get(CLIP_SEEN_KEY):  # the uploader changed: its file replaces the link's
+        st.session_state[CLIP_SEEN_KEY] = seen
+        st.session_state[CLIP_KEY] = None if file is None else upload_store().put(file.getvalue(), file.name)
+    digest = st.session_state.get(CLIP_KEY)
+    if digest is None:
+        return None
+    found = upload_store().upload(digest)
+    if found is None:
+        st.warning("The clip the link asks about was an upload the server no longer holds: upload it again (the same "
+                   "file) to ask about it.", icon=":material/link_off:")
+        return None
+    if not 1 <= (st.session_state.get(FRAMES_KEY) or 0) <= MAX_CLIP_FRAMES:
+        st.session_state[FRAMES_KEY] = DEFAULT_FRAMES
+    wanted = st.number_input("Clip frames", min_value=1, max_value=MAX_CLIP_FRAMES, step=1, key=FRAMES_KEY,
+                             help="Frames sampled uniformly from the clip and given to the model as they are (its "
+                                  "processor samples none): each is a tower's view and its tokens in the prompt.")
+    name = found.name or "the clip"
+    try:
+        return sampled_clip(digest, name, found.data, int(wanted)), name, digest
+    except ImageError as e:  # ClipError: not a clip, too large, too few frames
+        st.error(f"Cannot use {escape_markdown(visible(name))}: {_one_line(e)}")
+        return None
+
+
 def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[Image.Image],
-            digests: tuple[str, ...]) -> VLMAnswer | None:
-    """The answer, kept per (model, images, question, length); None while it is generated (its progress, the answer
-    so far and Stop are drawn); after a Stop, the answer so far (for this page only). Raises what a refusal raises
-    (one line). ``more``: the images asked about after the page's (``digests``: theirs)."""
+            digests: tuple[str, ...], clip: tuple[SampledClip, str, str] | None) -> VLMAnswer | None:
+    """The answer, kept per (model, images or clip, question, length); None while it is generated (its progress, the
+    answer so far and Stop are drawn); after a Stop, the answer so far (for this page only). Raises what a refusal
+    raises (one line). ``more``: the images asked about after the page's (``digests``: theirs); ``clip``: a clip's
+    frames asked about instead (``_clip``)."""
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
-    images = [view.image, *more] if more else view.image
-    prepared = prepare(vlm, images, question, max_new_tokens=length)  # counted, refused over the limit
-    vlm_ask.check_visitor(prepared, may_open)
-    return long_work(("vlm answer", view.full_fingerprint, view.image_key, digests, question, length),
+    if clip is not None:
+        prepared = prepare(vlm, None, question, max_new_tokens=length, clip=clip[0].frames)
+        asked = ("clip", clip[2], len(clip[0].frames))
+    else:
+        prepared = prepare(vlm, [view.image, *more] if more else view.image, question, max_new_tokens=length)
+        asked = (view.image_key, digests)
+    vlm_ask.check_visitor(prepared, may_open)  # counted, refused over the limit, before the work
+    return long_work(("vlm answer", view.full_fingerprint, *asked, question, length),
                      f"Answering in at most {length} tokens", partial(vlm_ask.generate, vlm, prepared), "ask_vlm",
                      unit="tokens")
 
@@ -189,12 +239,16 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     length = col_length.number_input("Answer length", min_value=1, max_value=limit, step=1, key=LENGTH_KEY,
                                      help=f"Tokens at most (a visitor without a token: {vlm_ask.VISITOR_NEW_TOKENS}).")
     more, names, digests = _more_images()
+    clip = _clip()
+    if clip is not None and more:
+        st.error("A question is about images or a clip, not both: remove the more images or the clip.")
+        return
     if not question.strip():
         st.caption("Ask a question about the image: the model answers, and each word of the answer shows where it "
                    "looked in the image (its attention through the language model).")
         return
     try:
-        answer = _answer(view, may_open, question, int(length), more, digests)
+        answer = _answer(view, may_open, question, int(length), more, digests, clip)
     except (ValueError, CheckpointError, ImageError) as e:  # no whole model, too large, too long for a visitor
         st.error(_one_line(e))
         return
@@ -207,13 +261,20 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     if st.session_state.get(TOKEN_KEY) not in range(len(answer.tokens)):
         st.session_state[TOKEN_KEY] = 0
     token = st.pills("Answer token", list(range(len(answer.tokens))), key=TOKEN_KEY,
-                     format_func=partial(vlm_ask.token_label, answer),
+                     format_func=vlm_ask.token_labels(answer).__getitem__,
                      help="Click a token of the answer: the map shows where the query that predicted it looked.")
     token = 0 if token is None else token
     col_map, col_controls, col_strip = st.columns([1.2, 0.8, 1], gap="medium")
     with col_controls:
-        image = 0
-        if len(answer.layouts) > 1:
+        image, frames = 0, None if clip is None else len(clip[0].frames)
+        if answer.clip and len(answer.layouts) > 1:
+            if st.session_state.get(IMAGE_KEY) not in range(len(answer.layouts)):
+                st.session_state[IMAGE_KEY] = 0
+            image = st.select_slider("Slice of the clip", list(range(len(answer.layouts))), key=IMAGE_KEY,
+                                     format_func=partial(vlm_ask.slice_label, answer, frames),
+                                     help="The temporal slice of the clip the map is drawn on: the frames the model "
+                                          "read as one (Qwen-VL and GLM two at a time), drawn over the first.")
+        elif len(answer.layouts) > 1:
             if st.session_state.get(IMAGE_KEY) not in range(len(answer.layouts)):
                 st.session_state[IMAGE_KEY] = 0
             labels = [image_name, *names]
@@ -255,8 +316,8 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     except ValueError as e:  # gradient x attention or TAM over the memory limit; TAM for several images
         st.error(_one_line(e))
         return
-    seen = _seen(view, answer, overview, image, more[image - 1] if image else None)
-    caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview, image)
+    seen = _seen(view, answer, overview, image, more[image - 1] if image and not answer.clip else None)
+    caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview, image, frames)
     colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:
         drawn = drawing.overlay_image(seen, map2d, view.opacity, colormap, view.mode, view.show_grid, None, vmin, vmax)
@@ -271,14 +332,15 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                       for i, s in enumerate(shares)], hide_index=True, width="stretch",
                      column_config={"on the image": st.column_config.ProgressColumn(
                          "on the image", min_value=0.0, max_value=100.0, format="%.1f%%")})
-        st.caption(f"How much each answer token looked at {f'image {image + 1}' if several else 'the image'}: the "
-                   f"share of its attention row on {'that image' if several else 'the image'}'s tokens at layer "
-                   f"{layer + 1}, mean over heads.")
+        where = (f"slice {image + 1} of the clip" if answer.clip else f"image {image + 1}") if several else \
+            ("the clip" if answer.clip else "the image")
+        st.caption(f"How much each answer token looked at {where}: the share of its attention row on "
+                   f"{'its' if several else 'the'} image tokens at layer {layer + 1}, mean over heads.")
         _logit_lens(answer, token)
     values = {**shared, **link_values()}
-    _share(values, view, answer, seen, map2d, caption, model_name, image_name,
+    _share(values, view, answer, seen, map2d, caption, model_name, image_name if clip is None else clip[1],
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
-                method=method, overview=overview, image=image))
+                method=method, overview=overview, image=image, frames=frames))
 
 
 def _logit_lens(answer: VLMAnswer, token: int) -> None:
@@ -308,10 +370,10 @@ def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2
     view_link.follow(values)
     col_link, col_export = st.columns(2)
     view_link.link_popover(col_link, values)
-    settings = {"Model": model_name, "Image": image_name,
+    settings = {"Model": model_name, "Clip" if answer.clip else "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
                                    picked["head"], picked["fusion"], picked["method"], picked["overview"],
-                                   picked["image"])}
+                                   picked["image"], picked["frames"])}
     colormap, vmin, vmax = vlm_ask.colours(picked["method"], map2d, view.colormap)  # as the page draws it
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
                 caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, opacity=view.opacity, mode=view.mode,

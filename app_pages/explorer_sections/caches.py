@@ -18,6 +18,7 @@ from vit.app import explorer_page as explorer
 from vit.app.uploads import UploadStore
 from vit.checkpoint import Checkpoint
 from vit.core.cache import ByteCache
+from vit.core.clips import VIDEO_SUFFIXES, SampledClip, read_clip_bytes
 from vit.core.images import UPLOAD_MAX_PIXELS, open_image
 from vit.core.inference import InputSize, input_shape
 from vit.core.progress import Progress
@@ -31,6 +32,8 @@ from vit.training import snapshots
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
+# A clip: a video file, an animated GIF or a zip of its frames (``read_clip_bytes``)
+CLIP_UPLOAD_TYPES = [suffix[1:] for suffix in VIDEO_SUFFIXES] + ["gif", "zip"]
 MODEL_CACHE_BYTES = 1536 * 2**20
 IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
 ANALYSIS_CACHE_BYTES = 512 * 2**20
@@ -232,3 +235,10 @@ def rollout_map(fingerprint: tuple, digest: str, size: InputSize, analysis: imag
 def upload_store() -> UploadStore:
     """The server's recent uploads, shared by every session (a link names one by its hash)."""
     return UploadStore()
+
+
+def sampled_clip(digest: str, name: str, data: bytes, wanted: int) -> SampledClip:
+    """``wanted`` frames sampled from an uploaded clip (``read_clip_bytes``: ClipError, one line, for one it cannot
+    use), decoded once per (upload, frames) in the images' byte cache."""
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("clip", digest, name, wanted), lambda: read_clip_bytes(data, name, wanted))

@@ -13,7 +13,7 @@ from functools import partial
 import streamlit as st
 
 from app_pages import player
-from app_pages.explorer_sections import plotly_preload, share_view, view_link
+from app_pages.explorer_sections import caches, plotly_preload, share_view, view_link
 from app_pages.explorer_sections.caches import ANALYSIS_CACHE_BYTES, IMAGE_CACHE_BYTES, PROGRESS_TOKENS, byte_cache
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.uploader import file_upload
@@ -22,14 +22,14 @@ from vit.app import drawing, share
 from vit.app import explorer_page as explorer
 from vit.app.export import ClipView, clip_html
 from vit.checkpoint import Checkpoint
-from vit.core.clips import VIDEO_SUFFIXES, ClipError, read_clip_bytes
+from vit.core.clips import ClipError
 from vit.core.text import escape_markdown, file_name_part, visible
 from vit.explain.views import mechanism_views, video
 from vit.explain.views.overlay import display_image
 from vit.explain.views.video import CLIP_KIND_LABELS as MAP_KINDS
 
 UPLOAD_KEY = "explorer_clip_upload"
-UPLOAD_TYPES = [suffix[1:] for suffix in VIDEO_SUFFIXES] + ["gif", "zip"]
+UPLOAD_TYPES = caches.CLIP_UPLOAD_TYPES
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
 PLAY_KEY = "clip_play"  # its Play toggle (``app_pages.player``)
 PICKED_KEY = "clip_query_picked"  # a click on the frame picked a query: the whole page runs again for its maps
@@ -254,8 +254,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
         data, name = linked.data, linked.name or "the linked clip"
     digest = explorer.image_digest(data)
     try:
-        sampled = byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
-            ("clip", digest, name, wanted), lambda: read_clip_bytes(data, name, wanted))
+        sampled = caches.sampled_clip(digest, name, data, wanted)
     except ClipError as e:
         _refuse("Cannot use this clip", e)
     try:

@@ -22,7 +22,7 @@ from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.core.inference import MAX_INPUT_SIDE
 from vit.core.text import visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, MAX_NEW_TOKENS
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_CLIP_FRAMES, MAX_IMAGES, MAX_NEW_TOKENS
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.captum_maps import options_text, parse_options
 from vit.explain.methods.segment import MAP_LABELS
@@ -179,6 +179,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "question": _text, "answer_length": _whole(1, MAX_NEW_TOKENS), "answer_token": _whole(1), "lm_layer": _whole(1),
     "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS), "lm_method": _one_of(MAP_METHODS), "lm_overview": _flag,
     "lm_lens": _flag, "more": _digests, "lm_image": _whole(1),  # the question's more images (uploads), the one shown
+    "lm_clip": _digest, "lm_frames": _whole(1, MAX_CLIP_FRAMES),  # or a clip (an upload), its frames sampled
     # a SAM's prompt (its points and box in the image's pixels, checked against the image where it is shown), the
     # decoder's output token and attention drawn, and its head (0: their mean)
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
@@ -206,7 +207,8 @@ LABELS = {
     "lm_layer": "Language model layer", "lm_head": "Language model head", "lm_fusion": "Language model head fusion",
     "lm_method": "Answer token's map", "lm_overview": "The whole image's view (a tiled image's overview)",
     "lm_lens": "The clicked token read at every layer (logit lens)",
-    "more": "More images in the question (uploads)", "lm_image": "Image of the question shown",
+    "more": "More images in the question (uploads)", "lm_image": "Image of the question shown (a clip's slice)",
+    "lm_clip": "Clip in the question (an upload)", "lm_frames": "Clip frames (sampled uniformly)",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
     "sat": "Explained at pixel (x, y)",

@@ -44,10 +44,11 @@ def check_visitor(prepared: Prepared, may_open: bool) -> None:
                          "visitor may ask for here; ask for fewer (with a token, entered on the Train page, more)")
     layouts = prepared.layouts or (layout,)
     if len(layouts) > 1 and sum(one.patches for one in layouts) > VISITOR_PATCHES:
-        raise ValueError(f"the model's processor makes these {len(layouts)} images "
+        what = "this clip's" if prepared.clip else "these"
+        raise ValueError(f"the model's processor makes {what} {len(layouts)} {'slices' if prepared.clip else 'images'} "
                          f"{sum(one.patches for one in layouts):,} patches in all, more than the {VISITOR_PATCHES:,} "
-                         "a visitor may ask about here; ask about fewer or smaller images (with a token, entered on "
-                         "the Train page, more)")
+                         "a visitor may ask about here; ask about fewer or smaller "
+                         f"{'frames' if prepared.clip else 'images'} (with a token, entered on the Train page, more)")
     if layout.patches > VISITOR_PATCHES:
         (gh, gw), views = layout.view_grid or layout.grid, layout.views
         made = f"{gh}x{gw}" if views == 1 else f"{views} tiles of {gh}x{gw}"
@@ -73,6 +74,24 @@ def token_label(answer: VLMAnswer, i: int) -> str:
     if not piece.strip():
         return f"#{answer.tokens[i]}" if not piece else escape_markdown(visible(piece.replace(" ", "·")))
     return escape_markdown(visible(piece.replace(" ", "·", 1) if piece.startswith(" ") else piece))
+
+
+def token_labels(answer: VLMAnswer) -> list[str]:
+    """Each answer token's clickable label (``token_label``), a label that several tokens share followed by the
+    token's position from 1 ("the (1)", "the (4)"): a widget knows its options by their labels, and two alike
+    would be one (Streamlit 1.67 reads the last of them back after any other widget changes)."""
+    labels = [token_label(answer, i) for i in range(len(answer.tokens))]
+    suffixed: set[int] = set()
+    while True:
+        seen: dict[str, list[int]] = {}
+        for i, label in enumerate(labels):
+            seen.setdefault(label, []).append(i)
+        shared = [i for group in seen.values() if len(group) > 1 for i in group if i not in suffixed]
+        if not shared:
+            return labels
+        for i in shared:
+            labels[i] += " " + escape_markdown(f"({i + 1})")  # escaped as the label's own text: alike compare alike
+            suffixed.add(i)
 
 
 def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean",
@@ -111,9 +130,24 @@ def tiled(answer: VLMAnswer, image: int = 0) -> bool:
 
 
 def seen_pixels(answer: VLMAnswer, overview: bool = False, image: int = 0) -> np.ndarray | None:
-    """(H, W, 3) uint8: the pixels a tiled image's map is drawn over, as the model read them (the tiles' canvas, or
-    the overview's view); None for an image read in one view (its pixels are the tower's preprocessing)."""
-    return answer.layouts[image].view(overview).pixels if tiled(answer, image) else None
+    """(H, W, 3) uint8: the pixels a map is drawn over, as the model read them, where the processor says: a tiled
+    image's (the tiles' canvas, or the overview's view), a clip's slice's (its first frame); None for an image read
+    in one view (its pixels are the tower's preprocessing)."""
+    layout = answer.layouts[image]
+    return layout.view(overview).pixels if tiled(answer, image) else layout.pixels
+
+
+def slice_frames(answer: VLMAnswer, frames: int, k: int) -> tuple[int, int]:
+    """(first, last), from 1: the sampled frames of a clip of ``frames`` that its ``k``-th temporal slice reads
+    (Qwen-VL's and GLM's two at a time, the last repeated where their count is odd; LLaVA-NeXT-Video's one)."""
+    depth = -(-frames // len(answer.layouts))
+    return k * depth + 1, min((k + 1) * depth, frames)
+
+
+def slice_label(answer: VLMAnswer, frames: int, k: int) -> str:
+    """The time slider's label of a clip's ``k``-th slice: its sampled frames."""
+    first, last = slice_frames(answer, frames, k)
+    return f"frame {first}" if first == last else f"frames {first}–{last}"
 
 
 def image_shares(answer: VLMAnswer, layer: int, image: int | None = None) -> list[float]:
@@ -124,9 +158,15 @@ def image_shares(answer: VLMAnswer, layer: int, image: int | None = None) -> lis
 
 
 def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str = "attention",
-             overview: bool = False, image: int = 0) -> str:
+             overview: bool = False, image: int = 0, frames: int | None = None) -> str:
     """The map's caption, as Markdown (the token escaped): which token, layer and head, what a patch holds, for a
-    question about several images on which, and for an image read as tiles on which of the model's views."""
+    question about several images on which, about a clip of ``frames`` on which slice, and for an image read as
+    tiles on which of the model's views."""
+    if answer.clip:
+        first, last = slice_frames(answer, frames, image)
+        read = f"its sampled frame {first}" if first == last else f"its sampled frames {first}–{last}"
+        return (_describe(answer, i, layer, head, fusion, method, image) + f" On slice {image + 1} of the clip's "
+                f"{len(answer.layouts)} ({read}), drawn over frame {first} as the processor prepared it.")
     layout = answer.layouts[image]
     view = "" if not tiled(answer, image) else (
         " On the model's one view of the whole image (its overview)." if overview
@@ -167,12 +207,17 @@ def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
 
 
 def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: int, head: int | None,
-             fusion: str, method: str = "attention", overview: bool = False, image: int = 0) -> dict[str, str]:
+             fusion: str, method: str = "attention", overview: bool = False, image: int = 0,
+             frames: int | None = None) -> dict[str, str]:
     """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
     shown = _settings(question, answer, new_tokens, i, layer, head, fusion, method)
     if answer.stopped is not None:
         shown["Answer"] = f"{answer.text} (stopped after {len(answer.tokens)} tokens: {answer.stopped})"
-    if len(answer.layouts) > 1:
+    if answer.clip:
+        shown["Clip frames (sampled uniformly)"] = str(frames)
+        shown["Slice of the clip shown"] = (f"{image + 1} of {len(answer.layouts)} "
+                                            f"({slice_label(answer, frames, image)})")
+    elif len(answer.layouts) > 1:
         shown["Image of the question shown"] = f"{image + 1} of {len(answer.layouts)}"
     if tiled(answer, image):
         shown["Image view"] = "the overview" if overview else f"the {answer.layouts[image].views - 1} tiles' canvas"

@@ -212,10 +212,10 @@ def tile_index(rows: int, cols: int, grid: tuple[int, int], unit: int, start: in
     return start + tile * per_tile + (r % gh // unit) * (gw // unit) + (c % gw // unit)  # (H, W)
 
 
-def seen_pixels(vlm, tiles: torch.Tensor) -> np.ndarray:
+def seen_pixels(vlm, tiles: torch.Tensor, images=None) -> np.ndarray:
     """(n, C, h, w) tiles of the processor's ``pixel_values`` -> (n, h, w, 3) uint8: its rescale and normalisation
-    undone, the pixels the tower read."""
-    images = vlm.processor.image_processor
+    undone, the pixels the tower read. ``images``: the processor part that made them (its image processor)."""
+    images = vlm.processor.image_processor if images is None else images
     x = tiles.detach().float().cpu()
     if getattr(images, "do_normalize", True):
         mean = torch.as_tensor(images.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
@@ -423,7 +423,22 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
         unit = int(config.spatial_pool_stride)
     per = (gh // unit) * (gw // unit)
     _check_count(positions, t * per, f"{t} slices of a clip of {gh}x{gw} patches in {unit}x{unit} units")
-    return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), unit, 0) for k in range(t))
+    firsts = seen_pixels(vlm, _slice_firsts(vlm, inputs, t, gh, gw), vlm.processor.video_processor)
+    return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), unit, 0, pixels=firsts[k]) for k in range(t))
+
+
+def _slice_firsts(vlm, inputs, t: int, gh: int, gw: int) -> torch.Tensor:
+    """(t, C, H, W): the first frame of each of a clip's ``t`` temporal slices as the processor prepared it (resized,
+    normalised): LLaVA-NeXT-Video's frames as they are; Qwen-VL's and GLM's flat patches (their video processors'
+    ``patchify``: rows (slice, merge row, merge column, unit row, unit column), columns (channel, frame of the
+    slice, patch row, patch column)) put back on the frame."""
+    pixels = inputs["pixel_values_videos"]
+    if "video_grid_thw" not in inputs:
+        return pixels[0]
+    video = vlm.processor.video_processor
+    m, depth, side = int(video.merge_size), int(video.temporal_patch_size), int(video.patch_size)
+    patches = pixels.reshape(t, gh // m, gw // m, m, m, -1, depth, side, side)
+    return patches.permute(0, 6, 5, 1, 3, 7, 2, 4, 8).reshape(t, depth, -1, gh * side, gw * side)[:, 0]
 
 
 
