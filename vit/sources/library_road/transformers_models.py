@@ -607,13 +607,13 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     try:
         patch = _pair(getattr(config, "patch_size", None), "patch_size")
         channels = int(getattr(config, "num_channels", 3))
-        own = _pair(getattr(config, "image_size", None) or getattr(getattr(config, "backbone_config", None),
-                                                                   "image_size", None), "image_size")
+        own = input_hw(config, image_processor)
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0], patch_size=patch if patch[0] != patch[1]
                              else patch[0], num_channels=channels, num_classes=0)
         preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
         layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw, extra_tokens(config),
                                prefix_tokens(model, SUFFIX_PARAMETERS))
+        own_size = config_size(config) is not None and _pair(config_size(config), "image_size") == layout.image_hw
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     problem = preprocessing_problem(preprocessing, stand_in)
@@ -625,15 +625,30 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         raise SourceError(f"{folder}: {len(modules)} attention modules for {config.num_hidden_layers} layers; the "
                           "library road reads one attention per layer")
     wrapped = LibraryModel(model, layout, modules, part)
-    # the layout checked against the tokens the model forms, no data; EoMT's forward reads a value of its masks'
-    # annealing (not traceable without data): its layout is the config's (extra_tokens), checked at each recording
-    if torch.device(map_location).type == "meta" and not layout.extra_tokens:
-        problem = _layout_problem(wrapped, channels)
+    # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
+    # no data
+    if torch.device(map_location).type == "meta":
+        problem = _layout_problem(wrapped, channels, own_size)
         if problem:
             raise SourceError(f"{folder}: {problem}")
     classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
     return _finish_library(wrapped, class_names(config, classes), preprocessing, folder, cls.__name__,
                            image_processor is None)
+
+
+def input_hw(config, image_processor: Mapping | None) -> tuple[int, int]:
+    """The input (height, width) in pixels: the image processor's ``size`` where it resizes to a height and a width
+    (C-RADIO's config names one side, its processor any: transformers' processor feeds the model that), else the
+    config's ``image_size`` (``config_size``)."""
+    size = image_processor.get("size") if isinstance(image_processor, Mapping) else None
+    if isinstance(size, Mapping) and {"height", "width"} <= size.keys() and image_processor.get("do_resize", True):
+        return _pair((size["height"], size["width"]), "the image processor's size")
+    return _pair(config_size(config), "image_size")
+
+
+def config_size(config):
+    """The config's own ``image_size`` (its backbone's, where a head wraps one) as it gives it: a side, a pair, None."""
+    return getattr(config, "image_size", None) or getattr(getattr(config, "backbone_config", None), "image_size", None)
 
 
 def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -645,18 +660,22 @@ def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
                  and getattr(type(m), "_supports_attention_backend", False)), None)
 
 
-def _layout_problem(model: LibraryModel, channels: int) -> str | None:
+def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str | None:
     """Why the layout does not place the tokens the model forms (its forward on the meta device, one image at the
-    input size: shapes only), or None: every layer's attention is over prefix + patches tokens."""
+    input size: shapes only), or None: each layer's attention is over its extra tokens, the prefix tokens, the
+    patches and the suffix tokens. A forward that reads a value of its input cannot run without data (Idefics3's
+    patch mask, EoMT's mask annealing): the layers before that read are checked, the rest at each recording
+    (``LibraryModel.run``), and only at the config's own input size (``own_size``): at another, one its processor
+    asks for, it may form other tokens, or fail (EoMT's mask head is built for the config's grid)."""
     pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []  # (layer, keys), in the order the forward runs them
 
     class Shapes:  # a recorder that notes each layer's key count and keeps nothing
         layers = {module: i for i, module in enumerate(model._attention)}
 
         @staticmethod
         def keep(layer, query, key, value, attention_mask, kwargs) -> None:
-            seen.append(int(key.shape[-2]))
+            seen.append((layer, int(key.shape[-2])))
 
         @staticmethod
         def output(layer, out) -> None:
@@ -666,17 +685,19 @@ def _layout_problem(model: LibraryModel, channels: int) -> str | None:
         with torch.no_grad(), recording_attention.recording(model.part, Shapes()):
             model.model(pixel_values=pixels)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
-        if "item() cannot be called on meta" in str(e):
-            # a forward that reads a value of its input (Idefics3's patch mask) cannot run without data: its layout
-            # is checked against the keys each recording gets instead (LibraryModel.run), before anything is drawn
-            return None
-        return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
-    expected = model.layout.num_tokens
-    if set(seen) != {expected}:
-        gh, gw = model.layout.grid
-        return (f"its attention runs over {sorted(set(seen))} tokens, not the {model.layout.num_prefix_tokens} prefix "
-                f"tokens and {gh}x{gw} patches the library road places (tokens after the patches, windows or stages "
-                "need a layout of their own: issue 91)")
+        if "item() cannot be called on meta" not in str(e):
+            return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+        if not own_size:
+            h, w = model.layout.image_hw
+            return (f"its image processor asks for {h}x{w}-px inputs, not its config's image_size, and its forward "
+                    "reads a value of its input, so where its tokens sit at that size cannot be checked on the meta "
+                    "device; give it an image processor of its config's size")
+    layout = model.layout
+    if any(keys != layout.num_tokens + layout.extra_of(layer) for layer, keys in seen):
+        gh, gw = layout.grid
+        return (f"its attention runs over {sorted({keys for _, keys in seen})} tokens, not the "
+                f"{layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches the library road places (tokens "
+                "after the patches, windows or stages need a layout of their own: issue 91)")
     return None
 
 
