@@ -70,7 +70,7 @@ API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods",
        "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
        "Correspondences", "visual_logit_lens", "explain_word",
        "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer", "segment",
-       "Segmentation")  # no name of a module: vit.predict is the command
+       "Segmentation", "open_sam3", "ConceptSegmentation")  # no name of a module: vit.predict is the command
 
 
 def __getattr__(name: str):

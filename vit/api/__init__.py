@@ -34,7 +34,7 @@ from vit.api.internals import (
 from vit.api.loading import load, methods, samples, shipped
 from vit.api.maps import Explanation, explain
 from vit.api.patch_tokens import PCA, Correspondences, Similarity, correspondences, pca, similarity
-from vit.api.sam import Segmentation, segment
+from vit.api.sam import ConceptSegmentation, Segmentation, open_sam3, segment
 from vit.api.vision_language import (
     Answer,
     WordMap,
@@ -51,4 +51,4 @@ __all__ = ["load", "explain", "methods", "shipped", "samples", "ask", "ask_metho
            "ablate", "reference_means", "patching", "registers", "sinks", "Explanation", "feature_attribution",
            "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity", "Correspondences",
            "visual_logit_lens", "explain_word", "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer",
-           "segment", "Segmentation"]  # vit.API
+           "segment", "Segmentation", "open_sam3", "ConceptSegmentation"]  # vit.API

@@ -1,0 +1,185 @@
+"""SAM 3's concept prompts (issue 94, item 3): ``vit.segment(vit.open_sam3(folder), image, text=..., box=...)`` on a
+tiny random ``Sam3Model`` built and saved by transformers with its ``Sam3Processor`` (a CLIP tokenizer of open_clip's
+bundled vocabulary): its instances' scores, boxes and masks are transformers' (the eager model and the processor's
+``post_process_instance_segmentation``, run here alone); the explained instance's decoder attention is the vision
+cross-attention ``output_attentions`` returns, every layer and head, placed row-major on the DETR grid; its
+gradient x input is autograd's, by hand; the exemplar box is read as (x0, y0, x1, y1): transposed, other answers."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+transformers = pytest.importorskip("transformers")
+from test_prompts import bpe_tokenizer_files  # noqa: E402
+
+import vit  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+SIDE, PATCH = 64, 8  # the input, square (SAM 3's RoPE grid is its config's): an 8 x 8 DETR grid
+TEXT, BOX = "a red dog", (12.0, 8.0, 70.0, 40.0)  # a box whose transpose is another box inside the 90 x 70 image
+VISION = dict(fpn_hidden_size=16, backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]],
+              backbone_config=dict(model_type="sam3_vit_model", hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2, image_size=SIDE, patch_size=PATCH,
+                                   window_size=2, global_attn_indexes=[1], pretrain_image_size=SIDE))
+SMALL = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32)
+
+
+def picture() -> Image.Image:
+    rng = np.random.default_rng(0)
+    return Image.fromarray(rng.integers(0, 255, (70, 90, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    config = transformers.Sam3Config(
+        vision_config=VISION,
+        text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=49408, max_position_embeddings=32, projection_dim=32),
+        geometry_encoder_config=dict(num_layers=1, **SMALL), detr_encoder_config=dict(num_layers=1, **SMALL),
+        detr_decoder_config=dict(num_layers=2, num_queries=6, **SMALL),
+        mask_decoder_config=dict(hidden_size=16, num_attention_heads=2))
+    torch.manual_seed(0)
+    model = transformers.Sam3Model(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # scores and masks that differ from query to query
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+    path = tmp_path_factory.mktemp("sam3")
+    model.save_pretrained(path)
+    bpe_tokenizer_files(path)
+    processor = transformers.Sam3Processor(
+        image_processor=transformers.Sam3ImageProcessor(size={"height": SIDE, "width": SIDE}),
+        tokenizer=transformers.CLIPTokenizer.from_pretrained(path))
+    processor.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sam3(folder):
+    return vit.open_sam3(folder)
+
+
+def by_transformers(folder, text, box, threshold=0.0, attention="sdpa"):
+    """transformers alone: the model (its SDPA attention, as the library road runs it; or ``attention`` "eager",
+    whose ``output_attentions`` are the probabilities) on the processor's inputs, and the processor's kept
+    instances."""
+    model = transformers.Sam3Model.from_pretrained(folder, attn_implementation=attention).eval()
+    processor = transformers.Sam3Processor.from_pretrained(folder)
+    boxes = {} if box is None else dict(input_boxes=[[list(box)]], input_boxes_labels=[[1]])
+    inputs = processor(images=picture(), text=text, return_tensors="pt", **boxes)
+    with torch.no_grad():
+        out = model(**inputs, output_attentions=attention == "eager")
+    [kept] = processor.post_process_instance_segmentation(out, threshold=threshold, mask_threshold=0.5,
+                                                          target_sizes=[(70, 90)])
+    return model, inputs, out, kept
+
+
+def split(out) -> float:
+    """A threshold in the widest gap between the queries' scores: some kept, some not, far from either (0: every
+    one, where the scores lie within 1e-4 of each other)."""
+    scores = np.sort((out.pred_logits.sigmoid() * out.presence_logits.sigmoid())[0].numpy())
+    gap = int(np.argmax(np.diff(scores)))
+    return float(scores[gap] + scores[gap + 1]) / 2 if scores[gap + 1] - scores[gap] > 1e-4 else 0.0
+
+
+@pytest.mark.parametrize("text, box", [(TEXT, None), (None, BOX), (TEXT, BOX)], ids=["text", "box", "both"])
+def test_the_instances_are_transformers_own(sam3, folder, text, box):
+    _, _, out, _ = by_transformers(folder, text, box, 0.0)
+    threshold = split(out)
+    done = vit.segment(sam3, picture(), text=text, box=box, threshold=threshold)
+    _, _, out, kept = by_transformers(folder, text, box, threshold)
+    if box is None or text is None:  # (text and box: this model scores every query alike, within 1e-4)
+        assert 0 < len(done.scores) < 6  # some queries kept, not all: the threshold matters
+    np.testing.assert_array_equal(done.scores, kept["scores"].numpy())
+    np.testing.assert_array_equal(done.boxes, kept["boxes"].numpy())
+    np.testing.assert_array_equal(done.masks, kept["masks"].bool().numpy())
+    all_scores = (out.pred_logits.sigmoid() * out.presence_logits.sigmoid())[0].numpy()
+    np.testing.assert_array_equal(all_scores[done.queries], done.scores)  # each instance's own query
+    assert done.presence == pytest.approx(float(out.presence_logits.sigmoid()), abs=0)
+    assert done.instance == int(np.argmax(done.scores)) and done.masks.shape[1:] == (70, 90)
+
+
+def test_the_exemplar_box_is_read_as_x0_y0_x1_y1(sam3, folder):
+    done = vit.segment(sam3, picture(), box=BOX, threshold=0.0)
+    _, _, _, kept = by_transformers(folder, None, BOX, 0.0)
+    np.testing.assert_array_equal(done.scores, kept["scores"].numpy())
+    x0, y0, x1, y1 = BOX
+    _, _, _, transposed = by_transformers(folder, None, (y0, x0, y1, x1), 0.0)
+    assert not np.allclose(done.scores, transposed["scores"].numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("text, box", [(TEXT, None), (TEXT, BOX)], ids=["text", "both"])
+def test_each_decoder_layers_attention_of_the_instance_is_output_attentions_placed_row_major(sam3, folder, text,
+                                                                                            box):
+    """``output_attentions`` gives each decoder layer's self, text and vision cross-attention in turn; the vision
+    one's row 1 + query (row 0: the presence token) over the 8 x 8 grid's tokens, row-major."""
+    done = vit.segment(sam3, picture(), text=text, box=box, threshold=0.0)
+    _, _, out, _ = by_transformers(folder, text, box, 0.0, "eager")
+    query = int(done.queries[done.instance])
+    assert list(done.attention) == ["decoder layer 1", "decoder layer 2"]
+    for layer in range(2):
+        vision = out.detr_decoder_attentions[3 * layer + 2]
+        assert vision.shape[-1] == (SIDE // PATCH) ** 2
+        rows = vision[0, :, 1 + query].numpy()  # (heads, 64)
+        mine = done.attention[f"decoder layer {layer + 1}"]
+        np.testing.assert_allclose(mine, rows.reshape(2, 8, 8), rtol=0, atol=1e-5)
+        assert not np.allclose(mine, rows.reshape(2, 8, 8).transpose(0, 2, 1), rtol=0, atol=1e-4)
+    assert done.overlay("decoder layer 2", head=1).size == done.seen.size == (SIDE, SIDE)
+
+
+def test_the_instances_gradient_x_input_is_autograds_by_hand(sam3, folder):
+    done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, instance=0, methods=["gradient_x_input"])
+    model, inputs, _, _ = by_transformers(folder, TEXT, None, 0.0)
+    query = int(done.queries[0])
+    x = inputs["pixel_values"].clone().requires_grad_(True)
+    out = model(pixel_values=x, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    logits = out.pred_masks[0, query]
+    logits[logits.detach() > 0].sum().backward()  # the mask: probability over 0.5
+    want = (x.grad * x.detach()).sum(1)[0].numpy()
+    np.testing.assert_allclose(done.maps["gradient_x_input"], want, rtol=1e-4, atol=1e-6)
+    assert np.abs(want).max() > 0
+
+
+def test_the_seen_pixels_are_the_processors_input_undone(sam3, folder):
+    done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0)
+    _, inputs, _, _ = by_transformers(folder, TEXT, None, 0.0)
+    undone = ((inputs["pixel_values"][0] * 0.5 + 0.5) * 255).round().clamp(0, 255).byte().permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(np.asarray(done.seen), undone)
+
+
+def test_saved_as_npz_and_png(sam3, tmp_path):
+    done = vit.segment(sam3, picture(), text=TEXT, box=BOX, threshold=0.0)
+    saved = np.load(done.save(tmp_path / "concept.npz"))
+    assert {"scores", "boxes", "masks", "queries", "presence", "instance", "text", "box",
+            "attention/decoder layer 1"} <= set(saved.files)
+    assert str(saved["text"]) == TEXT and saved["box"].tolist() == list(BOX)
+    assert done.save(tmp_path / "concept.png").stat().st_size > 0
+
+
+def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):
+    image = picture()
+    cases = [
+        (dict(points=[(3, 4)], text=TEXT), r"^SAM 3 segments a concept: give text= and / or an exemplar box="),
+        (dict(), r"^give SAM 3 a concept: text="),
+        (dict(text=" "), r"^a concept is a noun phrase of 1 to 200 characters"),
+        (dict(text="dog " * 40), r"^the concept is \d+ tokens, more than the 32 SAM 3's text encoder reads"),
+        (dict(text=TEXT, threshold=1.0), r"^threshold must be a number from 0 to below 1, got 1.0$"),
+        (dict(text=TEXT, threshold=0.0, instance=6), r"^instance 6 is not one of the 6 kept"),
+        (dict(text=TEXT, methods=["attnlrp"]), r"^no method 'attnlrp' for SAM 3's concepts"),
+        (dict(box=(0, 0, 200, 10)), r"box"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            vit.segment(sam3, image, **kwargs)
+    config = json.loads((folder / "config.json").read_text())
+    config["detr_decoder_config"]["num_queries"] = 5000
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"is refused: its decoder declares 5000 object queries, not 1 to 1024$"):
+        vit.open_sam3(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "sam"}))
+    with pytest.raises(ValueError, match=r"is a sam model, not SAM 3 \(transformers' Sam3Model\)"):
+        vit.open_sam3(tmp_path)
