@@ -14,6 +14,7 @@ from app_pages.explorer_sections import (
     ask_in_words,
     ask_vlm,
     clip_view,
+    concept_view,
     features,
     image_picker,
     library_view,
@@ -52,7 +53,7 @@ from vit.sources.vlm.whole_vlm import can_answer
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT
               + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT + sam_prompts.KEPT
-              + library_view.KEPT)
+              + library_view.KEPT + concept_view.KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -64,6 +65,10 @@ entry = entries[choice]
 starting.clear()  # app.py's frame for a fresh server: the page's own title takes its place
 st.title("ViT Attention Explorer")
 share_view.show_notes(choice)  # what a link could not use, where its recipient looks first
+if concept_view.applies(entry.path):  # SAM 3: a concept in, its instances out (issue 94), transformers' own model
+    concept_view.concept_view(entry, entries, explorer.image_digest(choice.encode())[:10],
+                              share.model_text(choice, entry.name, share.model_names(entries.values())))
+    st.stop()
 if not entry.ok:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
     st.stop()

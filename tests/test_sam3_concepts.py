@@ -35,6 +35,11 @@ def picture() -> Image.Image:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
+    return build_sam3(tmp_path_factory.mktemp("sam3"))
+
+
+def build_sam3(path):
+    """A tiny random SAM 3 (seed 0, its weights spread) saved whole in ``path`` with its processor."""
     config = transformers.Sam3Config(
         vision_config=VISION,
         text_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
@@ -48,7 +53,6 @@ def folder(tmp_path_factory):
     with torch.no_grad():  # scores and masks that differ from query to query
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * 0.3)
-    path = tmp_path_factory.mktemp("sam3")
     model.save_pretrained(path)
     bpe_tokenizer_files(path)
     processor = transformers.Sam3Processor(

@@ -186,6 +186,10 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "token": _one_of(tuple(sam_prompts.TOKENS)), "dattn": _prompt_part(sam_prompts.parse_attention),
     "dhead": _whole(0), "smap": _one_of(tuple(MAP_LABELS)),  # the pixel map of the mask
     "sat": _prompt_part(sam_prompts.parse_at),  # the pixel map of the mask's logit at this pixel, not summed over it
+    # SAM 3: the concept (a noun phrase), its exemplar box, the score threshold, the instance explained and its
+    # decoder layer and head (from 1; head 0: their mean)
+    "concept": _text, "cbox": _prompt_part(sam_prompts.parse_box), "cthreshold": _steps(0.0, 0.95),
+    "instance": _whole(1), "clayer": _whole(1), "chead": _whole(0),
 }
 
 
@@ -212,6 +216,8 @@ LABELS = {
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
     "sat": "Explained at pixel (x, y)",
+    "concept": "Concept", "cbox": "Exemplar box", "cthreshold": "Score threshold", "instance": "Instance",
+    "clayer": "Decoder layer", "chead": "Decoder head (0: the mean)",
 }
 
 
@@ -366,7 +372,7 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
             params[name] = options_text(value)
         elif name == "points":
             params[name] = sam_prompts.points_text(value)
-        elif name == "box":
+        elif name in ("box", "cbox"):
             params[name] = sam_prompts.box_text(value)
         elif name == "sat":
             params[name] = sam_prompts.at_text(value)
