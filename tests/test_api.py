@@ -66,7 +66,7 @@ def test_the_attention_map_is_the_models_own_attention_row(tiny, photo):
 def test_every_listed_method_draws_a_patch_grid_or_says_it_does_not_apply(tiny, photo):
     from vit.explain.methods import dense_clip
 
-    words = {"grad_eclip", *dense_clip.METHODS}  # maps of typed labels alone (issue 63, item 3): vit.ask draws them
+    words = {"grad_eclip", "dinotxt", *dense_clip.METHODS}  # typed labels alone: vit.ask draws them (issue 63, item 3)
     assert set(vit.methods()) == set(attention_maps.MAP_KINDS) | words
     for method in vit.methods():
         try:

@@ -22,13 +22,13 @@ layer's input, so memory stays bounded at any ``--size``; ``--maps-dtype float16
 whose maps would exceed ``--max-maps-mb`` (default 4096, or env VIT_MAX_MAPS_MB) is refused before any work.
 Until it is complete the ``.npz`` has no name (on Linux), so a killed command leaves no part of it behind.
 
-Asking a CLIP or SigLIP in words: ``--labels "a dog,a cat"`` (commas, semicolons or line breaks between
-labels) prints the zero-shot predictions in the same shape, ``label`` being the typed label; each label is
+Asking a CLIP, SigLIP or dino.txt in words: ``--labels "a dog,a cat"`` (commas, semicolons or line breaks
+between labels) prints the zero-shot predictions in the same shape, ``label`` being the typed label; each label is
 filled into ``--template`` (default "a photo of a {}."; "{}" uses the labels verbatim; "imagenet" averages
-open_clip's 80 ImageNet templates). CLIP's probabilities are a softmax over the labels, SigLIP's each label's
-own sigmoid. With ``--save-maps`` the ``.npz`` also holds ``prompt_<method>`` (labels, rows, cols): every
+open_clip's 80 ImageNet templates). CLIP's and dino.txt's probabilities are a softmax over the labels, SigLIP's
+each label's own sigmoid. With ``--save-maps`` the ``.npz`` also holds ``prompt_<method>`` (labels, rows, cols): every
 label's map by each method that applies (rollout, legrad, attnlrp, grad_eclip, the similarity the target; the
-training-free sclip, naclip, clearclip, maskclip, clipsurgery, the similarity itself),
+training-free sclip, naclip, clearclip, maskclip, clipsurgery and dino.txt's dinotxt, the similarity itself),
 with ``class_names`` the labels and ``probability_kind``; each map is also drawn as
 ``<stem>_<method>_<i>.png`` (i: the label's place, from 0), listed under ``"maps"`` → ``"prompts"``.
 

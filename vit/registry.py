@@ -349,6 +349,13 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            test="tests/test_dense_clip.py::test_clip_surgery_is_the_authors_demo",
            question="Which patches match a typed label, the redundant features all labels share removed?",
            runs="one forward with its surgery path", tolerance="rtol 1e-5, atol 1e-5"),
+    Method("dinotxt", "dino.txt patch-text map", ("label",), "a DINOv3 with its dino.txt head", "words",
+           module="vit.explain.language.prompts", paper="Jose et al. 2025 (DINOv2 Meets Text); Siméoni et al. 2025",
+           code="DINOv3's zero-shot segmentation notebook (dinotxt_segmentation_inference.ipynb, predict_whole) on "
+           "its dino.txt modules",
+           test="tests/test_dinotxt.py::test_each_labels_map_is_the_authors_predict_whole_on_a_non_square_grid",
+           question="Which patches match a typed label, as dino.txt segments an image?",
+           runs="one forward of the backbone", tolerance="rtol 1e-5, atol 1e-5"),
 )
 
 _EVERY_MAP = "every map"
@@ -387,6 +394,11 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            ("clip", "clip_vision_model", "metaclip_2"),
            "every map; the typed labels' maps through vit.ask (Grad-ECLIP, SCLIP, NACLIP, ClearCLIP, MaskCLIP, "
            "CLIP Surgery)"),
+    Family("dinotxt", "DINOv3 with dino.txt (its vision head and text tower)", "image",
+           "facebookresearch/dinov3's dino.txt head and text .pth beside its backbone .pth, or a folder of the two",
+           "vit.sources.ports.families.import_dinotxt", (),
+           "every map of its backbone; the typed labels' maps through vit.ask (dino.txt's patch-text map, AttnLRP); "
+           "Chefer's LRP refused (layer scale, RoPE)"),
     Family("siglip", "SigLIP (attention pooling)", "image", "HF siglip / siglip_vision_model folders",
            "vit.sources.ports.families.import_siglip", ("siglip", "siglip_vision_model"),
            "the probe's maps first; every map but Chefer's LRP (pooling); labels' maps through vit.ask"),

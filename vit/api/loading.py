@@ -46,10 +46,11 @@ def samples(name: str | None = None) -> list[Path]:
 
 def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
     """The maps ``explain`` draws, ``{method: "what it is — which models it applies to"}``, in the explorer's order:
-    every one, then the maps of typed labels alone (Grad-ECLIP and the training-free dense maps SCLIP, NACLIP,
-    ClearCLIP, MaskCLIP, CLIP Surgery, which ``vit.ask(...).explain`` draws); or with ``checkpoint`` those
-    ``explain`` draws for that model (the explorer's choice for it, its default first; a CLIP's or SigLIP's maps of
-    typed labels are ``vit.ask_methods``). The arguments each reads are in ``explain``'s docstring."""
+    every one, then the maps of typed labels alone (Grad-ECLIP, the training-free dense maps SCLIP, NACLIP,
+    ClearCLIP, MaskCLIP, CLIP Surgery, and dino.txt's, which ``vit.ask(...).explain`` draws); or with ``checkpoint``
+    those ``explain`` draws for that model (the explorer's choice for it, its default first; a CLIP's, SigLIP's or
+    dino.txt's maps of typed labels are ``vit.ask_methods``). The arguments each reads are in ``explain``'s
+    docstring."""
     every = {m.name: m for m in registry.methods()}  # the built-ins, then the plugins'
     kinds = [k for k, m in every.items() if m.group != "words"] if checkpoint is None else _drawn_for(checkpoint)
     drawn = {kind: f"{every[kind].title} — {every[kind].applies_to}" for kind in kinds}

@@ -25,8 +25,9 @@ from vit.explain.language.vlm_answer import VLMAnswer
 
 @dataclass
 class Answer:
-    """A CLIP's or SigLIP's answer for typed labels: ``scores`` (label -> probability: a softmax over the labels
-    for CLIP, each label's own sigmoid for SigLIP) and ``explain(label, method)`` for its map."""
+    """A CLIP's, SigLIP's or dino.txt's answer for typed labels: ``scores`` (label -> probability: a softmax over
+    the labels for CLIP and dino.txt, each label's own sigmoid for SigLIP) and ``explain(label, method)`` for its
+    map."""
 
     checkpoint: Checkpoint
     image: Image.Image
@@ -40,8 +41,8 @@ class Answer:
 
     def explain(self, label: str | int, method: str = "legrad") -> Explanation:
         """The map of ``label`` (typed text or its index) by ``method`` (``rollout``, ``legrad``, ``attnlrp``,
-        ``grad_eclip``, ``sclip``, ``naclip``, ``clearclip``, ``maskclip``, ``clipsurgery``, where it applies:
-        ``vit.ask_methods(checkpoint)``)."""
+        ``grad_eclip``, ``sclip``, ``naclip``, ``clearclip``, ``maskclip``, ``clipsurgery``; a dino.txt's
+        ``dinotxt``; where it applies: ``vit.ask_methods(checkpoint)``)."""
         labels = self.answer.labels
         index = label if isinstance(label, int) else labels.index(label) if label in labels else -1
         if not 0 <= index < len(labels):
@@ -64,10 +65,11 @@ class Answer:
 
 def ask(checkpoint: Checkpoint, image: ImageLike, labels: Sequence[str] | str, template: str | None = None,
         *, size: int | InputSize | None = None) -> Answer:
-    """Ask a CLIP or SigLIP which of ``labels`` (a list, or one string separated by commas, semicolons or line
-    breaks) ``image`` shows: each label filled into ``template`` (default "a photo of a {}."; "{}" uses the labels
-    as typed; "imagenet" averages open_clip's 80 ImageNet templates). The text side comes from the model's own
-    library (its tokenizer and text transformer, beside the weights)."""
+    """Ask a CLIP, SigLIP or DINOv3 with dino.txt which of ``labels`` (a list, or one string separated by commas,
+    semicolons or line breaks) ``image`` shows: each label filled into ``template`` (default "a photo of a {}.";
+    "{}" uses the labels as typed; "imagenet" averages open_clip's 80 ImageNet templates). The text side comes from
+    the model's own library (its tokenizer and text transformer, beside the weights; dino.txt's from open_clip's,
+    built to its shape)."""
     from vit.explain.language.prompts import DEFAULT_TEMPLATE
     from vit.sources.vlm.text_tower import check_labels, open_text_tower, split_labels
 
@@ -80,7 +82,7 @@ def ask(checkpoint: Checkpoint, image: ImageLike, labels: Sequence[str] | str, t
 
 
 def ask_methods(checkpoint: Checkpoint) -> dict[str, str]:
-    """The map methods ``Answer.explain`` offers for this CLIP / SigLIP."""
+    """The map methods ``Answer.explain`` offers for this CLIP / SigLIP / dino.txt."""
     from vit.explain.language.prompts import methods_for
 
     return methods_for(checkpoint.model)

@@ -93,9 +93,12 @@ class ViTConfig:
     # "aimv2" (HF Aimv2AttentionPoolingHead: the latent is the query as it is, then a projection, nothing after) or
     # "vjepa2" (HF VJEPA2AttentivePooler's cross-attention: keys and values from norm(x), no output projection, the
     # latent as the residual, then x + mlp(norm(x)))
-    pool_layers: int = 0  # self-attention blocks the probe's tokens go through first (V-JEPA 2's pooler), no RoPE
+    pool_layers: int = 0  # self-attention blocks the pooled tokens go through first (V-JEPA 2's pooler before its
+    # probe, dino.txt's vision head before its CLS and patch mean), no RoPE
+    pool_gated_mlp: bool = False  # dino.txt: the pool blocks' MLP is SwiGLU (silu) whatever the backbone's
+    pool_norm: bool = False  # dino.txt: a norm after the pool blocks (its head's ln_final), which the pooling reads
     pool_heads: int = 0  # heads of the attention-pooling probe; 0: num_heads (PE's probe has 8 whatever its blocks)
-    pool_mlp_size: int = 0  # width of the probe's MLP; 0: mlp_size (PE-G's blocks are wider than its probe's MLP)
+    pool_mlp_size: int = 0  # width of the probe's and pool blocks' MLPs; 0: mlp_size (PE-G's blocks are wider)
     pool_prefix: bool = True  # the probe reads the prefix tokens too; False: the patches alone (timm naflexvit's
     # pool_include_prefix=False, its *_map and *_reg1_map: the registers and CLS get no probe attention)
     sincos_pos: bool = False  # AIMv2-native: 2D sine-cosine positions computed for each grid instead of a table
@@ -197,7 +200,7 @@ class ViTConfig:
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
                      "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix", "qk_norm", "sinusoid_pos",
-                     "divided_attention"):
+                     "divided_attention", "pool_gated_mlp", "pool_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -224,8 +227,11 @@ class ViTConfig:
         if self.sincos_pos and (self.pos_embed or self.hidden_size % 4):
             raise ValueError("ViTConfig.sincos_pos replaces the position table (set pos_embed false) and needs a "
                              f"hidden_size divisible by 4, got {self.hidden_size}")
-        if self.pool_layers and self.pooling != "map":
-            raise ValueError("ViTConfig.pool_layers are the attention-pooling probe's blocks: set pooling 'map'")
+        if (self.pool_layers or self.pool_norm) and self.pooling not in ("map", "cls+avg"):
+            raise ValueError("ViTConfig.pool_layers and pool_norm come before an attention-pooling probe (pooling "
+                             "'map') or dino.txt's CLS and patch mean (pooling 'cls+avg')")
+        if self.pool_gated_mlp and not self.pool_layers:
+            raise ValueError("ViTConfig.pool_gated_mlp is the MLP of the pool blocks: set pool_layers")
         if self.pooling == "map" and self.hidden_size % (self.pool_heads or self.num_heads):
             raise ValueError(f"ViTConfig.hidden_size ({self.hidden_size}) must be divisible by pool_heads "
                              f"({self.pool_heads})")

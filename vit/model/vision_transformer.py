@@ -119,11 +119,13 @@ class ViT(Parent):
         self.fc_norm = (make_norm(replace(config, layer_norm_eps=config.fc_norm_eps or config.layer_norm_eps), d)
                         if config.fc_norm else None)
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
-        # V-JEPA 2's pooler: self-attention blocks over the normed tokens before its probe (no RoPE, no hook names
-        # of the model's layers: they belong to the classifier)
-        pool_block = replace(config, mlp_size=config.pool_mlp_size or config.mlp_size)
+        # V-JEPA 2's pooler, dino.txt's vision head: self-attention blocks over the normed tokens before the pooling
+        # (no RoPE, no hook names of the model's layers: they belong to the readout), then dino.txt's ln_final
+        gated = dict(gated_mlp=True, activation="silu") if config.pool_gated_mlp else {}
+        pool_block = replace(config, mlp_size=config.pool_mlp_size or config.mlp_size, **gated)
         self.pool_blocks = nn.ModuleList(Block(pool_block) for _ in range(config.pool_layers)) \
             if config.pool_layers else None
+        self.pool_norm = make_norm(config, d) if config.pool_norm else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
         self.head_dist = nn.Linear(d, config.num_classes) if config.distillation_head else None
@@ -439,9 +441,14 @@ class ViT(Parent):
 
     def pool(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The last block's output ``(B, T, D)`` -> the pooled vector (B, D) (2D for cls+avg) after the final
-        norm, pooling and fc_norm, and the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None).
+        norm, the pool blocks and their norm (V-JEPA 2's pooler, dino.txt's vision head), pooling and fc_norm, and
+        the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None).
         ``key_mask`` (B, T): False at padding tokens, which neither the average nor the probe reads."""
         x = self.hook_normed(self.norm(x))
+        for block in self.pool_blocks or ():  # V-JEPA 2's pooler, dino.txt's vision head
+            x = block(x, key_mask=key_mask)[0]
+        if self.pool_norm is not None:
+            x = self.pool_norm(x)
         patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
         if key_mask is None:
             mean = patches.mean(dim=1)  # (B, D)
@@ -454,8 +461,6 @@ class ViT(Parent):
         elif self.config.pooling == "avg":
             pooled = mean
         elif self.config.pooling == "map":
-            for block in self.pool_blocks or ():
-                x = block(x, key_mask=key_mask)[0]
             pooled, probe = self.attn_pool(x, key_mask)  # (B, D), (B, nh, 1, T)
         else:  # "cls+avg"
             pooled = torch.cat([x[:, 0], mean], dim=-1)  # (B, 2D)

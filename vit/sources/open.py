@@ -16,7 +16,8 @@
   (``vit.sources.vlm.import_internvl``),
   whose language model is never read;
 - DINOv3 (``vit.sources.ports.families.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights,
-  original ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
+  original ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``),
+  with dino.txt's vision head and text tower (``import_dinotxt``: its head and text file, or a folder of the two);
 - from-scratch ViTs (``vit.sources.ports.libraries.import_scratch``,
   ``vit.sources.ports.libraries.import_vit_pytorch``): the tutorials' models (tintn's ``experiments/NAME/`` folders, the
   MNIST tutorial's, the CIFAR-10 notebook's) and vit-pytorch's ``ViT`` / ``SimpleViT``, recognised from their keys, with
@@ -70,6 +71,7 @@ from vit.sources.ports.families import (
     import_aimv2,
     import_beit,
     import_clip,
+    import_dinotxt,
     import_dinov3,
     import_eva,
     import_hiera,
@@ -698,6 +700,29 @@ def open_dinov3_original(path: Path, state: Mapping[str, torch.Tensor], name: st
     return _finish(model, default_class_names(0), preprocessing, path, "dinov3", f"dinov3:{name or 'backbone'}")
 
 
+def open_dinotxt(path: Path, state: Mapping[str, torch.Tensor], map_location: str | torch.device = "cpu") -> Checkpoint:
+    """DINOv3 with its dino.txt head (``import_dinotxt``): ``path`` the head and text file, the backbone inside it
+    or the one original DINOv3 backbone file beside it; the text tower is ``vit.sources.vlm.text_tower``'s."""
+    backbone = import_dinotxt.backbone_of(state)
+    if backbone is None:
+        found = [p for p in sorted(path.parent.iterdir()) if p != path and p.is_file() and p.suffix in WEIGHT_SUFFIXES
+                 and import_dinov3.is_original_state_dict(read_weights(p, "meta"))]
+        if len(found) != 1:
+            raise SourceError(f"{path} is dino.txt's head and text tower; put its one DINOv3 backbone .pth (e.g. "
+                              f"dinov3_vitl16_pretrain_lvd1689m-*.pth) beside it ({len(found)} found there)")
+        backbone = read_weights(found[0], map_location)
+    origin = f"{path} (dino.txt)"
+    config = _config(origin, lambda: import_dinotxt.config_from_original(backbone, state))
+    try:
+        ours = import_dinotxt.state_dict_from_original(backbone, state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    preprocessing = Preprocessing(config.image_size, config.num_channels, IMAGENET_MEAN, IMAGENET_STD, resize_size=256,
+                                  resize_mode="shortest_edge")  # dinov3's make_classification_eval_transform
+    return _finish(model, default_class_names(0), preprocessing, path, "dinotxt", "dinotxt")
+
+
 def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
                    map_location: str | torch.device = "cpu", library_road: bool = False) -> Checkpoint:
     """open_clip weights (``visual.*``), with ``open_clip_config.json`` when there is one; ``name`` is
@@ -901,6 +926,8 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
                                   read_json(path / OPEN_CLIP_CONFIG), map_location, library_road)
         if not config_path.is_file():
             files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
+            heads = [p for p in files if len(files) > 1 and import_dinotxt.is_head_state_dict(read_weights(p, "meta"))]
+            files = heads if len(heads) == 1 else files  # dino.txt's head and text file, its backbone beside it
             if len(files) != 1:
                 raise SourceError(f"{path} has no config.json; open a Hugging Face or timm model folder, or a weights "
                                   f"file ({README_FAMILIES})")
@@ -952,6 +979,8 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
         return open_open_clip(path, state, name, read_json(sidecar) if sidecar.is_file() else None, map_location)
     if library == "dinov3" or (library is None and import_dinov3.is_original_state_dict(state)):
         return open_dinov3_original(path, state, name, map_location)
+    if library is None and import_dinotxt.is_head_state_dict(state):
+        return open_dinotxt(path, state, map_location)
     if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
         return open_torchvision(path, state, name, map_location)
     if library == "timm" or import_timm.is_timm_state_dict(state):

@@ -17,7 +17,9 @@ The methods whose authors read CLIP differently have their own functions here, p
   ``relu(sum_c(dcos/d(attn_output)[CLS] * v * minmax(cos(q_out[CLS], k_out))))`` over the patches;
 - the training-free dense maps (SCLIP, NACLIP, ClearCLIP, MaskCLIP, CLIP Surgery:
   ``vit.explain.methods.dense_clip``): each patch token in the joint embedding after the authors' change of the last
-  block(s), its similarity with the label.
+  block(s), its similarity with the label;
+- dino.txt's patch-text map (facebookresearch/dinov3 ``notebooks/dinotxt_segmentation_inference.ipynb``,
+  ``predict_whole``): each patch token against the half of the label's text embedding aligned with the patches.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def prompt_model(model: ViT, prompts: Tensor, scale: float, bias: float = 0.0) -
     if model.head is not None and model.projection is None:
         raise PromptError("this model is a classifier without a joint image-text embedding; asking in words "
                           "needs a CLIP or SigLIP")
-    width = model.config.projection_dim or model.config.hidden_size
+    width = model.config.projection_dim or model.config.hidden_size * (2 if model.config.pooling == "cls+avg" else 1)
     if prompts.dim() != 2 or prompts.shape[1] != width:
         raise PromptError(f"text embeddings of shape {tuple(prompts.shape)} do not fit this image tower's "
                           f"{width}-d embedding: the text side belongs to another model")
@@ -355,6 +357,35 @@ def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor)
     return emap.reshape(len(idx), *grid).detach()
 
 
+# --- dino.txt --------------------------------------------------------------------------------------------------
+
+def is_dinotxt(model: ViT) -> bool:
+    """Whether ``model`` is a DINOv3 with its dino.txt vision head (``import_dinotxt``): pool blocks and their norm,
+    read as CLS beside the patch mean."""
+    c = model.config
+    return c.pooling == "cls+avg" and bool(c.pool_layers) and c.pool_norm
+
+
+def dinotxt_maps(model: ViT, images: Tensor, texts: Tensor) -> Tensor:
+    """``(B, n, gh, gw)``: dino.txt's patch-text map of each label, as its authors' zero-shot segmentation computes
+    it (``predict_whole`` before its upsampling): the cosine of each patch token with the label's patch-aligned text
+    embedding ``texts`` (n, C), normalised (``Prompts.patch``). The patch tokens are those the notebook's
+    ``encode_image`` reads, ``get_class_and_patch_tokens``'s third output: the backbone's last layer after its final
+    norm, not the vision head's (facebookresearch/dinov3#355 asks whether that is meant)."""
+    if not is_dinotxt(model):
+        raise PromptError("dino.txt's patch-text map needs a DINOv3 with its dino.txt head")
+    width = model.config.hidden_size
+    if texts.dim() != 2 or texts.shape[1] != width:
+        raise PromptError(f"patch-aligned text embeddings of shape {tuple(texts.shape)} do not fit this backbone's "
+                          f"{width}-d patch tokens: the text side belongs to another model")
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    with torch.no_grad():
+        x, _ = model.tokens(images)  # (B, T, D): the backbone's last layer
+        patches = F.normalize(model.norm(x)[:, model.num_prefix_tokens:], dim=-1)  # (B, gh*gw, D)
+        similarity = patches @ texts.to(patches).T  # (B, gh*gw, n)
+    return similarity.transpose(1, 2).reshape(images.shape[0], texts.shape[0], *grid)
+
+
 def map_difference(a: Tensor, b: Tensor) -> Tensor:
     """Two prompts' maps, each min-max normalised to [0, 1], subtracted: ``(..., gh, gw)`` in [-1, 1]
     (positive where the first prompt's map is the stronger)."""
@@ -388,6 +419,7 @@ class Prompts:
     kind: str  # "softmax" (CLIP) or "sigmoid" (SigLIP): how probabilities are read
     empty: Tensor | None = None  # (E,) the empty prompt's embedding, for LeGrad's SigLIP correction
     blank: Tensor | None = None  # (E,) the empty text in the templates, for CLIP Surgery of a single label
+    patch: Tensor | None = None  # (n, C) dino.txt: each label's patch-aligned half, normalised and ensembled
 
 
 def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,),
@@ -399,8 +431,13 @@ def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLA
     # CLIP Surgery's feature surgery weighs a label against the others; one label is weighed against the empty
     # text, in the same templates (the authors' demo: encode_text_with_prompt_ensemble(model, [""]))
     blank = prompt_embeddings(tower.encode, [""], templates)[0] if len(labels) == 1 else None
+    # dino.txt's segmentation notebook: each text's patch-aligned half normalised, averaged over the templates and
+    # normalised again (the halves of the texts encoded above, cached)
+    channels = getattr(tower, "patch_channels", 0)
+    patch = prompt_embeddings(lambda texts: F.normalize(tower.encode(texts)[:, -channels:], dim=-1), labels,
+                              templates) if channels else None
     return Prompts(list(labels), list(templates), embeddings, tower.logit_scale, tower.logit_bias, tower.kind, empty,
-                   blank)
+                   blank, patch)
 
 
 def prompt_checkpoint(checkpoint: Checkpoint, prompts: Prompts) -> Checkpoint:
@@ -414,10 +451,12 @@ def prompt_checkpoint(checkpoint: Checkpoint, prompts: Prompts) -> Checkpoint:
 
 def methods_for(model: ViT) -> dict[str, str]:
     """The prompt-map methods that apply to ``model``, by key: rollout and Grad-ECLIP read the CLS token;
-    LeGrad and AttnLRP (its attention rules on SigLIP's pooling probe too) read every model; the dense maps a
-    CLIP's tokens in the joint embedding (``dense_clip.refusal`` says why not elsewhere)."""
+    LeGrad a CLIP's or SigLIP's readout; AttnLRP (its attention rules on SigLIP's pooling probe too) every model; the
+    dense maps a CLIP's tokens in the joint embedding (``dense_clip.refusal`` says why not elsewhere); dino.txt's
+    map a DINOv3 with its dino.txt head."""
     cls = model.config.class_token and model.config.pooling == "cls"
-    keep = {"rollout": cls, "legrad": True, "attnlrp": True, "grad_eclip": cls,
+    legrad = cls or model.config.pooling == "map"  # its CLIP and SigLIP readouts (not dino.txt's CLS + patch mean)
+    keep = {"rollout": cls, "legrad": legrad, "attnlrp": True, "grad_eclip": cls, "dinotxt": is_dinotxt(model),
             **{key: dense_clip.refusal(model, key) is None for key in dense_clip.METHODS}}
     return {key: name for key, name in PROMPT_METHODS.items() if keep[key]}
 
@@ -435,7 +474,7 @@ def prompt_curves(model: ViT, images: Tensor, prompts: Prompts, maps: Tensor, in
 
 
 # the methods whose prompts share one forward of an image (the dense maps: every prompt's from one forward)
-ONE_FORWARD = ("rollout", "legrad", "grad_eclip", *dense_clip.METHODS)
+ONE_FORWARD = ("rollout", "legrad", "grad_eclip", "dinotxt", *dense_clip.METHODS)
 
 
 def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:
@@ -444,7 +483,7 @@ def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk:
     forward of the image per chunk and a backward per prompt that stops inside the model, else a forward and a
     backward of the image repeated ``chunk`` times (AttnLRP's backward reaches the pixels); the dense maps, no
     backward, every prompt from one forward."""
-    if method in dense_clip.METHODS:
+    if method in dense_clip.METHODS or method == "dinotxt":
         return prompt_map(model, image, prompts, torch.arange(len(prompts.labels)), method)
     return torch.cat([prompt_map(model, image if method in ONE_FORWARD else image.expand(len(part), -1, -1, -1),
                                  prompts, part, method) for part in torch.arange(len(prompts.labels)).split(chunk)])
@@ -460,8 +499,12 @@ def prompt_map(model: ViT, images: Tensor, prompts: Prompts, index: int | Tensor
         raise PromptError(f"{why or PROMPT_METHODS.get(method, method) + ' does not apply to this model'}; use one "
                           f"of {', '.join(methods_for(model).values())}")
     e, s, b = prompts.embeddings, prompts.scale, prompts.bias
-    if method in dense_clip.METHODS:  # every prompt's map from one forward, then those asked
-        maps = dense_clip.dense_text_maps(model, images, e, method, prompts.blank)  # (B, n, gh, gw)
+    if method in dense_clip.METHODS or method == "dinotxt":  # every prompt's map from one forward, then those asked
+        if method == "dinotxt" and prompts.patch is None:
+            raise PromptError("dino.txt's patch-text map reads the labels' patch-aligned text embeddings: ask them "
+                              "through the model's own dino.txt text tower")
+        maps = (dinotxt_maps(model, images, prompts.patch) if method == "dinotxt" else
+                dense_clip.dense_text_maps(model, images, e, method, prompts.blank))  # (B, n, gh, gw)
         idx = _targets(index, images, e.shape[0]).to(maps.device)
         return maps[0, idx] if images.shape[0] == 1 else maps[torch.arange(images.shape[0]), idx]
     if method == "rollout":

@@ -1,4 +1,4 @@
-"""Typed labels asked of an image: a CLIP's or SigLIP's zero-shot scores and a map per label
+"""Typed labels asked of an image: a CLIP's, SigLIP's or dino.txt's zero-shot scores and a map per label
 (``vit.explain.language.prompts``)
 on exactly the pixels the model saw, with their captions; the explorer's "Ask in words" box and ``vit.ask`` both
 call these (the box's figures are ``vit.app.word_figures``').
@@ -88,7 +88,8 @@ def describe_scores(asked: Answer, ensemble: bool) -> str:
     template = ("the average of open_clip's 80 ImageNet templates" if ensemble
                 else f"the template “{escape_markdown(p.templates[0])}”")
     if p.kind == "softmax":
-        how = (f"CLIP: a **softmax** over the labels of {p.scale:.4g} × cosine(image, text), so the "
+        who = "dino.txt" if p.patch is not None else "CLIP"  # dino.txt's image side: its CLS beside its patch mean
+        how = (f"{who}: a **softmax** over the labels of {p.scale:.4g} × cosine(image, text), so the "
                "probabilities sum to 1 and depend on which labels are asked")
     else:
         how = (f"SigLIP: each label's own **sigmoid** of {p.scale:.4g} × cosine {p.bias:+.4g}, so the labels do "
@@ -134,6 +135,9 @@ def describe_method(method: str, label: str, other: str | None = None, *, kind: 
         "maskclip": "MaskCLIP, training-free: each patch's cosine with the label once the last layer's attention is "
                     "skipped, each token its own value embedding through the output projection, residual and MLP "
                     "kept (Zhou et al. 2022)",
+        "dinotxt": "dino.txt, as its authors' zero-shot segmentation: each patch token of the backbone's last layer "
+                   "(after its final norm, as their notebook reads it) against the half of the label's text "
+                   "embedding aligned with the patches, by cosine",
         "clipsurgery": "CLIP Surgery, training-free: value-value attention on a second path through the last six "
                        "layers, then feature surgery, each label against the mean of all asked (one label: against "
                        "the empty text) (Li et al. 2025)",

@@ -1,4 +1,5 @@
-"""The text side of CLIP and SigLIP: the model's own tokenizer and text transformer, from its own library.
+"""The text side of CLIP, SigLIP and dino.txt: the model's own tokenizer and text transformer, from its own library
+(dino.txt's, whose library is not installable, from open_clip's ``TextTransformer`` built to its shape).
 
 The image tower is ours (``vit.sources.ports.families.import_clip`` / ``import_siglip``), so every map walks our
 modules; a text embedding is a constant for the image side's gradients, so it is computed exactly
@@ -53,6 +54,8 @@ class TextTower:
     # (texts, between) -> (n, E) unnormalised features; between() after each text is tokenized (see encode)
     encode_batch: Callable[[list[str], Callable[[], None] | None], Tensor]
     _cache: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    # dino.txt: the embedding's last this many channels are aligned with the patch tokens, its first with CLS
+    patch_channels: int = 0
 
     def encode(self, texts: Sequence[str], between: Callable[[], None] | None = None) -> Tensor:
         """``(n, E)`` float32 L2-normalised text embeddings, one per text; cached per text. ``between()`` is called
@@ -328,10 +331,48 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
                      "open_clip", encode_batch)
 
 
+# -- dino.txt ----------------------------------------------------------------------------------------------------
+
+BPE_VOCABULARY = "bpe_simple_vocab_16e6.txt.gz"  # CLIP's, which dino.txt's hub downloads and open_clip ships
+
+
+def _open_dinotxt(weights: Path) -> TextTower:
+    """dino.txt's text tower (``import_dinotxt``) as open_clip's ``TextTransformer`` builds it, and the authors'
+    tokenizer (CLIP's BPE: a ``bpe_simple_vocab_16e6.txt.gz`` beside the weights, else open_clip's copy of it)."""
+    import open_clip
+
+    from vit.sources.open import read_weights
+    from vit.sources.ports.families import import_dinotxt
+
+    state = read_weights(weights)
+    try:
+        config = import_dinotxt.text_config(state)
+        ours = import_dinotxt.text_state_dict(state, config)
+        scale = import_dinotxt.logit_scale(state)
+    except (ValueError, KeyError) as e:
+        raise TextTowerError(f"{weights} (dino.txt): {_one_line(e)}") from None
+    with torch.device("meta"):  # its size checked before any memory is allocated for it
+        skeleton = open_clip.transformer.TextTransformer(**config.arguments())
+    check_declared_model(skeleton, ours, "visual.", str(weights))
+    model = open_clip.transformer.TextTransformer(**config.arguments())
+    model.load_state_dict(ours, strict=True)
+    model.eval()
+    vocabulary = weights.parent / BPE_VOCABULARY
+    with _offline():
+        tokenizer = open_clip.tokenizer.SimpleTokenizer(
+            **({"bpe_path": str(vocabulary)} if vocabulary.is_file() else {}),
+            context_length=import_dinotxt.CONTEXT_LENGTH)
+
+    def encode_batch(texts: list[str], between: Callable[[], None] | None = None) -> Tensor:
+        return model(torch.cat(_tokenize_each(lambda text: tokenizer([text]), texts, between, str(weights.parent))))
+
+    return TextTower("softmax", scale, 0.0, "open_clip", encode_batch, patch_channels=config.output_dim // 2)
+
+
 def has_text_tower(checkpoint: Checkpoint) -> bool:
     """Whether ``checkpoint`` came from a source that can hold a text side (opening it may still fail)."""
     source = checkpoint.metadata.get("source") or {}
-    return source.get("architecture") in _HF_TEXT or source.get("kind") == "open_clip"
+    return source.get("architecture") in _HF_TEXT or source.get("kind") in ("open_clip", "dinotxt")
 
 
 def open_text_tower(checkpoint: Checkpoint) -> TextTower:
@@ -344,9 +385,11 @@ def open_text_tower(checkpoint: Checkpoint) -> TextTower:
         from vit.sources.open import read_weights
 
         return _open_open_clip(path, read_weights(path))
-    raise TextTowerError(f"{checkpoint.path or 'this model'} has no text tower: asking in words needs a CLIP or "
-                         "SigLIP model with its text weights (an HF CLIPModel / SiglipModel folder or open_clip "
-                         "weights)")
+    if source.get("kind") == "dinotxt":
+        return _open_dinotxt(path)
+    raise TextTowerError(f"{checkpoint.path or 'this model'} has no text tower: asking in words needs a CLIP, "
+                         "SigLIP or dino.txt model with its text weights (an HF CLIPModel / SiglipModel folder, "
+                         "open_clip weights, dino.txt's head and text file)")
 
 
 def check_labels(labels: Sequence[str], limit: int = MAX_LABELS) -> list[str]:
