@@ -173,7 +173,10 @@ def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):
         (dict(text="dog " * 40), r"^the concept is \d+ tokens, more than the 32 SAM 3's text encoder reads"),
         (dict(text=TEXT, threshold=1.0), r"^threshold must be a number from 0 to below 1, got 1.0$"),
         (dict(text=TEXT, threshold=0.0, instance=6), r"^instance 6 is not one of the 6 kept"),
-        (dict(text=TEXT, methods=["attnlrp"]), r"^no method 'attnlrp' for SAM 3's concepts"),
+        (dict(text=TEXT, methods=["attnlrp"]), r"^no method 'attnlrp' for SAM 3's concepts \(AttnLRP of SAM 3 is not "
+                                                r"built: lxt's rules"),
+        (dict(text=TEXT, methods=["legrad"]), r"^no method 'legrad' for SAM 3's concepts; choose from "
+                                              r"gradient_x_input$"),
         (dict(box=(0, 0, 200, 10)), r"box"),
     ]
     for kwargs, message in cases:

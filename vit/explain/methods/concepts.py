@@ -149,7 +149,10 @@ def segment_concept(sam3, image: Image.Image, concept: Concept, threshold: float
             raise PromptError(f"{name} must be a number from 0 to below 1, got {str(value)[:40]}")
     unknown = [m for m in methods if m not in CONCEPT_METHODS]
     if unknown:
-        raise PromptError(f"no method {unknown[0]!r} for SAM 3's concepts; choose from {', '.join(CONCEPT_METHODS)}")
+        why = (" (AttnLRP of SAM 3 is not built: lxt's rules for its RoPE attention, box bias and mask head are "
+               "untested here)" if unknown[0] == "attnlrp" else "")
+        raise PromptError(f"no method {unknown[0]!r} for SAM 3's concepts{why}; choose from "
+                          f"{', '.join(CONCEPT_METHODS)}")
     model = sam3.model
     inputs = concept_inputs(sam3, image, concept).to(sam3.device)
     with torch.no_grad():
