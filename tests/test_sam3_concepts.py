@@ -3,7 +3,9 @@ tiny random ``Sam3Model`` built and saved by transformers with its ``Sam3Process
 bundled vocabulary): its instances' scores, boxes and masks are transformers' (the eager model and the processor's
 ``post_process_instance_segmentation``, run here alone); the explained instance's decoder attention is the vision
 cross-attention ``output_attentions`` returns, every layer and head, placed row-major on the DETR grid; its
-gradient x input is autograd's, by hand; the exemplar box is read as (x0, y0, x1, y1): transposed, other answers."""
+gradient x input is autograd's, by hand, and its AttnLRP lxt's own rules patched into transformers' model (as
+test_sam_attnlrp_lxt patches them into SAM's); the exemplar box is read as (x0, y0, x1, y1): transposed, other
+answers."""
 
 import json
 
@@ -148,6 +150,52 @@ def test_the_instances_gradient_x_input_is_autograds_by_hand(sam3, folder):
     assert np.abs(want).max() > 0
 
 
+def lxt_relevance(folder, query: int, monkeypatch) -> torch.Tensor:
+    """lxt's AttnLRP of query ``query``'s mask logits (summed where > 0) on transformers' whole eager Sam3Model,
+    lxt's rules patched in as its ``efficient`` module patches a generic model's classes: ``layer_norm_forward`` on
+    ``torch.nn.LayerNorm``, ``non_linear_forward`` on every activation class, ``wrap_attention_forward`` on the
+    modelling file's ``eager_attention_forward`` (every attention module's function); the masks' product (the mask
+    embedder's output times the instance projection's) under the uniform rule with lxt's ``divide_gradient``."""
+    import transformers.models.sam3.modeling_sam3 as modeling
+    from transformers import activations
+
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+    from tests.reference.lxt.rules import divide_gradient
+
+    model, inputs, _, _ = by_transformers(folder, TEXT, None, 0.0, "eager")
+    decoder = model.mask_decoder
+    hooks = [m.register_forward_hook(lambda module, args, out: divide_gradient(out, 2))
+             for m in (decoder.mask_embedder, decoder.instance_projection)]
+    kinds = {type(m) for m in model.modules()
+             if type(m).__module__ == activations.__name__ or isinstance(m, (torch.nn.GELU, torch.nn.ReLU))}
+    try:
+        with monkeypatch.context() as m:  # lxt patches classes; undone before ours runs
+            m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+            for kind in kinds:
+                m.setattr(kind, "original_forward", kind.forward, raising=False)
+                m.setattr(kind, "forward", non_linear_forward)
+            m.setattr(modeling, "eager_attention_forward", wrap_attention_forward(modeling.eager_attention_forward))
+            x = inputs["pixel_values"].clone().requires_grad_(True)
+            with torch.enable_grad():
+                out = model(pixel_values=x, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+                logits = out.pred_masks[0, query]
+                [grad] = torch.autograd.grad(logits[logits.detach() > 0].sum(), x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return (x.detach() * grad).sum(dim=1)[0]
+
+
+def test_the_instances_attnlrp_is_lxts_rules_on_the_librarys_model(sam3, folder, monkeypatch):
+    done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, instance=0,
+                       methods=["attnlrp", "gradient_x_input"])
+    theirs = lxt_relevance(folder, int(done.queries[0]), monkeypatch)
+    scale = float(theirs.abs().max())
+    assert scale > 0 and done.maps["attnlrp"].shape == tuple(theirs.shape)
+    assert np.abs(done.maps["attnlrp"] - theirs.numpy()).max() / scale <= 1e-5
+    assert np.abs(done.maps["gradient_x_input"] - theirs.numpy()).max() / scale > 1e-2  # the rules changed the map
+
+
 def test_the_seen_pixels_are_the_processors_input_undone(sam3, folder):
     done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0)
     _, inputs, _, _ = by_transformers(folder, TEXT, None, 0.0)
@@ -173,10 +221,8 @@ def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):
         (dict(text="dog " * 40), r"^the concept is \d+ tokens, more than the 32 SAM 3's text encoder reads"),
         (dict(text=TEXT, threshold=1.0), r"^threshold must be a number from 0 to below 1, got 1.0$"),
         (dict(text=TEXT, threshold=0.0, instance=6), r"^instance 6 is not one of the 6 kept"),
-        (dict(text=TEXT, methods=["attnlrp"]), r"^no method 'attnlrp' for SAM 3's concepts \(AttnLRP of SAM 3 is not "
-                                                r"built: lxt's rules"),
         (dict(text=TEXT, methods=["legrad"]), r"^no method 'legrad' for SAM 3's concepts; choose from "
-                                              r"gradient_x_input$"),
+                                              r"gradient_x_input, attnlrp$"),
         (dict(box=(0, 0, 200, 10)), r"box"),
     ]
     for kwargs, message in cases:

@@ -11,13 +11,15 @@ explained instance (the best scored unless chosen) and only when asked:
   forms the probabilities ``output_attentions`` returns: the box's relative position bias included), placed
   row-major on the encoder's grid (``spatial_shapes``: the flattening of the vision features), over the input;
 - ``gradient_x_input``: the gradient of its mask's logits, summed over its mask at the model's mask resolution,
-  with respect to the input pixels, times the pixels, summed over the colour channels (one forward and backward).
+  with respect to the input pixels, times the pixels, summed over the colour channels (one forward and backward);
+- ``attnlrp``: the same under lxt's AttnLRP rules on the library's modules (``attnlrp_rules``), signed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,12 +29,13 @@ from torch import Tensor
 
 from vit.core import recording_attention
 from vit.costs import plan
-from vit.explain.methods.segment import PromptError, make_prompt
+from vit.explain.methods.relevance import AttnLRPRules, divide_gradient
+from vit.explain.methods.segment import PromptError, _activation_rule, _is_activation, _norm_rule, make_prompt
 
 MAX_CONCEPT_CHARS = 200  # a noun phrase; the processor pads the text to 32 tokens and reads no more
 TEXT_TOKENS = 32  # Sam3Processor's padding length: the CLIP text encoder's positions
 MASK_BYTES = 512 * 2**20  # the kept instances' masks on the image (bool): past it, a higher threshold is asked
-CONCEPT_METHODS = ("gradient_x_input",)
+CONCEPT_METHODS = ("gradient_x_input", "attnlrp")
 
 
 @dataclass(frozen=True)
@@ -149,10 +152,7 @@ def segment_concept(sam3, image: Image.Image, concept: Concept, threshold: float
             raise PromptError(f"{name} must be a number from 0 to below 1, got {str(value)[:40]}")
     unknown = [m for m in methods if m not in CONCEPT_METHODS]
     if unknown:
-        why = (" (AttnLRP of SAM 3 is not built: lxt's rules for its RoPE attention, box bias and mask head are "
-               "untested here)" if unknown[0] == "attnlrp" else "")
-        raise PromptError(f"no method {unknown[0]!r} for SAM 3's concepts{why}; choose from "
-                          f"{', '.join(CONCEPT_METHODS)}")
+        raise PromptError(f"no method {unknown[0]!r} for SAM 3's concepts; choose from {', '.join(CONCEPT_METHODS)}")
     model = sam3.model
     inputs = concept_inputs(sam3, image, concept).to(sam3.device)
     with torch.no_grad():
@@ -182,8 +182,8 @@ def segment_concept(sam3, image: Image.Image, concept: Concept, threshold: float
     query = int(queries[instance])
     if attention:
         result.attention = decoder_attention(model, vision, inputs, query)
-    if "gradient_x_input" in methods:
-        result.maps["gradient_x_input"] = gradient_x_input(model, inputs, query, mask_threshold)
+    for method in methods:
+        result.maps[method] = gradient_x_input(model, inputs, query, mask_threshold, rules=method == "attnlrp")
     return result
 
 
@@ -212,12 +212,13 @@ def mask_logit_score(pred_masks: Tensor, query: int, mask_threshold: float) -> T
     return logits[inside].sum() if inside.any() else logits.sum()
 
 
-def gradient_x_input(model, inputs, query: int, mask_threshold: float) -> Tensor:
+def gradient_x_input(model, inputs, query: int, mask_threshold: float, rules: bool = False) -> Tensor:
     """``(h, w)``: the gradient of ``mask_logit_score`` with respect to the input pixels times the pixels, summed
-    over the colour channels: one forward of the whole model and one backward."""
+    over the colour channels: one forward of the whole model and one backward; with ``rules``, AttnLRP's modified
+    gradient (``attnlrp_rules``)."""
     check_gradient_fits(model, tuple(inputs["pixel_values"].shape[-2:]))
     kwargs = {k: v for k, v in inputs.items() if k not in ("pixel_values", "original_sizes")}
-    with torch.inference_mode(False), torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad(), attnlrp_rules(model) if rules else contextlib.nullcontext():
         x = inputs["pixel_values"].detach().clone().requires_grad_(True)
         out = model(pixel_values=x, **kwargs)
         [grad] = torch.autograd.grad(mask_logit_score(out.pred_masks, query, mask_threshold), x)
@@ -234,3 +235,38 @@ def check_gradient_fits(model, input_hw: tuple[int, int]) -> None:
                               int(config.intermediate_size), 0, (side, side))
     plan.decide(plan.library_gradient(shape, (input_hw[0] // side, input_hw[1] // side),
                                       "Gradient × input of SAM 3's mask"))
+
+
+def _halved(module, args, output) -> Tensor:
+    """One factor of the masks' product, its gradient halved: the uniform rule on a product of two inputs."""
+    return divide_gradient(output, 2.0)
+
+
+@contextlib.contextmanager
+def attnlrp_rules(model) -> Iterator[None]:
+    """For the ``with`` block, lxt's AttnLRP rules on transformers' whole ``Sam3Model``, as forward hooks giving the
+    same values with the rule's backward, and the recording attention's ``RULES``: every LayerNorm holds its scale
+    (``_norm_rule``, lxt's ``layer_norm_forward``), every activation module takes the identity rule
+    (``_activation_rule``, lxt's ``non_linear_forward``), every attention call divides its q and k gradients by 4 and
+    its v gradient by 2 at the attention function (lxt's ``wrap_attention_forward``: the vision encoder's, the DETR
+    encoder's and decoder's, the geometry encoder's, the mask decoder's), and the masks, the product of the mask
+    embedder's and the instance projection's outputs, take the uniform rule (each factor's gradient halved). The
+    rest keeps its plain gradient: RoPE, the GroupNorms of the pixel decoder (lxt has no rule for them), the
+    functional ReLUs (whose identity rule is their gradient). The hooks sit on modules every session shares: a
+    concurrent forward without gradients gets the same numbers to float rounding."""
+    handles = []
+    token = recording_attention.RULES.set(AttnLRPRules())
+    try:
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                handles.append(module.register_forward_hook(_norm_rule))
+            elif _is_activation(module):
+                handles.append(module.register_forward_hook(_activation_rule))
+        decoder = model.mask_decoder
+        for factor in (decoder.mask_embedder, decoder.instance_projection):
+            handles.append(factor.register_forward_hook(_halved))
+        yield
+    finally:
+        recording_attention.RULES.reset(token)
+        for handle in handles:
+            handle.remove()
