@@ -194,6 +194,7 @@ def test_the_instances_attnlrp_is_lxts_rules_on_the_librarys_model(sam3, folder,
     assert scale > 0 and done.maps["attnlrp"].shape == tuple(theirs.shape)
     assert np.abs(done.maps["attnlrp"] - theirs.numpy()).max() / scale <= 1e-5
     assert np.abs(done.maps["gradient_x_input"] - theirs.numpy()).max() / scale > 1e-2  # the rules changed the map
+    assert done.overlay("attnlrp").size == done.seen.size  # drawn around 0 over the input
 
 
 def test_the_seen_pixels_are_the_processors_input_undone(sam3, folder):

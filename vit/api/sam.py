@@ -162,7 +162,7 @@ class ConceptSegmentation:
             values = self.maps[name]
         else:
             raise ValueError(f"no map {name!r} here; choose one of {', '.join([*self.attention, *self.maps])}")
-        cmap, vmin, vmax = map_colours("", values, colormap)
+        cmap, vmin, vmax = map_colours("attnlrp" if name == "attnlrp" else "", values, colormap)  # signed: around 0
         return draw_overlay(self.seen, values, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
 
     def save(self, path: str | os.PathLike) -> Path:
