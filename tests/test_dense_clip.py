@@ -80,39 +80,33 @@ def upsampled(maps: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     return F.interpolate(maps, size=images.shape[-2:], mode="bilinear")
 
 
-def test_sclip_is_the_authors_segmentor(backbone):
-    from tests.reference.sclip import clip_segmentor
+def sclip_segmentor(state: dict, texts: torch.Tensor) -> types.SimpleNamespace:
+    """What SCLIP's ``CLIPForSegmentation.forward_feature`` reads of its segmentor: the authors' CLIP holding
+    ``state``, the labels' normalised embeddings ``texts`` (n, E)."""
     from tests.reference.sclip import model as sclip
 
-    state, _, model, texts, images = backbone
-    segmentor = types.SimpleNamespace(net=openai_layout(sclip, state), query_features=texts)
-    with torch.no_grad():
-        expected = clip_segmentor.CLIPForSegmentation.forward_feature(segmentor, images)  # (B, n, H, W)
-    ours = dense_clip.dense_text_maps(model, images, texts, "sclip")
-    torch.testing.assert_close(upsampled(ours, images), expected, rtol=1e-5, atol=1e-5)
+    return types.SimpleNamespace(net=openai_layout(sclip, state), query_features=texts)
 
 
-def test_naclip_is_the_authors_segmentor(backbone):
+def naclip_segmentor(state: dict, texts: torch.Tensor) -> types.SimpleNamespace:
+    """What ``NACLIP.forward_feature`` reads: the authors' CLIP holding ``state``, its network set up with the
+    segmentor's defaults, ``texts`` (n, E)."""
     from tests.reference.naclip import model as naclip_model
     from tests.reference.naclip import naclip
 
-    state, _, model, texts, images = backbone
     net = openai_layout(naclip_model, state)
     defaults = inspect.signature(naclip.NACLIP.__init__).parameters  # as the segmentor sets its network up
     net.visual.set_params(*(defaults[name].default for name in ("arch", "attn_strategy", "gaussian_std")))
-    segmentor = types.SimpleNamespace(net=net, query_features=texts, align_corners=False)  # as its __init__ sets
-    with torch.no_grad():
-        expected = naclip.NACLIP.forward_feature(segmentor, images)
-    ours = dense_clip.dense_text_maps(model, images, texts, "naclip")
-    torch.testing.assert_close(upsampled(ours, images), expected, rtol=1e-5, atol=1e-5)
+    return types.SimpleNamespace(net=net, query_features=texts, align_corners=False)  # as its __init__ sets
 
 
-def test_clearclip_is_the_authors_segmentor(backbone):
-    from tests.reference.clearclip import clearclip_segmentor
+def clearclip_segmentor(state: dict, model_cfg: dict, texts: torch.Tensor) -> types.SimpleNamespace:
+    """What ``ClearCLIPSegmentation.forward_feature`` reads: its open_clip fork's ``VisionTransformer`` holding
+    ``state``'s image tower, the segmentor's defaults, ``texts`` (n, E)."""
+    from tests.reference.clearclip.clearclip_segmentor import ClearCLIPSegmentation
     from tests.reference.clearclip.open_clip import model as clearclip_model
     from tests.reference.clearclip.open_clip import transformer
 
-    state, model_cfg, model, texts, images = backbone
     vision = model_cfg["vision_cfg"]
     visual = transformer.VisionTransformer(vision["image_size"], vision["patch_size"], vision["width"],
                                            vision["layers"], vision["width"] // 64, 4.0,
@@ -120,12 +114,37 @@ def test_clearclip_is_the_authors_segmentor(backbone):
     visual.load_state_dict({k[len("visual."):]: v for k, v in state.items() if k.startswith("visual.")})
     net = types.SimpleNamespace(visual=visual.eval())
     net.encode_image = types.MethodType(clearclip_model.CLIP.encode_image, net)
-    defaults = inspect.signature(clearclip_segmentor.ClearCLIPSegmentation.__init__).parameters
-    segmentor = types.SimpleNamespace(net=net, query_features=texts, clip_type="CLIP", model_type="ClearCLIP",
-                                      ignore_residual=defaults["ignore_residual"].default,
-                                      patch_size=visual.patch_size)
+    defaults = inspect.signature(ClearCLIPSegmentation.__init__).parameters
+    return types.SimpleNamespace(net=net, query_features=texts, clip_type="CLIP", model_type="ClearCLIP",
+                                 ignore_residual=defaults["ignore_residual"].default, patch_size=visual.patch_size)
+
+
+def test_sclip_is_the_authors_segmentor(backbone):
+    from tests.reference.sclip import clip_segmentor
+
+    state, _, model, texts, images = backbone
     with torch.no_grad():
-        expected = clearclip_segmentor.ClearCLIPSegmentation.forward_feature(segmentor, images)
+        expected = clip_segmentor.CLIPForSegmentation.forward_feature(sclip_segmentor(state, texts), images)
+    ours = dense_clip.dense_text_maps(model, images, texts, "sclip")  # (B, n, gh, gw); expected (B, n, H, W)
+    torch.testing.assert_close(upsampled(ours, images), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_naclip_is_the_authors_segmentor(backbone):
+    from tests.reference.naclip import naclip
+
+    state, _, model, texts, images = backbone
+    with torch.no_grad():
+        expected = naclip.NACLIP.forward_feature(naclip_segmentor(state, texts), images)
+    ours = dense_clip.dense_text_maps(model, images, texts, "naclip")
+    torch.testing.assert_close(upsampled(ours, images), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_clearclip_is_the_authors_segmentor(backbone):
+    from tests.reference.clearclip.clearclip_segmentor import ClearCLIPSegmentation
+
+    state, model_cfg, model, texts, images = backbone
+    with torch.no_grad():
+        expected = ClearCLIPSegmentation.forward_feature(clearclip_segmentor(state, model_cfg, texts), images)
     ours = dense_clip.dense_text_maps(model, images, texts, "clearclip")
     torch.testing.assert_close(upsampled(ours, images), expected, rtol=1e-5, atol=1e-5)
 
