@@ -102,6 +102,19 @@ def test_a_concept_draws_its_instances_and_the_picked_ones_decoder_attention(fol
     np.testing.assert_allclose(table.value["score"].to_numpy(), boxed.scores, rtol=0, atol=1e-6)
     assert url(at)["cbox"] == ",".join(f"{v:g}" for v in BOX)
 
+    [method] = [w for w in at.main.radio if w.label == "Map"]  # which pixels made the instance's mask
+    method.set_value("attnlrp")
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    shown = int(url(at)["instance"]) - 1
+    pixels = vit.segment(sam3, picture(), text=TEXT, box=BOX, threshold=0.0, instance=shown, methods=["attnlrp"])
+    np.testing.assert_allclose(drawn[-1], pixels.maps["attnlrp"], rtol=0, atol=1e-6)
+    assert drawn[-1].shape == (64, 64) and any("AttnLRP (signed)" in c.value for c in at.main.caption)
+    link = url(at)
+    assert link["cmethod"] == "attnlrp" and "clayer" not in link and "chead" not in link
+    open_link(link)
+    np.testing.assert_allclose(drawn[-1], pixels.maps["attnlrp"], rtol=0, atol=1e-6)
+
 
 def test_what_cannot_be_asked_is_one_line(folder):
     at = opened(folder)

@@ -23,16 +23,20 @@ from vit.app.export import View, view_html
 from vit.app.sam_prompt_view import box_text, parse_box
 from vit.core.images import ImageError
 from vit.core.text import escape_markdown, file_name_part, visible
-from vit.explain.views.overlay import display_image
+from vit.explain.views.overlay import display_image, map_colours
 
 TEXT_KEY, BOX_KEY, THRESHOLD_KEY = "concept_text", "concept_box", "concept_threshold"
 INSTANCE_KEY, LAYER_KEY, HEAD_KEY = "concept_instance", "concept_layer", "concept_head"
+METHOD_KEY, PIXELS_KEY = "concept_method", "concept_pixels"  # the map drawn; the last pixel map, kept
+# The maps of the picked instance: its query's decoder attention, or which pixels made its mask
+METHODS = {"attention": "decoder attention", "gradient_x_input": "gradient × input", "attnlrp": "AttnLRP (signed)"}
 RESULT_KEY = "concept_result"  # the last answer: (its key, the ConceptSegmentation)
 ASKED_KEY = "concept_asked"  # the (image, concept, box, threshold) the instance was picked among
-KEPT = ("concept_text", "concept_box", "concept_threshold", "concept_instance", "concept_layer", "concept_head")
+KEPT = ("concept_text", "concept_box", "concept_threshold", "concept_instance", "concept_layer", "concept_head",
+        "concept_method")
 # Link parameter -> the widget it sets (the instance, layer and head from 1; head 0: the heads' mean)
 LINKED = {"concept": TEXT_KEY, "cbox": BOX_KEY, "cthreshold": THRESHOLD_KEY, "instance": INSTANCE_KEY,
-          "clayer": LAYER_KEY, "chead": HEAD_KEY}
+          "clayer": LAYER_KEY, "chead": HEAD_KEY, "cmethod": METHOD_KEY}
 MEAN = -1  # the head picker's "the heads' mean"
 
 
@@ -154,10 +158,22 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
     except ValueError as e:  # PromptError, the cost model's: one line
         st.error(_one_line(e))
         return
-    _draw(found, image_name, model_text, digest, is_sample)
+    def pixel_map(method: str) -> np.ndarray:  # which pixels made the instance's mask: one forward and backward
+        key = (fingerprint, digest, text.strip() or None, box, float(threshold), found.instance, method)
+        kept = st.session_state.get(PIXELS_KEY)
+        if kept is None or kept[0] != key:
+            with st.spinner(f"Computing {METHODS[method]} of the instance's mask…"):
+                done = vit.segment(sam3, image, text=key[2], box=box, threshold=key[4], instance=found.instance,
+                                   methods=[method])
+            kept = (key, done.maps[method])
+            st.session_state[PIXELS_KEY] = kept
+        return kept[1]
+
+    patch = int(sam3.model.config.vision_config.backbone_config.patch_size)
+    _draw(found, image_name, model_text, is_sample, pixel_map, patch)
 
 
-def _draw(found, image_name: str, model_text: str, digest: str, is_sample: bool) -> None:
+def _draw(found, image_name: str, model_text: str, is_sample: bool, pixel_map, patch: int) -> None:
     count = len(found.scores)
     col_picture, col_instances = st.columns([1.2, 1], gap="medium")
     col_picture.image(display_image(found.picture(), max_side=480), output_format="PNG",
@@ -173,35 +189,61 @@ def _draw(found, image_name: str, model_text: str, digest: str, is_sample: bool)
         st.selectbox("Instance", list(range(count)), key=INSTANCE_KEY,
                      format_func=lambda i: f"{i + 1}: score {found.scores[i]:.3f}",
                      help="The instance explained: tinted on the image, its object query's attention below.")
-        names = list(found.attention)
-        if st.session_state.get(LAYER_KEY) not in range(len(names)):
-            st.session_state[LAYER_KEY] = len(names) - 1
-        layer = st.selectbox("Decoder layer", list(range(len(names))), key=LAYER_KEY,
-                             format_func=lambda k: str(k + 1),
-                             help="A layer of the DETR decoder: its vision cross-attention, from the instance's "
-                                  "object query to the image tokens.")
-        heads = found.attention[names[layer]]
-        if st.session_state.get(HEAD_KEY) not in (MEAN, *range(len(heads))):
-            st.session_state[HEAD_KEY] = MEAN
-        head = st.selectbox("Head", [MEAN, *range(len(heads))], key=HEAD_KEY,
-                            format_func=lambda h: "all heads (mean)" if h == MEAN else f"head {h + 1}")
-    map2d = heads.mean(axis=0) if head == MEAN else heads[head]
-    which = "the heads' mean" if head == MEAN else f"head {head + 1}"
-    caption = (f"**Instance {found.instance + 1}** (score {found.scores[found.instance]:.3f}), decoder layer "
-               f"{layer + 1}, {which}: each patch holds the attention of the instance's object query to the image "
-               f"token covering it, in the DETR decoder's vision cross-attention, as transformers' eager attention "
-               f"forms it (the box's relative position bias included), over the input SAM 3 saw.")
-    drawn = drawing.overlay_image(found.seen, map2d, 0.6, "inferno", "bilinear", False, None)
+        if st.session_state.get(METHOD_KEY) not in METHODS:
+            st.session_state[METHOD_KEY] = "attention"
+        method = st.radio("Map", list(METHODS), key=METHOD_KEY, format_func=METHODS.get, horizontal=True,
+                          help="Which image tokens the instance's object query attended to in the DETR decoder; "
+                               "or which input pixels made its mask: the gradient of its mask's logits (summed "
+                               "over the mask) times the input, or AttnLRP (lxt's rules), red for and blue against "
+                               "(one forward and backward each).")
+        layer = head = None
+        if method == "attention":
+            names = list(found.attention)
+            if st.session_state.get(LAYER_KEY) not in range(len(names)):
+                st.session_state[LAYER_KEY] = len(names) - 1
+            layer = st.selectbox("Decoder layer", list(range(len(names))), key=LAYER_KEY,
+                                 format_func=lambda k: str(k + 1),
+                                 help="A layer of the DETR decoder: its vision cross-attention, from the instance's "
+                                      "object query to the image tokens.")
+            heads = found.attention[names[layer]]
+            if st.session_state.get(HEAD_KEY) not in (MEAN, *range(len(heads))):
+                st.session_state[HEAD_KEY] = MEAN
+            head = st.selectbox("Head", [MEAN, *range(len(heads))], key=HEAD_KEY,
+                                format_func=lambda h: "all heads (mean)" if h == MEAN else f"head {h + 1}")
+    title = f"**Instance {found.instance + 1}** (score {found.scores[found.instance]:.3f})"
+    grid, colormap, vmin, vmax = None, "inferno", None, None
+    if method == "attention":
+        map2d = heads.mean(axis=0) if head == MEAN else heads[head]
+        which = "the heads' mean" if head == MEAN else f"head {head + 1}"
+        caption = (f"{title}, decoder layer {layer + 1}, {which}: each patch holds the attention of the instance's "
+                   "object query to the image token covering it, in the DETR decoder's vision cross-attention, as "
+                   "transformers' eager attention forms it (the box's relative position bias included), over the "
+                   "input SAM 3 saw.")
+    else:
+        try:
+            map2d = pixel_map(method)
+        except ValueError as e:  # the cost model's refusal: one line
+            st.error(_one_line(e))
+            return
+        grid = (map2d.shape[0] // patch, map2d.shape[1] // patch)
+        colormap, vmin, vmax = map_colours(method, map2d, "inferno")  # AttnLRP's: around 0
+        caption = (f"{title}, {METHODS[method]}: each input pixel holds the gradient of the instance's mask logits "
+                   "(summed over its mask) times the pixel, summed over the colour channels"
+                   + (", under lxt's AttnLRP rules: red for the mask, blue against it" if method == "attnlrp" else "")
+                   + ", over the input SAM 3 saw.")
+    drawn = drawing.overlay_image(found.seen, map2d, 0.6, colormap, "bilinear", False, None, vmin, vmax, grid=grid)
     col_map, col_bar = st.columns([1.2, 1], gap="medium")
     col_map.image(display_image(drawn, max_side=480), output_format="PNG")
-    low, high = drawing.map_range(map2d, None, None)
+    low, high = drawing.map_range(map2d, vmin, vmax)
     with col_bar:
-        st.html(drawing.colorbar_html(low, high, "inferno"))
-        st.caption(caption + " " + drawing.describe_range(map2d))
+        st.html(drawing.colorbar_html(low, high, colormap))
+        st.caption(caption + " " + drawing.describe_range(map2d, vmin, vmax))
     values = {"model": model_text,  # the image: a sample by name, an upload by the server's store's SHA-256
               **({"sample": image_name} if is_sample else {"upload": st.session_state.get(share_view.SHOWN_KEY)}),
               "concept": found.text, "cbox": found.box, "cthreshold": st.session_state.get(THRESHOLD_KEY),
-              "instance": found.instance + 1, "clayer": layer + 1, "chead": 0 if head == MEAN else head + 1}
+              "instance": found.instance + 1, "cmethod": None if method == "attention" else method,
+              "clayer": None if layer is None else layer + 1,
+              "chead": None if head is None else 0 if head == MEAN else head + 1}
     values = {k: v for k, v in values.items() if v is not None}
     view_link.follow(values)
     col_link, col_export = st.columns(2)
@@ -209,15 +251,17 @@ def _draw(found, image_name: str, model_text: str, digest: str, is_sample: bool)
     settings = {"Model": model_text, "Image": image_name, "Concept": found.text or "(an exemplar box alone)",
                 "Exemplar box": box_text(found.box) if found.box else "none",
                 "Score threshold": f"{st.session_state.get(THRESHOLD_KEY):g}",
-                "Instance": f"{found.instance + 1} of {count}", "Decoder layer": str(layer + 1),
-                "Head": "all (mean)" if head == MEAN else str(head + 1)}
+                "Instance": f"{found.instance + 1} of {count}", "Map": METHODS[method],
+                **({"Decoder layer": str(layer + 1), "Head": "all (mean)" if head == MEAN else str(head + 1)}
+                   if method == "attention" else {})}
     page = View(title=f"{image_name} — SAM 3: {found.text or 'an exemplar'}", seen=found.seen,
-                map2d=np.asarray(map2d), caption=caption, settings=settings)
+                map2d=np.asarray(map2d), caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, grid=grid,
+                settings=settings)
     col_export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
                                file_name=f"{file_name_part(image_name.rsplit('.', 1)[0]) or 'image'}-concept.html",
                                data=partial(_export, page),
-                               help="One self-contained .html file: the input, the instance's attention map with "
-                                    "its colour bar and caption, and these settings. Opens offline.")
+                               help="One self-contained .html file: the input, the instance's map with its colour "
+                                    "bar and caption, and these settings. Opens offline.")
 
 
 def _export(page: View) -> bytes:

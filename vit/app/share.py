@@ -190,6 +190,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     # decoder layer and head (from 1; head 0: their mean)
     "concept": _text, "cbox": _prompt_part(sam_prompts.parse_box), "cthreshold": _steps(0.0, 0.95),
     "instance": _whole(1), "clayer": _whole(1), "chead": _whole(0),
+    "cmethod": _one_of(("gradient_x_input", "attnlrp")),  # which pixels made the instance's mask (default: attention)
 }
 
 
@@ -217,7 +218,7 @@ LABELS = {
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
     "sat": "Explained at pixel (x, y)",
     "concept": "Concept", "cbox": "Exemplar box", "cthreshold": "Score threshold", "instance": "Instance",
-    "clayer": "Decoder layer", "chead": "Decoder head (0: the mean)",
+    "clayer": "Decoder layer", "chead": "Decoder head (0: the mean)", "cmethod": "Which pixels made the mask",
 }
 
 
