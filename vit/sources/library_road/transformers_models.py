@@ -36,6 +36,9 @@ PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distill
                      "cls_register_token")  # C-RADIO's CLS and registers: (n, hidden)
 SUFFIX_PARAMETERS = ("detection_tokens",)  # the embeddings' tokens after the patches: YOLOS's (1, n, hidden)
 MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
+# model_types whose tokens are not one image's prefix and patches, each opened by a module of its own that builds on
+# this one (so imported by its name when asked): PE video's clip, a timm trunk per frame and a temporal encoder
+OWN_LAYOUTS = {"pe_video_encoder": "vit.sources.library_road.pe_video"}
 
 
 @dataclass(frozen=True)
@@ -443,6 +446,8 @@ def opens(config_json: Mapping) -> bool:
     model_type = config_json.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         return False
+    if model_type in OWN_LAYOUTS:
+        return True
     try:
         config_class = CONFIG_MAPPING[model_type]
         cls = _model_class(config_json, config_class)
@@ -556,9 +561,14 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     its class names from ``id2label``, its preprocessing from the image processor. ``map_location="meta"`` builds
     it on the meta device, no weight read. SourceError (one line) for a model whose attention does not run through
     transformers' attention interface, or whose layout cannot be read."""
+    import importlib
+
     import transformers
 
     model_type = str(config_json.get("model_type"))
+    if model_type in OWN_LAYOUTS:
+        return importlib.import_module(OWN_LAYOUTS[model_type]).open_library(folder, config_json, image_processor,
+                                                                             map_location)
     origin = f"{folder} ({model_type}, opened as transformers builds it)"
     problem = declared_problem(config_json)
     if problem:

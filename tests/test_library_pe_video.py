@@ -1,0 +1,197 @@
+"""PE video by the library road (issue 91, item 4): transformers' ``PeVideoEncoder`` (a timm PE-Core trunk per frame,
+then a temporal transformer over the CLS and one token a frame) built tiny with random weights by transformers, saved
+with ``save_pretrained`` beside its ``PeVideoVideoProcessor``, never downloaded, and opened by path with ``vit.load``.
+Its embeddings are transformers' forward; every temporal layer's attention is transformers' eager attention
+(``output_attentions`` of the eager implementation), every trunk layer's timm's explicit path (the probabilities its
+``attn_drop`` receives, hooked here); each is placed on the frames' grids, on frames of 4 x 6 patches (a transposed
+grid has another shape, a column-major one other values), two clips in a batch of three frames each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import vit
+from vit.checkpoint import CheckpointError
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("timm")
+
+FRAMES, HEIGHT, WIDTH, PATCH = 3, 32, 48, 8  # a 4 x 6 grid of patches a frame
+GH, GW = HEIGHT // PATCH, WIDTH // PATCH
+TRUNK = dict(architecture="vit_pe_core_tiny_patch16_384", num_classes=16, global_pool="map",
+             model_args=dict(depth=2, embed_dim=32, num_heads=2, img_size=[HEIGHT, WIDTH], patch_size=PATCH,
+                             attn_pool_num_heads=2, ref_feat_shape=[GH, GW]))
+TEMPORAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16)
+
+
+def spread(model: torch.nn.Module) -> None:
+    """Weights wide enough that every head's attention differs from uniform."""
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+
+
+def save_pe_video(folder, num_frames: int | None = FRAMES):
+    config = transformers.PeVideoEncoderConfig(vision_config=TRUNK, **TEMPORAL)
+    torch.manual_seed(0)
+    model = transformers.PeVideoEncoder(config).eval()
+    spread(model)
+    model.save_pretrained(folder)
+    fields = dict(size={"height": HEIGHT, "width": WIDTH}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    transformers.PeVideoVideoProcessor(**fields, **({} if num_frames is None else {"num_frames": num_frames})
+                                       ).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_pe_video(tmp_path_factory.mktemp("pe_video"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(folder):
+    return vit.load(folder, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    """The saved model as transformers builds it, its attention the eager implementation's."""
+    return transformers.PeVideoEncoder.from_pretrained(folder, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def clip():
+    return torch.randn(2, FRAMES, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(1))  # (B, F, C, H, W)
+
+
+@pytest.fixture(scope="module")
+def theirs(reference, clip):
+    """transformers' eager forward: its output, every temporal layer's attention (``output_attentions``), and every
+    trunk layer's as timm's explicit path computes it (fused attention off, read at its ``attn_drop``)."""
+    trunk = reference.embedder.vision_model.timm_model
+    spatial = []
+    hooks = []
+    for block in trunk.blocks:
+        block.attn.fused_attn = False
+        hooks.append(block.attn.attn_drop.register_forward_hook(lambda m, i, o: spatial.append(i[0])))
+    try:
+        with torch.no_grad():
+            out = reference(pixel_values_videos=clip, output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out, out.attentions, spatial
+
+
+@pytest.fixture(scope="module")
+def ours(checkpoint, clip):
+    model = checkpoint.model
+    return model.record(clip, layers=range(model.num_layers), frame_layers=range(model.num_frame_layers))
+
+
+def test_pe_video_opens_by_path_through_the_library_road(checkpoint):
+    model = checkpoint.model
+    assert checkpoint.road == "library" and checkpoint.metadata["architecture"] == "hf:PeVideoEncoder"
+    assert model.layout.grid == (GH, GW) and model.layout.num_prefix_tokens == 1  # PE-Core's CLS, then the patches
+    assert model.num_frames == FRAMES and checkpoint.preprocessing.image_hw == (HEIGHT, WIDTH)
+    assert (model.num_layers, model.num_heads, model.num_frame_layers) == (2, 2, 2)
+
+
+def test_the_embeddings_are_transformers_forward(ours, theirs):
+    out, _, _ = theirs
+    torch.testing.assert_close(ours.output.pooler_output, out.pooler_output, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.output.last_hidden_state, out.last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_every_temporal_layer_is_transformers_eager_attention(ours, theirs):
+    _, temporal, _ = theirs
+    assert len(ours.temporal) == len(temporal) == 2
+    for layer, probabilities in ours.temporal.items():
+        assert probabilities.shape == (2, 2, 1 + FRAMES, 1 + FRAMES)  # (B, H, CLS + frames, CLS + frames)
+        torch.testing.assert_close(probabilities, temporal[layer], atol=1e-5, rtol=0)
+    assert not torch.allclose(temporal[-1][0, 0, 0], torch.full((1 + FRAMES,), 1 / (1 + FRAMES)), atol=1e-3)
+
+
+def test_every_trunk_layer_is_timms_explicit_attention_over_each_frame(ours, theirs):
+    _, _, spatial = theirs
+    assert len(ours.spatial) == len(spatial) == 2
+    for layer, probabilities in ours.spatial.items():
+        assert probabilities.shape == (2, FRAMES, 2, 1 + GH * GW, 1 + GH * GW)  # (B, F, H, T, T)
+        # transformers runs the trunk on the clips' frames as one batch, clip after clip
+        torch.testing.assert_close(probabilities, spatial[layer].reshape(2, FRAMES, *spatial[layer].shape[1:]),
+                                   atol=1e-5, rtol=0)
+
+
+def test_a_frames_attention_is_placed_row_major_on_its_own_frame(ours, theirs):
+    """The CLS's row of every frame, and one patch's row on its own frame, laid on the 4 x 6 grid by hand: the
+    trunk's batch is clip-major (a frame order of (F, B) fails) and its patches row-major (a transposed grid fails)."""
+    _, _, spatial = theirs
+    eager = spatial[1].reshape(2, FRAMES, *spatial[1].shape[1:])  # (B, F, H, T, T)
+    expected = torch.zeros(2, FRAMES, GH, GW)
+    for b in range(2):
+        for f in range(FRAMES):
+            for r in range(GH):
+                for c in range(GW):
+                    expected[b, f, r, c] = eager[b, f, 1, 0, 1 + r * GW + c]
+    torch.testing.assert_close(ours.placed(1, 0, head=1), expected, atol=1e-6, rtol=0)
+    one = torch.zeros(2, FRAMES, GH, GW)
+    for r in range(GH):
+        for c in range(GW):
+            one[:, 2, r, c] = eager[:, 2, :, 1 + 1 * GW + 4, 1 + r * GW + c].mean(1)
+    torch.testing.assert_close(ours.placed(1, (2, 1, 4)), one, atol=1e-6, rtol=0)
+
+
+def test_the_temporal_attention_is_placed_on_each_frame_in_order(ours, theirs):
+    """Token 1 + f is frame f: the CLS's row over the frames and frame 1's row, each frame's weight over its grid."""
+    _, temporal, _ = theirs
+    for query in (0, 2):
+        placed = ours.placed(0, query, head=0, temporal=True)  # (B, F, GH, GW)
+        for f in range(FRAMES):
+            assert torch.allclose(placed[:, f], temporal[0][:, 0, query, 1 + f][:, None, None].expand(-1, GH, GW),
+                                  atol=1e-6, rtol=0)
+    mean = ours.placed(1, 0, temporal=True)[:, :, 0, 0]
+    torch.testing.assert_close(mean, temporal[1][:, :, 0, 1:].mean(1), atol=1e-6, rtol=0)
+
+
+def test_a_patch_of_the_image_is_the_token_the_layout_places_there(checkpoint, clip):
+    """The pixels of frame 2's patch (1, 4) reach the trunk's patch embedding at token 1 * 6 + 4 of frame 2's image
+    alone (the layout's row-major index after the prefix), so a transposed grid (4 * 4 + 1) or another frame fails."""
+    trunk = checkpoint.model.frames.trunk
+    seen = []
+    hook = trunk.patch_embed.register_forward_hook(lambda m, i, o: seen.append(o))
+    try:
+        changed = clip.clone()
+        changed[0, 2, :, 1 * PATCH:2 * PATCH, 4 * PATCH:5 * PATCH] += 1.0
+        checkpoint.model.record(clip[:1])
+        checkpoint.model.record(changed[:1])
+    finally:
+        hook.remove()
+    differs = (seen[0] - seen[1]).abs().amax(-1)  # (F, GH*GW): patch tokens, no prefix yet
+    assert differs.nonzero().tolist() == [[2, 1 * GW + 4]]
+
+
+def test_open_source_without_the_library_road_refuses_it_in_one_line(folder):
+    from vit.sources.open import open_source
+
+    with pytest.raises(CheckpointError) as refused:
+        open_source(folder)
+    assert "opens as transformers builds it" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_video_processor_with_a_bad_frame_count_is_refused_in_one_line(tmp_path):
+    folder = save_pe_video(tmp_path)
+    path = folder / "video_preprocessor_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_frames": 0}))
+    with pytest.raises(CheckpointError, match="num_frames 0 is not a frame count") as refused:
+        vit.load(folder, device="cpu")
+    assert "\n" not in str(refused.value)
+
+
+def test_an_image_is_refused_in_one_line(checkpoint):
+    with pytest.raises(ValueError, match="takes a clip") as refused:
+        checkpoint.model.record(torch.zeros(1, 3, HEIGHT, WIDTH))
+    assert "\n" not in str(refused.value)

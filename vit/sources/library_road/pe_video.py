@@ -1,0 +1,275 @@
+"""The library road for PE video (transformers' ``PeVideoEncoder``, model_type ``pe_video_encoder``), a clip in.
+
+transformers builds it as two models in one: each frame goes through a timm PE-Core ViT (``TimmWrapper`` around
+timm's ``Eva``, pooled to one vector a frame by its attention-pooling head), then a temporal transformer runs over
+``[CLS, one token per frame]`` (RMSNorm, RoPE, attention through transformers' attention interface). Both run as the
+libraries build them; their attention is recorded where each library lets it be:
+
+- the temporal layers' through the recording attention over SDPA (``vit.core.recording_attention``), the asked
+  layers' probabilities computed by the modelling file's own eager function, as for any transformers model of the
+  library road (``transformers_models``);
+- each frame's spatial attention in the trunk through timm's explicit path for the asked layers, the probabilities
+  its ``attn_drop`` receives (``timm_models``), over every frame of the clip at once (the trunk runs on the clip's
+  frames as one batch).
+
+Where the tokens sit: the temporal layers' token 0 is the CLS and token ``1 + f`` frame ``f`` (the whole frame); the
+trunk's are a frame's ``num_prefix_tokens`` (PE-Core's CLS) then its patch grid row-major (``LibraryLayout``, read
+off the trunk's patch embedding, as timm's library road reads it). ``ClipAttention.placed`` lays either on the
+frames' grids, ``(frames, rows, cols)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vit.checkpoint import Checkpoint, Preprocessing
+from vit.core import recording_attention
+from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers
+from vit.sources.hf_preprocessing import hf_preprocessing
+from vit.sources.library_road import timm_models
+from vit.sources.library_road.transformers_models import (
+    ROAD,
+    LibraryLayout,
+    LibraryModel,
+    _AttentionRecorder,
+    declared_problem,
+)
+
+MODEL_TYPES = ("pe_video_encoder",)  # config.json model_types opened here (``transformers_models.OWN_LAYOUTS``)
+VIDEO_PROCESSOR = "video_preprocessor_config.json"  # PeVideoVideoProcessor's save_pretrained
+MAX_FRAMES = 1024  # the clip lengths a video processor may ask for
+DEFAULT_FRAMES = 16  # frames sampled where the video processor names none (it then takes every frame of a clip)
+TEMPORAL_PREFIX = 1  # the temporal layers' CLS before the frames' tokens
+
+
+@dataclass(frozen=True)
+class ClipAttention:
+    """One recorded forward of a clip: the encoder's ``output`` (transformers' ``BaseModelOutputWithPooling``),
+    ``temporal[layer]`` the temporal layer's post-softmax attention ``(B, H, rows, 1 + F)`` over the CLS and the
+    ``F`` frames, ``spatial[layer]`` the trunk layer's ``(B, F, H', rows, T)`` over each frame's own ``T`` tokens
+    (its prefix, then its patches), and ``frame`` where a frame's tokens sit."""
+
+    output: object
+    temporal: dict[int, torch.Tensor]
+    spatial: dict[int, torch.Tensor]
+    frame: LibraryLayout
+
+    def placed(self, layer: int, query: int | tuple[int, int, int] = 0, head: int | None = None,
+               temporal: bool = False) -> torch.Tensor:
+        """A row of the attention laid on the frames' grids ``(B, frames, rows, cols)``; ``head`` None: the mean of
+        the heads. ``temporal``: the temporal layer ``layer``'s row of token ``query`` (0 the CLS, ``1 + f`` frame
+        ``f``), each frame's weight over its whole grid. Else the trunk layer ``layer``'s row of ``query``: an int
+        is a frame token (0 the CLS), its row in every frame, over that frame's patches (the prefix keys left
+        out); ``(frame, row, col)`` that frame's patch, its row over its own frame, the other frames 0."""
+        gh, gw = self.frame.grid
+        if temporal:
+            probabilities = self.temporal[layer]  # (B, H, 1 + F, 1 + F)
+            row = probabilities[:, :, query] if head is None else probabilities[:, head, query][:, None]
+            weights = row.mean(1)[:, TEMPORAL_PREFIX:]  # (B, F)
+            return weights[:, :, None, None].expand(-1, -1, gh, gw).clone()
+        probabilities = self.spatial[layer]  # (B, F, H, T, T)
+        if head is not None:
+            probabilities = probabilities[:, :, head:head + 1]
+        prefix = self.frame.num_prefix_tokens
+        if isinstance(query, tuple):
+            frame, r, c = query
+            rows = probabilities[:, frame, :, prefix + r * gw + c, prefix:].mean(1)  # (B, gh*gw)
+            out = probabilities.new_zeros(probabilities.shape[0], probabilities.shape[1], gh, gw)
+            out[:, frame] = rows.reshape(-1, gh, gw)  # row-major: the patch grid as the trunk flattens it
+            return out
+        rows = probabilities[:, :, :, query, prefix:].mean(2)  # (B, F, gh*gw)
+        return rows.reshape(rows.shape[0], rows.shape[1], gh, gw)
+
+
+class PeVideoModel(LibraryModel):
+    """transformers' ``PeVideoEncoder`` as transformers builds it, a clip ``(B, F, C, H, W)`` in. Its temporal
+    layers are the ``LibraryModel``'s layers (``num_layers``, ``num_heads``, ``run``); ``frames`` is the trunk as
+    timm's library road holds it (``timm_models.TimmLibraryModel``: one frame an image), whose ``layout`` places a
+    frame's tokens; ``num_frames`` the clip length its video processor samples."""
+
+    takes_clips = True
+
+    def __init__(self, model: torch.nn.Module, frames: timm_models.TimmLibraryModel,
+                 temporal_modules: list[torch.nn.Module], num_frames: int):
+        super().__init__(model, frames.layout, temporal_modules)
+        self.__dict__["frames"] = frames  # its modules are the encoder's, registered once there
+        self.num_frames = num_frames
+
+    @property
+    def is_classifier(self) -> bool:
+        return False
+
+    @property
+    def num_frame_layers(self) -> int:
+        return self.frames.num_layers
+
+    def record(self, videos: torch.Tensor, layers: Iterable[int] = (), frame_layers: Iterable[int] = (),
+               heads: list[int] | None = None, frame_heads: list[int] | None = None) -> ClipAttention:
+        """The library's forward of ``videos`` ``(B, F, C, H, W)``, with the post-softmax attention of the asked
+        temporal ``layers`` (every row) and trunk ``frame_layers`` (every frame, every row); ``heads`` /
+        ``frame_heads`` keep those heads alone. What is kept is checked against the memory limit first
+        (``TooManyTokens``, one line)."""
+        from vit.costs import plan
+
+        if videos.dim() != 5:
+            raise ValueError(f"PE video takes a clip (batch, frames, channels, height, width), not a tensor of shape "
+                             f"{tuple(videos.shape)}")
+        B, F = videos.shape[:2]
+        temporal = sorted({layer % self.num_layers for layer in layers})
+        spatial = sorted({layer % self.num_frame_layers for layer in frame_layers})
+        gh, gw = self.layout.grid
+        tokens = self.layout.num_prefix_tokens + gh * gw
+        if temporal:
+            plan.decide(plan.library_attention(B, self.num_heads if heads is None else len(heads),
+                                               TEMPORAL_PREFIX + F, len(temporal)))
+        if spatial:
+            plan.decide(plan.library_attention(B * F, self.frames.num_heads if frame_heads is None
+                                               else len(frame_heads), tokens, len(spatial)))
+        over_time = _AttentionRecorder({layer: self._attention[layer] for layer in temporal}, heads, None)
+        within = _AttentionRecorder({layer: self.frames.attention_module(layer) for layer in spatial}, frame_heads,
+                                    None)
+        with torch.no_grad(), recording_attention.recording(self.model, over_time), timm_models.recording(within):
+            output = self.model(pixel_values_videos=videos)
+        for layer, kept in over_time.kept.items():
+            if kept.shape[-1] != TEMPORAL_PREFIX + F:
+                raise ValueError(f"temporal layer {layer}'s attention has {kept.shape[-1]} keys, not the CLS and "
+                                 f"{F} frames")
+        for layer, kept in within.kept.items():
+            if kept.shape[0] != B * F or kept.shape[-1] != tokens:
+                raise ValueError(f"trunk layer {layer}'s attention is over {kept.shape[-1]} tokens, not the "
+                                 f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches of a frame")
+        return ClipAttention(output, dict(sorted(over_time.kept.items())),
+                             {layer: kept.reshape(B, F, *kept.shape[1:]) for layer, kept in sorted(
+                                 within.kept.items())}, self.layout)  # (B*F, ...) -> (B, F, ...)
+
+    def run(self, videos: torch.Tensor, layers: Iterable[int] = (), heads: list[int] | None = None,
+            rows: list[int] | None = None) -> tuple[object, dict[int, torch.Tensor]]:
+        """``LibraryModel.run`` over a clip ``(B, F, C, H, W)``: the encoder's output and the asked temporal
+        layers' attention ``(B, heads, rows, 1 + F)``."""
+        recorded = self.record(videos, layers, heads=heads)
+        if rows is None:
+            return recorded.output, recorded.temporal
+        return recorded.output, {layer: kept[:, :, rows] for layer, kept in recorded.temporal.items()}
+
+    def forward(self, videos: torch.Tensor) -> torch.Tensor:
+        """The clip's embedding ``(B, hidden)``: the encoder's ``pooler_output`` (its CLS after the last layer)."""
+        return self.record(videos).output.pooler_output
+
+
+def takes(config_json: Mapping) -> bool:
+    """Whether ``config_json`` is a folder this module opens."""
+    return config_json.get("model_type") in MODEL_TYPES
+
+
+def video_processor(folder: Path) -> dict | None:
+    """The folder's video processor settings (``video_preprocessor_config.json``), else None."""
+    from vit.sources.files import read_json
+
+    path = folder / VIDEO_PROCESSOR
+    return read_json(path) if path.is_file() else None
+
+
+def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None = None,
+                  map_location: str | torch.device = "cpu") -> Checkpoint:
+    """The folder's ``PeVideoEncoder`` as transformers builds it (``PeVideoModel``), in a ``Checkpoint`` with
+    ``road="library"``: the frames prepared as its video processor says (``video_preprocessor_config.json``, else
+    ``image_processor``), its trunk's layout read off timm's patch embedding and checked on the meta device.
+    SourceError (one line) for what cannot be opened or placed."""
+    import transformers
+
+    origin = f"{folder} ({config_json.get('model_type')}, opened as transformers builds it)"
+    problem = declared_problem(config_json)
+    vision = config_json.get("vision_config")
+    args = vision.get("model_args") if isinstance(vision, Mapping) else None
+    problem = problem or (timm_models._declared_problem(args) if isinstance(args, Mapping) else None)
+    if problem:
+        raise SourceError(f"{origin}: {problem}")
+    meta = torch.device(map_location).type == "meta"
+    name = recording_attention.recording_name("sdpa")
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        if meta:
+            with torch.device("meta"):
+                model, loaded = transformers.PeVideoEncoder._from_config(config, attn_implementation=name), {}
+        else:
+            with quiet_transformers():
+                model, loaded = transformers.PeVideoEncoder.from_pretrained(
+                    folder, local_files_only=True, trust_remote_code=False, dtype=torch.float32,
+                    ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
+            model = model.to(map_location)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, AssertionError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    wrong = loading_problem(loaded)
+    if wrong:
+        raise SourceError(f"{folder} is refused: {wrong}")
+    model.eval()
+    trunk = getattr(getattr(model.embedder, "vision_model", None), "timm_model", None)
+    if not isinstance(trunk, torch.nn.Module):
+        raise SourceError(f"{origin}: its frame encoder is no timm model (vision_config's architecture); the library "
+                          "road records a timm trunk's attention")
+    temporal = [layer.self_attn for layer in model.layers]
+    processor = video_processor(folder) or image_processor
+    num_frames = processor.get("num_frames") if isinstance(processor, Mapping) else None
+    if num_frames is not None and not (isinstance(num_frames, int) and not isinstance(num_frames, bool)
+                                       and 1 <= num_frames <= MAX_FRAMES):
+        raise SourceError(f"{folder}: its video processor's num_frames {str(num_frames)[:20]} is not a frame count "
+                          f"from 1 to {MAX_FRAMES}; fix {VIDEO_PROCESSOR}")
+    frames, preprocessing = _frame_model(origin, folder, trunk, processor, meta)
+    wrapped = PeVideoModel(model, frames, temporal, num_frames or DEFAULT_FRAMES)
+    if meta:
+        problem = _clip_problem(wrapped)
+        if problem:
+            raise SourceError(f"{origin}: {problem}")
+    metadata = {"source": {"kind": "hf", "path": str(folder), "architecture": "hf:PeVideoEncoder"},
+                "architecture": "hf:PeVideoEncoder", "parameters": sum(p.numel() for p in model.parameters()),
+                "road": ROAD}
+    if num_frames is None:
+        metadata["preprocessing_guessed"] = (
+            f"Its video processor names no num_frames (it would take every frame), so a clip is sampled to "
+            f"{DEFAULT_FRAMES} frames.")
+    return Checkpoint(model=wrapped, class_names=[], preprocessing=preprocessing, metadata=metadata,
+                      path=folder, road=ROAD)
+
+
+def _frame_model(origin: str, folder: Path, trunk: torch.nn.Module, processor: Mapping | None, meta: bool
+                 ) -> tuple[timm_models.TimmLibraryModel, Preprocessing]:
+    """The trunk as timm's library road holds it (its attention made recordable, its layout read off its patch
+    embedding and checked on the meta device), and each frame's preparation as the video processor says."""
+    checkpoint = timm_models._checkpoint(folder, origin, trunk, trunk,
+                                         lambda stand_in: hf_preprocessing(processor, stand_in, "PeVideoEncoder"),
+                                         [], "hf", "hf:PeVideoEncoder", meta)
+    return checkpoint.model, checkpoint.preprocessing
+
+
+def _clip_problem(model: PeVideoModel) -> str | None:
+    """Why the temporal layers do not run over the CLS and one token a frame (the encoder's forward on the meta
+    device, a clip of ``num_frames`` frames: shapes only), or None."""
+    h, w = model.layout.image_hw
+    frames = min(model.num_frames, 4)
+    videos = torch.empty(1, frames, 3, h, w, device="meta")
+    seen: list[int] = []
+
+    class Shapes:  # a recorder that notes each temporal layer's key count and keeps nothing
+        layers = {module: i for i, module in enumerate(model._attention)}
+
+        @staticmethod
+        def keep(layer, query, key, value, attention_mask, kwargs) -> None:
+            seen.append(int(key.shape[-2]))
+
+        @staticmethod
+        def output(layer, out) -> None:
+            pass
+
+    try:
+        with torch.no_grad(), recording_attention.recording(model.model, Shapes()):
+            model.model(pixel_values_videos=videos)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError, AssertionError) as e:
+        return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+    if len(seen) != model.num_layers or set(seen) != {TEMPORAL_PREFIX + frames}:
+        return (f"its temporal attention runs over {sorted(set(seen)) or 'no recorded'} tokens, not the CLS and "
+                f"{frames} frames the library road places")
+    return None
