@@ -172,15 +172,16 @@ def test_a_model_without_the_attention_interface_keeps_its_one_line_refusal(tmp_
 
 
 def test_a_composite_config_is_refused_naming_where_its_patch_size_sits():
-    """The piece the library road misses, named (issue 91's "refused in one line that names the missing piece"):
-    SAM 3's vision encoder keeps its patch size in its backbone's config."""
+    """The piece the library road misses, named (issue 91's "refused in one line that names the missing piece"): a
+    patch size in a part the road does not read its layers from (a backbone's config, or a vision encoder's
+    backbone's, it reads: SAM 3's vision encoder and tracker open, tests/test_library_sam3.py)."""
     from vit.sources.library_road.transformers_models import missing_piece
 
-    config_json = {"model_type": "sam3_vision_model", "backbone_config": {"model_type": "sam3_vit_model",
-                                                                          "patch_size": 14}}
+    config_json = {"model_type": "sam3_tracker", "prompt_encoder_config": {"patch_size": 14}}
     assert missing_piece(config_json) == ("its config has no patch size at its top level to place its tokens by (it "
-                                          "sits in backbone_config: open that part's own folder)")
+                                          "sits in prompt_encoder_config: open that part's own folder)")
     assert missing_piece({"model_type": "ijepa"}) is None  # it opens
+    assert missing_piece({"model_type": "sam3_vision_model", "backbone_config": {"patch_size": 14}}) is None
 
 
 def test_vit_explain_draws_each_heads_attention_of_a_query_as_transformers_eager_gives_it(folders):

@@ -51,7 +51,7 @@ channel. The rollout takes the same convention as through a merge: a pooled toke
 uniformly (``merge_matrix``, 1/4 each), the residual of the pooling layer is that map, and its attention rows already
 sit over the previous grid's keys, so the layer's rollout factor ``(T_new, T_old)`` is ``attention + merge_matrix``
 (rows renormalised). Swin's windows, SAM's, Hiera's mask units and pooled queries are all one placement and one
-rollout step (``vit.explain.methods.attention.layer_on_grid``, ``layer_rows``, ``layer_step``): each window's query
+rollout step (``layer_on_grid``, ``layer_rows`` here, ``vit.explain.methods.attention.layer_step``): each window's query
 slots (``LayerLayout.window_tokens``) over its key slots (``LayerLayout.key_tokens``), its residual the identity or the
 pooling (``merge_matrix`` of the key window); a global layer is one window of every token. """
 
@@ -63,7 +63,7 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from vit.model.config import WINDOW_RULES
 from vit.model.hooks import HookPoint
@@ -197,6 +197,58 @@ def window_tokens(grid: tuple[int, int], window: int | tuple[int, int], shift: i
     u = unit
     token = token.view(Gh // wh, wh // u, u, Gw // ww, ww // u, u).permute(0, 3, 1, 4, 2, 5)  # windows, units, slots
     return token.reshape(-1, wh * ww)
+
+
+def layer_windows(attn: Tensor, layout: LayerLayout) -> tuple[int, Tensor, Tensor]:
+    """The batch size of a layer's attention as it returns it, ``(B * nw, H, nq, nk)`` (a global layer's
+    ``(B, H, Tq, Tk)``: one window), and each window's query and key tokens (``LayerLayout.window_tokens``,
+    ``key_tokens``); ValueError for another shape."""
+    queries, keys = layout.window_tokens(), layout.key_tokens()  # (nw, nq), (nw, nk): padding -> Tq, Tk
+    (nw, nq), nk = queries.shape, keys.shape[1]
+    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (nq, nk):
+        (gh, gw), (kh, kw) = layout.grid, layout.key_grid
+        wh, ww = layout.window_hw
+        where = (f"a {gh}x{gw} grid" + (f" pooling a {kh}x{kw} one" if layout.stride > 1 else "")
+                 + (f" in {wh}x{ww} windows" if layout.window else ""))
+        raise ValueError(f"expected attention (B * {nw}, H, {nq}, {nk}) for {where}, got {tuple(attn.shape)}")
+    return attn.shape[0] // nw, queries, keys
+
+
+def layer_on_grid(attn: Tensor, layout: LayerLayout) -> Tensor:
+    """One layer's attention as it returns it -> ``(B, H, Tq, Tk)`` on the image's grids: queries on the layer's
+    own grid (``layout.grid``), keys on ``layout.key_grid`` (the previous stage's in a pooled-query layer, Hiera /
+    SAM 2), each row placed on its window's keys and zero outside. A windowed layer's attention is
+    ``(B * nw, H, nq, nk)`` (SAM / ViTDet windows, Swin's shifted windows placed un-shifted, Hiera's mask units);
+    padding keys are dropped, so a row of a window that covers padding sums to the share its real keys got. A
+    global layer's is returned as it is."""
+    if not layout.window:
+        layer_windows(attn, layout)
+        return attn
+    B, queries, keys = layer_windows(attn, layout)
+    (nw, nq), nk = queries.shape, keys.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    dense = attn.new_zeros(B, H, Tq + 1, Tk + 1)
+    dense[:, :, queries[:, :, None], keys[:, None, :]] = attn.view(B, nw, H, nq, nk).transpose(1, 2)
+    return dense[:, :, :Tq, :Tk]
+
+
+def layer_rows(attn: Tensor, layout: LayerLayout, queries: Sequence[int]) -> Tensor:
+    """Rows ``queries`` (tokens of the layer's grid) of ``layer_on_grid(attn, layout)``, ``(B, H, q, Tk)``, read
+    from each query's own window only: ``q x Tk`` values formed, never ``Tq x Tk``."""
+    B, tokens, keys = layer_windows(attn, layout)
+    (nw, nq), nk = tokens.shape, keys.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    queries = torch.as_tensor(list(queries), dtype=torch.long)
+    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < Tq):
+        raise ValueError(f"query tokens out of range for {Tq} tokens")
+    slot_of = torch.empty(Tq + 1, dtype=torch.long)
+    slot_of[tokens.flatten()] = torch.arange(nw * nq)  # each token's window * nq + slot (padding's entry unused)
+    slot = slot_of[queries]  # (q,)
+    rows = attn.view(B, nw, H, nq, nk).permute(1, 3, 0, 2, 4)[slot // nq, slot % nq]  # (q, B, H, nk)
+    out = attn.new_zeros(B, H, len(queries), Tk + 1)
+    where = keys[slot // nq].to(attn.device)  # (q, nk): each query's window's keys
+    out.scatter_(-1, where.expand(B, H, -1, -1), rows.permute(1, 2, 0, 3))  # (B, H, q, nk) -> (B, H, q, Tk + 1)
+    return out[..., :Tk]
 
 
 def shift_windows(x: torch.Tensor, grid: tuple[int, int], window: int | tuple[int, int],

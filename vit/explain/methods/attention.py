@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from vit.model.stages import LayerLayout, merge_matrix, pair
+from vit.model.stages import LayerLayout, layer_on_grid, layer_rows, merge_matrix, pair
+from vit.model.stages import layer_windows as _layer_windows
 from vit.model.stages import window_tokens as model_window_tokens
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -28,64 +29,12 @@ def window_tokens(grid: tuple[int, int], window: int | tuple[int, int], shift: i
     return model_window_tokens(tuple(grid), window, shift, shift_padded)
 
 
-def _layer_windows(attn: Tensor, layout: LayerLayout) -> tuple[int, Tensor, Tensor]:
-    """The batch size of a layer's attention as it returns it, ``(B * nw, H, nq, nk)`` (a global layer's
-    ``(B, H, Tq, Tk)``: one window), and each window's query and key tokens (``LayerLayout.window_tokens``,
-    ``key_tokens``); ValueError for another shape."""
-    queries, keys = layout.window_tokens(), layout.key_tokens()  # (nw, nq), (nw, nk): padding -> Tq, Tk
-    (nw, nq), nk = queries.shape, keys.shape[1]
-    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (nq, nk):
-        (gh, gw), (kh, kw) = layout.grid, layout.key_grid
-        wh, ww = layout.window_hw
-        where = (f"a {gh}x{gw} grid" + (f" pooling a {kh}x{kw} one" if layout.stride > 1 else "")
-                 + (f" in {wh}x{ww} windows" if layout.window else ""))
-        raise ValueError(f"expected attention (B * {nw}, H, {nq}, {nk}) for {where}, got {tuple(attn.shape)}")
-    return attn.shape[0] // nw, queries, keys
-
-
-def layer_on_grid(attn: Tensor, layout: LayerLayout) -> Tensor:
-    """One layer's attention as it returns it -> ``(B, H, Tq, Tk)`` on the image's grids: queries on the layer's
-    own grid (``layout.grid``), keys on ``layout.key_grid`` (the previous stage's in a pooled-query layer, Hiera /
-    SAM 2), each row placed on its window's keys and zero outside. A windowed layer's attention is
-    ``(B * nw, H, nq, nk)`` (SAM / ViTDet windows, Swin's shifted windows placed un-shifted, Hiera's mask units);
-    padding keys are dropped, so a row of a window that covers padding sums to the share its real keys got. A
-    global layer's is returned as it is."""
-    if not layout.window:
-        _layer_windows(attn, layout)
-        return attn
-    B, queries, keys = _layer_windows(attn, layout)
-    (nw, nq), nk = queries.shape, keys.shape[1]
-    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
-    dense = attn.new_zeros(B, H, Tq + 1, Tk + 1)
-    dense[:, :, queries[:, :, None], keys[:, None, :]] = attn.view(B, nw, H, nq, nk).transpose(1, 2)
-    return dense[:, :, :Tq, :Tk]
-
-
 def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int | tuple[int, int],
                     shift: int | tuple[int, int] = 0, shift_padded: bool = True) -> Tensor:
     """``layer_on_grid`` of a windowed layer that pools nothing: ``(B * nw, H, wh*ww, wh*ww)`` (windows row-major
     over the grid padded to a multiple of ``window``, ``vit.model.window_partition``'s order; Swin's ``shift``) ->
     ``(B, H, T, T)`` on the full patch grid, zero outside each query's window."""
     return layer_on_grid(attn, LayerLayout(tuple(grid), window, shift, shift_padded))
-
-
-def layer_rows(attn: Tensor, layout: LayerLayout, queries: Sequence[int]) -> Tensor:
-    """Rows ``queries`` (tokens of the layer's grid) of ``layer_on_grid(attn, layout)``, ``(B, H, q, Tk)``, read
-    from each query's own window only: ``q x Tk`` values formed, never ``Tq x Tk``."""
-    B, tokens, keys = _layer_windows(attn, layout)
-    (nw, nq), nk = tokens.shape, keys.shape[1]
-    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
-    queries = torch.as_tensor(list(queries), dtype=torch.long)
-    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < Tq):
-        raise ValueError(f"query tokens out of range for {Tq} tokens")
-    slot_of = torch.empty(Tq + 1, dtype=torch.long)
-    slot_of[tokens.flatten()] = torch.arange(nw * nq)  # each token's window * nq + slot (padding's entry unused)
-    slot = slot_of[queries]  # (q,)
-    rows = attn.view(B, nw, H, nq, nk).permute(1, 3, 0, 2, 4)[slot // nq, slot % nq]  # (q, B, H, nk)
-    out = attn.new_zeros(B, H, len(queries), Tk + 1)
-    where = keys[slot // nq].to(attn.device)  # (q, nk): each query's window's keys
-    out.scatter_(-1, where.expand(B, H, -1, -1), rows.permute(1, 2, 0, 3))  # (B, H, q, nk) -> (B, H, q, Tk + 1)
-    return out[..., :Tk]
 
 
 def layer_columns(attn: Tensor, layout: LayerLayout) -> Tensor:

@@ -27,6 +27,7 @@ import torch
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core import recording_attention
 from vit.model import ViTConfig
+from vit.model.stages import LayerLayout, layer_on_grid, layer_rows
 from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers
 from vit.sources.hf_preprocessing import hf_preprocessing
 
@@ -55,10 +56,26 @@ class LibraryLayout:
     # tokens.
     extra_tokens: tuple[int, ...] = ()
     num_suffix_tokens: int = 0  # tokens after the patches in every layer (YOLOS's detection tokens)
+    # Each layer's window side in patches where some layers attend in windows (SAM 3's ViTDet layers: the grid padded
+    # at its bottom and right to a multiple of the window, cut row-major, each window's attention its own
+    # ``(B * windows, H, w*w, w*w)``), 0 for a global layer; empty: every layer global. A windowed layer's attention
+    # is placed on the grid (``vit.model.stages.layer_on_grid``: zero outside the query's window) before it is kept.
+    windows: tuple[int, ...] = ()
 
     def extra_of(self, layer: int) -> int:
         """The tokens layer ``layer`` has before the layout's prefix tokens (0 in most models)."""
         return self.extra_tokens[layer] if self.extra_tokens else 0
+
+    def layer_layout(self, layer: int, grid: tuple[int, int]) -> LayerLayout | None:
+        """Layer ``layer``'s windows on a ``grid`` of patches (``LayerLayout``), None for a global layer."""
+        window = self.windows[layer] if self.windows else 0
+        return LayerLayout(tuple(grid), window) if window else None
+
+    def keys_of(self, layer: int) -> int:
+        """The keys layer ``layer``'s attention has as the library computes it: a window's ``w*w``, else every
+        token (its extra tokens too)."""
+        window = self.windows[layer] if self.windows else 0
+        return window * window if window else self.num_tokens + self.extra_of(layer)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -82,6 +99,7 @@ class _AttentionRecorder:
         self.modules = dict(modules)
         self.heads, self.rows = heads, rows
         self.rows_of: dict[int, list[int]] = {}  # a layer's own rows, where its extra tokens move them
+        self.windows: dict[int, LayerLayout] = {}  # the windowed layers' layouts on the input's grid
         self.kept: dict[int, torch.Tensor] = {}
 
     def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
@@ -96,9 +114,17 @@ class _AttentionRecorder:
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
         rows = self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
-        if rows is not None:
+        if layer in self.windows:  # (B * nw, H, n, n) -> (B, H, rows, T) on the grid, the asked rows alone formed
+            probabilities = self.on_grid(layer, probabilities, rows)
+        elif rows is not None:
             probabilities = probabilities[:, :, rows]
         self.kept[layer] = probabilities.detach()
+
+    def on_grid(self, layer: int, windows: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """A windowed layer's ``(B * nw, H, n, n)`` placed on the input's grid: ``(B, H, rows, T)``, zero outside
+        each query's window (every row where ``rows`` is None)."""
+        layout = self.windows[layer]
+        return layer_on_grid(windows, layout) if rows is None else layer_rows(windows, layout, rows)
 
     def output(self, layer, out) -> None:
         pass
@@ -136,7 +162,8 @@ class _GradientRecorder(_AttentionRecorder):
         def hook(grad: torch.Tensor) -> None:  # grad: (B, T, H, D), as the attention output
             heads = grad.shape[2]
             v = value if value.shape[1] == heads else value.repeat_interleave(heads // value.shape[1], dim=1)
-            self.gradients[layer] = (grad.transpose(1, 2).to(v.dtype) @ v.transpose(-1, -2)).detach()
+            gradient = (grad.transpose(1, 2).to(v.dtype) @ v.transpose(-1, -2)).detach()
+            self.gradients[layer] = self.on_grid(layer, gradient) if layer in self.windows else gradient
         out.register_hook(hook)
 
 
@@ -184,7 +211,7 @@ class LibraryModel(torch.nn.Module):
     road = ROAD
 
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
-                 part: torch.nn.Module | None = None):
+                 part: torch.nn.Module | None = None, entry: torch.nn.Module | None = None):
         super().__init__()
         self.model = model
         self.layout = layout
@@ -192,6 +219,9 @@ class LibraryModel(torch.nn.Module):
         # the pretrained model whose attention is routed through the recording function: the whole model, or the
         # backbone a head wraps (Depth Anything's DINOv2), a plain attribute: it is a module of ``model``
         self.__dict__["part"] = model if part is None else part
+        # the module whose forward a recording runs: the whole model, or the vision encoder of a model whose own
+        # forward needs prompts (SAM 3 tracker's: its prompt half runs in ``vit.segment``)
+        self.__dict__["entry"] = model if entry is None else entry
 
     @property
     def config(self):
@@ -203,8 +233,15 @@ class LibraryModel(torch.nn.Module):
         return len(self._attention)
 
     @property
+    def vision_config(self):
+        """The config of the recorded layers: the part's, or its backbone's where the part wraps one (SAM 3's
+        vision encoder and its ViT)."""
+        config = self.part.config
+        return config if hasattr(config, "num_attention_heads") else _inner_config(config)
+
+    @property
     def num_heads(self) -> int:
-        return int(self.part.config.num_attention_heads)
+        return int(self.vision_config.num_attention_heads)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -310,7 +347,16 @@ class LibraryModel(torch.nn.Module):
                     [grad] = torch.autograd.grad(logits.gather(1, index[:, None]).sum(), kept["x"])
         finally:
             _INPUTS.reset(token)
-        return kept["x"].detach(), grad, None if logits is None else logits.detach()
+        tokens = self._on_grid(layer % self.num_layers, kept["x"].detach(), pixels.shape[-2:])
+        grad = None if grad is None else self._on_grid(layer % self.num_layers, grad, pixels.shape[-2:])
+        return tokens, grad, None if logits is None else logits.detach()
+
+    def _on_grid(self, layer: int, x: torch.Tensor, image_hw) -> torch.Tensor:
+        """An attention module's input as ``(B, T, D)``, row-major on the grid: SAM 3's ``(B, gh, gw, D)`` flattened,
+        a windowed layer's ``(B * nw, w, w, D)`` windows joined (``LayerLayout.join``, their padding dropped)."""
+        x = x.flatten(1, -2)  # (B or B * nw, tokens, D)
+        layout = self.layout.layer_layout(layer, grid_of(self.layout, image_hw))
+        return x if layout is None else layout.join(x)
 
     def logits(self, pixels: torch.Tensor) -> torch.Tensor:
         """A classifier's logits ``(B, classes)`` of ``pixels`` (B, C, H, W), nothing recorded, in autograd's graph
@@ -326,7 +372,7 @@ class LibraryModel(torch.nn.Module):
         patch and the channels."""
         from vit.costs.plan import LibraryShape
 
-        config = self.part.config
+        config = self.vision_config
         hidden = int(config.hidden_size)
         mlp = getattr(config, "intermediate_size", None) or round(getattr(config, "mlp_ratio", 4) * hidden)
         return LibraryShape(self.num_layers, self.num_heads, hidden, int(mlp), self.layout.num_prefix_tokens,
@@ -389,8 +435,11 @@ class LibraryModel(torch.nn.Module):
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> object:
         """The library's forward of ``pixels``, the layers ``recorder`` lists recorded into it (with autograd where
         the recorder asks for gradients)."""
+        grid = grid_of(self.layout, pixels.shape[-2:])
+        recorder.windows = {layer: lay for layer in recorder.modules
+                            if (lay := self.layout.layer_layout(layer, grid)) is not None}
         with torch.set_grad_enabled(recorder.gradient), recording_attention.recording(self.part, recorder):
-            return self.model(pixel_values=pixels)
+            return self.entry(pixel_values=pixels)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """The logits of a classifier, else the last hidden states ``(B, T, hidden)``, else the head's first output
@@ -451,7 +500,7 @@ def opens(config_json: Mapping) -> bool:
     try:
         config_class = CONFIG_MAPPING[model_type]
         cls = _model_class(config_json, config_class)
-        vision = "patch_size" in config_json or hasattr(config_class(), "patch_size")
+        vision = declares_patch(config_json) or hasattr(config_class(), "patch_size")
         recorded = (getattr(cls, "_supports_attention_backend", False) or calls_interface(cls)
                     or _backbone_class(config_json) is not None)
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -471,7 +520,7 @@ def missing_piece(config_json: Mapping) -> str | None:
     try:
         config_class = CONFIG_MAPPING[model_type]
         cls = _model_class(config_json, config_class)
-        has_patch = "patch_size" in config_json or hasattr(config_class(), "patch_size")
+        has_patch = declares_patch(config_json) or hasattr(config_class(), "patch_size")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return f"transformers cannot name its model class ({_one_line(e)})"
     if not has_patch:
@@ -480,6 +529,15 @@ def missing_piece(config_json: Mapping) -> str | None:
         return f"its config has no patch size at its top level to place its tokens by{where}"
     return (f"{cls.__name__}'s attention does not run through transformers' attention interface (no module of its "
             "modelling file calls ALL_ATTENTION_FUNCTIONS), which the library road records")
+
+
+def declares_patch(config_json: Mapping) -> bool:
+    """Whether config.json names a patch size where the library road reads it (``config_patch``): at its top level,
+    in its ``backbone_config`` (SAM 3's vision encoder) or in its ``vision_config``'s (SAM 3 tracker)."""
+    vision = config_json.get("vision_config")
+    nested = (config_json.get("backbone_config"),
+              vision.get("backbone_config") if isinstance(vision, Mapping) else None)
+    return "patch_size" in config_json or any(isinstance(c, Mapping) and "patch_size" in c for c in nested)
 
 
 def calls_interface(cls: type) -> bool:
@@ -610,31 +668,38 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     if part is None:
         raise SourceError(f"{folder}: {cls.__name__} has no backbone whose attention runs through transformers' "
                           "attention interface; it cannot be recorded")
-    modules = attention_modules(model)
+    modules, entry = attention_modules(model), None
     if not modules:
         raise SourceError(f"{folder}: {cls.__name__}'s attention does not run through transformers' attention "
                           "interface (no module of it calls ALL_ATTENTION_FUNCTIONS); it cannot be recorded")
+    layers = getattr(config, "num_hidden_layers", None) or getattr(_inner_config(config), "num_hidden_layers",
+                                                                   len(modules))
+    vision = _vision_part(model, int(layers)) if whole and len(modules) != int(layers) else None
+    if vision is not None:  # a model whose other parts attend too (SAM 3 tracker's mask decoder): its vision encoder
+        part = entry = vision
+        modules = attention_modules(vision)
     try:
-        patch = _pair(getattr(config, "patch_size", None), "patch_size")
+        patch = _pair(config_patch(config), "patch_size")
         channels = int(getattr(config, "num_channels", 3))
         own = input_hw(config, image_processor)
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0], patch_size=patch if patch[0] != patch[1]
                              else patch[0], num_channels=channels, num_classes=0)
         preprocessing = hf_preprocessing(image_processor, stand_in, cls.__name__)
         layout = LibraryLayout(prefix_tokens(model), patch, preprocessing.image_hw, extra_tokens(config),
-                               prefix_tokens(model, SUFFIX_PARAMETERS))
+                               prefix_tokens(model, SUFFIX_PARAMETERS), window_sides(config, int(layers)))
+        if layout.windows and layout.num_prefix_tokens + layout.num_suffix_tokens:
+            raise ValueError("its windowed layers hold tokens beside the patches, which the library road does not "
+                             "place in windows")
         own_size = config_size(config) is not None and _pair(config_size(config), "image_size") == layout.image_hw
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     problem = preprocessing_problem(preprocessing, stand_in)
     if problem:
         raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
-    layers = getattr(config, "num_hidden_layers", None) or getattr(getattr(config, "backbone_config", None),
-                                                                   "num_hidden_layers", len(modules))
     if len(modules) != int(layers):
-        raise SourceError(f"{folder}: {len(modules)} attention modules for {config.num_hidden_layers} layers; the "
+        raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers; the "
                           "library road reads one attention per layer")
-    wrapped = LibraryModel(model, layout, modules, part)
+    wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
     # no data
     if torch.device(map_location).type == "meta":
@@ -657,8 +722,35 @@ def input_hw(config, image_processor: Mapping | None) -> tuple[int, int]:
 
 
 def config_size(config):
-    """The config's own ``image_size`` (its backbone's, where a head wraps one) as it gives it: a side, a pair, None."""
-    return getattr(config, "image_size", None) or getattr(getattr(config, "backbone_config", None), "image_size", None)
+    """The config's own ``image_size`` (its backbone's, where a head wraps one, or the config its layers sit in:
+    ``_inner_config``) as it gives it: a side, a pair, None."""
+    return (getattr(config, "image_size", None) or getattr(getattr(config, "backbone_config", None), "image_size", None)
+            or getattr(_inner_config(config), "image_size", None))
+
+
+def config_patch(config):
+    """The config's ``patch_size``, or that of the config its layers sit in (``_inner_config``: SAM 3's vision
+    encoder keeps it in its backbone's, SAM 3 tracker in its vision encoder's backbone's), None where neither has
+    one."""
+    return getattr(config, "patch_size", None) or getattr(_inner_config(config), "patch_size", None)
+
+
+def _inner_config(config):
+    """The sub-config a composite config keeps its vision layers in: its ``backbone_config`` (SAM 3's vision
+    encoder's ViT), else its ``vision_config``'s ``backbone_config`` (SAM 3 tracker's); None where there is none."""
+    inner = getattr(config, "backbone_config", None)
+    if inner is None:
+        inner = getattr(getattr(config, "vision_config", None), "backbone_config", None)
+    return None if isinstance(inner, Mapping) else inner
+
+
+def _vision_part(model: torch.nn.Module, layers: int) -> torch.nn.Module | None:
+    """The pretrained model inside ``model`` whose attention modules are its ``layers`` layers (a vision encoder
+    beside a decoder that attends too: SAM 3 tracker's), or None."""
+    from transformers import PreTrainedModel
+
+    return next((m for m in model.modules() if m is not model and isinstance(m, PreTrainedModel)
+                 and len(attention_modules(m)) == layers), None)
 
 
 def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -693,7 +785,7 @@ def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str |
 
     try:
         with torch.no_grad(), recording_attention.recording(model.part, Shapes()):
-            model.model(pixel_values=pixels)
+            model.entry(pixel_values=pixels)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
         if "item() cannot be called on meta" not in str(e):
             return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
@@ -703,12 +795,27 @@ def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str |
                     "reads a value of its input, so where its tokens sit at that size cannot be checked on the meta "
                     "device; give it an image processor of its config's size")
     layout = model.layout
-    if any(keys != layout.num_tokens + layout.extra_of(layer) for layer, keys in seen):
+    if any(keys != layout.keys_of(layer) for layer, keys in seen):
         gh, gw = layout.grid
         return (f"its attention runs over {sorted({keys for _, keys in seen})} tokens, not the "
                 f"{layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches the library road places (tokens "
                 "after the patches, windows or stages need a layout of their own: issue 91)")
     return None
+
+
+def window_sides(config, layers: int) -> tuple[int, ...]:
+    """The layout adapter of ViTDet's windows, read from the config (or the config its layers sit in:
+    ``_inner_config``): each layer's window side in patches, ``window_size``, but 0 for the layers
+    ``global_attn_indexes`` lists (SAM 3's vision encoder); empty for a config without both (every layer global)."""
+    inner = config if hasattr(config, "global_attn_indexes") else _inner_config(config)
+    window, kept_global = getattr(inner, "window_size", None), getattr(inner, "global_attn_indexes", None)
+    if inner is None or kept_global is None or not window:
+        return ()
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_SIDE:
+        raise ValueError(f"window_size {str(window)[:40]} is not a side in patches from 1 to {MAX_SIDE}")
+    if not isinstance(kept_global, (list, tuple)) or not all(isinstance(i, int) for i in kept_global):
+        raise ValueError(f"global_attn_indexes {str(kept_global)[:40]} is not a list of layers")
+    return tuple(0 if i in kept_global else window for i in range(layers))
 
 
 def extra_tokens(config) -> tuple[int, ...]:

@@ -1,0 +1,191 @@
+"""SAM 3's vision encoder and SAM 3 tracker on the library road (issue 91, item 4). Each is built tiny with random
+weights in transformers and saved with its processor (never downloaded), then opened by path with ``vit.load``.
+SAM 3's ViT attends in windows in all but its ``global_attn_indexes`` layers (ViTDet's: the grid padded at its
+bottom and right to a multiple of the window, each window's attention its own); every layer's attention, windowed
+and global, is held to transformers' eager attention (its modelling file's ``eager_attention_forward``, hooked:
+SAM 3 returns no attention weights from its ViT) placed on the grid, and the features to transformers' forward.
+
+The vision encoder's grid is 4 x 6 (32 x 48 px, patch 8) in windows of 4: its second window covers padding, and the
+grid read transposed (6 x 4) is cut into other windows, so a map placed on it lands on other patches."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit.checkpoint import CheckpointError
+from vit.core.inference import preprocess
+from vit.model.stages import LayerLayout, layer_on_grid
+
+transformers = pytest.importorskip("transformers")
+
+from test_library_path import spread  # noqa: E402
+
+HEIGHT, WIDTH, PATCH, WINDOW = 32, 48, 8, 4  # a 4 x 6 grid in 4 x 4 windows: 1 x 2 windows, the second padded
+GLOBAL = (1,)  # the layers that attend globally (global_attn_indexes)
+LAYERS = 3
+SAM3_MODELING = "transformers.models.sam3.modeling_sam3"
+
+
+def backbone(image_hw: tuple[int, int]) -> dict:
+    return dict(model_type="sam3_vit_model", hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+                num_attention_heads=2, image_size=list(image_hw), patch_size=PATCH, window_size=WINDOW,
+                global_attn_indexes=list(GLOBAL), pretrain_image_size=16)
+
+
+def an_image(seed: int = 3) -> Image.Image:
+    return Image.fromarray((torch.rand(30, 50, 3, generator=torch.Generator().manual_seed(seed)) * 255)
+                           .byte().numpy())
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory):
+    """A ``Sam3VisionModel`` folder (its ViT, its FPN neck) with its ``Sam3ImageProcessor`` at 32 x 48."""
+    folder = tmp_path_factory.mktemp("sam3_vision")
+    torch.manual_seed(0)
+    config = transformers.Sam3VisionConfig(backbone_config=backbone((HEIGHT, WIDTH)), fpn_hidden_size=16,
+                                           backbone_feature_sizes=[[16, 24], [8, 12], [4, 6]])
+    model = transformers.Sam3VisionModel(config)
+    spread(model)
+    model.save_pretrained(folder)
+    transformers.Sam3ImageProcessor(size={"height": HEIGHT, "width": WIDTH}).save_pretrained(folder)
+    return folder
+
+
+def eager_windows(module_name: str, run, monkeypatch) -> list[torch.Tensor]:
+    """Each layer's post-softmax attention as the modelling file's eager function returns it, in the order the
+    forward ``run()`` calls it: ``(B * windows, H, w*w, w*w)`` for a windowed layer, ``(B, H, T, T)`` a global one."""
+    modeling = importlib.import_module(module_name)
+    original, seen = modeling.eager_attention_forward, []
+
+    def eager(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out[1].detach())
+        return out
+
+    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
+    with torch.no_grad():
+        run()
+    monkeypatch.undo()  # the recording calls the same eager function: unhooked before it runs
+    return seen
+
+
+def library(folder, cls: str, implementation: str = "eager"):
+    """The folder's model as transformers opens it, with the attention ``implementation``."""
+    return getattr(transformers, cls).from_pretrained(folder, attn_implementation=implementation).eval()
+
+
+def test_sam3s_vision_encoder_opens_by_path_with_its_windows_read_from_its_config(vision):
+    checkpoint = vit.load(vision, device="cpu")
+    layout = checkpoint.model.layout
+    assert checkpoint.road == "library"
+    assert layout.grid == (HEIGHT // PATCH, WIDTH // PATCH) == (4, 6)
+    assert layout.num_prefix_tokens == 0
+    assert layout.windows == (WINDOW, 0, WINDOW)  # layer 1 is global
+    assert checkpoint.model.num_layers == LAYERS and checkpoint.model.num_heads == 2
+
+
+def test_sam3s_pixels_are_its_processors_at_its_non_square_size(vision):
+    checkpoint = vit.load(vision, device="cpu")
+    x = preprocess([an_image()], checkpoint.preprocessing)
+    theirs = transformers.Sam3ImageProcessor.from_pretrained(vision)(an_image(), return_tensors="pt")["pixel_values"]
+    assert x.shape == theirs.shape == (1, 3, HEIGHT, WIDTH)
+    torch.testing.assert_close(x, theirs, atol=1e-5, rtol=0)
+
+
+def test_sam3s_features_and_fpn_are_transformers_forward(vision):
+    checkpoint = vit.load(vision, device="cpu")
+    x = torch.randn(2, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(1))
+    ours, _ = checkpoint.model.run(x, layers=range(LAYERS))  # recording changes nothing of the output
+    with torch.no_grad():
+        theirs = library(vision, "Sam3VisionModel", "sdpa")(pixel_values=x)  # the road runs SDPA
+    torch.testing.assert_close(ours.last_hidden_state, theirs.last_hidden_state, atol=1e-5, rtol=0)
+    for a, b in zip(ours.fpn_hidden_states, theirs.fpn_hidden_states, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    torch.testing.assert_close(checkpoint.model(x), theirs.last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_sam3s_every_layer_windowed_and_global_is_its_eager_attention_placed_on_the_grid(vision, monkeypatch):
+    checkpoint = vit.load(vision, device="cpu")
+    x = torch.randn(2, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(2))
+    model = library(vision, "Sam3VisionModel")
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    assert [tuple(a.shape) for a in eager] == [(4, 2, 16, 16), (2, 2, 24, 24), (4, 2, 16, 16)]  # 2 images x 2 windows
+    _, ours = checkpoint.model.run(x, layers=range(LAYERS))
+    grid = (HEIGHT // PATCH, WIDTH // PATCH)
+    for layer in range(LAYERS):
+        placed = eager[layer] if layer in GLOBAL else layer_on_grid(eager[layer], LayerLayout(grid, WINDOW))
+        assert ours[layer].shape == (2, 2, 24, 24)
+        torch.testing.assert_close(ours[layer], placed, atol=1e-5, rtol=0)
+    # a windowed row is its window's alone: patch (0, 5) sits in the second window, cols 4 and 5 (6, 7 padding)
+    row = ours[0][0, 0, 5].reshape(grid)
+    assert row[:, :4].abs().max() == 0 and row[:, 4:].sum() < 1  # the padding keys' share is not on the image
+    # the asked heads and rows alone, from the query's own window
+    _, rows = checkpoint.model.run(x, layers=[0, 1], heads=[1], rows=[5, 23])
+    torch.testing.assert_close(rows[0], ours[0][:, [1]][:, :, [5, 23]], atol=0, rtol=0)
+    torch.testing.assert_close(rows[1], ours[1][:, [1]][:, :, [5, 23]], atol=0, rtol=0)
+
+
+def test_sam3s_windowed_map_is_placed_row_major_and_a_transposed_grid_would_fail(vision, monkeypatch):
+    checkpoint = vit.load(vision, device="cpu")
+    image = an_image()
+    x = preprocess([image], checkpoint.preprocessing)
+    model = library(vision, "Sam3VisionModel")
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    query = 7  # patch (1, 1) in the first window
+    explained = vit.explain(checkpoint, image, "attention", layer=0, query=query)
+    grid = (4, 6)
+    right = layer_on_grid(eager[0], LayerLayout(grid, WINDOW))[0, :, query].mean(0).reshape(grid)
+    assert explained.map.shape == grid
+    torch.testing.assert_close(torch.as_tensor(explained.map), right, atol=1e-5, rtol=0)
+    # the same windows read on the grid transposed (6 x 4: 2 x 1 windows) put the row on other patches
+    wrong = layer_on_grid(eager[0], LayerLayout((6, 4), WINDOW))[0, :, query].mean(0).reshape(6, 4)
+    assert not torch.allclose(torch.as_tensor(explained.map), wrong.reshape(4, 6), atol=1e-3)
+    assert not torch.allclose(torch.as_tensor(explained.map), wrong.T, atol=1e-3)
+
+
+def test_sam3s_rollout_and_eigencam_draw_over_its_windows(vision, monkeypatch):
+    """The rollout of the windowed and global layers (the placed windows' rows are the port's rollout factor: zero
+    outside the window, the padding's share renormalised away) and EigenCAM of a windowed layer's input (its windows
+    joined back on the grid) are drawn, each on the 4 x 6 grid."""
+    from vit.explain.methods.attention import rollout_factor, rollout_rows
+
+    checkpoint = vit.load(vision, device="cpu")
+    image = an_image()
+    x = preprocess([image], checkpoint.preprocessing)
+    model = library(vision, "Sam3VisionModel")
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    placed = [a if i in GLOBAL else layer_on_grid(a, LayerLayout((4, 6), WINDOW)) for i, a in enumerate(eager)]
+    expected = rollout_rows([rollout_factor(a, "mean", 0.0, 0) for a in placed], 7)[0].reshape(4, 6)
+    rolled = vit.explain(checkpoint, image, "rollout", layer=LAYERS - 1, query=7)
+    torch.testing.assert_close(torch.as_tensor(rolled.map), expected.float(), atol=1e-5, rtol=0)
+    eigen = vit.explain(checkpoint, image, "eigencam", layer=0)
+    assert eigen.map.shape == (4, 6) and float(eigen.map.max()) > 0
+
+
+def test_sam3_with_prefix_tokens_in_windows_is_refused_in_one_line():
+    from vit.sources.library_road.transformers_models import LibraryLayout, window_sides
+
+    config = transformers.Sam3VisionConfig(backbone_config=backbone((HEIGHT, WIDTH)))
+    assert window_sides(config, LAYERS) == (WINDOW, 0, WINDOW)
+    assert window_sides(transformers.IJepaConfig(), 2) == ()  # no windows: every layer global
+    assert LibraryLayout(0, (8, 8), (32, 48), windows=(4, 0)).layer_layout(1, (4, 6)) is None
+    bad = transformers.Sam3VisionConfig(backbone_config=dict(backbone((HEIGHT, WIDTH)), window_size=0))
+    assert window_sides(bad, LAYERS) == ()
+
+
+def test_a_sam3_whose_processor_asks_for_another_size_is_refused_in_one_line(tmp_path):
+    """SAM 3's global layers' rotary positions are built for its config's grid: another input size cannot run, and
+    the refusal says so at opening (the meta-device check), in one line."""
+    torch.manual_seed(0)
+    config = transformers.Sam3VisionConfig(backbone_config=backbone((HEIGHT, WIDTH)), fpn_hidden_size=16)
+    transformers.Sam3VisionModel(config).save_pretrained(tmp_path)
+    transformers.Sam3ImageProcessor(size={"height": 48, "width": 48}).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(refused.value)
+    assert "48x48" in str(refused.value) or "cannot be traced" in str(refused.value)
