@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import vit
 from vit.checkpoint import CheckpointError
@@ -41,7 +43,8 @@ def save_pe_video(folder, num_frames: int | None = FRAMES):
     model = transformers.PeVideoEncoder(config).eval()
     spread(model)
     model.save_pretrained(folder)
-    fields = dict(size={"height": HEIGHT, "width": WIDTH}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    fields = dict(size={"height": HEIGHT, "width": WIDTH}, image_mean=[0.5] * 3, image_std=[0.5] * 3, do_resize=True,
+                  do_rescale=True, do_normalize=True)
     transformers.PeVideoVideoProcessor(**fields, **({} if num_frames is None else {"num_frames": num_frames})
                                        ).save_pretrained(folder)
     return folder
@@ -68,10 +71,9 @@ def clip():
     return torch.randn(2, FRAMES, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(1))  # (B, F, C, H, W)
 
 
-@pytest.fixture(scope="module")
-def theirs(reference, clip):
-    """transformers' eager forward: its output, every temporal layer's attention (``output_attentions``), and every
-    trunk layer's as timm's explicit path computes it (fused attention off, read at its ``attn_drop``)."""
+def eager(reference, clip):
+    """transformers' eager forward of ``clip``: its output, every temporal layer's attention (``output_attentions``),
+    and every trunk layer's as timm's explicit path computes it (fused attention off, read at its ``attn_drop``)."""
     trunk = reference.embedder.vision_model.timm_model
     spatial = []
     hooks = []
@@ -85,6 +87,11 @@ def theirs(reference, clip):
         for hook in hooks:
             hook.remove()
     return out, out.attentions, spatial
+
+
+@pytest.fixture(scope="module")
+def theirs(reference, clip):
+    return eager(reference, clip)
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +202,60 @@ def test_an_image_is_refused_in_one_line(checkpoint):
     with pytest.raises(ValueError, match="takes a clip") as refused:
         checkpoint.model.record(torch.zeros(1, 3, HEIGHT, WIDTH))
     assert "\n" not in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def frames():
+    """Three frames twice the model's size, so the processor's resize runs."""
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 255, (2 * HEIGHT, 2 * WIDTH, 3), dtype=np.uint8)) for _ in range(FRAMES)]
+
+
+@pytest.fixture(scope="module")
+def processed(folder, frames):
+    """The frames as transformers' PeVideoVideoProcessor (the folder's) prepares them: ``(1, F, C, H, W)``."""
+    processor = transformers.PeVideoVideoProcessor.from_pretrained(folder)
+    return processor(videos=[np.stack([np.asarray(f) for f in frames])], return_tensors="pt").pixel_values_videos
+
+
+def test_the_frames_are_prepared_as_its_video_processor_prepares_them(checkpoint, frames, processed):
+    from vit.core.clips import clip_pixels
+
+    torch.testing.assert_close(clip_pixels(frames, checkpoint.preprocessing), processed, atol=1e-5, rtol=0)
+
+
+def test_vit_explain_draws_a_patchs_trunk_attention_on_its_own_frame(checkpoint, reference, frames, processed):
+    _, _, spatial = eager(reference, processed)
+    explanation = vit.explain(checkpoint, frames, "attention", layer=-1, head=1, query=(2, 1, 4))
+    expected = np.zeros((FRAMES, GH, GW), np.float32)
+    for r in range(GH):
+        for c in range(GW):
+            expected[2, r, c] = spatial[-1][2, 1, 1 + 1 * GW + 4, 1 + r * GW + c]
+    np.testing.assert_allclose(explanation.map, expected, atol=1e-5, rtol=0)
+    assert explanation.heads.shape == (2, FRAMES, GH, GW) and explanation.grid == (FRAMES, GH, GW)
+    assert len(explanation.overlays()) == FRAMES
+
+
+def test_vit_explain_draws_the_temporal_attention_over_the_frames(checkpoint, reference, frames, processed):
+    _, temporal, _ = eager(reference, processed)
+    explanation = vit.explain(checkpoint, frames, "temporal", layer=0, query=2)  # frame 1's row over the frames
+    expected = temporal[0][0, :, 2, 1:].mean(0).numpy()  # (F,): the heads' mean, the CLS key left out
+    np.testing.assert_allclose(explanation.map, np.broadcast_to(expected[:, None, None], (FRAMES, GH, GW)),
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (dict(method="rollout"), "choose one of: attention, temporal"),
+    (dict(method="temporal", query=(1, 2, 3)), "give a token index"),
+    (dict(method="attention", query=(3, 0, 0)), "within 3 x 4 x 6"),
+    (dict(method="attention", layer=5), "its frames trunk has 2 layers"),
+    (dict(method="attention", target=1), "leave out target"),
+])
+def test_vit_explain_refuses_what_it_does_not_draw_in_one_line(checkpoint, frames, arguments, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        vit.explain(checkpoint, frames, **arguments)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_checkpoint_prints_in_one_line(checkpoint):
+    assert repr(checkpoint).startswith("<Checkpoint") and "in patches of 8, no classifier" in repr(checkpoint)

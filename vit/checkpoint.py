@@ -259,11 +259,14 @@ class Checkpoint:
     def __repr__(self) -> str:
         # The dataclass's own repr prints the whole module tree: pages for a ViT-B in a notebook.
         names, shown = self.class_names, 5
+        # a library-road model's config is its library's (timm's a dict): its layout holds the patch
+        patch = self.model.layout.patch_hw if self.road == "library" else self.config.patch_size
+        patch = patch[0] if isinstance(patch, tuple) and patch[0] == patch[1] else patch
         classes = (f"{len(names)} classes ({', '.join(names[:shown])}{', …' if len(names) > shown else ''})"
                    if names else "no classifier")
         return (f"<Checkpoint {self.path.name if self.path else 'in memory'}: "
                 f"{self.metadata.get('architecture', 'vit')}, {sum(p.numel() for p in self.model.parameters()):,} "
-                f"parameters, {self.preprocessing.size_text} in patches of {self.config.patch_size}, {classes}>")
+                f"parameters, {self.preprocessing.size_text} in patches of {patch}, {classes}>")
 
 
 def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> str | None:

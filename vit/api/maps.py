@@ -186,7 +186,10 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     ``vit.explain.views.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated
     over its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms,
     its CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
-    block). The other methods are refused in one line saying why. """
+    block). PE video (opened as transformers builds it) takes a clip too: attention (a trunk layer's, within each
+    frame: ``query`` a frame's token, 0 its CLS, or ``(frame, row, col)``) or temporal (a temporal layer's, over the
+    CLS (``query`` 0) and one token a frame (``1 + f``)), ``vit.explain.views.video.explain_library_clip``. The
+    other methods are refused in one line saying why. """
     if getattr(checkpoint, "road", "port") == "library":  # transformers' own model, its attention recorded
         return _explain_library(checkpoint, image, method, target, layer, head, query, size, max_tokens, options)
     if video.is_video(checkpoint):
@@ -298,6 +301,9 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
     the arguments its ``LibraryMethod.reads`` names; any other map or argument is refused in one line."""
     from vit.explain.views import library_maps
 
+    if getattr(checkpoint.model, "takes_clips", False):  # PE video: a clip in, its maps over the frames
+        return _explain_library_clip(checkpoint, image, method, layer, head, query,
+                                     {"target": target, "size": size, "max_tokens": max_tokens, **options})
     problem = library_maps.refusal(method, bool(checkpoint.class_names), checkpoint.model)
     if problem:
         raise ValueError(problem)
@@ -329,6 +335,19 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
                        drawn.prediction, drawn.target, query, chosen.describe(layer, head, query, drawn.target),
                        drawn.heads, drawn.heads_layer, {k: v for k, v in shown.items() if v is not None},
                        pixels=drawn.pixels)
+
+
+def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head, query, unread: dict
+                          ) -> video.ClipExplanation:
+    """``explain`` for a video model opened as its library builds it (PE video:
+    ``vit.explain.views.video.explain_library_clip``); the arguments in ``unread`` are refused where given."""
+    from vit.core.clips import read_clip
+
+    given = [name for name, value in unread.items() if value is not None]
+    if given:
+        raise ValueError(f"{method} of this clip model reads layer, head and query; leave out {', '.join(given)}")
+    frames = read_clip(clip, checkpoint.model.num_frames).frames
+    return video.explain_library_clip(checkpoint, frames, method, layer, head, query)
 
 
 def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head, query, size, max_tokens

@@ -582,3 +582,61 @@ def _explanation(checkpoint: Checkpoint, clip: ClipAnalysis, method: str, drawn:
     return ClipExplanation(method, drawn.astype(np.float32), clip.frames,
                            [seen_region(f, checkpoint.preprocessing) for f in clip.frames], clip.grid, token,
                            clip.analysis.prediction if checkpoint.class_names else None, heads)
+
+
+# A clip through a model opened by the library road (PE video: ``vit.sources.library_road.pe_video``): a timm trunk's
+# spatial attention within each frame ("attention") and a temporal encoder's over the CLS and one token a frame
+# ("temporal"), both the libraries' own, recorded in one forward and laid on the frames' grids by the model's layout
+LIBRARY_CLIP_KINDS = ("attention", "temporal")
+
+
+def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
+                         layer: int | None = None, head: int | None = None,
+                         query: int | Sequence[int] | None = None) -> ClipExplanation:
+    """The ``method`` map of a clip's frames through a library-road video model (``checkpoint.model.record``:
+    PE video): ``attention`` a trunk layer's (default the last) row of ``query`` within each frame (a frame's token
+    index, 0 its CLS, the default: its row in every frame; or ``(frame, row, col)``: that patch's row on its own
+    frame, the others 0); ``temporal`` a temporal layer's row of ``query`` (0 the CLS, ``1 + f`` frame ``f``) over
+    the frames, each frame's weight over its whole grid. ``head`` None: the heads' mean; ``heads`` holds each head's
+    map. ValueError (one line) for another method or a setting out of range."""
+    model = checkpoint.model
+    if method not in LIBRARY_CLIP_KINDS:
+        raise ValueError(f"{MAP_KINDS.get(method, method).split(' (')[0]} is not drawn for this video model opened as "
+                         f"its library builds it; choose one of: {', '.join(LIBRARY_CLIP_KINDS)}")
+    temporal = method == "temporal"
+    L, H = (model.num_layers, model.num_heads) if temporal else (model.num_frame_layers, model.frames.num_heads)
+    (gh, gw), prefix, count = model.layout.grid, model.layout.num_prefix_tokens, len(frames)
+    for name, value, n in (("layer", layer, L), ("head", head, H)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n):
+            raise ValueError(f"{name} {str(value)[:40]} is out of range: "
+                             f"{'its temporal encoder' if temporal else 'its frames trunk'} has {n} {name}s")
+    asked = _library_query(query, temporal, count, (gh, gw), prefix)
+    token = asked if isinstance(asked, int) else prefix + asked[1] * gw + asked[2]
+    layer = (-1 if layer is None else layer) % L
+    pixels = clip_pixels(frames, checkpoint.preprocessing).to(next(model.parameters()).device)
+    recorded = model.record(pixels, layers=[layer] if temporal else (), frame_layers=() if temporal else [layer])
+    drawn = recorded.placed(layer, asked, head if head is None else head % H, temporal)[0]  # (frames, gh, gw)
+    heads = torch.stack([recorded.placed(layer, asked, h, temporal)[0] for h in range(H)])
+    return ClipExplanation(method, drawn.float().cpu().numpy(), list(frames),
+                           [seen_region(f, checkpoint.preprocessing) for f in frames], (count, gh, gw), token, None,
+                           heads.float().cpu().numpy())
+
+
+def _library_query(query: int | Sequence[int] | None, temporal: bool, count: int, grid: tuple[int, int],
+                   prefix: int) -> int | tuple[int, int, int]:
+    """``explain_library_clip``'s query checked: a token index (0 when None; the temporal layers' ``1 + count``
+    tokens, or a frame's ``prefix + gh * gw``), or a frame's patch ``(frame, row, col)``. ValueError (one line)."""
+    (gh, gw) = grid
+    if isinstance(query, (tuple, list)) and not temporal:
+        if len(query) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) for v in query) \
+                or not (0 <= query[0] < count and 0 <= query[1] < gh and 0 <= query[2] < gw):
+            raise ValueError(f"a patch's query is (frame, row, col) within {count} x {gh} x {gw}, got "
+                             f"{str(query)[:40]}")
+        return int(query[0]), int(query[1]), int(query[2])
+    tokens, what = (1 + count, "the CLS, then one a frame") if temporal else (prefix + gh * gw, "a frame's")
+    if query is None:
+        return 0
+    if isinstance(query, bool) or not isinstance(query, int) or not -tokens <= query < tokens:
+        raise ValueError(f"query {str(query)[:40]} is not one of the {tokens} tokens ({what}); give a token index"
+                         f"{'' if temporal else ' or (frame, row, col)'}")
+    return query % tokens
