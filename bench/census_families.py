@@ -163,7 +163,10 @@ FAMILIES: list[Family] = [
     hf("TimeSformer", "TimesformerForVideoClassification", num_frames=2),
     hf("V-JEPA 2", "VJEPA2ForVideoClassification", frames_per_clip=2, tubelet_size=1),
     hf("VideoPrism vision", "VideoPrismVisionModel"),
-    hf("PE video", "PeVideoEncoder", named=True),
+    hf("PE video", "PeVideoEncoder", named=True,  # its timm PE-Core trunk made tiny too (model_args)
+       vision_config=dict(architecture="vit_pe_core_tiny_patch16_384",
+                          model_args=dict(depth=2, embed_dim=32, num_heads=2, img_size=IMAGE, patch_size=8,
+                                          attn_pool_num_heads=2, ref_feat_shape=[IMAGE // 8, IMAGE // 8]))),
     # --- transformers: stages and windows
     hf("Swin", "SwinForImageClassification", embed_dim=16, depths=[1, 1], num_heads=[1, 2], patch_size=4,
        window_size=4),
@@ -412,7 +415,7 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
         rng = np.random.default_rng(0)
         image = Image.fromarray(rng.integers(0, 255, (int(side) + 8, int(side) + 16, 3), dtype=np.uint8))
         from vit.explain.views import video
-        clip = video.is_video(checkpoint)
+        clip = video.is_video(checkpoint) or getattr(checkpoint.model, "takes_clips", False)  # PE video's too
         row["input"] = "a clip of 4 frames" if clip else "an image"
         try:
             explanation = vit.explain(checkpoint, [image] * 4 if clip else image, "attention")

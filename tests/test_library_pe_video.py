@@ -259,3 +259,10 @@ def test_vit_explain_refuses_what_it_does_not_draw_in_one_line(checkpoint, frame
 
 def test_the_checkpoint_prints_in_one_line(checkpoint):
     assert repr(checkpoint).startswith("<Checkpoint") and "in patches of 8, no classifier" in repr(checkpoint)
+
+
+def test_vit_methods_lists_the_map_it_draws_and_one_image_is_refused_in_one_line(checkpoint, frames):
+    assert list(vit.methods(checkpoint)) == ["attention"]
+    with pytest.raises(ValueError, match="takes a clip, not one image") as refused:
+        vit.explain(checkpoint, frames[0], "attention")
+    assert "\n" not in str(refused.value)

@@ -346,6 +346,9 @@ def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head
     given = [name for name, value in unread.items() if value is not None]
     if given:
         raise ValueError(f"{method} of this clip model reads layer, head and query; leave out {', '.join(given)}")
+    if isinstance(clip, Image.Image):
+        raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
+                         "or a list of PIL images")
     frames = read_clip(clip, checkpoint.model.num_frames).frames
     return video.explain_library_clip(checkpoint, frames, method, layer, head, query)
 
