@@ -189,3 +189,147 @@ def test_a_sam3_whose_processor_asks_for_another_size_is_refused_in_one_line(tmp
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value)
     assert "48x48" in str(refused.value) or "cannot be traced" in str(refused.value)
+
+
+# --- SAM 3 tracker: its vision encoder drawn the same way, its points and box through vit.segment as SAM 2's ---------
+
+TRACKER_SIDE, TRACKER_WINDOW = 32, 3  # a 4 x 4 grid in 3 x 3 windows: 2 x 2 windows, the last row and column padding
+TRACKER_MODELING = "transformers.models.sam3_tracker.modeling_sam3_tracker"
+PROMPTS = {"point": dict(points=[(10, 12)]), "box": dict(box=(5, 4, 40, 25)),
+           "mixed": dict(points=[(10, 12), (30, 20, 0)], box=(5, 4, 40, 25))}
+
+
+@pytest.fixture(scope="module")
+def tracker(tmp_path_factory):
+    """A ``Sam3TrackerModel`` folder (the vision encoder as SAM 3's, a prompt encoder and mask decoder on its 4 x 4
+    embedding) with its ``Sam3TrackerProcessor``, which SAM 3 builds square."""
+    folder = tmp_path_factory.mktemp("sam3_tracker")
+    vision_config = dict(model_type="sam3_vision_model", fpn_hidden_size=16,
+                         backbone_config=dict(backbone((TRACKER_SIDE, TRACKER_SIDE)), window_size=TRACKER_WINDOW),
+                         backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]])
+    config = transformers.Sam3TrackerConfig(
+        vision_config=vision_config,
+        prompt_encoder_config=dict(hidden_size=16, image_size=TRACKER_SIDE, patch_size=PATCH, mask_input_channels=4),
+        mask_decoder_config=dict(hidden_size=16, mlp_dim=32, num_hidden_layers=2, num_attention_heads=2,
+                                 iou_head_hidden_dim=16))
+    torch.manual_seed(0)
+    model = transformers.Sam3TrackerModel(config)
+    spread(model)
+    model.save_pretrained(folder)
+    transformers.Sam3TrackerProcessor(image_processor=transformers.Sam3ImageProcessor(
+        size={"height": TRACKER_SIDE, "width": TRACKER_SIDE})).save_pretrained(folder)
+    return folder
+
+
+def tracker_inputs(processor, image, points=(), box=None):
+    """The processor's inputs for one prompt, as its documentation builds them."""
+    args = {}
+    if points:
+        args.update(input_points=[[[list(p[:2]) for p in points]]],
+                    input_labels=[[[p[2] if len(p) == 3 else 1 for p in points]]])
+    if box is not None:
+        args.update(input_boxes=[[list(box)]])
+    return processor(images=image, return_tensors="pt", **args)
+
+
+def tracker_run(model, inputs, pixel_values=None):
+    run = {k: v for k, v in inputs.items() if k != "original_sizes"}
+    if pixel_values is not None:
+        run["pixel_values"] = pixel_values
+    with torch.no_grad():
+        return model(**run)
+
+
+def test_sam3_tracker_opens_by_path_its_vision_encoder_the_recorded_part(tracker):
+    checkpoint = vit.load(tracker, device="cpu")
+    model = checkpoint.model
+    assert checkpoint.road == "library" and type(model.model).__name__ == "Sam3TrackerModel"
+    assert type(model.part).__name__ == "Sam3VisionModel" and model.entry is model.part
+    assert model.num_layers == LAYERS and model.layout.grid == (4, 4)
+    assert model.layout.windows == (TRACKER_WINDOW, 0, TRACKER_WINDOW)
+    x = torch.randn(1, 3, TRACKER_SIDE, TRACKER_SIDE, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        theirs = library(tracker, "Sam3TrackerModel", "sdpa").vision_encoder(pixel_values=x)
+    torch.testing.assert_close(model(x), theirs.last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_sam3_trackers_every_layer_is_its_eager_attention_and_a_transposed_grid_would_fail(tracker, monkeypatch):
+    checkpoint = vit.load(tracker, device="cpu")
+    image = an_image()
+    x = preprocess([image], checkpoint.preprocessing)
+    model = library(tracker, "Sam3TrackerModel")
+    eager = eager_windows(SAM3_MODELING, lambda: model.vision_encoder(pixel_values=x), monkeypatch)
+    grid = (4, 4)
+    assert [tuple(a.shape) for a in eager] == [(4, 2, 9, 9), (1, 2, 16, 16), (4, 2, 9, 9)]
+    _, ours = checkpoint.model.run(x, layers=range(LAYERS))
+    for layer in range(LAYERS):
+        placed = eager[layer] if layer in GLOBAL else layer_on_grid(eager[layer], LayerLayout(grid, TRACKER_WINDOW))
+        torch.testing.assert_close(ours[layer], placed, atol=1e-5, rtol=0)
+    query = 3  # patch (0, 3): the second window's, whose last column is padding
+    explained = vit.explain(checkpoint, image, "attention", layer=0, query=query)
+    right = layer_on_grid(eager[0], LayerLayout(grid, TRACKER_WINDOW))[0, :, query].mean(0).reshape(grid)
+    torch.testing.assert_close(torch.as_tensor(explained.map), right, atol=1e-5, rtol=0)
+    # a square grid read column-major: the query is patch (3, 0), its map transposed back, on other patches
+    transposed = layer_on_grid(eager[0], LayerLayout(grid, TRACKER_WINDOW))[0, :, 12].mean(0).reshape(grid).T
+    assert not torch.allclose(torch.as_tensor(explained.map), transposed, atol=1e-3)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_sam3_trackers_masks_and_scores_equal_transformers_for_the_same_prompt(tracker, prompt):
+    checkpoint = vit.load(tracker, device="cpu")
+    image = an_image()
+    processor = transformers.Sam3TrackerProcessor.from_pretrained(tracker)
+    inputs = tracker_inputs(processor, image, **PROMPTS[prompt])
+    model = library(tracker, "Sam3TrackerModel", "sdpa")
+    out = tracker_run(model, inputs)
+    masks = processor.post_process_masks(out.pred_masks, inputs["original_sizes"])[0][0]  # (3, H, W)
+    ours = vit.segment(checkpoint, image, **PROMPTS[prompt])
+    torch.testing.assert_close(torch.from_numpy(ours.scores), out.iou_scores[0, 0], rtol=0, atol=1e-5)
+    assert ours.masks.shape == (3, 30, 50) and (ours.masks == masks.numpy()).all()
+    assert ours.mask == int(out.iou_scores[0, 0].argmax())
+    # the processor's pixels and ours differ by float rounding (6e-8), which these wide random weights grow to
+    # 2e-5 in logits of ~40; on our pixels the logits are the library's to 1e-5
+    logits = torch.from_numpy(ours.mask_logits)
+    torch.testing.assert_close(logits, out.pred_masks[0, 0], rtol=0, atol=1e-6 * float(logits.abs().max()))
+    same = tracker_run(model, inputs, preprocess([image], checkpoint.preprocessing))
+    torch.testing.assert_close(logits, same.pred_masks[0, 0], rtol=0, atol=1e-5)
+
+
+def test_a_tracker_prompt_read_with_x_and_y_swapped_is_not_transformers(tracker):
+    checkpoint = vit.load(tracker, device="cpu")
+    image = an_image()
+    processor = transformers.Sam3TrackerProcessor.from_pretrained(tracker)
+    swapped = tracker_run(library(tracker, "Sam3TrackerModel"), tracker_inputs(processor, image, points=[(12, 10)]))
+    ours = vit.segment(checkpoint, image, points=[(10, 12)])
+    assert (torch.from_numpy(ours.mask_logits) - swapped.pred_masks[0, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("token", ["mask", "iou"])
+def test_sam3_trackers_decoder_attention_is_its_eager_attention_for_the_chosen_token(tracker, token, monkeypatch):
+    checkpoint = vit.load(tracker, device="cpu")
+    image = an_image()
+    processor = transformers.Sam3TrackerProcessor.from_pretrained(tracker)
+    inputs = tracker_inputs(processor, image, **PROMPTS["mixed"])
+    model = library(tracker, "Sam3TrackerModel")
+    weights = eager_windows(TRACKER_MODELING, lambda: tracker_run(model, inputs), monkeypatch)[-7:]
+    ours = vit.segment(checkpoint, image, **PROMPTS["mixed"], mask=2, token=token)
+    position = 2 + 1 + 2 if token == "mask" else 1  # the object-score token, the IoU token, then the mask tokens
+    expected = {}
+    for i in range(2):
+        expected[f"layers.{i}.cross_attn_token_to_image"] = weights[3 * i + 1][0][:, position]
+        expected[f"layers.{i}.cross_attn_image_to_token"] = weights[3 * i + 2][0][:, :, position]
+    expected["final_attn_token_to_image"] = weights[6][0][:, position]
+    assert list(ours.attention) == list(expected)
+    for name, reference in expected.items():
+        assert ours.attention[name].shape == (2, 4, 4)
+        torch.testing.assert_close(torch.from_numpy(ours.attention[name]), reference.reshape(2, 4, 4), rtol=0,
+                                   atol=1e-5, msg=name)
+
+
+def test_sam3_trackers_maps_of_the_mask_and_sam3s_concepts_are_refused_in_one_line(tracker):
+    checkpoint = vit.load(tracker, device="cpu")
+    with pytest.raises(ValueError, match="decoder attention are drawn") as refused:
+        vit.segment(checkpoint, an_image(), points=[(10, 12)], methods=["gradient_x_input"])
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="text concept is SAM 3's"):
+        vit.segment(checkpoint, an_image(), text="a cat")

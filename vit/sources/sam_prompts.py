@@ -22,7 +22,9 @@ import torch
 
 from vit.checkpoint import CheckpointError
 
-ARCHITECTURES = {"SamModel": "sam", "Sam2Model": "sam2"}  # the HF architectures whose prompt half opens
+# the HF architectures whose prompt half opens; SAM 3 tracker's opens by the library road, whole: its own vision
+# encoder is the image encoder
+ARCHITECTURES = {"SamModel": "sam", "Sam2Model": "sam2", "Sam3TrackerModel": "sam3_tracker"}
 
 
 class PromptHalfError(CheckpointError):
@@ -32,7 +34,8 @@ class PromptHalfError(CheckpointError):
 @dataclass
 class PromptHalf:
     """transformers' ``SamModel`` / ``Sam2Model`` without its image encoder's blocks (``library``), for the image
-    encoder opened from the same folder; ``family`` is ``"sam"`` or ``"sam2"``."""
+    encoder opened from the same folder; ``family`` is ``"sam"`` or ``"sam2"``. SAM 3 tracker's (``"sam3_tracker"``)
+    is the whole ``Sam3TrackerModel`` the library road opened, its vision encoder the image encoder."""
 
     family: str
     library: torch.nn.Module
@@ -85,6 +88,17 @@ def architecture(checkpoint) -> str | None:
     return name if name in ARCHITECTURES and source.get("path") else None
 
 
+def _library_half(checkpoint, folder: Path) -> PromptHalf:
+    """SAM 3 tracker's prompt half: the ``Sam3TrackerModel`` the library road opened (``checkpoint.model.model``),
+    every module the library's; its mask decoder's attention made eager, so its modules return their weights."""
+    library = getattr(checkpoint.model, "model", None)
+    if getattr(checkpoint, "road", None) != "library" or type(library).__name__ != "Sam3TrackerModel":
+        raise PromptHalfError(f"{folder}: SAM 3 tracker's prompts run on the model the library road opens; open it "
+                              "with vit.load(folder)")
+    library.mask_decoder.config._attn_implementation = "eager"  # its weights returned, not fused away
+    return PromptHalf("sam3_tracker", library, folder)
+
+
 def _library_class(family: str):
     import transformers
 
@@ -110,6 +124,8 @@ def open_prompt_half(checkpoint) -> PromptHalf:
                           "(an HF SamModel / Sam2Model folder or Hub id) to segment with prompts")
     family = ARCHITECTURES[name]
     folder = Path(checkpoint.metadata["source"]["path"])
+    if family == "sam3_tracker":
+        return _library_half(checkpoint, folder)
     model_class, config_class = _library_class(family)
     config = config_class.from_pretrained(folder)
     config._attn_implementation = "eager"  # the decoder's attention weights returned, not fused away

@@ -115,8 +115,10 @@ def image_embedding(half, model, pixels: torch.Tensor) -> torch.Tensor | list[to
     """What the library's decoder takes as ``image_embeddings`` for ``pixels`` ``(B, C, H, W)``, from our image
     encoder: SAM's ``(B, C, gh, gw)`` (the neck on the last block); SAM 2's list, high resolution first, as
     ``Sam2Model.get_image_embeddings`` makes it (the FPN neck on each stage's output, the two finer levels through
-    the decoder's ``conv_s0`` / ``conv_s1``, the empty memory added to the coarsest). In the autograd graph when
-    gradients are on."""
+    the decoder's ``conv_s0`` / ``conv_s1``, the empty memory added to the coarsest); SAM 3 tracker's the same list
+    from its own vision encoder (``tracker_embedding``). In the autograd graph when gradients are on."""
+    if half.family == "sam3_tracker":
+        return tracker_embedding(half, pixels)
     ends = stage_ends(model.config)
     names = [f"blocks.{i}.hook_resid_post" for i in ends]
     _, cache = model.run_with_cache(pixels, names)
@@ -134,6 +136,20 @@ def image_embedding(half, model, pixels: torch.Tensor) -> torch.Tensor | list[to
     maps[-1] = maps[-1] + library.no_memory_embedding.reshape(1, -1, 1, 1)  # (1, 1, C) on (HW, B, C) in the library
     check_grid(half, tuple(maps[-1].shape[-2:]))
     return maps
+
+
+def tracker_embedding(half, pixels: torch.Tensor) -> list[torch.Tensor]:
+    """SAM 3 tracker's ``image_embeddings`` for ``pixels`` ``(B, C, H, W)``, as ``Sam3TrackerModel.forward`` makes
+    them: its own ``get_image_features`` (the vision encoder, the FPN neck, the decoder's ``conv_s0`` / ``conv_s1``),
+    the empty memory added to the coarsest level, each level ``(B, C, h, w)`` on its ``backbone_feature_sizes``."""
+    library = half.library
+    maps = list(library.get_image_features(pixels, return_dict=True).fpn_hidden_states)  # (h*w, B, C) each
+    maps[-1] = maps[-1] + library.no_memory_embedding
+    B = pixels.shape[0]
+    embedding = [m.permute(1, 2, 0).reshape(B, -1, *size) for m, size in zip(maps, library.backbone_feature_sizes,
+                                                                              strict=False)]
+    check_grid(half, tuple(embedding[-1].shape[-2:]))
+    return embedding
 
 
 def prompt_scale(image_size: tuple[int, int], preprocessing) -> tuple[float, float]:
@@ -416,6 +432,10 @@ class Segmenter:
         unknown = [m for m in methods if m not in SEGMENT_METHODS or m == "decoder_attention"]
         if unknown:
             raise PromptError(f"unknown map {unknown[0]!r}; choose from {', '.join(m for m in SEGMENT_METHODS)}")
+        if methods and not any(self.half.family in families for families in MAP_FAMILIES.values()):
+            raise PromptError(f"{methods[0]} of the mask runs through SAM's and SAM 2's image encoders as this "
+                              f"program ports them; {self.half.family}'s runs as transformers builds it, and its "
+                              "masks, scores and decoder attention are drawn (give no methods)")
         p, image_size = self.preprocessing, image.size
         inputs = prompt_tensors(self.half, prompt, prompt_scale(image_size, p), self.device)
         embedding, input_hw, reused = self.embedding(image)

@@ -256,6 +256,10 @@ class LibraryModel(torch.nn.Module):
         itself (DPT's keep-aspect resize)."""
         return grid_of(self.layout, pixels.shape[-2:])
 
+    def patch_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The patch grid of a ``height`` x ``width`` input (the port's ``ViT.patch_grid``)."""
+        return grid_of(self.layout, (height, width))
+
     def attention_module(self, layer: int) -> torch.nn.Module:
         """Layer ``layer``'s attention module (the one that calls transformers' attention interface)."""
         return self._attention[layer]
