@@ -792,7 +792,12 @@ def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str |
             model.entry(pixel_values=pixels)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
         if "item() cannot be called on meta" not in str(e):
-            return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+            size = config_size(model.config)
+            hint = ("" if own_size or size is None else
+                    "; it may run only at its config's image_size {}: give it an image processor of that size"
+                    .format("x".join(str(v) for v in _pair(size, "image_size"))))  # SAM 3's rotary grid
+            return (f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+                    f"{hint}")
         if not own_size:
             h, w = model.layout.image_hw
             return (f"its image processor asks for {h}x{w}-px inputs, not its config's image_size, and its forward "
