@@ -147,14 +147,17 @@ def test_the_library_road_families_are_listed_with_their_road_and_on_the_models_
     from pathlib import Path
 
     library = {f.name: f for f in registry.families() if f.road == "library"}
-    assert set(library) == {"transformers-library", "timm-library", "open_clip-timm"}
+    assert set(library) == {"transformers-library", "timm-library", "open_clip-timm", "pe-video"}
     assert {f.importer for f in library.values()} == {"vit.sources.library_road.transformers_models",
-                                                      "vit.sources.library_road.timm_models"}
+                                                      "vit.sources.library_road.timm_models",
+                                                      "vit.sources.library_road.pe_video"}
     assert {f.road for f in registry.families()} == {"port", "library"}
     assert all(not f.hf_model_types for f in library.values())  # taken where no port reads the folder
-    page = (Path(__file__).resolve().parents[1] / "docs" / "models" / "image.md").read_text()
-    for family in library.values():
+    models = Path(__file__).resolve().parents[1] / "docs" / "models"
+    page = (models / "image.md").read_text()
+    for family in library.values():  # each on its kind's page: PE video, a clip model, on the video page
+        on = page if family.kind == "image" else (models / f"{family.kind}.md").read_text()
         title = family.title.replace("_", "\\_")  # as the page's Markdown writes it
-        [row] = [line for line in page.splitlines() if line.startswith(f"| {title} |")]
+        [row] = [line for line in on.splitlines() if line.startswith(f"| {title} |")]
         assert f"| library | `{family.importer}` |" in row
     assert "| port | `vit.sources.ports.families.hf` |" in page

@@ -478,6 +478,10 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("timm-library", "timm architectures without a port: FlexiViT, the RoPE ViTs, InternViT-300M, relpos ViT",
            "image", "timm folders and weights the ports refuse whose blocks use timm's attention (vit.load)",
            "vit.sources.library_road.timm_models", (), _LIBRARY_MAPS, road="library"),
+    Family("pe-video", "PE video (Perception Encoder's video encoder)", "video",
+           "HF pe_video_encoder folders (PeVideoEncoder; vit.load)", "vit.sources.library_road.pe_video", (),
+           "a clip's attention within each frame (its timm PE-Core trunk) and over the frames (its temporal encoder), "
+           "any layer and head, through vit.explain; the other maps refused in one line (issue 91)", road="library"),
     Family("open_clip-timm", "open_clip towers with a timm trunk: SigLIP 2, PE-Core", "image",
            "open_clip folders whose vision_cfg names a timm_model_name (vit.load)",
            "vit.sources.library_road.timm_models", (),
