@@ -266,3 +266,29 @@ def test_vit_methods_lists_the_map_it_draws_and_one_image_is_refused_in_one_line
     with pytest.raises(ValueError, match="takes a clip, not one image") as refused:
         vit.explain(checkpoint, frames[0], "attention")
     assert "\n" not in str(refused.value)
+
+
+def test_pe_video_models_video_encoder_opens_and_runs_as_its_forward_runs_it(tmp_path, clip):
+    """A ``PeVideoModel`` folder (model_type ``pe_video``: the encoder beside a ModernBERT text model) opens its
+    video encoder; the clip's outputs are what ``PeVideoModel.forward`` gives (``video_outputs``), and every temporal
+    layer's attention its encoder's eager one."""
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+                pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config = transformers.PeVideoConfig(text_config=text, video_config=dict(TEMPORAL, vision_config=TRUNK))
+    torch.manual_seed(0)
+    whole = transformers.PeVideoModel(config).eval()
+    spread(whole)
+    whole.save_pretrained(tmp_path)
+    transformers.PeVideoVideoProcessor(size={"height": HEIGHT, "width": WIDTH}, num_frames=FRAMES, do_resize=True
+                                       ).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.metadata["architecture"] == "hf:PeVideoModel" and checkpoint.model.layout.grid == (GH, GW)
+    reference = transformers.PeVideoModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = reference(input_ids=torch.tensor([[1, 5, 6, 2]] * 2), pixel_values_videos=clip).video_outputs
+        attentions = reference.video_encoder(pixel_values_videos=clip, output_attentions=True).attentions
+    ours = checkpoint.model.record(clip, layers=range(2))
+    torch.testing.assert_close(ours.output.pooler_output, out.pooler_output, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.output.last_hidden_state, out.last_hidden_state, atol=1e-5, rtol=0)
+    for layer, probabilities in ours.temporal.items():
+        torch.testing.assert_close(probabilities, attentions[layer], atol=1e-5, rtol=0)

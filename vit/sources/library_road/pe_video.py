@@ -1,4 +1,5 @@
-"""The library road for PE video (transformers' ``PeVideoEncoder``, model_type ``pe_video_encoder``), a clip in.
+"""The library road for PE video (transformers' ``PeVideoEncoder``, model_type ``pe_video_encoder``, or the video
+encoder of its ``PeVideoModel``, model_type ``pe_video``, beside a text model), a clip in.
 
 transformers builds it as two models in one: each frame goes through a timm PE-Core ViT (``TimmWrapper`` around
 timm's ``Eva``, pooled to one vector a frame by its attention-pooling head), then a temporal transformer runs over
@@ -39,7 +40,8 @@ from vit.sources.library_road.transformers_models import (
     declared_problem,
 )
 
-MODEL_TYPES = ("pe_video_encoder",)  # config.json model_types opened here (``transformers_models.OWN_LAYOUTS``)
+# config.json model_types opened here (``transformers_models.OWN_LAYOUTS``) -> transformers' class that reads it
+MODEL_TYPES = {"pe_video_encoder": "PeVideoEncoder", "pe_video": "PeVideoModel"}
 VIDEO_PROCESSOR = "video_preprocessor_config.json"  # PeVideoVideoProcessor's save_pretrained
 MAX_FRAMES = 1024  # the clip lengths a video processor may ask for
 DEFAULT_FRAMES = 16  # frames sampled where the video processor names none (it then takes every frame of a clip)
@@ -85,7 +87,7 @@ class ClipAttention:
         return rows.reshape(rows.shape[0], rows.shape[1], gh, gw)
 
 
-class PeVideoModel(LibraryModel):
+class PeVideoLibraryModel(LibraryModel):
     """transformers' ``PeVideoEncoder`` as transformers builds it, a clip ``(B, F, C, H, W)`` in. Its temporal
     layers are the ``LibraryModel``'s layers (``num_layers``, ``num_heads``, ``run``); ``frames`` is the trunk as
     timm's library road holds it (``timm_models.TimmLibraryModel``: one frame an image), whose ``layout`` places a
@@ -160,30 +162,32 @@ class PeVideoModel(LibraryModel):
         return self.record(videos).output.pooler_output
 
 
-def takes(config_json: Mapping) -> bool:
-    """Whether ``config_json`` is a folder this module opens."""
-    return config_json.get("model_type") in MODEL_TYPES
-
-
 def video_processor(folder: Path) -> dict | None:
-    """The folder's video processor settings (``video_preprocessor_config.json``), else None."""
+    """The folder's video processor settings (``video_preprocessor_config.json``, else ``processor_config.json``'s
+    ``video_processor``: what a ``PeVideoProcessor``'s save_pretrained writes), else None."""
     from vit.sources.files import read_json
 
-    path = folder / VIDEO_PROCESSOR
-    return read_json(path) if path.is_file() else None
+    if (folder / VIDEO_PROCESSOR).is_file():
+        return read_json(folder / VIDEO_PROCESSOR)
+    nested = read_json(folder / "processor_config.json").get("video_processor") if (
+        folder / "processor_config.json").is_file() else None
+    return dict(nested) if isinstance(nested, Mapping) else None
 
 
 def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None = None,
                   map_location: str | torch.device = "cpu") -> Checkpoint:
-    """The folder's ``PeVideoEncoder`` as transformers builds it (``PeVideoModel``), in a ``Checkpoint`` with
-    ``road="library"``: the frames prepared as its video processor says (``video_preprocessor_config.json``, else
-    ``image_processor``), its trunk's layout read off timm's patch embedding and checked on the meta device.
-    SourceError (one line) for what cannot be opened or placed."""
+    """The folder's ``PeVideoEncoder`` (a ``PeVideoModel``'s ``video_encoder``: its text model is not kept) as
+    transformers builds it (``PeVideoLibraryModel``), in a ``Checkpoint`` with ``road="library"``: the frames
+    prepared as its video processor says (``video_processor``, else ``image_processor``), its trunk's layout read off
+    timm's patch embedding and checked on the meta device. SourceError (one line) for what cannot be opened or
+    placed."""
     import transformers
 
-    origin = f"{folder} ({config_json.get('model_type')}, opened as transformers builds it)"
+    model_type = str(config_json.get("model_type"))
+    origin = f"{folder} ({model_type}, opened as transformers builds it)"
+    video = config_json.get("video_config") if model_type == "pe_video" else config_json
     problem = declared_problem(config_json)
-    vision = config_json.get("vision_config")
+    vision = video.get("vision_config") if isinstance(video, Mapping) else None
     args = vision.get("model_args") if isinstance(vision, Mapping) else None
     problem = problem or (timm_models._declared_problem(args) if isinstance(args, Mapping) else None)
     if problem:
@@ -192,12 +196,13 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     name = recording_attention.recording_name("sdpa")
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        cls = getattr(transformers, MODEL_TYPES[model_type])
         if meta:
             with torch.device("meta"):
-                model, loaded = transformers.PeVideoEncoder._from_config(config, attn_implementation=name), {}
+                model, loaded = cls._from_config(config, attn_implementation=name), {}
         else:
             with quiet_transformers():
-                model, loaded = transformers.PeVideoEncoder.from_pretrained(
+                model, loaded = cls.from_pretrained(
                     folder, local_files_only=True, trust_remote_code=False, dtype=torch.float32,
                     ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
             model = model.to(map_location)
@@ -206,7 +211,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     wrong = loading_problem(loaded)
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
-    model.eval()
+    model = model.eval() if model_type == "pe_video_encoder" else model.video_encoder.eval()
     trunk = getattr(getattr(model.embedder, "vision_model", None), "timm_model", None)
     if not isinstance(trunk, torch.nn.Module):
         raise SourceError(f"{origin}: its frame encoder is no timm model (vision_config's architecture); the library "
@@ -219,13 +224,14 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         raise SourceError(f"{folder}: its video processor's num_frames {str(num_frames)[:20]} is not a frame count "
                           f"from 1 to {MAX_FRAMES}; fix {VIDEO_PROCESSOR}")
     frames, preprocessing = _frame_model(origin, folder, trunk, processor, meta)
-    wrapped = PeVideoModel(model, frames, temporal, num_frames or DEFAULT_FRAMES)
+    wrapped = PeVideoLibraryModel(model, frames, temporal, num_frames or DEFAULT_FRAMES)
     if meta:
         problem = _clip_problem(wrapped)
         if problem:
             raise SourceError(f"{origin}: {problem}")
-    metadata = {"source": {"kind": "hf", "path": str(folder), "architecture": "hf:PeVideoEncoder"},
-                "architecture": "hf:PeVideoEncoder", "parameters": sum(p.numel() for p in model.parameters()),
+    architecture = f"hf:{MODEL_TYPES[model_type]}"
+    metadata = {"source": {"kind": "hf", "path": str(folder), "architecture": architecture},
+                "architecture": architecture, "parameters": sum(p.numel() for p in model.parameters()),
                 "road": ROAD}
     if num_frames is None:
         metadata["preprocessing_guessed"] = (
@@ -245,7 +251,7 @@ def _frame_model(origin: str, folder: Path, trunk: torch.nn.Module, processor: M
     return checkpoint.model, checkpoint.preprocessing
 
 
-def _clip_problem(model: PeVideoModel) -> str | None:
+def _clip_problem(model: PeVideoLibraryModel) -> str | None:
     """Why the temporal layers do not run over the CLS and one token a frame (the encoder's forward on the meta
     device, a clip of ``num_frames`` frames: shapes only), or None."""
     h, w = model.layout.image_hw

@@ -38,8 +38,9 @@ PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distill
 SUFFIX_PARAMETERS = ("detection_tokens",)  # the embeddings' tokens after the patches: YOLOS's (1, n, hidden)
 MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
 # model_types whose tokens are not one image's prefix and patches, each opened by a module of its own that builds on
-# this one (so imported by its name when asked): PE video's clip, a timm trunk per frame and a temporal encoder
-OWN_LAYOUTS = {"pe_video_encoder": "vit.sources.library_road.pe_video"}
+# this one (so imported by its name when asked): PE video's clip, a timm trunk per frame and a temporal encoder (alone,
+# or beside a text model)
+OWN_LAYOUTS = dict.fromkeys(("pe_video_encoder", "pe_video"), "vit.sources.library_road.pe_video")
 
 
 @dataclass(frozen=True)
