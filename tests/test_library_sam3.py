@@ -334,3 +334,17 @@ def test_sam3_trackers_maps_of_the_mask_and_sam3s_concepts_are_refused_in_one_li
     assert "\n" not in str(refused.value)
     with pytest.raises(ValueError, match="text concept is SAM 3's"):
         vit.segment(checkpoint, an_image(), text="a cat")
+
+
+def test_vit_predict_segments_with_the_trackers_prompts_as_vit_segment(tracker, tmp_path, capsys):
+    import json
+
+    from vit import predict
+
+    image = tmp_path / "image.png"
+    an_image().save(image)
+    assert predict.main([str(tracker), str(image), "--points", "10,12", "--box", "5,4,40,25", "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    ours = vit.segment(vit.load(tracker, device="cpu"), Image.open(image), points=[(10, 12)], box=(5, 4, 40, 25))
+    assert record["scores"] == pytest.approx(ours.scores.tolist(), abs=1e-6)
+    assert record["areas"] == [int(m.sum()) for m in ours.masks] and record["mask"] == ours.mask

@@ -60,8 +60,9 @@ gradxattn_rollout, tam, attnlrp; default attention tam) also ``gradxattn`` (answ
 (``VLMAnswer.logit_lens``). Its largest size is refused before any work past ``--max-maps-mb``, and the last token's
 relevance past the memory limit.
 
-Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder or Hub id): ``--points x,y[,label]
-...`` (label 1 on the object, the default; 0 off it) and / or ``--box x0,y0,x1,y1``, in each image's own pixels,
+Segmenting with a whole SAM, SAM 2 or SAM 3 tracker (an HF ``SamModel`` / ``Sam2Model`` / ``Sam3TrackerModel``
+folder or Hub id): ``--points x,y[,label] ...`` (label 1 on the object, the default; 0 off it) and / or ``--box
+x0,y0,x1,y1``, in each image's own pixels,
 print per image its three masks' predicted IoU (``"scores"``), their areas on the image in pixels and the best one
 (``"mask"``); a second image is encoded once, every prompt on it runs the decoder alone. ``--mask N`` (from 0)
 chooses the mask the maps explain (default the best), ``--token mask|iou`` the decoder token whose attention is
@@ -674,13 +675,15 @@ def run(args: argparse.Namespace) -> int:
             if value is not None:
                 raise UsageError(f"{flag} goes with a SAM prompt (--points or --box)")
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch, library_road=True)
+    from vit.sources.sam_prompts import architecture
+
+    if prompted and (checkpoint.road != "library" or architecture(checkpoint)):  # SAM 3 tracker's library road too
+        return run_prompts(checkpoint, args)
     if checkpoint.road == "library":  # the library's own model: its own logits, at its own input size
         check_library_arguments(checkpoint, args)
         records, failed = predicted(checkpoint, args, None, input_size(args), None, checkpoint, False)
         print(json.dumps(records, indent=2))
         return 1 if failed else 0
-    if prompted:
-        return run_prompts(checkpoint, args)
     if checkpoint.model.config.tubelet_size:
         return run_clips(checkpoint, args)
     size = input_size(args)
