@@ -327,11 +327,38 @@ def test_sam3_trackers_decoder_attention_is_its_eager_attention_for_the_chosen_t
                                    atol=1e-5, msg=name)
 
 
-def test_sam3_trackers_maps_of_the_mask_and_sam3s_concepts_are_refused_in_one_line(tracker):
+@pytest.mark.parametrize("at", [None, (30, 20)])
+def test_sam3_trackers_gradient_x_input_of_a_mask_equals_autograd_on_transformers_model(tracker, at):
+    """Summed over the mask, or at one pixel's low-resolution logit, back through the library's own decoder, neck and
+    vision encoder: autograd on transformers' whole model from the same pixels and prompt."""
+    from vit.explain.methods.segment import low_res_cell
+
     checkpoint = vit.load(tracker, device="cpu")
-    with pytest.raises(ValueError, match="decoder attention are drawn") as refused:
-        vit.segment(checkpoint, an_image(), points=[(10, 12)], methods=["gradient_x_input"])
-    assert "\n" not in str(refused.value)
+    image = an_image()
+    processor = transformers.Sam3TrackerProcessor.from_pretrained(tracker)
+    inputs = tracker_inputs(processor, image, **PROMPTS["point"])
+    ours = vit.segment(checkpoint, image, **PROMPTS["point"], mask=1, methods=["gradient_x_input"], at=at)
+    model = library(tracker, "Sam3TrackerModel", "sdpa")
+    x = preprocess([image], checkpoint.preprocessing).requires_grad_(True)
+    run = {k: v for k, v in inputs.items() if k not in ("original_sizes", "pixel_values")}
+    logits = model(pixel_values=x, **run).pred_masks[0, 0, 1]  # (16, 16)
+    if at is None:
+        score = logits[logits.detach() > 0].sum()
+    else:
+        score = logits[low_res_cell(at, image.size, checkpoint.preprocessing, (32, 32), (16, 16))]
+    [grad] = torch.autograd.grad(score, x)
+    expected = (x.detach() * grad).sum(1)[0]  # (32, 32)
+    torch.testing.assert_close(torch.from_numpy(ours.maps["gradient_x_input"]), expected, rtol=1e-4,
+                               atol=1e-5 * float(expected.abs().max()))
+
+
+def test_sam3_trackers_attnlrp_legrad_and_sam3s_concepts_are_refused_in_one_line(tracker):
+    checkpoint = vit.load(tracker, device="cpu")
+    for method in ("attnlrp", "legrad"):
+        with pytest.raises(ValueError, match=f"^{method} of the mask runs through SAM's and SAM 2's image encoders "
+                           "as this program ports them; sam3_tracker's runs as transformers builds it: choose "
+                           "gradient_x_input$"):
+            vit.segment(checkpoint, an_image(), points=[(10, 12)], methods=[method])
     with pytest.raises(ValueError, match="text concept is SAM 3's"):
         vit.segment(checkpoint, an_image(), text="a cat")
 

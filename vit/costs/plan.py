@@ -215,8 +215,12 @@ def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedd
                   what: str = "Gradient x input of the mask") -> Cost:
     """A gradient of SAM's mask (``vit.explain.methods.segment``): the image encoder's, as any gradient method's through
     it (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
-    (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
-    encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
+    (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``). A
+    model of the library road (SAM 3 tracker's encoder) counts as its gradient maps do (``library_gradient``)."""
+    if getattr(model, "road", None) == "library":
+        encoder = library_gradient(model.cost_shape(), grid, what)
+    else:
+        encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
     return _with_mask_decoder(encoder, "mask gradient", hidden, layers, embedding_grid, what)
 
 

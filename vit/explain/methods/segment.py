@@ -85,8 +85,12 @@ SEGMENT_METHODS = {
 MAP_LABELS = {"gradient_x_input": "Gradient x input", "attnlrp": "AttnLRP", "legrad": "LeGrad"}  # in words
 SIGNED_MAPS = ("gradient_x_input", "attnlrp")  # drawn on a diverging scale around 0 (LeGrad's are >= 0)
 # the families each map applies to: SAM 2's FPN neck reads every Hiera stage at once, so LeGrad has no one layer's
-# output for the neck to read
-MAP_FAMILIES = {"gradient_x_input": ("sam", "sam2"), "attnlrp": ("sam", "sam2"), "legrad": ("sam",)}
+# output for the neck to read; SAM 3 tracker's encoder is the library's own (no port): plain autograd reaches it, this
+# program's AttnLRP rules and LeGrad's read-out do not
+MAP_FAMILIES = {"gradient_x_input": ("sam", "sam2", "sam3_tracker"), "attnlrp": ("sam", "sam2"), "legrad": ("sam",)}
+# why a map does not reach a family, where it is not the general reason (``Segmenter.segment``'s refusal)
+MAP_REFUSALS = {("legrad", "sam2"): "LeGrad of the mask reads the neck at each layer, and SAM 2's neck reads every "
+                                    "Hiera stage at once; choose attnlrp or gradient_x_input"}
 TOKENS = ("mask", "iou")  # the output tokens whose attention is drawn
 CROSS_ATTENTIONS = ("cross_attn_token_to_image", "cross_attn_image_to_token", FINAL_ATTENTION)
 LEGRAD_START = -2  # LeGrad's first explained layer (the authors' wrapper's default: the last two)
@@ -432,10 +436,13 @@ class Segmenter:
         unknown = [m for m in methods if m not in SEGMENT_METHODS or m == "decoder_attention"]
         if unknown:
             raise PromptError(f"unknown map {unknown[0]!r}; choose from {', '.join(m for m in SEGMENT_METHODS)}")
-        if methods and not any(self.half.family in families for families in MAP_FAMILIES.values()):
-            raise PromptError(f"{methods[0]} of the mask runs through SAM's and SAM 2's image encoders as this "
-                              f"program ports them; {self.half.family}'s runs as transformers builds it, and its "
-                              "masks, scores and decoder attention are drawn (give no methods)")
+        family = self.half.family
+        outside = [m for m in methods if family not in MAP_FAMILIES[m]]
+        if outside:
+            reaches = [m for m, families in MAP_FAMILIES.items() if family in families]
+            raise PromptError(MAP_REFUSALS.get((outside[0], family)) or (
+                f"{outside[0]} of the mask runs through SAM's and SAM 2's image encoders as this program ports them; "
+                f"{family}'s runs as transformers builds it: choose {' or '.join(reaches)}"))
         p, image_size = self.preprocessing, image.size
         inputs = prompt_tensors(self.half, prompt, prompt_scale(image_size, p), self.device)
         embedding, input_hw, reused = self.embedding(image)
@@ -563,8 +570,8 @@ def legrad(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,
     (``relevance.legrad_of_readout``: in chunks, a windowed layer's keys back on their tokens). SAM 2's FPN neck
     reads every stage at once, so there is no one layer's output to read: PromptError."""
     if half.family not in MAP_FAMILIES["legrad"]:
-        raise PromptError("LeGrad of the mask reads the neck at each layer, and SAM 2's neck reads every Hiera "
-                          "stage at once; choose attnlrp or gradient_x_input")
+        raise PromptError(MAP_REFUSALS.get(("legrad", half.family)) or f"LeGrad of the mask does not reach "
+                          f"{half.family}'s image encoder")
     grid = model.patch_grid(*pixels.shape[-2:])
     region = None
 
