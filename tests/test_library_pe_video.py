@@ -292,3 +292,17 @@ def test_pe_video_models_video_encoder_opens_and_runs_as_its_forward_runs_it(tmp
     torch.testing.assert_close(ours.output.last_hidden_state, out.last_hidden_state, atol=1e-5, rtol=0)
     for layer, probabilities in ours.temporal.items():
         torch.testing.assert_close(probabilities, attentions[layer], atol=1e-5, rtol=0)
+
+
+def test_a_clip_is_sampled_as_its_video_processor_samples_it_first_frame_to_last(checkpoint):
+    from transformers.video_utils import VideoMetadata
+
+    from vit.core.clips import read_clip
+
+    theirs = transformers.PeVideoVideoProcessor().sample_frames(VideoMetadata(total_num_frames=8, fps=8),
+                                                                num_frames=FRAMES)
+    assert list(theirs) == [0, 3, 7]
+    assert read_clip([Image.new("RGB", (4, 4))] * 8, FRAMES, ends=True).indices == list(theirs)
+    clip = [Image.new("RGB", (WIDTH, HEIGHT), (30 * i, 0, 0)) for i in range(8)]
+    explanation = vit.explain(checkpoint, clip, "temporal")
+    assert [frame.getpixel((0, 0))[0] for frame in explanation.frames] == [30 * i for i in theirs]

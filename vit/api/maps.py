@@ -349,7 +349,7 @@ def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head
     if isinstance(clip, Image.Image):
         raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
                          "or a list of PIL images")
-    frames = read_clip(clip, checkpoint.model.num_frames).frames
+    frames = read_clip(clip, checkpoint.model.num_frames, getattr(checkpoint.model, "samples_ends", False)).frames
     return video.explain_library_clip(checkpoint, frames, method, layer, head, query)
 
 

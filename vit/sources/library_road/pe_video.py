@@ -94,6 +94,7 @@ class PeVideoLibraryModel(LibraryModel):
     frame's tokens; ``num_frames`` the clip length its video processor samples."""
 
     takes_clips = True
+    samples_ends = True  # PeVideoVideoProcessor samples a clip from its first frame to its last (read_clip's ends)
 
     def __init__(self, model: torch.nn.Module, frames: timm_models.TimmLibraryModel,
                  temporal_modules: list[torch.nn.Module], num_frames: int):
