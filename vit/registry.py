@@ -479,7 +479,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "image", "timm folders and weights the ports refuse whose blocks use timm's attention (vit.load)",
            "vit.sources.library_road.timm_models", (), _LIBRARY_MAPS, road="library"),
     Family("pe-video", "PE video (Perception Encoder's video encoder)", "video",
-           "HF pe_video_encoder folders (PeVideoEncoder; vit.load)", "vit.sources.library_road.pe_video", (),
+           "HF pe_video_encoder folders (PeVideoEncoder), pe_video's video encoder (vit.load)",
+           "vit.sources.library_road.pe_video", (),
            "a clip's attention within each frame (its timm PE-Core trunk) and over the frames (its temporal encoder), "
            "any layer and head, through vit.explain; the other maps refused in one line (issue 91)", road="library"),
     Family("open_clip-timm", "open_clip towers with a timm trunk: SigLIP 2, PE-Core", "image",
