@@ -469,11 +469,12 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "vit.sources.ports.libraries.mapping", (), _EVERY_MAP),
     # The library road (issue 91): the library's own model, its attention recorded; taken where no port reads it
     Family("transformers-library", "Any transformers vision model without a port: I-JEPA, ViT-MSN, Pixio, C-RADIO, "
-           "MetaCLIP 2, MLCD and SmolVLM towers, ViTPose's backbone, GIT's tower, EoMT, YOLOS, DPT, Depth Anything",
+           "MetaCLIP 2, MLCD and SmolVLM towers, ViTPose's backbone, GIT's tower, EoMT, YOLOS, DPT, Depth Anything, "
+           "SAM 3's vision encoder and SAM 3 tracker (its prompts through vit.segment)",
            "image",
            "HF folders whose model_type no port reads and whose attention runs through transformers' attention "
            "interface, its tokens a prefix then the patches (EoMT's object queries before them in its last blocks, "
-           "YOLOS's detection tokens after them) (vit.load)",
+           "YOLOS's detection tokens after them, SAM 3's ViTDet windows placed on the grid) (vit.load)",
            "vit.sources.library_road.transformers_models", (), _LIBRARY_MAPS, road="library"),
     Family("timm-library", "timm architectures without a port: FlexiViT, the RoPE ViTs, InternViT-300M, relpos ViT",
            "image", "timm folders and weights the ports refuse whose blocks use timm's attention (vit.load)",
