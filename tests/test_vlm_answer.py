@@ -45,7 +45,7 @@ PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_
                     pan_and_scan_min_ratio_to_activate=1.2)
 KINDS = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma",
          "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral",
-         "qwen3_5", "qwen3_5_moe"]
+         "qwen3_5", "qwen3_5_moe", "llama4"]
 QUESTION = "what is this ?"
 
 
@@ -171,6 +171,34 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind.startswith("llama4"):  # Llama 4: a tower no port reads (its config declares it), 32-px tiles of 4 x 4
+        # patches, each pixel-shuffled 2 x 2 into 2 x 2 image tokens (its CLS dropped), a language model of experts
+        # every other layer, chunked attention and NoPE layers; "llama4" reads one tile, "llama4_tiles" cuts an
+        # image into up to 4 tiles of its canvas and a global image after them
+        specials = ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                    "<|tile_y_separator|>"]
+        words = tokenizer(specials)
+        ids = {token: words.convert_tokens_to_ids(token) for token in specials}
+        text = dict(hidden_size=32, intermediate_size=48, intermediate_size_mlp=48, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=len(words),
+                    max_position_embeddings=256, num_local_experts=2, interleave_moe_layer_step=2,
+                    attention_chunk_size=17, no_rope_layers=[1, 1, 1, 0], eos_token_id=1, pad_token_id=1)
+        # chunks of 17 tokens: the one tile's 13-token prompt and its answer in the first chunk, which the cache's
+        # window (17 - 1 keys kept) outgrows; the tiles' 33-token prompt in the second, which holds the last tiles'
+        # tokens and the global image's
+        # its pixel shuffle's MLP reads intermediate_size channels: hidden_size x 4 (1,408 x 4 = 5,632 in Scout)
+        vision = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      image_size=32, patch_size=8, pixel_shuffle_ratio=0.5, projector_input_dim=32,
+                      projector_output_dim=32, vision_output_dim=32)
+        config = transformers.Llama4Config(vision_config=vision, text_config=text,
+                                           image_token_index=ids["<|patch|>"], boi_token_index=ids["<|image_start|>"],
+                                           eoi_token_index=ids["<|image_end|>"], eos_token_id=1)
+        images = transformers.Llama4ImageProcessor(size={"height": 32, "width": 32},
+                                                   max_patches=4 if kind == "llama4_tiles" else 1)
+        processor = transformers.Llama4Processor(image_processor=images, tokenizer=words, patch_size=8,
+                                                 pixel_shuffle_ratio=0.5,
+                                                 chat_template=TEMPLATE.replace("IMAGE", "<|image|>"))
+        return transformers.Llama4ForConditionalGeneration(config), processor
     if kind in ("idefics3", "smolvlm"):  # a SigLIP-like tower no port reads (its config declares it): 32-px tiles of
         # 4 x 4 patches, each pixel-shuffled 2 x 2 into 2 x 2 image tokens, the image split into tiles (longest edge
         # 64 px) and the whole image resized to one tile after them
@@ -350,7 +378,8 @@ def eager_generate(folder, image: Image.Image, text: str | None = None, **images
     attentions, and the prompt's input ids (``images_kwargs``: the processor's, as its call takes them)."""
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
-    inputs = processor_inputs(folder, image, text, **images_kwargs)
+    # in the model's dtype, as transformers' examples pass them (Llama 4's processor gives bfloat16 pixels)
+    inputs = processor_inputs(folder, image, text, **images_kwargs).to(dtype=model.dtype)
     with torch.no_grad():
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
@@ -368,6 +397,17 @@ def processor_inputs(folder, image: Image.Image, text: str | None = None, **imag
     return processor(images=[image], text=text, return_tensors="pt", **images_kwargs)
 
 
+def eager_image_rows(out, i: int, layer: int, positions: torch.Tensor) -> np.ndarray:
+    """(H, len(positions)): answer token ``i``'s query row at ``layer`` of transformers' eager ``generate`` over the
+    image's ``positions``. A sliding or chunked layer's cache hands the attention its last keys alone (Llama 4's
+    chunked layers: ``DynamicSlidingWindowLayer``), its row's last key the query's own: a position before them was
+    not read (0)."""
+    row = out.attentions[i][layer][0, :, -1]  # (H, keys)
+    seen = out.attentions[0][layer].shape[-2] + i  # the prompt's positions and the answer's so far
+    index = positions - (seen - row.shape[-1])
+    return torch.where(index >= 0, row[:, index.clamp(min=0)], 0).numpy()
+
+
 def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.ndarray:
     """Each image token's value written into every patch its unit covers, units row-major after ``lead`` tokens."""
     gh, gw = grid
@@ -382,7 +422,7 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_vl": (2, 0), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0),
           "qwen3_vl_moe": (2, 0), "glm4v": (2, 0), "glm4v_moe": (2, 0), "glm46v": (2, 0),
           "mistral3": (2, 0), "pixtral": (1, 0), "qwen3_5": (2, 0),
-          "qwen3_5_moe": (2, 0),
+          "qwen3_5_moe": (2, 0), "llama4": (2, 0),
           "gemma3": (4, 0), "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
@@ -480,7 +520,7 @@ def test_each_tokens_attention_is_the_eager_row_placed_through_the_models_layout
     assert len(positions) == lead + (grid[0] // unit) * (grid[1] // unit)
     for i in range(NEW_TOKENS):
         for layer in range(answer.layers):
-            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, lead + N): step i's query
+            rows = eager_image_rows(out, i, layer, positions)  # (H, lead + N): step i's query
             for head in range(rows.shape[0]):
                 np.testing.assert_allclose(answer.attention(i, layer, head), by_hand(rows[head], grid, unit, lead),
                                            rtol=0, atol=ATOL)
@@ -659,7 +699,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
-                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe$"):
+                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, llama4$"):
         vit.open_vlm(tmp_path)
 
 
@@ -865,6 +905,13 @@ def idefics3_tiles(request, tmp_path_factory):
     return request.param, saved_whole(tmp_path_factory, [request.param])[request.param]
 
 
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm", "llama4_tiles"])
+def split_tiles(request, tmp_path_factory):
+    """``idefics3_tiles``'s, and Llama 4 saved whole, whose processor resizes an image into a canvas of up to 4
+    32-px tiles (padded to fill it), the whole image resized to one tile (the global image) after them."""
+    return request.param, saved_whole(tmp_path_factory, [request.param])[request.param]
+
+
 def quadrants(width: int, height: int) -> Image.Image:
     """An image of four flat colours, one a quadrant: where each tile came from is read off its colour."""
     colours = np.array([[[230, 20, 20], [20, 230, 20]], [[20, 20, 230], [230, 230, 20]]], dtype=np.uint8)
@@ -886,25 +933,26 @@ def quadrant_places(tiles: torch.Tensor) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(("width", "height", "places"), [(80, 80, [(0, 0), (0, 1), (1, 0), (1, 1)]),
-                                                         (120, 50, [(0, 0), (0, 1)])])
-def test_idefics3s_tiles_are_placed_where_the_processor_cut_them(idefics3_tiles, width, height, places):
-    """Idefics3's and SmolVLM's split image: each tile's four image tokens (its 2 x 2 pixel-shuffle units) cover the
+                                                         (100, 50, [(0, 0), (0, 1)])])
+def test_idefics3s_tiles_are_placed_where_the_processor_cut_them(split_tiles, width, height, places):
+    """Idefics3's, SmolVLM's and Llama 4's split image: each tile's four image tokens (its 2 x 2 pixel-shuffle units) cover the
     part of the canvas its pixels came from (read off the quadrants' colours of the pixels the tower read, not from
     our layout), the global image's tokens after them are the overview; the tokens are generate's. Tiles taken
     column-major would be another map (the 2 x 2 split)."""
-    kind, folder = idefics3_tiles
+    kind, folder = split_tiles
     image = quadrants(width, height)
     answer = vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS)
     out, inputs, image_token = eager_generate(folder, image)
     assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    found = quadrant_places(inputs["pixel_values"][0, :-1])  # the global image last
+    tiles = inputs["pixel_values"] if kind == "llama4_tiles" else inputs["pixel_values"][0]  # Idefics3's (1, n, ...)
+    found = quadrant_places(tiles[:-1])  # the global image last
     rows, cols = max(p[0] for p in places) + 1, max(p[1] for p in places) + 1
     assert found == places and answer.grid == (4 * rows, 4 * cols)
     positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
     assert len(positions) == (len(places) + 1) * 4
     for i in range(NEW_TOKENS):
         for layer in range(answer.layers):
-            heads = out.attentions[i][layer][0, :, -1, positions].numpy()
+            heads = eager_image_rows(out, i, layer, positions)
             for head in (*range(heads.shape[0]), None):
                 row = heads.mean(0) if head is None else heads[head]
                 expected = np.zeros((4 * rows, 4 * cols), dtype=np.float32)
@@ -913,13 +961,13 @@ def test_idefics3s_tiles_are_placed_where_the_processor_cut_them(idefics3_tiles,
                 np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
                 np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
                                            by_hand(row[-4:], (4, 4), 2, 0), rtol=0, atol=ATOL)
-    if rows == cols == 2:
-        row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    if rows == cols == 2:  # at the last layer: Llama 4's first ones are chunked, their chunk past the image
+        row = eager_image_rows(out, 1, answer.layers - 1, positions).mean(0)
         column_major = np.zeros((8, 8), dtype=np.float32)
         for k in range(4):
             column_major[4 * (k % 2):4 * (k % 2) + 4, 4 * (k // 2):4 * (k // 2) + 4] = by_hand(
                 row[4 * k:4 * k + 4], (4, 4), 2, 0)
-        assert _differs(answer.attention(1, 0), column_major)
+        assert _differs(answer.attention(1, answer.layers - 1), column_major)
 
 
 @pytest.fixture(scope="module")

@@ -340,10 +340,10 @@ def test_a_copy_of_the_ruled_model_runs_its_own_modules(asked):
 def experts(tmp_path_factory):
     """Qwen3-VL-MoE and GLM-4.5V: language models of experts, whose stacked expert weights no rule reaches; Qwen3.5:
     a hybrid whose linear-attention layers (the gated delta rule) no rule reaches."""
-    return saved_whole(tmp_path_factory, ["qwen3_vl_moe", "glm4v_moe", "qwen3_5"])
+    return saved_whole(tmp_path_factory, ["qwen3_vl_moe", "glm4v_moe", "qwen3_5", "llama4"])
 
 
-@pytest.mark.parametrize("kind", ["qwen3_vl_moe", "glm4v_moe", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["qwen3_vl_moe", "glm4v_moe", "qwen3_5", "llama4"])
 def test_attnlrp_of_a_language_model_of_experts_is_refused_in_one_line(experts, kind, tmp_path, capsys):
     """lxt has no rule for a mixture of experts or a linear attention: their plain gradient would not be AttnLRP, so
     the map is refused in one line naming them, in the API before the backward and on the command line before the
@@ -352,7 +352,7 @@ def test_attnlrp_of_a_language_model_of_experts_is_refused_in_one_line(experts, 
 
     answer = vit.ask_vlm(vit.open_vlm(experts[kind]), picture(), QUESTION, max_new_tokens=2)
     experts_class = {"qwen3_vl_moe": "Qwen3VLMoeTextExperts", "glm4v_moe": "Glm4vMoeTextExperts",
-                     "qwen3_5": "Qwen3_5GatedDeltaNet"}[kind]
+                     "qwen3_5": "Qwen3_5GatedDeltaNet", "llama4": "Llama4TextExperts, Llama4TextMLP"}[kind]
     with pytest.raises(ValueError, match=rf"^AttnLRP is not drawn for this {kind} model: its {experts_class} take "
                                          r"no AttnLRP rule here .*; use gradxattn or tam$"):
         answer.relevance(1, method="attnlrp")

@@ -65,7 +65,9 @@ def reference(folder, tokens: list[int], i: int, image=None,
     else:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = dict(processor(images=[image or picture()], text=text, return_tensors="pt", **images_kwargs))
+    # in the model's dtype, as transformers' examples pass them (Llama 4's processor gives bfloat16 pixels)
+    inputs = dict(processor(images=[image or picture()], text=text, return_tensors="pt", **images_kwargs)
+                  .to(dtype=model.dtype))
     inputs.pop("labels", None)  # PaliGemma's processor's, for a loss
     positions = (inputs["input_ids"][0] == model.config.image_token_id).nonzero()[:, 0]
     new = torch.tensor([tokens[:i]], dtype=torch.long)

@@ -659,4 +659,5 @@ VLM_ARCHITECTURES = {
     "smolvlm": "SmolVLMForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "llama4": "Llama4ForConditionalGeneration",
 }

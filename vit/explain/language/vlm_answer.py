@@ -73,6 +73,9 @@ class _Recorder:
     # [layer] the decoder layer whose cache holds its keys (a hybrid model's attention layers are not every decoder
     # layer: ``vlm_attention.attention_layers``); None: layer k is decoder layer k
     cache_layers: list[int] | None = None
+    # [layer] the window its cache keeps (``cache_windows``), for a model whose attention is not told of it (Llama 4's
+    # chunked layers); None: every layer's attention is told (``sliding_window``) or keeps every key
+    windows: list[int | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -98,6 +101,8 @@ class _Recorder:
         self.softcap[layer] = kwargs.get("softcap")
         read = start if mask is None else start + int((mask > _UNREAD).nonzero()[0])  # the first key it reads
         window = kwargs.get("sliding_window")
+        if window is None and self.windows is not None:
+            window = self.windows[layer]
         if len(self.seen[layer]) == 1 and window is not None and window < self.tokens:
             self.keys[layer], self.kept_from[layer] = [], read
         if self.keys[layer] is not None:  # the positions not kept yet, up to the query's own
@@ -261,6 +266,18 @@ def _idefics3_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
     return _tiles_then_overview(vlm, pixels, positions, rows, cols)
 
 
+def _llama4_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Llama 4's chunks (``Llama4ImageProcessor``): the image resized into the canvas of ``aspect_ratios`` tiles it
+    chose and padded to fill it, cut row-major, the whole image resized to one tile after them (the global image,
+    ``<|image|>`` in the prompt); each tile's pixel-shuffle units row-major, the tile separators no image tokens."""
+    counted = vlm.processor.image_processor(images=[image], return_tensors="pt")
+    rows, cols = (int(v) for v in counted["aspect_ratios"][0])
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
+                         "of its canvas; ask about one image")
+    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
+
+
 def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int) -> ImageLayout:
     """``rows x cols`` tiles in ``pixels`` row-major, the whole image resized to one tile after them (InternVL's
     thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order."""
@@ -374,6 +391,8 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
                                   vlm.unit, 0))
         elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
             layout = _internvl_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "llama4":
+            layout = _llama4_tiles(vlm, image, pixels, positions)
         elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
             layout = _pan_and_scan(vlm, image, pixels, positions)
         elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in NEXT_TILES:
@@ -512,7 +531,14 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
             times = "once" if len(images) == 1 else f"{len(images)} times (once per image)"
             raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} {times}, got "
                              f"{text.count(placeholder)}")
-    return processor(images=images, text=text, return_tensors="pt")
+    return _in_model_dtype(vlm, processor(images=images, text=text, return_tensors="pt"))
+
+
+def _in_model_dtype(vlm, inputs):
+    """``inputs`` with their floating tensors in the model's dtype, as transformers' examples pass them: Llama 4's
+    processor gives bfloat16 pixels (its authors' rescaling), which a float32 model cannot multiply."""
+    dtype = getattr(vlm.model, "dtype", None)
+    return inputs.to(dtype=dtype) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else inputs
 
 
 def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None):
@@ -526,7 +552,7 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None):
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
     text = render(vlm.processor, messages)
     video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
-    return vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False)
+    return _in_model_dtype(vlm, vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False))
 
 
 def text_shape(vlm):
@@ -899,8 +925,10 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
         progress(0, prepared.max_new_tokens)
     steps = _Steps(prepared.prompt_tokens, prepared.max_new_tokens, tokenizer, progress, on_token)
     attending = attention_layers(vlm.language_model)
+    decoder_layers = [n for n, _ in attending]
     recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
-                         prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=[n for n, _ in attending])
+                         prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=decoder_layers,
+                         windows=cache_windows(vlm, decoder_layers))
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,
@@ -915,6 +943,19 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
                          prepared.prompt_tokens, (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
     answered.clip = prepared.clip
     return answered
+
+
+def cache_windows(vlm, decoder_layers: list[int]) -> list[int | None]:
+    """The keys each of ``decoder_layers``' cache keeps, as transformers builds generate's cache from the text config
+    (``cache_utils.get_layer_types_and_kwargs``): a sliding or a chunked layer's window (Llama 4's
+    ``attention_chunk_size``), None for a layer whose cache keeps every key."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    try:
+        _, per_layer = get_layer_types_and_kwargs(vlm.model.config.get_text_config(decoder=True))
+    except (AttributeError, TypeError, ValueError, IndexError):  # a config transformers' cache does not read so
+        return [None] * len(decoder_layers)
+    return [per_layer[n].get("sliding_window") if n < len(per_layer) else None for n in decoder_layers]
 
 
 def answer(vlm, image: Image.Image | Sequence[Image.Image] | None, question: str | None = None, *,

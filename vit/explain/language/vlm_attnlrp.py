@@ -132,7 +132,7 @@ def _put(module: torch.nn.Module, name: str, rule) -> None:
 
 def tower_of(vlm) -> torch.nn.Module:
     """transformers' vision tower inside the VLM (``vision_tower``, Qwen's ``visual``)."""
-    inner = vlm.model.model
+    inner = getattr(vlm.model, "model", vlm.model)  # Llama 4 keeps its parts on the generating model itself
     tower = getattr(inner, "vision_tower", None) or getattr(inner, "visual", None) or getattr(inner, "vision_model",
                                                                                                None)
     if tower is None:
@@ -225,8 +225,9 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     if layout.overview is None:
         return _patch_sums(relevance.reshape(1, *relevance.shape[-3:]), layout.grid)[0]
     vh, vw = layout.view_grid
-    if vlm.model_type in ("internvl", "gemma3", "idefics3", "smolvlm"):
-        # (rows x cols + 1, vh, vw): InternVL's thumbnail and Idefics3's global image last, Gemma 3's original first
+    if vlm.model_type in ("internvl", "gemma3", "idefics3", "smolvlm", "llama4"):
+        # (rows x cols + 1, vh, vw): InternVL's thumbnail and Idefics3's and Llama 4's global image last, Gemma 3's
+        # original first
         tiles = _patch_sums(relevance.reshape(-1, *relevance.shape[-3:]), (vh, vw))
         whole, crops = (tiles[0], tiles[1:]) if vlm.model_type == "gemma3" else (tiles[-1], tiles[:-1])
         if overview:

@@ -69,7 +69,13 @@ DECLARED_TOWERS = {
     # Idefics3's and SmolVLM's SigLIP-like tower, its connector's pixel shuffle of scale_factor x scale_factor
     "idefics3_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "scale_factor")),
     "smolvlm_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("model", "scale_factor")),
+    # Llama 4's tower: its pixel shuffle keeps pixel_shuffle_ratio of each side (0.5: 2 x 2 patches a token,
+    # ``Llama4VisionPixelShuffleMLP``), its CLS dropped before the projector
+    "llama4_vision_model": (("num_hidden_layers", "num_attention_heads", "num_channels"),
+                            ("vision", "pixel_shuffle_ratio")),
 }
+# The merge units declared as the share of each side kept (a ratio r: 1 / r patches a token along each side)
+RATIOS = ("pixel_shuffle_ratio",)
 
 
 def declared_tower(config_json: Mapping) -> DeclaredTower | None:
@@ -99,9 +105,19 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
         return value
 
     patch = size("patch_size")
+    unit = _unit(where.get(merge)) if merge in RATIOS else size(merge, where)
     shape = LibraryShape(size(layers), size(heads), size("hidden_size"), size("intermediate_size"), 0,
                          (patch, patch), size(channels))
-    return DeclaredTower(str(vision["model_type"]), size(merge, where), shape)
+    return DeclaredTower(str(vision["model_type"]), unit, shape)
+
+
+def _unit(ratio: object) -> int:
+    """The merge unit of a pixel shuffle keeping ``ratio`` of each side (Llama 4's 0.5: 2); ValueError (one line)
+    for a ratio that is not 1 over a whole number."""
+    if _number(ratio) and 0 < ratio <= 1 and math.isclose(1 / ratio, round(1 / ratio)) and round(1 / ratio) <= 64:
+        return round(1 / ratio)
+    raise ValueError(f"its vision config's pixel_shuffle_ratio is {str(ratio)[:20]}, not 1 over a whole number of "
+                     "patches")
 
 
 def problem(folder: Path, config_json: Mapping) -> str | None:

@@ -66,8 +66,9 @@ class VLM:
     def language_model(self) -> torch.nn.Module:
         """The decoder stack (``model.model.language_model``, Idefics3's ``text_model``): its
         ``layers[i].self_attn`` are what the answer's attention reads."""
-        inner = self.model.model
-        return inner.text_model if self.model_type in TEXT_MODEL else inner.language_model
+        inner = getattr(self.model, "model", self.model)  # Llama 4's parts sit on the generating model itself
+        stack = inner.text_model if self.model_type in TEXT_MODEL else inner.language_model
+        return getattr(stack, "model", stack)  # Llama 4's language model is a ...ForCausalLM around its stack
 
     @property
     def device(self) -> torch.device:
