@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -23,6 +24,7 @@ from vit.model.stages import LayerLayout, layer_on_grid
 
 transformers = pytest.importorskip("transformers")
 
+from test_app import dirs  # noqa: E402, F401 (a fixture: the explorer's own folders)
 from test_library_path import spread  # noqa: E402
 
 HEIGHT, WIDTH, PATCH, WINDOW = 32, 48, 8, 4  # a 4 x 6 grid in 4 x 4 windows: 1 x 2 windows, the second padded
@@ -167,7 +169,7 @@ def test_sam3s_rollout_and_eigencam_draw_over_its_windows(vision, monkeypatch):
     assert eigen.map.shape == (4, 6) and float(eigen.map.max()) > 0
 
 
-def test_sam3_with_prefix_tokens_in_windows_is_refused_in_one_line():
+def test_the_windows_are_read_from_the_config_and_a_model_without_them_has_none():
     from vit.sources.library_road.transformers_models import LibraryLayout, window_sides
 
     config = transformers.Sam3VisionConfig(backbone_config=backbone((HEIGHT, WIDTH)))
@@ -359,6 +361,8 @@ def test_sam3_trackers_attnlrp_legrad_and_sam3s_concepts_are_refused_in_one_line
                            "as this program ports them; sam3_tracker's runs as transformers builds it: choose "
                            "gradient_x_input$"):
             vit.segment(checkpoint, an_image(), points=[(10, 12)], methods=[method])
+    with pytest.raises(ValueError, match="text concept is SAM 3's"):  # SAM 3 tracker takes SAM 2's prompts
+        vit.segment(checkpoint, an_image(), text="a cat")
     with pytest.raises(ValueError, match="text concept is SAM 3's"):
         vit.segment(checkpoint, an_image(), text="a cat")
 
@@ -375,3 +379,32 @@ def test_vit_predict_segments_with_the_trackers_prompts_as_vit_segment(tracker, 
     ours = vit.segment(vit.load(tracker, device="cpu"), Image.open(image), points=[(10, 12)], box=(5, 4, 40, 25))
     assert record["scores"] == pytest.approx(ours.scores.tolist(), abs=1e-6)
     assert record["areas"] == [int(m.sum()) for m in ours.masks] and record["mask"] == ours.mask
+
+
+@pytest.mark.slow  # the explorer page imports torch and transformers in its own run
+@pytest.mark.usefixtures("dirs")
+def test_the_explorer_draws_a_windowed_layers_attention_of_sam3s_vision_encoder(vision, monkeypatch, tmp_path):
+    """Opened by path in the explorer, SAM 3's vision encoder draws layer 1's attention (a windowed layer) as
+    transformers' eager attention placed on its 4 x 6 grid: the query's window, zero elsewhere."""
+    from test_app import run_app, sidebar_widget, upload
+    from test_library_explorer import photo, shown_map
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(vision))
+    at.run()
+    png, image = photo()
+    at = upload(at, "photo.png", png)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at.sidebar.selectbox(key="library_method").set_value("attention")
+    sidebar_widget(at, "slider", "Layer").set_value(1)
+    sidebar_widget(at, "selectbox", "Head").set_value(1)
+    sidebar_widget(at, "selectbox", "Query token").set_value(7)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    x = transformers.Sam3ImageProcessor.from_pretrained(vision)(image, return_tensors="pt")["pixel_values"]
+    model = library(vision, "Sam3VisionModel")
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    row = layer_on_grid(eager[0], LayerLayout((4, 6), WINDOW))[0, 1, 7].reshape(4, 6).numpy()
+    np.testing.assert_allclose(shown_map(at, (4, 6)), row, atol=1e-6, rtol=1e-5)
+    assert (row[:, 4:] == 0).all() and row[:, :4].sum() > 0.99  # patch (1, 1)'s window: the first four columns
