@@ -408,3 +408,18 @@ def test_the_explorer_draws_a_windowed_layers_attention_of_sam3s_vision_encoder(
     row = layer_on_grid(eager[0], LayerLayout((4, 6), WINDOW))[0, 1, 7].reshape(4, 6).numpy()
     np.testing.assert_allclose(shown_map(at, (4, 6)), row, atol=1e-6, rtol=1e-5)
     assert (row[:, 4:] == 0).all() and row[:, :4].sum() > 0.99  # patch (1, 1)'s window: the first four columns
+
+
+def test_vit_load_of_a_whole_sam3_opens_its_vision_encoder_by_the_library_road(tmp_path):
+    """A whole SAM 3 (``Sam3Model``, segmented by concepts through ``vit.open_sam3``) opened by ``vit.load`` is its
+    vision encoder's attention on the library road, the same windows: its recorded part is the vision encoder, found
+    among the model's attending parts (DETR, geometry, text) by its layer count."""
+    from test_sam3_concepts import build_sam3, picture
+
+    checkpoint = vit.load(build_sam3(tmp_path), device="cpu")
+    model = checkpoint.model
+    assert checkpoint.road == "library" and type(model.model).__name__ == "Sam3Model"
+    assert type(model.part).__name__ == "Sam3VisionModel" and model.entry is model.part
+    assert model.layout.windows == tuple(0 if i in model.vision_config.global_attn_indexes
+                                         else model.vision_config.window_size for i in range(model.num_layers))
+    assert vit.explain(checkpoint, picture(), "attention", layer=0, query=3).map.shape == model.layout.grid
