@@ -26,6 +26,7 @@ from app_pages.explorer_sections import (
     share_view,
     starting,
     view_link,
+    vlm_view,
     word_lens,
 )
 from app_pages.explorer_sections.caches import analyse, display_images, load_model
@@ -69,6 +70,10 @@ if concept_view.applies(entry.path):  # SAM 3: a concept in, its instances out (
     concept_view.concept_view(entry, entries, explorer.image_digest(choice.encode())[:10],
                               share.model_text(choice, entry.name, share.model_names(entries.values())))
     st.stop()
+if vlm_view.applies(entry.path):  # a whole VLM whose tower no port reads (issue 92): its question page alone
+    vlm_view.vlm_view(entry, entries, explorer.image_digest(choice.encode())[:10],
+                      share.model_text(choice, entry.name, share.model_names(entries.values())), may_open)
+    st.stop()
 if not entry.ok:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
     st.stop()
@@ -88,8 +93,8 @@ if video.is_video(checkpoint):  # a clip in, its maps per frame (issue 65); the 
     st.stop()
 if getattr(checkpoint.model, "takes_clips", False):  # PE video as transformers builds it (issue 91): no clip view yet
     st.info("This video model opened as its library builds it (PE video): draw its maps in a notebook, "
-            "`vit.explain(checkpoint, clip, \"attention\")` or `\"temporal\"`; the clip view here draws the ports' "
-            "video models for now.")
+            "`vit.explain(checkpoint, clip, \"attention\")`, `\"temporal\"` or `\"probe\"`; the clip view here "
+            "draws the ports' video models for now.")
     st.stop()
 if checkpoint.road == "library":  # the library's own model, its attention recorded (issue 91): the maps that road
     library_view.library_view(checkpoint, fingerprint, entry, entries, model_key)  # draws, in a smaller view of its

@@ -246,7 +246,7 @@ def test_vit_explain_draws_the_temporal_attention_over_the_frames(checkpoint, re
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
-    (dict(method="rollout"), "choose one of: attention, temporal"),
+    (dict(method="rollout"), "choose one of: attention, temporal, probe"),
     (dict(method="temporal", query=(1, 2, 3)), "give a token index"),
     (dict(method="attention", query=(3, 0, 0)), "within 3 x 4 x 6"),
     (dict(method="attention", layer=5), "its frames trunk has 2 layers"),
@@ -318,3 +318,46 @@ def test_the_explorer_says_where_its_clip_maps_are_drawn_in_one_note(folder, tmp
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert any("vit.explain(checkpoint, clip" in note.value for note in at.info)
+
+
+def probe_by_hand(reference, clip) -> torch.Tensor:
+    """Each frame's attention-pooling probabilities ``(B*F, H, latents, T)`` as timm's ``AttentionPoolLatent``
+    forms them, by hand from its own modules (its latent through ``q``, its input through ``kv``, ``q_norm`` and
+    ``k_norm``) on the input it receives in transformers' forward of ``clip``."""
+    pool = reference.embedder.vision_model.timm_model.attn_pool
+    seen = []
+    hook = pool.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    try:
+        with torch.no_grad():
+            reference(pixel_values_videos=clip)
+            x = seen[0] if pool.pos_embed is None else seen[0] + pool.pos_embed
+            n, tokens, _ = x.shape
+            q = pool.q(pool.latent.expand(n, -1, -1)).reshape(n, pool.latent_len, pool.num_heads, pool.head_dim)
+            k = pool.kv(x).reshape(n, tokens, 2, pool.num_heads, pool.head_dim).permute(2, 0, 3, 1, 4)[0]
+            q, k = pool.q_norm(q.transpose(1, 2)), pool.k_norm(k)
+            return ((q * pool.scale) @ k.transpose(-2, -1)).softmax(-1)
+    finally:
+        hook.remove()
+
+
+def test_each_frames_pooling_probe_is_what_timms_pooling_head_forms(checkpoint, reference, clip):
+    recorded = checkpoint.model.record(clip, probe=True)
+    expected = probe_by_hand(reference, clip)  # (B*F, H, 1, T)
+    assert recorded.probe.shape == (2, FRAMES, 2, 1, 1 + GH * GW)
+    torch.testing.assert_close(recorded.probe, expected.reshape(2, FRAMES, *expected.shape[1:]), atol=1e-6, rtol=0)
+    placed = torch.zeros(2, FRAMES, GH, GW)
+    for r in range(GH):
+        for c in range(GW):
+            placed[:, :, r, c] = expected.reshape(2, FRAMES, 2, 1 + GH * GW)[:, :, 1, 1 + r * GW + c]
+    torch.testing.assert_close(recorded.placed_probe(head=1), placed, atol=1e-6, rtol=0)
+    torch.testing.assert_close(recorded.output.pooler_output, checkpoint.model.record(clip).output.pooler_output,
+                               atol=1e-6, rtol=0)  # its explicit path, recorded, gives the fused path's embedding
+
+
+def test_vit_explain_draws_each_frames_pooling_probe(checkpoint, reference, frames, processed):
+    explanation = vit.explain(checkpoint, frames, "probe", head=0)
+    expected = probe_by_hand(reference, processed)[:, 0, 0, 1:].reshape(FRAMES, GH, GW)  # one clip: (F, ...)
+    np.testing.assert_allclose(explanation.map, expected.numpy(), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="reads head alone") as refused:
+        vit.explain(checkpoint, frames, "probe", layer=0)
+    assert "\n" not in str(refused.value)

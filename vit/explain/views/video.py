@@ -586,8 +586,9 @@ def _explanation(checkpoint: Checkpoint, clip: ClipAnalysis, method: str, drawn:
 
 # A clip through a model opened by the library road (PE video: ``vit.sources.library_road.pe_video``): a timm trunk's
 # spatial attention within each frame ("attention") and a temporal encoder's over the CLS and one token a frame
-# ("temporal"), both the libraries' own, recorded in one forward and laid on the frames' grids by the model's layout
-LIBRARY_CLIP_KINDS = ("attention", "temporal")
+# ("temporal"), and each frame's attention-pooling head ("probe": what its frame vector reads), the libraries' own,
+# recorded in one forward and laid on the frames' grids by the model's layout
+LIBRARY_CLIP_KINDS = ("attention", "temporal", "probe")
 
 
 def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
@@ -597,14 +598,21 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
     PE video): ``attention`` a trunk layer's (default the last) row of ``query`` within each frame (a frame's token
     index, 0 its CLS, the default: its row in every frame; or ``(frame, row, col)``: that patch's row on its own
     frame, the others 0); ``temporal`` a temporal layer's row of ``query`` (0 the CLS, ``1 + f`` frame ``f``) over
-    the frames, each frame's weight over its whole grid. ``head`` None: the heads' mean; ``heads`` holds each head's
-    map. ValueError (one line) for another method or a setting out of range."""
+    the frames, each frame's weight over its whole grid; ``probe`` each frame's attention-pooling head over its
+    patches (no layer, no query). ``head`` None: the heads' mean; ``heads`` holds each head's map. ValueError (one
+    line) for another method or a setting out of range."""
     model = checkpoint.model
     if method not in LIBRARY_CLIP_KINDS:
         raise ValueError(f"{MAP_KINDS.get(method, method).split(' (')[0]} is not drawn for this video model opened as "
                          f"its library builds it; choose one of: {', '.join(LIBRARY_CLIP_KINDS)}")
     temporal = method == "temporal"
     L, H = (model.num_layers, model.num_heads) if temporal else (model.num_frame_layers, model.frames.num_heads)
+    if method == "probe":
+        if layer is not None or query is not None:
+            raise ValueError("probe is each frame's attention-pooling head: it reads head alone")
+        if model.pool is None:
+            raise ValueError("its frames' trunk has no attention-pooling head; choose attention or temporal")
+        H = model.pool.num_heads
     (gh, gw), prefix, count = model.layout.grid, model.layout.num_prefix_tokens, len(frames)
     for name, value, n in (("layer", layer, L), ("head", head, H)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n):
@@ -614,9 +622,14 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
     token = asked if isinstance(asked, int) else prefix + asked[1] * gw + asked[2]
     layer = (-1 if layer is None else layer) % L
     pixels = clip_pixels(frames, checkpoint.preprocessing).to(next(model.parameters()).device)
-    recorded = model.record(pixels, layers=[layer] if temporal else (), frame_layers=() if temporal else [layer])
-    drawn = recorded.placed(layer, asked, head if head is None else head % H, temporal)[0]  # (frames, gh, gw)
-    heads = torch.stack([recorded.placed(layer, asked, h, temporal)[0] for h in range(H)])
+    if method == "probe":
+        recorded = model.record(pixels, probe=True)
+        drawn = recorded.placed_probe(head if head is None else head % H)[0]  # (frames, gh, gw)
+        heads = torch.stack([recorded.placed_probe(h)[0] for h in range(H)])
+    else:
+        recorded = model.record(pixels, layers=[layer] if temporal else (), frame_layers=() if temporal else [layer])
+        drawn = recorded.placed(layer, asked, head if head is None else head % H, temporal)[0]  # (frames, gh, gw)
+        heads = torch.stack([recorded.placed(layer, asked, h, temporal)[0] for h in range(H)])
     return ClipExplanation(method, drawn.float().cpu().numpy(), list(frames),
                            [seen_region(f, checkpoint.preprocessing) for f in frames], (count, gh, gw), token, None,
                            heads.float().cpu().numpy())

@@ -59,6 +59,18 @@ class ClipAttention:
     temporal: dict[int, torch.Tensor]
     spatial: dict[int, torch.Tensor]
     frame: LibraryLayout
+    probe: torch.Tensor | None = None  # (B, F, H', latents, T): each frame's attention-pooling head, where asked
+
+    def placed_probe(self, head: int | None = None) -> torch.Tensor:
+        """Each frame's attention-pooling head (what its frame vector reads) laid on its grid ``(B, frames, rows,
+        cols)``: its latent queries' mean row over the frame's patches (the prefix keys left out); ``head`` None: the
+        mean of the heads."""
+        if self.probe is None:
+            raise ValueError("the pooling probe was not recorded: record(..., probe=True)")
+        gh, gw = self.frame.grid
+        probabilities = self.probe if head is None else self.probe[:, :, head:head + 1]
+        rows = probabilities[..., self.frame.num_prefix_tokens:].mean((2, 3))  # (B, F, gh*gw)
+        return rows.reshape(rows.shape[0], rows.shape[1], gh, gw)
 
     def placed(self, layer: int, query: int | tuple[int, int, int] = 0, head: int | None = None,
                temporal: bool = False) -> torch.Tensor:
@@ -101,6 +113,8 @@ class PeVideoLibraryModel(LibraryModel):
         super().__init__(model, frames.layout, temporal_modules)
         self.__dict__["frames"] = frames  # its modules are the encoder's, registered once there
         self.num_frames = num_frames
+        # the trunk's attention-pooling head (PE-Core's MAP: each frame's vector), recordable; None without one
+        self.__dict__["pool"] = timm_models.pooling_head(frames.trunk)
 
     @property
     def is_classifier(self) -> bool:
@@ -111,11 +125,12 @@ class PeVideoLibraryModel(LibraryModel):
         return self.frames.num_layers
 
     def record(self, videos: torch.Tensor, layers: Iterable[int] = (), frame_layers: Iterable[int] = (),
-               heads: list[int] | None = None, frame_heads: list[int] | None = None) -> ClipAttention:
+               heads: list[int] | None = None, frame_heads: list[int] | None = None,
+               probe: bool = False) -> ClipAttention:
         """The library's forward of ``videos`` ``(B, F, C, H, W)``, with the post-softmax attention of the asked
-        temporal ``layers`` (every row) and trunk ``frame_layers`` (every frame, every row); ``heads`` /
-        ``frame_heads`` keep those heads alone. What is kept is checked against the memory limit first
-        (``TooManyTokens``, one line)."""
+        temporal ``layers`` (every row) and trunk ``frame_layers`` (every frame, every row), and with ``probe`` each
+        frame's attention-pooling head's (timm's explicit path's softmax); ``heads`` / ``frame_heads`` keep those
+        heads alone. What is kept is checked against the memory limit first (``TooManyTokens``, one line)."""
         from vit.costs import plan
 
         if videos.dim() != 5:
@@ -133,10 +148,14 @@ class PeVideoLibraryModel(LibraryModel):
             plan.decide(plan.library_attention(B * F, self.frames.num_heads if frame_heads is None
                                                else len(frame_heads), tokens, len(spatial)))
         over_time = _AttentionRecorder({layer: self._attention[layer] for layer in temporal}, heads, None)
-        within = _AttentionRecorder({layer: self.frames.attention_module(layer) for layer in spatial}, frame_heads,
-                                    None)
+        if probe and self.pool is None:
+            raise ValueError("its frames' trunk has no attention-pooling head (attn_pool) to record")
+        pooled = self.num_frame_layers  # the pool's key in the trunk's recorder: it reads the last block's output
+        within = _AttentionRecorder({layer: self.frames.attention_module(layer) for layer in spatial}
+                                    | ({pooled: self.pool} if probe else {}), frame_heads, None)
         with torch.no_grad(), recording_attention.recording(self.model, over_time), timm_models.recording(within):
             output = self.model(pixel_values_videos=videos)
+        pool = within.kept.pop(pooled, None)
         for layer, kept in over_time.kept.items():
             if kept.shape[-1] != TEMPORAL_PREFIX + F:
                 raise ValueError(f"temporal layer {layer}'s attention has {kept.shape[-1]} keys, not the CLS and "
@@ -147,7 +166,8 @@ class PeVideoLibraryModel(LibraryModel):
                                  f"{self.layout.num_prefix_tokens} prefix tokens and {gh}x{gw} patches of a frame")
         return ClipAttention(output, dict(sorted(over_time.kept.items())),
                              {layer: kept.reshape(B, F, *kept.shape[1:]) for layer, kept in sorted(
-                                 within.kept.items())}, self.layout)  # (B*F, ...) -> (B, F, ...)
+                                 within.kept.items())}, self.layout,  # (B*F, ...) -> (B, F, ...)
+                             None if pool is None else pool.reshape(B, F, *pool.shape[1:]))
 
     def run(self, videos: torch.Tensor, layers: Iterable[int] = (), heads: list[int] | None = None,
             rows: list[int] | None = None) -> tuple[object, dict[int, torch.Tensor]]:

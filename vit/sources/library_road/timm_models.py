@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from vit.checkpoint import Checkpoint, preprocessing_problem
 from vit.model import ViTConfig
@@ -41,6 +42,7 @@ from vit.sources.library_road.transformers_models import (
 # hand it their probabilities
 _RECORDING: contextvars.ContextVar[object | None] = contextvars.ContextVar("vit_timm_recording", default=None)
 _RECORDED_CLASSES: dict[type, type] = {}
+_RECORDED_POOLS: dict[type, type] = {}  # an attention-pooling head's class, recorded (``_recorded_pool_class``)
 
 
 def _recorded_class(cls: type) -> type:
@@ -60,6 +62,64 @@ def _recorded_class(cls: type) -> type:
                                                              "__module__": cls.__module__,
                                                              "__qualname__": cls.__qualname__})
     return _RECORDED_CLASSES[cls]
+
+
+class _SoftmaxTaken(TorchFunctionMode):
+    """Within it, every softmax's result is kept (``taken``): timm's attention-pooling head (``AttentionPoolLatent``)
+    forms its probabilities by one softmax on its explicit path, and hands them to no module a hook could read."""
+
+    SOFTMAX = (torch.Tensor.softmax, torch.softmax, torch.nn.functional.softmax)
+
+    def __init__(self):
+        super().__init__()
+        self.taken: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self.SOFTMAX:
+            self.taken.append(out)
+        return out
+
+
+def _recorded_pool_class(cls: type) -> type:
+    """``cls`` (timm's attention-pooling head) recorded as ``_recorded_class`` records an attention, and, while the
+    current recorder asks this module, run on its explicit path with its one softmax's probabilities ``(B, H, latents,
+    T)`` handed to the recorder."""
+    if cls not in _RECORDED_POOLS:
+        attention = _recorded_class(cls)
+
+        def forward(self, *args, **kwargs):
+            recorder = _RECORDING.get()
+            layer = None if recorder is None else recorder.layers.get(self)
+            if layer is None:
+                return cls.forward(self, *args, **kwargs)
+            with _SoftmaxTaken() as softmax:
+                out = cls.forward(self, *args, **kwargs)
+            if len(softmax.taken) != 1:
+                raise ValueError(f"{cls.__name__}'s explicit path formed {len(softmax.taken)} softmaxes, not its "
+                                 "one attention's; its probabilities cannot be read")
+            recorder.keep_probabilities(layer, softmax.taken[0])
+            return out
+
+        _RECORDED_POOLS[cls] = type(cls.__name__, (attention,), {"forward": forward, "__module__": cls.__module__,
+                                                                 "__qualname__": cls.__qualname__})
+    return _RECORDED_POOLS[cls]
+
+
+def pooling_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """``model``'s attention-pooling head (timm's ``attn_pool``, ``AttentionPoolLatent``: a latent query's attention
+    over the tokens, what a MAP-pooled embedding reads) made recordable, or None where it has none."""
+    pool = getattr(model, "attn_pool", None)
+    if not isinstance(pool, torch.nn.Module):
+        return None
+    if type(pool) in _RECORDED_POOLS.values():  # made recordable before
+        return pool
+    if "fused_attn" not in vars(pool):
+        return None
+    fused = bool(pool.__dict__.pop("fused_attn"))
+    pool.__class__ = _recorded_pool_class(type(pool))
+    pool.fused_attn = fused
+    return pool
 
 
 def _hand_probabilities(attention: torch.nn.Module):
