@@ -635,3 +635,51 @@ def test_a_link_to_a_clip_past_its_slices_or_gone_from_the_server_says_so(folder
     upload(at, "photo.png", png(picture()))
     assert any("The clip the link asks about was an upload the server no longer holds" in w.value
                for w in at.main.warning), [w.value for w in at.main.warning]
+
+
+@pytest.fixture(scope="module")
+def no_port(tmp_path_factory):
+    """Qwen3.5 and Llama 4 saved whole: towers their configs declare, which no port reads."""
+    return saved_whole(tmp_path_factory, ("qwen3_5", "llama4"))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "llama4"])
+def test_a_vlm_whose_tower_no_port_reads_gets_its_question_page(no_port, kind, monkeypatch):
+    """Its folder opens on a page of its own (the image, then "Ask the VLM"), not the refusal ``vit.load`` gives its
+    tower: the clicked token's map is ``VLMAnswer.attention``'s, drawn over the pixels the processor prepared (Qwen3.5's
+    flat patches put back on the image; Llama 4's tile, padded), and the link reproduces the view in a fresh page."""
+    from PIL import Image
+
+    from vit.app import drawing
+    from vit.explain.views.overlay import display_image
+
+    drawn, original = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: drawn.append(
+        (np.asarray(image), np.asarray(map2d))) or original(image, map2d, *a, **k))
+    folder = no_port[kind]
+    at = open_folder(folder)
+    assert not at.main.error, [e.value for e in at.main.error]
+    assert "Ask the VLM" in [h.value for h in at.main.subheader]
+    ask(at, QUESTION)
+    pills(at).set_value(2)
+    at.run()
+    main_select(at, "Layer").set_value(0)
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    answer = answer_of(folder)
+    assert [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")] == \
+        [f"Answer: {answer.text}".strip()]
+    seen = np.asarray(display_image(Image.fromarray(answer.layouts[0].pixels), max_side=480))
+    image, map2d = drawn[-1]
+    np.testing.assert_allclose(map2d, answer.attention(2, 0), rtol=0, atol=0)
+    assert image.shape == seen.shape and np.array_equal(image, seen)
+    params = {k: at.query_params[k][0] if isinstance(at.query_params[k], list) else at.query_params[k]
+              for k in at.query_params}
+    assert {k: params.get(k) for k in ("question", "answer_token", "lm_layer")} == \
+        {"question": QUESTION, "answer_token": "3", "lm_layer": "1"}
+
+    drawn.clear()
+    at = open_link({k: params[k] for k in ("model", "question", "answer_length", "answer_token", "lm_layer")})
+    upload(at, "photo.png", png(picture()))
+    assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(drawn[-1][1], answer.attention(2, 0), rtol=0, atol=0)

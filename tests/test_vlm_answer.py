@@ -699,7 +699,8 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
-                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, llama4$"):
+                                       r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, "
+                                       r"llama4$"):
         vit.open_vlm(tmp_path)
 
 
@@ -935,10 +936,10 @@ def quadrant_places(tiles: torch.Tensor) -> list[tuple[int, int]]:
 @pytest.mark.parametrize(("width", "height", "places"), [(80, 80, [(0, 0), (0, 1), (1, 0), (1, 1)]),
                                                          (100, 50, [(0, 0), (0, 1)])])
 def test_idefics3s_tiles_are_placed_where_the_processor_cut_them(split_tiles, width, height, places):
-    """Idefics3's, SmolVLM's and Llama 4's split image: each tile's four image tokens (its 2 x 2 pixel-shuffle units) cover the
-    part of the canvas its pixels came from (read off the quadrants' colours of the pixels the tower read, not from
-    our layout), the global image's tokens after them are the overview; the tokens are generate's. Tiles taken
-    column-major would be another map (the 2 x 2 split)."""
+    """Idefics3's, SmolVLM's and Llama 4's split image: each tile's four image tokens (its 2 x 2 pixel-shuffle
+    units) cover the part of the canvas its pixels came from (read off the quadrants' colours of the pixels the
+    tower read, not from our layout), the global image's tokens after them are the overview; the tokens are
+    generate's. Tiles taken column-major would be another map (the 2 x 2 split)."""
     kind, folder = split_tiles
     image = quadrants(width, height)
     answer = vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS)
@@ -1294,3 +1295,25 @@ def test_predict_ask_writes_the_tiles_canvas_and_the_overview(internvl_tiles, tm
     for i in range(NEW_TOKENS):  # the API's, each filtered on its own view's grid
         np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
         np.testing.assert_allclose(saved["overview_tam"][i], answer.tam(i, overview=True), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["glm4v", "mistral3", "pixtral", "qwen3_5", "llama4"])
+def test_a_tower_no_port_reads_gives_the_pixels_its_one_view_was_read_as(answers, kind):
+    """A tower its config declares has no preprocessing of ours to redo: the map is drawn over the processor's own
+    pixels (``layout.pixels``, its normalisation undone; GLM's and Qwen3.5's flat patches put back on the image,
+    Pixtral's cut from its padded batch). They are ``picture()`` as PIL resizes it to the layout's grid (within the
+    resampling's difference), not its mirror image (nor patches put back in another order)."""
+    answer = answers[kind][0]
+    [layout] = answer.layouts
+    pixels = layout.pixels.astype(np.float32)
+    gh, gw = layout.grid
+    assert pixels.shape[0] % gh == 0 and pixels.shape[1] % gw == 0 and pixels.shape[0] // gh == pixels.shape[1] // gw
+    if kind == "llama4":  # resized without distortion into its tile, then padded (transformers' own sizes)
+        from transformers.models.llama4.image_processing_llama4 import get_max_res_without_distortion
+
+        h, w = get_max_res_without_distortion((picture().height, picture().width), pixels.shape[:2])
+        pixels = pixels[:h, :w]
+    resized = np.asarray(picture().resize(pixels.shape[1::-1], Image.BICUBIC), dtype=np.float32)
+    error = np.abs(pixels - resized).mean()
+    assert error < 12, error
+    assert np.abs(pixels - resized[:, ::-1]).mean() > 3 * error + 5

@@ -125,6 +125,8 @@ def _seen(view: Shown, answer: VLMAnswer, overview: bool = False, image: int = 0
     pixels = vlm_ask.seen_pixels(answer, overview, image)
     if pixels is not None:
         return display_image(Image.fromarray(pixels), max_side=480)
+    if view.analysis is None:  # a tower no port reads (``vlm_view``): its layouts always carry their pixels
+        raise ValueError("the pixels this image was read as are not known here; ask it in a notebook (vit.ask_vlm)")
     if image == 0 and tuple(view.analysis.grid) == tuple(answer.layouts[0].grid):
         return view.shown
     return drawing.display_images(seen_region(view.image if picture is None else picture,
@@ -316,7 +318,11 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     except ValueError as e:  # gradient x attention or TAM over the memory limit; TAM for several images
         st.error(_one_line(e))
         return
-    seen = _seen(view, answer, overview, image, more[image - 1] if image and not answer.clip else None)
+    try:
+        seen = _seen(view, answer, overview, image, more[image - 1] if image and not answer.clip else None)
+    except ValueError as e:
+        st.error(_one_line(e))
+        return
     caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview, image, frames)
     colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:

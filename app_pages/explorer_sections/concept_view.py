@@ -67,12 +67,19 @@ def _take_link() -> None:
                                      (MEAN if value == 0 else value - 1) if name == "chead" else value)
 
 
-def _image(entry: catalog.CatalogEntry, entries: dict, model_key: str) -> tuple[Image.Image, str, str, bool]:
-    """The sidebar's image (an upload, a link's upload, else a sample) as (image, name, digest, a sample's); stops
-    the page, saying what to do, without one."""
+SAM3_HINT = ("Upload an image in the sidebar, then type a concept (a noun phrase such as “a red dog”): SAM 3 finds "
+             "every instance of it.")
+
+
+def sidebar_image(entry: catalog.CatalogEntry, entries: dict, model_key: str, hint: str = SAM3_HINT,
+                  model: str = "SAM 3") -> tuple[Image.Image, str, str, bool]:
+    """The sidebar's image (an upload, a link's upload, else a sample) as (image, name, digest, a sample's), for a
+    page whose model runs as its library builds it (SAM 3's, a VLM's whose tower no port reads); stops the page,
+    saying what to do (``hint``), without one."""
     st.sidebar.header("Image")
     uploaded = file_upload(st.sidebar, "Upload an image", UPLOAD_KEY, type=UPLOAD_TYPES,
-                           help="jpg, png, webp, bmp, gif or tiff; SAM 3 sees it at its own input size.")
+                           help=f"jpg, png, webp, bmp, gif or tiff; {model} sees it as its own processor prepares "
+                                "it.")
     linked = share_view.linked_upload() if uploaded is None else None
     samples = catalog.sample_images(entry, list(entries.values()))
     named = (st.session_state.get(share_view.PENDING_KEY) or {}).pop("sample", None)  # a link's sample
@@ -90,8 +97,7 @@ def _image(entry: catalog.CatalogEntry, entries: dict, model_key: str) -> tuple[
     elif sample is not None:
         data, name = sample.read_bytes(), sample.name
     else:
-        st.info("Upload an image in the sidebar, then type a concept (a noun phrase such as “a red dog”): SAM 3 "
-                "finds every instance of it.")
+        st.info(hint)
         st.stop()
     digest = explorer.image_digest(data)
     try:
@@ -124,7 +130,7 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
     except ValueError as e:  # SourceError: a file missing, weights that do not fit, a config past the bounds
         st.error(f"This checkpoint cannot be loaded: {_one_line(e)}")
         st.stop()
-    image, image_name, digest, is_sample = _image(entry, entries, model_key)
+    image, image_name, digest, is_sample = sidebar_image(entry, entries, model_key)
     st.subheader("Find a concept (SAM 3)")
     col_text, col_box, col_threshold = st.columns([2, 1.4, 1])
     # No max_chars: Streamlit would show a counter; the concept's bound is checked by vit.segment (one line if over).

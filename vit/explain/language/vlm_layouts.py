@@ -1,0 +1,398 @@
+"""Where a vision-language model's image tokens sit on the image (issue 80; split from ``vlm_answer``): the layout of
+each image, tile or temporal slice in the processor's inputs, read from what the processor gives
+(``image_grid_thw``, ``aspect_ratios``, ``image_sizes``, the pixel tensors' sides) and the tower's patch and merge
+unit, each placed the way the model's projector hands its tokens to the language model: one view's units row-major
+(``visual_lens.on_patch_grid``), or tiles on their canvas (InternVL's crops, Idefics3's and Llama 4's split image,
+LLaVA-NeXT's and OneVision's unpadded crops with their newline tokens, Gemma 3's pan-and-scan crops), the view of the
+whole image beside them as the overview; and the pixels each was read as, the processor's normalisation undone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vit.explain.language.vlm_attention import image_token_id
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Where the image's tokens sit in the prompt and on the map's patch grid: one view's units row-major after
+    ``lead`` tokens, or, where the processor cut the image into tiles, ``index``: the token over each patch of the
+    tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded crops), the model's view of the whole image beside them
+    (InternVL's thumbnail, NeXT's base image) as ``overview``."""
+
+    positions: torch.Tensor  # (K,) the image tokens' places in the prompt, every view's
+    grid: tuple[int, int]  # the map's patch grid: the tower's of the one view, or the tiles' canvas
+    unit: int  # patches per image token along each side
+    lead: int  # leading image tokens that cover no patch (CLIP's CLS under LLaVA's "full" strategy)
+    index: torch.Tensor | None = None  # (gh, gw) long: the image token (into positions) over each patch; None: units
+    views: int = 1  # the tower's passes over the image: one, or each tile and the overview
+    view_grid: tuple[int, int] | None = None  # one pass's patch grid (None: ``grid``)
+    overview: ImageLayout | None = None  # the whole image's one view beside the tiles, on its own patch grid
+    # A tiled layout's pixels as the model read them (H, W, 3) uint8, the processor's normalisation undone: the tiles'
+    # canvas (``grid`` x the tower's patch), or the overview's one view; None for a one-view layout (its pixels are
+    # the tower's preprocessing of the image).
+    pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def place(self, values: torch.Tensor) -> torch.Tensor:
+        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
+        from vit.explain.methods.visual_lens import on_patch_grid
+
+        if self.index is not None:
+            return values[:, self.index]
+        return on_patch_grid(values, self.grid, self.unit, self.lead)
+
+    @property
+    def patches(self) -> int:
+        """The patches the tower reads: the one view's, or every tile's and the overview's."""
+        gh, gw = self.view_grid or self.grid
+        return self.views * gh * gw
+
+    def view(self, overview: bool) -> ImageLayout:
+        """This layout, or its ``overview`` (ValueError in one line for a model that reads one view)."""
+        if not overview:
+            return self
+        if self.overview is None:
+            raise ValueError("this image was read in one view, not as tiles beside an overview; ask without overview")
+        return self.overview
+
+
+def tower_lead(vlm) -> int:
+    """Image tokens before the patches' units that cover no patch (``visual_lens.leading_rows``: LLaVA's "full"
+    strategy keeps CLIP's CLS); 0 for a declared tower (``declared.DeclaredTower``: its merger reads patches only)."""
+    from vit.checkpoint import Checkpoint
+    from vit.explain.methods.visual_lens import leading_rows
+
+    return leading_rows(vlm.tower.model) if isinstance(vlm.tower, Checkpoint) else 0
+
+
+def _check_count(positions: torch.Tensor, expected: int, where: str) -> None:
+    if len(positions) != expected:
+        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of {where}; its image "
+                         "tokens are laid out otherwise, which is not placed yet")
+
+
+def tile_index(rows: int, cols: int, grid: tuple[int, int], unit: int, start: int = 0) -> torch.Tensor:
+    """(rows x gh, cols x gw) long: the image token over each patch of a canvas of ``rows x cols`` tiles, each on
+    patch grid ``grid``, whose tokens come tile after tile (row-major), each tile's units row-major, from
+    ``start``. ``rows = cols = 1``: one view's units."""
+    gh, gw = grid
+    per_tile = (gh // unit) * (gw // unit)
+    r = torch.arange(rows * gh)[:, None]  # (H, 1) canvas rows
+    c = torch.arange(cols * gw)[None, :]  # (1, W) canvas columns
+    tile = (r // gh) * cols + c // gw
+    return start + tile * per_tile + (r % gh // unit) * (gw // unit) + (c % gw // unit)  # (H, W)
+
+
+def seen_pixels(vlm, tiles: torch.Tensor, images=None) -> np.ndarray:
+    """(n, C, h, w) tiles of the processor's ``pixel_values`` -> (n, h, w, 3) uint8: its rescale and normalisation
+    undone, the pixels the tower read. ``images``: the processor part that made them (its image processor)."""
+    images = vlm.processor.image_processor if images is None else images
+    x = tiles.detach().float().cpu()
+    if getattr(images, "do_normalize", True):
+        mean = torch.as_tensor(images.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.as_tensor(images.image_std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = x * std + mean
+    if getattr(images, "do_rescale", True):
+        x = x / float(images.rescale_factor)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _canvas(tiles: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """(rows x cols, h, w, 3) row-major tiles -> (rows x h, cols x w, 3)."""
+    n, h, w, c = tiles.shape
+    return tiles[:rows * cols].reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
+
+
+def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
+    tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
+    image resized to one tile) after them; each tile's pixel-shuffle units row-major."""
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+    images = vlm.processor.image_processor
+    size = images.size
+    cols, rows = get_optimal_tiled_canvas((image.height, image.width), (size["height"], size["width"]),
+                                          images.min_patches, images.max_patches)
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
+                         "of InternVL's canvas; ask about one image")
+    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
+
+
+def _idefics3_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Idefics3's and SmolVLM's split image (``Idefics3ImageProcessor.split_image``): the image resized to whole
+    tiles, cut row-major (its rows and columns as the image processor counts them, ``return_row_col_info``), the
+    whole image resized to one tile after them (the global image); each tile's pixel-shuffle units row-major
+    (``Idefics3Connector.pixel_shuffle``). An image no larger than one tile is read whole, in one view."""
+    counted = vlm.processor.image_processor(images=[[image]], return_row_col_info=True, return_tensors="pt")
+    rows, cols = int(counted["rows"][0][0]), int(counted["cols"][0][0])
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
+                         "of its split; ask about one image")
+    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
+
+
+def _llama4_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Llama 4's chunks (``Llama4ImageProcessor``): the image resized into the canvas of ``aspect_ratios`` tiles it
+    chose and padded to fill it, cut row-major, the whole image resized to one tile after them (the global image,
+    ``<|image|>`` in the prompt); each tile's pixel-shuffle units row-major, the tile separators no image tokens."""
+    counted = vlm.processor.image_processor(images=[image], return_tensors="pt")
+    rows, cols = (int(v) for v in counted["aspect_ratios"][0])
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
+                         "of its canvas; ask about one image")
+    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
+
+
+def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int) -> ImageLayout:
+    """``rows x cols`` tiles in ``pixels`` row-major, the whole image resized to one tile after them (InternVL's
+    thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order."""
+    ph, pw = vlm.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_tile = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    seen = seen_pixels(vlm, pixels)
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit, rows * cols * per_tile),
+                           pixels=seen[-1])
+    return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0, tile_index(rows, cols, grid, unit),
+                       rows * cols + 1, grid, overview, _canvas(seen, rows, cols))
+
+
+def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """Gemma 3's pan-and-scan (``Gemma3ImageProcessor.pan_and_scan_batched``, ``do_pan_and_scan``): the whole image
+    resized to one view first (the overview, "the original image" of the prompt), then its crops, cut side by side
+    along the image's longer side (a wide image's in one row, a tall one's in one column, row-major) and each resized
+    to one view: each its own image of pooled tokens (``mm_tokens_per_image``), placed on the crops' canvas where
+    the processor cut it."""
+    crops = pixels.shape[0] - 1
+    rows, cols = (1, crops) if image.width >= image.height else (crops, 1)  # as pan_and_scan_batched cuts them
+    ph, pw = vlm.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_view = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (crops + 1) * per_view, f"the original image and {crops} pan-and-scan crops of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    seen = seen_pixels(vlm, pixels)
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit), pixels=seen[0])
+    return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0,
+                       tile_index(rows, cols, grid, unit, per_view), crops + 1, grid, overview,
+                       _canvas(seen[1:], rows, cols))
+
+
+NEXT_TILES = ("llava_next", "llava_next_video", "llava_onevision")  # anyres canvases packed as LLaVA-NeXT packs them
+
+
+def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
+    """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
+    ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
+    ``select_best_resolution`` chose, each on the tower's grid, laid out row-major on the canvas, its padding rows or
+    columns dropped (``unpad_image``: the canvas kept the image's aspect) and a newline token after each row of it,
+    which covers no patch. OneVision shrinks a canvas of more than ``anyres_max_N`` base images' patches (ratio over
+    1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre."""
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+    config = vlm.model.config
+    if tower_lead(vlm):  # "full" over a tower with a CLS; SigLIP's (Granite Vision's) has none
+        raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
+                         "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
+    side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
+    size = inputs["image_sizes"][0]  # (height, width) of the image
+    rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
+    # The canvas's patches that unpad_image keeps: which rows and columns, found by unpadding their own indices.
+    kept_rows = unpad_image(torch.arange(rows * side).view(1, -1, 1).expand(1, -1, cols * side), size)[0, :, 0]
+    kept_cols = unpad_image(torch.arange(cols * side).view(1, 1, -1).expand(1, rows * side, -1), size)[0, 0, :]
+    height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
+    token_rows, token_cols = torch.arange(height), torch.arange(width)  # the token row (column) over each patch's
+    if vlm.model_type == "llava_onevision":
+        token_rows, token_cols = _downsampled(height, width, side, config.vision_aspect_ratio)
+    tokens_high, tokens_wide = int(token_rows[-1]) + 1, int(token_cols[-1]) + 1
+    # after the base image, each row of tokens followed by its newline
+    index = side * side + token_rows[:, None] * (tokens_wide + 1) + token_cols[None, :]
+    seen = seen_pixels(vlm, inputs["pixel_values"][0, :rows * cols + 1])
+    patch = config.vision_config.patch_size
+    top, left = int(kept_rows[0]) * patch, int(kept_cols[0]) * patch
+    canvas = _canvas(seen[1:], rows, cols)[top:top + height * patch, left:left + width * patch]
+    overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1), pixels=seen[0])
+    _check_count(positions, side * side + tokens_high * (tokens_wide + 1), f"a {side}x{side}-patch base image and "
+                 f"a {tokens_high}x{tokens_wide}-token canvas of {rows}x{cols} crops with a newline per row")
+    return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview, canvas)
+
+
+def _downsampled(height: int, width: int, side: int, aspect: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaVA-OneVision's ``anyres_max_N`` (``LlavaOnevisionModel.pack_image_features``): an unpadded canvas of
+    ``height x width`` patches over ``N`` base images' (``side x side`` each) by a ratio over 1.1 is resized to
+    ``int(height // ratio) x int(width // ratio)`` tokens by bilinear interpolation (align_corners False): token ``j``
+    samples the canvas at ``(j + 0.5) * scale - 0.5``, ``scale = height / tokens``, so patch ``r`` is nearest token
+    ``floor((r + 0.5) / scale)``. ``(token row of each patch row, token column of each patch column)``."""
+    import math
+
+    # transformers reads N with str.strip("anyres_max_"), which strips those characters from both ends
+    most = int(str(aspect).strip("anyres_max_"))  # noqa: B005
+    ratio = math.sqrt(height * width / (most * side ** 2))
+    if ratio <= 1.1:
+        return torch.arange(height), torch.arange(width)
+    high, wide = int(height // ratio), int(width // ratio)
+    rows = ((torch.arange(height) + 0.5) * high / height).floor().long().clamp(max=high - 1)
+    cols = ((torch.arange(width) + 0.5) * wide / width).floor().long().clamp(max=wide - 1)
+    return rows, cols
+
+
+def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
+    """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
+    (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
+    from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
+    (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
+    (several images, another family's tiles)."""
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    if "image_grid_thw" in inputs:
+        t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
+        if t != 1 or inputs["image_grid_thw"].shape[0] != 1:
+            raise ValueError("the processor gave several images or frames; ask about one image")
+        layout = ImageLayout(positions, (gh, gw), vlm.unit, tower_lead(vlm))
+    else:
+        pixels = inputs["pixel_values"]
+        if pixels.dim() == 5 and vlm.model_type in ("idefics3", "smolvlm"):  # (1, views, C, H, W)
+            layout = (_idefics3_tiles(vlm, image, pixels[0], positions) if pixels.shape[1] > 1 else
+                      ImageLayout(positions, (pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]),
+                                  vlm.unit, 0))
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
+            layout = _internvl_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "llama4":
+            layout = _llama4_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
+            layout = _pan_and_scan(vlm, image, pixels, positions)
+        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in NEXT_TILES:
+            layout = _next_tiles(vlm, inputs, positions)
+        elif pixels.dim() != 4 or pixels.shape[0] != 1:
+            raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
+                             "on one patch grid yet; ask a model that reads one view of the image")
+        else:
+            ph, pw = vlm.patch_hw
+            layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit, tower_lead(vlm))
+    if layout.index is None:
+        (gh, gw), unit = layout.grid, layout.unit
+        _check_count(positions, layout.lead + (gh // unit) * (gw // unit),
+                     f"one {gh}x{gw} patch grid in {unit}x{unit} units")
+    return layout
+
+
+MAX_IMAGES = 16  # images in one question: each a tower's forward and its tokens in the prompt
+MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sample 2 fps of a short clip)
+# The video placeholder's id, for the families whose clip's tokens are another id than their image's
+VIDEO_TOKEN = ("video_token_id", "video_token_index")
+CLIP_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v",
+                 "llava_next_video")
+
+
+def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
+    """The layout of each of a clip's temporal slices in the processor's ``inputs``, in order: Qwen-VL's and GLM's
+    ``video_grid_thw`` (each slice ``temporal_patch_size`` frames deep, its merge units row-major; GLM writes its
+    frames' tokens with its image token), LLaVA-NeXT-Video's frames (each frame's patches pooled
+    ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major). ValueError (one line) for
+    a model that does not answer about a clip here."""
+    config = vlm.model.config
+    if vlm.model_type not in CLIP_FAMILIES:
+        raise ValueError(f"a {vlm.model_type} model does not answer about a clip here; ask "
+                         f"{', '.join(CLIP_FAMILIES)}, or ask about its frames as images")
+    if vlm.model_type.startswith("glm4"):
+        token = image_token_id(config)
+    else:
+        token = next(getattr(config, name) for name in VIDEO_TOKEN if getattr(config, name, None) is not None)
+    positions = (inputs["input_ids"][0] == token).nonzero()[:, 0]
+    if "video_grid_thw" in inputs:
+        t, gh, gw = (int(v) for v in inputs["video_grid_thw"][0])
+        unit = vlm.unit
+    else:  # LLaVA-NeXT-Video: (1, frames, C, H, W)
+        pixels = inputs["pixel_values_videos"]
+        t, gh, gw = pixels.shape[1], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
+        unit = int(config.spatial_pool_stride)
+    per = (gh // unit) * (gw // unit)
+    _check_count(positions, t * per, f"{t} slices of a clip of {gh}x{gw} patches in {unit}x{unit} units")
+    firsts = seen_pixels(vlm, _slice_firsts(vlm, inputs, t, gh, gw), vlm.processor.video_processor)
+    return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), unit, 0, pixels=firsts[k]) for k in range(t))
+
+
+def _slice_firsts(vlm, inputs, t: int, gh: int, gw: int) -> torch.Tensor:
+    """(t, C, H, W): the first frame of each of a clip's ``t`` temporal slices as the processor prepared it (resized,
+    normalised): LLaVA-NeXT-Video's frames as they are; Qwen-VL's and GLM's flat patches (their video processors'
+    ``patchify``: rows (slice, merge row, merge column, unit row, unit column), columns (channel, frame of the
+    slice, patch row, patch column)) put back on the frame."""
+    pixels = inputs["pixel_values_videos"]
+    if "video_grid_thw" not in inputs:
+        return pixels[0]
+    return _unpatchified(pixels, t, gh, gw, vlm.processor.video_processor)
+
+
+def _unpatchified(patches: torch.Tensor, t: int, gh: int, gw: int, part) -> torch.Tensor:
+    """(t, C, H, W): Qwen-VL's and GLM's flat patches (their processors' ``patchify``: rows (slice, merge row, merge
+    column, unit row, unit column), columns (channel, frame of the slice, patch row, patch column)) put back on the
+    first frame of each of ``t`` slices; ``part``: the image or video processor that made them."""
+    m, depth, side = int(part.merge_size), int(part.temporal_patch_size), int(part.patch_size)
+    patches = patches.reshape(t, gh // m, gw // m, m, m, -1, depth, side, side)
+    return patches.permute(0, 6, 5, 1, 3, 7, 2, 4, 8).reshape(t, depth, -1, gh * side, gw * side)[:, 0]
+
+
+def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[ImageLayout, ...]:
+    """``layouts`` with the pixels each image read in one view was read as (the processor's normalisation undone),
+    for a tower no port reads (``declared.DeclaredTower``), whose preprocessing is not ours to redo: Qwen-VL's and
+    GLM's flat patches put back on the image, Pixtral's image cut from its padded batch at its ``image_sizes``,
+    else the one view's pixel tensor. A port's tower, and a tiled layout, keep theirs."""
+    from vit.checkpoint import Checkpoint
+
+    if isinstance(vlm.tower, Checkpoint):
+        return layouts
+    pixels, images = inputs["pixel_values"], vlm.processor.image_processor
+    done, start = [], 0
+    for k, layout in enumerate(layouts):
+        if layout.pixels is not None or layout.index is not None:
+            done.append(layout)
+            continue
+        if "image_grid_thw" in inputs:
+            t, gh, gw = (int(v) for v in inputs["image_grid_thw"][k])
+            view = _unpatchified(pixels[start:start + t * gh * gw], t, gh, gw, images)[:1]
+            start += t * gh * gw
+        else:  # (images, C, H, W); Idefics3's (1, images, C, H, W)
+            view = pixels[0, k:k + 1] if pixels.dim() == 5 else pixels[k:k + 1]
+        seen = seen_pixels(vlm, view)[0]
+        if "image_sizes" in inputs and pixels.dim() == 4:  # Pixtral pads each image to the batch's largest
+            h, w = (int(v) for v in inputs["image_sizes"][k])
+            seen = seen[:h, :w]
+        done.append(replace(layout, pixels=seen))
+    return tuple(done)
+
+
+
+def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
+    """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: one image's
+    (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
+    Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
+    per image. ValueError (one line) for several images a model cuts into tiles."""
+    if len(images) == 1:
+        return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    ph, pw = vlm.patch_hw
+    lead, unit = tower_lead(vlm), vlm.unit
+    if "image_grid_thw" in inputs:
+        grids = []
+        for t, gh, gw in inputs["image_grid_thw"].tolist():
+            if t != 1:
+                raise ValueError("the processor gave an image several frames deep; ask about still images")
+            grids.append((int(gh), int(gw)))
+    elif "image_sizes" in inputs and inputs["pixel_values"].dim() == 4:  # Pixtral's: each image at its own size
+        grids = [(int(h) // ph, int(w) // pw) for h, w in inputs["image_sizes"].tolist()]
+    elif inputs["pixel_values"].dim() == 4 and inputs["pixel_values"].shape[0] == len(images):
+        grids = [(inputs["pixel_values"].shape[-2] // ph, inputs["pixel_values"].shape[-1] // pw)] * len(images)
+    else:
+        raise ValueError(f"the processor cut these {len(images)} images into tiles, whose tokens are not placed per "
+                         "image yet; ask about one image, or ask a model that reads each image in one view")
+    counts = [lead + (gh // unit) * (gw // unit) for gh, gw in grids]
+    _check_count(positions, sum(counts), f"{len(images)} images of " + ", ".join(f"{gh}x{gw}" for gh, gw in grids)
+                 + f" patches in {unit}x{unit} units")
+    starts = np.cumsum([0, *counts])
+    return _one_view_pixels(vlm, inputs, tuple(ImageLayout(positions[starts[k]:starts[k + 1]], grid, unit, lead)
+                                               for k, grid in enumerate(grids)))
