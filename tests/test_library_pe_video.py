@@ -246,7 +246,8 @@ def test_vit_explain_draws_the_temporal_attention_over_the_frames(checkpoint, re
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
-    (dict(method="rollout"), "choose one of: attention, temporal, probe"),
+    (dict(method="flow"), "choose one of: attention, rollout, temporal, probe"),
+    (dict(method="rollout", head=0), "leave head out"),
     (dict(method="temporal", query=(1, 2, 3)), "give a token index"),
     (dict(method="attention", query=(3, 0, 0)), "within 3 x 4 x 6"),
     (dict(method="attention", layer=5), "its frames trunk has 2 layers"),
@@ -263,7 +264,7 @@ def test_the_checkpoint_prints_in_one_line(checkpoint):
 
 
 def test_vit_methods_lists_the_map_it_draws_and_one_image_is_refused_in_one_line(checkpoint, frames):
-    assert list(vit.methods(checkpoint)) == ["attention"]
+    assert list(vit.methods(checkpoint)) == ["attention", "rollout", "probe"]
     with pytest.raises(ValueError, match="takes a clip, not one image") as refused:
         vit.explain(checkpoint, frames[0], "attention")
     assert "\n" not in str(refused.value)
@@ -361,3 +362,21 @@ def test_vit_explain_draws_each_frames_pooling_probe(checkpoint, reference, fram
     with pytest.raises(ValueError, match="reads head alone") as refused:
         vit.explain(checkpoint, frames, "probe", layer=0)
     assert "\n" not in str(refused.value)
+
+
+def test_vit_explain_rolls_each_frames_trunk_attention_out_as_abnar_and_zuidema_do(checkpoint, reference, frames,
+                                                                                    processed):
+    """Each frame's CLS rollout over the trunk's two layers, by hand from timm's explicit attentions: the heads'
+    mean with the identity added, rows normalised, the later layer on the left."""
+    _, _, spatial = eager(reference, processed)  # (F, H, T, T) each: one clip
+    factors = []
+    for attention in spatial:
+        a = attention.mean(1) + torch.eye(attention.shape[-1])
+        factors.append(a / a.sum(-1, keepdim=True))
+    rolled = factors[1] @ factors[0]  # (F, T, T)
+    explanation = vit.explain(checkpoint, frames, "rollout")
+    np.testing.assert_allclose(explanation.map, rolled[:, 0, 1:].reshape(FRAMES, GH, GW).numpy(), atol=1e-5, rtol=0)
+    patch = vit.explain(checkpoint, frames, "rollout", layer=0, query=(1, 2, 5))
+    expected = np.zeros((FRAMES, GH, GW), np.float32)
+    expected[1] = factors[0][1, 1 + 2 * GW + 5, 1:].reshape(GH, GW).numpy()
+    np.testing.assert_allclose(patch.map, expected, atol=1e-5, rtol=0)

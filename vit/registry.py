@@ -482,9 +482,9 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
     Family("pe-video", "PE video (Perception Encoder's video encoder)", "video",
            "HF pe_video_encoder folders (PeVideoEncoder), pe_video's video encoder (vit.load)",
            "vit.sources.library_road.pe_video", (),
-           "a clip's attention within each frame (its timm PE-Core trunk), each frame's pooling probe and the attention "
-           "over the frames (its temporal encoder), any layer and head, through vit.explain; the other maps refused in "
-           "one line (issue 91)", road="library"),
+           "a clip's attention and rollout within each frame (its timm PE-Core trunk), each frame's pooling probe and "
+           "the attention over the frames (its temporal encoder), any layer and head, through vit.explain; the other "
+           "maps refused in one line (issue 91)", road="library"),
     Family("open_clip-timm", "open_clip towers with a timm trunk: SigLIP 2, PE-Core", "image",
            "open_clip folders whose vision_cfg names a timm_model_name (vit.load)",
            "vit.sources.library_road.timm_models", (),

@@ -69,8 +69,8 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
 
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError(f"vit.methods takes a checkpoint (vit.load(...)), got a {type(checkpoint).__name__}")
-    if getattr(checkpoint.model, "takes_clips", False):  # PE video: the registered one of its clip maps (explain's
-        return ["attention"]  # docstring names "temporal" beside it, as TimeSformer's)
+    if getattr(checkpoint.model, "takes_clips", False):  # PE video: the registered ones of its clip maps (explain's
+        return ["attention", "rollout", "probe"]  # docstring names "temporal" beside them, as TimeSformer's)
     if checkpoint.road == "library":  # transformers' own model: the maps its recorded attention draws so far
         from vit.explain.views.library_maps import method_names
 

@@ -29,6 +29,7 @@ from vit.core.inference import predictions_from_logits, seen_region
 from vit.core.progress import Progress
 from vit.costs import bounds
 from vit.costs.fits import LAYER_CACHE_BYTES, check_input_fits
+from vit.explain.methods.attention import rollout
 from vit.explain.methods.hidden import LayerAttentions, forward_with_hidden_states
 from vit.explain.views.attention_maps import MAP_KINDS, MapSettings, attention_map, head_maps
 from vit.explain.views.image_analysis import Analysis
@@ -588,7 +589,7 @@ def _explanation(checkpoint: Checkpoint, clip: ClipAnalysis, method: str, drawn:
 # spatial attention within each frame ("attention") and a temporal encoder's over the CLS and one token a frame
 # ("temporal"), and each frame's attention-pooling head ("probe": what its frame vector reads), the libraries' own,
 # recorded in one forward and laid on the frames' grids by the model's layout
-LIBRARY_CLIP_KINDS = ("attention", "temporal", "probe")
+LIBRARY_CLIP_KINDS = ("attention", "rollout", "temporal", "probe")
 
 
 def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
@@ -598,8 +599,10 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
     PE video): ``attention`` a trunk layer's (default the last) row of ``query`` within each frame (a frame's token
     index, 0 its CLS, the default: its row in every frame; or ``(frame, row, col)``: that patch's row on its own
     frame, the others 0); ``temporal`` a temporal layer's row of ``query`` (0 the CLS, ``1 + f`` frame ``f``) over
-    the frames, each frame's weight over its whole grid; ``probe`` each frame's attention-pooling head over its
-    patches (no layer, no query). ``head`` None: the heads' mean; ``heads`` holds each head's map. ValueError (one
+    the frames, each frame's weight over its whole grid; ``rollout`` the trunk's attention rolled out within each
+    frame from its first layer to ``layer`` (``methods.attention.rollout``: heads averaged, the residual added),
+    ``query``'s row laid as attention's; ``probe`` each frame's attention-pooling head over its patches (no layer,
+    no query). ``head`` None: the heads' mean; ``heads`` holds each head's map. ValueError (one
     line) for another method or a setting out of range."""
     model = checkpoint.model
     if method not in LIBRARY_CLIP_KINDS:
@@ -622,7 +625,16 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
     token = asked if isinstance(asked, int) else prefix + asked[1] * gw + asked[2]
     layer = (-1 if layer is None else layer) % L
     pixels = clip_pixels(frames, checkpoint.preprocessing).to(next(model.parameters()).device)
-    if method == "probe":
+    if method == "rollout":
+        if head is not None:
+            raise ValueError("rollout averages every head; leave head out")
+        recorded = model.record(pixels, frame_layers=range(layer + 1))
+        B, F = pixels.shape[:2]
+        rolled = rollout([recorded.spatial[i].flatten(0, 1) for i in range(layer + 1)],
+                         num_prefix_tokens=prefix)  # (B*F, T, T)
+        drawn = recorded.on_frames(rolled.reshape(B, F, 1, *rolled.shape[1:]), asked)[0]  # (frames, gh, gw)
+        heads = None
+    elif method == "probe":
         recorded = model.record(pixels, probe=True)
         drawn = recorded.placed_probe(head if head is None else head % H)[0]  # (frames, gh, gw)
         heads = torch.stack([recorded.placed_probe(h)[0] for h in range(H)])
@@ -632,7 +644,7 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
         heads = torch.stack([recorded.placed(layer, asked, h, temporal)[0] for h in range(H)])
     return ClipExplanation(method, drawn.float().cpu().numpy(), list(frames),
                            [seen_region(f, checkpoint.preprocessing) for f in frames], (count, gh, gw), token, None,
-                           heads.float().cpu().numpy())
+                           None if heads is None else heads.float().cpu().numpy())
 
 
 def _library_query(query: int | Sequence[int] | None, temporal: bool, count: int, grid: tuple[int, int],

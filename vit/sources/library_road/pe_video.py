@@ -85,7 +85,13 @@ class ClipAttention:
             row = probabilities[:, :, query] if head is None else probabilities[:, head, query][:, None]
             weights = row.mean(1)[:, TEMPORAL_PREFIX:]  # (B, F)
             return weights[:, :, None, None].expand(-1, -1, gh, gw).clone()
-        probabilities = self.spatial[layer]  # (B, F, H, T, T)
+        return self.on_frames(self.spatial[layer], query, head)
+
+    def on_frames(self, probabilities: torch.Tensor, query: int | tuple[int, int, int] = 0,
+                  head: int | None = None) -> torch.Tensor:
+        """Each frame's ``(B, F, H, T, T)`` attention (a trunk layer's, or a rollout of them with ``H`` 1), its row of
+        ``query`` laid on the frames' grids ``(B, frames, rows, cols)`` as ``placed`` lays a trunk layer's."""
+        gh, gw = self.frame.grid
         if head is not None:
             probabilities = probabilities[:, :, head:head + 1]
         prefix = self.frame.num_prefix_tokens
