@@ -380,3 +380,14 @@ def test_vit_explain_rolls_each_frames_trunk_attention_out_as_abnar_and_zuidema_
     expected = np.zeros((FRAMES, GH, GW), np.float32)
     expected[1] = factors[0][1, 1 + 2 * GW + 5, 1:].reshape(GH, GW).numpy()
     np.testing.assert_allclose(patch.map, expected, atol=1e-5, rtol=0)
+
+
+def test_vit_predict_on_pe_video_says_in_one_line_to_draw_its_maps_with_vit_explain(folder, frames, tmp_path, capsys):
+    from vit import predict as predict_cli
+
+    path = tmp_path / "clip.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:])
+    assert predict_cli.main([str(folder), str(path), "--device", "cpu"]) != 0
+    said = capsys.readouterr()
+    message = (said.err or said.out).strip()
+    assert "no classifier" in message and "vit.explain" in message and "\n" not in message

@@ -141,7 +141,8 @@ class PeVideoLibraryModel(LibraryModel):
 
         if videos.dim() != 5:
             raise ValueError(f"PE video takes a clip (batch, frames, channels, height, width), not a tensor of shape "
-                             f"{tuple(videos.shape)}")
+                             f"{tuple(videos.shape)}, and has no classifier to predict with: draw a clip's maps with "
+                             "vit.explain(vit.load(folder), clip, method)")
         B, F = videos.shape[:2]
         temporal = sorted({layer % self.num_layers for layer in layers})
         spatial = sorted({layer % self.num_frame_layers for layer in frame_layers})
