@@ -38,7 +38,7 @@ def spread(model: torch.nn.Module) -> None:
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
 
 
-def save_pe_video(folder, num_frames: int | None = FRAMES):
+def save_pe_video(folder):
     config = transformers.PeVideoEncoderConfig(vision_config=TRUNK, **TEMPORAL)
     torch.manual_seed(0)
     model = transformers.PeVideoEncoder(config).eval()
@@ -46,8 +46,7 @@ def save_pe_video(folder, num_frames: int | None = FRAMES):
     model.save_pretrained(folder)
     fields = dict(size={"height": HEIGHT, "width": WIDTH}, image_mean=[0.5] * 3, image_std=[0.5] * 3, do_resize=True,
                   do_rescale=True, do_normalize=True)
-    transformers.PeVideoVideoProcessor(**fields, **({} if num_frames is None else {"num_frames": num_frames})
-                                       ).save_pretrained(folder)
+    transformers.PeVideoVideoProcessor(**fields, num_frames=FRAMES).save_pretrained(folder)
     return folder
 
 
@@ -190,13 +189,25 @@ def test_open_source_without_the_library_road_refuses_it_in_one_line(folder):
     assert "opens as transformers builds it" in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_a_video_processor_with_a_bad_frame_count_is_refused_in_one_line(tmp_path):
-    folder = save_pe_video(tmp_path)
+def test_a_video_processor_with_a_bad_frame_count_is_refused_in_one_line(folder, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(folder, tmp_path / "copy")
     path = folder / "video_preprocessor_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "num_frames": 0}))
     with pytest.raises(CheckpointError, match="num_frames 0 is not a frame count") as refused:
         vit.load(folder, device="cpu")
     assert "\n" not in str(refused.value)
+
+
+def test_a_video_processor_without_a_frame_count_samples_16_frames_and_says_so(folder, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(folder, tmp_path / "copy")
+    path = folder / "video_preprocessor_config.json"
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "num_frames"}))
+    checkpoint = vit.load(folder, device="cpu")
+    assert checkpoint.model.num_frames == 16 and "16 frames" in checkpoint.metadata["preprocessing_guessed"]
 
 
 def test_an_image_is_refused_in_one_line(checkpoint):
