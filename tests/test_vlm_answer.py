@@ -171,6 +171,24 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind == "mllama":  # Llama 3.2 Vision: a tower no port reads (its config declares it), 32-px tiles of 4 x 4
+        # patches and a CLS each, up to 4 tiles of the canvas (no global image), read by the language model's
+        # cross-attention layers (1 and 3 of 4), one <|image|> placeholder in the sequence
+        words = tokenizer(["<|image|>", "<|python_tag|>"], bos="<|begin_of_text|>")
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=len(words) + 1, max_position_embeddings=256,
+                    cross_attention_layers=[1, 3], eos_token_id=1, pad_token_id=1,
+                    bos_token_id=words.convert_tokens_to_ids("<|begin_of_text|>"))
+        vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_global_layers=1,
+                      attention_heads=2, image_size=32, patch_size=8, max_num_tiles=4, vision_output_dim=64,
+                      intermediate_layers_indices=[0],
+                      supported_aspect_ratios=[[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]])
+        config = transformers.MllamaConfig(vision_config=vision, text_config=text,
+                                           image_token_index=words.convert_tokens_to_ids("<|image|>"))
+        images = transformers.MllamaImageProcessor(size={"height": 32, "width": 32}, max_image_tiles=4)
+        return (transformers.MllamaForConditionalGeneration(config),
+                transformers.MllamaProcessor(image_processor=images, tokenizer=words,
+                                             chat_template=TEMPLATE.replace("IMAGE", "<|image|>")))
     if kind.startswith("llama4"):  # Llama 4: a tower no port reads (its config declares it), 32-px tiles of 4 x 4
         # patches, each pixel-shuffled 2 x 2 into 2 x 2 image tokens (its CLS dropped), a language model of experts
         # every other layer, chunked attention and NoPE layers; "llama4" reads one tile, "llama4_tiles" cuts an
@@ -700,7 +718,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
                                        r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, "
-                                       r"llama4$"):
+                                       r"llama4, mllama$"):
         vit.open_vlm(tmp_path)
 
 

@@ -800,6 +800,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from vit.checkpoint import CheckpointError
     from vit.core.images import ImageError, open_image
     from vit.explain.language.vlm_answer import generate_answer, prepare
+    from vit.explain.language.vlm_attention import cross_attending
     from vit.sources.vlm.whole_vlm import open_whole_vlm
 
     for flag, value in (("--labels", args.labels), ("--template", args.template), ("--ablate", args.ablate),
@@ -813,6 +814,11 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.lm_method and not args.save_maps:
         raise UsageError("--lm-method chooses the maps --save-maps writes; add --save-maps DIR")
     methods = tuple(dict.fromkeys(args.lm_method or DEFAULT_ANSWER_MAPS))
+    if cross_attending(vlm.language_model):  # Llama 3.2 Vision: no image tokens in its sequence, its attention alone
+        if set(methods) - {"attention", "lens"} and args.lm_method:
+            raise UsageError(f"{vlm.model_type} reads the image through cross-attention layers: --lm-method attention "
+                             "or lens")
+        methods = tuple(m for m in methods if m in ("attention", "lens"))
     if "attnlrp" in methods and args.save_maps:
         from vit.explain.language.vlm_attnlrp import check_rules
 

@@ -661,4 +661,5 @@ VLM_ARCHITECTURES = {
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "llama4": "Llama4ForConditionalGeneration",
+    "mllama": "MllamaForConditionalGeneration",
 }

@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from vit.core.progress import Progress, Stop
-from vit.explain.language.vlm_attention import attention_layers, recording
+from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
 from vit.explain.language.vlm_layouts import (
     CLIP_FAMILIES,
     MAX_CLIP_FRAMES,
@@ -84,6 +84,9 @@ class _Recorder:
     # [layer] the window its cache keeps (``cache_windows``), for a model whose attention is not told of it (Llama 4's
     # chunked layers); None: every layer's attention is told (``sliding_window``) or keeps every key
     windows: list[int | None] | None = None
+    # the layers whose keys are the tower's states, not the sequence's (Llama 3.2 Vision's cross-attention): each call
+    # reads every key, its mask over them (the tiles the text may see)
+    cross: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -97,7 +100,7 @@ class _Recorder:
         The call's keys (B, Hkv, kv, d) are the cache's as its ``update`` returned them, key ``j`` at position
         ``start + j``: a growing cache's every key (``start`` 0), a sliding one's last ``kv`` (``start`` = positions
         read - kv), a static one's whole buffer, whose places past the query are the future, masked."""
-        seen = (self.seen[layer][-1] if self.seen[layer] else 0) + query.shape[-2]
+        seen = key.shape[-2] if self.cross else (self.seen[layer][-1] if self.seen[layer] else 0) + query.shape[-2]
         start = max(seen - key.shape[-2], 0)
         self.queries[layer].append(query[0, :, -1].detach().float().cpu())
         self.seen[layer].append(seen)
@@ -304,6 +307,14 @@ class VLMAnswer:
                              f"{'s' if len(self.layouts) > 1 else ''}, numbered 0 to {len(self.layouts) - 1}")
         return self.layouts[image]
 
+    def _in_sequence(self, what: str) -> None:
+        """ValueError (one line) for a map that reads the image's tokens in the language model's sequence, asked of
+        a model that reads the image through cross-attention layers (``vlm_attention.cross_attending``)."""
+        if cross_attending(self._model()[0].language_model):
+            raise ValueError(f"{what} reads the image's tokens in the language model's sequence, and this model reads "
+                             "the image through its cross-attention layers instead: ask its attention, or captum's "
+                             "segments")
+
     def _one_image(self, what: str) -> None:
         if self.clip:
             raise ValueError(f"{what} is drawn for a question about one image; this one is about a clip: use "
@@ -357,6 +368,7 @@ class VLMAnswer:
         channels (``layer`` None: the rules run through every layer; ``vit.explain.language.vlm_attnlrp``, counted first
         by ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's first
         ``i`` tokens. ``overview``: as ``attention``'s."""
+        self._in_sequence("gradient x attention and AttnLRP")
         if method not in RELEVANCE_METHODS:
             raise ValueError(f"method must be one of {', '.join(RELEVANCE_METHODS)}, got {method!r}")
         if method == "attnlrp":
@@ -375,6 +387,7 @@ class VLMAnswer:
         """(len(layers), lead + N): answer token ``i``'s gradient x attention over ``image``'s tokens for each of
         ``layers`` (an int: that layer's row; None: the rollout), all from one forward and backward (``relevance``'s,
         counted first)."""
+        self._in_sequence("gradient x attention")
         from vit.explain.language.vlm_relevance import relevances
 
         positions = self._image(image).positions
@@ -401,6 +414,7 @@ class VLMAnswer:
         predicted it, with the image tokens that cover ``box`` = ``(top, left, bottom, right)`` patches of the map's
         grid (``overview``: the overview's; ``image``: of the question's ``image``-th image) ablated (``how``: "zero",
         or "mean" of the image's tokens) and without; two forwards of transformers' model (counted first)."""
+        self._in_sequence("a region's ablation")
         from vit.explain.language.vlm_lens import ablate, region_tokens
 
         vlm, prepared = self._model()
@@ -427,6 +441,7 @@ class VLMAnswer:
     def ablate_image(self, i: int, image: int, how: str = "zero"):
         """``ablate`` of every image token of the question's ``image``-th image: what that image does to answer token
         ``i`` (a question about several images)."""
+        self._in_sequence("an image's ablation")
         from vit.explain.language.vlm_lens import ablate
 
         layout = self._image(image)
@@ -445,6 +460,7 @@ class VLMAnswer:
         Gaussian filter, each patch holding its image token's value. One forward of the model over the prompt and
         the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.language.vlm_tam``,
         where the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
+        self._in_sequence("TAM")
         from vit.explain.language.vlm_tam import on_layout
 
         self._one_image("TAM")
@@ -455,6 +471,7 @@ class VLMAnswer:
         """(lead + N,) float32: answer token ``i``'s TAM over the image tokens before the rank Gaussian filter (which
         ``tam`` applies on a view's grid): one forward, counted first
         (``vit.explain.language.vlm_tam.image_values``)."""
+        self._in_sequence("TAM")
         from vit.explain.language.vlm_tam import image_values
 
         vlm, prepared = self._model()
@@ -591,7 +608,7 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     decoder_layers = [n for n, _ in attending]
     recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
                          prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=decoder_layers,
-                         windows=cache_windows(vlm, decoder_layers))
+                         windows=cache_windows(vlm, decoder_layers), cross=cross_attending(vlm.language_model))
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,

@@ -14,7 +14,7 @@ from vit.core import recording_attention
 from vit.core.recording_attention import _RECORDING, ROWS, RULES, route_attention
 
 __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording",
-           "attention_layers", "linear_layers"]
+           "attention_layers", "cross_attending", "linear_layers"]
 
 
 def use_recording_attention(vlm) -> None:
@@ -39,11 +39,22 @@ def image_token_id(config) -> int | None:
 
 
 def attention_layers(language_model) -> list[tuple[int, object]]:
-    """``(decoder layer, its attention module)`` of each decoder layer that attends (``self_attn``), in order: the
-    answer's layer ``k`` is the ``k``-th of them, as transformers' ``output_attentions`` numbers them. A hybrid
-    model's linear-attention layers (Qwen3.5's gated delta rule) hold a recurrent state, not an attention over the
-    tokens, and are not among them."""
+    """``(decoder layer, its attention module)`` of each decoder layer that attends to the image, in order: the
+    answer's layer ``k`` is the ``k``-th of them. Where the image's tokens are in the sequence, every layer that
+    attends (``self_attn``), as transformers' ``output_attentions`` numbers them; a hybrid model's linear-attention
+    layers (Qwen3.5's gated delta rule) hold a recurrent state, not an attention over the tokens, and are not among
+    them. Where the language model reads the image through cross-attention layers (Llama 3.2 Vision's ``cross_attn``
+    over the tower's states, ``cross_attending``), those layers alone: its self-attention sees one placeholder
+    token of the image."""
+    if cross_attending(language_model):
+        return [(n, layer.cross_attn) for n, layer in enumerate(language_model.layers) if hasattr(layer, "cross_attn")]
     return [(n, layer.self_attn) for n, layer in enumerate(language_model.layers) if hasattr(layer, "self_attn")]
+
+
+def cross_attending(language_model) -> bool:
+    """Whether the language model reads the image through cross-attention layers (``cross_attn``: Llama 3.2
+    Vision's), not through image tokens in its sequence."""
+    return any(hasattr(layer, "cross_attn") for layer in language_model.layers)
 
 
 def linear_layers(language_model) -> list[str]:

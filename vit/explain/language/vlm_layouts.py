@@ -149,6 +149,32 @@ def _llama4_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
     return _tiles_then_overview(vlm, pixels, positions, rows, cols)
 
 
+def _mllama_tiles(vlm, inputs) -> ImageLayout:
+    """Llama 3.2 Vision's tiles (``MllamaImageProcessor``): the image resized into the canvas of tiles its
+    ``aspect_ratio_ids`` name (transformers' ``get_all_supported_aspect_ratios`` order, from 1) and padded to fill
+    it, cut row-major, no overview. The language model reads them through its cross-attention layers
+    (``vlm_attention.cross_attending``): a row is over the tower's states, each tile's CLS then its patches
+    row-major (``MllamaVisionModel``: its padding dropped), the tiles past the canvas masked. ``positions`` are those
+    states' places in the row."""
+    from transformers.models.mllama.image_processing_mllama import get_all_supported_aspect_ratios
+
+    pixels = inputs["pixel_values"]  # (1, images, tiles, C, h, w)
+    if pixels.shape[1] != 1:
+        raise ValueError("Llama 3.2 Vision is asked about one image here; ask about one")
+    images = vlm.processor.image_processor
+    rows, cols = get_all_supported_aspect_ratios(int(images.max_image_tiles))[int(inputs["aspect_ratio_ids"][0, 0]) - 1]
+    ph, pw = vlm.patch_hw
+    grid = (pixels.shape[-2] // ph, pixels.shape[-1] // pw)
+    per = grid[0] * grid[1] + 1  # a tile's states: its CLS, then its patches
+    r = torch.arange(rows * grid[0])[:, None]
+    c = torch.arange(cols * grid[1])[None, :]
+    tile = (r // grid[0]) * cols + c // grid[1]
+    index = tile * per + 1 + (r % grid[0]) * grid[1] + c % grid[1]
+    seen = seen_pixels(vlm, pixels[0, 0, :rows * cols])
+    return ImageLayout(torch.arange(pixels.shape[2] * per), (rows * grid[0], cols * grid[1]), 1, 0, index,
+                       rows * cols, grid, None, _canvas(seen, rows, cols))
+
+
 def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int) -> ImageLayout:
     """``rows x cols`` tiles in ``pixels`` row-major, the whole image resized to one tile after them (InternVL's
     thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order."""
@@ -248,6 +274,8 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
     (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
     (several images, another family's tiles)."""
+    if vlm.model_type == "mllama":  # read through cross-attention: its rows are over the tower's states
+        return _mllama_tiles(vlm, inputs)
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     if "image_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])

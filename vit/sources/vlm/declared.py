@@ -73,6 +73,8 @@ DECLARED_TOWERS = {
     # ``Llama4VisionPixelShuffleMLP``), its CLS dropped before the projector
     "llama4_vision_model": (("num_hidden_layers", "num_attention_heads", "num_channels"),
                             ("vision", "pixel_shuffle_ratio")),
+    # Llama 3.2 Vision's tower: each patch its state, read by the language model's cross-attention layers
+    "mllama_vision_model": (("num_hidden_layers", "attention_heads", "num_channels"), ("vision", "spatial_merge_size")),
 }
 # The merge units declared as the share of each side kept (a ratio r: 1 / r patches a token along each side)
 RATIOS = ("pixel_shuffle_ratio",)

@@ -1,0 +1,127 @@
+"""Llama 3.2 Vision answers (issue 92, item 1): a language model that reads the image through cross-attention layers
+(``MllamaForConditionalGeneration``: its self-attention sees one ``<|image|>`` placeholder, its ``cross_attn`` layers
+the tower's states, each tile's CLS then its patches). Each answer token's map at a cross-attention layer is the row
+transformers' eager ``generate(output_attentions=True)`` returns at that layer, over the tower's states, placed on
+the tiles' canvas where the processor cut each tile (read off the pixels the tower read, not from our layout); the
+maps that read the image's tokens in the sequence are refused in one line.
+
+The model is ``test_vlm_answer``'s tiny random one (``_build("mllama")``), saved whole with its processor."""
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_vlm_answer import (  # noqa: E402
+    NEW_TOKENS,
+    QUESTION,
+    _differs,
+    eager_generate,
+    picture,
+    quadrant_places,
+    quadrants,
+    saved_whole,
+)
+
+import vit  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+ATOL = 1e-5
+CROSS_LAYERS = (1, 3)  # the decoder layers that cross-attend (the config's cross_attention_layers)
+SIDE, CELLS = 32, 4  # a tile's pixels, patches per side
+PER_TILE = CELLS * CELLS + 1  # a tile's states: its CLS, then its patches
+
+
+@pytest.fixture(scope="module")
+def mllama(tmp_path_factory):
+    return saved_whole(tmp_path_factory, ["mllama"])["mllama"]
+
+
+def expected_map(row: np.ndarray, places: list[tuple[int, int]], rows: int, cols: int) -> np.ndarray:
+    """The row over the tower's states written by hand onto the canvas: tile ``k``'s patches (after its CLS) at the
+    canvas place its pixels came from."""
+    canvas = np.zeros((rows * CELLS, cols * CELLS), dtype=np.float32)
+    for k, (r, c) in enumerate(places):
+        patches = row[k * PER_TILE + 1:(k + 1) * PER_TILE].reshape(CELLS, CELLS)
+        canvas[r * CELLS:(r + 1) * CELLS, c * CELLS:(c + 1) * CELLS] = patches
+    return canvas
+
+
+@pytest.mark.parametrize(("width", "height", "places"), [(80, 80, [(0, 0), (0, 1), (1, 0), (1, 1)]),
+                                                         (100, 50, [(0, 0), (0, 1)])])
+def test_each_tokens_map_is_the_eager_cross_attention_row_placed_on_the_tiles(mllama, width, height, places):
+    """Every answer token, every cross-attention layer and head: the eager row over the tower's states, each tile's
+    patches where the processor cut it (a wide image's two tiles side by side, not stacked); the tokens are
+    generate's; the row's share on the image is its whole (the tiles past the canvas masked)."""
+    image = quadrants(width, height)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, _ = eager_generate(mllama, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    found = quadrant_places(inputs["pixel_values"][0, 0, :len(places)])
+    rows, cols = max(p[0] for p in places) + 1, max(p[1] for p in places) + 1
+    assert found == places and answer.grid == (rows * CELLS, cols * CELLS) and answer.layers == len(CROSS_LAYERS)
+    for i in range(NEW_TOKENS):
+        for k, layer in enumerate(CROSS_LAYERS):
+            heads = out.attentions[i][layer][0, :, -1].numpy()  # (H, tiles x 17): the tower's states
+            np.testing.assert_allclose(answer.image_rows(i, k).numpy(), heads, rtol=0, atol=ATOL)
+            for head in (*range(heads.shape[0]), None):
+                row = heads.mean(0) if head is None else heads[head]
+                np.testing.assert_allclose(answer.attention(i, k, head), expected_map(row, found, rows, cols),
+                                           rtol=0, atol=ATOL)
+            assert answer.image_share(i, k) == pytest.approx(1.0, abs=1e-5)
+    row = out.attentions[1][CROSS_LAYERS[-1]][0, :, -1].numpy().mean(0)
+    swapped = [found[1], found[0], *found[2:]]  # the first two tiles in each other's place: another map
+    assert _differs(answer.attention(1, -1), expected_map(row, swapped, rows, cols))
+
+
+def test_the_map_is_drawn_over_the_tiles_canvas_the_tower_read(mllama):
+    """The canvas's pixels are the processor's tiles side by side, its normalisation undone."""
+    answer = vit.ask_vlm(vit.open_vlm(mllama), quadrants(100, 50), QUESTION, max_new_tokens=1)
+    processor = transformers.AutoProcessor.from_pretrained(mllama).image_processor
+    tiles = processor(images=[[quadrants(100, 50)]], return_tensors="pt")["pixel_values"][0, 0, :2]
+    mean, std = torch.tensor(processor.image_mean)[:, None, None], torch.tensor(processor.image_std)[:, None, None]
+    pixels = ((tiles * std + mean) / processor.rescale_factor).round().clamp(0, 255).byte()
+    canvas = torch.cat(list(pixels), dim=-1).permute(1, 2, 0).numpy()  # (32, 64, 3): left tile, right tile
+    assert np.array_equal(answer.layouts[0].pixels, canvas)
+
+
+@pytest.mark.parametrize(("call", "what"), [
+    (lambda a: a.relevance(0, -1), "gradient x attention and AttnLRP"),
+    (lambda a: a.tam(0), "TAM"),
+    (lambda a: a.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
+])
+def test_the_maps_that_read_image_tokens_in_the_sequence_are_refused_in_one_line(mllama, call, what):
+    answer = vit.ask_vlm(vit.open_vlm(mllama), picture(), QUESTION, max_new_tokens=2)
+    with pytest.raises(ValueError, match=rf"^{what} reads the image's tokens in the language model's sequence, and "
+                                         r"this model reads the image through its cross-attention layers instead: "
+                                         r"ask its attention, or captum's segments$"):
+        call(answer)
+
+
+def test_several_images_are_refused_in_one_line(mllama):
+    with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not "
+                                         r"placed per image yet; ask about one image"):
+        vit.ask_vlm(vit.open_vlm(mllama), [picture(), picture(40, 30)], QUESTION, max_new_tokens=1)
+
+
+def test_predict_ask_writes_the_cross_attention_maps_and_refuses_the_others_before_answering(mllama, tmp_path, capsys):
+    """``vit-predict --ask --save-maps`` writes each token's attention at every cross-attention layer and head (its
+    default TAM left out: no image tokens in the sequence), the API's; another ``--lm-method`` is refused in one
+    line before any answer."""
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    assert main([str(mllama), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "3",
+                 "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    saved = np.load(tmp_path / "maps" / "photo.npz")
+    assert "tam" not in saved.files and saved["attention"].shape[:3] == (3, len(CROSS_LAYERS), 4)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), picture(), QUESTION, max_new_tokens=3)
+    np.testing.assert_allclose(saved["attention"][2, 1, 3], answer.attention(2, 1, 3), rtol=0, atol=1e-6)
+    capsys.readouterr()
+    assert main([str(mllama), str(tmp_path / "photo.png"), "--ask", QUESTION, "--save-maps", str(tmp_path / "m2"),
+                 "--lm-method", "tam", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("mllama reads the image through cross-attention layers: --lm-method attention or lens")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "m2" / "photo.npz").exists()
