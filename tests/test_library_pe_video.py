@@ -402,3 +402,13 @@ def test_vit_predict_on_pe_video_says_in_one_line_to_draw_its_maps_with_vit_expl
     said = capsys.readouterr()
     message = (said.err or said.out).strip()
     assert "no classifier" in message and "vit.explain" in message and "\n" not in message
+
+
+def test_vit_explain_checks_its_settings_before_any_frame_is_decoded(checkpoint, monkeypatch):
+    import vit.core.clips
+
+    monkeypatch.setattr(vit.core.clips, "read_clip", lambda *a, **k: pytest.fail("decoded before the check"))
+    with pytest.raises(ValueError, match="its temporal encoder has 2 layers"):
+        vit.explain(checkpoint, "clip.mp4", "temporal", layer=7)
+    with pytest.raises(ValueError, match=r"not one of the 4 tokens"):  # the CLS and the 3 frames it samples
+        vit.explain(checkpoint, "clip.mp4", "temporal", query=4)

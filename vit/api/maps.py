@@ -186,10 +186,10 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     ``vit.explain.views.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated
     over its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms,
     its CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
-    block). PE video (opened as transformers builds it) takes a clip too: attention (a trunk layer's, within each
-    frame: ``query`` a frame's token, 0 its CLS, or ``(frame, row, col)``) or temporal (a temporal layer's, over the
-    CLS (``query`` 0) and one token a frame (``1 + f``)), ``vit.explain.views.video.explain_library_clip``. The
-    other methods are refused in one line saying why. """
+    block). PE video (opened as transformers builds it) takes a clip too: attention and rollout (its trunk's, within
+    each frame: ``query`` a frame's token, 0 its CLS, or ``(frame, row, col)``), probe (each frame's pooling head) or
+    temporal (a temporal layer's, over the CLS (``query`` 0) and one token a frame (``1 + f``)),
+    ``vit.explain.views.video.explain_library_clip``. The other methods are refused in one line saying why. """
     if getattr(checkpoint, "road", "port") == "library":  # transformers' own model, its attention recorded
         return _explain_library(checkpoint, image, method, target, layer, head, query, size, max_tokens, options)
     if video.is_video(checkpoint):
@@ -349,6 +349,7 @@ def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head
     if isinstance(clip, Image.Image):
         raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
                          "or a list of PIL images")
+    video.check_library_clip_settings(checkpoint, method, layer, head, query)  # before the clip is decoded
     frames = read_clip(clip, checkpoint.model.num_frames, getattr(checkpoint.model, "samples_ends", False)).frames
     return video.explain_library_clip(checkpoint, frames, method, layer, head, query)
 

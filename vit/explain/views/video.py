@@ -605,29 +605,12 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
     no query). ``head`` None: the heads' mean; ``heads`` holds each head's map. ValueError (one
     line) for another method or a setting out of range."""
     model = checkpoint.model
-    if method not in LIBRARY_CLIP_KINDS:
-        raise ValueError(f"{MAP_KINDS.get(method, method).split(' (')[0]} is not drawn for this video model opened as "
-                         f"its library builds it; choose one of: {', '.join(LIBRARY_CLIP_KINDS)}")
-    temporal = method == "temporal"
-    L, H = (model.num_layers, model.num_heads) if temporal else (model.num_frame_layers, model.frames.num_heads)
-    if method == "probe":
-        if layer is not None or query is not None:
-            raise ValueError("probe is each frame's attention-pooling head: it reads head alone")
-        if model.pool is None:
-            raise ValueError("its frames' trunk has no attention-pooling head; choose attention or temporal")
-        H = model.pool.num_heads
+    layer, asked, H = check_library_clip_settings(checkpoint, method, layer, head, query, len(frames))
     (gh, gw), prefix, count = model.layout.grid, model.layout.num_prefix_tokens, len(frames)
-    for name, value, n in (("layer", layer, L), ("head", head, H)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n):
-            raise ValueError(f"{name} {str(value)[:40]} is out of range: "
-                             f"{'its temporal encoder' if temporal else 'its frames trunk'} has {n} {name}s")
-    asked = _library_query(query, temporal, count, (gh, gw), prefix)
+    temporal = method == "temporal"
     token = asked if isinstance(asked, int) else prefix + asked[1] * gw + asked[2]
-    layer = (-1 if layer is None else layer) % L
     pixels = clip_pixels(frames, checkpoint.preprocessing).to(next(model.parameters()).device)
     if method == "rollout":
-        if head is not None:
-            raise ValueError("rollout averages every head; leave head out")
         recorded = model.record(pixels, frame_layers=range(layer + 1))
         B, F = pixels.shape[:2]
         rolled = rollout([recorded.spatial[i].flatten(0, 1) for i in range(layer + 1)],
@@ -645,6 +628,35 @@ def explain_library_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], 
     return ClipExplanation(method, drawn.float().cpu().numpy(), list(frames),
                            [seen_region(f, checkpoint.preprocessing) for f in frames], (count, gh, gw), token, None,
                            None if heads is None else heads.float().cpu().numpy())
+
+
+def check_library_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, head: int | None,
+                                query: int | Sequence[int] | None, count: int | None = None
+                                ) -> tuple[int, int | tuple[int, int, int], int]:
+    """``explain_library_clip``'s settings checked for a clip of ``count`` frames (default the model's
+    ``num_frames``, as a clip is sampled), before any frame is decoded: the layer (default the last, as an index
+    from 0), the query (a token, or a frame's patch) and the heads its map reads. ValueError (one line)."""
+    model = checkpoint.model
+    count = model.num_frames if count is None else count
+    if method not in LIBRARY_CLIP_KINDS:
+        raise ValueError(f"{MAP_KINDS.get(method, method).split(' (')[0]} is not drawn for this video model opened as "
+                         f"its library builds it; choose one of: {', '.join(LIBRARY_CLIP_KINDS)}")
+    temporal = method == "temporal"
+    L, H = (model.num_layers, model.num_heads) if temporal else (model.num_frame_layers, model.frames.num_heads)
+    if method == "probe":
+        if layer is not None or query is not None:
+            raise ValueError("probe is each frame's attention-pooling head: it reads head alone")
+        if model.pool is None:
+            raise ValueError("its frames' trunk has no attention-pooling head; choose attention, rollout or temporal")
+        H = model.pool.num_heads
+    if method == "rollout" and head is not None:
+        raise ValueError("rollout averages every head; leave head out")
+    for name, value, n in (("layer", layer, L), ("head", head, H)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n):
+            raise ValueError(f"{name} {str(value)[:40]} is out of range: "
+                             f"{'its temporal encoder' if temporal else 'its frames trunk'} has {n} {name}s")
+    asked = _library_query(query, temporal, count, model.layout.grid, model.layout.num_prefix_tokens)
+    return (-1 if layer is None else layer) % L, asked, H
 
 
 def _library_query(query: int | Sequence[int] | None, temporal: bool, count: int, grid: tuple[int, int],
