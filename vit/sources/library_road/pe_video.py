@@ -13,7 +13,8 @@ libraries build them; their attention is recorded where each library lets it be:
   its ``attn_drop`` receives (``timm_models``), over every frame of the clip at once (the trunk runs on the clip's
   frames as one batch).
 
-Where the tokens sit: the temporal layers' token 0 is the CLS and token ``1 + f`` frame ``f`` (the whole frame); the
+Where the tokens sit: the temporal layers' token 0 is the CLS and token ``1 + f`` frame ``f`` (the whole frame; a
+convolution over time of width 3, ``PeVideoResnetBlock1d``, mixes its neighbours into it before the first layer); the
 trunk's are a frame's ``num_prefix_tokens`` (PE-Core's CLS) then its patch grid row-major (``LibraryLayout``, read
 off the trunk's patch embedding, as timm's library road reads it). ``ClipAttention.placed`` lays either on the
 frames' grids, ``(frames, rows, cols)``.
