@@ -171,6 +171,23 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind == "florence2":  # Florence-2: a DaViT tower no port reads (its config declares it), four stages of
+        # strides 4, 2, 2, 2 (a 128-px image: a 4 x 4 grid), its projector's grid mean first; BART's encoder reads the
+        # image's tokens and the question, its decoder writes the answer, cross-attending to them; no chat template
+        words = tokenizer(["<image>", "<s>"], named={"image_token": "<image>"}, bos="<s>")
+        start = words.convert_tokens_to_ids("<s>")
+        text = dict(model_type="bart", vocab_size=len(words), d_model=32, encoder_layers=2, decoder_layers=2,
+                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                    max_position_embeddings=256, bos_token_id=start, eos_token_id=1, pad_token_id=1,
+                    decoder_start_token_id=start, forced_eos_token_id=None)
+        vision = dict(depths=[1, 1, 1, 1], embed_dim=[8, 16, 16, 32], num_heads=[1, 2, 2, 4], num_groups=[1, 2, 2, 4],
+                      window_size=2, projection_dim=32, max_position_embeddings=8, max_temporal_embeddings=4)
+        config = transformers.Florence2Config(vision_config=vision, text_config=text,
+                                              image_token_id=words.convert_tokens_to_ids("<image>"))
+        images = transformers.CLIPImageProcessor(size={"height": 128, "width": 128}, do_center_crop=False)
+        images.image_seq_length = 1 + 4 * 4
+        return (transformers.Florence2ForConditionalGeneration(config),
+                transformers.Florence2Processor(image_processor=images, tokenizer=words))
     if kind == "mllama":  # Llama 3.2 Vision: a tower no port reads (its config declares it), 32-px tiles of 4 x 4
         # patches and a CLS each, up to 4 tiles of the canvas (no global image), read by the language model's
         # cross-attention layers (1 and 3 of 4), one <|image|> placeholder in the sequence
@@ -718,7 +735,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
                                        r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, "
-                                       r"llama4, mllama$"):
+                                       r"llama4, mllama, florence2$"):
         vit.open_vlm(tmp_path)
 
 

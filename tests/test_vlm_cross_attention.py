@@ -91,12 +91,13 @@ def test_the_map_is_drawn_over_the_tiles_canvas_the_tower_read(mllama):
     (lambda a: a.relevance(0, -1), "gradient x attention and AttnLRP"),
     (lambda a: a.tam(0), "TAM"),
     (lambda a: a.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
+    (lambda a: a.segments(grid=(2, 2)), "captum's segment attribution"),
 ])
 def test_the_maps_that_read_image_tokens_in_the_sequence_are_refused_in_one_line(mllama, call, what):
     answer = vit.ask_vlm(vit.open_vlm(mllama), picture(), QUESTION, max_new_tokens=2)
     with pytest.raises(ValueError, match=rf"^{what} reads the image's tokens in the language model's sequence, and "
                                          r"this model reads the image through its cross-attention layers instead: "
-                                         r"ask its attention, or captum's segments$"):
+                                         r"ask its attention$"):
         call(answer)
 
 
@@ -125,3 +126,54 @@ def test_predict_ask_writes_the_cross_attention_maps_and_refuses_the_others_befo
     err = capsys.readouterr().err.strip()
     assert err.endswith("mllama reads the image through cross-attention layers: --lm-method attention or lens")
     assert len(err.splitlines()) == 1 and not (tmp_path / "m2" / "photo.npz").exists()
+
+
+@pytest.fixture(scope="module")
+def florence2(tmp_path_factory):
+    return saved_whole(tmp_path_factory, ["florence2"])["florence2"]
+
+
+def florence_eager(folder, image):
+    """transformers alone: Florence-2's eager model, its processor's inputs for ``image`` and the question (the
+    processor lays out the image's tokens itself), greedy ``generate`` with every step's attentions."""
+    model = transformers.Florence2ForConditionalGeneration.from_pretrained(folder, attn_implementation="eager")
+    inputs = transformers.AutoProcessor.from_pretrained(folder)(images=[image], text=QUESTION, return_tensors="pt")
+    with torch.no_grad():
+        out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
+                                    return_dict_in_generate=True)
+    return out, inputs, model.config.image_token_id
+
+
+def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(florence2):
+    """Florence-2 (an encoder-decoder): the answer is generate's decoder tokens after its start token; each token's
+    map at each decoder layer and head is the eager cross-attention row over the encoder's image tokens: the grid's
+    mean first (it covers no patch), then the 4 x 4 grid row-major (transposed would be another map); drawn over the
+    pixels the processor prepared."""
+    from test_vlm_answer import by_hand
+
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(florence2), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = florence_eager(florence2, image)
+    assert list(answer.tokens) == out.sequences[0, 1:].tolist()  # after the decoder's start token
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert len(positions) == 17 and answer.grid == (4, 4) and answer.layers == 2
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            heads = out.cross_attentions[i][layer][0, :, -1, positions].numpy()  # (H, 1 + 16)
+            for head in (*range(heads.shape[0]), None):
+                row = heads.mean(0) if head is None else heads[head]
+                np.testing.assert_allclose(answer.attention(i, layer, head), by_hand(row, (4, 4), 1, 1),
+                                           rtol=0, atol=ATOL)
+    row = out.cross_attentions[2][1][0, :, -1, positions].numpy().mean(0)
+    assert _differs(answer.attention(2, 1), by_hand(row, (4, 4), 1, 1).T)
+    assert _differs(answer.attention(2, 1), by_hand(row, (4, 4), 1, 0)[:4, :4])  # the mean read as a patch
+    processor = transformers.AutoProcessor.from_pretrained(florence2).image_processor
+    mean, std = torch.tensor(processor.image_mean)[:, None, None], torch.tensor(processor.image_std)[:, None, None]
+    pixels = ((inputs["pixel_values"][0] * std + mean) / processor.rescale_factor).round().clamp(0, 255).byte()
+    assert np.array_equal(answer.layouts[0].pixels, pixels.permute(1, 2, 0).numpy())
+    with pytest.raises(ValueError, match=r"^the logit lens reads a decoder-only language model's stream, and this "
+                                         r"model's answer is written by an encoder-decoder's decoder: ask its "
+                                         r"attention$"):
+        answer.logit_lens(0)
+    with pytest.raises(ValueError, match=r"^TAM reads the image's tokens in the language model's sequence"):
+        answer.tam(0)

@@ -814,11 +814,12 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.lm_method and not args.save_maps:
         raise UsageError("--lm-method chooses the maps --save-maps writes; add --save-maps DIR")
     methods = tuple(dict.fromkeys(args.lm_method or DEFAULT_ANSWER_MAPS))
-    if cross_attending(vlm.language_model):  # Llama 3.2 Vision: no image tokens in its sequence, its attention alone
-        if set(methods) - {"attention", "lens"} and args.lm_method:
-            raise UsageError(f"{vlm.model_type} reads the image through cross-attention layers: --lm-method attention "
-                             "or lens")
-        methods = tuple(m for m in methods if m in ("attention", "lens"))
+    if cross_attending(vlm.language_model):  # Llama 3.2 Vision, Florence-2: no image tokens in the sequence
+        kept = ("attention",) if vlm.model.config.is_encoder_decoder else ("attention", "lens")
+        if set(methods) - set(kept) and args.lm_method:
+            raise UsageError(f"{vlm.model_type} reads the image through cross-attention layers: --lm-method "
+                             f"{' or '.join(kept)}")
+        methods = tuple(m for m in methods if m in kept)
     if "attnlrp" in methods and args.save_maps:
         from vit.explain.language.vlm_attnlrp import check_rules
 

@@ -662,4 +662,5 @@ VLM_ARCHITECTURES = {
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "llama4": "Llama4ForConditionalGeneration",
     "mllama": "MllamaForConditionalGeneration",
+    "florence2": "Florence2ForConditionalGeneration",
 }

@@ -131,6 +131,8 @@ class _Recorder:
         kept = self.keys[layer]
         if kept is None:
             decoder = layer if self.cache_layers is None else self.cache_layers[layer]
+            if self.cross:  # an encoder-decoder's cache keeps the encoder's keys apart (EncoderDecoderCache)
+                cache = getattr(cache, "cross_attention_cache", cache)
             keys = cache.layers[decoder].keys[0]  # (Hkv, keys, d)
             if start or keys.shape[-2] < seen:  # a window the attention was not told of (no sliding_window)
                 raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys from a sliding window, not the "
@@ -160,7 +162,7 @@ def _additive(mask_row: torch.Tensor) -> torch.Tensor:
 
 # model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
 # itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
-PROCESSOR_PROMPTS = frozenset({"paligemma"})
+PROCESSOR_PROMPTS = frozenset({"paligemma", "florence2"})
 
 
 def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str | None, prompt: str | None,
@@ -181,7 +183,8 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
     if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
-        text = processor.image_token * len(images) + question  # the processor adds the rest of its prompt
+        # the processor adds the rest of its prompt (Florence-2's its image tokens too, and its task prompts)
+        text = (processor.image_token * len(images) if vlm.model_type == "paligemma" else "") + question
     elif prompt is None:
         if not getattr(processor, "chat_template", None):
             raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
@@ -226,7 +229,9 @@ def text_shape(vlm):
     from vit.costs.plan import TextShape
 
     config = vlm.model.config.get_text_config()
-    heads = config.num_attention_heads
+    decoder = getattr(config, "is_encoder_decoder", False)  # Florence-2's BART: the decoder's cache and rows
+    heads = config.decoder_attention_heads if decoder else config.num_attention_heads
+    layers = config.decoder_layers if decoder else config.num_hidden_layers
     kinds, window = getattr(config, "layer_types", None) or (), getattr(config, "sliding_window", None)
     linear = sum(1 for kind in kinds if kind == "linear_attention")  # a hybrid's: a recurrent state, no KV cache
     windows = tuple(window if kind == "sliding_attention" else None for kind in kinds
@@ -237,10 +242,11 @@ def text_shape(vlm):
         value_heads, key_heads = config.linear_num_value_heads, config.linear_num_key_heads
         conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
         state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
-    return TextShape(layers=config.num_hidden_layers - linear, heads=heads, state_bytes=state,
+    return TextShape(layers=layers - linear, heads=heads, state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                     hidden=config.hidden_size, mlp=config.intermediate_size, vocab=config.vocab_size,
+                     hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else config.intermediate_size,
+                     vocab=config.vocab_size,
                      itemsize=next(vlm.model.parameters()).dtype.itemsize, windows=windows)
 
 
@@ -312,8 +318,7 @@ class VLMAnswer:
         a model that reads the image through cross-attention layers (``vlm_attention.cross_attending``)."""
         if cross_attending(self._model()[0].language_model):
             raise ValueError(f"{what} reads the image's tokens in the language model's sequence, and this model reads "
-                             "the image through its cross-attention layers instead: ask its attention, or captum's "
-                             "segments")
+                             "the image through its cross-attention layers instead: ask its attention")
 
     def _one_image(self, what: str) -> None:
         if self.clip:
@@ -400,6 +405,9 @@ class VLMAnswer:
         first decoder layer receives and from each of the language model's ``L`` decoder layers, through its final
         norm and head (the logit lens; the last entry is the model's own prediction): the first layer that "knows"
         the word (``vit.explain.language.vlm_lens``, counted first by ``vit.costs.plan.vlm_lens``)."""
+        if getattr(self._model()[0].model.config, "is_encoder_decoder", False):
+            raise ValueError("the logit lens reads a decoder-only language model's stream, and this model's answer is "
+                             "written by an encoder-decoder's decoder: ask its attention")
         from vit.explain.language.vlm_lens import logit_lens
 
         i = self._token(i)
@@ -429,6 +437,7 @@ class VLMAnswer:
         ``vit.segment``'s boolean masks), by feature ablation or Shapley value sampling (``method``), each segment
         made absent in the baseline colour and the image through the processor again; its forwards counted and
         bounded first."""
+        self._in_sequence("captum's segment attribution")
         from vit.explain.language.vlm_segments import segments
 
         self._one_image("captum's segment attribution")
@@ -483,8 +492,10 @@ class VLMAnswer:
         r = self._recorder
         rows = [t for layer in (*r.queries, *r.masks, *(k for k in r.keys if k is not None)) for t in layer
                 if t is not None]
-        cached = [t for layer in self._cache.layers for t in (getattr(layer, "keys", None),
-                                                              getattr(layer, "values", None)) if t is not None]
+        caches = [getattr(self._cache, name) for name in ("self_attention_cache", "cross_attention_cache")
+                  if hasattr(self._cache, name)] or [self._cache]  # an encoder-decoder's two
+        cached = [t for cache in caches for layer in cache.layers
+                  for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None]
         return (*rows, *cached)
 
     def __repr__(self) -> str:
@@ -603,7 +614,9 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     tokenizer = vlm.processor.tokenizer
     if progress is not None:
         progress(0, prepared.max_new_tokens)
-    steps = _Steps(prepared.prompt_tokens, prepared.max_new_tokens, tokenizer, progress, on_token)
+    # where the answer begins in generate's sequences: after the prompt, or an encoder-decoder's decoder start token
+    begins = 1 if getattr(vlm.model.config, "is_encoder_decoder", False) else prepared.prompt_tokens
+    steps = _Steps(begins, prepared.max_new_tokens, tokenizer, progress, on_token)
     attending = attention_layers(vlm.language_model)
     decoder_layers = [n for n, _ in attending]
     recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
@@ -613,7 +626,7 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
                                  do_sample=False, num_beams=1, return_dict_in_generate=True,
                                  stopping_criteria=StoppingCriteriaList([steps] if progress or on_token else []))
-    tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
+    tokens = tuple(int(t) for t in out.sequences[0, begins:])
     steps_kept = {len(q) for q in recorder.queries}
     if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
         raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")

@@ -47,14 +47,18 @@ def attention_layers(language_model) -> list[tuple[int, object]]:
     over the tower's states, ``cross_attending``), those layers alone: its self-attention sees one placeholder
     token of the image."""
     if cross_attending(language_model):
-        return [(n, layer.cross_attn) for n, layer in enumerate(language_model.layers) if hasattr(layer, "cross_attn")]
+        return [(n, getattr(layer, name)) for n, layer in enumerate(language_model.layers) for name in CROSS
+                if hasattr(layer, name)]
     return [(n, layer.self_attn) for n, layer in enumerate(language_model.layers) if hasattr(layer, "self_attn")]
 
 
 def cross_attending(language_model) -> bool:
-    """Whether the language model reads the image through cross-attention layers (``cross_attn``: Llama 3.2
-    Vision's), not through image tokens in its sequence."""
-    return any(hasattr(layer, "cross_attn") for layer in language_model.layers)
+    """Whether the language model reads the image through cross-attention layers (``CROSS``: Llama 3.2 Vision's,
+    the decoder's of an encoder-decoder such as Florence-2's BART), not through image tokens in its sequence."""
+    return any(hasattr(layer, name) for layer in language_model.layers for name in CROSS)
+
+
+CROSS = ("cross_attn", "encoder_attn")  # a decoder layer's attention to another sequence (the tower's, the encoder's)
 
 
 def linear_layers(language_model) -> list[str]:

@@ -63,11 +63,12 @@ class ImageLayout:
 
 def tower_lead(vlm) -> int:
     """Image tokens before the patches' units that cover no patch (``visual_lens.leading_rows``: LLaVA's "full"
-    strategy keeps CLIP's CLS); 0 for a declared tower (``declared.DeclaredTower``: its merger reads patches only)."""
+    strategy keeps CLIP's CLS); a declared tower's (``declared.DeclaredTower.lead``: Florence-2's grid mean, else 0:
+    its merger reads patches only)."""
     from vit.checkpoint import Checkpoint
     from vit.explain.methods.visual_lens import leading_rows
 
-    return leading_rows(vlm.tower.model) if isinstance(vlm.tower, Checkpoint) else 0
+    return leading_rows(vlm.tower.model) if isinstance(vlm.tower, Checkpoint) else vlm.tower.lead
 
 
 def _check_count(positions: torch.Tensor, expected: int, where: str) -> None:

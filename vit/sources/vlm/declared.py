@@ -51,6 +51,7 @@ class DeclaredTower:
     name: str  # the vision config's model_type
     unit: int  # patches per image token along each side (the merger's ``spatial_merge_size``)
     shape: object  # ``vit.costs.plan.LibraryShape``: layers, heads, widths, patch, channels
+    lead: int = 0  # image tokens before the patches' that cover no patch (Florence-2's mean of its grid)
 
 
 # The towers a declared config places, each with its config's names for (layers, heads, channels) and where its
@@ -86,6 +87,8 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
     from vit.costs.plan import LibraryShape
 
     vision = config_json.get("vision_config")
+    if isinstance(vision, Mapping) and vision.get("model_type") == "florence_vision":
+        return _davit(vision)
     if not isinstance(vision, Mapping) or vision.get("model_type") not in DECLARED_TOWERS:
         return None
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -111,6 +114,36 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
     shape = LibraryShape(size(layers), size(heads), size("hidden_size"), size("intermediate_size"), 0,
                          (patch, patch), size(channels))
     return DeclaredTower(str(vision["model_type"]), unit, shape)
+
+
+def _davit(vision: Mapping) -> DeclaredTower:
+    """Florence-2's DaViT tower (``Florence2VisionBackbone``): four stages of overlapping convolutional patch
+    embeddings, their strides' product the pixels a token of the last stage steps over, each stage's spatial and
+    channel blocks; its projector (``Florence2MultiModalProjector``) gives the grid's mean first, then each token of
+    the grid row-major. Its sizes, for the cost model, the widest stage's. ValueError (one line) for sizes that are
+    not lists of positive whole numbers."""
+    from transformers import Florence2VisionConfig
+
+    from vit.costs.plan import LibraryShape
+
+    default = Florence2VisionConfig()
+
+    def stages(name: str) -> list[int]:
+        value = vision.get(name, list(getattr(default, name)))
+        if not isinstance(value, list) or len(value) != 4 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 2**16 for v in value):
+            raise ValueError(f"its vision config's {name} is {str(value)[:40]}, not four positive whole numbers")
+        return value
+
+    stride = math.prod(stages("patch_stride"))
+    widths, heads = stages("embed_dim"), stages("num_heads")
+    ratio = vision.get("mlp_ratio", default.mlp_ratio)
+    if not _number(ratio) or not 0 < ratio <= 64:
+        raise ValueError(f"its vision config's mlp_ratio is {str(ratio)[:20]}, not a positive number")
+    channels = vision.get("in_channels", default.in_channels)
+    shape = LibraryShape(2 * sum(stages("depths")), max(heads), max(widths), int(max(widths) * ratio), 0,
+                         (stride, stride), channels if isinstance(channels, int) and 0 < channels <= 64 else 3)
+    return DeclaredTower("florence_vision", 1, shape, lead=1)
 
 
 def _unit(ratio: object) -> int:
@@ -367,5 +400,5 @@ def text_parameters(text) -> int:
 
     hidden, heads, vocab = size("hidden_size"), size("num_attention_heads"), size("vocab_size")
     kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", max(1, hidden // heads))
-    mlp, layers = size("intermediate_size"), size("num_hidden_layers")
+    mlp, layers = size("intermediate_size", getattr(text, "decoder_ffn_dim", None)), size("num_hidden_layers")
     return vocab * hidden + layers * (2 * hidden * head_dim * (heads + kv_heads) + 2 * hidden * mlp)

@@ -68,6 +68,8 @@ class VLM:
         ``layers[i].self_attn`` are what the answer's attention reads."""
         inner = getattr(self.model, "model", self.model)  # Llama 4's parts sit on the generating model itself
         stack = inner.text_model if self.model_type in TEXT_MODEL else inner.language_model
+        if getattr(stack.config, "is_encoder_decoder", False):  # Florence-2's BART: the decoder writes the answer
+            return stack.get_decoder()
         return getattr(stack, "model", stack)  # Llama 4's language model is a ...ForCausalLM around its stack
 
     @property
