@@ -171,6 +171,32 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind == "molmo2":  # Molmo 2: a tower no port reads (its config declares it), 32-px crops of 4 x 4 patches
+        # overlapping by a patch each side, each canvas patch read from one crop, pooled 2 x 2 into a token as
+        # image_token_pooling says; the whole image resized to one crop first (the overview), column tokens after
+        # each row
+        specials = ["<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<frame_start>", "<im_end>",
+                    "<frame_end>", "<im_low>"]
+        words = tokenizer(specials, named={"image_token": "<|image|>", "video_token": "<|video|>"}, bos="<s>")
+        ids = {token: words.convert_tokens_to_ids(token) for token in specials}
+        text = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=len(words),
+                    additional_vocab_size=4, num_hidden_layers=2, intermediate_size=48, max_position_embeddings=512)
+        vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=16, image_size=[32, 32], patch_size=8, num_position_embeddings=16)
+        adapter = dict(vision_feature_layer=[-1], hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=48, text_hidden_size=32)
+        config = transformers.Molmo2Config(
+            vision_config=vision, adapter_config=adapter, text_config=text, image_start_token_id=ids["<im_start>"],
+            low_res_image_start_token_id=ids["<low_res_im_start>"], image_end_token_id=ids["<im_end>"],
+            image_patch_id=ids["<im_patch>"], frame_start_token_id=ids["<frame_start>"],
+            frame_end_token_id=ids["<frame_end>"], eos_token_id=1)
+        square = {"height": 32, "width": 32}
+        processor = transformers.Molmo2Processor(
+            image_processor=transformers.Molmo2ImageProcessor(size=square, patch_size=8, max_crops=4,
+                                                              overlap_margins=[1, 1], pooling_size=[2, 2]),
+            video_processor=transformers.Molmo2VideoProcessor(patch_size=8, size=square), tokenizer=words,
+            chat_template=TEMPLATE.replace("IMAGE", "<|image|>"))
+        return transformers.Molmo2ForConditionalGeneration(config), processor
     if kind == "florence2":  # Florence-2: a DaViT tower no port reads (its config declares it), four stages of
         # strides 4, 2, 2, 2 (a 128-px image: a 4 x 4 grid), its projector's grid mean first; BART's encoder reads the
         # image's tokens and the question, its decoder writes the answer, cross-attending to them; no chat template
@@ -735,7 +761,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
                                        r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, "
-                                       r"llama4, mllama, florence2$"):
+                                       r"llama4, mllama, florence2, molmo2$"):
         vit.open_vlm(tmp_path)
 
 
@@ -1352,3 +1378,67 @@ def test_a_tower_no_port_reads_gives_the_pixels_its_one_view_was_read_as(answers
     error = np.abs(pixels - resized).mean()
     assert error < 12, error
     assert np.abs(pixels - resized[:, ::-1]).mean() > 3 * error + 5
+
+
+@pytest.fixture(scope="module")
+def molmo2(tmp_path_factory):
+    return saved_whole(tmp_path_factory, ["molmo2"])["molmo2"]
+
+
+def molmo2_tokens(folder, image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
+    """transformers alone: the canvas token over each canvas patch and the overview token over each overview patch,
+    from its image processor's own crop and pooling functions (``_build_overlapping_crops``, ``arange_for_pooling``):
+    each canvas patch's crop patch, and the pooling window that holds it."""
+    from transformers.models.molmo2.image_processing_molmo2 import arange_for_pooling
+
+    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    _, grid = images._build_overlapping_crops(
+        torch.zeros(1, 3, image.height, image.width), max_crops=images.max_crops,
+        overlap_margins=images.overlap_margins, crop_size=32, resample=images.resample, do_rescale=False,
+        rescale_factor=1.0, do_normalize=False, image_mean=images.image_mean, image_std=images.image_std,
+        image_patch_size=8)
+    pooled, _, _ = arange_for_pooling(grid, *images.pooling_size)
+    canvas = np.array([[next(k for k, window in enumerate(pooled.tolist()) if int(q) in window) for q in row]
+                       for row in grid])
+    overview, _, _ = arange_for_pooling(torch.arange(16).reshape(4, 4), *images.pooling_size)
+    windows = overview.tolist()
+    whole = np.array([[next(k for k, window in enumerate(windows) if q in window) for q in range(r * 4, r * 4 + 4)]
+                      for r in range(4)])
+    return canvas, whole
+
+
+@pytest.mark.parametrize(("width", "height"), [(90, 70), (100, 40)])
+def test_molmo2s_pooled_tokens_are_placed_where_its_crops_and_pooling_put_them(molmo2, width, height):
+    """Molmo 2: each canvas patch under the token whose pooling window holds the crop patch it was read from, the
+    overview's tokens (first in the prompt) over the whole image resized to one crop; every token's map at every
+    layer and head the eager row; the tokens generate's. Its canvas read column-major would be another map."""
+    image = picture(width, height)
+    answer = vit.ask_vlm(vit.open_vlm(molmo2), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(molmo2, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    canvas, whole = molmo2_tokens(molmo2, image)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    low = int(whole.max()) + 1
+    assert answer.grid == canvas.shape and len(positions) == low + int(canvas.max()) + 1
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            heads = eager_image_rows(out, i, layer, positions)
+            for head in (*range(heads.shape[0]), None):
+                row = heads.mean(0) if head is None else heads[head]
+                np.testing.assert_allclose(answer.attention(i, layer, head), row[low:][canvas], rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True), row[:low][whole],
+                                           rtol=0, atol=ATOL)
+    row = eager_image_rows(out, 1, 0, positions).mean(0)
+    assert _differs(answer.attention(1, 0), row[low:][canvas.T.reshape(canvas.shape)])
+    # drawn over the canvas the crops were cut from: the image as its processor resizes it there (its own function,
+    # without the normalisation), to the rounding of undoing the normalisation
+    from transformers.models.molmo2.image_processing_molmo2 import resize_and_normalize_image
+
+    images = transformers.AutoProcessor.from_pretrained(molmo2).image_processor
+    resized = resize_and_normalize_image(images, torch.from_numpy(np.asarray(image)).permute(2, 0, 1)[None],
+                                         [canvas.shape[0] * 8, canvas.shape[1] * 8], images.resample, False, 1.0,
+                                         False, images.image_mean, images.image_std)[0].permute(1, 2, 0).numpy()
+    assert np.abs(answer.layout.pixels.astype(int) - resized.astype(int)).max() <= 1
+    with pytest.raises(ValueError, match=r"^AttnLRP's pixels are not placed on Molmo 2's overlapping crops here; use "
+                                         r"gradxattn or tam$"):
+        answer.relevance(1, method="attnlrp")

@@ -663,4 +663,5 @@ VLM_ARCHITECTURES = {
     "llama4": "Llama4ForConditionalGeneration",
     "mllama": "MllamaForConditionalGeneration",
     "florence2": "Florence2ForConditionalGeneration",
+    "molmo2": "Molmo2ForConditionalGeneration",
 }

@@ -219,6 +219,8 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     first) as the overview; LLaVA-NeXT's and OneVision's crops on their canvas unpadded, the base image (the first)
     as the overview."""
     layout = prepared.layout
+    if vlm.model_type == "molmo2":  # (crops, patches, pixels): its crops overlap, their margins on no canvas patch
+        raise ValueError("AttnLRP's pixels are not placed on Molmo 2's overlapping crops here; use gradxattn or tam")
     if relevance.dim() == 2:  # Qwen-VL: (gh * gw, C x frames x patch x patch) in merge-unit order
         (gh, gw), m = layout.grid, layout.unit
         return relevance.sum(-1).reshape(gh // m, gw // m, m, m).permute(0, 2, 1, 3).reshape(gh, gw)

@@ -176,6 +176,53 @@ def _mllama_tiles(vlm, inputs) -> ImageLayout:
                        rows * cols, grid, None, _canvas(seen, rows, cols))
 
 
+def _molmo2_tiles(vlm, inputs, image: Image.Image) -> ImageLayout:
+    """Molmo 2's image (``Molmo2ImageProcessor``): the whole image resized to one crop (the overview, its pooled tokens
+    first in the prompt), then the image resized to a canvas (transformers' ``compute_crop_geometry``) cut into
+    overlapping crops, one every ``crop - margins`` patches, each canvas patch read from one crop; the adapter pools
+    each token from the patches ``image_token_pooling`` names (-1: none). Each patch of the canvas (or the
+    overview's crop) is placed under the token that pools it, and drawn over the crops' patches as the processor
+    prepared them."""
+    from transformers.models.molmo2.image_processing_molmo2 import compute_crop_geometry
+
+    images = vlm.processor.image_processor
+    patch, crop = int(images.patch_size), int(images.size["height"])
+    side = crop // patch
+    per_crop, window = side * side, side - sum(images.overlap_margins)
+    pooling = inputs["image_token_pooling"].long()  # (tokens, pooled): crop-major patch indices, crop 0 the overview
+    low = int(inputs["image_grids"][0, 0] * inputs["image_grids"][0, 1])
+    _, wide, height, width = compute_crop_geometry(image.height, image.width, images.max_crops,
+                                                   images.overlap_margins, crop, patch)
+    token = torch.arange(len(pooling))[:, None].expand_as(pooling)
+    taken = pooling >= 0
+    patches, owners = pooling[taken], token[taken]
+    crops, within = patches // per_crop, patches % per_crop
+    canvas = torch.full((height // patch, width // patch), -1)
+    first = crops >= 1  # the canvas's crops; crop 0 is the overview
+    rows = (crops[first] - 1) // wide * window + within[first] // side
+    cols = (crops[first] - 1) % wide * window + within[first] % side
+    canvas[rows, cols], source = owners[first], torch.full_like(canvas, -1)
+    source[rows, cols] = patches[first]
+    overview = torch.full((side, side), -1)
+    overview[within[~first] // side, within[~first] % side] = owners[~first]
+    if (canvas < 0).any() or (overview < 0).any() or (canvas < low).any() or (overview >= low).any():
+        raise ValueError("Molmo 2's pooled tokens do not cover its canvas and its overview one patch each; ask about "
+                         "one image")
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    _check_count(positions, len(pooling), f"{low} overview tokens and {len(pooling) - low} canvas tokens")
+    pixels = inputs["pixel_values"].reshape(-1, patch, patch, inputs["pixel_values"].shape[-1] // patch ** 2)
+
+    def drawn(chosen: torch.Tensor) -> np.ndarray:  # (h, w) patch indices -> (h x p, w x p, 3) uint8
+        h, w = chosen.shape
+        tiles = pixels[chosen.flatten()].reshape(h, w, patch, patch, -1).permute(4, 0, 2, 1, 3)
+        return seen_pixels(vlm, tiles.reshape(1, -1, h * patch, w * patch))[0]
+
+    whole = ImageLayout(positions, (side, side), 1, 0, overview,
+                        pixels=drawn(torch.arange(per_crop).reshape(side, side)))
+    return ImageLayout(positions, tuple(canvas.shape), 1, 0, canvas, 1 + int(crops.max()), (side, side), whole,
+                       drawn(source))
+
+
 def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int) -> ImageLayout:
     """``rows x cols`` tiles in ``pixels`` row-major, the whole image resized to one tile after them (InternVL's
     thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order."""
@@ -277,6 +324,8 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     (several images, another family's tiles)."""
     if vlm.model_type == "mllama":  # read through cross-attention: its rows are over the tower's states
         return _mllama_tiles(vlm, inputs)
+    if vlm.model_type == "molmo2":  # pooled tokens over overlapping crops, named by image_token_pooling
+        return _molmo2_tiles(vlm, inputs, image)
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     if "image_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])

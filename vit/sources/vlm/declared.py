@@ -74,6 +74,8 @@ DECLARED_TOWERS = {
     # ``Llama4VisionPixelShuffleMLP``), its CLS dropped before the projector
     "llama4_vision_model": (("num_hidden_layers", "num_attention_heads", "num_channels"),
                             ("vision", "pixel_shuffle_ratio")),
+    # Molmo 2's tower: each patch its state; its adapter pools them as the processor's image_token_pooling says
+    "molmo2_vision": (("num_hidden_layers", "num_attention_heads", "num_channels"), ("vision", "spatial_merge_size")),
     # Llama 3.2 Vision's tower: each patch its state, read by the language model's cross-attention layers
     "mllama_vision_model": (("num_hidden_layers", "attention_heads", "num_channels"), ("vision", "spatial_merge_size")),
 }
