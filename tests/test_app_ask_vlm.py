@@ -639,12 +639,12 @@ def test_a_link_to_a_clip_past_its_slices_or_gone_from_the_server_says_so(folder
 
 @pytest.fixture(scope="module")
 def no_port(tmp_path_factory):
-    """Qwen3.5, Llama 4, Llama 3.2 Vision, Florence-2 and Molmo 2 saved whole: towers their configs declare, which no
-    port reads."""
-    return saved_whole(tmp_path_factory, ("qwen3_5", "llama4", "mllama", "florence2", "molmo2"))
+    """Qwen3.5, Llama 4, Llama 3.2 Vision, Florence-2, Molmo 2 and Gemma 3n saved whole: towers their configs declare,
+    which no port reads."""
+    return saved_whole(tmp_path_factory, ("qwen3_5", "llama4", "mllama", "florence2", "molmo2", "gemma3n"))
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "llama4", "mllama", "florence2", "molmo2"])
+@pytest.mark.parametrize("kind", ["qwen3_5", "llama4", "mllama", "florence2", "molmo2", "gemma3n"])
 def test_a_vlm_whose_tower_no_port_reads_gets_its_question_page(no_port, kind, monkeypatch):
     """Its folder opens on a page of its own (the image, then "Ask the VLM"), not the refusal ``vit.load`` gives its
     tower: the clicked token's map is ``VLMAnswer.attention``'s, drawn over the pixels the processor prepared (Qwen3.5's

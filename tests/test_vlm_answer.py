@@ -45,7 +45,7 @@ PAN_AND_SCAN = dict(do_pan_and_scan=True, pan_and_scan_min_crop_size=8, pan_and_
                     pan_and_scan_min_ratio_to_activate=1.2)
 KINDS = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "paligemma",
          "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral",
-         "qwen3_5", "qwen3_5_moe", "llama4"]
+         "qwen3_5", "qwen3_5_moe", "llama4", "gemma3n"]
 QUESTION = "what is this ?"
 
 
@@ -106,7 +106,8 @@ def _build(kind: str):
             tokenizer=words, video_processor=transformers.InternVLVideoProcessor(), image_seq_length=4,
             chat_template=TEMPLATE.replace("IMAGE", "<IMG_CONTEXT>"))
         return transformers.InternVLForConditionalGeneration(config), processor
-    if kind.startswith("gemma3"):  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
+    if kind in ("gemma3", "gemma3_pas"):  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window
+        # layers
         # "_pas": pan-and-scan, a crop beside another along a long side, each its own image of 2 x 2 tokens
         scan = PAN_AND_SCAN if kind == "gemma3_pas" else {}
         named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
@@ -171,6 +172,10 @@ def _build(kind: str):
                                                 num_additional_image_tokens=1,
                                                 chat_template=TEMPLATE.replace("IMAGE", "<image>"))
         return transformers.LlavaForConditionalGeneration(config), processor
+    if kind == "gemma3n":  # Gemma 3n: timm's MobileNetV5 tower (its smallest, channels x 1/8), whose multi-scale
+        # fusion gives a fixed 16 x 16 grid of image tokens; a language model with AltUp, per-layer inputs and its last
+        # two layers reusing the keys of the last two before them (KV sharing); an audio tower beside
+        return _gemma3n()
     if kind == "molmo2":  # Molmo 2: a tower no port reads (its config declares it), 32-px crops of 4 x 4 patches
         # overlapping by a patch each side, each canvas patch read from one crop, pooled 2 x 2 into a token as
         # image_token_pooling says; the whole image resized to one crop first (the overview), column tokens after
@@ -403,6 +408,44 @@ def _build(kind: str):
     return transformers.Qwen2_5_VLForConditionalGeneration(config), processor
 
 
+def _gemma3n():
+    """Gemma 3n and its processor: its vocabulary the text's (64 words), then the vision tower's soft tokens, then the
+    audio's (the vocab offsets its embeddings read), a word-level tokenizer placing its special tokens there."""
+    size = 64
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>",
+             "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>", "audio_token": "<audio_soft_token>"}
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    vocab.update({"<start_of_image>": len(vocab), "<start_of_audio>": len(vocab) + 1})
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), size)})
+    vocab.update({"<end_of_image>": size, "<image_soft_token>": size + 1, "<end_of_audio>": size + 4,
+                  "<audio_soft_token>": size + 5})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(named.values()))
+    words = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
+                                                 eos_token="<pad>", extra_special_tokens=named)
+    ids = {name: words.convert_tokens_to_ids(token) for name, token in named.items()}
+    text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=16, vocab_size=size + 8, vocab_size_per_layer_input=size, hidden_size_per_layer_input=8,
+                altup_num_inputs=2, laurel_rank=4, num_kv_shared_layers=2, sliding_window=512,
+                layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,
+                max_position_embeddings=1024, eos_token_id=1, pad_token_id=1, bos_token_id=2)
+    vision = dict(architecture="mobilenetv5_base", model_args={"channel_multiplier": 0.125}, hidden_size=2048,
+                  vocab_size=4, vocab_offset=size)
+    audio = dict(vocab_size=4, vocab_offset=size + 4, input_feat_size=16, hidden_size=16, conf_num_attention_heads=2,
+                 conf_num_hidden_layers=1, sscp_conv_channel_size=[4, 4])
+    config = transformers.Gemma3nConfig(
+        text_config=text, vision_config=vision, audio_config=audio, vision_soft_tokens_per_image=256,
+        audio_soft_tokens_per_image=4, boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"],
+        image_token_id=ids["image_token"], boa_token_id=ids["boa_token"], eoa_token_id=ids["eoa_token"],
+        audio_token_id=ids["audio_token"])
+    processor = transformers.Gemma3nProcessor(
+        feature_extractor=transformers.Gemma3nAudioFeatureExtractor(),
+        image_processor=transformers.SiglipImageProcessor(size={"height": 128, "width": 128}), tokenizer=words,
+        chat_template=TEMPLATE.replace("IMAGE", "<image_soft_token>"), image_seq_length=256, audio_seq_length=4)
+    return transformers.Gemma3nForConditionalGeneration(config), processor
+
+
 def noisy(model: torch.nn.Module) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -483,7 +526,7 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_vl": (2, 0), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0),
           "qwen3_vl_moe": (2, 0), "glm4v": (2, 0), "glm4v_moe": (2, 0), "glm46v": (2, 0),
           "mistral3": (2, 0), "pixtral": (1, 0), "qwen3_5": (2, 0),
-          "qwen3_5_moe": (2, 0), "llama4": (2, 0),
+          "qwen3_5_moe": (2, 0), "llama4": (2, 0), "gemma3n": (1, 0),
           "gemma3": (4, 0), "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
@@ -761,7 +804,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
                                        r"model: llava, llava_next, llava_next_video, llava_onevision, qwen2_vl, "
                                        r"qwen2_5_vl, qwen3_vl, qwen3_vl_moe, paligemma, gemma3, internvl, glm4v, "
                                        r"glm4v_moe, glm46v, mistral3, idefics3, smolvlm, qwen3_5, qwen3_5_moe, "
-                                       r"llama4, mllama, florence2, molmo2$"):
+                                       r"llama4, mllama, florence2, molmo2, gemma3n$"):
         vit.open_vlm(tmp_path)
 
 
@@ -1358,7 +1401,7 @@ def test_predict_ask_writes_the_tiles_canvas_and_the_overview(internvl_tiles, tm
         np.testing.assert_allclose(saved["overview_tam"][i], answer.tam(i, overview=True), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["glm4v", "mistral3", "pixtral", "qwen3_5", "llama4"])
+@pytest.mark.parametrize("kind", ["glm4v", "mistral3", "pixtral", "qwen3_5", "llama4", "gemma3n"])
 def test_a_tower_no_port_reads_gives_the_pixels_its_one_view_was_read_as(answers, kind):
     """A tower its config declares has no preprocessing of ours to redo: the map is drawn over the processor's own
     pixels (``layout.pixels``, its normalisation undone; GLM's and Qwen3.5's flat patches put back on the image,
@@ -1442,3 +1485,18 @@ def test_molmo2s_pooled_tokens_are_placed_where_its_crops_and_pooling_put_them(m
     with pytest.raises(ValueError, match=r"^AttnLRP's pixels are not placed on Molmo 2's overlapping crops here; use "
                                          r"gradxattn or tam$"):
         answer.relevance(1, method="attnlrp")
+    from test_vlm_relevance import reference  # Chefer's rule on the eager model, autograd (test_vlm_relevance)
+
+    cams, _, where = reference(molmo2, list(answer.tokens), 1, image=image)
+    for layer in range(answer.layers):
+        expected = cams[layer][where.numpy()][low:][canvas]
+        np.testing.assert_allclose(answer.relevance(1, layer), expected, rtol=0,
+                                   atol=ATOL * max(1.0, float(np.abs(expected).max())))
+
+
+def test_gemma3ns_logit_lens_is_refused_in_one_line(answers):
+    """Gemma 3n's stream is its AltUp streams, read out otherwise than through the final norm and head: the lens's
+    own check (its last layer is the model's logits) fails, and it is refused in one line, not drawn wrong."""
+    with pytest.raises(ValueError, match=r"^the logit lens reads each layer's stream through the final norm and head, "
+                                         r"and this model's last layer read so is not its own logits"):
+        answers["gemma3n"][0].logit_lens(1)

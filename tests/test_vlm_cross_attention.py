@@ -87,8 +87,39 @@ def test_the_map_is_drawn_over_the_tiles_canvas_the_tower_read(mllama):
     assert np.array_equal(answer.layouts[0].pixels, canvas)
 
 
+def test_gradient_x_attention_at_a_cross_attention_layer_is_chefers_rule_on_the_eager_model(mllama):
+    """One layer's gradient x attention (Chefer et al. 2021b's ``mean_h (dy/dA ⊙ A)^+``) at each cross-attention
+    layer: autograd of the answer token's logit to the eager model's cross-attention probabilities over the tower's
+    states, from one forward over the prompt and the answer's first ``i`` tokens (the cross-attention mask extended
+    as generate extends it), placed on the tiles' canvas by hand."""
+    from test_vlm_answer import processor_inputs
+
+    image = quadrants(80, 80)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama, attn_implementation="eager").eval()
+    base = processor_inputs(mllama, image)
+    places = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for i in (0, NEW_TOKENS - 1):
+        new = torch.tensor([answer.tokens[:i]], dtype=torch.long)
+        mask = base["cross_attention_mask"]
+        out = model(input_ids=torch.cat([base["input_ids"], new], -1),
+                    attention_mask=torch.cat([base["attention_mask"], torch.ones_like(new)], -1),
+                    cross_attention_mask=torch.cat([mask, mask[:, -1:].expand(-1, i, -1, -1)], 1),
+                    pixel_values=base["pixel_values"], aspect_ratio_ids=base["aspect_ratio_ids"],
+                    aspect_ratio_mask=base["aspect_ratio_mask"], output_attentions=True, use_cache=False)
+        attentions = [out.attentions[layer] for layer in CROSS_LAYERS]  # (1, H, T, states), in the graph
+        grads = torch.autograd.grad(out.logits[0, -1, answer.tokens[i]], attentions)
+        for k, (g, a) in enumerate(zip(grads, attentions, strict=True)):
+            cam = (g * a)[0].clamp(min=0).mean(0)[-1].detach().numpy()  # the query that predicted token i
+            expected = expected_map(cam, places, 2, 2)
+            assert np.abs(expected).max() > 0
+            np.testing.assert_allclose(answer.relevance(i, k), expected, rtol=0,
+                                       atol=ATOL * max(1.0, float(np.abs(expected).max())))
+
+
 @pytest.mark.parametrize(("call", "what"), [
-    (lambda a: a.relevance(0, -1), "gradient x attention and AttnLRP"),
+    (lambda a: a.relevance(0), "the rollout of gradient x attention"),
+    (lambda a: a.relevance(0, method="attnlrp"), "AttnLRP"),
     (lambda a: a.tam(0), "TAM"),
     (lambda a: a.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
     (lambda a: a.segments(grid=(2, 2)), "captum's segment attribution"),
@@ -177,3 +208,6 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
         answer.logit_lens(0)
     with pytest.raises(ValueError, match=r"^TAM reads the image's tokens in the language model's sequence"):
         answer.tam(0)
+    with pytest.raises(ValueError, match=r"^gradient x attention of an encoder-decoder's answer is not drawn here: ask "
+                                         r"its attention$"):
+        answer.relevance(0, -1)

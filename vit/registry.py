@@ -664,4 +664,5 @@ VLM_ARCHITECTURES = {
     "mllama": "MllamaForConditionalGeneration",
     "florence2": "Florence2ForConditionalGeneration",
     "molmo2": "Molmo2ForConditionalGeneration",
+    "gemma3n": "Gemma3nForConditionalGeneration",
 }

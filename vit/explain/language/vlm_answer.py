@@ -245,7 +245,9 @@ def text_shape(vlm):
     return TextShape(layers=layers - linear, heads=heads, state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                     hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else config.intermediate_size,
+                     hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else max(
+                         config.intermediate_size if isinstance(config.intermediate_size, list)  # Gemma 3n: per layer
+                         else [config.intermediate_size]),
                      vocab=config.vocab_size,
                      itemsize=next(vlm.model.parameters()).dtype.itemsize, windows=windows)
 
@@ -373,7 +375,8 @@ class VLMAnswer:
         channels (``layer`` None: the rules run through every layer; ``vit.explain.language.vlm_attnlrp``, counted first
         by ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's first
         ``i`` tokens. ``overview``: as ``attention``'s."""
-        self._in_sequence("gradient x attention and AttnLRP")
+        if method != "gradxattn" or layer is None:
+            self._in_sequence("AttnLRP" if method == "attnlrp" else "the rollout of gradient x attention")
         if method not in RELEVANCE_METHODS:
             raise ValueError(f"method must be one of {', '.join(RELEVANCE_METHODS)}, got {method!r}")
         if method == "attnlrp":
@@ -392,7 +395,12 @@ class VLMAnswer:
         """(len(layers), lead + N): answer token ``i``'s gradient x attention over ``image``'s tokens for each of
         ``layers`` (an int: that layer's row; None: the rollout), all from one forward and backward (``relevance``'s,
         counted first)."""
-        self._in_sequence("gradient x attention")
+        vlm = self._model()[0]
+        if None in layers:
+            self._in_sequence("the rollout of gradient x attention")
+        if getattr(vlm.model.config, "is_encoder_decoder", False):  # its answer is the decoder's, not a sequence's
+            raise ValueError("gradient x attention of an encoder-decoder's answer is not drawn here: ask its "
+                             "attention")
         from vit.explain.language.vlm_relevance import relevances
 
         positions = self._image(image).positions
@@ -620,7 +628,7 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     attending = attention_layers(vlm.language_model)
     decoder_layers = [n for n, _ in attending]
     recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
-                         prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=decoder_layers,
+                         prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=cache_sources(attending),
                          windows=cache_windows(vlm, decoder_layers), cross=cross_attending(vlm.language_model))
     with recording(vlm, recorder), torch.inference_mode():
         out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
@@ -636,6 +644,21 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
                          prepared.prompt_tokens, (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
     answered.clip = prepared.clip
     return answered
+
+
+def cache_sources(attending: list[tuple[int, object]]) -> list[int]:
+    """The decoder layer whose cache holds each attention layer's keys: its own, or, for a layer that reuses another's
+    (Gemma 3n's KV sharing: ``is_kv_shared_layer``), the last layer of its type before it that stores them
+    (``store_full_length_kv``)."""
+    stores, sources = {}, []
+    for n, module in attending:
+        if getattr(module, "is_kv_shared_layer", False) and module.layer_type in stores:
+            sources.append(stores[module.layer_type])
+            continue
+        if getattr(module, "store_full_length_kv", False):
+            stores[module.layer_type] = n
+        sources.append(n)
+    return sources
 
 
 def cache_windows(vlm, decoder_layers: list[int]) -> list[int | None]:

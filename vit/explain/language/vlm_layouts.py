@@ -326,6 +326,14 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
         return _mllama_tiles(vlm, inputs)
     if vlm.model_type == "molmo2":  # pooled tokens over overlapping crops, named by image_token_pooling
         return _molmo2_tiles(vlm, inputs, image)
+    if vlm.model_type == "gemma3n":  # a fixed grid of tokens from MobileNetV5's multi-scale fusion, row-major
+        positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+        if inputs["pixel_values"].shape[0] != 1:
+            raise ValueError("the processor gave several images; ask about one image")
+        side = int(vlm.model.config.vision_soft_tokens_per_image) ** 0.5
+        layout = ImageLayout(positions, (round(side), round(side)), 1, 0)
+        _check_count(positions, round(side) ** 2, f"Gemma 3n's {round(side)}x{round(side)} grid of image tokens")
+        return layout
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     if "image_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])

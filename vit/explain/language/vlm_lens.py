@@ -96,7 +96,9 @@ def logit_lens(vlm, prepared, answer: tuple[int, ...], i: int) -> torch.Tensor:
             handle.remove()
     # the last layer read through the head is the model's own logits: a check that the read-out is the model's
     if not torch.allclose(lens[-1], out.logits[0, -1].float(), rtol=1e-4, atol=1e-4):
-        raise RuntimeError("the logit lens's last layer is not the model's own logits: its read-out is otherwise")
+        raise ValueError("the logit lens reads each layer's stream through the final norm and head, and this "
+                         "model's last layer read so is not its own logits (its stream is read out otherwise, as "
+                         "Gemma 3n's AltUp streams are): not drawn for it")
     return lens.softmax(-1)[:, answer[i]].cpu()
 
 

@@ -85,7 +85,8 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     suffix of its prefix-LM, not part of the bidirectional prefix), ``mm_token_type_ids`` with zeros."""
     inputs = {k: v for k, v in prepared.inputs.items() if k != "labels"}  # PaliGemma's processor's: no loss wanted
     for _ in range(i):
-        inputs = vlm.model._update_model_kwargs_for_generation({}, inputs, num_new_tokens=1)
+        inputs = vlm.model._update_model_kwargs_for_generation({}, inputs, is_encoder_decoder=False,
+                                                               num_new_tokens=1)  # Mllama's asks it by name
     if i:
         new = torch.tensor([tokens[:i]], dtype=inputs["input_ids"].dtype)
         inputs["input_ids"] = torch.cat([inputs["input_ids"], new], dim=-1)

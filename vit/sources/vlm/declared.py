@@ -91,6 +91,8 @@ def declared_tower(config_json: Mapping) -> DeclaredTower | None:
     vision = config_json.get("vision_config")
     if isinstance(vision, Mapping) and vision.get("model_type") == "florence_vision":
         return _davit(vision)
+    if isinstance(vision, Mapping) and vision.get("model_type") == "gemma3n_vision":
+        return _mobilenet(vision, config_json)
     if not isinstance(vision, Mapping) or vision.get("model_type") not in DECLARED_TOWERS:
         return None
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -146,6 +148,23 @@ def _davit(vision: Mapping) -> DeclaredTower:
     shape = LibraryShape(2 * sum(stages("depths")), max(heads), max(widths), int(max(widths) * ratio), 0,
                          (stride, stride), channels if isinstance(channels, int) and 0 < channels <= 64 else 3)
     return DeclaredTower("florence_vision", 1, shape, lead=1)
+
+
+def _mobilenet(vision: Mapping, config_json: Mapping) -> DeclaredTower:
+    """Gemma 3n's MobileNetV5 tower (timm's, through ``TimmWrapper``): its multi-scale fusion gives a fixed grid of
+    ``vision_soft_tokens_per_image`` tokens (16 x 16), each its image token, row-major, whatever the input's size; a
+    token covers the input's side over that grid (``vlm_layouts.image_layout``). Its sizes, for the cost model, its
+    output width: a convolutional tower has no attention layers or heads to count. ValueError (one line) for a token
+    count that is not a square."""
+    from vit.costs.plan import LibraryShape
+
+    tokens = config_json.get("vision_soft_tokens_per_image", 256)
+    side = math.isqrt(tokens) if _number(tokens) and tokens == int(tokens) and 0 < tokens <= 2**16 else 0
+    if not side or side * side != tokens:
+        raise ValueError(f"its vision_soft_tokens_per_image is {str(tokens)[:20]}, not a square grid of tokens")
+    width = vision.get("hidden_size", 2048)
+    width = width if isinstance(width, int) and 0 < width <= 2**16 else 2048
+    return DeclaredTower("gemma3n_vision", 1, LibraryShape(0, 1, width, 4 * width, 0, (1, 1), 3))
 
 
 def _unit(ratio: object) -> int:
@@ -396,6 +415,8 @@ def text_parameters(text) -> int:
     def size(name: str, default: int | None = None) -> int:
         value = getattr(text, name, None)
         value = default if value is None else value
+        if isinstance(value, list) and value:  # per layer (Gemma 3n's intermediate sizes): at least the least
+            value = min(value)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} is {str(value)[:20]}, not a positive whole number")
         return value
