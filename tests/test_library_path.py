@@ -149,6 +149,19 @@ def test_the_cost_model_counts_tokens_squared_heads_and_layers_asked():
     cost = plan.library_attention(batch=1, heads=12, tokens=197, layers=2)
     assert dict(cost.parts)["2 asked layers' attention, kept"] == 4 * 12 * 197 * 197 * 2
     assert plan.library_attention(1, 12, 197, 2, rows=1).memory < cost.memory
+    fused = plan.library_attention(1, 12, 197, 2, heads_mean=True)  # the rollout's: a head's worth a layer
+    assert dict(fused.parts)["2 asked layers' attention, kept"] == 4 * 197 * 197 * 2
+
+
+def test_the_heads_mean_is_kept_as_each_layer_is_recorded(folders):
+    """``run(..., heads_mean=True)`` keeps each layer's heads' mean, (B, 1, T, T): the mean of what it keeps without,
+    each layer's eager attention; the rollout reads it, holding a head's worth a layer instead of every head's."""
+    model = vit.load(folders["ijepa"], device="cpu").model
+    _, every = model.run(pixels(), layers=range(3))
+    _, mean = model.run(pixels(), layers=range(3), heads_mean=True)
+    for layer in range(3):
+        assert mean[layer].shape == (every[layer].shape[0], 1, *every[layer].shape[-2:])
+        torch.testing.assert_close(mean[layer], every[layer].float().mean(1, keepdim=True), rtol=0, atol=0)
 
 
 def test_a_family_with_a_port_still_opens_by_its_port(tmp_path):

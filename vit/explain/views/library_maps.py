@@ -97,7 +97,7 @@ def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> Li
         first = next(i for i in asked if model.layout.extra_of(i))
         raise ValueError(f"rollout multiplies layers over the same tokens, and layer {first + 1} adds "
                          f"{model.layout.extra_of(first)} tokens (its object queries); choose a layer up to {first}")
-    out, kept = model.run(pixels, layers=asked)
+    out, kept = model.run(pixels, layers=asked, heads_mean=True)  # each layer's heads' mean: its factor's fusion
     factors = [rollout_factor(kept[i], "mean", 0.0, prefix) for i in asked]  # (1, T, T) each
     row = rollout_rows(factors, query)[0]  # (T,)
     value = row[prefix:prefix + grid[0] * grid[1]].reshape(grid).float()  # the patches' keys

@@ -94,6 +94,7 @@ class _AttentionRecorder:
     and query rows alone."""
 
     gradient = False  # whether the forward it records runs with autograd (``_GradientRecorder``)
+    heads_mean = False  # whether each layer's heads are kept as their mean (``LibraryModel.run``)
 
     def __init__(self, modules: Mapping[int, torch.nn.Module], heads: list[int] | None, rows: list[int] | None):
         self.layers = {module: layer for layer, module in modules.items()}
@@ -119,6 +120,8 @@ class _AttentionRecorder:
             probabilities = self.on_grid(layer, probabilities, rows)
         elif rows is not None:
             probabilities = probabilities[:, :, rows]
+        if self.heads_mean:  # the heads' mean in float32, as the rollout fuses them (``fuse_heads``)
+            probabilities = probabilities.detach().float().mean(1, keepdim=True)
         self.kept[layer] = probabilities.detach()
 
     def on_grid(self, layer: int, windows: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
@@ -266,11 +269,12 @@ class LibraryModel(torch.nn.Module):
         return self._attention[layer]
 
     def run(self, pixels: torch.Tensor, layers: Iterable[int] = (), heads: list[int] | None = None,
-            rows: list[int] | None = None) -> tuple[object, dict[int, torch.Tensor]]:
+            rows: list[int] | None = None, heads_mean: bool = False) -> tuple[object, dict[int, torch.Tensor]]:
         """The library's forward of ``pixels`` (B, C, H, W): its own output (``logits`` of a classifier,
         ``last_hidden_state`` ...), and for each of ``layers`` the post-softmax attention ``(B, heads, rows, T)``
-        (every head and query row when not given), equal to ``output_attentions=True``'s. What is kept is checked
-        against the memory limit first (``TooManyTokens``, one line)."""
+        (every head and query row when not given), equal to ``output_attentions=True``'s; ``heads_mean``: the
+        heads' mean kept instead, ``(B, 1, rows, T)``, as each layer is recorded (the rollout's factor: a head's worth
+        of memory a layer). What is kept is checked against the memory limit first (``TooManyTokens``, one line)."""
         from vit.costs import plan
 
         L = self.num_layers
@@ -279,13 +283,14 @@ class LibraryModel(torch.nn.Module):
         tokens = self.layout.num_prefix_tokens + gh * gw + self.layout.num_suffix_tokens
         if asked:
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
-                                               tokens, len(asked), None if rows is None else len(rows)))
+                                               tokens, len(asked), None if rows is None else len(rows), heads_mean))
         extra = {layer: self.layout.extra_of(layer) for layer in asked}
         if rows is not None and any(extra.values()):  # a layer with extra tokens first: each row moved past them
             recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, None)
             recorder.rows_of = {layer: [row + extra[layer] for row in rows] for layer in asked}
         else:
             recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, rows)
+        recorder.heads_mean = heads_mean
         out = self._recorded_forward(pixels, recorder)
         for layer, kept in recorder.kept.items():
             if kept.shape[-1] != tokens + extra[layer]:
