@@ -179,7 +179,8 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
     """Florence-2 (an encoder-decoder): the answer is generate's decoder tokens after its start token; each token's
     map at each decoder layer and head is the eager cross-attention row over the encoder's image tokens: the grid's
     mean first (it covers no patch), then the 4 x 4 grid row-major (transposed would be another map); drawn over the
-    pixels the processor prepared."""
+    pixels the processor prepared; one layer's gradient x attention Chefer's rule on the eager model's
+    cross-attention."""
     from test_vlm_answer import by_hand
 
     image = picture()
@@ -208,6 +209,14 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
         answer.logit_lens(0)
     with pytest.raises(ValueError, match=r"^TAM reads the image's tokens in the language model's sequence"):
         answer.tam(0)
-    with pytest.raises(ValueError, match=r"^gradient x attention of an encoder-decoder's answer is not drawn here: ask "
-                                         r"its attention$"):
-        answer.relevance(0, -1)
+    model = transformers.Florence2ForConditionalGeneration.from_pretrained(florence2, attn_implementation="eager")
+    for i in (0, NEW_TOKENS - 1):  # one layer's gradient x attention: Chefer's rule by autograd on the eager model
+        decoder = torch.tensor([[model.generation_config.decoder_start_token_id, *answer.tokens[:i]]])
+        out = model.eval()(**inputs, decoder_input_ids=decoder, output_attentions=True, use_cache=False)
+        grads = torch.autograd.grad(out.logits[0, -1, answer.tokens[i]], out.cross_attentions)
+        for layer, (g, a) in enumerate(zip(grads, out.cross_attentions, strict=True)):
+            cam = (g * a)[0].clamp(min=0).mean(0)[-1].detach().numpy()[positions.numpy()]
+            expected = by_hand(cam, (4, 4), 1, 1)
+            assert np.abs(expected).max() > 0
+            np.testing.assert_allclose(answer.relevance(i, layer), expected, rtol=0,
+                                       atol=ATOL * max(1.0, float(np.abs(expected).max())))

@@ -398,9 +398,6 @@ class VLMAnswer:
         vlm = self._model()[0]
         if None in layers:
             self._in_sequence("the rollout of gradient x attention")
-        if getattr(vlm.model.config, "is_encoder_decoder", False):  # its answer is the decoder's, not a sequence's
-            raise ValueError("gradient x attention of an encoder-decoder's answer is not drawn here: ask its "
-                             "attention")
         from vit.explain.language.vlm_relevance import relevances
 
         positions = self._image(image).positions

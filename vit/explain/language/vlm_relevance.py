@@ -33,8 +33,8 @@ class _Tape:
     values (Hkv, T, d), the mask (the model's own tensor, shared by the layers of a kind), the scaling and soft cap,
     and the attention output in the graph (B, T, H, d)."""
 
-    def __init__(self, layers: dict[torch.nn.Module, int]) -> None:
-        self.layers = layers
+    def __init__(self, layers: dict[torch.nn.Module, int], cross: bool = False) -> None:
+        self.layers, self.cross = layers, cross  # cross: the layers attend to another sequence (no causal mask)
         n = len(layers)
         self.queries, self.keys, self.values = [None] * n, [None] * n, [None] * n
         self.masks, self.scaling, self.softcap, self.outputs = [None] * n, [1.0] * n, [None] * n, [None] * n
@@ -64,11 +64,13 @@ class _Tape:
             scores = torch.tanh(scores / self.softcap[layer]) * self.softcap[layer]
         mask = self.masks[layer]
         t = k.shape[1]
-        if mask is None:  # sdpa's causal attention, no mask tensor
+        if mask is None and self.cross:  # a cross-attention over every key (the encoder's, unmasked)
+            mask = torch.zeros(1, t)
+        elif mask is None:  # sdpa's causal attention, no mask tensor
             index = torch.arange(t)
             mask = index[None, :] <= index[rows, None]  # (r, T)
-        else:
-            mask = mask[rows, :t].cpu()
+        else:  # a mask of one row (a cross-attention's, for every query) serves them all
+            mask = (mask[rows, :t] if mask.shape[0] > 1 else mask[:, :t]).cpu()
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
@@ -84,6 +86,10 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     with ones, ``token_type_ids`` with its last value (Gemma 3's text) or PaliGemma's 1 (the answer is the causal
     suffix of its prefix-LM, not part of the bidirectional prefix), ``mm_token_type_ids`` with zeros."""
     inputs = {k: v for k, v in prepared.inputs.items() if k != "labels"}  # PaliGemma's processor's: no loss wanted
+    if getattr(vlm.model.config, "is_encoder_decoder", False):  # Florence-2: the answer is the decoder's input
+        start = vlm.model.generation_config.decoder_start_token_id
+        inputs["decoder_input_ids"] = torch.tensor([[start, *tokens[:i]]], dtype=inputs["input_ids"].dtype)
+        return inputs
     for _ in range(i):
         inputs = vlm.model._update_model_kwargs_for_generation({}, inputs, is_encoder_decoder=False,
                                                                num_new_tokens=1)  # Mllama's asks it by name
@@ -154,7 +160,10 @@ def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording
 
     if None in layers:
         check_rollout(vlm)
-    tape = _Tape({module: k for k, (_, module) in enumerate(attention_layers(vlm.language_model))})
+    from vit.explain.language.vlm_attention import cross_attending
+
+    tape = _Tape({module: k for k, (_, module) in enumerate(attention_layers(vlm.language_model))},
+                 cross_attending(vlm.language_model))
     with recording(vlm, tape), torch.no_grad(), answer_run(vlm, prepared, answer, i) as inputs:
         # the tape switches the graph on at the first language-model layer
         out = vlm.model(**inputs, use_cache=False, logits_to_keep=1)
@@ -166,7 +175,8 @@ def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording
         tape.outputs[n] = None  # the graph goes with them
         for kept in (tape.queries, tape.keys, tape.values):
             kept[n] = kept[n].cpu()
-    q = tokens - 1  # the query that predicted token i
+    # the query that predicted token i: the sequence's, or an encoder-decoder's decoder row after its start token
+    q = i if getattr(vlm.model.config, "is_encoder_decoder", False) else tokens - 1
     return torch.stack([_rollout(tape, gradients, q, tokens) if layer is None
                         else tape.rows(layer, gradients[layer], slice(q, q + 1))[0] for layer in layers])  # (n, T)
 
