@@ -17,8 +17,8 @@ fresh process, ``--threads`` torch threads:
   every step's attention at every layer, what a notebook reads its maps from (Llama 3.2 Vision's cross-attention
   layers' among them; Florence-2's decoder cross-attentions, ``out.cross_attentions``);
 - ours: ``vit.ask_vlm(vit.open_vlm(folder), image, question, max_new_tokens=N)`` (the model's own sdpa, each layer's
-  query row recorded), then the last answer token's ``answer.attention(i, -1)`` and ``answer.relevance(i, -1)`` (which
-  a model that reads the image through cross-attention refuses, and ``--no-relevance`` skips).
+  query row recorded), then the last answer token's ``answer.attention(i, -1)`` and ``answer.relevance(i, -1)`` (a
+  family that refuses it is shown "refused"; ``--no-relevance`` skips it).
 
 Measured per process after the model is opened and a warm-up answer to a small image (lazy imports, thread pools):
 CPU seconds (``time.process_time``, every thread) and the resident set's peak over the resident set just before the
@@ -322,7 +322,7 @@ def ours(folder: Path, side: int, new_tokens: int, relevance: bool = True) -> di
     cpu, wall = time.process_time(), time.perf_counter()
     try:
         answer.relevance(last, -1)
-    except ValueError as refused:  # a model that reads the image through cross-attention: no such map
+    except ValueError as refused:  # a family whose relevance vit refuses (one line): no such map
         return result | {"relevance_refused": str(refused)}
     result.update(relevance_cpu=time.process_time() - cpu, relevance_wall=time.perf_counter() - wall,
                   relevance_peak=peak() - base)
