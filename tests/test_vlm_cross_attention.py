@@ -220,3 +220,23 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
             assert np.abs(expected).max() > 0
             np.testing.assert_allclose(answer.relevance(i, layer), expected, rtol=0,
                                        atol=ATOL * max(1.0, float(np.abs(expected).max())))
+
+
+def test_florence2_larges_tower_is_within_the_parameters_its_weights_hold(monkeypatch, tmp_path):
+    """The declared tower's lower bound on its parameters (``declared._declared_tower_problem``) holds for
+    Florence-2-large's DaViT (depths 1, 1, 9, 1 up to 2,048 wide): built on the meta device, its weights are not
+    refused as fewer than its config declares (the bound once counted every block at the widest width)."""
+    from vit.sources import open as opening
+    from vit.sources.vlm import declared
+
+    config = transformers.Florence2VisionConfig(depths=[1, 1, 9, 1], embed_dim=[256, 512, 1024, 2048],
+                                                num_heads=[8, 16, 32, 64], num_groups=[8, 16, 32, 64],
+                                                projection_dim=1024)
+    with torch.device("meta"):
+        tower = transformers.models.florence2.modeling_florence2.Florence2VisionBackbone(config)
+    monkeypatch.setattr(opening, "read_hf_weights", lambda folder, device: dict(tower.state_dict()))
+    vision = {**config.to_dict(), "model_type": "florence_vision"}
+    assert declared._declared_tower_problem(tmp_path, {"vision_config": vision}) is None
+    monkeypatch.setattr(opening, "read_hf_weights", lambda folder, device: {"one": torch.empty(10, device="meta")})
+    refused = declared._declared_tower_problem(tmp_path, {"vision_config": vision})
+    assert "declares a vision tower of at least" in refused

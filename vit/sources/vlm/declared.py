@@ -124,8 +124,10 @@ def _davit(vision: Mapping) -> DeclaredTower:
     """Florence-2's DaViT tower (``Florence2VisionBackbone``): four stages of overlapping convolutional patch
     embeddings, their strides' product the pixels a token of the last stage steps over, each stage's spatial and
     channel blocks; its projector (``Florence2MultiModalProjector``) gives the grid's mean first, then each token of
-    the grid row-major. Its sizes, for the cost model, the widest stage's. ValueError (one line) for sizes that are
-    not lists of positive whole numbers."""
+    the grid row-major. Its sizes: the last stage's blocks (a spatial and a channel block each: attention and MLP at
+    the widest width), which its parameters hold at least (``_declared_tower_problem``'s bound; Florence-2-large's
+    12 blocks at 2,048 would claim more than its weights). ValueError (one line) for sizes that are not lists of
+    positive whole numbers."""
     from transformers import Florence2VisionConfig
 
     from vit.costs.plan import LibraryShape
@@ -145,7 +147,7 @@ def _davit(vision: Mapping) -> DeclaredTower:
     if not _number(ratio) or not 0 < ratio <= 64:
         raise ValueError(f"its vision config's mlp_ratio is {str(ratio)[:20]}, not a positive number")
     channels = vision.get("in_channels", default.in_channels)
-    shape = LibraryShape(2 * sum(stages("depths")), max(heads), max(widths), int(max(widths) * ratio), 0,
+    shape = LibraryShape(2 * stages("depths")[-1], heads[-1], widths[-1], int(widths[-1] * ratio), 0,
                          (stride, stride), channels if isinstance(channels, int) and 0 < channels <= 64 else 3)
     return DeclaredTower("florence_vision", 1, shape, lead=1)
 
