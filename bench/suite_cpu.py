@@ -63,8 +63,9 @@ def processes() -> dict[int, tuple[int, str, float, str]]:
     return found
 
 
-def sample(pytest: subprocess.Popen, every: float = 1.0) -> list[tuple[float, tuple, int, float, str]]:
-    """(time, process key, its chain of ancestors, CPU since the last reading, kind) of each process that used CPU
+def sample(pytest: subprocess.Popen, every: float = 1.0) -> list[tuple[float, tuple, int, float, str, str]]:
+    """(time, process key, its chain of ancestors, CPU since the last reading, kind, command's start) of each
+    process that used CPU
     since the last reading, read every ``every`` seconds until ``pytest`` ends. A process's chain is read the first
     time it is seen (its parent may exit first)."""
     seen: dict[tuple, float] = {}
@@ -84,7 +85,7 @@ def sample(pytest: subprocess.Popen, every: float = 1.0) -> list[tuple[float, tu
             spent = cpu - seen.get(key, 0.0)
             seen[key] = cpu
             if spent > 0:
-                rows.append((now, key, chains[key], spent, kind(command)))
+                rows.append((now, key, chains[key], spent, kind(command), command[:90]))
         if not running:
             return rows
         time.sleep(max(0.0, every - (time.time() - now)))
@@ -102,14 +103,18 @@ def read_timeline(path: Path) -> dict[int, list[tuple[float, float, str]]]:
     return spans
 
 
-def attribute(rows, spans, baseline: set[tuple]) -> tuple[collections.Counter, collections.Counter]:
-    """(CPU by test, CPU by (module, kind)): each row's CPU given to the test its worker ran at its time (a second's
-    slack either side: the reading is once a second); "(worker, between tests)" for a worker's collection and the
-    gaps; processes that ran before pytest started are left out."""
+def attribute(rows, spans, baseline: set[tuple]) -> tuple[collections.Counter, collections.Counter,
+                                                          collections.Counter]:
+    """(CPU by test, CPU by (module, kind), CPU of "(no worker)" by command): each row's CPU given to the test its
+    worker ran at its time (a second's slack either side: the reading is once a second); "(worker, between tests)"
+    for a worker's collection and the gaps; "(no worker)" for a process with no worker among its ancestors (the
+    controller, or one whose parent exited before it was first read); processes that ran before pytest started are
+    left out."""
     starts = {pid: [s for s, _, _ in tests] for pid, tests in spans.items()}
     by_test: collections.Counter = collections.Counter()
     by_kind: collections.Counter = collections.Counter()
-    for when, key, chain, spent, what in rows:
+    unowned: collections.Counter = collections.Counter()
+    for when, key, chain, spent, what, command in rows:
         if key in baseline:
             continue
         worker = next((pid for pid in chain if pid in spans), None)
@@ -121,11 +126,14 @@ def attribute(rows, spans, baseline: set[tuple]) -> tuple[collections.Counter, c
                 test = spans[worker][i][2]
         by_test[test] += spent
         by_kind[(test.split("::")[0], what)] += spent
-    return by_test, by_kind
+        if worker is None:
+            unowned[command] += spent
+    return by_test, by_kind, unowned
 
 
-def report(by_test, by_kind, wall: float, command: list[str], top: int) -> list[str]:
-    """The report's lines: the run, then CPU by kind of process, by module (``top``) and by test (``top``)."""
+def report(by_test, by_kind, wall: float, command: list[str], top: int, unowned=None) -> list[str]:
+    """The report's lines: the run, then CPU by kind of process, by module (``top``), by test (``top``), each
+    module's kinds of process (``top`` pairs) and what "(no worker)" ran (``top`` commands)."""
     total = sum(by_test.values())
     by_module: collections.Counter = collections.Counter()
     kinds: collections.Counter = collections.Counter()
@@ -142,6 +150,11 @@ def report(by_test, by_kind, wall: float, command: list[str], top: int) -> list[
               for module, spent in by_module.most_common(top)]
     lines += ["", "| test | CPU s |", "|---|---:|"]
     lines += [f"| {test} | {spent:.1f} |" for test, spent in by_test.most_common(top)]
+    lines += ["", "| module | kind of process | CPU s |", "|---|---|---:|"]
+    lines += [f"| {module} | {what} | {spent:.1f} |" for (module, what), spent in by_kind.most_common(top)]
+    if unowned:
+        lines += ["", "| (no worker): command | CPU s |", "|---|---:|"]
+        lines += [f"| `{c}` | {spent:.1f} |" for c, spent in unowned.most_common(top)]
     return lines
 
 
@@ -159,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                                   env={**os.environ, "VIT_TEST_TIMELINE": str(timeline)})
         rows = sample(pytest)
         wall = time.time() - began
-        by_test, by_kind = attribute(rows, read_timeline(timeline), baseline)
-    lines = report(by_test, by_kind, wall, args.pytest_args, args.top)
+        by_test, by_kind, unowned = attribute(rows, read_timeline(timeline), baseline)
+    lines = report(by_test, by_kind, wall, args.pytest_args, args.top, unowned)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:40]))

@@ -20,18 +20,20 @@ def test_a_descendants_cpu_is_its_workers_test_at_that_time(tmp_path):
                         "gw1 200 10.00 40.00 tests/test_b.py::test_two\n"
                         "gw0 100 30.00 50.00 tests/test_a.py::test_three\n")
     spans = suite_cpu.read_timeline(timeline)
-    rows = [(15.0, (101, "s1"), (101, 100, 1), 2.0, "Chromium"),  # gw0's child during test_one
-            (25.0, (102, "s2"), (102, 101, 100, 1), 3.0, "Chromium"),  # a grandchild, between gw0's tests
-            (35.0, (201, "s3"), (201, 200, 1), 4.0, "app servers"),  # gw1's child during test_two
-            (35.0, (100, "s0"), (100, 1), 1.5, "pytest workers"),  # gw0 itself during test_three
-            (35.0, (300, "s4"), (300, 1), 5.0, "yes"),  # not the suite's worker
-            (35.0, (400, "s5"), (400, 100, 1), 9.0, "yes")]  # running before the run: left out
-    by_test, by_kind = suite_cpu.attribute(rows, spans, baseline={(400, "s5")})
+    rows = [(15.0, (101, "s1"), (101, 100, 1), 2.0, "Chromium", "chromium"),  # gw0's child during test_one
+            (25.0, (102, "s2"), (102, 101, 100, 1), 3.0, "Chromium", "chromium"),  # a grandchild, between tests
+            (35.0, (201, "s3"), (201, 200, 1), 4.0, "app servers", "streamlit"),  # gw1's child during test_two
+            (35.0, (100, "s0"), (100, 1), 1.5, "pytest workers", "python"),  # gw0 itself during test_three
+            (35.0, (300, "s4"), (300, 1), 5.0, "yes", "/usr/bin/yes"),  # not the suite's worker
+            (35.0, (400, "s5"), (400, 100, 1), 9.0, "yes", "/usr/bin/yes")]  # running before the run: left out
+    by_test, by_kind, unowned = suite_cpu.attribute(rows, spans, baseline={(400, "s5")})
     assert by_test == {"tests/test_a.py::test_one": 2.0, "(worker, between tests)": 3.0,
                        "tests/test_b.py::test_two": 4.0, "tests/test_a.py::test_three": 1.5, "(no worker)": 5.0}
     assert by_kind[("tests/test_a.py", "Chromium")] == 2.0 and by_kind[("tests/test_a.py", "pytest workers")] == 1.5
-    lines = suite_cpu.report(by_test, by_kind, wall=10.0, command=["tests"], top=10)
+    assert unowned == {"/usr/bin/yes": 5.0}  # what "(no worker)" ran, by its command
+    lines = suite_cpu.report(by_test, by_kind, wall=10.0, command=["tests"], top=10, unowned=unowned)
     assert "| Chromium | 5 | 32.3 % |" in lines and "| tests/test_b.py | 4 | 25.8 % |" in lines
+    assert "| tests/test_a.py | Chromium | 2.0 |" in lines and "| `/usr/bin/yes` | 5.0 |" in lines
 
 
 def test_kinds_of_processes():
