@@ -412,3 +412,16 @@ def test_vit_explain_checks_its_settings_before_any_frame_is_decoded(checkpoint,
         vit.explain(checkpoint, "clip.mp4", "temporal", layer=7)
     with pytest.raises(ValueError, match=r"not one of the 4 tokens"):  # the CLS and the 3 frames it samples
         vit.explain(checkpoint, "clip.mp4", "temporal", query=4)
+
+
+def test_a_model_whose_temporal_layers_run_over_other_tokens_is_refused_in_one_line(folder, monkeypatch):
+    # The check at opening traces the encoder on the meta device and counts each temporal layer's keys: the CLS and
+    # one token a frame (the first 3 of the processor's frames, 4 at most). A road that expected another prefix
+    # would place every row one token off: refused, naming what the layers ran over.
+    from vit.sources.library_road import pe_video
+
+    monkeypatch.setattr(pe_video, "TEMPORAL_PREFIX", 2)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(folder, device="cpu")
+    assert str(refused.value).endswith("its temporal attention runs over [4] tokens, not the CLS and 3 frames the "
+                                       "library road places")

@@ -39,6 +39,7 @@ from vit.sources.library_road.transformers_models import (
     LibraryModel,
     _AttentionRecorder,
     declared_problem,
+    traced_key_counts,
 )
 
 # config.json model_types opened here (``transformers_models.OWN_LAYOUTS``) -> transformers' class that reads it
@@ -286,24 +287,12 @@ def _clip_problem(model: PeVideoLibraryModel) -> str | None:
     h, w = model.layout.image_hw
     frames = min(model.num_frames, 4)
     videos = torch.empty(1, frames, 3, h, w, device="meta")
-    seen: list[int] = []
-
-    class Shapes:  # a recorder that notes each temporal layer's key count and keeps nothing
-        layers = {module: i for i, module in enumerate(model._attention)}
-
-        @staticmethod
-        def keep(layer, query, key, value, attention_mask, kwargs) -> None:
-            seen.append(int(key.shape[-2]))
-
-        @staticmethod
-        def output(layer, out) -> None:
-            pass
-
+    layers: list[tuple[int, int]] = []  # (temporal layer, keys)
     try:
-        with torch.no_grad(), recording_attention.recording(model.model, Shapes()):
-            model.model(pixel_values_videos=videos)
+        traced_key_counts(model, model.model, lambda: model.model(pixel_values_videos=videos), layers)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError, AssertionError) as e:
         return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+    seen = [keys for _, keys in layers]
     if len(seen) != model.num_layers or set(seen) != {TEMPORAL_PREFIX + frames}:
         return (f"its temporal attention runs over {sorted(set(seen)) or 'no recorded'} tokens, not the CLS and "
                 f"{frames} frames the library road places")

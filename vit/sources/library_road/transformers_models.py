@@ -772,15 +772,10 @@ def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
                  and getattr(type(m), "_supports_attention_backend", False)), None)
 
 
-def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str | None:
-    """Why the layout does not place the tokens the model forms (its forward on the meta device, one image at the
-    input size: shapes only), or None: each layer's attention is over its extra tokens, the prefix tokens, the
-    patches and the suffix tokens. A forward that reads a value of its input cannot run without data (Idefics3's
-    patch mask, EoMT's mask annealing): the layers before that read are checked, the rest at each recording
-    (``LibraryModel.run``), and only at the config's own input size (``own_size``): at another, one its processor
-    asks for, it may form other tokens, or fail (EoMT's mask head is built for the config's grid)."""
-    pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
-    seen: list[tuple[int, int]] = []  # (layer, keys), in the order the forward runs them
+def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen: list[tuple[int, int]]) -> None:
+    """Run ``forward()`` (on meta tensors: shapes only) while transformers' attention interface is recorded in
+    ``part``, appending to ``seen`` each of ``model``'s attention layers' ``(layer, key count)`` as it runs; nothing
+    else is kept. What ``forward`` raises is raised (``seen`` then holds the layers before it)."""
 
     class Shapes:  # a recorder that notes each layer's key count and keeps nothing
         layers = {module: i for i, module in enumerate(model._attention)}
@@ -793,9 +788,21 @@ def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str |
         def output(layer, out) -> None:
             pass
 
+    with torch.no_grad(), recording_attention.recording(part, Shapes()):
+        forward()
+
+
+def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str | None:
+    """Why the layout does not place the tokens the model forms (its forward on the meta device, one image at the
+    input size: shapes only), or None: each layer's attention is over its extra tokens, the prefix tokens, the
+    patches and the suffix tokens. A forward that reads a value of its input cannot run without data (Idefics3's
+    patch mask, EoMT's mask annealing): the layers before that read are checked, the rest at each recording
+    (``LibraryModel.run``), and only at the config's own input size (``own_size``): at another, one its processor
+    asks for, it may form other tokens, or fail (EoMT's mask head is built for the config's grid)."""
+    pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
+    seen: list[tuple[int, int]] = []  # (layer, keys), in the order the forward runs them
     try:
-        with torch.no_grad(), recording_attention.recording(model.part, Shapes()):
-            model.entry(pixel_values=pixels)
+        traced_key_counts(model, model.part, lambda: model.entry(pixel_values=pixels), seen)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
         if "item() cannot be called on meta" not in str(e):
             size = config_size(model.config)
