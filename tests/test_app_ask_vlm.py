@@ -686,3 +686,15 @@ def test_a_vlm_whose_tower_no_port_reads_gets_its_question_page(no_port, kind, m
     upload(at, "photo.png", png(picture()))
     assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
     np.testing.assert_allclose(drawn[-1][1], answer.attention(2, 0), rtol=0, atol=0)
+
+
+def test_the_page_of_its_own_is_chosen_by_the_config_json_it_reads_now(tmp_path):
+    # The explorer asks at every rerun whether a folder is a VLM whose tower its config declares; it reads that
+    # config.json once per version of it: the folder rewritten as a plain ViT's is no longer one.
+    from app_pages.explorer_sections import vlm_view
+
+    transformers.Glm4vConfig().to_json_file(tmp_path / "config.json")
+    assert vlm_view.applies(tmp_path) and vlm_view.applies(str(tmp_path))
+    transformers.ViTConfig(hidden_size=48).to_json_file(tmp_path / "config.json")  # another size: another version
+    assert not vlm_view.applies(tmp_path)
+    assert not vlm_view.applies(None) and not vlm_view.applies(tmp_path / "missing")

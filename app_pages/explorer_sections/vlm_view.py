@@ -7,6 +7,7 @@ link and export. A VLM whose tower has a port keeps the whole page (``app_pages/
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +25,23 @@ HINT = ("Upload an image in the sidebar, then ask a question about it: the model
 
 def applies(path) -> bool:
     """Whether the picked checkpoint is a whole VLM's folder whose tower its config declares (no port reads it),
-    judged from its config.json alone."""
+    judged from its config.json alone: read once per version of that file (every rerun of the page asks)."""
+    if path is None:
+        return False
+    try:
+        stamp = (Path(path) / "config.json").stat()
+    except OSError:
+        return False
+    return _declares(str(path), (stamp.st_mtime_ns, stamp.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _declares(path: str, stamp: tuple[int, int]) -> bool:
+    """``applies`` for ``path`` whose config.json has ``stamp`` (its modification time and size)."""
     from vit.sources.vlm.declared import declared_tower
     from vit.sources.vlm.whole_vlm import can_answer
 
-    if path is None or not (Path(path) / "config.json").is_file() or not can_answer(path):
+    if not can_answer(path):
         return False
     try:
         return declared_tower(read_json(Path(path) / "config.json")) is not None
