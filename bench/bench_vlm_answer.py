@@ -20,7 +20,8 @@ fresh process, ``--threads`` torch threads:
   query row recorded), then the last answer token's ``answer.attention(i, -1)`` and ``answer.relevance(i, -1)`` (a
   family that refuses it is shown "refused"; ``--no-relevance`` skips it).
 
-Measured per process after the model is opened and a warm-up answer to a small image (lazy imports, thread pools):
+Measured per process after the model is opened, its every weight read once (``read_whole``: transformers maps the
+weights' files, a page read when first used) and a warm-up answer to a small image (lazy imports, thread pools):
 CPU seconds (``time.process_time``, every thread) and the resident set's peak over the resident set just before the
 work (VmHWM reset through /proc/self/clear_refs, glibc handing freed blocks back at once: ``tests/peak_memory.py``):
 what the answer holds above the weights. Ours is measured to the attention map (the answer and one map, what
@@ -70,6 +71,8 @@ class Family:
     images: dict = field(default_factory=dict)  # its image processor's settings (preprocessor_config.json)
     processor: dict = field(default_factory=dict)  # its processor's own (image tokens per tile, patch size)
     top: dict = field(default_factory=dict)  # the composite config's own fields that follow the widths
+    # the composite's other sub-configs' widths (Molmo 2's adapter_config, Gemma 3n's audio_config)
+    parts: dict = field(default_factory=dict)
     note: str = ""  # where the shape departs from the published one, and why
 
 
@@ -170,12 +173,86 @@ FAMILIES = {
              "counts each DaViT block at the last stage's 2,048 width, more than the weights hold); DaViT's stages "
              "1, 1, N - 3, 1 blocks deep (the base's 1, 1, 9, 1); --layers encoder and decoder layers each (the "
              "base's 6 and 6)"),
+    "qwen3_vl_moe": Family(
+        "qwen3_vl_moe", "Qwen/Qwen3-VL-30B-A3B-Instruct",
+        dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+             num_experts=32, num_experts_per_tok=8, moe_intermediate_size=768, decoder_sparse_step=1,
+             vocab_size=151936, max_position_embeddings=262144, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "mrope_section": [24, 20, 20], "rope_theta": 5000000.0,
+                              "mrope_interleaved": True}),
+        dict(hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=2048, patch_size=16,
+             spatial_merge_size=2, num_position_embeddings=2304),
+        images=dict(size={"shortest_edge": 65536, "longest_edge": 16777216}),
+        top=dict(tie_word_embeddings=False),
+        note="32 experts per MoE layer, not the 30B-A3B's 128 (each expert 4.7 M parameters: 128 are 2.4 GB of "
+             "float32 a layer, 9.7 GB at 4 layers beside 2.5 GB of untied embeddings and head, on a machine of "
+             "23 GB shared): each token still through its top 8, so the same multiply-adds a token; DeepStack: the "
+             "tower's layers 0, 1, 2 of 4 (the 30B-A3B's 8, 16, 24 of 27)"),
+    "qwen3_5": Family(
+        "qwen3_5", "Qwen/Qwen3.5-0.8B",
+        dict(hidden_size=1024, intermediate_size=3584, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+             linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+             linear_conv_kernel_dim=4, vocab_size=248320, max_position_embeddings=262144, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "mrope_section": [11, 11, 10], "rope_theta": 10000000.0,
+                              "mrope_interleaved": True, "partial_rotary_factor": 0.25}),
+        dict(hidden_size=768, intermediate_size=3072, num_heads=12, out_hidden_size=1024, patch_size=16,
+             spatial_merge_size=2, num_position_embeddings=2304),
+        images=dict(size={"shortest_edge": 65536, "longest_edge": 16777216}),
+        top=dict(tie_word_embeddings=True),
+        note="the 0.8B's config.json as a public repository's test copies it (its every field; the Hub is not "
+             "reachable here): one full-attention layer in four (full_attention_interval 4: layers 0-2 the gated "
+             "delta rule, layer 3 attention); its image processor Qwen3-VL's (16-px patches, 2 x 2 merge), "
+             "assumed, as its processor class is Qwen3-VL's"),
+    "molmo2": Family(
+        "molmo2", "allenai/Molmo2-4B",
+        dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+             vocab_size=151936, additional_vocab_size=128, max_position_embeddings=36864, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}),
+        dict(hidden_size=1152, intermediate_size=4304, num_attention_heads=16, num_key_value_heads=16, head_dim=72,
+             image_size=[378, 378], patch_size=14, num_position_embeddings=729),
+        images=dict(size={"height": 378, "width": 378}, patch_size=14, max_crops=8, overlap_margins=[4, 4],
+                    pooling_size=[2, 2]),
+        top=dict(tie_word_embeddings=False),
+        parts=dict(adapter_config=dict(hidden_size=1152, num_attention_heads=16, num_key_value_heads=16,
+                                       head_dim=72, intermediate_size=9728, text_hidden_size=2560)),
+        note="the adapter reads the tower's last layer and the one two before it (vision_feature_layer -1, -3; the "
+             "4B's -3, -9 of 27, its layers 24 and 18)"),
+    "gemma3n": Family(
+        "gemma3n", "google/gemma-3n-E4B-it",
+        dict(hidden_size=2048, intermediate_size=16384, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+             vocab_size=262400, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256,
+             altup_num_inputs=4, laurel_rank=64, sliding_window=512, max_position_embeddings=32768),
+        dict(architecture="mobilenetv5_300m_enc", model_args=None, hidden_size=2048, vocab_size=128,
+             vocab_offset=262144),
+        images=dict(size={"height": 768, "width": 768}),
+        parts=dict(audio_config=dict(vocab_size=128, vocab_offset=262272)),
+        note="the tower whole (MobileNetV5-300M at its published widths: a convolutional tower, no layers to "
+             "count); the language model's layers sliding, full, sliding, full with the last two reusing the keys "
+             "of the two before (the E4B's 35: every fifth full, the last 15 reusing), the first's activations "
+             "sparse (the E4B's first 10); the image's special tokens at the tests' tokenizer's ids (64, 65), "
+             "inside the text vocabulary, not at 262,144-262,145 (an embedding row either way); the audio tower "
+             "the tests' tiny one (an image question never runs it)"),
+    "llava_next_video": Family(
+        "llava_next_video", "llava-hf/LLaVA-NeXT-Video-7B-hf",
+        dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32, head_dim=128,
+             vocab_size=32064, max_position_embeddings=4096, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "linear", "factor": 2.5, "rope_theta": 10000.0}),
+        dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, image_size=336, patch_size=14,
+             projection_dim=768),
+        images=dict(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336},
+                    image_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]),
+        processor=dict(patch_size=14),
+        top=dict(image_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+                 tie_word_embeddings=False),
+        note="asked about an image (the bench asks no clip): LLaVA-NeXT's base image and its 2 x 2 crops of 336 px "
+             "for a square image, unpadded, a newline token after each row"),
 }
 
 
 def deepen(family: Family, config: dict, layers: int, vision_layers: int) -> None:
     """``config`` (a composite config's dict) at ``layers`` language-model and ``vision_layers`` tower layers, what
-    follows from the depths with them (which tower layers are global, DeepStack's, the cross-attention layers)."""
+    follows from the depths with them (which tower layers are global, DeepStack's, the cross-attention layers, the
+    layers an adapter reads, which layers share their keys)."""
     text, vision = config["text_config"], config["vision_config"]
     kind = family.kind
     if kind == "florence2":
@@ -184,14 +261,25 @@ def deepen(family: Family, config: dict, layers: int, vision_layers: int) -> Non
         return
     text["num_hidden_layers"] = layers
     text.pop("layer_types", None)  # derived from the depth
-    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v"):
+    text.pop("rope_scaling_layers", None)  # Molmo 2's: every layer, derived from the depth
+    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "glm4v"):
         vision["depth"] = vision_layers
-    else:
+    elif kind != "gemma3n":  # Gemma 3n's MobileNetV5 is built whole, from its timm architecture's name
         vision["num_hidden_layers"] = vision_layers
     if kind == "qwen2_5_vl":  # the 3B's 7, 15, 23, 31: one in four
         vision["fullatt_block_indexes"] = list(range(3, vision_layers, 4)) or [vision_layers - 1]
-    if kind == "qwen3_vl":
+    if kind in ("qwen3_vl", "qwen3_vl_moe"):
         vision["deepstack_visual_indexes"] = list(range(min(vision_layers - 1, 3))) or [0]  # the 2B reads 3
+    if "num_experts" in text:  # Qwen3-VL-MoE's widths name the tiny's num_local_experts by its published name
+        text.pop("num_local_experts", None)
+    if kind == "molmo2":  # the 4B reads two layers, its deepest the last it runs
+        config["adapter_config"]["vision_feature_layer"] = [-1, -3] if vision_layers >= 3 else [-1]
+    if kind == "gemma3n":  # the last half reuse the keys of the layer of their kind before them (KV sharing)
+        text["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2) + \
+            ["sliding_attention"] * (layers % 2)
+        text["num_kv_shared_layers"] = layers // 2
+        sparse = max(round(layers * 10 / 35), 1)  # the E4B's first 10 of 35
+        text["activation_sparsity_pattern"] = [0.95] * sparse + [0.0] * (layers - sparse)
     if kind == "llama4":  # Scout's layers 4, 8, ... are NoPE (no_rope_layers 0); every layer of experts
         text["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(layers)]
         text.pop("moe_layers", None)
@@ -215,7 +303,7 @@ def build(folder: Path, layers: int, vision_layers: int, tiny: bool, family: str
     tiny_model, processor = _build(spec.kind)
     config = tiny_model.config.to_dict()
     if not tiny:
-        for part, widths in (("text_config", spec.text), ("vision_config", spec.vision)):
+        for part, widths in (("text_config", spec.text), ("vision_config", spec.vision), *spec.parts.items()):
             config[part] = {k: v for k, v in config[part].items() if k != "head_dim"} | widths
         config.update(spec.top)
     deepen(spec, config, layers, vision_layers)
@@ -253,6 +341,20 @@ def attentions_kept(out) -> int:
                ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"))
 
 
+def read_whole(model) -> None:
+    """Every weight and buffer of ``model`` read once, before the warm-up: transformers maps the safetensors files
+    and reads a weight's pages when it is first used, so a weight the warm-up did not use (an expert none of its
+    tokens was routed to) would be counted in the answer's peak (Qwen3-VL-MoE at 448 px: 134 MB of experts, both
+    sides alike)."""
+    import itertools
+
+    import torch
+
+    with torch.no_grad():
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            tensor.sum()
+
+
 def theirs(folder: Path, side: int, new_tokens: int) -> dict:
     """transformers alone, eager, every step's attentions returned: the answer's CPU seconds and peak."""
     import torch
@@ -264,6 +366,7 @@ def theirs(folder: Path, side: int, new_tokens: int) -> dict:
     model = getattr(transformers, architecture).from_pretrained(
         folder, attn_implementation="eager", dtype="auto").eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
+    read_whole(model)
 
     def answer(image, n):
         if processor.chat_template is None:  # Florence-2: its processor lays out the rest of the prompt
@@ -297,6 +400,7 @@ def ours(folder: Path, side: int, new_tokens: int, relevance: bool = True) -> di
     from tests.peak_memory import peak, start
 
     vlm = vit.open_vlm(folder)
+    read_whole(vlm.model)
     warm = vit.ask_vlm(vlm, picture(WARM_SIDE), QUESTION, max_new_tokens=2)
     warm.attention(len(warm.tokens) - 1, -1)
     if relevance:
@@ -384,6 +488,8 @@ def depths(config: dict) -> tuple[str, str]:
     if "encoder_layers" in text:  # Florence-2: BART's encoder and decoder, DaViT's stages
         return (f"{text['encoder_layers']} encoder + {text['decoder_layers']} decoder",
                 f"{sum(vision['depths'])} ({'-'.join(map(str, vision['depths']))})")
+    if "architecture" in vision:  # Gemma 3n: a timm tower, built whole
+        return str(text["num_hidden_layers"]), f"all of {vision['architecture']}'s"
     return str(text["num_hidden_layers"]), str(vision.get("depth", vision.get("num_hidden_layers")))
 
 
@@ -402,7 +508,9 @@ def table(args, folder: Path, emit) -> None:
              f"{args.family} at {spec.follows}'s widths (language model: {widths(spec.text)}; tower: "
              f"{widths(spec.vision)}; image processor: {widths(spec.images)}"
              f"{'; ' + widths(spec.processor) if spec.processor else ''}"
-             f"{'; ' + widths(spec.top) if spec.top else ''}){'; ' + spec.note if spec.note else ''}")
+             f"{'; ' + widths(spec.top) if spec.top else ''}"
+             f"{''.join(f'; {part}: {widths(part_widths)}' for part, part_widths in spec.parts.items())})"
+             f"{'; ' + spec.note if spec.note else ''}")
     emit(f"# python -m bench.bench_vlm_answer {' '.join(args.argv)}   (issue 80, item 6; issue 92)")
     emit(f"# Machine: 2 logical CPUs shared with other work; torch {torch.__version__} on the CPU, {args.threads} "
          f"thread(s); transformers {transformers.__version__}")
