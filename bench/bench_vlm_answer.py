@@ -70,6 +70,7 @@ class Family:
     vision: dict  # its tower's widths (vision_config)
     images: dict = field(default_factory=dict)  # its image processor's settings (preprocessor_config.json)
     processor: dict = field(default_factory=dict)  # its processor's own (image tokens per tile, patch size)
+    videos: dict = field(default_factory=dict)  # its video processor's, where they follow the tower (patch size)
     top: dict = field(default_factory=dict)  # the composite config's own fields that follow the widths
     # the composite's other sub-configs' widths (Molmo 2's adapter_config, Gemma 3n's audio_config)
     parts: dict = field(default_factory=dict)
@@ -212,11 +213,14 @@ FAMILIES = {
              image_size=[378, 378], patch_size=14, num_position_embeddings=729),
         images=dict(size={"height": 378, "width": 378}, patch_size=14, max_crops=8, overlap_margins=[4, 4],
                     pooling_size=[2, 2]),
+        videos=dict(size={"height": 378, "width": 378}, patch_size=14),
         top=dict(tie_word_embeddings=False),
         parts=dict(adapter_config=dict(hidden_size=1152, num_attention_heads=16, num_key_value_heads=16,
                                        head_dim=72, intermediate_size=9728, text_hidden_size=2560)),
         note="the adapter reads the tower's last layer and the one two before it (vision_feature_layer -1, -3; the "
-             "4B's -3, -9 of 27, its layers 24 and 18)"),
+             "4B's -3, -9 of 27, its layers 24 and 18); its video processor's patches and frame size the image "
+             "processor's (assumed: vit refuses a video patch size other than the tower's, and the 4B's "
+             "video_preprocessor_config.json was not at hand)"),
     "gemma3n": Family(
         "gemma3n", "google/gemma-3n-E4B-it",
         dict(hidden_size=2048, intermediate_size=16384, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
@@ -241,6 +245,7 @@ FAMILIES = {
              projection_dim=768),
         images=dict(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336},
                     image_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]),
+        videos=dict(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}),
         processor=dict(patch_size=14),
         top=dict(image_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
                  tie_word_embeddings=False),
@@ -316,6 +321,8 @@ def build(folder: Path, layers: int, vision_layers: int, tiny: bool, family: str
         saved = folder / "processor_config.json"
         settings = json.loads(saved.read_text())
         settings["image_processor"].update(spec.images)
+        if spec.videos:
+            settings["video_processor"].update(spec.videos)
         settings.update(spec.processor)
         saved.write_text(json.dumps(settings, indent=2))
 
