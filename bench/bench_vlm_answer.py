@@ -20,8 +20,9 @@ fresh process, ``--threads`` torch threads:
   query row recorded), then the last answer token's ``answer.attention(i, -1)`` and ``answer.relevance(i, -1)`` (a
   family that refuses it is shown "refused"; ``--no-relevance`` skips it).
 
-Measured per process after the model is opened, its every weight read once (``read_whole``: transformers maps the
-weights' files, a page read when first used) and a warm-up answer to a small image (lazy imports, thread pools):
+Measured per process after the model is opened, its weights copied into the process's memory
+(``weights_in_memory``: transformers maps the weights' files, a page read when first used and dropped under other
+work's memory pressure) and a warm-up answer to a small image (lazy imports, thread pools):
 CPU seconds (``time.process_time``, every thread) and the resident set's peak over the resident set just before the
 work (VmHWM reset through /proc/self/clear_refs, glibc handing freed blocks back at once: ``tests/peak_memory.py``):
 what the answer holds above the weights. Ours is measured to the attention map (the answer and one map, what
@@ -348,18 +349,19 @@ def attentions_kept(out) -> int:
                ("attentions", "encoder_attentions", "decoder_attentions", "cross_attentions"))
 
 
-def read_whole(model) -> None:
-    """Every weight and buffer of ``model`` read once, before the warm-up: transformers maps the safetensors files
-    and reads a weight's pages when it is first used, so a weight the warm-up did not use (an expert none of its
-    tokens was routed to) would be counted in the answer's peak (Qwen3-VL-MoE at 448 px: 134 MB of experts, both
-    sides alike)."""
+def weights_in_memory(model) -> None:
+    """Every weight and buffer of ``model`` copied into the process's own memory, before the warm-up. transformers
+    maps the weights' files: a page is read when its weight is first used (an expert no warm-up token was routed to:
+    134 MB of Qwen3-VL-MoE's at 448 px were counted in the answer's peak) and may be dropped again when other work
+    needs memory (GLM-4.1V's tower lost 182 MB of them mid-answer, hiding the answer's own peak). A copy is neither,
+    so the peak over the resident set once the model is open is the answer's alone."""
     import itertools
 
     import torch
 
     with torch.no_grad():
         for tensor in itertools.chain(model.parameters(), model.buffers()):
-            tensor.sum()
+            tensor.data = tensor.data.clone()  # a tied weight is one Parameter: still one
 
 
 def theirs(folder: Path, side: int, new_tokens: int) -> dict:
@@ -373,7 +375,7 @@ def theirs(folder: Path, side: int, new_tokens: int) -> dict:
     model = getattr(transformers, architecture).from_pretrained(
         folder, attn_implementation="eager", dtype="auto").eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    read_whole(model)
+    weights_in_memory(model)
 
     def answer(image, n):
         if processor.chat_template is None:  # Florence-2: its processor lays out the rest of the prompt
@@ -407,7 +409,7 @@ def ours(folder: Path, side: int, new_tokens: int, relevance: bool = True) -> di
     from tests.peak_memory import peak, start
 
     vlm = vit.open_vlm(folder)
-    read_whole(vlm.model)
+    weights_in_memory(vlm.model)
     warm = vit.ask_vlm(vlm, picture(WARM_SIDE), QUESTION, max_new_tokens=2)
     warm.attention(len(warm.tokens) - 1, -1)
     if relevance:

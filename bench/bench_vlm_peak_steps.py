@@ -1,11 +1,11 @@
 """Which step of a VLM's answer sets its memory peak (issue 92's speed criterion; bench_vlm_answer.py measures the
 peak, this names the step): one side of bench_vlm_answer (``theirs``: transformers' eager ``generate(output_attentions
 =True)``; ``ours``: ``vit.ask_vlm`` and the last token's attention map) on a folder bench_vlm_answer built, in this
-process, after the same reading of every weight and warm-up, with every module's forward entry and exit an event. At
-each event the resident set's high-water mark since the previous event is read (VmHWM) and reset
+process, after the same copy of the weights into memory and warm-up, with every module's forward entry and exit an
+event. At each event the resident set's high-water mark since the previous event is read (VmHWM) and reset
 (/proc/self/clear_refs), so each peak is the peak between two events: the steps are ranked by it, over the resident
-set once the model is open, with what is resident after each step, anonymous (tensors) and file-backed (the weights'
-mapped pages).
+set once the model is open, with what is resident after each step, anonymous (tensors) and file-backed (mapped
+pages).
 
 ``--alone NAME`` then runs module NAME again on the input it was handed in the answer (kept by a hook: counted in
 the peaks after it), three ways, each peak over the resident set before it: as handed, on a contiguous copy of its
@@ -74,7 +74,7 @@ def answer(side: str, folder: Path, px: int, steps: Steps, keep: str | None):
     armed; the model."""
     import torch
 
-    from bench.bench_vlm_answer import QUESTION, WARM_SIDE, picture, read_whole
+    from bench.bench_vlm_answer import QUESTION, WARM_SIDE, picture, weights_in_memory
     from tests.peak_memory import start
 
     if side == "theirs":
@@ -110,7 +110,7 @@ def answer(side: str, folder: Path, px: int, steps: Steps, keep: str | None):
             reply.attention(len(reply.tokens) - 1, -1)
             steps.mark("attention map's end")
 
-    read_whole(model)
+    weights_in_memory(model)
     ask(picture(WARM_SIDE), 2)
     steps.hook(model, keep)
     image = picture(px)
