@@ -1,0 +1,113 @@
+"""What a browser test's Chromium costs (issue 93): the CPU of Chromium's processes for N loads of the explorer's
+first page (the shipped default's sample, its prediction and its maps drawn), each in a browser launched for it
+(what every browser test did) against one browser launched once, each load in a new context (what
+tests/helpers.py's ``chromium`` now gives a run of browser tests).
+
+    python bench/bench_browser_launch.py --loads 4 --rounds 2 --out bench/results/cpu-2026-11-27/suite-browser-shared.txt
+
+One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
+CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
+renderer is not a child the Python process waits for, so its rusage does not reach ours). Rounds alternate the
+order, so background load slows both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+TICK = os.sysconf("SC_CLK_TCK")
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
+def loads(url: str, variant: str, count: int) -> None:
+    """``count`` loads of ``url`` in ``variant``'s browsers (run in a process of its own)."""
+    from helpers import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    def load(page) -> None:
+        page.goto(url)
+        page.get_by_text("Colours span").wait_for(timeout=180_000)
+        page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] svg image').length >= 2",
+                               timeout=180_000)
+
+    with sync_playwright() as playwright:
+        def launch():
+            return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+        shared = launch() if variant == "shared" else None
+        for _ in range(count):
+            browser = shared or launch()
+            context = browser.new_context(viewport=VIEWPORT)
+            load(context.new_page())
+            context.close()
+            if shared is None:
+                browser.close()
+        if shared is not None:
+            shared.close()
+
+
+def chromium_cpu(command: list[str]) -> float:
+    """Run ``command``; the CPU seconds its Chromium processes spent."""
+    seen: dict[tuple[int, str], float] = {}
+    process = subprocess.Popen(command)
+    while process.poll() is None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"chromium" not in f.read():
+                        continue
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            seen[(int(entry), fields[19])] = (int(fields[11]) + int(fields[12])) / TICK
+        time.sleep(0.2)
+    if process.returncode:
+        raise SystemExit(f"{command} failed with {process.returncode}")
+    return sum(seen.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loads", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--run", nargs=3, metavar=("URL", "VARIANT", "LOADS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run:
+        loads(args.run[0], args.run[1], int(args.run[2]))
+        return 0
+    from helpers import streamlit_app
+
+    spent: dict[str, list[float]] = {"launched per load": [], "shared": []}
+    with streamlit_app({}) as (url, _):
+        for i in range(args.rounds):
+            order = ("launched per load", "shared") if i % 2 == 0 else ("shared", "launched per load")
+            for variant in order:
+                command = [sys.executable, __file__, "--run", url, variant.split()[0], str(args.loads)]
+                spent[variant].append(chromium_cpu(command) / args.loads)
+    lines = [f"# python bench/bench_browser_launch.py --loads {args.loads} --rounds {args.rounds}",
+             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; Chromium's CPU seconds "
+             "per page load (the explorer's first page, drawn), each round's, then the median", "",
+             "| browser | CPU s per load, by round | median |", "|---|---|---:|"]
+    for variant, values in spent.items():
+        lines.append(f"| {variant} | {', '.join(f'{v:.2f}' for v in values)} | {statistics.median(values):.2f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
