@@ -59,11 +59,12 @@ APP_OVERLAY_SHAPES = """() => {
   const graph = document.querySelector('.st-key-overlay_picker .js-plotly-plot');
   return graph && graph.layout ? graph.layout.shapes || [] : null;
 }"""
-# The sidebar radio's option shown as chosen.
+# The sidebar radio's option shown as chosen; null while a rerun has the group off the page (waited for).
 CHECKED_RADIO = """(label) => {
   const group = [...document.querySelectorAll('[data-testid="stSidebar"] [data-testid="stRadio"]')]
-    .find(g => g.querySelector('[data-testid="stWidgetLabel"]').innerText.trim() === label);
-  return group.querySelector('input:checked').closest('label').innerText.trim();
+    .find(g => g.querySelector('[data-testid="stWidgetLabel"]')?.innerText.trim() === label);
+  const checked = group && group.querySelector('input:checked');
+  return checked ? checked.closest('label').innerText.trim() : null;
 }"""
 
 
@@ -99,7 +100,7 @@ def test_the_export_of_a_view_shows_what_the_page_shows(app, tmp_path):
         app_outline = [s for s in page.wait_for_function(APP_OVERLAY_SHAPES).json_value() if s["type"] == "rect"]
         sidebar = {label: page.get_by_role("combobox", name=label, exact=True).input_value()
                    for label in ("Input size", "Query token", "Colour map", "Head")}
-        sidebar["Colour scale"] = page.evaluate(CHECKED_RADIO, "Colour scale")
+        sidebar["Colour scale"] = page.wait_for_function(CHECKED_RADIO, arg="Colour scale").json_value()
         grid_shown = page.get_by_role("checkbox", name="Show the patch grid").is_checked()
         sidebar["Show the patch grid"] = "yes" if grid_shown else "no"
         with page.expect_download() as download:
