@@ -1,9 +1,11 @@
 """What a browser test's Chromium costs (issue 93): the CPU of Chromium's processes for N loads of the explorer's
-first page (the shipped default's sample, its prediction and its maps drawn), each in a browser launched for it
-(what every browser test did) against one browser launched once, each load in a new context (what
-tests/helpers.py's ``chromium`` now gives a run of browser tests).
+first page (the shipped default's sample, its prediction and its maps drawn). ``--compare launch``: each load in a
+browser launched for it (what every browser test does) against one browser launched once, each load in a new
+context. ``--compare flags``: tests/helpers.py's ``CHROMIUM_ARGS`` against the same without its ``RENDER_ARGS``
+(each browser launched once for the N loads).
 
     python bench/bench_browser_launch.py --loads 4 --rounds 2 --out bench/results/cpu-2026-11-27/suite-browser-shared.txt
+    python bench/bench_browser_launch.py --compare flags --loads 2 --rounds 3 --out bench/results/cpu-2026-11-27/suite-browser-flags.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
@@ -29,8 +31,10 @@ VIEWPORT = {"width": 1400, "height": 1000}
 
 def loads(url: str, variant: str, count: int) -> None:
     """``count`` loads of ``url`` in ``variant``'s browsers (run in a process of its own)."""
-    from helpers import CHROMIUM, CHROMIUM_ARGS
+    from helpers import BASE_ARGS, CHROMIUM, CHROMIUM_ARGS
     from playwright.sync_api import sync_playwright
+
+    args = BASE_ARGS if variant == "base" else CHROMIUM_ARGS
 
     def load(page) -> None:
         page.goto(url)
@@ -40,9 +44,9 @@ def loads(url: str, variant: str, count: int) -> None:
 
     with sync_playwright() as playwright:
         def launch():
-            return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            return playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
 
-        shared = launch() if variant == "shared" else None
+        shared = launch() if variant != "launched" else None
         for _ in range(count):
             browser = shared or launch()
             context = browser.new_context(viewport=VIEWPORT)
@@ -79,6 +83,7 @@ def chromium_cpu(command: list[str]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=("launch", "flags"), default="launch")
     parser.add_argument("--loads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
@@ -89,14 +94,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from helpers import streamlit_app
 
-    spent: dict[str, list[float]] = {"launched per load": [], "shared": []}
+    names = (("launched per load", "shared") if args.compare == "launch"
+             else ("base (no RENDER_ARGS)", "CHROMIUM_ARGS"))
+    spent: dict[str, list[float]] = {name: [] for name in names}
     with streamlit_app({}) as (url, _):
         for i in range(args.rounds):
-            order = ("launched per load", "shared") if i % 2 == 0 else ("shared", "launched per load")
+            order = names if i % 2 == 0 else names[::-1]
             for variant in order:
                 command = [sys.executable, __file__, "--run", url, variant.split()[0], str(args.loads)]
                 spent[variant].append(chromium_cpu(command) / args.loads)
-    lines = [f"# python bench/bench_browser_launch.py --loads {args.loads} --rounds {args.rounds}",
+    lines = [f"# python bench/bench_browser_launch.py --compare {args.compare} --loads {args.loads} "
+             f"--rounds {args.rounds}",
              f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; Chromium's CPU seconds "
              "per page load (the explorer's first page, drawn), each round's, then the median", "",
              "| browser | CPU s per load, by round | median |", "|---|---|---:|"]

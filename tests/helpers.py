@@ -69,8 +69,15 @@ SERVER_LOG_LINES = 400  # of a failed browser test's server output: its stacks a
 # A step that includes a training process's start and run waits RUN_MS. BROWSER_TIMEOUT_MS overrides both.
 BROWSER_TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))
 RUN_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 240_000))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+BASE_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--no-first-run"]
+# Paint and composite on the page's own threads, images decoded before they are drawn, no smooth scrolling: the
+# same frames for less of Chromium's CPU per explorer page load, 10.0 vs 10.8 s (median of 3 rounds; an unkept
+# first run 9.9 vs 11.9): bench/bench_browser_launch.py --compare flags,
+# bench/results/cpu-2026-11-27/suite-browser-flags.txt. Fewer raster threads alone gave nothing.
+RENDER_ARGS = ["--num-raster-threads=1", "--disable-checker-imaging", "--disable-partial-raster",
+               "--disable-threaded-animation", "--disable-threaded-scrolling", "--disable-smooth-scrolling"]
+CHROMIUM_ARGS = BASE_ARGS + RENDER_ARGS
 
 
 @contextmanager
