@@ -4,8 +4,10 @@ browser launched for it (what every browser test does) against one browser launc
 context. ``--compare flags``: tests/helpers.py's ``CHROMIUM_ARGS`` against the same without its ``RENDER_ARGS``
 (each browser launched once for the N loads).
 
-    python bench/bench_browser_launch.py --loads 4 --rounds 2 --out bench/results/cpu-2026-11-27/suite-browser-shared.txt
-    python bench/bench_browser_launch.py --compare flags --loads 2 --rounds 3 --out bench/results/cpu-2026-11-27/suite-browser-flags.txt
+    python bench/bench_browser_launch.py --loads 4 --rounds 2 \
+        --out bench/results/cpu-2026-11-27/suite-browser-launch.txt
+    python bench/bench_browser_launch.py --compare flags --loads 2 --rounds 3 \
+        --out bench/results/cpu-2026-11-27/suite-browser-flags.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
