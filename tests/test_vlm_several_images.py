@@ -3,7 +3,8 @@ transformers' own greedy ``generate`` over the processor's prompt of both images
 to each image is the eager row over that image's tokens, placed by hand on that image's own patch grid (the tokens
 split image after image: LLaVA's 16 each, Qwen2.5-VL's and GLM-4.1V's ``image_grid_thw`` row by row, Mistral 3's
 ``image_sizes``, Gemma 3's pooled 2 x 2, InternVL's 2 x 2 units of one view each); its share per image the row's sum
-over that image's tokens. Taken in the other order the maps would differ.
+over that image's tokens. Taken in the other order the maps would differ. Images a model cuts into tiles (Idefics3,
+SmolVLM, Llama 4, InternVL) each have their own tiles on their own canvas, placed where the processor cut them.
 """
 
 import json
@@ -13,7 +14,20 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import ATOL, NEW_TOKENS, QUESTION, by_hand, picture, saved_whole  # noqa: E402
+from test_vlm_answer import (  # noqa: E402
+    ATOL,
+    NEW_TOKENS,
+    QUESTION,
+    by_hand,
+    eager_image_rows,
+    internvl_tiles,  # noqa: F401 - a fixture
+    picture,
+    quadrant_places,
+    quadrants,
+    saved_whole,
+    split_tiles,  # noqa: F401 - a fixture
+    where_tiles_are,
+)
 
 import vit  # noqa: E402
 
@@ -39,7 +53,8 @@ def eager_two(folder, images=IMAGES):
     messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
                                              {"type": "text", "text": QUESTION}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(images=list(images), text=text, return_tensors="pt")
+    # in the model's dtype, as transformers' examples pass them (Llama 4's processor gives bfloat16 pixels)
+    inputs = processor(images=list(images), text=text, return_tensors="pt").to(dtype=model.dtype)
     with torch.no_grad():
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
@@ -122,3 +137,66 @@ def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_
     with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not placed "
                                          r"per image yet; ask about one image"):
         vit.ask_vlm(vit.open_vlm(next_folder), list(IMAGES), QUESTION, max_new_tokens=1)
+
+
+def canvas_by_hand(row: np.ndarray, places: list[tuple[int, int]], first: int) -> np.ndarray:
+    """One image's tiles on its canvas from ``row`` (the eager row over every image's tokens): its tiles' tokens from
+    ``first`` on, four each (2 x 2 pixel-shuffle units of a 4 x 4-patch tile), tile k at ``places[k]``."""
+    rows, cols = max(p[0] for p in places) + 1, max(p[1] for p in places) + 1
+    canvas = np.zeros((4 * rows, 4 * cols), dtype=np.float32)
+    for k, (r, c) in enumerate(places):
+        canvas[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[first + 4 * k:first + 4 * k + 4], (4, 4), 2, 0)
+    return canvas
+
+
+def assert_each_image_on_its_canvas(answer, out, positions, images: list[tuple[int, list | None]]) -> None:
+    """Every answer token's map of each image, every layer, each head and their mean, is the eager row over that
+    image's tokens on its own canvas (``images``: each image's first token and its tiles' places, None for an image
+    read in one view), and its overview the tokens after its tiles'."""
+    for i in range(len(answer.tokens)):  # generate may end on its end token before NEW_TOKENS
+        for layer in range(answer.layers):
+            heads = eager_image_rows(out, i, layer, positions)
+            for head in (*range(heads.shape[0]), None):
+                row = heads.mean(0) if head is None else heads[head]
+                for k, (first, places) in enumerate(images):
+                    shown = answer.attention(i, layer, head, image=k)
+                    if places is None:
+                        np.testing.assert_allclose(shown, by_hand(row[first:first + 4], (4, 4), 2, 0), rtol=0,
+                                                   atol=ATOL)
+                        continue
+                    np.testing.assert_allclose(shown, canvas_by_hand(row, places, first), rtol=0, atol=ATOL)
+                    after = first + 4 * len(places)
+                    np.testing.assert_allclose(answer.attention(i, layer, head, overview=True, image=k),
+                                               by_hand(row[after:after + 4], (4, 4), 2, 0), rtol=0, atol=ATOL)
+
+
+def test_two_images_cut_into_tiles_each_have_their_tiles_on_their_own_canvas(split_tiles):  # noqa: F811
+    """Idefics3's, SmolVLM's and Llama 4's two split images: the first's 2 x 2 tiles and global image, then the
+    second's 1 x 2 and its global image, in the pixel tensor and the prompt; each tile placed where its pixels came
+    from (read off the quadrants' colours of the pixels the tower read), each image's global image its overview."""
+    kind, folder = split_tiles
+    pair = [quadrants(80, 80), quadrants(100, 50)]
+    answer = vit.ask_vlm(vit.open_vlm(folder), pair, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, positions = eager_two(folder, pair)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    views = inputs["pixel_values"] if kind == "llama4_tiles" else inputs["pixel_values"][0]
+    assert views.shape[0] == 5 + 3 and len(positions) == 8 * 4
+    placed = [quadrant_places(views[0:4]), quadrant_places(views[5:7])]  # each image's global view after its tiles
+    assert placed == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(0, 0), (0, 1)]]
+    assert [layout.grid for layout in answer.layouts] == [(8, 8), (4, 8)]
+    assert_each_image_on_its_canvas(answer, out, positions, [(0, placed[0]), (20, placed[1])])
+
+
+def test_an_image_cut_into_tiles_beside_one_read_whole_each_on_its_own_grid(internvl_tiles):  # noqa: F811
+    """InternVL: ``picture()`` cut into 3 x 2 tiles and a thumbnail, then a 32-px image read in one view; each placed
+    as the processor cut it (the tiles found by their pixels on the canvas), and the second image has no overview."""
+    pair = [picture(), picture(32, 32)]
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), pair, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, positions = eager_two(internvl_tiles, pair)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert inputs["pixel_values"].shape[0] == 7 + 1 and len(positions) == 8 * 4
+    places = where_tiles_are(internvl_tiles, pair[0])
+    assert [layout.grid for layout in answer.layouts] == [(8, 12), (4, 4)]
+    assert_each_image_on_its_canvas(answer, out, positions, [(0, places), (28, None)])
+    with pytest.raises(ValueError, match=r"^this image was read in one view"):
+        answer.attention(0, overview=True, image=1)

@@ -109,16 +109,38 @@ def _canvas(tiles: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return tiles[:rows * cols].reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
 
 
-def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
-    """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
-    tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
-    image resized to one tile) after them; each tile's pixel-shuffle units row-major."""
+def _internvl_canvas(vlm, image: Image.Image) -> tuple[int, int]:
+    """The rows and columns of tiles InternVL's processor cuts ``image`` into: the canvas transformers'
+    ``get_optimal_tiled_canvas`` chooses (1 x 1: the image read whole, no thumbnail)."""
     from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
 
     images = vlm.processor.image_processor
     size = images.size
     cols, rows = get_optimal_tiled_canvas((image.height, image.width), (size["height"], size["width"]),
                                           images.min_patches, images.max_patches)
+    return rows, cols
+
+
+def _idefics3_canvas(vlm, image: Image.Image) -> tuple[int, int]:
+    """The rows and columns of tiles Idefics3's (SmolVLM's) image processor splits ``image`` into, as it counts them
+    (``return_row_col_info``; 0 x 0: not split, the image read whole)."""
+    counted = vlm.processor.image_processor(images=[[image]], return_row_col_info=True, return_tensors="pt")
+    return int(counted["rows"][0][0]), int(counted["cols"][0][0])
+
+
+def _llama4_canvas(vlm, image: Image.Image) -> tuple[int, int]:
+    """The rows and columns of the canvas of tiles Llama 4's image processor resizes ``image`` into
+    (``aspect_ratios``; 1 x 1: one tile, no global image)."""
+    counted = vlm.processor.image_processor(images=[image], return_tensors="pt")
+    rows, cols = (int(v) for v in counted["aspect_ratios"][0])
+    return rows, cols
+
+
+def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
+    tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
+    image resized to one tile) after them; each tile's pixel-shuffle units row-major."""
+    rows, cols = _internvl_canvas(vlm, image)
     if pixels.shape[0] != rows * cols + 1:
         raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
                          "of InternVL's canvas; ask about one image")
@@ -130,8 +152,7 @@ def _idefics3_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
     tiles, cut row-major (its rows and columns as the image processor counts them, ``return_row_col_info``), the
     whole image resized to one tile after them (the global image); each tile's pixel-shuffle units row-major
     (``Idefics3Connector.pixel_shuffle``). An image no larger than one tile is read whole, in one view."""
-    counted = vlm.processor.image_processor(images=[[image]], return_row_col_info=True, return_tensors="pt")
-    rows, cols = int(counted["rows"][0][0]), int(counted["cols"][0][0])
+    rows, cols = _idefics3_canvas(vlm, image)
     if pixels.shape[0] != rows * cols + 1:
         raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
                          "of its split; ask about one image")
@@ -142,8 +163,7 @@ def _llama4_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
     """Llama 4's chunks (``Llama4ImageProcessor``): the image resized into the canvas of ``aspect_ratios`` tiles it
     chose and padded to fill it, cut row-major, the whole image resized to one tile after them (the global image,
     ``<|image|>`` in the prompt); each tile's pixel-shuffle units row-major, the tile separators no image tokens."""
-    counted = vlm.processor.image_processor(images=[image], return_tensors="pt")
-    rows, cols = (int(v) for v in counted["aspect_ratios"][0])
+    rows, cols = _llama4_canvas(vlm, image)
     if pixels.shape[0] != rows * cols + 1:
         raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
                          "of its canvas; ask about one image")
@@ -453,11 +473,44 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
 
 
 
+# The families whose processor cuts an image into tiles, the views of several images in the pixel tensor image
+# after image: how many rows and columns of tiles it cuts one image into, and how that image's tiles are placed
+TILED = {"internvl": (_internvl_canvas, _internvl_tiles), "llama4": (_llama4_canvas, _llama4_tiles),
+         "idefics3": (_idefics3_canvas, _idefics3_tiles), "smolvlm": (_idefics3_canvas, _idefics3_tiles)}
+
+
+def _tiled_layouts(vlm, inputs, images: Sequence[Image.Image], positions: torch.Tensor) -> tuple[ImageLayout, ...]:
+    """Several images a model cuts into tiles (``TILED``): the pixel tensor's views and the prompt's image tokens
+    split image after image by each image's count of views (its tiles as the processor cuts that image, the whole
+    image resized to one tile after them where there are several; one view where not), each image then placed as
+    it is when asked about alone (its tiles on their canvas, or its one view's grid)."""
+    count, place = TILED[vlm.model_type]
+    pixels = inputs["pixel_values"]
+    views = pixels[0] if pixels.dim() == 5 else pixels  # Idefics3's (1, views, C, H, W)
+    counts = [rows * cols + 1 if rows * cols > 1 else 1 for rows, cols in (count(vlm, image) for image in images)]
+    if sum(counts) != views.shape[0]:
+        raise ValueError(f"the processor gave {views.shape[0]} views of these {len(images)} images, not the "
+                         f"{sum(counts)} of their tiles; ask about one image")
+    ph, pw = vlm.patch_hw
+    grid, unit = (views.shape[-2] // ph, views.shape[-1] // pw), vlm.unit
+    per_view = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, sum(counts) * per_view, f"{sum(counts)} views of {len(images)} images, each "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    layouts, first = [], 0
+    for image, n in zip(images, counts, strict=True):
+        mine, at = views[first:first + n], positions[first * per_view:(first + n) * per_view]
+        layouts.append(place(vlm, image, mine, at) if n > 1 else
+                       ImageLayout(at, grid, unit, 0, pixels=seen_pixels(vlm, mine)[0]))
+        first += n
+    return tuple(layouts)
+
+
 def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
     """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: one image's
     (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
     Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
-    per image. ValueError (one line) for several images a model cuts into tiles."""
+    per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles each on its own canvas
+    (``_tiled_layouts``). ValueError (one line) for several images another family cuts into tiles."""
     if len(images) == 1:
         return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
@@ -473,6 +526,8 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
         grids = [(int(h) // ph, int(w) // pw) for h, w in inputs["image_sizes"].tolist()]
     elif inputs["pixel_values"].dim() == 4 and inputs["pixel_values"].shape[0] == len(images):
         grids = [(inputs["pixel_values"].shape[-2] // ph, inputs["pixel_values"].shape[-1] // pw)] * len(images)
+    elif vlm.model_type in TILED:
+        return _tiled_layouts(vlm, inputs, images, positions)
     else:
         raise ValueError(f"the processor cut these {len(images)} images into tiles, whose tokens are not placed per "
                          "image yet; ask about one image, or ask a model that reads each image in one view")
