@@ -4,7 +4,8 @@ to each image is the eager row over that image's tokens, placed by hand on that 
 split image after image: LLaVA's 16 each, Qwen2.5-VL's and GLM-4.1V's ``image_grid_thw`` row by row, Mistral 3's
 ``image_sizes``, Gemma 3's pooled 2 x 2, InternVL's 2 x 2 units of one view each); its share per image the row's sum
 over that image's tokens. Taken in the other order the maps would differ. Images a model cuts into tiles (Idefics3,
-SmolVLM, Llama 4, InternVL) each have their own tiles on their own canvas, placed where the processor cut them.
+SmolVLM, Llama 4, InternVL) or packs on a canvas (LLaVA-NeXT) each have their own, placed where the processor cut
+them.
 """
 
 import json
@@ -21,6 +22,8 @@ from test_vlm_answer import (  # noqa: E402
     by_hand,
     eager_image_rows,
     internvl_tiles,  # noqa: F401 - a fixture
+    llava_next,  # noqa: F401 - a fixture
+    packed_places,
     picture,
     quadrant_places,
     quadrants,
@@ -133,10 +136,10 @@ def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_
         answer.attention(0, image=2)
     with pytest.raises(ValueError, match=r"^ask about 1 to 16 images at once, got 17$"):
         vit.ask_vlm(vit.open_vlm(vlms["llava"]), [object()] * 17, QUESTION)  # refused before any is read
-    next_folder = saved_whole(tmp_path_factory, ["llava_next"])["llava_next"]
+    mllama = saved_whole(tmp_path_factory, ["mllama"])["mllama"]
     with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not placed "
                                          r"per image yet; ask about one image"):
-        vit.ask_vlm(vit.open_vlm(next_folder), list(IMAGES), QUESTION, max_new_tokens=1)
+        vit.ask_vlm(vit.open_vlm(mllama), list(IMAGES), QUESTION, max_new_tokens=1)
 
 
 def canvas_by_hand(row: np.ndarray, places: list[tuple[int, int]], first: int) -> np.ndarray:
@@ -200,3 +203,34 @@ def test_an_image_cut_into_tiles_beside_one_read_whole_each_on_its_own_grid(inte
     assert_each_image_on_its_canvas(answer, out, positions, [(0, places), (28, None)])
     with pytest.raises(ValueError, match=r"^this image was read in one view"):
         answer.attention(0, overview=True, image=1)
+
+
+def test_two_images_llava_next_packs_each_on_its_own_canvas(llava_next):  # noqa: F811
+    """LLaVA-NeXT's two images, each its base image's 16 tokens then its canvas's rows with their newlines: the
+    first's 2 x 3 crops unpadded to 8 x 10 patches, the second (a wider image) keeps all 8 x 12; each token of each
+    image placed where transformers' own ``pack_image_features`` puts that image's patches."""
+    pair = [picture(), picture(100, 60)]
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), pair, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, positions = eager_two(llava_next, pair)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    images, first = [], 0
+    for k in range(2):
+        places = packed_places(llava_next, {"pixel_values": inputs["pixel_values"][k:k + 1],
+                                            "image_sizes": inputs["image_sizes"][k:k + 1]})
+        images.append((first, places))
+        first += len(places)
+    assert first == len(positions) and [layout.grid for layout in answer.layouts] == [(8, 10), (8, 12)]
+    for i in range(len(answer.tokens)):
+        for layer in range(answer.layers):
+            heads = out.attentions[i][layer][0, :, -1, positions].numpy()
+            for head in (*range(heads.shape[0]), None):
+                row = heads.mean(0) if head is None else heads[head]
+                for k, (start, places) in enumerate(images):
+                    top, left = min(p[0] for p in places if p), min(p[1] for p in places if p)
+                    expected = np.full(answer.layouts[k].grid, np.nan, dtype=np.float32)
+                    for value, place in zip(row[start:start + len(places)], places, strict=True):
+                        if place is not None:
+                            expected[place[0] - top, place[1] - left] = value
+                    np.testing.assert_allclose(answer.attention(i, layer, head, image=k), expected, rtol=0, atol=ATOL)
+                    np.testing.assert_allclose(answer.attention(i, layer, head, overview=True, image=k),
+                                               by_hand(row[start:start + 16], (4, 4), 1, 0), rtol=0, atol=ATOL)

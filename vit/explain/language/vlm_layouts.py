@@ -281,13 +281,9 @@ def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
 NEXT_TILES = ("llava_next", "llava_next_video", "llava_onevision")  # anyres canvases packed as LLaVA-NeXT packs them
 
 
-def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
-    """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
-    ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
-    ``select_best_resolution`` chose, each on the tower's grid, laid out row-major on the canvas, its padding rows or
-    columns dropped (``unpad_image``: the canvas kept the image's aspect) and a newline token after each row of it,
-    which covers no patch. OneVision shrinks a canvas of more than ``anyres_max_N`` base images' patches (ratio over
-    1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre."""
+def _next_canvas(vlm, size: torch.Tensor) -> tuple:
+    """LLaVA-NeXT's canvas for an image of ``size`` (height, width): its rows and columns of crops, the canvas's
+    patch rows and columns ``unpad_image`` keeps, and the token row (column) over each kept patch row (column)."""
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
     config = vlm.model.config
@@ -295,19 +291,47 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
         raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
                          "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
     side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
-    size = inputs["image_sizes"][0]  # (height, width) of the image
     rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
     # The canvas's patches that unpad_image keeps: which rows and columns, found by unpadding their own indices.
     kept_rows = unpad_image(torch.arange(rows * side).view(1, -1, 1).expand(1, -1, cols * side), size)[0, :, 0]
     kept_cols = unpad_image(torch.arange(cols * side).view(1, 1, -1).expand(1, rows * side, -1), size)[0, 0, :]
-    height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
-    token_rows, token_cols = torch.arange(height), torch.arange(width)  # the token row (column) over each patch's
+    token_rows, token_cols = torch.arange(len(kept_rows)), torch.arange(len(kept_cols))
     if vlm.model_type == "llava_onevision":
-        token_rows, token_cols = _downsampled(height, width, side, config.vision_aspect_ratio)
+        token_rows, token_cols = _downsampled(len(kept_rows), len(kept_cols), side, config.vision_aspect_ratio)
+    return rows, cols, kept_rows, kept_cols, token_rows, token_cols
+
+
+def _next_layouts(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ...]:
+    """Several images LLaVA-NeXT (OneVision) packs each on its own canvas: the prompt's image tokens split image
+    after image by each one's count (its base image's, then its canvas's rows of tokens with their newlines), each
+    image placed by ``_next_tiles``."""
+    config = vlm.model.config
+    side = config.vision_config.image_size // config.vision_config.patch_size
+    counts = []
+    for size in inputs["image_sizes"]:
+        *_, token_rows, token_cols = _next_canvas(vlm, size)
+        counts.append(side * side + (int(token_rows[-1]) + 1) * (int(token_cols[-1]) + 2))
+    _check_count(positions, sum(counts), f"{len(counts)} images' base images and canvases with a newline per row")
+    starts = np.cumsum([0, *counts])
+    return tuple(_next_tiles(vlm, inputs, positions[starts[k]:starts[k + 1]], k) for k in range(len(counts)))
+
+
+def _next_tiles(vlm, inputs, positions: torch.Tensor, k: int = 0) -> ImageLayout:
+    """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
+    ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
+    ``select_best_resolution`` chose, each on the tower's grid, laid out row-major on the canvas, its padding rows or
+    columns dropped (``unpad_image``: the canvas kept the image's aspect) and a newline token after each row of it,
+    which covers no patch. OneVision shrinks a canvas of more than ``anyres_max_N`` base images' patches (ratio over
+    1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre.
+    ``k``: which of the processor's images (``positions``: its tokens alone)."""
+    config = vlm.model.config
+    rows, cols, kept_rows, kept_cols, token_rows, token_cols = _next_canvas(vlm, inputs["image_sizes"][k])
+    side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
+    height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
     tokens_high, tokens_wide = int(token_rows[-1]) + 1, int(token_cols[-1]) + 1
     # after the base image, each row of tokens followed by its newline
     index = side * side + token_rows[:, None] * (tokens_wide + 1) + token_cols[None, :]
-    seen = seen_pixels(vlm, inputs["pixel_values"][0, :rows * cols + 1])
+    seen = seen_pixels(vlm, inputs["pixel_values"][k, :rows * cols + 1])
     patch = config.vision_config.patch_size
     top, left = int(kept_rows[0]) * patch, int(kept_cols[0]) * patch
     canvas = _canvas(seen[1:], rows, cols)[top:top + height * patch, left:left + width * patch]
@@ -509,8 +533,9 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
     """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: one image's
     (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
     Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
-    per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles each on its own canvas
-    (``_tiled_layouts``). ValueError (one line) for several images another family cuts into tiles."""
+    per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles (``_tiled_layouts``), or
+    LLaVA-NeXT packs (``_next_layouts``), each on its own canvas. ValueError (one line) for several images another
+    family cuts into tiles."""
     if len(images) == 1:
         return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
@@ -528,6 +553,8 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
         grids = [(inputs["pixel_values"].shape[-2] // ph, inputs["pixel_values"].shape[-1] // pw)] * len(images)
     elif vlm.model_type in TILED:
         return _tiled_layouts(vlm, inputs, images, positions)
+    elif inputs["pixel_values"].dim() == 5 and vlm.model_type in NEXT_TILES:
+        return _next_layouts(vlm, inputs, positions)
     else:
         raise ValueError(f"the processor cut these {len(images)} images into tiles, whose tokens are not placed per "
                          "image yet; ask about one image, or ask a model that reads each image in one view")
