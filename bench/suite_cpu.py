@@ -2,6 +2,10 @@
 
     python bench/suite_cpu.py --out bench/results/cpu-2026-11-27/suite-cpu.txt              # the whole suite
     python bench/suite_cpu.py --out /tmp/ray.txt -- tests/test_ray_train.py -k cluster       # pytest's arguments
+    python bench/suite_cpu.py --out gate.txt --timeline GATE/timeline.txt   # a run already made: wall by module
+
+``--timeline``: no run; a file a run wrote through ``VIT_TEST_TIMELINE`` (a gate's ``bash .ci/run`` with it set), each
+module's tests and wall seconds summed, and each xdist group's span on its worker (when it started and ended).
 
 A test's wall time is no measure of what it costs on two shared cores: four workers and their processes (app servers,
 Chromium, a Ray cluster, the memory tests' measuring server) take turns, and a test that alone takes 15 s took 105 s
@@ -158,12 +162,44 @@ def report(by_test, by_kind, wall: float, command: list[str], top: int, unowned=
     return lines
 
 
+def wall_report(spans: dict[int, list[tuple[float, float, str]]], top: int) -> list[str]:
+    """A made run's wall seconds from its timeline (``read_timeline``): its span, each xdist group's (``@group``
+    suffix: first start and last stop after the run's start, tests, seconds summed), each module's tests and summed
+    seconds (a test's wall time measures its neighbours too)."""
+    tests = [test for worker in spans.values() for test in worker]
+    began, ended = min(t[0] for t in tests), max(t[1] for t in tests)
+    groups: dict[str, list] = {}
+    modules: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for start, stop, test in tests:
+        name = test.split("::")[-1]
+        if "@" in name:
+            group = groups.setdefault(name.rsplit("@", 1)[1], [stop, start, 0, 0.0])
+            group[0], group[1] = min(group[0], start), max(group[1], stop)
+            group[2], group[3] = group[2] + 1, group[3] + stop - start
+        modules[test.split("::")[0]][0] += 1
+        modules[test.split("::")[0]][1] += stop - start
+    lines = [f"# {len(tests)} tests in {ended - began:.0f} s, first start to last stop", "",
+             "| group | from s | to s | tests | wall s (summed) |", "|---|---:|---:|---:|---:|"]
+    for name, (start, stop, count, seconds) in sorted(groups.items(), key=lambda kv: -kv[1][3])[:top]:
+        lines.append(f"| {name} | {start - began:.0f} | {stop - began:.0f} | {count} | {seconds:.0f} |")
+    lines += ["", "| module | tests | wall s (summed) |", "|---|---:|---:|"]
+    for module, (count, seconds) in sorted(modules.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"| {module} | {count} | {seconds:.0f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the report (Markdown tables)")
     parser.add_argument("--top", type=int, default=60, help="modules and tests listed (default 60)")
+    parser.add_argument("--timeline", type=Path, help="no run: report a made run's VIT_TEST_TIMELINE file")
     parser.add_argument("pytest_args", nargs="*", help="pytest's arguments, after --")
     args = parser.parse_args(argv)
+    if args.timeline is not None:
+        lines = wall_report(read_timeline(args.timeline), args.top)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+        return 0
     with tempfile.TemporaryDirectory() as folder:
         timeline = Path(folder) / "timeline.txt"
         baseline = {(pid, started) for pid, (_, started, _, _) in processes().items()}

@@ -36,6 +36,19 @@ def test_a_descendants_cpu_is_its_workers_test_at_that_time(tmp_path):
     assert "| tests/test_a.py | Chromium | 2.0 |" in lines and "| `/usr/bin/yes` | 5.0 |" in lines
 
 
+def test_a_made_runs_timeline_gives_each_groups_span_and_each_modules_wall(tmp_path):
+    timeline = tmp_path / "timeline.txt"
+    timeline.write_text("gw0 100 10.00 20.00 tests/test_a.py::test_one@memory\n"
+                        "gw1 200 10.00 40.00 tests/test_b.py::test_two\n"
+                        "gw0 100 30.00 55.00 tests/test_c.py::test_three[x]@memory\n")
+    out = tmp_path / "walls.txt"
+    assert suite_cpu.main(["--timeline", str(timeline), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "# 3 tests in 45 s, first start to last stop"
+    assert "| memory | 0 | 45 | 2 | 35 |" in lines  # from gw0's first start to its last stop, 10 + 25 s summed
+    assert lines.index("| tests/test_b.py | 1 | 30 |") < lines.index("| tests/test_c.py | 1 | 25 |")
+
+
 def test_kinds_of_processes():
     assert suite_cpu.kind("/usr/lib/chromium/chromium --type=renderer") == "Chromium"
     assert suite_cpu.kind("ray::RayTrainWorker") == "Ray workers"
