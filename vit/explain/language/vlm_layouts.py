@@ -498,20 +498,20 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
 
 
 # The families whose processor cuts an image into tiles, the views of several images in the pixel tensor image
-# after image: how many rows and columns of tiles it cuts one image into, and how that image's tiles are placed
-TILED = {"internvl": (_internvl_canvas, _internvl_tiles), "llama4": (_llama4_canvas, _llama4_tiles),
-         "idefics3": (_idefics3_canvas, _idefics3_tiles), "smolvlm": (_idefics3_canvas, _idefics3_tiles)}
+# after image: how many rows and columns of tiles it cuts one image into (each placed by ``_tiles_then_overview``)
+TILED = {"internvl": _internvl_canvas, "llama4": _llama4_canvas, "idefics3": _idefics3_canvas,
+         "smolvlm": _idefics3_canvas}
 
 
 def _tiled_layouts(vlm, inputs, images: Sequence[Image.Image], positions: torch.Tensor) -> tuple[ImageLayout, ...]:
     """Several images a model cuts into tiles (``TILED``): the pixel tensor's views and the prompt's image tokens
     split image after image by each image's count of views (its tiles as the processor cuts that image, the whole
     image resized to one tile after them where there are several; one view where not), each image then placed as
-    it is when asked about alone (its tiles on their canvas, or its one view's grid)."""
-    count, place = TILED[vlm.model_type]
+    it is when asked about alone (``_tiles_then_overview``, or its one view's grid), its canvas counted once."""
     pixels = inputs["pixel_values"]
     views = pixels[0] if pixels.dim() == 5 else pixels  # Idefics3's (1, views, C, H, W)
-    counts = [rows * cols + 1 if rows * cols > 1 else 1 for rows, cols in (count(vlm, image) for image in images)]
+    canvases = [TILED[vlm.model_type](vlm, image) for image in images]  # each image's processor run once here
+    counts = [rows * cols + 1 if rows * cols > 1 else 1 for rows, cols in canvases]
     if sum(counts) != views.shape[0]:
         raise ValueError(f"the processor gave {views.shape[0]} views of these {len(images)} images, not the "
                          f"{sum(counts)} of their tiles; ask about one image")
@@ -521,9 +521,9 @@ def _tiled_layouts(vlm, inputs, images: Sequence[Image.Image], positions: torch.
     _check_count(positions, sum(counts) * per_view, f"{sum(counts)} views of {len(images)} images, each "
                  f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
     layouts, first = [], 0
-    for image, n in zip(images, counts, strict=True):
+    for (rows, cols), n in zip(canvases, counts, strict=True):
         mine, at = views[first:first + n], positions[first * per_view:(first + n) * per_view]
-        layouts.append(place(vlm, image, mine, at) if n > 1 else
+        layouts.append(_tiles_then_overview(vlm, mine, at, rows, cols) if n > 1 else
                        ImageLayout(at, grid, unit, 0, pixels=seen_pixels(vlm, mine)[0]))
         first += n
     return tuple(layouts)
