@@ -19,6 +19,7 @@ from test_vlm_answer import (  # noqa: E402
     _differs,
     eager_generate,
     picture,
+    processor_inputs,
     quadrant_places,
     quadrants,
     saved_whole,
@@ -92,8 +93,6 @@ def test_gradient_x_attention_at_a_cross_attention_layer_is_chefers_rule_on_the_
     layer: autograd of the answer token's logit to the eager model's cross-attention probabilities over the tower's
     states, from one forward over the prompt and the answer's first ``i`` tokens (the cross-attention mask extended
     as generate extends it), placed on the tiles' canvas by hand."""
-    from test_vlm_answer import processor_inputs
-
     image = quadrants(80, 80)
     answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
     model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama, attn_implementation="eager").eval()
@@ -122,7 +121,6 @@ def test_gradient_x_attention_at_a_cross_attention_layer_is_chefers_rule_on_the_
     (lambda a: a.relevance(0, method="attnlrp"), "AttnLRP"),
     (lambda a: a.tam(0), "TAM"),
     (lambda a: a.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
-    (lambda a: a.segments(grid=(2, 2)), "captum's segment attribution"),
 ])
 def test_the_maps_that_read_image_tokens_in_the_sequence_are_refused_in_one_line(mllama, call, what):
     answer = vit.ask_vlm(vit.open_vlm(mllama), picture(), QUESTION, max_new_tokens=2)
@@ -209,6 +207,10 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
         answer.logit_lens(0)
     with pytest.raises(ValueError, match=r"^TAM reads the image's tokens in the language model's sequence"):
         answer.tam(0)
+    with pytest.raises(ValueError, match=r"^captum's segment attribution appends the answer to the prompt's tokens, "
+                                         r"and this model's answer is written by an encoder-decoder's decoder: ask "
+                                         r"its attention or gradxattn$"):
+        answer.segments(grid=(2, 2))
     model = transformers.Florence2ForConditionalGeneration.from_pretrained(florence2, attn_implementation="eager")
     for i in (0, NEW_TOKENS - 1):  # one layer's gradient x attention: Chefer's rule by autograd on the eager model
         decoder = torch.tensor([[model.generation_config.decoder_start_token_id, *answer.tokens[:i]]])
@@ -240,3 +242,54 @@ def test_florence2_larges_tower_is_within_the_parameters_its_weights_hold(monkey
     monkeypatch.setattr(opening, "read_hf_weights", lambda folder, device: {"one": torch.empty(10, device="meta")})
     refused = declared._declared_tower_problem(tmp_path, {"vision_config": vision})
     assert "declares a vision tower of at least" in refused
+
+
+def extended_processor_fn(folder, n: int):
+    """transformers alone: an image and the question through the processor, the cross-attention mask extended by the
+    ``n`` answer tokens captum appends to the ids, its last row repeated as generate extends it."""
+    def run(image):
+        inputs = dict(processor_inputs(folder, image))
+        mask = inputs["cross_attention_mask"]
+        inputs["cross_attention_mask"] = torch.cat([mask, mask[:, -1:].expand(-1, n, -1, -1)], 1)
+        return inputs
+    return run
+
+
+def test_segment_attribution_is_captums_own_call_and_one_cells_ablation_the_log_probability_change(mllama):
+    """Llama 3.2 Vision's answer over image segments: captum's ``FeatureAblation`` over an ``ImageMaskInput``, called
+    here on transformers' model with the processor function above, and cell 0's value the answer's log-probability
+    with the image whole less with cell 0 painted white, each one forward of transformers' model over the prompt and
+    the answer (the cross-attention mask extended as generate extends it)."""
+    from captum.attr import FeatureAblation, ImageMaskInput, LLMAttribution
+    from PIL import Image
+
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    ours = answer.segments(grid=(2, 3))
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama).eval()
+    tokenizer = transformers.AutoProcessor.from_pretrained(mllama).tokenizer
+    run = extended_processor_fn(mllama, len(answer.tokens))
+    r = torch.arange(image.height)[:, None] * 2 // image.height
+    c = torch.arange(image.width)[None, :] * 3 // image.width
+    inp = ImageMaskInput(image=image, mask=(r * 3 + c).to(torch.int32), processor_fn=run)
+    with torch.no_grad():
+        theirs = LLMAttribution(FeatureAblation(model), tokenizer).attribute(
+            inp, target=torch.tensor(answer.tokens), forward_in_tokens=False)
+    np.testing.assert_allclose(ours.seq, theirs.seq_attr.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(ours.tokens, theirs.token_attr.numpy(), rtol=0, atol=1e-5)
+    assert np.abs(ours.seq).max() > 0
+
+    tokens = torch.tensor([answer.tokens])
+
+    def log_probability(shown) -> float:
+        inputs = run(shown)
+        prompt = inputs["input_ids"].shape[1]
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], tokens], -1)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, prompt - 1:-1].log_softmax(-1)
+        return float(logits[torch.arange(len(answer.tokens)), tokens[0]].sum())
+
+    white = np.asarray(image).copy()
+    white[:35, :30] = 255  # cell 0 of a 2 x 3 grid of a 90 x 70 image
+    assert ours.seq[0] == pytest.approx(log_probability(image) - log_probability(Image.fromarray(white)), abs=1e-4)

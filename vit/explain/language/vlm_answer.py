@@ -442,11 +442,13 @@ class VLMAnswer:
         ``vit.segment``'s boolean masks), by feature ablation or Shapley value sampling (``method``), each segment
         made absent in the baseline colour and the image through the processor again; its forwards counted and
         bounded first."""
-        self._in_sequence("captum's segment attribution")
         from vit.explain.language.vlm_segments import segments
 
         self._one_image("captum's segment attribution")
         vlm, prepared = self._model()
+        if getattr(vlm.model.config, "is_encoder_decoder", False):
+            raise ValueError("captum's segment attribution appends the answer to the prompt's tokens, and this model's "
+                             "answer is written by an encoder-decoder's decoder: ask its attention or gradxattn")
         question, prompt = prepared.asked
         return segments(vlm, prepared, self.tokens, prepared.images[0],
                         lambda shown: prompt_inputs(vlm, shown, question, prompt), grid=grid, masks=masks,

@@ -90,12 +90,21 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
         start = vlm.model.generation_config.decoder_start_token_id
         inputs["decoder_input_ids"] = torch.tensor([[start, *tokens[:i]]], dtype=inputs["input_ids"].dtype)
         return inputs
-    for _ in range(i):
-        inputs = vlm.model._update_model_kwargs_for_generation({}, inputs, is_encoder_decoder=False,
-                                                               num_new_tokens=1)  # Mllama's asks it by name
+    inputs = extended(vlm, inputs, i)
     if i:
         new = torch.tensor([tokens[:i]], dtype=inputs["input_ids"].dtype)
         inputs["input_ids"] = torch.cat([inputs["input_ids"], new], dim=-1)
+    return inputs
+
+
+def extended(vlm, inputs: dict, n: int) -> dict:
+    """``inputs`` (a decoder-only model's) with every per-token input but ``input_ids`` extended by ``n`` answer
+    tokens as ``generate`` extends them, one step at a time by the model's own rule
+    (``_update_model_kwargs_for_generation``): the attention mask, the token types, Llama 3.2 Vision's
+    cross-attention mask (its last row repeated)."""
+    for _ in range(n):
+        inputs = vlm.model._update_model_kwargs_for_generation({}, inputs, is_encoder_decoder=False,
+                                                               num_new_tokens=1)  # Mllama's asks it by name
     return inputs
 
 

@@ -71,6 +71,7 @@ def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, inputs_
     from captum.attr import FeatureAblation, ImageMaskInput, LLMAttribution, ShapleyValueSampling
 
     from vit.explain.language.vlm_lens import check
+    from vit.explain.language.vlm_relevance import extended
 
     if method not in SEGMENT_METHODS:
         raise ValueError(f"method must be one of {', '.join(SEGMENT_METHODS)}, got {method!r}")
@@ -87,11 +88,13 @@ def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, inputs_
                          "choose fewer segments or samples")
     check(vlm, prepared, len(answer) - 1, lens=False)  # each forward's memory: the longest run's
     def processor_fn(shown: Image.Image):  # the image through the processor again, as the answer's was
-        inputs = inputs_of(shown).to(vlm.device)
+        inputs = dict(inputs_of(shown).to(vlm.device))
         # captum extends input_ids and the attention mask by the answer, not the processor's per-token types
         # (Qwen-VL's, GLM's): without them the model reads the image tokens off input_ids, as generate's later steps
         inputs.pop("mm_token_type_ids", None)
-        return inputs
+        # nor the other per-token inputs (Llama 3.2 Vision's cross-attention mask, Gemma 3's token types): extended
+        # here as generate extends them, for the answer captum appends
+        return extended(vlm, inputs, len(answer))
 
     attribution = (FeatureAblation if method == "ablation" else ShapleyValueSampling)(vlm.model)
     llm = LLMAttribution(attribution, vlm.processor.tokenizer)
