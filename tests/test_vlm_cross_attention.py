@@ -120,7 +120,6 @@ def test_gradient_x_attention_at_a_cross_attention_layer_is_chefers_rule_on_the_
     (lambda a: a.relevance(0), "the rollout of gradient x attention"),
     (lambda a: a.relevance(0, method="attnlrp"), "AttnLRP"),
     (lambda a: a.tam(0), "TAM"),
-    (lambda a: a.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
 ])
 def test_the_maps_that_read_image_tokens_in_the_sequence_are_refused_in_one_line(mllama, call, what):
     answer = vit.ask_vlm(vit.open_vlm(mllama), picture(), QUESTION, max_new_tokens=2)
@@ -211,6 +210,9 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
                                          r"and this model's answer is written by an encoder-decoder's decoder: ask "
                                          r"its attention or gradxattn$"):
         answer.segments(grid=(2, 2))
+    with pytest.raises(ValueError, match=r"^a region's ablation intervenes at a decoder-only language model's input, "
+                                         r"and this model's answer is written by an encoder-decoder's decoder"):
+        answer.ablate(0, (0, 0, 1, 1))
     model = transformers.Florence2ForConditionalGeneration.from_pretrained(florence2, attn_implementation="eager")
     for i in (0, NEW_TOKENS - 1):  # one layer's gradient x attention: Chefer's rule by autograd on the eager model
         decoder = torch.tensor([[model.generation_config.decoder_start_token_id, *answer.tokens[:i]]])
@@ -293,3 +295,40 @@ def test_segment_attribution_is_captums_own_call_and_one_cells_ablation_the_log_
     white = np.asarray(image).copy()
     white[:35, :30] = 255  # cell 0 of a 2 x 3 grid of a 90 x 70 image
     assert ours.seq[0] == pytest.approx(log_probability(image) - log_probability(Image.fromarray(white)), abs=1e-4)
+
+
+@pytest.mark.parametrize("how", ["zero", "mean"])
+def test_a_regions_ablation_is_the_logit_with_its_patches_tower_states_ablated_by_hand(mllama, how):
+    """The answer token's logit with the projected tower states of a box's patches zeroed (or set to the mean of the
+    canvas's patch states: not the tiles' CLS, nor the padding tile slots), handed to transformers' model as its
+    ``cross_attention_states``, the cross-attention mask extended as generate extends it. A wide image: two tiles
+    side by side on a 4 x 8 canvas, the processor's other tile slots padding; the box covers the right tile's
+    top-left 2 x 2 patches (states 18, 19, 22, 23 of tile 1: its CLS first)."""
+    image = quadrants(100, 50)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama).eval()
+    base = processor_inputs(mllama, image)
+    with torch.no_grad():
+        vision = model.model.vision_model(pixel_values=base["pixel_values"], aspect_ratio_ids=base["aspect_ratio_ids"],
+                                          aspect_ratio_mask=base["aspect_ratio_mask"]).last_hidden_state
+        states = model.model.multi_modal_projector(vision).reshape(1, -1, model.config.text_config.hidden_size)
+    box = [PER_TILE + 1 + r * CELLS + c for r in (0, 1) for c in (0, 1)]
+    patches = [k * PER_TILE + 1 + p for k in (0, 1) for p in range(CELLS * CELLS)]
+    ablated = states.clone()
+    ablated[0, box] = 0 if how == "zero" else states[0, patches].mean(0)
+    for i in (0, NEW_TOKENS - 1):
+        new = torch.tensor([answer.tokens[:i]], dtype=torch.long)
+        mask = base["cross_attention_mask"]
+        logits = []
+        for handed in (states, ablated):
+            with torch.no_grad():
+                out = model(input_ids=torch.cat([base["input_ids"], new], -1),
+                            attention_mask=torch.cat([base["attention_mask"], torch.ones_like(new)], -1),
+                            cross_attention_mask=torch.cat([mask, mask[:, -1:].expand(-1, i, -1, -1)], 1),
+                            cross_attention_states=handed, use_cache=False)
+            logits.append(float(out.logits[0, -1, answer.tokens[i]]))
+        ours = answer.ablate(i, (0, CELLS, 2, CELLS + 2), how=how)
+        assert ours.image_tokens == 4
+        assert ours.logit == pytest.approx(logits[0], abs=1e-4)
+        assert ours.ablated_logit == pytest.approx(logits[1], abs=1e-4)
+        assert abs(logits[1] - logits[0]) > 1e-4  # the ablation moved it

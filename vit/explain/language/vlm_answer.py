@@ -322,6 +322,14 @@ class VLMAnswer:
             raise ValueError(f"{what} reads the image's tokens in the language model's sequence, and this model reads "
                              "the image through its cross-attention layers instead: ask its attention")
 
+    @staticmethod
+    def _decoder_only(vlm, what: str) -> None:
+        """ValueError (one line) for an intervention at the decoder stack's input asked of an encoder-decoder
+        (Florence-2: its image tokens are the encoder's)."""
+        if getattr(vlm.model.config, "is_encoder_decoder", False):
+            raise ValueError(f"{what} intervenes at a decoder-only language model's input, and this model's answer is "
+                             "written by an encoder-decoder's decoder: ask its attention or gradxattn")
+
     def _one_image(self, what: str) -> None:
         if self.clip:
             raise ValueError(f"{what} is drawn for a question about one image; this one is about a clip: use "
@@ -426,11 +434,12 @@ class VLMAnswer:
         """``vit.explain.language.vlm_lens.Ablation``: answer token ``i``'s logit and probability at the query that
         predicted it, with the image tokens that cover ``box`` = ``(top, left, bottom, right)`` patches of the map's
         grid (``overview``: the overview's; ``image``: of the question's ``image``-th image) ablated (``how``: "zero",
-        or "mean" of the image's tokens) and without; two forwards of transformers' model (counted first)."""
-        self._in_sequence("a region's ablation")
+        or "mean" of the image's tokens) and without; two forwards of transformers' model (counted first). Llama 3.2
+        Vision's are the tower's states its cross-attention layers read."""
         from vit.explain.language.vlm_lens import ablate, region_tokens
 
         vlm, prepared = self._model()
+        self._decoder_only(vlm, "a region's ablation")
         layout = self._image(image)
         return ablate(vlm, prepared, self.tokens, self._token(i), region_tokens(layout.view(overview), box), how,
                       layout)
@@ -457,11 +466,11 @@ class VLMAnswer:
     def ablate_image(self, i: int, image: int, how: str = "zero"):
         """``ablate`` of every image token of the question's ``image``-th image: what that image does to answer token
         ``i`` (a question about several images)."""
-        self._in_sequence("an image's ablation")
         from vit.explain.language.vlm_lens import ablate
 
         layout = self._image(image)
         vlm, prepared = self._model()
+        self._decoder_only(vlm, "an image's ablation")
         return ablate(vlm, prepared, self.tokens, self._token(i), torch.arange(len(layout.positions)), how, layout)
 
     def _model(self) -> tuple:

@@ -14,7 +14,9 @@ token ``i - 1``), from one forward of the whole model over the prompt and the an
 - **region ablation**: the language model's input embeddings at the image tokens that cover a box of patches (its
   units, tiles or crops, through the answer's layout) replaced by zeros (``how="zero"``) or by the mean over every
   image token of the view (``how="mean"``), at the decoder stack's input, after the projector has put the image's
-  features there; the token's logit and probability with and without. Two forwards, no graph.
+  features there; the token's logit and probability with and without. Two forwards, no graph. A language model
+  that reads the image through cross-attention layers (Llama 3.2 Vision) has the projected tower states those
+  layers read ablated instead: the states of the box's patches, the mean over the canvas's patch states.
 
 What each holds is counted before it runs (``vit.costs.plan.vlm_lens``).
 """
@@ -121,6 +123,7 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
     """Answer token ``i``'s logit and probability with the image tokens ``tokens`` (indices into ``layout``'s
     positions: an image's, the prepared question's first by default) ablated at the decoder stack's input (``how``:
     "zero", or "mean" of that image's tokens), and without (see the module's docstring)."""
+    from vit.explain.language.vlm_attention import cross_attending
     from vit.explain.language.vlm_relevance import answer_run
 
     if how not in ABLATIONS:
@@ -129,14 +132,20 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
     layout, token = layout or prepared.layout, answer[i]
     positions = layout.positions.to(vlm.device)
     chosen = positions[tokens.to(vlm.device)]
+    # Llama 3.2 Vision's language model reads the tower's states through its cross-attention layers: those states are
+    # its image's tokens, and their mean is over the canvas's patches (not the tiles' CLS, nor the masked padding)
+    cross = cross_attending(vlm.language_model)
+    name = "cross_attention_states" if cross else "inputs_embeds"
+    pool = positions[region_tokens(layout, (0, 0, *layout.grid)).to(vlm.device)] if cross else positions
 
     def ablated(module, args, kwargs):
-        embeds = kwargs.get("inputs_embeds")
-        if embeds is None:
-            raise RuntimeError("the language model was not given its input embeddings; it cannot be ablated here")
-        embeds = embeds.clone()
-        embeds[0, chosen] = 0 if how == "zero" else embeds[0, positions].mean(0)
-        return args, {**kwargs, "inputs_embeds": embeds}
+        states = kwargs.get(name)
+        if states is None:
+            raise RuntimeError(f"the language model was not given its {name}; it cannot be ablated here")
+        # (one question: batch 1) Llama 3.2 Vision hands its states as (tiles, states a tile, D), read as one row
+        flat = states.reshape(1, -1, states.shape[-1]).clone()
+        flat[0, chosen] = 0 if how == "zero" else flat[0, pool].mean(0)
+        return args, {**kwargs, name: flat.reshape(states.shape)}
 
     results = []
     with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
