@@ -118,7 +118,6 @@ def test_gradient_x_attention_at_a_cross_attention_layer_is_chefers_rule_on_the_
 
 @pytest.mark.parametrize(("call", "what"), [
     (lambda a: a.relevance(0), "the rollout of gradient x attention"),
-    (lambda a: a.relevance(0, method="attnlrp"), "AttnLRP"),
     (lambda a: a.tam(0), "TAM"),
 ])
 def test_the_maps_that_read_image_tokens_in_the_sequence_are_refused_in_one_line(mllama, call, what):
@@ -152,8 +151,13 @@ def test_predict_ask_writes_the_cross_attention_maps_and_refuses_the_others_befo
     assert main([str(mllama), str(tmp_path / "photo.png"), "--ask", QUESTION, "--save-maps", str(tmp_path / "m2"),
                  "--lm-method", "tam", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("mllama reads the image through cross-attention layers: --lm-method attention or lens")
+    assert err.endswith("mllama reads the image through cross-attention layers: --lm-method attention or lens or "
+                        "attnlrp")
     assert len(err.splitlines()) == 1 and not (tmp_path / "m2" / "photo.npz").exists()
+    assert main([str(mllama), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens", "2", "--save-maps",
+                 str(tmp_path / "m3"), "--lm-method", "attnlrp", "--device", "cpu"]) == 0
+    saved = np.load(tmp_path / "m3" / "photo.npz")
+    np.testing.assert_allclose(saved["attnlrp"][1], answer.relevance(1, method="attnlrp"), rtol=0, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -210,9 +214,12 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
                                          r"and this model's answer is written by an encoder-decoder's decoder: ask "
                                          r"its attention or gradxattn$"):
         answer.segments(grid=(2, 2))
-    with pytest.raises(ValueError, match=r"^a region's ablation intervenes at a decoder-only language model's input, "
-                                         r"and this model's answer is written by an encoder-decoder's decoder"):
-        answer.ablate(0, (0, 0, 1, 1))
+    for call, what in ((lambda: answer.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
+                       (lambda: answer.relevance(0, method="attnlrp"), "AttnLRP")):
+        with pytest.raises(ValueError, match=rf"^{what} runs a decoder-only language model here, and this model's "
+                                             r"answer is written by an encoder-decoder's decoder: ask its attention "
+                                             r"or gradxattn$"):
+            call()
     model = transformers.Florence2ForConditionalGeneration.from_pretrained(florence2, attn_implementation="eager")
     for i in (0, NEW_TOKENS - 1):  # one layer's gradient x attention: Chefer's rule by autograd on the eager model
         decoder = torch.tensor([[model.generation_config.decoder_start_token_id, *answer.tokens[:i]]])
@@ -332,3 +339,59 @@ def test_a_regions_ablation_is_the_logit_with_its_patches_tower_states_ablated_b
         assert ours.logit == pytest.approx(logits[0], abs=1e-4)
         assert ours.ablated_logit == pytest.approx(logits[1], abs=1e-4)
         assert abs(logits[1] - logits[0]) > 1e-4  # the ablation moved it
+
+
+def test_attnlrp_through_the_cross_attention_equals_lxts_rules_on_transformers_whole_model(mllama, monkeypatch):
+    """AttnLRP of an answer token to the pixels: lxt's rules patched into transformers' eager model as
+    ``test_vlm_answer_attnlrp`` patches them (the cross-attention runs the modelling file's eager attention, wrapped as
+    the self-attention is), the cross-attention mask extended as generate extends it; input x gradient summed over
+    the channels and each tile's 8 x 8-pixel patches, the wide image's two tiles side by side by hand (the processor's
+    padding slots dropped). Fails with the tiles swapped."""
+    from test_vlm_answer_attnlrp import _patch_lxt, assert_equal_to_lxt
+
+    image = quadrants(100, 50)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama, attn_implementation="eager").eval()
+    base = processor_inputs(mllama, image)
+    for i in (0, NEW_TOKENS - 1):
+        new = torch.tensor([answer.tokens[:i]], dtype=torch.long)
+        mask = base["cross_attention_mask"]
+        x = base["pixel_values"].clone().requires_grad_(True)
+        with monkeypatch.context() as m, torch.enable_grad():
+            _patch_lxt(m, model)
+            logits = model(input_ids=torch.cat([base["input_ids"], new], -1),
+                           attention_mask=torch.cat([base["attention_mask"], torch.ones_like(new)], -1),
+                           cross_attention_mask=torch.cat([mask, mask[:, -1:].expand(-1, i, -1, -1)], 1),
+                           pixel_values=x, aspect_ratio_ids=base["aspect_ratio_ids"],
+                           aspect_ratio_mask=base["aspect_ratio_mask"], use_cache=False).logits
+            logits[0, -1, answer.tokens[i]].backward()
+        relevance = (x * x.grad).detach()[0, 0]  # (tile slots, C, 32, 32)
+        step = SIDE // CELLS
+        tiles = relevance.sum(1).reshape(-1, CELLS, step, CELLS, step).sum((2, 4))  # (slots, 4, 4)
+        ours = answer.relevance(i, method="attnlrp")
+        assert_equal_to_lxt(ours, torch.cat([tiles[0], tiles[1]], dim=1).numpy())
+        assert _differs(ours, torch.cat([tiles[1], tiles[0]], dim=1).numpy())
+
+
+def test_attnlrp_counts_the_tower_over_every_tile_slot_at_once_before_any_forward(mllama, monkeypatch):
+    """Llama 3.2 Vision's tower attends over all its tile slots (the padding's too) in one sequence: AttnLRP's graph
+    is counted as one view of them all, not as tiles apart, and refused in one line before the model runs."""
+    from vit.costs import plan
+    from vit.costs.bounds import TooManyTokens
+
+    image = quadrants(100, 50)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=2)
+    slots = processor_inputs(mllama, image)["pixel_values"].shape[2]
+    seen = {}
+    counted = plan.vlm_attnlrp
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return counted(*args, **kwargs)
+    monkeypatch.setattr(plan, "vlm_attnlrp", spy)
+    monkeypatch.setattr(answer._source[0].model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens, match=r"^AttnLRP of answer token 1 runs the model over \d+ tokens \(a "
+                                            r"4x8-patch image\)"):
+        answer.relevance(1, method="attnlrp")
+    assert slots > 2 and seen["views"] == 1 and seen["view_grid"] == (slots * CELLS, CELLS)

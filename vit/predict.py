@@ -815,7 +815,7 @@ def run_ask(args: argparse.Namespace) -> int:
         raise UsageError("--lm-method chooses the maps --save-maps writes; add --save-maps DIR")
     methods = tuple(dict.fromkeys(args.lm_method or DEFAULT_ANSWER_MAPS))
     if cross_attending(vlm.language_model):  # Llama 3.2 Vision, Florence-2: no image tokens in the sequence
-        kept = ("attention",) if vlm.model.config.is_encoder_decoder else ("attention", "lens")
+        kept = ("attention",) if vlm.model.config.is_encoder_decoder else ("attention", "lens", "attnlrp")
         if set(methods) - set(kept) and args.lm_method:
             raise UsageError(f"{vlm.model_type} reads the image through cross-attention layers: --lm-method "
                              f"{' or '.join(kept)}")

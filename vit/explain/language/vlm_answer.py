@@ -324,11 +324,11 @@ class VLMAnswer:
 
     @staticmethod
     def _decoder_only(vlm, what: str) -> None:
-        """ValueError (one line) for an intervention at the decoder stack's input asked of an encoder-decoder
-        (Florence-2: its image tokens are the encoder's)."""
+        """ValueError (one line) for what runs a decoder-only language model (an intervention at its input, AttnLRP
+        through it) asked of an encoder-decoder (Florence-2: its image tokens are the encoder's)."""
         if getattr(vlm.model.config, "is_encoder_decoder", False):
-            raise ValueError(f"{what} intervenes at a decoder-only language model's input, and this model's answer is "
-                             "written by an encoder-decoder's decoder: ask its attention or gradxattn")
+            raise ValueError(f"{what} runs a decoder-only language model here, and this model's answer is written by "
+                             "an encoder-decoder's decoder: ask its attention or gradxattn")
 
     def _one_image(self, what: str) -> None:
         if self.clip:
@@ -383,8 +383,10 @@ class VLMAnswer:
         channels (``layer`` None: the rules run through every layer; ``vit.explain.language.vlm_attnlrp``, counted first
         by ``vit.costs.plan.vlm_attnlrp``). One forward and backward of the model over the prompt and the answer's first
         ``i`` tokens. ``overview``: as ``attention``'s."""
-        if method != "gradxattn" or layer is None:
-            self._in_sequence("AttnLRP" if method == "attnlrp" else "the rollout of gradient x attention")
+        if method == "attnlrp":  # from the logit to the pixels: through a cross-attention as through any attention
+            self._decoder_only(self._model()[0], "AttnLRP")
+        elif layer is None:
+            self._in_sequence("the rollout of gradient x attention")
         if method not in RELEVANCE_METHODS:
             raise ValueError(f"method must be one of {', '.join(RELEVANCE_METHODS)}, got {method!r}")
         if method == "attnlrp":

@@ -224,17 +224,18 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     if relevance.dim() == 2:  # Qwen-VL: (gh * gw, C x frames x patch x patch) in merge-unit order
         (gh, gw), m = layout.grid, layout.unit
         return relevance.sum(-1).reshape(gh // m, gw // m, m, m).permute(0, 2, 1, 3).reshape(gh, gw)
-    if layout.overview is None:
+    if layout.overview is None and vlm.model_type != "mllama":
         return _patch_sums(relevance.reshape(1, *relevance.shape[-3:]), layout.grid)[0]
     vh, vw = layout.view_grid
-    if vlm.model_type in ("internvl", "gemma3", "idefics3", "smolvlm", "llama4"):
+    if vlm.model_type in ("internvl", "gemma3", "idefics3", "smolvlm", "llama4", "mllama"):
         # (rows x cols + 1, vh, vw): InternVL's thumbnail and Idefics3's and Llama 4's global image last, Gemma 3's
-        # original first
+        # original first; Llama 3.2 Vision's tile slots, the canvas's tiles first, no overview
+        rows, cols = layout.grid[0] // vh, layout.grid[1] // vw
         tiles = _patch_sums(relevance.reshape(-1, *relevance.shape[-3:]), (vh, vw))
-        whole, crops = (tiles[0], tiles[1:]) if vlm.model_type == "gemma3" else (tiles[-1], tiles[:-1])
+        whole, crops = ((None, tiles[:rows * cols]) if vlm.model_type == "mllama"
+                        else (tiles[0], tiles[1:]) if vlm.model_type == "gemma3" else (tiles[-1], tiles[:-1]))
         if overview:
             return whole
-        rows, cols = layout.grid[0] // vh, layout.grid[1] // vw
         return crops.reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
 
@@ -257,8 +258,12 @@ def check(vlm, prepared, i: int) -> None:
 
     layout = prepared.layout
     implementation = vlm.language_model.config._attn_implementation
+    views, view_grid = layout.views, layout.view_grid
+    if vlm.model_type == "mllama":  # its tower attends over every tile slot at once: one view of them all
+        slots = prepared.inputs["pixel_values"].shape[2]
+        views, view_grid = 1, (slots * view_grid[0], view_grid[1])
     decide(vlm_attnlrp(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
-                       fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
+                       fused="eager" not in implementation, views=views, view_grid=view_grid))
 
 
 def attnlrp(vlm, prepared, answer: tuple[int, ...], i: int, overview: bool = False) -> torch.Tensor:
