@@ -301,6 +301,12 @@ def _next_canvas(vlm, size: torch.Tensor) -> tuple:
     return rows, cols, kept_rows, kept_cols, token_rows, token_cols
 
 
+def _next_count(side: int, token_rows: torch.Tensor, token_cols: torch.Tensor) -> int:
+    """An anyres image's tokens: its ``side x side``-patch base image's, then its canvas's rows of tokens, each row
+    followed by its newline."""
+    return side * side + (int(token_rows[-1]) + 1) * (int(token_cols[-1]) + 2)
+
+
 def _next_layouts(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ...]:
     """Several images LLaVA-NeXT (OneVision) packs each on its own canvas: the prompt's image tokens split image
     after image by each one's count (its base image's, then its canvas's rows of tokens with their newlines), each
@@ -309,8 +315,7 @@ def _next_layouts(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ..
     side = config.vision_config.image_size // config.vision_config.patch_size
     counts = []
     for size in inputs["image_sizes"]:
-        *_, token_rows, token_cols = _next_canvas(vlm, size)
-        counts.append(side * side + (int(token_rows[-1]) + 1) * (int(token_cols[-1]) + 2))
+        counts.append(_next_count(side, *_next_canvas(vlm, size)[-2:]))
     _check_count(positions, sum(counts), f"{len(counts)} images' base images and canvases with a newline per row")
     starts = np.cumsum([0, *counts])
     return tuple(_next_tiles(vlm, inputs, positions[starts[k]:starts[k + 1]], k) for k in range(len(counts)))
@@ -336,7 +341,7 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor, k: int = 0) -> ImageLayout
     top, left = int(kept_rows[0]) * patch, int(kept_cols[0]) * patch
     canvas = _canvas(seen[1:], rows, cols)[top:top + height * patch, left:left + width * patch]
     overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1), pixels=seen[0])
-    _check_count(positions, side * side + tokens_high * (tokens_wide + 1), f"a {side}x{side}-patch base image and "
+    _check_count(positions, _next_count(side, token_rows, token_cols), f"a {side}x{side}-patch base image and "
                  f"a {tokens_high}x{tokens_wide}-token canvas of {rows}x{cols} crops with a newline per row")
     return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview, canvas)
 
