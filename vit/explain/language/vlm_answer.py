@@ -325,7 +325,8 @@ class VLMAnswer:
     @staticmethod
     def _decoder_only(vlm, what: str) -> None:
         """ValueError (one line) for what runs a decoder-only language model (an intervention at its input, AttnLRP
-        through it) asked of an encoder-decoder (Florence-2: its image tokens are the encoder's)."""
+        through it, captum's forward of the prompt and the answer) asked of an encoder-decoder (Florence-2: its image
+        tokens are the encoder's, its answer the decoder's input)."""
         if getattr(vlm.model.config, "is_encoder_decoder", False):
             raise ValueError(f"{what} runs a decoder-only language model here, and this model's answer is written by "
                              "an encoder-decoder's decoder: ask its attention or gradxattn")
@@ -457,9 +458,7 @@ class VLMAnswer:
 
         self._one_image("captum's segment attribution")
         vlm, prepared = self._model()
-        if getattr(vlm.model.config, "is_encoder_decoder", False):
-            raise ValueError("captum's segment attribution appends the answer to the prompt's tokens, and this model's "
-                             "answer is written by an encoder-decoder's decoder: ask its attention or gradxattn")
+        self._decoder_only(vlm, "captum's segment attribution")  # its forward appends the answer to the prompt
         question, prompt = prepared.asked
         return segments(vlm, prepared, self.tokens, prepared.images[0],
                         lambda shown: prompt_inputs(vlm, shown, question, prompt), grid=grid, masks=masks,
