@@ -267,7 +267,7 @@ def test_segment_attribution_is_captums_own_call_and_one_cells_ablation_the_log_
     with the image whole less with cell 0 painted white, each one forward of transformers' model over the prompt and
     the answer (the cross-attention mask extended as generate extends it)."""
     from captum.attr import FeatureAblation, ImageMaskInput, LLMAttribution
-    from PIL import Image
+    from test_vlm_segments import first_cell_ablation_by_hand
 
     image = picture()
     answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
@@ -285,20 +285,7 @@ def test_segment_attribution_is_captums_own_call_and_one_cells_ablation_the_log_
     np.testing.assert_allclose(ours.tokens, theirs.token_attr.numpy(), rtol=0, atol=1e-5)
     assert np.abs(ours.seq).max() > 0
 
-    tokens = torch.tensor([answer.tokens])
-
-    def log_probability(shown) -> float:
-        inputs = run(shown)
-        prompt = inputs["input_ids"].shape[1]
-        inputs["input_ids"] = torch.cat([inputs["input_ids"], tokens], -1)
-        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-        with torch.no_grad():
-            logits = model(**inputs).logits[0, prompt - 1:-1].log_softmax(-1)
-        return float(logits[torch.arange(len(answer.tokens)), tokens[0]].sum())
-
-    white = np.asarray(image).copy()
-    white[:35, :30] = 255  # cell 0 of a 2 x 3 grid of a 90 x 70 image
-    assert ours.seq[0] == pytest.approx(log_probability(image) - log_probability(Image.fromarray(white)), abs=1e-4)
+    assert ours.seq[0] == pytest.approx(first_cell_ablation_by_hand(model, run, answer.tokens, image), abs=1e-4)
 
 
 @pytest.mark.parametrize("how", ["zero", "mean"])

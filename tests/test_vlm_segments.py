@@ -48,6 +48,26 @@ def processor_fn(folder):
     return run
 
 
+def first_cell_ablation_by_hand(model, run, answer: tuple[int, ...], image) -> float:
+    """Cell 0 of a 2 x 3 grid of a 90 x 70 ``image`` painted white: the answer's log-probability (its tokens',
+    teacher-forced after the prompt) with the image whole, less with the cell white, each one forward of ``model`` on
+    ``run(image)``'s inputs and the answer appended."""
+    tokens = torch.tensor([answer])
+
+    def log_probability(shown) -> float:
+        inputs = run(shown)
+        prompt = inputs["input_ids"].shape[1]
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], tokens], -1)
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, prompt - 1:-1].log_softmax(-1)
+        return float(logits[torch.arange(len(answer)), tokens[0]].sum())
+
+    white = np.asarray(image).copy()
+    white[:35, :30] = 255
+    return log_probability(image) - log_probability(Image.fromarray(white))
+
+
 def cells(image, rows: int, cols: int) -> torch.Tensor:
     """(H, W) int32: ``rows x cols`` cells, row-major, each pixel's cell by its row and column."""
     r = torch.arange(image.height)[:, None] * rows // image.height
@@ -84,20 +104,7 @@ def test_one_cells_ablation_is_the_answers_log_probability_change_by_hand(vlms, 
     model = transformers.LlavaForConditionalGeneration.from_pretrained(folder).eval()
     run = processor_fn(folder)
     image = picture()
-    white = np.asarray(image).copy()
-    white[:35, :30] = 255  # cell 0 of a 2 x 3 grid of a 90 x 70 image
-    tokens = torch.tensor([answer.tokens])
-
-    def log_probability(shown) -> float:
-        inputs = run(shown)
-        prompt = inputs["input_ids"].shape[1]
-        inputs["input_ids"] = torch.cat([inputs["input_ids"], tokens], -1)
-        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-        with torch.no_grad():
-            logits = model(**inputs).logits[0, prompt - 1:-1].log_softmax(-1)
-        return float(logits[torch.arange(len(answer.tokens)), tokens[0]].sum())
-
-    expected = log_probability(image) - log_probability(Image.fromarray(white))
+    expected = first_cell_ablation_by_hand(model, run, answer.tokens, image)
     assert answer.segments(grid=(2, 3)).seq[0] == pytest.approx(expected, abs=1e-4)
 
 
