@@ -355,6 +355,9 @@ def test_attnlrp_through_the_cross_attention_equals_lxts_rules_on_transformers_w
         ours = answer.relevance(i, method="attnlrp")
         assert_equal_to_lxt(ours, torch.cat([tiles[0], tiles[1]], dim=1).numpy())
         assert _differs(ours, torch.cat([tiles[1], tiles[0]], dim=1).numpy())
+    with pytest.raises(ValueError, match=r"^this image was read in one view, not as tiles beside an overview; ask "
+                                         r"without overview$"):
+        answer.relevance(0, overview=True, method="attnlrp")
 
 
 def test_attnlrp_counts_the_tower_over_every_tile_slot_at_once_before_any_forward(mllama, monkeypatch):

@@ -397,6 +397,7 @@ class VLMAnswer:
                 raise ValueError("AttnLRP runs from the logit through every layer to the pixels; ask it without a "
                                  "layer")
             self._one_image("AttnLRP")
+            self._image(0).view(overview)  # an overview asked of an image read in one view: one line
             vlm, prepared = self._model()
             return attnlrp(vlm, prepared, self.tokens, self._token(i), overview).numpy()
         layout = self._image(image).view(overview)
