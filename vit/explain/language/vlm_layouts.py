@@ -313,24 +313,25 @@ def _next_layouts(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ..
     image placed by ``_next_tiles``."""
     config = vlm.model.config
     side = config.vision_config.image_size // config.vision_config.patch_size
-    counts = []
-    for size in inputs["image_sizes"]:
-        counts.append(_next_count(side, *_next_canvas(vlm, size)[-2:]))
+    canvases = [_next_canvas(vlm, size) for size in inputs["image_sizes"]]  # each image's, counted once
+    counts = [_next_count(side, *canvas[-2:]) for canvas in canvases]
     _check_count(positions, sum(counts), f"{len(counts)} images' base images and canvases with a newline per row")
     starts = np.cumsum([0, *counts])
-    return tuple(_next_tiles(vlm, inputs, positions[starts[k]:starts[k + 1]], k) for k in range(len(counts)))
+    return tuple(_next_tiles(vlm, inputs, positions[starts[k]:starts[k + 1]], k, canvases[k])
+                 for k in range(len(counts)))
 
 
-def _next_tiles(vlm, inputs, positions: torch.Tensor, k: int = 0) -> ImageLayout:
+def _next_tiles(vlm, inputs, positions: torch.Tensor, k: int = 0, canvas: tuple | None = None) -> ImageLayout:
     """LLaVA-NeXT's and LLaVA-OneVision's anyres image (``pack_image_features`` of ``LlavaNextModel`` and
     ``LlavaOnevisionModel``): the base image's patches first (the overview), then the crops of the canvas
     ``select_best_resolution`` chose, each on the tower's grid, laid out row-major on the canvas, its padding rows or
     columns dropped (``unpad_image``: the canvas kept the image's aspect) and a newline token after each row of it,
     which covers no patch. OneVision shrinks a canvas of more than ``anyres_max_N`` base images' patches (ratio over
     1.1) by bilinear interpolation (``_downsampled``): each patch then holds the token sampled nearest its centre.
-    ``k``: which of the processor's images (``positions``: its tokens alone)."""
+    ``k``: which of the processor's images (``positions``: its tokens alone; ``canvas``: its ``_next_canvas``,
+    where the caller has it)."""
     config = vlm.model.config
-    rows, cols, kept_rows, kept_cols, token_rows, token_cols = _next_canvas(vlm, inputs["image_sizes"][k])
+    rows, cols, kept_rows, kept_cols, token_rows, token_cols = canvas or _next_canvas(vlm, inputs["image_sizes"][k])
     side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
     height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
     tokens_high, tokens_wide = int(token_rows[-1]) + 1, int(token_cols[-1]) + 1
