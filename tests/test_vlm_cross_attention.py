@@ -128,10 +128,90 @@ def test_the_maps_that_read_image_tokens_in_the_sequence_are_refused_in_one_line
         call(answer)
 
 
-def test_several_images_are_refused_in_one_line(mllama):
-    with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not "
-                                         r"placed per image yet; ask about one image"):
-        vit.ask_vlm(vit.open_vlm(mllama), [picture(), picture(40, 30)], QUESTION, max_new_tokens=1)
+TWO = (quadrants(80, 80), quadrants(100, 50))  # a square image (2 x 2 tiles) and a wide one (1 x 2)
+TWO_CANVASES = ((2, 2, [(0, 0), (0, 1), (1, 0), (1, 1)]), (1, 2, [(0, 0), (0, 1)]))  # rows, cols, tiles' places
+
+
+@pytest.fixture(scope="module")
+def two_images(mllama):
+    """Two images in one question: our answer, and transformers' eager generate over the processor's prompt of both
+    (the chat template's two ``<|image|>`` in a row, so every later token cross-attends to both)."""
+    from test_vlm_several_images import eager_two
+
+    return (vit.ask_vlm(vit.open_vlm(mllama), list(TWO), QUESTION, max_new_tokens=NEW_TOKENS),
+            *eager_two(mllama, TWO)[:2])
+
+
+def test_two_images_each_tokens_map_on_each_image_is_the_eager_rows_slice_over_its_tile_slots(two_images):
+    """The row over the tower's states holds the first image's tile slots (the processor's ``max_image_tiles``, the
+    slots past its canvas masked), then the second's. Each answer token's map at each cross-attention layer and head
+    on each image is the eager row's slice over that image's states, its tiles where the processor cut them (read
+    off the pixels); its share per image the slice's sum. The second image's slice on the first's canvas would be
+    another map."""
+    answer, out, inputs = two_images
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    slots = inputs["pixel_values"].shape[2] * PER_TILE
+    for m, (rows, cols, places) in enumerate(TWO_CANVASES):
+        assert quadrant_places(inputs["pixel_values"][0, m, :rows * cols]) == places
+    assert [layout.grid for layout in answer.layouts] == [(8, 8), (4, 8)]
+    for i in range(NEW_TOKENS):
+        for k, layer in enumerate(CROSS_LAYERS):
+            heads = out.attentions[i][layer][0, :, -1].numpy()  # (H, both images' tile slots' states)
+            assert heads.shape[1] == 2 * slots
+            for m, (rows, cols, places) in enumerate(TWO_CANVASES):
+                mine = heads[:, m * slots:(m + 1) * slots]
+                for head in (*range(heads.shape[0]), None):
+                    row = mine.mean(0) if head is None else mine[head]
+                    np.testing.assert_allclose(answer.attention(i, k, head, image=m),
+                                               expected_map(row, places, rows, cols), rtol=0, atol=ATOL)
+                share = float(mine.sum(-1).mean())
+                assert answer.image_share(i, k, image=m) == pytest.approx(share, abs=1e-5) and share > 0.05
+            assert answer.image_share(i, k) == pytest.approx(1.0, abs=1e-5)
+    row = out.attentions[1][CROSS_LAYERS[-1]][0, :, -1].numpy().mean(0)
+    assert _differs(answer.attention(1, -1, image=0), expected_map(row[slots:], TWO_CANVASES[0][2], 2, 2))
+
+
+def test_two_images_gradient_x_attention_and_each_images_ablation_are_the_eager_models_by_hand(two_images, mllama):
+    """On each image: one layer's gradient x attention is Chefer's rule by autograd on the eager model's
+    cross-attention probabilities, the slice over that image's states placed on its canvas; ablating the image is the
+    answer token's logit with every state of its tile slots zeroed (or set to the mean of its canvas's patch states)
+    in the ``cross_attention_states`` handed to transformers' model by hand."""
+    answer, _, inputs = two_images
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama, attn_implementation="eager").eval()
+    slots = inputs["pixel_values"].shape[2] * PER_TILE
+    with torch.no_grad():
+        vision = model.model.vision_model(pixel_values=inputs["pixel_values"],
+                                          aspect_ratio_ids=inputs["aspect_ratio_ids"],
+                                          aspect_ratio_mask=inputs["aspect_ratio_mask"]).last_hidden_state
+        states = model.model.multi_modal_projector(vision).reshape(1, -1, model.config.text_config.hidden_size)
+    second = slice(slots, 2 * slots)
+    patches = [slots + k * PER_TILE + 1 + p for k in (0, 1) for p in range(CELLS * CELLS)]  # the wide canvas's
+    for i in (0, NEW_TOKENS - 1):
+        new = torch.tensor([answer.tokens[:i]], dtype=torch.long)
+        mask = inputs["cross_attention_mask"]
+        run = {"input_ids": torch.cat([inputs["input_ids"], new], -1),
+               "attention_mask": torch.cat([inputs["attention_mask"], torch.ones_like(new)], -1),
+               "cross_attention_mask": torch.cat([mask, mask[:, -1:].expand(-1, i, -1, -1)], 1), "use_cache": False}
+        out = model(**run, pixel_values=inputs["pixel_values"], aspect_ratio_ids=inputs["aspect_ratio_ids"],
+                    aspect_ratio_mask=inputs["aspect_ratio_mask"], output_attentions=True)
+        attentions = [out.attentions[layer] for layer in CROSS_LAYERS]
+        grads = torch.autograd.grad(out.logits[0, -1, answer.tokens[i]], attentions)
+        for k, (g, a) in enumerate(zip(grads, attentions, strict=True)):
+            cam = (g * a)[0].clamp(min=0).mean(0)[-1].detach().numpy()
+            for m, (rows, cols, places) in enumerate(TWO_CANVASES):
+                expected = expected_map(cam[m * slots:(m + 1) * slots], places, rows, cols)
+                np.testing.assert_allclose(answer.relevance(i, k, image=m), expected, rtol=0,
+                                           atol=ATOL * max(1.0, float(np.abs(expected).max())))
+        for how in ("zero", "mean"):
+            ablated = states.clone()
+            ablated[0, second] = 0 if how == "zero" else states[0, patches].mean(0)
+            with torch.no_grad():
+                logits = [float(model(**run, cross_attention_states=handed).logits[0, -1, answer.tokens[i]])
+                          for handed in (states, ablated)]
+            ours = answer.ablate_image(i, 1, how=how)
+            assert ours.image_tokens == slots and abs(logits[1] - logits[0]) > 1e-4
+            assert ours.logit == pytest.approx(logits[0], abs=1e-4)
+            assert ours.ablated_logit == pytest.approx(logits[1], abs=1e-4)
 
 
 def test_predict_ask_writes_the_cross_attention_maps_and_refuses_the_others_before_answering(mllama, tmp_path, capsys):

@@ -136,10 +136,10 @@ def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_
         answer.attention(0, image=2)
     with pytest.raises(ValueError, match=r"^ask about 1 to 16 images at once, got 17$"):
         vit.ask_vlm(vit.open_vlm(vlms["llava"]), [object()] * 17, QUESTION)  # refused before any is read
-    mllama = saved_whole(tmp_path_factory, ["mllama"])["mllama"]
+    molmo2 = saved_whole(tmp_path_factory, ["molmo2"])["molmo2"]  # its overlapping crops of each image
     with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not placed "
                                          r"per image yet; ask about one image"):
-        vit.ask_vlm(vit.open_vlm(mllama), list(IMAGES), QUESTION, max_new_tokens=1)
+        vit.ask_vlm(vit.open_vlm(molmo2), list(IMAGES), QUESTION, max_new_tokens=1)
 
 
 def canvas_by_hand(row: np.ndarray, places: list[tuple[int, int]], first: int) -> np.ndarray:

@@ -170,30 +170,33 @@ def _llama4_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
     return _tiles_then_overview(vlm, pixels, positions, rows, cols)
 
 
-def _mllama_tiles(vlm, inputs) -> ImageLayout:
-    """Llama 3.2 Vision's tiles (``MllamaImageProcessor``): the image resized into the canvas of tiles its
-    ``aspect_ratio_ids`` name (transformers' ``get_all_supported_aspect_ratios`` order, from 1) and padded to fill
-    it, cut row-major, no overview. The language model reads them through its cross-attention layers
-    (``vlm_attention.cross_attending``): a row is over the tower's states, each tile's CLS then its patches
-    row-major (``MllamaVisionModel``: its padding dropped), the tiles past the canvas masked. ``positions`` are those
-    states' places in the row."""
+def _mllama_tiles(vlm, inputs) -> tuple[ImageLayout, ...]:
+    """Llama 3.2 Vision's tiles (``MllamaImageProcessor``), each image's: the image resized into the canvas of tiles
+    its ``aspect_ratio_ids`` name (transformers' ``get_all_supported_aspect_ratios`` order, from 1) and padded to
+    fill it, cut row-major, no overview. The language model reads them through its cross-attention layers
+    (``vlm_attention.cross_attending``): a row is over the tower's states, image after image, each image's tile
+    slots (``max_image_tiles`` of them, the slots past its canvas masked), each tile's CLS then its patches
+    row-major (``MllamaVisionModel``: its padding dropped). Each image's ``positions`` are its states' places in the
+    row."""
     from transformers.models.mllama.image_processing_mllama import get_all_supported_aspect_ratios
 
-    pixels = inputs["pixel_values"]  # (1, images, tiles, C, h, w)
-    if pixels.shape[1] != 1:
-        raise ValueError("Llama 3.2 Vision is asked about one image here; ask about one")
-    images = vlm.processor.image_processor
-    rows, cols = get_all_supported_aspect_ratios(int(images.max_image_tiles))[int(inputs["aspect_ratio_ids"][0, 0]) - 1]
+    pixels = inputs["pixel_values"]  # (1, images, tile slots, C, h, w)
+    shapes = get_all_supported_aspect_ratios(int(vlm.processor.image_processor.max_image_tiles))
     ph, pw = vlm.patch_hw
     grid = (pixels.shape[-2] // ph, pixels.shape[-1] // pw)
     per = grid[0] * grid[1] + 1  # a tile's states: its CLS, then its patches
-    r = torch.arange(rows * grid[0])[:, None]
-    c = torch.arange(cols * grid[1])[None, :]
-    tile = (r // grid[0]) * cols + c // grid[1]
-    index = tile * per + 1 + (r % grid[0]) * grid[1] + c % grid[1]
-    seen = seen_pixels(vlm, pixels[0, 0, :rows * cols])
-    return ImageLayout(torch.arange(pixels.shape[2] * per), (rows * grid[0], cols * grid[1]), 1, 0, index,
-                       rows * cols, grid, None, _canvas(seen, rows, cols))
+    slots = pixels.shape[2] * per  # an image's states: every tile slot's
+    layouts = []
+    for k in range(pixels.shape[1]):
+        rows, cols = shapes[int(inputs["aspect_ratio_ids"][0, k]) - 1]
+        r = torch.arange(rows * grid[0])[:, None]
+        c = torch.arange(cols * grid[1])[None, :]
+        tile = (r // grid[0]) * cols + c // grid[1]
+        index = tile * per + 1 + (r % grid[0]) * grid[1] + c % grid[1]
+        seen = seen_pixels(vlm, pixels[0, k, :rows * cols])
+        layouts.append(ImageLayout(torch.arange(k * slots, (k + 1) * slots), (rows * grid[0], cols * grid[1]), 1, 0,
+                                   index, rows * cols, grid, None, _canvas(seen, rows, cols)))
+    return tuple(layouts)
 
 
 def _molmo2_tiles(vlm, inputs, image: Image.Image) -> ImageLayout:
@@ -373,7 +376,10 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
     (several images, another family's tiles)."""
     if vlm.model_type == "mllama":  # read through cross-attention: its rows are over the tower's states
-        return _mllama_tiles(vlm, inputs)
+        layouts = _mllama_tiles(vlm, inputs)
+        if len(layouts) != 1:
+            raise ValueError(f"the processor gave {len(layouts)} images; ask about one image")
+        return layouts[0]
     if vlm.model_type == "molmo2":  # pooled tokens over overlapping crops, named by image_token_pooling
         return _molmo2_tiles(vlm, inputs, image)
     if vlm.model_type == "gemma3n":  # a fixed grid of tokens from MobileNetV5's multi-scale fusion, row-major
@@ -540,10 +546,16 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
     (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
     Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
     per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles (``_tiled_layouts``), or
-    LLaVA-NeXT packs (``_next_layouts``), each on its own canvas. ValueError (one line) for several images another
-    family cuts into tiles."""
+    LLaVA-NeXT packs (``_next_layouts``), each on its own canvas; Llama 3.2 Vision's, each its tile slots' states
+    (``_mllama_tiles``). ValueError (one line) for several images another family cuts into tiles."""
     if len(images) == 1:
         return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
+    if vlm.model_type == "mllama":  # read through cross-attention: each image's tiles are its own slots' states
+        layouts = _mllama_tiles(vlm, inputs)
+        if len(layouts) != len(images):
+            raise ValueError(f"the processor gave {len(layouts)} images for the {len(images)} asked about; ask about "
+                             "one image")
+        return layouts
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     ph, pw = vlm.patch_hw
     lead, unit = tower_lead(vlm), vlm.unit
