@@ -103,8 +103,8 @@ def _build(kind: str):
             image_token_id=words.convert_tokens_to_ids("<IMG_CONTEXT>"), eos_token_id=1)
         processor = transformers.InternVLProcessor(
             image_processor=transformers.GotOcr2ImageProcessor(size={"height": 32, "width": 32}, max_patches=1),
-            tokenizer=words, video_processor=transformers.InternVLVideoProcessor(), image_seq_length=4,
-            chat_template=TEMPLATE.replace("IMAGE", "<IMG_CONTEXT>"))
+            tokenizer=words, video_processor=transformers.InternVLVideoProcessor(size={"height": 32, "width": 32}),
+            image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<IMG_CONTEXT>").replace("VIDEO", "<video>"))
         return transformers.InternVLForConditionalGeneration(config), processor
     if kind in ("gemma3", "gemma3_pas"):  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window
         # layers

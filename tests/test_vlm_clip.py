@@ -3,7 +3,8 @@ transformers' own greedy ``generate`` over the processor's prompt of the clip (i
 frames as given), and each answer token's attention to each temporal slice is the eager row over that slice's tokens,
 placed by hand on its patch grid: Qwen2.5-VL's and Qwen3-VL's ``video_grid_thw`` (slices two frames deep, 2 x 2 merge
 units row-major; Qwen3-VL's timestamps between them), GLM-4.1V's (its frames written with its image token),
-LLaVA-NeXT-Video's frames (each pooled 2 x 2). The slices taken in reverse would be other maps.
+LLaVA-NeXT-Video's frames (each pooled 2 x 2), InternVL's frames (each one view, "FrameN: <img>...</img>" with its
+image token, its 2 x 2 pixel-shuffle units). The slices taken in reverse would be other maps.
 """
 
 import json
@@ -20,7 +21,7 @@ import vit  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video"]
+KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video", "internvl"]
 FRAMES = [picture(90, 70), picture(90, 70).rotate(3), picture(90, 70).transpose(0), picture(90, 70).transpose(1)]
 
 
@@ -43,7 +44,7 @@ def eager_clip(folder):
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
     c = model.config
-    token = c.image_token_id if config["model_type"] == "glm4v" else getattr(c, "video_token_id", None)
+    token = c.image_token_id if config["model_type"] in ("glm4v", "internvl") else getattr(c, "video_token_id", None)
     token = c.video_token_index if token is None else token
     return out, inputs, (inputs["input_ids"][0] == token).nonzero()[:, 0]
 
@@ -59,6 +60,8 @@ def slices_by_hand(kind: str, inputs) -> tuple[int, tuple[int, int], int]:
     if "video_grid_thw" in inputs:
         t, h, w = inputs["video_grid_thw"][0].tolist()
         return t, (h, w), 2
+    if kind == "internvl":  # its frames renamed pixel_values (frames, C, H, W), each pixel-shuffled 2 x 2
+        return inputs["pixel_values"].shape[0], (inputs["pixel_values"].shape[-1] // 8,) * 2, 2
     side = inputs["pixel_values_videos"].shape[-1] // 8
     return inputs["pixel_values_videos"].shape[1], (side, side), 2  # LLaVA-NeXT-Video's pooling stride
 
@@ -122,7 +125,7 @@ def test_each_slice_is_drawn_over_its_first_frame_as_the_processor_prepared_it(a
     depth = len(FRAMES) // len(answer.layouts)
     for k, layout in enumerate(answer.layouts):
         pixels = layout.pixels.astype(np.float32)
-        side = {"llava_next_video": 8, "qwen3_vl": 16}.get(kind, 14)  # the tower's patch
+        side = {"llava_next_video": 8, "internvl": 8, "qwen3_vl": 16}.get(kind, 14)  # the tower's patch
         assert pixels.shape[:2] == (layout.grid[0] * side, layout.grid[1] * side)
         errors = [np.abs(resized_by_hand(kind, frame, pixels.shape[:2]) - pixels).mean() for frame in FRAMES]
         assert errors[k * depth] < 0.5, errors

@@ -428,26 +428,33 @@ MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sam
 # The video placeholder's id, for the families whose clip's tokens are another id than their image's
 VIDEO_TOKEN = ("video_token_id", "video_token_index")
 CLIP_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v",
-                 "llava_next_video")
+                 "llava_next_video", "internvl")
+# The families that write a clip's frames with their image token (GLM's; InternVL's "FrameN: <img>...</img>")
+FRAMES_AS_IMAGES = ("glm4v", "glm4v_moe", "glm46v", "internvl")
 
 
 def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
     """The layout of each of a clip's temporal slices in the processor's ``inputs``, in order: Qwen-VL's and GLM's
     ``video_grid_thw`` (each slice ``temporal_patch_size`` frames deep, its merge units row-major; GLM writes its
     frames' tokens with its image token), LLaVA-NeXT-Video's frames (each frame's patches pooled
-    ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major). ValueError (one line) for
-    a model that does not answer about a clip here."""
+    ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major), InternVL's frames (each
+    one view, "FrameN: <img>...</img>" with its image token, its pixel-shuffle units row-major). ValueError (one
+    line) for a model that does not answer about a clip here."""
     config = vlm.model.config
     if vlm.model_type not in CLIP_FAMILIES:
         raise ValueError(f"a {vlm.model_type} model does not answer about a clip here; ask "
                          f"{', '.join(CLIP_FAMILIES)}, or ask about its frames as images")
-    if vlm.model_type.startswith("glm4"):
+    if vlm.model_type in FRAMES_AS_IMAGES:
         token = image_token_id(config)
     else:
         token = next(getattr(config, name) for name in VIDEO_TOKEN if getattr(config, name, None) is not None)
     positions = (inputs["input_ids"][0] == token).nonzero()[:, 0]
     if "video_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["video_grid_thw"][0])
+        unit = vlm.unit
+    elif vlm.model_type == "internvl":  # its processor hands the frames as pixel_values (frames, C, H, W): a view each
+        pixels = inputs["pixel_values"]
+        t, gh, gw = pixels.shape[0], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
         unit = vlm.unit
     else:  # LLaVA-NeXT-Video: (1, frames, C, H, W)
         pixels = inputs["pixel_values_videos"]
@@ -464,6 +471,8 @@ def _slice_firsts(vlm, inputs, t: int, gh: int, gw: int) -> torch.Tensor:
     normalised): LLaVA-NeXT-Video's frames as they are; Qwen-VL's and GLM's flat patches (their video processors'
     ``patchify``: rows (slice, merge row, merge column, unit row, unit column), columns (channel, frame of the
     slice, patch row, patch column)) put back on the frame."""
+    if "pixel_values_videos" not in inputs:  # InternVL's frames, renamed by its processor: (frames, C, H, W)
+        return inputs["pixel_values"]
     pixels = inputs["pixel_values_videos"]
     if "video_grid_thw" not in inputs:
         return pixels[0]
