@@ -23,6 +23,8 @@ from test_vlm_answer import (  # noqa: E402
     eager_image_rows,
     internvl_tiles,  # noqa: F401 - a fixture
     llava_next,  # noqa: F401 - a fixture
+    molmo2,  # noqa: F401 - a fixture
+    molmo2_tokens,
     packed_places,
     picture,
     quadrant_places,
@@ -136,10 +138,11 @@ def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_
         answer.attention(0, image=2)
     with pytest.raises(ValueError, match=r"^ask about 1 to 16 images at once, got 17$"):
         vit.ask_vlm(vit.open_vlm(vlms["llava"]), [object()] * 17, QUESTION)  # refused before any is read
-    molmo2 = saved_whole(tmp_path_factory, ["molmo2"])["molmo2"]  # its overlapping crops of each image
+    gemma3 = saved_whole(tmp_path_factory, ["gemma3_pas"])["gemma3_pas"]  # pan-and-scan's crops of each image
     with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not placed "
                                          r"per image yet; ask about one image"):
-        vit.ask_vlm(vit.open_vlm(molmo2), list(IMAGES), QUESTION, max_new_tokens=1)
+        vit.ask_vlm(vit.open_vlm(gemma3, pan_and_scan=True), [picture(120, 40), picture(40, 120)], QUESTION,
+                    max_new_tokens=1)
 
 
 def canvas_by_hand(row: np.ndarray, places: list[tuple[int, int]], first: int) -> np.ndarray:
@@ -234,3 +237,42 @@ def test_two_images_llava_next_packs_each_on_its_own_canvas(llava_next):  # noqa
                     np.testing.assert_allclose(answer.attention(i, layer, head, image=k), expected, rtol=0, atol=ATOL)
                     np.testing.assert_allclose(answer.attention(i, layer, head, overview=True, image=k),
                                                by_hand(row[start:start + 16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+
+
+def test_two_images_molmo2_places_each_images_pooled_tokens_on_its_own_crops(molmo2):  # noqa: F811
+    """Molmo 2 writes each image's tokens after the one before's (its overview's pooled tokens, then its canvas's),
+    each naming the patches of its own crops: each image's map at every layer and head is the eager row over its
+    tokens, each canvas patch under the token whose pooling window holds the crop patch it was read from
+    (transformers' own crop and pooling functions, ``molmo2_tokens``), on its own canvas and overview. The first
+    image's tokens on the second's canvas would be another map."""
+    images = (picture(90, 70), picture(100, 40))
+    answer = vit.ask_vlm(vit.open_vlm(molmo2), list(images), QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, positions = eager_two(molmo2, images)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    places = [molmo2_tokens(molmo2, image) for image in images]  # (canvas, overview) token per patch, each image
+    counts = [int(whole.max()) + 1 + int(canvas.max()) + 1 for canvas, whole in places]
+    assert len(positions) == sum(counts) and [layout.grid for layout in answer.layouts] == [p[0].shape for p in places]
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            heads = eager_image_rows(out, i, layer, positions)
+            for k, ((canvas, whole), tokens) in enumerate(zip(places, np.split(heads, [counts[0]], axis=1),
+                                                              strict=True)):
+                low = int(whole.max()) + 1
+                for head in (0, None):
+                    row = tokens.mean(0) if head is None else tokens[head]
+                    np.testing.assert_allclose(answer.attention(i, layer, head, image=k), row[low:][canvas],
+                                               rtol=0, atol=ATOL)
+                    np.testing.assert_allclose(answer.attention(i, layer, head, overview=True, image=k),
+                                               row[:low][whole], rtol=0, atol=ATOL)
+    row = eager_image_rows(out, 1, 0, positions).mean(0)
+    canvas, whole = places[1]
+    assert not np.allclose(answer.attention(1, 0, image=1), row[int(whole.max()) + 1:][canvas], rtol=0, atol=1e-4)
+    # the second image's map is drawn over its own crops: the image as its processor resizes it to its canvas (its
+    # own function, without the normalisation), to the rounding of undoing the normalisation
+    from transformers.models.molmo2.image_processing_molmo2 import resize_and_normalize_image
+
+    processor = transformers.AutoProcessor.from_pretrained(molmo2).image_processor
+    resized = resize_and_normalize_image(processor, torch.from_numpy(np.asarray(images[1])).permute(2, 0, 1)[None],
+                                         [canvas.shape[0] * 8, canvas.shape[1] * 8], processor.resample, False, 1.0,
+                                         False, processor.image_mean, processor.image_std)[0].permute(1, 2, 0).numpy()
+    assert np.abs(answer.layouts[1].pixels.astype(int) - resized.astype(int)).max() <= 1

@@ -199,7 +199,32 @@ def _mllama_tiles(vlm, inputs) -> tuple[ImageLayout, ...]:
     return tuple(layouts)
 
 
-def _molmo2_tiles(vlm, inputs, image: Image.Image) -> ImageLayout:
+def _molmo2_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
+    """Each of Molmo 2's ``images`` (``_molmo2_tiles``): the processor writes them image after image, each its
+    ``image_num_crops`` crops in ``pixel_values``, its tokens' rows of ``image_token_pooling`` (its ``image_grids``:
+    the overview's pooled rows x columns, then the canvas's) naming patches counted from the first image's first
+    crop, its image tokens in the prompt in that order."""
+    grids = [[int(v) for v in grid] for grid in inputs["image_grids"]]
+    counts = [a * b + c * d for a, b, c, d in grids]
+    crops = [int(n) for n in inputs["image_num_crops"]]
+    pooling, pixels = inputs["image_token_pooling"].long(), inputs["pixel_values"]
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    if not len(grids) == len(crops) == len(images) or len(pooling) != sum(counts):
+        raise ValueError(f"the processor gave {len(grids)} images' grids and {len(pooling)} pooled tokens for the "
+                         f"{len(images)} asked about; ask about one image")
+    _check_count(positions, sum(counts), f"the pooled tokens of {len(images)} image(s)")
+    per_crop = pixels.shape[1]  # patches a crop
+    layouts, token, crop = [], 0, 0
+    for image, grid, count, n in zip(images, grids, counts, crops, strict=True):
+        mine = pooling[token:token + count]
+        mine = torch.where(mine >= 0, mine - crop * per_crop, -1)  # this image's patches, from its first crop
+        layouts.append(_molmo2_tiles(vlm, mine, pixels[crop:crop + n], grid, image, positions[token:token + count]))
+        token, crop = token + count, crop + n
+    return tuple(layouts)
+
+
+def _molmo2_tiles(vlm, pooling: torch.Tensor, crops_pixels: torch.Tensor, image_grid: list[int], image: Image.Image,
+                  positions: torch.Tensor) -> ImageLayout:
     """Molmo 2's image (``Molmo2ImageProcessor``): the whole image resized to one crop (the overview, its pooled tokens
     first in the prompt), then the image resized to a canvas (transformers' ``compute_crop_geometry``) cut into
     overlapping crops, one every ``crop - margins`` patches, each canvas patch read from one crop; the adapter pools
@@ -212,8 +237,9 @@ def _molmo2_tiles(vlm, inputs, image: Image.Image) -> ImageLayout:
     patch, crop = int(images.patch_size), int(images.size["height"])
     side = crop // patch
     per_crop, window = side * side, side - sum(images.overlap_margins)
-    pooling = inputs["image_token_pooling"].long()  # (tokens, pooled): crop-major patch indices, crop 0 the overview
-    low = int(inputs["image_grids"][0, 0] * inputs["image_grids"][0, 1])
+    # pooling: (tokens, pooled) crop-major patch indices into ``crops_pixels`` (crops, patches, pixels), crop 0 the
+    # overview; ``image_grid``: the overview's pooled rows and columns, then the canvas's
+    low = image_grid[0] * image_grid[1]
     _, wide, height, width = compute_crop_geometry(image.height, image.width, images.max_crops,
                                                    images.overlap_margins, crop, patch)
     token = torch.arange(len(pooling))[:, None].expand_as(pooling)
@@ -231,9 +257,8 @@ def _molmo2_tiles(vlm, inputs, image: Image.Image) -> ImageLayout:
     if (canvas < 0).any() or (overview < 0).any() or (canvas < low).any() or (overview >= low).any():
         raise ValueError("Molmo 2's pooled tokens do not cover its canvas and its overview one patch each; ask about "
                          "one image")
-    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     _check_count(positions, len(pooling), f"{low} overview tokens and {len(pooling) - low} canvas tokens")
-    pixels = inputs["pixel_values"].reshape(-1, patch, patch, inputs["pixel_values"].shape[-1] // patch ** 2)
+    pixels = crops_pixels.reshape(-1, patch, patch, crops_pixels.shape[-1] // patch ** 2)
 
     def drawn(chosen: torch.Tensor) -> np.ndarray:  # (h, w) patch indices -> (h x p, w x p, 3) uint8
         h, w = chosen.shape
@@ -381,7 +406,7 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
             raise ValueError(f"the processor gave {len(layouts)} images; ask about one image")
         return layouts[0]
     if vlm.model_type == "molmo2":  # pooled tokens over overlapping crops, named by image_token_pooling
-        return _molmo2_tiles(vlm, inputs, image)
+        return _molmo2_layouts(vlm, inputs, [image])[0]
     if vlm.model_type == "gemma3n":  # a fixed grid of tokens from MobileNetV5's multi-scale fusion, row-major
         positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
         if inputs["pixel_values"].shape[0] != 1:
@@ -559,6 +584,8 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
     (``_mllama_tiles``). ValueError (one line) for several images another family cuts into tiles."""
     if len(images) == 1:
         return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
+    if vlm.model_type == "molmo2":  # each image's crops and pooled tokens after the one before's
+        return _molmo2_layouts(vlm, inputs, images)
     if vlm.model_type == "mllama":  # read through cross-attention: each image's tiles are its own slots' states
         layouts = _mllama_tiles(vlm, inputs)
         if len(layouts) != len(images):
