@@ -18,9 +18,11 @@ transformers = pytest.importorskip("transformers")
 from test_vlm_answer import (  # noqa: E402
     ATOL,
     NEW_TOKENS,
+    PAN_AND_SCAN,
     QUESTION,
     by_hand,
     eager_image_rows,
+    gemma3_pas,  # noqa: F401 - a fixture
     internvl_tiles,  # noqa: F401 - a fixture
     llava_next,  # noqa: F401 - a fixture
     molmo2,  # noqa: F401 - a fixture
@@ -31,6 +33,7 @@ from test_vlm_answer import (  # noqa: E402
     quadrants,
     saved_whole,
     split_tiles,  # noqa: F401 - a fixture
+    where_crops_are,
     where_tiles_are,
 )
 
@@ -49,9 +52,10 @@ def vlms(tmp_path_factory):
     return saved_whole(tmp_path_factory, list(KINDS))
 
 
-def eager_two(folder, images=IMAGES):
+def eager_two(folder, images=IMAGES, **images_kwargs):
     """transformers alone: the eager model's greedy generate, every step's attentions, over the processor's prompt of
-    ``images`` and the question through the chat template."""
+    ``images`` and the question through the chat template (``images_kwargs``: the processor's, as its call takes
+    them)."""
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
     processor = transformers.AutoProcessor.from_pretrained(folder)
@@ -59,7 +63,7 @@ def eager_two(folder, images=IMAGES):
                                              {"type": "text", "text": QUESTION}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     # in the model's dtype, as transformers' examples pass them (Llama 4's processor gives bfloat16 pixels)
-    inputs = processor(images=list(images), text=text, return_tensors="pt").to(dtype=model.dtype)
+    inputs = processor(images=list(images), text=text, return_tensors="pt", **images_kwargs).to(dtype=model.dtype)
     with torch.no_grad():
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
@@ -138,11 +142,9 @@ def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_
         answer.attention(0, image=2)
     with pytest.raises(ValueError, match=r"^ask about 1 to 16 images at once, got 17$"):
         vit.ask_vlm(vit.open_vlm(vlms["llava"]), [object()] * 17, QUESTION)  # refused before any is read
-    gemma3 = saved_whole(tmp_path_factory, ["gemma3_pas"])["gemma3_pas"]  # pan-and-scan's crops of each image
-    with pytest.raises(ValueError, match=r"^the processor cut these 2 images into tiles, whose tokens are not placed "
-                                         r"per image yet; ask about one image"):
-        vit.ask_vlm(vit.open_vlm(gemma3, pan_and_scan=True), [picture(120, 40), picture(40, 120)], QUESTION,
-                    max_new_tokens=1)
+    florence2 = saved_whole(tmp_path_factory, ["florence2"])["florence2"]  # one image per question in its processor
+    with pytest.raises(ValueError, match=r"^a florence2 model reads one image per question; ask about one image$"):
+        vit.ask_vlm(vit.open_vlm(florence2), list(IMAGES), QUESTION, max_new_tokens=1)
 
 
 def canvas_by_hand(row: np.ndarray, places: list[tuple[int, int]], first: int) -> np.ndarray:
@@ -276,3 +278,71 @@ def test_two_images_molmo2_places_each_images_pooled_tokens_on_its_own_crops(mol
                                          [canvas.shape[0] * 8, canvas.shape[1] * 8], processor.resample, False, 1.0,
                                          False, processor.image_mean, processor.image_std)[0].permute(1, 2, 0).numpy()
     assert np.abs(answer.layouts[1].pixels.astype(int) - resized.astype(int)).max() <= 1
+
+
+def test_three_images_gemma3s_pan_and_scan_places_each_images_crops_on_its_own_canvas(gemma3_pas):  # noqa: F811
+    """Gemma 3's pan-and-scan of three images: a wide one (its original, then 3 crops side by side), a square one
+    (not cut: one view) and a tall one (2 crops, one above the other), image after image in the pixel tensor and the
+    prompt, 4 pooled tokens a view. Each crop on its image's canvas where ``pan_and_scan_batched`` cut it
+    (``where_crops_are``), each original its overview; every layer and head the eager row over its tokens."""
+    images = [picture(200, 60), picture(40, 40), picture(60, 130)]
+    answer = vit.ask_vlm(vit.open_vlm(gemma3_pas, pan_and_scan=True), images, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, positions = eager_two(gemma3_pas, images, **PAN_AND_SCAN)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    cuts = [where_crops_are(gemma3_pas, image) if k != 1 else [] for k, image in enumerate(images)]
+    assert [len(c) for c in cuts] == [3, 0, 2] and inputs["pixel_values"].shape[0] == 8 and len(positions) == 32
+    firsts = [0, 16, 20]  # each image's first token: its original's 4, then its crops' 4 each
+
+    def expected(row: np.ndarray, k: int) -> np.ndarray:
+        tops, lefts = sorted({t for t, _ in cuts[k]}), sorted({left for _, left in cuts[k]})
+        canvas = np.zeros((8 * len(tops), 8 * len(lefts)), dtype=np.float32)
+        for n, (t, left) in enumerate(cuts[k]):
+            r, c, at = tops.index(t), lefts.index(left), firsts[k] + 4 * (n + 1)
+            canvas[8 * r:8 * r + 8, 8 * c:8 * c + 8] = by_hand(row[at:at + 4], (8, 8), 4, 0)
+        return canvas
+
+    assert [layout.grid for layout in answer.layouts] == [(8, 24), (8, 8), (16, 8)]
+    for i in range(len(answer.tokens)):
+        for layer in range(answer.layers):
+            heads = eager_image_rows(out, i, layer, positions)
+            for head in (0, None):
+                row = heads.mean(0) if head is None else heads[head]
+                for k, first in enumerate(firsts):
+                    original = by_hand(row[first:first + 4], (8, 8), 4, 0)
+                    if not cuts[k]:
+                        np.testing.assert_allclose(answer.attention(i, layer, head, image=k), original, rtol=0,
+                                                   atol=ATOL)
+                        continue
+                    np.testing.assert_allclose(answer.attention(i, layer, head, image=k), expected(row, k), rtol=0,
+                                               atol=ATOL)
+                    np.testing.assert_allclose(answer.attention(i, layer, head, overview=True, image=k), original,
+                                               rtol=0, atol=ATOL)
+    row = eager_image_rows(out, 1, 0, positions).mean(0)
+    assert not np.allclose(answer.attention(1, 0, image=2), expected(np.roll(row, -4), 2), rtol=0, atol=1e-4)
+
+
+def test_two_images_gemma3n_each_have_their_own_fixed_grid_of_tokens(tmp_path_factory):
+    """Gemma 3n writes each image's 16 x 16 tokens (MobileNetV5's fused grid, whatever the input's size) after the
+    one before's: each image's map at every layer and head is the eager row over its 256 tokens, row-major, drawn
+    over the pixels its processor prepared for that image."""
+    from test_vlm_answer import unnormalised
+
+    folder = saved_whole(tmp_path_factory, ["gemma3n"])["gemma3n"]
+    answer = vit.ask_vlm(vit.open_vlm(folder), list(IMAGES), QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, positions = eager_two(folder)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert len(positions) == 2 * 256 and [layout.grid for layout in answer.layouts] == [(16, 16)] * 2
+    for i in range(len(answer.tokens)):
+        for layer in range(answer.layers):
+            heads = eager_image_rows(out, i, layer, positions)
+            for k in range(2):
+                mine = heads[:, 256 * k:256 * (k + 1)]
+                for head in (0, None):
+                    row = mine.mean(0) if head is None else mine[head]
+                    np.testing.assert_allclose(answer.attention(i, layer, head, image=k), row.reshape(16, 16),
+                                               rtol=0, atol=ATOL)
+    row = eager_image_rows(out, 1, 0, positions).mean(0)
+    assert not np.allclose(answer.attention(1, 0, image=1), row[:256].reshape(16, 16), rtol=0, atol=1e-4)
+    processor = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    for k in range(2):
+        np.testing.assert_array_equal(answer.layouts[k].pixels, unnormalised(processor, inputs["pixel_values"][k]))

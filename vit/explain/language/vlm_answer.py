@@ -41,6 +41,7 @@ from vit.explain.language.vlm_layouts import (
     CLIP_FAMILIES,
     MAX_CLIP_FRAMES,
     MAX_IMAGES,
+    ONE_IMAGE,
     ImageLayout,
     clip_layouts,
     image_layouts,
@@ -583,6 +584,8 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
         images = list(image) if isinstance(image, (list, tuple)) else [image]
         if not 1 <= len(images) <= MAX_IMAGES:
             raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(images)}")
+        if len(images) > 1 and vlm.model_type in ONE_IMAGE:  # before its processor refuses them in its own words
+            raise ValueError(f"a {vlm.model_type} model reads one image per question; ask about one image")
         inputs = prompt_inputs(vlm, images, question, prompt)
         layouts = image_layouts(vlm, inputs, images)
     layout = layouts[0]

@@ -306,6 +306,30 @@ def _pan_and_scan(vlm, image: Image.Image, pixels: torch.Tensor, positions: torc
                        _canvas(seen[1:], rows, cols))
 
 
+def _pan_and_scan_layouts(vlm, inputs, images: Sequence[Image.Image],
+                          positions: torch.Tensor) -> tuple[ImageLayout, ...]:
+    """Several images Gemma 3's pan-and-scan cuts: the pixel tensor's views and the prompt's image tokens split
+    image after image, each image's original view then its crops (``num_crops``, as its image processor cuts that
+    image alone), each image placed as it is when asked about alone (``_pan_and_scan``, or its one view)."""
+    pixels, processor = inputs["pixel_values"], vlm.processor.image_processor
+    crops = [int(processor(images=[image], return_tensors="pt")["num_crops"][0]) for image in images]
+    if sum(crops) + len(images) != pixels.shape[0]:
+        raise ValueError(f"the processor gave {pixels.shape[0]} views of these {len(images)} images, not the "
+                         f"{sum(crops) + len(images)} of their pan-and-scan crops; ask about one image")
+    ph, pw = vlm.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_view = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, pixels.shape[0] * per_view, f"{pixels.shape[0]} views of {len(images)} images, each "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    layouts, first = [], 0
+    for image, n in zip(images, crops, strict=True):
+        mine, at = pixels[first:first + n + 1], positions[first * per_view:(first + n + 1) * per_view]
+        layouts.append(_pan_and_scan(vlm, image, mine, at) if n else
+                       ImageLayout(at, grid, unit, 0, pixels=seen_pixels(vlm, mine)[0]))
+        first += n + 1
+    return tuple(layouts)
+
+
 NEXT_TILES = ("llava_next", "llava_next_video", "llava_onevision")  # anyres canvases packed as LLaVA-NeXT packs them
 
 
@@ -394,6 +418,16 @@ def _downsampled(height: int, width: int, side: int, aspect: str) -> tuple[torch
     return rows, cols
 
 
+def _gemma3n_layouts(vlm, inputs, n: int) -> tuple[ImageLayout, ...]:
+    """Gemma 3n's ``n`` images, each a fixed grid of tokens (``vision_soft_tokens_per_image``) from MobileNetV5's
+    multi-scale fusion, row-major, whatever the input's size; image after image in the prompt."""
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    side = round(int(vlm.model.config.vision_soft_tokens_per_image) ** 0.5)
+    _check_count(positions, n * side * side, f"{n} image(s) of Gemma 3n's {side}x{side} grid of image tokens")
+    per = side * side
+    return tuple(ImageLayout(positions[k * per:(k + 1) * per], (side, side), 1, 0) for k in range(n))
+
+
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
     (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
@@ -408,13 +442,9 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     if vlm.model_type == "molmo2":  # pooled tokens over overlapping crops, named by image_token_pooling
         return _molmo2_layouts(vlm, inputs, [image])[0]
     if vlm.model_type == "gemma3n":  # a fixed grid of tokens from MobileNetV5's multi-scale fusion, row-major
-        positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
         if inputs["pixel_values"].shape[0] != 1:
             raise ValueError("the processor gave several images; ask about one image")
-        side = int(vlm.model.config.vision_soft_tokens_per_image) ** 0.5
-        layout = ImageLayout(positions, (round(side), round(side)), 1, 0)
-        _check_count(positions, round(side) ** 2, f"Gemma 3n's {round(side)}x{round(side)} grid of image tokens")
-        return layout
+        return _gemma3n_layouts(vlm, inputs, 1)[0]
     positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
     if "image_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
@@ -449,6 +479,7 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
 
 
 MAX_IMAGES = 16  # images in one question: each a tower's forward and its tokens in the prompt
+ONE_IMAGE = ("florence2",)  # families whose processor takes one image per question (Florence-2's task prompts)
 MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sample 2 fps of a short clip)
 # The video placeholder's id, for the families whose clip's tokens are another id than their image's
 VIDEO_TOKEN = ("video_token_id", "video_token_index")
@@ -579,13 +610,16 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
     """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: one image's
     (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
     Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
-    per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles (``_tiled_layouts``), or
-    LLaVA-NeXT packs (``_next_layouts``), each on its own canvas; Llama 3.2 Vision's, each its tile slots' states
-    (``_mllama_tiles``). ValueError (one line) for several images another family cuts into tiles."""
+    per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles (``_tiled_layouts``), Gemma 3
+    pans and scans (``_pan_and_scan_layouts``), or LLaVA-NeXT packs (``_next_layouts``), each on its own canvas;
+    Molmo 2's, each its crops and pooled tokens (``_molmo2_layouts``); Llama 3.2 Vision's, each its tile slots'
+    states (``_mllama_tiles``). ValueError (one line) for several images another family cuts into tiles."""
     if len(images) == 1:
         return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
     if vlm.model_type == "molmo2":  # each image's crops and pooled tokens after the one before's
         return _molmo2_layouts(vlm, inputs, images)
+    if vlm.model_type == "gemma3n":  # each image its fixed grid of tokens
+        return _one_view_pixels(vlm, inputs, _gemma3n_layouts(vlm, inputs, len(images)))
     if vlm.model_type == "mllama":  # read through cross-attention: each image's tiles are its own slots' states
         layouts = _mllama_tiles(vlm, inputs)
         if len(layouts) != len(images):
@@ -607,6 +641,8 @@ def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayo
         grids = [(inputs["pixel_values"].shape[-2] // ph, inputs["pixel_values"].shape[-1] // pw)] * len(images)
     elif vlm.model_type in TILED:
         return _tiled_layouts(vlm, inputs, images, positions)
+    elif vlm.model_type == "gemma3" and inputs["pixel_values"].dim() == 4:  # pan-and-scan's crops beside the images
+        return _pan_and_scan_layouts(vlm, inputs, images, positions)
     elif inputs["pixel_values"].dim() == 5 and vlm.model_type in NEXT_TILES:
         return _next_layouts(vlm, inputs, positions)
     else:
