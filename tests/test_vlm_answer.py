@@ -144,21 +144,24 @@ def _build(kind: str):
             chat_template=TEMPLATE.replace("IMAGE", "<image>").replace("VIDEO", "<video>"), **extra)
         return (transformers.LlavaNextVideoForConditionalGeneration if video
                 else transformers.LlavaNextForConditionalGeneration)(config), processor
-    if kind.startswith("llava_onevision"):  # NeXT's canvas over SigLIP (no CLS); "_2": shrunk past anyres_max_2
+    if kind.startswith("llava_onevision"):  # NeXT's canvas over SigLIP (no CLS); "_2": shrunk past anyres_max_2;
+        # "_video": 40-px frames, 5 x 5 patches resized to 3 x 3 tokens (bilinear, not a whole factor)
         aspect = "anyres_max_2" if kind.endswith("_2") else "anyres_max_9"
+        side = 40 if kind.endswith("_video") else 32
         words = tokenizer(["<image>", "<video>"])
-        tower = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+        tower = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False, image_size=side)
         config = transformers.LlavaOnevisionConfig(
             vision_config=tower, text_config=dict(LLAMA, model_type="qwen2", vocab_size=len(words)),
             image_token_id=words.convert_tokens_to_ids("<image>"),
             video_token_id=words.convert_tokens_to_ids("<video>"),
             image_grid_pinpoints=NEXT_PINPOINTS, vision_aspect_ratio=aspect, eos_token_id=1)
-        images = transformers.LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
+        images = transformers.LlavaOnevisionImageProcessor(size={"height": side, "width": side},
                                                            image_grid_pinpoints=NEXT_PINPOINTS)
         processor = transformers.LlavaOnevisionProcessor(
-            image_processor=images, tokenizer=words, video_processor=transformers.LlavaOnevisionVideoProcessor(),
-            num_image_tokens=16, vision_feature_select_strategy="full", vision_aspect_ratio=aspect,
-            chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+            image_processor=images, tokenizer=words, num_image_tokens=(side // 8) ** 2,
+            video_processor=transformers.LlavaOnevisionVideoProcessor(size={"height": side, "width": side}),
+            vision_feature_select_strategy="full", vision_aspect_ratio=aspect,
+            chat_template=TEMPLATE.replace("IMAGE", "<image>").replace("VIDEO", "<video>"))
         return transformers.LlavaOnevisionForConditionalGeneration(config), processor
     if kind.startswith("llava"):
         strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too

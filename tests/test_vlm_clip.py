@@ -4,7 +4,9 @@ frames as given), and each answer token's attention to each temporal slice is th
 placed by hand on its patch grid: Qwen2.5-VL's and Qwen3-VL's ``video_grid_thw`` (slices two frames deep, 2 x 2 merge
 units row-major; Qwen3-VL's timestamps between them), GLM-4.1V's (its frames written with its image token),
 LLaVA-NeXT-Video's frames (each pooled 2 x 2), InternVL's frames (each one view, "FrameN: <img>...</img>" with its
-image token, its 2 x 2 pixel-shuffle units). The slices taken in reverse would be other maps.
+image token, its 2 x 2 pixel-shuffle units), Qwen3.5's (Qwen3-VL's slices), LLaVA-OneVision's frames (5 x 5 patches
+resized to 3 x 3 tokens, placed where its own ``apply_pooling`` puts them). The slices taken in reverse would be other
+maps.
 """
 
 import json
@@ -21,7 +23,7 @@ import vit  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video", "internvl"]
+KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video", "internvl", "qwen3_5", "llava_onevision_video"]
 FRAMES = [picture(90, 70), picture(90, 70).rotate(3), picture(90, 70).transpose(0), picture(90, 70).transpose(1)]
 
 
@@ -60,30 +62,52 @@ def slices_by_hand(kind: str, inputs) -> tuple[int, tuple[int, int], int]:
     if "video_grid_thw" in inputs:
         t, h, w = inputs["video_grid_thw"][0].tolist()
         return t, (h, w), 2
+    if kind == "llava_onevision_video":  # 40-px frames: 5 x 5 patches, resized (not pooled) to 3 x 3 tokens
+        return inputs["pixel_values_videos"].shape[1], (5, 5), None
     if kind == "internvl":  # its frames renamed pixel_values (frames, C, H, W), each pixel-shuffled 2 x 2
         return inputs["pixel_values"].shape[0], (inputs["pixel_values"].shape[-1] // 8,) * 2, 2
     side = inputs["pixel_values_videos"].shape[-1] // 8
     return inputs["pixel_values_videos"].shape[1], (side, side), 2  # LLaVA-NeXT-Video's pooling stride
 
 
+def resized_tokens(folder) -> np.ndarray:
+    """transformers alone: LLaVA-OneVision's token over each of a frame's 5 x 5 patches, from its own
+    ``apply_pooling`` (bilinear, 5 x 5 to 3 x 3): each patch's one-hot feature map resized, the token that takes
+    the most of it."""
+    model = transformers.LlavaOnevisionForConditionalGeneration.from_pretrained(folder).model
+    with torch.no_grad():
+        tokens = model.apply_pooling(torch.eye(25)[:, :, None].expand(25, 25, 1))  # (patch, token, 1)
+    return tokens[..., 0].argmax(-1).reshape(5, 5).numpy()
+
+
+def placed(kind: str, row: np.ndarray, grid: tuple[int, int], unit: int | None, vlms) -> np.ndarray:
+    """A slice's row over its tokens on its patch grid, by hand: each unit's token row-major, or OneVision's token
+    over each patch (``resized_tokens``)."""
+    if unit is None:
+        return row[resized_tokens(vlms[kind])]
+    return by_hand(row, grid, unit, 0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_tokens_attention_to_each_slice_is_the_eager_row_over_its_tokens(answers, kind):
+def test_each_tokens_attention_to_each_slice_is_the_eager_row_over_its_tokens(answers, vlms, kind):
+    """OneVision's clip ends on one newline token, which covers no patch."""
     answer, out, inputs, positions = answers[kind]
     assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     slices, grid, unit = slices_by_hand(kind, inputs)
-    per = (grid[0] // unit) * (grid[1] // unit)
-    assert len(answer.layouts) == slices > 1 and len(positions) == slices * per and answer.clip
+    per = 9 if unit is None else (grid[0] // unit) * (grid[1] // unit)
+    newline = int(unit is None)
+    assert len(answer.layouts) == slices > 1 and len(positions) == slices * per + newline and answer.clip
     for i in range(len(answer.tokens)):
         for layer in range(answer.layers):
             rows = out.attentions[i][layer][0, :, -1, positions].numpy()
             for k in range(slices):
                 mine = rows[:, k * per:(k + 1) * per]
-                np.testing.assert_allclose(answer.attention(i, layer, image=k), by_hand(mine.mean(0), grid, unit, 0),
-                                           rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, image=k),
+                                           placed(kind, mine.mean(0), grid, unit, vlms), rtol=0, atol=ATOL)
                 assert answer.image_share(i, layer, image=k) == pytest.approx(mine.sum(-1).mean(), abs=ATOL)
     rows = out.attentions[1][-1][0, :, -1, positions].numpy().mean(0)
-    last = rows[(slices - 1) * per:]
-    assert not np.allclose(answer.attention(1, -1, image=0), by_hand(last, grid, unit, 0), rtol=0, atol=1e-4)
+    last = rows[(slices - 1) * per:slices * per]
+    assert not np.allclose(answer.attention(1, -1, image=0), placed(kind, last, grid, unit, vlms), rtol=0, atol=1e-4)
 
 
 def test_what_is_drawn_for_one_image_and_a_model_without_clips_are_refused_in_one_line(answers, vlms):
@@ -125,7 +149,8 @@ def test_each_slice_is_drawn_over_its_first_frame_as_the_processor_prepared_it(a
     depth = len(FRAMES) // len(answer.layouts)
     for k, layout in enumerate(answer.layouts):
         pixels = layout.pixels.astype(np.float32)
-        side = {"llava_next_video": 8, "internvl": 8, "qwen3_vl": 16}.get(kind, 14)  # the tower's patch
+        side = {"llava_next_video": 8, "internvl": 8, "llava_onevision_video": 8, "qwen3_vl": 16,
+                "qwen3_5": 16}.get(kind, 14)  # the tower's patch
         assert pixels.shape[:2] == (layout.grid[0] * side, layout.grid[1] * side)
         errors = [np.abs(resized_by_hand(kind, frame, pixels.shape[:2]) - pixels).mean() for frame in FRAMES]
         assert errors[k * depth] < 0.5, errors

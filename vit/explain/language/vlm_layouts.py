@@ -484,7 +484,7 @@ MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sam
 # The video placeholder's id, for the families whose clip's tokens are another id than their image's
 VIDEO_TOKEN = ("video_token_id", "video_token_index")
 CLIP_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v",
-                 "llava_next_video", "internvl")
+                 "llava_next_video", "internvl", "qwen3_5", "qwen3_5_moe", "llava_onevision")
 # The families that write a clip's frames with their image token (GLM's; InternVL's "FrameN: <img>...</img>")
 FRAMES_AS_IMAGES = ("glm4v", "glm4v_moe", "glm46v", "internvl")
 
@@ -494,8 +494,8 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
     ``video_grid_thw`` (each slice ``temporal_patch_size`` frames deep, its merge units row-major; GLM writes its
     frames' tokens with its image token), LLaVA-NeXT-Video's frames (each frame's patches pooled
     ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major), InternVL's frames (each
-    one view, "FrameN: <img>...</img>" with its image token, its pixel-shuffle units row-major). ValueError (one
-    line) for a model that does not answer about a clip here."""
+    one view, "FrameN: <img>...</img>" with its image token, its pixel-shuffle units row-major), LLaVA-OneVision's
+    frames (``_onevision_frames``). ValueError (one line) for a model that does not answer about a clip here."""
     config = vlm.model.config
     if vlm.model_type not in CLIP_FAMILIES:
         raise ValueError(f"a {vlm.model_type} model does not answer about a clip here; ask "
@@ -512,6 +512,8 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
         pixels = inputs["pixel_values"]
         t, gh, gw = pixels.shape[0], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
         unit = vlm.unit
+    elif vlm.model_type == "llava_onevision":
+        return _onevision_frames(vlm, inputs, positions)
     else:  # LLaVA-NeXT-Video: (1, frames, C, H, W)
         pixels = inputs["pixel_values_videos"]
         t, gh, gw = pixels.shape[1], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
@@ -520,6 +522,28 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
     _check_count(positions, t * per, f"{t} slices of a clip of {gh}x{gw} patches in {unit}x{unit} units")
     firsts = seen_pixels(vlm, _slice_firsts(vlm, inputs, t, gh, gw), vlm.processor.video_processor)
     return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), unit, 0, pixels=firsts[k]) for k in range(t))
+
+
+def _onevision_frames(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ...]:
+    """LLaVA-OneVision's frames (``LlavaOnevisionModel.apply_pooling``): each frame's ``gh x gw`` patches resized to
+    ``ceil(gh / 2) x ceil(gw / 2)`` tokens by bilinear interpolation (align_corners False), row-major, frame after
+    frame, then one newline token for the whole clip (it covers no patch). Each patch is placed under the token
+    that samples it nearest, as ``_downsampled`` places a shrunk canvas's: patch ``r`` under token
+    ``floor((r + 0.5) * tokens / gh)``."""
+    import math
+
+    pixels = inputs["pixel_values_videos"]  # (1, frames, C, H, W)
+    t, gh, gw = pixels.shape[1], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
+    high, wide = math.ceil(gh / 2), math.ceil(gw / 2)
+    per = high * wide
+    _check_count(positions, t * per + 1, f"{t} frames of {gh}x{gw} patches resized to {high}x{wide} tokens, and a "
+                 "newline")
+    rows = ((torch.arange(gh) + 0.5) * high / gh).floor().long().clamp(max=high - 1)
+    cols = ((torch.arange(gw) + 0.5) * wide / gw).floor().long().clamp(max=wide - 1)
+    index = rows[:, None] * wide + cols[None, :]
+    firsts = seen_pixels(vlm, pixels[0], vlm.processor.video_processor)
+    return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), 1, 0, index, pixels=firsts[k])
+                 for k in range(t))
 
 
 def _slice_firsts(vlm, inputs, t: int, gh: int, gw: int) -> torch.Tensor:
