@@ -282,10 +282,12 @@ def _build(kind: str):
             image_token_id=words.convert_tokens_to_ids("<image>"), eos_token_id=1)
         images = (transformers.SmolVLMImageProcessor if smol else transformers.Idefics3ImageProcessor)(
             size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True)
-        extra = dict(video_processor=transformers.SmolVLMVideoProcessor()) if smol else {}
+        # a clip's frames each resized to one 32-px view, as SmolVLM's video processor reads them
+        extra = dict(video_processor=transformers.SmolVLMVideoProcessor(
+            size={"longest_edge": 32}, max_image_size={"longest_edge": 32})) if smol else {}
         processor = (transformers.SmolVLMProcessor if smol else transformers.Idefics3Processor)(
             image_processor=images, tokenizer=words, image_seq_len=4,
-            chat_template=TEMPLATE.replace("IMAGE", "<image>"), **extra)
+            chat_template=TEMPLATE.replace("IMAGE", "<image>").replace("VIDEO", "<video>"), **extra)
         return (transformers.SmolVLMForConditionalGeneration if smol
                 else transformers.Idefics3ForConditionalGeneration)(config), processor
     if kind in ("mistral3", "pixtral"):  # a Pixtral tower no port reads (its config declares it), 8-px patches, 2D

@@ -5,7 +5,8 @@ placed by hand on its patch grid: Qwen2.5-VL's and Qwen3-VL's ``video_grid_thw``
 units row-major; Qwen3-VL's timestamps between them), GLM-4.1V's (its frames written with its image token),
 LLaVA-NeXT-Video's frames (each pooled 2 x 2), InternVL's frames (each one view, "FrameN: <img>...</img>" with its
 image token, its 2 x 2 pixel-shuffle units), Qwen3.5's (Qwen3-VL's slices), LLaVA-OneVision's frames (5 x 5 patches
-resized to 3 x 3 tokens, placed where its own ``apply_pooling`` puts them). The slices taken in reverse would be other
+resized to 3 x 3 tokens, placed where its own ``apply_pooling`` puts them), SmolVLM's (each frame one view after its
+timestamp, with its image token). The slices taken in reverse would be other
 maps.
 """
 
@@ -23,7 +24,8 @@ import vit  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video", "internvl", "qwen3_5", "llava_onevision_video"]
+KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video", "internvl", "qwen3_5", "llava_onevision_video",
+         "smolvlm"]
 FRAMES = [picture(90, 70), picture(90, 70).rotate(3), picture(90, 70).transpose(0), picture(90, 70).transpose(1)]
 
 
@@ -46,7 +48,8 @@ def eager_clip(folder):
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
     c = model.config
-    token = c.image_token_id if config["model_type"] in ("glm4v", "internvl") else getattr(c, "video_token_id", None)
+    as_images = ("glm4v", "internvl", "smolvlm")  # their frames written with the image token
+    token = c.image_token_id if config["model_type"] in as_images else getattr(c, "video_token_id", None)
     token = c.video_token_index if token is None else token
     return out, inputs, (inputs["input_ids"][0] == token).nonzero()[:, 0]
 
@@ -64,8 +67,9 @@ def slices_by_hand(kind: str, inputs) -> tuple[int, tuple[int, int], int]:
         return t, (h, w), 2
     if kind == "llava_onevision_video":  # 40-px frames: 5 x 5 patches, resized (not pooled) to 3 x 3 tokens
         return inputs["pixel_values_videos"].shape[1], (5, 5), None
-    if kind == "internvl":  # its frames renamed pixel_values (frames, C, H, W), each pixel-shuffled 2 x 2
-        return inputs["pixel_values"].shape[0], (inputs["pixel_values"].shape[-1] // 8,) * 2, 2
+    if kind in ("internvl", "smolvlm"):  # frames as pixel_values ((1,) frames, C, H, W), each pixel-shuffled 2 x 2
+        frames = inputs["pixel_values"].shape[-4]
+        return frames, (inputs["pixel_values"].shape[-1] // 8,) * 2, 2
     side = inputs["pixel_values_videos"].shape[-1] // 8
     return inputs["pixel_values_videos"].shape[1], (side, side), 2  # LLaVA-NeXT-Video's pooling stride
 
@@ -144,14 +148,23 @@ def resized_by_hand(kind: str, frame, size: tuple[int, int]) -> np.ndarray:
 def test_each_slice_is_drawn_over_its_first_frame_as_the_processor_prepared_it(answers, kind):
     """The pixels a slice's map is drawn over (``layouts[k].pixels``, the processor's normalisation undone) are the
     slice's first frame at the size the processor resized it to: the map's grid times the patch. Another frame of
-    the clip (FRAMES differ by a turn and by mirroring) or the frame transposed would be far off."""
+    the clip (FRAMES differ by a turn and by mirroring) or the frame transposed would be far off. SmolVLM's video
+    processor resizes each frame twice (its longest edge, then to the square view) with its own resampling, which
+    PIL does not redo: its frames are held to the processor's pixel tensor, its normalisation undone by hand."""
+    from test_vlm_answer import unnormalised
+
     answer, _, inputs, _ = answers[kind]
     depth = len(FRAMES) // len(answer.layouts)
     for k, layout in enumerate(answer.layouts):
         pixels = layout.pixels.astype(np.float32)
-        side = {"llava_next_video": 8, "internvl": 8, "llava_onevision_video": 8, "qwen3_vl": 16,
+        side = {"llava_next_video": 8, "internvl": 8, "llava_onevision_video": 8, "smolvlm": 8, "qwen3_vl": 16,
                 "qwen3_5": 16}.get(kind, 14)  # the tower's patch
         assert pixels.shape[:2] == (layout.grid[0] * side, layout.grid[1] * side)
-        errors = [np.abs(resized_by_hand(kind, frame, pixels.shape[:2]) - pixels).mean() for frame in FRAMES]
+        if kind == "smolvlm":
+            videos = transformers.AutoProcessor.from_pretrained(answers[kind][0]._source[0].folder).video_processor
+            views = [unnormalised(videos, view) for view in inputs["pixel_values"][0]]
+        else:
+            views = [resized_by_hand(kind, frame, pixels.shape[:2]) for frame in FRAMES]
+        errors = [np.abs(view - pixels).mean() for view in views]
         assert errors[k * depth] < 0.5, errors
         assert min(e for j, e in enumerate(errors) if j != k * depth) > 10, errors

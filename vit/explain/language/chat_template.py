@@ -70,6 +70,8 @@ def render(processor, messages: list[dict]) -> str:
     template = processor.chat_template
     if isinstance(template, dict):  # several named templates: the processor's "default", as transformers reads it
         template = template.get("default")
+    if _has_video(messages):
+        template = _video_template(processor) or template
     if not isinstance(template, str):
         raise ChatTemplateError("the processor has no chat template to render")
     kwargs = json.dumps(processor.tokenizer.special_tokens_map, default=str, sort_keys=True)
@@ -95,6 +97,23 @@ def render(processor, messages: list[dict]) -> str:
 
 _kept: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # the renderings kept, least recently used first
 _lock = threading.Lock()  # the explorer's sessions render from their own threads
+
+
+def _has_video(messages: list[dict]) -> bool:
+    return any(isinstance(part, dict) and part.get("type") == "video" for message in messages
+               for part in (message.get("content") or []) if not isinstance(message.get("content"), str))
+
+
+def _video_template(processor) -> str | None:
+    """The template a processor's own ``apply_chat_template`` renders a conversation with a video through in place
+    of the folder's: SmolVLM's (``SmolVLMProcessor.apply_chat_template`` takes its module's ``DEFAULT_CHAT_TEMPLATE``,
+    "the correct default template for BC"), so the prompt is the one transformers gives. None: the folder's."""
+    import sys
+
+    module = sys.modules.get(type(processor).__module__)
+    default = getattr(module, "DEFAULT_CHAT_TEMPLATE", None)
+    overridden = "apply_chat_template" in vars(type(processor))
+    return default if overridden and isinstance(default, str) else None
 
 
 def _rendered(template: str, messages: str, kwargs: str) -> tuple[str, str]:

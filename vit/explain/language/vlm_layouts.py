@@ -484,9 +484,10 @@ MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sam
 # The video placeholder's id, for the families whose clip's tokens are another id than their image's
 VIDEO_TOKEN = ("video_token_id", "video_token_index")
 CLIP_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v",
-                 "llava_next_video", "internvl", "qwen3_5", "qwen3_5_moe", "llava_onevision")
-# The families that write a clip's frames with their image token (GLM's; InternVL's "FrameN: <img>...</img>")
-FRAMES_AS_IMAGES = ("glm4v", "glm4v_moe", "glm46v", "internvl")
+                 "llava_next_video", "internvl", "qwen3_5", "qwen3_5_moe", "llava_onevision", "smolvlm")
+# The families that write a clip's frames with their image token (GLM's; InternVL's "FrameN: <img>...</img>";
+# SmolVLM's "Frame from 00:00: <global-img>...")
+FRAMES_AS_IMAGES = ("glm4v", "glm4v_moe", "glm46v", "internvl", "smolvlm")
 
 
 def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
@@ -494,8 +495,9 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
     ``video_grid_thw`` (each slice ``temporal_patch_size`` frames deep, its merge units row-major; GLM writes its
     frames' tokens with its image token), LLaVA-NeXT-Video's frames (each frame's patches pooled
     ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major), InternVL's frames (each
-    one view, "FrameN: <img>...</img>" with its image token, its pixel-shuffle units row-major), LLaVA-OneVision's
-    frames (``_onevision_frames``). ValueError (one line) for a model that does not answer about a clip here."""
+    one view, "FrameN: <img>...</img>" with its image token, its pixel-shuffle units row-major; SmolVLM's, each
+    resized to one view), LLaVA-OneVision's frames (``_onevision_frames``). ValueError (one line) for a model that
+    does not answer about a clip here."""
     config = vlm.model.config
     if vlm.model_type not in CLIP_FAMILIES:
         raise ValueError(f"a {vlm.model_type} model does not answer about a clip here; ask "
@@ -508,8 +510,8 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
     if "video_grid_thw" in inputs:
         t, gh, gw = (int(v) for v in inputs["video_grid_thw"][0])
         unit = vlm.unit
-    elif vlm.model_type == "internvl":  # its processor hands the frames as pixel_values (frames, C, H, W): a view each
-        pixels = inputs["pixel_values"]
+    elif "pixel_values_videos" not in inputs:  # InternVL's frames (frames, C, H, W), SmolVLM's (1, frames, C, H, W)
+        pixels = _frames(inputs)  # as pixel_values, a view each
         t, gh, gw = pixels.shape[0], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
         unit = vlm.unit
     elif vlm.model_type == "llava_onevision":
@@ -546,13 +548,20 @@ def _onevision_frames(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout
                  for k in range(t))
 
 
+def _frames(inputs) -> torch.Tensor:
+    """(frames, C, H, W): a clip's frames its processor hands as ``pixel_values``, one view each: InternVL's
+    (frames, C, H, W), SmolVLM's (1, frames, C, H, W)."""
+    pixels = inputs["pixel_values"]
+    return pixels[0] if pixels.dim() == 5 else pixels
+
+
 def _slice_firsts(vlm, inputs, t: int, gh: int, gw: int) -> torch.Tensor:
     """(t, C, H, W): the first frame of each of a clip's ``t`` temporal slices as the processor prepared it (resized,
     normalised): LLaVA-NeXT-Video's frames as they are; Qwen-VL's and GLM's flat patches (their video processors'
     ``patchify``: rows (slice, merge row, merge column, unit row, unit column), columns (channel, frame of the
     slice, patch row, patch column)) put back on the frame."""
-    if "pixel_values_videos" not in inputs:  # InternVL's frames, renamed by its processor: (frames, C, H, W)
-        return inputs["pixel_values"]
+    if "pixel_values_videos" not in inputs:  # InternVL's and SmolVLM's frames, handed as pixel_values
+        return _frames(inputs)
     pixels = inputs["pixel_values_videos"]
     if "video_grid_thw" not in inputs:
         return pixels[0]
