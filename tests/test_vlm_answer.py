@@ -203,7 +203,7 @@ def _build(kind: str):
             image_processor=transformers.Molmo2ImageProcessor(size=square, patch_size=8, max_crops=4,
                                                               overlap_margins=[1, 1], pooling_size=[2, 2]),
             video_processor=transformers.Molmo2VideoProcessor(patch_size=8, size=square), tokenizer=words,
-            chat_template=TEMPLATE.replace("IMAGE", "<|image|>"))
+            chat_template=TEMPLATE.replace("IMAGE", "<|image|>").replace("VIDEO", "<|video|>"))
         return transformers.Molmo2ForConditionalGeneration(config), processor
     if kind == "florence2":  # Florence-2: a DaViT tower no port reads (its config declares it), four stages of
         # strides 4, 2, 2, 2 (a 128-px image: a 4 x 4 grid), its projector's grid mean first; BART's encoder reads the

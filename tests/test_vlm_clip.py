@@ -6,7 +6,8 @@ units row-major; Qwen3-VL's timestamps between them), GLM-4.1V's (its frames wri
 LLaVA-NeXT-Video's frames (each pooled 2 x 2), InternVL's frames (each one view, "FrameN: <img>...</img>" with its
 image token, its 2 x 2 pixel-shuffle units), Qwen3.5's (Qwen3-VL's slices), LLaVA-OneVision's frames (5 x 5 patches
 resized to 3 x 3 tokens, placed where its own ``apply_pooling`` puts them), SmolVLM's (each frame one view after its
-timestamp, with its image token). The slices taken in reverse would be other
+timestamp, with its image token), Molmo 2's (each frame one crop, its tokens pooled from the patches its
+``video_token_pooling`` names, placed by its own ``arange_for_pooling``). The slices taken in reverse would be other
 maps.
 """
 
@@ -25,7 +26,7 @@ import vit  # noqa: E402
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ["qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next_video", "internvl", "qwen3_5", "llava_onevision_video",
-         "smolvlm"]
+         "smolvlm", "molmo2"]
 FRAMES = [picture(90, 70), picture(90, 70).rotate(3), picture(90, 70).transpose(0), picture(90, 70).transpose(1)]
 
 
@@ -48,7 +49,7 @@ def eager_clip(folder):
         out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
                                     return_dict_in_generate=True)
     c = model.config
-    as_images = ("glm4v", "internvl", "smolvlm")  # their frames written with the image token
+    as_images = ("glm4v", "internvl", "smolvlm", "molmo2")  # their frames written with the image token
     token = c.image_token_id if config["model_type"] in as_images else getattr(c, "video_token_id", None)
     token = c.video_token_index if token is None else token
     return out, inputs, (inputs["input_ids"][0] == token).nonzero()[:, 0]
@@ -67,6 +68,8 @@ def slices_by_hand(kind: str, inputs) -> tuple[int, tuple[int, int], int]:
         return t, (h, w), 2
     if kind == "llava_onevision_video":  # 40-px frames: 5 x 5 patches, resized (not pooled) to 3 x 3 tokens
         return inputs["pixel_values_videos"].shape[1], (5, 5), None
+    if kind == "molmo2":  # 32-px frames: 4 x 4 patches, pooled in 3 x 3 windows (padded) into 2 x 2 tokens
+        return inputs["pixel_values_videos"].shape[0], (4, 4), None
     if kind in ("internvl", "smolvlm"):  # frames as pixel_values ((1,) frames, C, H, W), each pixel-shuffled 2 x 2
         frames = inputs["pixel_values"].shape[-4]
         return frames, (inputs["pixel_values"].shape[-1] // 8,) * 2, 2
@@ -84,11 +87,22 @@ def resized_tokens(folder) -> np.ndarray:
     return tokens[..., 0].argmax(-1).reshape(5, 5).numpy()
 
 
+def pooled_tokens(folder) -> np.ndarray:
+    """transformers alone: Molmo 2's token over each of a frame's 4 x 4 patches, from its own ``arange_for_pooling``
+    with its video processor's pooling size: the window that holds the patch."""
+    from transformers.models.molmo2.image_processing_molmo2 import arange_for_pooling
+
+    videos = transformers.AutoProcessor.from_pretrained(folder).video_processor
+    windows, _, _ = arange_for_pooling(torch.arange(16).reshape(4, 4), *videos.pooling_size)
+    return np.array([next(k for k, window in enumerate(windows.tolist()) if p in window)
+                     for p in range(16)]).reshape(4, 4)
+
+
 def placed(kind: str, row: np.ndarray, grid: tuple[int, int], unit: int | None, vlms) -> np.ndarray:
     """A slice's row over its tokens on its patch grid, by hand: each unit's token row-major, or OneVision's token
-    over each patch (``resized_tokens``)."""
+    over each patch (``resized_tokens``), or Molmo 2's (``pooled_tokens``)."""
     if unit is None:
-        return row[resized_tokens(vlms[kind])]
+        return row[(pooled_tokens if kind == "molmo2" else resized_tokens)(vlms[kind])]
     return by_hand(row, grid, unit, 0)
 
 
@@ -98,8 +112,8 @@ def test_each_tokens_attention_to_each_slice_is_the_eager_row_over_its_tokens(an
     answer, out, inputs, positions = answers[kind]
     assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     slices, grid, unit = slices_by_hand(kind, inputs)
-    per = 9 if unit is None else (grid[0] // unit) * (grid[1] // unit)
-    newline = int(unit is None)
+    per = {"llava_onevision_video": 9, "molmo2": 4}.get(kind) or (grid[0] // unit) * (grid[1] // unit)
+    newline = int(kind == "llava_onevision_video")
     assert len(answer.layouts) == slices > 1 and len(positions) == slices * per + newline and answer.clip
     for i in range(len(answer.tokens)):
         for layer in range(answer.layers):
@@ -150,19 +164,27 @@ def test_each_slice_is_drawn_over_its_first_frame_as_the_processor_prepared_it(a
     slice's first frame at the size the processor resized it to: the map's grid times the patch. Another frame of
     the clip (FRAMES differ by a turn and by mirroring) or the frame transposed would be far off. SmolVLM's video
     processor resizes each frame twice (its longest edge, then to the square view) with its own resampling, which
-    PIL does not redo: its frames are held to the processor's pixel tensor, its normalisation undone by hand."""
+    PIL does not redo: its frames are held to the processor's pixel tensor, its normalisation undone by hand; Molmo
+    2's to its own resize function, as its image's overview is."""
     from test_vlm_answer import unnormalised
 
     answer, _, inputs, _ = answers[kind]
     depth = len(FRAMES) // len(answer.layouts)
     for k, layout in enumerate(answer.layouts):
         pixels = layout.pixels.astype(np.float32)
-        side = {"llava_next_video": 8, "internvl": 8, "llava_onevision_video": 8, "smolvlm": 8, "qwen3_vl": 16,
+        side = {"llava_next_video": 8, "internvl": 8, "llava_onevision_video": 8, "smolvlm": 8, "molmo2": 8,
+                "qwen3_vl": 16,
                 "qwen3_5": 16}.get(kind, 14)  # the tower's patch
         assert pixels.shape[:2] == (layout.grid[0] * side, layout.grid[1] * side)
+        videos = transformers.AutoProcessor.from_pretrained(answer._source[0].folder).video_processor
         if kind == "smolvlm":
-            videos = transformers.AutoProcessor.from_pretrained(answers[kind][0]._source[0].folder).video_processor
             views = [unnormalised(videos, view) for view in inputs["pixel_values"][0]]
+        elif kind == "molmo2":  # its own resize (as its image's overview), without the normalisation
+            from transformers.models.molmo2.image_processing_molmo2 import resize_and_normalize_image
+
+            views = [resize_and_normalize_image(videos, torch.from_numpy(np.asarray(frame)).permute(2, 0, 1)[None],
+                                                [32, 32], videos.resample, False, 1.0, False, videos.image_mean,
+                                                videos.image_std)[0].permute(1, 2, 0).numpy() for frame in FRAMES]
         else:
             views = [resized_by_hand(kind, frame, pixels.shape[:2]) for frame in FRAMES]
         errors = [np.abs(view - pixels).mean() for view in views]

@@ -484,10 +484,11 @@ MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sam
 # The video placeholder's id, for the families whose clip's tokens are another id than their image's
 VIDEO_TOKEN = ("video_token_id", "video_token_index")
 CLIP_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v",
-                 "llava_next_video", "internvl", "qwen3_5", "qwen3_5_moe", "llava_onevision", "smolvlm")
+                 "llava_next_video", "internvl", "qwen3_5", "qwen3_5_moe", "llava_onevision", "smolvlm",
+                 "molmo2")
 # The families that write a clip's frames with their image token (GLM's; InternVL's "FrameN: <img>...</img>";
-# SmolVLM's "Frame from 00:00: <global-img>...")
-FRAMES_AS_IMAGES = ("glm4v", "glm4v_moe", "glm46v", "internvl", "smolvlm")
+# SmolVLM's "Frame from 00:00: <global-img>..."; Molmo 2's "<frame_start>...<frame_end>" of its patch token)
+FRAMES_AS_IMAGES = ("glm4v", "glm4v_moe", "glm46v", "internvl", "smolvlm", "molmo2")
 
 
 def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
@@ -496,8 +497,8 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
     frames' tokens with its image token), LLaVA-NeXT-Video's frames (each frame's patches pooled
     ``spatial_pool_stride`` x ``spatial_pool_stride`` by its average pooling, row-major), InternVL's frames (each
     one view, "FrameN: <img>...</img>" with its image token, its pixel-shuffle units row-major; SmolVLM's, each
-    resized to one view), LLaVA-OneVision's frames (``_onevision_frames``). ValueError (one line) for a model that
-    does not answer about a clip here."""
+    resized to one view), LLaVA-OneVision's frames (``_onevision_frames``), Molmo 2's (``_molmo2_frames``).
+    ValueError (one line) for a model that does not answer about a clip here."""
     config = vlm.model.config
     if vlm.model_type not in CLIP_FAMILIES:
         raise ValueError(f"a {vlm.model_type} model does not answer about a clip here; ask "
@@ -516,6 +517,8 @@ def clip_layouts(vlm, inputs) -> tuple[ImageLayout, ...]:
         unit = vlm.unit
     elif vlm.model_type == "llava_onevision":
         return _onevision_frames(vlm, inputs, positions)
+    elif vlm.model_type == "molmo2":
+        return _molmo2_frames(vlm, inputs, positions)
     else:  # LLaVA-NeXT-Video: (1, frames, C, H, W)
         pixels = inputs["pixel_values_videos"]
         t, gh, gw = pixels.shape[1], pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]
@@ -546,6 +549,39 @@ def _onevision_frames(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout
     firsts = seen_pixels(vlm, pixels[0], vlm.processor.video_processor)
     return tuple(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), 1, 0, index, pixels=firsts[k])
                  for k in range(t))
+
+
+def _molmo2_frames(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ...]:
+    """Molmo 2's frames (``Molmo2VideoProcessor``): each frame resized to one crop of ``gh x gw`` patches (no
+    overview, no overlapping crops), its tokens each pooled from the patches ``video_token_pooling`` names (frame
+    after frame; -1: none), ``video_grids``' rows x columns of them a frame. Each patch is placed under the token that
+    pools it, and each frame drawn over its crop's patches as the processor prepared them."""
+    frames, rows, cols = (int(v) for v in inputs["video_grids"][0])
+    patches = inputs["pixel_values_videos"]  # (frames, patches a frame, pixels a patch)
+    videos = vlm.processor.video_processor
+    patch = int(videos.patch_size)
+    gh, gw = int(videos.size["height"]) // patch, int(videos.size["width"]) // patch
+    per, pooling = rows * cols, inputs["video_token_pooling"].long()
+    if patches.shape[:2] != (frames, gh * gw) or pooling.shape[0] != frames * per:
+        raise ValueError(f"Molmo 2's processor gave {patches.shape[0]} frames of {patches.shape[1]} patches and "
+                         f"{pooling.shape[0]} pooled tokens, not {frames} frames of {gh}x{gw} patches and "
+                         f"{rows}x{cols} tokens; ask about its frames as images")
+    _check_count(positions, frames * per, f"{frames} frames of {rows}x{cols} pooled tokens")
+    pixels = patches.reshape(frames, gh, gw, patch, patch, -1).permute(0, 5, 1, 3, 2, 4)
+    seen = seen_pixels(vlm, pixels.reshape(frames, -1, gh * patch, gw * patch), videos)
+    layouts = []
+    for k in range(frames):
+        mine = pooling[k * per:(k + 1) * per]
+        index = torch.full((gh * gw,), -1)
+        token = torch.arange(per)[:, None].expand_as(mine)
+        taken = mine >= 0
+        index[mine[taken] - k * gh * gw] = token[taken]
+        if (index < 0).any():
+            raise ValueError("Molmo 2's pooled tokens do not cover each frame's patches; ask about its frames as "
+                             "images")
+        layouts.append(ImageLayout(positions[k * per:(k + 1) * per], (gh, gw), 1, 0, index.reshape(gh, gw),
+                                   pixels=seen[k]))
+    return tuple(layouts)
 
 
 def _frames(inputs) -> torch.Tensor:
