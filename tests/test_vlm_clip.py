@@ -190,3 +190,38 @@ def test_each_slice_is_drawn_over_its_first_frame_as_the_processor_prepared_it(a
         errors = [np.abs(view - pixels).mean() for view in views]
         assert errors[k * depth] < 0.5, errors
         assert min(e for j, e in enumerate(errors) if j != k * depth) > 10, errors
+
+
+def test_a_videos_frames_times_reach_the_processor_as_transformers_takes_them(vlms, tmp_path):
+    """A video file's sampled frames keep their times, as ``VideoMetadata`` (each frame's index in the video over its
+    frames per second), which the processor reads: Qwen3-VL writes each slice's timestamp into the prompt, and
+    Qwen2.5-VL spaces its slices' temporal positions by them (``second_per_grid_ts``, from the sampled frame rate).
+    Asked about a 10-fps video of 20 frames, 4 sampled (frames 0, 5, 10, 15: 2 a second), the processor's inputs
+    and the answer are transformers' own with that metadata by hand, not those its default gives (the frames taken
+    as consecutive at 24 fps)."""
+    from test_video_files import write_video
+
+    from vit.core.clips import read_clip
+
+    path = write_video(tmp_path / "clip.mp4", 20, size=(64, 48), rate=10)
+    sampled = read_clip(path, 4)
+    assert sampled.indices == [0, 5, 10, 15] and sampled.fps == pytest.approx(10.0)
+    folder = vlms["qwen2_5_vl"]
+    answer = vit.ask_vlm(vit.open_vlm(folder), video=path, question=QUESTION, frames=4, max_new_tokens=NEW_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    video = np.stack([np.asarray(frame) for frame in sampled.frames])
+    timed = dict(total_num_frames=20, fps=10.0, duration=2.0, frames_indices=[0, 5, 10, 15])
+    inputs = processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False,
+                       video_metadata=[timed])
+    untimed = processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False)
+    ours = answer._source[1].inputs
+    assert torch.equal(ours["input_ids"], inputs["input_ids"])
+    assert torch.equal(torch.as_tensor(ours["second_per_grid_ts"]), torch.as_tensor(inputs["second_per_grid_ts"]))
+    assert torch.as_tensor(inputs["second_per_grid_ts"]).tolist() == [1.0]  # 2 frames a slice, 2 frames a second
+    assert not torch.equal(torch.as_tensor(untimed["second_per_grid_ts"]), torch.as_tensor([1.0]))
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert list(answer.tokens) == out[0, inputs["input_ids"].shape[1]:].tolist()

@@ -210,7 +210,7 @@ def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[
     frames asked about instead (``_clip``)."""
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
     if clip is not None:
-        prepared = prepare(vlm, None, question, max_new_tokens=length, clip=clip[0].frames)
+        prepared = prepare(vlm, None, question, max_new_tokens=length, clip=clip[0])  # with a video's times
         asked = ("clip", clip[2], len(clip[0].frames))
     else:
         prepared = prepare(vlm, [view.image, *more] if more else view.image, question, max_new_tokens=length)

@@ -243,8 +243,10 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
     about several images in order (each read in one view, or Qwen-VL's and GLM's grids), each answer token's map on
     each (``attention(i, layer, image=k)``, ``image_share(i, layer, image=k)``). ``video``: a question about a clip
     instead (a video file, a GIF, a folder of frames or a list of PIL images; ``frames`` sampled uniformly, as the
-    explorer's clips are), for Qwen2-VL / 2.5-VL / 3-VL, GLM-4.1V and LLaVA-NeXT-Video: each temporal slice's map
-    (``attention(i, layer, image=k)``, Qwen's and GLM's slices two frames deep)."""
+    explorer's clips are; a video file's frames keep their times, which the processor writes into the prompt), for
+    the families ``vlm_layouts.CLIP_FAMILIES`` names (Qwen2-VL to Qwen3.5, GLM-4.1V, LLaVA-NeXT-Video and
+    OneVision, InternVL, SmolVLM, Molmo 2): each temporal slice's map (``attention(i, layer, image=k)``, Qwen's and
+    GLM's slices two frames deep)."""
     from vit.core.clips import read_clip
     from vit.explain.language.vlm_answer import MAX_CLIP_FRAMES, MAX_IMAGES, answer
 
@@ -253,7 +255,7 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
             raise ValueError("ask about an image or a video, not both")
         if isinstance(frames, bool) or not isinstance(frames, int) or not 1 <= frames <= MAX_CLIP_FRAMES:
             raise ValueError(f"frames must be a whole number from 1 to {MAX_CLIP_FRAMES}, got {frames!r}")
-        clip = read_clip(video, frames).frames
+        clip = read_clip(video, frames)  # with a video's times, which the model's prompt may write
         return answer(open_vlm(model), None, question, prompt=prompt, max_new_tokens=max_new_tokens,
                       on_token=on_token, clip=clip)
     if image is None:

@@ -79,11 +79,30 @@ class ClipError(ImageError):
 
 @dataclass
 class SampledClip:
-    """The frames sampled from a clip: RGB images, their indices in it, and its frame count."""
+    """The frames sampled from a clip: RGB images, their indices in it, its frame count, and its frames per second
+    where its file says (a video's; None for a GIF, a folder, a zip or a list of frames)."""
 
     frames: list[Image.Image]
     indices: list[int]
     total: int
+    fps: float | None = None
+
+    def metadata(self) -> dict | None:
+        """transformers' ``VideoMetadata`` of the sampled frames (each one's time is its index over ``fps``, as a
+        VLM's video processor writes the frames' timestamps into the prompt), or None where the rate is unknown."""
+        if not self.fps:
+            return None
+        return {"total_num_frames": self.total, "fps": self.fps, "duration": self.total / self.fps,
+                "frames_indices": list(self.indices)}
+
+
+def _rate(stamps: list[int], stream) -> float | None:
+    """A video stream's frames per second: its frames over the span their timestamps cover, else its declared
+    average rate (None where neither says)."""
+    if len(stamps) > 1 and stamps[-1] > stamps[0] and stream.time_base:
+        return (len(stamps) - 1) / float((stamps[-1] - stamps[0]) * stream.time_base)
+    rate = stream.average_rate
+    return float(rate) if rate else None
 
 
 def sample_indices(frames: int, wanted: int, ends: bool = False) -> list[int]:
@@ -524,7 +543,7 @@ def _video_frames(source: Path | bytes, wanted: int, name: str, ends: bool = Fal
                 # MPEG-PS/TS (a seek lands near a keyframe, and their threaded decoders may misname a frame's
                 # timestamp), or timestamps in decoding order where the codec reorders (AVI's H.264)
                 frames = _decode_in_order(container, stream, indices, name, width, height)
-                return SampledClip([frames[i] for i in indices], indices, len(stamps))
+                return SampledClip([frames[i] for i in indices], indices, len(stamps), _rate(stamps, stream))
             cores = threads.usable_cores()
             shares, loads = _shares(sorted({stamps[i] for i in indices}), keys, stamps,
                                     _decoders(cores, width, height, len(set(indices))))
@@ -542,7 +561,8 @@ def _video_frames(source: Path | bytes, wanted: int, name: str, ends: bool = Fal
         except (av.FFmpegError, OSError, EOFError) as e:
             raise ClipError(f"{name} ({codec}) cannot be decoded: {str(e).splitlines()[0] if str(e) else e!r}; "
                             "re-encode it (ffmpeg -i in -c:v libx264 out.mp4)") from None
-    return SampledClip([frames[stamps[i]] for i in indices], indices, len(stamps))
+        fps = _rate(stamps, stream)
+    return SampledClip([frames[stamps[i]] for i in indices], indices, len(stamps), fps)
 
 
 def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int, ends: bool = False) -> SampledClip:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
 from vit.explain.language.vlm_layouts import (
@@ -167,15 +168,16 @@ PROCESSOR_PROMPTS = frozenset({"paligemma", "florence2"})
 
 
 def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str | None, prompt: str | None,
-                  clip: Sequence[Image.Image] | None = None):
+                  clip: Sequence[Image.Image] | None = None, metadata: dict | None = None):
     """The processor's inputs for ``image`` (one, or several in order) and ``question`` through the model's chat
     template (or, for a family without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt``
     as raw text holding the processor's image placeholder once per image (the template bypassed); ``clip``: its
-    frames instead of images, one video entry, the frames as given (no sampling)."""
+    frames instead of images, one video entry, the frames as given (no sampling), ``metadata`` their
+    ``VideoMetadata`` (``SampledClip.metadata``: their times, which the processor writes into the prompt)."""
     if clip is not None:
         if prompt is not None:
             raise ValueError("a clip is asked about through the model's chat template; give question=, not prompt=")
-        return _clip_inputs(vlm, clip, question)
+        return _clip_inputs(vlm, clip, question, metadata)
     images = list(image) if isinstance(image, (list, tuple)) else [image]
     processor = vlm.processor
     if (question is None) == (prompt is None):
@@ -211,8 +213,9 @@ def _in_model_dtype(vlm, inputs):
     return inputs.to(dtype=dtype) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else inputs
 
 
-def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None):
-    """The processor's inputs for a clip of ``frames`` and ``question`` through the chat template's video entry."""
+def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metadata: dict | None = None):
+    """The processor's inputs for a clip of ``frames`` and ``question`` through the chat template's video entry;
+    ``metadata``: the frames' ``VideoMetadata`` (None: transformers' default, the frames taken as consecutive)."""
     from vit.explain.language.chat_template import render
 
     if not isinstance(question, str) or not question.strip() or len(question) > MAX_QUESTION_CHARS:
@@ -222,7 +225,9 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None):
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
     text = render(vlm.processor, messages)
     video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
-    return _in_model_dtype(vlm, vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False))
+    timing = {"video_metadata": [dict(metadata)]} if metadata else {}
+    return _in_model_dtype(vlm, vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False,
+                                              **timing))
 
 
 def text_shape(vlm):
@@ -561,7 +566,7 @@ class Prepared:
 
 def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: str | None = None, *,
             prompt: str | None = None, max_new_tokens: int = 32,
-            clip: Sequence[Image.Image] | None = None) -> Prepared:
+            clip: Sequence[Image.Image] | SampledClip | None = None) -> Prepared:
     """``question`` (or ``prompt``) about ``image`` (one, or several in order: at most ``MAX_IMAGES``) through the
     model's processor, its image tokens' layout found (each image's) and what the answer holds counted
     (``vit.costs.plan.vlm_answer``: every image's tower forward): refused in one line over the limit, before any
@@ -571,6 +576,9 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens!r}")
+    metadata = None
+    if isinstance(clip, SampledClip):  # a video's frames with their times, which the processor writes in the prompt
+        metadata, clip = clip.metadata(), clip.frames
     if clip is not None:
         if image is not None:
             raise ValueError("ask about images or a clip, not both")
@@ -578,7 +586,7 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
             raise ValueError(f"a clip is asked about in 1 to {MAX_CLIP_FRAMES} frames, got {len(clip)}")
         if vlm.model_type not in CLIP_FAMILIES:
             clip_layouts(vlm, None)  # its one-line refusal, before the processor runs
-        inputs = prompt_inputs(vlm, None, question, prompt, clip)
+        inputs = prompt_inputs(vlm, None, question, prompt, clip, metadata)
         layouts = clip_layouts(vlm, inputs)
     else:
         images = list(image) if isinstance(image, (list, tuple)) else [image]
@@ -690,7 +698,7 @@ def cache_windows(vlm, decoder_layers: list[int]) -> list[int | None]:
 def answer(vlm, image: Image.Image | Sequence[Image.Image] | None, question: str | None = None, *,
            prompt: str | None = None, max_new_tokens: int = 32,
            on_token: Callable[[tuple[int, ...], str], None] | None = None,
-           clip: Sequence[Image.Image] | None = None) -> VLMAnswer:
+           clip: Sequence[Image.Image] | SampledClip | None = None) -> VLMAnswer:
     """``vlm``'s greedy answer to ``question`` about ``image`` (``generate``'s tokens), its query rows recorded:
     ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer`` (``on_token``: given
     the answer so far as each token is chosen)."""
