@@ -549,10 +549,12 @@ def test_a_link_to_more_images_past_the_question_or_gone_from_the_server_says_so
 
 
 def gif(frames) -> bytes:
+    """An animated GIF of ``frames``, 2 a second: Qwen2.5-VL's slices of 2 frames a second apart, whose temporal
+    positions differ from those of its default rate (a test fails if the explorer drops the clip's times)."""
     import io
 
     buffer = io.BytesIO()
-    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=500, loop=0)
     return buffer.getvalue()
 
 

@@ -226,3 +226,27 @@ def test_a_video_is_opened_without_decoding_when_its_headers_say_enough(tmp_path
         with clips._open_video(path, name) as container:
             assert container.streams.video[0].codec_context.width == 64
         assert len(calls) == opens and calls[0][0] == {"skip_frame": "all"} and (opens == 1 or calls[1] is None)
+
+
+@pytest.mark.parametrize("rate", [10, 25])
+def test_a_videos_frame_rate_and_an_animations_are_read_from_their_files(tmp_path, rate):
+    """A clip's frames per second, which a VLM's processor turns into the sampled frames' times: a video's from its
+    packets' timestamps (its frames over the span they cover), an animated GIF's from its frames' display times
+    (100 ms, 200 ms, ...: their count over their sum), none where a frame says none, nor for a list of frames."""
+    import io
+
+    from PIL import Image
+
+    from vit.core.clips import read_clip, read_clip_bytes
+
+    clip = read_clip(write_video(tmp_path / "clip.mp4", 30, rate=rate), 3)
+    assert clip.fps == pytest.approx(rate) and clip.indices == [0, 10, 20]
+    assert clip.metadata() == {"total_num_frames": 30, "fps": clip.fps, "duration": 30 / clip.fps,
+                               "frames_indices": [0, 10, 20]}
+    frames = [Image.new("RGB", (8, 8), (40 * i, 0, 0)) for i in range(4)]
+    for durations, fps in (([100, 200, 100, 100], 4 * 1000 / 500), (100, 10.0), ([100, 0, 100, 100], None)):
+        data = io.BytesIO()
+        frames[0].save(data, format="GIF", save_all=True, append_images=frames[1:], duration=durations, loop=0)
+        animation = read_clip_bytes(data.getvalue(), "clip.gif", 4)
+        assert animation.fps == (pytest.approx(fps) if fps else None)
+    assert read_clip(frames, 2).fps is None and read_clip(frames, 2).metadata() is None

@@ -80,7 +80,8 @@ class ClipError(ImageError):
 @dataclass
 class SampledClip:
     """The frames sampled from a clip: RGB images, their indices in it, its frame count, and its frames per second
-    where its file says (a video's; None for a GIF, a folder, a zip or a list of frames)."""
+    where its file says (a video's, an animation's from its frames' display times; None for a folder, a zip or a
+    list of frames)."""
 
     frames: list[Image.Image]
     indices: list[int]
@@ -261,8 +262,10 @@ def _gif_frames(file: BinaryIO, wanted: int, name: str, ends: bool = False) -> S
         _check_size(name, frames, width, height, last + 1)
         _check_held(name, sampled, width, height)
         out: dict[int, Image.Image] = {}
+        durations: list = []  # each frame's display time in ms up to the last sampled, as its file says
         try:
             for i, frame in enumerate(ImageSequence.Iterator(image)):
+                durations.append(frame.info.get("duration"))
                 # its header read, no pixel of it decoded yet: a TIFF's page (a GIF's canvas) may be larger than the
                 # first, and every frame up to the last sampled is decoded
                 width, height = max(width, frame.width), max(height, frame.height)
@@ -282,7 +285,15 @@ def _gif_frames(file: BinaryIO, wanted: int, name: str, ends: bool = False) -> S
                             "re-export it") from None
         if len(out) < sampled:
             raise ClipError(f"{name} is truncated or corrupt (it ends before frame {last + 1}); re-export it")
-    return SampledClip([out[i] for i in indices], indices, frames)
+    return SampledClip([out[i] for i in indices], indices, frames, _gif_rate(durations))
+
+
+def _gif_rate(durations: list) -> float | None:
+    """An animation's frames per second from its frames' display times (ms): their count over their sum, or None
+    where a frame says none or 0 (which players show at a rate of their own)."""
+    if not durations or not all(isinstance(d, (int, float)) and d > 0 for d in durations):
+        return None
+    return 1000.0 * len(durations) / float(sum(durations))
 
 
 def _head(path: Path) -> bytes:
