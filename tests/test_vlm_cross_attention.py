@@ -291,6 +291,7 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
     with pytest.raises(ValueError, match=r"^TAM reads the image's tokens in the language model's sequence"):
         answer.tam(0)
     for call, what in ((lambda: answer.ablate(0, (0, 0, 1, 1)), "a region's ablation"),
+                       (lambda: answer.patch(0, (0, 0, 1, 1), image), "a region's patching"),
                        (lambda: answer.relevance(0, method="attnlrp"), "AttnLRP"),
                        (lambda: answer.segments(grid=(2, 2)), "captum's segment attribution")):
         with pytest.raises(ValueError, match=rf"^{what} runs a decoder-only language model here, and this model's "
@@ -462,3 +463,37 @@ def test_attnlrp_counts_the_tower_over_every_tile_slot_at_once_before_any_forwar
                                             r"4x8-patch image\)"):
         answer.relevance(1, method="attnlrp")
     assert slots > 2 and seen["views"] == 1 and seen["view_grid"] == (slots * CELLS, CELLS)
+
+
+def test_patching_a_regions_tower_states_from_a_source_image_is_the_same_intervention_by_hand(mllama):
+    """Llama 3.2 Vision's region patching: the projected tower states of the box's patches (its cross-attention
+    layers' keys and values) replaced by those a source image of the same canvas gives, handed to transformers' model
+    by hand as its ``cross_attention_states``."""
+    image, source = quadrants(100, 50), quadrants(100, 50).rotate(180)
+    answer = vit.ask_vlm(vit.open_vlm(mllama), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    model = transformers.MllamaForConditionalGeneration.from_pretrained(mllama).eval()
+
+    def states_of(picture_):
+        base = processor_inputs(mllama, picture_)
+        with torch.no_grad():
+            vision = model.model.vision_model(pixel_values=base["pixel_values"],
+                                              aspect_ratio_ids=base["aspect_ratio_ids"],
+                                              aspect_ratio_mask=base["aspect_ratio_mask"]).last_hidden_state
+            return base, model.model.multi_modal_projector(vision).reshape(1, -1, model.config.text_config.hidden_size)
+
+    (base, states), (_, theirs) = states_of(image), states_of(source)
+    box = [PER_TILE + 1 + r * CELLS + c for r in (0, 1) for c in (0, 1)]  # the right tile's top-left 2 x 2 patches
+    patched = states.clone()
+    patched[0, box] = theirs[0, box]
+    i = NEW_TOKENS - 1
+    new = torch.tensor([answer.tokens[:i]], dtype=torch.long)
+    mask = base["cross_attention_mask"]
+    with torch.no_grad():
+        logits = [float(model(input_ids=torch.cat([base["input_ids"], new], -1),
+                              attention_mask=torch.cat([base["attention_mask"], torch.ones_like(new)], -1),
+                              cross_attention_mask=torch.cat([mask, mask[:, -1:].expand(-1, i, -1, -1)], 1),
+                              cross_attention_states=handed, use_cache=False).logits[0, -1, answer.tokens[i]])
+                  for handed in (states, patched)]
+    ours = answer.patch(i, (0, CELLS, 2, CELLS + 2), source)
+    assert ours.image_tokens == 4 and abs(logits[1] - logits[0]) > 1e-4
+    assert ours.logit == pytest.approx(logits[0], abs=1e-4) and ours.ablated_logit == pytest.approx(logits[1], abs=1e-4)

@@ -158,3 +158,59 @@ def test_a_tokens_logit_lens_is_read_once(asked, monkeypatch):
     first = answer.logit_lens(3)
     monkeypatch.setattr(answer._source[0].model, "forward", lambda *a, **k: pytest.fail("the model ran again"))
     np.testing.assert_array_equal(answer.logit_lens(3), first)
+
+
+def by_hand_patching(folder, tokens: list[int], i: int, positions: list[int], source) -> tuple[float, float]:
+    """transformers alone: token ``i``'s logit at its query, whole and with the language model's input embeddings at
+    ``positions`` replaced by those the processor's run over ``source`` (and the question) gives there, each read
+    by a pre-hook written here."""
+    model, processor = _eager(folder)
+    inputs = _inputs(model, processor, tokens, i)
+    kept = {}
+
+    def read(module, args, kwargs):
+        kept["embeds"] = kwargs["inputs_embeds"].clone()
+
+    def intervene(module, args, kwargs):
+        embeds = kwargs["inputs_embeds"].clone()
+        embeds[0, positions] = kept["embeds"][0, positions]
+        return args, {**kwargs, "inputs_embeds": embeds}
+
+    lm = model.model.language_model
+    with torch.no_grad():
+        handle = lm.register_forward_pre_hook(read, with_kwargs=True)
+        try:
+            model(**_inputs(model, processor, tokens, 0, image=source), use_cache=False)
+        finally:
+            handle.remove()
+        whole = float(model(**inputs, use_cache=False).logits[0, -1, tokens[i]])
+        handle = lm.register_forward_pre_hook(intervene, with_kwargs=True)
+        try:
+            patched = float(model(**inputs, use_cache=False).logits[0, -1, tokens[i]])
+        finally:
+            handle.remove()
+    return whole, patched
+
+
+@pytest.mark.parametrize(("kind", "box", "tokens"), [CASES[0], CASES[1]])
+def test_patching_a_regions_image_tokens_from_a_source_image_is_the_same_intervention_by_hand(vlms, asked, kind,
+                                                                                               box, tokens):
+    """Activation patching (TransformerLens' and nnsight's view, on the image): the image tokens under a box replaced
+    by those a source image of the same size gives at the same places. The asked image as its own source moves
+    nothing; a source laid out otherwise (Qwen2.5-VL keeps the aspect: a tall image has another grid) is refused in
+    one line before any forward of the asked question's."""
+    answer = asked[kind]
+    source = picture().rotate(180)
+    positions = answer.layout.positions[tokens].tolist()
+    result = answer.patch(2, box, source)
+    whole, patched = by_hand_patching(vlms[kind], list(answer.tokens), 2, positions, source)
+    assert result.image_tokens == len(tokens) and result.token == answer.tokens[2]
+    assert result.logit == pytest.approx(whole, abs=1e-4) and result.ablated_logit == pytest.approx(patched, abs=1e-4)
+    assert abs(result.effect) > 1e-4
+    itself = answer.patch(2, box, picture())
+    assert itself.ablated_logit == pytest.approx(itself.logit, abs=1e-5)
+    if kind == "qwen2_5_vl":
+        with pytest.raises(ValueError, match=r"^the source image is laid out otherwise than the image asked about "
+                                             r"\(\w+ differs: another count of image tokens, grid or tiles\); give a "
+                                             r"source image of its size$"):
+            answer.patch(2, box, picture(60, 90))

@@ -454,6 +454,33 @@ class VLMAnswer:
         return ablate(vlm, prepared, self.tokens, self._token(i), region_tokens(layout.view(overview), box), how,
                       layout)
 
+    def patch(self, i: int, box: tuple[int, int, int, int], source: Image.Image, overview: bool = False,
+              image: int = 0):
+        """Activation patching of a region (TransformerLens' and nnsight's view, on the image): answer token ``i``'s
+        logit and probability at the query that predicted it with the image tokens that cover ``box`` (as
+        ``ablate``'s; ``image``: of the question's ``image``-th image) replaced by those ``source`` gives at the same
+        places, and without (``vit.explain.language.vlm_lens.Ablation``: its ``ablated_*`` the patched run's). The
+        source goes through the processor with the same question; it must be laid out as the asked image is (its
+        size, for a model that keeps the aspect), else ValueError in one line. Three forwards (counted first)."""
+        from vit.explain.language.vlm_lens import ablate, check, region_tokens, source_states
+
+        vlm, prepared = self._model()
+        self._decoder_only(vlm, "a region's patching")
+        if self.clip:
+            raise ValueError("patching takes a source image for an image asked about; this question is about a "
+                             "clip: ablate a slice (ablate_image) instead")
+        if not isinstance(source, Image.Image):
+            raise ValueError(f"source must be a PIL image, got {type(source).__name__}")
+        layout, i = self._image(image), self._token(i)
+        tokens = region_tokens(layout.view(overview), box)
+        check(vlm, prepared, i, lens=False)  # before the source's run too
+        question, prompt = prepared.asked
+        shown = list(prepared.images)
+        shown[image] = source.convert("RGB")
+        states = source_states(vlm, prepared, prompt_inputs(vlm, shown if len(shown) > 1 else shown[0], question,
+                                                            prompt))
+        return ablate(vlm, prepared, self.tokens, i, tokens, layout=layout, source=states)
+
     def segments(self, grid: tuple[int, int] | None = None, masks=None, method: str = "ablation", samples: int = 8,
                  baseline: tuple[int, int, int] = (255, 255, 255)):
         """``vit.explain.language.vlm_segments.SegmentAttribution``: captum 0.9's own ``LLMAttribution`` of this

@@ -17,6 +17,10 @@ token ``i - 1``), from one forward of the whole model over the prompt and the an
   features there; the token's logit and probability with and without. Two forwards, no graph. A language model
   that reads the image through cross-attention layers (Llama 3.2 Vision) has the projected tower states those
   layers read ablated instead: the states of the box's patches, the mean over the canvas's patch states.
+- **region patching** (activation patching, as TransformerLens' and nnsight's, here on the image): the same image
+  tokens replaced by those a source image gives at the same places (the processor's run over the source, laid out
+  as the asked image is, read up to the language model's input), the token's logit with and without. Three forwards
+  (the source's stops at the language model), no graph.
 
 What each holds is counted before it runs (``vit.costs.plan.vlm_lens``).
 """
@@ -118,15 +122,62 @@ def region_tokens(layout, box: tuple[int, int, int, int]) -> torch.Tensor:
     return torch.unique(index[top:bottom, left:right].round().long())
 
 
+class _Stopped(Exception):
+    """Raised by the hook that has read the language model's input: the rest of the model need not run."""
+
+
+def _stream_input(vlm) -> str:
+    """The language model's input the image reaches it through: its input embeddings, or (Llama 3.2 Vision) the
+    projected tower states its cross-attention layers read."""
+    from vit.explain.language.vlm_attention import cross_attending
+
+    return "cross_attention_states" if cross_attending(vlm.language_model) else "inputs_embeds"
+
+
+def source_states(vlm, prepared, source_inputs) -> torch.Tensor:
+    """(1, T, D): the language model's input (``_stream_input``) that ``source_inputs`` (the processor's for a
+    source image, laid out as ``prepared``'s) give, read from one run of the model up to the language model, which
+    does not run. ValueError (one line) when the source's inputs are laid out otherwise than ``prepared``'s (another
+    count of image tokens, another grid, tile canvas or mask): its tokens would not sit where the asked image's do."""
+    base = prepared.inputs
+    for key, value in base.items():
+        other = source_inputs.get(key)
+        same = (other is not None and other.shape == value.shape
+                and (key.startswith("pixel_values") or torch.equal(other, value)))
+        if not same:
+            raise ValueError(f"the source image is laid out otherwise than the image asked about ({key} differs: "
+                             "another count of image tokens, grid or tiles); give a source image of its size")
+    name, kept = _stream_input(vlm), {}
+
+    def read(module, args, kwargs):
+        kept["states"] = kwargs.get(name)
+        raise _Stopped
+
+    handle = vlm.language_model.register_forward_pre_hook(read, with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in source_inputs.items()},
+                      use_cache=False)
+    except _Stopped:
+        pass
+    finally:
+        handle.remove()
+    if kept.get("states") is None:
+        raise RuntimeError(f"the language model was not given its {name}; it cannot be patched here")
+    return kept["states"].reshape(1, -1, kept["states"].shape[-1])
+
+
 def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor, how: str = "zero",
-           layout=None) -> Ablation:
+           layout=None, source: torch.Tensor | None = None) -> Ablation:
     """Answer token ``i``'s logit and probability with the image tokens ``tokens`` (indices into ``layout``'s
     positions: an image's, the prepared question's first by default) ablated at the decoder stack's input (``how``:
-    "zero", or "mean" of that image's tokens), and without (see the module's docstring)."""
+    "zero", or "mean" of that image's tokens), or patched (``source``: the language model's input a source image
+    gives, ``source_states``: those tokens' states replaced by the source's), and without (see the module's
+    docstring)."""
     from vit.explain.language.vlm_attention import cross_attending
     from vit.explain.language.vlm_relevance import answer_run
 
-    if how not in ABLATIONS:
+    if source is None and how not in ABLATIONS:
         raise ValueError(f"how must be one of {', '.join(ABLATIONS)}, got {how!r}")
     check(vlm, prepared, i, lens=False)
     layout, token = layout or prepared.layout, answer[i]
@@ -144,7 +195,10 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
             raise RuntimeError(f"the language model was not given its {name}; it cannot be ablated here")
         # (one question: batch 1) Llama 3.2 Vision hands its states as (tiles, states a tile, D), read as one row
         flat = states.reshape(1, -1, states.shape[-1]).clone()
-        flat[0, chosen] = 0 if how == "zero" else flat[0, pool].mean(0)
+        if source is not None:
+            flat[0, chosen] = source[0, chosen].to(flat)  # the prompt's image tokens: the same places in both runs
+        else:
+            flat[0, chosen] = 0 if how == "zero" else flat[0, pool].mean(0)
         return args, {**kwargs, name: flat.reshape(states.shape)}
 
     results = []
