@@ -142,8 +142,11 @@ def source_states(vlm, prepared, source_inputs) -> torch.Tensor:
     base = prepared.inputs
     for key, value in base.items():
         other = source_inputs.get(key)
-        same = (other is not None and other.shape == value.shape
-                and (key.startswith("pixel_values") or torch.equal(other, value)))
+        if isinstance(value, torch.Tensor):  # the pixels differ; every other input is the layout and must not
+            same = (isinstance(other, torch.Tensor) and other.shape == value.shape
+                    and (key.startswith("pixel_values") or torch.equal(other, value)))
+        else:
+            same = other == value
         if not same:
             raise ValueError(f"the source image is laid out otherwise than the image asked about ({key} differs: "
                              "another count of image tokens, grid or tiles); give a source image of its size")
