@@ -497,3 +497,24 @@ def test_patching_a_regions_tower_states_from_a_source_image_is_the_same_interve
     ours = answer.patch(i, (0, CELLS, 2, CELLS + 2), source)
     assert ours.image_tokens == 4 and abs(logits[1] - logits[0]) > 1e-4
     assert ours.logit == pytest.approx(logits[0], abs=1e-4) and ours.ablated_logit == pytest.approx(logits[1], abs=1e-4)
+
+
+def test_the_answer_counts_the_tower_over_every_tile_slot_of_each_image_at_once(mllama, monkeypatch):
+    """The answer's count (``vit.costs.plan.vlm_answer``) takes the tower's one pass over every tile slot of an image
+    (the padding slots too: its attention runs over them all), one per image, not the canvas's tiles apart; and the
+    logit lens' and gradient x attention's counts take every image's, not the first's alone."""
+    from vit.costs import plan
+
+    seen = []
+    for name in ("vlm_answer", "vlm_lens", "vlm_relevance"):
+        counted = getattr(plan, name)
+        monkeypatch.setattr(plan, name, lambda *a, _name=name, _counted=counted, **k: seen.append((_name, a, k))
+                            or _counted(*a, **k))
+    slots = processor_inputs(mllama, quadrants(100, 50))["pixel_values"].shape[2]
+    answer = vit.ask_vlm(vit.open_vlm(mllama), [quadrants(100, 50), quadrants(80, 80)], QUESTION, max_new_tokens=2)
+    [(_, args, _)] = [s for s in seen if s[0] == "vlm_answer"]
+    assert slots > 2 and args[5:] == (2, (slots * CELLS, CELLS))
+    answer.ablate_image(1, 1)
+    answer.relevance(1, 0, image=1)
+    counts = {name: (k["views"], k["view_grid"]) for name, _, k in seen if name != "vlm_answer"}
+    assert counts == {"vlm_lens": (2, (slots * CELLS, CELLS)), "vlm_relevance": (2, (slots * CELLS, CELLS))}

@@ -570,6 +570,16 @@ class Prepared:
     images: tuple = field(default=(), compare=False, repr=False)  # the images asked about (PIL), for captum's segments
     asked: tuple = (None, None)  # (question, prompt) as given: the processor's run again for another image
 
+    def tower(self) -> tuple[int, tuple[int, int] | None]:
+        """``(views, view_grid)`` the cost model counts for the tower's forward over every image (or slice) of the
+        question (``ImageLayout.counted``): one image's own, or every image's passes at the largest one's grid (a
+        bound for images of other sizes)."""
+        if len(self.layouts) == 1:
+            return self.layouts[0].counted
+        counted = [lay.counted for lay in self.layouts]
+        grids = [grid or lay.grid for lay, (_, grid) in zip(self.layouts, counted, strict=True)]
+        return sum(views for views, _ in counted), max(grids, key=lambda g: g[0] * g[1])
+
     def __post_init__(self) -> None:
         if not self.layouts:
             self.layouts = (self.layout,)
@@ -625,13 +635,11 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
         layouts = image_layouts(vlm, inputs, images)
     layout = layouts[0]
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
-    # every image's tower forward, each counted at the largest one's grid (a bound for images of other sizes)
-    largest = max((lay.view_grid or lay.grid for lay in layouts), key=lambda g: g[0] * g[1])
-    decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens,
-                      sum(lay.views for lay in layouts), largest if len(layouts) > 1 else layout.view_grid))
     words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
-    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
-                    clip is not None, tuple(images) if clip is None else (), (question, prompt))
+    prepared = Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
+                        clip is not None, tuple(images) if clip is None else (), (question, prompt))
+    decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens, *prepared.tower()))
+    return prepared
 
 
 class _Steps:

@@ -256,13 +256,9 @@ def check(vlm, prepared, i: int) -> None:
     limit (``vit.costs.plan.vlm_attnlrp``); the last answer token's is the largest."""
     from vit.costs.plan import decide, vlm_attnlrp
 
-    layout = prepared.layout
     implementation = vlm.language_model.config._attn_implementation
-    views, view_grid = layout.views, layout.view_grid
-    if vlm.model_type == "mllama":  # its tower attends over every tile slot at once: one view of them all
-        slots = prepared.inputs["pixel_values"].shape[2]
-        views, view_grid = 1, (slots * view_grid[0], view_grid[1])
-    decide(vlm_attnlrp(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
+    views, view_grid = prepared.tower()  # Llama 3.2 Vision's: one pass over every tile slot at once
+    decide(vlm_attnlrp(vlm.tower_shape, prepared.layout.grid, prepared.text, prepared.prompt_tokens + i, i,
                        fused="eager" not in implementation, views=views, view_grid=view_grid))
 
 

@@ -37,6 +37,9 @@ class ImageLayout:
     # canvas (``grid`` x the tower's patch), or the overview's one view; None for a one-view layout (its pixels are
     # the tower's preprocessing of the image).
     pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # How the tower runs over this image where it differs from the views placed: (passes, each one's patch grid);
+    # Llama 3.2 Vision's tower attends over every tile slot of the image at once (the padding's too), one pass
+    tower_passes: tuple[int, tuple[int, int]] | None = None
 
     def place(self, values: torch.Tensor) -> torch.Tensor:
         """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
@@ -45,6 +48,12 @@ class ImageLayout:
         if self.index is not None:
             return values[:, self.index]
         return on_patch_grid(values, self.grid, self.unit, self.lead)
+
+    @property
+    def counted(self) -> tuple[int, tuple[int, int] | None]:
+        """``(views, view_grid)`` as the cost model counts the tower's work on this image (``vit.costs.plan``): its
+        ``tower_passes`` where set, else its views and their grid (None: ``grid``)."""
+        return self.tower_passes or (self.views, self.view_grid)
 
     @property
     def patches(self) -> int:
@@ -195,7 +204,8 @@ def _mllama_tiles(vlm, inputs) -> tuple[ImageLayout, ...]:
         index = tile * per + 1 + (r % grid[0]) * grid[1] + c % grid[1]
         seen = seen_pixels(vlm, pixels[0, k, :rows * cols])
         layouts.append(ImageLayout(torch.arange(k * slots, (k + 1) * slots), (rows * grid[0], cols * grid[1]), 1, 0,
-                                   index, rows * cols, grid, None, _canvas(seen, rows, cols)))
+                                   index, rows * cols, grid, None, _canvas(seen, rows, cols),
+                                   (1, (pixels.shape[2] * grid[0], grid[1]))))
     return tuple(layouts)
 
 

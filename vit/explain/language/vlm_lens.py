@@ -69,10 +69,10 @@ def check(vlm, prepared, i: int, lens: bool) -> None:
     """Refused in one line (``TooManyTokens``) over the memory limit (``vit.costs.plan.vlm_lens``)."""
     from vit.costs.plan import decide, vlm_lens
 
-    layout = prepared.layout
     rows = len(vlm.language_model.layers) + 1 if lens else 0
-    decide(vlm_lens(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, rows,
-                    views=layout.views, view_grid=layout.view_grid))
+    views, view_grid = prepared.tower()
+    decide(vlm_lens(vlm.tower_shape, prepared.layout.grid, prepared.text, prepared.prompt_tokens + i, rows,
+                    views=views, view_grid=view_grid))
 
 
 def logit_lens(vlm, prepared, answer: tuple[int, ...], i: int) -> torch.Tensor:

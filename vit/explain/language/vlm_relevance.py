@@ -152,9 +152,9 @@ def check(vlm, prepared, i: int) -> None:
     from vit.costs.plan import decide, vlm_relevance
 
     implementation = vlm.language_model.config._attn_implementation
-    layout = prepared.layout
-    decide(vlm_relevance(vlm.tower_shape, layout.grid, prepared.text, prepared.prompt_tokens + i, i,
-                         fused="eager" not in implementation, views=layout.views, view_grid=layout.view_grid))
+    views, view_grid = prepared.tower()
+    decide(vlm_relevance(vlm.tower_shape, prepared.layout.grid, prepared.text, prepared.prompt_tokens + i, i,
+                         fused="eager" not in implementation, views=views, view_grid=view_grid))
 
 
 def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording) -> torch.Tensor:

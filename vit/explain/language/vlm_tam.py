@@ -151,9 +151,9 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     lead = prepared.layout.lead  # tokens that cover no patch (CLIP's CLS): outside the map, its ECI and its scale
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
+    views, view_grid = prepared.tower()
     decide(vlm_tam(vlm.tower_shape, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
-                   fused="eager" not in implementation, views=prepared.layout.views,
-                   view_grid=prepared.layout.view_grid))
+                   fused="eager" not in implementation, views=views, view_grid=view_grid))
     head = vlm.model.get_output_embeddings()
     with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs, _weights_in(head):
         hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
