@@ -177,7 +177,6 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
     "zero", or "mean" of that image's tokens), or patched (``source``: the language model's input a source image
     gives, ``source_states``: those tokens' states replaced by the source's), and without (see the module's
     docstring)."""
-    from vit.explain.language.vlm_attention import cross_attending
     from vit.explain.language.vlm_relevance import answer_run
 
     if source is None and how not in ABLATIONS:
@@ -188,8 +187,8 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
     chosen = positions[tokens.to(vlm.device)]
     # Llama 3.2 Vision's language model reads the tower's states through its cross-attention layers: those states are
     # its image's tokens, and their mean is over the canvas's patches (not the tiles' CLS, nor the masked padding)
-    cross = cross_attending(vlm.language_model)
-    name = "cross_attention_states" if cross else "inputs_embeds"
+    name = _stream_input(vlm)
+    cross = name == "cross_attention_states"
     pool = positions[region_tokens(layout, (0, 0, *layout.grid)).to(vlm.device)] if cross else positions
 
     def ablated(module, args, kwargs):
