@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
+from vit.core import lean_tower
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
 from vit.sources.files import _one_line, loading_problem, quiet_transformers, read_json
 from vit.sources.vlm.declared import DeclaredTower
@@ -194,6 +195,7 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
                        "(processor.save_pretrained) into the folder")
     model = (model if device_map is not None else model.to(device or "cpu")).eval()
+    lean_tower.install(model)  # its tower's widest steps in bounded memory when it answers (no gradient)
     vlm = VLM(folder, model_type, model, processor, tower)
     if pan_and_scan:
         _pan_and_scan(vlm)
