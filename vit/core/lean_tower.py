@@ -88,8 +88,8 @@ def _inference(module: nn.Module) -> bool:
 
 def _merger(module: nn.Module) -> bool:
     return (type(module) in (nn.Conv2d, nn.Conv3d) and module.groups == 1 and module.padding_mode == "zeros"
-            and tuple(module.stride) == tuple(module.kernel_size) and not any(module.padding)
-            and set(module.dilation) == {1} and not isinstance(module.padding, str))
+            and not isinstance(module.padding, str) and not any(module.padding)
+            and tuple(module.stride) == tuple(module.kernel_size) and set(module.dilation) == {1})
 
 
 def merges_whole_input(conv: nn.Module, x: torch.Tensor) -> bool:
