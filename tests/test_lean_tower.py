@@ -110,9 +110,11 @@ def test_a_strip_at_the_images_edge_pads_zeros_where_the_block_pads_them():
 
 def test_a_block_that_fits_its_budget_runs_its_own_forward():
     block = _noisy(_blocks()["er, same, stride 2"])
-    x = torch.randn(1, 8, 12, 12)
+    x, calls = torch.randn(1, 8, 12, 12), []
+    block.bn1.register_forward_hook(lambda m, a, out: calls.append(out.shape) and None)
     with torch.no_grad(), lean_tower.lean(block):
         assert torch.equal(block(x), type(block).forward(block, x))
+    assert calls[0] == calls[1] == (1, 32, 6, 6)  # whole, once a forward: no strips
 
 
 @pytest.mark.parametrize("conv, shape, order", [
