@@ -225,3 +225,48 @@ def test_a_videos_frames_times_reach_the_processor_as_transformers_takes_them(vl
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert list(answer.tokens) == out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_a_list_of_frames_given_its_rate_keeps_their_times_as_a_video_file_does(vlms):
+    """``fps=`` for a clip whose file does not say its rate: 20 frames at 10 a second, 4 sampled (0, 5, 10, 15), reach
+    the processor with the metadata a 10-fps video's would have, written by hand here: Qwen2.5-VL's
+    ``second_per_grid_ts`` is 1.0 (2 frames a slice, 2 a second), and the answer is transformers' own with it."""
+    rng = np.random.default_rng(5)
+    frames = [Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)) for _ in range(20)]
+    folder = vlms["qwen2_5_vl"]
+    answer = vit.ask_vlm(vit.open_vlm(folder), video=frames, question=QUESTION, frames=4, fps=10,
+                         max_new_tokens=NEW_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    video = np.stack([np.asarray(frames[i]) for i in (0, 5, 10, 15)])
+    timed = dict(total_num_frames=20, fps=10.0, duration=2.0, frames_indices=[0, 5, 10, 15])
+    inputs = processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False,
+                       video_metadata=[timed])
+    ours = answer._source[1].inputs
+    assert torch.equal(ours["input_ids"], inputs["input_ids"]) and torch.equal(ours["pixel_values_videos"],
+                                                                               inputs["pixel_values_videos"])
+    assert torch.as_tensor(ours["second_per_grid_ts"]).tolist() == [1.0]
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert list(answer.tokens) == out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("fps, video, message", [
+    (0, "frames", "fps must be a number of frames a second above 0"),
+    (float("nan"), "frames", "fps must be"),
+    (True, "frames", "fps must be"),
+    ("10", "frames", "fps must be"),
+    (10, "mp4", r"this clip's file gives its own rate \(10 frames a second\); fps= is for a folder"),
+    (10, None, "fps= is the rate of a clip: ask about one with video="),
+])
+def test_a_rate_that_is_no_rate_or_over_a_files_own_is_refused_in_one_line(vlms, tmp_path, fps, video, message):
+    from test_video_files import write_video
+
+    frames = [Image.new("RGB", (32, 32), (i * 10, 0, 0)) for i in range(6)]
+    clip = {"frames": frames, "mp4": write_video(tmp_path / "clip.mp4", 6, size=(32, 32), rate=10), None: None}[video]
+    with pytest.raises(ValueError, match=message) as refused:
+        vit.ask_vlm(vlms["qwen2_5_vl"], frames[0] if video is None else None, QUESTION, video=clip, frames=2,
+                    fps=fps, max_new_tokens=2)
+    assert "\n" not in str(refused.value)

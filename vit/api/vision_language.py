@@ -230,8 +230,12 @@ def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device |
                           offload_folder=offload_folder, dtype=dtype)
 
 
+MAX_FPS = 1000  # a clip's frames a second, at most
+
+
 def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, *, prompt: str | None = None,
-            max_new_tokens: int = 32, on_token=None, video=None, frames: int = 8) -> VLMAnswer:
+            max_new_tokens: int = 32, on_token=None, video=None, frames: int = 8,
+            fps: float | None = None) -> VLMAnswer:
     """A vision-language model's greedy answer to ``question`` about ``image`` (through its processor's chat
     template; ``prompt=`` instead: raw text with the model's image placeholder, the template bypassed), token for
     token transformers' ``generate``. ``model``: ``open_vlm``'s model, or a folder / ``vit.load`` checkpoint opened
@@ -246,7 +250,8 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
     explorer's clips are; a video file's frames keep their times, which the processor writes into the prompt), for
     the families ``vlm_layouts.CLIP_FAMILIES`` names (Qwen2-VL to Qwen3.5, GLM-4.1V, LLaVA-NeXT-Video and
     OneVision, InternVL, SmolVLM, Molmo 2): each temporal slice's map (``attention(i, layer, image=k)``, Qwen's and
-    GLM's slices two frames deep)."""
+    GLM's slices two frames deep). ``fps``: the frames per second of a clip whose file does not say (a folder, a zip
+    or a list of frames), so its frames keep their times too; a video file's own rate is not overridden."""
     from vit.core.clips import read_clip
     from vit.explain.language.vlm_answer import MAX_CLIP_FRAMES, MAX_IMAGES, answer
 
@@ -255,9 +260,19 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
             raise ValueError("ask about an image or a video, not both")
         if isinstance(frames, bool) or not isinstance(frames, int) or not 1 <= frames <= MAX_CLIP_FRAMES:
             raise ValueError(f"frames must be a whole number from 1 to {MAX_CLIP_FRAMES}, got {frames!r}")
+        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float))
+                                or not 0 < fps <= MAX_FPS):
+            raise ValueError(f"fps must be a number of frames a second above 0 and at most {MAX_FPS}, got {fps!r}")
         clip = read_clip(video, frames)  # with a video's times, which the model's prompt may write
+        if fps is not None and clip.fps:
+            raise ValueError(f"this clip's file gives its own rate ({clip.fps:g} frames a second); fps= is for a "
+                             "folder, a zip or a list of frames")
+        if fps is not None:
+            clip = replace(clip, fps=float(fps))
         return answer(open_vlm(model), None, question, prompt=prompt, max_new_tokens=max_new_tokens,
                       on_token=on_token, clip=clip)
+    if fps is not None:
+        raise ValueError("fps= is the rate of a clip: ask about one with video=")
     if image is None:
         raise ValueError("give an image (or several) or video= to ask about")
     if isinstance(image, (list, tuple)) and not 1 <= len(image) <= MAX_IMAGES:  # before any is read
