@@ -24,6 +24,7 @@ whose weights accelerate moves in and out (``_hf_hook``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator
 
@@ -50,14 +51,15 @@ def install(model: nn.Module) -> Callable[[], None]:
     for module in model.modules():
         if _hooked(module):
             continue
+        chain = steps(module) if type(module).__name__ in CHAINS else None
         if _merger(module):
-            forward = _lean_merge
-        elif type(module).__name__ in CHAINS and steps(module) is not None:
-            forward = _lean_block
+            forward = _lean_merge.__get__(module)
+        elif chain is not None:
+            forward = functools.partial(_lean_block, module, chain)  # its steps read once, here
         else:
             continue
         swapped.append((module, module.__dict__.get("forward")))
-        module.forward = forward.__get__(module)
+        module.forward = forward
 
     def restore() -> None:
         for module, own in swapped:
@@ -138,17 +140,16 @@ def _pads(conv: nn.Conv2d, height: int, width: int) -> tuple[int, int, int, int]
     """The zero rows above and below, columns left and right, ``conv`` reads around an input of this size."""
     if type(conv).__name__ != "Conv2dSame":
         return conv.padding[0], conv.padding[0], conv.padding[1], conv.padding[1]
-    (k, kw), (s, sw) = conv.kernel_size, conv.stride
-    rows = max((math.ceil(height / s) - 1) * s + k - height, 0)  # timm's ``get_same_padding``
-    cols = max((math.ceil(width / sw) - 1) * sw + kw - width, 0)
-    return rows // 2, rows - rows // 2, cols // 2, cols - cols // 2
+    from timm.layers.padding import pad_same_arg  # the padding its forward computes (timm: Conv2dSame's library)
+
+    left, right, top, bottom = pad_same_arg([height, width], conv.kernel_size, conv.stride, conv.dilation)
+    return top, bottom, left, right
 
 
-def _lean_block(self, x: torch.Tensor) -> torch.Tensor:
-    chain = steps(self)
-    if not _inference(self) or chain is None or x.dim() != 4:
-        return type(self).forward(self, x)
-    return strip_forward(self, chain, x)
+def _lean_block(block: nn.Module, chain: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    if not _inference(block) or x.dim() != 4:
+        return type(block).forward(block, x)
+    return strip_forward(block, chain, x)
 
 
 def strip_forward(block: nn.Module, chain: list[nn.Module], x: torch.Tensor, budget: int | None = None) -> torch.Tensor:
