@@ -2,12 +2,19 @@
 first page (the shipped default's sample, its prediction and its maps drawn). ``--compare launch``: each load in a
 browser launched for it (what every browser test does) against one browser launched once, each load in a new
 context. ``--compare flags``: tests/helpers.py's ``CHROMIUM_ARGS`` against the same without its ``RENDER_ARGS``
-(each browser launched once for the N loads).
+(each browser launched once for the N loads). ``--compare animations``: pages whose animations run against pages
+held still (tests/helpers.py's ``STILL_SCRIPT``, what every browser test's pages run), the explorer's first page
+as above; ``--compare spinner``: the same two, each load a page of one spinner held for 20 s (a script that runs:
+what a browser test waits through while the app computes).
 
     python bench/bench_browser_launch.py --loads 4 --rounds 2 \
         --out bench/results/cpu-2026-11-27/suite-browser-launch.txt
     python bench/bench_browser_launch.py --compare flags --loads 2 --rounds 3 \
         --out bench/results/cpu-2026-11-27/suite-browser-flags.txt
+    python bench/bench_browser_launch.py --compare animations --loads 2 --rounds 3 \
+        --out bench/results/cpu-2026-11-28/suite-browser-animations.txt
+    python bench/bench_browser_launch.py --compare spinner --loads 1 --rounds 3 \
+        --out bench/results/cpu-2026-11-28/suite-browser-spinner.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
@@ -22,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,17 +37,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 TICK = os.sysconf("SC_CLK_TCK")
 VIEWPORT = {"width": 1400, "height": 1000}
+SPINNER_S = 20
+PAGES = {"spinner": f"a page of one spinner, {SPINNER_S} s"}
+SPINNER_APP = f"""import time
+import streamlit as st
+with st.spinner("Working"):
+    time.sleep({SPINNER_S})
+st.write("Done")
+"""
+VARIANTS = {"launch": ("launched per load", "shared"), "flags": ("base (no RENDER_ARGS)", "CHROMIUM_ARGS"),
+            "animations": ("moving animations", "still"), "spinner": ("moving animations", "still")}
 
 
 def loads(url: str, variant: str, count: int) -> None:
     """``count`` loads of ``url`` in ``variant``'s browsers (run in a process of its own)."""
-    from helpers import BASE_ARGS, CHROMIUM, CHROMIUM_ARGS
+    from helpers import BASE_ARGS, CHROMIUM, CHROMIUM_ARGS, STILL_SCRIPT
     from playwright.sync_api import sync_playwright
 
     args = BASE_ARGS if variant == "base" else CHROMIUM_ARGS
 
     def load(page) -> None:
         page.goto(url)
+        if url.endswith("#spinner"):
+            page.get_by_text("Done").wait_for(timeout=180_000)
+            return
         page.get_by_text("Colours span").wait_for(timeout=180_000)
         page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] svg image').length >= 2",
                                timeout=180_000)
@@ -48,10 +69,12 @@ def loads(url: str, variant: str, count: int) -> None:
         def launch():
             return playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
 
-        shared = launch() if variant != "launched" else None
+        shared = launch() if variant != "launched" else None  # one browser: every variant but "launched"
         for _ in range(count):
             browser = shared or launch()
             context = browser.new_context(viewport=VIEWPORT)
+            if variant == "still":
+                context.add_init_script(STILL_SCRIPT)
             load(context.new_page())
             context.close()
             if shared is None:
@@ -83,9 +106,18 @@ def chromium_cpu(command: list[str]) -> float:
     return sum(seen.values())
 
 
+def spinner_app(compare: str, folder: str) -> dict:
+    """``streamlit_app``'s arguments for ``compare``: ``SPINNER_APP`` written to ``folder`` for "spinner"."""
+    if compare != "spinner":
+        return {}
+    app = Path(folder) / "spinner.py"
+    app.write_text(SPINNER_APP)
+    return {"app": app}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compare", choices=("launch", "flags"), default="launch")
+    parser.add_argument("--compare", choices=tuple(VARIANTS), default="launch")
     parser.add_argument("--loads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
@@ -96,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from helpers import streamlit_app
 
-    names = (("launched per load", "shared") if args.compare == "launch"
-             else ("base (no RENDER_ARGS)", "CHROMIUM_ARGS"))
+    PAGES.setdefault(args.compare, "the explorer's first page, drawn")
+    names = VARIANTS[args.compare]
     spent: dict[str, list[float]] = {name: [] for name in names}
-    with streamlit_app({}) as (url, _):
+    with tempfile.TemporaryDirectory() as folder, streamlit_app({}, **spinner_app(args.compare, folder)) as (url, _):
+        if args.compare == "spinner":
+            url += "/#spinner"
         for i in range(args.rounds):
             order = names if i % 2 == 0 else names[::-1]
             for variant in order:
@@ -108,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# python bench/bench_browser_launch.py --compare {args.compare} --loads {args.loads} "
              f"--rounds {args.rounds}",
              f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; Chromium's CPU seconds "
-             "per page load (the explorer's first page, drawn), each round's, then the median", "",
+             f"per page load ({PAGES[args.compare]}), each round's, then the median", "",
              "| browser | CPU s per load, by round | median |", "|---|---|---:|"]
     for variant, values in spent.items():
         lines.append(f"| {variant} | {', '.join(f'{v:.2f}' for v in values)} | {statistics.median(values):.2f} |")

@@ -78,13 +78,46 @@ BASE_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
 RENDER_ARGS = ["--num-raster-threads=1", "--disable-checker-imaging", "--disable-partial-raster",
                "--disable-threaded-animation", "--disable-threaded-scrolling", "--disable-smooth-scrolling"]
 CHROMIUM_ARGS = BASE_ARGS + RENDER_ARGS
+# Every page of a browser test holds its CSS animations and transitions still. While the app runs a script, its
+# spinner and the header's running icon animate at the display's frame rate, each frame painted in software: a page
+# load and 20 s of a spinner took Chromium 7.35 s of CPU, 3.46 s held still (medians of 3 rounds; the explorer's
+# first page on an idle machine 7.60 vs 7.29: it runs ~2 s): bench/bench_browser_launch.py --compare spinner,
+# bench/results/cpu-2026-11-28/suite-browser-spinner.txt and suite-browser-animations.txt. A test waits through
+# many such seconds, the more the busier the machine, and on two cores those frames are taken from the app server
+# it waits for. No test looks at an animation; the pages' JavaScript (Plotly, a clip's player) runs as before.
+STILL_CSS = "*, *::before, *::after { animation: none !important; transition: none !important; }"
+STILL_SCRIPT = ("(() => { const add = () => { const s = document.createElement('style'); s.textContent = "
+                f"{STILL_CSS!r}; (document.head || document.documentElement).appendChild(s); }}; "
+                "if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', add); "
+                "else add(); })();")
+
+
+class StillBrowser:
+    """A Playwright ``Browser`` whose every context and page (``new_context``, ``new_page``) runs ``STILL_SCRIPT``
+    before the page's own scripts; everything else is the browser's own."""
+
+    def __init__(self, browser: Browser) -> None:
+        self._browser = browser
+
+    def new_context(self, **kwargs):
+        context = self._browser.new_context(**kwargs)
+        context.add_init_script(STILL_SCRIPT)
+        return context
+
+    def new_page(self, **kwargs):
+        page = self._browser.new_page(**kwargs)
+        page.add_init_script(STILL_SCRIPT)
+        return page
+
+    def __getattr__(self, name: str):
+        return getattr(self._browser, name)
 
 
 @contextmanager
-def chromium() -> Iterator[Browser]:
-    """Debian's headless Chromium, launched through Playwright with ``CHROMIUM_ARGS``; closed after. Skips the
-    test where Chromium or the playwright package is missing (pytest is imported here: scripts import this
-    module without it)."""
+def chromium(still: bool = True) -> Iterator[Browser]:
+    """Debian's headless Chromium, launched through Playwright with ``CHROMIUM_ARGS``; closed after. ``still``: its
+    pages hold their animations still (``StillBrowser``). Skips the test where Chromium or the playwright package is
+    missing (pytest is imported here: scripts import this module without it)."""
     import pytest
 
     if not CHROMIUM.is_file():
@@ -93,7 +126,7 @@ def chromium() -> Iterator[Browser]:
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            yield browser
+            yield StillBrowser(browser) if still else browser
         finally:
             browser.close()
 
@@ -196,8 +229,8 @@ def server_report() -> str:
 
 @contextmanager
 def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0,
-                  unset: Sequence[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``streamlit run app.py`` on a free loopback port with ``env`` added to the environment (and the
+                  unset: Sequence[str] = (), app: str | Path = "app.py") -> Iterator[tuple[str, subprocess.Popen]]:
+    """``streamlit run app.py`` (or ``app``) on a free loopback port with ``env`` added to the environment (and the
     variables named in ``unset`` removed) and the repository's own config (no file watcher); yields
     ``(url, process)`` once it is healthy, stops it after. Output goes to ``log`` (a temporary file when not
     given), whose tail, with the server's stacks, a failed test prints (``server_report``)."""
@@ -207,7 +240,7 @@ def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float =
         log = Path(tempfile.mkdtemp(prefix="streamlit-log-")) / "streamlit.log"
     output = log.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+        [sys.executable, "-c", LAUNCH, "run", str(app), "--server.port", str(port), "--server.headless", "true",
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env={**inherited, "OMP_NUM_THREADS": "1", **env}, stdout=output, stderr=subprocess.STDOUT,
         start_new_session=True)

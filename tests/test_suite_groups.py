@@ -71,3 +71,21 @@ def test_the_ray_cluster_stops_after_the_workers_last_test_on_it(monkeypatch, af
     monkeypatch.delenv("VIT_TEST_TIMELINE", raising=False)
     _run_protocol(_Item(after), nextitem)
     assert cluster.stops == stopped and conftest._RAY_CLUSTERS == ([] if stopped else [cluster])
+
+
+def test_the_controller_writes_every_test_modules_rewritten_asserts_and_the_projects_bytecode(request):
+    # What keeps the four workers from rewriting every module's asserts again (tests/conftest.py's write_bytecode,
+    # through pytest's internal functions: a pytest that changes them fails here, not silently slower)
+    from _pytest.assertion import rewrite
+    from conftest import write_bytecode
+
+    assert not sys.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in __import__("os").environ
+    write_bytecode(request.config)
+    tests = sorted((ROOT / "tests").glob("test_*.py"))
+    stale = [test.name for test in tests
+             if rewrite._read_pyc(test, rewrite.get_cache_dir(test) / (test.name[:-3] + rewrite.PYC_TAIL)) is None]
+    assert len(tests) > 200 and not stale, stale
+    import importlib.util
+
+    for module in (ROOT / "vit" / "api" / "__init__.py", ROOT / "app.py", ROOT / "tests" / "helpers.py"):
+        assert Path(importlib.util.cache_from_source(str(module))).is_file(), module
