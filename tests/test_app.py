@@ -813,7 +813,8 @@ def settled_upload_script():
 
     start = time.monotonic()
     st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
-    st.session_state["waited"] = time.monotonic() - start
+    st.session_state["ended"] = time.monotonic()
+    st.session_state["waited"] = st.session_state["ended"] - start
 
 
 def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
@@ -978,18 +979,21 @@ def test_the_watch_on_uploads_stands_aside_for_a_manager_without_the_two_methods
 
 def test_a_run_that_finds_an_upload_gone_waits_while_a_new_file_is_on_its_way(monkeypatch):
     # The wait for the replacing run lasts as long as the upload, then its own time: a photo over a real network
-    # takes longer than the 0.3 s here.
+    # takes longer than the 0.3 s here. The run looks every 10 ms: its own time counts from the last look that saw
+    # the file on its way (a look can come late on a busy machine: 0.895 s in all once, under the 0.9 once asked).
     import time
 
     from app_pages.explorer_sections import uploader
 
-    class Uploads:
-        def __init__(self):
-            self.until = None
+    seen = {"until": None, "last": None}
 
+    class Uploads:
         def uploading(self, session_id):
-            self.until = self.until or time.monotonic() + 0.6  # asked for as the run started, arrives 0.6 s later
-            return time.monotonic() < self.until
+            now = time.monotonic()
+            seen["until"] = seen["until"] or now + 0.6  # asked for as the run started, arrives 0.6 s later
+            if now < seen["until"]:
+                seen["last"] = now
+            return now < seen["until"]
 
     monkeypatch.setattr(uploader, "uploads_in_flight", Uploads)
 
@@ -998,7 +1002,9 @@ def test_a_run_that_finds_an_upload_gone_waits_while_a_new_file_is_on_its_way(mo
     at.run()
     at.session_state["value"] = None
     at.run()
-    assert not at.exception and at.session_state["got"] is None and at.session_state["waited"] >= 0.9
+    assert not at.exception and at.session_state["got"] is None
+    ended = at.session_state["ended"]
+    assert ended >= seen["until"] and ended - seen["last"] >= 0.3, (ended, seen)  # the upload's time, then its own
 
 
 def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the_page_draws_its_own(default_world):
