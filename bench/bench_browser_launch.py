@@ -38,7 +38,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 TICK = os.sysconf("SC_CLK_TCK")
 VIEWPORT = {"width": 1400, "height": 1000}
 SPINNER_S = 20
-PAGES = {"spinner": f"a page of one spinner, {SPINNER_S} s"}
+EXPLORER_PAGE = "the explorer's first page, drawn"
+PAGES = {"launch": EXPLORER_PAGE, "flags": EXPLORER_PAGE, "animations": EXPLORER_PAGE,
+         "spinner": f"a page of one spinner, {SPINNER_S} s"}
 SPINNER_APP = f"""import time
 import streamlit as st
 with st.spinner("Working"):
@@ -128,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from helpers import streamlit_app
 
-    PAGES.setdefault(args.compare, "the explorer's first page, drawn")
     names = VARIANTS[args.compare]
     spent: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as folder, streamlit_app({}, **spinner_app(args.compare, folder)) as (url, _):

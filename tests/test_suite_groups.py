@@ -3,6 +3,7 @@ Ray cluster share one worker and so one cluster, a module's tests that share a m
 module with none is spread. The groups were once lost without a word (pytest 9.2 reads a test's
 id where xdist 3.8 did not write its group), and each worker started a cluster of its own."""
 
+import os
 import re
 import subprocess
 import sys
@@ -73,13 +74,17 @@ def test_the_ray_cluster_stops_after_the_workers_last_test_on_it(monkeypatch, af
     assert cluster.stops == stopped and conftest._RAY_CLUSTERS == ([] if stopped else [cluster])
 
 
-def test_the_controller_writes_every_test_modules_rewritten_asserts_and_the_projects_bytecode(request):
+def test_the_controller_writes_every_test_modules_rewritten_asserts_and_the_projects_bytecode(request, tmp_path,
+                                                                                            monkeypatch):
     # What keeps the four workers from rewriting every module's asserts again (tests/conftest.py's write_bytecode,
-    # through pytest's internal functions: a pytest that changes them fails here, not silently slower)
+    # through pytest's internal functions: a pytest that changes them fails here, not silently slower). Into an
+    # empty cache (sys.pycache_prefix, which compileall, importlib and pytest's rewrite all follow): what this
+    # checkout's earlier runs wrote does not count.
     from _pytest.assertion import rewrite
     from conftest import write_bytecode
 
-    assert not sys.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in __import__("os").environ
+    assert not sys.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in os.environ
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path))
     write_bytecode(request.config)
     tests = sorted((ROOT / "tests").glob("test_*.py"))
     stale = [test.name for test in tests
