@@ -36,7 +36,8 @@ KINDS = (("chromium", "Chromium"), ("playwright/driver", "Playwright's driver"),
          ("raylet", "Ray's daemons"), ("gcs_server", "Ray's daemons"), ("ray/dashboard", "Ray's daemons"),
          ("ray/_private", "Ray's daemons"), ("bin/ray start", "Ray's daemons"), ("streamlit", "app servers"),
          ("ipykernel", "notebook kernels"), ("torchrun", "torchrun"), ("-m pip", "pip"),
-         ("import numpy, torch, transformers", "measuring server"), ("-m vit.", "vit's commands"),
+         ("import numpy, torch, transformers", "measuring server"),
+         ("chat_template_utils", "chat-template server"), ("-m vit.", "vit's commands"),
          ("-m bench.", "bench scripts"), ("exec(eval(sys.stdin", "pytest workers"))
 
 

@@ -9,16 +9,15 @@ more back at once, so a view's tensors are counted where they are allocated, not
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import gc
-import json
 import os
 import re
 import resource
 import subprocess
-import sys
 from pathlib import Path
+
+from vit.core.forkserver import ForkServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,80 +70,21 @@ def peak() -> int:
 
 # --- one measuring process per test process: imports once, a fork per piece of work -------------------------------
 
-# The server: the measuring environment's interpreter with torch, transformers and vit imported once (about 8 s of
-# CPU a fresh interpreter spent per cell, 38 cells and more), then a fork per request, so each piece of work still
-# starts from the same clean process (its own heap, its own peak reset by clear_refs), not from what an earlier one
-# left. A request is a line of JSON (the worker's code, its argv, the environment it adds); the answer a line of
-# JSON (its exit code, stdout, stderr), the child's output kept in files so a full pipe never blocks it.
-SERVER = r'''
-import json, os, sys, tempfile, time, traceback
-sys.path.insert(0, sys.argv[1])
+# The server (vit.core.forkserver): the measuring environment's interpreter with torch, transformers and vit imported
+# once (about 8 s of CPU a fresh interpreter spent per cell, 38 cells and more), then a fork per request, so each piece
+# of work still starts from the same clean process (its own heap, its own peak reset by clear_refs), not from what an
+# earlier one left. One thread and glibc's thresholds (``environment()``) are read once, at the server's start.
+PRELOAD = f"""import sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
 import numpy, torch, transformers, PIL.Image  # what every worker imports first, once
 import vit.checkpoint, vit.costs.plan, vit.explain.views.method_maps, vit.explain.views.image_analysis
 import vit.explain.views.attention_maps, vit.explain.methods.stage_maps, vit.core.inference
-answers = os.fdopen(os.dup(1), "w")  # the protocol's channel; the children's fd 1 and 2 go to files
-for line in sys.stdin:
-    request = json.loads(line)
-    with tempfile.TemporaryDirectory() as folder:
-        out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
-        sys.stdout.flush(); sys.stderr.flush(); answers.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT), 1)
-                os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT), 2)
-                os.environ.update(request["env"])
-                sys.argv = ["-c", *request["argv"]]
-                try:
-                    exec(compile(request["code"], "<worker>", "exec"), {"__name__": "__main__"})
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush(); sys.stderr.flush()
-                os._exit(code)
-        deadline, status = time.monotonic() + request["timeout"], None
-        while status is None:
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = os.waitstatus_to_exitcode(raw)
-            elif time.monotonic() > deadline:
-                os.kill(pid, 9); os.waitpid(pid, 0); status = "timeout"
-            else:
-                time.sleep(0.05)
-        with open(out) as f_out, open(err) as f_err:
-            answers.write(json.dumps({"returncode": status, "stdout": f_out.read(), "stderr": f_err.read()}) + "\n")
-        answers.flush()
-'''
-
-_server: subprocess.Popen | None = None
-
-
-def _measuring_server() -> subprocess.Popen:
-    """This test process's measuring server, started on first use with ``environment()`` (one thread, glibc's
-    thresholds: both read once at a process's start), ended when this process ends."""
-    global _server
-    if _server is None or _server.poll() is not None:
-        _server = subprocess.Popen([sys.executable, "-c", SERVER, str(ROOT / "tests")], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, env=environment(), cwd=ROOT)
-        atexit.register(_server.kill)
-    return _server
+"""
+_server = ForkServer(PRELOAD, env=environment(), cwd=str(ROOT))
 
 
 def run_measured(code: str, argv: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
     """``code`` run as ``python -c code *argv`` would run it in a fresh measuring process (``environment(**env)``),
     but forked from this process's measuring server: its exit code, stdout and stderr. ``subprocess.TimeoutExpired``
     past ``timeout`` seconds (the work is killed)."""
-    server = _measuring_server()
-    server.stdin.write(json.dumps({"code": code, "argv": argv, "env": env, "timeout": timeout}) + "\n")
-    server.stdin.flush()
-    answer = server.stdout.readline()
-    if not answer:
-        raise RuntimeError(f"the measuring server ended (exit code {server.wait()})")
-    answer = json.loads(answer)
-    if answer["returncode"] == "timeout":
-        raise subprocess.TimeoutExpired(["<measuring server>", *argv], timeout)
-    return subprocess.CompletedProcess(argv, answer["returncode"], answer["stdout"], answer["stderr"])
+    return _server.run(code, argv, env=env, timeout=timeout)

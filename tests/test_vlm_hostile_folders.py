@@ -208,6 +208,20 @@ def test_the_bounded_rendering_is_the_processors_own(base):
     assert chat_template.render(vlm.processor, messages) == expected == f"user: <image> {QUESTION} assistant: "
 
 
+def test_every_rendering_is_a_child_of_one_server_that_imported_transformers_once(base):
+    """A fresh interpreter per rendering spent 1.3 s of CPU importing transformers, at every new question."""
+    vlm = vit.open_vlm(base["llava"])
+    servers = []
+    for question in ("a first question", "a second question"):
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        assert chat_template.render(vlm.processor, messages) == vlm.processor.apply_chat_template(
+            messages, add_generation_prompt=True)
+        servers.append(chat_template._server._process.pid)
+    assert servers[0] == servers[1]
+    with open(f"/proc/{servers[0]}/cmdline", "rb") as f:
+        assert chat_template._IMPORTS.encode() in f.read()
+
+
 def test_a_template_that_builds_ten_gigabytes_is_refused_in_one_line(base, tmp_path, rendered_here):
     vlm = vit.open_vlm(with_template(base, tmp_path, "{{ 'x' * 10**10 }}<image>"))
     with pytest.raises(ChatTemplateError, match=r"^the model's chat template took more than the 256 MB a template "
@@ -326,8 +340,8 @@ def test_a_question_asked_again_renders_no_second_child_but_a_late_one_is_tried_
     """The explorer prepares the question at each rerun: its rendering is kept; one stopped by the wall clock is not
     (a busy machine may have slowed the child)."""
     children = []
-    run = chat_template.subprocess.run
-    monkeypatch.setattr(chat_template.subprocess, "run", lambda *a, **k: children.append(1) or run(*a, **k))
+    run = chat_template._server.run
+    monkeypatch.setattr(chat_template._server, "run", lambda *a, **k: children.append(1) or run(*a, **k))
     vlm = vit.open_vlm(base["llava"])
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a question kept"}]}]
     assert chat_template.render(vlm.processor, messages) == chat_template.render(vlm.processor, messages)

@@ -5,12 +5,14 @@ reaching Python but not from working without end: ``{{ 'x' * 10**10 }}`` built a
 server, and three nested ``range(100000)`` loops (the sandbox's limit is per range) held a core without an answer.
 So the template is rendered by transformers' own ``render_jinja_template`` (the prompt is the one
 ``processor.apply_chat_template`` gives) in a child process whose address space is bounded
-(``TEMPLATE_MEMORY_BYTES`` past what its imports take), whose CPU time is bounded (``TEMPLATE_SECONDS`` past its
-imports: a template's own work, which a busy machine does not lengthen; a wall clock of 20 s once refused a correct
-template while two test runs kept the cores busy, the child still importing), killed past ``TEMPLATE_WALL_SECONDS`` of
-waiting all the same, and whose prompt is refused past ``MAX_PROMPT_CHARS``. A rendering (or its refusal) is kept per
-template, conversation and day (a template may write the date), so a question asked again (the explorer prepares it
-at each rerun) costs no child; a rendering stopped by the wall clock is not kept (a busy machine slowed the child).
+(``TEMPLATE_MEMORY_BYTES`` past what its imports take), whose CPU time is bounded (``TEMPLATE_SECONDS``: a template's
+own work, which a busy machine does not lengthen; a wall clock of 20 s once refused a correct template while two test
+runs kept the cores busy, the child still importing), killed past ``TEMPLATE_WALL_SECONDS`` of waiting all the same,
+and whose prompt is refused past ``MAX_PROMPT_CHARS``. Each child is forked from one server that imported
+transformers once (``vit.core.forkserver``): a fresh interpreter took 1.3 s of CPU to import it for a rendering of
+milliseconds, at every new question. A rendering (or its refusal) is kept per template, conversation and day (a
+template may write the date), so a question asked again (the explorer prepares it at each rerun) costs no child; a
+rendering stopped by the wall clock is not kept (a busy machine slowed the child).
 """
 
 from __future__ import annotations
@@ -18,21 +20,23 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
 
+from vit.core.forkserver import ForkServer, ForkServerError
+
 KEPT = 64  # renderings kept: each at most MAX_PROMPT_CHARS, keyed by the template's digest (a template may be MBs)
 MAX_PROMPT_CHARS = 100_000  # the question is at most 2,000; published templates add a system prompt of a few kB
-TEMPLATE_SECONDS = 20  # of the child's CPU past its imports: a prompt renders in ms
-TEMPLATE_WALL_SECONDS = 300  # of waiting for the child, its imports included (~1.5 s on 2 busy cores, 20+ at load 20)
+TEMPLATE_SECONDS = 20  # of the child's CPU: a prompt renders in ms
+TEMPLATE_WALL_SECONDS = 300  # of waiting for a child; the first waits for the server's imports (~1.5 s; 20+ at load 20)
 TEMPLATE_MEMORY_BYTES = 256 * 2**20  # past the child's imports: a prompt of MAX_PROMPT_CHARS is a few MB
 
-# The child: reads the job, bounds its own address space past its imports, renders, answers in one JSON line.
+# The server's imports, once; the child: reads the job, bounds its own address space past those imports and its own
+# CPU time (a forked child's starts at 0), renders, answers in one JSON line.
+_IMPORTS = "from transformers.utils.chat_template_utils import render_jinja_template"
 _CHILD = r"""
 import json, resource, sys
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -95,6 +99,9 @@ def render(processor, messages: list[dict]) -> str:
     return text
 
 
+_server = ForkServer(_IMPORTS, isolated=True, env={
+    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_OFFLINE": "1"})
 _kept: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # the renderings kept, least recently used first
 _lock = threading.Lock()  # the explorer's sessions render from their own threads
 
@@ -122,11 +129,11 @@ def _rendered(template: str, messages: str, kwargs: str) -> tuple[str, str]:
     job = json.dumps({"template": template, "messages": json.loads(messages), "kwargs": json.loads(kwargs),
                       "memory": TEMPLATE_MEMORY_BYTES, "chars": MAX_PROMPT_CHARS,
                       "seconds": math.ceil(TEMPLATE_SECONDS)})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
     try:
-        done = subprocess.run([sys.executable, "-I", "-c", _CHILD], input=job, capture_output=True, text=True,
-                              timeout=TEMPLATE_WALL_SECONDS, env=env, check=False)
+        done = _server.run(_CHILD, stdin=job, timeout=TEMPLATE_WALL_SECONDS)
+    except ForkServerError:  # not the template's doing (the server was killed): the next question starts another
+        return "late", ("the process that renders chat templates ended before it answered: ask again, or give "
+                        "prompt= with the model's image placeholder instead")
     except subprocess.TimeoutExpired:
         return "late", (f"the model's chat template gave no prompt within {TEMPLATE_WALL_SECONDS:g} s (this machine "
                         "may be too busy: ask again; a template renders in milliseconds), or give prompt= with the "

@@ -1,0 +1,164 @@
+"""vit.core.forkserver: a job forked from the server is what ``python -c CODE ARGV…`` in a fresh interpreter is (the
+reference here: that interpreter, run by subprocess), each job in a process of its own, side by side, bounded by its
+timeout, and a server that ends or fails to start is one error, not a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vit.core.forkserver import ForkServer, ForkServerError
+
+JOBS = {
+    "output and exit code": ("import sys; print('out', sys.argv[1:]); print('err', file=sys.stderr); sys.exit(3)",
+                             ["a", "b c"], ""),
+    "stdin": ("import sys; data = sys.stdin.read(); print(len(data), data[-5:])", [], "x" * 300_000 + "tail!"),
+    "a message to exit": ("raise SystemExit('no such file')", [], ""),
+    "an exception": ("def f():\n    raise ValueError('bad')\nf()", [], ""),
+    "ctrl-c": ("import os, signal, time\nprint('up', flush=True)\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)",
+               [], ""),
+    "a signal": ("import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGKILL)", [], ""),
+    "a large output": ("import sys; sys.stdout.write('y' * 200_000); sys.stderr.write('z' * 100_000)", [], ""),
+    "__main__": ("print(__name__, __file__ if '__file__' in dir() else None)", [], ""),
+}
+
+
+@pytest.fixture
+def server():
+    server = ForkServer("import json, email.mime.text")
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_a_job_gives_what_a_fresh_interpreter_gives(server, name):
+    code, argv, stdin = JOBS[name]
+    fresh = subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True, text=True,
+                           timeout=60)
+    forked = server.run(code, argv, stdin=stdin, timeout=60)
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+    # a traceback names the source as the fresh interpreter does ("<string>"), so the lines are the same
+    assert forked.stderr == fresh.stderr
+
+
+def test_the_imports_run_once_and_each_job_is_a_fresh_fork_of_them(server, tmp_path):
+    code = ("import os, sys; mark = sys.modules['json'].__dict__.setdefault('mark', os.getpid()); "
+            "print(os.getpid(), os.getppid(), mark, 'email.mime.text' in sys.modules)")
+    rows = [server.run(code, timeout=60).stdout.split() for _ in range(3)]
+    pids, parents, marks, imported = zip(*rows, strict=True)
+    assert len(set(pids)) == 3 and len(set(parents)) == 1 and parents[0] == str(server._process.pid)
+    assert marks == pids  # no job sees what the one before it set
+    assert set(imported) == {"True"}
+
+
+def test_a_jobs_environment_is_the_servers_plus_its_own(tmp_path):
+    server = ForkServer("", env={"VIT_FORK_SERVER_TEST": "server"})
+    try:
+        code = "import os; print(os.environ['VIT_FORK_SERVER_TEST'], os.environ.get('VIT_FORK_JOB'))"
+        assert server.run(code, timeout=60).stdout.split() == ["server", "None"]
+        assert server.run(code, env={"VIT_FORK_JOB": "job"}, timeout=60).stdout.split() == ["server", "job"]
+        assert server.run(code, timeout=60).stdout.split() == ["server", "None"]
+    finally:
+        server.close()
+
+
+def test_jobs_run_side_by_side(server, tmp_path):
+    """The first job waits for a file only the second writes: run one after the other, it would wait for ever."""
+    import threading
+
+    flag = tmp_path / "flag"
+    waiter = f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.01)\nprint('seen')"
+    answers = {}
+    thread = threading.Thread(target=lambda: answers.update(first=server.run(waiter, timeout=120)))
+    thread.start()
+    writer = server.run(f"open({str(flag)!r}, 'w').close(); print('written')", timeout=120)
+    thread.join(130)
+    assert writer.stdout == "written\n" and answers["first"].stdout == "seen\n"
+
+
+def test_a_job_past_its_timeout_is_killed_and_the_server_goes_on(server, tmp_path):
+    pid_file = tmp_path / "pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        server.run(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)",
+                   timeout=3)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")  # killed, and reaped by the server
+    assert server.run("print('next')", timeout=60).stdout == "next\n"
+
+
+def test_a_server_that_ends_is_one_error_for_its_jobs_and_the_next_run_starts_another(server):
+    import threading
+
+    first = server.run("print('up')", timeout=60)
+    assert first.stdout == "up\n"
+    ended = server._process
+    failures = []
+    thread = threading.Thread(target=lambda: failures.append(_error(server, "import time; time.sleep(600)")))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server._waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ended.kill()
+    thread.join(60)
+    assert failures and isinstance(failures[0], ForkServerError), failures
+    assert "the fork server ended (exit code -9)" in str(failures[0])
+    assert server.run("print('again')", timeout=60).stdout == "again\n" and server._process is not ended
+
+
+def _error(server, code):
+    try:
+        server.run(code, timeout=120)
+    except Exception as e:  # noqa: BLE001 - the test looks at which
+        return e
+    return None
+
+
+def test_imports_that_fail_are_one_error_naming_them():
+    server = ForkServer("import vit_no_such_module_here")
+    with pytest.raises(ForkServerError, match=r"ModuleNotFoundError: No module named 'vit_no_such_module_here'$"):
+        server.run("print(1)", timeout=60)
+
+
+def test_closing_the_server_kills_its_running_jobs(tmp_path):
+    import threading
+
+    server = ForkServer("")
+    pid_file = tmp_path / "pid"
+    answers = []
+    code = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)"
+    thread = threading.Thread(target=lambda: answers.append(server.run(code, timeout=120)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = int(pid_file.read_text())
+    server.close()
+    thread.join(60)
+    assert answers[0].returncode == -9  # the job's answer: killed
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_forked_copy_of_the_owner_starts_its_own_server(server):
+    owner = server.run("import os; print(os.getppid())", timeout=60).stdout
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: the owner's server is not its to use
+        try:
+            answer = server.run("import os; print(os.getppid())", timeout=60).stdout
+            os.write(write, answer.encode())
+            server.close()
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        copy = f.read()
+    os.waitpid(pid, 0)
+    assert copy.strip() and copy != owner
+    assert server.run("import os; print(os.getppid())", timeout=60).stdout == owner
