@@ -5,7 +5,10 @@ context. ``--compare flags``: tests/helpers.py's ``CHROMIUM_ARGS`` against the s
 (each browser launched once for the N loads). ``--compare animations``: pages whose animations run against pages
 held still (tests/helpers.py's ``STILL_SCRIPT``, what every browser test's pages run), the explorer's first page
 as above; ``--compare spinner``: the same two, each load a page of one spinner held for 20 s (a script that runs:
-what a browser test waits through while the app computes).
+what a browser test waits through while the app computes). ``--compare waits``: the explorer's first page, then
+20 s of waiting for a text the page does not show, by ``expect(locator).to_be_visible()`` against
+``locator.wait_for()``, Chromium's and Playwright's driver's CPU (on each poll that finds nothing, expect takes an
+ARIA snapshot of the whole page for its error message).
 
     python bench/bench_browser_launch.py --loads 4 --rounds 2 \
         --out bench/results/cpu-2026-11-27/suite-browser-launch.txt
@@ -15,6 +18,8 @@ what a browser test waits through while the app computes).
         --out bench/results/cpu-2026-11-28/suite-browser-animations.txt
     python bench/bench_browser_launch.py --compare spinner --loads 1 --rounds 3 \
         --out bench/results/cpu-2026-11-28/suite-browser-spinner.txt
+    python bench/bench_browser_launch.py --compare waits --loads 1 --rounds 3 \
+        --out bench/results/cpu-2026-11-28/suite-browser-waits.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
@@ -39,8 +44,10 @@ TICK = os.sysconf("SC_CLK_TCK")
 VIEWPORT = {"width": 1400, "height": 1000}
 SPINNER_S = 20
 EXPLORER_PAGE = "the explorer's first page, drawn"
+WAIT_S = 20
 PAGES = {"launch": EXPLORER_PAGE, "flags": EXPLORER_PAGE, "animations": EXPLORER_PAGE,
-         "spinner": f"a page of one spinner, {SPINNER_S} s"}
+         "spinner": f"a page of one spinner, {SPINNER_S} s",
+         "waits": f"{EXPLORER_PAGE}, then {WAIT_S} s of waiting for a text it does not show"}
 SPINNER_APP = f"""import time
 import streamlit as st
 with st.spinner("Working"):
@@ -48,13 +55,14 @@ with st.spinner("Working"):
 st.write("Done")
 """
 VARIANTS = {"launch": ("launched per load", "shared"), "flags": ("base (no RENDER_ARGS)", "CHROMIUM_ARGS"),
-            "animations": ("moving animations", "still"), "spinner": ("moving animations", "still")}
+            "animations": ("moving animations", "still"), "spinner": ("moving animations", "still"),
+            "waits": ("expect(...).to_be_visible()", "locator.wait_for()")}
 
 
 def loads(url: str, variant: str, count: int) -> None:
     """``count`` loads of ``url`` in ``variant``'s browsers (run in a process of its own)."""
     from helpers import BASE_ARGS, CHROMIUM, CHROMIUM_ARGS, STILL_SCRIPT
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import Error, TimeoutError, expect, sync_playwright
 
     args = BASE_ARGS if variant == "base" else CHROMIUM_ARGS
 
@@ -66,6 +74,14 @@ def loads(url: str, variant: str, count: int) -> None:
         page.get_by_text("Colours span").wait_for(timeout=180_000)
         page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] svg image').length >= 2",
                                timeout=180_000)
+        absent = page.get_by_text("a text the explorer never shows")
+        try:
+            if variant == "expect(...).to_be_visible()":
+                expect(absent).to_be_visible(timeout=WAIT_S * 1000)
+            elif variant == "locator.wait_for()":
+                absent.wait_for(timeout=WAIT_S * 1000)
+        except (AssertionError, TimeoutError, Error):
+            pass
 
     with sync_playwright() as playwright:
         def launch():
@@ -75,7 +91,7 @@ def loads(url: str, variant: str, count: int) -> None:
         for _ in range(count):
             browser = shared or launch()
             context = browser.new_context(viewport=VIEWPORT)
-            if variant == "still":
+            if variant == "still" or variant in VARIANTS["waits"]:
                 context.add_init_script(STILL_SCRIPT)
             load(context.new_page())
             context.close()
@@ -85,8 +101,9 @@ def loads(url: str, variant: str, count: int) -> None:
             shared.close()
 
 
-def chromium_cpu(command: list[str]) -> float:
-    """Run ``command``; the CPU seconds its Chromium processes spent."""
+def chromium_cpu(command: list[str], kinds: tuple[bytes, ...] = (b"chromium",)) -> float:
+    """Run ``command``; the CPU seconds its Chromium processes (those whose command line holds one of ``kinds``)
+    spent."""
     seen: dict[tuple[int, str], float] = {}
     process = subprocess.Popen(command)
     while process.poll() is None:
@@ -95,7 +112,8 @@ def chromium_cpu(command: list[str]) -> float:
                 continue
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if b"chromium" not in f.read():
+                    line = f.read()
+                    if not any(kind in line for kind in kinds):
                         continue
                 with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
@@ -139,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             order = names if i % 2 == 0 else names[::-1]
             for variant in order:
                 command = [sys.executable, __file__, "--run", url, variant.split()[0], str(args.loads)]
-                spent[variant].append(chromium_cpu(command) / args.loads)
+                kinds = (b"chromium", b"playwright/driver") if args.compare == "waits" else (b"chromium",)
+                spent[variant].append(chromium_cpu(command, kinds) / args.loads)
     lines = [f"# python bench/bench_browser_launch.py --compare {args.compare} --loads {args.loads} "
              f"--rounds {args.rounds}",
-             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; Chromium's CPU seconds "
+             f"# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+             f"{'Chromium and its Playwright driver' if args.compare == 'waits' else 'Chromium'}'s CPU seconds "
              f"per page load ({PAGES[args.compare]}), each round's, then the median", "",
              "| browser | CPU s per load, by round | median |", "|---|---|---:|"]
     for variant, values in spent.items():

@@ -69,6 +69,11 @@ SERVER_LOG_LINES = 400  # of a failed browser test's server output: its stacks a
 # A step that includes a training process's start and run waits RUN_MS. BROWSER_TIMEOUT_MS overrides both.
 BROWSER_TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))
 RUN_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 240_000))
+# A test waits for what is to appear with ``locator.wait_for()``, not ``expect(locator).to_be_visible()``: each poll
+# of expect that finds nothing takes an ARIA snapshot of the whole page for its error message, so 20 s of waiting on
+# the explorer's page cost Chromium and Playwright's driver 13.5 s of CPU where wait_for cost 10.1 (medians of 3
+# rounds, the page's load included): bench/bench_browser_launch.py --compare waits,
+# bench/results/cpu-2026-11-28/suite-browser-waits.txt. A step waiting for a training run polls for minutes.
 BASE_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
              "--disable-sync", "--no-first-run"]
 # Paint and composite on the page's own threads, images decoded before they are drawn, no smooth scrolling: the

@@ -22,19 +22,16 @@ def app_url(ray_cluster, tmp_path):
 
 
 def test_a_run_launched_on_the_ray_cluster_from_the_page_completes(app_url):
-    from playwright.sync_api import expect
-
     url, images = app_url
     ARTIFACTS.mkdir(exist_ok=True)
     name = "browser-ray"
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.set_default_timeout(SLOW_MS)
-        expect.set_options(timeout=SLOW_MS)
         page.goto(url)
         page.get_by_role("link", name="Train").click()
-        expect(page.get_by_role("button", name="Launch")).to_be_visible()
-        expect(page.get_by_text("the Ray cluster: 2 node(s)")).to_be_visible()  # read from Ray's dashboard
+        page.get_by_role("button", name="Launch").wait_for()
+        page.get_by_text("the Ray cluster: 2 node(s)").wait_for()  # read from Ray's dashboard
         fill_tiny_run(page, name, images, num_layers=1, epochs=1)
         page.get_by_role("combobox", name="Device").click()
         page.get_by_role("option", name="the Ray cluster").click()
@@ -42,7 +39,7 @@ def test_a_run_launched_on_the_ray_cluster_from_the_page_completes(app_url):
         workers.fill("2")
         workers.press("Tab")
         page.get_by_role("button", name="Launch").click()
-        expect(page.get_by_text(f"Started {name} on the Ray cluster")).to_be_visible()
-        expect(page.get_by_text(f"{name} · completed")).to_be_visible()
-        expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the finished epoch's curves
+        page.get_by_text(f"Started {name} on the Ray cluster").wait_for()
+        page.get_by_text(f"{name} · completed").wait_for()
+        page.get_by_text("Accuracy", exact=True).wait_for()  # the finished epoch's curves
         page.screenshot(path=ARTIFACTS / "training-ray-completed.png", full_page=True)

@@ -45,26 +45,26 @@ def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa:
         try:
             page.goto(url)
             page.get_by_role("link", name="Train").click()
-            expect(page.get_by_role("button", name="Launch")).to_be_visible()
+            page.get_by_role("button", name="Launch").wait_for()
             fill_tiny_run(page, name, images, num_layers=2, epochs=3)
             page.get_by_role("button", name="Launch").click()
-            expect(page.get_by_text(f"{name} · completed")).to_be_visible()
+            page.get_by_text(f"{name} · completed").wait_for()
 
             # The snapshot panel refreshes on its own: the last epoch shows once the run is done.
-            expect(page.get_by_text("Attention during training")).to_be_visible()
-            expect(page.get_by_text(f"Epoch 3 of {name}:", exact=False)).to_be_visible()
+            page.get_by_text("Attention during training").wait_for()
+            page.get_by_text(f"Epoch 3 of {name}:", exact=False).wait_for()
             page.screenshot(path=ARTIFACTS / "snapshots-epoch-3.png", full_page=True)
             slider = page.get_by_role("slider", name="Epoch")
             expect(slider).to_have_attribute("aria-valuetext", "3")
             for epoch in (2, 1, 0):  # scrub back to the initial weights, one epoch at a time
                 step_left(page, slider, to=epoch)
-                expect(page.get_by_text(f"Epoch {epoch} of {name}:", exact=False)).to_be_visible()
-                expect(page.get_by_role("img").first).to_be_visible()
+                page.get_by_text(f"Epoch {epoch} of {name}:", exact=False).wait_for()
+                page.get_by_role("img").first.wait_for()
             page.screenshot(path=ARTIFACTS / "snapshots-epoch-0.png", full_page=True)
             # Under each probe image its true class, the epoch's prediction and its probability ('cat → dog 71 % ✗');
             # the panel's caption also holds an arrow, so the probe captions are matched by their own format.
             captions = page.get_by_text(re.compile(r"^\S+ → \S+ \d+ ?% [✓✗]$"))
-            expect(captions.first).to_be_visible()
+            captions.first.wait_for()
             assert captions.count() >= 2
         except Exception:
             page.screenshot(path=ARTIFACTS / "snapshots-failure.png", full_page=True)

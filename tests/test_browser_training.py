@@ -45,35 +45,32 @@ def fill_tiny_run(page, name: str, images: Path, num_layers: int, epochs: int) -
 
 
 def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_url):
-    from playwright.sync_api import expect
-
     url, images = app_url
     ARTIFACTS.mkdir(exist_ok=True)
     name = "browser-tiny"
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.set_default_timeout(BROWSER_TIMEOUT_MS)
-        expect.set_options(timeout=BROWSER_TIMEOUT_MS)
         try:
             page.goto(url)  # the explorer, the default page; then the navigation, as a user would
             page.get_by_role("link", name="Train").click()
-            expect(page.get_by_role("button", name="Launch")).to_be_visible()
+            page.get_by_role("button", name="Launch").wait_for()
 
             fill_tiny_run(page, name, images, num_layers=1, epochs=1)
             page.screenshot(path=ARTIFACTS / "training-form.png", full_page=True)
             page.get_by_role("button", name="Launch").click()
 
-            expect(page.get_by_text(f"Started {name} on")).to_be_visible(timeout=SLOW_MS)
+            page.get_by_text(f"Started {name} on").wait_for(timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "training-launched.png", full_page=True)
-            expect(page.get_by_text(f"{name} · completed")).to_be_visible(timeout=SLOW_MS)
-            expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the curves of the finished epoch
+            page.get_by_text(f"{name} · completed").wait_for(timeout=SLOW_MS)
+            page.get_by_text("Accuracy", exact=True).wait_for()  # the curves of the finished epoch
             page.screenshot(path=ARTIFACTS / "training-completed.png", full_page=True)
 
             page.get_by_role("link", name=re.compile(r"^Open in explorer \(best weights: epoch 1, val acc")).click()
-            expect(page.get_by_text(f"{name}/best.pt")).to_be_visible()  # the picker's description of it
+            page.get_by_text(f"{name}/best.pt").wait_for()  # the picker's description of it
             page.screenshot(path=ARTIFACTS / "explorer-opened-run.png", full_page=True)
             page.get_by_role("combobox", name="Checkpoint").click()
-            expect(page.get_by_role("option", name=re.compile(f"^run {re.escape(name)} "))).to_be_visible()
+            page.get_by_role("option", name=re.compile(f"^run {re.escape(name)} ")).wait_for()
             page.screenshot(path=ARTIFACTS / "explorer-checkpoint-list.png", full_page=True)
         except Exception:
             page.screenshot(path=ARTIFACTS / "training-failure.png", full_page=True)

@@ -94,3 +94,11 @@ def test_the_controller_writes_every_test_modules_rewritten_asserts_and_the_proj
 
     for module in (ROOT / "vit" / "api" / "__init__.py", ROOT / "app.py", ROOT / "tests" / "helpers.py"):
         assert Path(importlib.util.cache_from_source(str(module))).is_file(), module
+
+
+def test_no_browser_test_waits_for_a_text_by_expects_visibility():
+    """tests/helpers.py: each poll of ``expect(...).to_be_visible()`` that finds nothing snapshots the whole page;
+    a browser test waits with ``locator.wait_for()`` (bench/results/cpu-2026-11-28/suite-browser-waits.txt)."""
+    found = [f"{path.name}:{number}" for path in sorted(Path(__file__).parent.glob("test_browser*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if ".to_be_visible(" in line]
+    assert found == []
