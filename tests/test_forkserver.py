@@ -55,6 +55,16 @@ def test_the_imports_run_once_and_each_job_is_a_fresh_fork_of_them(server, tmp_p
     assert set(imported) == {"True"}
 
 
+def test_a_ctrl_c_to_the_servers_group_is_its_owners_to_handle(server):
+    """A terminal's Ctrl-C reaches every process of its group, the server too: the process that started it decides
+    (a command that finishes its step first), so the server goes on."""
+    import signal
+
+    assert server.run("print('up')", timeout=60).stdout == "up\n"
+    os.kill(server._process.pid, signal.SIGINT)
+    assert server.run("print('still up')", timeout=60).stdout == "still up\n"
+
+
 def test_a_jobs_environment_is_the_servers_plus_its_own(tmp_path):
     server = ForkServer("", env={"VIT_FORK_SERVER_TEST": "server"})
     try:

@@ -33,6 +33,7 @@ wake_r, wake_w = os.pipe()  # a child's end wakes the select (SIGCHLD's wakeup f
 os.set_blocking(wake_w, False)
 signal.signal(signal.SIGCHLD, lambda *_: None)
 signal.set_wakeup_fd(wake_w)
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches its whole group: its owner decides
 folder = tempfile.mkdtemp(prefix="vit-forkserver-")
 running, pending, jobs_open = {}, b"", True  # pid -> (job id, its folder)
 
@@ -42,6 +43,7 @@ def child(job, files):
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a job's Ctrl-C is a fresh interpreter's
         for fd in (wake_r, wake_w, answers.fileno(), 0):
             os.close(fd)
         for fd, name, mode in ((0, "in", os.O_RDONLY), (1, "out", os.O_WRONLY), (2, "err", os.O_WRONLY)):
