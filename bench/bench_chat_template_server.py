@@ -32,9 +32,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def job(i: int) -> str:
+    """The job ``chat_template._rendered`` gives its child, for question ``i``."""
+    from vit.explain.language import chat_template as ct
+
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"question {i}"}]}]
-    return json.dumps({"template": TEMPLATE, "messages": messages, "kwargs": {}, "memory": 256 * 2**20,
-                       "chars": 100_000, "seconds": 20})
+    return json.dumps({"template": TEMPLATE, "messages": messages, "kwargs": {}, "memory": ct.TEMPLATE_MEMORY_BYTES,
+                       "chars": ct.MAX_PROMPT_CHARS, "seconds": ct.TEMPLATE_SECONDS})
 
 
 def children_cpu() -> float:
@@ -52,7 +55,7 @@ def fresh(renders: int) -> tuple[float, float]:
     """CPU and wall seconds per rendering, a fresh interpreter each."""
     from vit.explain.language import chat_template
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, **chat_template._server.env}  # the server's environment, as the child had it
     cpu, began = children_cpu(), time.perf_counter()
     for i in range(renders):
         done = subprocess.run([sys.executable, "-I", "-c", chat_template._CHILD], input=job(i), text=True,
@@ -66,7 +69,7 @@ def forked(renders: int) -> tuple[float, float, float]:
     from vit.core.forkserver import ForkServer
     from vit.explain.language import chat_template
 
-    server = ForkServer(chat_template._IMPORTS, isolated=True, env={"OMP_NUM_THREADS": "1"})
+    server = ForkServer(chat_template._IMPORTS, isolated=True, env=chat_template._server.env)  # the product's, new
     try:
         server.run("pass", timeout=300)  # started: its imports
         pid = server._process.pid

@@ -2,8 +2,9 @@
 forks a child per job (``ForkServer``).
 
 Used where each job must run in a process of its own (its own resource limits, its own heap and peak, nothing left by
-the job before) but the imports would cost more than the job: a chat template renders in milliseconds after 1.3 s of
-CPU importing transformers (``vit.explain.language.chat_template``); the memory tests' measured views
+the job before) but the imports would cost more than the job: a chat template renders in milliseconds after 1.4 s of
+CPU importing transformers (``vit.explain.language.chat_template``; bench/bench_chat_template_server.py); the memory
+tests' measured views
 (``tests/peak_memory.py``). A job is Python source run as ``python -c CODE ARGV…`` would run it, with its own stdin,
 stdout, stderr and exit code; jobs run side by side (the explorer's sessions render from their own threads).
 

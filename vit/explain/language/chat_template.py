@@ -9,10 +9,10 @@ So the template is rendered by transformers' own ``render_jinja_template`` (the 
 own work, which a busy machine does not lengthen; a wall clock of 20 s once refused a correct template while two test
 runs kept the cores busy, the child still importing), killed past ``TEMPLATE_WALL_SECONDS`` of waiting all the same,
 and whose prompt is refused past ``MAX_PROMPT_CHARS``. Each child is forked from one server that imported
-transformers once (``vit.core.forkserver``): a fresh interpreter took 1.3 s of CPU to import it for a rendering of
-milliseconds, at every new question. A rendering (or its refusal) is kept per template, conversation and day (a
-template may write the date), so a question asked again (the explorer prepares it at each rerun) costs no child; a
-rendering stopped by the wall clock is not kept (a busy machine slowed the child).
+transformers once (``vit.core.forkserver``): a fresh interpreter took 1.55 s of CPU per rendering, a fork 0.03
+(bench/results/cpu-2026-11-28/chat-template-server.txt), at every new question. A rendering (or its refusal) is kept
+per template, conversation and day (a template may write the date), so a question asked again (the explorer prepares
+it at each rerun) costs no child; a rendering stopped by the wall clock is not kept (a busy machine slowed the child).
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ TEMPLATE_MEMORY_BYTES = 256 * 2**20  # past the child's imports: a prompt of MAX
 # The server's imports, once; the child: reads the job, bounds its own address space past those imports and its own
 # CPU time (a forked child's starts at 0), renders, answers in one JSON line.
 _IMPORTS = "from transformers.utils.chat_template_utils import render_jinja_template"
-_CHILD = r"""
-import json, resource, sys
-from transformers.utils.chat_template_utils import render_jinja_template
+_CHILD = "import json, resource, sys\n" + _IMPORTS + r"""
 job = json.loads(sys.stdin.read())
 try:
     with open("/proc/self/statm") as f:
