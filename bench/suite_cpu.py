@@ -136,9 +136,17 @@ def attribute(rows, spans, baseline: set[tuple]) -> tuple[collections.Counter, c
     return by_test, by_kind, unowned
 
 
-def report(by_test, by_kind, wall: float, command: list[str], top: int, unowned=None) -> list[str]:
-    """The report's lines: the run, then CPU by kind of process, by module (``top``), by test (``top``), each
-    module's kinds of process (``top`` pairs) and what "(no worker)" ran (``top`` commands)."""
+def started(rows, baseline: set[tuple]) -> collections.Counter:
+    """How many processes of each kind used CPU in the run (each counted once; those that ran before pytest started
+    left out): where fresh interpreters are started, each paying its imports."""
+    kinds = {key: what for _when, key, _chain, _spent, what, _command in rows if key not in baseline}
+    return collections.Counter(kinds.values())
+
+
+def report(by_test, by_kind, wall: float, command: list[str], top: int, unowned=None, processes=None) -> list[str]:
+    """The report's lines: the run, then CPU by kind of process (with how many processes of each kind, where
+    ``processes`` is given: ``started``), by module (``top``), by test (``top``), each module's kinds of process
+    (``top`` pairs) and what "(no worker)" ran (``top`` commands)."""
     total = sum(by_test.values())
     by_module: collections.Counter = collections.Counter()
     kinds: collections.Counter = collections.Counter()
@@ -148,8 +156,10 @@ def report(by_test, by_kind, wall: float, command: list[str], top: int, unowned=
     lines = [f"# python bench/suite_cpu.py -- {' '.join(command)}",
              f"# {os.cpu_count()} cores; {wall:.0f} s of wall time; {total:.0f} s of CPU "
              f"({total / max(wall, 1e-9):.2f} cores busy on average)", "",
-             "| kind of process | CPU s | share |", "|---|---:|---:|"]
-    lines += [f"| {what} | {spent:.0f} | {100 * spent / total:.1f} % |" for what, spent in kinds.most_common()]
+             "| kind of process | CPU s | share |" + (" processes |" if processes else ""),
+             "|---|---:|---:|" + ("---:|" if processes else "")]
+    lines += [f"| {what} | {spent:.0f} | {100 * spent / total:.1f} % |"
+              + (f" {processes.get(what, 0)} |" if processes else "") for what, spent in kinds.most_common()]
     lines += ["", "| module | CPU s | share |", "|---|---:|---:|"]
     lines += [f"| {module} | {spent:.0f} | {100 * spent / total:.1f} % |"
               for module, spent in by_module.most_common(top)]
@@ -210,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = sample(pytest)
         wall = time.time() - began
         by_test, by_kind, unowned = attribute(rows, read_timeline(timeline), baseline)
-    lines = report(by_test, by_kind, wall, args.pytest_args, args.top, unowned)
+    lines = report(by_test, by_kind, wall, args.pytest_args, args.top, unowned, started(rows, baseline))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:40]))

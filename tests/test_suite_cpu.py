@@ -34,6 +34,12 @@ def test_a_descendants_cpu_is_its_workers_test_at_that_time(tmp_path):
     lines = suite_cpu.report(by_test, by_kind, wall=10.0, command=["tests"], top=10, unowned=unowned)
     assert "| Chromium | 5 | 32.3 % |" in lines and "| tests/test_b.py | 4 | 25.8 % |" in lines
     assert "| tests/test_a.py | Chromium | 2.0 |" in lines and "| `/usr/bin/yes` | 5.0 |" in lines
+    # each process counted once, however many readings it has; those running before the run left out
+    processes = suite_cpu.started([*rows, (36.0, (101, "s1"), (101, 100, 1), 1.0, "Chromium", "chromium")],
+                                  baseline={(400, "s5")})
+    assert processes == {"Chromium": 2, "app servers": 1, "pytest workers": 1, "yes": 1}
+    lines = suite_cpu.report(by_test, by_kind, wall=10.0, command=["tests"], top=10, processes=processes)
+    assert "| kind of process | CPU s | share | processes |" in lines and "| Chromium | 5 | 32.3 % | 2 |" in lines
 
 
 def test_a_made_runs_timeline_gives_each_groups_span_and_each_modules_wall(tmp_path):
