@@ -40,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # tests/helpers.py imports vit
 TICK = os.sysconf("SC_CLK_TCK")
 VIEWPORT = {"width": 1400, "height": 1000}
 SPINNER_S = 20

@@ -9,7 +9,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -21,6 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from markdown_it import MarkdownIt
 from PIL import Image
+
+from vit.core.forkserver import ForkedProcess, ForkServer
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -194,7 +195,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) -> None:
+def wait_for_health(url: str, server: subprocess.Popen | ForkedProcess, timeout: float = 180.0) -> None:
     """Block until the Streamlit server at ``url`` answers its health check, or fail clearly."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -212,11 +213,21 @@ def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) 
 
 # The servers of the browser tests now running in this process, each with its output's file: a failed test reports
 # their stacks (tests/conftest.py, ``server_report``).
-LIVE_SERVERS: dict[subprocess.Popen, Path] = {}
+LIVE_SERVERS: dict[subprocess.Popen | ForkedProcess, Path] = {}
 # Starts Streamlit as ``python -m streamlit`` does, with faulthandler answering SIGUSR1: every thread's stack into the
 # server's output, and the server goes on.
 LAUNCH = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
           "sys.argv[0] = 'streamlit'; runpy.run_module('streamlit', run_name='__main__', alter_sys=True)")
+# Each app server is forked from one process per test process that imported what every server imports first (torch,
+# Plotly, Streamlit): ~2.9 s of CPU a fresh interpreter spends before the app's first page
+# (bench/bench_app_server_start.py, bench/results/cpu-2026-11-28/app-server-start.txt). Nothing imported there reads
+# the environment a test gives its server (HOME, HF_HOME: huggingface_hub reads them once, at its import, so it must
+# not be), and it starts no thread (OMP_NUM_THREADS=1, what every server had; pandas would start jemalloc's).
+APP_PRELOAD = ("import numpy, torch, PIL.Image, plotly.graph_objects, streamlit, streamlit.web.cli, "
+               "streamlit.web.bootstrap, sys, os\n"
+               "assert not {'huggingface_hub', 'transformers', 'vit', 'pandas'} & set(sys.modules), 'read at import'\n"
+               "assert len(os.listdir('/proc/self/task')) == 1, 'a thread started'")
+APP_SERVERS = ForkServer(APP_PRELOAD, env={"OMP_NUM_THREADS": "1"}, cwd=str(ROOT))
 
 
 def server_report() -> str:
@@ -234,7 +245,7 @@ def server_report() -> str:
 
 @contextmanager
 def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0,
-                  unset: Sequence[str] = (), app: str | Path = "app.py") -> Iterator[tuple[str, subprocess.Popen]]:
+                  unset: Sequence[str] = (), app: str | Path = "app.py") -> Iterator[tuple[str, ForkedProcess]]:
     """``streamlit run app.py`` (or ``app``) on a free loopback port with ``env`` added to the environment (and the
     variables named in ``unset`` removed) and the repository's own config (no file watcher); yields
     ``(url, process)`` once it is healthy, stops it after. Output goes to ``log`` (a temporary file when not
@@ -243,12 +254,11 @@ def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float =
     inherited = {key: value for key, value in os.environ.items() if key not in unset}
     if log is None:
         log = Path(tempfile.mkdtemp(prefix="streamlit-log-")) / "streamlit.log"
-    output = log.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "run", str(app), "--server.port", str(port), "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env={**inherited, "OMP_NUM_THREADS": "1", **env}, stdout=output, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    log.write_bytes(b"")
+    process = APP_SERVERS.spawn(
+        LAUNCH, ["run", str(app), "--server.port", str(port), "--server.headless", "true",
+                 "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env={**inherited, "OMP_NUM_THREADS": "1", **env}, output=log, new_session=True)
     LIVE_SERVERS[process] = log
     url = f"http://127.0.0.1:{port}"
     try:
@@ -262,7 +272,6 @@ def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float =
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=15)
-        output.close()
 
 
 def follow_page_link(at, label: str, page: str = "app_pages/explorer.py", index: int = 0):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from vit.core.forkserver import ForkServer, ForkServerError
@@ -116,10 +117,15 @@ def test_a_server_that_ends_is_one_error_for_its_jobs_and_the_next_run_starts_an
     deadline = time.monotonic() + 60
     while not server._waiting and time.monotonic() < deadline:
         time.sleep(0.01)
+    while not (children := psutil.Process(ended.pid).children()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job = children[0]
     ended.kill()
     thread.join(60)
     assert failures and isinstance(failures[0], ForkServerError), failures
     assert "the fork server ended (exit code -9)" in str(failures[0])
+    job.wait(60)  # not a child of this process: no exit code, only its end
+    assert not job.is_running()  # killed with its server, not left sleeping for 600 s
     assert server.run("print('again')", timeout=60).stdout == "again\n" and server._process is not ended
 
 
@@ -173,3 +179,102 @@ def test_a_forked_copy_of_the_owner_starts_its_own_server(server):
     os.waitpid(pid, 0)
     assert copy.strip() and copy != owner
     assert server.run("import os; print(os.getppid())", timeout=60).stdout == owner
+
+
+# --- spawn: a child that runs long (a server), what subprocess.Popen gives for the same command ---------------------
+
+def popen_reference(code: str, argv: list[str], output, **kwargs) -> subprocess.Popen:
+    with open(output, "ab") as out:
+        return subprocess.Popen([sys.executable, "-c", code, *argv], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out, **kwargs)
+
+
+def wait_for_text(path, text: str, process) -> None:
+    deadline = time.monotonic() + 60
+    while text not in (path.read_text() if path.exists() else ""):
+        assert process.poll() is None and time.monotonic() < deadline, path.read_text()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("name", ["output and exit code", "a message to exit", "an exception", "ctrl-c", "a signal",
+                                  "a large output", "__main__"])
+def test_a_spawned_child_ends_as_a_popen_of_a_fresh_interpreter(server, tmp_path, name):
+    code, argv, _ = JOBS[name]
+    fresh = popen_reference(code, argv, tmp_path / "fresh.log")
+    forked = server.spawn(code, argv, output=tmp_path / "forked.log")
+    assert isinstance(forked.pid, int) and forked.pid != fresh.pid
+    assert forked.wait(60) == fresh.wait(60) == forked.returncode == forked.poll()
+    assert (tmp_path / "forked.log").read_text() == (tmp_path / "fresh.log").read_text()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_a_spawned_child_is_signalled_as_a_popen_is(server, tmp_path, signal_name):
+    import signal
+
+    code = "import time\nprint('up', flush=True)\ntime.sleep(120)"
+    fresh = popen_reference(code, [], tmp_path / "fresh.log")
+    forked = server.spawn(code, output=tmp_path / "forked.log")
+    for process, log in ((fresh, tmp_path / "fresh.log"), (forked, tmp_path / "forked.log")):
+        wait_for_text(log, "up", process)
+        assert process.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(0.2)
+        process.send_signal(getattr(signal, signal_name))
+    assert forked.wait(60) == fresh.wait(60)
+    assert (tmp_path / "forked.log").read_text() == (tmp_path / "fresh.log").read_text()  # Ctrl-C's traceback too
+    forked.kill()  # ended: not signalled again (its pid may name another process by now)
+
+
+def test_a_spawned_childs_environment_folder_and_session_are_popens(tmp_path):
+    server = ForkServer("", env={"VIT_FORK_SERVER_TEST": "server"})
+    code = ("import os; print(os.environ.get('VIT_FORK_SERVER_TEST'), os.environ.get('VIT_FORK_JOB'), os.getcwd(), "
+            "os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())")
+    try:
+        env = {"PATH": os.environ["PATH"], "VIT_FORK_JOB": "job"}  # the whole environment: the server's is not kept
+        rows = []
+        for spawn in (False, True):
+            for session in (False, True):
+                log = tmp_path / f"{spawn}-{session}.log"
+                if spawn:
+                    process = server.spawn(code, env=env, cwd=tmp_path, output=log, new_session=session)
+                else:
+                    process = popen_reference(code, [], log, env=env, cwd=tmp_path, start_new_session=session)
+                assert process.wait(60) == 0
+                rows.append(log.read_text().split())
+        assert rows[:2] == rows[2:]
+        assert rows[2] == ["None", "job", str(tmp_path), "False", "False"]
+        assert rows[3] == ["None", "job", str(tmp_path), "True", "True"]
+        forked = server.spawn(code, output=tmp_path / "server-env.log")  # env=None: the server's own
+        assert forked.wait(60) == 0 and (tmp_path / "server-env.log").read_text().split()[:2] == ["server", "None"]
+    finally:
+        server.close()
+
+
+def test_closing_the_server_kills_its_spawned_children(tmp_path):
+    server = ForkServer("")
+    forked = server.spawn("import time\nprint('up', flush=True)\ntime.sleep(120)", output=tmp_path / "log",
+                          new_session=True)
+    wait_for_text(tmp_path / "log", "up", forked)
+    server.close()
+    assert forked.wait(60) == -9
+    with pytest.raises(ProcessLookupError):
+        os.kill(forked.pid, 0)
+
+
+def test_a_killed_server_is_an_error_for_its_spawned_childs_wait(tmp_path):
+    import signal
+
+    server = ForkServer("")
+    try:
+        forked = server.spawn("import time; time.sleep(120)", output=tmp_path / "log", new_session=True)
+        child = psutil.Process(forked.pid)
+        os.kill(server._process.pid, signal.SIGKILL)
+        with pytest.raises(ForkServerError, match="the fork server ended before child"):
+            forked.wait(60)
+        child.wait(60)
+        assert not child.is_running()  # killed with its server, its own session notwithstanding
+        forked.terminate()  # not signalled: nothing says what its pid names now
+        assert server.spawn("print('again')", output=tmp_path / "again").wait(60) == 0  # a new server
+        assert (tmp_path / "again").read_text() == "again\n"
+    finally:
+        server.close()

@@ -7,6 +7,8 @@ CPU importing transformers (``vit.explain.language.chat_template``; bench/bench_
 tests' measured views
 (``tests/peak_memory.py``). A job is Python source run as ``python -c CODE ARGV…`` would run it, with its own stdin,
 stdout, stderr and exit code; jobs run side by side (the explorer's sessions render from their own threads).
+``ForkServer.run`` waits for a job's end; ``ForkServer.spawn`` gives a ``Popen``-like child that runs on (the browser
+tests' app servers, ``tests/helpers.py``). A child dies with the server, however the server ends.
 
 The server is single-threaded, so a fork copies no lock held by another thread. It reads the jobs from its stdin and
 answers on its stdout, one line of JSON each; a child's output goes to files, so a full pipe never blocks it. The
@@ -19,14 +21,20 @@ import atexit
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 
 _SERVER = r'''
-import json, os, select, shutil, signal, sys, tempfile, traceback
+import ctypes, json, os, select, shutil, signal, sys, tempfile, traceback
 exec(compile(sys.argv[1], "<preload>", "exec"), {"__name__": "__preload__"})
+server = os.getpid()
+try:  # Linux's prctl: a child is killed when the server dies, however it dies
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    prctl = None
 sys.stdout.flush()
 answers = os.fdopen(os.dup(1), "w")  # the protocol's channel; the server's fd 1 then goes nowhere
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
@@ -42,13 +50,30 @@ running, pending, jobs_open = {}, b"", True  # pid -> (job id, its folder)
 def child(job, files):
     code = 1
     try:
+        if prctl is not None:
+            prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != server:  # it died before that
+            os._exit(1)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a job's Ctrl-C is a fresh interpreter's
         for fd in (wake_r, wake_w, answers.fileno(), 0):
             os.close(fd)
-        for fd, name, mode in ((0, "in", os.O_RDONLY), (1, "out", os.O_WRONLY), (2, "err", os.O_WRONLY)):
-            os.dup2(os.open(os.path.join(files, name), mode), fd)
+        if files is None:  # spawned: no input, its output to the caller's file, maybe a session of its own
+            if job["session"]:
+                os.setsid()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            out = os.open(job["output"] or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+        else:
+            for fd, name, mode in ((0, "in", os.O_RDONLY), (1, "out", os.O_WRONLY), (2, "err", os.O_WRONLY)):
+                os.dup2(os.open(os.path.join(files, name), mode), fd)
+        if job.get("cwd"):
+            os.chdir(job["cwd"])
+        if job.get("environ") is not None:  # the whole environment, as Popen's env= is
+            os.environ.clear()
+        os.environ.update(job.get("environ") or {})
         os.environ.update(job["env"])
         sys.argv = ["-c", *job["argv"]]
         try:
@@ -76,17 +101,26 @@ def child(job, files):
         os._exit(code)
 
 
+def answer(message):
+    answers.write(json.dumps(message) + "\n")
+    answers.flush()
+
+
 def start(job):
-    files = tempfile.mkdtemp(dir=folder)
-    with open(os.path.join(files, "in"), "w") as f:
-        f.write(job["stdin"])
-    for name in ("out", "err"):
-        open(os.path.join(files, name), "w").close()
+    files = None
+    if not job.get("spawn"):
+        files = tempfile.mkdtemp(dir=folder)
+        with open(os.path.join(files, "in"), "w") as f:
+            f.write(job["stdin"])
+        for name in ("out", "err"):
+            open(os.path.join(files, name), "w").close()
     sys.stdout.flush(); sys.stderr.flush()  # nothing buffered for a child to write out again
     pid = os.fork()
     if pid == 0:
         child(job, files)
     running[pid] = (job["id"], files)
+    if files is None:
+        answer({"id": job["id"], "pid": pid})
 
 
 def reap():
@@ -100,13 +134,13 @@ def reap():
         if pid not in running:
             continue
         job, files = running.pop(pid)
-        with open(os.path.join(files, "out"), errors="replace") as out, \
-                open(os.path.join(files, "err"), errors="replace") as err:
-            answer = {"id": job, "returncode": os.waitstatus_to_exitcode(raw), "stdout": out.read(),
-                      "stderr": err.read()}
-        shutil.rmtree(files, ignore_errors=True)
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
+        ended = {"id": job, "returncode": os.waitstatus_to_exitcode(raw)}
+        if files is not None:
+            with open(os.path.join(files, "out"), errors="replace") as out, \
+                    open(os.path.join(files, "err"), errors="replace") as err:
+                ended.update(stdout=out.read(), stderr=err.read())
+            shutil.rmtree(files, ignore_errors=True)
+        answer(ended)
 
 
 while jobs_open or running:
@@ -135,6 +169,61 @@ shutil.rmtree(folder, ignore_errors=True)
 '''
 
 
+class _Slot:
+    """A job of ``ForkServer.run`` waiting for its answer (None: the server ended first)."""
+
+    def __init__(self) -> None:
+        self.done, self.answer = threading.Event(), None
+
+    def deliver(self, answer: dict | None) -> None:
+        self.answer = answer
+        self.done.set()
+
+
+class ForkedProcess:
+    """A child of ``ForkServer.spawn``: ``subprocess.Popen``'s ``pid``, ``returncode``, ``poll``, ``wait``,
+    ``send_signal``, ``terminate`` and ``kill``. Its exit code is the server's reading of it (a child of the server,
+    not of this process): minus the signal that ended it, as Popen's. ``ForkServerError`` from ``poll`` or ``wait``
+    if the server ended first."""
+
+    def __init__(self, server: ForkServer, args: list[str]) -> None:
+        self.args, self.pid, self.returncode = args, None, None
+        self._server, self._running, self._done, self._lost = server, threading.Event(), threading.Event(), False
+
+    def deliver(self, answer: dict | None) -> None:
+        if answer is not None and "pid" in answer:
+            self.pid = answer["pid"]
+        elif answer is not None:
+            self.returncode = answer["returncode"]
+            self._done.set()
+        else:
+            self._lost = True
+            self._done.set()
+        self._running.set()
+
+    def poll(self) -> int | None:
+        if self._done.is_set():
+            return self.wait()
+        return None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(["<fork server>", *self.args], timeout)
+        if self.returncode is None:
+            raise ForkServerError(f"the fork server ended before child {self.pid} did")
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None and not self._lost:  # a pid is not signalled once it may name another process
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 class ForkServerError(RuntimeError):
     """The server ended before it answered (killed, or its preload failed: the message ends with what it said)."""
 
@@ -151,7 +240,7 @@ class ForkServer:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._owner: int | None = None  # the pid that started it: a forked copy of this process starts its own
-        self._waiting: dict[int, list] = {}  # the running server's jobs: id -> [done event, answer]
+        self._waiting: dict[int, _Slot] = {}  # the running server's jobs still to answer, by id
         self._ids = itertools.count()
         atexit.register(self.close)
 
@@ -161,22 +250,44 @@ class ForkServer:
         ``stdin`` its input) in a child forked from the server: its exit code (minus the signal that ended it),
         stdout and stderr. ``subprocess.TimeoutExpired`` past ``timeout`` seconds, the server's start included (the
         child is killed); ``ForkServerError`` if the server ended first."""
-        slot = [threading.Event(), None]
+        slot = _Slot()
         with self._lock:
             process, waiting = self._started()
             job = next(self._ids)
             waiting[job] = slot
             self._send(process, {"id": job, "code": code, "argv": list(argv), "stdin": stdin,
                                  "env": dict(env or {})})
-        if not slot[0].wait(timeout):
+        if not slot.done.wait(timeout):
             with self._lock:
                 waiting.pop(job, None)
                 self._send(process, {"kill": job})
             raise subprocess.TimeoutExpired(["<fork server>", *argv], timeout)
-        answer = slot[1]
+        answer = slot.answer
         if answer is None:
-            raise ForkServerError(f"the fork server ended (exit code {process.wait()}){self._said(process)}")
+            raise ForkServerError(self._ended(process))
         return subprocess.CompletedProcess(list(argv), answer["returncode"], answer["stdout"], answer["stderr"])
+
+    def spawn(self, code: str, argv: list[str] | tuple[str, ...] = (), *, env: dict[str, str] | None = None,
+              cwd: str | os.PathLike | None = None, output: str | os.PathLike | None = None,
+              new_session: bool = False) -> ForkedProcess:
+        """``code`` run as ``python -c code *argv`` would run it, in a child forked from the server, without
+        waiting for it: what ``subprocess.Popen`` gives for such a command, for a child that runs long (a server).
+        ``env``: its whole environment, as Popen's (None: the server's); ``cwd``: its working folder; ``output``: the
+        file its stdout and stderr are appended to (None: nowhere); its stdin is empty; ``new_session``: a session of
+        its own (``start_new_session``). Returns once the child runs (``ForkedProcess.pid``)."""
+        forked = ForkedProcess(self, list(argv))
+        with self._lock:
+            process, waiting = self._started()
+            job = next(self._ids)
+            waiting[job] = forked
+            self._send(process, {"id": job, "spawn": True, "code": code, "argv": list(argv), "env": {},
+                                 "environ": None if env is None else dict(env), "cwd": None if cwd is None else
+                                 str(cwd), "output": None if output is None else str(output),
+                                 "session": new_session})
+        forked._running.wait()
+        if forked.pid is None:
+            raise ForkServerError(self._ended(process))
+        return forked
 
     def close(self) -> None:
         """End the server (its running children are killed); a later ``run`` starts a new one."""
@@ -222,16 +333,18 @@ class ForkServer:
         """Hand each answer of ``process`` to the job waiting for it; at its end, wake every job still waiting."""
         for line in process.stdout:
             answer = json.loads(line)
-            with self._lock:
-                slot = waiting.pop(answer["id"], None)
+            with self._lock:  # a spawned child's first answer (its pid) keeps it waiting for its end
+                slot = waiting.get(answer["id"]) if "pid" in answer else waiting.pop(answer["id"], None)
             if slot is not None:
-                slot[1] = answer
-                slot[0].set()
+                slot.deliver(answer)
         with self._lock:
             left = list(waiting.values())
             waiting.clear()
         for slot in left:
-            slot[0].set()
+            slot.deliver(None)
+
+    def _ended(self, process: subprocess.Popen) -> str:
+        return f"the fork server ended (exit code {process.wait()}){self._said(process)}"
 
     @staticmethod
     def _said(process: subprocess.Popen) -> str:
