@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -219,8 +220,9 @@ LIVE_SERVERS: dict[subprocess.Popen | ForkedProcess, Path] = {}
 LAUNCH = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
           "sys.argv[0] = 'streamlit'; runpy.run_module('streamlit', run_name='__main__', alter_sys=True)")
 # Each app server is forked from one process per test process that imported what every server imports first (torch,
-# Plotly, Streamlit): ~2.9 s of CPU a fresh interpreter spends before the app's first page
-# (bench/bench_app_server_start.py, bench/results/cpu-2026-11-28/app-server-start.txt). Nothing imported there reads
+# Plotly, Streamlit): from its start to the explorer's first page drawn a server spent 3.01 s of CPU fresh, 1.40
+# forked; the fork server's imports cost 1.57 s once (medians of 3 rounds: bench/bench_app_server_start.py,
+# bench/results/cpu-2026-11-28/app-server-start.txt). Nothing imported there reads
 # the environment a test gives its server (HOME, HF_HOME: huggingface_hub reads them once, at its import, so it must
 # not be), and it starts no thread (OMP_NUM_THREADS=1, what every server had; pandas would start jemalloc's).
 APP_PRELOAD = ("import numpy, torch, PIL.Image, plotly.graph_objects, streamlit, streamlit.web.cli, "
@@ -245,20 +247,28 @@ def server_report() -> str:
 
 @contextmanager
 def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0,
-                  unset: Sequence[str] = (), app: str | Path = "app.py") -> Iterator[tuple[str, ForkedProcess]]:
+                  unset: Sequence[str] = (), app: str | Path = "app.py",
+                  fresh: bool = False) -> Iterator[tuple[str, subprocess.Popen | ForkedProcess]]:
     """``streamlit run app.py`` (or ``app``) on a free loopback port with ``env`` added to the environment (and the
     variables named in ``unset`` removed) and the repository's own config (no file watcher); yields
     ``(url, process)`` once it is healthy, stops it after. Output goes to ``log`` (a temporary file when not
-    given), whose tail, with the server's stacks, a failed test prints (``server_report``)."""
+    given), whose tail, with the server's stacks, a failed test prints (``server_report``). The server is forked
+    from ``APP_SERVERS`` (torch already imported); ``fresh``, or an ``env`` that sets a PYTHON* variable (read at an
+    interpreter's start: a ``sitecustomize`` on PYTHONPATH), starts a fresh interpreter instead."""
     port = free_port()
     inherited = {key: value for key, value in os.environ.items() if key not in unset}
     if log is None:
         log = Path(tempfile.mkdtemp(prefix="streamlit-log-")) / "streamlit.log"
     log.write_bytes(b"")
-    process = APP_SERVERS.spawn(
-        LAUNCH, ["run", str(app), "--server.port", str(port), "--server.headless", "true",
-                 "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env={**inherited, "OMP_NUM_THREADS": "1", **env}, output=log, new_session=True)
+    argv = ["run", str(app), "--server.port", str(port), "--server.headless", "true", "--server.address", "127.0.0.1",
+            "--browser.gatherUsageStats", "false"]
+    environment = {**inherited, "OMP_NUM_THREADS": "1", **env}
+    if fresh or any(key.startswith("PYTHON") for key in env):
+        with log.open("wb") as output:
+            process = subprocess.Popen([sys.executable, "-c", LAUNCH, *argv], cwd=ROOT, env=environment,
+                                       stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    else:
+        process = APP_SERVERS.spawn(LAUNCH, argv, cwd=ROOT, env=environment, output=log, new_session=True)
     LIVE_SERVERS[process] = log
     url = f"http://127.0.0.1:{port}"
     try:

@@ -319,7 +319,7 @@ def test_a_fresh_servers_first_page_says_the_model_is_loading_before_the_page_is
     page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
             else outside.append(r.url))
     with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)},
-                       log=tmp_path / "server.log") as (url, _):
+                       log=tmp_path / "server.log", fresh=True) as (url, _):  # torch not imported yet
         page.goto(url)
         page.get_by_text(LINE).wait_for()  # before torch is imported: nothing of the page's own yet
         assert page.get_by_text("Colours span").count() == 0
