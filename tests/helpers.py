@@ -222,9 +222,9 @@ LAUNCH = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal
 # Each app server is forked from one process per test process that imported what every server imports first (torch,
 # Plotly, Streamlit): from its start to the explorer's first page drawn a server spent 3.01 s of CPU fresh, 1.40
 # forked; the fork server's imports cost 1.57 s once (medians of 3 rounds: bench/bench_app_server_start.py,
-# bench/results/cpu-2026-11-28/app-server-start.txt). Nothing imported there reads
-# the environment a test gives its server (HOME, HF_HOME: huggingface_hub reads them once, at its import, so it must
-# not be), and it starts no thread (OMP_NUM_THREADS=1, what every server had; pandas would start jemalloc's).
+# bench/results/cpu-2026-11-28/app-server-start.txt). Nothing imported there reads the environment a test gives its
+# server (HOME, HF_HOME: huggingface_hub reads them once, at its import, so it must not be), and it starts no thread
+# (OMP_NUM_THREADS=1, what every server had; pandas would start jemalloc's).
 APP_PRELOAD = ("import numpy, torch, PIL.Image, plotly.graph_objects, streamlit, streamlit.web.cli, "
                "streamlit.web.bootstrap, sys, os\n"
                "assert not {'huggingface_hub', 'transformers', 'vit', 'pandas'} & set(sys.modules), 'read at import'\n"

@@ -186,18 +186,16 @@ class ForkedProcess:
     not of this process): minus the signal that ended it, as Popen's. ``ForkServerError`` from ``poll`` or ``wait``
     if the server ended first."""
 
-    def __init__(self, server: ForkServer, args: list[str]) -> None:
+    def __init__(self, args: list[str]) -> None:
         self.args, self.pid, self.returncode = args, None, None
-        self._server, self._running, self._done, self._lost = server, threading.Event(), threading.Event(), False
+        self._running, self._done = threading.Event(), threading.Event()
 
     def deliver(self, answer: dict | None) -> None:
+        """The server's answer: the child's pid, then its exit code; None: the server ended first."""
         if answer is not None and "pid" in answer:
             self.pid = answer["pid"]
-        elif answer is not None:
-            self.returncode = answer["returncode"]
-            self._done.set()
         else:
-            self._lost = True
+            self.returncode = None if answer is None else answer["returncode"]
             self._done.set()
         self._running.set()
 
@@ -214,7 +212,7 @@ class ForkedProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None and not self._lost:  # a pid is not signalled once it may name another process
+        if not self._done.is_set():  # ended, or its server did: its pid may name another process by now
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
@@ -275,7 +273,7 @@ class ForkServer:
         ``env``: its whole environment, as Popen's (None: the server's); ``cwd``: its working folder; ``output``: the
         file its stdout and stderr are appended to (None: nowhere); its stdin is empty; ``new_session``: a session of
         its own (``start_new_session``). Returns once the child runs (``ForkedProcess.pid``)."""
-        forked = ForkedProcess(self, list(argv))
+        forked = ForkedProcess(list(argv))
         with self._lock:
             process, waiting = self._started()
             job = next(self._ids)
