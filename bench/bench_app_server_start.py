@@ -1,8 +1,8 @@
 """What a browser test's app server costs until the explorer's first page is drawn (issue 93): the server process's
 CPU seconds (user + system, /proc/PID/stat) from its start to one page load done, a fresh interpreter
-(``python -c LAUNCH run app.py``: tests/helpers.py's ``streamlit_app(fresh=True)``, what it started before) against a child forked
-from ``helpers.APP_SERVERS`` (what it starts now: torch, Plotly and Streamlit imported once per test process). The
-fork server's own start (its imports, once per test process) is timed apart, as the CPU of its process.
+(``python -c LAUNCH run app.py``: tests/helpers.py's ``streamlit_app(fresh=True)``, what it started before) against
+a child forked from ``helpers.APP_SERVERS`` (what it starts now: torch, Plotly and Streamlit imported once per test
+process). The fork server's own start (its imports, once per test process) is timed apart, as the CPU of its process.
 
     python bench/bench_app_server_start.py --rounds 3 --out bench/results/cpu-2026-11-28/app-server-start.txt
 
