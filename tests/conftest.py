@@ -57,8 +57,11 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
-# Modules that take minutes, not seconds: handed out first, so that neither worker is left with one of them at the end.
-HEAVY_FIRST = ("ray-cluster", "browser")
+# The groups that each run as one chain of minutes on one worker (the Ray cluster's, the browsers', the measured
+# peaks'): handed out first, one per worker, longest first, so that no worker is left with one of them at the end.
+# The memory group came after a dozen slow modules, by name, until 87be912: in a loaded gate (107887b) it started at
+# 1,335 s and ran 1,288 s of wall, nearly to the run's end.
+HEAVY_FIRST = ("ray-cluster", "browser", "memory")
 # The modules whose tests each measure a subprocess's peak memory over a model at its largest allowed size (up to a
 # few GB each): one group, so two of them never run at once on a CI machine's memory
 MEMORY_MODULES = ("test_costs", "test_layout_memory", "test_checkpointed_states")
@@ -116,11 +119,11 @@ def _in_group(item, group: str) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids it sends
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. In two processes
-    (``addopts`` in pyproject.toml: ``-n 2 --dist loadgroup``) a module's tests that share its module fixtures stay
-    on one worker (app servers and models are built once; any other test is spread, ``_item_group``), the
-    modules on the Ray cluster share one worker and so one cluster, the browser modules another, and those two
-    groups start first, then the slow tests."""
+    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. In xdist's workers
+    (``addopts`` in pyproject.toml: ``--numprocesses=4 --dist=loadgroup``) a module's tests that share its module
+    fixtures stay on one worker (app servers and models are built once; any other test is spread, ``_item_group``),
+    the modules on the Ray cluster share one worker and so one cluster, the browser modules another, the memory
+    modules a third, and those three groups start first (``HEAVY_FIRST``), then the slow tests."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out the groups in this order
         modules: dict = {}
         for item in items:

@@ -102,3 +102,46 @@ def test_no_browser_test_waits_for_a_text_by_expects_visibility():
     found = [f"{path.name}:{number}" for path in sorted(Path(__file__).parent.glob("test_browser*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if ".to_be_visible(" in line]
     assert found == []
+
+
+class _Module:
+    def __init__(self, name: str, *marks: str) -> None:
+        self.__name__, self.pytestmark = f"tests.{name}", [pytest.mark.__getattr__(mark) for mark in marks]
+
+
+class _Collected:
+    """A collected test as the workers' sort reads it: its module, fixtures and markers."""
+
+    def __init__(self, module: _Module, name: str, *fixtures: str, slow: bool = False) -> None:
+        self.module, self.fixturenames, self.keywords = module, list(fixtures), {}
+        self.nodeid = f"tests/{module.__name__[6:]}.py::{name}"
+        self.markers = [pytest.mark.slow.mark] if slow else []
+
+    def get_closest_marker(self, name: str):
+        return next((mark for mark in self.markers if mark.name == name), None)
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker.mark if hasattr(marker, "mark") else marker)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # xdist_group, where xdist is off
+def test_a_worker_hands_out_the_ray_browser_and_memory_chains_first_then_the_slow_tests():
+    """The order a worker's collection is sorted in is the order xdist's controller hands the groups out
+    (``loadscopereorder`` off): the three groups that each run as one chain on one worker first (Ray, browsers,
+    measured peaks), each on a worker of its own while there are workers, then the slow tests, then the rest; a
+    module keeps its own order. The memory group, handed out after a dozen slow modules by name, once started 1,335 s
+    into a loaded gate and ran nearly to its end (tests/conftest.py's ``HEAVY_FIRST``)."""
+    import conftest
+
+    quick, app = _Module("test_aa_quick"), _Module("test_app_slow")
+    costs, browser, ray = _Module("test_costs"), _Module("test_browser_x", "browser"), _Module("test_zz_ray")
+    items = [_Collected(quick, "test_a"), _Collected(app, "test_b", slow=True), _Collected(costs, "test_c", slow=True),
+             _Collected(costs, "test_d"), _Collected(browser, "test_e"), _Collected(quick, "test_f"),
+             _Collected(ray, "test_g", "ray_cluster"), _Collected(ray, "test_h")]
+    worker = type("Config", (), {"workerinput": {}})()
+    conftest.pytest_collection_modifyitems(worker, items)
+    assert [item.nodeid.rpartition("::")[2] for item in items] == [
+        "test_g", "test_h", "test_e", "test_c", "test_d", "test_b", "test_a", "test_f"]
+    groups = [[mark.kwargs.get("name", mark.args[0] if mark.args else None) for mark in item.markers
+               if mark.name == "xdist_group"] for item in items]
+    assert groups == [["ray-cluster"], ["ray-cluster"], ["browser"], ["memory"], ["memory"], [], [], []]
