@@ -130,7 +130,8 @@ def test_a_worker_hands_out_the_ray_browser_and_memory_chains_first_then_the_slo
     (``loadscopereorder`` off): the three groups that each run as one chain on one worker first (Ray, browsers,
     measured peaks), each on a worker of its own while there are workers, then the slow tests, then the rest; a
     module keeps its own order. The memory group, handed out after a dozen slow modules by name, once started 1,335 s
-    into a loaded gate and ran nearly to its end (tests/conftest.py's ``HEAVY_FIRST``)."""
+    into a loaded gate and ran nearly to its end, and was the last to end in another (tests/conftest.py's
+    ``HEAVY_FIRST``)."""
     import conftest
 
     quick, app = _Module("test_aa_quick"), _Module("test_app_slow")
