@@ -58,10 +58,10 @@ def pytest_configure(config):
 
 
 # The groups that each run as one chain of minutes on one worker (the Ray cluster's, the browsers', the measured
-# peaks'): handed out first, one per worker, longest first, so that no worker is left with one of them at the end.
-# The memory group came after a dozen slow modules, by name, until 87be912: in loaded gates it started at 507 s and
-# at 1,335 s and ended last or nearly. First, it changed no total in a loaded gate (1,392 s against 1,396 s, the same
-# machine: bench/results/cpu-2026-11-28/suite-gate-loaded-a61904e.txt) but ended 250 s before the other workers.
+# peaks'): handed out first, one to each worker, so that no worker is left with one of them at the end. Until
+# 87be912 the memory group came after a dozen slow modules (by name) and ended last in a loaded gate; handed out
+# first it ended 250 s before the other workers, the total unchanged (1,396 -> 1,392 s, one machine:
+# bench/results/cpu-2026-11-28/suite-gate-loaded-87be912.txt, suite-gate-loaded-a61904e.txt).
 HEAVY_FIRST = ("ray-cluster", "browser", "memory")
 # The modules whose tests each measure a subprocess's peak memory over a model at its largest allowed size (up to a
 # few GB each): one group, so two of them never run at once on a CI machine's memory

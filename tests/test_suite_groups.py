@@ -106,7 +106,7 @@ def test_no_browser_test_waits_for_a_text_by_expects_visibility():
 
 class _Module:
     def __init__(self, name: str, *marks: str) -> None:
-        self.__name__, self.pytestmark = f"tests.{name}", [pytest.mark.__getattr__(mark) for mark in marks]
+        self.__name__, self.pytestmark = f"tests.{name}", [getattr(pytest.mark, mark) for mark in marks]
 
 
 class _Collected:
@@ -114,7 +114,7 @@ class _Collected:
 
     def __init__(self, module: _Module, name: str, *fixtures: str, slow: bool = False) -> None:
         self.module, self.fixturenames, self.keywords = module, list(fixtures), {}
-        self.nodeid = f"tests/{module.__name__[6:]}.py::{name}"
+        self.nodeid = f"tests/{module.__name__.rpartition('.')[2]}.py::{name}"
         self.markers = [pytest.mark.slow.mark] if slow else []
 
     def get_closest_marker(self, name: str):
@@ -129,9 +129,8 @@ def test_a_worker_hands_out_the_ray_browser_and_memory_chains_first_then_the_slo
     """The order a worker's collection is sorted in is the order xdist's controller hands the groups out
     (``loadscopereorder`` off): the three groups that each run as one chain on one worker first (Ray, browsers,
     measured peaks), each on a worker of its own while there are workers, then the slow tests, then the rest; a
-    module keeps its own order. The memory group, handed out after a dozen slow modules by name, once started 1,335 s
-    into a loaded gate and ran nearly to its end, and was the last to end in another (tests/conftest.py's
-    ``HEAVY_FIRST``)."""
+    module keeps its own order (tests/conftest.py's ``HEAVY_FIRST``: the memory group, handed out after a dozen slow
+    modules by name, was the last to end in a loaded gate)."""
     import conftest
 
     quick, app = _Module("test_aa_quick"), _Module("test_app_slow")
@@ -143,6 +142,5 @@ def test_a_worker_hands_out_the_ray_browser_and_memory_chains_first_then_the_slo
     conftest.pytest_collection_modifyitems(worker, items)
     assert [item.nodeid.rpartition("::")[2] for item in items] == [
         "test_g", "test_h", "test_e", "test_c", "test_d", "test_b", "test_a", "test_f"]
-    groups = [[mark.kwargs.get("name", mark.args[0] if mark.args else None) for mark in item.markers
-               if mark.name == "xdist_group"] for item in items]
+    groups = [[mark.args[0] for mark in item.markers if mark.name == "xdist_group"] for item in items]
     assert groups == [["ray-cluster"], ["ray-cluster"], ["browser"], ["memory"], ["memory"], [], [], []]
