@@ -422,7 +422,8 @@ def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
 
 
 NAV_PAGES = ("start", "quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed",
-             "models/vlm", "models/video", "models/own", "checkpoints", "which-map", "methods", "cli", "notebook",
+             "models/vlm", "models/vlm-ask", "models/vlm-clips", "models/video", "models/own", "checkpoints",
+             "which-map", "methods", "cli", "notebook",
              "benchmarks", "deploy", "architecture", "changelog", *(f"tutorials/{name}" for name in (
                  "compare-methods", "dense-views", "vlm-lens", "video-clip", "sae-features", "benchmarks")))
 
@@ -462,3 +463,66 @@ def test_every_readme_code_block_is_one_these_tests_run_or_check():
     # CPU wheels (test_packaging's pins), the app and the test command, the command line, the notebook, the
     # citation: a new block needs its test here.
     assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "python", "bash", "bibtex"]
+
+
+
+VLM_PAGES = ("models/vlm.md", "models/vlm-ask.md", "models/vlm-clips.md")
+
+
+def api_misuses(block: str, receivers: dict) -> list[str]:
+    """The calls and attributes of a code block that the API does not have: ``vit.NAME(...)`` and ``x.NAME(...)`` for
+    each variable ``x`` of ``receivers`` (its class) bound to the function's own signature, and ``x.NAME`` read on
+    one of them an attribute the class, its dataclass fields or its ``__init__`` gives."""
+    import ast
+    import inspect
+
+    found, seen = [], set()
+    for node in ast.walk(ast.parse(block)):  # a call first, then its function's attribute: each read once
+        call = node if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        target = call.func if call else node
+        if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)) or id(target) in seen:
+            continue
+        seen.add(id(target))
+        owner, name = target.value.id, target.attr
+        if owner == "vit":
+            if not hasattr(vit, name):
+                found.append(f"vit.{name}")
+                continue
+            function, skip = getattr(vit, name), 0
+        elif owner in receivers:
+            cls = receivers[owner]
+            source = inspect.getsource(cls)
+            if not (hasattr(cls, name) or name in getattr(cls, "__dataclass_fields__", {})
+                    or re.search(rf"self\.{name}\b", source)):
+                found.append(f"{owner}.{name}")
+                continue
+            function, skip = getattr(cls, name, None), 1
+        else:
+            continue
+        if call is not None and callable(function):
+            try:
+                inspect.signature(function).bind(*[None] * (skip + len(call.args)),
+                                                 **{k.arg: None for k in call.keywords})
+            except TypeError as e:
+                found.append(f"{ast.unparse(call)}: {e}")
+    return found
+
+
+def test_the_vlm_pages_code_calls_the_api_as_the_code_has_it():
+    """Issue 116, item 8: each section of the VLM pages has a code block; every ``vit.`` name it calls, every method
+    of an answer, a word map or a segment attribution, and every keyword exists with those arguments."""
+    from vit.api.maps import Explanation
+    from vit.checkpoint import Checkpoint
+    from vit.explain.language.vlm_answer import VLMAnswer
+    from vit.explain.language.vlm_lens import Ablation
+    from vit.explain.language.vlm_segments import SegmentAttribution
+
+    receivers = {"answer": VLMAnswer, "tower": Checkpoint, "e": Explanation, "dog": vit.WordMap, "cat": vit.WordMap,
+                 "parts": SegmentAttribution, "ablation": Ablation, "patched": Ablation}
+    blocks = [b for page in VLM_PAGES for b in code_blocks((ROOT / "docs" / page).read_text(), "python")]
+    assert len(blocks) >= 10
+    assert [m for b in blocks for m in api_misuses(b, receivers)] == []
+    assert api_misuses("vit.ask_vlm(vlm, 'a.jpg', 'Q', max_tokens=3)\nanswer.attention(0, lyr=2)\nanswer.nope\n"
+                       "vit.no_such_name()", receivers) == [
+        "vit.ask_vlm(vlm, 'a.jpg', 'Q', max_tokens=3): got an unexpected keyword argument 'max_tokens'",
+        "answer.attention(0, lyr=2): got an unexpected keyword argument 'lyr'", "answer.nope", "vit.no_such_name"]
