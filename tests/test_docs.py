@@ -465,6 +465,79 @@ def test_every_readme_code_block_is_one_these_tests_run_or_check():
     assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "python", "bash", "bibtex"]
 
 
+# -- every page reads in short paragraphs, with no raw HTML (issue 116, item 8) ---------------------------------------
+
+MAX_PARAGRAPH_WORDS = 200
+FENCE_LINE = re.compile(r"^\s*(```|~~~)")
+HTML_TAG = re.compile(r"</?[A-Za-z][\w-]*(\s[^<>]*)?/?>")  # <img>, </img>, <br/>; not <https://...>, not "a < b"
+ANCHOR = re.compile(r'<a id="[\w-]+"></a>')  # the generated tables' anchors, on purpose: GitHub shows them too
+INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.MULTILINE)
+
+
+def docs_pages() -> dict[str, str]:
+    """Every page of the docs as its source reads: README.md, docs/**/*.md and the files they include (the model
+    cards, the changelog), by their path in the repository."""
+    pages = {"README.md": README}
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        pages[str(page.relative_to(ROOT))] = text
+        pages.update({path: (ROOT / path).read_text() for path in INCLUDE.findall(text)})
+    return pages
+
+
+def prose(markdown: str) -> list[str]:
+    """The page's lines with fenced code blanked and HTML comments (the generators' markers) taken out."""
+    lines, fenced = [], False
+    for line in re.sub(r"<!--.*?-->", "", markdown, flags=re.DOTALL).splitlines():
+        if FENCE_LINE.match(line):
+            fenced = not fenced
+            line = ""
+        lines.append("" if fenced else line)
+    return lines
+
+
+def paragraphs(markdown: str) -> list[str]:
+    """The page's paragraphs, as a reader meets them: blocks between blank lines, each heading and list item its own
+    (its indented lines with it), tables and code left out."""
+    found, current = [], []
+    for line in prose(markdown) + [""]:
+        new = re.match(r"\s*(\||#{1,6} |[-*+] |\d+\. )", line)
+        if not line.strip() or new:
+            found.append(" ".join(current))
+            current = [line.strip()] if new and not line.lstrip().startswith("|") else []
+        else:
+            current.append(line.strip())
+    return [p for p in found if p]
+
+
+def raw_html(markdown: str) -> list[str]:
+    """The HTML tags outside code: Markdown passes them to the page as HTML, so ``<img>`` in a sentence is a broken
+    image, not text. Code spans and blocks are text, and so are the generated tables' ``<a id>`` anchors."""
+    text = re.sub(r"(`+)(.+?)\1", "", "\n".join(prose(markdown)), flags=re.DOTALL)
+    return [m[0] for m in HTML_TAG.finditer(ANCHOR.sub("", text))]
+
+
+def test_the_paragraph_and_html_checkers_find_a_long_paragraph_and_a_raw_tag_and_nothing_in_code():
+    words = " ".join(["word"] * MAX_PARAGRAPH_WORDS)
+    assert [len(p.split()) for p in paragraphs(f"# A\n\n{words[:300]}\n{words[300:]} more.\n\n- item\n  two\n")] \
+        == [2, MAX_PARAGRAPH_WORDS + 1, 3]
+    assert all(len(p.split()) <= 3 for p in paragraphs(f"```\n{words} {words}\n```\n| {words} |\n<!-- {words} -->"))
+    assert raw_html('InternVL writes "FrameN: <img>...</img>" per frame.') == ["<img>", "</img>"]
+    assert raw_html("A line<br/>break, and <span class=x>this</span>.") == ["<br/>", "<span class=x>", "</span>"]
+    assert raw_html('`<img>` and ``a <b>``, <!-- generated: x -->, <https://x.org/>, a < b > c and\n```\n<div>\n```'
+                    '\n| <a id="method-x"></a>`x` |') == []
+
+
+def test_no_docs_page_has_a_paragraph_over_200_words_or_a_raw_html_tag_outside_code():
+    """Issue 116, item 8: the VLM page ran paragraphs of 400 to 550 words, and an ``<img>`` outside backticks drew a
+    broken image. Each page of the docs, README.md and the files the site includes, reads in paragraphs of at most
+    200 words, and says a tag in code."""
+    long = {path: [p[:80] for p in paragraphs(text) if len(p.split()) > MAX_PARAGRAPH_WORDS]
+            for path, text in docs_pages().items()}
+    assert {path: found for path, found in long.items() if found} == {}
+    tags = {path: raw_html(text) for path, text in docs_pages().items()}
+    assert {path: found for path, found in tags.items() if found} == {}
+
 
 VLM_PAGES = ("models/vlm.md", "models/vlm-ask.md", "models/vlm-clips.md")
 
