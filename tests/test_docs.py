@@ -539,6 +539,22 @@ def test_no_docs_page_has_a_paragraph_over_200_words_or_a_raw_html_tag_outside_c
     assert {path: found for path, found in tags.items() if found} == {}
 
 
+def test_the_readme_names_the_default_checkpoint_and_links_the_newer_pages():
+    """Issue 116, item 8: three checkpoints are shipped, and "the shipped CIFAR-10 checkpoint" named two. The README
+    names the one the app and ``vit.shipped()`` open, and links the pages of SAM 3's concepts, several images and
+    clips, and Ask in words, each anchor a heading of its page."""
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
+
+    assert f"the default, which the app and `vit.shipped()` open, is `{DEFAULT_CHECKPOINT}`" in " ".join(README.split())
+    assert vit.shipped().name == DEFAULT_CHECKPOINT
+    for link in ("docs/models/windowed.md#sam-3-with-concepts", "docs/models/vlm-clips.md",
+                 "docs/explorer.md#ask-in-words"):
+        assert f"]({link})" in README, link
+        path, _, anchor = link.partition("#")
+        headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
+        assert not anchor or anchor in [re.sub(r"[^\w -]", "", h.lower()).replace(" ", "-") for h in headings]
+
+
 VLM_PAGES = ("models/vlm.md", "models/vlm-ask.md", "models/vlm-clips.md")
 
 
