@@ -422,7 +422,8 @@ def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
 
 
 NAV_PAGES = ("start", "quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed",
-             "models/vlm", "models/video", "models/own", "checkpoints", "which-map", "methods", "cli", "notebook",
+             "models/vlm", "models/vlm-ask", "models/vlm-clips", "models/video", "models/own", "checkpoints",
+             "which-map", "methods", "cli", "notebook",
              "benchmarks", "deploy", "architecture", "changelog", *(f"tutorials/{name}" for name in (
                  "compare-methods", "dense-views", "vlm-lens", "video-clip", "sae-features", "benchmarks")))
 
@@ -462,3 +463,155 @@ def test_every_readme_code_block_is_one_these_tests_run_or_check():
     # CPU wheels (test_packaging's pins), the app and the test command, the command line, the notebook, the
     # citation: a new block needs its test here.
     assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "python", "bash", "bibtex"]
+
+
+# -- every page reads in short paragraphs, with no raw HTML (issue 116, item 8) ---------------------------------------
+
+MAX_PARAGRAPH_WORDS = 200
+FENCE_LINE = re.compile(r"^\s*(```|~~~)")
+HTML_TAG = re.compile(r"</?[A-Za-z][\w-]*(\s[^<>]*)?/?>")  # <img>, </img>, <br/>; not <https://...>, not "a < b"
+ANCHOR = re.compile(r'<a id="[\w-]+"></a>')  # the generated tables' anchors, on purpose: GitHub shows them too
+INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.MULTILINE)
+
+
+def docs_pages() -> dict[str, str]:
+    """Every page of the docs as its source reads: README.md, docs/**/*.md and the files they include (the model
+    cards, the changelog), by their path in the repository."""
+    pages = {"README.md": README}
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        pages[str(page.relative_to(ROOT))] = text
+        pages.update({path: (ROOT / path).read_text() for path in INCLUDE.findall(text)})
+    return pages
+
+
+def prose(markdown: str) -> list[str]:
+    """The page's lines with fenced code blanked and HTML comments (the generators' markers) taken out."""
+    lines, fenced = [], False
+    for line in re.sub(r"<!--.*?-->", "", markdown, flags=re.DOTALL).splitlines():
+        if FENCE_LINE.match(line):
+            fenced = not fenced
+            line = ""
+        lines.append("" if fenced else line)
+    return lines
+
+
+def paragraphs(markdown: str) -> list[str]:
+    """The page's paragraphs, as a reader meets them: blocks between blank lines, each heading and list item its own
+    (its indented lines with it), tables and code left out."""
+    found, current = [], []
+    for line in prose(markdown) + [""]:
+        new = re.match(r"\s*(\||#{1,6} |[-*+] |\d+\. )", line)
+        if not line.strip() or new:
+            found.append(" ".join(current))
+            current = [line.strip()] if new and not line.lstrip().startswith("|") else []
+        else:
+            current.append(line.strip())
+    return [p for p in found if p]
+
+
+def raw_html(markdown: str) -> list[str]:
+    """The HTML tags outside code: Markdown passes them to the page as HTML, so ``<img>`` in a sentence is a broken
+    image, not text. Code spans and blocks are text, and so are the generated tables' ``<a id>`` anchors."""
+    text = re.sub(r"(`+)(.+?)\1", "", "\n".join(prose(markdown)), flags=re.DOTALL)
+    return [m[0] for m in HTML_TAG.finditer(ANCHOR.sub("", text))]
+
+
+def test_the_paragraph_and_html_checkers_find_a_long_paragraph_and_a_raw_tag_and_nothing_in_code():
+    words = " ".join(["word"] * MAX_PARAGRAPH_WORDS)
+    assert [len(p.split()) for p in paragraphs(f"# A\n\n{words[:300]}\n{words[300:]} more.\n\n- item\n  two\n")] \
+        == [2, MAX_PARAGRAPH_WORDS + 1, 3]
+    assert all(len(p.split()) <= 3 for p in paragraphs(f"```\n{words} {words}\n```\n| {words} |\n<!-- {words} -->"))
+    assert raw_html('InternVL writes "FrameN: <img>...</img>" per frame.') == ["<img>", "</img>"]
+    assert raw_html("A line<br/>break, and <span class=x>this</span>.") == ["<br/>", "<span class=x>", "</span>"]
+    assert raw_html('`<img>` and ``a <b>``, <!-- generated: x -->, <https://x.org/>, a < b > c and\n```\n<div>\n```'
+                    '\n| <a id="method-x"></a>`x` |') == []
+
+
+def test_no_docs_page_has_a_paragraph_over_200_words_or_a_raw_html_tag_outside_code():
+    """Issue 116, item 8: the VLM page ran paragraphs of 400 to 550 words, and an ``<img>`` outside backticks drew a
+    broken image. Each page of the docs, README.md and the files the site includes, reads in paragraphs of at most
+    200 words, and says a tag in code."""
+    long = {path: [p[:80] for p in paragraphs(text) if len(p.split()) > MAX_PARAGRAPH_WORDS]
+            for path, text in docs_pages().items()}
+    assert {path: found for path, found in long.items() if found} == {}
+    tags = {path: raw_html(text) for path, text in docs_pages().items()}
+    assert {path: found for path, found in tags.items() if found} == {}
+
+
+def test_the_readme_names_the_default_checkpoint_and_links_the_newer_pages():
+    """Issue 116, item 8: three checkpoints are shipped, and "the shipped CIFAR-10 checkpoint" named two. The README
+    names the one the app and ``vit.shipped()`` open, and links the pages of SAM 3's concepts, several images and
+    clips, and Ask in words, each anchor a heading of its page."""
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
+
+    assert f"the default, which the app and `vit.shipped()` open, is `{DEFAULT_CHECKPOINT}`" in " ".join(README.split())
+    assert vit.shipped().name == DEFAULT_CHECKPOINT
+    for link in ("docs/models/windowed.md#sam-3-with-concepts", "docs/models/vlm-clips.md",
+                 "docs/explorer.md#ask-in-words"):
+        assert f"]({link})" in README, link
+        path, _, anchor = link.partition("#")
+        headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
+        assert not anchor or anchor in [re.sub(r"[^\w -]", "", h.lower()).replace(" ", "-") for h in headings]
+
+
+VLM_PAGES = ("models/vlm.md", "models/vlm-ask.md", "models/vlm-clips.md")
+
+
+def api_misuses(block: str, receivers: dict) -> list[str]:
+    """The calls and attributes of a code block that the API does not have: ``vit.NAME(...)`` and ``x.NAME(...)`` for
+    each variable ``x`` of ``receivers`` (its class) bound to the function's own signature, and ``x.NAME`` read on
+    one of them an attribute the class, its dataclass fields or its ``__init__`` gives."""
+    import ast
+    import inspect
+
+    found, seen = [], set()
+    for node in ast.walk(ast.parse(block)):  # a call first, then its function's attribute: each read once
+        call = node if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
+        target = call.func if call else node
+        if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)) or id(target) in seen:
+            continue
+        seen.add(id(target))
+        owner, name = target.value.id, target.attr
+        if owner == "vit":
+            if not hasattr(vit, name):
+                found.append(f"vit.{name}")
+                continue
+            function, skip = getattr(vit, name), 0
+        elif owner in receivers:
+            cls = receivers[owner]
+            source = inspect.getsource(cls)
+            if not (hasattr(cls, name) or name in getattr(cls, "__dataclass_fields__", {})
+                    or re.search(rf"self\.{name}\b", source)):
+                found.append(f"{owner}.{name}")
+                continue
+            function, skip = getattr(cls, name, None), 1
+        else:
+            continue
+        if call is not None and callable(function):
+            try:
+                inspect.signature(function).bind(*[None] * (skip + len(call.args)),
+                                                 **{k.arg: None for k in call.keywords})
+            except TypeError as e:
+                found.append(f"{ast.unparse(call)}: {e}")
+    return found
+
+
+def test_the_vlm_pages_code_calls_the_api_as_the_code_has_it():
+    """Issue 116, item 8: each section of the VLM pages has a code block; every ``vit.`` name it calls, every method
+    of an answer, a word map or a segment attribution, and every keyword exists with those arguments."""
+    from vit.api.maps import Explanation
+    from vit.checkpoint import Checkpoint
+    from vit.explain.language.vlm_answer import VLMAnswer
+    from vit.explain.language.vlm_lens import Ablation
+    from vit.explain.language.vlm_segments import SegmentAttribution
+
+    receivers = {"answer": VLMAnswer, "tower": Checkpoint, "e": Explanation, "dog": vit.WordMap, "cat": vit.WordMap,
+                 "parts": SegmentAttribution, "ablation": Ablation, "patched": Ablation}
+    blocks = [b for page in VLM_PAGES for b in code_blocks((ROOT / "docs" / page).read_text(), "python")]
+    assert len(blocks) >= 10
+    assert [m for b in blocks for m in api_misuses(b, receivers)] == []
+    assert api_misuses("vit.ask_vlm(vlm, 'a.jpg', 'Q', max_tokens=3)\nanswer.attention(0, lyr=2)\nanswer.nope\n"
+                       "vit.no_such_name()", receivers) == [
+        "vit.ask_vlm(vlm, 'a.jpg', 'Q', max_tokens=3): got an unexpected keyword argument 'max_tokens'",
+        "answer.attention(0, lyr=2): got an unexpected keyword argument 'lyr'", "answer.nope", "vit.no_such_name"]
