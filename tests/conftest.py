@@ -3,6 +3,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # Hermetic: no test reads the user's real home, Hugging Face cache or XDG cache (a model in the real
@@ -46,12 +47,17 @@ torch.set_num_threads(1)
 def pytest_addoption(parser, pluginmanager):
     """``-p no:xdist`` runs the suite serially although ``addopts`` (pyproject.toml) asks xdist for two workers:
     without xdist its two options are accepted here and mean nothing. ``-n 0`` is the other way to a serial run."""
+    parser.addoption("--quick", action="store_true", default=False,
+                     help="the everyday lane: leave out the scenarios (tests that run real processes: the browser "
+                          "pages, the Ray jobs, the measured memory sizes, the GPU-lease scripts' trainings) and the "
+                          "tests marked slow")
     if not pluginmanager.has_plugin("xdist"):
         parser.addoption("--numprocesses", dest="numprocesses", default=None, help="(xdist is off: ignored)")
         parser.addoption("--dist", dest="dist", default="no", help="(xdist is off: ignored)")
 
 
 def pytest_configure(config):
+    _CONFIG[:] = [config]
     # xdist would hand out the groups largest first by their count of tests; the order below (by seconds) is better.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
@@ -66,6 +72,9 @@ HEAVY_FIRST = ("ray-cluster", "browser", "memory")
 # The modules whose tests each measure a subprocess's peak memory over a model at its largest allowed size (up to a
 # few GB each): one group, so two of them never run at once on a CI machine's memory
 MEMORY_MODULES = ("test_costs", "test_layout_memory", "test_checkpointed_states")
+# The modules whose every test runs a real process as its scenario (beside the browser and Ray modules): the
+# GPU-lease scripts' trainings and the measured peaks
+SCENARIO_MODULES = (*MEMORY_MODULES, "test_gpu_lease_scripts")
 RAY_TIMEOUT_S = 480  # the deadline of a test on the Ray cluster (pyproject.toml's timeout is every other test's)
 
 
@@ -100,6 +109,19 @@ def _shares_fixtures(item) -> bool:
                                     for defs in info.name2fixturedefs.values())
 
 
+def scenario(item) -> bool:
+    """Whether a test is a scenario: it drives Chromium, runs a job on the Ray cluster, measures a process's peak
+    memory, runs a GPU lease's training, or needs a GPU. The everyday lane (``--quick``) leaves them out."""
+    if item.get_closest_marker("browser") is not None or item.get_closest_marker("cuda") is not None:
+        return True
+    return "ray_cluster" in item.fixturenames or item.module.__name__.rpartition(".")[2] in SCENARIO_MODULES
+
+
+def quick(item) -> bool:
+    """Whether a test is in the everyday lane (``pytest --quick``): neither a scenario nor marked slow."""
+    return not scenario(item) and item.get_closest_marker("slow") is None
+
+
 def _slow(items) -> bool:
     return any(item.get_closest_marker("slow") is not None for item in items)
 
@@ -125,6 +147,13 @@ def pytest_collection_modifyitems(config, items):
     fixtures stay on one worker (app servers and models are built once; any other test is spread, ``_item_group``),
     the modules on the Ray cluster share one worker and so one cluster, the browser modules another, the memory
     modules a third, and those three groups start first (``HEAVY_FIRST``), then the slow tests."""
+    for item in items:
+        if scenario(item):
+            item.add_marker(pytest.mark.scenario)
+    if getattr(config.option, "quick", False):
+        kept = [item for item in items if quick(item)]
+        config.hook.pytest_deselected(items=[item for item in items if not quick(item)])
+        items[:] = kept
     if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out the groups in this order
         modules: dict = {}
         for item in items:
@@ -212,6 +241,113 @@ def pytest_runtest_protocol(item, nextitem):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(path, "a") as out:
             out.write(f"{worker} {os.getpid()} {began:.2f} {time.time():.2f} {item.nodeid}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The lanes' budget (tests/lanes.py): each test's CPU, the engine modules the lane imported, judged at the end.
+
+_CPU_AT = pytest.StashKey[float]()
+_BUDGET = pytest.StashKey[dict]()
+
+
+def _cpu_now() -> float:
+    """This process's CPU seconds, its threads' and its ended children's included."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT] = _cpu_now()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test's CPU, setup to teardown, goes with its teardown's report (``cpu_s``) to the process that judges it."""
+    yield
+    if _CPU_AT in item.stash:
+        item.user_properties.append(("cpu_s", _cpu_now() - item.stash[_CPU_AT]))
+
+
+def _budget(config) -> dict:
+    return config.stash.setdefault(_BUDGET, {"cpu": [], "imported": set(), "files": set(), "problems": []})
+
+
+def _whole(config) -> bool:
+    """Whether this run is the whole suite (or, under ``--quick``, the whole lane): no paths, ``-k``, ``-m``,
+    ``--lf`` or ``--deselect`` narrowing it."""
+    option = config.option
+    if option.keyword or option.markexpr or getattr(option, "lf", False) or getattr(option, "deselect", None):
+        return False
+    tests = Path(__file__).resolve().parent
+    return [Path(a).resolve() for a in config.args] == [tests]
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        cpu = dict(report.user_properties).get("cpu_s")
+        if cpu is not None and _CONFIG:
+            _budget(_CONFIG[0])["cpu"].append(cpu)
+
+
+_CONFIG: list = []  # the running config, for pytest_runtest_logreport (which is given no config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """An xdist worker's engine modules imported and test files run, for the lane's check (``pytest_sessionfinish``)."""
+    output = getattr(node, "workeroutput", {})
+    budget = _budget(node.config)
+    budget["imported"] |= set(output.get("engine_imported", ()))
+    budget["files"] |= set(output.get("lane_files", ()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A worker hands the controller what the lane's check needs; the controller (or a serial run) judges the lanes'
+    budget (tests/lanes.py) and fails a run past it."""
+    import lanes
+
+    config = session.config
+    quick = config.getoption("quick")
+    if hasattr(config, "workerinput"):
+        if quick:
+            config.workeroutput["engine_imported"] = sorted(lanes.imported_engine_modules())
+            config.workeroutput["lane_files"] = sorted({str(item.path) for item in session.items})
+        return
+    if exitstatus != 0 or not _whole(config):
+        return
+    budget = _budget(config)
+    if quick:
+        if not hasattr(config, "workerinput") and not budget["files"]:  # a serial run: this process ran the lane
+            budget["imported"] |= lanes.imported_engine_modules()
+            budget["files"] |= {str(item.path) for item in session.items}
+        count_problem = lanes.lane_count_problem(session.testscollected)
+        missing = lanes.untouched(budget["imported"], {Path(f) for f in budget["files"]})
+        if missing:
+            budget["problems"].append(f"the everyday lane reaches none of these engine modules (give each a fast "
+                                      f"test, or import it where a fast test runs it): {', '.join(missing)}")
+        if count_problem:
+            budget["problems"].append(count_problem)
+    else:
+        median_problem = lanes.median_cpu_problem(budget["cpu"])
+        if median_problem:
+            budget["problems"].append(median_problem)
+    if budget["problems"]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    budget = config.stash.get(_BUDGET, None)
+    if budget and budget["cpu"] and not hasattr(config, "workerinput"):
+        import statistics
+
+        terminalreporter.write_line(f"per-test CPU: median {statistics.median(budget['cpu']):.3f} s over "
+                                    f"{len(budget['cpu'])} tests (tests/lanes.py's budget)")
+    for problem in (budget or {}).get("problems", ()):
+        terminalreporter.write_line(f"LANE BUDGET FAILED: {problem}", red=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -138,7 +138,7 @@ def test_a_worker_hands_out_the_ray_browser_and_memory_chains_first_then_the_slo
     items = [_Collected(quick, "test_a"), _Collected(app, "test_b", slow=True), _Collected(costs, "test_c", slow=True),
              _Collected(costs, "test_d"), _Collected(browser, "test_e"), _Collected(quick, "test_f"),
              _Collected(ray, "test_g", "ray_cluster"), _Collected(ray, "test_h")]
-    worker = type("Config", (), {"workerinput": {}})()
+    worker = type("Config", (), {"workerinput": {}, "option": type("Option", (), {"quick": False})()})()
     conftest.pytest_collection_modifyitems(worker, items)
     assert [item.nodeid.rpartition("::")[2] for item in items] == [
         "test_g", "test_h", "test_e", "test_c", "test_d", "test_b", "test_a", "test_f"]

@@ -1,0 +1,110 @@
+"""The suite's two lanes (issue 112): the everyday lane (``pytest --quick``) leaves out every scenario and slow test,
+reaches every module of the engine, and stays within its budget; the whole suite's median test stays cheap."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lanes
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+class _Module:
+    def __init__(self, name: str, *marks: str):
+        self.__name__ = f"tests.{name}"
+        self.pytestmark = [getattr(pytest.mark, mark) for mark in marks]
+
+
+class _Item:
+    def __init__(self, module: _Module, name: str, *fixtures: str, marks: tuple[str, ...] = ()):
+        self.module, self.nodeid, self.fixturenames = module, f"{module.__name__}.py::{name}", list(fixtures)
+        self.markers = [getattr(pytest.mark, mark).mark for mark in marks]
+        self.markers += [mark.mark for mark in module.pytestmark]
+        self.keywords = {m.name: True for m in self.markers}
+
+    def get_closest_marker(self, name):
+        return next((m for m in self.markers if m.name == name), None)
+
+    def add_marker(self, mark):
+        self.markers.append(mark.mark)
+
+
+class _Hook:
+    def __init__(self):
+        self.deselected = []
+
+    def pytest_deselected(self, items):
+        self.deselected += items
+
+
+def _config(quick: bool):
+    return type("Config", (), {"option": type("Option", (), {"quick": quick})(), "hook": _Hook()})()
+
+
+def _items():
+    plain, browser = _Module("test_plain"), _Module("test_browser_page", "browser")
+    return [_Item(plain, "test_fast"), _Item(plain, "test_slow", marks=("slow",)),
+            _Item(plain, "test_gpu", marks=("cuda",)), _Item(browser, "test_click"),
+            _Item(plain, "test_ray_job", "ray_cluster"), _Item(_Module("test_costs"), "test_peak"),
+            _Item(_Module("test_gpu_lease_scripts"), "test_training")]
+
+
+def test_the_quick_lane_keeps_only_the_tests_that_are_neither_scenarios_nor_slow():
+    import conftest
+
+    items, config = _items(), _config(quick=True)
+    conftest.pytest_collection_modifyitems(config, items)
+    assert [item.nodeid.rpartition("::")[2] for item in items] == ["test_fast"]
+    assert sorted(item.nodeid.rpartition("::")[2] for item in config.hook.deselected) == [
+        "test_click", "test_gpu", "test_peak", "test_ray_job", "test_slow", "test_training"]
+
+
+def test_the_whole_suite_keeps_every_test_and_marks_the_scenarios():
+    import conftest
+
+    items = _items()
+    conftest.pytest_collection_modifyitems(_config(quick=False), items)
+    assert len(items) == 7  # -m scenario selects the ones that run a real process
+    assert [item.nodeid.rpartition("::")[2] for item in items if item.get_closest_marker("scenario")] == [
+        "test_gpu", "test_click", "test_ray_job", "test_peak", "test_training"]
+
+
+def test_a_module_the_lane_never_imports_is_named():
+    modules = lanes.engine_modules()
+    imported = {name for name, path in modules.items() if path.name != "__init__.py"}
+    # every page script is named by some test module, by its path or by its folder and file name
+    named = REPOSITORY / "tests" / "test_app.py", REPOSITORY / "tests" / "test_training_page.py"
+    everything = {*named, *(REPOSITORY / "tests").glob("test_*.py")}
+    assert lanes.untouched(imported, everything) == []
+    assert lanes.untouched(imported - {"vit.core.clips"}, everything) == ["vit.core.clips"]
+    # a page script Streamlit executes is never imported: the lane must name it
+    assert lanes.untouched(imported, set()) == sorted(str(p.relative_to(REPOSITORY)) for p in lanes.page_scripts())
+
+
+def test_the_budget_fails_a_lane_that_grew_or_a_suite_whose_median_test_grew():
+    assert lanes.lane_count_problem(lanes.LANE_MAX_TESTS) is None
+    assert "past its budget" in lanes.lane_count_problem(lanes.LANE_MAX_TESTS + 1)
+    cheap = [0.01] * lanes.MEDIAN_MIN_TESTS
+    assert lanes.median_cpu_problem(cheap) is None
+    costly = [lanes.MEDIAN_CPU_MAX_S * 2] * lanes.MEDIAN_MIN_TESTS
+    assert "median test took" in lanes.median_cpu_problem(costly)
+    assert lanes.median_cpu_problem(costly[:10]) is None  # a selection of tests is not the suite
+
+
+@pytest.mark.slow
+def test_the_everyday_lane_is_within_its_budget_and_holds_no_scenario_or_slow_test():
+    def collected(*args: str) -> set[str]:
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *args],
+                              cwd=REPOSITORY, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return {line for line in done.stdout.splitlines() if "::" in line}
+
+    lane, heavy = collected("--quick"), collected("-m", "scenario or slow")
+    assert not lane & heavy
+    assert 1000 < len(lane) <= lanes.LANE_MAX_TESTS
+    # what the lane leaves out is a third of the suite or less: the scenarios and the slow tests, nothing else
+    assert all("test_browser_" not in test for test in lane)
