@@ -199,6 +199,54 @@ def wall_report(spans: dict[int, list[tuple[float, float, str]]], top: int) -> l
     return lines
 
 
+LONG_CPU_S = 10.0  # a test past this many seconds of CPU is named with why it must be that long (issue 112)
+
+
+def test_id(node: str) -> str:
+    """A timeline's test id without xdist's ``@group`` suffix (the id ``--collect-only`` prints)."""
+    return node.rsplit("@", 1)[0] if "@" in node.rpartition("::")[2] else node
+
+
+def lane_ids(args: list[str] | None = None) -> set[str]:
+    """The ids of the tests the everyday lane runs (``pytest --quick``), collected without running them."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "--quick",
+                           *(args or [])], cwd=ROOT, capture_output=True, text=True)
+    return {line.strip() for line in done.stdout.splitlines() if "::" in line}
+
+
+def why_long(test: str) -> str:
+    """Why a test takes long, in its own words: its docstring's first sentence, else its module's (read from the
+    source, nothing imported); the docstring is where a costly test must say why it cannot be cheaper."""
+    import ast
+
+    path, _, name = test.partition("::")
+    function = name.split("[")[0].split("::")[-1]
+    try:
+        tree = ast.parse((ROOT / path).read_text())
+    except (OSError, SyntaxError):
+        return "(its file cannot be read)"
+    said = next((ast.get_docstring(node) for node in ast.walk(tree)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function), None)
+    said = said or ast.get_docstring(tree) or "(no docstring: say there why it must be this long)"
+    first = " ".join(said.split())
+    return first.split(". ")[0].rstrip(".")[:200]
+
+
+def lanes_report(by_test, lane: set[str]) -> list[str]:
+    """The everyday lane's and the whole run's tests and CPU, then every test past ``LONG_CPU_S`` with its why."""
+    tests = {test: spent for test, spent in by_test.items() if "::" in test}
+    in_lane = {test: spent for test, spent in tests.items() if test_id(test) in lane}
+    lines = ["", "| lane | tests | CPU s (the tests' own) |", "|---|---:|---:|",
+             f"| everyday (`pytest --quick`) | {len(in_lane)} | {sum(in_lane.values()):.0f} |",
+             f"| this run | {len(tests)} | {sum(tests.values()):.0f} |"]
+    long = sorted(((spent, test) for test, spent in tests.items() if spent > LONG_CPU_S), reverse=True)
+    lines += ["", f"| test over {LONG_CPU_S:.0f} s of CPU | CPU s | lane | why it must be that long |",
+              "|---|---:|---|---|"]
+    lines += [f"| {test_id(test)} | {spent:.1f} | {'everyday' if test_id(test) in lane else 'whole'} | "
+              f"{why_long(test_id(test)).replace('|', '/')} |" for spent, test in long]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the report (Markdown tables)")
@@ -221,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.time() - began
         by_test, by_kind, unowned = attribute(rows, read_timeline(timeline), baseline)
     lines = report(by_test, by_kind, wall, args.pytest_args, args.top, unowned, started(rows, baseline))
+    lines += lanes_report(by_test, lane_ids())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:40]))

@@ -82,3 +82,17 @@ def test_busy_child():
         pytest.skip("run by test_a_run_reports_the_cpu_of_a_test_that_starts_a_busy_process")
     subprocess.run([sys.executable, "-c", "import time\nend = time.process_time() + 2\n"
                     "while time.process_time() < end: pass"], check=True)
+
+
+def test_the_profile_gives_the_lanes_totals_and_names_each_long_test_with_its_own_why():
+    """Issue 112: the everyday lane's and the whole run's CPU, and every test past 10 s with its docstring's why."""
+    lane_test = "tests/test_suite_cpu.py::test_a_descendants_cpu_is_its_workers_test_at_that_time"
+    long_test = ("tests/test_suite_cpu.py::"
+                 "test_the_profile_gives_the_lanes_totals_and_names_each_long_test_with_its_own_why")
+    by_test = {lane_test: 1.5, f"{long_test}@some-group": 12.0, "(no worker)": 99.0}
+    lines = suite_cpu.lanes_report(by_test, lane={lane_test})
+    assert "| everyday (`pytest --quick`) | 1 | 2 |" in lines and "| this run | 2 | 14 |" in lines
+    named = [line for line in lines if line.startswith(f"| {long_test} |")]
+    assert named == [f"| {long_test} | 12.0 | whole | Issue 112: the everyday lane's and the whole run's CPU, and "
+                     "every test past 10 s with its docstring's why |"]
+    assert not any(line.startswith(f"| {lane_test}") for line in lines)  # 1.5 s: not a long test
