@@ -462,7 +462,16 @@ def test_the_site_builds_strict_with_every_page_and_no_broken_internal_link(tmp_
 def test_every_readme_code_block_is_one_these_tests_run_or_check():
     # CPU wheels (test_packaging's pins), the app and the test command, the command line, the notebook, the
     # citation: a new block needs its test here.
-    assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "python", "bash", "bibtex"]
+    assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "bash", "python", "bash", "bibtex"]
+
+
+def test_the_readme_gives_the_everyday_lane_on_the_test_commands_venv():
+    # Issue 112: both lanes in the README; the lane is the option tests/conftest.py defines (test_lanes.py holds
+    # what it leaves out), run with the venv the README's test command made.
+    lane = [body.strip() for lang, body in FENCE.findall(README) if "--quick" in body]
+    assert lane == [".venv/bin/python -m pytest --quick"]
+    assert 'addoption("--quick"' in (ROOT / "tests" / "conftest.py").read_text()
+    assert ".venv/bin/python -m pytest --quick" in (ROOT / "CONTRIBUTING.md").read_text()
 
 
 # -- every page reads in short paragraphs, with no raw HTML (issue 116, item 8) ---------------------------------------
