@@ -23,7 +23,7 @@ from peak_memory import ALLOCATOR_SLACK, can_reset_the_peak, run_measured
 from PIL import Image
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import picture, saved_whole  # noqa: E402
+from test_vlm_answer import NEW_TOKENS, QUESTION, picture, saved_whole  # noqa: E402
 
 import vit  # noqa: E402
 from vit.costs import processors  # noqa: E402
@@ -229,3 +229,38 @@ def test_a_clip_processors_most_over_a_clip_is_bounded_but_a_published_one_opens
     with pytest.raises(VLMError, match=r"resizes a clip to up to 900,000,000 pixels \(max_pixels\), 1,147,959 image "
                                        r"tokens; at most 1,048,576 \(a clip's 64 frames at an image's most\)"):
         vit.open_vlm(with_video_size(qwen, tmp_path / "huge", shortest_edge=12544, longest_edge=900_000_000))
+
+
+# --- a short clip's frames, each once -------------------------------------------------------------------------------
+
+FOUR = [picture(90, 70), picture(90, 70).rotate(3), picture(90, 70).transpose(0), picture(90, 70).transpose(1)]
+
+
+def test_a_clip_shorter_than_the_frames_asked_is_read_once_each_as_transformers_reads_it(qwen):
+    """``ask_vlm(video=<4 frames>, fps=2)`` at its default 8 frames: the 4 frames, each once (2 slices of Qwen's 2
+    frames), and the answer is transformers' greedy ``generate`` on the frames given with their times; read twice
+    each ([0, 0, 1, 1, ...], 4 slices) the prompt and the answer differ."""
+    answer = vit.ask_vlm(vit.open_vlm(qwen), video=FOUR, question=QUESTION, fps=2, max_new_tokens=NEW_TOKENS)
+    processor = transformers.AutoProcessor.from_pretrained(qwen)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    timed = dict(total_num_frames=4, fps=2.0, duration=2.0, frames_indices=[0, 1, 2, 3])
+    inputs = processor(videos=[np.stack([np.asarray(f) for f in FOUR])], text=text, return_tensors="pt",
+                       do_sample_frames=False, video_metadata=[timed])
+    assert len(answer.layouts) == 2 and torch.equal(answer._source[1].inputs["input_ids"], inputs["input_ids"])
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(qwen).eval()
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert list(answer.tokens) == out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_a_short_gif_or_list_gives_each_frame_once_for_a_vlm_and_repeats_for_a_video_model():
+    """A VLM's clip (``once``) takes each of a short clip's frames once; a video model's takes its own frame count,
+    repeating (transformers' ``sample_frames`` for VideoMAE)."""
+    from vit.core.clips import read_clip, read_clip_bytes
+
+    data = gif(FOUR)
+    assert read_clip_bytes(data, "clip.gif", 8, once=True).indices == [0, 1, 2, 3]
+    assert read_clip(FOUR, 8, once=True).indices == [0, 1, 2, 3]
+    assert read_clip_bytes(data, "clip.gif", 8).indices == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert read_clip_bytes(data, "clip.gif", 3, once=True).indices == [0, 1, 2]  # a longer clip: sampled as before
