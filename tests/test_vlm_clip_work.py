@@ -166,6 +166,7 @@ def test_a_video_processors_least_pixels_are_counted_before_it_grows_a_small_cli
     assert out["grown"] <= 16 * MB, out["grown"] / MB
 
 
+@needs_peak
 def test_the_count_holds_what_the_video_processor_holds(qwen):
     """The count is not vacuous: measured in a fresh process, the frames decoded (PIL) and everything the answer's
     preparation of them holds (the stack, the processor's copies and output) stay under ``processor_bytes``, and
