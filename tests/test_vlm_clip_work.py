@@ -99,6 +99,21 @@ def test_a_longest_edge_alone_or_no_size_is_counted_by_hand():
     assert processors.resized_sides({}, 300, 900) == (300, 900)
 
 
+def test_a_clips_refusal_names_as_many_frames_as_fit(qwen, monkeypatch):
+    """The frames the one-line refusal names fit the bound, and one more does not."""
+    import re
+
+    videos = transformers.AutoProcessor.from_pretrained(qwen).video_processor
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(LIMIT_MB))
+    with pytest.raises(processors.TooManyTokens, match=r"^12 frames of 1,024x1,024 px .* ask about at most \d+ of "
+                                                       r"its frames, or a smaller clip$") as refusal:
+        processors.check_processor(videos, [(1024, 1024)] * 12, video=True)
+    fits = int(re.search(r"at most (\d+) of its frames", str(refusal.value)).group(1))
+    processors.check_processor(videos, [(1024, 1024)] * fits, video=True)
+    with pytest.raises(processors.TooManyTokens):
+        processors.check_processor(videos, [(1024, 1024)] * (fits + 1), video=True)
+
+
 # --- measured in a fresh process -------------------------------------------------------------------------------------
 
 WORKER = r'''

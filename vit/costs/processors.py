@@ -101,8 +101,8 @@ def check_processor(processor, sizes: Sequence[tuple[int, int]], video: bool) ->
         width, height = max(w for w, _ in sizes), max(h for _, h in sizes)
         fits = next((n for n in range(len(sizes) - 1, 0, -1)
                      if processor_bytes(processor, [(width, height)] * n, True) <= limit), 0)
-        advice = (f"ask about at most {fits} frame{'s' if fits > 1 else ''} of it (frames=), or a smaller clip" if fits
-                  else "give a smaller clip")
+        # "Clip frames" in the explorer, frames= in the API
+        advice = f"ask about at most {fits} of its frames, or a smaller clip" if fits else "give a smaller clip"
         raise TooManyTokens(f"{len(sizes)} frames of {width:,}x{height:,} px through {what} would hold about "
                             f"{need / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB limit "
                             f"({ANALYSIS_MEMORY_ENV}); {advice}")
