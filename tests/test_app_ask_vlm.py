@@ -627,6 +627,27 @@ def test_a_question_about_a_clip_draws_each_tokens_map_on_the_picked_slice_and_t
         "A question is about images or a clip, not both: remove the more images or the clip."]
 
 
+def test_a_clip_shorter_than_its_frames_is_read_with_each_frame_once(folders, tmp_path):
+    """A 4-frame GIF at the default 8 "Clip frames" (issue 113): its 4 frames each once, Qwen's 2 slices of 2, the
+    answer ``vit.ask_vlm``'s about the same file (itself transformers' ``generate`` on the frames given, in
+    test_vlm_clip_work); read with its frames repeated it was 4 slices."""
+    from test_vlm_clip import FRAMES
+
+    folder, data = folders["qwen2_5_vl"], gif(FRAMES)
+    (tmp_path / "clip.gif").write_bytes(data)
+    answer = vit.ask_vlm(vit.open_vlm(folder), video=tmp_path / "clip.gif", question=QUESTION, max_new_tokens=LENGTH)
+    at = open_folder(folder)
+    [clip] = [w for w in at.main.file_uploader if w.label == "Or a clip to ask about instead (optional)"]
+    clip.set_value(("clip.gif", data, "image/gif"))
+    at.run()
+    [frames] = [w for w in at.main.number_input if w.label == "Clip frames"]
+    assert frames.value == 8
+    ask(at, QUESTION)
+    assert [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")] == [f"Answer: {answer.text}"]
+    [when] = [w for w in at.main.select_slider if w.label == "Slice of the clip"]
+    assert [displayed(o) for o in when.options] == ["frames 1–2", "frames 3–4"] and len(answer.layouts) == 2
+
+
 def test_a_link_to_a_clip_past_its_slices_or_gone_from_the_server_says_so(folders):
     from vit.app.share import decode
 

@@ -196,7 +196,7 @@ def _clip() -> tuple[SampledClip, str, str] | None:
                                   "processor samples none): each is a tower's view and its tokens in the prompt.")
     name = found.name or "the clip"
     try:
-        return sampled_clip(digest, name, found.data, int(wanted)), name, digest
+        return sampled_clip(digest, name, found.data, int(wanted), once=True), name, digest  # a short one's frames once
     except ImageError as e:  # ClipError: not a clip, too large, too few frames
         st.error(f"Cannot use {escape_markdown(visible(name))}: {_one_line(e)}")
         return None

@@ -237,8 +237,9 @@ def upload_store() -> UploadStore:
     return UploadStore()
 
 
-def sampled_clip(digest: str, name: str, data: bytes, wanted: int) -> SampledClip:
+def sampled_clip(digest: str, name: str, data: bytes, wanted: int, once: bool = False) -> SampledClip:
     """``wanted`` frames sampled from an uploaded clip (``read_clip_bytes``: ClipError, one line, for one it cannot
-    use), decoded once per (upload, frames) in the images' byte cache."""
+    use; ``once``: a shorter clip's frames each once, for a VLM), decoded once per (upload, frames) in the images'
+    byte cache."""
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
-        ("clip", digest, name, wanted), lambda: read_clip_bytes(data, name, wanted))
+        ("clip", digest, name, wanted, once), lambda: read_clip_bytes(data, name, wanted, once=once))

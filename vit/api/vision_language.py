@@ -247,11 +247,13 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
     about several images in order (each read in one view, or Qwen-VL's and GLM's grids), each answer token's map on
     each (``attention(i, layer, image=k)``, ``image_share(i, layer, image=k)``). ``video``: a question about a clip
     instead (a video file, a GIF, a folder of frames or a list of PIL images; ``frames`` sampled uniformly, as the
-    explorer's clips are; a video file's frames keep their times, which the processor writes into the prompt), for
-    the families ``vlm_layouts.CLIP_FAMILIES`` names (Qwen2-VL to Qwen3.5, GLM-4.1V, LLaVA-NeXT-Video and
-    OneVision, InternVL, SmolVLM, Molmo 2): each temporal slice's map (``attention(i, layer, image=k)``, Qwen's and
-    GLM's slices two frames deep). ``fps``: the frames per second of a clip whose file does not say (a folder, a zip
-    or a list of frames), so its frames keep their times too; a video file's own rate is not overridden."""
+    explorer's clips are, a shorter clip's frames each once, never repeated; a video file's frames keep their times,
+    which the processor writes into the prompt), for the families ``vlm_layouts.CLIP_FAMILIES`` names (Qwen2-VL to
+    Qwen3.5, GLM-4.1V, LLaVA-NeXT-Video and OneVision, InternVL, SmolVLM, Molmo 2): each temporal slice's map
+    (``attention(i, layer, image=k)``, Qwen's and GLM's slices two frames deep). ``fps``: the frames per second of a
+    clip whose file does not say (a folder, a zip or a list of frames), so its frames keep their times too; a video
+    file's own rate is not overridden. What the processor makes of the frames is counted before it runs
+    (``vit.costs.processors``)."""
     from vit.core.clips import read_clip
     from vit.explain.language.vlm_answer import MAX_CLIP_FRAMES, MAX_IMAGES, answer
 
@@ -263,7 +265,8 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
         if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float))
                                 or not 0 < fps <= MAX_FPS):
             raise ValueError(f"fps must be a number of frames a second above 0 and at most {MAX_FPS}, got {fps!r}")
-        clip = read_clip(video, frames)  # with a video's times, which the model's prompt may write
+        # with a video's times, which the model's prompt may write; a shorter clip's frames each once, never repeated
+        clip = read_clip(video, frames, once=True)
         if fps is not None and clip.fps:
             raise ValueError(f"this clip's file gives its own rate ({clip.fps:g} frames a second); fps= is for a "
                              "folder, a zip or a list of frames")

@@ -24,7 +24,9 @@ sampled, and converting the sampled frames alone to RGB (``bench/bench_video_dec
 decode of every frame.
 
 Sampling is transformers' ``BaseVideoProcessor.sample_frames``: ``arange(0, n, n / num_frames)`` truncated, so a
-clip of ``n`` frames is sampled uniformly from its first frame, and one shorter than ``num_frames`` repeats frames;
+clip of ``n`` frames is sampled uniformly from its first frame, and one shorter than ``num_frames`` repeats frames
+for a video model (its frame count is its own) but gives each frame once for a VLM (``once``: its processor reads the
+frames it is given, and transformers' own sampler never repeats one);
 with ``ends``, ``PeVideoVideoProcessor.sample_frames``'s: ``int(i * (n - 1) / (num_frames - 1))``, its first and last
 frame among them.
 """
@@ -106,11 +108,16 @@ def _rate(stamps: list[int], stream) -> float | None:
     return float(rate) if rate else None
 
 
-def sample_indices(frames: int, wanted: int, ends: bool = False) -> list[int]:
+def sample_indices(frames: int, wanted: int, ends: bool = False, once: bool = False) -> list[int]:
     """``wanted`` frame indices spread uniformly over a clip of ``frames`` (transformers' ``sample_frames``); with
-    ``ends`` from its first frame to its last (``PeVideoVideoProcessor.sample_frames``; one frame: the first)."""
+    ``ends`` from its first frame to its last (``PeVideoVideoProcessor.sample_frames``; one frame: the first). A clip
+    shorter than ``wanted`` repeats frames for a video model, whose frame count is its own; with ``once`` (a VLM's
+    processor, which reads the frames it is given) it gives each of its frames once instead, as transformers' own
+    sampler never repeats one."""
     if frames < 1 or wanted < 1:
         raise ClipError(f"a clip of {frames} frames cannot give {wanted}")
+    if once:
+        wanted = min(wanted, frames)
     if ends:
         return [int(i * (frames - 1) / (wanted - 1)) if wanted > 1 else 0 for i in range(wanted)]
     return torch.arange(0, frames, frames / wanted).int()[:wanted].tolist()
@@ -173,12 +180,12 @@ def _frame(source: Path | bytes, name: str) -> Image.Image:
         raise ClipError(str(e)) from None
 
 
-def _folder_frames(folder: Path, wanted: int, ends: bool = False) -> SampledClip:
+def _folder_frames(folder: Path, wanted: int, ends: bool = False, once: bool = False) -> SampledClip:
     files = sorted((p for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES and p.is_file()),
                    key=lambda p: _natural(p.name))
     if not files:
         raise ClipError(f"{folder} holds no frames ({', '.join(FRAME_SUFFIXES)}); give a folder of images")
-    indices = sample_indices(len(files), wanted, ends)
+    indices = sample_indices(len(files), wanted, ends, once)
     chosen = [files[i] for i in indices]
     with _opened(chosen[0], str(chosen[0]), "") as first:  # the header alone
         width, height = first.size
@@ -243,7 +250,7 @@ def _gif_canvases(file: BinaryIO, name: str) -> list[tuple[int, int]] | None:
     return canvases
 
 
-def _gif_frames(file: BinaryIO, wanted: int, name: str, ends: bool = False) -> SampledClip:
+def _gif_frames(file: BinaryIO, wanted: int, name: str, ends: bool = False, once: bool = False) -> SampledClip:
     """``wanted`` frames of an animated GIF (or any image PIL reads, one frame or many: APNG, WebP, TIFF): each
     frame's size checked before it is decoded, a GIF's from its image descriptors before PIL opens it."""
     canvases = _gif_canvases(file, name)
@@ -252,7 +259,7 @@ def _gif_frames(file: BinaryIO, wanted: int, name: str, ends: bool = False) -> S
         _check_size(name, len(canvases), *canvases[0], 1)
     with _opened(file, name) as image:
         frames = len(canvases) if canvases else getattr(image, "n_frames", 1)
-        indices = sample_indices(frames, wanted, ends)
+        indices = sample_indices(frames, wanted, ends, once)
         last, sampled = max(indices), len(set(indices))
         # GIF frames are deltas: reaching the last sampled one decodes each before it, so all of those count, each at
         # the canvas PIL has widened to by then (it only grows): the last one's
@@ -522,7 +529,8 @@ def _decode_share(source: Path | bytes, targets: list[int], keys: list[int], see
         return _decode_sampled(container, stream, targets, keys, seeks, references, name, width, height)
 
 
-def _video_frames(source: Path | bytes, wanted: int, name: str, ends: bool = False) -> SampledClip:
+def _video_frames(source: Path | bytes, wanted: int, name: str, ends: bool = False, once: bool = False
+                  ) -> SampledClip:
     """``wanted`` frames of a video file or its bytes, through PyAV; its declared size checked before its packets
     are read and its frame count again before any frame is decoded. Keyframe intervals that hold sampled frames are
     decoded at once on the process's cores, each decoder with FFmpeg's frame threads (PyAV lets go of the GIL)."""
@@ -548,7 +556,7 @@ def _video_frames(source: Path | bytes, wanted: int, name: str, ends: bool = Fal
         _check_size(name, declared, width, height, min(declared, wanted))  # the sampled frames, held as RGB
         try:
             stamps, keys, references, seeks, in_order = _frame_timestamps(container, stream, name, width, height)
-            indices = sample_indices(len(stamps), wanted, ends)
+            indices = sample_indices(len(stamps), wanted, ends, once)
             _check_size(name, len(stamps), width, height, len(set(indices)))
             if container.format.flags & TS_DISCONT or (in_order and context.reorder_depth > 0):
                 # MPEG-PS/TS (a seek lands near a keyframe, and their threaded decoders may misname a frame's
@@ -576,32 +584,34 @@ def _video_frames(source: Path | bytes, wanted: int, name: str, ends: bool = Fal
     return SampledClip([frames[stamps[i]] for i in indices], indices, len(stamps), fps)
 
 
-def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int, ends: bool = False) -> SampledClip:
+def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int, ends: bool = False, once: bool = False
+              ) -> SampledClip:
     """``wanted`` RGB frames sampled uniformly from a video file (MP4, WebM, MKV, MOV, AVI, MPEG), a GIF, a folder of
-    frames, or a list of PIL images (``ends``: its first and last frame among them, as PE video's processor samples);
-    ClipError (one line) for anything else, or a clip past the bounds, before its frames are decoded."""
+    frames, or a list of PIL images (``ends``: its first and last frame among them, as PE video's processor samples;
+    ``once``: a clip shorter than ``wanted`` gives each of its frames once, for a VLM, not repeated); ClipError
+    (one line) for anything else, or a clip past the bounds, before its frames are decoded."""
     if isinstance(source, (list, tuple)):
         if not source or not all(isinstance(f, Image.Image) for f in source):
             raise ClipError("a clip given as a list needs PIL images, at least one")
         _check_size("the clip", len(source), *source[0].size, len(source))
-        indices = sample_indices(len(source), wanted, ends)
+        indices = sample_indices(len(source), wanted, ends, once)
         return SampledClip([source[i].convert("RGB") for i in indices], indices, len(source))
     path = Path(source)
     if not path.exists():
         raise ClipError(f"{path}: no such file or folder")
     if path.is_dir():
-        return _folder_frames(path, wanted, ends)
+        return _folder_frames(path, wanted, ends, once)
     if path.suffix.lower() in VIDEO_SUFFIXES or _is_video(_head(path)):
-        return _video_frames(path, wanted, str(path), ends)
+        return _video_frames(path, wanted, str(path), ends, once)
     try:
         file = open(path, "rb")
     except OSError as e:
         raise ClipError(f"{path} cannot be read ({e.strerror or type(e).__name__})") from None
     with file:
-        return _gif_frames(file, wanted, str(path), ends)
+        return _gif_frames(file, wanted, str(path), ends, once)
 
 
-def _zip_frames(data: bytes, wanted: int, name: str, ends: bool = False) -> SampledClip:
+def _zip_frames(data: bytes, wanted: int, name: str, ends: bool = False, once: bool = False) -> SampledClip:
     """Frames from a zip's images, in natural order of their names, read in memory (nothing is extracted to disk);
     each sampled entry's declared size is checked before it is inflated, and its image header before it is decoded."""
     try:
@@ -617,7 +627,7 @@ def _zip_frames(data: bytes, wanted: int, name: str, ends: bool = False) -> Samp
         if len(entries) > MAX_FRAMES:
             raise ClipError(f"{name} holds {len(entries):,} frames (at most {MAX_FRAMES:,}); cut it shorter first")
         entries.sort(key=lambda info: _natural(info.filename))
-        indices = sample_indices(len(entries), wanted, ends)
+        indices = sample_indices(len(entries), wanted, ends, once)
         chosen = sorted(set(indices))
         inflated = sum(entries[i].file_size for i in chosen)  # as declared: zipfile stops reading an entry there
         if inflated > bounds.memory_limit():
@@ -641,17 +651,17 @@ def _zip_frames(data: bytes, wanted: int, name: str, ends: bool = False) -> Samp
     return SampledClip([frames[i] for i in indices], indices, len(entries))
 
 
-def read_clip_bytes(data: bytes, name: str, wanted: int, ends: bool = False) -> SampledClip:
+def read_clip_bytes(data: bytes, name: str, wanted: int, ends: bool = False, once: bool = False) -> SampledClip:
     """``read_clip`` for an upload: a video file, an animated GIF, or a zip of frames (``.zip``: its images in
     natural order of their names), held in memory (nothing written to disk); ``name`` names it in the one-line
-    ClipError."""
+    ClipError; ``ends`` and ``once`` as ``read_clip`` takes them."""
     if not data:
         raise ClipError(f"{name} is empty (0 bytes); give a video, an animated GIF or a zip of frames")
     if name.lower().endswith(".zip") or data[:4] == b"PK\x03\x04":
-        return _zip_frames(data, wanted, name, ends)
+        return _zip_frames(data, wanted, name, ends, once)
     if PurePosixPath(name).suffix.lower() in VIDEO_SUFFIXES or _is_video(data):
-        return _video_frames(data, wanted, name, ends)
-    return _gif_frames(io.BytesIO(data), wanted, name, ends)
+        return _video_frames(data, wanted, name, ends, once)
+    return _gif_frames(io.BytesIO(data), wanted, name, ends, once)
 
 
 def clip_pixels(frames: Sequence[Image.Image], preprocessing: Preprocessing) -> torch.Tensor:

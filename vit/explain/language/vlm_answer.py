@@ -37,6 +37,7 @@ from PIL import Image
 
 from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
+from vit.costs.processors import check_processor
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
 from vit.explain.language.vlm_layouts import (
     CLIP_FAMILIES,
@@ -203,6 +204,8 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
             times = "once" if len(images) == 1 else f"{len(images)} times (once per image)"
             raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} {times}, got "
                              f"{text.count(placeholder)}")
+    # what the processor makes of these images, counted before it touches them
+    check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
     return _in_model_dtype(vlm, processor(images=images, text=text, return_tensors="pt"))
 
 
@@ -223,6 +226,8 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metad
     if not getattr(vlm.processor, "chat_template", None):
         raise ValueError(f"{vlm.folder}'s processor has no chat template to ask about a clip with")
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+    # what the processor makes of these frames, counted before they are stacked and it touches them
+    check_processor(getattr(vlm.processor, "video_processor", None), [frame.size for frame in frames], video=True)
     text = render(vlm.processor, messages)
     video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
     timing = {"video_metadata": [dict(metadata)]} if metadata else {}

@@ -24,6 +24,9 @@ MAX_TEXT_LAYERS = 256  # the largest published language models have 126 (Llama 3
 MAX_TILES = 64  # tiles or crops of one image: InternVL's max_patches is 12 (40 at most), OneVision's canvas 6 x 6
 MAX_IMAGE_TOKENS = 4096  # tokens of one view: PaliGemma at 896 px has 4,096, LLaVA at 336 px 576, InternVL 256
 MAX_MERGED_TOKENS = 16_384  # Qwen2.5-VL's max_pixels (12,845,056) and Qwen3-VL's are 16,384 merge units
+# A video processor's most over a clip: its 64 frames (``vlm_layouts.MAX_CLIP_FRAMES``) at an image's most (Qwen3-VL's
+# published video_preprocessor_config.json says 24,576 units, GLM-4.1V's 60,000)
+MAX_CLIP_MERGED_TOKENS = 64 * MAX_MERGED_TOKENS
 MAX_PINPOINTS = 256  # LLaVA-NeXT's canvases (5 for 1.6, 36 for OneVision)
 # The folder's files transformers reads besides the weights and the tokenizer: each a few kB in published models
 SMALL_FILES = ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
@@ -265,10 +268,11 @@ def _generation_problem(folder: Path) -> str | None:
 
 
 def _processor_settings(folder: Path) -> dict:
-    """The processor's settings as saved: processor_config.json (its image processor nested, transformers 5) and
-    preprocessor_config.json (the image processor alone, as older folders keep it)."""
+    """The processor's settings as saved: processor_config.json (its image and video processors nested,
+    transformers 5), preprocessor_config.json (the image processor alone, as older folders keep it) and
+    video_preprocessor_config.json (the video processor alone)."""
     settings = {}
-    for name in ("processor_config.json", "preprocessor_config.json"):
+    for name in ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json"):
         if (folder / name).is_file():
             settings[name] = read_json(folder / name)
     return settings
@@ -295,7 +299,7 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
                     return f"its {name} sets {path} {pinpoints}"
         if name == "config.json":
             continue
-        resize = _resize_problem(settings)
+        resize = _resize_problem(settings, video=name.startswith("video"))
         if resize:
             return f"its {name} {resize}"
         for path, key, value in _walk(settings):
@@ -306,27 +310,33 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
     return None
 
 
-def _resize_problem(settings: Mapping) -> str | None:
-    """Qwen-VL's processors resize every image to between ``min_pixels`` and ``max_pixels`` (transformers 5 saves
-    them as ``size.shortest_edge`` and ``size.longest_edge``): more than ``MAX_IMAGE_TOKENS`` merge units at least
-    would grow any image, the smallest too, before anything counts it (2^26 pixels took 1.5 GB for a 90 x 70
-    image); more than ``MAX_MERGED_TOKENS`` at most would let an upload of 40 M pixels through the processor whole."""
-    # the image processor's (a video processor's bounds are over every frame: Qwen3-VL's longest_edge is 24,576 units)
-    processors = [settings, *(v for k, v in settings.items() if isinstance(v, Mapping) and "video" not in k)]
-    for processor in processors:
+def _resize_problem(settings: Mapping, video: bool = False) -> str | None:
+    """Qwen-VL's processors resize every image, and every frame of a clip, to between ``min_pixels`` and
+    ``max_pixels`` (transformers 5 saves them as ``size.shortest_edge`` and ``size.longest_edge``): more than
+    ``MAX_IMAGE_TOKENS`` merge units at least would grow any image or frame, the smallest too, before anything
+    counts it (2^26 pixels took 1.5 GB for a 90 x 70 image; a video processor's 2 x 10^8 killed the server on an
+    8-frame 64 x 48 GIF); more than ``MAX_MERGED_TOKENS`` at most would let an upload of 40 M pixels through the
+    processor whole. A video processor's most may be over a whole clip (Qwen3-VL's 24,576 units, GLM-4.1V's
+    60,000): ``MAX_CLIP_MERGED_TOKENS`` at most. ``video``: ``settings`` are a video processor's own
+    (video_preprocessor_config.json); a nested one is known by its key (``video_processor``)."""
+    processors = [(settings, video), *((v, video or "video" in str(k)) for k, v in settings.items()
+                                       if isinstance(v, Mapping))]
+    for processor, frames in processors:
         patch, merge = processor.get("patch_size"), processor.get("merge_size")
         if not (_number(patch) and _number(merge) and patch >= 1 and merge >= 1):
             continue  # no Qwen-VL processor (a wrong patch size is the tower's check's)
         size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
         unit = int(patch * merge) ** 2
+        what, most_units = ("frame of a clip", MAX_CLIP_MERGED_TOKENS) if frames else ("image", MAX_MERGED_TOKENS)
         for least in (processor.get("min_pixels"), size.get("shortest_edge")):
             if _number(least) and least > MAX_IMAGE_TOKENS * unit:
-                return (f"resizes every image to at least {least:,} pixels (min_pixels), "
+                return (f"resizes every {what} to at least {least:,} pixels (min_pixels), "
                         f"{least / unit:,.0f} image tokens; at most {MAX_IMAGE_TOKENS:,} a view are read")
         for most in (processor.get("max_pixels"), size.get("longest_edge")):
-            if _number(most) and most > MAX_MERGED_TOKENS * unit:
-                return (f"resizes an image to up to {most:,} pixels (max_pixels), {most / unit:,.0f} image tokens; "
-                        f"at most {MAX_MERGED_TOKENS:,} (Qwen2.5-VL's and Qwen3-VL's own)")
+            if _number(most) and most > most_units * unit:
+                where = ("a clip's 64 frames at an image's most" if frames else "Qwen2.5-VL's and Qwen3-VL's own")
+                return (f"resizes {'a clip' if frames else 'an image'} to up to {most:,} pixels (max_pixels), "
+                        f"{most / unit:,.0f} image tokens; at most {most_units:,} ({where})")
     return None
 
 
