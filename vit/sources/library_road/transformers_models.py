@@ -111,11 +111,13 @@ class _AttentionRecorder:
                                                                      **kwargs)  # (B, H, T, T)
         self.keep_probabilities(layer, probabilities)
 
-    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
-        """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept."""
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
+        """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept;
+        ``rows_formed``: they are ``(B, H, rows, T)``, the asked rows alone formed already (the module road's
+        recorder, ``vit.core.attention_recorder``)."""
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
-        rows = self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
+        rows = None if rows_formed else self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
         if layer in self.windows:  # (B * nw, H, n, n) -> (B, H, rows, T) on the grid, the asked rows alone formed
             probabilities = self.on_grid(layer, probabilities, rows)
         elif rows is not None:
@@ -153,10 +155,10 @@ class _GradientRecorder(_AttentionRecorder):
         super().keep(layer, query, key, value, attention_mask, kwargs)
         self.values[layer] = value.detach()  # (B, KV heads, T, D)
 
-    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
         if probabilities.requires_grad:  # timm's explicit path: the probabilities the rest of the layer reads
             probabilities.register_hook(lambda grad: self.gradients.__setitem__(layer, grad.detach()))
-        super().keep_probabilities(layer, probabilities)
+        super().keep_probabilities(layer, probabilities, rows_formed)
 
     def output(self, layer, out) -> None:
         value = self.values.pop(layer, None)
