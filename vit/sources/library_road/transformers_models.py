@@ -215,6 +215,7 @@ class LibraryModel(torch.nn.Module):
     ``model`` is the library's module (eval mode); ``layout`` places its tokens on the image."""
 
     road = ROAD
+    forms_asked_rows = False  # whether its recorder forms the asked query rows alone (the module road's does)
 
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
                  part: torch.nn.Module | None = None, entry: torch.nn.Module | None = None):
@@ -285,7 +286,8 @@ class LibraryModel(torch.nn.Module):
         tokens = self.layout.num_prefix_tokens + gh * gw + self.layout.num_suffix_tokens
         if asked:
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
-                                               tokens, len(asked), None if rows is None else len(rows), heads_mean))
+                                               tokens, len(asked), None if rows is None else len(rows), heads_mean,
+                                               self.forms_asked_rows))
         extra = {layer: self.layout.extra_of(layer) for layer in asked}
         if rows is not None and any(extra.values()):  # a layer with extra tokens first: each row moved past them
             recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, None)

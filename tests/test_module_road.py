@@ -1,0 +1,215 @@
+"""``vit.load(module, ...)``: a model in the user's hands opens as it is, its attention recorded where it is computed
+(``vit.sources.library_road.module_road``). References: the authors' DINOv2 (tests/reference/dinov2, their code
+unchanged) with each layer's probabilities from its own q and k, open_clip's ``VisionTransformer`` with each
+``nn.MultiheadAttention``'s own per-head weights, the modules' own outputs."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_attention_recorder import authors_dinov2, own_probabilities
+
+import vit
+from vit.checkpoint import CheckpointError
+
+IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+
+
+def picture(height: int = 21, width: int = 35, seed: int = 0) -> Image.Image:
+    """An image at the model's own input size (no crop: the model sees all of it)."""
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def seen_inputs(model: torch.nn.Module, attentions: list[torch.nn.Module]) -> tuple[dict, list]:
+    """Forward pre-hooks that keep what the model and each attention module were given."""
+    kept = {"model": [], "attention": {}}
+    handles = [model.register_forward_pre_hook(lambda m, a: kept["model"].append(a[0].detach()))]
+    for i, attention in enumerate(attentions):
+        handles.append(attention.register_forward_pre_hook(
+            lambda m, a, i=i: kept["attention"].__setitem__(i, a[0].detach())))
+    return kept, handles
+
+
+class FineTune(torch.nn.Module):
+    """A user's fine-tune: the authors' DINOv2 backbone and a linear head, in a class of the user's own."""
+
+    def __init__(self, backbone: torch.nn.Module, classes: int = 5):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(backbone.embed_dim, classes)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def test_the_authors_dinov2_with_registers_opens_and_every_layer_is_its_own_attention_on_the_grid():
+    model = authors_dinov2()
+    checkpoint = vit.load(model, image_size=(21, 35), **IMAGENET)
+    layout = checkpoint.model.layout
+    assert (layout.num_prefix_tokens, layout.grid, checkpoint.road) == (3, (3, 5), "library")  # CLS + 2 registers
+    assert checkpoint.metadata["layers"] == ["blocks.0.0.attn", "blocks.0.1.attn", "blocks.0.2.attn"]
+    attentions = [block.attn for block in model.blocks[0]]
+    for layer in range(3):
+        kept, handles = seen_inputs(model, attentions)
+        try:
+            explanation = vit.explain(checkpoint, picture(), "attention", layer=layer)
+        finally:
+            for h in handles:
+                h.remove()
+        with torch.no_grad():
+            own = own_probabilities(attentions[layer], kept["attention"][layer])  # (1, H, 18, 18)
+        cls_row = own[0, :, 0, 3:]  # CLS's row, the CLS and register keys dropped: (H, 15)
+        assert np.allclose(explanation.heads, cls_row.reshape(4, 3, 5).numpy(), atol=1e-5)
+        # the same numbers placed column-major (a transposed grid) are not what it draws
+        assert not np.allclose(explanation.heads, cls_row.reshape(4, 5, 3).transpose(1, 2).numpy(), atol=1e-3)
+        _, whole = checkpoint.model.run(kept["model"][0], layers=[layer])
+        assert torch.allclose(whole[layer], own, atol=1e-5)  # every row, every head
+
+
+def test_its_features_are_the_last_blocks_tokens_and_a_recording_changes_nothing():
+    model = authors_dinov2()
+    checkpoint = vit.load(model, image_size=(21, 35), **IMAGENET)
+    pixels = torch.randn(2, 3, 21, 35)
+    with torch.no_grad():
+        expected = model.forward_features(pixels)["x_prenorm"]  # the authors' last block's output, before the norm
+        own = model(pixels)
+    assert torch.allclose(checkpoint.model(pixels), expected, atol=1e-5)
+    checkpoint.model.run(pixels, layers=[0, 1, 2])
+    with torch.no_grad():
+        assert torch.equal(model(pixels), own)
+
+
+def test_a_fine_tune_in_a_users_class_is_a_classifier_whose_class_map_explains_its_argmax():
+    torch.manual_seed(5)
+    fine_tune = FineTune(authors_dinov2()).eval()
+    checkpoint = vit.load(fine_tune, image_size=(21, 35), **IMAGENET)
+    assert checkpoint.model.is_classifier and len(checkpoint.class_names) == 5
+    kept, handles = seen_inputs(fine_tune, [])
+    try:
+        explanation = vit.explain(checkpoint, picture(seed=1), "class")
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        logits = fine_tune(kept["model"][0])
+    argmax = int(logits.argmax(-1))
+    assert explanation.target == checkpoint.class_names[argmax]
+    assert explanation.prediction.class_index == argmax
+    assert np.allclose(explanation.prediction.logits, logits[0].numpy(), atol=1e-5)  # the module's own logits
+    asked = vit.explain(checkpoint, picture(seed=1), "class", target=argmax)
+    other = vit.explain(checkpoint, picture(seed=1), "class", target=(argmax + 1) % 5)
+    assert explanation.map.shape == (3, 5) and np.array_equal(explanation.map, asked.map)
+    assert not np.allclose(explanation.map, other.map)  # the map is the argmax's, not any class's
+
+
+def test_open_clips_vision_transformer_object_opens_each_layer_its_multihead_attentions_own_weights():
+    from open_clip.transformer import VisionTransformer
+
+    torch.manual_seed(6)
+    tower = VisionTransformer(image_size=(28, 42), patch_size=14, width=32, layers=2, heads=4, mlp_ratio=2,
+                              output_dim=16).eval()
+    checkpoint = vit.load(tower, **IMAGENET)  # its input size is its own
+    assert (checkpoint.model.layout.num_prefix_tokens, checkpoint.model.layout.grid) == (1, (2, 3))
+    attentions = [block.attn for block in tower.transformer.resblocks]
+    pixels = torch.randn(1, 3, 28, 42)
+    kept, handles = seen_inputs(tower, attentions)
+    try:
+        _, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    finally:
+        for h in handles:
+            h.remove()
+    for layer, attention in enumerate(attentions):
+        x = kept["attention"][layer]
+        with torch.no_grad():
+            _, own = attention(x, x, x, need_weights=True, average_attn_weights=False)
+        assert torch.allclose(recorded[layer], own, atol=1e-5)
+
+
+def test_a_timm_model_object_goes_timms_road():
+    import timm
+
+    from vit.sources.library_road.timm_models import TimmLibraryModel
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=(32, 48), depth=2, num_classes=3)
+    checkpoint = vit.load(model)
+    assert isinstance(checkpoint.model, TimmLibraryModel) and checkpoint.model.model is model
+    assert checkpoint.model.layout.grid == (2, 3) and len(checkpoint.class_names) == 3
+
+
+class Leftover(torch.nn.Module):
+    """A module that lies: one CLS parameter, but a second token it forms after the patches."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 8, 4, 4)
+        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 8))
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x, x.mean(1, keepdim=True)], 1)
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+class Pooling(torch.nn.Module):
+    """A module whose tokens change between its layers (half the tokens pooled away after the first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 8, 4, 4)
+        self.blocks = torch.nn.ModuleList(torch.nn.MultiheadAttention(8, 2, batch_first=True) for _ in range(2))
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        x = self.blocks[0](x, x, x, need_weights=False)[0]
+        x = x[:, ::2]
+        return self.blocks[1](x, x, x, need_weights=False)[0]
+
+
+@pytest.mark.parametrize(("module", "keywords", "says"), [
+    (Leftover, {}, r"8 tokens, 2x3 patches and 2 more, and its token parameters \(cls_token\) account for 1"),
+    (Leftover, {"prefix": 1}, r"not prefix=1; 1 token\(s\) would be left unplaced"),
+    (Pooling, {}, r"runs over \[3, 6\] tokens \(layer 1, blocks\.1"),
+    (Leftover, {"image_size": (100_000, 100_000)}, r"image_size .* is not a side"),
+    (Leftover, {"mean": None}, r"declares no normalisation: give mean= and std="),
+])
+def test_a_module_that_lies_or_says_too_little_is_refused_in_one_line(module, keywords, says):
+    given = {"image_size": (8, 12), **IMAGENET, **keywords}
+    with pytest.raises(CheckpointError, match=says) as refused:
+        vit.load(module().eval(), **given)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_grid_overrides_where_no_patch_embedding_is_found():
+    class Unfolded(torch.nn.Module):  # patches by reshape alone: no convolution or unfold to read a patch from
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(48, 8)
+            self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            B = x.shape[0]
+            x = x.reshape(B, 3, 2, 4, 3, 4).permute(0, 2, 4, 1, 3, 5).reshape(B, 6, 48)
+            x = self.embed(x)
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    with pytest.raises(CheckpointError, match=r"no patch embedding found .*give grid=\(rows, cols\)"):
+        vit.load(Unfolded().eval(), image_size=(8, 12), **IMAGENET)
+    checkpoint = vit.load(Unfolded().eval(), image_size=(8, 12), grid=(2, 3), **IMAGENET)
+    assert checkpoint.model.layout.grid == (2, 3) and checkpoint.model.layout.num_prefix_tokens == 0
+
+
+def test_nothing_of_a_module_is_pickled_or_written(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a module in hand was pickled or saved")
+
+    monkeypatch.setattr(torch, "save", refuse)
+    monkeypatch.setattr(pickle, "dumps", refuse)
+    monkeypatch.setattr(pickle, "dump", refuse)
+    checkpoint = vit.load(authors_dinov2(), image_size=(21, 35), **IMAGENET)
+    vit.explain(checkpoint, picture(), "rollout")
+    assert list(tmp_path.iterdir()) == []
