@@ -213,3 +213,30 @@ def test_nothing_of_a_module_is_pickled_or_written(monkeypatch, tmp_path):
     checkpoint = vit.load(authors_dinov2(), image_size=(21, 35), **IMAGENET)
     vit.explain(checkpoint, picture(), "rollout")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_transformers_model_object_goes_transformers_library_road_equal_to_its_eager_attention():
+    import copy
+
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from vit.sources.library_road.transformers_models import LibraryModel
+
+    torch.manual_seed(7)
+    config = ViTConfig(image_size=(32, 48), patch_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, num_labels=3)
+    model = ViTForImageClassification(config).eval()
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    with pytest.raises(CheckpointError, match="declares no normalisation .*give mean= and std="):
+        vit.load(model)
+    checkpoint = vit.load(model, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))  # its size: its config's
+    assert type(checkpoint.model) is LibraryModel and checkpoint.model.model is model
+    assert checkpoint.model.layout.grid == (2, 3) and checkpoint.class_names == ["LABEL_0", "LABEL_1", "LABEL_2"]
+    pixels = torch.randn(1, 3, 32, 48)
+    out, kept = checkpoint.model.run(pixels, layers=[0, 1])
+    with torch.no_grad():
+        own = eager(pixel_values=pixels, output_attentions=True)
+    assert torch.allclose(out.logits, own.logits, atol=1e-5)
+    for layer in range(2):
+        assert torch.allclose(kept[layer], own.attentions[layer], atol=1e-5)

@@ -239,8 +239,11 @@ def open_module(module: torch.nn.Module, image_size=None, mean: Sequence[float] 
     if isinstance(visual, torch.nn.Module) and type(module).__module__.startswith("open_clip"):
         module = visual  # an open_clip model: its image tower, whose output is the image embedding
     try:
-        if type(module).__module__.startswith("timm.") and grid is None and prefix is None:
-            return _open_timm(module, origin, image_size, mean, std)
+        if grid is None and prefix is None:
+            if type(module).__module__.startswith("timm."):
+                return _open_timm(module, origin, image_size, mean, std)
+            if type(module).__module__.startswith("transformers.") and hasattr(module, "config"):
+                return _open_transformers(module, origin, image_size, mean, std)
         return _open_recorded(module, origin, image_size, mean, std, grid, prefix)
     except (ValueError, TypeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
@@ -324,3 +327,31 @@ def _open_timm(model: torch.nn.Module, origin: str, image_size, mean, std) -> Ch
     except SourceError as e:
         raise ValueError(str(e).partition(": ")[2] or str(e)) from None
 
+
+
+def _open_transformers(model: torch.nn.Module, origin: str, image_size, mean, std) -> Checkpoint:
+    """A transformers model object on transformers' library road (``transformers_models.library_checkpoint``), its
+    config read from it, the keywords its image processor (a transformers model carries none): a resize straight to
+    ``image_size`` (default its config's) and ``mean`` / ``std``, which it does not declare."""
+    from vit.sources.library_road import transformers_models
+
+    problem = transformers_models.declared_problem(model.config.to_dict())
+    if problem:
+        raise ValueError(problem)
+    if mean is None or std is None:
+        raise ValueError(f"{type(model).__name__} declares no normalisation (its image processor does): give mean= "
+                         "and std= (its processor's image_mean and image_std)")
+    size = image_size if image_size is not None else transformers_models.config_size(model.config)
+    if size is None:
+        raise ValueError(f"{type(model).__name__}'s config has no image_size: give image_size=(height, width)")
+    h, w = _pair(tuple(size) if isinstance(size, list) else size, "image_size")
+    processor = {"do_resize": True, "size": {"height": h, "width": w}, "do_center_crop": False,
+                 "do_normalize": True, "image_mean": [float(v) for v in mean], "image_std": [float(v) for v in std]}
+    try:
+        checkpoint = transformers_models.library_checkpoint(model, processor, Path(type(model).__name__), origin)
+    except SourceError as e:
+        raise ValueError(str(e).partition(": ")[2] or str(e)) from None
+    checkpoint.path = None
+    checkpoint.metadata["source"]["kind"] = "module"
+    checkpoint.metadata["source"]["path"] = None
+    return checkpoint

@@ -677,6 +677,17 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     wrong = loading_problem(loaded)
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
+    return library_checkpoint(model, image_processor, folder, origin, torch.device(map_location).type == "meta")
+
+
+def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, folder: Path, origin: str,
+                       meta: bool = False) -> Checkpoint:
+    """A transformers model, built (from a folder by ``open_library``, or a user's object: ``module_road``), in the
+    ``Checkpoint`` of the library road: its attention modules, layout and preprocessing read from it, its config and
+    ``image_processor``; ``meta``: built on the meta device, its layout checked by a traced forward. SourceError (one
+    line) as ``open_library``."""
+    config, cls = model.config, type(model)
+    whole = bool(getattr(cls, "_supports_attention_backend", False)) or calls_interface(cls)
     model.eval()
     part = model if whole else _backbone_part(model)
     if part is None:
@@ -716,7 +727,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
     # no data
-    if torch.device(map_location).type == "meta":
+    if meta:
         problem = _layout_problem(wrapped, channels, own_size)
         if problem:
             raise SourceError(f"{folder}: {problem}")
