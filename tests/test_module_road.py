@@ -240,3 +240,37 @@ def test_a_transformers_model_object_goes_transformers_library_road_equal_to_its
     assert torch.allclose(out.logits, own.logits, atol=1e-5)
     for layer in range(2):
         assert torch.allclose(kept[layer], own.attentions[layer], atol=1e-5)
+
+
+def openai_clip_tower() -> torch.nn.Module:
+    """A tiny random ``VisionTransformer`` of OpenAI's CLIP, built by their code (tests/reference/openai_clip)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "reference" / "openai_clip" / "model.py"
+    spec = importlib.util.spec_from_file_location("openai_clip_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(8)
+    return module.VisionTransformer(input_resolution=32, patch_size=8, width=32, layers=2, heads=4,
+                                    output_dim=16).eval()
+
+
+def test_openai_clips_vision_transformer_opens_each_layer_its_multihead_attentions_own_weights():
+    tower = openai_clip_tower()
+    checkpoint = vit.load(tower, **IMAGENET)  # its input_resolution: 32 px
+    assert (checkpoint.model.layout.num_prefix_tokens, checkpoint.model.layout.grid) == (1, (4, 4))
+    attentions = [block.attn for block in tower.transformer.resblocks]
+    pixels = torch.randn(2, 3, 32, 32)
+    kept, handles = seen_inputs(tower, attentions)
+    try:
+        out, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    finally:
+        for h in handles:
+            h.remove()
+    for layer, attention in enumerate(attentions):
+        x = kept["attention"][layer]  # (tokens, batch, width), as their blocks run
+        with torch.no_grad():
+            _, own = attention(x, x, x, need_weights=True, average_attn_weights=False)
+        assert torch.allclose(recorded[layer], own, atol=1e-5)
+    assert out.last_hidden_state.shape == (2, 17, 32)  # their last block's tokens, batch first

@@ -101,7 +101,11 @@ class ModuleModel(LibraryModel):
                              "it was opened: its layers change with the input, which this road cannot place")
         if self.classifier:
             return SimpleNamespace(logits=out)
-        return SimpleNamespace(last_hidden_state=hidden.get("x", out[0] if isinstance(out, (tuple, list)) else out))
+        tokens = hidden.get("x", out[0] if isinstance(out, (tuple, list)) else out)
+        batch = pixels.shape[0]
+        if tokens.dim() == 3 and tokens.shape[0] != batch and tokens.shape[1] == batch:  # (T, B, D): OpenAI CLIP's
+            tokens = tokens.transpose(0, 1)
+        return SimpleNamespace(last_hidden_state=tokens)
 
     def _last_block(self) -> torch.nn.Module | None:
         """The block of the last layer (``blocks``), or None where its attention is in no list of blocks (a
@@ -217,7 +221,7 @@ def _statistics(module: torch.nn.Module, mean, std) -> tuple[tuple[float, ...], 
 
 
 def _image_hw(module: torch.nn.Module, image_size) -> tuple[int, int]:
-    size = image_size if image_size is not None else _declared(module, "image_size", "img_size")
+    size = image_size if image_size is not None else _declared(module, "image_size", "img_size", "input_resolution")
     if size is None:
         raise ValueError(f"{type(module).__name__} does not say what input it takes: give image_size=(height, width)")
     return _pair(tuple(size) if isinstance(size, list) else size, "image_size")
