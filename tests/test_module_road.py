@@ -274,3 +274,26 @@ def test_openai_clips_vision_transformer_opens_each_layer_its_multihead_attentio
             _, own = attention(x, x, x, need_weights=True, average_attn_weights=False)
         assert torch.allclose(recorded[layer], own, atol=1e-5)
     assert out.last_hidden_state.shape == (2, 17, 32)  # their last block's tokens, batch first
+
+
+def test_a_timm_vit_with_registers_in_a_users_class_is_recorded_at_its_fused_attention_as_its_explicit_path():
+    import timm
+
+    torch.manual_seed(9)
+    backbone = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=(32, 48), depth=2,
+                                 reg_tokens=2, num_classes=0)
+    fine_tune = FineTune(backbone, classes=4).eval()  # timm's fused path (SDPA) runs
+    checkpoint = vit.load(fine_tune, image_size=(32, 48), **IMAGENET)
+    assert (checkpoint.model.layout.num_prefix_tokens, checkpoint.model.layout.grid) == (3, (2, 3))
+    assert checkpoint.metadata["layers"] == ["backbone.blocks.0.attn", "backbone.blocks.1.attn"]
+    pixels = torch.randn(1, 3, 32, 48)
+    out, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    own = {}
+    for i, block in enumerate(backbone.blocks):
+        block.attn.fused_attn = False  # timm's explicit path: its probabilities pass through attn_drop
+        block.attn.attn_drop.register_forward_hook(lambda m, a, o, i=i: own.__setitem__(i, a[0]))
+    with torch.no_grad():
+        logits = fine_tune(pixels)
+    assert torch.allclose(out.logits, logits, atol=1e-5)
+    for layer in range(2):
+        assert torch.allclose(recorded[layer], own[layer], atol=1e-5)
