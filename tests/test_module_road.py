@@ -297,3 +297,28 @@ def test_a_timm_vit_with_registers_in_a_users_class_is_recorded_at_its_fused_att
     assert torch.allclose(out.logits, logits, atol=1e-5)
     for layer in range(2):
         assert torch.allclose(recorded[layer], own[layer], atol=1e-5)
+
+
+class ReadsAValue(torch.nn.Module):
+    """A forward that reads a value (``.item()``), which the meta device cannot give."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 8, 4, 4)
+        self.register_buffer("gain", torch.tensor(2.0))
+        self.blocks = torch.nn.ModuleList([torch.nn.MultiheadAttention(8, 2, batch_first=True)])
+
+    def forward(self, x):
+        if x.shape[-1] != 12:
+            raise RuntimeError(f"built for 12-px wide inputs, not {x.shape[-1]}\nsee its docs")
+        x = self.proj(x).flatten(2).transpose(1, 2) * self.gain.item()
+        return self.blocks[0](x, x, x, need_weights=False)[0]
+
+
+def test_a_forward_that_reads_a_value_is_traced_on_one_real_image_and_one_that_fails_is_refused_in_one_line():
+    checkpoint = vit.load(ReadsAValue().eval(), image_size=(8, 12), **IMAGENET)
+    assert checkpoint.model.layout.grid == (2, 3) and checkpoint.model.layout.num_prefix_tokens == 0
+    with pytest.raises(CheckpointError, match=r"its forward fails on one 8x16-px image, .*RuntimeError: built for"
+                       ) as refused:
+        vit.load(ReadsAValue().eval(), image_size=(8, 16), **IMAGENET)
+    assert "\n" not in str(refused.value)

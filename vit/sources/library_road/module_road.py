@@ -116,17 +116,24 @@ class ModuleModel(LibraryModel):
             return None
 
 
-def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int
+def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, meta: bool = True
            ) -> tuple[list[AttentionCall], AttentionRecording, object]:
-    """One forward of a ``(1, channels, *image_hw)`` input on the meta device (the module's parameters and buffers
-    swapped for meta tensors of their shapes while it runs: no data read, no memory of the input's size taken), its
-    attention calls and patch embedding noted."""
-    meta = {name: torch.empty_like(t, device="meta")
-            for name, t in [*model.named_parameters(remove_duplicate=False),
-                            *model.named_buffers(remove_duplicate=False)]}
+    """One forward of a ``(1, channels, *image_hw)`` input, its attention calls and patch embedding noted. ``meta``:
+    on the meta device (the module's parameters and buffers swapped for meta tensors of their shapes while it runs:
+    no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
+    forward that reads a value, which the meta device has none of)."""
     trace: list[AttentionCall] = []
+    if meta:
+        swapped = {name: torch.empty_like(t, device="meta")
+                   for name, t in [*model.named_parameters(remove_duplicate=False),
+                                   *model.named_buffers(remove_duplicate=False)]}
+        pixels = torch.empty(1, channels, *image_hw, device="meta")
+        with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
+            out = torch.func.functional_call(model, swapped, (pixels,))
+        return trace, mode, out
+    device = next(model.parameters(), torch.empty(0)).device
     with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
-        out = torch.func.functional_call(model, meta, (torch.empty(1, channels, *image_hw, device="meta"),))
+        out = model(torch.zeros(1, channels, *image_hw, device=device))
     return trace, mode, out
 
 
@@ -150,9 +157,12 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
     calls run over different token counts or the layout does not account for every token."""
     try:
         calls, mode, out = _trace(model, image_hw, channels)
-    except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
-        raise ValueError(f"its forward cannot be traced on the meta device at {image_hw[0]}x{image_hw[1]} px to find "
-                         f"where its tokens sit ({type(e).__name__}: {_one_line(e)})") from None
+    except Exception:  # noqa: BLE001 - a forward that reads a value (.item(), numpy): one image, for real
+        try:
+            calls, mode, out = _trace(model, image_hw, channels, meta=False)
+        except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
+            raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
+                             f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
     if not calls:
         raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
                          "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
