@@ -322,3 +322,13 @@ def test_a_forward_that_reads_a_value_is_traced_on_one_real_image_and_one_that_f
                        ) as refused:
         vit.load(ReadsAValue().eval(), image_size=(8, 16), **IMAGENET)
     assert "\n" not in str(refused.value)
+
+
+def test_a_huge_size_declared_in_a_wrapped_config_is_refused_before_anything_runs():
+    from transformers import ViTConfig, ViTModel
+
+    model = ViTModel(ViTConfig(image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1,
+                               num_attention_heads=4, intermediate_size=64)).eval()
+    model.config.image_size = 1_000_000  # what its config says, not what it was built for
+    with pytest.raises(CheckpointError, match=r"image_size \(1000000, 1000000\) is not a side .* from 1 to 2048"):
+        vit.load(model, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))

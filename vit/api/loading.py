@@ -35,7 +35,7 @@ def load(source: str | os.PathLike | torch.nn.Module, device: str | torch.device
     fine-tune in a class of your own): it opens as it is, on its own device, in eval mode, nothing written or copied
     (``vit.sources.library_road.module_road``), its attention recorded where it is computed. ``image_size`` is the
     input it takes, ``mean`` / ``std`` its normalisation (default: what the object declares), ``grid`` (rows,
-    cols) / ``prefix`` (tokens before the patches) where where its tokens sit cannot be inferred."""
+    cols) / ``prefix`` (tokens before the patches) where inference cannot place its tokens."""
     if isinstance(source, torch.nn.Module):
         from vit.sources.library_road.module_road import open_module
 
