@@ -332,3 +332,45 @@ def test_a_huge_size_declared_in_a_wrapped_config_is_refused_before_anything_run
     model.config.image_size = 1_000_000  # what its config says, not what it was built for
     with pytest.raises(CheckpointError, match=r"image_size \(1000000, 1000000\) is not a side .* from 1 to 2048"):
         vit.load(model, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+
+def authors_dinov3() -> tuple[torch.nn.Module, object]:
+    """A tiny random DINOv3 with 2 storage tokens (registers) and RoPE, built by the authors' own code
+    (tests/reference/dinov3), and that code's module."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent / "reference" / "dinov3"
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location("dinov3_vision_transformer",
+                                                  root / "dinov3" / "models" / "vision_transformer.py")
+    code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code)
+    torch.manual_seed(10)
+    model = code.DinoVisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, ffn_ratio=2,
+                                       n_storage_tokens=2, layerscale_init=1.0, pos_embed_rope_dtype="fp32")
+    model.init_weights()
+    return model.eval(), code
+
+
+def test_the_authors_dinov3_with_storage_tokens_and_rope_opens_every_layer_its_own_attention_on_the_grid():
+    model, code = authors_dinov3()
+    checkpoint = vit.load(model, image_size=(24, 40), **IMAGENET)  # 3 x 5 patches of 8 px
+    assert (checkpoint.model.layout.num_prefix_tokens, checkpoint.model.layout.grid) == (3, (3, 5))
+    qkv = {}
+    for i, block in enumerate(model.blocks):
+        block.attn.qkv.register_forward_hook(lambda m, a, o, i=i: qkv.__setitem__(i, o.detach()))
+    pixels = torch.randn(1, 3, 24, 40)
+    _, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    rope = model.rope_embed(H=3, W=5)  # the sines and cosines its forward gives each block
+    for layer, block in enumerate(model.blocks):
+        attention = block.attn
+        q, k, _ = [t.transpose(1, 2) for t in torch.unbind(qkv[layer].reshape(1, 18, 3, 4, 8), 2)]
+        with torch.no_grad():
+            q, k = attention.apply_rope(q, k, rope)  # their own rotation of the patches' q and k
+            own = ((q @ k.transpose(-2, -1)) * 8 ** -0.5).softmax(-1)  # (1, H, 18, 18)
+        assert torch.allclose(recorded[layer], own, atol=1e-5)
+        assert not torch.allclose(recorded[layer][0, :, 0, 3:].reshape(4, 3, 5),
+                                  own[0, :, 0, 3:].reshape(4, 5, 3).transpose(1, 2), atol=1e-3)

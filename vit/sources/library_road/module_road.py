@@ -38,8 +38,8 @@ from vit.sources.library_road.transformers_models import (
 )
 
 # The names (a parameter's last part) of a module's tokens before its patches: the library road's, and the
-# authors' DINOv2 / timm spellings of registers and a distillation token
-TOKEN_PARAMETERS = (*PREFIX_PARAMETERS, "reg_token", "dist_token", "class_token", "registers")
+# authors' DINOv2 / DINOv3 (its "storage tokens") and timm spellings of registers and a distillation token
+TOKEN_PARAMETERS = (*PREFIX_PARAMETERS, "reg_token", "dist_token", "class_token", "registers", "storage_tokens")
 
 
 class ModuleModel(LibraryModel):
