@@ -136,6 +136,11 @@ def test_a_timm_model_object_goes_timms_road():
     checkpoint = vit.load(model)
     assert isinstance(checkpoint.model, TimmLibraryModel) and checkpoint.model.model is model
     assert checkpoint.model.layout.grid == (2, 3) and len(checkpoint.class_names) == 3
+    pixels = torch.randn(1, 3, 32, 48)
+    _, first = checkpoint.model.run(pixels, layers=[1])
+    again = vit.load(model)  # a notebook's cell run twice: the same object opens again, the same numbers
+    _, second = again.model.run(pixels, layers=[1])
+    assert torch.equal(first[1], second[1])
 
 
 class Leftover(torch.nn.Module):
