@@ -379,3 +379,73 @@ def test_the_authors_dinov3_with_storage_tokens_and_rope_opens_every_layer_its_o
         assert torch.allclose(recorded[layer], own, atol=1e-5)
         assert not torch.allclose(recorded[layer][0, :, 0, 3:].reshape(4, 3, 5),
                                   own[0, :, 0, 3:].reshape(4, 5, 3).transpose(1, 2), atol=1e-3)
+
+
+class EncoderViT(torch.nn.Module):
+    """A user's ViT on ``nn.TransformerEncoder`` (its fused fast path in eval mode when nothing records)."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 16, 4, 4)
+        self.cls_token = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.pos = torch.nn.Parameter(torch.randn(1, 7, 16))
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1) + self.pos
+        return self.head(self.encoder(x)[:, 0])
+
+
+def test_a_vit_on_nn_transformer_encoder_opens_each_layer_its_self_attentions_own_weights():
+    torch.manual_seed(11)
+    model = EncoderViT().eval()
+    checkpoint = vit.load(model, image_size=(8, 12), **IMAGENET)
+    assert checkpoint.metadata["layers"] == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    assert checkpoint.model.is_classifier and checkpoint.model.layout.num_prefix_tokens == 1
+    attentions = [layer.self_attn for layer in model.encoder.layers]
+    pixels = torch.randn(2, 3, 8, 12)
+    kept, handles = seen_inputs(model, attentions)
+    try:
+        out, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        assert torch.allclose(out.logits, model(pixels), atol=1e-5)
+        for layer, attention in enumerate(attentions):
+            x = kept["attention"][layer]
+            _, own = attention(x, x, x, need_weights=True, average_attn_weights=False)
+            assert torch.allclose(recorded[layer], own, atol=1e-5)
+
+
+class Changing(torch.nn.Module):
+    """A module that lies: its second layer runs only for some inputs (a value of the input decides)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 8, 4, 4)
+        self.blocks = torch.nn.ModuleList(torch.nn.MultiheadAttention(8, 2, batch_first=True) for _ in range(2))
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        x = self.blocks[0](x, x, x, need_weights=False)[0]
+        if x.mean() > 0:
+            x = self.blocks[1](x, x, x, need_weights=False)[0]
+        return x
+
+
+def test_a_forward_whose_layers_change_with_the_input_is_refused_in_one_line_when_it_changes():
+    model = Changing().eval()
+    with torch.no_grad():
+        model.proj.bias.fill_(-10.0)  # an image of zeros (the trace's: the meta device has no value) runs one layer
+    checkpoint = vit.load(model, image_size=(8, 12), **IMAGENET)
+    assert checkpoint.model.num_layers == 1
+    with torch.no_grad():
+        model.proj.bias.fill_(10.0)  # now the same input runs two
+    with pytest.raises(ValueError, match=r"made 2 attention calls, not the 1 .*its layers change with the input"
+                       ) as refused:
+        checkpoint.model.run(torch.zeros(1, 3, 8, 12), layers=[0])
+    assert "\n" not in str(refused.value)
