@@ -206,6 +206,13 @@ def test_a_grid_overrides_where_no_patch_embedding_is_found():
     assert checkpoint.model.layout.grid == (2, 3) and checkpoint.model.layout.num_prefix_tokens == 0
 
 
+def test_a_device_for_a_module_in_hand_is_refused_and_a_modules_keywords_for_a_path():
+    with pytest.raises(TypeError, match=r"runs on its own device: move it first"):
+        vit.load(authors_dinov2(), "cpu", image_size=(21, 35), **IMAGENET)
+    with pytest.raises(TypeError, match=r"are for a module in hand"):
+        vit.load("some/folder", image_size=(21, 35))
+
+
 def test_nothing_of_a_module_is_pickled_or_written(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 

@@ -39,6 +39,9 @@ def load(source: str | os.PathLike | torch.nn.Module, device: str | torch.device
     if isinstance(source, torch.nn.Module):
         from vit.sources.library_road.module_road import open_module
 
+        if device is not None:
+            raise TypeError("a module in hand runs on its own device: move it first (module.to(device)), then "
+                            "vit.load(module, ...)")
         return open_module(source, image_size, mean, std, grid, prefix)
     if any(v is not None for v in (image_size, mean, std, grid, prefix)):
         raise TypeError("image_size, mean, std, grid and prefix are for a module in hand (vit.load(module, ...)); "
