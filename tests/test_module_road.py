@@ -456,3 +456,36 @@ def test_a_forward_whose_layers_change_with_the_input_is_refused_in_one_line_whe
                        ) as refused:
         checkpoint.model.run(torch.zeros(1, 3, 8, 12), layers=[0])
     assert "\n" not in str(refused.value)
+
+
+def test_a_transformers_model_inside_a_users_class_is_recorded_at_its_sdpa_equal_to_its_eager_attentions():
+    import copy
+
+    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+    torch.manual_seed(12)
+    config = Dinov2WithRegistersConfig(image_size=28, patch_size=7, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, intermediate_size=64, num_register_tokens=2)
+    backbone = Dinov2WithRegistersModel(config).eval()
+    with torch.no_grad():
+        backbone.embeddings.cls_token.normal_()
+        backbone.embeddings.register_tokens.normal_()
+    eager = copy.deepcopy(backbone)
+    eager.set_attn_implementation("eager")
+
+    class Features(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(pixel_values=x).last_hidden_state
+
+    checkpoint = vit.load(Features(backbone).eval(), image_size=(21, 35), **IMAGENET)
+    assert (checkpoint.model.layout.num_prefix_tokens, checkpoint.model.layout.grid) == (3, (3, 5))
+    pixels = torch.randn(1, 3, 21, 35)
+    _, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    with torch.no_grad():
+        own = eager(pixel_values=pixels, output_attentions=True).attentions
+    for layer in range(2):
+        assert torch.allclose(recorded[layer], own[layer], atol=1e-5)
