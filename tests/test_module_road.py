@@ -489,3 +489,12 @@ def test_a_transformers_model_inside_a_users_class_is_recorded_at_its_sdpa_equal
         own = eager(pixel_values=pixels, output_attentions=True).attentions
     for layer in range(2):
         assert torch.allclose(recorded[layer], own[layer], atol=1e-5)
+
+
+def test_an_open_clip_tower_with_a_linear_projection_gives_an_embedding_not_logits():
+    from open_clip.timm_model import TimmModel
+
+    tower = TimmModel("vit_tiny_patch16_224", embed_dim=16, pretrained=False, proj="linear").eval()
+    checkpoint = vit.load(tower, **IMAGENET)  # its image_size: 224 px
+    assert not checkpoint.model.is_classifier and checkpoint.class_names == []
+    assert checkpoint.model.layout.num_prefix_tokens == 1 and checkpoint.model.layout.grid == (14, 14)
