@@ -2,18 +2,21 @@
 
 Nothing is written to disk, nothing pickled, no weight copied: the module runs its own forward. A timm model goes the
 road timm's folders go when no port reads them (``timm_models``: timm's explicit path for the asked layers, its
-``pretrained_cfg`` read from the object); an open_clip model opens its image tower (``visual``). Any other module (the
-authors' DINOv2, OpenAI's CLIP, a fine-tune wrapping a backbone and a head in a class of the user's own) and an
-open_clip tower run under the recorder at the attention function itself (``vit.core.attention_recorder``): its
-attention calls in order are the layers.
+``pretrained_cfg`` read from the object), a transformers model the library road of its folder
+(``transformers_models.library_checkpoint``, its config read from the object); an open_clip model opens its image
+tower (``visual``). Any other module (the authors' DINOv2 and DINOv3, OpenAI's CLIP, a fine-tune wrapping a backbone
+and a head in a class of the user's own) and an open_clip tower run under the recorder at the attention function
+itself (``vit.core.attention_recorder``): its attention calls in order are the layers.
 
 Where the tokens sit is inferred from one forward traced on the meta device (no data, no memory of the input's
 size): the patch embedding (a convolution or unfold over the whole input whose stride is its kernel) and the input
 size give the grid, and each call's token count less the patches the prefix tokens, which the module's own token
-parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for. Every call
+parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for (a forward
+that reads a value, which the meta device has none of, is traced on one real image of zeros instead). Every call
 must run over the same tokens; a layout that leaves a token unplaced is refused in one line, never guessed
 (``grid=`` / ``prefix=`` override what inference cannot decide). The module is a classifier when its output is a
-``(B, classes)`` tensor from a linear layer (its logits); else its features are the last block's hidden tokens.
+``(B, classes)`` tensor from a linear layer (its logits; an open_clip tower's projection is an embedding); else its
+features are the last block's hidden tokens.
 """
 
 from __future__ import annotations
