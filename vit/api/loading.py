@@ -21,12 +21,31 @@ from vit.explain.views import (
 )
 
 
-def load(source: str | os.PathLike, device: str | torch.device | None = None) -> Checkpoint:
+def load(source: str | os.PathLike | torch.nn.Module, device: str | torch.device | None = None, *,
+         image_size: int | tuple[int, int] | None = None, mean: tuple[float, ...] | None = None,
+         std: tuple[float, ...] | None = None, grid: tuple[int, int] | None = None,
+         prefix: int | None = None) -> Checkpoint:
     """Open any model the explorer opens: our ``.pt``, an HF / timm / torchvision / open_clip folder or file, or a
     Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm name), downloaded into the HF cache first when
     needed. ``device`` defaults to a GPU when there is one. A transformers vision model whose family has no port
     opens as transformers builds it, a timm architecture the ports refuse as timm builds it (``Checkpoint.road ==
-    "library"``: its attention and rollout are drawn). Raises ``CheckpointError`` with a one-line message."""
+    "library"``: its attention and rollout are drawn). Raises ``CheckpointError`` with a one-line message.
+
+    ``source`` may be a live ``torch.nn.Module`` (the authors' DINOv2, OpenAI's or open_clip's CLIP, a timm model, a
+    fine-tune in a class of your own): it opens as it is, on its own device, in eval mode, nothing written or copied
+    (``vit.sources.library_road.module_road``), its attention recorded where it is computed. ``image_size`` is the
+    input it takes, ``mean`` / ``std`` its normalisation (default: what the object declares), ``grid`` (rows,
+    cols) / ``prefix`` (tokens before the patches) where inference cannot place its tokens."""
+    if isinstance(source, torch.nn.Module):
+        from vit.sources.library_road.module_road import open_module
+
+        if device is not None:
+            raise TypeError("a module in hand runs on its own device: move it first (module.to(device)), then "
+                            "vit.load(module, ...)")
+        return open_module(source, image_size, mean, std, grid, prefix)
+    if any(v is not None for v in (image_size, mean, std, grid, prefix)):
+        raise TypeError("image_size, mean, std, grid and prefix are for a module in hand (vit.load(module, ...)); "
+                        "a folder or Hub id declares its own")
     from vit.sources.open import open_source
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

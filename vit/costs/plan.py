@@ -629,17 +629,19 @@ def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int
 
 
 def library_attention(batch: int, heads: int, tokens: int, layers: int, rows: int | None = None,
-                      heads_mean: bool = False) -> Cost:
+                      heads_mean: bool = False, rows_formed: bool = False) -> Cost:
     """What a library model's recording keeps (``vit.sources.library_road.transformers_models``: the library's own
     forward, its attention through our recording function) for ``layers`` asked layers of ``batch`` images of ``tokens``
     tokens: each asked layer's post-softmax attention of ``heads`` heads over ``rows`` query rows (every token's when
     None), float32, and the one layer's eager scores formed at a time to compute them (``batch x H x T²``, scores and
     probabilities). ``heads_mean``: each layer's heads kept as their mean (the rollout's factor), one head's worth.
-    Counted before the forward; its refusal says what to ask instead."""
+    ``rows_formed``: the recorder forms the asked rows' scores alone (``vit.core.attention_recorder``), ``H x rows x
+    T``. Counted before the forward; its refusal says what to ask instead."""
     kept_rows = tokens if rows is None else rows
     kept_heads = 1 if heads_mean else heads
     parts = {f"{layers} asked layers' attention, kept": 4 * batch * kept_heads * kept_rows * tokens * layers,
-             "one layer's eager scores and probabilities": 2 * 4 * batch * heads * tokens * tokens}
+             "one layer's eager scores and probabilities": 2 * 4 * batch * heads * (kept_rows if rows_formed
+                                                                                     else tokens) * tokens}
     refuse = _over(f"Recording {layers} layers' attention of {tokens:,} tokens ({heads} heads) needs about "
                    f"{{need}} MB, over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); ask for fewer layers, one "
                    "query's row, or a smaller input.")

@@ -111,11 +111,13 @@ class _AttentionRecorder:
                                                                      **kwargs)  # (B, H, T, T)
         self.keep_probabilities(layer, probabilities)
 
-    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
-        """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept."""
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
+        """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept;
+        ``rows_formed``: they are ``(B, H, rows, T)``, the asked rows alone formed already (the module road's
+        recorder, ``vit.core.attention_recorder``)."""
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
-        rows = self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
+        rows = None if rows_formed else self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
         if layer in self.windows:  # (B * nw, H, n, n) -> (B, H, rows, T) on the grid, the asked rows alone formed
             probabilities = self.on_grid(layer, probabilities, rows)
         elif rows is not None:
@@ -153,10 +155,10 @@ class _GradientRecorder(_AttentionRecorder):
         super().keep(layer, query, key, value, attention_mask, kwargs)
         self.values[layer] = value.detach()  # (B, KV heads, T, D)
 
-    def keep_probabilities(self, layer: int, probabilities: torch.Tensor) -> None:
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
         if probabilities.requires_grad:  # timm's explicit path: the probabilities the rest of the layer reads
             probabilities.register_hook(lambda grad: self.gradients.__setitem__(layer, grad.detach()))
-        super().keep_probabilities(layer, probabilities)
+        super().keep_probabilities(layer, probabilities, rows_formed)
 
     def output(self, layer, out) -> None:
         value = self.values.pop(layer, None)
@@ -213,6 +215,7 @@ class LibraryModel(torch.nn.Module):
     ``model`` is the library's module (eval mode); ``layout`` places its tokens on the image."""
 
     road = ROAD
+    forms_asked_rows = False  # whether its recorder forms the asked query rows alone (the module road's does)
 
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
                  part: torch.nn.Module | None = None, entry: torch.nn.Module | None = None):
@@ -283,7 +286,8 @@ class LibraryModel(torch.nn.Module):
         tokens = self.layout.num_prefix_tokens + gh * gw + self.layout.num_suffix_tokens
         if asked:
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
-                                               tokens, len(asked), None if rows is None else len(rows), heads_mean))
+                                               tokens, len(asked), None if rows is None else len(rows), heads_mean,
+                                               self.forms_asked_rows))
         extra = {layer: self.layout.extra_of(layer) for layer in asked}
         if rows is not None and any(extra.values()):  # a layer with extra tokens first: each row moved past them
             recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, None)
@@ -673,6 +677,17 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     wrong = loading_problem(loaded)
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
+    return library_checkpoint(model, image_processor, folder, origin, torch.device(map_location).type == "meta")
+
+
+def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, folder: Path, origin: str,
+                       meta: bool = False) -> Checkpoint:
+    """A transformers model, built (from a folder by ``open_library``, or a user's object: ``module_road``), in the
+    ``Checkpoint`` of the library road: its attention modules, layout and preprocessing read from it, its config and
+    ``image_processor``; ``meta``: built on the meta device, its layout checked by a traced forward. SourceError (one
+    line) as ``open_library``."""
+    config, cls = model.config, type(model)
+    whole = bool(getattr(cls, "_supports_attention_backend", False)) or calls_interface(cls)
     model.eval()
     part = model if whole else _backbone_part(model)
     if part is None:
@@ -712,7 +727,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
     # no data
-    if torch.device(map_location).type == "meta":
+    if meta:
         problem = _layout_problem(wrapped, channels, own_size)
         if problem:
             raise SourceError(f"{folder}: {problem}")

@@ -1,0 +1,249 @@
+"""The recorder at the attention function itself: any torch module's attention, recorded where it is computed.
+
+While ``AttentionRecording`` (a ``TorchFunctionMode``) is current, every attention call a module makes is seen,
+whatever code surrounds it: ``F.scaled_dot_product_attention`` (the authors' DINOv2, timm's fused path, transformers'
+sdpa), ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: OpenAI's CLIP, open_clip) and an explicit
+``softmax(q k^T)`` of a module's own (timm's explicit path, a hand-written attention). The layers are those calls in
+the order the forward makes them, each named by the module that made it (the nearest caller that is a module of the
+model). The module's own output is returned; for the layers the recorder asks, and those alone, the post-softmax
+probabilities ``(B, H, rows, keys)`` are handed to it (``recorder.keep_probabilities``):
+
+- SDPA: the probabilities are formed once, ``softmax(q k^T * scale + mask)`` (a boolean or additive mask, ``is_causal``,
+  grouped-query heads and the scale as SDPA reads them), and the output is ``probabilities @ v``: one computation,
+  never the eager one and SDPA both. Where the recorder asks for some query rows only, only those rows are formed
+  (``rows x keys`` a head) and the output is SDPA's own.
+- ``nn.MultiheadAttention``: its own function asked for its per-head weights (``need_weights=True,
+  average_attn_weights=False``), the explicit path it computes them on, once; the caller gets what it asked for.
+- An explicit softmax over a ``(B, H, T, S)`` tensor (or an ``nn.MultiheadAttention``'s ``(B * H, T, S)``): the
+  module formed its probabilities itself; they are handed on as they are.
+
+Before a recorded layer's scores are formed, their bytes are counted against the analysis memory limit
+(``TooManyTokens``, one line). ``AttentionTrace`` (the same mode, nothing recorded) notes each call's module, heads,
+queries and keys, and the patch embedding (a convolution or an unfold on the input whose stride is its kernel), on
+any device, the meta device included: what ``vit.sources.library_road.module_road`` places the tokens by.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from vit.costs import bounds
+
+SDPA = F.scaled_dot_product_attention
+MHA = F.multi_head_attention_forward
+SOFTMAX = (torch.softmax, F.softmax, torch.Tensor.softmax)
+CONV = (torch.conv2d, F.conv2d)
+_MHA_SIGNATURE = inspect.signature(MHA)
+_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention call as the forward made it: its index (the layer), the module that made it (``name``, its
+    path in the model), what computed it (``kind``: "sdpa", "mha", "softmax"), its heads, query rows and keys."""
+
+    index: int
+    name: str
+    kind: str
+    heads: int
+    queries: int
+    keys: int
+
+
+def _caller(modules: dict[torch.nn.Module, str]) -> torch.nn.Module | None:
+    """The nearest frame's ``self`` that is one of ``modules``: the module that made the call being handled."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and owner in modules:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _sdpa_arguments(args, kwargs) -> dict:
+    bound = dict(zip(_SDPA_NAMES, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+def _bounded(batch: int, heads: int, rows: int, keys: int, name: str) -> None:
+    """``TooManyTokens`` (one line) when one layer's scores and probabilities, float32, are over the memory limit."""
+    need, limit = 2 * 4 * batch * heads * rows * keys, bounds.memory_limit()
+    if need > limit:
+        raise bounds.TooManyTokens(
+            f"Recording {name}'s attention ({heads} heads, {rows:,} query rows over {keys:,} keys) needs about "
+            f"{need / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB limit ({bounds.ANALYSIS_MEMORY_ENV}); ask for "
+            "one query's row, fewer images or a smaller input.")
+
+
+def sdpa_probabilities(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                       is_causal: bool = False, scale: float | None = None, rows: list[int] | None = None
+                       ) -> torch.Tensor:
+    """The probabilities ``F.scaled_dot_product_attention`` weighs its values by: ``softmax(q k^T * scale + mask)``
+    for query ``(..., H, L, D)`` and key ``(..., Hk, S, D)`` (``Hk`` dividing ``H``: grouped-query heads share a
+    key), a boolean mask (True: attend) or an additive one broadcast to ``(..., H, L, S)``, ``is_causal``'s lower
+    triangle, ``scale`` (default ``D ** -0.5``); only the query ``rows`` where given: ``(..., H, rows, S)``."""
+    heads, keys = query.shape[-3], key.shape[-2]
+    if key.shape[-3] != heads:  # grouped-query attention: each key head serves heads // Hk query heads
+        key = key.repeat_interleave(heads // key.shape[-3], dim=-3)
+    length = query.shape[-2]
+    index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(rows, device=query.device)
+    if rows is not None:
+        query = query[..., index, :]
+    scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    if is_causal:  # SDPA's causal mask: query i sees keys 0..i (its top-left aligned lower triangle)
+        allowed = index[:, None] >= torch.arange(keys, device=query.device)[None, :]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if attn_mask is not None:
+        mask = attn_mask.expand(*attn_mask.shape[:-2], length, keys) if attn_mask.shape[-2] == 1 else attn_mask
+        if rows is not None:
+            mask = mask[..., index, :]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return scores.softmax(-1)
+
+
+class AttentionRecording(TorchFunctionMode):
+    """Within it, ``model``'s attention calls are counted in order and the layers ``recorder.modules`` lists
+    (layer -> the module that makes that call) hand their probabilities to ``recorder.keep_probabilities(layer,
+    probabilities, rows_formed)``; ``recorder.rows`` (None: every row) the query rows it asks, ``recorder.gradient``
+    whether the probabilities stay in autograd's graph (then every row is formed and the output is computed from
+    them). ``trace``: a list each call is noted in (``AttentionCall``), nothing recorded. ``calls`` after the
+    forward: how many attention calls it made."""
+
+    def __init__(self, model: torch.nn.Module, recorder=None, trace: list | None = None,
+                 image_hw: tuple[int, int] | None = None):
+        super().__init__()
+        self.names = {module: name for name, module in model.named_modules()}
+        self.recorder, self.trace, self.image_hw = recorder, trace, image_hw
+        self.calls = 0
+        self.patch: tuple[int, int] | None = None  # the patch embedding's kernel (trace only)
+        self.linear_out: torch.Tensor | None = None  # the last linear layer's output (trace only)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is SDPA:
+            return self._sdpa(_sdpa_arguments(args, kwargs))
+        if func is MHA:
+            return self._mha(_MHA_SIGNATURE.bind(*args, **kwargs))
+        out = func(*args, **kwargs)
+        if func in SOFTMAX:
+            self._softmax(out, args, kwargs)
+        elif self.trace is not None:
+            self._note(func, args, kwargs, out)
+        return out
+
+    def _layer(self, kind: str, heads: int, queries: int, keys: int):
+        """The call's layer and module, and the layer when the recorder asks it (else None)."""
+        module = _caller(self.names)
+        layer = self.calls
+        self.calls += 1
+        if self.trace is not None:
+            self.trace.append(AttentionCall(layer, self.names.get(module, "?"), kind, heads, queries, keys))
+            return None
+        asked = self.recorder.modules.get(layer) if self.recorder is not None else None
+        if asked is None:
+            return None
+        if asked is not module:
+            raise ValueError(f"the forward's attention call {layer} was made by {self.names.get(module, '?')}, not "
+                             f"{self.names.get(asked, '?')} as when the model was opened: its layers change with "
+                             "the input, which this road cannot place")
+        return layer
+
+    def _rows(self, layer: int) -> list[int] | None:
+        recorder = self.recorder
+        if recorder.gradient:
+            return None
+        return recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
+
+    def _sdpa(self, a: dict):
+        query, key, value = a["query"], a["key"], a["value"]
+        layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2])
+        if layer is None:
+            return SDPA(**a)
+        if a.get("dropout_p", 0.0):
+            raise ValueError(f"{self.names.get(self.recorder.modules[layer])} runs its attention with dropout; "
+                             "put the model in eval mode (model.eval()) to record it")
+        rows = self._rows(layer)
+        batch = math.prod(query.shape[:-3])
+        _bounded(batch, query.shape[-3], query.shape[-2] if rows is None else len(rows), key.shape[-2],
+                 self.names.get(self.recorder.modules[layer], "?"))
+        probabilities = sdpa_probabilities(query, key, a.get("attn_mask"), bool(a.get("is_causal")), a.get("scale"),
+                                           rows)
+        if rows is None:  # every row formed: the output from them, once
+            if value.shape[-3] != query.shape[-3]:
+                value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+            out = (probabilities @ value.to(probabilities.dtype)).to(query.dtype)
+        else:  # some rows formed: the module's output is SDPA's own over every row
+            out = SDPA(**a)
+        self.recorder.keep_probabilities(layer, probabilities, rows is not None)
+        return out
+
+    def _mha(self, bound: inspect.BoundArguments):
+        a = bound.arguments
+        query, key, heads = a["query"], a["key"], int(a["num_heads"])
+        queries, keys = (query.shape[0], key.shape[0])
+        keys += int(a.get("bias_k") is not None) + int(bool(a.get("add_zero_attn")))
+        layer = self._layer("mha", heads, queries, keys)
+        if layer is None:
+            return MHA(*bound.args, **bound.kwargs)
+        batch = query.shape[1] if query.dim() == 3 else 1
+        _bounded(batch, heads, queries, keys, self.names.get(self.recorder.modules[layer], "?"))
+        asked, averaged = a.get("need_weights", True), a.get("average_attn_weights", True)
+        a["need_weights"], a["average_attn_weights"] = True, False
+        out, weights = MHA(*bound.args, **bound.kwargs)  # its explicit path: (B, H, L, S) weights, formed once
+        weights = weights if weights.dim() == 4 else weights[None]
+        rows = self._rows(layer)
+        self.recorder.keep_probabilities(layer, weights if rows is None else weights[:, :, rows], rows is not None)
+        return out, (weights.mean(1) if averaged else weights) if asked else None
+
+    def _softmax(self, out: torch.Tensor, args, kwargs) -> None:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if not isinstance(out, torch.Tensor) or dim not in (-1, out.dim() - 1) or out.dim() not in (3, 4):
+            return
+        module = _caller(self.names)
+        if module is None:
+            return
+        if out.dim() == 3:  # (B * H, T, S): the per-head form only an nn.MultiheadAttention's explicit path takes
+            if not isinstance(module, torch.nn.MultiheadAttention):
+                return
+            out = out.view(-1, module.num_heads, *out.shape[-2:])
+        layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3])
+        if layer is not None:
+            rows = self._rows(layer)
+            self.recorder.keep_probabilities(layer, out if rows is None else out[:, :, rows], rows is not None)
+
+    def _note(self, func, args, kwargs, out) -> None:
+        """In a trace: the patch embedding (the first convolution or unfold over the whole input whose stride is its
+        kernel) and the last linear layer's output (what a classifier returns)."""
+        if func is F.linear:
+            self.linear_out = out
+            return
+        if self.patch is not None or self.image_hw is None or not args or not isinstance(args[0], torch.Tensor):
+            return
+        x = args[0]
+        if tuple(x.shape[-2:]) != tuple(self.image_hw):
+            return
+        if func in CONV:
+            weight = args[1] if len(args) > 1 else kwargs["weight"]
+            stride = args[3] if len(args) > 3 else kwargs.get("stride", 1)
+            padding = args[4] if len(args) > 4 else kwargs.get("padding", 0)
+            kernel = tuple(weight.shape[-2:])
+            stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
+            padding = (padding, padding) if isinstance(padding, int) else tuple(padding)
+            if stride == kernel and padding in ((0, 0), "valid"):
+                self.patch = kernel
+        elif func is F.unfold:
+            kernel = args[1] if len(args) > 1 else kwargs["kernel_size"]
+            stride = args[4] if len(args) > 4 else kwargs.get("stride", 1)
+            kernel = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
+            stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
+            if stride == kernel:
+                self.patch = kernel
