@@ -671,6 +671,7 @@ _COLOUR_OPS = {
     "Solarize": _solarize,
     "AutoContrast": _autocontrast,
     "Equalize": lambda x, m: _v2().functional.equalize(x),  # already per image in torchvision
+    "Invert": lambda x, m: x.bitwise_not(),  # AutoAugment's; torchvision's invert of uint8 images
 }
 
 
@@ -688,7 +689,8 @@ def apply_ops(images: torch.Tensor, space: OpSpace, op: torch.Tensor, magnitude:
     for name in GEOMETRIC_OPS:
         geometric |= op == space.names.index(name)
     kinds = [(geometric, lambda x, o, m: _affine_nearest(x, _affine_theta(space.names, o, m, H, W)))]
-    kinds += [(op == space.names.index(name), lambda x, o, m, fn=fn: fn(x, m)) for name, fn in _COLOUR_OPS.items()]
+    kinds += [(op == space.names.index(name), lambda x, o, m, fn=fn: fn(x, m)) for name, fn in _COLOUR_OPS.items()
+              if name in space.names]
     if by_subset is None:
         by_subset = images.device.type == "cpu"
     if by_subset:
@@ -709,7 +711,8 @@ class BatchAugment:
 
     ``policy``: ``none``; ``crop`` (reflect-pad 4 px, random crop: for digits and text,
     which must not be mirrored); ``flip-crop`` (reflect-pad 4 px, random crop, flip); ``trivialaugment``
-    or ``randaugment`` (torchvision's, on top of flip-crop, with an op and magnitude drawn per image);
+    or ``randaugment`` (torchvision's, on top of flip-crop, with an op and magnitude drawn per image); ``autoaugment``
+    (torchvision's CIFAR-10 policy on top of flip-crop, a sub-policy drawn per image: ``vit.training.autoaugment``);
     ``seed`` (the seed blog's flip + RandomResizedCrop 0.8-1.0).
     """
 
@@ -721,16 +724,20 @@ class BatchAugment:
         self.policy, self.padding = policy, padding
         self.magnitude_bin = None if policy == "trivialaugment" else magnitude  # TrivialAugment draws the bin
         self.num_ops = num_ops if policy == "randaugment" else 1
-        self._spaces: dict[tuple, OpSpace] = {}
+        self._spaces: dict[tuple, OpSpace] = {}  # or AutoAugment's tables
 
     def prepare(self, height: int, width: int, device: torch.device | str) -> OpSpace | None:
         """The op space for images of this size on ``device``, built once (RandAugment's translations depend on the
         size). A compiled augmentation must find it built: tensors made inside a CUDA-graph replay
         (``--compile-mode reduce-overhead``) are overwritten by the next replay, so the trainer prepares it first."""
-        if self.policy not in ("trivialaugment", "randaugment"):
+        if self.policy not in ("trivialaugment", "randaugment", "autoaugment"):
             return None
         key = (height, width, torch.device(device))
-        if key not in self._spaces:
+        if key not in self._spaces and self.policy == "autoaugment":
+            from vit.training.autoaugment import autoaugment_table
+
+            self._spaces[key] = autoaugment_table(*key)
+        elif key not in self._spaces:
             self._spaces[key] = op_space(self.policy, *key)
         return self._spaces[key]
 
@@ -746,4 +753,9 @@ class BatchAugment:
             for _ in range(self.num_ops):
                 op, magnitude = draw_ops(space, len(images), images.device, self.magnitude_bin)
                 images = apply_ops(images, space, op, magnitude)
+        if self.policy == "autoaugment":
+            from vit.training.autoaugment import apply_autoaugment, draw_autoaugment
+
+            table = self.prepare(*images.shape[-2:], images.device)
+            images = apply_autoaugment(images, table, *draw_autoaugment(table, len(images), images.device))
         return images
