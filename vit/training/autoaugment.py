@@ -3,7 +3,7 @@
 torchvision's ``v2.AutoAugment(AutoAugmentPolicy.CIFAR10)`` augments one image: it draws one of 25 sub-policies,
 then applies each of its two ops with the op's probability, at its magnitude bin of 10, the sign flipped half the
 time for a signed op. Here every image of a batch draws the same way, and the ops run batched through
-``vit.training.data.apply_ops`` (torchvision's arithmetic; ``tests/test_train_autoaugment.py`` holds the images
+``vit.training.image_ops.apply_ops`` (torchvision's arithmetic; ``tests/test_train_autoaugment.py`` holds the images
 equal to torchvision's own transform's for the same draws). Lee et al. 2021 train their CIFAR ViTs with it.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vit.training.data import OpSpace, _v2, apply_ops
+from vit.training.image_ops import OpSpace, _v2, apply_ops
 
 NUM_BINS = 10  # AutoAugment's magnitude bins (torchvision's forward asks its space for 10)
 
