@@ -53,6 +53,15 @@ def test_autoaugment_gives_torchvisions_images_for_torchvisions_draws():
             assert diff.max() == 0, (i, names)
 
 
+def test_the_gpus_whole_batch_path_gives_the_cpus_images():
+    # On a GPU every op runs on the whole batch and torch.where picks (no data-dependent shapes, compilable).
+    table = autoaugment_table(32, 32)
+    images = torch.randint(0, 256, (200, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    draws = draw_autoaugment(table, len(images), "cpu", torch.Generator().manual_seed(3))
+    assert torch.equal(apply_autoaugment(images, table, *draws, by_subset=False),
+                       apply_autoaugment(images, table, *draws, by_subset=True))
+
+
 def test_the_policy_is_torchvisions_cifar10_one():
     table = autoaugment_table(32, 32)
     policies = v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10)._policies

@@ -59,13 +59,14 @@ def draw_autoaugment(table: AutoAugmentTable, batch: int, device: torch.device |
 
 
 def apply_autoaugment(images: torch.Tensor, table: AutoAugmentTable, policy: torch.Tensor, applies: torch.Tensor,
-                      flips: torch.Tensor) -> torch.Tensor:
+                      flips: torch.Tensor, by_subset: bool | None = None) -> torch.Tensor:
     """Image i of a uint8 batch ``(B, C, H, W)`` through sub-policy ``policy[i]``: each step's op where
-    ``applies[i, j]``, its magnitude negated where ``flips[i, j]`` and the op is signed."""
+    ``applies[i, j]``, its magnitude negated where ``flips[i, j]`` and the op is signed. ``by_subset`` as
+    ``apply_ops``'s (default: on the CPU)."""
     for step in range(2):
         op = table.ops[policy, step]
         magnitude = table.space.magnitudes[op, table.bins[policy, step]]
         magnitude = torch.where(table.space.signed[op] & flips[:, step], -magnitude, magnitude)
-        out = apply_ops(images, table.space, op, magnitude)
+        out = apply_ops(images, table.space, op, magnitude, by_subset)
         images = torch.where(applies[:, step].view(-1, 1, 1, 1), out, images)
     return images
