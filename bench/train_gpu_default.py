@@ -38,6 +38,10 @@ batch (their 1e-3 at 128 x 2.83 ~ 3e-3), a 15-epoch warmup and an EMA decay of 0
 at 256): a 1,024-image step is 2.06x the images a second of a 256-image one with CUDA graphs on an H100, and side
 by side on one GPU for the same 491 s it reached 85.24 % against the 256-image recipe's 85.12 %
 (``bench/results/h100-2026-11-26b``; the line-by-line comparison with Lee et al.'s code is in its README).
+
+``--recipe lee`` trains Lee et al.'s own recipe instead (``LEE_RECIPE``: their 100 epochs of 3 passes, AutoAugment,
+stochastic depth alike in every block, no EMA), and ``--recipe lee-ours`` the same passes with this project's
+regularisation; ``scripts/gpu_session.sh record`` runs the two one after the other.
 """
 
 from __future__ import annotations
