@@ -287,8 +287,8 @@ with st.form("launch"):
         error_for("label_smoothing")
         st.selectbox("Augmentation", [None, *AUGMENTATIONS], key="train_augment",
                      format_func=lambda a: "recipe's" if a is None else a,
-                     help="none < flip-crop < trivialaugment < randaugment (strength below); seed: flip + "
-                     "RandomResizedCrop")
+                     help="none < flip-crop < trivialaugment < randaugment (strength below); autoaugment: "
+                     "AutoAugment's CIFAR-10 policy (Lee et al. 2021's); seed: flip + RandomResizedCrop")
         error_for("augment")
         st.number_input("RandAugment strength (magnitude)", value=None, step=1, key="train_aug_magnitude",
                         placeholder="9")

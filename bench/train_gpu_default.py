@@ -38,6 +38,10 @@ batch (their 1e-3 at 128 x 2.83 ~ 3e-3), a 15-epoch warmup and an EMA decay of 0
 at 256): a 1,024-image step is 2.06x the images a second of a 256-image one with CUDA graphs on an H100, and side
 by side on one GPU for the same 491 s it reached 85.24 % against the 256-image recipe's 85.12 %
 (``bench/results/h100-2026-11-26b``; the line-by-line comparison with Lee et al.'s code is in its README).
+
+``--recipe lee`` trains Lee et al.'s own recipe instead (``LEE_RECIPE``: their 100 epochs of 3 passes, AutoAugment,
+stochastic depth alike in every block, no EMA), and ``--recipe lee-ours`` the same passes with this project's
+regularisation; ``scripts/gpu_session.sh record`` runs the two one after the other.
 """
 
 from __future__ import annotations
@@ -65,9 +69,50 @@ RECIPE = ["--preset", "cifar-m", "--batch-size", "1024", "--lr", "3e-3", "--min-
           "--log-every", "15", "--seed", "0", "--val-fraction", "0.1", "--warmup-epochs", "15"]
 
 
-def launch(data: str, out: Path, budget: float, device: str, extra: list[str]) -> subprocess.Popen:
+
+
+def overridden(recipe: list[str], changes: list[str]) -> list[str]:
+    """``recipe`` with each option of ``changes`` taking its value there (added when new); a flag has no value."""
+    def options(args: list[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for arg in args:
+            if arg.startswith("--"):
+                found[arg] = []
+            else:
+                found[list(found)[-1]].append(arg)
+        return found
+
+    merged = {**options(recipe), **options(changes)}
+    return [item for option, values in merged.items() for item in (option, *values)]
+
+
+# Lee et al. 2021's recipe for their ViT on CIFAR (github.com/aanna0701/SPT_LSA_ViT at 54bd796, main.py's defaults and
+# utils/scheduler.py; bench/results/h100-2026-11-26b/README.md, section 4): 100 epochs of 3 passes each (their
+# RASampler(len, batch, 1, ra=3): --repeat-aug 3, Lee et al.'s order), a 10-epoch warmup, AdamW 1e-3 with weight decay
+# 0.05 at batch 128, a cosine per step down to 1e-6, label smoothing 0.1, crop + flip + AutoAugment's CIFAR-10 policy,
+# mixup 1 or CutMix 1 on half the batches, random erasing 0.25, stochastic depth 0.1 in every block (their one
+# shared DropPath), no EMA, no clipping. Two things differ, for the GPU's pace: the batch is 1,024 with the learning
+# rate x sqrt(8) (the square-root rule, as RECIPE's), since 300 passes of 45,000 images at 128 a step would not fit
+# the budget (a 1,024-image step trained 58,957 images/s on an H100 alone, bench/results/h100-2026-11-26b: 300 passes
+# in ~230 s), and the weight decay spares biases and norms (vit.train's rule; theirs decays every parameter).
+LEE_RECIPE = ["--preset", "cifar-m", "--drop-path", "0.1", "--drop-path-schedule", "uniform", "--epochs", "100",
+              "--repeat-aug", "3", "--repeat-aug-sampler", "passes", "--batch-size", "1024", "--lr", "2.83e-3",
+              "--min-lr", "1e-6", "--weight-decay", "0.05", "--warmup-epochs", "10", "--label-smoothing", "0.1",
+              "--grad-clip", "0", "--ema", "0", "--augment", "autoaugment", "--mixup", "1.0", "--cutmix", "1.0",
+              "--mix-prob", "0.5", "--random-erasing", "0.25", "--compile", "--precision", "bf16",
+              "--attention-every", "0", "--checkpoint-seconds", "600", "--eval-batch-size", "1000",
+              "--log-every", "15", "--seed", "0", "--val-fraction", "0.1"]
+# The same passes with the project's own regularisation (RECIPE's): TrivialAugment, drop path rising linearly to 0.1
+# at the last block, clipping at norm 1 and the EMA of the weights.
+LEE_OURS_RECIPE = overridden(LEE_RECIPE, ["--augment", "trivialaugment", "--drop-path-schedule", "linear",
+                                          "--grad-clip", "1.0", "--ema", "0.998", "--ema-warmup"])
+RECIPES = {"default": RECIPE, "lee": LEE_RECIPE, "lee-ours": LEE_OURS_RECIPE}
+
+
+def launch(data: str, out: Path, budget: float, device: str, extra: list[str],
+           recipe: list[str] = RECIPE) -> subprocess.Popen:
     """``python -m vit.train`` with the recipe and ``--time-budget``, its output in ``out``'s console log."""
-    recipe = RECIPE if device != "cpu" else [a for a in RECIPE if a not in ("--compile", "--precision", "bf16")]
+    recipe = recipe if device != "cpu" else [a for a in recipe if a not in ("--compile", "--precision", "bf16")]
     command = [sys.executable, "-m", "vit.train", "--dataset", f"folder:{data}", "--out", str(out),
                "--device", device, "--time-budget", f"{budget:g}", *recipe, *extra]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +255,9 @@ def main() -> int:
     parser.add_argument("--profile-steps", default="30,10", metavar="STEPS,WARMUP",
                         help="the profile's timed (and then profiled) steps and its warm-up steps")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--recipe", choices=tuple(RECIPES), default="default",
+                        help="default (RECIPE, the app's GPU default), lee (Lee et al. 2021's) or lee-ours (theirs with "
+                        "the project's regularisation)")
     parser.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
                         help="another run side by side: the recipe with ARGS on top (repeatable)")
     parser.add_argument("--no-evaluate", action="store_true", help="skip vit.evaluate on the validation images")
@@ -241,14 +289,15 @@ def main() -> int:
     budget = math.floor(min(args.max_run_seconds, args.deadline - (time.monotonic() - start) - args.margin))
     runs = [("run", list(args.extra))] + [(name, [*args.extra, *extra]) for name, extra in others]
     plan = {"device": device.strip().splitlines(), "decode_seconds": round(decode_seconds, 1),
-            "time_budget_seconds": budget, "recipe": RECIPE + args.extra,
+            "time_budget_seconds": budget, "recipe_name": args.recipe, "recipe": RECIPES[args.recipe] + args.extra,
             "side_by_side": dict(others)}
     print(f"plan: {json.dumps(plan)}", flush=True)
     if budget < 60:
         print(f"only {budget} s left for the run; not started", flush=True)
         return 1
     launched = time.monotonic()
-    processes = {name: launch(args.data, args.work / name, budget, args.device, extra) for name, extra in runs}
+    processes = {name: launch(args.data, args.work / name, budget, args.device, extra, RECIPES[args.recipe])
+                 for name, extra in runs}
     seen = follow(processes, args.work, launched, launched + budget + args.margin / 2)  # half the margin: overrun
     evaluated = {} if args.no_evaluate else evaluate(
         {name: args.work / name / "best.pt" for name in processes if (args.work / name / "best.pt").exists()},

@@ -9,6 +9,13 @@
 #       data/ray-a and data/ray-b; the lease's calls below say which each carries
 #   on the device, one call: `default` trains the app's default alone (bench/results/h100-2026-11-26b/README.md):
 #       run(command="bash scripts/gpu_session.sh default", carry=["data/shared/cifar10"], timeout_s=600)
+#   then `record`: Lee et al.'s recipe (100 epochs x 3 passes, bench/train_gpu_default.py's LEE_RECIPE) alone, then
+#       the same with the project's regularisation (lee-ours), one after the other, never side by side; each has
+#       its own DEADLINE (570 s: a ~540-s budget), so on the device each is one call:
+#       run(command="bash scripts/gpu_session.sh record lee", carry=["data/shared/cifar10"], timeout_s=600)
+#       run(command="bash scripts/gpu_session.sh record lee-ours", carry=["data/shared/cifar10"], timeout_s=600)
+#   `default` and `record` read DATA (an image folder; default: the carried archive, unpacked), DEVICE (cuda),
+#   WORK (the run folders) and EXTRA (more vit.train arguments): tests/test_gpu_session.py runs both on the CPU.
 #   or the older lease's three calls `start`, `watch`, `finish` (below), or one of these alone:
 #       tests   unpack, build the uint8 cache, pytest -m cuda, then the engine's suite (~6 min)
 #       bench   bench/bench_gpu.py eager, --compile, --compile reduce-overhead (~6 min)
@@ -224,17 +231,43 @@ finish() {
     set -e
 }
 
-default() {  # unpack, then bench/train_gpu_default.py: decode, train alone with --time-budget, vit.evaluate, collect
-    if [ ! -d data/cifar10/train ]; then
+DATA=${DATA:-data/cifar10/train}
+DEVICE=${DEVICE:-cuda}
+WORK=${WORK:-runs/gpu-default}
+
+one_recipe() {  # $1 a recipe of bench/train_gpu_default.py, $2 where its files go: unpack, then decode, train alone
+    # with --time-budget (DEADLINE less the decoding and a 15-s margin), vit.evaluate best.pt, collect
+    if [ "$DATA" = data/cifar10/train ] && [ ! -d data/cifar10/train ]; then
         mkdir -p data/cifar10
         tar -xzf data/shared/cifar10/train.tar.gz -C data/cifar10
     fi
-    $PY bench/train_gpu_default.py --data data/cifar10/train --out "$OUT" --deadline "${DEADLINE:-570}" --margin 15 \
-        2>&1 | tee "$OUT/console.txt"
+    local extra=()
+    read -ra extra <<< "${EXTRA:-}"
+    mkdir -p "$2"
+    $PY bench/train_gpu_default.py --recipe "$1" --data "$DATA" --out "$2" --work "$WORK/$1" --device "$DEVICE" \
+        --deadline "${DEADLINE:-570}" --margin 15 ${extra[@]+--extra "${extra[@]}"} 2>&1 | tee "$2/console.txt"
+}
+
+default() {
+    one_recipe default "$OUT"
+}
+
+record() {  # each recipe named (default: lee, then lee-ours) alone, one after the other, its files in $OUT/NAME
+    local name failed=0
+    local names=("$@")
+    [ ${#names[@]} -gt 0 ] || names=(lee lee-ours)
+    for name in "${names[@]}"; do
+        case "$name" in lee|lee-ours) ;; *) echo "record: unknown recipe $name (lee or lee-ours)" >&2; return 2 ;; esac
+    done
+    for name in "${names[@]}"; do
+        one_recipe "$name" "$OUT/$name" || failed=1
+    done
+    return "$failed"
 }
 
 case "${1:-}" in
     default) default ;;
+    record) shift; record "$@" ;;
     stage) stage "${2:-}" ;;
     setup) setup ;;
     tests) tests ;;
@@ -243,5 +276,5 @@ case "${1:-}" in
     watch) watch ;;
     ray) ray ;;
     finish) finish ;;
-    *) echo "usage: $0 default|stage|setup|tests|bench|start|watch|ray|finish" >&2; exit 2 ;;
+    *) echo "usage: $0 default|record [lee|lee-ours]|stage|setup|tests|bench|start|watch|ray|finish" >&2; exit 2 ;;
 esac

@@ -126,8 +126,11 @@ def test_trivialaugment_on_cuda_gives_the_cpus_images():
     assert (diff > 0).double().mean() < 1e-3 and (diff > 1).double().mean() < 1e-4
 
 
-def test_compiled_augmentation_on_cuda_keeps_dtype_shape_and_varies_per_image():
-    augment = torch.compile(BatchAugment("trivialaugment"))
+@pytest.mark.parametrize("policy", ["trivialaugment", "autoaugment"])
+def test_compiled_augmentation_on_cuda_keeps_dtype_shape_and_varies_per_image(policy):
+    augment = BatchAugment(policy)
+    augment.prepare(32, 32, "cuda")  # as the trainer does, outside the compiled graph
+    augment = torch.compile(augment)
     images = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8, device="cuda")
     out = augment(images)
     assert out.dtype == torch.uint8 and out.shape == images.shape and out.is_cuda

@@ -335,7 +335,7 @@ def test_policy_none_is_the_identity_and_bad_arguments_are_refused():
     images = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     assert torch.equal(BatchAugment("none")(images), images)
     with pytest.raises(ValueError, match="unknown augmentation"):
-        BatchAugment("autoaugment")
+        BatchAugment("augmix")
     with pytest.raises(ValueError, match="magnitude"):
         BatchAugment("randaugment", magnitude=31)
 

@@ -126,3 +126,20 @@ def test_scale_batch_under_two_processes_trains_like_one_process_with_twice_the_
     for a, b in zip(read_metrics(ddp), read_metrics(single), strict=True):
         for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr"):
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
+
+
+@pytest.mark.parametrize("sampler", ["passes", "copies"])
+def test_repeated_augmentation_under_two_processes_trains_like_one_process(images, tmp_path, sampler):
+    # Issue 111: --repeat-aug 2 deals each global batch round the processes. Lee et al.'s passes keep one process's
+    # global batches; DeiT's copies put an image's two copies on the two processes at one step, where one process has
+    # them side by side in its batch: the same images each step, so without augmentation the same mean gradient.
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    repeated = [*DETERMINISTIC, "--repeat-aug", "2", "--repeat-aug-sampler", sampler, "--attention-every", "0"]
+    proc = torchrun(*cli(images, ddp, *repeated))
+    out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
+    assert proc.returncode == 0, f"{out}\n{err}"
+    assert read_json(ddp / "status.json")["step"] == 2 * (22 * 2 // 4)  # 22 training images, each twice an epoch
+    assert main(cli(images, single, *repeated)) == 0
+    for a, b in zip(read_metrics(ddp), read_metrics(single), strict=True):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), key

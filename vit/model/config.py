@@ -33,6 +33,7 @@ class ViTConfig:
     dropout: float = 0.0  # after the embeddings, the attention projection and the MLP
     attention_dropout: float = 0.0  # on the attention probabilities (training only)
     drop_path: float = 0.0  # stochastic depth rate of the last block, linear from 0 at the first
+    drop_path_schedule: str = "linear"  # "uniform": drop_path in every block (Lee et al. 2021's shared DropPath)
     qkv_bias: bool = True
     layer_norm_eps: float = 1e-6  # timm's value; HF's ViT uses 1e-12, set it to load those
     # Imported variants; the defaults are the plain ViT (and keep older checkpoints loading).
@@ -193,6 +194,9 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise ValueError(f"ViTConfig.{name} must be in [0, 1), got {value!r}")
+        if self.drop_path_schedule not in DROP_PATH_SCHEDULES:
+            raise ValueError(f"ViTConfig.drop_path_schedule must be one of {', '.join(DROP_PATH_SCHEDULES)}, got "
+                             f"{self.drop_path_schedule!r}")
         if not isinstance(self.qkv_bias, bool):
             raise ValueError(f"ViTConfig.qkv_bias must be true or false, got {self.qkv_bias!r}")
         if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
@@ -564,6 +568,7 @@ ROPES = ("none", "dinov3", "eva", "pe", "qwen", "vjepa2")  # pe: EVA's, counted 
 REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a table per layer over a window's
 # offsets; swinv2: its continuous bias from a small MLP of log-spaced offsets
 ATTENTIONS = ("dot", "cosine", "lsa", "lsa_temperature")
+DROP_PATH_SCHEDULES = ("linear", "uniform")
 PATCH_SHIFTS = ("none", "diagonal", "cardinal")
 MERGES = ("none", "swin", "swinv2", "pool")  # pool: Hiera / SAM 2's query pooling (the first block of a stage
 # max-pools its queries and its residual 2x2; vit.model.stages.QueryPool)

@@ -108,7 +108,8 @@ class ViT(Parent):
                                  if config.pos_embed_window else None)
         self.norm_pre = make_norm(config, d) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
-        rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
+        rates = [config.drop_path * (1 if config.drop_path_schedule == "uniform" else i / max(config.num_layers - 1, 1))
+                 for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(self._block(i, rate) for i, rate in enumerate(rates))
         self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads, config.rel_pos_resize)
                              if config.rel_pos == "beit_shared" else None)  # one table every layer adds

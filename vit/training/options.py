@@ -41,7 +41,11 @@ RECIPES: dict[str, dict] = {
 
 PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
-                "dropout", "attention_dropout", "drop_path", "patch_shift", "attention", "mimetic_init")
+                "dropout", "attention_dropout", "drop_path", "drop_path_schedule", "patch_shift", "attention",
+                "mimetic_init")
+DROP_PATH_SCHEDULES = ("linear", "uniform")  # vit.model.config.DROP_PATH_SCHEDULES, without torch
+REPEAT_SAMPLERS = ("passes", "copies")  # vit.training.sampling.REPEAT_SAMPLERS, without torch
+MAX_REPEAT_AUG = 64
 MIMETIC_DEFAULTS = (0.7, 0.7, 0.4, 0.4)  # vit.model.config.MIMETIC_DEFAULTS, without torch
 PATCH_SHIFT_CHOICES = ("none", "diagonal", "cardinal")  # vit.model.config.PATCH_SHIFTS, without torch
 ATTENTION_CHOICES = ("dot", "lsa", "lsa_temperature")  # of vit.model.config.ATTENTIONS, for a plain ViT
@@ -237,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dropout on the attention probabilities, in [0, 1)")
     g.add_argument("--drop-path", type=_float_in(0.0, 1.0), help="stochastic depth rate of the last block "
                    "(linear from 0 at the first), in [0, 1)")
+    g.add_argument("--drop-path-schedule", choices=DROP_PATH_SCHEDULES,
+                   help="how --drop-path spreads over the blocks: linear (the presets': 0 at the first, the rate at "
+                   "the last, timm's rule) or uniform (the rate in every block: Lee et al. 2021's one shared DropPath)")
     g.add_argument("--patch-shift", choices=PATCH_SHIFT_CHOICES,
                    help="shifted patch tokens (Lee et al. 2021): each patch also sees 4 shifted copies of the image, "
                    "normed before the projection. diagonal: the authors' (half a patch towards each corner); "
@@ -292,8 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--augment", choices=AUGMENTATIONS,
                    help="training augmentation on batches: none; crop (reflect-pad 4 px, random crop: for "
                    "digits and text); flip-crop (crop + horizontal flip); trivialaugment or randaugment "
-                   "(torchvision's, after flip-crop); seed (flip + RandomResizedCrop 0.8-1.0). "
+                   "(torchvision's, after flip-crop); autoaugment (torchvision's AutoAugment, its CIFAR-10 policy, "
+                   "after flip-crop, as Lee et al. 2021 train); seed (flip + RandomResizedCrop 0.8-1.0). "
                    "Ours trivialaugment, seed seed")
+    g.add_argument("--repeat-aug", type=_int_in(1, MAX_REPEAT_AUG), default=1, metavar="K",
+                   help="repeated augmentation: every training image drawn K times an epoch, each time augmented "
+                   "anew, so an epoch is K passes (default 1: one). Lee et al. 2021 train 100 epochs at K = 3, "
+                   "DeiT at K = 3; the order is --repeat-aug-sampler's")
+    g.add_argument("--repeat-aug-sampler", choices=REPEAT_SAMPLERS, default="passes",
+                   help="with --repeat-aug K: passes (default; Lee et al.'s RASampler as their main.py builds it: K "
+                   "shuffled passes one after the other) or copies (DeiT's RASampler: each image K times in a "
+                   "row, the copies on different processes at the same step under torchrun, side by side in a "
+                   "batch in one; the epoch keeps all K copies where DeiT cuts it to one pass's length)")
     g.add_argument("--aug-magnitude", type=_int_in(0, MAX_MAGNITUDE), default=9,
                    help=f"RandAugment magnitude, 0..{MAX_MAGNITUDE} (default 9)")
     g.add_argument("--aug-ops", type=_positive_int, default=2, help="RandAugment ops per image (default 2)")
@@ -410,6 +427,8 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
         argv = without_ray_options(argv)
     if args.compile_mode not in ("auto", "default") and not args.compile:
         raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
+    if args.repeat_aug == 1 and "repeat_aug_sampler" in given_options(argv):
+        raise UsageError("--repeat-aug-sampler orders the copies of --repeat-aug K; give K above 1 as well")
     if args.ema_warmup and not args.ema:
         raise UsageError("--ema-warmup needs --ema DECAY (the decay it warms up to)")
     if args.resume:
@@ -435,7 +454,8 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
         _check_budget(args)
     if args.init:
         fixed = sorted(given_options(argv) & {"preset", "patch_size", "hidden_size", "num_layers", "num_heads",
-                                              "mlp_size", "patch_shift", "attention", "mimetic_init"})
+                                              "mlp_size", "patch_shift", "attention", "mimetic_init",
+                                              "drop_path_schedule"})
         if fixed:
             raise UsageError(f"{', '.join(_flag(name) for name in fixed)} cannot be given with --init: the model "
                              "is the one you start from (only --image-size and the dropout rates may change)")

@@ -49,6 +49,7 @@ from vit.core.runfiles import (
     write_metrics,
 )
 from vit.model import ViT, ViTConfig, count_parameters
+from vit.training import sampling
 from vit.training.budget import BUDGET_SPACING, BUDGET_TOLERANCE, PLAN_EPOCH, plan_epochs
 from vit.training.data import BatchAugment, DataError, Dataset, random_erasing
 from vit.training.snapshots import (
@@ -113,6 +114,8 @@ class TrainSettings:
     save_every: int = 0  # a checkpoint of every Nth epoch in checkpoints/ (epochs, not time); 0 = off
     keep: int = 0  # of those, the K most recent plus the best epoch's are kept; 0 = all
     time_budget: float | None = None  # seconds from launch: epochs is then the most to plan (see plan_epochs)
+    repeat_aug: int = 1  # each image drawn this many times an epoch (repeated augmentation); 1 = one pass
+    repeat_aug_sampler: str = "passes"  # their order: vit.training.sampling.REPEAT_SAMPLERS
 
 
 class EtaClock:
@@ -254,7 +257,7 @@ class Trainer:
         self.eval_seconds: float | None = None  # the last validation's duration, for the ETA
         self.batch_size, self.lr_factor = global_batch(settings, world)
         self.local_batch = self.batch_size // world
-        self.steps_per_epoch = len(data.train) // self.batch_size
+        self.steps_per_epoch = sampling.steps_per_epoch(len(data.train), self.batch_size, settings.repeat_aug)
         # A host sync (.item(), .cpu()) costs nothing on the CPU; on a GPU it drains the queue of
         # launched kernels, so the statistics stay on the device between syncs.
         self.sync_every = settings.sync_every or (1 if self.device.type == "cpu" else 32)
@@ -599,11 +602,9 @@ class Trainer:
         return None if eta is None else round(eta, 1)
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        """This rank's sample indices for ``epoch``: one global permutation per epoch, sharded."""
-        generator = torch.Generator().manual_seed(_mix(self.settings.seed, epoch, 0, 0))
-        order = torch.randperm(len(self.train), generator=generator)
-        order = order[:self.steps_per_epoch * self.batch_size]
-        return order.view(self.steps_per_epoch, self.batch_size)[:, self.rank::self.world].reshape(-1)
+        """This rank's sample indices for ``epoch`` (``vit.training.sampling``), from a seed per epoch."""
+        return sampling.epoch_order(len(self.train), self.batch_size, _mix(self.settings.seed, epoch, 0, 0),
+                                    self.world, self.rank, self.settings.repeat_aug, self.settings.repeat_aug_sampler)
 
     def _step_row(self, since: tuple[float, float, float, int], now: float) -> tuple[float, float, float, int]:
         """Append the training loss and accuracy since ``since`` (time, loss sum, hits, images seen) to
