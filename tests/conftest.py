@@ -74,7 +74,7 @@ HEAVY_FIRST = ("ray-cluster", "browser", "memory")
 MEMORY_MODULES = ("test_costs", "test_layout_memory", "test_checkpointed_states")
 # The modules whose every test runs a real process as its scenario (beside the browser and Ray modules): the
 # GPU-lease scripts' trainings and the measured peaks
-SCENARIO_MODULES = (*MEMORY_MODULES, "test_gpu_lease_scripts")
+SCENARIO_MODULES = (*MEMORY_MODULES, "test_gpu_lease_scripts", "test_gpu_session")
 RAY_TIMEOUT_S = 480  # the deadline of a test on the Ray cluster (pyproject.toml's timeout is every other test's)
 
 
