@@ -481,6 +481,16 @@ class VLMAnswer:
                                                             prompt))
         return ablate(vlm, prepared, self.tokens, i, tokens, layout=layout, source=states)
 
+    def knockout(self, i: int, source=None, target="image", layers=None, heads=None, windows: int | None = None,
+                 overview: bool = False, image: int = 0):
+        """``vit.explain.language.vlm_knockout.Knockout``: answer token ``i``'s probability with the language model's
+        attention edges from ``source`` (None: the query that predicted it) to ``target`` (an image box, "image",
+        "question", "last" or token indices) blocked in ``layers`` (``windows=k``: each window of k of them) at
+        ``heads``, and without."""
+        from vit.explain.language.vlm_knockout import knockout
+
+        return knockout(self, i, source, target, layers, heads, windows, overview, image)
+
     def segments(self, grid: tuple[int, int] | None = None, masks=None, method: str = "ablation", samples: int = 8,
                  baseline: tuple[int, int, int] = (255, 255, 255)):
         """``vit.explain.language.vlm_segments.SegmentAttribution``: captum 0.9's own ``LLMAttribution`` of this
