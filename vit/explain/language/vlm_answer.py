@@ -455,13 +455,17 @@ class VLMAnswer:
                       layout)
 
     def patch(self, i: int, box: tuple[int, int, int, int], source: Image.Image, overview: bool = False,
-              image: int = 0):
+              image: int = 0, layer: int | None = None, head: int | None = None, at: str | None = None):
         """Activation patching of a region (TransformerLens' and nnsight's view, on the image): answer token ``i``'s
         logit and probability at the query that predicted it with the image tokens that cover ``box`` (as
         ``ablate``'s; ``image``: of the question's ``image``-th image) replaced by those ``source`` gives at the same
         places, and without (``vit.explain.language.vlm_lens.Ablation``: its ``ablated_*`` the patched run's). The
         source goes through the processor with the same question; it must be laid out as the asked image is (its
-        size, for a model that keeps the aspect), else ValueError in one line. Three forwards (counted first)."""
+        size, for a model that keeps the aspect), else ValueError in one line. Three forwards (counted first).
+        ``layer`` (or ``head``, ``at``): inside the language model instead, TransformerLens's ``run_with_hooks``
+        way, at the positions ``box`` names (a box, "image", "question", "last" or token indices, as
+        ``knockout``'s): ``at`` "residual" (the default) the stream after that layer, "attention" its attention
+        output before the output projection, ``head``'s alone if given (``vit.explain.language.vlm_patching``)."""
         from vit.explain.language.vlm_lens import ablate, check, region_tokens, source_states
 
         vlm, prepared = self._model()
@@ -472,11 +476,21 @@ class VLMAnswer:
         if not isinstance(source, Image.Image):
             raise ValueError(f"source must be a PIL image, got {type(source).__name__}")
         layout, i = self._image(image), self._token(i)
-        tokens = region_tokens(layout.view(overview), box)
-        check(vlm, prepared, i, lens=False)  # before the source's run too
         question, prompt = prepared.asked
         shown = list(prepared.images)
         shown[image] = source.convert("RGB")
+        if layer is not None or head is not None or at is not None:
+            from vit.explain.language.vlm_knockout import positions
+            from vit.explain.language.vlm_patching import patch_layer
+
+            self._in_sequence("patching inside the language model")
+            if layer is None:
+                raise ValueError("patching inside the language model needs layer=, the layer to patch at")
+            where = positions(self, box, i, "box", overview, image)
+            return patch_layer(self, i, where, prompt_inputs(vlm, shown if len(shown) > 1 else shown[0], question,
+                                                             prompt), layer, head, at or "residual")
+        tokens = region_tokens(layout.view(overview), box)
+        check(vlm, prepared, i, lens=False)  # before the source's run too
         states = source_states(vlm, prepared, prompt_inputs(vlm, shown if len(shown) > 1 else shown[0], question,
                                                             prompt))
         return ablate(vlm, prepared, self.tokens, i, tokens, layout=layout, source=states)
