@@ -350,16 +350,19 @@ class VLMAnswer:
         return self.row(i, layer)[:, self._image(image).positions]
 
     def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean",
-                  overview: bool = False, image: int = 0) -> np.ndarray:
+                  overview: bool = False, image: int = 0, sinks=None) -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
         attention to the image token whose unit covers it; ``head`` None: the heads fused by ``fusion`` ("mean" or
         "max", each image token's own). An image read as tiles: on the tiles' canvas, or, ``overview``, on the
         model's one view of the whole image beside them (InternVL's thumbnail). ``image``: which of the question's
-        images (each on its own patch grid, ``layouts[image].grid``)."""
+        images (each on its own patch grid, ``layouts[image].grid``). ``sinks`` (``VLMAnswer.sinks``'s): the map
+        without them, each head's row renormalised over the image's other tokens (``vlm_sinks.Sinks.removed``)."""
         layout = self._image(image).view(overview)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
         rows = self.image_rows(i, layer, image)  # (H, lead + N)
+        if sinks is not None:
+            rows = sinks.removed(rows, self._layer(layer), self._image(image).positions)
         if head is None:
             rows = rows.mean(0, keepdim=True) if fusion == "mean" else rows.amax(0, keepdim=True)
         else:
@@ -368,6 +371,14 @@ class VLMAnswer:
                                  f"numbered 0 to {rows.shape[0] - 1}")
             rows = rows[head:head + 1]
         return layout.place(rows)[0].numpy()
+
+    def sinks(self, dims=None, tau: float = 20.0):
+        """``vit.explain.language.vlm_sinks.Sinks``: the prompt's visual sink tokens at each layer, as Kang et al.
+        (ICLR 2025) find them (``dims``: the sink dimensions, None: found; ``tau``: the authors' threshold)."""
+        from vit.explain.language.vlm_sinks import find_sinks
+
+        self._in_sequence("the visual sinks")
+        return find_sinks(self, dims, tau)
 
     def image_share(self, i: int, layer: int = -1, image: int | None = None) -> float:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
