@@ -380,6 +380,22 @@ class VLMAnswer:
         self._in_sequence("the visual sinks")
         return find_sinks(self, dims, tau)
 
+    def grounding_heads(self, i: int = 0, image: int = 0):
+        """``vit.explain.language.vlm_heads.HeadScores``: every head's attention sum and spatial entropy over the
+        image at answer token ``i``'s query, the localization heads ranked (Kang et al., CVPR 2025)."""
+        from vit.explain.language.vlm_heads import localization_heads
+
+        self._in_sequence("the localization heads")
+        return localization_heads(self, self._token(i), image)
+
+    def visual_heads(self, hits, image: int = 0, overview: bool = False) -> np.ndarray:
+        """(L, H): SparseMM's visual score of every head over ``hits``, ``(answer token, box)`` pairs
+        (``vit.explain.language.vlm_heads.visual_scores``)."""
+        from vit.explain.language.vlm_heads import visual_scores
+
+        self._in_sequence("the visual heads")
+        return visual_scores(self, [(self._token(i), box) for i, box in hits], image, overview)
+
     def image_share(self, i: int, layer: int = -1, image: int | None = None) -> float:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
         looked at the image (``image`` None: at every image of the question; an int: at that one)."""
