@@ -79,6 +79,9 @@ def _prompt_states(answer, reduce) -> list:
     def keep(k: int):
         def hook(module, args, kwargs):
             stream = args[0] if args else kwargs["hidden_states"]
+            if stream.dim() != 3:  # Gemma 3n's AltUp streams: (streams, B, T, D)
+                raise ValueError(f"this model's decoder layers receive {stream.dim() - 1}-D streams, not one hidden "
+                                 "state per token: its sinks are not found here")
             kept[k] = reduce(stream[0].detach())
         return hook
 
