@@ -139,3 +139,17 @@ def test_a_source_laid_out_otherwise_is_refused_before_any_forward(asked, monkey
     monkeypatch.setattr(answer._source[0].model, "forward", lambda *a, **k: pytest.fail("the model ran"))
     with pytest.raises(ValueError, match=r"^the source image is laid out otherwise than the image asked about"):
         answer.patch(0, "image", picture(64, 64), layer=0)
+
+
+def test_gemma3ns_several_streams_are_refused_in_one_line_and_its_heads_patched(tmp_path_factory):
+    """Gemma 3n's decoder layers hand on AltUp's several streams, no one residual stream: refused in one line; its
+    attention output is one tensor and is patched as the others'."""
+    folder = saved_whole(tmp_path_factory, ["gemma3n"])["gemma3n"]
+    answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"^this model's decoder layers hand on 3-D streams, not one residual "
+                                         r"stream: patch at='attention' instead$"):
+        answer.patch(2, "image", other_picture(), layer=0)
+    image = answer.layout.positions.tolist()
+    result = answer.patch(2, "image", other_picture(), layer=0, head=1, at="attention")
+    whole, patched = by_hand(folder, list(answer.tokens), 2, image, 0, 1)
+    assert result.logit == pytest.approx(whole, abs=1e-4) and result.ablated_logit == pytest.approx(patched, abs=1e-4)

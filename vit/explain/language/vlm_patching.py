@@ -40,7 +40,12 @@ def _site(vlm, layer: int, at: str) -> tuple[torch.nn.Module, bool]:
 
 
 def _stream(value):
-    return value[0] if isinstance(value, tuple) else value
+    """The hidden states (1, T, D) a site's output (or input) holds; ValueError (one line) for several streams."""
+    stream = value[0] if isinstance(value, tuple) else value
+    if stream.dim() != 3:  # Gemma 3n's AltUp: (streams, B, T, D)
+        raise ValueError(f"this model's decoder layers hand on {stream.dim() - 1}-D streams, not one residual "
+                         "stream: patch at='attention' instead")
+    return stream
 
 
 def patch_layer(answer, i: int, positions: torch.Tensor, source_inputs, layer: int, head: int | None = None,
