@@ -5,8 +5,9 @@ at the chosen layers' calls, on the chosen heads' rows of the chosen edges (quer
 eager softmax renormalises each row over the keys it still reads; the answer token's probability at its query from
 the whole model's forward over the prompt and the answer's first ``i`` tokens (``_inputs``), softmax of its logits.
 
-The models are ``test_vlm_answer``'s tiny random LLaVA and Qwen2.5-VL, and Gemma 3 with its first layer a sliding
-window of 8 keys (its second global), a knockout there of edges inside the window.
+The models are ``test_vlm_answer``'s tiny random LLaVA, Qwen2.5-VL, PaliGemma 2 (Gemma 2's soft caps, its prefix read
+both ways: a mask that is not causal) and Gemma 3 with its first layer a sliding window of 8 keys (its second global),
+a knockout there of edges inside the window.
 """
 
 import sys
@@ -31,7 +32,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def vlms(tmp_path_factory):
-    folders = saved_whole(tmp_path_factory, ["llava", "qwen2_5_vl"])
+    folders = saved_whole(tmp_path_factory, ["llava", "qwen2_5_vl", "paligemma2"])
     torch.manual_seed(0)
     model, processor = _build("gemma3")
     model.config.text_config.sliding_window = WINDOW
@@ -83,7 +84,7 @@ def edges(sources, targets) -> list[tuple[int, int]]:
     return [(s, t) for s in sources for t in targets]
 
 
-@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl", "gemma3"])
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl", "gemma3", "paligemma2"])
 def test_a_knockout_of_the_query_to_the_image_is_the_eager_models_by_hand(vlms, asked, kind):
     answer, i = asked[kind], 2
     query = answer.prompt_tokens + i - 1
