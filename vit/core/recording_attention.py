@@ -3,7 +3,8 @@
 The model's own implementation (sdpa, or the eager function of its modelling file) computes the output, so the
 numbers are the library's; beside it, while a recorder is current in this context (``recording``), each call of a
 module the recorder lists (``recorder.layers``: module -> layer) is handed to it, ``keep`` before and ``output``
-after; while relevance rules are current (``RULES``) their ``attention_inputs`` apply to every call it runs.
+after (and, where it has one, its ``edit_mask`` gives the mask the call runs with: a knockout's blocked edges);
+while relevance rules are current (``RULES``) their ``attention_inputs`` apply to every call it runs.
 
 Both roads' library parts read it: a VLM's answer (``vit.explain.language.vlm_attention``) and a vision model opened
 as transformers builds it (``vit.sources.library_road.transformers_models``). The recorder is a ContextVar's, so two
@@ -38,6 +39,9 @@ def _recording(delegate):
         layer = None if recorder is None else recorder.layers.get(module)
         if layer is None:
             return delegate(module, query, key, value, attention_mask, **kwargs)
+        edit = getattr(recorder, "edit_mask", None)  # an intervention on the edges, before the softmax
+        if edit is not None:
+            attention_mask = edit(layer, query, key, attention_mask)
         recorder.keep(layer, query, key, value, attention_mask, kwargs)
         out = delegate(module, query, key, value, attention_mask, **kwargs)
         recorder.output(layer, out[0])

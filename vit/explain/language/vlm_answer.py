@@ -355,16 +355,19 @@ class VLMAnswer:
         return self.row(i, layer)[:, self._image(image).positions]
 
     def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean",
-                  overview: bool = False, image: int = 0) -> np.ndarray:
+                  overview: bool = False, image: int = 0, sinks=None) -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
         attention to the image token whose unit covers it; ``head`` None: the heads fused by ``fusion`` ("mean" or
         "max", each image token's own). An image read as tiles: on the tiles' canvas, or, ``overview``, on the
         model's one view of the whole image beside them (InternVL's thumbnail). ``image``: which of the question's
-        images (each on its own patch grid, ``layouts[image].grid``)."""
+        images (each on its own patch grid, ``layouts[image].grid``). ``sinks`` (``VLMAnswer.sinks``'s): the map
+        without them, each head's row renormalised over the image's other tokens (``vlm_sinks.Sinks.removed``)."""
         layout = self._image(image).view(overview)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
         rows = self.image_rows(i, layer, image)  # (H, lead + N)
+        if sinks is not None:
+            rows = sinks.removed(rows, self._layer(layer), self._image(image).positions)
         if head is None:
             rows = rows.mean(0, keepdim=True) if fusion == "mean" else rows.amax(0, keepdim=True)
         else:
@@ -373,6 +376,30 @@ class VLMAnswer:
                                  f"numbered 0 to {rows.shape[0] - 1}")
             rows = rows[head:head + 1]
         return layout.place(rows)[0].numpy()
+
+    def sinks(self, dims=None, tau: float = 20.0):
+        """``vit.explain.language.vlm_sinks.Sinks``: the prompt's visual sink tokens at each layer, as Kang et al.
+        (ICLR 2025) find them (``dims``: the sink dimensions, None: found; ``tau``: the authors' threshold)."""
+        from vit.explain.language.vlm_sinks import find_sinks
+
+        self._in_sequence("the visual sinks")
+        return find_sinks(self, dims, tau)
+
+    def grounding_heads(self, i: int = 0, image: int = 0):
+        """``vit.explain.language.vlm_heads.HeadScores``: every head's attention sum and spatial entropy over the
+        image at answer token ``i``'s query, the localization heads ranked (Kang et al., CVPR 2025)."""
+        from vit.explain.language.vlm_heads import localization_heads
+
+        self._in_sequence("the localization heads")
+        return localization_heads(self, self._token(i), image)
+
+    def visual_heads(self, hits, image: int = 0, overview: bool = False) -> np.ndarray:
+        """(L, H): SparseMM's visual score of every head over ``hits``, ``(answer token, box)`` pairs
+        (``vit.explain.language.vlm_heads.visual_scores``)."""
+        from vit.explain.language.vlm_heads import visual_scores
+
+        self._in_sequence("the visual heads")
+        return visual_scores(self, [(self._token(i), box) for i, box in hits], image, overview)
 
     def image_share(self, i: int, layer: int = -1, image: int | None = None) -> float:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
@@ -460,13 +487,17 @@ class VLMAnswer:
                       layout)
 
     def patch(self, i: int, box: tuple[int, int, int, int], source: Image.Image, overview: bool = False,
-              image: int = 0):
+              image: int = 0, layer: int | None = None, head: int | None = None, at: str | None = None):
         """Activation patching of a region (TransformerLens' and nnsight's view, on the image): answer token ``i``'s
         logit and probability at the query that predicted it with the image tokens that cover ``box`` (as
         ``ablate``'s; ``image``: of the question's ``image``-th image) replaced by those ``source`` gives at the same
         places, and without (``vit.explain.language.vlm_lens.Ablation``: its ``ablated_*`` the patched run's). The
         source goes through the processor with the same question; it must be laid out as the asked image is (its
-        size, for a model that keeps the aspect), else ValueError in one line. Three forwards (counted first)."""
+        size, for a model that keeps the aspect), else ValueError in one line. Three forwards (counted first).
+        ``layer`` (or ``head``, ``at``): inside the language model instead, TransformerLens's ``run_with_hooks``
+        way, at the positions ``box`` names (a box, "image", "question", "last" or token indices, as
+        ``knockout``'s): ``at`` "residual" (the default) the stream after that layer, "attention" its attention
+        output before the output projection, ``head``'s alone if given (``vit.explain.language.vlm_patching``)."""
         from vit.explain.language.vlm_lens import ablate, check, region_tokens, source_states
 
         vlm, prepared = self._model()
@@ -477,14 +508,34 @@ class VLMAnswer:
         if not isinstance(source, Image.Image):
             raise ValueError(f"source must be a PIL image, got {type(source).__name__}")
         layout, i = self._image(image), self._token(i)
-        tokens = region_tokens(layout.view(overview), box)
-        check(vlm, prepared, i, lens=False)  # before the source's run too
         question, prompt = prepared.asked
         shown = list(prepared.images)
         shown[image] = source.convert("RGB")
+        if layer is not None or head is not None or at is not None:
+            from vit.explain.language.vlm_knockout import positions
+            from vit.explain.language.vlm_patching import patch_layer
+
+            self._in_sequence("patching inside the language model")
+            if layer is None:
+                raise ValueError("patching inside the language model needs layer=, the layer to patch at")
+            where = positions(self, box, i, "box", overview, image)
+            return patch_layer(self, i, where, prompt_inputs(vlm, shown if len(shown) > 1 else shown[0], question,
+                                                             prompt), layer, head, at or "residual")
+        tokens = region_tokens(layout.view(overview), box)
+        check(vlm, prepared, i, lens=False)  # before the source's run too
         states = source_states(vlm, prepared, prompt_inputs(vlm, shown if len(shown) > 1 else shown[0], question,
                                                             prompt))
         return ablate(vlm, prepared, self.tokens, i, tokens, layout=layout, source=states)
+
+    def knockout(self, i: int, source=None, target="image", layers=None, heads=None, windows: int | None = None,
+                 overview: bool = False, image: int = 0):
+        """``vit.explain.language.vlm_knockout.Knockout``: answer token ``i``'s probability with the language model's
+        attention edges from ``source`` (None: the query that predicted it) to ``target`` (an image box, "image",
+        "question", "last" or token indices) blocked in ``layers`` (``windows=k``: each window of k of them) at
+        ``heads``, and without."""
+        from vit.explain.language.vlm_knockout import knockout
+
+        return knockout(self, i, source, target, layers, heads, windows, overview, image)
 
     def segments(self, grid: tuple[int, int] | None = None, masks=None, method: str = "ablation", samples: int = 8,
                  baseline: tuple[int, int, int] = (255, 255, 255)):

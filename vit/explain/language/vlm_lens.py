@@ -137,19 +137,9 @@ def _stream_input(vlm) -> str:
 def source_states(vlm, prepared, source_inputs) -> torch.Tensor:
     """(1, T, D): the language model's input (``_stream_input``) that ``source_inputs`` (the processor's for a
     source image, laid out as ``prepared``'s) give, read from one run of the model up to the language model, which
-    does not run. ValueError (one line) when the source's inputs are laid out otherwise than ``prepared``'s (another
-    count of image tokens, another grid, tile canvas or mask): its tokens would not sit where the asked image's do."""
-    base = prepared.inputs
-    for key, value in base.items():
-        other = source_inputs.get(key)
-        if isinstance(value, torch.Tensor):  # the pixels differ; every other input is the layout and must not
-            same = (isinstance(other, torch.Tensor) and other.shape == value.shape
-                    and (key.startswith("pixel_values") or torch.equal(other, value)))
-        else:
-            same = other == value
-        if not same:
-            raise ValueError(f"the source image is laid out otherwise than the image asked about ({key} differs: "
-                             "another count of image tokens, grid or tiles); give a source image of its size")
+    does not run. ValueError (one line) when the source's inputs are laid out otherwise than ``prepared``'s
+    (``same_layout``)."""
+    same_layout(prepared, source_inputs)
     name, kept = _stream_input(vlm), {}
 
     def read(module, args, kwargs):
@@ -168,6 +158,23 @@ def source_states(vlm, prepared, source_inputs) -> torch.Tensor:
     if kept.get("states") is None:
         raise RuntimeError(f"the language model was not given its {name}; it cannot be patched here")
     return kept["states"].reshape(1, -1, kept["states"].shape[-1])
+
+
+def same_layout(prepared, source_inputs) -> None:
+    """ValueError (one line) when ``source_inputs`` (the processor's for a source image) are laid out otherwise than
+    ``prepared``'s (another count of image tokens, another grid, tile canvas or mask): its tokens would not sit where
+    the asked image's do."""
+    base = prepared.inputs
+    for key, value in base.items():
+        other = source_inputs.get(key)
+        if isinstance(value, torch.Tensor):  # the pixels differ; every other input is the layout and must not
+            same = (isinstance(other, torch.Tensor) and other.shape == value.shape
+                    and (key.startswith("pixel_values") or torch.equal(other, value)))
+        else:
+            same = other == value
+        if not same:
+            raise ValueError(f"the source image is laid out otherwise than the image asked about ({key} differs: "
+                             "another count of image tokens, grid or tiles); give a source image of its size")
 
 
 def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor, how: str = "zero",
