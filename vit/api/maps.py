@@ -124,7 +124,7 @@ class Explanation:
                     seen=self.seen, map2d=self.map, grid=self.grid if self.pixels else None,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
-                    prediction=self.prediction, settings=self.settings)
+                    prediction=self.prediction, settings=shown_settings(self.settings))
         return view_html(view)
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -149,6 +149,14 @@ class Explanation:
 
     def _repr_png_(self) -> bytes:
         return to_png_bytes(self._shown())
+
+
+def shown_settings(settings: dict) -> dict:
+    """An explanation's ``settings`` (``explain``'s arguments, counted from 0) as its export shows them beside its
+    caption, which counts layers and heads from 1 as the explorer does: layers and heads from 1, the key saying so
+    (a token keeps its index: 0 is CLS)."""
+    return {f"{k} (from 1)" if k in ("layer", "head") and isinstance(v, int) else k:
+            v + 1 if k in ("layer", "head") and isinstance(v, int) else v for k, v in settings.items()}
 
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,

@@ -131,7 +131,7 @@ def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> Li
 
 
 def _which(head) -> str:
-    return "the heads' mean" if head is None else f"head {head}"
+    return "the heads' mean" if head is None else f"head {head + 1}"  # from 1, as the caption's layer
 
 
 BUILT_IN = (
