@@ -18,7 +18,7 @@ tokens), counted from the embeddings' own token parameters. Families with a port
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -493,6 +493,16 @@ def prefix_tokens(model: torch.nn.Module, names: tuple[str, ...] = PREFIX_PARAME
         if name in names:
             count += 1 if parameter.dim() == 1 else int(parameter.shape[-2])
     return count
+
+
+def instead_of_port(refused: SourceError, library_road: bool, folder: Path, config_json: Mapping,
+                    processor: Callable[[Path], Mapping | None], map_location: str | torch.device) -> Checkpoint:
+    """A folder whose port refuses its config (an HF ViT's non-square ``image_size``) as transformers builds it, where
+    the library road is asked (``library_road``: ``vit.load``) and takes it (``opens``); else ``refused`` raised.
+    ``processor(folder)``: its image processor's settings."""
+    if not library_road or not opens(config_json):
+        raise refused
+    return open_library(folder, config_json, processor(folder), map_location)
 
 
 def opens(config_json: Mapping) -> bool:
