@@ -620,3 +620,35 @@ def test_phi4_multimodals_vision_attention_is_recorded_by_its_own_classs_eager_f
     image = Image.new("RGB", (32, 32), (200, 30, 60))
     for method in vit.methods(checkpoint):
         assert vit.explain(checkpoint, image, method).map.shape == (4, 4)
+
+
+def test_dpts_own_vit_with_a_keep_aspect_processor_draws_its_maps_of_a_non_square_image(tmp_path):
+    """DPT with its own ViT reshapes its tokens to a square grid in its neck: transformers' own model fails on a
+    keep-aspect (non-square) input with a RuntimeError. Its ViT computes fine: each map is drawn from the ViT's own
+    forward (its attention equal to eager's ``output_attentions`` of ``model.dpt``), and its depth is refused in one
+    line instead of the neck's error."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    dpt_folder(tmp_path)
+    transformers.DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=True,
+                                   ensure_multiple_of=8).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    image = Image.fromarray((torch.rand(40, 30, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    grid = (x.shape[-2] // 8, x.shape[-1] // 8)
+    assert grid[0] != grid[1]
+    own = transformers.DPTForDepthEstimation.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        own(pixel_values=x)  # transformers' own neck fails on it
+    with torch.no_grad():
+        eager = own.dpt(pixel_values=x, output_attentions=True).attentions
+    explanation = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=0)
+    torch.testing.assert_close(torch.from_numpy(explanation.map), eager[2][0, 1, 0, 1:].reshape(grid), atol=1e-6,
+                               rtol=0)
+    for method in vit.methods(checkpoint):
+        assert vit.explain(checkpoint, image, method).map.shape[-2:] in (grid, tuple(x.shape[-2:]))
+    with pytest.raises(ValueError, match="DPT's neck reshapes its 5x4 patches to a square grid") as refused:
+        checkpoint.model(x)
+    assert "\n" not in str(refused.value)
