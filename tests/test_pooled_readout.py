@@ -177,3 +177,26 @@ def test_the_pages_rollout_of_a_register_gap_vit_starts_from_its_pooled_readout(
     assert sidebar_widget(at, "selectbox", "Query token (for the class map)").value == READOUT
     texts = [e.value for e in (*at.main.caption, *at.main.markdown) if isinstance(e.value, str)]
     assert any("as read by the mean of the patch tokens (what the classifier reads" in t for t in texts), texts
+
+
+def test_the_class_map_formed_in_chunks_starts_from_the_same_pooled_readout(register_gap, monkeypatch):
+    """Past the memory bound the class map's row is formed in chunks (``LayerInputs.gradient_rollout_row``): from the
+    pooled readout too, equal to Chefer's rule by hand."""
+    from vit.core.inference import preprocess
+    from vit.costs import plan
+    from vit.explain.methods.chunked import LayerInputs
+
+    folder, model = register_gap
+    checkpoint = vit.load(folder, device="cpu")
+    x = preprocess([photo()], checkpoint.preprocessing)
+    _, attentions, gradients = timm_attentions_and_gradients(model, x, class_index=0)
+    decide, class_map = plan.decide, plan.class_map
+    monkeypatch.setattr(plan, "class_map", lambda *a: ("chunked", class_map(*a)))
+    monkeypatch.setattr(plan, "decide", lambda p: "chunks" if isinstance(p, tuple) else decide(p))
+    rows, chunked = [], LayerInputs.gradient_rollout_row
+    monkeypatch.setattr(LayerInputs, "gradient_rollout_row", lambda self, *a, **k: rows.append(k) or chunked(self, *a,
+                                                                                                             **k))
+    explained = vit.explain(checkpoint, photo(), "class", target=0)
+    assert len(rows) == 1 and rows[0]["row"] is not None  # the path in chunks, from a row of weights
+    np.testing.assert_allclose(explained.map, chefer_from_pooled_readout(attentions, gradients, 2).numpy(),
+                               rtol=1e-4, atol=1e-6)
