@@ -166,7 +166,8 @@ def test_an_explanation_writes_its_view_with_the_models_own_heads(tiny, tmp_path
     np.testing.assert_allclose(array(shown["heads"][0]["customdata"]), reference.ravel(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(array(shown["map"][0]["customdata"]), reference.mean(0).ravel(), rtol=0, atol=1e-6)
     assert "&lt;b&gt;dog&lt;/b&gt;" in page or "cat" in page  # the prediction's names, as text
-    assert "<th>query</th><td>5</td>" in page and "<th>layer</th><td>1</td>" in page
+    # layer=1 (from 0) shown as the caption counts, from 1, and saying so (issue 116, item 5)
+    assert "<th>query</th><td>5</td>" in page and "<th>layer (from 1)</th><td>2</td>" in page
 
 
 def test_an_explanation_of_a_model_without_heads_still_exports(tiny, tmp_path):

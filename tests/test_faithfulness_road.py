@@ -147,3 +147,26 @@ def test_cli_refuses_a_method_the_model_has_not_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "unknown method(s) probe for this model; choose from: random" in err, err
     assert "gradcam" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_road_scores_every_method_vit_methods_draws(tmp_path, capsys):
+    """The documented command with each map ``vit.methods()`` draws for the model (the pixel methods too, which the
+    benchmark reads summed over each patch), on one image at the smallest settings each takes."""
+    import json
+
+    import vit
+    from tests.test_faithfulness_chefer import tiny_model_and_images
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    every = list(vit.methods(vit.load(checkpoint, device="cpu")))
+    assert {"integrated_gradients", "smoothgrad", "occlusion", "rise"} <= set(every)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "road", "--data", str(tmp_path / "data"), "--limit", "1",
+                              "--methods", ",".join(every), "--option", "n_steps=2,nt_samples=2,n_samples=4,n_masks=4",
+                              "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    result = json.loads(out.out)
+    assert list(result["methods"]) == every
+    for scores in result["methods"].values():
+        assert len(scores["most_relevant_first_curve"]) == 9 and np.isfinite(scores["combined"])

@@ -248,3 +248,32 @@ def test_a_depth_models_dense_view_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="has no last hidden state .* read a model's patch tokens") as refused:
         vit.pca(checkpoint, photo(9, (40, 40)))
     assert "\n" not in str(refused.value)
+
+
+# --- the mechanism: our ViT's hook points, which the library road has not
+
+MECHANISM_CALLS = {
+    "mechanism": lambda c, image: vit.mechanism(c, image),
+    "ablate": lambda c, image: vit.ablate(c, [(0, 1)]),
+    "head_effects": lambda c, image: vit.head_effects(c, image),
+    "reference_means": lambda c, image: vit.reference_means(c, [image], image),
+    "patching": lambda c, image: vit.patching(c, image, image),
+    "registers": lambda c, image: vit.registers(c, image, [image], threshold=1.0),
+    "sinks": lambda c, image: vit.sinks(c, image),
+    "textspan": lambda c, image: vit.textspan(c, [image], texts=["a cat"]),
+    "feature_attribution": lambda c, image: vit.feature_attribution(c, image, sae=None),
+}
+
+
+@pytest.mark.parametrize("call", list(MECHANISM_CALLS))
+@pytest.mark.parametrize("name", ["vit_msn", "ijepa", TIMM])
+def test_the_mechanism_refuses_a_library_road_model_in_one_line_naming_what_works(world, name, call):
+    from vit.explain.mechanism.components import MechanismError
+
+    checkpoint = vit.load(world[name], device="cpu")
+    assert checkpoint.road == "library"
+    with pytest.raises(MechanismError) as refused:
+        MECHANISM_CALLS[call](checkpoint, photo(9, (40, 36)))
+    line = one_line(str(refused.value))
+    assert line.startswith(f"vit.{call} reads and edits this project's ViT at its hook points")
+    assert "opened as its library builds it" in line and "vit.explain draws its maps" in line

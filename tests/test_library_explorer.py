@@ -223,3 +223,17 @@ def test_the_view_downloads_as_an_overlay_and_an_offline_html_as_vit_explains_it
     written = explanation.to_html(tmp_path / "view.html")
     assert written.read_text(encoding="utf-8") == explanation.html()
     assert "<script src=" not in explanation.html()  # self-contained: nothing fetched when it opens
+
+
+def test_ijepas_page_opens_its_rollout_on_what_its_classifier_reads_and_its_attention_on_the_centre_patch(tmp_path):
+    """I-JEPA has no CLS token (issue 116, item 1): the query picker's first entry is vit.explain's default, which
+    the captions name: the centre patch for one token's attention, the mean of the patch tokens for rollout."""
+    at = opened(save_family(tmp_path / "ijepa", "ijepa"))
+    at.sidebar.selectbox(key="library_method").set_value("attention").run()
+    query = sidebar_widget(at, "selectbox", "Query token")
+    assert query.value is None and query.options[0] == view.DEFAULT_QUERY
+    assert any("each head's attention of token 10 (patch row 3, col 3)" in c.value for c in at.main.caption)
+    at.sidebar.selectbox(key="library_method").set_value("rollout").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("what the mean of the patch tokens \\(what the classifier reads\\) draws on" in c.value
+               for c in at.main.caption), [c.value for c in at.main.caption]  # Markdown-escaped

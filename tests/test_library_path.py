@@ -588,3 +588,67 @@ def test_idefics3s_tower_whose_forward_reads_its_patch_mask_opens_and_records_ea
         assert torch.allclose(attentions[layer], eager[layer], atol=1e-6, rtol=0)
     drawn = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=6)
     assert torch.allclose(torch.from_numpy(drawn.map), eager[2][0, 1, 6].reshape(4, 4), atol=1e-6, rtol=0)
+
+
+def test_phi4_multimodals_vision_attention_is_recorded_by_its_own_classs_eager_function(tmp_path):
+    """Phi-4 multimodal's vision attention falls back to its file's ``simple_eager_attention_forward``; the file's
+    ``eager_attention_forward`` is its text attention's (it reads ``num_key_value_groups``, which the vision module
+    has not). Each layer's recorded attention is that function's softmax(q k^T / sqrt(d)) on the layer's input in
+    transformers' own forward, formed here by hand from the library's modules; layer 0's is eager's
+    ``output_attentions`` (later layers' inputs differ there: transformers' SDPA path reads the module's
+    ``is_causal=True``, its eager path does not). Every map the road lists is drawn."""
+    from PIL import Image
+
+    torch.manual_seed(0)
+    model = transformers.Phi4MultimodalVisionModel(transformers.Phi4MultimodalVisionConfig(**SMALL, image_size=32))
+    spread(model)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    x = pixels()
+    _, attentions = checkpoint.model.run(x, layers=range(3))
+    library = reference(tmp_path, "sdpa")
+    with torch.no_grad():
+        states = library(pixel_values=x, output_hidden_states=True).hidden_states
+        for layer, block in enumerate(library.encoder.layers):
+            h = block.layer_norm1(states[layer])  # (B, T, D)
+            q, k = (p(h).view(2, 16, 4, 8).transpose(1, 2) for p in (block.self_attn.q_proj, block.self_attn.k_proj))
+            expected = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, dim=-1)  # (B, H, T, T)
+            assert torch.allclose(attentions[layer], expected, atol=1e-6, rtol=0)
+        eager = reference(tmp_path, "eager")(pixel_values=x, output_attentions=True).attentions
+    assert torch.allclose(attentions[0], eager[0], atol=1e-6, rtol=0)
+    image = Image.new("RGB", (32, 32), (200, 30, 60))
+    for method in vit.methods(checkpoint):
+        assert vit.explain(checkpoint, image, method).map.shape == (4, 4)
+
+
+def test_dpts_own_vit_with_a_keep_aspect_processor_draws_its_maps_of_a_non_square_image(tmp_path):
+    """DPT with its own ViT reshapes its tokens to a square grid in its neck: transformers' own model fails on a
+    keep-aspect (non-square) input with a RuntimeError. Its ViT computes fine: each map is drawn from the ViT's own
+    forward (its attention equal to eager's ``output_attentions`` of ``model.dpt``), and its depth is refused in one
+    line instead of the neck's error."""
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    dpt_folder(tmp_path)
+    transformers.DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=True,
+                                   ensure_multiple_of=8).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    image = Image.fromarray((torch.rand(40, 30, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
+    x = preprocess([image], checkpoint.preprocessing)
+    grid = (x.shape[-2] // 8, x.shape[-1] // 8)
+    assert grid[0] != grid[1]
+    own = transformers.DPTForDepthEstimation.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        own(pixel_values=x)  # transformers' own neck fails on it
+    with torch.no_grad():
+        eager = own.dpt(pixel_values=x, output_attentions=True).attentions
+    explanation = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=0)
+    torch.testing.assert_close(torch.from_numpy(explanation.map), eager[2][0, 1, 0, 1:].reshape(grid), atol=1e-6,
+                               rtol=0)
+    for method in vit.methods(checkpoint):
+        assert vit.explain(checkpoint, image, method).map.shape[-2:] in (grid, tuple(x.shape[-2:]))
+    with pytest.raises(ValueError, match="DPT's neck reshapes its 5x4 patches to a square grid") as refused:
+        checkpoint.model(x)
+    assert "\n" not in str(refused.value)

@@ -171,9 +171,11 @@ def test_the_notebook_api_gives_one_row_per_layer_and_head_as_the_engine(tmp_pat
     with torch.no_grad():
         expected = sink_diagnostics(checkpoint.model, mechanism.hidden_states(checkpoint.model, x), (6, 6))
     rows = table.rows()
-    assert [(r["layer"], r["head"]) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [(r["layer"], r["head"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # from 0, as vit.ablate
     assert [r["verdict"] for r in rows] == list(expected.verdict[0].flat)
-    assert [r["stable rank"] for r in rows] == pytest.approx(expected.stable_rank[0].flatten().tolist(), rel=1e-6)
+    for r in rows:  # a row's numbers index the engine's arrays as the API counts
+        assert r["stable rank"] == pytest.approx(float(expected.stable_rank[0, r["layer"], r["head"]]), rel=1e-6)
+    assert [(r["layer"], r["head"]) for r in table.rows(first=1)] == [(1, 1), (1, 2), (2, 1), (2, 2)]  # the page's
     assert (table.grid, table.num_prefix_tokens) == ((6, 6), 5)
 
 

@@ -244,14 +244,16 @@ def benchmark_items(args: argparse.Namespace, checkpoint, command: bool = True) 
     return sample_files(files, args.limit, args.seed), None
 
 
-def explain_any(checkpoint, image, method: str, target: int | None = None, options: dict | None = None):
+def explain_any(checkpoint, image, method: str, target: int | None = None, options: dict | None = None,
+                patch_sums: bool = False):
     """``vit.api.explain``: every map ``vit.methods()`` draws, for the benchmark's methods beyond its own; of
-    ``options`` (``--option``: name -> value), those ``method`` takes."""
+    ``options`` (``--option``: name -> value), those ``method`` takes; ``patch_sums`` as there (a pixel method's map
+    summed over each patch, which ``benchmark_run.method_maps`` asks for)."""
     from vit import api
     from vit.explain.methods.captum_maps import OPTIONS
 
     taken = {k: v for k, v in (options or {}).items() if k in OPTIONS.get(method, ())}
-    return api.explain(checkpoint, image, method, target=target, **taken)
+    return api.explain(checkpoint, image, method, target=target, patch_sums=patch_sums, **taken)
 
 
 def method_options(args: argparse.Namespace, methods: list[str]) -> dict[str, str]:

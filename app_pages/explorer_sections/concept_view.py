@@ -194,7 +194,9 @@ def _draw(found, image_name: str, model_text: str, is_sample: bool, pixel_map, p
         st.session_state[INSTANCE_KEY] = found.instance
         st.selectbox("Instance", list(range(count)), key=INSTANCE_KEY,
                      format_func=lambda i: f"{i + 1}: score {found.scores[i]:.3f}",
-                     help="The instance explained: tinted on the image, its object query's attention below.")
+                     help="The instance explained: tinted on the image, its object query's attention below. "
+                          "Instances, layers and heads count from 1 here and in the page's link; "
+                          "vit.segment(instance=) counts from 0, as the rest of the API.")
         if st.session_state.get(METHOD_KEY) not in METHODS:
             st.session_state[METHOD_KEY] = "attention"
         method = st.radio("Map", list(METHODS), key=METHOD_KEY, format_func=METHODS.get, horizontal=True,

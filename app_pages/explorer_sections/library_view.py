@@ -109,10 +109,12 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
                                     format_func=lambda h: "the heads' mean" if h == MEAN else f"head {h + 1}")
         asked["head"] = None if head == MEAN else head
     if "query" in reads:
-        asked["query"] = st.sidebar.selectbox(
-            "Query token", view.query_options(grid, layout.num_prefix_tokens),
+        tokens = view.query_options(grid, layout.num_prefix_tokens)
+        asked["query"] = st.sidebar.selectbox(  # without CLS, vit.explain's default first (None): what it reads
+            "Query token", tokens if layout.num_prefix_tokens else [None, *tokens],
             key=f"library_query-{model_key}",
-            format_func=lambda t: drawing.token_option(t, grid, layout.num_prefix_tokens),
+            format_func=lambda t: view.DEFAULT_QUERY if t is None else
+            drawing.token_option(t, grid, layout.num_prefix_tokens),
             help="The token whose map is shown; a click on a patch of the map picks it.")
     if method == "rise":  # a first look, as the port's page opens RISE: the authors' 6,000 masks one call away
         asked["n_masks"] = FIRST_LOOK_MASKS

@@ -29,6 +29,10 @@ KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "word-q
 LABELS_BY_CHOICE = {explorer.MORE_METHODS: explorer.MORE_METHODS_LABEL, vlm_words.CHOICE: vlm_words.CHOICE_LABEL}
 
 
+READOUT = -1  # the query picker's entry for what a mean-pooling classifier reads (MapSettings.readout)
+READOUT_OPTION = "the mean of the patch tokens (what the classifier reads)"
+
+
 def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_key: str, model) -> MapChoice:
     """The sidebar's "Attention map" and "Overlay" controls, drawn from the shape of the analysis before the model
     runs (the browser lays them out meanwhile); the class picker, whose first option names the prediction, is
@@ -79,14 +83,19 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         tokens = explorer.visible_tokens(T, prefix, hide_registers)
         # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
         # another map would make it a self-blob.
-        query_key = explorer.query_key(kind, model_key)
+        # Without CLS: what the classifier reads (READOUT, the mean of the patches) for rollout and the class map
+        # of a mean-pooling model, else the centre patch; token 0 would be a register or the corner patch
+        default, readout = attention_maps.default_query(
+            shape, kind, getattr(getattr(model, "config", None), "pooling", "") == "avg")
+        query_key = explorer.query_key(kind, model_key, readout)
         # A word's target is an image token, which the projector makes of patches alone: no prefix token is offered.
         # It opens on the centre patch, not on the patch where the word's lens is highest: the sidebar is drawn
         # before the model runs (the lens is not known yet), and a default that followed the word would move the
         # target under a user who only changed the word.
         word_target = kind in vlm_words.KINDS and "query" in controls
         offered = [t for t in tokens if t >= prefix] if word_target else tokens
-        default = explorer.centre_token(grid, prefix) if word_target else 0
+        default = explorer.centre_token(grid, prefix) if word_target else READOUT if readout else default
+        offered = [READOUT, *offered] if readout else offered
         st.session_state.setdefault(query_key, default)
         grid_key = f"{query_key}-grid"  # the grid the query was picked on: keep its place when the grid changes
         if st.session_state.get(grid_key) not in (None, tuple(grid)):
@@ -100,7 +109,8 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         if "query" in controls:
             for_class = " (for the class map)" if attention_maps.is_class_map(kind) else ""
             query = st.selectbox(share.LABELS["query"] + for_class, offered,
-                                 key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
+                                 key=query_key, format_func=lambda t: READOUT_OPTION if t == READOUT else
+                                 drawing.token_option(t, grid, prefix, names),
                                  help="The image token whose lens score is explained: a patch, numbered row by row "
                                       "(the centre one at first). Clicking a patch on the image selects it too."
                                  if word_target else
@@ -164,10 +174,11 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
                                   "heads grid (Caron et al. 2021).")
         st.session_state.setdefault("mask_share", 0.6)
         mass_share = st.slider(share.LABELS["mass"], 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
+    pooled, query = query == READOUT, max(query, 0)
     settings = attention_maps.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
                                           discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index,
-                                          start_layer=start_layer, options=options)
-    outline = explorer.patch_of(query, prefix) if "query" in controls else None
+                                          start_layer=start_layer, options=options, readout=pooled)
+    outline = explorer.patch_of(query, prefix) if "query" in controls and not pooled else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
                      mass_share if masked else None, class_slot, word, target)
 

@@ -243,7 +243,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
                   mass=view.mask_share)
     if "class" in controls and s.class_index is not None:
         values["class"] = s.class_index
-    if "query" in controls:
+    if "query" in controls and not s.readout:  # the pooled readout is the default: no token to name
         values["query"] = s.query
     values["layer"] = view.layer
     if "head" in controls and s.head is not None:

@@ -36,7 +36,7 @@ def section(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, imag
     except (ValueError, ImageError) as e:  # TooManyTokens, MechanismError: one line
         st.warning(escape_markdown(e))
         return
-    st.dataframe(table.rows(lambda t: drawing.short_token_label(t, grid, prefix, names)), hide_index=True,
+    st.dataframe(table.rows(lambda t: drawing.short_token_label(t, grid, prefix, names), first=1), hide_index=True,
                  key="sink_table")
     counts = table.diagnostics.counts()
     layers, heads = table.diagnostics.token.shape[1:]
@@ -44,4 +44,5 @@ def section(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, imag
                f"other, among {layers} layers × {heads} heads. A sink: its key token gets at least 0.5 of the "
                "attention of 90 % of the queries; NOP: its value norm after the output projection is at most 0.2 of "
                "the other tokens' mean (value ratio); broadcast: at least 0.5, and the head's update has a stable "
-               "rank of at most 1.5 (Fesser et al. 2026).")
+               "rank of at most 1.5 (Fesser et al. 2026). Layers and heads count from 1 here, as in the sidebar; "
+               "vit.sinks(...).rows() counts them from 0, as vit.ablate.")

@@ -106,6 +106,18 @@ def target_class(checkpoint: Checkpoint, target: int | str | None) -> int | None
     return checked_index(target, len(names), "target", f"this model has {len(names)} classes")
 
 
+def needs_port(checkpoint: Checkpoint, what: str) -> None:
+    """``MechanismError`` (a ValueError) in one line where ``checkpoint`` opened by the library road: ``what`` reads
+    or edits our ViT's hook points (each head's output, the residual stream, the classifier's weights), which a
+    model its library runs has not."""
+    if checkpoint.road == "library":
+        from vit.explain.mechanism.components import MechanismError
+
+        raise MechanismError(f"{what} reads and edits this project's ViT at its hook points, and this model opened "
+                             "as its library builds it (the library road), which has none; vit.explain draws its "
+                             "maps and vit.pca, vit.similarity its dense views, and a family with a port opens on it")
+
+
 def needs_classifier(checkpoint: Checkpoint, what: str) -> None:
     """ValueError where ``checkpoint`` has no classifier for ``what`` to read."""
     if checkpoint.model.head is None:

@@ -12,7 +12,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.api.arguments import ImageLike, checked_index, input_size, needs_classifier, pil_image, target_class
+from vit.api.arguments import (
+    ImageLike,
+    checked_index,
+    input_size,
+    needs_classifier,
+    needs_port,
+    pil_image,
+    target_class,
+)
 from vit.checkpoint import Checkpoint
 from vit.core.inference import InputSize
 from vit.costs import fits
@@ -29,6 +37,7 @@ def mechanism(checkpoint: Checkpoint, image: ImageLike, target: int | str | None
     """Logit lens (each layer's patches read through the classifier), direct logit attribution of every head and
     MLP to ``target`` (default the predicted class), token norms, massive activations and attention sinks. Needs a
     classifier."""
+    needs_port(checkpoint, "vit.mechanism")
     needs_classifier(checkpoint, "vit.mechanism")
     return mechanism_views.mechanism_view(checkpoint, pil_image(image), target_class(checkpoint, target),
                                           input_size(size))
@@ -40,6 +49,7 @@ def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], ima
     ``(layers, tokens, heads, head_dim)`` (a model with stages, Swin or Hiera: one ``(tokens, heads, head_dim)`` per
     layer, on its own grid with its stage's heads): what ``mode="mean"`` of ``ablate`` and ``head_effects`` puts in
     place of an ablated head (the references are resized to ``image``'s input shape)."""
+    needs_port(checkpoint, "vit.reference_means")
     return mechanism_views.reference_means(checkpoint, (pil_image(r) for r in references), pil_image(image),
                                            input_size(size))
 
@@ -49,6 +59,7 @@ def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | N
     """``(layers, heads)``: how much ``target``'s logit (default the predicted class) changes when each head alone
     is ablated (one pass per layer): ``mode`` "zero", or "mean" with ``means`` from ``reference_means`` for this
     image at this ``size``. With stages ``heads`` is the most of any layer, NaN where a layer has fewer."""
+    needs_port(checkpoint, "vit.head_effects")
     needs_classifier(checkpoint, "vit.head_effects")
     check_ablation(checkpoint.model, mode, means)
     index = target_class(checkpoint, target)
@@ -79,6 +90,7 @@ def ablate(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str =
     """A copy of ``checkpoint`` whose ``heads`` ((layer, head) pairs) are ablated in the weights: zeroed, or with
     ``mode="mean"`` replaced by their mean output ``means`` from ``reference_means`` (per token position, so the
     copy runs at that input size only). Everything above (``explain``, ``predict``) then runs without them."""
+    needs_port(checkpoint, "vit.ablate")
     pairs = _heads(checkpoint, heads)
     check_ablation(checkpoint.model, mode, means)
     return mechanism_views.ablated_checkpoint(checkpoint, pairs, mode, means)
@@ -88,6 +100,7 @@ def patching(checkpoint: Checkpoint, clean: ImageLike, corrupted: ImageLike, res
              size: int | InputSize | None = None) -> mechanism_views.PatchingView:
     """Activation patching of ``clean``'s head outputs (and with ``residual`` each layer's input at each token)
     into ``corrupted``: the share of the logit difference between their predicted classes each recovers."""
+    needs_port(checkpoint, "vit.patching")
     needs_classifier(checkpoint, "vit.patching")
     return mechanism_views.patching_view(checkpoint, pil_image(clean), pil_image(corrupted), input_size(size), residual)
 
@@ -97,6 +110,7 @@ def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[Ima
     """Test-time registers (Jiang et al. 2025): the register neurons found on ``references`` and ``image`` (tokens
     whose last-layer norm is over ``threshold``), and the last layer's CLS attention and patch norms before and
     after one register is added to ``image``."""
+    needs_port(checkpoint, "vit.registers")
     return mechanism_views.registers_view(checkpoint, pil_image(image), [pil_image(r) for r in references], threshold,
                                           top_k, input_size(size))
 
@@ -107,6 +121,7 @@ def sinks(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | None
     """Sink diagnostics (Kempner Institute 2026) of every layer and head: the key all queries attend to, its value
     norm after the output projection, the stable rank of the head's update, and the verdict (not a sink, NOP sink,
     broadcast sink, other sink); ``.rows()`` gives one row per layer and head. Any model but one with stages."""
+    needs_port(checkpoint, "vit.sinks")
     return sink_diagnostics.sink_table(checkpoint, pil_image(image), input_size(size))
 
 # -- TextSpan (the explorer's Mechanism section) ---------------------------------------------------------------------
@@ -170,6 +185,7 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
     from vit.explain.mechanism.textspan import read_texts
     from vit.sources.vlm.text_tower import open_text_tower
 
+    needs_port(checkpoint, "vit.textspan")
     spans.check_model(checkpoint)
     tower = open_text_tower(checkpoint)
     if isinstance(images, (str, os.PathLike)):
@@ -204,6 +220,7 @@ def feature_attribution(checkpoint: Checkpoint, image: ImageLike, sae, target: i
     from vit.features.autoencoder import SparseAutoencoder
     from vit.features.formats import open_sae
 
+    needs_port(checkpoint, "vit.feature_attribution")
     needs_classifier(checkpoint, "vit.feature_attribution")
     index = target_class(checkpoint, target)
     model, p = checkpoint.model, checkpoint.preprocessing

@@ -54,7 +54,7 @@ class Explanation:
     num_prefix_tokens: int
     prediction: Prediction | None = None
     target: str | None = None  # the explained class (class-specific maps) or label (vit.ask)
-    query: int = 0
+    query: int | None = 0  # None: rollout or the class map from the mean of the patch tokens (a pooled readout)
     description: str = field(default="", repr=False)
     heads: np.ndarray | None = field(default=None, repr=False)  # (H, gh, gw): the query's row in each head
     heads_layer: int | None = None  # from 0: the layer of ``heads``
@@ -101,7 +101,8 @@ class Explanation:
         from vit.app.drawing import patch_picker_figure  # the explorer's own picker, as it draws it
 
         shown = self._shown(alpha, colormap)
-        return patch_picker_figure(shown.size, jpeg_data_uri(shown), self.grid, self.query, self.num_prefix_tokens,
+        return patch_picker_figure(shown.size, jpeg_data_uri(shown), self.grid,
+                                   -1 if self.query is None else self.query, self.num_prefix_tokens,
                                    show_grid=False, fit_width=shown.size[0], zoomable=True)
 
     def to_html(self, path: str | os.PathLike, alpha: float = 0.6, colormap: str = "inferno") -> Path:
@@ -123,16 +124,19 @@ class Explanation:
                     seen=self.seen, map2d=self.map, grid=self.grid if self.pixels else None,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
-                    prediction=self.prediction, settings=self.settings)
+                    prediction=self.prediction, settings=shown_settings(self.settings))
         return view_html(view)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """``.png``: the overlay (``overlay()``); ``.npz``: ``map`` (rows, cols), ``method``, ``query``,
-        ``input_box`` (x0, y0, x1, y1: the seen pixels in the image's), and where there are some ``heads``
+        """``.png``: the overlay (``overlay()``); ``.npz``: ``map`` (rows, cols), ``method``, ``query`` (left out where
+        the map starts from the mean of the patch tokens), ``input_box`` (x0, y0, x1, y1: the seen pixels in the
+        image's), and where there are some ``heads``
         (H, rows, cols) with ``heads_layer``, ``target`` (the explained class or label), ``patch_grid`` and, for a
         pixel method, ``pixel_map`` (H, W): ``map`` then holds its patch sums (``patch_sums()``)."""
-        arrays = {"map": self.patch_sums(), "method": np.str_(self.method), "query": np.int64(self.query),
+        arrays = {"map": self.patch_sums(), "method": np.str_(self.method),
                   "input_box": np.array(self.input_box, dtype=np.float64)}
+        if self.query is not None:  # None: the map starts from the pooled readout, no one token
+            arrays["query"] = np.int64(self.query)
         if self.pixels:
             arrays["pixel_map"] = self.map
         if self.heads is not None:
@@ -145,6 +149,14 @@ class Explanation:
 
     def _repr_png_(self) -> bytes:
         return to_png_bytes(self._shown())
+
+
+def shown_settings(settings: dict) -> dict:
+    """An explanation's ``settings`` (``explain``'s arguments, counted from 0) as its export shows them beside its
+    caption, which counts layers and heads from 1 as the explorer does: layers and heads from 1, the key saying so
+    (a token keeps its index: 0 is CLS)."""
+    return {f"{k} (from 1)" if k in ("layer", "head") and isinstance(v, int) else k:
+            v + 1 if k in ("layer", "head") and isinstance(v, int) else v for k, v in settings.items()}
 
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
@@ -260,8 +272,11 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
                                       forward=forward)
     if method not in attention_maps.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({chosen.applies_to})")
-    T, patch_grid = analysis.num_tokens, None
-    if analysis.staged:  # query on layer l's own grid (row-major, no CLS): the page's query is the patch it covers
+    T, patch_grid, readout = analysis.num_tokens, None, False
+    if query is None and not analysis.staged:  # CLS; without one what the classifier reads, or the centre patch
+        patch, readout = attention_maps.default_query(analysis, method, pools=model.config.pooling == "avg")
+        query = None if readout else patch
+    elif analysis.staged:  # query on layer l's own grid (row-major, no CLS): the page's query is the patch it covers
         lh, lw = grid = analysis.layer_grid(layer_value)
         query = 0 if query is None else checked_index(query, lh * lw, "query", f"layer {layer_value % L}'s grid has "
                                                                               f"{lh}x{lw} tokens (row-major, no CLS)")
@@ -269,7 +284,8 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
     else:
         query = patch = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens")
     settings = attention_maps.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
-                                          query=patch, class_index=class_index, start_layer=layer_value)
+                                          query=patch, class_index=class_index, start_layer=layer_value,
+                                          readout=readout)
     class_index = attention_maps.resolved_class(settings, analysis)
     if method == "class":
         relevance = method_maps.class_relevance(checkpoint, image, class_index, size)
@@ -290,7 +306,8 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
                        map_captions.describe_map(settings, analysis, checkpoint.class_names, options, pixels),
-                       attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
+                       None if readout else attention_maps.head_maps(analysis, settings.query, heads_layer),
+                       None if readout else heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid, pixels)
 
 
@@ -323,7 +340,8 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
     layer = (max(chosen.default_layer, -L) if layer is None else checked_index(layer, L, "layer",
                                                                               f"this model has {L} layers")) % L
     head = None if head is None else checked_index(head, H, "head", f"this model has {H} heads per layer") % H
-    query = 0 if query is None else checked_index(query, T, "query", f"this input has {T} tokens") % T
+    query = library_maps.default_query(method, None if query is None else checked_index(
+        query, T, "query", f"this input has {T} tokens") % T, grid, model.layout.num_prefix_tokens)
     class_index = target_class(checkpoint, target) if chosen.classifier else None
     drawn = library_maps.library_map(checkpoint, image, method, layer, head, query, class_index,
                                      {k: v for k, v in options.items() if v is not None})

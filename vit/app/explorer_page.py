@@ -72,15 +72,19 @@ def centre_token(grid: tuple[int, int], num_prefix_tokens: int = 1) -> int:
     return num_prefix_tokens + gh // 2 * gw + gw // 2
 
 
-def query_key(kind: str, model_key: str) -> str:
+def query_key(kind: str, model_key: str, readout: bool = False) -> str:
     """The session key of the query token map ``kind`` reads, which a click on a patch sets: the class maps' and a
     word's gradient maps' are their own (a class map reads from CLS until a query is picked for it; a word's target
-    is a patch, never a prefix token), the other maps share one."""
+    is a patch, never a prefix token), and so is rollout's where it starts from a mean-pooling model's readout
+    (``readout``: ``attention_maps.default_query``; the attention map's centre patch is not what it reads); the other
+    maps share one."""
     from vit.app.vlm_words import KINDS as WORD_KINDS
     from vit.explain.views.attention_maps import is_class_map
 
     if is_class_map(kind):
         return f"class-query-{model_key}"
+    if readout:
+        return f"query-{kind}-{model_key}"
     return f"word-query-{model_key}" if kind in WORD_KINDS else f"query-{model_key}"
 
 

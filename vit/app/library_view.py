@@ -63,6 +63,10 @@ def heads_caption(explanation) -> str:
     return f"Layer {explanation.heads_layer + 1}: each head's attention of token {explanation.query} ({label})."
 
 
+# The query picker's first entry for a model without CLS: vit.explain's default (library_maps.default_query)
+DEFAULT_QUERY = "the centre patch; rollout and class maps: the mean of the patch tokens"
+
+
 def query_options(grid: tuple[int, int], num_prefix_tokens: int) -> list[int]:
     """Every token a map may be asked of: the prefix tokens, then the patches row-major."""
     return list(range(num_prefix_tokens + math.prod(grid)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import sys
 
 import torch
@@ -50,8 +51,15 @@ def _recording(delegate):
 
 
 def _eager_of(module: torch.nn.Module):
-    """The eager attention function of ``module``'s own modelling file (Gemma's soft cap lives there)."""
-    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    """The eager attention function ``module``'s own class falls back to (Gemma's soft cap lives there): the one its
+    ``forward`` names (``get_interface(..., simple_eager_attention_forward)``: Phi-4 multimodal's vision attention,
+    whose file's ``eager_attention_forward`` is its text attention's and reads ``num_key_value_groups``), else its
+    modelling file's ``eager_attention_forward``."""
+    forward = inspect.unwrap(type(module).forward)  # a decorated forward: the function its class wrote
+    scope = getattr(forward, "__globals__", None) or vars(sys.modules[type(module).__module__])
+    named = [scope[name] for name in getattr(getattr(forward, "__code__", None), "co_names", ())
+             if name.endswith("eager_attention_forward") and callable(scope.get(name))]
+    function = named[0] if len(named) == 1 else scope.get("eager_attention_forward")
     if function is None:
         raise ValueError(f"{type(module).__name__}'s modelling file has no eager_attention_forward")
     return function

@@ -146,7 +146,9 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
         return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
                              resize_mode="shortest_edge" if shortest else "square", resample=resample,
                              crop_rule="transformers")
-    return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
+    hw = _crop_side(processor.get("size"))  # a {"height", "width"} size that is not square: as the processor sizes
+    return Preprocessing(hw if isinstance(hw, tuple) else size, channels, tuple(mean)[:channels],
+                         tuple(std)[:channels], resample=resample)
 
 
 def _is_sam_processor(processor: Mapping) -> bool:

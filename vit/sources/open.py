@@ -66,6 +66,7 @@ from vit.model import ViT, ViTConfig
 from vit.sources import hub
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing
+from vit.sources.library_road import transformers_models
 from vit.sources.ports.families import (
     hf,
     import_aimv2,
@@ -568,8 +569,6 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     if config_json.get("model_type") not in registry.hf_model_types():  # no port: the library road, where it runs
-        from vit.sources.library_road import transformers_models
-
         if transformers_models.opens(config_json) and library_road:
             return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
         missing = transformers_models.missing_piece(config_json) if library_road else None
@@ -599,7 +598,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     state = read_hf_weights(folder, map_location)
     architecture = architecture or hf_architecture(config_json, state)
     origin = f"{folder} ({architecture})"
-    config = _config(origin, lambda: hf.config_from_hf(config_json, architecture))
+    try:
+        config = _config(origin, lambda: hf.config_from_hf(config_json, architecture))
+    except SourceError as refused:  # a config the port does not read (a non-square size): transformers' own instead
+        return transformers_models.instead_of_port(refused, library_road, folder, config_json, hf_image_processor,
+                                                   map_location)
     try:
         ours = hf.state_dict_from_hf(state, config.num_layers, architecture)
     except ValueError as e:

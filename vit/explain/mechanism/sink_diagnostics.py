@@ -163,11 +163,13 @@ class SinkTable:
     grid: tuple[int, int]
     num_prefix_tokens: int
 
-    def rows(self, token_label=str) -> list[dict[str, object]]:
-        """One row per layer and head (shown from 1), ``token_label(index)`` naming the sink's token."""
+    def rows(self, token_label=str, first: int = 0) -> list[dict[str, object]]:
+        """One row per layer and head, ``token_label(index)`` naming the sink's token. Layers and heads count from
+        ``first``: 0, as every function of the API (a row's ``(layer, head)`` is what ``vit.ablate`` takes); the
+        explorer's table shows them from 1, as its sidebar, and says so."""
         d = self.diagnostics
         L, H = d.token.shape[1:]
-        return [{"layer": layer + 1, "head": head + 1, "sink token": token_label(int(d.token[0, layer, head])),
+        return [{"layer": layer + first, "head": head + first, "sink token": token_label(int(d.token[0, layer, head])),
                  "mass": float(d.mass[0, layer, head]), "queries routed": float(d.routed[0, layer, head]),
                  "sink value norm": float(d.value_norm[0, layer, head]),
                  "value ratio": float(d.value_ratio[0, layer, head]),

@@ -313,15 +313,39 @@ def relevance_rollout_row(terms: Sequence[Tensor], query: int, end_layer: int | 
     its row is ``v = e_query``, then ``v = v + v @ Ā_l`` from layer ``end_layer`` down: ``L x T²`` work where the
     whole product costs ``L x T³`` (what a map of one query reads)."""
     terms = _terms_up_to(terms, end_layer)
-    B, T, _ = terms[0].shape
+    T = terms[0].shape[-1]
     if not 0 <= query < T:
         raise ValueError(f"query token {query} is out of range for {T} tokens")
+    row = torch.zeros(1, T)
+    row[0, query] = 1.0
+    return relevance_rollout_vector(terms, row)
+
+
+def relevance_rollout_vector(terms: Sequence[Tensor], row: Tensor, end_layer: int | None = None) -> Tensor:
+    """``row @ relevance_rollout(terms, end_layer)`` for a ``(B or 1, T)`` row of weights over the tokens, ``(B, T)``:
+    with ``pooled_readout``'s row, the relevance of what a mean-pooling classifier reads (the mean of the patches'
+    rows), as Chefer et al. start from the CLS row for a classifier that reads CLS."""
+    terms = _terms_up_to(terms, end_layer)
+    B, T, _ = terms[0].shape
+    if row.shape[-1] != T:
+        raise ValueError(f"a row of {row.shape[-1]} weights does not fit {T} tokens")
     dtype = _compute_dtype(terms[0])
-    v = torch.zeros(B, 1, T, dtype=dtype, device=terms[0].device)
-    v[:, 0, query] = 1.0
+    v = row.to(dtype=dtype, device=terms[0].device).reshape(-1, 1, T).expand(B, 1, T)
     for cam in reversed(terms):
         v = v + v @ cam.to(dtype)
     return v[:, 0]
+
+
+def pooled_readout(num_tokens: int, num_prefix_tokens: int, num_patches: int) -> Tensor:
+    """``(1, T)``: the weights a mean-pooling classifier reads the last layer's tokens with, ``1 / num_patches`` on
+    each patch token (after the ``num_prefix_tokens``: timm's ``global_pool="avg"`` leaves registers out), 0
+    elsewhere; the row rollout and the class map start from for a model without CLS (``rollout_vector``,
+    ``relevance_rollout_vector``)."""
+    if num_patches < 1 or num_prefix_tokens + num_patches > num_tokens:
+        raise ValueError(f"{num_patches} patches after {num_prefix_tokens} prefix tokens do not fit {num_tokens}")
+    row = torch.zeros(1, num_tokens)
+    row[0, num_prefix_tokens:num_prefix_tokens + num_patches] = 1.0 / num_patches
+    return row
 
 
 def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor],

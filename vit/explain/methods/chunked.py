@@ -394,16 +394,23 @@ class LayerInputs:
                 out[:, layer] = contexts.detach().float().cpu()
         return out
 
-    def gradient_rollout_row(self, contexts: Tensor, query: int = 0, end_layer: int = -1) -> Tensor:
-        """Row ``query`` of ``attention.gradient_rollout`` (Chefer et al.'s class-specific relevance), ``(B, T)``,
-        from ``context_gradients``: ``v = e_query``, then from layer ``end_layer`` down to 0, ``v = v + v @ Ā_l``
+    def gradient_rollout_row(self, contexts: Tensor, query: int | None = 0, end_layer: int = -1,
+                             row: Tensor | None = None) -> Tensor:
+        """Row ``query`` of ``attention.gradient_rollout`` (Chefer et al.'s class-specific relevance), ``(B, T)``
+        (or ``row (B, T) @`` it, query None: ``attention.pooled_readout``'s for a mean-pooling classifier), from
+        ``context_gradients``: ``v = e_query``, then from layer ``end_layer`` down to 0, ``v = v + v @ Ā_l``
         with ``Ā_l = mean_heads(clamp(dS/dA_l * A_l, min=0))``, each formed chunk by chunk from the layer's
         queries, keys and values (``v @ Ā = sum over chunks v[t] @ Ā[t]``)."""
         B, T, H = self.batch, self.num_tokens, self.num_heads
-        if not 0 <= query < T:
+        if row is not None:
+            if row.shape[-1] != T:
+                raise ValueError(f"a row of {row.shape[-1]} weights does not fit {T} tokens")
+            v = row.float().cpu().expand(B, T).clone()
+        elif not 0 <= query < T:
             raise ValueError(f"query token {query} is out of range for {T} tokens")
-        v = torch.zeros(B, T)
-        v[:, query] = 1.0
+        else:
+            v = torch.zeros(B, T)
+            v[:, query] = 1.0
         half = self.budget // 2  # an attention chunk and its gradient's
         for layer in range(self._layer(end_layer), -1, -1):
             q, k, values = self.queries_keys_values(layer)

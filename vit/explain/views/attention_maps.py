@@ -21,7 +21,9 @@ from vit.costs.fits import analysis_limits
 from vit.explain.methods.attention import (
     fuse_heads,
     mass_mask,
+    pooled_readout,
     relevance_rollout_row,
+    relevance_rollout_vector,
     rollout_factor,
     rollout_rows,
     rollout_vector,
@@ -202,8 +204,15 @@ class ClassRelevance:
     contexts: torch.Tensor | None = None  # chunked: (1, L, T, H, hd)
     rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)  # chunked rows, per map
 
-    def row(self, query: int, end_layer: int) -> torch.Tensor:
-        """Row ``query`` of the gradient rollout up to ``end_layer``: ``(1, T)``."""
+    def row(self, query: int | None, end_layer: int, readout: torch.Tensor | None = None) -> torch.Tensor:
+        """Row ``query`` of the gradient rollout up to ``end_layer`` (or ``readout (1, T) @`` it, query None):
+        ``(1, T)``."""
+        if readout is not None:
+            if self.layouts:
+                raise ValueError("a model whose layers attend in windows starts its class map from one token")
+            if self.inputs is None:
+                return relevance_rollout_vector(self.terms, readout, end_layer)
+            return self.inputs.gradient_rollout_row(self.contexts, None, end_layer, row=readout)
         if self.layouts:  # a plain grid whose layers attend in windows (Qwen2.5-VL, SAM): the row through them
             from vit.explain.methods.stage_maps import relevance_rollout_row as through_windows
 
@@ -224,6 +233,9 @@ class MapSettings:
     head: int | None = None  # 0-based; None fuses the heads with ``fusion``
     fusion: str = "mean"  # mean, max or min over heads (kind "attention" with head None, and "rollout")
     query: int = 0  # the token whose attention is shown; 0 is CLS
+    # rollout and class maps: start from what a mean-pooling classifier reads (the mean of the patch tokens' rows,
+    # ``attention.pooled_readout``) instead of ``query``: the default for a model without CLS that pools
+    readout: bool = False
     discard_ratio: float = 0.0  # rollout: share of each row's lowest patch attentions dropped
     end_layer: int = -1  # rollout and class maps: last layer included, 0-based, negative from the end
     class_index: int | None = None  # class map: None means the predicted class
@@ -235,6 +247,24 @@ class MapSettings:
 def resolved_class(settings: MapSettings, analysis: Analysis) -> int:
     """The class of the class-specific map: the chosen one, else the predicted one."""
     return analysis.prediction.class_index if settings.class_index is None else settings.class_index
+
+
+def readout_row(analysis: Analysis) -> torch.Tensor:
+    """``(1, T)``: what a mean-pooling classifier reads of the last layer, the mean of the patch tokens
+    (``attention.pooled_readout``: 1 / patches on each, 0 on the prefix tokens)."""
+    return pooled_readout(analysis.num_tokens, analysis.num_prefix_tokens, analysis.grid[0] * analysis.grid[1])
+
+
+def default_query(analysis: Analysis | ViewShape, kind: str, pools: bool) -> tuple[int, bool]:
+    """``(query, readout)``: where a map of ``kind`` starts when no query is given. CLS (token 0) where the model has
+    one; without one (token 0 is a register or the corner patch), rollout and the class map of a model whose
+    classifier mean-pools (``pools``) start from that mean (``readout``), and any other map from the centre patch."""
+    if analysis.has_cls or analysis.staged:
+        return 0, False
+    if pools and kind in ("rollout", "class"):
+        return 0, True
+    (gh, gw), prefix = analysis.grid, analysis.num_prefix_tokens
+    return prefix + (gh // 2) * gw + gw // 2, False
 
 
 def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
@@ -311,6 +341,9 @@ def rollout_map(analysis: Analysis, settings: MapSettings, progress: Progress | 
     """The ``(gh, gw)`` map of a ``rollout`` or ``probe_rollout`` setting (see ``rollout_row``): the page computes
     it as long work when it is built from chunks (``factors_fit`` False), seconds to minutes."""
     s = settings
+    if s.kind == "rollout" and s.readout:
+        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, row=readout_row(analysis),
+                                      progress=progress)[0], analysis)
     if s.kind == "rollout":
         if not 0 <= s.query < analysis.num_tokens:
             raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
@@ -369,6 +402,8 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
         wanted = resolved_class(s, analysis)
         if relevance is None or relevance.class_index != wanted:
             raise ValueError(f"the class-specific map needs the gradients of class {wanted}")
+        if s.readout:
+            return _patch_map(relevance.row(None, s.end_layer, readout_row(analysis))[0], analysis)
         if not 0 <= s.query < analysis.num_tokens:
             raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
         return _patch_map(relevance.row(s.query, s.end_layer)[0], analysis)

@@ -23,17 +23,26 @@ import numpy as np
 import torch
 
 from vit.explain.methods import cam
-from vit.explain.methods.attention import positive_gradient_attention, relevance_rollout_row
-from vit.explain.views.library_maps import LibraryMap, LibraryMethod, prediction_of
+from vit.explain.methods.attention import pooled_readout, positive_gradient_attention, relevance_rollout_vector
+from vit.explain.views.library_maps import (
+    LibraryMap,
+    LibraryMethod,
+    default_query,
+    describe_query,
+    prediction_of,
+)
 
 
 def _class_map(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
-    """Row ``query`` of the gradient rollout up to ``layer`` for class ``class_index`` (None: the predicted one)."""
+    """Row ``query`` of the gradient rollout up to ``layer`` for class ``class_index`` (None: the predicted one);
+    ``query`` None: ``default_query``'s (CLS, or the mean of the patches' rows)."""
     model = checkpoint.model
     grid, prefix = model.input_grid(pixels), model.layout.num_prefix_tokens
     logits, attentions, gradients = model.class_gradients(pixels, class_index, range(layer + 1))
     terms = [positive_gradient_attention(attentions[i], gradients[i]) for i in range(layer + 1)]  # (1, T, T) each
-    row = relevance_rollout_row(terms, query)[0][prefix:prefix + grid[0] * grid[1]]  # (gh * gw,): the patches
+    T, query = terms[0].shape[-1], default_query("class", query, grid, prefix)
+    start = pooled_readout(T, prefix, grid[0] * grid[1]) if query is None else torch.eye(T)[query][None]  # (1, T)
+    row = relevance_rollout_vector(terms, start)[0][prefix:prefix + grid[0] * grid[1]]  # (gh * gw,): the patches
     explained = int(logits[0].argmax()) if class_index is None else class_index
     return LibraryMap(row.reshape(grid).float().cpu().numpy().astype(np.float32), None, None, grid, prefix,
                       prediction_of(checkpoint, logits), checkpoint.class_names[explained])
@@ -141,7 +150,8 @@ def _attnlrp(checkpoint, pixels, layer, head, query, class_index, options) -> Li
 METHODS = (
     LibraryMethod("class", ("target", "layer", "query"), True, _class_map,
                   lambda layer, head, query, target: f"Class-specific map of {target!r} (gradient rollout up to layer "
-                                                     f"{layer + 1}): what token {query} draws on for that class."),
+                                                     f"{layer + 1}): what {describe_query(query)} draws on for that "
+                                                     "class."),
     LibraryMethod("legrad", ("target", "layer"), True, _legrad,
                   lambda layer, head, query, target: f"LeGrad of {target!r} from layer {layer + 1} on: where the "
                                                      "head's reading of each layer is most sensitive to its "

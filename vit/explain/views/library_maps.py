@@ -22,7 +22,7 @@ from PIL import Image
 
 from vit.checkpoint import Checkpoint
 from vit.core.inference import Prediction, predictions_from_logits, preprocess
-from vit.explain.methods.attention import rollout_factor, rollout_rows
+from vit.explain.methods.attention import pooled_readout, rollout_factor, rollout_rows, rollout_vector
 
 # The modules that add maps to the library road, each with a ``METHODS`` tuple of ``LibraryMethod``s
 WINGS = ("vit.explain.views.library_gradients", "vit.explain.views.library_attributions")
@@ -76,9 +76,31 @@ def _logits(model, out) -> torch.Tensor | None:
     return out.logits if model.is_classifier else None
 
 
+def centre_token(grid: tuple[int, int], num_prefix_tokens: int) -> int:
+    """The token of the patch at the grid's centre (row ``gh // 2``, column ``gw // 2``): the one token's map a model
+    without CLS defaults to, where token 0 would be its top-left corner patch."""
+    return num_prefix_tokens + (grid[0] // 2) * grid[1] + grid[1] // 2
+
+
+def default_query(method: str, query: int | None, grid: tuple[int, int], num_prefix_tokens: int) -> int | None:
+    """The token ``method``'s map starts from: ``query`` where given; else CLS (token 0) where the model has prefix
+    tokens; else, for a model without (I-JEPA: its classifier reads the mean of its patch tokens), the centre patch
+    for one token's attention and None for rollout and the class map, which then start from the mean of the
+    patches' rows (``pooled_readout``), as a pooled classifier reads them."""
+    if query is not None or num_prefix_tokens:
+        return 0 if query is None else query
+    return centre_token(grid, num_prefix_tokens) if method == "attention" else None
+
+
+def describe_query(query: int | None) -> str:
+    """What a map starts from, for its caption: token ``query``, or the pooled readout (None)."""
+    return f"token {query}" if query is not None else "the mean of the patch tokens (what the classifier reads)"
+
+
 def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> LibraryMap:
     model = checkpoint.model
     grid, prefix, L = model.input_grid(pixels), model.layout.num_prefix_tokens, model.num_layers
+    query = default_query("attention", query, grid, prefix)
     out, kept = model.run(pixels, layers=[layer], rows=[query])
     row = kept[layer % L]  # (1, H, 1, T): the layer's extra tokens (EoMT's queries) first where it has them
     keys = prefix + model.layout.extra_of(layer % L)
@@ -99,14 +121,17 @@ def _rollout(checkpoint, pixels, layer, head, query, class_index, options) -> Li
                          f"{model.layout.extra_of(first)} tokens (its object queries); choose a layer up to {first}")
     out, kept = model.run(pixels, layers=asked, heads_mean=True)  # each layer's heads' mean: its factor's fusion
     factors = [rollout_factor(kept[i], "mean", 0.0, prefix) for i in asked]  # (1, T, T) each
-    row = rollout_rows(factors, query)[0]  # (T,)
+    query = default_query("rollout", query, grid, prefix)
+    T = factors[0].shape[-1]
+    row = (rollout_rows(factors, query) if query is not None else  # from the mean of the patches' rows: (1, T)
+           rollout_vector(factors, pooled_readout(T, prefix, grid[0] * grid[1]).to(factors[0].device)))[0]  # (T,)
     value = row[prefix:prefix + grid[0] * grid[1]].reshape(grid).float()  # the patches' keys
     return LibraryMap(value.cpu().numpy().astype(np.float32), None, None, grid, prefix,
                       prediction_of(checkpoint, _logits(model, out)))
 
 
 def _which(head) -> str:
-    return "the heads' mean" if head is None else f"head {head}"
+    return "the heads' mean" if head is None else f"head {head + 1}"  # from 1, as the caption's layer
 
 
 BUILT_IN = (
@@ -114,8 +139,8 @@ BUILT_IN = (
                   lambda layer, head, query, target: f"Layer {layer + 1}, {_which(head)}: what token {query} attends "
                                                      "to."),
     LibraryMethod("rollout", ("layer", "query"), False, _rollout,
-                  lambda layer, head, query, target: f"Attention rollout up to layer {layer + 1}: what token {query} "
-                                                     "draws on."),
+                  lambda layer, head, query, target: f"Attention rollout up to layer {layer + 1}: what "
+                                                     f"{describe_query(query)} draws on."),
 )
 
 
@@ -153,11 +178,13 @@ def refusal(method: str, classifier: bool = True, model=None) -> str | None:
 
 
 def library_map(checkpoint: Checkpoint, image: Image.Image, method: str, layer: int, head: int | None,
-                query: int, class_index: int | None = None, options: Mapping[str, object] | None = None
+                query: int | None, class_index: int | None = None, options: Mapping[str, object] | None = None
                 ) -> LibraryMap:
     """``method``'s map of ``image`` at the model's own input size (``attention`` of ``layer``, ``head`` or the
     heads' mean, for token ``query``; ``rollout`` up to ``layer`` from ``query``; a wing's map). ``layer``, ``head``,
-    ``query`` and ``class_index`` are already in range (``vit.explain``'s checks). The recording keeps only what the
+    ``query`` and ``class_index`` are already in range (``vit.explain``'s checks); ``query`` None: the default,
+    CLS where the model has one, else the centre patch for one token's attention and the mean of the patch tokens
+    (what a pooled classifier reads) for rollout and the class map. The recording keeps only what the
     map reads (one row of one layer for ``attention``, the layers up to ``layer`` for ``rollout``), counted by the
     cost model first."""
     model = checkpoint.model

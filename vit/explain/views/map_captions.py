@@ -28,6 +28,10 @@ def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
     return f"patch row {row + 1}, col {col + 1}"
 
 
+# What a mean-pooling model's rollout and class map start from when no query is given (MapSettings.readout)
+READOUT = "the mean of the patch tokens (what the classifier reads: this model has no CLS token)"
+
+
 def _query_phrase(query: int, analysis: Analysis) -> str:
     """'the CLS token', 'the REG 1 token' or 'the query patch row 2, col 3 (outlined)', for the captions."""
     if query == 0 and analysis.has_cls:
@@ -42,7 +46,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
     its caption names (default: captum's and the RISE authors'); ``pixels``: a pixel method's map on the input's
     pixels, not summed per patch."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
-    who = _query_phrase(s.query, analysis)
+    who = READOUT if s.readout else _query_phrase(s.query, analysis)
     if analysis.staged and s.kind in ("attention", "rollout"):
         return _describe_stage_map(s, analysis)
     if analysis.staged and s.kind == "class":
@@ -85,8 +89,9 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
                 "2020). This model has no CLS token; the probe is what its embedding reads.")
     if s.kind == "rollout":
         dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
+        of = who if s.readout else f"{who}'s representation"
         return (f"**Attention rollout through layers 1–{end + 1}** (heads fused by {s.fusion}{dropped}): "
-                f"how much of {who}'s representation after layer {end + 1} flows from each input patch, "
+                f"how much of {of} after layer {end + 1} flows from each input patch, "
                 "following attention and the residual connections (Abnar & Zuidema, 2020).")
     name = escape_markdown(class_names[resolved_class(s, analysis)])  # the caption is Markdown; names are data
     which = "the predicted class" if s.class_index is None else "the chosen class"

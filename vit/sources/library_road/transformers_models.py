@@ -18,7 +18,7 @@ tokens), counted from the embeddings' own token parameters. Families with a port
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -452,12 +452,28 @@ class LibraryModel(torch.nn.Module):
         grid = grid_of(self.layout, pixels.shape[-2:])
         recorder.windows = {layer: lay for layer in recorder.modules
                             if (lay := self.layout.layer_layout(layer, grid)) is not None}
+        # DPT's neck cannot take a non-square grid (below): its ViT's own forward, whose attention the maps read
+        entry = self.model.dpt if grid[0] != grid[1] and self.square_neck else self.entry
         with torch.set_grad_enabled(recorder.gradient), recording_attention.recording(self.part, recorder):
-            return self.entry(pixel_values=pixels)
+            return entry(pixel_values=pixels)
+
+    @property
+    def square_neck(self) -> bool:
+        """Whether the model is a DPT with its own ViT, whose neck (transformers' ``DPTReassembleStage``, given no
+        patch grid) reshapes the tokens to a square grid: a non-square input (its keep-aspect resize) fails there, in
+        transformers too. Its ViT's attention computes fine: ``run`` reads it from the ViT alone."""
+        config = self.model.config
+        return (getattr(config, "model_type", None) == "dpt" and not getattr(config, "is_hybrid", False)
+                and getattr(config, "backbone_config", None) is None and hasattr(self.model, "neck"))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         """The logits of a classifier, else the last hidden states ``(B, T, hidden)``, else the head's first output
-        (a depth model's ``predicted_depth``)."""
+        (a depth model's ``predicted_depth``). ValueError in one line for DPT's depth of a non-square input."""
+        gh, gw = grid_of(self.layout, pixels.shape[-2:])
+        if gh != gw and self.square_neck:
+            raise ValueError(f"DPT's neck reshapes its {gh}x{gw} patches to a square grid and fails on this "
+                             f"{pixels.shape[-1]}x{pixels.shape[-2]} input (transformers' own does too); its "
+                             "attention maps are drawn, and its depth of a square image")
         out = self.run(pixels)[0]
         if self.is_classifier:
             return out.logits
@@ -497,6 +513,16 @@ def prefix_tokens(model: torch.nn.Module, names: tuple[str, ...] = PREFIX_PARAME
         if name in names:
             count += 1 if parameter.dim() == 1 else int(parameter.shape[-2])
     return count
+
+
+def instead_of_port(refused: SourceError, library_road: bool, folder: Path, config_json: Mapping,
+                    processor: Callable[[Path], Mapping | None], map_location: str | torch.device) -> Checkpoint:
+    """A folder whose port refuses its config (an HF ViT's non-square ``image_size``) as transformers builds it, where
+    the library road is asked (``library_road``: ``vit.load``) and takes it (``opens``); else ``refused`` raised.
+    ``processor(folder)``: its image processor's settings."""
+    if not library_road or not opens(config_json):
+        raise refused
+    return open_library(folder, config_json, processor(folder), map_location)
 
 
 def opens(config_json: Mapping) -> bool:
