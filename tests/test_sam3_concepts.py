@@ -8,6 +8,7 @@ test_sam_attnlrp_lxt patches them into SAM's); the exemplar box is read as (x0, 
 answers."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -211,6 +212,20 @@ def test_saved_as_npz_and_png(sam3, tmp_path):
             "attention/decoder layer 1"} <= set(saved.files)
     assert str(saved["text"]) == TEXT and saved["box"].tolist() == list(BOX)
     assert done.save(tmp_path / "concept.png").stat().st_size > 0
+
+
+def test_a_tokenizer_over_its_bound_is_refused_before_the_processor_reads_it(folder, tmp_path, monkeypatch):
+    """Issue 114, finding 3: a SAM 3 whose tokenizer.json was 191 MB killed the server through a concept link (the
+    text towers and VLMs refuse over 40 MB; SAM 3 read it unbounded). A sparse one of 41 MB: refused unread."""
+    hostile = tmp_path / "sam3"
+    shutil.copytree(folder, hostile)
+    with open(hostile / "tokenizer.json", "wb") as f:
+        f.truncate(41 * 2**20)  # sparse: its size alone is read
+    monkeypatch.setattr(transformers.Sam3Processor, "from_pretrained", AssertionError)
+    with pytest.raises(ValueError, match=r"is refused: its tokenizer.json is 41 MB, over the 40 MB such a file may "
+                                         r"have \(Gemma 3's is 33 MB\)$") as e:
+        vit.open_sam3(hostile)
+    assert "\n" not in str(e.value)
 
 
 def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):

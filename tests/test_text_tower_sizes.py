@@ -13,8 +13,9 @@ import pytest
 import torch
 from test_prompts import HF_TEXT, HF_VISION, bpe_tokenizer_files, save_open_clip
 
+from vit.sources.files import MAX_TOKENIZER_BYTES
 from vit.sources.open import open_source
-from vit.sources.vlm.text_tower import MAX_TOKENIZER_BYTES, TextTowerError, open_text_tower
+from vit.sources.vlm.text_tower import TextTowerError, open_text_tower
 
 open_clip = pytest.importorskip("open_clip")
 transformers = pytest.importorskip("transformers")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from vit.core import recording_attention
-from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers, read_json
+from vit.sources.files import SourceError, _one_line, auxiliary_problem, loading_problem, quiet_transformers, read_json
 
 MODEL_TYPE = "sam3"  # config.json's model_type of transformers' Sam3Model (the detector, with its text encoder)
 MAX_QUERIES = 1024  # the decoder's object queries a config may declare: each is a row of every map kept
@@ -72,7 +72,7 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
     if config_json.get("model_type") != MODEL_TYPE:
         raise SourceError(f"{folder} is a {str(config_json.get('model_type'))[:40]} model, not SAM 3 (transformers' "
                           "Sam3Model); segment SAM and SAM 2 with points or a box instead")
-    wrong = _declared(config_json)
+    wrong = _declared(config_json) or auxiliary_problem(folder)  # its tokenizer and processor files too
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
     import transformers

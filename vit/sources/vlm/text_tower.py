@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
+import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +31,12 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.sources.files import quiet_transformers
+from vit.sources.files import BPE_VOCABULARY, auxiliary_problem, quiet_transformers, read_bounded
 
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
 MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
 MAX_DATASET_CLASSES = 21843  # vit.evaluate --zero-shot: ImageNet-21k's classes at most
 MAX_TEXT_PARAMETERS = 2_000_000_000  # the largest published text towers (ViT-bigG's, SigLIP 2 g's) hold ~0.7-1.1 B
-MAX_TOKENIZER_BYTES = 40 * 2**20  # SigLIP 2's Gemma tokenizer.json is 34 MB, CLIP's 2 MB
 CACHE_ENTRIES = 4096  # text embeddings kept per tower (a ViT-L embedding is 3 kB)
 
 
@@ -172,19 +173,14 @@ TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "add
 
 
 def _tokenizer_version(folder: Path) -> tuple:
-    """The folder's tokenizer files as (name, size, mtime), each checked within ``MAX_TOKENIZER_BYTES``: a 60 MB
-    tokenizer.json of 3 M entries took 28 s and 2 GB to read. A tokenizer is read once per version of them."""
-    version = []
-    for name in sorted({name for names in TOKENIZER_FILES for name in names} | set(TOKENIZER_SIDE_FILES)):
-        path = folder / name
-        if path.is_file():
-            stat = path.stat()
-            if stat.st_size > MAX_TOKENIZER_BYTES:
-                raise TextTowerError(f"{path} is {stat.st_size / 2**20:.0f} MB, over the "
-                                     f"{MAX_TOKENIZER_BYTES // 2**20} MB a tokenizer file may have (SigLIP 2's is "
-                                     "34 MB)")
-            version.append((name, stat.st_size, stat.st_mtime_ns))
-    return tuple(version)
+    """The folder's tokenizer files as (name, size, mtime), each within its bound (``files.AUXILIARY_FILES``:
+    ``MAX_TOKENIZER_BYTES`` for the tokenizer's own). A tokenizer is read once per version of them."""
+    names = tuple(sorted({name for names in TOKENIZER_FILES for name in names} | set(TOKENIZER_SIDE_FILES)))
+    wrong = auxiliary_problem(folder, names)
+    if wrong:
+        raise TextTowerError(f"{folder} is refused: {wrong}")
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name in names if (folder / name).is_file()
+                 for stat in [(folder / name).stat()])
 
 
 @functools.lru_cache(maxsize=4)
@@ -333,9 +329,6 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
 
 # -- dino.txt ----------------------------------------------------------------------------------------------------
 
-BPE_VOCABULARY = "bpe_simple_vocab_16e6.txt.gz"  # CLIP's, which dino.txt's hub downloads and open_clip ships
-
-
 def _open_dinotxt(weights: Path) -> TextTower:
     """dino.txt's text tower (``import_dinotxt``) as open_clip's ``TextTransformer`` builds it, and the authors'
     tokenizer (CLIP's BPE: a ``bpe_simple_vocab_16e6.txt.gz`` beside the weights, else open_clip's copy of it)."""
@@ -357,16 +350,28 @@ def _open_dinotxt(weights: Path) -> TextTower:
     model = open_clip.transformer.TextTransformer(**config.arguments())
     model.load_state_dict(ours, strict=True)
     model.eval()
-    vocabulary = weights.parent / BPE_VOCABULARY
     with _offline():
-        tokenizer = open_clip.tokenizer.SimpleTokenizer(
-            **({"bpe_path": str(vocabulary)} if vocabulary.is_file() else {}),
-            context_length=import_dinotxt.CONTEXT_LENGTH)
+        tokenizer = open_clip.tokenizer.SimpleTokenizer(**_vocabulary(weights.parent),
+                                                        context_length=import_dinotxt.CONTEXT_LENGTH)
 
     def encode_batch(texts: list[str], between: Callable[[], None] | None = None) -> Tensor:
         return model(torch.cat(_tokenize_each(lambda text: tokenizer([text]), texts, between, str(weights.parent))))
 
     return TextTower("softmax", scale, 0.0, "open_clip", encode_batch, patch_channels=config.output_dim // 2)
+
+
+def _vocabulary(folder: Path) -> dict:
+    """``SimpleTokenizer``'s ``bpe_path`` for the vocabulary beside the weights, or none for open_clip's own: the
+    file read once, within ``files.MAX_VOCABULARY_BYTES`` inflated (``read_bounded``; ``SimpleTokenizer`` inflates
+    a path whole, and a 0.5 MB .gz inflated to 3 GB), handed over as those bytes (``gzip.open`` takes a file)."""
+    path = folder / BPE_VOCABULARY
+    if not path.exists():
+        return {}
+    try:
+        text = read_bounded(path)
+    except CheckpointError as e:
+        raise TextTowerError(str(e)) from None
+    return {"bpe_path": io.BytesIO(gzip.compress(text, compresslevel=1))}
 
 
 def has_text_tower(checkpoint: Checkpoint) -> bool:
