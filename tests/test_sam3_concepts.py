@@ -228,6 +228,24 @@ def test_a_tokenizer_over_its_bound_is_refused_before_the_processor_reads_it(fol
     assert "\n" not in str(e.value)
 
 
+def test_an_absurd_weights_header_is_one_line(folder, tmp_path):
+    """Issue 114, finding 6: a header declaring a 10^6 x 10^6 tensor came out as safetensors' raw SafetensorError."""
+    hostile = tmp_path / "sam3"
+    shutil.copytree(folder, hostile)
+    raw = (hostile / "model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    name = next(key for key in header if key != "__metadata__")
+    header[name]["shape"] = [10**6, 10**6]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (hostile / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+    with pytest.raises(ValueError, match=r"model.safetensors is not a readable safetensors file \(tensor .*: its "
+                                         r"data \(.*\) does not match its shape \[1000000, 1000000\]") as e:
+        vit.open_sam3(hostile)
+    assert "\n" not in str(e.value)
+
+
 def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):
     image = picture()
     cases = [

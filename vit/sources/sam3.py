@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from vit.checkpoint import CheckpointError
 from vit.core import recording_attention
 from vit.sources.files import SourceError, _one_line, auxiliary_problem, loading_problem, quiet_transformers, read_json
 
@@ -75,6 +76,12 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
     wrong = _declared(config_json) or auxiliary_problem(folder)  # its tokenizer and processor files too
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
+    from vit.sources.open import read_hf_weights
+
+    try:  # every weights file's header checked (shapes, offsets) before transformers' raw SafetensorError could
+        read_hf_weights(folder, "meta")
+    except CheckpointError as e:
+        raise SourceError(str(e)) from None
     import transformers
 
     try:
