@@ -43,6 +43,36 @@ def _one_line(error: BaseException) -> str:
     return lines[0][:200] if lines else type(error).__name__
 
 
+def library_errors() -> tuple[type[BaseException], ...]:
+    """What the libraries raise for a folder they cannot read, caught around every ``from_pretrained`` for one line
+    (``library_error_line``): transformers' own (OSError, ValueError, ...), its configs' strict validation
+    (huggingface_hub's ``StrictDataclassError``: ``attn_implementation`` beside ``output_attentions``), safetensors'
+    ``SafetensorError`` and torch's weights-only ``UnpicklingError`` (a pickle refused; nothing in it ran)."""
+    import pickle
+
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError,
+            pickle.UnpicklingError, StrictDataclassError, SafetensorError)
+
+
+def library_error_line(error: BaseException) -> str:
+    """``error`` (one of ``library_errors()``) in one line: torch's weights-only refusal (six lines advising to load
+    the file anyway) as what it is, a config's strict validation (two lines) as its reason, else its first line."""
+    import pickle
+
+    from huggingface_hub.errors import StrictDataclassError
+
+    if isinstance(error, pickle.UnpicklingError):
+        return ("its weights pickle Python objects other than tensors and plain data, which could run code: torch's "
+                "weights-only load refused them and nothing in them ran; only weights are read")
+    if isinstance(error, StrictDataclassError):  # "Class validation error for validator 'x':" then the reason
+        reason = str(error).strip().splitlines()[-1].strip() if str(error).strip() else type(error).__name__
+        return f"its config is refused by transformers ({reason.removeprefix('ValueError: ')[:200]})"
+    return _one_line(error)
+
+
 def _chunks(path: Path, limit: int, label: str) -> Iterator[bytes]:
     """The bytes of ``path`` as a reader sees them (a ``.gz`` file inflated), a chunk at a time; SourceError (one
     line, naming the file as ``label``) as soon as they pass ``limit``, or for what is not a regular file, before
