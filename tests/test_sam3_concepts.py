@@ -228,6 +228,17 @@ def test_a_tokenizer_over_its_bound_is_refused_before_the_processor_reads_it(fol
     assert "\n" not in str(e.value)
 
 
+def test_a_method_asked_twice_is_drawn_once(sam3, monkeypatch):
+    """Issue 114, finding 6: duplicates in ``methods=`` are merged (each was a backward pass)."""
+    from vit.explain.methods import concepts
+
+    ran, backward = [], concepts.gradient_x_input
+    monkeypatch.setattr(concepts, "gradient_x_input", lambda *args, **kwargs: ran.append(1) or backward(*args,
+                                                                                                        **kwargs))
+    done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, methods=["gradient_x_input"] * 50)
+    assert len(ran) == 1 and list(done.maps) == ["gradient_x_input"]
+
+
 def test_an_absurd_weights_header_is_one_line(folder, tmp_path):
     """Issue 114, finding 6: a header declaring a 10^6 x 10^6 tensor came out as safetensors' raw SafetensorError."""
     hostile = tmp_path / "sam3"

@@ -337,6 +337,19 @@ def test_a_mask_gradient_over_the_memory_limit_is_refused_before_any_work(whole,
     assert not ran and "\n" not in str(error.value)
 
 
+def test_a_method_asked_a_thousand_times_is_drawn_once(whole, image, monkeypatch):
+    """Issue 114, finding 6: ``methods=("gradient_x_input",) * 1000`` ran a thousand backward passes."""
+    from vit.explain.methods import segment
+
+    _, _, _, checkpoint = whole
+    ran, backward = [], segment.gradient_x_input
+    monkeypatch.setattr(segment, "gradient_x_input", lambda *args: ran.append(args) or backward(*args))
+    done = vit.segment(checkpoint, image, points=[(10, 10)], methods=("gradient_x_input",) * 1000)
+    assert len(ran) == 1 and list(done.maps) == ["gradient_x_input"]
+    with pytest.raises(ValueError, match=r"^a method is a name \(text\), got a list$"):
+        vit.segment(checkpoint, image, points=[(10, 10)], methods=[["gradient_x_input"]])
+
+
 def test_a_mask_gradients_refusal_advises_what_vit_segment_takes(whole, image, monkeypatch):
     """Issue 90, item 6: over the bound (at ViT-B's shapes, the default one) the advice was a smaller input size,
     which vit.segment does not take (it encodes at the model's own size): it names the limit to raise, and what runs
