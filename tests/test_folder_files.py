@@ -54,3 +54,20 @@ def test_a_damaged_gz_is_one_line(tmp_path):
     with pytest.raises(SourceError, match=r"^cannot read .*bpe_simple_vocab_16e6.txt.gz \(") as e:
         read_bounded(path)
     assert "\n" not in str(e.value)
+
+
+def test_the_additional_chat_templates_are_bounded_as_the_template_and_counted(tmp_path):
+    """transformers reads every ``additional_chat_templates/*.jinja`` with a tokenizer or a processor."""
+    templates = tmp_path / files.CHAT_TEMPLATE_DIR
+    templates.mkdir()
+    (templates / "tool_use.jinja").write_text("{{ messages }}")
+    assert auxiliary_problem(tmp_path) is None
+    with open(templates / "huge.jinja", "wb") as f:
+        f.truncate(files.MAX_JSON_BYTES + 1)  # sparse: its size alone is read
+    assert auxiliary_problem(tmp_path) == (f"its {files.CHAT_TEMPLATE_DIR}/huge.jinja is 4 MB, over the 4 MB such a "
+                                           "file may have")
+    os.unlink(templates / "huge.jinja")
+    for i in range(files.MAX_TEMPLATES):
+        (templates / f"t{i}.jinja").write_text("x")
+    assert auxiliary_problem(tmp_path) == (f"its {files.CHAT_TEMPLATE_DIR} holds more than {files.MAX_TEMPLATES} "
+                                           "files (a model has a template or a few)")

@@ -6,12 +6,15 @@ wrong with a folder's weights."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import json
 import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import NotARegularFile, open_regular
@@ -24,7 +27,10 @@ BPE_VOCABULARY = "bpe_simple_vocab_16e6.txt.gz"  # CLIP's, which dino.txt's hub 
 # file's size on disk; a .gz file's inflated bytes): the one table read_bounded and auxiliary_problem read. The
 # tokenizers' and processors' files (transformers', open_clip's) are each a few kB in published models, but the
 # tokenizer's own: a 60 MB tokenizer.json of 3 M entries took 28 s and 2 GB to read.
-TOKENIZER_FILE_NAMES = ("tokenizer.json", "vocab.json", "merges.txt", "spiece.model", "tokenizer.model")
+TOKENIZER_FILE_NAMES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "tokenizer.model",
+                        "sentencepiece.bpe.model")
+CHAT_TEMPLATE_DIR = "additional_chat_templates"  # transformers reads each .jinja in it with the tokenizer or processor
+MAX_TEMPLATES = 64  # files in it: a model has one template or a few
 SMALL_FILES = ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
                "video_preprocessor_config.json", "chat_template.json", "chat_template.jinja", "tokenizer_config.json",
                "special_tokens_map.json", "added_tokens.json", "open_clip_config.json")
@@ -73,35 +79,46 @@ def library_error_line(error: BaseException) -> str:
     return _one_line(error)
 
 
-def _chunks(path: Path, limit: int, label: str) -> Iterator[bytes]:
-    """The bytes of ``path`` as a reader sees them (a ``.gz`` file inflated), a chunk at a time; SourceError (one
-    line, naming the file as ``label``) as soon as they pass ``limit``, or for what is not a regular file, before
-    the rest is read or inflated."""
+def _opened(path: Path, limit: int, label: str) -> BinaryIO:
+    """``path`` opened, a regular file only; SourceError (one line, naming the file as ``label``) for anything else,
+    and for a plain (not ``.gz``) file whose size on disk, which is what it reads, passes ``limit``: refused unread."""
     try:
         file = open_regular(path)  # a FIFO is refused, never waited on, nor /dev/zero read for ever
     except NotARegularFile:
         raise SourceError(f"{label} is not a regular file; give the model's own {path.name}") from None
-    with file:
-        status = os.fstat(file.fileno())
-        usual = AUXILIARY_FILES.get(path.name, (0, ""))[1]
-        most = f"the {limit // 2**20} MB such a file may have" + (f" ({usual})" if usual else "")
+    size = os.fstat(file.fileno()).st_size
+    if not path.name.endswith(".gz") and size > limit:
+        file.close()
+        raise SourceError(f"{label} is {size / 2**20:,.0f} MB, over {_most(path, limit)}")
+    return file
+
+
+def _most(path: Path, limit: int) -> str:
+    usual = AUXILIARY_FILES.get(path.name, (0, ""))[1]
+    return f"the {limit // 2**20} MB such a file may have" + (f" ({usual})" if usual else "")
+
+
+def _chunks(path: Path, limit: int, label: str) -> Iterator[bytes]:
+    """The bytes of ``path`` as a reader sees them (a ``.gz`` file inflated), a chunk at a time; SourceError (one
+    line, naming the file as ``label``) as soon as they pass ``limit``, or for what is not a regular file, before
+    the rest is read or inflated."""
+    with _opened(path, limit, label) as file:
+        total = 0
         if not path.name.endswith(".gz"):
-            if status.st_size > limit:  # its size on disk is what it reads: refused unread
-                raise SourceError(f"{label} is {status.st_size / 2**20:,.0f} MB, over {most}")
-            total = 0
             while block := file.read(CHUNK):  # counted still: a file that grows while it is read
                 total += len(block)
                 if total > limit:
-                    raise SourceError(f"{label} is over {most}")
+                    raise SourceError(f"{label} is over {_most(path, limit)}")
                 yield block
             return
-        inflate, pending, total, ended = zlib.decompressobj(16 + zlib.MAX_WBITS), b"", 0, False  # 16+: gzip's
+        size = os.fstat(file.fileno()).st_size
+        inflate, pending, ended = zlib.decompressobj(16 + zlib.MAX_WBITS), b"", False  # 16+: gzip's wrapper
         while pending or (pending := file.read(CHUNK)):
             out = inflate.decompress(pending, CHUNK)  # a chunk inflated at a time: a bomb never inflates whole
             pending, ended = inflate.unconsumed_tail, inflate.eof
             total += len(out)
             if total > limit:
-                raise SourceError(f"{label}, a {status.st_size / 2**20:,.1f} MB .gz, inflates to more than {most}")
+                raise SourceError(f"{label}, a {size / 2**20:,.1f} MB .gz, inflates to more than {_most(path, limit)}")
             yield out
             if inflate.eof:  # a next gzip member, as gzip.open reads one
                 pending, inflate = inflate.unused_data, zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -122,16 +139,26 @@ def read_bounded(path: Path, limit: int | None = None) -> bytes:
 
 def auxiliary_problem(folder: Path, names: tuple[str, ...] = tuple(AUXILIARY_FILES)) -> str | None:
     """What is wrong with the auxiliary files ``names`` of ``folder`` that a library reads itself (a tokenizer, a
-    processor), in one line naming the file as "its NAME" (a caller says whose), or None: one over its bound in
-    ``AUXILIARY_FILES``, or not a regular file. A plain file is bounded by its size (what it reads), a ``.gz`` file
-    by inflating it, a chunk at a time, to its bound."""
-    for name in names:
+    processor), and with its ``additional_chat_templates/`` (which both read whole), in one line naming the file as
+    "its NAME" (a caller says whose), or None: one over its bound (``AUXILIARY_FILES``), or not a regular file. A
+    plain file is bounded by its size, which is what it reads; a ``.gz`` file by inflating it, a chunk at a time."""
+    templates = folder / CHAT_TEMPLATE_DIR
+    listed = []
+    if templates.is_dir() and not templates.is_symlink():
+        with os.scandir(templates) as entries:  # its listing bounded too: transformers lists it whole
+            listed = [entry.name for entry in itertools.islice(entries, MAX_TEMPLATES + 1)]
+        if len(listed) > MAX_TEMPLATES:
+            return f"its {CHAT_TEMPLATE_DIR} holds more than {MAX_TEMPLATES} files (a model has a template or a few)"
+        listed = [f"{CHAT_TEMPLATE_DIR}/{name}" for name in listed if name.endswith(".jinja")]
+    for name in (*names, *listed):
         path = folder / name
         if path.exists() or path.is_symlink():
+            limit = AUXILIARY_FILES.get(path.name, (MAX_JSON_BYTES, ""))[0]
             try:
-                for _ in _chunks(path, AUXILIARY_FILES.get(name, (MAX_JSON_BYTES, ""))[0], f"its {name}"):
-                    if not name.endswith(".gz"):  # within its bound on disk: not read here, the library reads it
-                        break
+                if name.endswith(".gz"):  # what it inflates to is counted by inflating it, never held
+                    collections.deque(_chunks(path, limit, f"its {name}"), maxlen=0)
+                else:
+                    _opened(path, limit, f"its {name}").close()
             except SourceError as e:
                 return str(e)
             except (OSError, zlib.error, EOFError) as e:
