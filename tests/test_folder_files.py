@@ -4,6 +4,7 @@ the rest is read, and never waiting on what is not a regular file."""
 
 import gzip
 import os
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,37 @@ def test_the_additional_chat_templates_are_bounded_as_the_template_and_counted(t
         (templates / f"t{i}.jinja").write_text("x")
     assert auxiliary_problem(tmp_path) == (f"its {files.CHAT_TEMPLATE_DIR} holds more than {files.MAX_TEMPLATES} "
                                            "files (a model has a template or a few)")
+
+
+def _returns_without_waiting(call, fifo: Path):
+    """``call()``'s result, or a failure when it waits on ``fifo`` (then released, so no thread is left blocked)."""
+    import threading
+
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        with open(fifo, "w"):  # the reader waits for a writer: one comes and goes
+            pass
+        thread.join(20)
+        pytest.fail(f"waited on the FIFO {fifo.name}")
+    return result[0]
+
+
+def test_a_cache_folders_ref_that_is_a_fifo_is_never_waited_on(tmp_path, monkeypatch):
+    """A listed cache folder's ``refs/main`` is read by the home page's picker for every visitor: a FIFO there stalled
+    it (``read_text``), as the Hub reader's ``open`` did; both go through the bounded reader."""
+    from vit.app.catalog import hf_snapshot
+    from vit.sources import hub
+
+    model = tmp_path / "models--evil--fifo"
+    snapshot = model / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (model / "refs").mkdir()
+    os.mkfifo(model / "refs" / "main")
+    assert _returns_without_waiting(lambda: hf_snapshot(model), model / "refs" / "main") == snapshot  # the newest
+    monkeypatch.setattr(hub, "cache_dir", lambda: tmp_path)
+    assert _returns_without_waiting(lambda: hub.cached_snapshot(hub.parse_name("evil/fifo")),
+                                    model / "refs" / "main") is None

@@ -37,6 +37,7 @@ SMALL_FILES = ("config.json", "generation_config.json", "processor_config.json",
 AUXILIARY_FILES = {**dict.fromkeys(SMALL_FILES, (MAX_JSON_BYTES, "a few kB")),
                    **dict.fromkeys(TOKENIZER_FILE_NAMES, (MAX_TOKENIZER_BYTES, "Gemma 3's is 33 MB")),
                    BPE_VOCABULARY: (MAX_VOCABULARY_BYTES, "CLIP's inflates to 3 MB")}
+MAX_REF_BYTES = 256  # an HF cache's refs/NAME: a 40-hex commit and a newline
 CHUNK = 2**20  # read and inflated a MiB at a time: the bound is passed by at most this much before the refusal
 
 
