@@ -274,6 +274,11 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
             if model_cfg.get("custom_text") or text_cfg.get("hf_model_name"):
                 raise TextTowerError(f"{weights}: its text tower is a Hugging Face model open_clip would download "
                                      "(hf_model_name); only open_clip's own text transformer is supported")
+            options = text_cfg.get("tokenizer_kwargs")
+            if isinstance(options, dict) and "bpe_path" in options:  # a path on the server, inflated whole
+                raise TextTowerError(f"{config_path} names a vocabulary file (text_cfg.tokenizer_kwargs.bpe_path), "
+                                     "which open_clip would read whole from anywhere; remove it (its own CLIP "
+                                     "vocabulary is read)")
             cfg = {k: v for k, v in model_cfg.items() if k != "custom_text"}
             check_declared_layers(cfg, str(config_path))
             try:  # the declared model on the meta device first: its size is checked before it is allocated
