@@ -96,7 +96,8 @@ def _opened(path: Path, limit: int, label: str) -> BinaryIO:
 
 def _most(path: Path, limit: int) -> str:
     usual = AUXILIARY_FILES.get(path.name, (0, ""))[1]
-    return f"the {limit // 2**20} MB such a file may have" + (f" ({usual})" if usual else "")
+    amount = f"{limit // 2**20} MB" if limit >= 2**20 else f"{limit:,} bytes"
+    return f"the {amount} such a file may have" + (f" ({usual})" if usual else "")
 
 
 def _chunks(path: Path, limit: int, label: str) -> Iterator[bytes]:
