@@ -139,15 +139,13 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, torch.nn.Module):
         return []
-    return [m for m in blocks.modules() if ("fused_attn" in vars(m) or "_vit_fused_attn" in vars(m))
-            and isinstance(getattr(m, "attn_drop", None), torch.nn.Dropout)]  # recorded already: a model opened again
+    return [m for m in blocks.modules() if "fused_attn" in vars(m) and isinstance(getattr(m, "attn_drop", None),
+                                                                                   torch.nn.Dropout)]
 
 
 def _record_through(modules: list[torch.nn.Module]) -> None:
     """Make each of ``modules`` recordable: its class given the recorder's ``fused_attn``, its ``attn_drop`` hooked."""
     for module in modules:
-        if "fused_attn" not in vars(module):  # made recordable when it was opened before (a model in hand, again)
-            continue
         fused = bool(module.__dict__.pop("fused_attn"))
         module.__class__ = _recorded_class(type(module))
         module.fused_attn = fused
