@@ -392,10 +392,11 @@ runfiles.atomic_write_bytes(Path(sys.argv[1]), b"new")
 """
 
 
-def test_a_save_killed_by_sigkill_leaves_a_temporary_file_the_next_write_beside_it_removes(tmp_path):
-    """Issue 114, finding 6: each killed save left its ``.NAME.PID.THREAD.tmp`` beside the file for good. The next
-    atomic write in the folder removes those of writers no longer alive; a live writer's stays (it is about to be
-    renamed into place)."""
+def test_a_save_killed_by_sigkill_leaves_a_temporary_file_a_later_write_beside_it_removes(tmp_path):
+    """Issue 114, finding 6: each killed save left its ``.NAME.PID.THREAD.tmp`` beside the file for good. A later
+    atomic write in the folder removes those of writers no longer alive once ``STRAY_SECONDS`` old; a live writer's
+    stays (it is about to be renamed into place), as does a newer one (a writer on another host of a shared folder,
+    whose pid this host does not know, moves its mtime as it writes)."""
     import subprocess
     import sys
 
@@ -406,9 +407,14 @@ def test_a_save_killed_by_sigkill_leaves_a_temporary_file_the_next_write_beside_
     done = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(target)], env={**os.environ,
                           "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120)
     assert done.returncode == -9, done.stderr
-    strays = list(tmp_path.glob(".maps.npz.*.tmp"))
-    assert len(strays) == 1 and strays[0].read_bytes() == b"new" and target.read_bytes() == b"old"
-    live = tmp_path / f".other.png.{os.getppid()}.1.tmp"  # a writer still alive: its file is kept
+    [stray] = tmp_path.glob(".maps.npz.*.tmp")
+    assert stray.read_bytes() == b"new" and target.read_bytes() == b"old"
+    killed_at = stray.stat().st_mtime - 86400  # killed a day ago, past STRAY_SECONDS
+    os.utime(stray, (killed_at, killed_at))
+    newer = tmp_path / f"{stray.name.removesuffix('.tmp')}1.tmp"  # the same dead pid, written just now
+    newer.write_bytes(b"writing")
+    live = tmp_path / f".other.png.{os.getppid()}.1.tmp"  # a writer still alive
     live.write_bytes(b"writing")
+    os.utime(live, (killed_at, killed_at))
     atomic_write_bytes(tmp_path / "other.png", b"png")  # a write of another file in the folder
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["maps.npz", "other.png", live.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["maps.npz", "other.png", live.name, newer.name])

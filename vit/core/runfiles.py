@@ -39,6 +39,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -269,11 +270,13 @@ def atomic_write_files(files: Mapping[Path, bytes], gone: Iterable[Path] = ()) -
         raise
 
 
-def remove_dead_writers_temp_files(folder: Path, names: Iterable[str] | None = None) -> list[Path]:
+def remove_dead_writers_temp_files(folder: Path, names: Iterable[str] | None = None,
+                                   older_than: float = 0.0) -> list[Path]:
     """Delete the temporary files (``.NAME.PID.THREAD.tmp``) that the atomic writes of ``names`` (default: of any
     name) in ``folder`` left when their process was killed: those of a process no longer alive on this host (a live
-    writer's file is about to be renamed into place). Returns what was removed."""
-    removed = []
+    writer's file is about to be renamed into place), and last written more than ``older_than`` seconds ago.
+    Returns what was removed."""
+    removed, now = [], time.time()
     for pattern in [".*.tmp"] if names is None else [f".{glob.escape(name)}.*.tmp" for name in names]:
         with contextlib.suppress(OSError):
             for path in folder.glob(pattern):
@@ -282,29 +285,33 @@ def remove_dead_writers_temp_files(folder: Path, names: Iterable[str] | None = N
                 if not (pid.isdigit() and thread.isdigit()) or int(pid) == os.getpid() or pid_alive(int(pid)):
                     continue
                 with contextlib.suppress(OSError):
-                    if path.is_file() and not path.is_symlink():
+                    if path.is_file() and not path.is_symlink() and now - path.stat().st_mtime >= older_than:
                         path.unlink()
                         removed.append(path)
     return removed
 
 
-_SWEPT: set[str] = set()  # the folders whose killed writers' temporary files this process has removed
+# A killed writer's temporary file is removed once it is this old: a writer on another host of a shared folder (a Ray
+# worker) has a pid this host does not know, and its file, still being written, is newer (each write moves its mtime)
+STRAY_SECONDS = 600
+_SWEPT: dict[str, float] = {}  # folder -> when this process last removed the killed writers' files there
 _SWEPT_LOCK = threading.Lock()
 
 
 def _sweep_once(folder: Path) -> None:
-    """The temporary files killed writers left in ``folder`` (``remove_dead_writers_temp_files``) removed the first
-    time this process writes there: a write killed by SIGKILL leaves its ``.NAME.PID.THREAD.tmp`` beside the file,
-    and listing the folder at every write would cost ~30 ms a write in a folder of 10,000 maps."""
-    key = os.path.abspath(folder)
+    """The temporary files killed writers left in ``folder`` (``remove_dead_writers_temp_files``, older than
+    ``STRAY_SECONDS``) removed at a write there, once per ``STRAY_SECONDS`` per folder: a write killed by SIGKILL
+    leaves its ``.NAME.PID.THREAD.tmp`` beside the file, and listing the folder at every write would cost ~30 ms a
+    write in a folder of 10,000 maps."""
+    key, now = os.path.abspath(folder), time.monotonic()
     with _SWEPT_LOCK:
-        if key in _SWEPT:
+        if now - _SWEPT.get(key, -math.inf) < STRAY_SECONDS:
             return
-        if len(_SWEPT) >= 4096:  # a long-lived server writing into many folders: swept again, never held without end
+        if len(_SWEPT) >= 4096:  # a long-lived server writing into many folders: held within bounds
             _SWEPT.clear()
-        _SWEPT.add(key)
+        _SWEPT[key] = now
     if not Path(folder).is_symlink():  # a link out of where it writes: never delete where it points
-        remove_dead_writers_temp_files(Path(folder))
+        remove_dead_writers_temp_files(Path(folder), older_than=STRAY_SECONDS)
 
 
 def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
