@@ -133,6 +133,20 @@ def test_a_tokenizer_file_over_the_bound_is_refused_before_it_is_read(tmp_path):
         open_text_tower(checkpoint)
 
 
+def test_a_config_transformers_refuses_is_one_line_saying_why(tmp_path):
+    """Issue 114, finding 6: ``attn_implementation`` beside ``output_attentions`` is said as the other openers say it
+    (``library_error_line``), its reason without huggingface_hub's "Class validation error for validator" prefix."""
+    folder = hf_clip_folder(tmp_path)
+    checkpoint = open_source(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(attn_implementation="sdpa", output_attentions=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TextTowerError, match=r"transformers cannot read its config \(its config is refused by "
+                                             r"transformers \(The `output_attentions` attribute is not supported") as e:
+        open_text_tower(checkpoint)
+    assert "\n" not in str(e.value)
+
+
 def test_the_tokenizer_is_read_once_per_model_not_each_time_a_tower_opens(tmp_path):
     checkpoint = open_source(hf_clip_folder(tmp_path))
     with mock.patch.object(transformers.AutoTokenizer, "from_pretrained",

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.sources.files import BPE_VOCABULARY, auxiliary_problem, quiet_transformers, read_bounded
+from vit.sources.files import BPE_VOCABULARY, auxiliary_problem, library_error_line, quiet_transformers, read_bounded
 
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
 MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
@@ -221,7 +221,7 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
             with torch.device("meta"):
                 skeleton = model_class(config)
         except Exception as e:  # noqa: BLE001
-            raise TextTowerError(f"{folder}: transformers cannot read its config ({_one_line(e)})") from None
+            raise TextTowerError(f"{folder}: transformers cannot read its config ({library_error_line(e)})") from None
         check_declared_model(skeleton, read_weights(weights, "meta"), "vision_model.", str(folder / "config.json"))
         del skeleton
         try:
@@ -235,7 +235,8 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
         try:
             model = model_class.from_pretrained(str(folder), local_files_only=True)
         except Exception as e:  # noqa: BLE001
-            raise TextTowerError(f"{folder}: transformers cannot open its text tower ({_one_line(e)})") from None
+            raise TextTowerError(f"{folder}: transformers cannot open its text tower ({library_error_line(e)})") \
+                from None
     model.vision_model = None  # the image side is ours; free its memory
     model.eval()
     max_length = int(model.config.text_config.max_position_embeddings)
