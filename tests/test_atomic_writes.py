@@ -381,3 +381,40 @@ def test_the_scan_finds_each_kind_of_in_place_writer_and_no_write_to_memory():
         "image.save", "np.savez_compressed", "np.save", "fig.savefig", "torch.save", "path.write_text",
         "path.write_bytes", "open", "path.open", "os.open", "zipfile.ZipFile", "shutil.copyfile"]
     assert {function for function, _, _ in direct_writers(PROBE)} == {"writes"}
+
+
+KILLED_MID_WRITE = r"""
+import os, signal, sys
+from pathlib import Path
+from vit.core import runfiles
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # killed with its temporary file written, not renamed
+runfiles.atomic_write_bytes(Path(sys.argv[1]), b"new")
+"""
+
+
+def test_a_save_killed_by_sigkill_leaves_a_temporary_file_a_later_write_beside_it_removes(tmp_path):
+    """Issue 114, finding 6: each killed save left its ``.NAME.PID.THREAD.tmp`` beside the file for good. A later
+    atomic write in the folder removes those of writers no longer alive once ``STRAY_SECONDS`` old; a live writer's
+    stays (it is about to be renamed into place), as does a newer one (a writer on another host of a shared folder,
+    whose pid this host does not know, moves its mtime as it writes)."""
+    import subprocess
+    import sys
+
+    from vit.core.runfiles import atomic_write_bytes
+
+    target = tmp_path / "maps.npz"
+    target.write_bytes(b"old")
+    done = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(target)], env={**os.environ,
+                          "PYTHONPATH": str(ROOT)}, capture_output=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    [stray] = tmp_path.glob(".maps.npz.*.tmp")
+    assert stray.read_bytes() == b"new" and target.read_bytes() == b"old"
+    killed_at = stray.stat().st_mtime - 86400  # killed a day ago, past STRAY_SECONDS
+    os.utime(stray, (killed_at, killed_at))
+    newer = tmp_path / f"{stray.name.removesuffix('.tmp')}1.tmp"  # the same dead pid, written just now
+    newer.write_bytes(b"writing")
+    live = tmp_path / f".other.png.{os.getppid()}.1.tmp"  # a writer still alive
+    live.write_bytes(b"writing")
+    os.utime(live, (killed_at, killed_at))
+    atomic_write_bytes(tmp_path / "other.png", b"png")  # a write of another file in the folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["maps.npz", "other.png", live.name, newer.name])

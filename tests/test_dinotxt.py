@@ -5,7 +5,9 @@ hub loads over it), opened by ``vit.load``; ``vit.ask``'s labels equal the autho
 map the authors' zero-shot segmentation notebook (``predict_whole``, run from its cells) on the same pixels.
 """
 
+import gzip
 import io
+import json
 import math
 import re
 import sys
@@ -15,13 +17,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from peak_memory import can_reset_the_peak, run_measured
 from PIL import Image
 from test_app import charts, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 
 import vit
 from vit.core.inference import InputSize
 from vit.explain.language import prompts, words
-from vit.sources.files import SourceError
+from vit.sources.files import BPE_VOCABULARY, SourceError
+from vit.sources.vlm.text_tower import open_text_tower
 
 REFERENCE = Path(__file__).resolve().parent / "reference"
 if str(REFERENCE / "dinotxt") not in sys.path:  # the authors' package, importable as ``dinov3`` (kept verbatim)
@@ -215,6 +219,69 @@ def test_a_head_of_another_backbone_is_refused_in_one_line(dinotxt, tmp_path):
     with pytest.raises(SourceError, match="its text embedding has 192 channels where the image's CLS and patch "
                                           "mean have 128") as e:
         vit.load(folder / HEAD_FILE)
+    assert "\n" not in str(e.value)
+
+
+VOCABULARY_WORKER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from peak_memory import peak, start
+import vit
+from vit.sources.vlm.text_tower import open_text_tower
+
+def opened(head):
+    # what opening the text tower beside head grew the process by, and its refusal or None
+    checkpoint = vit.load(head)
+    before = start()
+    try:
+        open_text_tower(checkpoint)
+        refusal = None
+    except ValueError as e:
+        refusal = str(e)
+    return peak() - before, refusal
+
+
+opened(sys.argv[1])  # the libraries imported and warmed once
+good, _ = opened(sys.argv[1])
+bomb, refusal = opened(sys.argv[3])
+print(json.dumps({"refusal": refusal, "good": good, "bomb": bomb}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
+def test_a_vocabulary_that_inflates_past_its_bound_is_refused_while_it_inflates_in_bounded_memory(dinotxt, tmp_path):
+    """Issue 114, finding 5: open_clip's ``SimpleTokenizer`` inflates its ``.gz`` whole (a 0.5 MB one inflated to
+    3 GB). A 65 KB one of 64 MiB of zeros here: read whole, it grew a fresh process by 189 MB, 111 MB more than
+    opening the same tower beside open_clip's vocabulary (78 MB: the bytes and their text); refused at
+    ``MAX_VOCABULARY_BYTES`` (8 MiB) of inflated bytes, by 65 MB, and never 16 MB more."""
+    model, good, _ = dinotxt
+    head = save_authors_layout(model, tmp_path / "bomb")
+    with gzip.open(head.parent / BPE_VOCABULARY, "wb", compresslevel=9) as f:
+        for _ in range(64):
+            f.write(bytes(2**20))
+    assert (head.parent / BPE_VOCABULARY).stat().st_size < 2**17
+    done = run_measured(VOCABULARY_WORKER, [str(good), str(Path(__file__).parent), str(head)], timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["refusal"] is not None and "\n" not in out["refusal"], out
+    assert re.search(r"bpe_simple_vocab_16e6.txt.gz, a 0.1 MB .gz, inflates to more than the 8 MB", out["refusal"])
+    assert out["bomb"] < out["good"] + 16 * 2**20, out
+
+
+def test_the_vocabulary_beside_the_weights_is_the_one_read_and_a_damaged_one_is_one_line(dinotxt, tmp_path):
+    """CLIP's vocabulary copied beside the weights scores as open_clip's own copy; cut in half, it is refused in one
+    line (so the file beside the weights is the one read, through the bounded reader)."""
+    model, _, checkpoint = dinotxt
+    head = save_authors_layout(model, tmp_path / "beside")
+    vocabulary = Path(bpe_vocabulary()).read_bytes()
+    (head.parent / BPE_VOCABULARY).write_bytes(vocabulary)
+    image = photo()
+    assert vit.ask(vit.load(head), image, LABELS).scores == pytest.approx(vit.ask(checkpoint, image, LABELS).scores,
+                                                                          abs=1e-6)
+    (head.parent / BPE_VOCABULARY).write_bytes(vocabulary[: len(vocabulary) // 2])
+    with pytest.raises(ValueError, match=r"bpe_simple_vocab_16e6.txt.gz is not a whole .gz file") as e:
+        open_text_tower(vit.load(head))
     assert "\n" not in str(e.value)
 
 

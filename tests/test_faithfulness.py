@@ -130,6 +130,17 @@ def test_cli_prints_json_per_method(tmp_path, capsys):
     assert "faithfulness" in out.err  # the progress bar
 
 
+def test_a_method_named_many_times_is_scored_once(tmp_path):
+    """Issue 114, finding 6: duplicates in the methods are merged, on the command line and in a run's settings."""
+    from vit.explain.benchmarks.benchmark_run import Settings
+
+    args = faithfulness.build_parser().parse_args([str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path),
+                                                   "--methods", "legrad,random", "legrad", *["random"] * 1000])
+    faithfulness.check_args(args)
+    assert args.methods == ["legrad", "random"]
+    assert Settings("saco", ("legrad",) * 1000 + ("random",)).methods == ("legrad", "random")
+
+
 def test_cli_rejects_an_unknown_method_in_one_line(tmp_path, capsys):
     code = faithfulness.main([str(tmp_path / "none.pt"), "--data", str(tmp_path), "--methods", "magic"])
     err = capsys.readouterr().err

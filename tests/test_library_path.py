@@ -5,6 +5,7 @@ with random weights in transformers and saved with its image processor, never do
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -318,6 +319,37 @@ def test_weights_that_do_not_fit_or_lack_layers_are_refused_in_one_line(tmp_path
     with pytest.raises(CheckpointError, match=message) as refusal:
         vit.load(folder, device="cpu")
     assert "\n" not in str(refusal.value)
+
+
+class _Runs:
+    """A pickled object that would run code when unpickled (``print``, seen in the captured output)."""
+
+    def __reduce__(self):
+        return (print, ("this pickle ran",))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ("pickled", r": its weights pickle Python objects other than tensors and plain data, which could run code: torch's "
+                r"weights-only load refused them and nothing in them ran; only weights are read$"),
+    ("attention flags", r": its config is refused by transformers \(The `output_attentions` attribute is not "
+                        r"supported when using the `attn_implementation` set to sdpa\. Please set it to 'eager' "
+                        r"instead\.\)$"),
+])
+def test_a_pickle_and_a_config_transformers_refuses_are_one_line(tmp_path, capfd, edit, message):
+    """Issue 114, finding 6: a pickled pytorch_model.bin came out as torch's six lines advising to load it without
+    weights_only (nothing ran), and ``attn_implementation`` beside ``output_attentions`` in config.json as
+    huggingface_hub's two-line StrictDataclassClassValidationError."""
+    folder = save_family(tmp_path / "model", "ijepa")
+    if edit == "pickled":
+        (folder / "model.safetensors").unlink()
+        torch.save({"embeddings.cls_token": torch.zeros(1, 1, 32), "x": _Runs()}, folder / "pytorch_model.bin")
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        config.update(attn_implementation="sdpa", output_attentions=True)
+        (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message) as refusal:
+        vit.load(folder, device="cpu")
+    assert "\n" not in str(refusal.value) and "this pickle ran" not in capfd.readouterr().out
 
 
 # --- a head around a backbone (Depth Anything): the head as transformers builds it, the backbone's attention recorded

@@ -8,6 +8,7 @@ test_sam_attnlrp_lxt patches them into SAM's); the exemplar box is read as (x0, 
 answers."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -211,6 +212,49 @@ def test_saved_as_npz_and_png(sam3, tmp_path):
             "attention/decoder layer 1"} <= set(saved.files)
     assert str(saved["text"]) == TEXT and saved["box"].tolist() == list(BOX)
     assert done.save(tmp_path / "concept.png").stat().st_size > 0
+
+
+def test_a_tokenizer_over_its_bound_is_refused_before_the_processor_reads_it(folder, tmp_path, monkeypatch):
+    """Issue 114, finding 3: a SAM 3 whose tokenizer.json was 191 MB killed the server through a concept link (the
+    text towers and VLMs refuse over 40 MB; SAM 3 read it unbounded). A sparse one of 41 MB: refused unread."""
+    hostile = tmp_path / "sam3"
+    shutil.copytree(folder, hostile)
+    with open(hostile / "tokenizer.json", "wb") as f:
+        f.truncate(41 * 2**20)  # sparse: its size alone is read
+    monkeypatch.setattr(transformers.Sam3Processor, "from_pretrained", AssertionError)
+    with pytest.raises(ValueError, match=r"is refused: its tokenizer.json is 41 MB, over the 40 MB such a file may "
+                                         r"have \(Gemma 3's is 33 MB\)$") as e:
+        vit.open_sam3(hostile)
+    assert "\n" not in str(e.value)
+
+
+def test_a_method_asked_twice_is_drawn_once(sam3, monkeypatch):
+    """Issue 114, finding 6: duplicates in ``methods=`` are merged (each was a backward pass)."""
+    from vit.explain.methods import concepts
+
+    ran, backward = [], concepts.gradient_x_input
+    monkeypatch.setattr(concepts, "gradient_x_input", lambda *args, **kwargs: ran.append(1) or backward(*args,
+                                                                                                        **kwargs))
+    done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, methods=["gradient_x_input"] * 50)
+    assert len(ran) == 1 and list(done.maps) == ["gradient_x_input"]
+
+
+def test_an_absurd_weights_header_is_one_line(folder, tmp_path):
+    """Issue 114, finding 6: a header declaring a 10^6 x 10^6 tensor came out as safetensors' raw SafetensorError."""
+    hostile = tmp_path / "sam3"
+    shutil.copytree(folder, hostile)
+    raw = (hostile / "model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    name = next(key for key in header if key != "__metadata__")
+    header[name]["shape"] = [10**6, 10**6]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (hostile / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+    with pytest.raises(ValueError, match=r"model.safetensors is not a readable safetensors file \(tensor .*: its "
+                                         r"data \(.*\) does not match its shape \[1000000, 1000000\]") as e:
+        vit.open_sam3(hostile)
+    assert "\n" not in str(e.value)
 
 
 def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):

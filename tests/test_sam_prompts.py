@@ -306,6 +306,24 @@ def with_a_shrunk_decoder_weight(source: str | Path, tmp_path: Path) -> tuple[Pa
     return folder, name
 
 
+def test_a_config_transformers_refuses_is_one_line(whole, image, tmp_path):
+    """Issue 114, finding 6: ``attn_implementation`` beside ``output_attentions`` in config.json was huggingface_hub's
+    two-line StrictDataclassClassValidationError when the prompt half read it."""
+    import json
+    import shutil
+
+    folder = tmp_path / "flags"
+    shutil.copytree(whole[3].metadata["source"]["path"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(attn_implementation="sdpa", output_attentions=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"flags: its config is refused by transformers \(The `output_attentions` "
+                                         r"attribute is not supported when using the `attn_implementation` set to "
+                                         r"sdpa\. Please set it to 'eager' instead\.\)$") as e:
+        vit.segment(vit.load(folder, device="cpu"), image, points=[(10, 10)])
+    assert "\n" not in str(e.value)
+
+
 def test_a_prompt_half_whose_weights_do_not_fit_its_config_is_one_line_in_the_api_and_the_cli(whole, image, tmp_path,
                                                                                                 capsys):
     """Issue 95, item 6: torch's strict load raised a RuntimeError of a line per mismatch, whose first line ("Error(s)
@@ -335,6 +353,19 @@ def test_a_mask_gradient_over_the_memory_limit_is_refused_before_any_work(whole,
     with pytest.raises(TooManyTokens, match="mask decoder|limit") as error:
         vit.segment(checkpoint, image, points=[(10, 10)], methods=["gradient_x_input"])
     assert not ran and "\n" not in str(error.value)
+
+
+def test_a_method_asked_a_thousand_times_is_drawn_once(whole, image, monkeypatch):
+    """Issue 114, finding 6: ``methods=("gradient_x_input",) * 1000`` ran a thousand backward passes."""
+    from vit.explain.methods import segment
+
+    _, _, _, checkpoint = whole
+    ran, backward = [], segment.gradient_x_input
+    monkeypatch.setattr(segment, "gradient_x_input", lambda *args: ran.append(args) or backward(*args))
+    done = vit.segment(checkpoint, image, points=[(10, 10)], methods=("gradient_x_input",) * 1000)
+    assert len(ran) == 1 and list(done.maps) == ["gradient_x_input"]
+    with pytest.raises(ValueError, match=r"^a method is a name \(text\), got a list$"):
+        vit.segment(checkpoint, image, points=[(10, 10)], methods=[["gradient_x_input"]])
 
 
 def test_a_mask_gradients_refusal_advises_what_vit_segment_takes(whole, image, monkeypatch):

@@ -32,7 +32,8 @@ def test_an_upload_is_named_by_the_sha256_of_its_bytes():
 
 
 @pytest.mark.parametrize("name, value, why", [
-    ("layer", "0", "from 1"), ("layer", "-1", "whole number"), ("layer", "2.5", "whole number"),
+    ("layer", "0", "from 1 to 999999"), ("layer", "-1", "whole number"), ("layer", "2.5", "whole number"),
+    ("instance", "1000000", "give a whole number from 1 to 999999"),  # issue 114: the upper bound named too
     ("query", "x", "whole number"), ("head", "1e3", "whole number"), ("size", "99999", "0 to 4096"),
     ("opacity", "1.5", "0 to 1"), ("opacity", "0.33", "steps of 0.05"), ("opacity", "nan", "0 to 1"),
     ("opacity", "inf", "0 to 1"),

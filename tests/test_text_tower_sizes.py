@@ -6,6 +6,7 @@ they refuse to build the declared model anywhere but on the meta device, so a ch
 here instead of filling the machine's memory.
 """
 
+import gzip
 import json
 from unittest import mock
 
@@ -13,8 +14,9 @@ import pytest
 import torch
 from test_prompts import HF_TEXT, HF_VISION, bpe_tokenizer_files, save_open_clip
 
+from vit.sources.files import MAX_TOKENIZER_BYTES
 from vit.sources.open import open_source
-from vit.sources.vlm.text_tower import MAX_TOKENIZER_BYTES, TextTowerError, open_text_tower
+from vit.sources.vlm.text_tower import TextTowerError, open_text_tower
 
 open_clip = pytest.importorskip("open_clip")
 transformers = pytest.importorskip("transformers")
@@ -46,6 +48,23 @@ def test_an_open_clip_config_declaring_a_huge_text_tower_is_refused_before_it_is
     with spy, pytest.raises(TextTowerError, match="declares a text tower of [0-9,]+ parameters") as error:
         open_text_tower(checkpoint)
     assert devices == ["meta"] and "\n" not in str(error.value)
+
+
+def test_an_open_clip_config_naming_a_vocabulary_file_is_refused_before_open_clip_reads_it(tmp_path):
+    """Issue 114, finding 5's kind: open_clip's tokenizer takes ``text_cfg.tokenizer_kwargs`` from the folder's
+    ``open_clip_config.json``, and its ``bpe_path`` is a .gz ``SimpleTokenizer`` inflates whole, from anywhere on the
+    server. Here 16 MB of zeros in a 16 KB file: read whole before, refused in one line now."""
+    _, folder = save_open_clip(tmp_path / "clip")
+    with gzip.open(folder / "vocab.txt.gz", "wb") as f:
+        f.write(bytes(16 * 2**20))
+    config = json.loads((folder / "open_clip_config.json").read_text())
+    config["model_cfg"]["text_cfg"]["tokenizer_kwargs"] = {"bpe_path": str(folder / "vocab.txt.gz")}
+    (folder / "open_clip_config.json").write_text(json.dumps(config))
+    checkpoint = open_source(folder)
+    with mock.patch.object(gzip, "open", side_effect=AssertionError("read")), \
+            pytest.raises(TextTowerError, match=r"names a vocabulary file \(text_cfg.tokenizer_kwargs.bpe_path\)") as e:
+        open_text_tower(checkpoint)
+    assert "\n" not in str(e.value)
 
 
 def flat_openai_state(tmp_path):
@@ -112,6 +131,20 @@ def test_a_tokenizer_file_over_the_bound_is_refused_before_it_is_read(tmp_path):
     with mock.patch.object(transformers.AutoTokenizer, "from_pretrained", side_effect=AssertionError("read")), \
             pytest.raises(TextTowerError, match="tokenizer.json is 40 MB, over the 40 MB"):
         open_text_tower(checkpoint)
+
+
+def test_a_config_transformers_refuses_is_one_line_saying_why(tmp_path):
+    """Issue 114, finding 6: ``attn_implementation`` beside ``output_attentions`` is said as the other openers say it
+    (``library_error_line``), its reason without huggingface_hub's "Class validation error for validator" prefix."""
+    folder = hf_clip_folder(tmp_path)
+    checkpoint = open_source(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(attn_implementation="sdpa", output_attentions=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TextTowerError, match=r"transformers cannot read its config \(its config is refused by "
+                                             r"transformers \(The `output_attentions` attribute is not supported") as e:
+        open_text_tower(checkpoint)
+    assert "\n" not in str(e.value)
 
 
 def test_the_tokenizer_is_read_once_per_model_not_each_time_a_tower_opens(tmp_path):

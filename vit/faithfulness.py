@@ -406,7 +406,7 @@ def check_args(args: argparse.Namespace) -> None:
     from vit.predict import check_model_path
 
     if args.methods is not None:  # --methods a,b and --methods a b alike
-        args.methods = [m for part in args.methods for m in part.split(",") if m]
+        args.methods = list(dict.fromkeys(m for part in args.methods for m in part.split(",") if m))  # each once
     unknown = [m for m in args.methods or () if m not in METHOD_NAMES]
     if unknown and args.benchmark == "deletion":  # the others also take vit.methods()' maps, checked once it loads
         raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from: {', '.join(METHOD_NAMES)} (the maps "

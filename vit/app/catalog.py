@@ -392,12 +392,14 @@ def hf_cache_dirs() -> list[Path]:
 
 def hf_snapshot(model_dir: Path) -> Path | None:
     """The snapshot ``refs/main`` points to, else the newest one; None when there is none."""
+    from vit.sources.files import MAX_REF_BYTES, SourceError, read_bounded
+
     snapshots = model_dir / "snapshots"
-    try:
-        ref = (model_dir / "refs" / "main").read_text().strip()
+    try:  # bounded, regular files only: a listed folder's refs/main that is a FIFO or 3 GB never stalls the page
+        ref = read_bounded(model_dir / "refs" / "main", MAX_REF_BYTES).decode("ascii", "replace").strip()
         if ref and "/" not in ref and (snapshots / ref).is_dir():
             return snapshots / ref
-    except OSError:
+    except (OSError, SourceError):
         pass
     try:
         folders = [p for p in snapshots.iterdir() if p.is_dir()]

@@ -32,6 +32,7 @@ from vit.explain.views.video import CLIP_KIND_LABELS
 
 MAX_VALUE_CHARS = 2000  # longer values (a pasted essay as labels) are refused before they are parsed
 MAX_HEADS = 256  # heads switched off in one link: more than any catalogue model has
+MAX_WHOLE = 999_999  # a whole number's bound where a parameter has no tighter one (a class, a query, an instance)
 STEP = 0.05  # the sliders' step: opacity, discard ratio, mass share
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # sha256 of an upload's bytes
 _HEAD = re.compile(r"([1-9][0-9]{0,3})\.([1-9][0-9]{0,3})")  # layer.head from 1, as the page labels them
@@ -61,10 +62,10 @@ def _flag(text: str) -> bool:
     return text == "1"
 
 
-def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+def _whole(low: int, high: int = MAX_WHOLE) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        if not re.fullmatch(r"[0-9]{1,6}", text) or int(text) < low or high is not None and int(text) > high:
-            raise ShareError(f"give a whole number from {low}" + (f" to {high}" if high is not None else ""))
+        if not re.fullmatch(r"[0-9]{1,7}", text) or not low <= int(text) <= high:
+            raise ShareError(f"give a whole number from {low} to {high}")  # the bound named, as every refusal
         return int(text)
     return parse
 

@@ -39,6 +39,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -228,6 +229,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """``atomic_write_text`` for bytes (safetensors, .npz): a reader sees the old file or the new one."""
+    _sweep_once(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -247,6 +249,8 @@ def atomic_write_files(files: Mapping[Path, bytes], gone: Iterable[Path] = ()) -
     only one in the microseconds between the renames mixes two. The last file, whose new version says the set is
     complete, goes last."""
     temps = {}
+    for folder in {path.parent for path in files}:
+        _sweep_once(folder)
     try:
         for path, data in files.items():
             temps[path] = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -266,22 +270,48 @@ def atomic_write_files(files: Mapping[Path, bytes], gone: Iterable[Path] = ()) -
         raise
 
 
-def remove_dead_writers_temp_files(folder: Path, names: Iterable[str]) -> list[Path]:
-    """Delete the temporary files (``.NAME.PID.THREAD.tmp``) that the atomic writes of ``names`` in ``folder`` left
-    when their process was killed: those of a process no longer alive on this host (a live writer's file is about to
-    be renamed into place). Returns what was removed."""
-    removed = []
-    for name in names:
+def remove_dead_writers_temp_files(folder: Path, names: Iterable[str] | None = None,
+                                   older_than: float = 0.0) -> list[Path]:
+    """Delete the temporary files (``.NAME.PID.THREAD.tmp``) that the atomic writes of ``names`` (default: of any
+    name) in ``folder`` left when their process was killed: those of a process no longer alive on this host (a live
+    writer's file is about to be renamed into place), and last written more than ``older_than`` seconds ago.
+    Returns what was removed."""
+    removed, now = [], time.time()
+    for pattern in [".*.tmp"] if names is None else [f".{glob.escape(name)}.*.tmp" for name in names]:
         with contextlib.suppress(OSError):
-            for path in folder.glob(f".{glob.escape(name)}.*.tmp"):
-                pid = path.name[len(name) + 2:].partition(".")[0]
-                if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+            for path in folder.glob(pattern):
+                parts = path.name.removesuffix(".tmp").rsplit(".", 2)  # [".NAME", PID, THREAD]
+                pid, thread = parts[1:] if len(parts) == 3 else ("", "")
+                if not (pid.isdigit() and thread.isdigit()) or int(pid) == os.getpid() or pid_alive(int(pid)):
                     continue
                 with contextlib.suppress(OSError):
-                    if path.is_file() and not path.is_symlink():
+                    if path.is_file() and not path.is_symlink() and now - path.stat().st_mtime >= older_than:
                         path.unlink()
                         removed.append(path)
     return removed
+
+
+# A killed writer's temporary file is removed once it is this old: a writer on another host of a shared folder (a Ray
+# worker) has a pid this host does not know, and its file, still being written, is newer (each write moves its mtime)
+STRAY_SECONDS = 600
+_SWEPT: dict[str, float] = {}  # folder -> when this process last removed the killed writers' files there
+_SWEPT_LOCK = threading.Lock()
+
+
+def _sweep_once(folder: Path) -> None:
+    """The temporary files killed writers left in ``folder`` (``remove_dead_writers_temp_files``, older than
+    ``STRAY_SECONDS``) removed at a write there, once per ``STRAY_SECONDS`` per folder: a write killed by SIGKILL
+    leaves its ``.NAME.PID.THREAD.tmp`` beside the file, and listing the folder at every write would cost ~30 ms a
+    write in a folder of 10,000 maps."""
+    key, now = os.path.abspath(folder), time.monotonic()
+    with _SWEPT_LOCK:
+        if now - _SWEPT.get(key, -math.inf) < STRAY_SECONDS:
+            return
+        if len(_SWEPT) >= 4096:  # a long-lived server writing into many folders: held within bounds
+            _SWEPT.clear()
+        _SWEPT[key] = now
+    if not Path(folder).is_symlink():  # a link out of where it writes: never delete where it points
+        remove_dead_writers_temp_files(Path(folder), older_than=STRAY_SECONDS)
 
 
 def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -313,6 +343,7 @@ def unnamed_until_done(path: Path) -> Iterator[BinaryIO]:
     with os.fdopen(fd, "w+b") as f:
         yield f
         f.flush()
+        _sweep_once(path.parent)
         temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:  # linkat(AT_SYMLINK_FOLLOW) through /proc names the file; link() cannot (EXDEV), hence dst_dir_fd
             folder = os.open(path.parent, os.O_DIRECTORY)

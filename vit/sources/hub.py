@@ -30,7 +30,7 @@ from pathlib import Path
 
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import atomic_write_text
-from vit.sources.files import SourceError, read_json
+from vit.sources.files import MAX_REF_BYTES, SourceError, read_bounded, read_json
 from vit.sources.hub_names import HF_HUB_PREFIX, WEIGHT_FILES, looks_like_name
 from vit.sources.hub_names import MODEL_NAME as _TIMM_OR_OPEN_CLIP
 from vit.sources.hub_names import REPO as _REPO
@@ -271,10 +271,9 @@ def cached_snapshot(name: HubName) -> Path | None:
     check_revision(revision, str(name))  # a HubName built by hand is checked too: it becomes a path here
     commit = revision
     if not _COMMIT.fullmatch(revision):
-        try:
-            with open(folder / "refs" / revision, "rb") as ref:
-                commit = ref.read(64).decode("ascii", "replace").strip()  # a commit: 40 characters
-        except OSError:
+        try:  # regular files only: a FIFO in its place is never waited on
+            commit = read_bounded(folder / "refs" / revision, MAX_REF_BYTES).decode("ascii", "replace").strip()
+        except (OSError, SourceError):
             return None
         if not _COMMIT.fullmatch(commit):
             return None

@@ -13,8 +13,17 @@ from pathlib import Path
 
 import torch
 
+from vit.checkpoint import CheckpointError
 from vit.core import recording_attention
-from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers, read_json
+from vit.sources.files import (
+    SourceError,
+    auxiliary_problem,
+    library_error_line,
+    library_errors,
+    loading_problem,
+    quiet_transformers,
+    read_json,
+)
 
 MODEL_TYPE = "sam3"  # config.json's model_type of transformers' Sam3Model (the detector, with its text encoder)
 MAX_QUERIES = 1024  # the decoder's object queries a config may declare: each is a row of every map kept
@@ -72,9 +81,15 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
     if config_json.get("model_type") != MODEL_TYPE:
         raise SourceError(f"{folder} is a {str(config_json.get('model_type'))[:40]} model, not SAM 3 (transformers' "
                           "Sam3Model); segment SAM and SAM 2 with points or a box instead")
-    wrong = _declared(config_json)
+    wrong = _declared(config_json) or auxiliary_problem(folder)  # its tokenizer and processor files too
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
+    from vit.sources.open import read_hf_weights
+
+    try:  # every weights file's header checked (shapes, offsets) before transformers' raw SafetensorError could
+        read_hf_weights(folder, "meta")
+    except CheckpointError as e:
+        raise SourceError(str(e)) from None
     import transformers
 
     try:
@@ -84,9 +99,9 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
                 folder, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=torch.float32,
                 ignore_mismatched_sizes=True, output_loading_info=True,
                 attn_implementation=recording_attention.recording_name("sdpa"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as e:
+    except library_errors() as e:
         raise SourceError(f"{folder}'s Sam3Model or its processor cannot be opened by transformers: "
-                          f"{_one_line(e)}") from None
+                          f"{library_error_line(e)}") from None
     wrong = loading_problem(loaded)
     if wrong:
         del model

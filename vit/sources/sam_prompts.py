@@ -127,7 +127,12 @@ def open_prompt_half(checkpoint) -> PromptHalf:
     if family == "sam3_tracker":
         return _library_half(checkpoint, folder)
     model_class, config_class = _library_class(family)
-    config = config_class.from_pretrained(folder)
+    from vit.sources.files import library_error_line, library_errors
+
+    try:
+        config = config_class.from_pretrained(folder)
+    except library_errors() as e:
+        raise PromptHalfError(f"{folder}: {library_error_line(e)}") from None
     config._attn_implementation = "eager"  # the decoder's attention weights returned, not fused away
     with torch.device("meta"):  # nothing allocated: every tensor kept comes from the folder below
         library = model_class(config)

@@ -55,6 +55,9 @@ class Settings:
     batch_size: int = 16  # images per batch, and perturbed copies per forward
     seed: int = 0  # the random baseline and ROAD's noise (batch_seed)
 
+    def __post_init__(self):  # each method once: the same one named a thousand times is scored once, not 1,000 times
+        object.__setattr__(self, "methods", tuple(dict.fromkeys(self.methods)))
+
 
 @dataclass
 class BatchScores:

@@ -30,7 +30,14 @@ from torch import Tensor
 from vit.core import recording_attention
 from vit.costs import plan
 from vit.explain.methods.relevance import AttnLRPRules, divide_gradient
-from vit.explain.methods.segment import PromptError, _activation_rule, _is_activation, _norm_rule, make_prompt
+from vit.explain.methods.segment import (
+    PromptError,
+    _activation_rule,
+    _is_activation,
+    _norm_rule,
+    distinct_methods,
+    make_prompt,
+)
 
 MAX_CONCEPT_CHARS = 200  # a noun phrase; the processor pads the text to 32 tokens and reads no more
 TEXT_TOKENS = 32  # Sam3Processor's padding length: the CLIP text encoder's positions
@@ -150,6 +157,7 @@ def segment_concept(sam3, image: Image.Image, concept: Concept, threshold: float
     for name, value in (("threshold", threshold), ("mask_threshold", mask_threshold)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise PromptError(f"{name} must be a number from 0 to below 1, got {str(value)[:40]}")
+    methods = distinct_methods(methods)
     unknown = [m for m in methods if m not in CONCEPT_METHODS]
     if unknown:
         raise PromptError(f"no method {unknown[0]!r} for SAM 3's concepts; choose from {', '.join(CONCEPT_METHODS)}")

@@ -68,6 +68,15 @@ class PromptError(ValueError):
     """A prompt the mask decoder cannot take; the message says what to do."""
 
 
+def distinct_methods(methods: Sequence[str]) -> tuple[str, ...]:
+    """``methods`` each once, in the order first given: the same map asked a thousand times is one map (it was a
+    thousand backward passes). PromptError (one line) for a name that is not text."""
+    odd = next((m for m in methods if not isinstance(m, str)), None)
+    if odd is not None:
+        raise PromptError(f"a method is a name (text), got a {type(odd).__name__}")
+    return tuple(dict.fromkeys(methods))
+
+
 # The maps of a mask, by name (what a registry of methods lists): each one's one-line description.
 SEGMENT_METHODS = {
     "decoder_attention": "the mask decoder's cross-attention of one output token, per head, on the image embedding's "
@@ -433,6 +442,7 @@ class Segmenter:
         """The masks of ``prompt`` (in the pixels of ``image``, a PIL image), the decoder attention of ``token`` of
         mask ``mask`` (default: the best scored) and the ``methods`` maps of that mask (at image pixel ``at``, or
         summed over the mask)."""
+        methods = distinct_methods(methods)
         unknown = [m for m in methods if m not in SEGMENT_METHODS or m == "decoder_attention"]
         if unknown:
             raise PromptError(f"unknown map {unknown[0]!r}; choose from {', '.join(m for m in SEGMENT_METHODS)}")

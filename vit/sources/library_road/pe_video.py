@@ -30,7 +30,14 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.core import recording_attention
-from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers
+from vit.sources.files import (
+    SourceError,
+    _one_line,
+    library_error_line,
+    library_errors,
+    loading_problem,
+    quiet_transformers,
+)
 from vit.sources.hf_preprocessing import hf_preprocessing
 from vit.sources.library_road import timm_models
 from vit.sources.library_road.transformers_models import (
@@ -236,8 +243,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                     folder, local_files_only=True, trust_remote_code=False, dtype=torch.float32,
                     ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
             model = model.to(map_location)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, AssertionError) as e:
-        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    except (*library_errors(), AssertionError) as e:
+        raise SourceError(f"{origin}: {library_error_line(e)}") from None
     wrong = loading_problem(loaded)
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")

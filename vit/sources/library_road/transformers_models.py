@@ -28,7 +28,14 @@ from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core import recording_attention
 from vit.model import ViTConfig
 from vit.model.stages import LayerLayout, layer_on_grid, layer_rows
-from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers
+from vit.sources.files import (
+    SourceError,
+    _one_line,
+    library_error_line,
+    library_errors,
+    loading_problem,
+    quiet_transformers,
+)
 from vit.sources.hf_preprocessing import hf_preprocessing
 
 ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own ViT
@@ -674,8 +681,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         cls = _model_class(config_json, type(config))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    except library_errors() as e:
+        raise SourceError(f"{origin}: {library_error_line(e)}") from None
     flagged = bool(getattr(cls, "_supports_attention_backend", False))
     whole = flagged or calls_interface(cls)
     if not whole and _backbone_class(config_json) is None:
@@ -698,8 +705,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                                                     dtype=torch.float32, ignore_mismatched_sizes=True,
                                                     output_loading_info=True, **name)
             model = model.to(map_location)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    except library_errors() as e:
+        raise SourceError(f"{origin}: {library_error_line(e)}") from None
     wrong = loading_problem(loaded)
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")

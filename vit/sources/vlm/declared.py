@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vit.sources.files import MAX_JSON_BYTES, read_json
+from vit.sources.files import auxiliary_problem, read_json
 
 MAX_TEXT_LAYERS = 256  # the largest published language models have 126 (Llama 3.1 405B); VLMs' 80 at most
 MAX_TILES = 64  # tiles or crops of one image: InternVL's max_patches is 12 (40 at most), OneVision's canvas 6 x 6
@@ -28,10 +28,6 @@ MAX_MERGED_TOKENS = 16_384  # Qwen2.5-VL's max_pixels (12,845,056) and Qwen3-VL'
 # published video_preprocessor_config.json says 24,576 units, GLM-4.1V's 60,000)
 MAX_CLIP_MERGED_TOKENS = 64 * MAX_MERGED_TOKENS
 MAX_PINPOINTS = 256  # LLaVA-NeXT's canvases (5 for 1.6, 36 for OneVision)
-# The folder's files transformers reads besides the weights and the tokenizer: each a few kB in published models
-SMALL_FILES = ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
-               "video_preprocessor_config.json", "chat_template.json", "chat_template.jinja", "tokenizer_config.json",
-               "special_tokens_map.json", "added_tokens.json")
 # Settings of the processor that multiply what one image becomes: tiles or crops, and image tokens per view
 TILE_KEYS = ("max_patches", "min_patches", "pan_and_scan_max_num_crops", "max_image_tiles", "max_num_tiles",
              "max_num_crops")
@@ -183,28 +179,14 @@ def _unit(ratio: object) -> int:
 
 def problem(folder: Path, config_json: Mapping) -> str | None:
     """What is wrong with the sizes ``folder`` (a VLM's, ``config_json`` its config.json) declares, in one line, or
-    None: its small files over ``MAX_JSON_BYTES``, a language model of more than ``MAX_TEXT_LAYERS`` layers or of
-    more parameters than its weights files hold, a processor of more than ``MAX_TILES`` tiles or ``MAX_IMAGE_TOKENS``
-    image tokens a view or of other patches than its tower's, a config or generation config that keeps every
-    step's attention, states or logits. Reads the small files and the weights' headers only."""
-    return (_files_problem(folder) or _flags_problem(config_json, "config.json")
+    None: its small files or tokenizer over their bounds (``files.AUXILIARY_FILES``), a language model of more
+    than ``MAX_TEXT_LAYERS`` layers or of more parameters than its weights files hold, a processor of more than
+    ``MAX_TILES`` tiles or ``MAX_IMAGE_TOKENS`` image tokens a view or of other patches than its tower's, a config
+    or generation config that keeps every step's attention, states or logits. Reads the small files and the
+    weights' headers only."""
+    return (auxiliary_problem(folder) or _flags_problem(config_json, "config.json")
             or _generation_problem(folder) or _processor_problem(folder, config_json)
             or _text_problem(folder, config_json) or _declared_tower_problem(folder, config_json))
-
-
-def _files_problem(folder: Path) -> str | None:
-    """The small files over ``MAX_JSON_BYTES``, the tokenizer's over ``text_tower.MAX_TOKENIZER_BYTES`` (a 60 MB
-    tokenizer.json took 28 s and 2 GB to read)."""
-    from vit.sources.vlm.text_tower import MAX_TOKENIZER_BYTES, TOKENIZER_FILES
-
-    tokenizer = {name for names in TOKENIZER_FILES for name in names}
-    for name, most, usual in [*((name, MAX_JSON_BYTES, "a few kB") for name in SMALL_FILES),
-                              *((name, MAX_TOKENIZER_BYTES, "Gemma 3's is 33 MB") for name in sorted(tokenizer))]:
-        path = folder / name
-        if path.is_file() and path.stat().st_size > most:
-            return (f"its {name} is {path.stat().st_size / 2**20:,.0f} MB, over the {most // 2**20} MB such a file "
-                    f"may have ({usual})")
-    return None
 
 
 def _walk(value: object) -> Iterator[tuple[str, str, object]]:

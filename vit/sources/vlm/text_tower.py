@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
+import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +31,12 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.sources.files import quiet_transformers
+from vit.sources.files import BPE_VOCABULARY, auxiliary_problem, library_error_line, quiet_transformers, read_bounded
 
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
 MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
 MAX_DATASET_CLASSES = 21843  # vit.evaluate --zero-shot: ImageNet-21k's classes at most
 MAX_TEXT_PARAMETERS = 2_000_000_000  # the largest published text towers (ViT-bigG's, SigLIP 2 g's) hold ~0.7-1.1 B
-MAX_TOKENIZER_BYTES = 40 * 2**20  # SigLIP 2's Gemma tokenizer.json is 34 MB, CLIP's 2 MB
 CACHE_ENTRIES = 4096  # text embeddings kept per tower (a ViT-L embedding is 3 kB)
 
 
@@ -172,19 +173,14 @@ TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "add
 
 
 def _tokenizer_version(folder: Path) -> tuple:
-    """The folder's tokenizer files as (name, size, mtime), each checked within ``MAX_TOKENIZER_BYTES``: a 60 MB
-    tokenizer.json of 3 M entries took 28 s and 2 GB to read. A tokenizer is read once per version of them."""
-    version = []
-    for name in sorted({name for names in TOKENIZER_FILES for name in names} | set(TOKENIZER_SIDE_FILES)):
-        path = folder / name
-        if path.is_file():
-            stat = path.stat()
-            if stat.st_size > MAX_TOKENIZER_BYTES:
-                raise TextTowerError(f"{path} is {stat.st_size / 2**20:.0f} MB, over the "
-                                     f"{MAX_TOKENIZER_BYTES // 2**20} MB a tokenizer file may have (SigLIP 2's is "
-                                     "34 MB)")
-            version.append((name, stat.st_size, stat.st_mtime_ns))
-    return tuple(version)
+    """The folder's tokenizer files as (name, size, mtime), each within its bound (``files.AUXILIARY_FILES``:
+    ``MAX_TOKENIZER_BYTES`` for the tokenizer's own). A tokenizer is read once per version of them."""
+    names = tuple(sorted({name for names in TOKENIZER_FILES for name in names} | set(TOKENIZER_SIDE_FILES)))
+    wrong = auxiliary_problem(folder, names)
+    if wrong:
+        raise TextTowerError(f"{folder} is refused: {wrong}")
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name in names if (folder / name).is_file()
+                 for stat in [(folder / name).stat()])
 
 
 @functools.lru_cache(maxsize=4)
@@ -225,7 +221,7 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
             with torch.device("meta"):
                 skeleton = model_class(config)
         except Exception as e:  # noqa: BLE001
-            raise TextTowerError(f"{folder}: transformers cannot read its config ({_one_line(e)})") from None
+            raise TextTowerError(f"{folder}: transformers cannot read its config ({library_error_line(e)})") from None
         check_declared_model(skeleton, read_weights(weights, "meta"), "vision_model.", str(folder / "config.json"))
         del skeleton
         try:
@@ -239,7 +235,8 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
         try:
             model = model_class.from_pretrained(str(folder), local_files_only=True)
         except Exception as e:  # noqa: BLE001
-            raise TextTowerError(f"{folder}: transformers cannot open its text tower ({_one_line(e)})") from None
+            raise TextTowerError(f"{folder}: transformers cannot open its text tower ({library_error_line(e)})") \
+                from None
     model.vision_model = None  # the image side is ours; free its memory
     model.eval()
     max_length = int(model.config.text_config.max_position_embeddings)
@@ -278,6 +275,11 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
             if model_cfg.get("custom_text") or text_cfg.get("hf_model_name"):
                 raise TextTowerError(f"{weights}: its text tower is a Hugging Face model open_clip would download "
                                      "(hf_model_name); only open_clip's own text transformer is supported")
+            options = text_cfg.get("tokenizer_kwargs")
+            if isinstance(options, dict) and "bpe_path" in options:  # a path on the server, inflated whole
+                raise TextTowerError(f"{config_path} names a vocabulary file (text_cfg.tokenizer_kwargs.bpe_path), "
+                                     "which open_clip would read whole from anywhere; remove it (its own CLIP "
+                                     "vocabulary is read)")
             cfg = {k: v for k, v in model_cfg.items() if k != "custom_text"}
             check_declared_layers(cfg, str(config_path))
             try:  # the declared model on the meta device first: its size is checked before it is allocated
@@ -333,9 +335,6 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
 
 # -- dino.txt ----------------------------------------------------------------------------------------------------
 
-BPE_VOCABULARY = "bpe_simple_vocab_16e6.txt.gz"  # CLIP's, which dino.txt's hub downloads and open_clip ships
-
-
 def _open_dinotxt(weights: Path) -> TextTower:
     """dino.txt's text tower (``import_dinotxt``) as open_clip's ``TextTransformer`` builds it, and the authors'
     tokenizer (CLIP's BPE: a ``bpe_simple_vocab_16e6.txt.gz`` beside the weights, else open_clip's copy of it)."""
@@ -357,16 +356,28 @@ def _open_dinotxt(weights: Path) -> TextTower:
     model = open_clip.transformer.TextTransformer(**config.arguments())
     model.load_state_dict(ours, strict=True)
     model.eval()
-    vocabulary = weights.parent / BPE_VOCABULARY
     with _offline():
-        tokenizer = open_clip.tokenizer.SimpleTokenizer(
-            **({"bpe_path": str(vocabulary)} if vocabulary.is_file() else {}),
-            context_length=import_dinotxt.CONTEXT_LENGTH)
+        tokenizer = open_clip.tokenizer.SimpleTokenizer(**_vocabulary(weights.parent),
+                                                        context_length=import_dinotxt.CONTEXT_LENGTH)
 
     def encode_batch(texts: list[str], between: Callable[[], None] | None = None) -> Tensor:
         return model(torch.cat(_tokenize_each(lambda text: tokenizer([text]), texts, between, str(weights.parent))))
 
     return TextTower("softmax", scale, 0.0, "open_clip", encode_batch, patch_channels=config.output_dim // 2)
+
+
+def _vocabulary(folder: Path) -> dict:
+    """``SimpleTokenizer``'s ``bpe_path`` for the vocabulary beside the weights, or none for open_clip's own: the
+    file read once, within ``files.MAX_VOCABULARY_BYTES`` inflated (``read_bounded``; ``SimpleTokenizer`` inflates
+    a path whole, and a 0.5 MB .gz inflated to 3 GB), handed over as those bytes (``gzip.open`` takes a file)."""
+    path = folder / BPE_VOCABULARY
+    if not path.exists():
+        return {}
+    try:
+        text = read_bounded(path)
+    except CheckpointError as e:
+        raise TextTowerError(str(e)) from None
+    return {"bpe_path": io.BytesIO(gzip.compress(text, compresslevel=1))}
 
 
 def has_text_tower(checkpoint: Checkpoint) -> bool:

@@ -19,7 +19,7 @@ import torch
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
-from vit.sources.files import _one_line, loading_problem, quiet_transformers, read_json
+from vit.sources.files import library_error_line, library_errors, loading_problem, quiet_transformers, read_json
 from vit.sources.vlm.declared import DeclaredTower
 
 TEXT_MODEL = ("idefics3", "smolvlm")  # whose decoder stack transformers names text_model
@@ -183,10 +183,9 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
             model, loaded = getattr(transformers, architecture).from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, dtype=DTYPES[dtype],
                 ignore_mismatched_sizes=True, output_loading_info=True, **placed)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as e:
-        # ImportError: a processor needing a package this install lacks (transformers' message names it)
+    except library_errors() as e:  # ImportError: a processor needing a package this install lacks (it is named)
         raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
-                       f"{_one_line(e)}") from None
+                       f"{library_error_line(e)}") from None
     wrong = loading_problem(loaded)
     if wrong:
         del model  # not kept alive by the refusal's traceback
