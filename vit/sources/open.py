@@ -64,6 +64,7 @@ from vit.checkpoint import (
 from vit.core.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.model import ViT, ViTConfig
 from vit.sources import hub
+from vit.sources.build_bounds import bounded_build
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing
 from vit.sources.ports.families import (
@@ -899,12 +900,14 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     (``vit.sources.library_road.transformers_models``, ``Checkpoint.road == "library"``); without, it is refused in one
     line. Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open. The whole
     opening runs first on the ``meta`` device, from the files' headers alone, so weights whose names, shapes or counts
-    do not fit are refused before any tensor data is read. A Hub id is downloaded first (its size on stderr, then
-    huggingface_hub's progress bars) unless the HF cache has it.
+    do not fit are refused before any tensor data is read; both build under ``bounded_build``. A Hub id is downloaded
+    first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
     """
     path = hub.resolve(path, needed=needed_shards)
-    _open(path, arch, "meta", library_road)
-    return _open(path, arch, map_location, library_road)
+    with bounded_build(str(path)):  # whatever road builds it, at most MAX_MODULES modules and MAX_BUILD_SECONDS
+        _open(path, arch, "meta", library_road)
+    with bounded_build(str(path), seconds=None):
+        return _open(path, arch, map_location, library_road)
 
 
 def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.device, library_road: bool = False

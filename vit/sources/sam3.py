@@ -14,7 +14,9 @@ from pathlib import Path
 import torch
 
 from vit.core import recording_attention
+from vit.sources.build_bounds import bounded_build, built_on_meta
 from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers, read_json
+from vit.sources.weights_cover import weights_problem
 
 MODEL_TYPE = "sam3"  # config.json's model_type of transformers' Sam3Model (the detector, with its text encoder)
 MAX_QUERIES = 1024  # the decoder's object queries a config may declare: each is a row of every map kept
@@ -77,13 +79,22 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
         raise SourceError(f"{folder} is refused: {wrong}")
     import transformers
 
+    name = recording_attention.recording_name("sdpa")
     try:
+        # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
+        # from_pretrained allocates what the config declares (a text intermediate_size of 10^7: gigabytes) first
+        config = transformers.Sam3Config.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        wrong = weights_problem(built_on_meta(transformers.Sam3Model, config, str(folder), attn_implementation=name),
+                                folder)
+        if wrong:
+            raise SourceError(f"{folder} is refused: {wrong}")
         processor = transformers.Sam3Processor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        with quiet_transformers():  # its multi-line loading report: loading_problem's one line says it
+        with quiet_transformers(), bounded_build(str(folder), seconds=None):  # its report: loading_problem's line
             model, loaded = transformers.Sam3Model.from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=torch.float32,
-                ignore_mismatched_sizes=True, output_loading_info=True,
-                attn_implementation=recording_attention.recording_name("sdpa"))
+                ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
+    except SourceError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as e:
         raise SourceError(f"{folder}'s Sam3Model or its processor cannot be opened by transformers: "
                           f"{_one_line(e)}") from None

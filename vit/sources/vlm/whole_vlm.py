@@ -19,8 +19,10 @@ import torch
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
-from vit.sources.files import _one_line, loading_problem, quiet_transformers, read_json
+from vit.sources.build_bounds import bounded_build, built_on_meta
+from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers, read_json
 from vit.sources.vlm.declared import DeclaredTower
+from vit.sources.weights_cover import weights_problem
 
 TEXT_MODEL = ("idefics3", "smolvlm")  # whose decoder stack transformers names text_model
 
@@ -174,15 +176,24 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     import transformers
 
     try:
+        # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
+        # from_pretrained allocates what the config declares before it reads a weight
+        cls = getattr(transformers, architecture)
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        wrong = weights_problem(built_on_meta(cls, config, str(folder)), folder)
+        if wrong:
+            raise VLMError(f"{folder} is refused: {wrong}")
         processor = transformers.AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         # Mismatched sizes loaded at random, not raised: the loading info names them, for one line here (transformers'
         # own refusal is a RuntimeError pointing at the multi-line report it logs, kept quiet).
         placed = {} if device_map is None else dict(device_map=device_map, max_memory=max_memory,
                                                     offload_folder=offload_folder)
-        with quiet_transformers():
-            model, loaded = getattr(transformers, architecture).from_pretrained(
+        with quiet_transformers(), bounded_build(str(folder), seconds=None):
+            model, loaded = cls.from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, dtype=DTYPES[dtype],
                 ignore_mismatched_sizes=True, output_loading_info=True, **placed)
+    except (VLMError, SourceError) as e:
+        raise VLMError(str(e)) from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, ImportError) as e:
         # ImportError: a processor needing a package this install lacks (transformers' message names it)
         raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
