@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from vit.sources.weights_files import read_hf_weights
+
 # Elements the model may hold beyond its weights files (computed buffers, keys transformers fills when missing):
 # a vision model's position ids and rotary tables are some thousands; a language model's at most 2^24.
 MAX_UNSTORED = 2**25
@@ -26,8 +28,6 @@ def header_shapes(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's weights files (model.safetensors, pytorch_model.bin or their shards) as a meta
     tensor, from the headers (a pickle's tensors on the meta device): no data read. SourceError (one line) for
     files that cannot be read so."""
-    from vit.sources.open import read_hf_weights
-
     return read_hf_weights(folder, "meta")
 
 
