@@ -27,9 +27,9 @@ from vit.sources.files import SourceError
 # 2^24 is a 2^24-long list or buffer, at most 128 MB, where 10^7 and more grew the server past its cap.
 MAX_DECLARED = 2**24
 # Modules one build may register: SAM 3, the largest model opened here, registers 1,236; Qwen2.5-VL with 80 text
-# layers 1,410. A module costs ~2.6 KB and ~0.1-0.3 ms to build (UDOP's decoder blocks), so 20,000 is at most
-# ~50 MB and a few seconds before the refusal.
-MAX_MODULES = 20_000
+# layers 1,410. UDOP's decoder blocks, built past the budget in a fresh process on 2 busy cores: 2,000 modules grew
+# it by 13 MB in 1.1 s, 5,000 by 21 MB in 2.2 s, 20,000 by 60 MB in 11 s; 10,000 is ~35 MB and ~5 s.
+MAX_MODULES = 10_000
 MAX_BUILD_SECONDS = 60.0  # a meta build takes 0.1-1.5 s (SAM 3); the budget is for the busiest server
 
 

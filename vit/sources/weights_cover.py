@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from vit.sources.files import loading_problem
 from vit.sources.weights_files import read_hf_weights
 
 # Elements the model may hold beyond its weights files (computed buffers, keys transformers fills when missing):
@@ -66,9 +67,10 @@ def _renamer(model: torch.nn.Module, expected: dict):
 
 def cover_problem(model: torch.nn.Module, stored: dict[str, torch.Tensor]) -> str | None:
     """Why the tensors ``stored`` (a folder's, ``header_shapes``) do not hold every tensor ``model`` (built on the
-    meta device) declares at its declared shape, in one line, or None. A tensor tied to another, or one transformers
-    fills when missing (``_keys_to_ignore_on_load_missing``), may be absent; those and the model's buffers the files
-    do not hold count against ``MAX_UNSTORED`` elements."""
+    meta device) declares at its declared shape, in one line (``loading_problem``'s, as if transformers had loaded
+    it), or None. A tensor tied to another, or one transformers fills when missing
+    (``_keys_to_ignore_on_load_missing``), may be absent; those and the model's buffers the files do not hold count
+    against ``MAX_UNSTORED`` elements."""
     expected = model.state_dict()  # parameters and persistent buffers, on the meta device
     rename = _renamer(model, expected)
     found: dict[str, tuple[int, ...] | None] = {}  # the model's name -> the stored shape (None: a converter's)
@@ -94,18 +96,9 @@ def cover_problem(model: torch.nn.Module, stored: dict[str, torch.Tensor]) -> st
         else:
             missing.append(name)
     unstored += sum(b.numel() for name, b in buffers.items() if name not in expected)  # not persistent
-    if wrong:
-        name, stored_shape, shape = sorted(wrong)[0]
-        more = f" and {len(wrong) - 1:,} more" if len(wrong) > 1 else ""
-        return (f"its weights do not match its config.json (size mismatch for {name[:120]}: {stored_shape} in the "
-                f"weights, {shape} in the config{more}); give the folder the config.json saved with these weights")
-    if missing:
-        missing.sort()
-        shown = ", ".join(m[:120] for m in missing[:2]) + (f" and {len(missing) - 2:,} more" if len(missing) > 2
-                                                           else "")
-        return (f"its weights files lack {len(missing):,} of the weights its config.json declares ({shown}), which "
-                "transformers would fill at random; copy every weights file of the model into the folder, or give it "
-                "the config.json saved with these weights")
+    problem = loading_problem({"mismatched_keys": wrong, "missing_keys": missing})  # as transformers' report reads
+    if problem:
+        return problem
     if unstored > MAX_UNSTORED:
         return (f"its config.json declares {unstored:,} elements its weights files do not hold (buffers, weights "
                 f"filled when missing), past the {MAX_UNSTORED:,} this program allocates beyond them")
