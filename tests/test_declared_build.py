@@ -6,9 +6,13 @@ is looked up in the weights' headers before ``from_pretrained`` allocates it (an
 ``intermediate_size`` its weights do not hold allocated gigabytes before the loading report named the mismatch).
 
 Each hostile folder is a tiny model built and saved by its library (transformers), one value of its config.json
-edited, asked in a fresh process (``peak_memory.run_measured``) whose resident-set peak over its start is held under
-``BOUND_MB``. Measured before the fix on 2 busy cores (the same commands): UDOP described by the picker ran past the
-120 s given (killed); I-JEPA at 10^6 peaked at ... MB and SAM 3's text tower at ... MB before the refusal.
+edited, asked in a fresh process (``peak_memory.run_measured``) after its good copy (whose imports the road makes at
+first use), its resident-set peak over that start held under ``BOUND_MB``. Measured on 2 busy cores with this file's
+worker, before the fix (the call sites of 8d85619) and after: UDOP described by the picker ran past the 180 s given
+(killed), after: refused in 5 s, 26 MB; I-JEPA at 10^6 peaked at 837 MB before its refusal (0.0 MB after); at 10^9 it
+asked the allocator for 128 GB and came out as a raw allocator error (refused from the JSON after); SAM 3's text tower
+at 10^6 peaked at 278 MB and its DETR decoder at 407 MB (0.1 MB after); GLM-4.1V's ``out_hidden_size`` 10^6 asked for
+4 TB (0.0 MB after); the picker over the cache below ran past 180 s.
 """
 
 from __future__ import annotations
@@ -164,6 +168,28 @@ def test_a_hostile_folder_is_refused_in_one_line_before_it_grows_the_process(goo
     assert out["good"] == "opened" or kind == "udop" and "no embeddings module" in out["good"], out["good"]
     assert "\n" not in out["error"] and re.search(refusal, out["error"]), out["error"]
     assert out["grew_mb"] < BOUND_MB, out
+
+
+def test_a_library_error_building_a_listed_folder_is_listed_as_refused_once(good, tmp_path, monkeypatch):
+    """Not only our refusals: whatever the library raises building a folder nobody picked is the entry's one line,
+    and the next visit reads the entry kept, not the folder."""
+    from vit.app import catalog
+    from vit.sources import open as sources
+
+    calls, real = [], sources.open_source
+
+    def failing(path, *args, library_road=False, **kwargs):
+        if library_road:
+            calls.append(path)
+            raise AssertionError("the library's own check\nand its second line")
+        return real(path, *args, library_road=library_road, **kwargs)
+
+    monkeypatch.setattr(sources, "open_source", failing)
+    folder = shutil.copytree(good["ijepa"], tmp_path / "ijepa")
+    candidate = catalog.Candidate(folder, "hf-cache", "org/ijepa")
+    first = catalog.describe_current(candidate, library_road=True)
+    assert first.error == f"{folder}: AssertionError building it: the library's own check"
+    assert catalog.describe_current(candidate, library_road=True) == first and len(calls) == 1
 
 
 # --- the picker over a cache of hostile folders beside a good one --------------------------------------------------
