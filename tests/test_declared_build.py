@@ -152,6 +152,7 @@ HOSTILE = {  # name: (how it is asked, the good folder, where, the value, the re
     "sam3-decoder": ("sam3", "sam3", "detr_decoder_config.intermediate_size", WIDE,
                      r"size mismatch for detr_decoder\."),
     "glm4v-tower-out": ("vlm", "glm4v", "vision_config.out_hidden_size", WIDE, r"size mismatch for model\.visual\."),
+    "glm4v-past-the-bound": ("vlm", "glm4v", "vision_config.out_hidden_size", 10**9, "out_hidden_size = 1,000,000,000"),
 }
 
 

@@ -19,7 +19,7 @@ import torch
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
-from vit.sources.build_bounds import bounded_build, built_on_meta
+from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
 from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers, read_json
 from vit.sources.vlm.declared import DeclaredTower
 from vit.sources.weights_cover import weights_problem
@@ -162,13 +162,14 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     from vit.sources.open import open_source
     from vit.sources.vlm import declared
 
-    wrong = declared.problem(folder, read_json(folder / "config.json"))  # before anything of it is built
+    config_json = read_json(folder / "config.json")
+    # before anything of it is built: what the VLM's own files declare, then any whole number under any other key
+    wrong = declared.problem(folder, config_json) or declared_number_problem(config_json)
     if wrong:
         raise VLMError(f"{folder} is refused: {wrong}")
 
     try:  # the tower's layout: its config and shapes from the headers, no weight read; or what its config declares
-        tower = declared.declared_tower(read_json(folder / "config.json")) or open_source(folder,
-                                                                                            map_location="meta")
+        tower = declared.declared_tower(config_json) or open_source(folder, map_location="meta")
     except CheckpointError as e:
         raise VLMError(str(e)) from None
     except ValueError as e:
