@@ -28,7 +28,7 @@ from vit.sources.files import SourceError
 MAX_DECLARED = 2**24
 # Modules one build may register: SAM 3, the largest model opened here, registers 1,236; Qwen2.5-VL with 80 text
 # layers 1,410. UDOP's decoder blocks, built past the budget in a fresh process on 2 busy cores: 2,000 modules grew
-# it by 13 MB in 1.1 s, 5,000 by 21 MB in 2.2 s, 20,000 by 60 MB in 11 s; 10,000 is ~35 MB and ~5 s.
+# it by 13 MB in 1.1 s, 5,000 by 21 MB in 2.2 s, 20,000 by 60 MB in 11 s; 10,000 by 26 MB in 5.1 s.
 MAX_MODULES = 10_000
 MAX_BUILD_SECONDS = 60.0  # a meta build takes 0.1-1.5 s (SAM 3); the budget is for the busiest server
 
@@ -41,17 +41,21 @@ def declared_number_problem(config_json: Mapping) -> str | None:
     """Why config.json declares a whole number past ``MAX_DECLARED`` (or below its negative), at any depth and
     under any key, or None: the first one found, by its path (``text_config.intermediate_size``). Walked without
     recursion; booleans and fractions are not sizes."""
-    stack: list[tuple[str, object]] = [("", config_json)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, Mapping):
-            stack.extend((f"{path}.{key}" if path else str(key), value) for key, value in item.items())
-        elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", value) for i, value in enumerate(item))
-        elif isinstance(item, int) and not isinstance(item, bool) and not -MAX_DECLARED <= item <= MAX_DECLARED:
-            return (f"its config declares {path[:80]} = {item:,}"[:160] + f", past the {MAX_DECLARED:,} any size "
-                    "a model here is built with may be")
+    stack: list[tuple[str, Mapping | list]] = [("", config_json)]
+    while stack:  # only containers are stacked, with their paths: a 4 MB list of numbers makes no string per number
+        path, container = stack.pop()
+        items = container.items() if isinstance(container, Mapping) else enumerate(container)
+        for key, value in items:
+            if isinstance(value, (Mapping, list)):
+                stack.append((_path(path, key), value))
+            elif isinstance(value, int) and not isinstance(value, bool) and not -MAX_DECLARED <= value <= MAX_DECLARED:
+                return (f"its config declares {_path(path, key)[:80]} = {value:,}"[:160] + f", past the "
+                        f"{MAX_DECLARED:,} any size a model here is built with may be")
     return None
+
+
+def _path(path: str, key: object) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
 
 
 class _Budget:
