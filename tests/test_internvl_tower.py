@@ -227,7 +227,7 @@ def test_the_catalogue_lists_and_describes_the_tower_from_its_shard_headers_alon
     from vit.app.catalog import Candidate, describe_import
 
     parameters = sum(p.numel() for p in open_source(vlms["plain"][0]).model.parameters())
-    monkeypatch.setattr("vit.sources.open._read_tensors", lambda *a, **k: pytest.fail("a tensor was read"))
+    monkeypatch.setattr("vit.sources.weights_files._read_tensors", lambda *a, **k: pytest.fail("a tensor was read"))
     entry = describe_import(Candidate(vlms["plain"][0], "file", "internvl"))
     assert entry.ok, entry.error
     assert entry.metadata["architecture"] == "hf:InternVLForConditionalGeneration" and entry.class_names == ()

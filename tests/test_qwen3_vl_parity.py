@@ -127,13 +127,15 @@ def test_only_the_towers_shards_are_read(folder, monkeypatch):
     index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
     tower = {shard for key, shard in index.items() if key.startswith("model.visual.")}
     assert set(index.values()) - tower
-    opened, real = [], sources.read_weights
+    from vit.sources import weights_files
+
+    opened, real = [], weights_files.read_weights
 
     def spy(path, *args, **kwargs):
         opened.append(path.name)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(sources, "read_weights", spy)
+    monkeypatch.setattr(weights_files, "read_weights", spy)
     checkpoint = sources.open_source(folder)
     assert set(opened) == tower and checkpoint.config.deepstack_layers == (1, 2)
     with pytest.raises(ValueError, match="2 DeepStack mergers"):

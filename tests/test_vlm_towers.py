@@ -305,7 +305,7 @@ def test_the_catalogue_describes_the_tower_from_its_shard_headers_alone(vlms, mo
     def no_data(*args, **kwargs):
         raise AssertionError("a tensor was read to describe the model")
 
-    monkeypatch.setattr("vit.sources.open._read_tensors", no_data)
+    monkeypatch.setattr("vit.sources.weights_files._read_tensors", no_data)
     entry = describe_import(Candidate(vlms["llava_next"][0], "file", "llava-next"))
     assert entry.ok, entry.error
     assert entry.metadata["architecture"] == "hf:LlavaNextForConditionalGeneration" and entry.class_names == ()

@@ -346,7 +346,8 @@ def describe_library(candidate: Candidate) -> CatalogEntry:
     """A model no port reads, opened on the library road on the meta device (no weight read: the library builds it
     from its config, the layout checked against the tokens it forms), its sizes read from what the road offers
     (``LibraryModel``: ``layout``, ``num_layers``, ``num_heads``); the library road's one-line refusal as its error
-    where that road does not take it either."""
+    where that road does not take it either, or any error of the library's in one line (the entry is kept by
+    ``describe_current``: a folder that fails is not built again at the next visit)."""
     from vit.sources import open as sources
 
     path = candidate.path
@@ -354,6 +355,9 @@ def describe_library(candidate: Candidate) -> CatalogEntry:
         checkpoint = sources.open_source(path, map_location="meta", library_road=True)
     except (CheckpointError, ValueError, TypeError) as e:
         return CatalogEntry(path, candidate.source, candidate.name, error=str(e).splitlines()[0] if str(e) else repr(e))
+    except Exception as e:  # a library's own error building a folder nobody picked: listed as refused, kept so
+        return CatalogEntry(path, candidate.source, candidate.name,
+                            error=f"{path}: {type(e).__name__} building it: {(str(e).splitlines() or [''])[0][:200]}")
     model, p = checkpoint.model, checkpoint.preprocessing
     (ih, iw), (ph, pw) = model.layout.image_hw, model.layout.patch_hw
     return CatalogEntry(path=path, source=candidate.source, name=candidate.name,

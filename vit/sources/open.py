@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -53,17 +52,15 @@ from vit.checkpoint import (
     CheckpointError,
     ForeignCheckpointError,
     Preprocessing,
-    check_archive,
-    clean_key,
     load_checkpoint,
     preprocessing_problem,
     read_checkpoint_payload,
-    safetensors_shapes,
     weights_problem,
 )
 from vit.core.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.model import ViT, ViTConfig
 from vit.sources import hub
+from vit.sources.build_bounds import bounded_build
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing
 from vit.sources.library_road import transformers_models
@@ -85,121 +82,15 @@ from vit.sources.ports.families import (
 from vit.sources.ports.families.video_ports import import_timesformer, import_videomae, import_vivit, import_vjepa2
 from vit.sources.ports.libraries import import_scratch, import_timm, import_torchvision, import_vit_pytorch, mapping
 from vit.sources.vlm import import_internvl, import_qwen, import_vlm
+from vit.sources.weights_files import HF_WEIGHTS, read_hf_weights, read_shapes, read_weights
 
 # Where a refusal sends the user: every family's own list of what opens is longer than a line (together 2,200
 # characters); the README's table links the docs' page of each kind, which lists them.
 README_FAMILIES = "the README's table \"What it opens\" links a page listing every model this program opens"
-HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
-
-
-def read_weights(path: Path, map_location: str | torch.device = "cpu",
-                 wanted: Callable[[str], bool] | None = None,
-                 slots: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """A flat ``{name: tensor}`` from a ``.safetensors`` file or a torch pickle read with ``weights_only=True``.
-
-    Wrapper prefixes (``module.``, ``_orig_mod.``) are removed and a training checkpoint's
-    ``state_dict`` / ``model`` entry is unwrapped; floating tensors become float32 (maps are
-    compared at 1e-5). With ``map_location="meta"`` only names, dtypes and shapes are read (the
-    safetensors header, the torch pickle); otherwise the tensors land on the CPU. With ``wanted``, only the
-    tensors whose names (as stored) it accepts: of a safetensors file only those are read (``safe_open``), a
-    pickle is memory-mapped and the others never touched; and each q, k, v projection triple among them is read
-    into one buffer (``joined_slots``; ``slots``: those of a sharded folder's other files too), which the mappings'
-    join then takes whole (``import_dinov3.joined``) instead of holding the three beside a copy.
-    """
-    if not path.is_file():
-        raise SourceError(f"weights file not found: {path}")
-    meta = torch.device(map_location).type == "meta"
-    if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        shapes = safetensors_shapes(path)  # the header checked (counts, dtypes, sizes, offsets) before any data
-        if wanted is not None:
-            shapes = {k: v for k, v in shapes.items() if wanted(k)}
-        try:
-            state = shapes if meta else load_file(str(path)) if wanted is None else _read_tensors(
-                path, shapes, joined_slots(shapes) if slots is None else slots)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
-        if not state and wanted is not None:
-            raise SourceError(f"{path} holds none of the tensors it is listed for")
-    else:
-        check_archive(path)  # what our checkpoints get: no legacy or bare pickle, no pickle bomb, before unpickling
-        try:
-            state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True,
-                               mmap=wanted is not None and not meta)  # mapped: the unwanted tensors stay on disk
-        except pickle.UnpicklingError as e:
-            if "GLOBAL" in str(e) or "weights_only" in str(e).lower():
-                raise SourceError(f"refused to load {path}: it contains Python objects other than tensors and plain "
-                                  "data, which could run code; only weights are read") from None
-            raise SourceError(f"{path} is not a torch weights file ({_one_line(e)})") from None
-        except Exception as e:  # the weights-only unpickler raises many types on garbage
-            raise SourceError(f"{path} is not a readable torch weights file ({_one_line(e)})") from None
-        for key in ("state_dict", "model", "module"):
-            if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
-                state = state[key]
-                break
-        if wanted is not None and isinstance(state, Mapping):
-            state = {k: v for k, v in state.items() if isinstance(k, str) and wanted(k)}
-    if not isinstance(state, Mapping) or not state or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise SourceError(f"{path} does not hold a state dict of named tensors")
-    return {clean_key(key): value.float() if value.is_floating_point() else value for key, value in state.items()}
-
-
-def _read_tensors(path: Path, names: Iterable[str], slots: Mapping[str, torch.Tensor] | None = None
-                  ) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` of a safetensors file, each read alone (``safe_open``), the others never; one with a
-    slot in ``slots`` is copied into it (as float32) and the slot returned."""
-    from safetensors import safe_open
-
-    slots = slots or {}
-    state = {}
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        for name in names:
-            tensor = f.get_tensor(name)
-            slot = slots.get(name)
-            if slot is not None:
-                if slot.shape != tensor.shape:
-                    raise ValueError(f"{name} has shape {tuple(tensor.shape)}, its header {tuple(slot.shape)}")
-                tensor = slot.copy_(tensor)
-            state[name] = tensor
-    return state
-
-
-# A q, k or v projection's tensor, as CLIP, SigLIP and InternViT store them: (the layer's prefix, q|k|v, weight|bias)
-_QKV_PART = re.compile(r"(.*[._])([qkv])_proj\.(weight|bias)")
-
-
-def joined_slots(shapes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """For each q, k, v projection triple among ``shapes`` (a header's meta tensors: ``PREFIX.q_proj.weight``, its
-    ``k_proj`` and ``v_proj``, of one trailing shape), one float32 buffer of their rows in that order, and each
-    name's view of its part: read into them, the three are already the one qkv tensor our attention holds, so a
-    mapping that joins them copies nothing (a LLaVA tower once peaked 22 % over its size holding both)."""
-    groups: dict[tuple[str, str], dict[str, str]] = {}
-    for name, meta in shapes.items():
-        match = _QKV_PART.fullmatch(name)
-        if match and meta.is_floating_point() and meta.dim():
-            groups.setdefault((match.group(1), match.group(3)), {})[match.group(2)] = name
-    slots = {}
-    for parts in groups.values():
-        metas = [shapes[parts[p]] for p in "qkv" if p in parts]
-        if len(metas) != 3 or len({m.shape[1:] for m in metas}) != 1:
-            continue
-        rows = [m.shape[0] for m in metas]
-        buffer = torch.empty((sum(rows), *metas[0].shape[1:]), dtype=torch.float32)  # (3 * inner, ...)
-        slots.update(zip((parts[p] for p in "qkv"), buffer.split(rows), strict=True))
-    return slots
-
-
-def read_shapes(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file as float32 meta tensors (names and shapes from its header, no data
-    read)."""
-    return {k: v.float() if v.is_floating_point() else v for k, v in safetensors_shapes(path).items()}
 
 
 def timm_model_args(config_json: Mapping) -> dict:
@@ -315,35 +206,6 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
 def _size_text(size: int | tuple[int, int] | None) -> str | None:
     """``256`` for a side, ``320×224`` (width × height, as images are described) for a ``(height, width)``."""
     return f"{size[1]}×{size[0]}" if isinstance(size, tuple) else None if size is None else str(size)
-
-
-def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu",
-                    wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
-    """The weights of an HF folder: model.safetensors, else pytorch_model.bin, else their sharded forms. With
-    ``wanted``, only the tensors whose names it accepts: of a sharded folder only the shards its index lists for
-    them are opened, and in those only these tensors read."""
-    for name in HF_WEIGHTS:
-        if (folder / name).is_file():
-            return read_weights(folder / name, map_location, wanted)
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (folder / index).is_file():
-            weight_map = read_json(folder / index).get("weight_map")
-            if not isinstance(weight_map, Mapping) or not weight_map:
-                raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
-            state: dict[str, torch.Tensor] = {}
-            shards = sorted({str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))})
-            for shard in shards:
-                if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
-                    raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
-            slots = None  # q, k and v of one layer may sit in different shards: their buffers planned over all
-            if wanted is not None and torch.device(map_location).type != "meta" \
-                    and all(shard.endswith(".safetensors") and (folder / shard).is_file() for shard in shards):
-                slots = joined_slots({k: v for shard in shards for k, v in safetensors_shapes(folder / shard).items()
-                                      if wanted(k)})
-            for shard in shards:
-                state.update(read_weights(folder / shard, map_location, wanted, slots))
-            return state
-    raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
 
 
 # model_type -> (the headless architecture, the classifier one, the one with a teacher head), for configs
@@ -902,12 +764,14 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     (``vit.sources.library_road.transformers_models``, ``Checkpoint.road == "library"``); without, it is refused in one
     line. Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open. The whole
     opening runs first on the ``meta`` device, from the files' headers alone, so weights whose names, shapes or counts
-    do not fit are refused before any tensor data is read. A Hub id is downloaded first (its size on stderr, then
-    huggingface_hub's progress bars) unless the HF cache has it.
+    do not fit are refused before any tensor data is read; both build under ``bounded_build``. A Hub id is downloaded
+    first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
     """
     path = hub.resolve(path, needed=needed_shards)
-    _open(path, arch, "meta", library_road)
-    return _open(path, arch, map_location, library_road)
+    with bounded_build(str(path)):  # whatever road builds it, at most MAX_MODULES modules and MAX_BUILD_SECONDS
+        _open(path, arch, "meta", library_road)
+    with bounded_build(str(path), seconds=None):
+        return _open(path, arch, map_location, library_road)
 
 
 def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.device, library_road: bool = False

@@ -15,6 +15,7 @@ import torch
 
 from vit.checkpoint import CheckpointError
 from vit.core import recording_attention
+from vit.sources.build_bounds import bounded_build, built_on_meta
 from vit.sources.files import (
     SourceError,
     auxiliary_problem,
@@ -24,6 +25,7 @@ from vit.sources.files import (
     quiet_transformers,
     read_json,
 )
+from vit.sources.weights_cover import weights_problem
 
 MODEL_TYPE = "sam3"  # config.json's model_type of transformers' Sam3Model (the detector, with its text encoder)
 MAX_QUERIES = 1024  # the decoder's object queries a config may declare: each is a row of every map kept
@@ -84,7 +86,7 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
     wrong = _declared(config_json) or auxiliary_problem(folder)  # its tokenizer and processor files too
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
-    from vit.sources.open import read_hf_weights
+    from vit.sources.weights_files import read_hf_weights
 
     try:  # every weights file's header checked (shapes, offsets) before transformers' raw SafetensorError could
         read_hf_weights(folder, "meta")
@@ -92,13 +94,22 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
         raise SourceError(str(e)) from None
     import transformers
 
+    name = recording_attention.recording_name("sdpa")
     try:
+        # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
+        # from_pretrained allocates what the config declares (a text intermediate_size of 10^7: gigabytes) first
+        config = transformers.Sam3Config.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        wrong = weights_problem(built_on_meta(transformers.Sam3Model, config, str(folder), attn_implementation=name),
+                                folder)
+        if wrong:
+            raise SourceError(f"{folder} is refused: {wrong}")
         processor = transformers.Sam3Processor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        with quiet_transformers():  # its multi-line loading report: loading_problem's one line says it
+        with quiet_transformers(), bounded_build(str(folder), seconds=None):  # its report: loading_problem's line
             model, loaded = transformers.Sam3Model.from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=torch.float32,
-                ignore_mismatched_sizes=True, output_loading_info=True,
-                attn_implementation=recording_attention.recording_name("sdpa"))
+                ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
+    except SourceError:
+        raise
     except library_errors() as e:
         raise SourceError(f"{folder}'s Sam3Model or its processor cannot be opened by transformers: "
                           f"{library_error_line(e)}") from None

@@ -30,6 +30,7 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.core import recording_attention
+from vit.sources.build_bounds import bounded_build, built_on_meta
 from vit.sources.files import (
     SourceError,
     _one_line,
@@ -48,6 +49,7 @@ from vit.sources.library_road.transformers_models import (
     declared_problem,
     traced_key_counts,
 )
+from vit.sources.weights_cover import weights_problem
 
 # config.json model_types opened here (``transformers_models.OWN_LAYOUTS``) -> transformers' class that reads it
 MODEL_TYPES = {"pe_video_encoder": "PeVideoEncoder", "pe_video": "PeVideoModel"}
@@ -234,15 +236,20 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         cls = getattr(transformers, MODEL_TYPES[model_type])
-        if meta:
-            with torch.device("meta"):
-                model, loaded = cls._from_config(config, attn_implementation=name), {}
-        else:
-            with quiet_transformers():
+        # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
+        # from_pretrained allocates what the config declares before it reads a weight
+        model, loaded = built_on_meta(cls, config, origin, attn_implementation=name), {}
+        wrong = weights_problem(model, folder)
+        if wrong:
+            raise SourceError(f"{folder} is refused: {wrong}")
+        if not meta:
+            with quiet_transformers(), bounded_build(origin, seconds=None):
                 model, loaded = cls.from_pretrained(
                     folder, local_files_only=True, trust_remote_code=False, dtype=torch.float32,
                     ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
             model = model.to(map_location)
+    except SourceError:
+        raise
     except (*library_errors(), AssertionError) as e:
         raise SourceError(f"{origin}: {library_error_line(e)}") from None
     wrong = loading_problem(loaded)

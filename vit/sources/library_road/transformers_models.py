@@ -28,6 +28,7 @@ from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core import recording_attention
 from vit.model import ViTConfig
 from vit.model.stages import LayerLayout, layer_on_grid, layer_rows
+from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
 from vit.sources.files import (
     SourceError,
     _one_line,
@@ -37,6 +38,7 @@ from vit.sources.files import (
     quiet_transformers,
 )
 from vit.sources.hf_preprocessing import hf_preprocessing
+from vit.sources.weights_cover import weights_problem
 
 ROAD = "library"  # Checkpoint.road of a model opened here; "port" of our own ViT
 # The embeddings' parameters that are tokens before the patches: (1, n, hidden) each, CLIP's (hidden,) one
@@ -621,9 +623,14 @@ SIDE_KEYS = ("image_size", "patch_size")  # sides in pixels, bounded by MAX_SIDE
 
 
 def declared_problem(config_json: Mapping) -> str | None:
-    """Why config.json declares more than can be built before its weights are checked, or None: more than
-    ``MAX_LAYERS`` layers in all (its sub-configs' too: a backbone's, a vision tower's) or an image or patch side
-    over ``MAX_SIDE``. Read from the JSON alone, walked without recursion."""
+    """Why config.json declares more than can be built before its weights are checked, or None: a whole number past
+    ``MAX_DECLARED`` under any key (``declared_number_problem``), more than ``MAX_LAYERS`` layers in all under the
+    keys that name them (its sub-configs' too: a backbone's, a vision tower's; a layer count under any other key is
+    stopped while it is built, ``bounded_build``) or an image or patch side over ``MAX_SIDE``. Read from the JSON
+    alone, walked without recursion."""
+    problem = declared_number_problem(config_json)
+    if problem:
+        return problem
     layers, stack = 0, [config_json]
     while stack:
         item = stack.pop()
@@ -696,15 +703,20 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     name = {"attn_implementation": recording_attention.recording_name("sdpa")} if flagged else {}
     loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
     try:
-        if torch.device(map_location).type == "meta":
-            with torch.device("meta"):
-                model = cls._from_config(config, **name)
-        else:
-            with quiet_transformers():  # its multi-line loading report: loading_problem's one line says it
+        # on the meta device first, under the build's budget, and its every tensor looked up in the weights'
+        # headers: from_pretrained allocates what the config declares before it reads a weight
+        model = built_on_meta(cls, config, origin, **name)
+        wrong = weights_problem(model, folder)
+        if wrong:
+            raise SourceError(f"{folder} is refused: {wrong}")
+        if torch.device(map_location).type != "meta":
+            with quiet_transformers(), bounded_build(origin, seconds=None):  # its report: loading_problem's line
                 model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
                                                     dtype=torch.float32, ignore_mismatched_sizes=True,
                                                     output_loading_info=True, **name)
             model = model.to(map_location)
+    except SourceError:
+        raise
     except library_errors() as e:
         raise SourceError(f"{origin}: {library_error_line(e)}") from None
     wrong = loading_problem(loaded)

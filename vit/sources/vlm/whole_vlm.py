@@ -19,8 +19,17 @@ import torch
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
-from vit.sources.files import library_error_line, library_errors, loading_problem, quiet_transformers, read_json
+from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
+from vit.sources.files import (
+    SourceError,
+    library_error_line,
+    library_errors,
+    loading_problem,
+    quiet_transformers,
+    read_json,
+)
 from vit.sources.vlm.declared import DeclaredTower
+from vit.sources.weights_cover import weights_problem
 
 TEXT_MODEL = ("idefics3", "smolvlm")  # whose decoder stack transformers names text_model
 
@@ -160,13 +169,14 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     from vit.sources.open import open_source
     from vit.sources.vlm import declared
 
-    wrong = declared.problem(folder, read_json(folder / "config.json"))  # before anything of it is built
+    config_json = read_json(folder / "config.json")
+    # before anything of it is built: what the VLM's own files declare, then any whole number under any other key
+    wrong = declared.problem(folder, config_json) or declared_number_problem(config_json)
     if wrong:
         raise VLMError(f"{folder} is refused: {wrong}")
 
     try:  # the tower's layout: its config and shapes from the headers, no weight read; or what its config declares
-        tower = declared.declared_tower(read_json(folder / "config.json")) or open_source(folder,
-                                                                                            map_location="meta")
+        tower = declared.declared_tower(config_json) or open_source(folder, map_location="meta")
     except CheckpointError as e:
         raise VLMError(str(e)) from None
     except ValueError as e:
@@ -174,15 +184,24 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     import transformers
 
     try:
+        # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
+        # from_pretrained allocates what the config declares before it reads a weight
+        cls = getattr(transformers, architecture)
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        wrong = weights_problem(built_on_meta(cls, config, str(folder)), folder)
+        if wrong:
+            raise VLMError(f"{folder} is refused: {wrong}")
         processor = transformers.AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         # Mismatched sizes loaded at random, not raised: the loading info names them, for one line here (transformers'
         # own refusal is a RuntimeError pointing at the multi-line report it logs, kept quiet).
         placed = {} if device_map is None else dict(device_map=device_map, max_memory=max_memory,
                                                     offload_folder=offload_folder)
-        with quiet_transformers():
-            model, loaded = getattr(transformers, architecture).from_pretrained(
+        with quiet_transformers(), bounded_build(str(folder), seconds=None):
+            model, loaded = cls.from_pretrained(
                 folder, local_files_only=True, trust_remote_code=False, dtype=DTYPES[dtype],
                 ignore_mismatched_sizes=True, output_loading_info=True, **placed)
+    except (VLMError, SourceError) as e:
+        raise VLMError(str(e)) from None
     except library_errors() as e:  # ImportError: a processor needing a package this install lacks (it is named)
         raise VLMError(f"{folder}'s {architecture} or its processor cannot be opened by transformers: "
                        f"{library_error_line(e)}") from None

@@ -149,7 +149,7 @@ def _linear(take: _Taker, ours: str, theirs: str) -> dict[str, torch.Tensor]:
 
 def joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """``torch.cat(parts)`` (along rows), or without a copy the one buffer ``parts`` already fill in order: the
-    reader's q, k and v (``vit.sources.open.joined_slots``), consecutive views of one tensor's rows."""
+    reader's q, k and v (``vit.sources.weights_files.joined_slots``), consecutive views of one tensor's rows."""
     base = parts[0]._base
     follows = all(a.storage_offset() + a.numel() == b.storage_offset() for a, b in zip(parts, parts[1:], strict=False))
     if base is not None and base.is_contiguous() and all(p._base is base and p.is_contiguous() for p in parts) \
