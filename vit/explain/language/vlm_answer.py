@@ -47,6 +47,7 @@ from vit.explain.language.vlm_layouts import (
     clip_layouts,
     image_layouts,
 )
+from vit.registry import VLM_ARCHITECTURES
 
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
@@ -632,7 +633,12 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
         if len(images) > 1 and vlm.model_type in ONE_IMAGE:  # before its processor refuses them in its own words
             raise ValueError(f"a {vlm.model_type} model reads one image per question; ask about one image")
         inputs = prompt_inputs(vlm, images, question, prompt)
-        layouts = image_layouts(vlm, inputs, images)
+        if vlm.model_type in VLM_ARCHITECTURES:
+            layouts = image_layouts(vlm, inputs, images)
+        else:  # a type no layout here names: read from the processor's outputs and the config
+            from vit.explain.language.vlm_read_layout import read_layouts
+
+            layouts = read_layouts(vlm, inputs, images)
     layout = layouts[0]
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
     words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]

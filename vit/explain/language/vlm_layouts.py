@@ -40,11 +40,17 @@ class ImageLayout:
     # How the tower runs over this image where it differs from the views placed: (passes, each one's patch grid);
     # Llama 3.2 Vision's tower attends over every tile slot of the image at once (the padding's too), one pass
     tower_passes: tuple[int, tuple[int, int]] | None = None
+    # Why the tokens are not placed on the image (``vlm_read_layout``: what the processor and config do not state);
+    # then ``positions`` are every image token's, ``grid`` (1, K) a list of them, and a map on the image refused
+    unplaced: str | None = None
 
     def place(self, values: torch.Tensor) -> torch.Tensor:
-        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
+        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid. ValueError (one line) for tokens not
+        placed on the image (``unplaced``)."""
         from vit.explain.methods.visual_lens import on_patch_grid
 
+        if self.unplaced:
+            raise ValueError(f"{self.unplaced}; their values come as a list over the image tokens (image_rows)")
         if self.index is not None:
             return values[:, self.index]
         return on_patch_grid(values, self.grid, self.unit, self.lead)

@@ -125,7 +125,10 @@ def tam_values(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def token_canvas(layout) -> tuple[torch.Tensor, int]:
     """``(index, unit)``: the image token (into ``layout.positions``) at each place of the image tokens' own grid
-    (one per unit of patches): a view's units row-major after its leading tokens, or a tiled canvas's."""
+    (one per unit of patches): a view's units row-major after its leading tokens, or a tiled canvas's. ValueError
+    (one line) for tokens not placed on the image."""
+    if layout.unplaced:
+        raise ValueError(f"{layout.unplaced}; TAM filters its values over their places on the image")
     unit = layout.unit
     if layout.index is not None:
         return layout.index[::unit, ::unit], unit

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from vit.registry import VLM_ARCHITECTURES
 from vit.sources.files import MAX_JSON_BYTES, read_json
 
 MAX_TEXT_LAYERS = 256  # the largest published language models have 126 (Llama 3.1 405B); VLMs' 80 at most
@@ -52,6 +53,9 @@ class DeclaredTower:
     unit: int  # patches per image token along each side (the merger's ``spatial_merge_size``)
     shape: object  # ``vit.costs.plan.LibraryShape``: layers, heads, widths, patch, channels
     lead: int = 0  # image tokens before the patches' that cover no patch (Florence-2's mean of its grid)
+    # A model type no layout here names (``any_vlm.read_tower``): what placing its tokens lacks ("" nothing); its
+    # ``unit`` 0 where its config declares none (read from the processor's counts)
+    missing: str = ""
 
 
 # The towers a declared config places, each with its config's names for (layers, heads, channels) and where its
@@ -298,6 +302,8 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
         resize = _resize_problem(settings)
         if resize:
             return f"its {name} {resize}"
+        if config_json.get("model_type") not in VLM_ARCHITECTURES:  # a type no layout here names: its tokens are
+            continue  # counted from the processor's outputs (Aya Vision's patch_size is its tower's patch x merge)
         for path, key, value in _walk(settings):
             tower_key = dict(SAME_AS_TOWER).get(key)
             if tower_key and _number(value) and _number(vision.get(tower_key)) and value != vision[tower_key]:
