@@ -166,3 +166,26 @@ def test_a_type_outside_the_image_text_to_text_mapping_is_refused_in_one_line(tm
                                                              r"auto-mapping \(AutoModelForImageTextToText\) does not "
                                                              r"hold"):
         vit.open_vlm(tmp_path)
+
+
+def test_predict_ask_writes_a_new_types_maps_as_the_api_draws_them(folders, answers, tmp_path, capsys):
+    """The command line answers for GLM-OCR too: its npz holds the API's attention at every layer and head, and its
+    TAM (the default ``--lm-method``)."""
+    import json
+
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    maps = tmp_path / "maps"
+    assert main([str(folders["glm_ocr"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(maps), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer = answers["glm_ocr"][0]
+    assert record["tokens"] == list(answer.tokens)
+    saved = np.load(record["maps"]["npz"])
+    for i in range(len(answer.tokens)):
+        for layer in range(2):
+            for head in range(2):
+                np.testing.assert_allclose(saved["attention"][i, layer, head], answer.attention(i, layer, head),
+                                           rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
