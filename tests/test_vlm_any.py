@@ -189,3 +189,43 @@ def test_predict_ask_writes_a_new_types_maps_as_the_api_draws_them(folders, answ
                 np.testing.assert_allclose(saved["attention"][i, layer, head], answer.attention(i, layer, head),
                                            rtol=0, atol=1e-6)
         np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def blip2(tmp_path_factory):
+    """BLIP-2 tiny: a Q-Former's 4 learned queries over a 4 x 4 patch grid (their count tiles it 2 x 2, and they
+    cover no patch), an OPT language model whose stack is ``model.decoder``; no chat template, a raw prompt."""
+    words = tokenizer(["<image>"])
+    config = transformers.Blip2Config(
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        qformer_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
+                            encoder_hidden_size=32, vocab_size=len(words)),
+        text_config=dict(model_type="opt", hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
+                         vocab_size=len(words), word_embed_proj_dim=32, eos_token_id=1, pad_token_id=1),
+        num_query_tokens=4, image_token_index=words.convert_tokens_to_ids("<image>"))
+    processor = transformers.Blip2Processor(
+        image_processor=transformers.BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=words,
+        num_query_tokens=4)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("blip2")
+    noisy(transformers.Blip2ForConditionalGeneration(config)).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def test_learned_queries_answer_as_generate_with_their_rows_and_are_not_placed(blip2):
+    """BLIP-2's answer is generate's and its rows the eager ones over its 4 query tokens; that 4 tokens would tile
+    its 4 x 4 grid in 2 x 2 units does not place them: a map is refused naming what they are."""
+    answer = vit.ask_vlm(vit.open_vlm(blip2), picture(), prompt=QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(blip2, picture(), text=QUESTION)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert torch.equal(answer.layout.positions, positions) and len(positions) == 4
+    for i in range(len(answer.tokens)):
+        for layer in range(2):
+            np.testing.assert_allclose(answer.image_rows(i, layer).numpy(), eager_image_rows(out, i, layer, positions),
+                                       rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: they are a Q-Former's 4 "
+                                         r"learned queries \(num_query_tokens\), which cover no patch; "):
+        answer.attention(0)

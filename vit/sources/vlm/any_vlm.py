@@ -88,8 +88,25 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
     width = sizes["hidden_size"]
     patch = _side(getattr(vision, "patch_size", None))
+    queries = learned_queries(config)
+    if queries:  # a count of image tokens that happens to tile the grid must not place them on it
+        missing = f"they are {queries}, which cover no patch"
+    else:
+        missing = "" if patch else "a patch_size in its vision config"
     unit = merge_unit(config, vision) or 0
     shape = LibraryShape(sizes["layers"], sizes["heads"], width, _first(vision, MLP) or 4 * width, 0,
                          (patch or 1, patch or 1), _first(vision, CHANNELS) or 3)
-    return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape,
-                         missing="" if patch else "a patch_size in its vision config")
+    return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
+
+
+def learned_queries(config) -> str | None:
+    """What a config declares its image tokens to be when they are learned queries over the tower's states, not
+    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Idefics2's perceiver resampler), in words;
+    None otherwise."""
+    count = getattr(config, "num_query_tokens", None)
+    if _whole(count):
+        return f"a Q-Former's {count} learned queries (num_query_tokens)"
+    latents = getattr(getattr(config, "perceiver_config", None), "resampler_n_latents", None)
+    if _whole(latents):
+        return f"a perceiver resampler's {latents} latents (perceiver_config.resampler_n_latents)"
+    return None

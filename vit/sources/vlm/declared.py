@@ -159,7 +159,7 @@ def _davit(vision: Mapping) -> DeclaredTower:
 def _mobilenet(vision: Mapping, config_json: Mapping) -> DeclaredTower:
     """Gemma 3n's MobileNetV5 tower (timm's, through ``TimmWrapper``): its multi-scale fusion gives a fixed grid of
     ``vision_soft_tokens_per_image`` tokens (16 x 16), each its image token, row-major, whatever the input's size; a
-    token covers the input's side over that grid (``vlm_layouts.image_layout``). Its sizes, for the cost model, its
+    token covers the input's side over that grid (``vlm_layouts.image_layouts``). Its sizes, for the cost model, its
     output width: a convolutional tower has no attention layers or heads to count. ValueError (one line) for a token
     count that is not a square."""
     from vit.costs.plan import LibraryShape
@@ -431,5 +431,7 @@ def text_parameters(text) -> int:
 
     hidden, heads, vocab = size("hidden_size"), size("num_attention_heads"), size("vocab_size")
     kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", max(1, hidden // heads))
-    mlp, layers = size("intermediate_size", getattr(text, "decoder_ffn_dim", None)), size("num_hidden_layers")
+    from vit.costs.plan import mlp_width
+
+    mlp, layers = size("intermediate_size", mlp_width(text)), size("num_hidden_layers")
     return vocab * hidden + layers * (2 * hidden * head_dim * (heads + kv_heads) + 2 * hidden * mlp)

@@ -76,7 +76,11 @@ class VLM:
                            "decoder stack whose attention the answer reads")
         if getattr(stack.config, "is_encoder_decoder", False):  # Florence-2's BART: the decoder writes the answer
             return stack.get_decoder()
-        return getattr(stack, "model", stack)  # Llama 4's language model is a ...ForCausalLM around its stack
+        stack = getattr(stack, "model", stack)  # Llama 4's language model is a ...ForCausalLM around its stack
+        if not hasattr(stack, "layers") and hasattr(stack, "get_decoder"):  # OPT's (BLIP-2's): model.decoder.layers
+            decoder = stack.get_decoder()
+            stack = decoder if hasattr(decoder, "layers") else stack
+        return stack
 
     @property
     def device(self) -> torch.device:
