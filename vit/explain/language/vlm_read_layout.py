@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from vit.explain.language.vlm_attention import image_token_id
-from vit.explain.language.vlm_layouts import ImageLayout, _one_view_pixels
+from vit.explain.language.vlm_layouts import ImageLayout, _one_view_pixels, one_view_grids
 
 MAX_UNIT = 16  # patches per token along a side tried from the counts: published mergers use 2 to 4
 
@@ -43,26 +43,25 @@ def unplaced(positions: torch.Tensor, reason: str) -> tuple[ImageLayout, ...]:
 
 
 def _grids(vlm, inputs, n: int) -> tuple[list[tuple[int, int]] | None, str]:
-    """``(grids, reason)``: each image's patch grid as the processor's outputs state it, or None and what lacks."""
-    if "image_grid_thw" in inputs:
-        rows = inputs["image_grid_thw"].tolist()
-        if len(rows) != n or any(int(t) != 1 for t, _, _ in rows):
-            return None, f"image_grid_thw has {len(rows)} rows of {[int(r[0]) for r in rows]} frames for {n} images"
-        return [(int(h), int(w)) for _, h, w in rows], ""
-    if vlm.tower.missing:
+    """``(grids, reason)``: each image's patch grid as the processor's outputs state it (``vlm_layouts
+    .one_view_grids``, or a pixel tensor of one view per image behind a leading batch of one), or None and what
+    lacks."""
+    if vlm.tower.missing and "image_grid_thw" not in inputs:
         return None, vlm.tower.missing
+    try:
+        grids = one_view_grids(vlm, inputs, n)
+    except ValueError as e:
+        return None, str(e)
+    if grids is not None:
+        return grids, ""
     pixels = inputs.get("pixel_values")
     if not isinstance(pixels, torch.Tensor):
         return None, "the processor gives no pixel_values tensor and no image_grid_thw"
-    ph, pw = vlm.patch_hw
-    if "image_sizes" in inputs and pixels.dim() == 4 and inputs["image_sizes"].shape[0] == n:  # each at its size
-        return [(int(h) // ph, int(w) // pw) for h, w in inputs["image_sizes"].tolist()], ""
-    if pixels.dim() == 5 and pixels.shape[0] == 1:  # (1, views, C, H, W)
-        pixels = pixels[0]
-    if pixels.dim() != 4 or pixels.shape[0] != n:
-        return None, (f"the processor gave pixel_values of shape {tuple(pixels.shape)} for {n} image(s): tiles or "
-                      "crops whose canvas neither it nor the config states")
-    return [(pixels.shape[-2] // ph, pixels.shape[-1] // pw)] * n, ""
+    if pixels.dim() == 5 and pixels.shape[:2] == (1, n):  # (1, images, C, H, W): one view each
+        ph, pw = vlm.patch_hw
+        return [(pixels.shape[-2] // ph, pixels.shape[-1] // pw)] * n, ""
+    return None, (f"the processor gave pixel_values of shape {tuple(pixels.shape)} for {n} image(s): tiles or crops "
+                  "whose canvas neither it nor the config states")
 
 
 def _unit_and_lead(declared: int, grids: list[tuple[int, int]], count: int) -> tuple[int, int] | None:
