@@ -168,6 +168,22 @@ def bench_markdown() -> str:
     return "\n".join(parts)
 
 
+def census_vlm_path() -> Path:
+    """The newest VLM census's table (``bench/census_vlm.py`` writes it beside its rows, ``census_vlm.json``)."""
+    found = sorted((ROOT / "bench" / "results").glob("*/census_vlm.md"))
+    if not found:
+        raise ValueError("no bench/results/*/census_vlm.md; run python -m bench.census_vlm")
+    return found[-1]
+
+
+def census_vlm_markdown() -> str:
+    """The VLM census's table: every image-text-to-text type of transformers' auto-mapping, answered, placed or
+    refused with its reason."""
+    path = census_vlm_path()
+    # its reasons are the libraries' messages, which may name a token such as <image>: text, never a tag
+    return f"From `{path.relative_to(ROOT).as_posix()}`. " + path.read_text().replace("<", "&lt;")
+
+
 def include(path: str) -> str:
     """A repository file's Markdown, its top heading dropped (the page has its own) and its images pointed at
     their copies in ``repository/``."""
@@ -186,6 +202,7 @@ GENERATORS = {
     "cli": cli_markdown,
     "api": api_markdown,
     "bench": bench_markdown,
+    "census-vlm": census_vlm_markdown,
     **{f"families-{page}": (lambda page=page: families_markdown(page)) for page in PAGES},
 }
 

@@ -624,3 +624,23 @@ def test_the_vlm_pages_code_calls_the_api_as_the_code_has_it():
                        "vit.no_such_name()", receivers) == [
         "vit.ask_vlm(vlm, 'a.jpg', 'Q', max_tokens=3): got an unexpected keyword argument 'max_tokens'",
         "answer.attention(0, lyr=2): got an unexpected keyword argument 'lyr'", "answer.nope", "vit.no_such_name"]
+
+
+CENSUS_VLM = re.compile(r"Of the (\d+) image-text-to-text types transformers ships, the census built (\d+) tiny "
+                        r"offline with their processors: (\d+) answer as `generate` does and (\d+) are placed on the "
+                        r"image \(`(bench/results/[^`]+/census_vlm\.md)`")
+
+
+def test_the_readmes_vlm_census_figure_is_the_newest_census_and_the_vlm_page_shows_its_table():
+    """Issue 113: the README's figure of the VLM census reads its results (the newest ``census_vlm.json``), and the
+    VLM page holds the census's table as ``python docs/hooks.py`` writes it."""
+    import json
+
+    site = hooks()
+    [found] = CENSUS_VLM.findall(" ".join(README.split()))  # the sentence as read, across its lines
+    *figures, path = found
+    assert (ROOT / path) == site.census_vlm_path()
+    totals = json.loads((ROOT / path).with_suffix(".json").read_text())["totals"]
+    assert [int(v) for v in figures] == [totals["types"], totals["built"], totals["answered"], totals["placed"]]
+    page = (ROOT / "docs" / "models" / "vlm.md").read_text()
+    assert page == site.refreshed(page) and site.census_vlm_markdown() in page

@@ -19,7 +19,9 @@ import vit  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["llava", "qwen2_5_vl", "gemma3"]
+# Qwen2-VL's, Qwen3-VL's and GLM-4.1V's M-RoPE needs the processor's mm_token_type_ids (transformers 5.23 refuses
+# the image without them)
+KINDS = ["llava", "qwen2_5_vl", "gemma3", "qwen2_vl", "qwen3_vl", "glm4v"]
 NEW = 3
 
 
@@ -34,16 +36,19 @@ def asked(vlms):
             for kind, folder in vlms.items()}
 
 
-def processor_fn(folder):
-    """transformers alone: an image and the question through the folder's chat template and processor (Qwen's
-    per-token types left out: captum extends the ids by the answer, not them)."""
+def processor_fn(folder, answer: int = 0):
+    """transformers alone: an image and the question through the folder's chat template and processor; the
+    processor's per-token modality types (Qwen's, GLM's ``mm_token_type_ids``) extended by the ``answer``'s tokens
+    with zeros (text), as ``generate`` extends them: captum appends the answer to the ids and the mask alone."""
     processor = transformers.AutoProcessor.from_pretrained(folder)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
 
     def run(image):
         inputs = processor(images=[image], text=text, return_tensors="pt")
-        inputs.pop("mm_token_type_ids", None)
+        if "mm_token_type_ids" in inputs:
+            types = inputs["mm_token_type_ids"]
+            inputs["mm_token_type_ids"] = torch.cat([types, types.new_zeros(1, answer)], dim=-1)
         return inputs
     return run
 
@@ -79,7 +84,8 @@ def captums_own(folder, tokens, mask=None, mask_list=None, method=FeatureAblatio
     model = getattr(transformers, transformers.AutoConfig.from_pretrained(folder).architectures[0]).from_pretrained(
         folder).eval()
     tokenizer = transformers.AutoProcessor.from_pretrained(folder).tokenizer
-    inp = ImageMaskInput(image=picture(), mask=mask, mask_list=mask_list, processor_fn=processor_fn(folder))
+    inp = ImageMaskInput(image=picture(), mask=mask, mask_list=mask_list,
+                         processor_fn=processor_fn(folder, len(tokens)))
     with torch.no_grad():
         return LLMAttribution(method(model), tokenizer).attribute(inp, target=torch.tensor(tokens),
                                                                  forward_in_tokens=False, **kwargs)

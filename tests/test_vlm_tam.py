@@ -106,6 +106,10 @@ def authors_form(config: dict, image: int, inputs, ids) -> tuple[dict, tuple]:
         merge = config.get("spatial_merge_size", 2) if kind == "mistral3" else 1
         h, w = (int(v) // (config["vision_config"]["patch_size"] * merge) for v in inputs["image_sizes"][0])
         return {"img_id": [image], "prompt_id": [[ids("[IMG_END]")], assistant], **answer}, (h, w)
+    if kind == "llama4":  # their int form over one tile's pixel-shuffled grid; the question after the image's end
+        side = int(config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
+                   * config["vision_config"]["pixel_shuffle_ratio"])
+        return {"img_id": [image], "prompt_id": [[ids("<|image_end|>")], assistant], **answer}, (side, side)
     side = config["vision_config"]["image_size"] // config["vision_config"]["patch_size"]
     if kind == "paligemma":  # image tokens, <bos>, the question: no turn after it
         last = int(inputs["input_ids"][0, -1])
@@ -127,10 +131,13 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True, shape: tuple | None
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder).eval()
     processor = transformers.AutoProcessor.from_pretrained(folder)
     inputs = processor_inputs(folder, picture(), None if question == QUESTION else processor.image_token + question)
+    inputs = inputs.to(dtype=model.dtype)  # in the model's dtype, as transformers' examples pass them (Llama 4's
+    # processor gives bfloat16 pixels)
     with torch.no_grad():
         outputs = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True,
                                  output_hidden_states=True, return_dict_in_generate=True)
-        logits = [model.lm_head(feats[-1]) for feats in outputs.hidden_states]
+        # their ``model.lm_head``: the model's head, which Llama 4 keeps in its language model
+        logits = [model.get_output_embeddings()(feats[-1]) for feats in outputs.hidden_states]
     tokens = outputs.sequences[0].tolist()
     prompt = inputs["input_ids"].shape[1]
     ids = processor.tokenizer.convert_tokens_to_ids
@@ -172,8 +179,21 @@ def authors_maps(tam, folder, monkeypatch, eci: bool = True, shape: tuple | None
 
 @pytest.mark.parametrize("kind", TAM_KINDS)
 def test_each_tokens_tam_is_the_authors(folders, asked, reference_tam, monkeypatch, kind):
-    answer = asked[kind]
-    tokens, maps, shape, values = authors_maps(reference_tam, folders[kind], monkeypatch)
+    assert_authors(asked[kind], folders[kind], reference_tam, monkeypatch)
+
+
+def test_llama4s_tam_is_the_authors_though_its_output_has_no_last_hidden_state(tmp_path_factory, reference_tam,
+                                                                                 monkeypatch):
+    """Llama 4's model returns its logits and no ``last_hidden_state``: TAM reads the head's input, which every
+    family's head reads, not a field of one family's output."""
+    folder = saved_whole(tmp_path_factory, ["llama4"])["llama4"]
+    answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    assert_authors(answer, folder, reference_tam, monkeypatch)
+
+
+def assert_authors(answer, folder, reference_tam, monkeypatch) -> None:
+    """``answer``'s TAM of each token, before the filter and after it, equals the authors' on ``folder``."""
+    tokens, maps, shape, values = authors_maps(reference_tam, folder, monkeypatch)
     assert list(answer.tokens) == tokens and len(maps) == NEW_TOKENS
     lead = answer.layout.lead  # CLIP's CLS under "full": no place on the grid, 0 in ours, outside theirs
     for i, before in enumerate(values):  # before the filter: the grid's tokens row-major, as theirs reshapes them

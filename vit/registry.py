@@ -666,3 +666,15 @@ VLM_ARCHITECTURES = {
     "molmo2": "Molmo2ForConditionalGeneration",
     "gemma3n": "Gemma3nForConditionalGeneration",
 }
+
+
+def vlm_architecture(model_type: str) -> str | None:
+    """The generating class a ``model_type`` answers questions with (``vit.ask_vlm``): the named families'
+    (``VLM_ARCHITECTURES``), else that of transformers' image-text-to-text auto-mapping
+    (``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES``, what ``AutoModelForImageTextToText`` opens: issue 113, any VLM by
+    what it is); None for neither."""
+    if model_type in VLM_ARCHITECTURES:
+        return VLM_ARCHITECTURES[model_type]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)

@@ -563,6 +563,16 @@ def attribution_passes(model, grid: tuple[int, int], what: str, passes: int) -> 
     return _cost("attribution passes", model, grid, {"forwards": passes}, refuse, limit=MAX_PASSES)
 
 
+# The names a text config gives its MLP's hidden width besides intermediate_size: BART's (Florence-2's), OPT's
+# (BLIP-2's), T5's
+MLP_WIDTHS = ("decoder_ffn_dim", "ffn_dim", "d_ff")
+
+
+def mlp_width(text) -> int | None:
+    """A text config's MLP width under another name than ``intermediate_size`` (``MLP_WIDTHS``), or None."""
+    return next((getattr(text, name) for name in MLP_WIDTHS if getattr(text, name, None) is not None), None)
+
+
 @dataclass(frozen=True)
 class LibraryShape:
     """What the cost model reads of a model opened as its library builds it (``LibraryModel.cost_shape``: its

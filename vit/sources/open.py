@@ -436,7 +436,7 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
         missing = transformers_models.missing_piece(config_json) if library_road else None
         if missing:  # transformers knows it, no port reads it, and the library road cannot take it: say why
             answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
-                       "question), vit-predict --ask" if config_json.get("model_type") in registry.VLM_ARCHITECTURES
+                       "question), vit-predict --ask" if registry.vlm_architecture(str(config_json.get("model_type")))
                        else "")
             raise SourceError(f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it "
                               f"{missing}{answers}")

@@ -48,6 +48,7 @@ from vit.explain.language.vlm_layouts import (
     clip_layouts,
     image_layouts,
 )
+from vit.registry import VLM_ARCHITECTURES
 
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
@@ -199,14 +200,36 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
                                                  {"type": "text", "text": question}]}]
         text = render(processor, messages)  # the folder's own code: rendered under a time and size bound
     else:
-        placeholder = getattr(processor, "image_token", None)
+        placeholder = image_placeholder(processor)
         if placeholder and text.count(placeholder) != len(images):
+            laid = _laid_out_by_processor(vlm, images, text) if not text.count(placeholder) else None
+            if laid is not None:  # the processor puts the image tokens itself (BLIP-2's before the text)
+                return laid
             times = "once" if len(images) == 1 else f"{len(images)} times (once per image)"
             raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} {times}, got "
                              f"{text.count(placeholder)}")
     # what the processor makes of these images, counted before it touches them
     check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
     return _in_model_dtype(vlm, processor(images=images, text=text, return_tensors="pt"))
+
+
+def image_placeholder(processor) -> str | None:
+    """The processor's image placeholder as text (BLIP-2's processor keeps an ``AddedToken``), or None."""
+    placeholder = getattr(processor, "image_token", None)
+    return getattr(placeholder, "content", placeholder)
+
+
+def _laid_out_by_processor(vlm, images, text: str):
+    """The processor's inputs for ``text`` without an image placeholder where the processor itself puts the image's
+    tokens in the prompt (read from its output: the image token's id in its ``input_ids``), else None."""
+    from vit.explain.language.vlm_attention import image_token_id
+
+    try:
+        inputs = vlm.processor(images=images, text=text, return_tensors="pt")
+    except ValueError:  # its own refusal of a prompt without placeholders
+        return None
+    token = image_token_id(vlm.model.config)
+    return _in_model_dtype(vlm, inputs) if token is not None and (inputs["input_ids"] == token).any() else None
 
 
 def _in_model_dtype(vlm, inputs):
@@ -237,7 +260,7 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metad
 
 def text_shape(vlm):
     """The language model's sizes, as the cost model reads them."""
-    from vit.costs.plan import TextShape
+    from vit.costs.plan import TextShape, mlp_width
 
     config = vlm.model.config.get_text_config()
     decoder = getattr(config, "is_encoder_decoder", False)  # Florence-2's BART: the decoder's cache and rows
@@ -245,6 +268,7 @@ def text_shape(vlm):
     layers = config.decoder_layers if decoder else config.num_hidden_layers
     kinds, window = getattr(config, "layer_types", None) or (), getattr(config, "sliding_window", None)
     linear = sum(1 for kind in kinds if kind == "linear_attention")  # a hybrid's: a recurrent state, no KV cache
+    mlp = getattr(config, "intermediate_size", None) or mlp_width(config)  # OPT's ffn_dim (BLIP-2's)
     windows = tuple(window if kind == "sliding_attention" else None for kind in kinds
                     if kind != "linear_attention") if window else ()
     state = 0
@@ -257,8 +281,7 @@ def text_shape(vlm):
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                      hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else max(
-                         config.intermediate_size if isinstance(config.intermediate_size, list)  # Gemma 3n: per layer
-                         else [config.intermediate_size]),
+                         mlp if isinstance(mlp, list) else [mlp]),  # Gemma 3n's: per layer
                      vocab=config.vocab_size,
                      itemsize=next(vlm.model.parameters()).dtype.itemsize, windows=windows)
 
@@ -688,10 +711,15 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
         if len(images) > 1 and vlm.model_type in ONE_IMAGE:  # before its processor refuses them in its own words
             raise ValueError(f"a {vlm.model_type} model reads one image per question; ask about one image")
         inputs = prompt_inputs(vlm, images, question, prompt)
-        layouts = image_layouts(vlm, inputs, images)
+        if vlm.model_type in VLM_ARCHITECTURES:
+            layouts = image_layouts(vlm, inputs, images)
+        else:  # a type no layout here names: read from the processor's outputs and the config
+            from vit.explain.language.vlm_read_layout import read_layouts
+
+            layouts = read_layouts(vlm, inputs, images)
     layout = layouts[0]
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
-    words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
+    words = question if prompt is None else prompt.split(image_placeholder(vlm.processor) or "\0")[-1]
     prepared = Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
                         clip is not None, tuple(images) if clip is None else (), (question, prompt))
     decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens, *prepared.tower()))

@@ -40,11 +40,17 @@ class ImageLayout:
     # How the tower runs over this image where it differs from the views placed: (passes, each one's patch grid);
     # Llama 3.2 Vision's tower attends over every tile slot of the image at once (the padding's too), one pass
     tower_passes: tuple[int, tuple[int, int]] | None = None
+    # Why the tokens are not placed on the image (``vlm_read_layout``: what the processor and config do not state);
+    # then ``positions`` are every image token's, ``grid`` (1, K) a list of them, and a map on the image refused
+    unplaced: str | None = None
 
     def place(self, values: torch.Tensor) -> torch.Tensor:
-        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
+        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid. ValueError (one line) for tokens not
+        placed on the image (``unplaced``)."""
         from vit.explain.methods.visual_lens import on_patch_grid
 
+        if self.unplaced:
+            raise ValueError(f"{self.unplaced}; their values come as a list over the image tokens (image_rows)")
         if self.index is not None:
             return values[:, self.index]
         return on_patch_grid(values, self.grid, self.unit, self.lead)
@@ -143,40 +149,6 @@ def _llama4_canvas(vlm, image: Image.Image) -> tuple[int, int]:
     counted = vlm.processor.image_processor(images=[image], return_tensors="pt")
     rows, cols = (int(v) for v in counted["aspect_ratios"][0])
     return rows, cols
-
-
-def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
-    """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
-    tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
-    image resized to one tile) after them; each tile's pixel-shuffle units row-major."""
-    rows, cols = _internvl_canvas(vlm, image)
-    if pixels.shape[0] != rows * cols + 1:
-        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
-                         "of InternVL's canvas; ask about one image")
-    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
-
-
-def _idefics3_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
-    """Idefics3's and SmolVLM's split image (``Idefics3ImageProcessor.split_image``): the image resized to whole
-    tiles, cut row-major (its rows and columns as the image processor counts them, ``return_row_col_info``), the
-    whole image resized to one tile after them (the global image); each tile's pixel-shuffle units row-major
-    (``Idefics3Connector.pixel_shuffle``). An image no larger than one tile is read whole, in one view."""
-    rows, cols = _idefics3_canvas(vlm, image)
-    if pixels.shape[0] != rows * cols + 1:
-        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
-                         "of its split; ask about one image")
-    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
-
-
-def _llama4_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
-    """Llama 4's chunks (``Llama4ImageProcessor``): the image resized into the canvas of ``aspect_ratios`` tiles it
-    chose and padded to fill it, cut row-major, the whole image resized to one tile after them (the global image,
-    ``<|image|>`` in the prompt); each tile's pixel-shuffle units row-major, the tile separators no image tokens."""
-    rows, cols = _llama4_canvas(vlm, image)
-    if pixels.shape[0] != rows * cols + 1:
-        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} tiles and global image "
-                         "of its canvas; ask about one image")
-    return _tiles_then_overview(vlm, pixels, positions, rows, cols)
 
 
 def _mllama_tiles(vlm, inputs) -> tuple[ImageLayout, ...]:
@@ -438,56 +410,6 @@ def _gemma3n_layouts(vlm, inputs, n: int) -> tuple[ImageLayout, ...]:
     return tuple(ImageLayout(positions[k * per:(k + 1) * per], (side, side), 1, 0) for k in range(n))
 
 
-def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
-    """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
-    (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
-    from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
-    (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
-    (several images, another family's tiles)."""
-    if vlm.model_type == "mllama":  # read through cross-attention: its rows are over the tower's states
-        layouts = _mllama_tiles(vlm, inputs)
-        if len(layouts) != 1:
-            raise ValueError(f"the processor gave {len(layouts)} images; ask about one image")
-        return layouts[0]
-    if vlm.model_type == "molmo2":  # pooled tokens over overlapping crops, named by image_token_pooling
-        return _molmo2_layouts(vlm, inputs, [image])[0]
-    if vlm.model_type == "gemma3n":  # a fixed grid of tokens from MobileNetV5's multi-scale fusion, row-major
-        if inputs["pixel_values"].shape[0] != 1:
-            raise ValueError("the processor gave several images; ask about one image")
-        return _gemma3n_layouts(vlm, inputs, 1)[0]
-    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
-    if "image_grid_thw" in inputs:
-        t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
-        if t != 1 or inputs["image_grid_thw"].shape[0] != 1:
-            raise ValueError("the processor gave several images or frames; ask about one image")
-        layout = ImageLayout(positions, (gh, gw), vlm.unit, tower_lead(vlm))
-    else:
-        pixels = inputs["pixel_values"]
-        if pixels.dim() == 5 and vlm.model_type in ("idefics3", "smolvlm"):  # (1, views, C, H, W)
-            layout = (_idefics3_tiles(vlm, image, pixels[0], positions) if pixels.shape[1] > 1 else
-                      ImageLayout(positions, (pixels.shape[-2] // vlm.patch_hw[0], pixels.shape[-1] // vlm.patch_hw[1]),
-                                  vlm.unit, 0))
-        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
-            layout = _internvl_tiles(vlm, image, pixels, positions)
-        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "llama4":
-            layout = _llama4_tiles(vlm, image, pixels, positions)
-        elif pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "gemma3":
-            layout = _pan_and_scan(vlm, image, pixels, positions)
-        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type in NEXT_TILES:
-            layout = _next_tiles(vlm, inputs, positions)
-        elif pixels.dim() != 4 or pixels.shape[0] != 1:
-            raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
-                             "on one patch grid yet; ask a model that reads one view of the image")
-        else:
-            ph, pw = vlm.patch_hw
-            layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit, tower_lead(vlm))
-    if layout.index is None:
-        (gh, gw), unit = layout.grid, layout.unit
-        _check_count(positions, layout.lead + (gh // unit) * (gw // unit),
-                     f"one {gh}x{gw} patch grid in {unit}x{unit} units")
-    return layout
-
-
 MAX_IMAGES = 16  # images in one question: each a tower's forward and its tokens in the prompt
 ONE_IMAGE = ("florence2",)  # families whose processor takes one image per question (Florence-2's task prompts)
 MAX_CLIP_FRAMES = 64  # frames of a clip in one question (Qwen2.5-VL's demos sample 2 fps of a short clip)
@@ -685,50 +607,88 @@ def _tiled_layouts(vlm, inputs, images: Sequence[Image.Image], positions: torch.
     return tuple(layouts)
 
 
-def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
-    """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: one image's
-    (``image_layout``), or several that each read in one view, their image tokens in the prompt image after image:
-    Qwen-VL's and GLM's ``image_grid_thw`` row by row, Pixtral's ``image_sizes``, else the pixel tensor's one view
-    per image; several images InternVL, Llama 4, Idefics3 or SmolVLM cut into tiles (``_tiled_layouts``), Gemma 3
-    pans and scans (``_pan_and_scan_layouts``), or LLaVA-NeXT packs (``_next_layouts``), each on its own canvas;
-    Molmo 2's, each its crops and pooled tokens (``_molmo2_layouts``); Llama 3.2 Vision's, each its tile slots'
-    states (``_mllama_tiles``). ValueError (one line) for several images another family cuts into tiles."""
-    if len(images) == 1:
-        return _one_view_pixels(vlm, inputs, (image_layout(vlm, inputs, images[0]),))
-    if vlm.model_type == "molmo2":  # each image's crops and pooled tokens after the one before's
-        return _molmo2_layouts(vlm, inputs, images)
-    if vlm.model_type == "gemma3n":  # each image its fixed grid of tokens
-        return _one_view_pixels(vlm, inputs, _gemma3n_layouts(vlm, inputs, len(images)))
-    if vlm.model_type == "mllama":  # read through cross-attention: each image's tiles are its own slots' states
-        layouts = _mllama_tiles(vlm, inputs)
-        if len(layouts) != len(images):
-            raise ValueError(f"the processor gave {len(layouts)} images for the {len(images)} asked about; ask about "
-                             "one image")
-        return layouts
-    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
-    ph, pw = vlm.patch_hw
-    lead, unit = tower_lead(vlm), vlm.unit
+def one_view_grids(vlm, inputs, n: int) -> list[tuple[int, int]] | None:
+    """Each of ``n`` images' patch grid where the processor gave each image one view, as its outputs state it:
+    ``image_grid_thw``'s rows (Qwen-VL's, GLM's), ``image_sizes`` beside one pixel tensor (Pixtral's, each image at
+    its own size), or the pixel tensor's one view per image over the tower's patch; None where it gave other views
+    (tiles, crops). ValueError (one line) for an image several frames deep."""
     if "image_grid_thw" in inputs:
-        grids = []
-        for t, gh, gw in inputs["image_grid_thw"].tolist():
-            if t != 1:
-                raise ValueError("the processor gave an image several frames deep; ask about still images")
-            grids.append((int(gh), int(gw)))
-    elif "image_sizes" in inputs and inputs["pixel_values"].dim() == 4:  # Pixtral's: each image at its own size
-        grids = [(int(h) // ph, int(w) // pw) for h, w in inputs["image_sizes"].tolist()]
-    elif inputs["pixel_values"].dim() == 4 and inputs["pixel_values"].shape[0] == len(images):
-        grids = [(inputs["pixel_values"].shape[-2] // ph, inputs["pixel_values"].shape[-1] // pw)] * len(images)
-    elif vlm.model_type in TILED:
-        return _tiled_layouts(vlm, inputs, images, positions)
-    elif vlm.model_type == "gemma3" and inputs["pixel_values"].dim() == 4:  # pan-and-scan's crops beside the images
-        return _pan_and_scan_layouts(vlm, inputs, images, positions)
-    elif inputs["pixel_values"].dim() == 5 and vlm.model_type in NEXT_TILES:
-        return _next_layouts(vlm, inputs, positions)
-    else:
-        raise ValueError(f"the processor cut these {len(images)} images into tiles, whose tokens are not placed per "
-                         "image yet; ask about one image, or ask a model that reads each image in one view")
+        if any(int(t) != 1 for t, _, _ in inputs["image_grid_thw"].tolist()):
+            raise ValueError("the processor gave an image several frames deep; ask about still images")
+        return [(int(gh), int(gw)) for _, gh, gw in inputs["image_grid_thw"].tolist()]
+    pixels, (ph, pw) = inputs.get("pixel_values"), vlm.patch_hw
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4:
+        return None
+    if "image_sizes" in inputs and len(inputs["image_sizes"]) == n:
+        return [(int(h) // ph, int(w) // pw) for h, w in inputs["image_sizes"].tolist()]
+    return [(pixels.shape[-2] // ph, pixels.shape[-1] // pw)] * n if pixels.shape[0] == n else None
+
+
+def _cross_attention_slots(vlm, inputs, images, positions) -> tuple[ImageLayout, ...]:
+    """Llama 3.2 Vision: each image's tile slots' states, read through cross-attention (``_mllama_tiles``)."""
+    layouts = _mllama_tiles(vlm, inputs)
+    if len(layouts) != len(images):
+        raise ValueError(f"the processor gave {len(layouts)} images for the {len(images)} asked about; ask about "
+                         "one image")
+    return layouts
+
+
+def _fixed_grid(vlm, inputs, images, positions) -> tuple[ImageLayout, ...]:
+    """Gemma 3n: each image its fixed grid of tokens from MobileNetV5's multi-scale fusion (``_gemma3n_layouts``)."""
+    return _one_view_pixels(vlm, inputs, _gemma3n_layouts(vlm, inputs, len(images)))
+
+
+def _tiles(vlm, inputs, images, positions) -> tuple[ImageLayout, ...] | None:
+    """InternVL, Llama 4, Idefics3, SmolVLM: tiles of a canvas the processor chose and does not state, read as it
+    cuts each image (``TILED``, ``_tiled_layouts``); None where each image is one view."""
+    return None if one_view_grids(vlm, inputs, len(images)) else _tiled_layouts(vlm, inputs, images, positions)
+
+
+def _crops(vlm, inputs, images, positions) -> tuple[ImageLayout, ...] | None:
+    """Gemma 3's pan-and-scan crops beside each image (``_pan_and_scan_layouts``); None where each is one view."""
+    return None if one_view_grids(vlm, inputs, len(images)) else _pan_and_scan_layouts(vlm, inputs, images,
+                                                                                        positions)
+
+
+def _anyres(vlm, inputs, images, positions) -> tuple[ImageLayout, ...] | None:
+    """LLaVA-NeXT's and OneVision's anyres canvases (``_next_layouts``, their ``image_sizes`` beside tiles of 5
+    dimensions); None where each image is one view."""
+    return _next_layouts(vlm, inputs, positions) if inputs["pixel_values"].dim() == 5 else None
+
+
+# The layouts a processor's outputs and the config do not state (``one_view_grids`` reads the rest): each family's
+# function of (vlm, inputs, images, the image token's positions) -> each image's layout, or None where the processor
+# gave each image one view. One table, keyed by what a family needs read beside the processor's outputs: tiles'
+# canvases (its image processor's cut), crops, cross-attention slots, a fixed grid, pooled crops.
+FAMILY_LAYOUTS = {
+    **dict.fromkeys(TILED, _tiles),
+    "gemma3": _crops,
+    **dict.fromkeys(NEXT_TILES, _anyres),
+    "mllama": _cross_attention_slots,
+    "gemma3n": _fixed_grid,
+    "molmo2": lambda vlm, inputs, images, positions: _molmo2_layouts(vlm, inputs, images),
+}
+
+
+def image_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
+    """The layout of each of ``images`` in the processor's ``inputs``, in the prompt's order: a family's that
+    ``FAMILY_LAYOUTS`` names where its processor cut the images otherwise than one view each, else each image's one
+    view on the grid its outputs state (``one_view_grids``), its image tokens in the prompt image after image in
+    units of the tower's merge unit after its leading tokens. ValueError (one line) for images cut into views no
+    layout places, or image tokens that do not tile the grids."""
+    positions = (inputs["input_ids"][0] == image_token_id(vlm.model.config)).nonzero()[:, 0]
+    family = FAMILY_LAYOUTS.get(vlm.model_type)
+    layouts = family(vlm, inputs, images, positions) if family is not None else None
+    if layouts is not None:
+        return layouts
+    grids = one_view_grids(vlm, inputs, len(images))
+    if grids is None:
+        which = f"these {len(images)} images" if len(images) > 1 else "the image"
+        raise ValueError(f"the processor cut {which} into tiles, whose tokens are not placed per image yet; ask a "
+                         "model that reads each image in one view")
+    lead, unit = tower_lead(vlm), vlm.unit
     counts = [lead + (gh // unit) * (gw // unit) for gh, gw in grids]
-    _check_count(positions, sum(counts), f"{len(images)} images of " + ", ".join(f"{gh}x{gw}" for gh, gw in grids)
+    _check_count(positions, sum(counts), f"{len(images)} image(s) of " + ", ".join(f"{gh}x{gw}" for gh, gw in grids)
                  + f" patches in {unit}x{unit} units")
     starts = np.cumsum([0, *counts])
     return _one_view_pixels(vlm, inputs, tuple(ImageLayout(positions[starts[k]:starts[k + 1]], grid, unit, lead)

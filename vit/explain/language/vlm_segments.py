@@ -89,11 +89,9 @@ def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, inputs_
     check(vlm, prepared, len(answer) - 1, lens=False)  # each forward's memory: the longest run's
     def processor_fn(shown: Image.Image):  # the image through the processor again, as the answer's was
         inputs = dict(inputs_of(shown).to(vlm.device))
-        # captum extends input_ids and the attention mask by the answer, not the processor's per-token types
-        # (Qwen-VL's, GLM's): without them the model reads the image tokens off input_ids, as generate's later steps
-        inputs.pop("mm_token_type_ids", None)
-        # nor the other per-token inputs (Llama 3.2 Vision's cross-attention mask, Gemma 3's token types): extended
-        # here as generate extends them, for the answer captum appends
+        # captum extends input_ids and the attention mask by the answer, not the other per-token inputs: the
+        # processor's modality types (Qwen-VL's and GLM's mm_token_type_ids, which their M-RoPE needs), Gemma 3's
+        # token types, Llama 3.2 Vision's cross-attention mask, extended here as generate extends them
         return extended(vlm, inputs, len(answer))
 
     attribution = (FeatureAblation if method == "ablation" else ShapleyValueSampling)(vlm.model)

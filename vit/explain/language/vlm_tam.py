@@ -125,7 +125,10 @@ def tam_values(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 def token_canvas(layout) -> tuple[torch.Tensor, int]:
     """``(index, unit)``: the image token (into ``layout.positions``) at each place of the image tokens' own grid
-    (one per unit of patches): a view's units row-major after its leading tokens, or a tiled canvas's."""
+    (one per unit of patches): a view's units row-major after its leading tokens, or a tiled canvas's. ValueError
+    (one line) for tokens not placed on the image."""
+    if layout.unplaced:
+        raise ValueError(f"{layout.unplaced}; TAM filters its values over their places on the image")
     unit = layout.unit
     if layout.index is not None:
         return layout.index[::unit, ::unit], unit
@@ -155,11 +158,40 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     decide(vlm_tam(vlm.tower_shape, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
                    fused="eager" not in implementation, views=views, view_grid=view_grid))
     head = vlm.model.get_output_embeddings()
-    with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs, _weights_in(head):
-        hidden = vlm.model.base_model(**inputs, use_cache=False).last_hidden_state[0]  # (T, D), after the norm
+    with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
+        hidden = head_input(vlm.model, head, inputs)[0]  # (T, D), after the norm
+    if hidden.shape[0] != tokens:
+        raise RuntimeError(f"the head was handed {hidden.shape[0]} positions, not the run's {tokens}")
+    with torch.inference_mode(), _weights_in(head):
+        hidden = hidden.to(head.weight.device)
         values = tam_values(hidden, head.weight, head.bias, ids, prepared.prompt_tokens,
                             positions[lead:].to(hidden.device), (start, count), i)
     return np.concatenate([np.zeros(lead, dtype=np.float32), values])
+
+
+def head_input(model: torch.nn.Module, head: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    """(B, T, D): what ``model``'s forward over ``inputs`` hands its ``head`` (the last hidden states after the final
+    norm, every position's: ``logits_to_keep`` left at all), read by a hook on the head, which does not run (no
+    ``T x V`` logits). The head's input, not an output field: Llama 4's output has logits and no
+    ``last_hidden_state``, and its base model is the whole model."""
+    from vit.explain.language.vlm_lens import _Stopped
+
+    kept = {}
+
+    def read(module, args, kwargs):
+        kept["hidden"] = args[0] if args else next(iter(kwargs.values()))
+        raise _Stopped
+
+    handle = head.register_forward_pre_hook(read, with_kwargs=True)
+    try:
+        model(**inputs, use_cache=False)
+    except _Stopped:
+        pass
+    finally:
+        handle.remove()
+    if "hidden" not in kept:
+        raise RuntimeError("the model's forward never reached its output head; TAM cannot read its hidden states")
+    return kept["hidden"]
 
 
 @contextlib.contextmanager

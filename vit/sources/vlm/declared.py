@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from vit.registry import VLM_ARCHITECTURES
 from vit.sources.files import auxiliary_problem, read_json
 
 MAX_TEXT_LAYERS = 256  # the largest published language models have 126 (Llama 3.1 405B); VLMs' 80 at most
@@ -51,6 +52,9 @@ class DeclaredTower:
     unit: int  # patches per image token along each side (the merger's ``spatial_merge_size``)
     shape: object  # ``vit.costs.plan.LibraryShape``: layers, heads, widths, patch, channels
     lead: int = 0  # image tokens before the patches' that cover no patch (Florence-2's mean of its grid)
+    # A model type no layout here names (``any_vlm.read_tower``): what placing its tokens lacks ("" nothing); its
+    # ``unit`` 0 where its config declares none (read from the processor's counts)
+    missing: str = ""
 
 
 # The towers a declared config places, each with its config's names for (layers, heads, channels) and where its
@@ -154,7 +158,7 @@ def _davit(vision: Mapping) -> DeclaredTower:
 def _mobilenet(vision: Mapping, config_json: Mapping) -> DeclaredTower:
     """Gemma 3n's MobileNetV5 tower (timm's, through ``TimmWrapper``): its multi-scale fusion gives a fixed grid of
     ``vision_soft_tokens_per_image`` tokens (16 x 16), each its image token, row-major, whatever the input's size; a
-    token covers the input's side over that grid (``vlm_layouts.image_layout``). Its sizes, for the cost model, its
+    token covers the input's side over that grid (``vlm_layouts.image_layouts``). Its sizes, for the cost model, its
     output width: a convolutional tower has no attention layers or heads to count. ValueError (one line) for a token
     count that is not a square."""
     from vit.costs.plan import LibraryShape
@@ -284,6 +288,8 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
         resize = _resize_problem(settings, video=name.startswith("video"))
         if resize:
             return f"its {name} {resize}"
+        if config_json.get("model_type") not in VLM_ARCHITECTURES:  # a type no layout here names: its tokens are
+            continue  # counted from the processor's outputs (Aya Vision's patch_size is its tower's patch x merge)
         for path, key, value in _walk(settings):
             tower_key = dict(SAME_AS_TOWER).get(key)
             if tower_key and _number(value) and _number(vision.get(tower_key)) and value != vision[tower_key]:
@@ -417,5 +423,7 @@ def text_parameters(text) -> int:
 
     hidden, heads, vocab = size("hidden_size"), size("num_attention_heads"), size("vocab_size")
     kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", max(1, hidden // heads))
-    mlp, layers = size("intermediate_size", getattr(text, "decoder_ffn_dim", None)), size("num_hidden_layers")
+    from vit.costs.plan import mlp_width
+
+    mlp, layers = size("intermediate_size", mlp_width(text)), size("num_hidden_layers")
     return vocab * hidden + layers * (2 * hidden * head_dim * (heads + kv_heads) + 2 * hidden * mlp)

@@ -18,7 +18,8 @@ import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
-from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types that answer
+from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types this project names
+from vit.registry import vlm_architecture
 from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
 from vit.sources.files import (
     SourceError,
@@ -77,10 +78,18 @@ class VLM:
         """The decoder stack (``model.model.language_model``, Idefics3's ``text_model``): its
         ``layers[i].self_attn`` are what the answer's attention reads."""
         inner = getattr(self.model, "model", self.model)  # Llama 4's parts sit on the generating model itself
-        stack = inner.text_model if self.model_type in TEXT_MODEL else inner.language_model
+        named = ("text_model",) if self.model_type in TEXT_MODEL else ("language_model", "text_model")
+        stack = next((getattr(inner, name) for name in named if getattr(inner, name, None) is not None), None)
+        if stack is None:
+            raise VLMError(f"{self.folder}'s {type(self.model).__name__} has no language_model or text_model: no "
+                           "decoder stack whose attention the answer reads")
         if getattr(stack.config, "is_encoder_decoder", False):  # Florence-2's BART: the decoder writes the answer
             return stack.get_decoder()
-        return getattr(stack, "model", stack)  # Llama 4's language model is a ...ForCausalLM around its stack
+        stack = getattr(stack, "model", stack)  # Llama 4's language model is a ...ForCausalLM around its stack
+        if not hasattr(stack, "layers") and hasattr(stack, "get_decoder"):  # OPT's (BLIP-2's): model.decoder.layers
+            decoder = stack.get_decoder()
+            stack = decoder if hasattr(decoder, "layers") else stack
+        return stack
 
     @property
     def device(self) -> torch.device:
@@ -109,19 +118,23 @@ def folder_of(source: str | os.PathLike | Checkpoint) -> Path:
     folder = Path(path).expanduser() if path is not None else None
     if folder is None or not (folder / "config.json").is_file():
         raise VLMError(f"{path} is no model folder with a config.json; give the folder of a vision-language model "
-                       f"saved whole ({', '.join(ARCHITECTURES.values())})")
+                       f"saved whole (a type of transformers' AutoModelForImageTextToText: "
+                       f"{', '.join(ARCHITECTURES.values())}, ...)")
     return folder
 
 
 def architecture_of(folder: Path) -> tuple[str, str]:
-    """``(model_type, architecture)`` of the generating VLM in ``folder``, from its config.json alone; VLMError (one
-    line) for a model that is none of ``ARCHITECTURES`` or a bare model without a language-model head."""
+    """``(model_type, architecture)`` of the generating VLM in ``folder``, from its config.json alone: a type of
+    transformers' image-text-to-text auto-mapping (``registry.vlm_architecture``; the project's named ones,
+    ``ARCHITECTURES``, among them). VLMError (one line) for another model or a bare model without a language-model
+    head."""
     config_json = read_json(folder / "config.json")
     model_type = str(config_json.get("model_type"))
-    if model_type not in ARCHITECTURES:
-        raise VLMError(f"{folder} is a {model_type[:40]!r} model; asking a question reads a generating "
-                       f"vision-language model: {', '.join(ARCHITECTURES)}")
-    architecture = ARCHITECTURES[model_type]
+    architecture = vlm_architecture(model_type)
+    if architecture is None:
+        raise VLMError(f"{folder} is a {model_type[:40]!r} model, which transformers' image-text-to-text "
+                       "auto-mapping (AutoModelForImageTextToText) does not hold; asking a question reads a "
+                       f"generating vision-language model: {', '.join(ARCHITECTURES)}, ...")
     named = config_json.get("architectures") or [architecture]
     if architecture not in named:
         raise VLMError(f"{folder} holds a {str(named[0])[:60]}, which has no language-model head to answer with; "
@@ -176,7 +189,12 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         raise VLMError(f"{folder} is refused: {wrong}")
 
     try:  # the tower's layout: its config and shapes from the headers, no weight read; or what its config declares
-        tower = declared.declared_tower(config_json) or open_source(folder, map_location="meta")
+        if model_type not in ARCHITECTURES:  # a type no layout here names: its tower as its config declares it
+            from vit.sources.vlm.any_vlm import read_tower
+
+            tower = read_tower(config_json)
+        else:
+            tower = declared.declared_tower(config_json) or open_source(folder, map_location="meta")
     except CheckpointError as e:
         raise VLMError(str(e)) from None
     except ValueError as e:
@@ -215,9 +233,32 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     model = (model if device_map is not None else model.to(device or "cpu")).eval()
     lean_tower.install(model)  # its tower's widest steps in bounded memory when it answers (no gradient)
     vlm = VLM(folder, model_type, model, processor, tower)
+    if model_type not in ARCHITECTURES:
+        wrong = attention_problem(vlm)
+        if wrong:
+            del model, vlm
+            raise VLMError(f"{folder} is refused: {wrong}")
     if pan_and_scan:
         _pan_and_scan(vlm)
     return vlm
+
+
+def attention_problem(vlm: VLM) -> str | None:
+    """Why ``vlm``'s language model cannot answer through the recording attention, in one line, or None: its
+    decoder stack, its layers' attention modules and its attention run through transformers' ``AttentionInterface``
+    (``_supports_attention_backend``) are what the answer's rows are read from."""
+    try:
+        stack = vlm.language_model
+    except VLMError as e:
+        return str(e).split(": ", 1)[-1]
+    layers = getattr(stack, "layers", None)
+    if layers is None or not any(hasattr(layer, "self_attn") or hasattr(layer, "cross_attn") for layer in layers):
+        return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
+                "answer reads")
+    if not getattr(stack, "_supports_attention_backend", False):
+        return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
+                "attention interface, which the answer's rows are read from")
+    return None
 
 
 # The pan-and-scan settings Gemma 3's processor reads at each call (Gemma3Processor.images_kwargs)

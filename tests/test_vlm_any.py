@@ -1,0 +1,231 @@
+"""Any image-text-to-text model type answers by what it is (issue 113): two types the project's list of named
+families (``registry.VLM_ARCHITECTURES``) never held and refused before, built tiny by transformers with their own
+processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, from several of its layers) and GLM-OCR
+(14-px patches merged 2 x 2, M-RoPE, a grid the processor states in ``image_grid_thw``). Each answers with
+transformers' greedy ``generate``'s tokens; each answer token's attention at every layer equals the eager row of
+``generate(output_attentions=True)``; its image tokens are placed row-major over their merge units, checked by hand
+on a grid the placement would fail transposed. A type whose processor's views cannot be placed still answers, its
+attention a list over the image tokens, and a map on the image is refused in one line naming what is missing.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from test_vlm_answer import (  # noqa: E402
+    CLIP_TOWER,
+    GLM_SPECIALS,
+    LLAMA,
+    NEW_TOKENS,
+    QUESTION,
+    TEMPLATE,
+    by_hand,
+    eager_generate,
+    eager_image_rows,
+    noisy,
+    picture,
+    tokenizer,
+)
+
+import vit  # noqa: E402
+from vit.registry import VLM_ARCHITECTURES  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+KINDS = ["vipllava", "glm_ocr"]
+
+
+def build(kind: str):
+    """``(model, processor)`` of a tiny ``kind``, built by transformers alone."""
+    if kind == "vipllava":  # CLIP's 4 x 4 patches (its CLS dropped), two of its layers' states concatenated
+        words = tokenizer(["<image>"])
+        config = transformers.VipLlavaConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
+                                             image_token_index=words.convert_tokens_to_ids("<image>"),
+                                             vision_feature_layers=[-2, -1])
+        images = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        processor = transformers.LlavaProcessor(image_processor=images, tokenizer=words, patch_size=8,
+                                                vision_feature_select_strategy="default",
+                                                num_additional_image_tokens=1,
+                                                chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+        return transformers.VipLlavaForConditionalGeneration(config), processor
+    from transformers.models.glm4v.image_processing_glm4v import Glm4vImageProcessor
+
+    words = tokenizer(GLM_SPECIALS)
+    ids = {token: words.convert_tokens_to_ids(token) for token in GLM_SPECIALS}
+    text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, vocab_size=len(words), max_position_embeddings=256,
+                rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0,
+                                 "partial_rotary_factor": 0.5})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32, patch_size=14,
+                  image_size=56, spatial_merge_size=2)
+    config = transformers.GlmOcrConfig(
+        vision_config=vision, text_config=text, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"], eos_token_id=1)
+    processor = transformers.Glm46VProcessor(
+        image_processor=Glm4vImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40, patch_size=14, merge_size=2),
+        tokenizer=words, video_processor=transformers.Glm4vVideoProcessor(),
+        chat_template=TEMPLATE.replace("IMAGE", "<|begin_of_image|><|image|><|end_of_image|>").replace(
+            "VIDEO", "<|begin_of_video|><|video|><|end_of_video|>"))
+    return transformers.GlmOcrForConditionalGeneration(config), processor
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    built = {}
+    for kind in KINDS:
+        torch.manual_seed(0)
+        model, processor = build(kind)
+        folder = tmp_path_factory.mktemp(kind)
+        noisy(model).save_pretrained(folder)
+        processor.save_pretrained(folder)
+        built[kind] = folder
+    return built
+
+
+@pytest.fixture(scope="module")
+def answers(folders):
+    """``{kind: (vit's answer, transformers' eager generate output, the prompt's input ids, image token id)}``."""
+    image = picture()
+    return {kind: (vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS),
+                   *eager_generate(folder, image)) for kind, folder in folders.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_type_is_none_the_project_names(kind):
+    assert kind not in VLM_ARCHITECTURES
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_answer_is_generates_greedy_answer(answers, kind):
+    answer, out, inputs, _ = answers[kind]
+    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert list(answer.tokens) == expected and len(expected) > 1  # GLM-OCR's ends early, at its end token
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
+    answer, out, inputs, image_token = answers[kind]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert torch.equal(answer.layout.positions, positions)
+    layers = len(out.attentions[0])
+    for i in range(len(answer.tokens)):
+        for layer in range(layers):
+            expected = eager_image_rows(out, i, layer, positions)  # (H, K)
+            np.testing.assert_allclose(answer.image_rows(i, layer).numpy(), expected, rtol=0, atol=1e-5)
+
+
+# The grid each type's processor gives the 90 x 70 picture, and its merge unit: GLM-OCR's is not square
+GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_image_tokens_are_placed_row_major_over_their_merge_units(answers, kind):
+    answer, out, inputs, _ = answers[kind]
+    grid, unit = GRIDS[kind]
+    if kind == "glm_ocr":
+        assert inputs["image_grid_thw"].tolist() == [[1, *grid]]
+    assert answer.layout.grid == grid and answer.layout.unit == unit and answer.layout.lead == 0
+    for i in range(len(answer.tokens)):
+        row = eager_image_rows(out, i, 1, answer.layout.positions).mean(0)
+        expected = by_hand(row, grid, unit, 0)
+        ours = answer.attention(i, layer=1)
+        np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
+        # transposed (the units laid column-major) the placement would fail: the test tells them apart
+        (gh, gw), u = grid, unit
+        transposed = row.reshape(gw // u, gh // u).T.repeat(u, 0).repeat(u, 1)
+        assert np.abs(ours - transposed).max() > 1e-3
+
+
+def test_tokens_no_processor_output_places_still_answer_and_a_map_is_refused_in_one_line(folders, monkeypatch):
+    """With no patch size the tower declares (the piece placing VipLLaVA's tokens reads), the answer and its
+    attention over the image tokens still come; a map on the image is refused naming the missing piece."""
+    from vit.sources.vlm import any_vlm
+
+    real = any_vlm.read_tower
+
+    def no_patch(config_json):
+        from dataclasses import replace
+
+        return replace(real(config_json), missing="a patch_size in its vision config")
+
+    monkeypatch.setattr(any_vlm, "read_tower", no_patch)
+    answer = vit.ask_vlm(vit.open_vlm(folders["vipllava"]), picture(), QUESTION, max_new_tokens=2)
+    assert len(answer.tokens) == 2 and answer.image_rows(1, 0).shape[-1] == 16
+    with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: a patch_size in its vision "
+                                         r"config; their values come as a list over the image tokens \(image_rows\)$"):
+        answer.attention(1)
+    with pytest.raises(ValueError, match="not placed on the image: a patch_size"):
+        answer.tam(1)
+
+
+def test_a_type_outside_the_image_text_to_text_mapping_is_refused_in_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(vit.checkpoint.CheckpointError, match=r"'bert' model, which transformers' image-text-to-text "
+                                                             r"auto-mapping \(AutoModelForImageTextToText\) does not "
+                                                             r"hold"):
+        vit.open_vlm(tmp_path)
+
+
+def test_predict_ask_writes_a_new_types_maps_as_the_api_draws_them(folders, answers, tmp_path, capsys):
+    """The command line answers for GLM-OCR too: its npz holds the API's attention at every layer and head, and its
+    TAM (the default ``--lm-method``)."""
+    import json
+
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    maps = tmp_path / "maps"
+    assert main([str(folders["glm_ocr"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(maps), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer = answers["glm_ocr"][0]
+    assert record["tokens"] == list(answer.tokens)
+    saved = np.load(record["maps"]["npz"])
+    for i in range(len(answer.tokens)):
+        for layer in range(2):
+            for head in range(2):
+                np.testing.assert_allclose(saved["attention"][i, layer, head], answer.attention(i, layer, head),
+                                           rtol=0, atol=1e-6)
+        np.testing.assert_allclose(saved["tam"][i], answer.tam(i), rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def blip2(tmp_path_factory):
+    """BLIP-2 tiny: a Q-Former's 4 learned queries over a 4 x 4 patch grid (their count tiles it 2 x 2, and they
+    cover no patch), an OPT language model whose stack is ``model.decoder``; no chat template, a raw prompt."""
+    words = tokenizer(["<image>"])
+    config = transformers.Blip2Config(
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        qformer_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
+                            encoder_hidden_size=32, vocab_size=len(words)),
+        text_config=dict(model_type="opt", hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
+                         vocab_size=len(words), word_embed_proj_dim=32, eos_token_id=1, pad_token_id=1),
+        num_query_tokens=4, image_token_index=words.convert_tokens_to_ids("<image>"))
+    processor = transformers.Blip2Processor(
+        image_processor=transformers.BlipImageProcessor(size={"height": 32, "width": 32}), tokenizer=words,
+        num_query_tokens=4)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("blip2")
+    noisy(transformers.Blip2ForConditionalGeneration(config)).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def test_learned_queries_answer_as_generate_with_their_rows_and_are_not_placed(blip2):
+    """BLIP-2's answer is generate's and its rows the eager ones over its 4 query tokens; that 4 tokens would tile
+    its 4 x 4 grid in 2 x 2 units does not place them: a map is refused naming what they are."""
+    answer = vit.ask_vlm(vit.open_vlm(blip2), picture(), prompt=QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(blip2, picture(), text=QUESTION)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert torch.equal(answer.layout.positions, positions) and len(positions) == 4
+    for i in range(len(answer.tokens)):
+        for layer in range(2):
+            np.testing.assert_allclose(answer.image_rows(i, layer).numpy(), eager_image_rows(out, i, layer, positions),
+                                       rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: they are a Q-Former's 4 "
+                                         r"learned queries \(num_query_tokens\), which cover no patch; "):
+        answer.attention(0)

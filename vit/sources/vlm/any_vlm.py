@@ -1,0 +1,112 @@
+"""Any vision-language model transformers ships, by what it is, not by a name on a list (issue 113): a model type of
+transformers' image-text-to-text auto-mapping (``registry.vlm_architecture``) answers through ``vit.ask_vlm`` as the
+families this project names do (``registry.VLM_ARCHITECTURES``): transformers' model and processor run unchanged,
+the language model's attention through the recording attention function. Its tower is read from its config as
+transformers builds it (``read_tower``: the sizes the cost model counts, the patch and the merge unit where the config
+declares them); where its image tokens sit is read from the processor's outputs
+(``vit.explain.language.vlm_read_layout``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from vit.sources.vlm.declared import DeclaredTower
+
+# The names transformers' vision configs give each size the cost model reads, in the order tried
+LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "vision_layers")
+HEADS = ("num_attention_heads", "num_heads", "attention_heads", "encoder_attention_heads")
+WIDTH = ("hidden_size", "embed_dim", "width", "d_model")
+MLP = ("intermediate_size", "encoder_ffn_dim")
+CHANNELS = ("num_channels", "in_channels", "in_chans")
+# Where a config says how many patches along each side one image token covers: a whole number of patches (a merger's
+# spatial_merge_size, a pixel shuffle's scale or downsample factor), or the share of each side kept (a ratio r:
+# 1 / r patches a token). Read on the vision config first, then on the whole model's.
+MERGE_SIDES = ("spatial_merge_size", "merge_size", "downsample_factor", "scale_factor")
+MERGE_RATIOS = ("pixel_shuffle_ratio", "downsample_ratio")
+
+
+def _whole(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**20 else None
+
+
+def _first(config, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, (list, tuple)) and value and all(_whole(v) for v in value):
+            value = max(value)  # per-stage sizes (a hierarchical tower's): its widest
+        if _whole(value):
+            return value
+    return None
+
+
+def _side(value) -> int | None:
+    """A patch or merge side: a whole number, or a square pair of one."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[0] == value[1]:
+        value = value[0]
+    return _whole(value)
+
+
+def merge_unit(config, vision) -> int | None:
+    """Patches per image token along each side as ``config`` (the whole model's) or its ``vision`` config declares
+    it (``MERGE_SIDES``, ``MERGE_RATIOS``); None where neither says."""
+    for part in (vision, config):
+        for name in MERGE_SIDES:
+            unit = _side(getattr(part, name, None))
+            if unit:
+                return unit
+        for name in MERGE_RATIOS:
+            ratio = getattr(part, name, None)
+            if isinstance(ratio, float) and 0 < ratio <= 1 and math.isclose(1 / ratio, round(1 / ratio)):
+                return round(1 / ratio)
+    return None
+
+
+def read_tower(config_json: Mapping) -> DeclaredTower:
+    """The tower of a model type no layout of this project names, as transformers builds its config from
+    ``config_json`` (its defaults filled in): its sizes for the cost model, its patch and its merge unit where it
+    declares them (``unit`` 0: not declared, read from the processor's counts; ``missing``: what placing its tokens
+    lacks). ValueError (one line) for a config without a vision config or its sizes."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from vit.costs.plan import LibraryShape
+
+    model_type = str(config_json.get("model_type"))
+    try:
+        config = CONFIG_MAPPING[model_type].from_dict(dict(config_json))
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"transformers cannot build its {model_type} config: {str(e).splitlines()[0][:120]}"
+                         ) from None
+    vision = getattr(config, "vision_config", None)
+    if vision is None:
+        raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
+    sizes = {what: _first(vision, names) for what, names in
+             (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
+    lacking = [what for what, value in sizes.items() if value is None]
+    if lacking:
+        raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
+    width = sizes["hidden_size"]
+    patch = _side(getattr(vision, "patch_size", None))
+    queries = learned_queries(config)
+    if queries:  # a count of image tokens that happens to tile the grid must not place them on it
+        missing = f"they are {queries}, which cover no patch"
+    else:
+        missing = "" if patch else "a patch_size in its vision config"
+    unit = merge_unit(config, vision) or 0
+    shape = LibraryShape(sizes["layers"], sizes["heads"], width, _first(vision, MLP) or 4 * width, 0,
+                         (patch or 1, patch or 1), _first(vision, CHANNELS) or 3)
+    return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
+
+
+def learned_queries(config) -> str | None:
+    """What a config declares its image tokens to be when they are learned queries over the tower's states, not
+    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Idefics2's perceiver resampler), in words;
+    None otherwise."""
+    count = getattr(config, "num_query_tokens", None)
+    if _whole(count):
+        return f"a Q-Former's {count} learned queries (num_query_tokens)"
+    latents = getattr(getattr(config, "perceiver_config", None), "resampler_n_latents", None)
+    if _whole(latents):
+        return f"a perceiver resampler's {latents} latents (perceiver_config.resampler_n_latents)"
+    return None
