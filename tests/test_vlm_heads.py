@@ -18,7 +18,7 @@ pytest.importorskip("scipy")
 from test_vlm_answer import NEW_TOKENS, QUESTION, eager_generate, picture, saved_whole  # noqa: E402
 
 import vit  # noqa: E402
-from vit.explain.language.vlm_heads import elbow, score_maps, spatial_entropy  # noqa: E402
+from vit.explain.language.inside.heads import elbow, score_maps, spatial_entropy  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 

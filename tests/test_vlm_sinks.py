@@ -122,7 +122,7 @@ def test_the_map_without_the_sinks_is_the_row_renormalised_over_the_other_image_
 
 
 def test_the_caption_says_when_most_of_a_rows_mass_sits_on_sinks(asked):
-    from vit.explain.language.vlm_sinks import sink_note
+    from vit.explain.language.inside.sinks import sink_note
 
     answer = asked["llava"]
     positions = answer.layout.positions

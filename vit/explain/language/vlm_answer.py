@@ -384,7 +384,7 @@ class VLMAnswer:
         "max", each image token's own). An image read as tiles: on the tiles' canvas, or, ``overview``, on the
         model's one view of the whole image beside them (InternVL's thumbnail). ``image``: which of the question's
         images (each on its own patch grid, ``layouts[image].grid``). ``sinks`` (``VLMAnswer.sinks``'s): the map
-        without them, each head's row renormalised over the image's other tokens (``vlm_sinks.Sinks.removed``)."""
+        without them, each head's row renormalised over the image's other tokens (``inside.sinks.Sinks.removed``)."""
         layout = self._image(image).view(overview)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
@@ -401,25 +401,25 @@ class VLMAnswer:
         return layout.place(rows)[0].numpy()
 
     def sinks(self, dims=None, tau: float = 20.0):
-        """``vit.explain.language.vlm_sinks.Sinks``: the prompt's visual sink tokens at each layer, as Kang et al.
+        """``vit.explain.language.inside.sinks.Sinks``: the prompt's visual sink tokens at each layer, as Kang et al.
         (ICLR 2025) find them (``dims``: the sink dimensions, None: found; ``tau``: the authors' threshold)."""
-        from vit.explain.language.vlm_sinks import find_sinks
+        from vit.explain.language.inside.sinks import find_sinks
 
         self._in_sequence("the visual sinks")
         return find_sinks(self, dims, tau)
 
     def grounding_heads(self, i: int = 0, image: int = 0):
-        """``vit.explain.language.vlm_heads.HeadScores``: every head's attention sum and spatial entropy over the
+        """``vit.explain.language.inside.heads.HeadScores``: every head's attention sum and spatial entropy over the
         image at answer token ``i``'s query, the localization heads ranked (Kang et al., CVPR 2025)."""
-        from vit.explain.language.vlm_heads import localization_heads
+        from vit.explain.language.inside.heads import localization_heads
 
         self._in_sequence("the localization heads")
         return localization_heads(self, self._token(i), image)
 
     def visual_heads(self, hits, image: int = 0, overview: bool = False) -> np.ndarray:
         """(L, H): SparseMM's visual score of every head over ``hits``, ``(answer token, box)`` pairs
-        (``vit.explain.language.vlm_heads.visual_scores``)."""
-        from vit.explain.language.vlm_heads import visual_scores
+        (``vit.explain.language.inside.heads.visual_scores``)."""
+        from vit.explain.language.inside.heads import visual_scores
 
         self._in_sequence("the visual heads")
         return visual_scores(self, [(self._token(i), box) for i, box in hits], image, overview)
@@ -520,7 +520,7 @@ class VLMAnswer:
         ``layer`` (or ``head``, ``at``): inside the language model instead, TransformerLens's ``run_with_hooks``
         way, at the positions ``box`` names (a box, "image", "question", "last" or token indices, as
         ``knockout``'s): ``at`` "residual" (the default) the stream after that layer, "attention" its attention
-        output before the output projection, ``head``'s alone if given (``vit.explain.language.vlm_patching``)."""
+        output before the output projection, ``head``'s alone if given (``vit.explain.language.inside.patching``)."""
         from vit.explain.language.vlm_lens import ablate, check, region_tokens, source_states
 
         vlm, prepared = self._model()
@@ -535,8 +535,8 @@ class VLMAnswer:
         shown = list(prepared.images)
         shown[image] = source.convert("RGB")
         if layer is not None or head is not None or at is not None:
-            from vit.explain.language.vlm_knockout import positions
-            from vit.explain.language.vlm_patching import patch_layer
+            from vit.explain.language.inside.knockout import positions
+            from vit.explain.language.inside.patching import patch_layer
 
             self._in_sequence("patching inside the language model")
             if layer is None:
@@ -552,11 +552,11 @@ class VLMAnswer:
 
     def knockout(self, i: int, source=None, target="image", layers=None, heads=None, windows: int | None = None,
                  overview: bool = False, image: int = 0):
-        """``vit.explain.language.vlm_knockout.Knockout``: answer token ``i``'s probability with the language model's
+        """``vit.explain.language.inside.knockout.Knockout``: answer token ``i``'s probability with the language model's
         attention edges from ``source`` (None: the query that predicted it) to ``target`` (an image box, "image",
         "question", "last" or token indices) blocked in ``layers`` (``windows=k``: each window of k of them) at
         ``heads``, and without."""
-        from vit.explain.language.vlm_knockout import knockout
+        from vit.explain.language.inside.knockout import knockout
 
         return knockout(self, i, source, target, layers, heads, windows, overview, image)
 
