@@ -444,13 +444,14 @@ def ours(folder: Path, side: int, new_tokens: int, relevance: bool = True) -> di
 SIDES = {"theirs": theirs, "ours": ours}
 
 
-# Each side's process is forked from one that imported torch, transformers and vit once (vit.core.forkserver), so it
-# starts from the same clean state as a fresh interpreter would (its own heap, its peak reset by clear_refs, no thread
-# pool) without the ~6 s of CPU a fresh interpreter spent on those imports before each answer (issue 112). What a
-# side measures starts after its own model's opening and warm-up answer, as before.
-PRELOAD = "import numpy, torch, transformers, PIL.Image\nimport vit, bench.bench_vlm_answer, tests.peak_memory\n"
+# Each side's process is forked from one that imported torch, transformers, vit and the family's modeling module once
+# (vit.core.forkserver), so it starts from the same clean state as a fresh interpreter would (its own heap, its peak
+# reset by clear_refs, no thread pool) without the ~5 s of CPU a fresh interpreter spent on those imports before each
+# answer (issue 112). What a side measures starts after its own model's opening and warm-up answer, as before.
+PRELOAD = ("import numpy, torch, transformers, PIL.Image\nimport vit, bench.bench_vlm_answer, tests.peak_memory\n"
+           "getattr(transformers, {architecture!r})  # its modeling module: 2.6 s of CPU for Qwen2.5-VL's\n")
 WORKER = "import sys\nfrom bench.bench_vlm_answer import main\nsys.exit(main(sys.argv[1:]))\n"
-_servers: dict = {}  # threads -> its ForkServer (the thread count is read once, at the server's start)
+_servers: dict = {}  # (threads, architecture) -> its ForkServer (the thread count is read once, at its start)
 
 
 def measure(side_name: str, folder: Path, side: int, new_tokens: int, threads: int, relevance: bool = True) -> dict:
@@ -458,14 +459,16 @@ def measure(side_name: str, folder: Path, side: int, new_tokens: int, threads: i
     from tests.peak_memory import environment
     from vit.core.forkserver import ForkServer
 
-    if threads not in _servers:
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    if (threads, architecture) not in _servers:
         env = environment(OMP_NUM_THREADS=str(threads), VIT_THREADS=str(threads))
-        _servers[threads] = ForkServer(PRELOAD, env={k: v for k, v in env.items() if os.environ.get(k) != v},
-                                       cwd=str(ROOT))
-    done = _servers[threads].run(WORKER, ["--worker", side_name, "--folder", str(folder), "--sizes", str(side),
-                                          "--new-tokens", str(new_tokens), "--threads", str(threads),
-                                          *([] if relevance else ["--no-relevance"])],
-                                 env={"VIT_ANALYSIS_MEMORY_MB": "1000000"})  # measured, not refused
+        _servers[threads, architecture] = ForkServer(
+            PRELOAD.format(architecture=architecture), env={k: v for k, v in env.items() if os.environ.get(k) != v},
+            cwd=str(ROOT))
+    done = _servers[threads, architecture].run(
+        WORKER, ["--worker", side_name, "--folder", str(folder), "--sizes", str(side), "--new-tokens",
+                 str(new_tokens), "--threads", str(threads), *([] if relevance else ["--no-relevance"])],
+        env={"VIT_ANALYSIS_MEMORY_MB": "1000000"})  # measured, not refused
     if done.returncode:
         raise SystemExit(f"{side_name} at {side} px failed:\n{done.stderr.strip()[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,7 +1,7 @@
 """``bench/bench_vlm_answer.py`` on a tiny Qwen2.5-VL: each side answers in its own process and fills its row, the
 two answers are the same tokens, and the ratios are written (the figures themselves are measured in bench/, on
-published models' widths, not here). Each side's process is forked from one that imported transformers once
-(``measure``): 16.5 s of CPU for the test, 20.6 s with a fresh interpreter per side
+published models' widths, not here). Each side's process is forked from one that imported transformers and the
+family's modeling module once (``measure``): 14 s of CPU for the test, 20.6 s with a fresh interpreter per side
 (bench/results/cpu-2026-11-29/vlm-bench-one-import.txt). One family only; the others' --tiny runs were checked by
 hand (bench/results/cpu-2026-11-27/vlm-answer-families.txt)."""
 
