@@ -620,7 +620,12 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             build(folder, args.layers, args.vision_layers, args.tiny, args.family)
             print(f"# built {folder} in {time.perf_counter() - started:.0f} s", flush=True)
-        table(args, folder, emit)
+        try:
+            table(args, folder, emit)
+        finally:  # the sides' servers hold transformers' imports: not past the bench (a test's worker runs on)
+            for server in _servers.values():
+                server.close()
+            _servers.clear()
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
     return 0
