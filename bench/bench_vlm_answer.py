@@ -8,8 +8,8 @@ weights (float32), saved whole with ``save_pretrained``, its processor beside it
 its image processor at the published model's own settings. The default, ``qwen2_5_vl``, is Qwen2.5-VL-3B's widths
 (language model 2,048 wide, 16 heads over 2 KV heads, SwiGLU 11,008, a 151,936-word vocabulary tied to the embeddings;
 tower 1,280 wide, 16 heads, SwiGLU 3,420, 112-px windows with one global layer in four, the 2 x 2 merger), with
-``--layers`` language-model and ``--vision-layers`` tower layers (the 3B has 36 and 32). Each side runs in its own
-fresh process, ``--threads`` torch threads:
+``--layers`` language-model and ``--vision-layers`` tower layers (the 3B has 36 and 32). Each side runs in a process
+of its own, forked after the imports (``measure``), ``--threads`` torch threads:
 
 - transformers: the folder opened with ``attn_implementation="eager"``, the processor's inputs for the image and the
   question through the chat template (Florence-2, which has none: the question, as its processor lays out the rest),
@@ -46,7 +46,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -445,16 +444,31 @@ def ours(folder: Path, side: int, new_tokens: int, relevance: bool = True) -> di
 SIDES = {"theirs": theirs, "ours": ours}
 
 
-def measure(side_name: str, folder: Path, side: int, new_tokens: int, threads: int, relevance: bool = True) -> dict:
-    """One side's answer in a fresh process: its measures (JSON)."""
-    from tests.peak_memory import environment
+# Each side's process is forked from one that imported torch, transformers, vit and the family's modeling module once
+# (vit.core.forkserver), so it starts from the same clean state as a fresh interpreter would (its own heap, its peak
+# reset by clear_refs, no thread pool) without the ~5 s of CPU a fresh interpreter spent on those imports before each
+# answer (issue 112). What a side measures starts after its own model's opening and warm-up answer, as before.
+PRELOAD = ("import numpy, torch, transformers, PIL.Image\nimport vit, bench.bench_vlm_answer, tests.peak_memory\n"
+           "getattr(transformers, {architecture!r})  # its modeling module: 2.6 s of CPU for Qwen2.5-VL's\n")
+WORKER = "import sys\nfrom bench.bench_vlm_answer import main\nsys.exit(main(sys.argv[1:]))\n"
+_servers: dict = {}  # (threads, architecture) -> its ForkServer (the thread count is read once, at its start)
 
-    env = environment(OMP_NUM_THREADS=str(threads), VIT_THREADS=str(threads),
-                      VIT_ANALYSIS_MEMORY_MB="1000000")  # measured, not refused: the bound is not what is compared
-    done = subprocess.run([sys.executable, "-m", "bench.bench_vlm_answer", "--worker", side_name, "--folder",
-                           str(folder), "--sizes", str(side), "--new-tokens", str(new_tokens), "--threads",
-                           str(threads), *([] if relevance else ["--no-relevance"])],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
+
+def measure(side_name: str, folder: Path, side: int, new_tokens: int, threads: int, relevance: bool = True) -> dict:
+    """One side's answer in a process of its own (forked from ``PRELOAD``'s server): its measures (JSON)."""
+    from tests.peak_memory import environment
+    from vit.core.forkserver import ForkServer
+
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    if (threads, architecture) not in _servers:
+        env = environment(OMP_NUM_THREADS=str(threads), VIT_THREADS=str(threads))
+        _servers[threads, architecture] = ForkServer(
+            PRELOAD.format(architecture=architecture), env={k: v for k, v in env.items() if os.environ.get(k) != v},
+            cwd=str(ROOT))
+    done = _servers[threads, architecture].run(
+        WORKER, ["--worker", side_name, "--folder", str(folder), "--sizes", str(side), "--new-tokens",
+                 str(new_tokens), "--threads", str(threads), *([] if relevance else ["--no-relevance"])],
+        env={"VIT_ANALYSIS_MEMORY_MB": "1000000"})  # measured, not refused
     if done.returncode:
         raise SystemExit(f"{side_name} at {side} px failed:\n{done.stderr.strip()[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -526,8 +540,8 @@ def table(args, folder: Path, emit) -> None:
     config = json.loads((folder / "config.json").read_text())  # the folder's own depths (--folder may be reused)
     layers, vision_layers = depths(config)
     emit(f"# {shape}, {layers} language-model and {vision_layers} tower layers, random weights (float32); "
-         f"'{QUESTION}' about a random image; {args.new_tokens} answer tokens at most; each side in a fresh process, "
-         f"{args.rounds} round(s), order alternating")
+         f"'{QUESTION}' about a random image; {args.new_tokens} answer tokens at most; each side in a process of its "
+         f"own, {args.rounds} round(s), order alternating")
     emit("# peak: the resident set's high-water mark over the resident set once the model is open (the weights); "
          "CPU s: every thread's. ours' map: the last answer token's attention at the last layer; relevance: its "
          "gradient x attention at the last layer, peak over the same base")
@@ -606,7 +620,12 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             build(folder, args.layers, args.vision_layers, args.tiny, args.family)
             print(f"# built {folder} in {time.perf_counter() - started:.0f} s", flush=True)
-        table(args, folder, emit)
+        try:
+            table(args, folder, emit)
+        finally:  # the sides' servers hold transformers' imports: not past the bench (a test's worker runs on)
+            for server in _servers.values():
+                server.close()
+            _servers.clear()
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
     return 0

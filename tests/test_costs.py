@@ -27,16 +27,19 @@ from vit.model import ViT
 # grows with the square of its tokens (BEiT's forward at 576 px took 28 of its cell's 65 s, idle; at 320 px 4). The
 # analysis's first size keeps every layer's rollout factor (in float16), the later ones read attention in chunks;
 # the class map runs in chunks at all three for the 2-layer ViTs (their whole path holds 601 MB at 224 px), whole
-# for the staged families.
+# for the staged families. AttnLRP's paths from 224 px, where the checkpointed one's estimate is first over five
+# slacks (21.4 MB for the ViT, 23.0 for DINOv2 with registers; 15.8 and 16.9 at 192), in 32-px steps: at 256, 320
+# and 384 px its two cells took 14 s of CPU each (issue 112).
 SIDES = {"forward": (384, 416, 448), "analysis": (320, 352, 384), "class": (256, 288, 320),
-         "legrad": (384, 416, 448), "attnlrp": (256, 320, 384), "attnlrp-checkpointed": (256, 320, 384)}
+         "legrad": (384, 416, 448), "attnlrp": (224, 256, 288), "attnlrp-checkpointed": (224, 256, 288)}
 # Where a family's view dominates the slack at smaller sizes, or needs larger ones: (family, view) -> its sides.
 # BEiT's and SAM's forwards (and BEiT's LeGrad) hold their position biases, T² a head, ~140 MB from 256 px on; at
 # 448-576 px they took 48 of the memory tests' 490 s (idle). BEiT's class map keeps 384 px, which it refuses
-# (the refusal's line is checked). Hiera's forward counts 20 MB at 384 px, too near the bound.
+# (the refusal's line is checked). Hiera's forward counts 20 MB at 384 px, too near the bound. DINOv2's LeGrad
+# (its registers and layer scale) counts 23 MB from 256 px, where the ViT's counts 24 MB only at 384 (issue 112).
 SIDES_OF = {("beit", "forward"): (256, 288, 320), ("beit", "legrad"): (256, 288, 320),
             ("sam", "forward"): (256, 288, 320), ("beit", "class"): (256, 320, 384),
-            ("hiera", "forward"): (416, 448, 480)}
+            ("hiera", "forward"): (416, 448, 480), ("dinov2-registers", "legrad"): (256, 288, 320)}
 
 
 def sides(family: str, view: str) -> tuple[int, ...]:
