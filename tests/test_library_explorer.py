@@ -19,7 +19,7 @@ from test_library_path import reference, save_family
 
 from vit.app import catalog
 from vit.app import library_view as view
-from vit.explain.views import library_maps
+from vit.explain.views.library import road_maps as library_maps
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs", "home")]  # the page imports torch, transformers

@@ -106,14 +106,12 @@ from vit.core.cli import (  # noqa: F401 (the other commands import the shared p
     positive_int,
     run_cli,
 )
-from vit.core.text import duration
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
     from vit.checkpoint import Checkpoint
-    from vit.core.inference import FileResult, InputSize
+    from vit.core.inference import InputSize
 
 PROG = "vit.predict"
 # A SAM prompt's pixel maps, vit.explain.methods.segment.SEGMENT_METHODS' (written here: parsing loads no torch; a test
@@ -127,68 +125,6 @@ MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
 ANSWER_MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam", "attnlrp")
 DEFAULT_ANSWER_MAPS = ("attention", "tam")
 ANSWER_READINGS = ("lens",)  # not maps: each token's logit lens over the language model's layers
-PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
-PROGRESS_EVERY_S = 10.0
-
-
-class ForwardProgress:
-    """Where a long forward is: once one has run ``PROGRESS_AFTER_S``, a line on stderr every ``PROGRESS_EVERY_S``
-    with the layer it is at and the time left, estimated from the layers done. Its ``hooks`` go on a ``ViT``'s
-    block hook points; a daemon thread prints, so a line comes while a layer runs in C."""
-
-    def __init__(self, num_layers: int, stream=None, after_s: float | None = None, every_s: float | None = None
-                 ) -> None:
-        import threading
-        import time
-
-        self.num_layers, self.stream = num_layers, stream if stream is not None else sys.stderr
-        self.after_s = PROGRESS_AFTER_S if after_s is None else after_s
-        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
-        self.clock = time.monotonic
-        self.started: float | None = None  # when the forward now running began
-        self.done = 0  # its layers done
-        self.printed = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="predict progress", daemon=True)
-
-    def hooks(self) -> list:
-        def start(x, hook):
-            self.started, self.done, self.printed = self.clock(), 0, 0.0
-
-        def layer_done(x, hook, i):
-            self.done = i + 1
-
-        return [("blocks.0.hook_resid_pre", start)] + [
-            (f"blocks.{i}.hook_resid_post", lambda x, hook, i=i: layer_done(x, hook, i))
-            for i in range(self.num_layers)]
-
-    def line(self) -> str | None:
-        """The line due now, or None."""
-        if self.started is None or self.done >= self.num_layers:
-            return None
-        now = self.clock()
-        elapsed = now - self.started
-        if elapsed < self.after_s or now - self.printed < self.every_s:
-            return None
-        self.printed = now
-        left = (f"about {duration(elapsed / self.done * (self.num_layers - self.done))} left" if self.done
-                else "estimating the time left")
-        return (f"{PROG}: layer {self.done + 1} of {self.num_layers} running, {duration(elapsed)} into this "
-                f"forward, {left} (Ctrl-C stops it)")
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.5):
-            line = self.line()
-            if line:
-                print(line, file=self.stream, flush=True)
-
-    def __enter__(self) -> ForwardProgress:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -416,30 +352,6 @@ def asked(checkpoint: Checkpoint, labels: str, template: str | None):
     return prompt_checkpoint(checkpoint, prompts), prompts
 
 
-def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder: Path, stem: str,
-                     size: InputSize) -> tuple[dict[str, np.ndarray], list[dict[str, str]]]:
-    """Every label's map of ``result``'s image by each method that applies, drawn into ``folder``: the arrays
-    for the ``.npz`` (``prompt_<method>``: (labels, rows, cols)) and the PNG paths per label. ``checkpoint`` is
-    the image tower's own (not the one ``prompt_checkpoint`` made)."""
-    from vit.core.inference import preprocess, seen_region
-    from vit.explain.language.prompts import methods_for, prompt_maps
-    from vit.explain.views.overlay import overlay, write_png
-
-    model = checkpoint.model
-    x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
-    x = x.to(next(model.parameters()).device)  # (1, C, H, W)
-    seen = seen_region(result.image, checkpoint.preprocessing, size)
-    arrays, files = {}, [{"label": label} for label in prompts.labels]
-    for method in methods_for(model):
-        maps = prompt_maps(model, x, prompts, method).float().cpu()  # (n, gh, gw)
-        arrays[f"prompt_{method}"] = maps.numpy()
-        for i, map2d in enumerate(maps):
-            path = folder / f"{stem}_{method}_{i}.png"
-            write_png(path, overlay(seen, map2d.numpy()))
-            files[i][method] = str(path)
-    return arrays, files
-
-
 def input_size(args: argparse.Namespace) -> InputSize:
     """The ``InputSize`` that ``--size`` and ``--keep-aspect`` ask for."""
     from vit.core.inference import InputSize
@@ -468,13 +380,6 @@ def maps_limit_mb(args: argparse.Namespace) -> int:
         return positive_int(text)
     except argparse.ArgumentTypeError as e:
         raise UsageError(f"{MAX_MAPS_ENV}: {e}") from None
-
-
-def maps_bytes(num_layers: int, num_heads: int, tokens: int, dtype: str) -> int:
-    """Bytes of the ``layer_i`` arrays of one image's ``.npz``: ``L x H x T²`` values of ``dtype``."""
-    from vit.explain.views.overlay import npz_array_bytes
-
-    return num_layers * npz_array_bytes((num_heads, tokens, tokens), dtype)
 
 
 def most_patches(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
@@ -530,6 +435,8 @@ def check_forward_fits(checkpoint: Checkpoint, size: InputSize) -> None:
 
 def check_maps_fit(checkpoint: Checkpoint, size: InputSize, dtype: str, limit_mb: int) -> None:
     """UsageError, before any work, when one image's ``.npz`` could exceed ``limit_mb`` (at ``most_tokens``)."""
+    from vit.explain.views.map_files import maps_bytes
+
     config = checkpoint.model.config
     side, tokens = most_tokens(checkpoint, size)
     need = maps_bytes(config.num_layers, config.num_heads, tokens, dtype)
@@ -539,127 +446,6 @@ def check_maps_fit(checkpoint: Checkpoint, size: InputSize, dtype: str, limit_mb
                          f"({config.num_layers} layers x {config.num_heads} heads x {tokens:,}² {dtype}), over the "
                          f"{limit_mb:,} MB limit; raise --max-maps-mb (or env {MAX_MAPS_ENV}), or use a smaller "
                          f"--size{half}")
-
-
-def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str,
-              size: InputSize | None = None, prompts=None, tower: Checkpoint | None = None,
-              dtype: str = "float32") -> dict:
-    """Write ``result``'s attention arrays and its CLS and rollout overlays (and with ``prompts`` each label's
-    maps, computed on ``tower``, the image tower ``checkpoint`` was asked through); returns the files by kind.
-
-    For our ``ViT`` the arrays are computed layer by layer in chunks from the layer inputs of one more forward
-    pass, and the rollout overlay is the rollout's CLS row by row vector (``vit.explain.methods.chunked``): memory
-    stays bounded at any size. A model that is not our ``ViT`` gives its attentions whole. ``size`` None is the
-    checkpoint's own input size."""
-    import numpy as np
-    import torch
-
-    from vit.core.inference import TRAINING_SIZE, input_box, input_shape, preprocess, seen_region
-    from vit.explain.methods.attention import fuse_heads, rollout
-    from vit.explain.methods.chunked import LayerInputs, attention_chunks
-    from vit.explain.methods.hidden import forward_with_hidden_states, layout_problem
-    from vit.explain.views.overlay import overlay, write_npz_streamed, write_png
-    from vit.model import ViT
-
-    size = TRAINING_SIZE if size is None else size
-    prediction, model = result.prediction, checkpoint.model
-    shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
-    grid = model.patch_grid(*shape)
-    prefix = model.num_prefix_tokens
-    if isinstance(model, ViT) and model.config.stage_depths:
-        return save_stage_maps(result, checkpoint, folder, stem, size, dtype)
-    if isinstance(model, ViT):
-        x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
-        with torch.inference_mode():
-            _, hidden = forward_with_hidden_states(model, x.to(next(model.parameters()).device))  # (1, L+1, T, D)
-        inputs = LayerInputs(model, hidden.float(), grid)
-        cls_row = inputs.fused(-1, 0)[0]  # (T,)
-        rollout_row = inputs.rollout_row(0, num_prefix_tokens=prefix)[0]  # (T,)
-        L, H, T = inputs.num_layers, inputs.num_heads, inputs.num_tokens
-
-        def pieces(layer: int):  # (H, T, T) in C order: head by head, a chunk of queries at a time
-            if layout_problem(model):  # windows or a bias (SAM, BEiT): the exact layer's rows, placed on the grid
-                for h in range(H):
-                    for _, _, probs in inputs.chunks(layer, heads=[h]):
-                        yield probs[0, 0].cpu().numpy()
-                return
-            q, k = inputs.queries_and_keys(layer)
-            for h in range(H):
-                for _, _, probs in attention_chunks(q, k, heads=[h]):
-                    yield probs[0, 0].cpu().numpy()
-    else:
-        layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
-        cls_row = fuse_heads(layers[-1], "mean")[0, 0]
-        rollout_row = rollout(layers, "mean", num_prefix_tokens=prefix)[0, 0]
-        L, (H, T, _) = len(layers), prediction.attentions[0].shape
-
-        def pieces(layer: int):
-            yield prediction.attentions[layer]
-    files = {"npz": folder / f"{stem}.npz", "cls": folder / f"{stem}_cls.png",
-             "rollout": folder / f"{stem}_rollout.png"}
-    print(f"{PROG}: writing {files['npz']}: {maps_bytes(L, H, T, dtype) / 2**20:,.1f} MB "
-          f"({L} layers x {H} heads x {T:,}² {dtype})", file=sys.stderr, flush=True)
-    extra = {}
-    if checkpoint.class_names:  # a model without a head has no logits to keep
-        extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
-                     class_names=np.array(checkpoint.class_names))
-    listed = {}
-    if prompts is not None:
-        prompt_arrays, listed["prompts"] = save_prompt_maps(result, tower, prompts, folder, stem, size)
-        extra.update(prompt_arrays, probability_kind=np.array(prompts.kind),
-                     templates=np.array(prompts.templates))
-    box = input_box(result.image.size, checkpoint.preprocessing, size)  # what the model saw (a crop, for some)
-    write_npz_streamed(files["npz"], ((f"layer_{i}", (H, T, T), dtype, pieces(i)) for i in range(L)), **extra,
-                       grid=np.array(grid), patch_size=np.array(model.config.patch_size),
-                       prefix_tokens=np.array(prefix), input_size=np.array(shape),
-                       input_box=np.array(box, dtype=np.float64))
-    seen = seen_region(result.image, checkpoint.preprocessing, size)  # maps go over exactly those pixels
-    write_png(files["cls"], overlay(seen, cls_row[prefix:].reshape(grid).float().numpy()))
-    write_png(files["rollout"], overlay(seen, rollout_row[prefix:].reshape(grid).float().numpy()))
-    return {**{kind: str(path) for kind, path in files.items()}, **listed}
-
-
-def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str, size, dtype: str) -> dict:
-    """``save_maps`` for a model with stages (Swin, Hiera): ``layer_i`` is each layer's windows as the layer forms
-    them, ``(windows, heads, queries, keys)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` / ``_stride`` to place
-    them (``vit.model.LayerLayout``, ``vit.explain.methods.attention.layer_on_grid``: a pooled-query layer's keys lie on
-    the grid ``stride`` times finer); the logits as for every classifier; the overlay is the rollout of what the average
-    pooling reads, through every merge, on the image's patches (no CLS)."""
-    import numpy as np
-    import torch
-
-    from vit.core.inference import input_box, input_shape, preprocess, seen_region
-    from vit.explain.methods.stage_maps import rollout_row
-    from vit.explain.views.overlay import overlay, write_npz_streamed, write_png
-
-    model, prediction = checkpoint.model, result.prediction
-    shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
-    grid = model.patch_grid(*shape)
-    layouts = model.layer_layouts(grid)
-    x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
-    with torch.inference_mode():
-        attentions = [a.float().cpu() for a in model.encode(x.to(next(model.parameters()).device),
-                                                            output_attentions=True).attentions]
-    files = {"npz": folder / f"{stem}.npz", "rollout": folder / f"{stem}_rollout.png"}
-    mb = sum(a.numel() for a in attentions) * np.dtype(dtype).itemsize / 2**20
-    print(f"{PROG}: writing {files['npz']}: {mb:,.1f} MB ({len(attentions)} layers' windows, {dtype})",
-          file=sys.stderr, flush=True)
-    extra = {}
-    if checkpoint.class_names:
-        extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
-                     class_names=np.array(checkpoint.class_names))
-    for i, lay in enumerate(layouts):
-        extra.update({f"layer_{i}_grid": np.array(lay.grid), f"layer_{i}_window": np.array(lay.window),
-                      f"layer_{i}_shift": np.array(lay.shift), f"layer_{i}_stride": np.array(lay.stride)})
-    write_npz_streamed(files["npz"], ((f"layer_{i}", tuple(a.shape), dtype, [a.numpy().astype(dtype)])
-                                      for i, a in enumerate(attentions)), **extra,
-                       grid=np.array(grid), patch_size=np.array(model.config.patch_size), prefix_tokens=np.array(0),
-                       input_size=np.array(shape),
-                       input_box=np.array(input_box(result.image.size, checkpoint.preprocessing, size),
-                                          dtype=np.float64))
-    seen = seen_region(result.image, checkpoint.preprocessing, size)
-    write_png(files["rollout"], overlay(seen, rollout_row(attentions, layouts, -1, None)[0].numpy()))
-    return {kind: str(path) for kind, path in files.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -705,13 +491,14 @@ def run(args: argparse.Namespace) -> int:
             maps_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(f"cannot create --save-maps folder {maps_dir} ({e.strerror or e})") from None
+    from vit.core.progress import ForwardProgress
     from vit.model import ViT  # our ViT's maps are computed in chunks by save_maps; a wrapped model's come whole
 
     whole = maps_dir is not None and not isinstance(checkpoint.model, ViT)
     model = checkpoint.model
     with contextlib.ExitStack() as stack:
         if isinstance(model, ViT):  # another model has no hook points to report from
-            progress = stack.enter_context(ForwardProgress(len(model.blocks)))
+            progress = stack.enter_context(ForwardProgress(len(model.blocks), prog=PROG))
             stack.enter_context(model.hooks(progress.hooks()))
         records, failed = predicted(checkpoint, args, maps_dir, size, prompts, tower, whole)
     print(json.dumps(records, indent=2))
@@ -968,6 +755,7 @@ def predicted(checkpoint: Checkpoint, args: argparse.Namespace, maps_dir: Path |
               tower: Checkpoint, whole: bool) -> tuple[list[dict], int]:
     """Every image's record (with its maps, given ``maps_dir``) and how many could not be read."""
     from vit.core.inference import predict_files
+    from vit.explain.views.map_files import save_maps
 
     records, failed, taken = [], 0, set()
     for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=whole,
@@ -979,7 +767,7 @@ def predicted(checkpoint: Checkpoint, args: argparse.Namespace, maps_dir: Path |
         record = result.to_dict()
         if maps_dir is not None:
             record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken), size,
-                                       prompts, tower, args.maps_dtype)
+                                       prompts, tower, args.maps_dtype, PROG)
         records.append(record)
     return records, failed
 

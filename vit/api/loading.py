@@ -91,7 +91,7 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     if getattr(checkpoint.model, "takes_clips", False):  # PE video: the registered ones of its clip maps (explain's
         return ["attention", "rollout", "probe"]  # docstring names "temporal" beside them, as TimeSformer's)
     if checkpoint.road == "library":  # transformers' own model: the maps its recorded attention draws so far
-        from vit.explain.views.library_maps import method_names
+        from vit.explain.views.library.road_maps import method_names
 
         return method_names(bool(checkpoint.class_names), checkpoint.model)
     model = checkpoint.model

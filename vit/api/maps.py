@@ -313,10 +313,10 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
 
 def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, target, layer, head, query, size,
                      max_tokens, options) -> Explanation:
-    """``explain`` of a model opened by the library road (``vit.explain.views.library_maps``): each map it draws
+    """``explain`` of a model opened by the library road (``vit.explain.views.library.road_maps``): each map it draws
     (``library_maps.methods()``: ``attention``, ``rollout`` and its wings') at the model's own input size, reading
     the arguments its ``LibraryMethod.reads`` names; any other map or argument is refused in one line."""
-    from vit.explain.views import library_maps
+    from vit.explain.views.library import road_maps as library_maps
 
     if getattr(checkpoint.model, "takes_clips", False):  # PE video: a clip in, its maps over the frames
         return _explain_library_clip(checkpoint, image, method, layer, head, query,

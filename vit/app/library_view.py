@@ -1,7 +1,7 @@
 """What the explorer draws for a model opened by the library road (issue 91: the library's own model, its attention
 recorded, ``Checkpoint.road == "library"``): the map over the pixels the model saw as a patch picker whose points
 carry the map's values, the heads' sheet of an attention map, and the sidebar's labels. The maps themselves are
-``vit.explain``'s (``vit.explain.views.library_maps``); nothing here computes one."""
+``vit.explain``'s (``vit.explain.views.library.road_maps``); nothing here computes one."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from vit.core.inference import Prediction, predictions_from_logits, preprocess
 from vit.explain.methods.attention import pooled_readout, rollout_factor, rollout_rows, rollout_vector
 
 # The modules that add maps to the library road, each with a ``METHODS`` tuple of ``LibraryMethod``s
-WINGS = ("vit.explain.views.library_gradients", "vit.explain.views.library_attributions")
+WINGS = ("vit.explain.views.library.road_gradients", "vit.explain.views.library.road_attributions")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Library-road maps of a class's gradients (``vit.explain.views.library_maps``' wing), over the library's own
+"""Library-road maps of a class's gradients (``vit.explain.views.library.road_maps``' wing), over the library's own
 forward and backward, each computed by the port's own functions, so the two roads draw the same map of the same
 numbers:
 
@@ -24,7 +24,7 @@ import torch
 
 from vit.explain.methods import cam
 from vit.explain.methods.attention import pooled_readout, positive_gradient_attention, relevance_rollout_vector
-from vit.explain.views.library_maps import (
+from vit.explain.views.library.road_maps import (
     LibraryMap,
     LibraryMethod,
     default_query,

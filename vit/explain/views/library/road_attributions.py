@@ -1,4 +1,4 @@
-"""Library-road maps of captum's attributions and RISE (``vit.explain.views.library_maps``' wing), for classifiers:
+"""Library-road maps of captum's attributions and RISE (``vit.explain.views.library.road_maps``' wing), for classifiers:
 Integrated Gradients, SmoothGrad and Input x Gradient on the model's input pixels, occlusion, feature ablation,
 KernelSHAP and RISE on its patch grid. They are the port's own (``vit.explain.methods.captum_maps``: the same
 options, names, defaults, seeds and reductions), run on the library's own model through its logits
@@ -22,7 +22,7 @@ from vit.explain.methods.captum_maps import (
     pixel_map,
     planned_batch,
 )
-from vit.explain.views.library_maps import LibraryMap, LibraryMethod, prediction_of
+from vit.explain.views.library.road_maps import LibraryMap, LibraryMethod, prediction_of
 
 # What each caption says the map shows. ``describe`` is not given the options, so none names a setting's value:
 # vit.explain's settings list those it ran with.
