@@ -256,8 +256,8 @@ def main() -> int:
                         help="the profile's timed (and then profiled) steps and its warm-up steps")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--recipe", choices=tuple(RECIPES), default="default",
-                        help="default (RECIPE, the app's GPU default), lee (Lee et al. 2021's) or lee-ours (theirs with "
-                        "the project's regularisation)")
+                        help="default (RECIPE, the app's GPU default), lee (Lee et al. 2021's) or lee-ours (theirs "
+                        "with the project's regularisation)")
     parser.add_argument("--also", action="append", default=[], metavar="NAME=ARGS",
                         help="another run side by side: the recipe with ARGS on top (repeatable)")
     parser.add_argument("--no-evaluate", action="store_true", help="skip vit.evaluate on the validation images")

@@ -15,12 +15,8 @@ from vit.checkpoint import load_checkpoint
 from vit.core.images import open_image
 from vit.core.inference import InputSize, input_shape, preprocess, preprocess_at
 from vit.core.runfiles import DEFAULT_CHECKPOINT
-from vit.explain.mechanism.components import (
-    ablate_heads,
-    direct_logit_attribution,
-    find_register_neurons,
-    mean_contexts,
-)
+from vit.explain.mechanism.components import ablate_heads, direct_logit_attribution, mean_contexts
+from vit.explain.mechanism.phenomena import find_register_neurons
 from vit.explain.methods.attention import rollout
 from vit.explain.views import mechanism_views
 from vit.model import ViTConfig

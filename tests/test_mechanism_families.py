@@ -11,6 +11,7 @@ import torch
 from parity_helpers import capture_inputs, randomize
 
 from vit.explain.mechanism import components as mechanism
+from vit.explain.mechanism import phenomena
 from vit.sources.open import open_source
 
 timm = pytest.importorskip("timm")
@@ -153,8 +154,8 @@ def test_attention_sinks_read_timms_own_attention_and_need_the_grid(pair):
         states = mechanism.hidden_states(ours, x)
         if ours.config.rope != "none":
             with pytest.raises(mechanism.MechanismError, match="patch grid must be given"):
-                mechanism.sink_stats(ours, states)
-        sinks = mechanism.sink_stats(ours, states, ours.patch_grid(48, 24))
+                phenomena.sink_stats(ours, states)
+        sinks = phenomena.sink_stats(ours, states, ours.patch_grid(48, 24))
     expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in attentions], dim=1)  # (B, L, H)
     torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
 
@@ -162,7 +163,7 @@ def test_attention_sinks_read_timms_own_attention_and_need_the_grid(pair):
 def test_test_time_registers_are_refused_in_one_line_for_rotary_models(pair):
     _, ours = pair  # AIMv2 has no rotary positions, but its SwiGLU has no fc1-GELU-fc2 neurons either
     with pytest.raises(mechanism.MechanismError, match="rotary positions|fc1-GELU-fc2"):  # EVA-02: SwiGLU first
-        mechanism.with_test_time_registers(ours, images(), {0: [1]})
+        phenomena.with_test_time_registers(ours, images(), {0: [1]})
 
 
 # --- NaFlex: each image on its own grid at its aspect (issue 46) ----------------------------------------------------
@@ -319,10 +320,10 @@ def test_naflex_sinks_and_norms_read_timms_own_attention_and_tokens(naflex_pair)
     _, outputs = block_outputs(reference, x)
     with torch.no_grad():
         states = mechanism.hidden_states(ours, x)
-        sinks = mechanism.sink_stats(ours, states)
+        sinks = phenomena.sink_stats(ours, states)
     expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in attentions], dim=1)  # (B, L, H)
     torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
-    norms = mechanism.token_norms(states)[:, 1:]  # (B, L, T)
+    norms = phenomena.token_norms(states)[:, 1:]  # (B, L, T)
     torch.testing.assert_close(norms, torch.stack([o.norm(dim=-1) for o in outputs], dim=1), rtol=0, atol=1e-4)
 
 
@@ -394,10 +395,10 @@ def test_siglip2_naflex_sinks_and_norms_read_hfs_attention_and_hidden_states(sig
     out = hf_naflex(reference, x, output_attentions=True, output_hidden_states=True)
     with torch.no_grad():
         states = mechanism.hidden_states(ours, x)
-        sinks = mechanism.sink_stats(ours, states, (3, 5))
+        sinks = phenomena.sink_stats(ours, states, (3, 5))
     expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in out.attentions], dim=1)  # (B, L, H)
     torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
-    torch.testing.assert_close(mechanism.token_norms(states), torch.stack(out.hidden_states, 1).norm(dim=-1),
+    torch.testing.assert_close(phenomena.token_norms(states), torch.stack(out.hidden_states, 1).norm(dim=-1),
                                rtol=0, atol=1e-4)
 
 

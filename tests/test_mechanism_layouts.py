@@ -10,6 +10,7 @@ import torch
 from parity_helpers import capture_inputs, randomize
 
 from vit.explain.mechanism import components as mechanism
+from vit.explain.mechanism import phenomena
 from vit.explain.methods.attention import windows_on_grid
 from vit.sources.open import open_source
 
@@ -140,8 +141,8 @@ def test_beit_attention_sinks_read_timms_biased_attention(beit):
     with torch.no_grad():
         states = mechanism.hidden_states(ours, x)
         with pytest.raises(mechanism.MechanismError, match="patch grid must be given"):
-            mechanism.sink_stats(ours, states)
-        sinks = mechanism.sink_stats(ours, states, (4, 4))
+            phenomena.sink_stats(ours, states)
+        sinks = phenomena.sink_stats(ours, states, (4, 4))
     expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in attentions], dim=1)  # (B, L, H)
     torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
 
@@ -157,7 +158,7 @@ def test_sam_attention_sinks_read_timms_windows_placed_on_the_grid(sam):
     placed = [windows_on_grid(a.reshape(-1, 2, *a.shape[1:]), (7, 7), 3) if a.shape[-1] == 9
               else a.reshape(2, 2, 49, 49) for a in attentions]  # (B, H, T, T) each
     with torch.no_grad():
-        sinks = mechanism.sink_stats(ours, mechanism.hidden_states(ours, x), (7, 7))
+        sinks = phenomena.sink_stats(ours, mechanism.hidden_states(ours, x), (7, 7))
     mass, token = torch.stack([a.mean(dim=2) for a in placed], dim=1).max(dim=-1)  # (B, L, H)
     torch.testing.assert_close(sinks.mass, mass, rtol=0, atol=1e-5)
     assert torch.equal(sinks.token, token)
@@ -183,7 +184,7 @@ def test_sam_register_neuron_scores_read_timms_mlp_activations(sam):
     _, acts = capture_inputs([b.mlp.drop1 for b in blocks], lambda: blocks(reference.patch_embed(x)
                                                                             + reference.pos_embed))
     with torch.no_grad():
-        scores, used = mechanism.register_neuron_scores(ours, x, threshold=0.0)
+        scores, used = phenomena.register_neuron_scores(ours, x, threshold=0.0)
     expected = torch.stack([a.abs().reshape(2, -1, a.shape[-1]).mean(dim=1).mean(dim=0) for a in acts])  # (L, mlp)
     assert used == 2
     torch.testing.assert_close(scores, expected, rtol=0, atol=1e-5)
@@ -205,7 +206,7 @@ def test_sam_zero_ablation_in_the_weights_equals_timm_and_what_has_no_meaning_re
         (lambda: mechanism.direct_logit_attribution(ours, x), "no classifier"),
         (lambda: mechanism.ablation_grid(ours, x), "no classifier"),
         (lambda: mechanism.patch_heads(ours, x, images(56, seed=1), 0, 1), "no classifier"),
-        (lambda: mechanism.with_test_time_registers(ours, x, {0: [1]}), "within windows"),
+        (lambda: phenomena.with_test_time_registers(ours, x, {0: [1]}), "within windows"),
     ]
     for call, match in refusals:
         with pytest.raises(mechanism.MechanismError, match=match) as error:
@@ -271,7 +272,7 @@ def test_a_windowed_mean_ablation_grid_is_each_head_ablated_alone():
 def test_beit_test_time_registers_refuse_in_one_line_naming_the_bias(beit):
     _, ours = beit
     with pytest.raises(mechanism.MechanismError, match="relative position bias") as error:
-        mechanism.with_test_time_registers(ours, images(32), {0: [1]})
+        phenomena.with_test_time_registers(ours, images(32), {0: [1]})
     assert "\n" not in str(error.value)
 
 

@@ -16,10 +16,9 @@ import copy
 import pytest
 import torch
 
-from vit.explain.mechanism.components import (
-    MechanismError,
+from vit.explain.mechanism.components import MechanismError, hidden_states
+from vit.explain.mechanism.phenomena import (
     find_register_neurons,
-    hidden_states,
     high_norm_rate,
     massive_activations,
     sink_stats,

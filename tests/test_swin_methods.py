@@ -20,6 +20,7 @@ from parity_helpers import randomize, run_hooked
 from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
 
 from vit.explain.mechanism import components as mechanism
+from vit.explain.mechanism import phenomena
 from vit.explain.methods import attention, relevance
 from vit.sources.open import open_source
 
@@ -168,9 +169,9 @@ def one_grid_calls(sink_shape: tuple[int, ...]) -> dict:
     (``test_stage_mechanism``)."""
     return {
         "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
-        "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(sink_shape), (8, 8)),
-        "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
-        "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
+        "sink_stats": lambda m, x: phenomena.sink_stats(m, torch.zeros(sink_shape), (8, 8)),
+        "find_register_neurons": lambda m, x: phenomena.find_register_neurons(m, x, 1.0),
+        "with_test_time_registers": lambda m, x: phenomena.with_test_time_registers(m, x, {0: [0]}),
         "transformer_attribution": lambda m, x: relevance.transformer_attribution(m, x, 0),
         "rollout": lambda m, x: attention.rollout(list(m(x, output_attentions=True)[1]), num_prefix_tokens=0),
     }

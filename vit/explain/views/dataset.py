@@ -481,6 +481,7 @@ def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]
     from vit.core.images import ImageError, open_image
     from vit.core.inference import preprocess
     from vit.explain.mechanism import components as mechanism
+    from vit.explain.mechanism import phenomena
 
     model = checkpoint.model
     mechanism.check_supported(model, needs_head=True)
@@ -501,11 +502,11 @@ def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]
         with torch.inference_mode():
             states = mechanism.hidden_states(model, x)
             dla = mechanism.direct_logit_attribution(model, x, target)
-            sinks = mechanism.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
+            sinks = phenomena.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
             if ablation:
                 out["ablation"][i] = mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
-            out["massive"][i] = mechanism.massive_activations(states)[0].double().cpu().numpy()
-            out["norms"][i] = mechanism.token_norms(states)[0].cpu().numpy()
+            out["massive"][i] = phenomena.massive_activations(states)[0].double().cpu().numpy()
+            out["norms"][i] = phenomena.token_norms(states)[0].cpu().numpy()
         out["read"][i] = True
         out["dla_heads"][i] = dla.heads[0].double().cpu().numpy()
         out["dla_mlps"][i] = dla.mlps[0].double().cpu().numpy()

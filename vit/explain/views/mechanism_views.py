@@ -28,6 +28,7 @@ from vit.core.inference import (
 from vit.core.progress import Progress, in_parts
 from vit.costs.fits import check_input_fits
 from vit.explain.mechanism import components as mechanism
+from vit.explain.mechanism import phenomena
 from vit.explain.methods.attention import token_map
 from vit.explain.views.image_analysis import TOP_K
 from vit.model import ViT
@@ -92,14 +93,14 @@ def mechanism_view(checkpoint: Checkpoint, image: Image.Image, class_index: int 
             outputs = _stage_outputs(model, x)  # each (1, T_l, D_l)
             norms = [s[0].float().norm(dim=-1).cpu().numpy() for s in [model.embed(x), *outputs]]  # each (T_l,)
             norm_grids = (image_grid,) + tuple(lay.grid for lay in model.layer_layouts(image_grid))
-            massive = mechanism.massive_activations(outputs)[0].float().cpu().numpy()  # (L, 4)
+            massive = phenomena.massive_activations(outputs)[0].float().cpu().numpy()  # (L, 4)
             sink_token = sink_mass = sink_value_norm = np.zeros((L, 0))
             sinks_refused = STAGE_SINKS
         else:
             states = mechanism.hidden_states(model, x)  # (1, L + 1, T, D)
-            sinks = mechanism.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
-            norms = mechanism.token_norms(states)[0].cpu().numpy()
-            massive = mechanism.massive_activations(states)[0].float().cpu().numpy()
+            sinks = phenomena.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
+            norms = phenomena.token_norms(states)[0].cpu().numpy()
+            massive = phenomena.massive_activations(states)[0].float().cpu().numpy()
             sink_token, sink_mass, sink_value_norm = (sinks.token[0].cpu().numpy(), sinks.mass[0].float().cpu().numpy(),
                                                       sinks.value_norm[0].float().cpu().numpy())
     lens_maps, lens_top, lens_layers = np.zeros((0, 1, 1), np.float32), [], ()
@@ -166,7 +167,7 @@ def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], i
                 part = mechanism.mean_contexts(model, x.to(device))  # (L, T, H, hd)
             else:
                 contexts: list[torch.Tensor] = []  # per layer (B, T + 1, H, hd)
-                mechanism.with_test_time_registers(model, x.to(device), registers, 1, contexts=contexts)
+                phenomena.with_test_time_registers(model, x.to(device), registers, 1, contexts=contexts)
                 part = torch.stack([c.mean(dim=0) for c in contexts])  # (L, T + 1, H, hd)
             part = [m * len(chunk) for m in part]  # summed over the chunk, per layer (a stage's own shape)
             total = part if total is None else [t + m for t, m in zip(total, part, strict=True)]
@@ -263,7 +264,7 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Itera
     x = _model_input(checkpoint, image, size)
     grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
     with torch.inference_mode():
-        neurons = mechanism.find_register_neurons(model, found, threshold, top_k=top_k)
+        neurons = phenomena.find_register_neurons(model, found, threshold, top_k=top_k)
         chosen: dict[int, list[int]] = {}
         for layer, neuron, _ in neurons:
             chosen.setdefault(layer, []).append(neuron)
@@ -275,7 +276,7 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Itera
         means = reference_means(full, references, image, size, registers=chosen)  # (L, T + 1, H, hd)
         registered = ablated_checkpoint(full, heads, "mean", means, grid).model
     with torch.inference_mode():
-        _, after, final = mechanism.with_test_time_registers(registered, x, chosen, 1, output_attentions=True)
+        _, after, final = phenomena.with_test_time_registers(registered, x, chosen, 1, output_attentions=True)
     n = grid[0] * grid[1]
 
     def cls_map(attentions) -> np.ndarray:
