@@ -26,7 +26,7 @@ VIT = Path(vit.__file__).resolve().parent
 NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3_pas",
        "paligemma", "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral", "qwen3_5",
        "qwen3_5_moe", "llama4", "llama4_tiles", "gemma3n", "llava_next", "llava_next_video", "llava_onevision",
-       "idefics3", "smolvlm", "molmo2", "mllama", "florence2"]
+       "llava_onevision_2", "internvl_tiles", "idefics3", "smolvlm", "molmo2", "mllama", "florence2"]
 FAMILIES = NEW + ["vipllava", "glm_ocr", "blip2"]
 BOX = (0, 0, 1, 1)  # one patch, top left, on every grid
 REFUSED: dict[tuple[str, str], str] = {}  # (family, reading): the one-line refusal, printed at the module's end
@@ -58,8 +58,10 @@ def folders(tmp_path_factory):
     def folder(family: str):
         if family not in built:
             torch.manual_seed(0)
-            model, processor = (_build(family) if family in NEW else blip2_model() if family == "blip2"
-                                else build_any(family))
+            model, processor = (_build(family.removesuffix("_tiles") if family == "internvl_tiles" else family)
+                                if family in NEW else blip2_model() if family == "blip2" else build_any(family))
+            if family == "internvl_tiles":  # test_vlm_answer.internvl_tiles': 3 x 2 tiles and a thumbnail
+                processor.image_processor.max_patches = 6
             built[family] = tmp_path_factory.mktemp(family)
             noisy(model).save_pretrained(built[family])
             processor.save_pretrained(built[family])
@@ -86,6 +88,9 @@ def readings(answer, other: Image.Image) -> dict:
     def ablation(a):
         return finite([a.logit, a.ablated_logit, a.probability, a.ablated_probability])
 
+    def on_overview(m):  # the view beside the tiles (InternVL's thumbnail, Idefics3's global image); else refused
+        return isinstance(m, np.ndarray) and m.shape == tuple(answer.layout.view(True).grid) and finite(m)
+
     return {
         "attention": (lambda: answer.attention(0), on_grid),
         "gradxattn": (lambda: answer.relevance(0, layer=-1), on_grid),
@@ -100,6 +105,14 @@ def readings(answer, other: Image.Image) -> dict:
         "knockout": (lambda: answer.knockout(0), lambda k: finite([k.baseline, k.probability])),
         "sinks": (lambda: answer.sinks(), lambda s: len(s.tokens) >= 1 and all(
             isinstance(p, int) for layer in s.tokens for p in layer)),
+        "attention@view": (lambda: answer.attention(0, overview=True), on_overview),
+        "gradxattn@view": (lambda: answer.relevance(0, layer=-1, overview=True), on_overview),
+        "rollout@view": (lambda: answer.relevance(0, overview=True), on_overview),
+        "attnlrp@view": (lambda: answer.relevance(0, method="attnlrp", overview=True), on_overview),
+        "tam@view": (lambda: answer.tam(0, overview=True), on_overview),
+        "ablate@view": (lambda: answer.ablate(0, BOX, overview=True), ablation),
+        "patch@view": (lambda: answer.patch(0, BOX, other, overview=True), ablation),
+        "knockout@box": (lambda: answer.knockout(0, target=BOX), lambda k: finite([k.baseline, k.probability])),
         "segments": (lambda: answer.segments(grid=(1, 2)),
                      lambda s: s.seq.shape == (2,) and s.tokens.shape == (len(answer.tokens), 2)
                      and finite(s.seq) and finite(s.tokens)),
