@@ -113,6 +113,13 @@ def readings(answer, other: Image.Image) -> dict:
         "ablate@view": (lambda: answer.ablate(0, BOX, overview=True), ablation),
         "patch@view": (lambda: answer.patch(0, BOX, other, overview=True), ablation),
         "knockout@box": (lambda: answer.knockout(0, target=BOX), lambda k: finite([k.baseline, k.probability])),
+        "attention-sinks": (lambda: answer.attention(0, sinks=answer.sinks()), on_grid),
+        "attention@head": (lambda: answer.attention(0, layer=0, head=answer.heads - 1, fusion="max"), on_grid),
+        "grounding_heads": (lambda: answer.grounding_heads(0),
+                            lambda h: h.attention_sum.shape == (answer.layers, answer.heads)
+                            and finite(h.attention_sum)),
+        "visual_heads": (lambda: answer.visual_heads([(0, BOX)]),
+                         lambda v: v.shape == (answer.layers, answer.heads) and finite(v)),
         "segments": (lambda: answer.segments(grid=(1, 2)),
                      lambda s: s.seq.shape == (2,) and s.tokens.shape == (len(answer.tokens), 2)
                      and finite(s.seq) and finite(s.tokens)),
