@@ -144,3 +144,30 @@ def test_a_wrong_segmentation_or_too_much_work_is_refused_in_one_line_before_any
         with pytest.raises(ValueError, match=message):
             answer.segments(**call)
 
+
+
+def test_paligemmas_segments_are_captums_own_call_without_its_processors_labels(tmp_path_factory):
+    """PaliGemma's processor returns ``labels`` (kept by transformers for backward compatibility) beside its
+    ``token_type_ids``: captum's own call, on a processor function written here that drops them and extends the token
+    types by the answer's with 1 (its causal suffix, as ``generate`` extends them), is ``segments``'s (before issue
+    113 the labels reached the model and its loss refused the extended logits: a raw ValueError)."""
+    folder = saved_whole(tmp_path_factory, ["paligemma"])["paligemma"]
+    answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=NEW)
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+
+    def run(image):
+        inputs = processor(images=[image], text=processor.image_token + QUESTION, return_tensors="pt")
+        inputs.pop("labels")
+        types = inputs["token_type_ids"]
+        inputs["token_type_ids"] = torch.cat([types, types.new_ones(1, NEW)], dim=-1)
+        return inputs
+
+    model = transformers.PaliGemmaForConditionalGeneration.from_pretrained(folder).eval()
+    inp = ImageMaskInput(image=picture(), mask=cells(picture(), 2, 3), processor_fn=run)
+    with torch.no_grad():
+        theirs = LLMAttribution(FeatureAblation(model), processor.tokenizer).attribute(
+            inp, target=torch.tensor(answer.tokens), forward_in_tokens=False)
+    ours = answer.segments(grid=(2, 3))
+    np.testing.assert_allclose(ours.seq, theirs.seq_attr.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(ours.tokens, theirs.token_attr.numpy(), rtol=0, atol=1e-5)
+    assert np.abs(ours.seq).max() > 0

@@ -234,7 +234,10 @@ def _laid_out_by_processor(vlm, images, text: str):
 
 def _in_model_dtype(vlm, inputs):
     """``inputs`` with their floating tensors in the model's dtype, as transformers' examples pass them: Llama 4's
-    processor gives bfloat16 pixels (its authors' rescaling), which a float32 model cannot multiply."""
+    processor gives bfloat16 pixels (its authors' rescaling), which a float32 model cannot multiply. PaliGemma's
+    processor's ``labels`` (kept by transformers for backward compatibility) are dropped: no reading wants a loss, and
+    a forward over the prompt and the answer would compare the logits with the prompt's labels alone."""
+    inputs.pop("labels", None)
     dtype = getattr(vlm.model, "dtype", None)
     return inputs.to(dtype=dtype) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else inputs
 

@@ -52,10 +52,21 @@ class Ablation:
         return self.ablated_logit - self.logit
 
 
+FINAL_NORMS = ("norm", "final_layer_norm", "final_layernorm", "ln_f")  # the decoder stack's last norm, as named
+
+
 def _head(vlm):
-    """The model's read-out of a hidden state: ``(norm, head, soft cap or None)``."""
-    text = vlm.model.config.get_text_config()
-    return vlm.language_model.norm, vlm.model.get_output_embeddings(), getattr(text, "final_logit_softcapping", None)
+    """The model's read-out of a hidden state: ``(norm, head, soft cap or None)``; ``norm`` the decoder stack's final
+    norm (``FINAL_NORMS``), then its projection out where it has one (OPT's ``project_out``). ValueError (one line)
+    for a stack without one of those names (``logit_lens`` checks the read-out against the model's own logits)."""
+    text, stack = vlm.model.config.get_text_config(), vlm.language_model
+    norm = next((getattr(stack, name) for name in FINAL_NORMS if getattr(stack, name, None) is not None), None)
+    if norm is None:
+        raise ValueError(f"the logit lens reads each layer's stream through the final norm and head, and this model's "
+                         f"{type(stack).__name__} has no final norm named {', '.join(FINAL_NORMS)}: not drawn for it")
+    out = getattr(stack, "project_out", None)
+    read = norm if out is None else torch.nn.Sequential(norm, out)
+    return read, vlm.model.get_output_embeddings(), getattr(text, "final_logit_softcapping", None)
 
 
 def _logits(vlm, rows: torch.Tensor) -> torch.Tensor:

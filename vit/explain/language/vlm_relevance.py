@@ -85,7 +85,7 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     them, one step at a time by the model's own rule (``_update_model_kwargs_for_generation``): the attention mask
     with ones, ``token_type_ids`` with its last value (Gemma 3's text) or PaliGemma's 1 (the answer is the causal
     suffix of its prefix-LM, not part of the bidirectional prefix), ``mm_token_type_ids`` with zeros."""
-    inputs = {k: v for k, v in prepared.inputs.items() if k != "labels"}  # PaliGemma's processor's: no loss wanted
+    inputs = dict(prepared.inputs)  # without PaliGemma's processor's labels (``vlm_answer.prompt_inputs``)
     if getattr(vlm.model.config, "is_encoder_decoder", False):  # Florence-2: the answer is the decoder's input
         start = vlm.model.generation_config.decoder_start_token_id
         inputs["decoder_input_ids"] = torch.tensor([[start, *tokens[:i]]], dtype=inputs["input_ids"].dtype)

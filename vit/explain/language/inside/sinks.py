@@ -87,7 +87,7 @@ def _prompt_states(answer, reduce) -> list:
 
     handles = [vlm.language_model.layers[n].register_forward_pre_hook(keep(k), with_kwargs=True)
                for k, n in enumerate(decoders)]
-    inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items() if k != "labels"}
+    inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     try:
         with torch.inference_mode():
             vlm.model(**inputs, use_cache=False, logits_to_keep=1)
