@@ -14,8 +14,9 @@ probabilities ``(B, H, rows, keys)`` are handed to it (``recorder.keep_probabili
   (``rows x keys`` a head) and the output is SDPA's own.
 - ``nn.MultiheadAttention``: its own function asked for its per-head weights (``need_weights=True,
   average_attn_weights=False``), the explicit path it computes them on, once; the caller gets what it asked for.
-- An explicit softmax over a ``(B, H, T, S)`` tensor (or an ``nn.MultiheadAttention``'s ``(B * H, T, S)``): the
-  module formed its probabilities itself; they are handed on as they are.
+- An explicit softmax over a ``(B, H, T, S)`` tensor (or a ``(B * H, T, S)`` one in a module that declares its
+  ``num_heads``: an ``nn.MultiheadAttention``'s explicit path, ViTDet's): the module formed its probabilities
+  itself; they are handed on as they are.
 
 Before a recorded layer's scores are formed, their bytes are counted against the analysis memory limit
 (``TooManyTokens``, one line). ``AttentionTrace`` (the same mode, nothing recorded) notes each call's module, heads,
@@ -211,10 +212,11 @@ class AttentionRecording(TorchFunctionMode):
         module = _caller(self.names)
         if module is None:
             return
-        if out.dim() == 3:  # (B * H, T, S): the per-head form only an nn.MultiheadAttention's explicit path takes
-            if not isinstance(module, torch.nn.MultiheadAttention):
+        if out.dim() == 3:  # (B * H, T, S): an nn.MultiheadAttention's explicit path, or a module that declares
+            heads = getattr(module, "num_heads", None)  # its heads and folds them into the batch (ViTDet's)
+            if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or out.shape[0] % heads:
                 return
-            out = out.view(-1, module.num_heads, *out.shape[-2:])
+            out = out.view(-1, heads, *out.shape[-2:])
         layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3])
         if layer is not None:
             rows = self._rows(layer)

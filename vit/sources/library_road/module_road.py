@@ -31,6 +31,7 @@ from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core.attention_recorder import AttentionCall, AttentionRecording
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line
+from vit.sources.library_road import transformers_models
 from vit.sources.library_road.transformers_models import (
     PREFIX_PARAMETERS,
     ROAD,
@@ -235,6 +236,8 @@ def _statistics(module: torch.nn.Module, mean, std) -> tuple[tuple[float, ...], 
 
 def _image_hw(module: torch.nn.Module, image_size) -> tuple[int, int]:
     size = image_size if image_size is not None else _declared(module, "image_size", "img_size", "input_resolution")
+    if size is None and type(module).__module__.startswith("transformers.") and hasattr(module, "config"):
+        size = transformers_models.config_size(module.config)
     if size is None:
         raise ValueError(f"{type(module).__name__} does not say what input it takes: give image_size=(height, width)")
     return _pair(tuple(size) if isinstance(size, list) else size, "image_size")
@@ -259,7 +262,8 @@ def open_module(module: torch.nn.Module, image_size=None, mean: Sequence[float] 
         if grid is None and prefix is None:
             if type(module).__module__.startswith("timm."):
                 return _open_timm(module, origin, image_size, mean, std)
-            if type(module).__module__.startswith("transformers.") and hasattr(module, "config"):
+            if type(module).__module__.startswith("transformers.") and hasattr(module, "config") and \
+                    transformers_models.attention_modules(module):  # else its attention runs off the interface
                 return _open_transformers(module, origin, image_size, mean, std)
         return _open_recorded(module, origin, image_size, mean, std, grid, prefix)
     except (ValueError, TypeError) as e:

@@ -1,0 +1,56 @@
+"""transformers folders whose attention runs off transformers' attention interface (ViTDet, BLIP's vision) open
+through the recorder at the attention function (``vit.sources.library_road.recorded_folder``); references: each
+model's own eager ``output_attentions``, every layer, every head, every row. One that the recorder cannot place
+either (GroupViT's group tokens) is refused in one line saying so."""
+
+import pytest
+import torch
+import transformers
+
+import vit
+from vit.checkpoint import CheckpointError
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=8)
+MEAN_STD = dict(image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.3, 0.4])
+
+
+def saved(tmp_path, cls, config) -> tuple[torch.nn.Module, object]:
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # weights far from the library's small init, so that each layer's attention is its own
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}, **MEAN_STD).save_pretrained(tmp_path)
+    return model, vit.load(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize("cls, config", [
+    (transformers.VitDetModel, transformers.VitDetConfig(**TINY, pretrain_image_size=32)),  # (B * H, T, T) softmax
+    (transformers.BlipVisionModel, transformers.BlipVisionConfig(**TINY)),  # a CLS token, (B, H, T, T)
+], ids=["vitdet", "blip-vision"])
+def test_a_folder_off_the_attention_interface_opens_every_layer_its_own_eager_attention(tmp_path, cls, config):
+    model, checkpoint = saved(tmp_path, cls, config)
+    assert checkpoint.road == "library" and checkpoint.model.num_layers == 2
+    assert checkpoint.preprocessing.mean == (0.5, 0.4, 0.3)
+    pixels = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        own = model(pixels, output_attentions=True).attentions
+        _, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    prefix = 1 if cls is transformers.BlipVisionModel else 0
+    assert checkpoint.model.layout.num_prefix_tokens == prefix and checkpoint.model.layout.grid == (4, 4)
+    for layer in (0, 1):
+        assert own[layer].shape == (1, 2, 16 + prefix, 16 + prefix)
+        assert torch.allclose(recorded[layer], own[layer], atol=1e-5)
+        assert not torch.allclose(recorded[layer], own[1 - layer], atol=1e-3)  # each layer its own
+
+
+def test_a_folder_the_recorder_cannot_place_either_is_refused_in_one_line(tmp_path):
+    config = transformers.GroupViTVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                               image_size=32, patch_size=8, depths=[1, 1], num_group_tokens=[4, 0],
+                                               num_output_groups=[4, 4], num_hidden_layers=2)
+    with pytest.raises(CheckpointError) as raised:
+        saved(tmp_path, transformers.GroupViTVisionModel, config)
+    message = str(raised.value)
+    assert "\n" not in message and "recorder at the attention function cannot place it" in message
