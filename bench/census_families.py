@@ -40,6 +40,8 @@ import traceback  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from bench.census_registry import registry_families  # noqa: E402
+
 RESULTS = Path("bench/results/cpu-2026-11-27")
 IMAGE = 32  # every tiny model's image side (patch 8: a 4 x 4 grid) unless its spec says otherwise
 
@@ -54,6 +56,7 @@ class Family:
     named: bool = False  # named in issue 91
     note: str = ""
     processor: dict = field(default_factory=dict)  # transformers: extra image processor fields
+    registry: str = ""  # the registry entry it stands for ("transformers:vit", "timm:cait", "open_clip:ViT-B-32")
 
 
 def with_processor(family: Family, **fields) -> Family:
@@ -335,14 +338,25 @@ def save_open_clip(family: Family, folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    if family.build == "vit":
-        vision = dict(image_size=IMAGE, patch_size=8, width=32, layers=2, head_width=16)
+    cls = open_clip.model.CLIP
+    if family.build.startswith("config:"):  # a registry config, its own ViT and text tower made tiny
+        from bench.census_registry import open_clip_model_cfg
+
+        model_cfg = open_clip_model_cfg(family.build.split(":", 1)[1])
+        if model_cfg.pop("custom_text", False) or model_cfg.get("text_cfg", {}).get("hf_model_name"):
+            cls = open_clip.model.CustomTextCLIP
+        if "multimodal_cfg" in model_cfg:
+            cls = open_clip.CoCa
     else:
-        vision = dict(family.overrides, timm_model_name=family.build.split(":", 1)[1], timm_model_pretrained=False)
-    model_cfg = dict(embed_dim=16, vision_cfg=vision,
-                     text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+        if family.build == "vit":
+            vision = dict(image_size=IMAGE, patch_size=8, width=32, layers=2, head_width=16)
+        else:
+            vision = dict(family.overrides, timm_model_name=family.build.split(":", 1)[1],
+                          timm_model_pretrained=False)
+        model_cfg = dict(embed_dim=16, vision_cfg=vision,
+                         text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
     torch.manual_seed(0)
-    model = open_clip.model.CLIP(**model_cfg)
+    model = cls(**model_cfg)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
     model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
     hub = importlib.import_module("open_clip.push_to_hf_hub")  # the package's name resolves to a function
@@ -372,9 +386,9 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
     import vit
 
     row = dict(family=family.name, library=family.library, build=family.build, attention=family.attention,
-               named=family.named, note=family.note, result=None, road=None, methods=[], draws=None, message="",
-               flag="", seconds=None)
-    folder = root / family.name.replace(" ", "_").replace("/", "_")
+               registry=family.registry, named=family.named, note=family.note, result=None, road=None, methods=[],
+               draws=None, message="", flag="", seconds=None)
+    folder = root / "".join(c if c.isalnum() or c in "-." else "_" for c in family.name)
     folder.mkdir(parents=True)
     start = time.perf_counter()
     signal.signal(signal.SIGALRM, _alarm)
@@ -398,6 +412,8 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
                        error=type(error).__name__, missing=missing_piece(message))
             if family.library == "transformers" and row["missing"].startswith("no port"):
                 row["missing"] = why_not_library(folder)
+            if NO_ATTENTION in message:  # the recorder saw no attention call: a pure CNN or MLP
+                row.update(attention=False, result="no attention")
             if "\n" in message.strip():
                 row["flag"] = "multi-line message"
             if type(error).__module__.split(".")[0] != "vit" and type(error).__name__ not in (
@@ -438,6 +454,8 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
         signal.alarm(0)
         row["seconds"] = round(time.perf_counter() - start, 1)
 
+
+NO_ATTENTION = "makes no attention call this road sees"  # the recorder's words for a forward without attention
 
 # What a refusal's message says is missing, read from its words (the census's grouping, not the loader's).
 MISSING = [("tokens after the patches", "tokens after the patches"),
@@ -546,6 +564,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", type=Path, default=None, help="the table (default: beside --json)")
     parser.add_argument("--only", nargs="*", default=None, help="family names (or builds) to run, for a retry")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per family")
+    parser.add_argument("--hand", action="store_true", help="the hand list only (issue 91's census), not every "
+                        "registry entry")
+    parser.add_argument("--list", action="store_true", help="print the families it would run and stop")
     parser.add_argument("--code", default=None, help="the code it runs, said in the results when this folder is "
                         "not a git checkout (a `git archive` export of a commit)")
     args = parser.parse_args(argv)
@@ -556,7 +577,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     import transformers
     transformers.logging.set_verbosity_error()
-    chosen = [f for f in FAMILIES if args.only is None or f.name in args.only or f.build in args.only]
+    families = FAMILIES if args.hand else registry_families(FAMILIES, Family, hf, tm)
+    chosen = [f for f in families if args.only is None or f.name in args.only or f.build in args.only
+              or f.registry in args.only]
+    if args.list:
+        for f in chosen:
+            print(f"{f.registry or '(hand list)':40} {f.library:12} {f.build}")
+        print(f"{len(chosen)} families")
+        return
     root = Path(tempfile.mkdtemp(prefix="census-"))
     rows = []
     for family in chosen:
