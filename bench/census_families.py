@@ -388,8 +388,8 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
     row = dict(family=family.name, library=family.library, build=family.build, attention=family.attention,
                registry=family.registry, named=family.named, note=family.note, result=None, road=None, methods=[],
                draws=None, message="", flag="", seconds=None)
-    folder = root / "".join(c if c.isalnum() or c in "-." else "_" for c in family.name)
-    folder.mkdir(parents=True)
+    folder = Path(tempfile.mkdtemp(prefix="".join(c if c.isalnum() or c in "-." else "_" for c in family.name)[:60],
+                                   dir=root))
     start = time.perf_counter()
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(timeout)

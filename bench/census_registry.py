@@ -72,6 +72,7 @@ def registry_families(hand: list, family_cls, hf, tm) -> list:
         tuned = by_class.get(cls) or next((f for f in hand if f.library == "transformers" and getattr(
             getattr(transformers, f.build, None), "config_class", None) is not None and getattr(
             getattr(transformers, f.build).config_class, "model_type", None) == model_type), None)
+        tuned = tuned if tuned is not None and id(tuned) not in used else None  # one entry stands for one type
         family = tuned or hf(f"{model_type} ({cls})", cls, note=f"transformers {mapping}")
         family.registry = f"transformers:{model_type}"
         used.add(id(family))
@@ -82,6 +83,7 @@ def registry_families(hand: list, family_cls, hf, tm) -> list:
 
         tuned = next((f for f in hand if f.library == "timm" and f.build in by_arch
                       and f.build in timm.list_models(module=module)), None)
+        tuned = tuned if tuned is not None and id(tuned) not in used else None
         family = tuned or tm(f"timm {module} ({arch})", arch, note="timm architecture family")
         family.registry = f"timm:{module}"
         used.add(id(family))
