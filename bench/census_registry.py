@@ -65,7 +65,10 @@ def registry_families(hand: list, family_cls, hf, tm) -> list:
     it). The hand list's other entries (vision towers of composite models, timm wrappers) follow."""
     import transformers
 
-    by_class = {f.build: f for f in hand if f.library == "transformers"}
+    by_class: dict = {}
+    for f in hand:
+        if f.library == "transformers":
+            by_class.setdefault(f.build, f)  # the first entry of a class stands for its type
     by_arch = {f.build: f for f in hand if f.library == "timm"}
     out, used = [], set()
     for model_type, (cls, mapping) in sorted(transformers_types().items()):
