@@ -82,3 +82,34 @@ def test_a_timm_module_the_recorder_cannot_place_is_refused_naming_what_is_missi
     with pytest.raises(CheckpointError) as raised:
         vit.load(model, grid=None, prefix=None, image_size=32, mean=(0.5,) * 3, std=(0.5,) * 3)
     assert "\n" not in str(raised.value) and says in str(raised.value)
+
+
+def test_a_timm_efficientformer_opens_on_its_stems_flattened_grid_its_layer_its_own_biased_attention():
+    """No patch embedding (a convolutional stem): the grid is the feature map its ``Flat`` flattens row-major into
+    the tokens; the layer equals ``softmax(q k^T * scale + its attention biases)`` from its own qkv."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("efficientformer_l1", pretrained=False, num_classes=3).eval()
+    attention = model.stages[-1].blocks[-1].token_mixer
+    with torch.no_grad():
+        attention.attention_biases.normal_(0, 2.0)  # biases that change the rows (the library's init is zeros)
+    checkpoint = vit.load(model, mean=(0.5,) * 3, std=(0.5,) * 3)
+    layout = checkpoint.model.layout
+    assert (layout.grid, layout.num_prefix_tokens, checkpoint.model.num_layers) == ((7, 7), 0, 1)
+    kept = []
+    handle = attention.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach()))
+    pixels = torch.randn(1, 3, 224, 224)
+    try:
+        _, recorded = checkpoint.model.run(pixels, layers=[0])
+    finally:
+        handle.remove()
+    x = kept[0]  # (1, 49, C)
+    with torch.no_grad():
+        qkv = attention.qkv(x).reshape(1, 49, attention.num_heads, -1).permute(0, 2, 1, 3)
+        q, k, _ = qkv.split([attention.key_dim, attention.key_dim, attention.val_dim], dim=3)
+        biases = attention.attention_biases[:, attention.attention_bias_idxs]
+        own = ((q @ k.transpose(-2, -1)) * attention.scale + biases).softmax(-1)
+        without = ((q @ k.transpose(-2, -1)) * attention.scale).softmax(-1)
+    assert torch.allclose(recorded[0], own, atol=1e-5)
+    assert not torch.allclose(recorded[0], without, atol=1e-3)  # its biases are in the rows

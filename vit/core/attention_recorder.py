@@ -20,8 +20,9 @@ probabilities ``(B, H, rows, keys)`` are handed to it (``recorder.keep_probabili
 
 Before a recorded layer's scores are formed, their bytes are counted against the analysis memory limit
 (``TooManyTokens``, one line). ``AttentionTrace`` (the same mode, nothing recorded) notes each call's module, heads,
-queries and keys, and the patch embedding (a convolution or an unfold on the input whose stride is its kernel), on
-any device, the meta device included: what ``vit.sources.library_road.module_road`` places the tokens by.
+queries and keys, and the patch embedding (a convolution or an unfold on the input whose stride is its kernel) or,
+where there is none, the feature map flattened into tokens before the first attention call, on any device, the meta
+device included: what ``vit.sources.library_road.module_road`` places the tokens by.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
 SOFTMAX = (torch.softmax, F.softmax, torch.Tensor.softmax)
 CONV = (torch.conv2d, F.conv2d)
+FLATTEN = (torch.flatten, torch.Tensor.flatten)
 _MHA_SIGNATURE = inspect.signature(MHA)
 _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
@@ -126,6 +128,8 @@ class AttentionRecording(TorchFunctionMode):
         self.recorder, self.trace, self.image_hw = recorder, trace, image_hw
         self.calls = 0
         self.patch: tuple[int, int] | None = None  # the patch embedding's kernel (trace only)
+        self.flat_grid: tuple[int, int] | None = None  # the last (B, C, h, w) map flattened to tokens before the
+        # first attention call (trace only): a convolutional stem's grid (EfficientFormer's)
         self.linear_out: torch.Tensor | None = None  # the last linear layer's output (trace only)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -227,6 +231,12 @@ class AttentionRecording(TorchFunctionMode):
         kernel) and the last linear layer's output (what a classifier returns)."""
         if func is F.linear:
             self.linear_out = out
+            return
+        if func in FLATTEN and self.calls == 0 and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+            start = args[1] if len(args) > 1 else kwargs.get("start_dim", 0)
+            end = args[2] if len(args) > 2 else kwargs.get("end_dim", -1)
+            if start == 2 and end in (-1, 3):  # (B, C, h, w) -> (B, C, h * w): its positions row-major
+                self.flat_grid = tuple(args[0].shape[-2:])
             return
         if self.patch is not None or self.image_hw is None or not args or not isinstance(args[0], torch.Tensor):
             return

@@ -214,9 +214,12 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
     elif mode.patch is not None:
         patch = mode.patch
         gh, gw = image_hw[0] // patch[0], image_hw[1] // patch[1]
+    elif mode.flat_grid is not None and not (image_hw[0] % mode.flat_grid[0] or image_hw[1] % mode.flat_grid[1]):
+        gh, gw = mode.flat_grid  # a convolutional stem's map, flattened row-major into the tokens
+        patch = (image_hw[0] // gh, image_hw[1] // gw)
     else:
         raise ValueError("no patch embedding found (a convolution or unfold over the whole input whose stride is its "
-                         "kernel): give grid=(rows, cols)")
+                         "kernel, or a feature map flattened into the tokens): give grid=(rows, cols)")
     extra = tokens - gh * gw
     if extra < 0:
         raise ValueError(f"its attention runs over {tokens} tokens, fewer than the {gh}x{gw} patches of a "
