@@ -113,3 +113,15 @@ def test_a_timm_efficientformer_opens_on_its_stems_flattened_grid_its_layer_its_
         without = ((q @ k.transpose(-2, -1)) * attention.scale).softmax(-1)
     assert torch.allclose(recorded[0], own, atol=1e-5)
     assert not torch.allclose(recorded[0], without, atol=1e-3)  # its biases are in the rows
+
+
+def test_a_timm_xcit_folder_is_refused_as_not_attention_over_image_tokens(tmp_path):
+    import timm
+    from timm.models import _hub
+
+    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=32)
+    model = timm.create_model("xcit_nano_12_p8_224", pretrained=False, num_classes=3, **args).eval()
+    _hub.save_for_hf(model, tmp_path, model_args=args, safe_serialization=True)
+    with pytest.raises(CheckpointError) as raised:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(raised.value) and "is not attention over image tokens" in str(raised.value)

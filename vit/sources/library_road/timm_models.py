@@ -362,6 +362,11 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     wrapped = TimmLibraryModel(model, layout, modules, trunk)
     if meta:
         problem = _layout_problem(wrapped, channels)
+        if problem and trunk is model:  # what its layout lacks, in the recorder's words (XCiT's channels)
+            try:
+                _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
+            except SourceError as named:
+                raise SourceError(str(named)) from None
         if problem:
             raise SourceError(f"{origin}: {problem}")
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
