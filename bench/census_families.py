@@ -9,10 +9,10 @@ is ``port`` or ``library`` (the road ``vit.load`` took; then the maps ``vit.meth
 ``vit.explain(checkpoint, image, "attention")`` draws), ``refused`` (the one-line message ``vit.load`` gave; a
 message of more than one line, or an exception that is not the loader's own, is flagged), ``no attention`` (a pure
 CNN or MLP, opened all the same and reported) or ``build failed`` (the census could not build the tiny model in its
-library: the census's own gap, not a refusal). Families are listed by hand below, drawn from transformers'
-``models.auto`` mappings (image classification, image, backbone, depth, segmentation, mask generation, video
-classification, zero-shot), the vision towers of its CLIP-like and VLM models, timm's architectures by module and
-open_clip's towers; the issue's named ones are marked ``named``.
+library: the census's own gap, not a refusal). The families are every entry of the libraries' own registries
+(``bench.census_registry``: transformers' vision auto-mappings, timm's architecture families, open_clip's configs);
+the hand list below tunes the builds of some (a config that builds tiny) and adds the vision towers of composite
+models, and ``--hand`` runs it alone (issue 91's census); the issue's named ones are marked ``named``.
 """
 
 from __future__ import annotations
