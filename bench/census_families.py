@@ -43,6 +43,7 @@ from pathlib import Path  # noqa: E402
 from bench.census_registry import registry_families  # noqa: E402
 
 RESULTS = Path("bench/results/cpu-2026-11-27")
+MAX_PARAMETERS = 150_000_000  # a model the census builds on a CPU; past it, "build failed" says its size
 IMAGE = 32  # every tiny model's image side (patch 8: a 4 x 4 grid) unless its spec says otherwise
 
 
@@ -326,8 +327,13 @@ def save_timm(family: Family, folder: Path) -> None:
     import torch
     from timm.models import _hub
 
+    kwargs = dict(dict(num_classes=3), **family.overrides)
+    with torch.device("meta"):  # its size first, as for open_clip
+        size = sum(p.numel() for p in timm.create_model(family.build, pretrained=False, **kwargs).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{size / 1e6:,.0f} M parameters, over the census's {MAX_PARAMETERS / 1e6:,.0f} M")
     torch.manual_seed(0)
-    model = timm.create_model(family.build, pretrained=False, **dict(dict(num_classes=3), **family.overrides)).eval()
+    model = timm.create_model(family.build, pretrained=False, **kwargs).eval()
     _hub.save_for_hf(model, folder, model_args=dict(family.overrides), safe_serialization=True)
 
 
@@ -355,6 +361,11 @@ def save_open_clip(family: Family, folder: Path) -> None:
                           timm_model_pretrained=False)
         model_cfg = dict(embed_dim=16, vision_cfg=vision,
                          text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+    with torch.device("meta"):  # its size first: a full-size trunk (EVA01-g, ConvNeXt-XXL) is past a CPU's memory
+        size = sum(p.numel() for p in cls(**model_cfg).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{size / 1e6:,.0f} M parameters as its config builds it, over the census's "
+                         f"{MAX_PARAMETERS / 1e6:,.0f} M (a timm trunk keeps its full size)")
     torch.manual_seed(0)
     model = cls(**model_cfg)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
@@ -592,6 +603,9 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(f"{row['family'][:40]:40} {row['library']:12} {'yes' if row['attention'] else 'no ':3} "
               f"{row['seconds']:6.1f}s  {outcome(row)[:160]}", flush=True)
+        if len(rows) % 25 == 0:  # the rows so far, should the run be stopped
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.with_suffix(".partial.json").write_text(json.dumps(rows, indent=1) + "\n")
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(_HOME, ignore_errors=True)
     summary = totals(rows)
