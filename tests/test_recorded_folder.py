@@ -125,3 +125,19 @@ def test_a_timm_xcit_folder_is_refused_as_not_attention_over_image_tokens(tmp_pa
     with pytest.raises(CheckpointError) as raised:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(raised.value) and "is not attention over image tokens" in str(raised.value)
+
+
+def test_a_model_that_attends_over_crops_of_one_image_is_refused_not_placed_on_the_whole_image():
+    class Crops(torch.nn.Module):  # a ViT run over the four quarters of its input as a batch of four
+        def __init__(self):
+            super().__init__()
+            self.patch = torch.nn.Conv2d(3, 8, 4, stride=4)
+            self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            quarters = torch.cat([x[..., :8, :8], x[..., :8, 8:], x[..., 8:, :8], x[..., 8:, 8:]])  # (4B, 3, 8, 8)
+            tokens = self.patch(quarters).flatten(2).transpose(1, 2)  # (4B, 4, 8)
+            return self.attn(tokens, tokens, tokens)[0]
+
+    with pytest.raises(CheckpointError, match=r"attends over 4 pieces of one image at once \(crops or tiles\)"):
+        vit.load(Crops(), image_size=16, grid=(4, 4), prefix=0, mean=(0.5,) * 3, std=(0.5,) * 3)

@@ -58,6 +58,7 @@ class AttentionCall:
     heads: int
     queries: int
     keys: int
+    batch: int = 1  # the batch it ran over (its crops, where a model splits one image into several)
 
 
 def _caller(modules: dict[torch.nn.Module, str]) -> torch.nn.Module | None:
@@ -145,13 +146,13 @@ class AttentionRecording(TorchFunctionMode):
             self._note(func, args, kwargs, out)
         return out
 
-    def _layer(self, kind: str, heads: int, queries: int, keys: int):
+    def _layer(self, kind: str, heads: int, queries: int, keys: int, batch: int = 1):
         """The call's layer and module, and the layer when the recorder asks it (else None)."""
         module = _caller(self.names)
         layer = self.calls
         self.calls += 1
         if self.trace is not None:
-            self.trace.append(AttentionCall(layer, self.names.get(module, "?"), kind, heads, queries, keys))
+            self.trace.append(AttentionCall(layer, self.names.get(module, "?"), kind, heads, queries, keys, batch))
             return None
         asked = self.recorder.modules.get(layer) if self.recorder is not None else None
         if asked is None:
@@ -170,7 +171,7 @@ class AttentionRecording(TorchFunctionMode):
 
     def _sdpa(self, a: dict):
         query, key, value = a["query"], a["key"], a["value"]
-        layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2])
+        layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2], math.prod(query.shape[:-3]))
         if layer is None:
             return SDPA(**a)
         if a.get("dropout_p", 0.0):
@@ -196,7 +197,7 @@ class AttentionRecording(TorchFunctionMode):
         query, key, heads = a["query"], a["key"], int(a["num_heads"])
         queries, keys = (query.shape[0], key.shape[0])
         keys += int(a.get("bias_k") is not None) + int(bool(a.get("add_zero_attn")))
-        layer = self._layer("mha", heads, queries, keys)
+        layer = self._layer("mha", heads, queries, keys, query.shape[1] if query.dim() == 3 else 1)
         if layer is None:
             return MHA(*bound.args, **bound.kwargs)
         batch = query.shape[1] if query.dim() == 3 else 1
@@ -221,7 +222,7 @@ class AttentionRecording(TorchFunctionMode):
             if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or out.shape[0] % heads:
                 return
             out = out.view(-1, heads, *out.shape[-2:])
-        layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3])
+        layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3], out.shape[0])
         if layer is not None:
             rows = self._rows(layer)
             self.recorder.keep_probabilities(layer, out if rows is None else out[:, :, rows], rows is not None)

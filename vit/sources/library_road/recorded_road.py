@@ -204,6 +204,10 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         names = dict(model.named_modules())
         patches = (image_hw[0] // mode.patch[0]) * (image_hw[1] // mode.patch[1]) if mode.patch else None
         raise ValueError(f"its {missing_layout(calls, names, patches)}: no layout on this road")
+    crops = next((c for c in calls if c.batch != 1), None)
+    if crops is not None:  # one image's forward attends over several pieces of it (Depth Pro's patches)
+        raise ValueError(f"its layer {crops.index} ({crops.name}) attends over {crops.batch} pieces of one image "
+                         "at once (crops or tiles): no layout on this road")
     tokens = counts[0]
     if grid is not None:
         gh, gw = _pair(tuple(grid), "grid")
