@@ -9,10 +9,10 @@ is ``port`` or ``library`` (the road ``vit.load`` took; then the maps ``vit.meth
 ``vit.explain(checkpoint, image, "attention")`` draws), ``refused`` (the one-line message ``vit.load`` gave; a
 message of more than one line, or an exception that is not the loader's own, is flagged), ``no attention`` (a pure
 CNN or MLP, opened all the same and reported) or ``build failed`` (the census could not build the tiny model in its
-library: the census's own gap, not a refusal). Families are listed by hand below, drawn from transformers'
-``models.auto`` mappings (image classification, image, backbone, depth, segmentation, mask generation, video
-classification, zero-shot), the vision towers of its CLIP-like and VLM models, timm's architectures by module and
-open_clip's towers; the issue's named ones are marked ``named``.
+library: the census's own gap, not a refusal). The families are every entry of the libraries' own registries
+(``bench.census_registry``: transformers' vision auto-mappings, timm's architecture families, open_clip's configs);
+the hand list below tunes the builds of some (a config that builds tiny) and adds the vision towers of composite
+models, and ``--hand`` runs it alone (issue 91's census); the issue's named ones are marked ``named``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ import traceback  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from bench.census_registry import registry_families  # noqa: E402
+
 RESULTS = Path("bench/results/cpu-2026-11-27")
+MAX_PARAMETERS = 150_000_000  # a model the census builds on a CPU; past it, "build failed" says its size
 IMAGE = 32  # every tiny model's image side (patch 8: a 4 x 4 grid) unless its spec says otherwise
 
 
@@ -54,6 +57,7 @@ class Family:
     named: bool = False  # named in issue 91
     note: str = ""
     processor: dict = field(default_factory=dict)  # transformers: extra image processor fields
+    registry: str = ""  # the registry entry it stands for ("transformers:vit", "timm:cait", "open_clip:ViT-B-32")
 
 
 def with_processor(family: Family, **fields) -> Family:
@@ -323,8 +327,13 @@ def save_timm(family: Family, folder: Path) -> None:
     import torch
     from timm.models import _hub
 
+    kwargs = dict(dict(num_classes=3), **family.overrides)
+    with torch.device("meta"):  # its size first, as for open_clip
+        size = sum(p.numel() for p in timm.create_model(family.build, pretrained=False, **kwargs).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{size / 1e6:,.0f} M parameters, over the census's {MAX_PARAMETERS / 1e6:,.0f} M")
     torch.manual_seed(0)
-    model = timm.create_model(family.build, pretrained=False, **dict(dict(num_classes=3), **family.overrides)).eval()
+    model = timm.create_model(family.build, pretrained=False, **kwargs).eval()
     _hub.save_for_hf(model, folder, model_args=dict(family.overrides), safe_serialization=True)
 
 
@@ -335,14 +344,30 @@ def save_open_clip(family: Family, folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    if family.build == "vit":
-        vision = dict(image_size=IMAGE, patch_size=8, width=32, layers=2, head_width=16)
+    cls = open_clip.model.CLIP
+    if family.build.startswith("config:"):  # a registry config, its own ViT and text tower made tiny
+        from bench.census_registry import open_clip_model_cfg
+
+        model_cfg = open_clip_model_cfg(family.build.split(":", 1)[1])
+        if model_cfg.pop("custom_text", False) or model_cfg.get("text_cfg", {}).get("hf_model_name"):
+            cls = open_clip.model.CustomTextCLIP
+        if "multimodal_cfg" in model_cfg:
+            cls = open_clip.CoCa
     else:
-        vision = dict(family.overrides, timm_model_name=family.build.split(":", 1)[1], timm_model_pretrained=False)
-    model_cfg = dict(embed_dim=16, vision_cfg=vision,
-                     text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+        if family.build == "vit":
+            vision = dict(image_size=IMAGE, patch_size=8, width=32, layers=2, head_width=16)
+        else:
+            vision = dict(family.overrides, timm_model_name=family.build.split(":", 1)[1],
+                          timm_model_pretrained=False)
+        model_cfg = dict(embed_dim=16, vision_cfg=vision,
+                         text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+    with torch.device("meta"):  # its size first: a full-size trunk (EVA01-g, ConvNeXt-XXL) is past a CPU's memory
+        size = sum(p.numel() for p in cls(**model_cfg).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{size / 1e6:,.0f} M parameters as its config builds it, over the census's "
+                         f"{MAX_PARAMETERS / 1e6:,.0f} M (a timm trunk keeps its full size)")
     torch.manual_seed(0)
-    model = open_clip.model.CLIP(**model_cfg)
+    model = cls(**model_cfg)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
     model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
     hub = importlib.import_module("open_clip.push_to_hf_hub")  # the package's name resolves to a function
@@ -372,10 +397,10 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
     import vit
 
     row = dict(family=family.name, library=family.library, build=family.build, attention=family.attention,
-               named=family.named, note=family.note, result=None, road=None, methods=[], draws=None, message="",
-               flag="", seconds=None)
-    folder = root / family.name.replace(" ", "_").replace("/", "_")
-    folder.mkdir(parents=True)
+               registry=family.registry, named=family.named, note=family.note, result=None, road=None, methods=[],
+               draws=None, message="", flag="", seconds=None)
+    folder = Path(tempfile.mkdtemp(prefix="".join(c if c.isalnum() or c in "-." else "_" for c in family.name)[:60],
+                                   dir=root))
     start = time.perf_counter()
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(timeout)
@@ -398,6 +423,8 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
                        error=type(error).__name__, missing=missing_piece(message))
             if family.library == "transformers" and row["missing"].startswith("no port"):
                 row["missing"] = why_not_library(folder)
+            if NO_ATTENTION in message:  # the recorder saw no attention call: a pure CNN or MLP
+                row.update(attention=False, result="no attention")
             if "\n" in message.strip():
                 row["flag"] = "multi-line message"
             if type(error).__module__.split(".")[0] != "vit" and type(error).__name__ not in (
@@ -438,6 +465,8 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
         signal.alarm(0)
         row["seconds"] = round(time.perf_counter() - start, 1)
 
+
+NO_ATTENTION = "makes no attention call this road sees"  # the recorder's words for a forward without attention
 
 # What a refusal's message says is missing, read from its words (the census's grouping, not the loader's).
 MISSING = [("tokens after the patches", "tokens after the patches"),
@@ -546,6 +575,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", type=Path, default=None, help="the table (default: beside --json)")
     parser.add_argument("--only", nargs="*", default=None, help="family names (or builds) to run, for a retry")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per family")
+    parser.add_argument("--hand", action="store_true", help="the hand list only (issue 91's census), not every "
+                        "registry entry")
+    parser.add_argument("--list", action="store_true", help="print the families it would run and stop")
     parser.add_argument("--code", default=None, help="the code it runs, said in the results when this folder is "
                         "not a git checkout (a `git archive` export of a commit)")
     args = parser.parse_args(argv)
@@ -556,7 +588,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     import transformers
     transformers.logging.set_verbosity_error()
-    chosen = [f for f in FAMILIES if args.only is None or f.name in args.only or f.build in args.only]
+    families = FAMILIES if args.hand else registry_families(FAMILIES, Family, hf, tm)
+    chosen = [f for f in families if args.only is None or f.name in args.only or f.build in args.only
+              or f.registry in args.only]
+    if args.list:
+        for f in chosen:
+            print(f"{f.registry or '(hand list)':40} {f.library:12} {f.build}")
+        print(f"{len(chosen)} families")
+        return
     root = Path(tempfile.mkdtemp(prefix="census-"))
     rows = []
     for family in chosen:
@@ -564,6 +603,9 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(f"{row['family'][:40]:40} {row['library']:12} {'yes' if row['attention'] else 'no ':3} "
               f"{row['seconds']:6.1f}s  {outcome(row)[:160]}", flush=True)
+        if len(rows) % 25 == 0:  # the rows so far, should the run be stopped
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.with_suffix(".partial.json").write_text(json.dumps(rows, indent=1) + "\n")
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(_HOME, ignore_errors=True)
     summary = totals(rows)

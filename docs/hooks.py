@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -33,7 +35,8 @@ PAGES = {"image": "image", "windowed": "windowed / hierarchical", "vlm": "vlm to
          "own": "image"}
 OWN = ("ours", "scratch", "vit-pytorch", "mapped")  # the families of the "own" page, not the "image" one
 # Pages of docs/ whose generated parts are written into the file, so GitHub shows them: the README links each.
-COMMITTED = ("methods.md", "which-map.md", *(f"models/{page}.md" for page in PAGES))
+COMMITTED = ("methods.md", "which-map.md", *(f"models/{page}.md" for page in PAGES),
+             "../README.md")  # the README's census figure
 
 
 def method_anchor(method: str) -> str:
@@ -184,6 +187,32 @@ def census_vlm_markdown() -> str:
     return f"From `{path.relative_to(ROOT).as_posix()}`. " + path.read_text().replace("<", "&lt;")
 
 
+def census_markdown() -> str:
+    """The census's figure, from the newest ``bench/results/*/census.json`` (``bench/census_families.py``): how many
+    of the vision families the libraries register open and draw, and how many are refused."""
+    results = ROOT / "bench" / "results"
+    runs = [(json.loads(path.read_text()), path) for path in results.glob("*/census.json")]
+    if not runs:
+        return "The census (`bench/census_families.py`) has no results yet."
+    run, path = max(runs, key=lambda item: (item[0].get("date", ""), item[1].as_posix()))
+    totals, rows = run["totals"], run["rows"]
+    kinds = {}
+    for row in rows:
+        kind = (row.get("registry") or "").partition(":")[0]
+        if kind:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    counted = (f"The census counts {kinds.get('transformers', 0)} model types of transformers' vision auto-mappings, "
+               f"{kinds.get('timm', 0)} timm architecture families and {kinds.get('open_clip', 0)} open_clip configs, "
+               "beside the vision towers of composite models. ") if kinds else ""
+    text = (f"{counted}Of the {totals['families']} vision families of transformers, timm and open_clip it builds, "
+            f"{totals['with_attention']} have attention: {totals['open']} of those open, {totals['open_and_draw']} "
+            f"draw, and {totals['refused']} are refused in one line naming why. {totals['build_failed']} could not "
+            f"be built tiny and {totals['timed_out']} ran past the time limit "
+            f"(`{path.relative_to(ROOT).with_suffix('.md').as_posix()}`, from `bench/census_families.py`, "
+            f"{run.get('date', '')}).")
+    return textwrap.fill(text, width=118, break_long_words=False, break_on_hyphens=False) + "\n"
+
+
 def include(path: str) -> str:
     """A repository file's Markdown, its top heading dropped (the page has its own) and its images pointed at
     their copies in ``repository/``."""
@@ -203,6 +232,7 @@ GENERATORS = {
     "api": api_markdown,
     "bench": bench_markdown,
     "census-vlm": census_vlm_markdown,
+    "census": census_markdown,
     **{f"families-{page}": (lambda page=page: families_markdown(page)) for page in PAGES},
 }
 

@@ -176,7 +176,7 @@ class Pooling(torch.nn.Module):
 @pytest.mark.parametrize(("module", "keywords", "says"), [
     (Leftover, {}, r"8 tokens, 2x3 patches and 2 more, and its token parameters \(cls_token\) account for 1"),
     (Leftover, {"prefix": 1}, r"not prefix=1; 1 token\(s\) would be left unplaced"),
-    (Pooling, {}, r"runs over \[3, 6\] tokens \(layer 1, blocks\.1"),
+    (Pooling, {}, r"its pooled stages \(layer 1, blocks\.1"),
     (Leftover, {"image_size": (100_000, 100_000)}, r"image_size .* is not a side"),
     (Leftover, {"mean": None}, r"declares no normalisation: give mean= and std="),
 ])

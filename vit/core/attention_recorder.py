@@ -14,13 +14,15 @@ probabilities ``(B, H, rows, keys)`` are handed to it (``recorder.keep_probabili
   (``rows x keys`` a head) and the output is SDPA's own.
 - ``nn.MultiheadAttention``: its own function asked for its per-head weights (``need_weights=True,
   average_attn_weights=False``), the explicit path it computes them on, once; the caller gets what it asked for.
-- An explicit softmax over a ``(B, H, T, S)`` tensor (or an ``nn.MultiheadAttention``'s ``(B * H, T, S)``): the
-  module formed its probabilities itself; they are handed on as they are.
+- An explicit softmax over a ``(B, H, T, S)`` tensor (or a ``(B * H, T, S)`` one in a module that declares its
+  ``num_heads``: an ``nn.MultiheadAttention``'s explicit path, ViTDet's): the module formed its probabilities
+  itself; they are handed on as they are.
 
 Before a recorded layer's scores are formed, their bytes are counted against the analysis memory limit
 (``TooManyTokens``, one line). ``AttentionTrace`` (the same mode, nothing recorded) notes each call's module, heads,
-queries and keys, and the patch embedding (a convolution or an unfold on the input whose stride is its kernel), on
-any device, the meta device included: what ``vit.sources.library_road.module_road`` places the tokens by.
+queries and keys, and the patch embedding (a convolution or an unfold on the input whose stride is its kernel) or,
+where there is none, the feature map flattened into tokens before the first attention call, on any device, the meta
+device included: what ``vit.sources.library_road.module_road`` places the tokens by.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
 SOFTMAX = (torch.softmax, F.softmax, torch.Tensor.softmax)
 CONV = (torch.conv2d, F.conv2d)
+FLATTEN = (torch.flatten, torch.Tensor.flatten)
 _MHA_SIGNATURE = inspect.signature(MHA)
 _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
@@ -55,6 +58,7 @@ class AttentionCall:
     heads: int
     queries: int
     keys: int
+    batch: int = 1  # the batch it ran over (its crops, where a model splits one image into several)
 
 
 def _caller(modules: dict[torch.nn.Module, str]) -> torch.nn.Module | None:
@@ -125,6 +129,8 @@ class AttentionRecording(TorchFunctionMode):
         self.recorder, self.trace, self.image_hw = recorder, trace, image_hw
         self.calls = 0
         self.patch: tuple[int, int] | None = None  # the patch embedding's kernel (trace only)
+        self.flat_grid: tuple[int, int] | None = None  # the last (B, C, h, w) map flattened to tokens before the
+        # first attention call (trace only): a convolutional stem's grid (EfficientFormer's)
         self.linear_out: torch.Tensor | None = None  # the last linear layer's output (trace only)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -140,13 +146,13 @@ class AttentionRecording(TorchFunctionMode):
             self._note(func, args, kwargs, out)
         return out
 
-    def _layer(self, kind: str, heads: int, queries: int, keys: int):
+    def _layer(self, kind: str, heads: int, queries: int, keys: int, batch: int = 1):
         """The call's layer and module, and the layer when the recorder asks it (else None)."""
         module = _caller(self.names)
         layer = self.calls
         self.calls += 1
         if self.trace is not None:
-            self.trace.append(AttentionCall(layer, self.names.get(module, "?"), kind, heads, queries, keys))
+            self.trace.append(AttentionCall(layer, self.names.get(module, "?"), kind, heads, queries, keys, batch))
             return None
         asked = self.recorder.modules.get(layer) if self.recorder is not None else None
         if asked is None:
@@ -165,7 +171,7 @@ class AttentionRecording(TorchFunctionMode):
 
     def _sdpa(self, a: dict):
         query, key, value = a["query"], a["key"], a["value"]
-        layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2])
+        layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2], math.prod(query.shape[:-3]))
         if layer is None:
             return SDPA(**a)
         if a.get("dropout_p", 0.0):
@@ -191,7 +197,7 @@ class AttentionRecording(TorchFunctionMode):
         query, key, heads = a["query"], a["key"], int(a["num_heads"])
         queries, keys = (query.shape[0], key.shape[0])
         keys += int(a.get("bias_k") is not None) + int(bool(a.get("add_zero_attn")))
-        layer = self._layer("mha", heads, queries, keys)
+        layer = self._layer("mha", heads, queries, keys, query.shape[1] if query.dim() == 3 else 1)
         if layer is None:
             return MHA(*bound.args, **bound.kwargs)
         batch = query.shape[1] if query.dim() == 3 else 1
@@ -211,11 +217,12 @@ class AttentionRecording(TorchFunctionMode):
         module = _caller(self.names)
         if module is None:
             return
-        if out.dim() == 3:  # (B * H, T, S): the per-head form only an nn.MultiheadAttention's explicit path takes
-            if not isinstance(module, torch.nn.MultiheadAttention):
+        if out.dim() == 3:  # (B * H, T, S): an nn.MultiheadAttention's explicit path, or a module that declares
+            heads = getattr(module, "num_heads", None)  # its heads and folds them into the batch (ViTDet's)
+            if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or out.shape[0] % heads:
                 return
-            out = out.view(-1, module.num_heads, *out.shape[-2:])
-        layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3])
+            out = out.view(-1, heads, *out.shape[-2:])
+        layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3], out.shape[0])
         if layer is not None:
             rows = self._rows(layer)
             self.recorder.keep_probabilities(layer, out if rows is None else out[:, :, rows], rows is not None)
@@ -225,6 +232,12 @@ class AttentionRecording(TorchFunctionMode):
         kernel) and the last linear layer's output (what a classifier returns)."""
         if func is F.linear:
             self.linear_out = out
+            return
+        if func in FLATTEN and self.calls == 0 and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 4:
+            start = args[1] if len(args) > 1 else kwargs.get("start_dim", 0)
+            end = args[2] if len(args) > 2 else kwargs.get("end_dim", -1)
+            if start == 2 and end in (-1, 3):  # (B, C, h, w) -> (B, C, h * w): its positions row-major
+                self.flat_grid = tuple(args[0].shape[-2:])
             return
         if self.patch is not None or self.image_hw is None or not args or not isinstance(args[0], torch.Tensor):
             return

@@ -438,8 +438,10 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
             answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
                        "question), vit-predict --ask" if registry.vlm_architecture(str(config_json.get("model_type")))
                        else "")
-            raise SourceError(f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it "
-                              f"{missing}{answers}")
+            from vit.sources.library_road.recorded_folder import open_recorded_folder  # off the interface: the
+            return open_recorded_folder(folder, config_json, hf_image_processor(folder), (  # recorder's, or why not
+                f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
+                f"{answers}"), map_location)
         if transformers_models.opens(config_json):  # the callers that read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
                               "in the notebook API (vit.load) and the explorer, which draw its attention and rollout, "

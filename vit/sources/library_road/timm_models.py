@@ -337,9 +337,8 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     """The checkpoint of ``model`` (built, its weights in), whose timm ``trunk`` holds the attention: the trunk's
     attention made recordable, its layout read and checked (on the meta device), the preprocessing read."""
     modules = attention_modules(trunk)
-    if not modules:
-        raise SourceError(f"{origin}: none of its blocks has timm's attention with a fused and an explicit path "
-                          "(fused_attn, attn_drop), which the library road records")
+    if not modules:  # attention of its own (CaiT, PiT, EfficientFormer ...): the recorder at the attention function
+        return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
     _record_through(modules)
     embed = getattr(trunk, "patch_embed", None)
     if not isinstance(embed, torch.nn.Module) or not hasattr(embed, "patch_size") or not hasattr(embed, "img_size"):
@@ -363,6 +362,11 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     wrapped = TimmLibraryModel(model, layout, modules, trunk)
     if meta:
         problem = _layout_problem(wrapped, channels)
+        if problem and trunk is model:  # what its layout lacks, in the recorder's words (XCiT's channels)
+            try:
+                _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
+            except SourceError as named:
+                raise SourceError(str(named)) from None
         if problem:
             raise SourceError(f"{origin}: {problem}")
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
@@ -370,6 +374,35 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
                 "road": ROAD}
     return Checkpoint(model=wrapped, class_names=names, preprocessing=preprocessing, metadata=metadata, path=path,
                       road=ROAD)
+
+
+def _recorded(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn.Module, names: list[str], kind: str,
+              architecture: str, preprocessing_of) -> Checkpoint:
+    """A timm model none of whose blocks has timm's ``Attention``, through the recorder at the attention function
+    (``recorded_road``), at the input its ``patch_embed`` or ``pretrained_cfg`` says, normalised as
+    ``preprocessing_of`` (timm's transform) says; SourceError (one line) naming what the recorder cannot place."""
+    from vit.sources.library_road import recorded_road
+
+    if trunk is not model:
+        raise SourceError(f"{origin}: none of its blocks has timm's attention with a fused and an explicit path "
+                          "(fused_attn, attn_drop), which the library road records")
+    size = recorded_road._declared(model, "img_size", "image_size")
+    if size is None:
+        size = tuple((getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))[-2:])
+    try:
+        side = _pair(_sides(size), "img_size")
+        timm_says = preprocessing_of(ViTConfig(image_size=side if side[0] != side[1] else side[0], patch_size=1,
+                                               num_classes=0))  # its statistics, from its pretrained_cfg
+        checkpoint = recorded_road._open_recorded(model, origin, timm_says.image_hw, timm_says.mean, timm_says.std,
+                                                None, None)  # the input timm's transform (or the keywords) says
+    except (ValueError, TypeError, SourceError) as e:
+        raise SourceError(f"{origin}: off timm's Attention, the recorder cannot place it: "
+                          f"{(str(e).splitlines() or [''])[0][:400]}") from None
+    checkpoint.path, checkpoint.class_names = path, names if len(names) == len(checkpoint.class_names) else \
+        checkpoint.class_names
+    checkpoint.metadata["source"].update(kind=kind, path=str(path), architecture=architecture)
+    checkpoint.metadata["architecture"] = architecture
+    return checkpoint
 
 
 def open_clip_library(path: Path, state: Mapping[str, torch.Tensor], config_json: Mapping, preprocessing_of,

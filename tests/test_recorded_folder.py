@@ -1,0 +1,143 @@
+"""transformers folders whose attention runs off transformers' attention interface (ViTDet, BLIP's vision) open
+through the recorder at the attention function (``vit.sources.library_road.recorded_folder``); references: each
+model's own eager ``output_attentions``, every layer, every head, every row. One that the recorder cannot place
+either (GroupViT's group tokens) is refused in one line saying so."""
+
+import pytest
+import torch
+import transformers
+
+import vit
+from vit.checkpoint import CheckpointError
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+            patch_size=8)
+MEAN_STD = dict(image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.3, 0.4])
+
+
+def saved(tmp_path, cls, config) -> tuple[torch.nn.Module, object]:
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # weights far from the library's small init, so that each layer's attention is its own
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.5)
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}, **MEAN_STD).save_pretrained(tmp_path)
+    return model, vit.load(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize("cls, config", [
+    (transformers.VitDetModel, transformers.VitDetConfig(**TINY, pretrain_image_size=32)),  # (B * H, T, T) softmax
+    (transformers.BlipVisionModel, transformers.BlipVisionConfig(**TINY)),  # a CLS token, (B, H, T, T)
+], ids=["vitdet", "blip-vision"])
+def test_a_folder_off_the_attention_interface_opens_every_layer_its_own_eager_attention(tmp_path, cls, config):
+    model, checkpoint = saved(tmp_path, cls, config)
+    assert checkpoint.road == "library" and checkpoint.model.num_layers == 2
+    assert checkpoint.preprocessing.mean == (0.5, 0.4, 0.3)
+    pixels = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        own = model(pixels, output_attentions=True).attentions
+        _, recorded = checkpoint.model.run(pixels, layers=[0, 1])
+    prefix = 1 if cls is transformers.BlipVisionModel else 0
+    assert checkpoint.model.layout.num_prefix_tokens == prefix and checkpoint.model.layout.grid == (4, 4)
+    for layer in (0, 1):
+        assert own[layer].shape == (1, 2, 16 + prefix, 16 + prefix)
+        assert torch.allclose(recorded[layer], own[layer], atol=1e-5)
+        assert not torch.allclose(recorded[layer], own[1 - layer], atol=1e-3)  # each layer its own
+
+
+def test_a_folder_the_recorder_cannot_place_either_is_refused_in_one_line(tmp_path):
+    config = transformers.GroupViTVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                               image_size=32, patch_size=8, depths=[1, 1], num_group_tokens=[4, 0],
+                                               num_output_groups=[4, 4], num_hidden_layers=2)
+    with pytest.raises(CheckpointError) as raised:
+        saved(tmp_path, transformers.GroupViTVisionModel, config)
+    message = str(raised.value)
+    assert "\n" not in message and "recorder at the attention function cannot place it" in message
+
+
+def test_a_timm_folder_off_timms_attention_goes_to_the_recorder_and_cait_is_refused_naming_its_class_attention(
+        tmp_path):
+    import timm
+    from timm.models import _hub
+
+    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=32, patch_size=8)
+    model = timm.create_model("cait_xxs24_224", pretrained=False, num_classes=3, **args).eval()
+    _hub.save_for_hf(model, tmp_path, model_args=args, safe_serialization=True)
+    with pytest.raises(CheckpointError) as raised:
+        vit.load(tmp_path, device="cpu")
+    message = str(raised.value)
+    assert "\n" not in message and "the recorder cannot place it" in message
+    assert "class-attention layers (layer 2, blocks_token_only.0.attn: 1 queries over 17 keys)" in message
+
+
+@pytest.mark.parametrize("arch, args, says", [
+    ("pit_ti_224", dict(img_size=32), "tokens 10 -> 5 -> 2)"),
+    ("tnt_s_patch16_224", dict(img_size=32, depth=2), "two token sets that take turns"),
+], ids=["pit", "tnt"])
+def test_a_timm_module_the_recorder_cannot_place_is_refused_naming_what_is_missing(arch, args, says):
+    import timm
+
+    model = timm.create_model(arch, pretrained=False, num_classes=3, **args).eval()
+    with pytest.raises(CheckpointError) as raised:
+        vit.load(model, grid=None, prefix=None, image_size=32, mean=(0.5,) * 3, std=(0.5,) * 3)
+    assert "\n" not in str(raised.value) and says in str(raised.value)
+
+
+def test_a_timm_efficientformer_opens_on_its_stems_flattened_grid_its_layer_its_own_biased_attention():
+    """No patch embedding (a convolutional stem): the grid is the feature map its ``Flat`` flattens row-major into
+    the tokens; the layer equals ``softmax(q k^T * scale + its attention biases)`` from its own qkv."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("efficientformer_l1", pretrained=False, num_classes=3).eval()
+    attention = model.stages[-1].blocks[-1].token_mixer
+    with torch.no_grad():
+        attention.attention_biases.normal_(0, 2.0)  # biases that change the rows (the library's init is zeros)
+    checkpoint = vit.load(model, mean=(0.5,) * 3, std=(0.5,) * 3)
+    layout = checkpoint.model.layout
+    assert (layout.grid, layout.num_prefix_tokens, checkpoint.model.num_layers) == ((7, 7), 0, 1)
+    kept = []
+    handle = attention.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach()))
+    pixels = torch.randn(1, 3, 224, 224)
+    try:
+        _, recorded = checkpoint.model.run(pixels, layers=[0])
+    finally:
+        handle.remove()
+    x = kept[0]  # (1, 49, C)
+    with torch.no_grad():
+        qkv = attention.qkv(x).reshape(1, 49, attention.num_heads, -1).permute(0, 2, 1, 3)
+        q, k, _ = qkv.split([attention.key_dim, attention.key_dim, attention.val_dim], dim=3)
+        biases = attention.attention_biases[:, attention.attention_bias_idxs]
+        own = ((q @ k.transpose(-2, -1)) * attention.scale + biases).softmax(-1)
+        without = ((q @ k.transpose(-2, -1)) * attention.scale).softmax(-1)
+    assert torch.allclose(recorded[0], own, atol=1e-5)
+    assert not torch.allclose(recorded[0], without, atol=1e-3)  # its biases are in the rows
+
+
+def test_a_timm_xcit_folder_is_refused_as_not_attention_over_image_tokens(tmp_path):
+    import timm
+    from timm.models import _hub
+
+    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=32)
+    model = timm.create_model("xcit_nano_12_p8_224", pretrained=False, num_classes=3, **args).eval()
+    _hub.save_for_hf(model, tmp_path, model_args=args, safe_serialization=True)
+    with pytest.raises(CheckpointError) as raised:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(raised.value) and "is not attention over image tokens" in str(raised.value)
+
+
+def test_a_model_that_attends_over_crops_of_one_image_is_refused_not_placed_on_the_whole_image():
+    class Crops(torch.nn.Module):  # a ViT run over the four quarters of its input as a batch of four
+        def __init__(self):
+            super().__init__()
+            self.patch = torch.nn.Conv2d(3, 8, 4, stride=4)
+            self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            quarters = torch.cat([x[..., :8, :8], x[..., :8, 8:], x[..., 8:, :8], x[..., 8:, 8:]])  # (4B, 3, 8, 8)
+            tokens = self.patch(quarters).flatten(2).transpose(1, 2)  # (4B, 4, 8)
+            return self.attn(tokens, tokens, tokens)[0]
+
+    with pytest.raises(CheckpointError, match=r"attends over 4 pieces of one image at once \(crops or tiles\)"):
+        vit.load(Crops(), image_size=16, grid=(4, 4), prefix=0, mean=(0.5,) * 3, std=(0.5,) * 3)

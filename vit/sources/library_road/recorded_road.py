@@ -1,0 +1,336 @@
+"""The recorder's road: any module whose attention the recorder at the attention function sees
+(``vit.core.attention_recorder``), its tokens placed by a traced forward (``infer_layout``), in a ``Checkpoint`` of
+the library road (``ModuleModel``). ``module_road`` opens a module in hand by it, and ``timm_models`` and
+``recorded_folder`` a timm or transformers model whose attention runs off the library's own attention; this module
+imports neither, so each may open a model by it.
+
+Where the tokens sit is inferred from one forward traced on the meta device (no data, no memory of the input's
+size): the patch embedding (a convolution or unfold over the whole input whose stride is its kernel) and the input
+size give the grid, and each call's token count less the patches the prefix tokens, which the module's own token
+parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for (a forward
+that reads a value, which the meta device has none of, is traced on one real image of zeros instead). Every call
+must run over the same tokens; a layout that leaves a token unplaced is refused in one line, never guessed, and one
+over several sets of tokens is refused naming what it lacks (``missing_layout``: pooled stages, pooled keys, two
+token sets, class-attention layers, attention over channels). The module is a classifier when its output is a
+``(B, classes)`` tensor from a linear layer; else its features are the last block's hidden tokens.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
+from vit.core.attention_recorder import AttentionCall, AttentionRecording
+from vit.model import ViTConfig
+from vit.sources.files import _one_line
+from vit.sources.library_road import transformers_models
+from vit.sources.library_road.transformers_models import (
+    PREFIX_PARAMETERS,
+    ROAD,
+    LibraryLayout,
+    LibraryModel,
+    _AttentionRecorder,
+    _pair,
+)
+
+# The names (a parameter's last part) of a module's tokens before its patches: the library road's, and the
+# authors' DINOv2 / DINOv3 (its "storage tokens") and timm spellings of registers and a distillation token
+TOKEN_PARAMETERS = (*PREFIX_PARAMETERS, "reg_token", "dist_token", "class_token", "registers", "storage_tokens")
+
+
+class ModuleModel(LibraryModel):
+    """A module in the user's hands, its attention recorded where it is computed. ``calls`` is the module that
+    makes each attention call, in the forward's order (one per layer); ``names`` their paths in the model."""
+
+    forms_asked_rows = True  # the recorder forms only the asked query rows (``plan.library_attention``)
+
+    def __init__(self, model: torch.nn.Module, layout: LibraryLayout, calls: list[torch.nn.Module],
+                 names: list[str], classifier: bool, heads: int, width: int, channels: int):
+        super().__init__(model, layout, calls)
+        self.names, self.classifier, self.channels = list(names), classifier, channels
+        self._heads, self._width = heads, width
+
+    @property
+    def config(self):
+        """What the cost model and the pages read of it (the module has no config of its own)."""
+        return SimpleNamespace(num_heads=self._heads, num_attention_heads=self._heads, hidden_size=self._width,
+                               num_layers=self.num_layers, num_hidden_layers=self.num_layers,
+                               mlp_size=4 * self._width, patch_size=self.layout.patch_hw,
+                               num_channels=self.channels, image_size=self.layout.image_hw)
+
+    @property
+    def vision_config(self):
+        return self.config
+
+    @property
+    def num_heads(self) -> int:
+        return self._heads
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.classifier
+
+    def cost_shape(self):
+        from vit.costs.plan import LibraryShape
+
+        return LibraryShape(self.num_layers, self._heads, self._width, 4 * self._width, self.layout.num_prefix_tokens,
+                            self.layout.patch_hw, self.channels)
+
+    def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> SimpleNamespace:
+        """The module's own forward of ``pixels``, the layers ``recorder`` lists recorded: ``logits`` of a
+        classifier, else ``last_hidden_state``, the last block's output tokens ``(B, T, D)``."""
+        hidden = {}
+        hook = None
+        last = None if self.classifier else self._last_block()
+        if last is not None:
+            def keep(module, args, output):
+                hidden["x"] = output[0] if isinstance(output, (tuple, list)) else output
+            hook = last.register_forward_hook(keep)
+        try:
+            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(self.model, recorder) as mode:
+                out = self.model(pixels)
+        finally:
+            if hook is not None:
+                hook.remove()
+        if mode.calls != self.num_layers:
+            raise ValueError(f"its forward made {mode.calls} attention calls, not the {self.num_layers} it made when "
+                             "it was opened: its layers change with the input, which this road cannot place")
+        if self.classifier:
+            return SimpleNamespace(logits=out)
+        tokens = hidden.get("x", out[0] if isinstance(out, (tuple, list)) else out)
+        batch = pixels.shape[0]
+        if tokens.dim() == 3 and tokens.shape[0] != batch and tokens.shape[1] == batch:  # (T, B, D): OpenAI CLIP's
+            tokens = tokens.transpose(0, 1)
+        return SimpleNamespace(last_hidden_state=tokens)
+
+    def _last_block(self) -> torch.nn.Module | None:
+        """The block of the last layer (``blocks``), or None where its attention is in no list of blocks (a
+        single attention module): then its output is its features."""
+        try:
+            return self.blocks()[-1]
+        except ValueError:
+            return None
+
+
+def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, meta: bool = True
+           ) -> tuple[list[AttentionCall], AttentionRecording, object]:
+    """One forward of a ``(1, channels, *image_hw)`` input, its attention calls and patch embedding noted. ``meta``:
+    on the meta device (the module's parameters and buffers swapped for meta tensors of their shapes while it runs:
+    no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
+    forward that reads a value, which the meta device has none of)."""
+    trace: list[AttentionCall] = []
+    if meta:
+        swapped = {name: torch.empty_like(t, device="meta")
+                   for name, t in [*model.named_parameters(remove_duplicate=False),
+                                   *model.named_buffers(remove_duplicate=False)]}
+        pixels = torch.empty(1, channels, *image_hw, device="meta")
+        with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
+            out = torch.func.functional_call(model, swapped, (pixels,))
+        return trace, mode, out
+    device = next(model.parameters(), torch.empty(0)).device
+    with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
+        out = model(torch.zeros(1, channels, *image_hw, device=device))
+    return trace, mode, out
+
+
+def token_parameters(model: torch.nn.Module) -> tuple[int, list[str]]:
+    """The tokens the module's own parameters add before its patches (``TOKEN_PARAMETERS``: ``(1, n, D)`` or
+    ``(n, D)`` each, CLIP's ``class_embedding`` ``(D,)`` one), and their names."""
+    count, names = 0, []
+    for name, parameter in model.named_parameters():
+        if name.rpartition(".")[2] in TOKEN_PARAMETERS:
+            count += 1 if parameter.dim() == 1 else int(parameter.shape[-2])
+            names.append(name)
+    return count, names
+
+
+def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Module], patches: int | None) -> str:
+    """What the token counts of ``calls`` (over more than one set of tokens) say the layout lacks, in words: attention
+    over channels (a softmax as wide as its module's heads: XCiT's cross-covariance, not attention over image
+    tokens), pooled keys (fewer keys than queries: Twins, MViT v2), two token sets that take turns (CrossViT's two
+    branches, TNT's inner and outer tokens), class-attention layers (a few queries over every token: CaiT), else
+    pooled stages (PiT, LeViT). ``patches``: the patch embedding's count, where one was found (a softmax as wide
+    as the heads over as many tokens as the patches, or a few more, is taken for attention over tokens)."""
+    for c in calls:
+        module = modules.get(c.name)
+        width = getattr(module, "head_dim", None) or (_width(module, c.heads) // c.heads if module else None)
+        over_tokens = patches is not None and 0 <= c.keys - patches <= 8
+        if c.queries == c.keys == width and not over_tokens and any(o.keys != width for o in calls):
+            return (f"cross-covariance attention (layer {c.index}, {c.name}: over {width} channels a head) is not "
+                    "attention over image tokens")
+    pooled = next((c for c in calls if c.keys < c.queries), None)
+    if pooled is not None:
+        return (f"pooled keys (layer {pooled.index}, {pooled.name}: {pooled.queries} queries over {pooled.keys} keys, "
+                "a spatial reduction)")
+    seen, back = [], None
+    for c in calls:
+        if seen and c.queries != seen[-1] and c.queries in seen:
+            back = c
+            break
+        if not seen or c.queries != seen[-1]:
+            seen.append(c.queries)
+    if back is not None:
+        return (f"two token sets that take turns (layer {back.index}, {back.name}, over {back.queries} tokens again: "
+                "two branches, or inner and outer tokens)")
+    few = next((c for c in calls if c.queries < c.keys and c.queries <= 4), None)
+    if few is not None:
+        return f"class-attention layers (layer {few.index}, {few.name}: {few.queries} queries over {few.keys} keys)"
+    change = next(c for c in calls if c.queries != calls[0].queries)
+    return f"pooled stages (layer {change.index}, {change.name}: tokens {' -> '.join(str(n) for n in seen[:6])})"
+
+
+def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: int,
+                 grid: tuple[int, int] | None = None, prefix: int | None = None
+                 ) -> tuple[LibraryLayout, list[AttentionCall], bool]:
+    """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls, and whether it is a classifier
+    (its output a ``(B, n)`` linear layer's), from one forward on the meta device. ``grid`` (rows, cols) and
+    ``prefix`` override the patch embedding's grid and the token parameters' count. ValueError (one line) where the
+    calls run over different token counts or the layout does not account for every token."""
+    try:
+        calls, mode, out = _trace(model, image_hw, channels)
+    except Exception:  # noqa: BLE001 - a forward that reads a value (.item(), numpy): one image, for real
+        try:
+            calls, mode, out = _trace(model, image_hw, channels, meta=False)
+        except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
+            raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
+                             f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
+    if not calls:
+        raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
+                         "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
+    counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
+    if len(counts) != 1:
+        names = dict(model.named_modules())
+        patches = (image_hw[0] // mode.patch[0]) * (image_hw[1] // mode.patch[1]) if mode.patch else None
+        raise ValueError(f"its {missing_layout(calls, names, patches)}: no layout on this road")
+    crops = next((c for c in calls if c.batch != 1), None)
+    if crops is not None:  # one image's forward attends over several pieces of it (Depth Pro's patches)
+        raise ValueError(f"its layer {crops.index} ({crops.name}) attends over {crops.batch} pieces of one image "
+                         "at once (crops or tiles): no layout on this road")
+    tokens = counts[0]
+    if grid is not None:
+        gh, gw = _pair(tuple(grid), "grid")
+        if image_hw[0] % gh or image_hw[1] % gw:
+            raise ValueError(f"grid {gh}x{gw} does not divide the {image_hw[0]}x{image_hw[1]}-px input into whole "
+                             "patches")
+        patch = (image_hw[0] // gh, image_hw[1] // gw)
+    elif mode.patch is not None:
+        patch = mode.patch
+        gh, gw = image_hw[0] // patch[0], image_hw[1] // patch[1]
+    elif mode.flat_grid is not None and not (image_hw[0] % mode.flat_grid[0] or image_hw[1] % mode.flat_grid[1]):
+        gh, gw = mode.flat_grid  # a convolutional stem's map, flattened row-major into the tokens
+        patch = (image_hw[0] // gh, image_hw[1] // gw)
+    else:
+        raise ValueError("no patch embedding found (a convolution or unfold over the whole input whose stride is its "
+                         "kernel, or a feature map flattened into the tokens): give grid=(rows, cols)")
+    extra = tokens - gh * gw
+    if extra < 0:
+        raise ValueError(f"its attention runs over {tokens} tokens, fewer than the {gh}x{gw} patches of a "
+                         f"{patch[0]}x{patch[1]}-px patch at {image_hw[0]}x{image_hw[1]} px (windows, or a stage "
+                         "after a downsampling, which this road has no layout for); give grid=(rows, cols) if its "
+                         "tokens are one grid")
+    if prefix is None:
+        counted, names = token_parameters(model)
+        if counted != extra:
+            said = f"its token parameters ({', '.join(names)}) account for {counted}" if names else \
+                "no token parameter of its (cls_token, register_tokens, ...) accounts for them"
+            raise ValueError(f"its attention runs over {tokens} tokens, {gh}x{gw} patches and {extra} more, and "
+                             f"{said}; give prefix={extra} if all {extra} come before the patches")
+        prefix = extra
+    elif isinstance(prefix, bool) or not isinstance(prefix, int) or prefix != extra:
+        raise ValueError(f"its attention runs over {tokens} tokens: {gh}x{gw} patches and {extra} more, not "
+                         f"prefix={str(prefix)[:20]}; {extra - prefix if isinstance(prefix, int) else extra} "
+                         "token(s) would be left unplaced")
+    classifier = (isinstance(out, torch.Tensor) and out.dim() == 2 and mode.linear_out is out)
+    return LibraryLayout(prefix, patch, tuple(image_hw)), calls, classifier
+
+
+def _declared(module: torch.nn.Module, *names: str):
+    """The first of ``names`` the module (or its ``patch_embed``) declares, else None."""
+    for owner in (module, getattr(module, "patch_embed", None)):
+        for name in names:
+            value = getattr(owner, name, None)
+            if value is not None and not isinstance(value, torch.Tensor | torch.nn.Module):
+                return value
+    return None
+
+
+def _statistics(module: torch.nn.Module, mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``mean`` and ``std`` as given, else what the object declares (open_clip's ``preprocess_cfg`` or
+    ``image_mean`` / ``image_std``, timm's ``pretrained_cfg``); ValueError (one line) where neither says."""
+    cfg = getattr(module, "preprocess_cfg", None) or getattr(module, "pretrained_cfg", None) or {}
+    mean = mean if mean is not None else getattr(module, "image_mean", None) or cfg.get("mean")
+    std = std if std is not None else getattr(module, "image_std", None) or cfg.get("std")
+    if mean is None or std is None:
+        raise ValueError(f"{type(module).__name__} declares no normalisation: give mean= and std= (e.g. ImageNet's "
+                         "mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))")
+    try:
+        return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    except (TypeError, ValueError):
+        raise ValueError(f"mean {str(mean)[:40]} and std {str(std)[:40]} are not sequences of numbers") from None
+
+
+def _image_hw(module: torch.nn.Module, image_size) -> tuple[int, int]:
+    size = image_size if image_size is not None else _declared(module, "image_size", "img_size", "input_resolution")
+    if size is None and type(module).__module__.startswith("transformers.") and hasattr(module, "config"):
+        size = transformers_models.config_size(module.config)
+    if size is None:
+        raise ValueError(f"{type(module).__name__} does not say what input it takes: give image_size=(height, width)")
+    return _pair(tuple(size) if isinstance(size, list) else size, "image_size")
+
+
+def _preprocessing(module, image_hw, channels, mean, std) -> Preprocessing:
+    mean, std = _statistics(module, mean, std)
+    side = image_hw if image_hw[0] != image_hw[1] else image_hw[0]
+    return Preprocessing(image_size=side, num_channels=channels, mean=mean, std=std)
+
+
+def _channels(module: torch.nn.Module) -> int:
+    """The input channels of the module's first convolution (3 where it has none)."""
+    conv = next((m for m in module.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    return int(conv.in_channels) if conv is not None else 3
+
+
+def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Checkpoint:
+    image_hw = _image_hw(module, image_size)
+    channels = _channels(module)
+    preprocessing = _preprocessing(module, image_hw, channels, mean, std)
+    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix)
+    # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits
+    classifier = classifier and not type(module).__module__.startswith("open_clip")
+    names = {name: m for name, m in module.named_modules()}
+    stand_in = ViTConfig(image_size=preprocessing.image_size, patch_size=layout.patch_hw if layout.patch_hw[0] !=
+                         layout.patch_hw[1] else layout.patch_hw[0], num_channels=channels, num_classes=0)
+    problem = preprocessing_problem(preprocessing, stand_in)
+    if problem:
+        raise ValueError(problem)
+    first = calls[0]
+    width = _width(names[first.name], first.heads)
+    model = ModuleModel(module, layout, [names[c.name] for c in calls], [c.name for c in calls], classifier,
+                        first.heads, width, channels)
+    n = _output_classes(module, classifier)
+    architecture = f"module:{type(module).__module__}.{type(module).__qualname__}"
+    metadata = {"source": {"kind": "module", "path": None, "architecture": architecture},
+                "architecture": architecture, "parameters": sum(p.numel() for p in module.parameters()),
+                "road": ROAD, "layers": [c.name for c in calls]}
+    return Checkpoint(model=model, class_names=[f"class {i}" for i in range(n)], preprocessing=preprocessing,
+                      metadata=metadata, path=None, road=ROAD)
+
+
+def _width(attention: torch.nn.Module, heads: int) -> int:
+    """The attention's width (its heads' dimensions together): an ``embed_dim``, a ``qkv`` layer's input, else
+    the first linear layer's."""
+    width = getattr(attention, "embed_dim", None) or getattr(attention, "dim", None)
+    if isinstance(width, int):
+        return width
+    linear = next((m for m in attention.modules() if isinstance(m, torch.nn.Linear)), None)
+    return int(linear.in_features) if linear is not None else heads * 64
+
+
+def _output_classes(module: torch.nn.Module, classifier: bool) -> int:
+    """A classifier's classes: its last linear layer's outputs."""
+    if not classifier:
+        return 0
+    linear = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    return int(linear[-1].out_features) if linear else 0
