@@ -24,7 +24,7 @@ from vit.core.images import ImageError
 from vit.core.inference import input_shape
 from vit.core.text import escape_markdown, file_name_part, visible
 from vit.explain.methods.rise import FIRST_LOOK_MASKS
-from vit.explain.views import library_maps
+from vit.explain.views.library import road_maps as library_maps
 from vit.explain.views.overlay import to_png_bytes
 
 METHOD_KEY = "library_method"
