@@ -23,6 +23,7 @@ from vit.core.inference import preprocess  # noqa: E402
 from vit.explain.methods.attention import layer_on_grid  # noqa: E402
 from vit.model import LayerLayout  # noqa: E402
 from vit.sources import open as sources  # noqa: E402
+from vit.sources import weights_files  # noqa: E402
 
 VISION = dict(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=24,
               fullatt_block_indexes=[2])  # layers 0, 1, 3 in 112-px windows, 2 global
@@ -138,7 +139,7 @@ def test_only_the_towers_tensors_and_shards_are_read(folder, monkeypatch):
     tower = {shard for key, shard in index.items() if key.startswith("visual.")}
     assert set(index.values()) - tower  # some shards hold the language model alone
     opened, read = [], []
-    real = sources.read_weights
+    real = weights_files.read_weights  # what read_hf_weights reads each shard with
 
     def spy(path, *args, **kwargs):
         state = real(path, *args, **kwargs)
@@ -146,7 +147,7 @@ def test_only_the_towers_tensors_and_shards_are_read(folder, monkeypatch):
         read.extend(state)
         return state
 
-    monkeypatch.setattr(sources, "read_weights", spy)
+    monkeypatch.setattr(weights_files, "read_weights", spy)
     checkpoint = sources.open_source(folder)
     assert set(opened) == tower
     assert read and all(key.startswith("visual.") for key in read)

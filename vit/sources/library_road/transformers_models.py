@@ -471,7 +471,7 @@ class LibraryModel(torch.nn.Module):
         """Whether the model is a DPT with its own ViT, whose neck (transformers' ``DPTReassembleStage``, given no
         patch grid) reshapes the tokens to a square grid: a non-square input (its keep-aspect resize) fails there, in
         transformers too. Its ViT's attention computes fine: ``run`` reads it from the ViT alone."""
-        config = self.model.config
+        config = getattr(self.model, "config", None)  # a module in hand (the recorded road's) may have none
         return (getattr(config, "model_type", None) == "dpt" and not getattr(config, "is_hybrid", False)
                 and getattr(config, "backbone_config", None) is None and hasattr(self.model, "neck"))
 
