@@ -1,0 +1,73 @@
+"""Every page's view in its link (issue 116, item 6): the library road's page writes its view (model, image, map,
+layer, head, query, opacity) into the URL as the main page does, offers it to copy, and a fresh session opened on
+that URL shows the same view, the same map value for value; a page that stops before its view (no image yet) holds
+its own model in the URL, never the previous page's view; a model without "Ask the VLM" carries no question. The
+models are built tiny with random weights by transformers itself (test_library_path's ``save_family``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_app import default_world, dirs, run_app, sidebar_widget, upload  # noqa: F401 (fixtures)
+from test_app_share import notes, open_link, url
+from test_library_explorer import choose_attention, opened, photo, shown_map
+from test_library_path import save_family
+
+from app_pages.explorer_sections import ask_vlm
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs", "home")]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def test_the_library_pages_link_reopens_the_same_view_in_a_fresh_session(tmp_path):
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")  # a CLS token: query 6 is patch row 2, col 2
+    at = choose_attention(opened(folder), layer=0, head=1, query=6)
+    at.sidebar.slider(key="opacity").set_value(0.35).run()
+    drawn = shown_map(at)
+    link = url(at)
+    assert link["model"] == str(folder) and len(link["upload"]) == 64  # the upload, kept by the server for links
+    assert {k: link[k] for k in ("map", "layer", "head", "query", "opacity")} == {
+        "map": "attention", "layer": "1", "head": "2", "query": "6", "opacity": "0.35"}  # layer and head from 1
+    assert any(f"upload={link['upload']}" in c.value for c in at.main.code)  # "Copy link to this view" offers it
+    again = open_link(link)
+    assert not again.error, [e.value for e in again.error]
+    assert again.session_state["library_method"] == "attention"
+    assert sidebar_widget(again, "slider", "Layer").value == 1
+    assert sidebar_widget(again, "selectbox", "Head").value == 1
+    assert sidebar_widget(again, "selectbox", "Query token").value == 6
+    assert again.session_state["opacity"] == 0.35
+    np.testing.assert_array_equal(shown_map(again), drawn)  # the same map, value for value
+    assert url(again) == link  # and the reopened page's own link is the link it was opened with
+
+
+def test_a_links_head_past_the_libraries_model_is_one_line_and_the_rest_applies(tmp_path):
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")
+    at = choose_attention(opened(folder), layer=0, head=0, query=6)
+    link = {**url(at), "head": "99"}
+    again = open_link(link)
+    assert notes(again) == ["The link's head=99 was not used: this model has 4 heads per layer."]
+    assert sidebar_widget(again, "selectbox", "Query token").value == 6
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_library_model_waiting_for_its_image_holds_itself_in_the_url_not_the_previous_view(tmp_path):
+    at = run_app()
+    assert url(at)["model"] != str(tmp_path / "ijepa") and "map" in url(at)  # the main page's view
+    folder = save_family(tmp_path / "ijepa", "ijepa")
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    assert any("Upload an image" in i.value for i in at.info)  # the page waits for an image
+    assert url(at) == {"model": str(folder)}  # a reload opens this model, not the shipped one with its settings
+    upload(at, "photo.png", photo()[0])
+    assert url(at)["model"] == str(folder) and "upload" in url(at)
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_model_without_ask_the_vlm_carries_no_question_in_its_link():
+    at = run_app(**{ask_vlm.QUESTION_KEY: "What is in the picture?"})  # an earlier VLM's question in the session
+    assert "question" not in url(at) and "model" in url(at)
