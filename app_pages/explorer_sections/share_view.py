@@ -95,6 +95,7 @@ def read_link(may_open: bool) -> None:
         st.session_state["explorer_checkpoint"] = found.path  # as another page opens one
     checked = {name: values[name] for name in ("size", "map") if name in values}  # against the model's options
     ask_vlm.take_link(values)
+    ask_in_words.take_link(values)
     for name, key in WIDGETS.items():
         if name in values:
             st.session_state[key] = values.pop(name)
@@ -261,6 +262,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
     labels = str(st.session_state.get(ask_in_words.LABELS_KEY) or "").strip()
     if labels:
         values["labels"] = labels
+        values.update(ask_in_words.link_values())
     if s.kind in vlm_words.KINDS:
         values.update(space=bool(st.session_state.get(word_lens.SPACE_KEY)) or None, word=view.word,
                       target=view.target if "target" in controls else None)

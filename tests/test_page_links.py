@@ -71,3 +71,29 @@ def test_a_library_model_waiting_for_its_image_holds_itself_in_the_url_not_the_p
 def test_a_model_without_ask_the_vlm_carries_no_question_in_its_link():
     at = run_app(**{ask_vlm.QUESTION_KEY: "What is in the picture?"})  # an earlier VLM's question in the session
     assert "question" not in url(at) and "model" in url(at)
+
+
+def test_ask_in_words_link_keeps_the_picked_label_minus_and_method(tmp_path):
+    """The map "Ask in words" draws (its label, the label subtracted, its method) is in the link, by the labels'
+    text, and a fresh session opened on it draws the same map."""
+    from test_app_words import ask, open_clip_app
+    from test_prompts import save_open_clip
+
+    _, folder = save_open_clip(tmp_path / "open_clip", layers=2)
+    at = open_clip_app(folder, photo()[0])
+    ask(at, "a dog, a cat, a ball")
+    picks = {w.label: w for w in at.main.selectbox}
+    picks["Map for"].set_value(1)
+    picks["Minus (optional)"].set_value(2)
+    picks["Method"].set_value("attnlrp")
+    at.run()
+    link = url(at)
+    assert {k: link[k] for k in ("wlabel", "wminus", "wmethod")} == {"wlabel": "a cat", "wminus": "a ball",
+                                                                     "wmethod": "attnlrp"}
+    drawn = [c.value for c in at.main.caption if "minus" in c.value]
+    again = open_link(link)
+    shown = {w.label: w.value for w in again.main.selectbox}
+    assert (shown["Map for"], shown["Minus (optional)"], shown["Method"]) == (1, 2, "attnlrp")
+    assert [c.value for c in again.main.caption if "minus" in c.value] == drawn and drawn
+    assert {k: url(again)[k] for k in ("wlabel", "wminus", "wmethod")} == {k: link[k] for k in
+                                                                           ("wlabel", "wminus", "wmethod")}
