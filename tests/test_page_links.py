@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import displayed
 from test_app import default_world, dirs, run_app, sidebar_widget, upload  # noqa: F401 (fixtures)
 from test_app_share import notes, open_link, url
 from test_library_explorer import choose_attention, opened, photo, shown_map
@@ -97,3 +98,42 @@ def test_ask_in_words_link_keeps_the_picked_label_minus_and_method(tmp_path):
     assert [c.value for c in again.main.caption if "minus" in c.value] == drawn and drawn
     assert {k: url(again)[k] for k in ("wlabel", "wminus", "wmethod")} == {k: link[k] for k in
                                                                            ("wlabel", "wminus", "wmethod")}
+
+
+# -- item 7: the library page's reading aids are the main page's ------------------------------------------------------
+
+def test_the_library_page_shows_a_colour_bar_its_range_and_which_colour_is_for(tmp_path):
+    from vit.app import drawing
+
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")  # a classifier: cat, dog, fox
+    at = choose_attention(opened(folder), layer=0, head=1, query=6)
+    values = shown_map(at)  # the attention row the page draws (test_library_explorer: transformers' own)
+    low, high = float(values.min()), float(values.max())
+    assert any(h.proto.body == drawing.colorbar_html(low, high, "inferno") for h in at.main.get("html"))
+    assert any(f"Colours span {low:.3g} (dark) to {high:.3g} (bright) on this map."
+               in displayed(c.value) for c in at.main.caption)
+    at.sidebar.selectbox(key="library_method").set_value("attnlrp").run()
+    assert not at.error, [e.value for e in at.error]
+    signed = shown_map(at)
+    bound = float(np.abs(signed).max())
+    assert any(h.proto.body == drawing.colorbar_html(-bound, bound, "RdBu_r") for h in at.main.get("html"))
+    [caption] = [displayed(c.value) for c in at.main.caption if "Colours span" in displayed(c.value)]
+    assert "Red is evidence for" in caption and "blue against it" in caption
+
+
+def test_the_library_pages_export_names_the_model_and_the_image_and_outlines_the_query(tmp_path, monkeypatch):
+    import vit
+    from vit.app import export, library_view
+
+    outlines = []
+    drawn = export.drawing.overlay_image
+    monkeypatch.setattr(export.drawing, "overlay_image", lambda *a, **k: outlines.append(a[6]) or drawn(*a, **k))
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")  # one CLS token: query 6 is patch 5
+    explanation = vit.explain(vit.load(folder, device="cpu"), photo()[1], "attention", layer=0, head=1, query=6)
+    html = library_view.view_html(explanation, 0.6, "my-msn", "photo.png")
+    assert "<h1>photo.png — my-msn: " in html  # the title names the image and the model
+    assert "<tr><th>Model</th><td>my-msn</td></tr><tr><th>Image</th><td>photo.png</td></tr>" in html
+    assert "Colours span" in html  # the page's caption, its colour key included
+    assert outlines[0] == 5  # the query's patch outlined, as the page draws it
+    library_view.view_html(vit.explain(vit.load(folder, device="cpu"), photo()[1], "rollout"), 0.6, "m", "p.png")
+    assert outlines[-1] is None  # a map that reads no query outlines none

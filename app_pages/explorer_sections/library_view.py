@@ -127,6 +127,10 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
     return method, asked
 
 
+def _export(explained, opacity: float, model_name: str, image_name: str) -> bytes:
+    return view.view_html(explained, opacity, model_name, image_name).encode("utf-8")
+
+
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _explain(fingerprint: tuple, digest: str, method: str, asked: tuple, _checkpoint: Checkpoint,
              _image: Image.Image):
@@ -170,8 +174,11 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
         if "query" in asked else "ignore"
     st.plotly_chart(view.map_picker_figure(explained, opacity), key=PICKER_KEY, on_select=picker,
                     selection_mode="points", config={"displayModeBar": False})
+    colormap, low, high, key = view.colour_key(explained)
+    st.html(drawing.colorbar_html(low, high, colormap))  # as the main page draws it
     st.caption(f"{escape_markdown(visible(explained.description))} Drawn over the pixels the model saw of "
-               f"{escape_markdown(visible(name))}, on its own {explained.grid[0]}×{explained.grid[1]} patch grid.")
+               f"{escape_markdown(visible(name))}, on its own {explained.grid[0]}×{explained.grid[1]} patch grid. "
+               + escape_markdown(key))
     stem = "-".join(part for part in (file_name_part(Path(name).stem) or "image", method,
                                       *(f"{k}{v}" for k, v in sorted(asked.items()) if v is not None)))
     as_link, as_png, as_html = st.columns(3)
@@ -179,11 +186,12 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     as_png.download_button("Overlay (PNG)", data=partial(to_png_bytes, explained.overlay(alpha=opacity)),
                            file_name=f"{stem}-overlay.png", mime="image/png", on_click="ignore",
                            key="library_download_png")
-    as_html.download_button("This view, offline (HTML)", data=partial(explained.html, opacity),
+    as_html.download_button("This view, offline (HTML)", data=partial(_export, explained, opacity, entry.name, name),
                             file_name=f"{stem}.html", mime="text/html", on_click="ignore",
                             key="library_download_html",
                             help="One self-contained file: the image, the map with its colour bar and caption, the "
-                                 "heads, the prediction and the settings; it opens without this server.")
+                                 "heads, the prediction and the settings (the model and the image first); it opens "
+                                 "without this server.")
     sheet = view.heads_sheet(explained, opacity)
     if sheet is not None:
         st.subheader("Heads")
