@@ -137,3 +137,21 @@ def test_the_library_pages_export_names_the_model_and_the_image_and_outlines_the
     assert outlines[0] == 5  # the query's patch outlined, as the page draws it
     library_view.view_html(vit.explain(vit.load(folder, device="cpu"), photo()[1], "rollout"), 0.6, "m", "p.png")
     assert outlines[-1] is None  # a map that reads no query outlines none
+
+
+def test_an_attributions_caption_on_the_library_road_names_its_baseline_and_settings(tmp_path):
+    """The library road's caption of an attribution is the main page's (``captum_maps.caption``): the baseline it
+    ran from and its steps named, as given to vit.explain."""
+    import vit
+
+    folder = save_family(tmp_path / "vit_msn", "vit_msn")
+    checkpoint = vit.load(folder, device="cpu")
+    default = vit.explain(checkpoint, photo()[1], "integrated_gradients", n_steps=4).description
+    assert "from a baseline of zeros in the model's normalised input (every pixel at the preprocessing's mean " \
+           "colour) to the image" in default and "4 steps" in default
+    black = vit.explain(checkpoint, photo()[1], "integrated_gradients", n_steps=4, baseline="black").description
+    assert "from a black image (baseline=black) to the image" in black
+    at = opened(folder)
+    at.sidebar.selectbox(key="library_method").set_value("integrated_gradients").run()
+    assert not at.error, [e.value for e in at.error]
+    assert any("baseline of zeros" in displayed(c.value) and "50 steps" in displayed(c.value) for c in at.main.caption)

@@ -340,9 +340,11 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
     shown = {"method": method, "layer": layer if "layer" in chosen.reads else None,
              "head": head if "head" in chosen.reads else None, "query": query if "query" in chosen.reads else None,
              "target": class_index, **options}
+    settings = {k: v for k, v in options.items() if v is not None and k in chosen.reads}  # an attribution's, named
+    description = chosen.describe(layer, head, query, drawn.target, **settings)
     return Explanation(method, drawn.map, image, seen_region(image, checkpoint.preprocessing),
                        input_box(image.size, checkpoint.preprocessing), drawn.grid, drawn.num_prefix_tokens,
-                       drawn.prediction, drawn.target, query, chosen.describe(layer, head, query, drawn.target),
+                       drawn.prediction, drawn.target, query, description,
                        drawn.heads, drawn.heads_layer, {k: v for k, v in shown.items() if v is not None},
                        pixels=drawn.pixels)
 
