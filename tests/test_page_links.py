@@ -155,3 +155,19 @@ def test_an_attributions_caption_on_the_library_road_names_its_baseline_and_sett
     at.sidebar.selectbox(key="library_method").set_value("integrated_gradients").run()
     assert not at.error, [e.value for e in at.error]
     assert any("baseline of zeros" in displayed(c.value) and "50 steps" in displayed(c.value) for c in at.main.caption)
+
+
+def test_sam3s_page_waiting_for_a_concept_holds_its_model_and_image_in_the_url(tmp_path_factory):
+    """Before a concept is typed the SAM 3 page draws no instance, yet its URL is its own view (the model and the
+    image), not the previous page's: a reload reopens SAM 3 on that image."""
+    from test_app_concepts import opened as opened_sam3
+    from test_sam3_concepts import build_sam3
+
+    folder = build_sam3(tmp_path_factory.mktemp("sam3"))
+    at = opened_sam3(folder)
+    assert any("Type a concept" in c.value for c in at.main.caption)  # nothing asked yet
+    link = url(at)
+    assert link["model"] == str(folder) and len(link["upload"]) == 64 and "map" not in link
+    again = open_link(link)
+    assert any("Type a concept" in c.value for c in again.main.caption)
+    assert url(again) == link
