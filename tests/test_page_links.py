@@ -123,11 +123,11 @@ def test_the_library_page_shows_a_colour_bar_its_range_and_which_colour_is_for(t
 
 def test_the_library_pages_export_names_the_model_and_the_image_and_outlines_the_query(tmp_path, monkeypatch):
     import vit
-    from vit.app import export, library_view
+    from vit.app import drawing, library_view
 
     outlines = []
-    drawn = export.drawing.overlay_image
-    monkeypatch.setattr(export.drawing, "overlay_image", lambda *a, **k: outlines.append(a[6]) or drawn(*a, **k))
+    drawn = drawing.overlay_image  # the export draws through it (vit.app.export reads drawing.overlay_image)
+    monkeypatch.setattr(drawing, "overlay_image", lambda *a, **k: outlines.append(a[6]) or drawn(*a, **k))
     folder = save_family(tmp_path / "vit_msn", "vit_msn")  # one CLS token: query 6 is patch 5
     explanation = vit.explain(vit.load(folder, device="cpu"), photo()[1], "attention", layer=0, head=1, query=6)
     html = library_view.view_html(explanation, 0.6, "my-msn", "photo.png")
