@@ -66,13 +66,13 @@ entry = entries[choice]
 starting.clear()  # app.py's frame for a fresh server: the page's own title takes its place
 st.title("ViT Attention Explorer")
 share_view.show_notes(choice)  # what a link could not use, where its recipient looks first
+model_text = share.model_text(choice, entry.name, share.model_names(entries.values()))  # what a link names it by
+view_link.follow_model(model_text)  # never the previous model's view in the URL, whichever page draws this one
 if concept_view.applies(entry.path):  # SAM 3: a concept in, its instances out (issue 94), transformers' own model
-    concept_view.concept_view(entry, entries, explorer.image_digest(choice.encode())[:10],
-                              share.model_text(choice, entry.name, share.model_names(entries.values())))
+    concept_view.concept_view(entry, entries, explorer.image_digest(choice.encode())[:10], model_text)
     st.stop()
 if vlm_view.applies(entry.path):  # a whole VLM whose tower no port reads (issue 92): its question page alone
-    vlm_view.vlm_view(entry, entries, explorer.image_digest(choice.encode())[:10],
-                      share.model_text(choice, entry.name, share.model_names(entries.values())), may_open)
+    vlm_view.vlm_view(entry, entries, explorer.image_digest(choice.encode())[:10], model_text, may_open)
     st.stop()
 if not entry.ok:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
@@ -88,8 +88,7 @@ model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range d
 if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what the images are prepared with
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 if video.is_video(checkpoint):  # a clip in, its maps per frame (issue 65); the image sections below take images
-    clip_view.clip_view(checkpoint, fingerprint, model_key,
-                        share.model_text(choice, entry.name, share.model_names(entries.values())), entry.name)
+    clip_view.clip_view(checkpoint, fingerprint, model_key, model_text, entry.name)
     st.stop()
 if getattr(checkpoint.model, "takes_clips", False):  # PE video as transformers builds it (issue 91): no clip view yet
     st.info("This video model opened as its library builds it (PE video): draw its maps in a notebook, "
@@ -97,8 +96,8 @@ if getattr(checkpoint.model, "takes_clips", False):  # PE video as transformers 
             "draws the ports' video models for now.")
     st.stop()
 if checkpoint.road == "library":  # the library's own model, its attention recorded (issue 91): the maps that road
-    library_view.library_view(checkpoint, fingerprint, entry, entries, model_key)  # draws, in a smaller view of its
-    st.stop()  # own; the sections below read our own ViT
+    library_view.library_view(checkpoint, fingerprint, entry, entries, model_key, model_text)  # draws, in a smaller
+    st.stop()  # view of its own; the sections below read our own ViT
 
 
 full_checkpoint, full_fingerprint = checkpoint, fingerprint
@@ -160,8 +159,8 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
 prediction_box = main_view.main_view(state, main, places, map_choice.query_key, image_name, seen, shown_uri, box,
                                      invert)
 # The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
-shared = share_view.view_values(share.model_text(choice, entry.name, share.model_names(entries.values())), state,
-                                image_name, sample, invert)
+asks_vlm = not has_text_tower(checkpoint) and can_answer(full_checkpoint)  # the page has "Ask the VLM"
+shared = share_view.view_values(model_text, state, image_name, sample, invert, asks_vlm)
 view_link.follow(shared)
 share_view.share_buttons(shared, state, main, image_name, entry.name)
 
@@ -180,7 +179,7 @@ if has_text_tower(checkpoint):
         prediction_box.markdown(words.describe_prediction(asked))
 elif vlm_words.has_words(checkpoint.model):  # a VLM's tower: words against its language model's embeddings
     word_lens.ask_in_words(state)
-if not has_text_tower(checkpoint) and can_answer(full_checkpoint):  # the whole VLM in its folder (issue 80)
+if asks_vlm:  # the whole VLM in its folder (issue 80)
     ask_vlm.ask_vlm(state, may_open, shared, entry.name, image_name)
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------

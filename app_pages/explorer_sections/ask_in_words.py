@@ -8,9 +8,10 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from app_pages.explorer_sections import view_link
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing
+from vit.app import drawing, share
 from vit.app.word_figures import curves_figure, scores_figure
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core.inference import InputSize
@@ -23,6 +24,9 @@ from vit.sources.vlm.text_tower import MAX_LABELS, open_text_tower, split_labels
 LABELS_KEY, ENSEMBLE_KEY, TEMPLATE_KEY = "words_labels", "words_ensemble", "words_template"
 LABEL_KEY, MINUS_KEY, METHOD_KEY, CURVES_KEY = "words_label", "words_minus", "words_method", "words_curves"
 DRAWN_KEY = "words_asked_drawn"  # the labels the rest of the page was last drawn with
+LINKED_KEY = "words_linked"  # a link's label, minus and method, until the labels they name are asked
+PICKED_KEY = "words_picked"  # the map's label, minus and method last drawn, as a link's values
+PICKS = ("wlabel", "wminus", "wmethod")  # the link's parameters of the section's map
 KEPT = ("words_",)  # every key of this section: the map's controls are drawn only while labels are asked
 
 
@@ -61,6 +65,36 @@ def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str
              index: int, method: str, _asked: words.Answer, _checkpoint: Checkpoint,
              _image: Image.Image) -> np.ndarray:
     return words.word_map(_checkpoint, _asked, _image, index, method, size)
+
+
+def take_link(values: dict) -> None:
+    """Once per session (``share_view.read_link``): the link's map label, minus and method wait for the labels."""
+    linked = {name: values.pop(name) for name in PICKS if name in values}
+    if linked:
+        st.session_state[LINKED_KEY] = linked
+
+
+def _apply_link(labels: list[str], methods: dict[str, str]) -> list[str]:
+    """The link's label and minus (by their text) and method as the pickers' values, where these labels and this
+    model have them; one line for each that they do not."""
+    linked, notes = st.session_state.pop(LINKED_KEY, None) or {}, []
+    for name, key in (("wlabel", LABEL_KEY), ("wminus", MINUS_KEY)):
+        if name in linked and linked[name] in labels:
+            st.session_state[key] = labels.index(linked[name])
+        elif name in linked:
+            notes.append(share.dropped(name, linked[name], "it is not one of the link's labels"))
+    if linked.get("wmethod") in methods:
+        st.session_state[METHOD_KEY] = linked["wmethod"]
+    elif "wmethod" in linked:
+        notes.append(share.dropped("wmethod", linked["wmethod"], f"this model's methods are {', '.join(methods)}"))
+    return notes
+
+
+def link_values() -> dict[str, object]:
+    """The section's map in the page's link: its label and minus (their text) and method, while labels are asked."""
+    if not str(st.session_state.get(LABELS_KEY) or "").strip():
+        return {}
+    return {k: v for k, v in (st.session_state.get(PICKED_KEY) or {}).items() if v is not None}
 
 
 @st.fragment
@@ -106,11 +140,16 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         st.caption(words.describe_scores(asked, ensemble))
     with col_map:
         methods = words.prompts.methods_for(checkpoint.model)
+        for line in _apply_link(labels, methods):
+            st.caption(escape_markdown(line))
         chosen = st.selectbox("Map for", range(len(labels)), key=LABEL_KEY,
                               format_func=lambda i: labels[i])
         minus = st.selectbox("Minus (optional)", [None, *range(len(labels))], key=MINUS_KEY,
                              format_func=lambda i: "nothing: this label's own map" if i is None else labels[i])
         method = st.selectbox("Method", list(methods), format_func=methods.get, key=METHOD_KEY)
+        st.session_state[PICKED_KEY] = {"wlabel": labels[chosen], "wminus": None if minus is None else labels[minus],
+                                        "wmethod": method}
+        view_link.follow_part(link_values(), PICKS)  # a click here reruns this fragment alone
         try:
             map_a = word_map(*model, tuple(labels), tuple(templates), chosen, method, asked, checkpoint, image)
             other = None if minus is None or minus == chosen else minus

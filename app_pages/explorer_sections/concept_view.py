@@ -149,7 +149,8 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
         except ValueError as e:
             st.error(_one_line(e))
             return
-    if not text.strip() and box is None:
+    view_link.follow(_asked_values(model_text, image_name, is_sample, text.strip() or None, box))  # the found
+    if not text.strip() and box is None:  # instance's view (``_draw``) adds to it
         st.caption("Type a concept (a noun phrase), or give an exemplar box: SAM 3 finds every instance of it, and "
                    "the page shows which image tokens each instance's object query looked at.")
         return
@@ -177,6 +178,16 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
 
     patch = int(sam3.model.config.vision_config.backbone_config.patch_size)
     _draw(found, image_name, model_text, is_sample, pixel_map, patch)
+
+
+def _asked_values(model_text: str, image_name: str, is_sample: bool, text: str | None,
+                  box: tuple | None) -> dict[str, object]:
+    """The view's part that a concept's answer does not decide, as ``vit.app.share``'s values: the model, the image
+    (a sample by name, an upload by the server's store's SHA-256), the concept, its box and the threshold."""
+    values = {"model": model_text,
+              **({"sample": image_name} if is_sample else {"upload": st.session_state.get(share_view.SHOWN_KEY)}),
+              "concept": text, "cbox": box, "cthreshold": st.session_state.get(THRESHOLD_KEY)}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _draw(found, image_name: str, model_text: str, is_sample: bool, pixel_map, patch: int) -> None:
@@ -246,9 +257,7 @@ def _draw(found, image_name: str, model_text: str, is_sample: bool, pixel_map, p
     with col_bar:
         st.html(drawing.colorbar_html(low, high, colormap))
         st.caption(caption + " " + drawing.describe_range(map2d, vmin, vmax))
-    values = {"model": model_text,  # the image: a sample by name, an upload by the server's store's SHA-256
-              **({"sample": image_name} if is_sample else {"upload": st.session_state.get(share_view.SHOWN_KEY)}),
-              "concept": found.text, "cbox": found.box, "cthreshold": st.session_state.get(THRESHOLD_KEY),
+    values = {**_asked_values(model_text, image_name, is_sample, found.text, found.box),
               "instance": found.instance + 1, "cmethod": None if method == "attention" else method,
               "clayer": None if layer is None else layer + 1,
               "chead": None if head is None else 0 if head == MEAN else head + 1}

@@ -21,7 +21,7 @@ from functools import partial
 import streamlit as st
 from PIL import Image
 
-from app_pages.explorer_sections import sae_files
+from app_pages.explorer_sections import sae_files, view_link
 from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, drivers_exemplars, exemplars
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
@@ -177,14 +177,8 @@ def link_values() -> dict[str, object]:
 
 
 def follow_link() -> None:
-    """The URL follows the section's SAE, block and feature: a click here reruns this fragment alone, which the
-    page's own ``view_link.follow`` does not see until the page runs again."""
-    wanted = share.encode(link_values())
-    for name in ("sae", "sae_layer", "feature"):
-        if name not in wanted:
-            st.query_params.pop(name, None)
-        elif st.query_params.get(name) != wanted[name]:
-            st.query_params[name] = wanted[name]
+    """The URL follows the section's SAE, block and feature (this fragment's clicks rerun it alone)."""
+    view_link.follow_part(link_values(), ("sae", "sae_layer", "feature"))
 
 
 def show_linked(d_sae: int) -> None:

@@ -13,11 +13,9 @@ import streamlit as st
 from PIL import Image
 
 import vit
-from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
-from app_pages.explorer_sections.image_picker import UPLOAD_KEY
-from app_pages.explorer_sections.uploader import file_upload
-from vit.app import catalog, drawing
-from vit.app import explorer_page as explorer
+from app_pages.explorer_sections import share_view, view_link
+from app_pages.explorer_sections.concept_view import sidebar_image
+from vit.app import catalog, drawing, share
 from vit.app import library_view as view
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError
@@ -32,39 +30,12 @@ PICKER_KEY = "library_map_picker"
 PREDICTED = -1  # the class picker's "the predicted class"
 MEAN = -1  # the head picker's "the heads' mean"
 # kept by the page while not drawn (a rejected upload stops it before the map's controls)
-KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-", "library_opacity")
+KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-")  # opacity: the page's
+HINT = "Upload an image in the sidebar to see what the model attends to."
 
 
 def _one_line(error: Exception) -> str:
     return escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))
-
-
-def _image(entry: catalog.CatalogEntry, entries: dict, model_key: str) -> tuple[Image.Image, str, str]:
-    """The sidebar's image (an upload, else a sample of the checkpoint) as (image, its name, its digest); stops
-    the page, saying what to do, without one."""
-    st.sidebar.header("Image")
-    uploaded = file_upload(st.sidebar, "Upload an image", UPLOAD_KEY, type=UPLOAD_TYPES,
-                           help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio: the model sees it "
-                                "at its own input size.")
-    samples = catalog.sample_images(entry, list(entries.values()))
-    sample = None
-    if samples:
-        sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
-                                      key=f"sample-{model_key}", disabled=uploaded is not None,
-                                      help="Remove the upload to use the samples again.")
-    if uploaded is not None:
-        data, name = uploaded.getvalue(), uploaded.name
-    elif sample is not None:
-        data, name = sample.read_bytes(), sample.name
-    else:
-        st.info("Upload an image in the sidebar to see what the model attends to.")
-        st.stop()
-    digest = explorer.image_digest(data)
-    try:
-        return decode_image(digest, name, False, data), name, digest
-    except ImageError as e:
-        st.error(f"Cannot use this upload: {_one_line(e)}")
-        st.stop()
 
 
 def _pick_query(key: str, num_prefix_tokens: int) -> None:
@@ -72,6 +43,30 @@ def _pick_query(key: str, num_prefix_tokens: int) -> None:
     token = drawing.token_from_selection(st.session_state[PICKER_KEY].selection, num_prefix_tokens)
     if token is not None:
         st.session_state[key] = token
+
+
+def _take_link(checkpoint: Checkpoint, model_key: str, names: list[str]) -> None:
+    """A link's map, class, layer, head (from 1) and query as the sidebar's values, checked against the model (one
+    line for each dropped); its opacity is the page's own widget's (``share_view.read_link`` set it)."""
+    pending = st.session_state.pop(share_view.PENDING_KEY, None)
+    if not pending:
+        return
+    model = checkpoint.model
+    values, notes = share.fit(pending, layers=model.num_layers, heads=model.num_heads, tokens=2**31,
+                              classes=len(checkpoint.class_names))
+    if "map" in values and values["map"] not in names:
+        notes.append(share.dropped("map", values.pop("map"), f"this model's maps are {', '.join(names)}"))
+    if "map" in values:
+        st.session_state[METHOD_KEY] = values["map"]
+    for name, key, value in (("class", "library_class-", values.get("class")),
+                             ("layer", "library_layer-", values.get("layer")),
+                             ("head", "library_head-", None if "head" not in values else values["head"] - 1),
+                             ("query", "library_query-", values.get("query"))):
+        if name in values:
+            st.session_state[key + model_key] = value
+    share_view.note(notes)
+    # the query waits for the image's tokens (``_settings``)
+    st.session_state[share_view.PENDING_KEY] = {k: v for k, v in values.items() if k == "query"}
 
 
 def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tuple[str, dict]:
@@ -87,6 +82,7 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
     grid = (shape[0] // layout.patch_hw[0], shape[1] // layout.patch_hw[1])
     st.sidebar.header("Map")
     names = library_maps.method_names(classifier, model)
+    _take_link(checkpoint, model_key, names)
     if st.session_state.get(METHOD_KEY) not in names:
         st.session_state.pop(METHOD_KEY, None)
     method = st.sidebar.selectbox("Map", names, key=METHOD_KEY, format_func=view.method_label,
@@ -108,8 +104,13 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
         head = st.sidebar.selectbox("Head", [MEAN, *range(model.num_heads)], key=f"library_head-{model_key}",
                                     format_func=lambda h: "the heads' mean" if h == MEAN else f"head {h + 1}")
         asked["head"] = None if head == MEAN else head
+    linked = (st.session_state.pop(share_view.PENDING_KEY, None) or {}).get("query")
     if "query" in reads:
         tokens = view.query_options(grid, layout.num_prefix_tokens)
+        if linked is not None and linked not in tokens:
+            share_view.note([share.dropped("query", str(linked), f"this input has {len(tokens)} tokens, 0 to "
+                                                                  f"{len(tokens) - 1}")])
+            st.session_state.pop(f"library_query-{model_key}", None)
         asked["query"] = st.sidebar.selectbox(  # without CLS, vit.explain's default first (None): what it reads
             "Query token", tokens if layout.num_prefix_tokens else [None, *tokens],
             key=f"library_query-{model_key}",
@@ -126,6 +127,10 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
     return method, asked
 
 
+def _export(explained, opacity: float, model_name: str, image_name: str) -> bytes:
+    return view.view_html(explained, opacity, model_name, image_name).encode("utf-8")
+
+
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _explain(fingerprint: tuple, digest: str, method: str, asked: tuple, _checkpoint: Checkpoint,
              _image: Image.Image):
@@ -133,13 +138,29 @@ def _explain(fingerprint: tuple, digest: str, method: str, asked: tuple, _checkp
     return vit.explain(_checkpoint, _image, method, **dict(asked))
 
 
+def link_values(model_text: str, name: str, is_sample: bool, method: str, asked: dict,
+                opacity: float) -> dict[str, object]:
+    """The view as ``vit.app.share``'s values, as the main page writes them: the layer and head from 1, the query
+    and class by their index (left out where the sidebar shows its default: the predicted class, the heads' mean)."""
+    values = {"model": model_text,  # the image: a sample by name, an upload by the server's store's SHA-256
+              **({"sample": name} if is_sample else {"upload": st.session_state.get(share_view.SHOWN_KEY)}),
+              "map": method, "class": asked.get("target"),
+              "layer": None if asked.get("layer") is None else asked["layer"] + 1,
+              "head": None if asked.get("head") is None else asked["head"] + 1, "query": asked.get("query"),
+              "opacity": opacity}
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.CatalogEntry, entries: dict,
-                 model_key: str) -> None:
+                 model_key: str, model_text: str) -> None:
     """The page for ``checkpoint`` (``road == "library"``), below the sidebar's checkpoint; ``entries``: the
-    checkpoints the page lists (their samples)."""
-    image, name, digest = _image(entry, entries, model_key)
+    checkpoints the page lists (their samples); ``model_text``: what a link names the model by."""
+    image, name, digest, is_sample = sidebar_image(entry, entries, model_key, hint=HINT, model="the model")
     method, asked = _settings(checkpoint, model_key, image)
-    opacity = st.sidebar.slider("Overlay opacity", 0.0, 1.0, 0.6, 0.05, key="library_opacity")
+    st.session_state.setdefault("opacity", 0.6)  # the main page's widget: a link's opacity sets it
+    opacity = st.sidebar.slider(share.LABELS["opacity"], 0.0, 1.0, step=0.05, key="opacity")
+    values = link_values(model_text, name, is_sample, method, asked, opacity)
+    view_link.follow(values)  # before the map: a reload while it computes (or after a refusal) opens this view
     try:
         explained = _explain(fingerprint, digest, method, tuple(sorted(asked.items())), checkpoint, image)
     except (ValueError, ImageError) as e:  # the cost model's refusal, a map that does not apply here
@@ -153,19 +174,24 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
         if "query" in asked else "ignore"
     st.plotly_chart(view.map_picker_figure(explained, opacity), key=PICKER_KEY, on_select=picker,
                     selection_mode="points", config={"displayModeBar": False})
+    colormap, low, high, key = view.colour_key(explained)
+    st.html(drawing.colorbar_html(low, high, colormap))  # as the main page draws it
     st.caption(f"{escape_markdown(visible(explained.description))} Drawn over the pixels the model saw of "
-               f"{escape_markdown(visible(name))}, on its own {explained.grid[0]}×{explained.grid[1]} patch grid.")
+               f"{escape_markdown(visible(name))}, on its own {explained.grid[0]}×{explained.grid[1]} patch grid. "
+               + escape_markdown(key))
     stem = "-".join(part for part in (file_name_part(Path(name).stem) or "image", method,
                                       *(f"{k}{v}" for k, v in sorted(asked.items()) if v is not None)))
-    as_png, as_html = st.columns(2)
+    as_link, as_png, as_html = st.columns(3)
+    view_link.link_popover(as_link, values)
     as_png.download_button("Overlay (PNG)", data=partial(to_png_bytes, explained.overlay(alpha=opacity)),
                            file_name=f"{stem}-overlay.png", mime="image/png", on_click="ignore",
                            key="library_download_png")
-    as_html.download_button("This view, offline (HTML)", data=partial(explained.html, opacity),
+    as_html.download_button("This view, offline (HTML)", data=partial(_export, explained, opacity, entry.name, name),
                             file_name=f"{stem}.html", mime="text/html", on_click="ignore",
                             key="library_download_html",
                             help="One self-contained file: the image, the map with its colour bar and caption, the "
-                                 "heads, the prediction and the settings; it opens without this server.")
+                                 "heads, the prediction and the settings (the model and the image first); it opens "
+                                 "without this server.")
     sheet = view.heads_sheet(explained, opacity)
     if sheet is not None:
         st.subheader("Heads")

@@ -38,7 +38,7 @@ WIDGETS = {"size": "input_side", "aspect": "keep_aspect", "invert": "invert", "f
            "space": word_lens.SPACE_KEY, "target": word_lens.TARGET_KEY, "sae_layer": features.LAYER_KEY}
 
 
-def _note(lines: list[str]) -> None:
+def note(lines: list[str]) -> None:
     """Adds lines on what the link could not use to those ``show_notes`` draws (at once, once it has drawn them)."""
     if not lines:
         return
@@ -58,7 +58,7 @@ def show_notes(choice: str) -> None:
     the link opened (``choice``) is shown; later notes of the same run (a layer past this model's) join them."""
     hub = st.session_state.pop(LINKED_HUB_KEY, None)
     if hub is not None and not st.session_state.get("explorer_opened_hub"):
-        _note([share.dropped("model", hub, f"it did not open from this server's Hugging Face cache (the sidebar's "
+        note([share.dropped("model", hub, f"it did not open from this server's Hugging Face cache (the sidebar's "
                                            f"\"{OPEN_HUB}\" says why); {share.DEFAULT_OPENED}")])
     notes = st.session_state.get(NOTES_KEY)
     if notes is not None and notes["model"] is None:  # the notes of the link's first run
@@ -85,7 +85,7 @@ def read_link(may_open: bool) -> None:
     if not params:
         return
     values, notes = share.decode(params, share.model_names(catalog.find_checkpoints()), may_open)
-    _note(notes)
+    note(notes)
     found = values.pop("model", None)
     st.session_state[LINKED_KEY] = dict(values)
     if found is not None and found.kind == "hub":
@@ -95,6 +95,7 @@ def read_link(may_open: bool) -> None:
         st.session_state["explorer_checkpoint"] = found.path  # as another page opens one
     checked = {name: values[name] for name in ("size", "map") if name in values}  # against the model's options
     ask_vlm.take_link(values)
+    ask_in_words.take_link(values)
     for name, key in WIDGETS.items():
         if name in values:
             st.session_state[key] = values.pop(name)
@@ -115,7 +116,7 @@ def read_link(may_open: bool) -> None:
     for name in PAGE_FIRST:  # left out of a link: the default, not the page's first look
         if name in takes and name not in dict(linked):
             st.session_state[option_key(name)] = getattr(captum_maps.Options(), name)
-    _note([f"The link's {captum_maps.options_text(((name, value),))} was not used: {kind or 'the default map'} "
+    note([f"The link's {captum_maps.options_text(((name, value),))} was not used: {kind or 'the default map'} "
            "does not take it."
            for name, value in linked if name not in takes])
     if "mass" in values:
@@ -163,7 +164,7 @@ def apply_sample(model_key: str, samples: list[Path] | None) -> None:
         return
     found = next((p for p in samples or [] if p.name == name), None)
     if found is None:
-        _note([share.dropped("sample", name, "this model has no sample image of that name")])
+        note([share.dropped("sample", name, "this model has no sample image of that name")])
     else:
         st.session_state[f"sample-{model_key}"] = found
 
@@ -174,7 +175,7 @@ def apply_size(sides: list[int]) -> None:
     side = (st.session_state.get(PENDING_KEY) or {}).pop("size", None)
     if side is not None and side not in sides:
         offered = ", ".join(map(str, sides[1:]))
-        _note([share.dropped("size", str(side), f"this model's sizes are 0 (its own), {offered}")])
+        note([share.dropped("size", str(side), f"this model's sizes are 0 (its own), {offered}")])
         st.session_state["input_side"] = 0
 
 
@@ -185,7 +186,7 @@ def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
     if "ablate" not in pending:
         return
     values, notes = share.fit({"ablate": pending.pop("ablate")}, layers=layers, heads=heads, tokens=0, classes=0)
-    _note(notes)
+    note(notes)
     if "ablate" in values:
         st.session_state[mechanism.ablate_key(model_key)] = list(values["ablate"])
         st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
@@ -215,7 +216,7 @@ def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_
         else:
             notes.append(share.dropped("word", values["word"], "it is not one of the link's words (labels)"
                                        if has_words else "this model is no vision-language model's tower"))
-    _note(notes)
+    note(notes)
     kind = {explorer.MORE_METHODS: st.session_state.get("method_kind"),
             vlm_words.CHOICE: st.session_state.get(word_lens.METHOD_KEY)}.get(st.session_state.get("map_kind"),
                                                                            st.session_state.get("map_kind"))
@@ -228,8 +229,10 @@ def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_
         st.session_state[features.LINKED_KEY] = values["feature"]  # checked against the SAE once it is open
 
 
-def view_values(model: str, view: Shown, image_name: str, sample: Path | None, invert: bool) -> dict[str, object]:
-    """What decides the view now, as ``vit.app.share``'s values."""
+def view_values(model: str, view: Shown, image_name: str, sample: Path | None, invert: bool,
+                asks_vlm: bool = False) -> dict[str, object]:
+    """What decides the view now, as ``vit.app.share``'s values; a question to the VLM only where the page ``asks_vlm``
+    (another model's question and clip, still in the session, are not this view's)."""
     s = view.settings
     controls = _controls(view)
     values: dict[str, object] = {"model": model}
@@ -259,6 +262,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
     labels = str(st.session_state.get(ask_in_words.LABELS_KEY) or "").strip()
     if labels:
         values["labels"] = labels
+        values.update(ask_in_words.link_values())
     if s.kind in vlm_words.KINDS:
         values.update(space=bool(st.session_state.get(word_lens.SPACE_KEY)) or None, word=view.word,
                       target=view.target if "target" in controls else None)
@@ -266,7 +270,8 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
     if heads:
         values["ablate"] = tuple(heads[0])
     values.update(features.link_values())
-    values.update(ask_vlm.link_values())
+    if asks_vlm:
+        values.update(ask_vlm.link_values())
     values.update(sam_prompts.link_values(view))
     return {k: v for k, v in values.items() if v is not None}
 
@@ -353,7 +358,7 @@ def apply_clip_link(model_key: str, kinds: tuple[str, ...], layers: int, heads: 
     ignored = [name for name in values if name not in ("map", "layer", "head", "opacity", "ablate", "upload",
                                                         "frame", "patch", "class")]
     notes += [share.dropped(name, str(values[name]), "a clip's view has no such setting") for name in ignored]
-    _note(notes)
+    note(notes)
     st.session_state[CLIP_PENDING_KEY] = {k: values[k] for k in ("frame", "patch", "class") if k in values}
 
 
@@ -363,7 +368,7 @@ def apply_clip_bounds(model_key: str, frames: int, grid: tuple[int, int], classe
     if not pending:
         return
     values, notes = share.fit(pending, layers=0, heads=0, tokens=0, classes=classes, clip=(frames, *grid))
-    _note(notes)
+    note(notes)
     if "frame" in values:
         st.session_state["clip_frame"] = values["frame"]
     if "patch" in values:

@@ -16,6 +16,27 @@ def follow(values: dict[str, object]) -> None:
         st.query_params.from_dict(params)
 
 
+def follow_part(values: dict[str, object], names: tuple[str, ...]) -> None:
+    """The URL's parameters ``names`` follow ``values`` (the others kept): a section that is a fragment reruns
+    alone on a click there, which the page's own ``follow`` does not see until the page runs again."""
+    wanted = share.encode(values)
+    for name in names:
+        if name not in wanted:
+            st.query_params.pop(name, None)
+        elif st.query_params.get(name) != wanted[name]:
+            st.query_params[name] = wanted[name]
+
+
+def follow_model(model: str) -> None:
+    """Before a page draws anything: a URL that names another model than the one shown (the previous page's view, a
+    link whose model did not open) holds the shown model alone until the page writes its view, so that a reload or a
+    bookmark taken meanwhile (a page waiting for an upload or a concept, or one that stops early) opens this model,
+    never the previous one with its settings."""
+    params = st.query_params.to_dict()
+    if params and params.get("model") != share.encode({"model": model}).get("model"):
+        st.query_params.from_dict(share.encode({"model": model}))
+
+
 def link_popover(where, values: dict[str, object], what: str = "image") -> None:
     """"Copy link to this view" in ``where``: the URL of the view ``values`` describe, to copy."""
     url = str(st.context.url or "").split("?")[0] + "?" + urlencode(share.encode(values))

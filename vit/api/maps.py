@@ -115,7 +115,7 @@ class Explanation:
 
     def html(self, alpha: float = 0.6, colormap: str = "inferno") -> str:
         """The text ``to_html`` writes: the view as one self-contained, offline ``.html``."""
-        from vit.app.export import View, view_html  # the explorer's export, as its Download button writes it
+        from vit.app.export import View, shown_settings, view_html  # the explorer's export, as its button writes it
 
         cmap, vmin, vmax = map_colours(self.method, self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
@@ -149,14 +149,6 @@ class Explanation:
 
     def _repr_png_(self) -> bytes:
         return to_png_bytes(self._shown())
-
-
-def shown_settings(settings: dict) -> dict:
-    """An explanation's ``settings`` (``explain``'s arguments, counted from 0) as its export shows them beside its
-    caption, which counts layers and heads from 1 as the explorer does: layers and heads from 1, the key saying so
-    (a token keeps its index: 0 is CLS)."""
-    return {f"{k} (from 1)" if k in ("layer", "head") and isinstance(v, int) else k:
-            v + 1 if k in ("layer", "head") and isinstance(v, int) else v for k, v in settings.items()}
 
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
@@ -348,9 +340,11 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
     shown = {"method": method, "layer": layer if "layer" in chosen.reads else None,
              "head": head if "head" in chosen.reads else None, "query": query if "query" in chosen.reads else None,
              "target": class_index, **options}
+    settings = {k: v for k, v in options.items() if v is not None and k in chosen.reads}  # an attribution's, named
+    description = chosen.describe(layer, head, query, drawn.target, **settings)
     return Explanation(method, drawn.map, image, seen_region(image, checkpoint.preprocessing),
                        input_box(image.size, checkpoint.preprocessing), drawn.grid, drawn.num_prefix_tokens,
-                       drawn.prediction, drawn.target, query, chosen.describe(layer, head, query, drawn.target),
+                       drawn.prediction, drawn.target, query, description,
                        drawn.heads, drawn.heads_layer, {k: v for k, v in shown.items() if v is not None},
                        pixels=drawn.pixels)
 

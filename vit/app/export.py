@@ -286,3 +286,11 @@ def clip_html(view: ClipView, frame_ms: int = 500) -> str:
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>{html.escape(view.title)}</title><style>{style}</style>"
             f"<script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")
+
+
+def shown_settings(settings: dict) -> dict:
+    """An explanation's ``settings`` (``explain``'s arguments, counted from 0) as its export shows them beside its
+    caption, which counts layers and heads from 1 as the explorer does: layers and heads from 1, the key saying so
+    (a token keeps its index: 0 is CLS)."""
+    return {f"{k} (from 1)" if k in ("layer", "head") and isinstance(v, int) else k:
+            v + 1 if k in ("layer", "head") and isinstance(v, int) else v for k, v in settings.items()}

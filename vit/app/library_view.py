@@ -14,7 +14,7 @@ from PIL import Image
 from vit import registry
 from vit.app import drawing
 from vit.explain.views.map_captions import token_label
-from vit.explain.views.overlay import display_image, jpeg_data_uri, map_colours
+from vit.explain.views.overlay import display_image, is_signed, jpeg_data_uri, map_colours
 
 HEADS_COLUMNS = 8  # heads per row of the sheet
 
@@ -70,3 +70,38 @@ DEFAULT_QUERY = "the centre patch; rollout and class maps: the mean of the patch
 def query_options(grid: tuple[int, int], num_prefix_tokens: int) -> list[int]:
     """Every token a map may be asked of: the prefix tokens, then the patches row-major."""
     return list(range(num_prefix_tokens + math.prod(grid)))
+
+
+def colour_key(explanation, colormap: str = "inferno") -> tuple[str, float, float, str]:
+    """The colour bar and the sentence under the map, as the main page draws them (``drawing.colorbar_html``,
+    ``drawing.describe_range``): ``(colour map, low, high, sentence)``; a signed map (AttnLRP) on its diverging
+    scale around 0 says which colour is for the explained class and which against it."""
+    cmap, vmin, vmax = map_colours(explanation.method, explanation.map, colormap)
+    low, high = drawing.map_range(explanation.map, vmin, vmax)
+    text = drawing.describe_range(explanation.map, vmin, vmax)
+    if is_signed(explanation.method):
+        what = f"“{explanation.target}”" if explanation.target is not None else "the explained output"
+        text += f" Red is evidence for {what}, blue against it, white 0."
+    return cmap, low, high, text
+
+
+def view_html(explanation, opacity: float, model_name: str, image_name: str, colormap: str = "inferno") -> str:
+    """The view as one offline ``.html``, through the main page's export (``vit.app.export.view_html``): titled with
+    the image and the model, its caption the page's (with the colour key), the query's patch outlined where the map
+    reads a query, and the model and the image first among the settings."""
+    from vit.app.export import View, shown_settings
+    from vit.app.export import view_html as page_html
+
+    cmap, vmin, vmax = map_colours(explanation.method, explanation.map, colormap)
+    method = registry.find_method(explanation.method)
+    query = explanation.settings.get("query")
+    heads = explanation.heads
+    return page_html(View(
+        title=f"{image_name} — {model_name}: {method.title if method is not None else explanation.method}",
+        seen=explanation.seen, map2d=np.asarray(explanation.map), grid=explanation.grid if explanation.pixels else None,
+        caption=f"{explanation.description} {colour_key(explanation, colormap)[3]}", colormap=cmap, vmin=vmin,
+        vmax=vmax, opacity=opacity, query=-1 if query is None else query,  # -1: no patch outlined
+        num_prefix_tokens=explanation.num_prefix_tokens, heads=heads,
+        heads_caption=heads_caption(explanation) if heads is not None else "", heads_layer=explanation.heads_layer,
+        prediction=explanation.prediction,
+        settings={"Model": model_name, "Image": image_name, **shown_settings(explanation.settings)}))

@@ -22,6 +22,7 @@ from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.core.inference import MAX_INPUT_SIDE
 from vit.core.text import visible
+from vit.explain.language.prompts import PROMPT_METHODS
 from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_CLIP_FRAMES, MAX_IMAGES, MAX_NEW_TOKENS
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.captum_maps import options_text, parse_options
@@ -172,7 +173,8 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "attr": _options,  # captum's and RISE's settings that differ from their defaults: n_steps=20,baselines=0.5
     "opacity": _steps(0.0, 1.0), "cmap": _one_of(COLORMAPS), "scale": _one_of(tuple(COLOUR_SCALES)),
     "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
-    "labels": _text, "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
+    "labels": _text, "wlabel": _text, "wminus": _text, "wmethod": _one_of(tuple(PROMPT_METHODS)),  # "Ask in words"
+    "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
     "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
     "frame": _whole(1), "patch": _patch,  # a clip's shown sampled frame, its query patch
     # "Ask the VLM": the question, the answer's length, the clicked answer token and the language model's layer and
@@ -205,7 +207,8 @@ LABELS = {
     "end": "Up to layer", "discard": "Discard ratio", "attr": "Attribution settings",
     "opacity": "Opacity", "cmap": "Colour map", "scale": "Colour scale", "upsample": "Upsampling",
     "grid": "Show the patch grid", "mass": "Share of the mass",
-    "labels": "Labels", "space": "Read each word after a space", "word": "Word", "target": "Target",
+    "labels": "Labels", "wlabel": "Map for", "wminus": "Minus", "wmethod": "Method",
+    "space": "Read each word after a space", "word": "Word", "target": "Target",
     "sae": "SAE folder", "sae_layer": "Block it reads", "feature": "Feature",
     "ablate": "Heads switched off in every map",
     "frame": "Frame", "patch": "Query patch",
@@ -240,7 +243,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "size": lambda v: size_option(v, size_label, own_size),
         "map": lambda v: WORD_KINDS.get(v) or CLIP_KIND_LABELS.get(v) or method_of(v).title,
         "patch": lambda v: f"frame {v[0]}, row {v[1]}, col {v[2]}",
-        "target": TARGETS.get,
+        "target": TARGETS.get, "wmethod": PROMPT_METHODS.get,
         "class": lambda v: class_option(v, class_names, predicted),
         "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),
         "head": lambda v: head_option(v - 1),  # a link counts heads from 1, the picker from 0

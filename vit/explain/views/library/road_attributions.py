@@ -24,24 +24,6 @@ from vit.explain.methods.captum_maps import (
 )
 from vit.explain.views.library.road_maps import LibraryMap, LibraryMethod, prediction_of
 
-# What each caption says the map shows. ``describe`` is not given the options, so none names a setting's value:
-# vit.explain's settings list those it ran with.
-_SHOWS = {
-    "integrated_gradients": "the gradient of the class score along the straight path from the baseline to the "
-                            "image, times the input's difference (Sundararajan et al., 2017; captum's)",
-    "smoothgrad": "the gradient of the class score averaged over noisy copies of the input (Smilkov et al., 2017; "
-                  "captum's NoiseTunnel)",
-    "input_x_gradient": "the input times the gradient of the class score (captum's InputXGradient)",
-    "occlusion": "how much the class score drops when a window there is set to the baseline (Zeiler & Fergus, "
-                 "2014; captum's Occlusion)",
-    "feature_ablation": "how much the class score drops when the patch is set to the baseline (captum's "
-                        "FeatureAblation)",
-    "kernel_shap": "each patch's Shapley value for the class score, estimated from random coalitions of patches, "
-                   "the others set to the baseline (Lundberg & Lee, 2017; captum's KernelShap)",
-    "rise": "the mean of random masks, each weighted by the class's probability of the image masked by it "
-            "(Petsiuk et al., 2018)",
-}
-
 
 def _draw(method: str):
     """``method``'s ``LibraryMethod.draw``: its options checked, its forwards and batch counted, then captum's (or
@@ -72,11 +54,14 @@ def _draw(method: str):
 
 
 def _describe(method: str):
-    """``method``'s ``LibraryMethod.describe``: its name, the class, what the map shows and how it is reduced."""
-    title = captum_maps.caption(method)[0]
-    where = "summed over the colour channels at each of the model's input pixels" if method in PIXEL_METHODS else \
-        ("summed per patch" if method == "rise" else "the mean over each patch's pixels and channels")
-    return lambda layer, head, query, target: f"{title} of {target!r}: {_SHOWS[method]}, {where}."
+    """``method``'s ``LibraryMethod.describe``: the main page's caption of the map (``captum_maps.caption``: its name,
+    what it shows with the settings it ran with, its baseline named), the class, and a patch method's reduction."""
+    def describe(layer, head, query, target, **options) -> str:
+        title, shows = captum_maps.caption(method, captum_maps.Options.of(method, options),
+                                           pixels=method in PIXEL_METHODS)
+        where = ", the mean over each patch's pixels and channels" if method in captum_maps.PATCH_METHODS else ""
+        return f"{title} of {target!r}: {shows}{where}."
+    return describe
 
 
 METHODS = tuple(LibraryMethod(method, ("target", *OPTIONS[method]), True, _draw(method), _describe(method))
