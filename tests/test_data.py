@@ -495,3 +495,34 @@ def test_trivialaugment_changes_images_individually():
     changed = (out != images).flatten(1).any(1)
     # Identity, and the mirror-free draws of identity-like ops, leave some images untouched; most change.
     assert 0 < changed.sum() < 64
+
+
+def test_a_decoding_worker_writes_its_shares_images_as_decode_file_gives_them_and_each_files_error(tmp_path):
+    """vit.training.decoding's request and answer, run in this process (the folder's processes run it by name): the
+    images stacked in the files' order as ``decode_file`` gives each, and a one-line error where a file is not one;
+    the JSON written last."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    from vit.training import decoding
+    from vit.training.data import decode_file
+
+    rng = np.random.default_rng(0)
+    files = []
+    for i, size in enumerate(((40, 30), (12, 20))):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+        files.append(str(path))
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    files.insert(1, str(tmp_path / "bad.png"))
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"files": files, "image_size": 16, "num_channels": 3, "out": str(tmp_path / "s")}))
+    assert decoding.main([str(request)]) == 0
+    images, errors = np.load(tmp_path / "s.npy"), json.loads((tmp_path / "s.json").read_text())["errors"]
+    expected = [decode_file(Path(f), 16, 3) for f in files]
+    assert images.shape == (2, 3, 16, 16) and images.dtype == np.uint8
+    np.testing.assert_array_equal(images, np.stack([expected[0].numpy(), expected[2].numpy()]))
+    assert errors[0] is None and errors[2] is None and isinstance(errors[1], str) and "\n" not in errors[1]
