@@ -9,7 +9,10 @@ The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transf
 prompt through the folder's processor and chat template) and each map is ``VLMAnswer.attention``: a notebook given
 the same folder, image and question gets the map drawn here. The answer is kept per (model, image, question,
 length), so a click on a token, a layer or a head only redraws. The question and the answer are data: shown as plain
-text (``st.text``, a table), escaped where a label or caption reads Markdown. Not a fragment: its values are part of
+text (``st.text``, a table), escaped where a label or caption reads Markdown. Inside the language model (issue 115),
+on demand: the map without the visual sinks, the clicked token's knockout curve over windows of layers (the whole
+image or a box of it) and the heads that ground it, a layer x head grid whose clicked cell draws that head's map
+(``vit.app.vlm_inside``). Not a fragment: its values are part of
 the page's link (``link_values``), which the page writes when it reruns.
 """
 
@@ -23,7 +26,7 @@ from app_pages.explorer_sections import view_link
 from app_pages.explorer_sections.caches import CLIP_UPLOAD_TYPES, UPLOAD_TYPES, decode_image, sampled_clip, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
-from vit.app import drawing, share, vlm_ask
+from vit.app import drawing, share, vlm_ask, vlm_inside
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
 from vit.core.clips import SampledClip
@@ -44,10 +47,16 @@ MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files",
 CLIP_KEY, CLIP_FILE_KEY, CLIP_SEEN_KEY, FRAMES_KEY = "vlm_ask_clip", "ask_vlm_clip_file", "ask_vlm_clip_seen", \
     "vlm_ask_frames"
 DEFAULT_FRAMES = 8
+# Inside the language model (issue 115): the map without the visual sinks, the knockout curve (its window of layers,
+# its box or the whole image), the heads grid and the cell clicked in it (not under KEPT's prefix: a selection's
+# state cannot be written back), and what they computed for the answer shown
+SINKS_KEY, KNOCKOUT_KEY, WINDOW_KEY, KBOX_KEY = "vlm_ask_sinks", "vlm_ask_knockout", "vlm_ask_window", "vlm_ask_kbox"
+HEADS_KEY, GRID_KEY, INSIDE_KEY = "vlm_ask_heads", "ask_vlm_grid", "ask_vlm_inside"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY, "lm_frames": FRAMES_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY, "lm_frames": FRAMES_KEY,
+           "lm_sinks": SINKS_KEY, "lm_heads": HEADS_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
@@ -69,6 +78,10 @@ def take_link(values: dict) -> None:
         st.session_state[MORE_KEY] = list(values.pop("more"))
     if "lm_clip" in values:
         st.session_state[CLIP_KEY] = values.pop("lm_clip")
+    if "lm_knockout" in values:  # the curve shown, over windows of this many layers
+        st.session_state[KNOCKOUT_KEY], st.session_state[WINDOW_KEY] = True, values.pop("lm_knockout")
+    if "lm_kbox" in values:
+        st.session_state[KBOX_KEY] = vlm_inside.box_text(values.pop("lm_kbox"))
     picked = {name: values.pop(name) for name in PICKED if name in values}
     if picked:
         st.session_state[LINKED_KEY] = picked
@@ -95,6 +108,14 @@ def link_values() -> dict[str, object]:
     values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
     values["lm_overview"] = True if st.session_state.get(OVERVIEW_KEY) else None  # the tiles' canvas: the default
     values["lm_lens"] = True if st.session_state.get(LENS_KEY) else None  # off: the default
+    values["lm_sinks"] = True if st.session_state.get(SINKS_KEY) and method in (None, "attention") else None
+    values["lm_heads"] = True if st.session_state.get(HEADS_KEY) else None
+    if st.session_state.get(KNOCKOUT_KEY):
+        values["lm_knockout"] = st.session_state.get(WINDOW_KEY) or vlm_inside.DEFAULT_WINDOW
+        try:
+            values["lm_kbox"] = vlm_inside.parse_box(st.session_state.get(KBOX_KEY) or "")
+        except ValueError:  # the whole image (no box, or one that does not parse: said where it is typed)
+            pass
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -308,14 +329,20 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                 st.session_state[FUSION_KEY] = "mean"
             fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
                               format_func=vlm_ask.FUSION_LABELS.get)
+        without_sinks = method == "attention" and st.toggle(
+            "Without the visual sinks", key=SINKS_KEY,
+            help="The image tokens with massive activations in the sink dimensions (Kang et al., ICLR 2025) draw "
+                 "attention whatever is asked: on, each head's row is renormalised over the image's other tokens. "
+                 "One or two forwards of the model, once per answer.")
         overview = False
         if vlm_ask.tiled(answer, image):  # InternVL's thumbnail, LLaVA-NeXT's base image beside the tiles
             overview = st.toggle("The whole image's view", key=OVERVIEW_KEY,
                                  help="The processor cut the image into tiles and gave the model one more view of "
                                       "the whole image: off, the map over the tiles' canvas; on, over that view.")
     try:
-        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview, image)
-    except ValueError as e:  # gradient x attention or TAM over the memory limit; TAM for several images
+        sinks = _kept(answer, ("sinks",), answer.sinks) if without_sinks else None
+        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview, image, sinks)
+    except ValueError as e:  # over the memory limit; TAM for several images; every image token a sink
         st.error(_one_line(e))
         return
     try:
@@ -324,6 +351,8 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         st.error(_one_line(e))
         return
     caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview, image, frames)
+    if sinks is not None:
+        caption += " " + escape_markdown(vlm_inside.sinks_caption(answer, sinks, token, layer, image))
     colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:
         drawn = drawing.overlay_image(seen, map2d, view.opacity, colormap, view.mode, view.show_grid, None, vmin, vmax)
@@ -343,10 +372,13 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         st.caption(f"How much each answer token looked at {where}: the share of its attention row on "
                    f"{'its' if several else 'the'} image tokens at layer {layer + 1}, mean over heads.")
         _logit_lens(answer, token)
+    lines = {"Map": "without the visual sinks"} if sinks is not None else {}
+    lines.update(_knockout(answer, token, image, overview))
+    lines.update(_heads(answer, token, image))
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name if clip is None else clip[1],
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
-                method=method, overview=overview, image=image, frames=frames))
+                method=method, overview=overview, image=image, frames=frames), lines)
 
 
 def _logit_lens(answer: VLMAnswer, token: int) -> None:
@@ -370,16 +402,106 @@ def _logit_lens(answer: VLMAnswer, token: int) -> None:
                "norm and head; the last row is the model's own prediction.")
 
 
+def _kept(answer: VLMAnswer, what: tuple, compute):
+    """``compute()``, kept for the answer shown (one set of results at a time: a click on a token or a layer
+    redraws without running the model again)."""
+    kept = st.session_state.get(INSIDE_KEY)
+    if kept is None or kept[0] is not answer:
+        kept = st.session_state[INSIDE_KEY] = (answer, {})
+    if what not in kept[1]:
+        kept[1][what] = compute()
+    return kept[1][what]
+
+
+def _knockout(answer: VLMAnswer, token: int, image: int, overview: bool) -> dict[str, str]:
+    """On demand (a forward of the model per window of layers, and one more): the clicked token's probability with
+    the edges from its query to the image (or a box of it) blocked, window by window (``VLMAnswer.knockout``); the
+    export's lines."""
+    if not st.toggle("Knock out the token's attention to the image, layer window by layer window", key=KNOCKOUT_KEY,
+                     help="Attention knockout (Geva et al. 2023; Zhang et al., CVPR 2025): the edges from the query "
+                          "that predicted the token to the image's tokens are blocked in a window of layers, and "
+                          "the token's probability read again; one forward of the model per window."):
+        return {}
+    if not 1 <= (st.session_state.get(WINDOW_KEY) or 0) <= answer.layers:  # a link's past the model's layers
+        st.session_state[WINDOW_KEY] = min(vlm_inside.DEFAULT_WINDOW, answer.layers)
+    col_window, col_box = st.columns(2)
+    window = col_window.number_input("Layers per window", min_value=1, max_value=answer.layers, step=1,
+                                     key=WINDOW_KEY, help="How many consecutive layers are blocked at a time.")
+    typed = col_box.text_input("Box (optional)", key=KBOX_KEY, placeholder="top,left,bottom,right",
+                               help="The image tokens of this box of patches on the map's grid (its ends "
+                                    "exclusive); empty: the whole image.")
+    box = None
+    if typed.strip():
+        try:
+            box = vlm_inside.parse_box(typed)
+        except ValueError as e:
+            st.error(_one_line(e))
+            return {}
+    try:
+        knockout = _kept(answer, ("knockout", token, int(window), box, image, overview),
+                         partial(vlm_inside.knockout_curve, answer, token, int(window), box, image, overview))
+    except ValueError as e:  # over the memory limit, a box off the grid, a model whose attention is not recorded
+        st.error(_one_line(e))
+        return {}
+    st.line_chart([{"layers": row["layers"], "change (%)": row["change"]} for row in vlm_inside.curve_rows(knockout)],
+                  x="layers", y="change (%)", height=220)
+    st.dataframe(vlm_inside.curve_rows(knockout), hide_index=True, width="stretch",
+                 column_config={"probability": st.column_config.NumberColumn("probability", format="%.3f%%"),
+                                "change": st.column_config.NumberColumn("change", format="%+.2f%%")})
+    where = "the box's image tokens" if box else "every image token"
+    st.caption(f"“{escape_markdown(visible(answer.pieces[token]))}”: its probability with the edges from its query to "
+               f"{where} blocked in each window of layers, and the change from its probability without "
+               f"({knockout.baseline:.3%}).")
+    return vlm_inside.knockout_lines(knockout, f"the box {vlm_inside.box_text(box)}" if box else "the whole image")
+
+
+def pick_head(state, cells) -> None:
+    """The heads grid's clicked ``cells`` (``(row, column)``; the first): its layer and head become the map's in
+    ``state`` (the session's), drawn as the attention at that head."""
+    picked = vlm_inside.head_at(tuple(cells[0]) if cells else None)
+    if picked is not None:
+        state[METHOD_KEY] = "attention"
+        state[LAYER_KEY], state[HEAD_KEY] = picked
+
+
+def _pick_head() -> None:
+    """The heads grid's selection callback (``pick_head``)."""
+    pick_head(st.session_state, st.session_state[GRID_KEY].selection.cells)
+
+
+def _heads(answer: VLMAnswer, token: int, image: int) -> dict[str, str]:
+    """On demand: every head's attention sum on the image at the clicked token's query, a layer x head grid whose
+    cell, clicked, draws that head's map; the localization heads ranked (``VLMAnswer.grounding_heads``)."""
+    if not st.toggle("The heads that ground the token (layer × head)", key=HEADS_KEY,
+                     help="Each head's share of its attention on the image at the token's query; the localization "
+                          "heads (Kang et al., CVPR 2025) ranked by spatial entropy. Click a head for its map."):
+        return {}
+    try:
+        scores = _kept(answer, ("heads", token, image), partial(answer.grounding_heads, token, image))
+    except ValueError as e:  # a question about several images
+        st.error(_one_line(e))
+        return {}
+    st.dataframe(vlm_inside.heads_rows(scores), hide_index=True, width="stretch", key=GRID_KEY,
+                 on_select=_pick_head, selection_mode="single-cell",
+                 column_config={f"head {h + 1}": st.column_config.NumberColumn(f"head {h + 1}", format="%.1f%%")
+                                for h in range(answer.heads)})
+    st.caption(f"Each head's attention on the image at the query of “{escape_markdown(visible(answer.pieces[token]))}"
+               f"” (% of its row); click a cell for that head's map. Localization heads, best first: "
+               f"{escape_markdown(vlm_inside.ranked_text(scores))}.")
+    return vlm_inside.heads_lines(scores)
+
+
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
-           model_name: str, image_name: str, picked: dict) -> None:
-    """"Copy link to this view" and "Export this answer (HTML)"; the URL follows the clicked token."""
+           model_name: str, image_name: str, picked: dict, lines: dict[str, str]) -> None:
+    """"Copy link to this view" and "Export this answer (HTML)"; the URL follows the clicked token. ``lines``: the
+    settings' more lines (inside the language model: the knockout curve, the heads grid)."""
     view_link.follow(values)
     col_link, col_export = st.columns(2)
     view_link.link_popover(col_link, values)
     settings = {"Model": model_name, "Clip" if answer.clip else "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
                                    picked["head"], picked["fusion"], picked["method"], picked["overview"],
-                                   picked["image"], picked["frames"])}
+                                   picked["image"], picked["frames"]), **lines}
     colormap, vmin, vmax = vlm_ask.colours(picked["method"], map2d, view.colormap)  # as the page draws it
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
                 caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, opacity=view.opacity, mode=view.mode,
