@@ -9,11 +9,8 @@ The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transf
 prompt through the folder's processor and chat template) and each map is ``VLMAnswer.attention``: a notebook given
 the same folder, image and question gets the map drawn here. The answer is kept per (model, image, question,
 length), so a click on a token, a layer or a head only redraws. The question and the answer are data: shown as plain
-text (``st.text``, a table), escaped where a label or caption reads Markdown. Inside the language model (issue 115),
-on demand: the map without the visual sinks, the clicked token's knockout curve over windows of layers (the whole
-image or a box of it) and the heads that ground it, a layer x head grid whose clicked cell draws that head's map
-(``vit.app.vlm_inside``). Not a fragment: its values are part of
-the page's link (``link_values``), which the page writes when it reruns.
+text (``st.text``, a table), escaped where a label or caption reads Markdown. Inside the language model, on demand
+(issue 115): ``ask_vlm_inside``. Not a fragment: its values are part of the page's link (``link_values``).
 """
 
 from functools import partial
@@ -22,7 +19,9 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from app_pages.explorer_sections import ask_vlm_inside as inside
 from app_pages.explorer_sections import view_link
+from app_pages.explorer_sections.ask_vlm_inside import one_line as _one_line
 from app_pages.explorer_sections.caches import CLIP_UPLOAD_TYPES, UPLOAD_TYPES, decode_image, sampled_clip, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
@@ -39,7 +38,7 @@ from vit.explain.views.overlay import display_image
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
 LAYER_KEY, HEAD_KEY, FUSION_KEY, METHOD_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion", "vlm_ask_method"
-OVERVIEW_KEY, LENS_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_lens", "vlm_ask_image"
+OVERVIEW_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_image"
 # The question's more images: the uploads' SHA-256s (the server's upload store holds their bytes, a link names them),
 # and their uploader (not under KEPT's prefix: an uploader's value cannot be written back)
 MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files", "ask_vlm_more_seen"
@@ -47,16 +46,10 @@ MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files",
 CLIP_KEY, CLIP_FILE_KEY, CLIP_SEEN_KEY, FRAMES_KEY = "vlm_ask_clip", "ask_vlm_clip_file", "ask_vlm_clip_seen", \
     "vlm_ask_frames"
 DEFAULT_FRAMES = 8
-# Inside the language model (issue 115): the map without the visual sinks, the knockout curve (its window of layers,
-# its box or the whole image), the heads grid and the cell clicked in it (not under KEPT's prefix: a selection's
-# state cannot be written back), and what they computed for the answer shown
-SINKS_KEY, KNOCKOUT_KEY, WINDOW_KEY, KBOX_KEY = "vlm_ask_sinks", "vlm_ask_knockout", "vlm_ask_window", "vlm_ask_kbox"
-HEADS_KEY, GRID_KEY, INSIDE_KEY = "vlm_ask_heads", "ask_vlm_grid", "ask_vlm_inside"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY, "lm_frames": FRAMES_KEY,
-           "lm_sinks": SINKS_KEY, "lm_heads": HEADS_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_frames": FRAMES_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
@@ -78,10 +71,7 @@ def take_link(values: dict) -> None:
         st.session_state[MORE_KEY] = list(values.pop("more"))
     if "lm_clip" in values:
         st.session_state[CLIP_KEY] = values.pop("lm_clip")
-    if "lm_knockout" in values:  # the curve shown, over windows of this many layers
-        st.session_state[KNOCKOUT_KEY], st.session_state[WINDOW_KEY] = True, values.pop("lm_knockout")
-    if "lm_kbox" in values:
-        st.session_state[KBOX_KEY] = vlm_inside.box_text(values.pop("lm_kbox"))
+    inside.take_link(values)
     picked = {name: values.pop(name) for name in PICKED if name in values}
     if picked:
         st.session_state[LINKED_KEY] = picked
@@ -107,15 +97,7 @@ def link_values() -> dict[str, object]:
     method = st.session_state.get(METHOD_KEY)
     values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
     values["lm_overview"] = True if st.session_state.get(OVERVIEW_KEY) else None  # the tiles' canvas: the default
-    values["lm_lens"] = True if st.session_state.get(LENS_KEY) else None  # off: the default
-    values["lm_sinks"] = True if st.session_state.get(SINKS_KEY) and method in (None, "attention") else None
-    values["lm_heads"] = True if st.session_state.get(HEADS_KEY) else None
-    if st.session_state.get(KNOCKOUT_KEY):
-        values["lm_knockout"] = st.session_state.get(WINDOW_KEY) or vlm_inside.DEFAULT_WINDOW
-        try:
-            values["lm_kbox"] = vlm_inside.parse_box(st.session_state.get(KBOX_KEY) or "")
-        except ValueError:  # the whole image (no box, or one that does not parse: said where it is typed)
-            pass
+    values.update(inside.link_values(method))
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -152,10 +134,6 @@ def _seen(view: Shown, answer: VLMAnswer, overview: bool = False, image: int = 0
         return view.shown
     return drawing.display_images(seen_region(view.image if picture is None else picture,
                                               view.checkpoint.preprocessing))[0]
-
-
-def _one_line(error: Exception) -> str:
-    return escape_markdown(" ".join(str(error).split()))
 
 
 def _more_images() -> tuple[list[Image.Image], list[str], tuple[str, ...]]:
@@ -329,18 +307,14 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                 st.session_state[FUSION_KEY] = "mean"
             fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
                               format_func=vlm_ask.FUSION_LABELS.get)
-        without_sinks = method == "attention" and st.toggle(
-            "Without the visual sinks", key=SINKS_KEY,
-            help="The image tokens with massive activations in the sink dimensions (Kang et al., ICLR 2025) draw "
-                 "attention whatever is asked: on, each head's row is renormalised over the image's other tokens. "
-                 "One or two forwards of the model, once per answer.")
+        without_sinks = method == "attention" and inside.sinks_toggle()
         overview = False
         if vlm_ask.tiled(answer, image):  # InternVL's thumbnail, LLaVA-NeXT's base image beside the tiles
             overview = st.toggle("The whole image's view", key=OVERVIEW_KEY,
                                  help="The processor cut the image into tiles and gave the model one more view of "
                                       "the whole image: off, the map over the tiles' canvas; on, over that view.")
     try:
-        sinks = _kept(answer, ("sinks",), answer.sinks) if without_sinks else None
+        sinks = inside.kept(answer, ("sinks",), answer.sinks) if without_sinks else None
         map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview, image, sinks)
     except ValueError as e:  # over the memory limit; TAM for several images; every image token a sink
         st.error(_one_line(e))
@@ -371,88 +345,14 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
             ("the clip" if answer.clip else "the image")
         st.caption(f"How much each answer token looked at {where}: the share of its attention row on "
                    f"{'its' if several else 'the'} image tokens at layer {layer + 1}, mean over heads.")
-        _logit_lens(answer, token)
+        inside.logit_lens(answer, token)
     lines = {"Map": "without the visual sinks"} if sinks is not None else {}
-    lines.update(_knockout(answer, token, image, overview))
-    lines.update(_heads(answer, token, image))
+    lines.update(inside.knockout(answer, token, image, overview))
+    lines.update(inside.heads(answer, token, image, _pick_head))
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name if clip is None else clip[1],
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
                 method=method, overview=overview, image=image, frames=frames), lines)
-
-
-def _logit_lens(answer: VLMAnswer, token: int) -> None:
-    """On demand (one forward of the model): the clicked token's probability read at every language-model layer
-    (``VLMAnswer.logit_lens``), the layer that first "knows" the word."""
-    if not st.toggle("Read the token at every layer (logit lens)", key=LENS_KEY,
-                     help="The clicked token's probability read from the language model's stream at each layer, "
-                          "through its own final norm and head: the layer where the word first appears. One forward "
-                          "of the model."):
-        return
-    try:
-        lens = answer.logit_lens(token)
-    except ValueError as e:  # over the memory limit
-        st.error(_one_line(e))
-        return
-    st.dataframe([{"layer": "input" if n == 0 else str(n), "probability": 100 * float(p)}
-                  for n, p in enumerate(lens)], hide_index=True, width="stretch",
-                 column_config={"probability": st.column_config.ProgressColumn(
-                     "probability", min_value=0.0, max_value=100.0, format="%.1f%%")})
-    st.caption(f"“{visible(answer.pieces[token])}” read at the stream each layer hands on, through the model's final "
-               "norm and head; the last row is the model's own prediction.")
-
-
-def _kept(answer: VLMAnswer, what: tuple, compute):
-    """``compute()``, kept for the answer shown (one set of results at a time: a click on a token or a layer
-    redraws without running the model again)."""
-    kept = st.session_state.get(INSIDE_KEY)
-    if kept is None or kept[0] is not answer:
-        kept = st.session_state[INSIDE_KEY] = (answer, {})
-    if what not in kept[1]:
-        kept[1][what] = compute()
-    return kept[1][what]
-
-
-def _knockout(answer: VLMAnswer, token: int, image: int, overview: bool) -> dict[str, str]:
-    """On demand (a forward of the model per window of layers, and one more): the clicked token's probability with
-    the edges from its query to the image (or a box of it) blocked, window by window (``VLMAnswer.knockout``); the
-    export's lines."""
-    if not st.toggle("Knock out the token's attention to the image, layer window by layer window", key=KNOCKOUT_KEY,
-                     help="Attention knockout (Geva et al. 2023; Zhang et al., CVPR 2025): the edges from the query "
-                          "that predicted the token to the image's tokens are blocked in a window of layers, and "
-                          "the token's probability read again; one forward of the model per window."):
-        return {}
-    if not 1 <= (st.session_state.get(WINDOW_KEY) or 0) <= answer.layers:  # a link's past the model's layers
-        st.session_state[WINDOW_KEY] = min(vlm_inside.DEFAULT_WINDOW, answer.layers)
-    col_window, col_box = st.columns(2)
-    window = col_window.number_input("Layers per window", min_value=1, max_value=answer.layers, step=1,
-                                     key=WINDOW_KEY, help="How many consecutive layers are blocked at a time.")
-    typed = col_box.text_input("Box (optional)", key=KBOX_KEY, placeholder="top,left,bottom,right",
-                               help="The image tokens of this box of patches on the map's grid (its ends "
-                                    "exclusive); empty: the whole image.")
-    box = None
-    if typed.strip():
-        try:
-            box = vlm_inside.parse_box(typed)
-        except ValueError as e:
-            st.error(_one_line(e))
-            return {}
-    try:
-        knockout = _kept(answer, ("knockout", token, int(window), box, image, overview),
-                         partial(vlm_inside.knockout_curve, answer, token, int(window), box, image, overview))
-    except ValueError as e:  # over the memory limit, a box off the grid, a model whose attention is not recorded
-        st.error(_one_line(e))
-        return {}
-    st.line_chart([{"layers": row["layers"], "change (%)": row["change"]} for row in vlm_inside.curve_rows(knockout)],
-                  x="layers", y="change (%)", height=220)
-    st.dataframe(vlm_inside.curve_rows(knockout), hide_index=True, width="stretch",
-                 column_config={"probability": st.column_config.NumberColumn("probability", format="%.3f%%"),
-                                "change": st.column_config.NumberColumn("change", format="%+.2f%%")})
-    where = "the box's image tokens" if box else "every image token"
-    st.caption(f"“{escape_markdown(visible(answer.pieces[token]))}”: its probability with the edges from its query to "
-               f"{where} blocked in each window of layers, and the change from its probability without "
-               f"({knockout.baseline:.3%}).")
-    return vlm_inside.knockout_lines(knockout, f"the box {vlm_inside.box_text(box)}" if box else "the whole image")
 
 
 def pick_head(state, cells) -> None:
@@ -466,29 +366,7 @@ def pick_head(state, cells) -> None:
 
 def _pick_head() -> None:
     """The heads grid's selection callback (``pick_head``)."""
-    pick_head(st.session_state, st.session_state[GRID_KEY].selection.cells)
-
-
-def _heads(answer: VLMAnswer, token: int, image: int) -> dict[str, str]:
-    """On demand: every head's attention sum on the image at the clicked token's query, a layer x head grid whose
-    cell, clicked, draws that head's map; the localization heads ranked (``VLMAnswer.grounding_heads``)."""
-    if not st.toggle("The heads that ground the token (layer × head)", key=HEADS_KEY,
-                     help="Each head's share of its attention on the image at the token's query; the localization "
-                          "heads (Kang et al., CVPR 2025) ranked by spatial entropy. Click a head for its map."):
-        return {}
-    try:
-        scores = _kept(answer, ("heads", token, image), partial(answer.grounding_heads, token, image))
-    except ValueError as e:  # a question about several images
-        st.error(_one_line(e))
-        return {}
-    st.dataframe(vlm_inside.heads_rows(scores), hide_index=True, width="stretch", key=GRID_KEY,
-                 on_select=_pick_head, selection_mode="single-cell",
-                 column_config={f"head {h + 1}": st.column_config.NumberColumn(f"head {h + 1}", format="%.1f%%")
-                                for h in range(answer.heads)})
-    st.caption(f"Each head's attention on the image at the query of “{escape_markdown(visible(answer.pieces[token]))}"
-               f"” (% of its row); click a cell for that head's map. Localization heads, best first: "
-               f"{escape_markdown(vlm_inside.ranked_text(scores))}.")
-    return vlm_inside.heads_lines(scores)
+    pick_head(st.session_state, st.session_state[inside.GRID_KEY].selection.cells)
 
 
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
