@@ -203,7 +203,8 @@ def test_a_clicked_tokens_knockout_over_the_image_and_its_heads_grid_are_the_api
     """The answer's second token clicked, the knockout over the whole image and the heads grid switched on: the
     curve's and the grid's values the page exports are ``VLMAnswer.knockout(1, windows=1)``'s (held to a knockout by
     hand on transformers' eager attention in test_vlm_knockout) and ``VLMAnswer.grounding_heads(1)``'s attention
-    sums (held to the authors' code in test_vlm_heads), and the link names both."""
+    sums (held to the authors' code in test_vlm_heads), and the link names both; a head clicked in the grid draws
+    that head's map (``VLMAnswer.attention`` at its layer and head)."""
     url, folder, photo = server
     answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=LENGTH)
     curve = answer.knockout(1, windows=1)
@@ -235,6 +236,20 @@ def test_a_clicked_tokens_knockout_over_the_image_and_its_heads_grid_are_the_api
         link = page.evaluate("() => window.location.href")
         assert "lm_knockout=1" in link and "answer_token=2" in link and "lm_kbox" not in link
         settings = exported_settings(page, tmp_path, "inside.html")
+        # A head clicked in the grid draws its map: layer 1's row, head 2's cell (the grid's columns, the layer's
+        # and each head's, share its width alike; its header row and each body row are 35 px high).
+        grid = main.locator('[data-testid="stDataFrame"]').last
+
+        def head_2(ms):
+            grid.scroll_into_view_if_needed(timeout=ms)  # a click lands only within the viewport
+            box = grid.bounding_box(timeout=ms)
+            page.mouse.click(box["x"] + box["width"] * 2.5 / (answer.heads + 1), box["y"] + 35 + 17, delay=50)
+
+        click_until(head_2, main.get_by_text(re.compile(r"Answer token 2 “.*layer 1 of the language model, head 2")),
+                    40_000, (page, tmp_path / "grid.png"), attempt_ms=10_000)
+        page.wait_for_function("() => window.location.search.includes('lm_head=2')")
+        head_map = exported_map(page, tmp_path, "head.html")
+    np.testing.assert_allclose(head_map, answer.attention(1, 0, 1).ravel(), rtol=0, atol=1e-6)
     shown = [float(settings[f"Knockout, layer {n + 1}"].split("%")[0]) / 100 for n in range(answer.layers)]
     np.testing.assert_allclose(shown, curve.probability, rtol=0, atol=1e-6)  # written to 4 decimals of a percent
     assert f"{curve.baseline:.4%}" in settings["Knockout"]
