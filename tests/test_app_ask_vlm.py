@@ -840,3 +840,16 @@ def test_the_heads_grid_is_the_apis_and_a_clicked_head_draws_its_map(folders, dr
     at.run()
     np.testing.assert_allclose(drawn[-1], answer.attention(0, 0, 1), rtol=0, atol=0)
     assert main_select(at, "Head").value == 1 and main_select(at, "Layer").value == 0
+
+
+def test_a_knockout_box_is_four_whole_patches_and_a_grid_cell_names_its_head():
+    from vit.app import share, vlm_inside
+
+    assert vlm_inside.parse_box(" 0, 1 ,2,3") == (0, 1, 2, 3)
+    for bad, said in (("0,0,2", "four whole numbers"), ("1,1,1,2", "is empty"), ("-1,0,2,2", "four whole numbers"),
+                      ("a,b,c,d", "four whole numbers")):
+        with pytest.raises(ValueError, match=said):
+            vlm_inside.parse_box(bad)
+    assert share.encode({"lm_kbox": (0, 1, 2, 3)}) == {"lm_kbox": "0,1,2,3"}
+    assert vlm_inside.head_at((3, "head 2")) == (3, 1)
+    assert vlm_inside.head_at((3, "layer")) is None and vlm_inside.head_at(None) is None
