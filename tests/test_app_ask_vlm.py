@@ -721,3 +721,135 @@ def test_the_page_of_its_own_is_chosen_by_the_config_json_it_reads_now(tmp_path)
     transformers.ViTConfig(hidden_size=48).to_json_file(tmp_path / "config.json")  # another size: another version
     assert not vlm_view.applies(tmp_path)
     assert not vlm_view.applies(None) and not vlm_view.applies(tmp_path / "missing")
+
+
+def toggle(at, label: str):
+    [found] = [w for w in at.main.toggle if w.label == label]
+    return found
+
+
+KNOCKOUT = "Knock out the token's attention to the image, layer window by layer window"
+HEADS = "The heads that ground the token (layer × head)"
+
+
+def test_the_map_without_the_sinks_is_the_apis_and_in_the_link_and_the_export(folders, drawn, monkeypatch):
+    """Off by default; on, the clicked token's map is ``VLMAnswer.attention(..., sinks=VLMAnswer.sinks())``'s (held
+    to the authors' code in test_vlm_sinks), said in the caption, the link and the export."""
+    from test_app_share import url
+
+    from app_pages.explorer_sections import ask_vlm
+
+    exports = []
+    monkeypatch.setattr(ask_vlm, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    at = ask(open_folder(folders["llava"]), QUESTION)
+    assert not toggle(at, "Without the visual sinks").value
+    pills(at).set_value(1)
+    at.run()
+    toggle(at, "Without the visual sinks").set_value(True)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    answer = answer_of(folders["llava"])
+    sinks = answer.sinks()
+    want = answer.attention(1, answer.layers - 1, sinks=sinks)
+    np.testing.assert_allclose(drawn[-1], want, rtol=0, atol=1e-7)
+    assert any("Without the" in c.value and "visual sink token" in c.value for c in at.main.caption)
+    assert url(at)["lm_sinks"] == "1"
+    [page] = [f().decode() for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
+    assert "without the visual sinks" in page
+    linked = open_link(url(at))
+    np.testing.assert_allclose(drawn[-1], want, rtol=0, atol=1e-7)
+    assert toggle(linked, "Without the visual sinks").value
+
+
+def test_the_knockout_curve_is_the_apis_for_the_image_or_a_box_and_in_the_link_and_the_export(folders, monkeypatch):
+    """On demand, the clicked token's curve over windows of layers is ``VLMAnswer.knockout``'s (held to a hand-made
+    knockout on transformers' eager attention in test_vlm_knockout): the whole image, then a box; the window and the
+    box are the link's, and the curve the export's."""
+    from test_app_share import url
+
+    from app_pages.explorer_sections import ask_vlm
+
+    exports = []
+    monkeypatch.setattr(ask_vlm, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1] if f is ask_vlm._export else functools.partial(f, *a, **k))
+    folder = folders["qwen2_5_vl"]
+    at = ask(open_folder(folder), QUESTION)
+    pills(at).set_value(2)
+    at.run()
+    assert not [d for d in at.main.dataframe if "change" in d.value.columns]
+    toggle(at, KNOCKOUT).set_value(True)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    answer = answer_of(folder)
+    whole = answer.knockout(2, windows=1)
+
+    def curve(app):
+        [table] = [d for d in app.main.dataframe if "change" in d.value.columns]
+        return table.value
+
+    shown = curve(at)
+    assert list(shown["layers"]) == [f"layer {n + 1}" for n in range(answer.layers)]
+    np.testing.assert_allclose(shown["probability"].to_numpy() / 100, whole.probability, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(shown["change"].to_numpy() / 100, whole.change, rtol=0, atol=1e-6)
+    [window] = [w for w in at.main.number_input if w.label == "Layers per window"]
+    window.set_value(2)
+    [box] = [w for w in at.main.text_input if w.label == "Box (optional)"]
+    box.set_value("0,0,2,2")
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    boxed = answer.knockout(2, target=(0, 0, 2, 2), windows=2)
+    assert len(boxed.windows) == answer.layers - 1
+    np.testing.assert_allclose(curve(at)["probability"].to_numpy() / 100, boxed.probability, rtol=0, atol=1e-7)
+    assert list(curve(at)["layers"]) == ["layers 1–2"]
+    params = url(at)
+    assert params["lm_knockout"] == "2" and params["lm_kbox"] == "0,0,2,2"
+    [page] = [f().decode() for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
+    assert "Knockout, layers 1–2</th><td>" + f"{float(boxed.probability[0]):.4%}" in page
+    linked = open_link(params)
+    assert not linked.exception and not linked.main.error, [e.value for e in linked.main.error]
+    np.testing.assert_allclose(curve(linked)["probability"].to_numpy() / 100, boxed.probability, rtol=0, atol=1e-7)
+
+    box = [w for w in at.main.text_input if w.label == "Box (optional)"][0]
+    box.set_value("2,2,1,1")  # empty: one line, no curve
+    at.run()
+    assert any("is empty" in e.value for e in at.main.error) and not at.exception
+
+
+def test_the_heads_grid_is_the_apis_and_a_clicked_head_draws_its_map(folders, drawn):
+    """On demand, a layer x head grid of each head's attention sum on the image at the clicked token's query,
+    ``VLMAnswer.grounding_heads``'s (held to the authors' code in test_vlm_heads); a clicked cell (the grid's
+    selection callback) draws that head's map; the grid is the link's."""
+    from test_app_share import url
+
+    from app_pages.explorer_sections import ask_vlm
+
+    at = ask(open_folder(folders["llava"]), QUESTION)
+    toggle(at, HEADS).set_value(True)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    answer = answer_of(folders["llava"])
+    scores = answer.grounding_heads(0)
+    [grid] = [d for d in at.main.dataframe if "head 1" in d.value.columns]
+    assert list(grid.value["layer"]) == [str(n + 1) for n in range(answer.layers)]
+    np.testing.assert_allclose(grid.value[[f"head {h + 1}" for h in range(answer.heads)]].to_numpy() / 100,
+                               scores.attention_sum, rtol=0, atol=1e-6)
+    assert url(at)["lm_heads"] == "1"
+
+    ask_vlm.pick_head(at.session_state, [(0, "head 2")])  # what the grid's callback does with a clicked cell
+    at.run()
+    np.testing.assert_allclose(drawn[-1], answer.attention(0, 0, 1), rtol=0, atol=0)
+    assert main_select(at, "Head").value == 1 and main_select(at, "Layer").value == 0
+
+
+def test_a_knockout_box_is_four_whole_patches_and_a_grid_cell_names_its_head():
+    from vit.app import share, vlm_inside
+
+    assert vlm_inside.parse_box(" 0, 1 ,2,3") == (0, 1, 2, 3)
+    for bad, said in (("0,0,2", "four whole numbers"), ("1,1,1,2", "is empty"), ("-1,0,2,2", "four whole numbers"),
+                      ("a,b,c,d", "four whole numbers")):
+        with pytest.raises(ValueError, match=said):
+            vlm_inside.parse_box(bad)
+    assert share.encode({"lm_kbox": (0, 1, 2, 3)}) == {"lm_kbox": "0,1,2,3"}
+    assert vlm_inside.head_at((3, "head 2")) == (3, 1)
+    assert vlm_inside.head_at((3, "layer")) is None and vlm_inside.head_at(None) is None

@@ -186,3 +186,73 @@ def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reprod
         again.goto(link)
         again.locator('[data-testid="stMain"]').get_by_text(re.compile(r"On slice 2 of the clip.s 2")).wait_for()
         np.testing.assert_allclose(exported_map(again, tmp_path, "linked-clip.html"), want.ravel(), rtol=0, atol=1e-6)
+
+
+def exported_settings(page, tmp_path: Path, name: str) -> dict[str, str]:
+    """The settings table of the page's "Export this answer (HTML)": label -> value, as the export writes them."""
+    import html as markup
+
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export this answer (HTML)").click()
+    text = Path(download.value.path()).read_text(encoding="utf-8")
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    return {markup.unescape(k): markup.unescape(v) for k, v in re.findall(r"<th>(.*?)</th><td>(.*?)</td>", text)}
+
+
+def test_a_clicked_tokens_knockout_over_the_image_and_its_heads_grid_are_the_apis(server, tmp_path):
+    """The answer's second token clicked, the knockout over the whole image and the heads grid switched on: the
+    curve's and the grid's values the page exports are ``VLMAnswer.knockout(1, windows=1)``'s (held to a knockout by
+    hand on transformers' eager attention in test_vlm_knockout) and ``VLMAnswer.grounding_heads(1)``'s attention
+    sums (held to the authors' code in test_vlm_heads), and the link names both; a head clicked in the grid draws
+    that head's map (``VLMAnswer.attention`` at its layer and head)."""
+    url, folder, photo = server
+    answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=LENGTH)
+    curve = answer.knockout(1, windows=1)
+    sums = answer.grounding_heads(1).attention_sum
+    with chromium() as browser:
+        from playwright.sync_api import expect  # there: chromium() skips the test without playwright
+
+        context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{url}?model={folder}")
+        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
+        main = page.locator('[data-testid="stMain"]')
+        length = main.get_by_role("spinbutton", name="Answer length")
+        length.fill(str(LENGTH))
+        length.press("Enter")
+        question = main.get_by_role("textbox", name="Question")
+        question.fill(QUESTION)
+        question.press("Enter")
+        main.get_by_text("Answer token 1 “").wait_for()
+        tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")
+        expect(tokens).to_have_count(LENGTH, timeout=TIMEOUT_MS)
+        click_until(lambda ms: tokens.nth(1).click(timeout=ms), main.get_by_text("Answer token 2 “"), TIMEOUT_MS)
+        main.get_by_text("Knock out the token's attention to the image").click()
+        main.get_by_text("blocked in each window of layers").wait_for()
+        main.get_by_text("The heads that ground the token").click()
+        main.get_by_text("Localization heads, best first").wait_for()
+        page.wait_for_function("() => window.location.search.includes('lm_heads=1')")
+        link = page.evaluate("() => window.location.href")
+        assert "lm_knockout=1" in link and "answer_token=2" in link and "lm_kbox" not in link
+        settings = exported_settings(page, tmp_path, "inside.html")
+        # A head clicked in the grid draws its map: layer 1's row, head 2's cell (the grid's columns, the layer's
+        # and each head's, share its width alike; its header row and each body row are 35 px high).
+        grid = main.locator('[data-testid="stDataFrame"]').last
+
+        def head_2(ms):
+            grid.scroll_into_view_if_needed(timeout=ms)  # a click lands only within the viewport
+            box = grid.bounding_box(timeout=ms)
+            page.mouse.click(box["x"] + box["width"] * 2.5 / (answer.heads + 1), box["y"] + 35 + 17, delay=50)
+
+        click_until(head_2, main.get_by_text(re.compile(r"Answer token 2 “.*layer 1 of the language model, head 2")),
+                    40_000, (page, tmp_path / "grid.png"), attempt_ms=10_000)
+        page.wait_for_function("() => window.location.search.includes('lm_head=2')")
+        head_map = exported_map(page, tmp_path, "head.html")
+    np.testing.assert_allclose(head_map, answer.attention(1, 0, 1).ravel(), rtol=0, atol=1e-6)
+    shown = [float(settings[f"Knockout, layer {n + 1}"].split("%")[0]) / 100 for n in range(answer.layers)]
+    np.testing.assert_allclose(shown, curve.probability, rtol=0, atol=1e-6)  # written to 4 decimals of a percent
+    assert f"{curve.baseline:.4%}" in settings["Knockout"]
+    grid = [[float(v.rstrip("%")) / 100 for v in settings[f"Heads' attention on the image, layer {n + 1}"].split(", ")]
+            for n in range(answer.layers)]
+    np.testing.assert_allclose(grid, sums, rtol=0, atol=1e-4)  # written to 2 decimals of a percent

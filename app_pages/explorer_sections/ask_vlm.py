@@ -9,8 +9,8 @@ The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transf
 prompt through the folder's processor and chat template) and each map is ``VLMAnswer.attention``: a notebook given
 the same folder, image and question gets the map drawn here. The answer is kept per (model, image, question,
 length), so a click on a token, a layer or a head only redraws. The question and the answer are data: shown as plain
-text (``st.text``, a table), escaped where a label or caption reads Markdown. Not a fragment: its values are part of
-the page's link (``link_values``), which the page writes when it reruns.
+text (``st.text``, a table), escaped where a label or caption reads Markdown. Inside the language model, on demand
+(issue 115): ``ask_vlm_inside``. Not a fragment: its values are part of the page's link (``link_values``).
 """
 
 from functools import partial
@@ -19,11 +19,13 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from app_pages.explorer_sections import ask_vlm_inside as inside
 from app_pages.explorer_sections import view_link
+from app_pages.explorer_sections.ask_vlm_inside import one_line as _one_line
 from app_pages.explorer_sections.caches import CLIP_UPLOAD_TYPES, UPLOAD_TYPES, decode_image, sampled_clip, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
-from vit.app import drawing, share, vlm_ask
+from vit.app import drawing, share, vlm_ask, vlm_inside
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
 from vit.core.clips import SampledClip
@@ -36,7 +38,7 @@ from vit.explain.views.overlay import display_image
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
 LAYER_KEY, HEAD_KEY, FUSION_KEY, METHOD_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion", "vlm_ask_method"
-OVERVIEW_KEY, LENS_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_lens", "vlm_ask_image"
+OVERVIEW_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_image"
 # The question's more images: the uploads' SHA-256s (the server's upload store holds their bytes, a link names them),
 # and their uploader (not under KEPT's prefix: an uploader's value cannot be written back)
 MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files", "ask_vlm_more_seen"
@@ -47,7 +49,7 @@ DEFAULT_FRAMES = 8
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY, "lm_lens": LENS_KEY, "lm_frames": FRAMES_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_frames": FRAMES_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
@@ -69,6 +71,7 @@ def take_link(values: dict) -> None:
         st.session_state[MORE_KEY] = list(values.pop("more"))
     if "lm_clip" in values:
         st.session_state[CLIP_KEY] = values.pop("lm_clip")
+    inside.take_link(values)
     picked = {name: values.pop(name) for name in PICKED if name in values}
     if picked:
         st.session_state[LINKED_KEY] = picked
@@ -94,7 +97,7 @@ def link_values() -> dict[str, object]:
     method = st.session_state.get(METHOD_KEY)
     values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
     values["lm_overview"] = True if st.session_state.get(OVERVIEW_KEY) else None  # the tiles' canvas: the default
-    values["lm_lens"] = True if st.session_state.get(LENS_KEY) else None  # off: the default
+    values.update(inside.link_values(method))
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -131,10 +134,6 @@ def _seen(view: Shown, answer: VLMAnswer, overview: bool = False, image: int = 0
         return view.shown
     return drawing.display_images(seen_region(view.image if picture is None else picture,
                                               view.checkpoint.preprocessing))[0]
-
-
-def _one_line(error: Exception) -> str:
-    return escape_markdown(" ".join(str(error).split()))
 
 
 def _more_images() -> tuple[list[Image.Image], list[str], tuple[str, ...]]:
@@ -308,14 +307,16 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                 st.session_state[FUSION_KEY] = "mean"
             fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
                               format_func=vlm_ask.FUSION_LABELS.get)
+        without_sinks = method == "attention" and inside.sinks_toggle()
         overview = False
         if vlm_ask.tiled(answer, image):  # InternVL's thumbnail, LLaVA-NeXT's base image beside the tiles
             overview = st.toggle("The whole image's view", key=OVERVIEW_KEY,
                                  help="The processor cut the image into tiles and gave the model one more view of "
                                       "the whole image: off, the map over the tiles' canvas; on, over that view.")
     try:
-        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview, image)
-    except ValueError as e:  # gradient x attention or TAM over the memory limit; TAM for several images
+        sinks = inside.kept(answer, ("sinks",), answer.sinks) if without_sinks else None
+        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview, image, sinks)
+    except ValueError as e:  # over the memory limit; TAM for several images; every image token a sink
         st.error(_one_line(e))
         return
     try:
@@ -324,6 +325,8 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         st.error(_one_line(e))
         return
     caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview, image, frames)
+    if sinks is not None:
+        caption += " " + escape_markdown(vlm_inside.sinks_caption(answer, sinks, token, layer, image))
     colormap, vmin, vmax = vlm_ask.colours(method, map2d, view.colormap)  # AttnLRP's: around 0
     with col_map:
         drawn = drawing.overlay_image(seen, map2d, view.opacity, colormap, view.mode, view.show_grid, None, vmin, vmax)
@@ -342,44 +345,41 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
             ("the clip" if answer.clip else "the image")
         st.caption(f"How much each answer token looked at {where}: the share of its attention row on "
                    f"{'its' if several else 'the'} image tokens at layer {layer + 1}, mean over heads.")
-        _logit_lens(answer, token)
+        inside.logit_lens(answer, token)
+    lines = {"Map": "without the visual sinks"} if sinks is not None else {}
+    lines.update(inside.knockout(answer, token, image, overview))
+    lines.update(inside.heads(answer, token, image, _pick_head))
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name if clip is None else clip[1],
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
-                method=method, overview=overview, image=image, frames=frames))
+                method=method, overview=overview, image=image, frames=frames), lines)
 
 
-def _logit_lens(answer: VLMAnswer, token: int) -> None:
-    """On demand (one forward of the model): the clicked token's probability read at every language-model layer
-    (``VLMAnswer.logit_lens``), the layer that first "knows" the word."""
-    if not st.toggle("Read the token at every layer (logit lens)", key=LENS_KEY,
-                     help="The clicked token's probability read from the language model's stream at each layer, "
-                          "through its own final norm and head: the layer where the word first appears. One forward "
-                          "of the model."):
-        return
-    try:
-        lens = answer.logit_lens(token)
-    except ValueError as e:  # over the memory limit
-        st.error(_one_line(e))
-        return
-    st.dataframe([{"layer": "input" if n == 0 else str(n), "probability": 100 * float(p)}
-                  for n, p in enumerate(lens)], hide_index=True, width="stretch",
-                 column_config={"probability": st.column_config.ProgressColumn(
-                     "probability", min_value=0.0, max_value=100.0, format="%.1f%%")})
-    st.caption(f"“{visible(answer.pieces[token])}” read at the stream each layer hands on, through the model's final "
-               "norm and head; the last row is the model's own prediction.")
+def pick_head(state, cells) -> None:
+    """The heads grid's clicked ``cells`` (``(row, column)``; the first): its layer and head become the map's in
+    ``state`` (the session's), drawn as the attention at that head."""
+    picked = vlm_inside.head_at(tuple(cells[0]) if cells else None)
+    if picked is not None:
+        state[METHOD_KEY] = "attention"
+        state[LAYER_KEY], state[HEAD_KEY] = picked
+
+
+def _pick_head() -> None:
+    """The heads grid's selection callback (``pick_head``)."""
+    pick_head(st.session_state, st.session_state[inside.GRID_KEY].selection.cells)
 
 
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
-           model_name: str, image_name: str, picked: dict) -> None:
-    """"Copy link to this view" and "Export this answer (HTML)"; the URL follows the clicked token."""
+           model_name: str, image_name: str, picked: dict, lines: dict[str, str]) -> None:
+    """"Copy link to this view" and "Export this answer (HTML)"; the URL follows the clicked token. ``lines``: the
+    settings' more lines (inside the language model: the knockout curve, the heads grid)."""
     view_link.follow(values)
     col_link, col_export = st.columns(2)
     view_link.link_popover(col_link, values)
     settings = {"Model": model_name, "Clip" if answer.clip else "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
                                    picked["head"], picked["fusion"], picked["method"], picked["overview"],
-                                   picked["image"], picked["frames"])}
+                                   picked["image"], picked["frames"]), **lines}
     colormap, vmin, vmax = vlm_ask.colours(picked["method"], map2d, view.colormap)  # as the page draws it
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
                 caption=caption, colormap=colormap, vmin=vmin, vmax=vmax, opacity=view.opacity, mode=view.mode,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from vit import registry
 from vit.app import sam_prompt_view as sam_prompts
+from vit.app import vlm_inside
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
@@ -183,6 +184,9 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS), "lm_method": _one_of(MAP_METHODS), "lm_overview": _flag,
     "lm_lens": _flag, "more": _digests, "lm_image": _whole(1),  # the question's more images (uploads), the one shown
     "lm_clip": _digest, "lm_frames": _whole(1, MAX_CLIP_FRAMES),  # or a clip (an upload), its frames sampled
+    # inside the language model (issue 115): the map without the visual sinks, the knockout curve over windows of
+    # this many layers (to this box of patches, else the whole image), the grounding heads' grid
+    "lm_sinks": _flag, "lm_knockout": _whole(1), "lm_kbox": _prompt_part(vlm_inside.parse_box), "lm_heads": _flag,
     # a SAM's prompt (its points and box in the image's pixels, checked against the image where it is shown), the
     # decoder's output token and attention drawn, and its head (0: their mean)
     "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
@@ -218,6 +222,8 @@ LABELS = {
     "lm_lens": "The clicked token read at every layer (logit lens)",
     "more": "More images in the question (uploads)", "lm_image": "Image of the question shown (a clip's slice)",
     "lm_clip": "Clip in the question (an upload)", "lm_frames": "Clip frames (sampled uniformly)",
+    "lm_sinks": "The map without the visual sinks", "lm_knockout": "Knockout curve, layers per window",
+    "lm_kbox": "Knockout box (top, left, bottom, right, in patches)", "lm_heads": "The grounding heads' grid",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
     "dattn": "Decoder attention", "dhead": "Decoder head", "smap": "Which pixels made the mask",
     "sat": "Explained at pixel (x, y)",
@@ -377,7 +383,7 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
             params[name] = options_text(value)
         elif name == "points":
             params[name] = sam_prompts.points_text(value)
-        elif name in ("box", "cbox"):
+        elif name in ("box", "cbox", "lm_kbox"):
             params[name] = sam_prompts.box_text(value)
         elif name == "sat":
             params[name] = sam_prompts.at_text(value)

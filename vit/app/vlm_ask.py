@@ -95,14 +95,15 @@ def token_labels(answer: VLMAnswer) -> list[str]:
 
 
 def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean",
-              method: str = "attention", overview: bool = False, image: int = 0) -> np.ndarray:
+              method: str = "attention", overview: bool = False, image: int = 0, sinks=None) -> np.ndarray:
     """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
     fused by ``fusion`` (``VLMAnswer.attention``); ``method`` "gradxattn": its gradient x attention at ``layer``,
     "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule); "tam":
     its Token Activation Map (``VLMAnswer.tam``, no layer or head); "attnlrp": AttnLRP through every layer to the
     pixels, signed (``VLMAnswer.relevance(method="attnlrp")``). An image read as tiles: on the tiles' canvas, or,
     ``overview``, on the model's one view of the whole image. ``image``: which of the question's images (TAM and
-    AttnLRP are drawn for a question about one image: ValueError, one line, for more)."""
+    AttnLRP are drawn for a question about one image: ValueError, one line, for more). ``sinks``
+    (``VLMAnswer.sinks``'s): the attention map without them (``VLMAnswer.attention(..., sinks=)``)."""
     if method == "tam":
         return answer.tam(i, overview=overview)
     if method == "attnlrp":
@@ -111,7 +112,7 @@ def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
         return answer.relevance(i, layer, overview=overview, image=image)
     if method == "gradxattn_rollout":
         return answer.relevance(i, overview=overview, image=image)
-    return answer.attention(i, layer, head, fusion, overview=overview, image=image)
+    return answer.attention(i, layer, head, fusion, overview=overview, image=image, sinks=sinks)
 
 
 def colours(method: str, map2d: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
