@@ -13,7 +13,7 @@ import streamlit as st
 from PIL import Image
 
 import vit
-from app_pages.explorer_sections import share_view, view_link
+from app_pages.explorer_sections import map_settings, share_view, view_link
 from app_pages.explorer_sections.concept_view import sidebar_image
 from vit.app import catalog, drawing, share
 from vit.app import library_view as view
@@ -157,8 +157,7 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     checkpoints the page lists (their samples); ``model_text``: what a link names the model by."""
     image, name, digest, is_sample = sidebar_image(entry, entries, model_key, hint=HINT, model="the model")
     method, asked = _settings(checkpoint, model_key, image)
-    st.session_state.setdefault("opacity", 0.6)  # the main page's widget: a link's opacity sets it
-    opacity = st.sidebar.slider(share.LABELS["opacity"], 0.0, 1.0, step=0.05, key="opacity")
+    opacity = map_settings.opacity_slider(st.sidebar)  # the main page's widget: a link's opacity sets it
     values = link_values(model_text, name, is_sample, method, asked, opacity)
     view_link.follow(values)  # before the map: a reload while it computes (or after a refusal) opens this view
     try:

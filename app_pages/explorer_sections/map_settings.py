@@ -159,8 +159,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
             layer = st.session_state.get(f"layer-{model_key}", L)
 
         st.header("Overlay")
-        st.session_state.setdefault("opacity", 0.6)
-        opacity = st.slider(share.LABELS["opacity"], 0.0, 1.0, step=0.05, key="opacity")
+        opacity = opacity_slider(st)
         colormap = st.selectbox(share.LABELS["cmap"], drawing.COLORMAPS, key="colormap")
         scale = st.radio(share.LABELS["scale"], list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
                          key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
@@ -181,6 +180,13 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
     outline = explorer.patch_of(query, prefix) if "query" in controls and not pooled else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
                      mass_share if masked else None, class_slot, word, target)
+
+
+def opacity_slider(where) -> float:
+    """The overlay's opacity slider in ``where`` (the sidebar's, or a column): one widget for every page, whose key a
+    link's ``opacity`` sets (``share_view.read_link``)."""
+    st.session_state.setdefault("opacity", 0.6)
+    return where.slider(share.LABELS["opacity"], 0.0, 1.0, step=0.05, key="opacity")
 
 
 def option_key(name: str) -> str:
