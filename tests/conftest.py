@@ -317,7 +317,7 @@ def pytest_sessionfinish(session, exitstatus):
             config.workeroutput["engine_imported"] = sorted(lanes.imported_engine_modules())
             config.workeroutput["lane_files"] = sorted({str(item.path) for item in session.items})
         return
-    if not _whole(config):
+    if not _whole(config) or config.option.collectonly:  # a collection ran nothing: nothing to judge
         return
     budget = _budget(config)
     if quick:
