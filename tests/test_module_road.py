@@ -348,12 +348,12 @@ def test_a_huge_size_declared_in_a_wrapped_config_is_refused_before_anything_run
 
 def authors_dinov3() -> tuple[torch.nn.Module, object]:
     """A tiny random DINOv3 with 2 storage tokens (registers) and RoPE, built by the authors' own code
-    (tests/reference/dinov3), and that code's module."""
+    (tests/reference/dinotxt/dinov3, the copy dino.txt's tests run), and that code's module."""
     import importlib.util
     import sys
     from pathlib import Path
 
-    root = Path(__file__).parent / "reference" / "dinov3"
+    root = Path(__file__).parent / "reference" / "dinotxt"
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     spec = importlib.util.spec_from_file_location("dinov3_vision_transformer",
