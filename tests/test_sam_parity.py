@@ -31,12 +31,15 @@ def last_block(checkpoint, images):
     return checkpoint.model.run_with_cache(images, [name])[1][name]
 
 
-@pytest.mark.parametrize("architecture", ["SamVisionModel", "SamModel", "SamHQVisionModel"])
+@pytest.mark.parametrize("architecture", ["SamVisionModel", "SamModel", "SamHQVisionModel", "SamHQModel"])
 def test_hf_sam_matches_transformers(tmp_path, architecture):
     """SAM-HQ's image encoder (issue 91) is SAM's, weight for weight: it opens by SAM's port, held to its own
-    ``SamHQVisionModel``'s eager attention and last block."""
+    ``SamHQVisionModel``'s eager attention and last block; the whole ``SamHQModel`` folder too (issue 117, item 6),
+    its image encoder held to the whole model's ``vision_encoder``."""
     if architecture == "SamModel":
         config = transformers.SamConfig(vision_config=TINY)
+    elif architecture == "SamHQModel":
+        config = transformers.SamHQConfig(vision_config=TINY)
     elif architecture == "SamHQVisionModel":
         config = transformers.SamHQVisionConfig(**TINY)
     else:

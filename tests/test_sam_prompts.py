@@ -290,6 +290,19 @@ def test_an_image_encoder_alone_is_refused_in_one_line(tmp_path, image):
     assert "\n" not in str(error.value)
 
 
+def test_a_whole_sam_hq_opens_its_image_encoder_and_refuses_prompts_in_one_line(tmp_path, image):
+    """SAM-HQ (issue 117, item 6): its whole folder opens by SAM's port (its image encoder is SAM's; parity in
+    tests/test_sam_parity.py), and its prompts, which its mask decoder reads with the encoder's intermediate
+    embeddings, are refused in one line saying so."""
+    transformers.SamHQModel(transformers.SamHQConfig(vision_config=SAM_VISION)).save_pretrained(tmp_path / "hq")
+    checkpoint = vit.load(tmp_path / "hq", device="cpu")
+    assert checkpoint.metadata["architecture"] == "hf:SamHQModel"
+    with pytest.raises(PromptHalfError, match=r"^SAM-HQ's mask decoder also reads its image encoder's global "
+                                              r"layers' outputs") as error:
+        vit.segment(checkpoint, image, points=[(10, 10)])
+    assert "\n" not in str(error.value)
+
+
 def with_a_shrunk_decoder_weight(source: str | Path, tmp_path: Path) -> tuple[Path, str]:
     """A copy of the SAM folder ``source`` whose first matrix of the mask decoder lost a row: ``(folder, its
     name)``."""

@@ -1,12 +1,17 @@
-"""The heads that ground an answer (issue 115, item 2): ``VLMAnswer.grounding_heads`` against the published code of
-Kang et al. (CVPR 2025; ``analyze.py`` vendored unchanged under ``tests/reference/localization_heads``: its
+"""The heads that ground an answer (issue 115, item 2): ``VLMAnswer.grounding_heads`` against the authors' code of
+Kang et al. (CVPR 2025; their ``analyze.py`` vendored unchanged under ``tests/reference/localization_heads``: its
 ``analyze_heads``, ``spatial_entropy`` and ``elbow_chord``) on synthetic attention and on the eager ``generate``'s
 attention of the tiny random LLaVA (its forward mode: the prompt's last query over the image tokens, ``[L, H, 1, V]``);
 ``VLMAnswer.visual_heads`` against SparseMM's ``hit_score`` rule written out here by hand (the top-1 key of each
-head's last row in the region's tokens scores ``1 / their count``; SparseMM's repository carries no licence, so its
-code is not kept here).
+head's last row in the region's tokens scores ``1 / their count``) and, where a checkout of CR400AF-A/SparseMM is
+named by ``SPARSEMM_REPO``, against the authors' ``hit_score`` itself, run unchanged from their file (their repository
+carries no licence, so no copy of it is kept here: see ``tests/reference/sparsemm/README.md``).
 """
 
+import ast
+import hashlib
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -123,6 +128,48 @@ def test_the_visual_scores_are_sparsemms_hit_rule_by_hand(asked, kind):
                     expected[layer, head] += 1 / len(region)
     np.testing.assert_allclose(answer.visual_heads(hits), expected, atol=1e-12)
     assert expected.any()
+
+
+# SparseMM's visual-head finder: the file, at the commit read, and its sha256 (a changed file is refused, not run)
+SPARSEMM_FILE = "visual_head/qwen_visual_head.py"  # CR400AF-A/SparseMM at f52655b624d2c2114c59d9e48a1cb545feaea0dd
+SPARSEMM_SHA256 = "76d65eeeb33cc667fd686cff7224f2277ce1e65488d82303391cc5ed74a99805"
+
+
+def sparsemms_hit_score(layers: int, heads: int):
+    """The authors' ``hit_score``, unchanged, from ``$SPARSEMM_REPO/visual_head/qwen_visual_head.py``. The module loads
+    a 7B model when imported, so only the function's own source is taken (by ``ast``) and run with the two module
+    names it reads, ``layer_num`` and ``head_num``, set to the tiny model's."""
+    root = os.environ.get("SPARSEMM_REPO")
+    if not root:
+        pytest.skip("SPARSEMM_REPO names no checkout of CR400AF-A/SparseMM (no licence: not vendored)")
+    source = (Path(root) / SPARSEMM_FILE).read_bytes()
+    assert hashlib.sha256(source).hexdigest() == SPARSEMM_SHA256, "not the file read at f52655b"
+    text = source.decode()
+    tree = ast.parse(text)
+    [function] = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "hit_score"]
+    namespace = {"layer_num": layers, "head_num": heads}
+    exec(compile(ast.get_source_segment(text, function), SPARSEMM_FILE, "exec"), namespace)
+    return namespace["hit_score"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_visual_scores_are_sparsemms_own_hit_score(asked, kind, capsys):
+    answer, out, inputs, image_token = asked[kind]
+    hit_score = sparsemms_hit_score(answer.layers, answer.heads)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    box, tokens = ((0, 0, 2, 2), positions[[0, 1, 4, 5]]) if kind == "llava" else ((0, 0, 2, 4), positions[[0, 1]])
+    whole = (0, 0, *answer.grid)
+    hits = [(i, box) for i in range(NEW_TOKENS)] + [(1, whole), (2, (0, 2, 2, 4) if kind == "llava" else whole)]
+    regions = [tokens] * NEW_TOKENS + [positions, positions[[2, 3, 6, 7]] if kind == "llava" else positions]
+    # their decode loop: one call per answer token read off a region, on that step's attentions, the region's
+    # positions in the whole sequence as ``bbox_token_idx``
+    visual_head_score = [[[0, ""] for _ in range(answer.heads)] for _ in range(answer.layers)]
+    for (i, _), region in zip(hits, regions):
+        hit_score(out.attentions[i], visual_head_score, None, f"<{i}>", region)
+    capsys.readouterr()  # their function prints each hit's region size
+    theirs = np.array([[score for score, _ in layer] for layer in visual_head_score])
+    assert theirs.any() and not theirs.all()
+    np.testing.assert_allclose(answer.visual_heads(hits), theirs, atol=1e-12)
 
 
 def test_what_does_not_fit_is_refused_in_one_line(asked):

@@ -416,8 +416,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "vit.sources.ports.families.import_beit", ("beit", "data2vec-vision"),
            "every map; Chefer's LRP refused (layer scale)"),
     Family("sam", "SAM and SAM-HQ image encoder", "windowed / hierarchical",
-           "HF sam / sam_vision_model / sam_hq_vision_model folders, timm samvit_*",
-           "vit.sources.ports.families.import_sam", ("sam", "sam_vision_model", "sam_hq_vision_model"),
+           "HF sam / sam_vision_model / sam_hq / sam_hq_vision_model folders, timm samvit_*",
+           "vit.sources.ports.families.import_sam", ("sam", "sam_vision_model", "sam_hq", "sam_hq_vision_model"),
            f"a windowed layer's attention is the query's window; {_NO_CLASSIFIER}"),
     Family("qwen2-vl", "Qwen2-VL's vision tower", "vlm tower", "HF qwen2_vl folders (the tower only)",
            "vit.sources.vlm.import_qwen", ("qwen2_vl",), _TOWER),
@@ -469,7 +469,8 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "vit.sources.ports.libraries.mapping", (), _EVERY_MAP),
     # The library road (issue 91): the library's own model, its attention recorded; taken where no port reads it
     Family("transformers-library", "Any transformers vision model without a port: I-JEPA, ViT-MSN, Pixio, C-RADIO, "
-           "MetaCLIP 2, MLCD and SmolVLM towers, ViTPose's backbone, GIT's tower, EoMT, YOLOS, DPT, Depth Anything, "
+           "MetaCLIP 2, MLCD and SmolVLM towers, ViTPose (whole, or its backbone), TIPSv2 (whole: its image tower), "
+           "Pixtral's and Molmo 2's vision models, GIT's tower, EoMT, YOLOS, DPT, Depth Anything, "
            "SAM 3's vision encoder and SAM 3 tracker (its prompts through vit.segment)",
            "image",
            "HF folders whose model_type no port reads and whose attention runs through transformers' attention "

@@ -271,6 +271,7 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 # SAM-HQ's image encoder is SAM's, module for module and weight for weight (its HQ part is the decoder)
                 "sam_hq_vision_model": (import_sam, ("SamHQVisionModel",)),
+                "sam_hq": (import_sam, ("SamHQModel",)),  # the whole SAM-HQ: its image encoder, SAM's
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
                 "qwen2_vl": (import_qwen, import_qwen.QWEN2_ARCHITECTURES),

@@ -25,6 +25,10 @@ from vit.checkpoint import CheckpointError
 # the HF architectures whose prompt half opens; SAM 3 tracker's opens by the library road, whole: its own vision
 # encoder is the image encoder
 ARCHITECTURES = {"SamModel": "sam", "Sam2Model": "sam2", "Sam3TrackerModel": "sam3_tracker"}
+# the HF architectures whose image encoder opens but whose prompt half does not, and why (one line each)
+REFUSED = {"SamHQModel": "SAM-HQ's mask decoder also reads its image encoder's global layers' outputs (its "
+                         "intermediate embeddings), which vit.segment does not hand it; its image encoder's maps are "
+                         "drawn, and prompts segment on SAM, SAM 2 and SAM 3 tracker"}
 
 
 class PromptHalfError(CheckpointError):
@@ -117,6 +121,10 @@ def open_prompt_half(checkpoint) -> PromptHalf:
     from vit.sources.open import read_hf_weights
 
     name = architecture(checkpoint)
+    source = checkpoint.metadata.get("source", {}) if isinstance(checkpoint.metadata, Mapping) else {}
+    refused = REFUSED.get(str(source.get("architecture", "")).removeprefix("hf:"))
+    if refused:
+        raise PromptHalfError(refused)
     if name is None:
         shown = checkpoint.metadata.get("architecture", "this model") if isinstance(checkpoint.metadata, Mapping) \
             else "this model"

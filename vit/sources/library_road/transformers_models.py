@@ -49,7 +49,8 @@ MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
 # model_types whose tokens are not one image's prefix and patches, each opened by a module of its own that builds on
 # this one (so imported by its name when asked): PE video's clip, a timm trunk per frame and a temporal encoder (alone,
 # or beside a text model)
-OWN_LAYOUTS = dict.fromkeys(("pe_video_encoder", "pe_video"), "vit.sources.library_road.pe_video")
+OWN_LAYOUTS = {**dict.fromkeys(("pe_video_encoder", "pe_video"), "vit.sources.library_road.pe_video"),
+               **dict.fromkeys(("tipsv2", "pixtral", "molmo2_vision"), "vit.sources.library_road.whole_folders")}
 
 
 @dataclass(frozen=True)
@@ -614,7 +615,7 @@ def _backbone_class(config_json: Mapping):
     import transformers
 
     cls = getattr(transformers, MODEL_FOR_BACKBONE_MAPPING_NAMES.get(model_type, ""), None)
-    return cls if getattr(cls, "_supports_attention_backend", False) else None
+    return cls if getattr(cls, "_supports_attention_backend", False) or cls and calls_interface(cls) else None
 
 
 MAX_LAYERS = 1000  # layers a config may declare in all: each is built (on the meta device) before its weights' check
@@ -829,7 +830,7 @@ def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
     from transformers import PreTrainedModel
 
     return next((m for m in model.modules() if m is not model and isinstance(m, PreTrainedModel)
-                 and getattr(type(m), "_supports_attention_backend", False)), None)
+                 and (getattr(type(m), "_supports_attention_backend", False) or calls_interface(type(m)))), None)
 
 
 def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen: list[tuple[int, int]]) -> None:

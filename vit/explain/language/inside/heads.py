@@ -2,7 +2,7 @@
 and how precisely, it attends to the image.
 
 - **Localization heads** (Kang et al., CVPR 2025, "Your Large Vision-Language Model Only Needs A Few Attention Heads
-  For Visual Grounding"; ``analyze.py`` of the published code, see ``tests/reference/localization_heads``): the query's
+  For Visual Grounding"; the authors' ``analyze.py``, see ``tests/reference/localization_heads``): the query's
   row over the image tokens per head (the prompt's last position: answer token 0's query, as the code's forward mode
   reads it). Criterion 1, its **attention sum** over the image tokens, a head kept at or over the elbow of all heads'
   sums (the chord method: the sorted sums' point farthest from the line through their ends). Criterion 2, its
