@@ -348,14 +348,27 @@ def test_no_page_file_is_longer_than_400_lines():
     assert len((VIT.parent / "app.py").read_text().splitlines()) <= PAGE_LINES
 
 
-# Past this many lines a module has more than one concern (STYLE.md): split it by concern, as ``vit/model/`` and
-# ``vit/api/`` are.
-MODULE_LINES = 1000
+# Past this many lines a module has more than one concern (STYLE.md): split it by concern, as ``vit/model/``,
+# ``vit/api/`` and ``vit/checkpoint/`` are (issue 112: the house's bar came down from 1,000 lines).
+MODULE_LINES = 800
+# TEMPORARY: the modules still over the bar while they are split (issue 112, item 4). This list must shrink to
+# nothing: each entry goes when its module is split, and none is ever added. They are held to the old bar meanwhile.
+OVER_THE_BAR = {"vit/sources/open.py", "vit/sources/library_road/transformers_models.py",
+                "vit/explain/language/vlm_answer.py"}
+OLD_MODULE_LINES = 1000
 
 
-def test_no_module_is_longer_than_1000_lines():
-    found = {place.name: long_files(place, MODULE_LINES) for place, _ in HOUSE if place.is_dir()}
-    assert all(not long for long in found.values()), f"split these by concern: {found}"
+def modules_over(bar: int = MODULE_LINES, places: tuple[tuple[Path, str], ...] = HOUSE) -> dict[str, int]:
+    """{path from the repository's root: lines} of the house's modules (``vit/``, ``app_pages/``) over ``bar``."""
+    return {f"{place.name}/{path}": n for place, _ in places if place.is_dir()
+            for path, n in long_files(place, bar).items()}
+
+
+def test_no_module_is_longer_than_800_lines():
+    over = modules_over()
+    assert set(over) - OVER_THE_BAR == set(), f"split these by concern: {over}"
+    assert OVER_THE_BAR <= set(over), f"split: take {sorted(OVER_THE_BAR - set(over))} off OVER_THE_BAR"
+    assert modules_over(OLD_MODULE_LINES) == {}, "the modules over the bar may not grow past the old one"
 
 
 def test_the_length_check_catches_a_long_page(tmp_path):
@@ -363,6 +376,15 @@ def test_the_length_check_catches_a_long_page(tmp_path):
     (tmp_path / "explorer_sections" / "long.py").write_text("x = 1\n" * (PAGE_LINES + 1))
     (tmp_path / "short.py").write_text("x = 1\n" * PAGE_LINES)
     assert long_files(tmp_path) == {"explorer_sections/long.py": PAGE_LINES + 1}
+
+
+def test_the_module_bar_catches_a_module_of_801_lines_in_a_wing(tmp_path):
+    (tmp_path / "vit" / "runs").mkdir(parents=True)
+    (tmp_path / "vit" / "runs" / "manager.py").write_text("x = 1\n" * (MODULE_LINES + 1))
+    (tmp_path / "vit" / "runs" / "display.py").write_text("x = 1\n" * MODULE_LINES)
+    (tmp_path / "app_pages").mkdir()
+    places = ((tmp_path / "vit", "vit"), (tmp_path / "app_pages", "app_pages"), (tmp_path / "app.py", "app"))
+    assert modules_over(places=places) == {"vit/runs/manager.py": MODULE_LINES + 1}
 
 
 # Rooms by kind: a folder past this many modules side by side is grouped by kind into sub-packages (STYLE.md), and
