@@ -1,9 +1,9 @@
 """Train: launch Vision Transformer runs, follow them live, stop, resume, compare and open them.
 
 Widgets and layout only; launching, validation, states, table rows and curve data live in
-``vit.runs.manager``, ``vit.runs.launch`` and ``vit.runs.devices``. The runs panel is a fragment that polls the runs
-folder every few seconds (which also starts queued runs whose device has become free), so it never
-re-runs the form.
+``vit.runs.manager``, ``vit.runs.display``, ``vit.runs.launch`` and ``vit.runs.devices``. The runs panel is a
+fragment that polls the runs folder every few seconds (which also starts queued runs whose device has become free),
+so it never re-runs the form.
 """
 
 import os
@@ -19,7 +19,7 @@ from app_pages.training_sections import sae as sae_section
 from vit.app import catalog
 from vit.core.text import escape_markdown, visible
 from vit.model import PRESETS
-from vit.runs import access, devices, launch
+from vit.runs import access, devices, display, launch
 from vit.runs import manager as runs
 from vit.training.augmentations import AUGMENTATIONS
 from vit.training.data import BUILTIN_DATASETS
@@ -70,7 +70,7 @@ def device_options(users: dict[str, list[str]], ray_address: str | None = None
                    ) -> list[tuple[tuple[str, ...], str]]:
     choices = devices.device_choices(devices.list_devices(), users)
     if ray_address:  # $VIT_RAY_ADDRESS, set by whoever started the server; a visitor never gives an address
-        choices.append((launch.RAY, runs.ray_cluster_label(ray_address, users.get("ray"))))
+        choices.append((launch.RAY, display.ray_cluster_label(ray_address, users.get("ray"))))
     return choices
 
 
@@ -177,7 +177,7 @@ if st.session_state.get("train_submit"):
     else:
         gpus = sum(1 for choice, _ in device_options({}) if len(choice) == 1 and choice[0] != "cpu")
         st.session_state["train_errors"] = {}
-        st.session_state["train_notice"] = runs.launch_notice(info, gpus)
+        st.session_state["train_notice"] = display.launch_notice(info, gpus)
         st.session_state["train_notice_run"] = info.name
         st.session_state["selected_runs"] = [info.name]
 

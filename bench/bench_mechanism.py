@@ -54,6 +54,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # run as a script too; PYTHONPATH=<another checkout> times that checkout's code
 from vit.explain.mechanism import components as mechanism  # noqa: E402
+from vit.explain.mechanism import interventions  # noqa: E402
 from vit.explain.views.mechanism_views import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
 from vit.model import ViT, ViTConfig  # noqa: E402
 
@@ -61,11 +62,11 @@ from vit.model import ViT, ViTConfig  # noqa: E402
 def residual_loop_before(model, clean, corrupted):
     """The residual patching grid as it ran before batching across layers' tails (the main branch of
     2026-11-23): per layer, chunks of positions through every remaining layer, all tokens to the end."""
-    clean_s, corrupt_s, _, _, a, b, _, grid = mechanism._patching_setup(model, clean, corrupted, None, None)
+    clean_s, corrupt_s, _, _, a, b, _, grid = interventions._patching_setup(model, clean, corrupted, None, None)
     B, S, T, D = clean_s.shape
     L = len(model.blocks)
     out = torch.empty(B, L, T)
-    chunk = mechanism._chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
+    chunk = interventions._chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
     for i in range(B):
         for layer in range(L):
             for start in range(0, T, chunk):

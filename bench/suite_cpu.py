@@ -3,9 +3,15 @@
     python bench/suite_cpu.py --out bench/results/cpu-2026-11-27/suite-cpu.txt              # the whole suite
     python bench/suite_cpu.py --out /tmp/ray.txt -- tests/test_ray_train.py -k cluster       # pytest's arguments
     python bench/suite_cpu.py --out gate.txt --timeline GATE/timeline.txt   # a run already made: wall by module
+    python bench/suite_cpu.py --costliest bench/results/cpu-DATE/suite-cpu.txt \
+        --out bench/results/cpu-DATE/suite-costliest.md                      # the docs' table, from a made report
 
 ``--timeline``: no run; a file a run wrote through ``VIT_TEST_TIMELINE`` (a gate's ``bash .ci/run`` with it set), each
 module's tests and wall seconds summed, and each xdist group's span on its worker (when it started and ended).
+
+``--costliest``: no run; a report this script wrote (a whole run's), its ``COSTLIEST`` costliest tests as a Markdown
+table with their lane and why each must be that long (``costliest_markdown``): the table the docs' Contributing page
+shows (docs/hooks.py reads the newest ``bench/results/*/suite-costliest.md``).
 
 A test's wall time is no measure of what it costs on two shared cores: four workers and their processes (app servers,
 Chromium, a Ray cluster, the memory tests' measuring server) take turns, and a test that alone takes 15 s took 105 s
@@ -228,8 +234,8 @@ def why_long(test: str) -> str:
     said = next((ast.get_docstring(node) for node in ast.walk(tree)
                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function), None)
     said = said or ast.get_docstring(tree) or "(no docstring: say there why it must be this long)"
-    first = " ".join(said.split())
-    return first.split(". ")[0].rstrip(".")[:200]
+    first = " ".join(said.split()).split(". ")[0].rstrip(".")
+    return first if len(first) <= 200 else first[:200].rsplit(" ", 1)[0] + " …"  # cut between words
 
 
 def lanes_report(by_test, lane: set[str]) -> list[str]:
@@ -247,13 +253,75 @@ def lanes_report(by_test, lane: set[str]) -> list[str]:
     return lines
 
 
+COSTLIEST = 10  # the tests the docs' Contributing page names, with why each must be that long
+
+
+def report_tests(lines: list[str]) -> dict[str, float]:
+    """{test id: CPU s} of a report's per-test table (``| test | CPU s |``, costliest first), its ``@group``
+    suffixes dropped."""
+    start = lines.index("| test | CPU s |") + 2
+    found = {}
+    for line in lines[start:]:
+        if not line.startswith("| "):
+            break
+        test, spent = line[2:-2].rsplit(" | ", 1)
+        if "::" in test:  # not "(no worker)" or "(worker, between tests)"
+            found[test_id(test)] = float(spent)
+    return found
+
+
+def still_there(test: str) -> bool:
+    """Whether a test's function still stands in its file (read from the source, nothing imported)."""
+    import ast
+
+    path, _, name = test.partition("::")
+    function = name.split("[")[0].split("::")[-1]
+    try:
+        tree = ast.parse((ROOT / path).read_text())
+    except (OSError, SyntaxError):
+        return False
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function
+               for node in ast.walk(tree))
+
+
+def costliest_markdown(report: Path, count: int = COSTLIEST, lane: set[str] | None = None) -> str:
+    """The ``count`` costliest tests of a made report as a Markdown table: CPU seconds, the lane that runs each
+    (``everyday`` when ``pytest --quick`` collects it today, else ``whole``; ``gone`` for a test no longer in the
+    suite) and why it must be that long, in its docstring's words (``why_long``). ``lane`` is the everyday lane's
+    ids; None collects them from the tests' own files."""
+    lines = report.read_text().splitlines()
+    tests = list(report_tests(lines).items())[:count]
+    if lane is None:
+        lane = lane_ids(sorted({test.partition("::")[0] for test, _ in tests}))
+    run = next((line[2:] for line in lines[1:3] if line.startswith("# ") and "CPU" in line), "")
+    name = report.relative_to(ROOT).as_posix() if report.is_relative_to(ROOT) else str(report)
+    rows = ["# The suite's costliest tests", "",
+            f"From `{name}`: {run}. The {len(tests)} costliest tests by their own CPU seconds, their processes' "
+            "included (app servers, Chromium, Ray workers, the memory tests' measuring server).", "",
+            "| test | CPU s | lane | why it must be that long |", "|---|---:|---|---|"]
+    for test, spent in tests:
+        where = "everyday" if test in lane else "whole" if still_there(test) else "gone"
+        why = why_long(test) if where != "gone" else "(no longer in the suite)"
+        rows.append(f"| `{test}` | {spent:.1f} | {where} | {why.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the report (Markdown tables)")
     parser.add_argument("--top", type=int, default=60, help="modules and tests listed (default 60)")
     parser.add_argument("--timeline", type=Path, help="no run: report a made run's VIT_TEST_TIMELINE file")
+    parser.add_argument("--costliest", type=Path, metavar="REPORT",
+                        help=f"no run: the {COSTLIEST} costliest tests of a report this script wrote, as the docs' "
+                             "Markdown table (write it to bench/results/cpu-DATE/suite-costliest.md)")
     parser.add_argument("pytest_args", nargs="*", help="pytest's arguments, after --")
     args = parser.parse_args(argv)
+    if args.costliest is not None:
+        table = costliest_markdown(args.costliest.resolve())
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(table)
+        print(table, end="")
+        return 0
     if args.timeline is not None:
         lines = wall_report(read_timeline(args.timeline), args.top)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -213,6 +213,22 @@ def census_markdown() -> str:
     return textwrap.fill(text, width=118, break_long_words=False, break_on_hyphens=False) + "\n"
 
 
+def suite_costliest_path() -> Path:
+    """The newest table of the suite's costliest tests (``bench/suite_cpu.py --costliest`` writes it beside the
+    report it reads)."""
+    found = sorted((ROOT / "bench" / "results").glob("cpu-*/suite-costliest.md"))
+    if not found:
+        raise ValueError("no bench/results/cpu-*/suite-costliest.md; run python bench/suite_cpu.py --costliest REPORT "
+                         "--out bench/results/cpu-DATE/suite-costliest.md")
+    return found[-1]
+
+
+def suite_costliest_markdown() -> str:
+    """The suite's ten costliest tests, with the lane that runs each and why it must be that long."""
+    text = re.sub(r"\A# .*\n+", "", suite_costliest_path().read_text())
+    return text.replace("<", "&lt;")  # the whys are docstrings' words, which may name a tag: text, never HTML
+
+
 def include(path: str) -> str:
     """A repository file's Markdown, its top heading dropped (the page has its own) and its images pointed at
     their copies in ``repository/``."""
@@ -233,6 +249,7 @@ GENERATORS = {
     "bench": bench_markdown,
     "census-vlm": census_vlm_markdown,
     "census": census_markdown,
+    "suite-costliest": suite_costliest_markdown,
     **{f"families-{page}": (lambda page=page: families_markdown(page)) for page in PAGES},
 }
 

@@ -236,8 +236,8 @@ ALLOWED = {
                                                               "torn last line",
     ("vit/runs/manager.py", "RunManager._locked", "open"): "the lock file: opened to lock, never written",
     ("vit/runs/manager.py", "RunManager._start", "open"): "the launched process's output.log, appended to",
-    ("vit/checkpoint.py", "atomic_torch_save", "os.fdopen"): "its own temporary file, fsync and rename, streamed: "
-                                                             "a checkpoint can be gigabytes",
+    ("vit/checkpoint/torch_files.py", "atomic_torch_save", "os.fdopen"): "its own temporary file, fsync and rename, "
+                                                                         "streamed: a checkpoint can be gigabytes",
     ("vit/explain/views/overlay.py", "write_npz_streamed", "zipfile.ZipFile"): "into unnamed_until_done's file",
     ("vit/explain/views/overlay.py", "write_npz_streamed", "archive.open"): "the entries of that archive",
     ("vit/training/data.py", "_decode_files", "request.write_text"): "a worker's request in a TemporaryDirectory",

@@ -21,7 +21,8 @@ from vit.model import ViT, ViTConfig
 from vit.train import main
 from vit.training import options
 from vit.training.data import Dataset, Split
-from vit.training.trainer import Trainer, layer_id, param_groups, schedule_factor
+from vit.training.optimization import layer_id, param_groups, schedule_factor
+from vit.training.trainer import Trainer
 
 TINY = ViTConfig(image_size=8, patch_size=4, num_classes=2, hidden_size=8, num_layers=2, num_heads=2, mlp_size=16,
                  drop_path=0.1, dropout=0.1)

@@ -25,7 +25,7 @@ REPOSITORY = VIT.parent
 HOUSE = ((VIT, "vit"), (REPOSITORY / "app_pages", "app_pages"), (REPOSITORY / "app.py", "app"))
 COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae", "describe_heads"}
 LOW = {"costs", "model", "core"}  # the engine's lower rooms, each a package
-ROOT_CORE = {"checkpoint", "registry"}  # modules of the core kept at the root: their paths are what users import
+ROOT_CORE = {"checkpoint", "registry"}  # the core's modules (a package) kept at the root: users import their paths
 WINGS = {"sources", "explain", "training", "features", "runs", "app"}
 API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks, with ``vit.api``'s modules
 # What each layer may import besides itself.
@@ -153,7 +153,8 @@ def back_up(root: Path = VIT) -> list[str]:
             parts = imported.split(".")
             root_name = (len(parts) == 2 and name != "vit" and not (root / parts[1]).is_dir()
                          and not (root / f"{parts[1]}.py").is_file())
-            core_below = name.removeprefix("vit.") in ROOT_CORE and imported.startswith("vit.core.")
+            in_root_core = name.partition(".")[2].split(".")[0] in ROOT_CORE  # vit.checkpoint and its modules
+            core_below = in_root_core and imported.startswith("vit.core.")
             if root_name or core_below:
                 found.append(f"{name}:{line} imports {imported}")
     return found
@@ -171,6 +172,13 @@ def test_the_back_up_check_catches_a_root_name_and_the_checkpoint_format_reading
     (tmp_path / "registry.py").write_text("")
     assert back_up(tmp_path) == ["vit.checkpoint:1 imports vit.core.images.BACKENDS",
                                  "vit.core.cli:2 imports vit.__version__"]
+
+
+def test_the_back_up_check_catches_a_module_of_the_checkpoint_package_reading_the_core(tmp_path):
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "__init__.py").write_text("from vit.checkpoint.file_format import Checkpoint\n")
+    (tmp_path / "checkpoint" / "file_format.py").write_text("def f():\n    from vit.core.images import BACKENDS\n")
+    assert back_up(tmp_path) == ["vit.checkpoint.file_format:2 imports vit.core.images.BACKENDS"]
 
 
 def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(tmp_path):
@@ -245,16 +253,18 @@ def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(t
                                            ("vit.features.autoencoder", "features"), ("vit.sae", "commands"),
                                            ("vit.core.inference", "core"), ("vit.costs.bounds", "costs"),
                                            ("vit.ViT", "api"), ("vit.__version__", "core"),
-                                           ("vit.checkpoint", "core"), ("vit.registry", "core")])
+                                           ("vit.checkpoint", "core"), ("vit.checkpoint.torch_files", "core"),
+                                           ("vit.registry", "core")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 
 
 def test_packages_are_empty():
     """No star re-exports or registries: a package's ``__init__`` holds at most a docstring (but ``vit``'s and
-    ``vit.api``'s, the notebook API, and ``vit.model``'s, which names the model's parts)."""
+    ``vit.api``'s, the notebook API, and ``vit.model``'s and ``vit.checkpoint``'s, which name their parts: users import
+    them by those paths)."""
     for init in VIT.rglob("__init__.py"):
-        if init.parent in (VIT, VIT / "api", VIT / "model"):
+        if init.parent in (VIT, VIT / "api", VIT / "model", VIT / "checkpoint"):
             continue
         body = ast.parse(init.read_text()).body
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), init
@@ -338,14 +348,27 @@ def test_no_page_file_is_longer_than_400_lines():
     assert len((VIT.parent / "app.py").read_text().splitlines()) <= PAGE_LINES
 
 
-# Past this many lines a module has more than one concern (STYLE.md): split it by concern, as ``vit/model/`` and
-# ``vit/api/`` are.
-MODULE_LINES = 1000
+# Past this many lines a module has more than one concern (STYLE.md): split it by concern, as ``vit/model/``,
+# ``vit/api/`` and ``vit/checkpoint/`` are (issue 112: the house's bar came down from 1,000 lines).
+MODULE_LINES = 800
+# TEMPORARY: the modules still over the bar while they are split (issue 112, item 4). This list must shrink to
+# nothing: each entry goes when its module is split, and none is ever added. They are held to the old bar meanwhile.
+OVER_THE_BAR = {"vit/sources/open.py", "vit/sources/library_road/transformers_models.py",
+                "vit/explain/language/vlm_answer.py"}
+OLD_MODULE_LINES = 1000
 
 
-def test_no_module_is_longer_than_1000_lines():
-    found = {place.name: long_files(place, MODULE_LINES) for place, _ in HOUSE if place.is_dir()}
-    assert all(not long for long in found.values()), f"split these by concern: {found}"
+def modules_over(bar: int = MODULE_LINES, places: tuple[tuple[Path, str], ...] = HOUSE) -> dict[str, int]:
+    """{path from the repository's root: lines} of the house's modules (``vit/``, ``app_pages/``) over ``bar``."""
+    return {f"{place.name}/{path}": n for place, _ in places if place.is_dir()
+            for path, n in long_files(place, bar).items()}
+
+
+def test_no_module_is_longer_than_800_lines():
+    over = modules_over()
+    assert set(over) - OVER_THE_BAR == set(), f"split these by concern: {over}"
+    assert OVER_THE_BAR <= set(over), f"split: take {sorted(OVER_THE_BAR - set(over))} off OVER_THE_BAR"
+    assert modules_over(OLD_MODULE_LINES) == {}, "the modules over the bar may not grow past the old one"
 
 
 def test_the_length_check_catches_a_long_page(tmp_path):
@@ -353,6 +376,15 @@ def test_the_length_check_catches_a_long_page(tmp_path):
     (tmp_path / "explorer_sections" / "long.py").write_text("x = 1\n" * (PAGE_LINES + 1))
     (tmp_path / "short.py").write_text("x = 1\n" * PAGE_LINES)
     assert long_files(tmp_path) == {"explorer_sections/long.py": PAGE_LINES + 1}
+
+
+def test_the_module_bar_catches_a_module_of_801_lines_in_a_wing(tmp_path):
+    (tmp_path / "vit" / "runs").mkdir(parents=True)
+    (tmp_path / "vit" / "runs" / "manager.py").write_text("x = 1\n" * (MODULE_LINES + 1))
+    (tmp_path / "vit" / "runs" / "display.py").write_text("x = 1\n" * MODULE_LINES)
+    (tmp_path / "app_pages").mkdir()
+    places = ((tmp_path / "vit", "vit"), (tmp_path / "app_pages", "app_pages"), (tmp_path / "app.py", "app"))
+    assert modules_over(places=places) == {"vit/runs/manager.py": MODULE_LINES + 1}
 
 
 # Rooms by kind: a folder past this many modules side by side is grouped by kind into sub-packages (STYLE.md), and

@@ -375,7 +375,7 @@ def test_residual_patching_matches_hf_hooks(pair):
 
 
 def test_work_past_the_memory_bound_is_refused_before_it_starts(monkeypatch):
-    import vit.explain.mechanism.components as mechanism
+    import vit.explain.mechanism.forward_reads as mechanism  # where check_budget reads the bound
 
     model = random_vit()
     monkeypatch.setattr(mechanism, "MAX_ELEMENTS", 1000)
@@ -500,7 +500,7 @@ def test_batched_grids_equal_one_forward_per_cell_with_torch_hooks(config, chunk
 def test_a_followed_grid_runs_batches_of_at_most_progress_flops_of_work(grid, monkeypatch):
     # A page's Stop is heard between batches: 32 copies of a ViT-B/16 at 609 tokens were 30-50 s of 2 cores.
     from vit.costs.bounds import forward_flops
-    from vit.explain.mechanism import components as mechanism
+    from vit.explain.mechanism import interventions as mechanism  # where the grids batch their copies
 
     model = random_vit()
     one = forward_flops(model.config, model.num_prefix_tokens + 16)

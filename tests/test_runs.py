@@ -24,8 +24,9 @@ from PIL import Image
 
 from vit.core.runfiles import LAUNCH_DIR, default_runs_dir
 from vit.runs.devices import DeviceInfo, device_choices
+from vit.runs.display import RunInfo, curve_rows, table_rows
 from vit.runs.launch import RunParams, ValidationError, launch_command, preset_summary
-from vit.runs.manager import RunError, RunInfo, RunManager, curve_rows, table_rows
+from vit.runs.manager import RunError, RunManager
 from vit.runs.state import proc_cmdline, proc_start, reconcile
 
 WAIT_SECONDS = 900  # generous: on two shared cores a niced Python needs minutes to import torch
@@ -926,7 +927,7 @@ def streamlit_font():
 def needed_px(font, rows, column, header):
     """What a column needs to show its header and every cell uncut, as the table writes them, with the cell's
     padding (8 px a side)."""
-    from vit.runs.manager import SHOWN_AS
+    from vit.runs.display import SHOWN_AS
 
     shown = {"Progress": "100.0%", "Best val acc": "81.2%", "LR": "0.0003", **SHOWN_AS}
     texts = [header] + [shown.get(column, str(row[column])) for row in rows if row[column] is not None]
@@ -935,7 +936,7 @@ def needed_px(font, rows, column, header):
 
 def test_the_runs_tables_columns_show_their_headers_and_cells_uncut_within_the_page(tmp_path):
     """Issue 45, item 10: set widths cut names, durations and datasets short (issue 33: within the page's 940 px)."""
-    from vit.runs.manager import TABLE_HEADERS, table_widths
+    from vit.runs.display import TABLE_HEADERS, table_widths
 
     font = streamlit_font()
     runs = [RunInfo(name="cifar10-cifar-s-lr3e-4", state="cancelled", detail="stopped from the page",
@@ -952,7 +953,7 @@ def test_the_runs_tables_columns_show_their_headers_and_cells_uncut_within_the_p
 
 
 def test_a_long_detail_or_name_gives_way_first_and_every_header_stays_whole(tmp_path):
-    from vit.runs.manager import TABLE_HEADERS, table_widths
+    from vit.runs.display import TABLE_HEADERS, table_widths
 
     font = streamlit_font()
     runs = [RunInfo(name="a-very-long-run-name-" * 3, state="failed", detail="x" * 400, run_dir=tmp_path,

@@ -96,3 +96,33 @@ def test_the_profile_gives_the_lanes_totals_and_names_each_long_test_with_its_ow
     assert named == [f"| {long_test} | 12.0 | whole | Issue 112: the everyday lane's and the whole run's CPU, and "
                      "every test past 10 s with its docstring's why |"]
     assert not any(line.startswith(f"| {lane_test}") for line in lines)  # 1.5 s: not a long test
+
+
+def test_the_docs_table_names_a_reports_costliest_tests_with_their_lane_and_why(tmp_path):
+    """Issue 112: the docs show a run's ten costliest tests, each with its lane and why it must be that long.
+
+    ``--costliest`` writes that table from a report this script wrote; a why past 200 characters is cut between
+    words."""
+    here = "tests/test_suite_cpu.py"
+    lane_test = f"{here}::test_kinds_of_processes"
+    long_test = f"{here}::test_the_docs_table_names_a_reports_costliest_tests_with_their_lane_and_why"
+    rows = [("(no worker)", 99.0), (f"{long_test}@some-group", 30.0), (f"{here}::test_since_renamed", 20.0),
+            *((f"{lane_test}[{i}]", 10.0 - i) for i in range(10))]
+    report = tmp_path / "suite-cpu.txt"
+    report.write_text("# python bench/suite_cpu.py -- \n# 2 cores; 100 s of wall time; 190 s of CPU\n\n"
+                      "| module | CPU s | share |\n|---|---:|---:|\n| tests/test_x.py | 1 | 1 % |\n\n"
+                      "| test | CPU s |\n|---|---:|\n" + "".join(f"| {t} | {s:.1f} |\n" for t, s in rows) +
+                      "\n| module | kind of process | CPU s |\n|---|---|---:|\n| tests/test_x.py | python | 1.0 |\n")
+    table = suite_cpu.costliest_markdown(report, lane={f"{lane_test}[{i}]" for i in range(10)}).splitlines()
+    assert table[0] == "# The suite's costliest tests"
+    assert "2 cores; 100 s of wall time; 190 s of CPU. The 10 costliest tests" in table[2]
+    body = [line for line in table if line.startswith("| `")]
+    assert len(body) == 10  # (no worker) is no test; the ten costliest in the report's order
+    assert body[0] == (f"| `{long_test}` | 30.0 | whole | Issue 112: the docs show a run's ten costliest tests, each "
+                       "with its lane and why it must be that long |")
+    assert suite_cpu.why_long(f"{here}::test_busy_child").endswith("spends about two seconds of CPU")
+    (tmp_path / "test_long.py").write_text('def test_f():\n    """' + "word " * 60 + '"""\n')
+    assert suite_cpu.why_long(f"{tmp_path}/test_long.py::test_f") == "word " * 39 + "word …"  # 200 characters
+    assert body[1] == f"| `{here}::test_since_renamed` | 20.0 | gone | (no longer in the suite) |"
+    assert body[2].startswith(f"| `{lane_test}[0]` | 10.0 | everyday | ")
+    assert body[-1].startswith(f"| `{lane_test}[7]` | 3.0 | everyday | ")

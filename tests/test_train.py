@@ -23,7 +23,8 @@ from vit.train import main
 from vit.training import options
 from vit.training.data import Dataset, Split
 from vit.training.options import build_parser
-from vit.training.trainer import FAULT_ENV, EtaClock, Trainer
+from vit.training.session import EtaClock
+from vit.training.trainer import FAULT_ENV, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",

@@ -13,8 +13,9 @@ import vit.training.trainer as trainer_module
 from vit.checkpoint import read_checkpoint_payload
 from vit.train import main
 from vit.training.budget import BUDGET_MAX_EPOCHS, BUDGET_SAFETY, parse_duration, plan_epochs
+from vit.training.optimization import schedule_factor
 from vit.training.options import parse_args
-from vit.training.trainer import FAULT_ENV, schedule_factor
+from vit.training.trainer import FAULT_ENV
 
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
         "--mlp-size", "16", "--threads", "1", "--batch-size", "4"]

@@ -16,7 +16,8 @@ from vit.checkpoint import read_checkpoint_payload
 from vit.train import main
 from vit.training import options
 from vit.training.data import Dataset, Split
-from vit.training.trainer import Trainer, global_batch, resolve_compile_mode
+from vit.training.session import global_batch
+from vit.training.trainer import Trainer, resolve_compile_mode
 
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
         "--mlp-size", "16", "--threads", "1"]

@@ -141,7 +141,7 @@ def test_vit_pytorch_1_0_prenorm_layout_opens_exactly(tmp_path):
 
 
 def test_layer_decay_puts_vit_pytorchs_patch_norms_with_the_embeddings():
-    from vit.training.trainer import layer_id
+    from vit.training.optimization import layer_id
 
     assert layer_id("patch_norm.weight", 6) == layer_id("embed_norm.bias", 6) == layer_id("patch_embed.weight", 6) == 0
 

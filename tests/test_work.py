@@ -80,7 +80,7 @@ def test_head_patching_reports_each_layer_and_gives_the_same_grid():
 
 
 def test_residual_patching_counts_every_position_and_stops_within_one_chunk(monkeypatch):
-    from vit.explain.mechanism import components as mechanism
+    from vit.explain.mechanism import interventions as mechanism  # where the grids batch their copies
 
     monkeypatch.setattr(mechanism, "_chunks", lambda total, per_copy: 5)  # 17 tokens: chunks of 5, 5, 5, 2
     model, clean, corrupted = random_vit(), images(1, seed=1), images(1, seed=2)

@@ -308,7 +308,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         token_rows,
     )
     from vit.predict import UsageError, open_checkpoint, resolve_device
-    from vit.training.trainer import StopRequest
+    from vit.training.session import StopRequest
 
     asked_device = args.device if harvest is not None else None  # the Ray worker's, whatever the run had
     args, config = resolve_args(args)

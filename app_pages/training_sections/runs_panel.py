@@ -1,7 +1,7 @@
 """The Train page's runs panel: every run in a table, polled every few seconds without re-running the launch form
 (the poll also starts queued runs whose device has become free); the selected runs' curves overlaid, the settings
 that differ between them, and each one's Stop / Resume / Open / Delete with its log's tail. Widgets only: states,
-rows and curves are ``vit.runs.manager``'s."""
+rows and curves are ``vit.runs.manager``'s and ``vit.runs.display``'s."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from app_pages import open_in_explorer
 from app_pages.training_sections import sae as sae_section
 from vit.core.text import escape_markdown, escape_plotly, visible, visible_lines
 from vit.explain.views import compare
+from vit.runs import display
 from vit.runs import manager as runs
 from vit.runs.weights import saved_weights
 
 REFRESH_SECONDS = 3
 
 
-def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable[[str], str],
+def run_controls(manager: runs.RunManager, info: display.RunInfo, private: Callable[[str], str],
                  for_visitor: Callable[[str], str]) -> None:
     # Names and details (which quote log lines) are shown as written, never as Markdown.
     state = f"**{escape_markdown(visible(info.name))}** · {info.state}"
@@ -50,7 +51,7 @@ def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable
     st.code(output or "(no output yet)", language=None)
 
 
-def open_links(info: runs.RunInfo) -> None:
+def open_links(info: display.RunInfo) -> None:
     """"Open in explorer" for the run's best and its last weights, each saying which epoch and accuracy it is (best.pt
     alone, unnamed, was epoch 1's weights after 60 epochs on a tiny validation split)."""
     if info.kind != "vit":  # an SAE's run: its own section opens it with its model
@@ -66,7 +67,7 @@ def open_links(info: runs.RunInfo) -> None:
                               {"explorer_checkpoint": str(weights.path)}, help=weights.help)
 
 
-def resume_help(info: runs.RunInfo) -> str:
+def resume_help(info: display.RunInfo) -> str:
     """What the Resume button does for this run, or why it does nothing now."""
     if info.active:
         return f"It is {info.state}: stop it first, then Resume continues from its last saved epoch"
@@ -124,16 +125,16 @@ def runs_panel(manager: runs.RunManager, token_mode: bool, private: Callable[[st
     # Only what tells runs apart (the duplicate "Epochs", batch size and weight decay stay in "Settings that differ"
     # below), each column as wide as what it shows (set widths cut names and headers short); a table wider than the
     # page scrolls.
-    rows = runs.table_rows(all_runs)
-    widths = runs.table_widths(rows)
+    rows = display.table_rows(all_runs)
+    widths = display.table_widths(rows)
     st.dataframe(
-        pd.DataFrame(rows), hide_index=True, width="stretch", placeholder="", column_order=list(runs.TABLE_HEADERS),
+        pd.DataFrame(rows), hide_index=True, width="stretch", placeholder="", column_order=list(display.TABLE_HEADERS),
         column_config={
             **{name: st.column_config.Column(header, width=widths[name])
-               for name, header in runs.TABLE_HEADERS.items()},
+               for name, header in display.TABLE_HEADERS.items()},
             "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent",
                                                         width=widths["Progress"]),
-            "Best val acc": st.column_config.NumberColumn(runs.TABLE_HEADERS["Best val acc"], format="percent",
+            "Best val acc": st.column_config.NumberColumn(display.TABLE_HEADERS["Best val acc"], format="percent",
                                                           width=widths["Best val acc"],
                                                           help="best validation accuracy"),
             "LR": st.column_config.NumberColumn("LR", format="%g", width=widths["LR"]),

@@ -12,7 +12,7 @@ import streamlit as st
 
 from app_pages import open_in_explorer
 from vit.core.text import escape_markdown, escape_plotly, visible
-from vit.runs import devices, launch
+from vit.runs import devices, display, launch
 from vit.runs import manager as runs
 
 FORM_KEYS = ("sae_model", "sae_model_path", "sae_data", "sae_layer", "sae_size", "sae_expansion", "sae_width",
@@ -114,7 +114,7 @@ def launch_form(manager: runs.RunManager, models: dict, choices: list[tuple[tupl
     else:
         s["sae_errors"] = {}
         gpus = sum(1 for choice, _ in choices if len(choice) == 1 and choice[0].startswith("cuda"))
-        s["train_notice"] = runs.launch_notice(info, gpus)
+        s["train_notice"] = display.launch_notice(info, gpus)
         s["train_notice_run"] = info.name
         s["selected_runs"] = [info.name]
 
@@ -137,7 +137,7 @@ def curves(manager: runs.RunManager, selected: list[str], mark_resumes: Callable
                 st.plotly_chart(figure, key=f"chart-sae-{chart}")
 
 
-def folder(info: runs.RunInfo, show_path: bool) -> None:
+def folder(info: display.RunInfo, show_path: bool) -> None:
     """A finished SAE run's folder: its path (to the server's own visitors) and a button that opens the explorer
     on the model it reads with this SAE chosen (``explorer_sae``)."""
     sae = info.sae_folder

@@ -116,7 +116,7 @@ def sae_worker(config: dict) -> None:
     from functools import partial
 
     from vit.runs.ray_train import WorkerError, _watch
-    from vit.training.trainer import StopRequest
+    from vit.training.session import StopRequest
 
     stop, done = StopRequest(), threading.Event()
     watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)

@@ -25,7 +25,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 if TYPE_CHECKING:
-    from vit.training.trainer import StopRequest
+    from vit.training.session import StopRequest
 
 POLL_SECONDS = 0.5  # how often a worker looks at the stop flag
 
@@ -80,7 +80,7 @@ def train_worker(config: dict) -> None:
     # Imported here, not at the top: the driver and Ray Train's controller import this module too (to unpickle
     # this function) and never train; the trainer's torchvision and torch._dynamo cost each of them seconds.
     from vit.training import run
-    from vit.training.trainer import StopRequest
+    from vit.training.session import StopRequest
 
     stop, done = StopRequest(), threading.Event()
     watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)

@@ -21,7 +21,7 @@ from vit.training.budget import BUDGET_MAX_EPOCHS, PLAN_EPOCH, parse_duration
 if TYPE_CHECKING:
     from vit.model import ViTConfig
     from vit.training.data import Dataset
-    from vit.training.trainer import TrainSettings
+    from vit.training.session import TrainSettings
 
 # The names of vit.model.PRESETS, for --help without torch (tests/test_train.py checks they are the same).
 PRESET_NAMES = ("tintn-cifar10", "cifar10-p8", "mnist-p7", "cifar-s", "cifar-m", "cifar-m-sl", "mnist-p4",
@@ -573,7 +573,7 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     from dataclasses import fields
 
     from vit.model import ViTConfig
-    from vit.training.trainer import TrainSettings
+    from vit.training.session import TrainSettings
 
     values = {f.name: getattr(args, f.name) for f in fields(TrainSettings)}
     return TrainSettings(**{**values, "model": ViTConfig.from_dict(args.model)})

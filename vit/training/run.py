@@ -63,7 +63,8 @@ from vit.training.options import (
     resolve_model,
     settings_from_args,
 )
-from vit.training.trainer import StopRequest, Trainer, UsageError, hardware
+from vit.training.session import StopRequest
+from vit.training.trainer import Trainer, UsageError, hardware
 
 log = logging.getLogger("vit.train")
 

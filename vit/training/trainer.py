@@ -1,5 +1,8 @@
 """The training loop: a ViT trained on a uint8 tensor dataset, with the settings of a ``TrainSettings``.
 
+What a session works from and keeps (the settings, ``Progress``, the step clock, the stop signal) is
+``vit.training.session``'s; the parameter groups and the learning rate's schedule are ``vit.training.optimization``'s.
+
 ``Trainer`` knows nothing of the command line (``vit.train`` builds its settings from the
 arguments) nor of the run folder's format beyond writing metrics and checkpoints at epoch ends
 through ``vit.core.runfiles`` and ``vit.checkpoint``. Under several processes (``vit.training.distributed``)
@@ -19,7 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,10 +51,19 @@ from vit.core.runfiles import (
     write_json,
     write_metrics,
 )
-from vit.model import ViT, ViTConfig, count_parameters
+from vit.model import ViT, count_parameters
 from vit.training import sampling
 from vit.training.budget import BUDGET_SPACING, BUDGET_TOLERANCE, PLAN_EPOCH, plan_epochs
-from vit.training.data import BatchAugment, DataError, Dataset, random_erasing
+from vit.training.data import BatchAugment, Dataset, random_erasing
+from vit.training.optimization import layer_id, param_groups, schedule_factor  # noqa: F401 (layer_id: importable where it was)
+from vit.training.session import (
+    EtaClock,
+    Progress,
+    StopRequest,
+    TrainSettings,
+    check_data,
+    global_batch,
+)
 from vit.training.snapshots import (
     has_probe,
     load_probe,
@@ -68,176 +80,6 @@ FAULT_ENV = "VIT_TRAIN_FAULT_AT_STEP"  # test hook: raise inside training at thi
 
 STEP_ROW_SECONDS = 2.0  # steps.jsonl: a row at most this often (and at each epoch's end)
 MAX_STEP_ROWS = 20_000  # then every other row goes and the interval doubles: ~11 h at 2 s before the first thinning
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """What a run trains and how: the resolved model and recipe (``vit.train`` fills in defaults)."""
-
-    dataset: str  # the --dataset spec, recorded in checkpoints and error messages
-    preset: str  # the model preset the config came from, recorded in checkpoints
-    recipe: str  # "ours" or "seed"; the seed recipe decays every parameter, as the blog does
-    model: ViTConfig  # with the dataset's classes and the preset's channels
-    num_classes: int  # the dataset's
-    epochs: int  # in total, over every session of the run
-    batch_size: int  # global: split over the processes
-    lr: float  # peak learning rate
-    min_lr: float  # at the end of the cosine
-    weight_decay: float
-    warmup_epochs: float  # may be fractional
-    schedule: str  # "cosine" or "constant" after the warmup
-    label_smoothing: float
-    grad_clip: float  # max gradient norm, 0 = off
-    ema: float  # EMA decay per step, 0 = off
-    augment: str  # a vit.training.data.AUGMENTATIONS policy
-    aug_magnitude: int
-    aug_ops: int
-    mixup: float  # alpha, 0 = off
-    cutmix: float  # alpha, 0 = off
-    mix_prob: float  # the share of batches mixed (with mixup or cutmix)
-    random_erasing: float  # the probability that a training image loses a box to the data's mean
-    seed: int
-    precision: str = "auto"  # auto (bf16 on CUDA), fp32 or bf16
-    ema_warmup: bool = False  # the EMA's decay warmed up as timm's ModelEmaV3(use_warmup=True)
-    compile: bool = False  # torch.compile the model (and on a GPU the augmentation and validation)
-    compile_mode: str = "auto"  # torch.compile's mode; "reduce-overhead" replays the step as CUDA graphs; "auto":
-    # reduce-overhead in a one-process run on a GPU (the step is launch-bound there: 2.4x, issue 89), else "default"
-    scale_batch: bool = False  # under N processes: N x batch_size per step, peak and final LR x sqrt(N)
-    sync_every: int = 0  # steps between host syncs of the statistics (and DDP stop checks); 0: 1 on CPU, 32 on GPU
-    checkpoint_seconds: float = 60.0  # last.pt at an epoch end at most this often (always at the end and on stop)
-    eval_batch_size: int = 500
-    log_every: float = 30.0  # seconds between progress lines when not on a terminal
-    init: str | None = None  # fine-tune this model (vit.finetune) instead of a random initialisation
-    finetune: str = "full"  # with init: "full", or "linear-probe" (only the classifier trains)
-    layer_decay: float = 1.0  # layer-wise lr decay (BEiT / MAE): layer l of L+1 trains at lr x decay^(L+1-l); 1 = off
-    attention_every: int = 1  # attention snapshot every N epochs, the last and the initial weights too; 0 = off
-    save_every: int = 0  # a checkpoint of every Nth epoch in checkpoints/ (epochs, not time); 0 = off
-    keep: int = 0  # of those, the K most recent plus the best epoch's are kept; 0 = all
-    time_budget: float | None = None  # seconds from launch: epochs is then the most to plan (see plan_epochs)
-    repeat_aug: int = 1  # each image drawn this many times an epoch (repeated augmentation); 1 = one pass
-    repeat_aug_sampler: str = "passes"  # their order: vit.training.sampling.REPEAT_SAMPLERS
-
-
-class EtaClock:
-    """Seconds per training step, leaving out each session's first step (compilation, warm-up)
-    and any time excluded explicitly (validation, checkpoints)."""
-
-    def __init__(self) -> None:
-        self.first: float | None = None
-        self.last: float | None = None
-        self.steps = 0
-        self.excluded = 0.0
-
-    def step_done(self, now: float) -> None:
-        if self.first is None:
-            self.first = now
-        else:
-            self.steps += 1
-        self.last = now
-
-    def exclude(self, seconds: float) -> None:
-        if self.first is not None:
-            self.excluded += seconds
-
-    def seconds_per_step(self) -> float | None:
-        if not self.steps:
-            return None
-        return max(self.last - self.first - self.excluded, 0.0) / self.steps
-
-    def eta(self, remaining_steps: int, remaining_evals: int, eval_seconds: float) -> float | None:
-        rate = self.seconds_per_step()
-        if rate is None:
-            return None
-        return rate * remaining_steps + remaining_evals * eval_seconds
-
-
-class StopRequest:
-    """The SIGTERM/SIGINT handler: once armed (training started) it only records the signal, so
-    the step in flight finishes; before that it aborts the setup with KeyboardInterrupt."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.armed = False
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.signum = signum
-        if not self.armed:
-            raise KeyboardInterrupt
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in last.pt so a resume continues exactly here."""
-
-    epoch: int = 0  # completed epochs
-    step_in_epoch: int = 0  # optimizer steps done in the current epoch
-    global_step: int = 0
-    loss_sum: float = 0.0  # running sums of the current epoch
-    correct: float = 0.0
-    seen: int = 0
-    epoch_seconds: float = 0.0  # training seconds of the current epoch so far, over all sessions
-    best_val_acc: float = -1.0
-    elapsed: float = 0.0  # wall seconds of training (with validation) over all sessions
-    # With a time budget: the epochs planned (0: not yet), as later corrected; the first plan, whose cosine the
-    # schedule follows; the most it may plan; and each correction's continuation of the cosine, [its first step,
-    # the rate's share of the peak there, the step where it ends].
-    planned_epochs: int = 0
-    budget_base_epochs: int = 0
-    budget_max_epochs: int = 0
-    budget_segments: list = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> Progress:
-        unknown = sorted(set(values) - {f.name for f in fields(cls)})
-        if unknown:
-            raise CheckpointError(f"last.pt's progress has unknown field(s) {', '.join(unknown)}; it was "
-                                  "written by a newer version")
-        return cls(**values)
-
-
-def resolve_compile_mode(mode: str, device: torch.device, world: int) -> str:
-    """torch.compile's mode for ``--compile-mode``: "auto" is reduce-overhead (the step replayed as CUDA graphs) in a
-    one-process run on a GPU, where a small ViT's step is bound by kernel launches (an H100: 21.3 -> 8.9 ms a
-    256-image cifar-m step, ``bench/results/h100-2026-11-26``), and "default" on the CPU and under DDP (whose
-    gradient hooks CUDA graphs do not capture; untried on several GPUs). Any other mode is kept as asked."""
-    if mode != "auto":
-        return mode
-    return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
-
-
-def global_batch(settings: TrainSettings, world: int) -> tuple[int, float]:
-    """(images per optimizer step, learning-rate factor) of a run under ``world`` processes.
-
-    --batch-size is the global batch, split over the processes, unless ``scale_batch``: then each
-    process keeps it, the global batch grows N-fold, and the learning rates grow sqrt(N)-fold, the
-    square-root rule for Adam-type optimizers (Malladi et al. 2022, "On the SDEs and Scaling Rules
-    for Adaptive Gradient Algorithms"; SGD's linear rule, Goyal et al. 2017, overshoots with AdamW).
-    """
-    if settings.scale_batch and world > 1:
-        return settings.batch_size * world, math.sqrt(world)
-    return settings.batch_size, 1.0
-
-
-def check_data(settings: TrainSettings, data: Dataset, world: int = 1) -> None:
-    """Checks that need the loaded data; raise UsageError or DataError before training starts."""
-    if len(data.class_names) != settings.num_classes:
-        raise DataError(f"{settings.dataset} has {len(data.class_names)} classes, the run expects "
-                        f"{settings.num_classes}")
-    batch = global_batch(settings, world)[0]
-    if batch > len(data.train):
-        per_process = batch // settings.batch_size
-        scaled = f" (x {world} processes with --scale-batch)" if per_process > 1 else ""
-        raise UsageError(f"--batch-size {settings.batch_size}{scaled} is larger than the {len(data.train)} training "
-                         f"images of {settings.dataset}; use at most {len(data.train) // per_process}")
-    if settings.batch_size % world and not settings.scale_batch:
-        raise UsageError(f"--batch-size {settings.batch_size} must be divisible by the {world} processes")
-    if len(data.val) == 0:
-        raise DataError(f"{settings.dataset} has no validation images; add PATH/val/<class>/ images or raise "
-                        "--val-fraction")
 
 
 class Trainer:
@@ -865,7 +707,14 @@ def _say_phase(status: Status | None, phase: str | None) -> None:
         status.update(phase=phase)
 
 
-WARMUP_START = 1e-3  # the warmup's first step trains at this share of the peak
+def resolve_compile_mode(mode: str, device: torch.device, world: int) -> str:
+    """torch.compile's mode for ``--compile-mode``: "auto" is reduce-overhead (the step replayed as CUDA graphs) in a
+    one-process run on a GPU, where a small ViT's step is bound by kernel launches (an H100: 21.3 -> 8.9 ms a
+    256-image cifar-m step, ``bench/results/h100-2026-11-26``), and "default" on the CPU and under DDP (whose
+    gradient hooks CUDA graphs do not capture; untried on several GPUs). Any other mode is kept as asked."""
+    if mode != "auto":
+        return mode
+    return "reduce-overhead" if device.type == "cuda" and world == 1 else "default"
 
 
 def compiled_augmentation(augment: BatchAugment, mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -874,67 +723,6 @@ def compiled_augmentation(augment: BatchAugment, mode: str) -> Callable[[torch.T
     batch size, torch 2.11 to 2.15): ViT-B/16's row of bench_gpu after the CIFAR rows on an H100."""
     return torch.compile(augment, mode=mode, dynamic=False)
 
-
-def schedule_factor(step: int, warmup: int, total: int, schedule: str, floor: float,
-                    segments: tuple[tuple[int, float, int], ...] = ()) -> float:
-    """The learning rate after ``step`` optimizer steps as a share of the peak: linear from ``WARMUP_START`` over
-    ``warmup`` steps, then constant or a half cosine down to ``floor`` (--min-lr / --lr) at step ``total``.
-
-    ``segments`` (a time budget's corrections, in order): from each ``(start, share, end)`` on, a half cosine from
-    ``share`` (the rate the schedule had reached at ``start``) down to ``floor`` at step ``end``."""
-    if step < warmup:
-        return WARMUP_START + (1.0 - WARMUP_START) * step / warmup
-    if schedule == "constant":
-        return 1.0
-    start, share, total = next(((a, f, b) for a, f, b in reversed(segments) if step >= a), (warmup, 1.0, total))
-    progress = min((step - start) / max(total - start, 1), 1.0)
-    return floor + (share - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-# The prefix tokens and the position table: never weight-decayed (timm's rule, with every parameter of one
-# dimension: biases, norms, layer scales), and at depth 0 for layer-wise lr decay, with the patch embedding.
-TOKEN_TABLES = ("cls_token", "pos_embed", "dist_token", "reg_token")
-
-
-def layer_id(name: str, num_layers: int) -> int:
-    """A parameter's depth for layer-wise lr decay, as MAE's ``util/lr_decay.get_layer_id_for_vit`` (after BEiT):
-    0 for the embeddings (patches and vit-pytorch's norms around them, positions, CLS / distillation / register
-    tokens, and ``norm_pre``, which normalises them), i + 1 for block i, ``num_layers`` + 1 for everything after
-    the blocks (final norm, pooling, classifier). timm's ``param_groups_layer_decay`` differs in one place: it
-    puts the final norm with the last block."""
-    if name in TOKEN_TABLES or name.split(".")[0] in ("patch_embed", "norm_pre", "patch_norm", "embed_norm"):
-        return 0
-    if name.startswith("blocks."):
-        return int(name.split(".")[1]) + 1
-    return num_layers + 1
-
-
-def param_groups(model: ViT, weight_decay: float, decay_everything: bool = False,
-                 layer_decay: float = 1.0) -> list[dict]:
-    """AdamW parameter groups of the parameters that train (``requires_grad``), each with its ``lr_scale``.
-
-    No weight decay on biases, norms, the CLS token and position embeddings (timm's rule), except with
-    ``decay_everything`` (the seed recipe: the blog's AdamW decays every parameter). With ``layer_decay`` < 1
-    the groups are split by depth (``layer_id``) and scaled ``layer_decay ** (L + 1 - layer)`` for L blocks, as
-    MAE's ``param_groups_lrd``; otherwise there are two groups, decayed first, so that a checkpoint's optimizer
-    state always fits.
-    """
-    num_layers = len(model.blocks)
-    no_decay_wd = weight_decay if decay_everything else 0.0
-    groups: dict[tuple[int, bool], dict] = {}
-    if layer_decay == 1.0:
-        groups = {(0, True): {"params": [], "weight_decay": weight_decay, "lr_scale": 1.0},
-                  (0, False): {"params": [], "weight_decay": no_decay_wd, "lr_scale": 1.0}}
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        decays = not (param.ndim <= 1 or name in TOKEN_TABLES)
-        layer = layer_id(name, num_layers) if layer_decay != 1.0 else 0
-        group = groups.setdefault((layer, decays), {
-            "params": [], "weight_decay": weight_decay if decays else no_decay_wd,
-            "lr_scale": layer_decay ** (num_layers + 1 - layer)})
-        group["params"].append(param)
-    return list(groups.values())
 
 
 def _mix(*numbers: int) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vit.explain.mechanism.components import (
+from vit.explain.mechanism.forward_reads import (
     MechanismError,
     _dims,
     check_budget,
