@@ -13,7 +13,7 @@ import streamlit as st
 from PIL import Image
 
 import vit
-from app_pages.explorer_sections import map_settings, share_view, view_link
+from app_pages.explorer_sections import map_settings, sam_prompts, share_view, view_link
 from app_pages.explorer_sections.concept_view import sidebar_image
 from vit.app import catalog, drawing, share
 from vit.app import library_view as view
@@ -159,6 +159,11 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     method, asked = _settings(checkpoint, model_key, image)
     opacity = map_settings.opacity_slider(st.sidebar)  # the main page's widget: a link's opacity sets it
     values = link_values(model_text, name, is_sample, method, asked, opacity)
+    # SAM 3 tracker: its points and box through vit.segment, as a whole SAM 2's on the main page (issue 116)
+    prompted = sam_prompts.PromptTarget(checkpoint, fingerprint, model_key, image, digest, opacity) \
+        if sam_prompts.applies(checkpoint) else None
+    if prompted is not None:
+        values.update({k: v for k, v in sam_prompts.link_values(prompted).items() if v is not None})
     view_link.follow(values)  # before the map: a reload while it computes (or after a refusal) opens this view
     try:
         explained = _explain(fingerprint, digest, method, tuple(sorted(asked.items())), checkpoint, image)
@@ -196,3 +201,5 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
         st.subheader("Heads")
         st.image(sheet)
         st.caption(view.heads_caption(explained))  # the layer and token's place: no text of the model's
+    if prompted is not None:
+        sam_prompts.prompt_section(prompted)
