@@ -33,6 +33,7 @@ UPLOAD_TYPES = caches.CLIP_UPLOAD_TYPES
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
 PLAY_KEY = "clip_play"  # its Play toggle (``app_pages.player``)
 PICKED_KEY = "clip_query_picked"  # a click on the frame picked a query: the whole page runs again for its maps
+CLICKED_KEY = "clip_query_clicked"  # ... and the page's query is a patch (PE video's may be each frame's CLS)
 PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 # kept by the page while not drawn (a rejected upload stops the page before the sidebar's map settings)
@@ -40,7 +41,7 @@ KEPT = ("clip_map", "clip_layer-", "clip_legrad_from-", "clip_class-", "clip_hea
         "clip_pca", "clip_heads_off-")
 
 
-def _query_keys(model_key: str) -> tuple[str, str, str]:
+def query_keys(model_key: str) -> tuple[str, str, str]:
     return tuple(f"clip_query_{axis}-{model_key}" for axis in ("frame", "row", "col"))
 
 
@@ -48,9 +49,10 @@ def _pick_query(model_key: str, frame: int, grid: tuple[int, int]) -> None:
     """A click on the shown frame made that frame's patch the query."""
     picked = clips.query_from_selection(st.session_state[PICKER_KEY].selection, frame, grid)
     if picked is not None:
-        for key, value in zip(_query_keys(model_key), picked, strict=True):
+        for key, value in zip(query_keys(model_key), picked, strict=True):
             st.session_state[key] = value + 1  # the number inputs count from 1
         st.session_state[PICKED_KEY] = True  # the picker is in the frame's fragment: its maps are the page's
+        st.session_state[CLICKED_KEY] = True
 
 
 def _refuse(what: str, error: Exception) -> None:
@@ -81,7 +83,7 @@ class FrameView:
     checkpoint: Checkpoint
 
 
-def _frame_view(view: FrameView) -> None:
+def frame_view_part(view: FrameView) -> None:
     """The shown frame as a patch picker, the time slider and its Play, the caption, and the view's link and HTML
     export (both name the shown frame); the URL follows the view."""
     if st.session_state.pop(PICKED_KEY, False):
@@ -186,6 +188,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
     """The whole page for a video checkpoint; stops the page, saying what to do, without a usable clip.
     ``model_link``: what a link to the view names the model by (``share.model_text``); ``model_name`` its name."""
     model, class_names = checkpoint.model, checkpoint.class_names
+    st.session_state.pop(CLICKED_KEY, None)  # its query is always a patch
     wanted, L, H = model.config.num_frames, len(model.blocks), model.config.num_heads
     share_view.apply_clip_link(model_key, video.clip_map_kinds(checkpoint), L, H)  # a link's view, once
     st.sidebar.header("Clip")
@@ -273,7 +276,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
             format_func=lambda c: drawing.class_option(c, class_names, clip.analysis.prediction.class_index))
         class_index = None if chosen == -1 else chosen
     if reads_query:
-        keys = _query_keys(model_key)
+        keys = query_keys(model_key)
         for key, top in zip(keys, (frames, gh, gw), strict=True):
             if not 1 <= st.session_state.get(key, 1) <= top:
                 st.session_state[key] = 1
@@ -321,7 +324,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
                            f"{t} × {gh} × {gw} tubelets of {clip.tubelet} frames", values, shown, model_name,
                            clip.analysis.prediction if class_names else None, class_names, checkpoint)
     with col_frame:
-        player.play_fragment(_frame_view, PLAY_KEY, frame_view)
+        player.play_fragment(frame_view_part, PLAY_KEY, frame_view)
     with col_prediction:
         if class_names:
             st.plotly_chart(drawing.predictions_figure(clip.analysis.prediction), config={"displayModeBar": False})
