@@ -28,6 +28,7 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask, vlm_inside
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
+from vit.core.clip_rate import DEFAULT_FPS, MAX_FPS, at_rate
 from vit.core.clips import SampledClip
 from vit.core.images import ImageError
 from vit.core.inference import seen_region
@@ -46,10 +47,12 @@ MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files",
 CLIP_KEY, CLIP_FILE_KEY, CLIP_SEEN_KEY, FRAMES_KEY = "vlm_ask_clip", "ask_vlm_clip_file", "ask_vlm_clip_seen", \
     "vlm_ask_frames"
 DEFAULT_FRAMES = 8
+# A zip of frames' rate, which its file does not say (a video's and a GIF's do): the field, and the clip it is shown for
+FPS_KEY, RATE_OF_KEY = "vlm_ask_fps", "ask_vlm_rate_of"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY, "lm_frames": FRAMES_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_frames": FRAMES_KEY, "lm_fps": FPS_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
@@ -87,7 +90,9 @@ def link_values() -> dict[str, object]:
     clip = st.session_state.get(CLIP_KEY)
     values: dict[str, object] = {"question": question, "answer_length": st.session_state.get(LENGTH_KEY),
                                  "more": tuple(st.session_state.get(MORE_KEY) or ()) or None, "lm_clip": clip,
-                                 "lm_frames": st.session_state.get(FRAMES_KEY) if clip else None}
+                                 "lm_frames": st.session_state.get(FRAMES_KEY) if clip else None,
+                                 "lm_fps": st.session_state.get(FPS_KEY) if clip and clip == st.session_state.get(
+                                     RATE_OF_KEY) else None}
     for name, key in PICKED.items():
         value = st.session_state.get(key)
         values[name] = linked.get(name, None if value is None else value + 1)
@@ -195,9 +200,24 @@ def _clip() -> tuple[SampledClip, str, str] | None:
                                   "processor samples none): each is a tower's view and its tokens in the prompt.")
     name = found.name or "the clip"
     try:
-        return sampled_clip(digest, name, found.data, int(wanted), once=True), name, digest  # a short one's frames once
+        sampled = sampled_clip(digest, name, found.data, int(wanted), once=True)  # a short one's frames once
     except ImageError as e:  # ClipError: not a clip, too large, too few frames
         st.error(f"Cannot use {escape_markdown(visible(name))}: {_one_line(e)}")
+        return None
+    if sampled.fps:  # a video's or a GIF's own rate: its frames keep their times
+        st.session_state.pop(RATE_OF_KEY, None)
+        return sampled, name, digest
+    st.session_state[RATE_OF_KEY] = digest
+    st.session_state.setdefault(FPS_KEY, DEFAULT_FPS)
+    fps = st.number_input(
+        share.LABELS["lm_fps"], min_value=share.MIN_FPS, max_value=float(MAX_FPS), step=1.0, format="%.2f", key=FPS_KEY,
+        help=f"The rate the frames were taken at, which a zip of frames does not say: each sampled frame's time is its "
+             f"place over it, which the model's processor writes into the prompt ({DEFAULT_FPS:g}: transformers' own "
+             "assumption for a clip of unknown rate).")
+    try:
+        return at_rate(sampled, round(float(fps), 2)), name, digest  # vit.ask_vlm(video=..., fps=...)'s path
+    except ValueError as e:
+        st.error(_one_line(e))
         return None
 
 
@@ -210,7 +230,7 @@ def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
     if clip is not None:
         prepared = prepare(vlm, None, question, max_new_tokens=length, clip=clip[0])  # with a video's times
-        asked = ("clip", clip[2], len(clip[0].frames))
+        asked = ("clip", clip[2], len(clip[0].frames), clip[0].fps)
     else:
         prepared = prepare(vlm, [view.image, *more] if more else view.image, question, max_new_tokens=length)
         asked = (view.image_key, digests)
@@ -349,6 +369,8 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     lines = {"Map": "without the visual sinks"} if sinks is not None else {}
     lines.update(inside.knockout(answer, token, image, overview))
     lines.update(inside.heads(answer, token, image, _pick_head))
+    if clip is not None and clip[2] == st.session_state.get(RATE_OF_KEY):  # a rate given on the page, not the file's
+        lines[share.LABELS["lm_fps"]] = f"{clip[0].fps:g}"
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name if clip is None else clip[1],
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
