@@ -55,6 +55,21 @@ def shown(monkeypatch) -> list[np.ndarray]:
     return maps
 
 
+def export(at: AppTest) -> str:
+    """The page's "Export this view (HTML)", as its button's data gives it (the shown frame's view)."""
+    import app_pages.explorer_sections.clip_view as page
+
+    views_drawn = []
+    original = page.frame_view_part
+    page.frame_view_part = lambda view: views_drawn.append(view) or original(view)
+    try:
+        at.run()
+    finally:
+        page.frame_view_part = original
+    [view] = views_drawn[-1:]
+    return page._export(view, 2, None, "the caption", (0.0, 1.0)).decode("utf-8")
+
+
 def url(at: AppTest) -> dict[str, str]:
     return {k: v[-1] if isinstance(v, list) else v for k, v in ((k, at.query_params[k]) for k in at.query_params)}
 
@@ -95,6 +110,8 @@ def test_pe_videos_clip_view_draws_vit_explains_maps_and_its_link_reopens_them( 
     assert {k: link[k] for k in ("map", "layer", "head", "patch", "frame")} == {
         "map": "attention", "layer": "1", "head": "2", "patch": "3.2.5", "frame": "3"}
     caption = [c.value for c in at.main.caption if "Sampled frame" in c.value]
+    exported = export(at)
+    assert "frame 3, row 2, col 5" in exported and "clip.zip" in exported and "Query patch" in exported
 
     fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
     for key, value in link.items():
