@@ -130,3 +130,25 @@ def test_the_trackers_pixel_maps_are_those_vit_segment_draws_for_it():
     assert list(prompts.pixel_maps("sam3_tracker")) == ["none"] + [m for m, f in MAP_FAMILIES.items()
                                                                     if "sam3_tracker" in f] == ["none",
                                                                                                 "gradient_x_input"]
+
+
+def test_the_library_pages_export_holds_the_trackers_prompt_masks_and_pixel_map(tracker):  # noqa: F811
+    """"This view, offline (HTML)" of the tracker's page: the encoder's map, then the prompt, its masks with their
+    captions (transformers' scores, as the page's) and the mask's gradient x input titled by its method."""
+    import html
+
+    from app_pages.explorer_sections import library_view, sam_prompts
+
+    checkpoint = vit.load(tracker, device="cpu")
+    target = sam_prompts.PromptTarget(checkpoint, ("tracker",), "m", image(), "photo")
+    seg = vit.segment(checkpoint, image(), points=list(POINTS), box=BOX, mask=1)
+    page = library_view._export(vit.explain(checkpoint, image(), "attention"), 0.6, "tracker", "photo.png", target,
+                                dict(LINKED)).decode("utf-8")
+    text = html.unescape(page)
+    assert "<h2>Prompts</h2>" in page and "Prompt, in the image's pixels: (40, 10) on the object" in text
+    for i in range(3):
+        assert prompts.mask_caption(i, float(seg.scores[i]), int(seg.masks[i].sum()), WIDTH * HEIGHT,
+                                    i == int(np.argmax(seg.scores))) in text
+    assert "Which pixels made the mask: Gradient x input" in text
+    assert "<h2>Prompts</h2>" not in library_view._export(vit.explain(checkpoint, image(), "attention"), 0.6,
+                                                          "tracker", "photo.png").decode("utf-8")

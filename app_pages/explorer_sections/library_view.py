@@ -17,6 +17,7 @@ from app_pages.explorer_sections import map_settings, sam_prompts, share_view, v
 from app_pages.explorer_sections.concept_view import sidebar_image
 from vit.app import catalog, drawing, share
 from vit.app import library_view as view
+from vit.app.export import PromptView
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError
 from vit.core.inference import input_shape
@@ -127,8 +128,12 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
     return method, asked
 
 
-def _export(explained, opacity: float, model_name: str, image_name: str) -> bytes:
-    return view.view_html(explained, opacity, model_name, image_name).encode("utf-8")
+def _export(explained, opacity: float, model_name: str, image_name: str,
+            prompted: sam_prompts.PromptTarget | None = None, values: dict | None = None) -> bytes:
+    """The view's offline page; with SAM 3 tracker's prompt (``prompted``, the link's ``values``) below it."""
+    prompt = None if prompted is None else sam_prompts.export_part(prompted, values or {})
+    return view.view_html(explained, opacity, model_name, image_name,
+                          prompts=None if prompt is None else PromptView(**prompt)).encode("utf-8")
 
 
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
@@ -190,7 +195,8 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     as_png.download_button("Overlay (PNG)", data=partial(to_png_bytes, explained.overlay(alpha=opacity)),
                            file_name=f"{stem}-overlay.png", mime="image/png", on_click="ignore",
                            key="library_download_png")
-    as_html.download_button("This view, offline (HTML)", data=partial(_export, explained, opacity, entry.name, name),
+    as_html.download_button("This view, offline (HTML)",
+                            data=partial(_export, explained, opacity, entry.name, name, prompted, values),
                             file_name=f"{stem}.html", mime="text/html", on_click="ignore",
                             key="library_download_html",
                             help="One self-contained file: the image, the map with its colour bar and caption, the "
