@@ -1,7 +1,7 @@
 """A zip of frames' rate in the explorer's "Ask the VLM" (issue 116, item 12): a zip says no rate (a video's and a
 GIF's files do), so the clip upload offers "Frame rate of the zip's frames" (frames a second, 0.01 to 1,000, two
 decimals, 24 by default: transformers' own guess for a clip of unknown rate). The rate takes ``vit.ask_vlm(video=...,
-fps=...)``'s path (``vit.core.clip_rate.at_rate``), so the processor gets the metadata a video of that rate gives,
+fps=...)``'s path (``vit.core.clips.at_rate``), so the processor gets the metadata a video of that rate gives,
 written by hand here as test_vlm_clip writes it; the link keeps it (``lm_fps``) and restores it, and a rate out of
 range is one line, in a link and in the API alike."""
 
@@ -14,9 +14,8 @@ from helpers import displayed
 from PIL import Image
 from test_app import dirs  # noqa: F401 (a fixture: the explorer's own folders)
 
-from vit.app.share import decode, encode
-from vit.core.clip_rate import DEFAULT_FPS, MAX_FPS, at_rate, check_fps
-from vit.core.clips import SampledClip, read_clip_bytes
+from vit.app.share import LABELS, decode, encode
+from vit.core.clips import DEFAULT_FPS, MAX_FPS, SampledClip, at_rate, check_fps, read_clip_bytes
 
 LABEL = "Frame rate of the zip's frames (frames a second)"
 
@@ -57,6 +56,13 @@ def test_a_rate_joins_a_zips_frames_and_is_refused_for_a_file_with_its_own_or_ou
                                              ) as refused:
             check_fps(bad)
         assert "\n" not in str(refused.value)
+
+
+def test_the_rate_field_is_kept_while_the_section_is_not_drawn_and_named_as_the_link_names_it():
+    from app_pages.explorer_sections import ask_vlm, ask_vlm_clip
+
+    assert ask_vlm_clip.FPS_KEY.startswith(ask_vlm.KEPT) and ask_vlm.WIDGETS["lm_fps"] == ask_vlm_clip.FPS_KEY
+    assert LABEL == LABELS["lm_fps"]
 
 
 @pytest.mark.slow  # a tiny Qwen2.5-VL answers on the page and by hand

@@ -21,19 +21,19 @@ from PIL import Image
 
 from app_pages.explorer_sections import ask_vlm_inside as inside
 from app_pages.explorer_sections import view_link
+from app_pages.explorer_sections.ask_vlm_clip import CLIP_KEY, FPS_KEY, FRAMES_KEY, RATE_OF_KEY, asked_clip
 from app_pages.explorer_sections.ask_vlm_inside import one_line as _one_line
-from app_pages.explorer_sections.caches import CLIP_UPLOAD_TYPES, UPLOAD_TYPES, decode_image, sampled_clip, upload_store
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask, vlm_inside
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
-from vit.core.clip_rate import DEFAULT_FPS, MAX_FPS, at_rate
 from vit.core.clips import SampledClip
 from vit.core.images import ImageError
 from vit.core.inference import seen_region
 from vit.core.text import escape_markdown, file_name_part, visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_CLIP_FRAMES, MAX_IMAGES, VLMAnswer, prepare
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, VLMAnswer, prepare
 from vit.explain.views.overlay import display_image
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
@@ -43,12 +43,6 @@ OVERVIEW_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_image"
 # The question's more images: the uploads' SHA-256s (the server's upload store holds their bytes, a link names them),
 # and their uploader (not under KEPT's prefix: an uploader's value cannot be written back)
 MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files", "ask_vlm_more_seen"
-# A clip instead of the images: its upload's SHA-256, its uploader, what the uploader last held, the frames sampled
-CLIP_KEY, CLIP_FILE_KEY, CLIP_SEEN_KEY, FRAMES_KEY = "vlm_ask_clip", "ask_vlm_clip_file", "ask_vlm_clip_seen", \
-    "vlm_ask_frames"
-DEFAULT_FRAMES = 8
-# A zip of frames' rate, which its file does not say (a video's and a GIF's do): the field, and the clip it is shown for
-FPS_KEY, RATE_OF_KEY = "vlm_ask_fps", "ask_vlm_rate_of"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
@@ -173,54 +167,6 @@ def _more_images() -> tuple[list[Image.Image], list[str], tuple[str, ...]]:
     return images, names, tuple(kept)
 
 
-def _clip() -> tuple[SampledClip, str, str] | None:
-    """The uploader of a clip to ask about instead of the images, and what it (or the link) holds: (its sampled
-    frames, its name, its SHA-256), the frames' count from "Clip frames"; None without one, or (one line said) for
-    a file that is no clip or a link's upload the server no longer holds."""
-    file = st.file_uploader(
-        "Or a clip to ask about instead (optional)", type=CLIP_UPLOAD_TYPES, key=CLIP_FILE_KEY,
-        help="A video, an animated GIF or a zip of its frames, sampled uniformly: the question is about the clip, "
-             "not the images, and each answer token's map is drawn on the temporal slice you pick below.")
-    seen = None if file is None else file.file_id
-    if seen != st.session_state.get(CLIP_SEEN_KEY):  # the uploader changed: its file replaces the link's
-        st.session_state[CLIP_SEEN_KEY] = seen
-        st.session_state[CLIP_KEY] = None if file is None else upload_store().put(file.getvalue(), file.name)
-    digest = st.session_state.get(CLIP_KEY)
-    if digest is None:
-        return None
-    found = upload_store().upload(digest)
-    if found is None:
-        st.warning("The clip the link asks about was an upload the server no longer holds: upload it again (the same "
-                   "file) to ask about it.", icon=":material/link_off:")
-        return None
-    if not 1 <= (st.session_state.get(FRAMES_KEY) or 0) <= MAX_CLIP_FRAMES:
-        st.session_state[FRAMES_KEY] = DEFAULT_FRAMES
-    wanted = st.number_input("Clip frames", min_value=1, max_value=MAX_CLIP_FRAMES, step=1, key=FRAMES_KEY,
-                             help="Frames sampled uniformly from the clip and given to the model as they are (its "
-                                  "processor samples none): each is a tower's view and its tokens in the prompt.")
-    name = found.name or "the clip"
-    try:
-        sampled = sampled_clip(digest, name, found.data, int(wanted), once=True)  # a short one's frames once
-    except ImageError as e:  # ClipError: not a clip, too large, too few frames
-        st.error(f"Cannot use {escape_markdown(visible(name))}: {_one_line(e)}")
-        return None
-    if sampled.fps:  # a video's or a GIF's own rate: its frames keep their times
-        st.session_state.pop(RATE_OF_KEY, None)
-        return sampled, name, digest
-    st.session_state[RATE_OF_KEY] = digest
-    st.session_state.setdefault(FPS_KEY, DEFAULT_FPS)
-    fps = st.number_input(
-        share.LABELS["lm_fps"], min_value=share.MIN_FPS, max_value=float(MAX_FPS), step=1.0, format="%.2f", key=FPS_KEY,
-        help=f"The rate the frames were taken at, which a zip of frames does not say: each sampled frame's time is its "
-             f"place over it, which the model's processor writes into the prompt ({DEFAULT_FPS:g}: transformers' own "
-             "assumption for a clip of unknown rate).")
-    try:
-        return at_rate(sampled, round(float(fps), 2)), name, digest  # vit.ask_vlm(video=..., fps=...)'s path
-    except ValueError as e:
-        st.error(_one_line(e))
-        return None
-
-
 def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[Image.Image],
             digests: tuple[str, ...], clip: tuple[SampledClip, str, str] | None) -> VLMAnswer | None:
     """The answer, kept per (model, images or clip, question, length); None while it is generated (its progress, the
@@ -260,7 +206,7 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     length = col_length.number_input("Answer length", min_value=1, max_value=limit, step=1, key=LENGTH_KEY,
                                      help=f"Tokens at most (a visitor without a token: {vlm_ask.VISITOR_NEW_TOKENS}).")
     more, names, digests = _more_images()
-    clip = _clip()
+    clip = asked_clip()
     if clip is not None and more:
         st.error("A question is about images or a clip, not both: remove the more images or the clip.")
         return

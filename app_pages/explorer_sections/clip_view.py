@@ -29,6 +29,7 @@ from vit.explain.views.overlay import display_image
 from vit.explain.views.video import CLIP_KIND_LABELS as MAP_KINDS
 
 UPLOAD_KEY = "explorer_clip_upload"
+MAP_KEY, OPACITY_KEY = "clip_map", "clip_opacity"  # PE video's clip page reads them too (library_clip_view)
 UPLOAD_TYPES = caches.CLIP_UPLOAD_TYPES
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
 PLAY_KEY = "clip_play"  # its Play toggle (``app_pages.player``)
@@ -204,7 +205,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
         kinds = video.clip_map_kinds(checkpoint)
         if st.session_state.get("clip_map") not in kinds:  # a kept choice another video model does not draw
             st.session_state.pop("clip_map", None)
-        kind = st.radio("Map", kinds, key="clip_map", format_func=MAP_KINDS.get,
+        kind = st.radio("Map", kinds, key=MAP_KEY, format_func=MAP_KINDS.get,
                         help="The maps drawn for clips (a class's run the clip's forward again, with a backward); the "
                              "others are refused in one line, each for its reason.")
         st.session_state.setdefault(f"clip_layer-{model_key}", L)  # the last layer first, as on the image page
@@ -229,7 +230,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
             st.caption("Query patch (click one on the shown frame, or type it): its attention over every frame.")
             query_columns = st.columns(3)
         st.session_state.setdefault("clip_opacity", 0.5)
-        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="clip_opacity")
+        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key=OPACITY_KEY)
         off_labels = []
         if not video.is_divided(checkpoint):  # TimeSformer: a head names one of a block's two attentions
             off_labels = st.multiselect(

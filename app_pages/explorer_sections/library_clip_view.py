@@ -20,7 +20,6 @@ from vit.checkpoint import Checkpoint
 from vit.core.clips import ClipError
 from vit.core.text import escape_markdown, file_name_part, visible
 
-MAP_KEY, OPACITY_KEY = "clip_map", "clip_opacity"  # the port's clip page's keys: the page keeps them (clip_view.KEPT)
 QUERY_LINK_KEY = "clip_query_linked"  # a link's temporal token, until the map's tokens are known
 
 
@@ -92,9 +91,9 @@ def library_clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str
                                 "is checked before any frame is decoded.")
     with st.sidebar:
         st.header("Map")
-        if st.session_state.get(MAP_KEY) not in kinds:  # a kept choice another video model draws
-            st.session_state.pop(MAP_KEY, None)
-        kind = st.radio("Map", kinds, key=MAP_KEY, format_func=views.KIND_LABELS.get,
+        if st.session_state.get(clip_view.MAP_KEY) not in kinds:  # a kept choice another video model draws
+            st.session_state.pop(clip_view.MAP_KEY, None)
+        kind = st.radio("Map", kinds, key=clip_view.MAP_KEY, format_func=views.KIND_LABELS.get,
                         help="The maps vit.explain draws for this model opened as its library builds it.")
         layers, heads = views.layer_count(model, kind), views.head_count(model, kind)
         layer = None
@@ -127,8 +126,8 @@ def library_clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str
                         st.session_state[key] = 1
                     values.append(int(column.number_input(label, 1, top, key=key)) - 1)
                 query = tuple(values)
-        st.session_state.setdefault(OPACITY_KEY, 0.5)
-        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key=OPACITY_KEY)
+        st.session_state.setdefault(clip_view.OPACITY_KEY, 0.5)
+        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key=clip_view.OPACITY_KEY)
 
     st.session_state.pop(share_view.SHOWN_KEY, None)
     linked = share_view.linked_upload("clip") if uploaded is None else None  # a link's clip

@@ -251,8 +251,7 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
     clip whose file does not say (a folder, a zip or a list of frames), so its frames keep their times too; a video
     file's own rate is not overridden. What the processor makes of the frames is counted before it runs
     (``vit.costs.processors``)."""
-    from vit.core.clip_rate import at_rate, check_fps
-    from vit.core.clips import read_clip
+    from vit.core.clips import at_rate, check_fps, read_clip
     from vit.explain.language.vlm_answer import MAX_CLIP_FRAMES, MAX_IMAGES, answer
 
     if video is not None:

@@ -21,7 +21,7 @@ from vit.app import vlm_inside
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
-from vit.core.clip_rate import MAX_FPS
+from vit.core.clips import MAX_FPS
 from vit.core.inference import MAX_INPUT_SIDE
 from vit.core.text import visible
 from vit.explain.language.prompts import PROMPT_METHODS
