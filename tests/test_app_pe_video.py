@@ -26,6 +26,7 @@ from test_library_pe_video import (  # noqa: E402, F401 (fixtures)
     eager,
     folder,
     frames,
+    probe_by_hand,
     processed,
     reference,
 )
@@ -134,10 +135,26 @@ def test_pe_videos_clip_view_draws_vit_explains_maps_and_its_link_reopens_them( 
     np.testing.assert_allclose(shown[-1], np.full((GH, GW), row[0]), atol=1e-5, rtol=0)
     np.testing.assert_allclose(shown[-1], vit.explain(checkpoint, frames, "temporal", layer=0, query=2).map[0],
                                rtol=0, atol=0)
-    assert url(at)["query"] == "2" and "the row of frame 2 over the frames" in " ".join(
+    temporal_link = url(at)
+    assert temporal_link["query"] == "2" and "the row of frame 2 over the frames" in " ".join(
         c.value for c in at.main.caption)
+    # each frame's pooling probe (head 1) and the CLS rollout up to layer 2, each vit.explain's
+    sidebar_widget(at, "radio", "Map").set_value("probe").run()
+    sidebar_widget(at, "selectbox", "Head").set_value(0).run()
+    probe = probe_by_hand(reference, processed)[:, 0, 0, 1:].reshape(FRAMES, GH, GW).numpy()  # timm's, by hand
+    np.testing.assert_allclose(shown[-1], probe[0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(shown[-1], vit.explain(checkpoint, frames, "probe", head=0).map[0], rtol=0, atol=0)
+    sidebar_widget(at, "radio", "Map").set_value("rollout").run()
+    sidebar_widget(at, "radio", "Query").set_value("cls")
+    sidebar_widget(at, "slider", "Up to layer").set_value(2)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    np.testing.assert_allclose(shown[-1], vit.explain(checkpoint, frames, "rollout", layer=1).map[0], rtol=0, atol=0)
+    at.run()
+    assert "patch" not in url(at) and url(at)["map"] == "rollout"
+
     over = AppTest.from_file(APP, default_timeout=TIMEOUT)  # a token past the clip's: dropped in one line
-    for key, value in {**url(at), "query": str(FRAMES + 1)}.items():
+    for key, value in {**temporal_link, "query": str(FRAMES + 1)}.items():
         over.query_params[key] = value
     over.run()
     assert not over.exception and [displayed(w.value) for w in over.warning] == [
