@@ -17,6 +17,7 @@ from app_pages.explorer_sections import (
     concept_view,
     features,
     image_picker,
+    library_clip_view,
     library_view,
     main_view,
     map_settings,
@@ -90,10 +91,8 @@ if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what t
 if video.is_video(checkpoint):  # a clip in, its maps per frame (issue 65); the image sections below take images
     clip_view.clip_view(checkpoint, fingerprint, model_key, model_text, entry.name)
     st.stop()
-if getattr(checkpoint.model, "takes_clips", False):  # PE video as transformers builds it (issue 91): no clip view yet
-    st.info("This video model opened as its library builds it (PE video): draw its maps in a notebook, "
-            "`vit.explain(checkpoint, clip, \"attention\")`, `\"temporal\"` or `\"probe\"`; the clip view here "
-            "draws the ports' video models for now.")
+if getattr(checkpoint.model, "takes_clips", False):  # PE video as transformers builds it (issues 91, 116)
+    library_clip_view.library_clip_view(checkpoint, fingerprint, model_key, model_text, entry.name)
     st.stop()
 if checkpoint.road == "library":  # the library's own model, its attention recorded (issue 91): the maps that road
     library_view.library_view(checkpoint, fingerprint, entry, entries, model_key, model_text)  # draws, in a smaller

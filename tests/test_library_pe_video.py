@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_app import dirs, run_app, sidebar_widget  # noqa: F401 (a fixture)
 
 import vit
 from vit.checkpoint import CheckpointError
@@ -319,17 +318,6 @@ def test_a_clip_is_sampled_as_its_video_processor_samples_it_first_frame_to_last
     clip = [Image.new("RGB", (WIDTH, HEIGHT), (30 * i, 0, 0)) for i in range(8)]
     explanation = vit.explain(checkpoint, clip, "temporal")
     assert [frame.getpixel((0, 0))[0] for frame in explanation.frames] == [30 * i for i in theirs]
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("dirs")
-def test_the_explorer_says_where_its_clip_maps_are_drawn_in_one_note(folder, tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    at = run_app()
-    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
-    at.run()
-    assert not at.exception and not at.error, [e.value for e in at.error]
-    assert any("vit.explain(checkpoint, clip" in note.value for note in at.info)
 
 
 def probe_by_hand(reference, clip) -> torch.Tensor:

@@ -21,8 +21,9 @@ from PIL import Image
 
 from app_pages.explorer_sections import ask_vlm_inside as inside
 from app_pages.explorer_sections import view_link
+from app_pages.explorer_sections.ask_vlm_clip import CLIP_KEY, FPS_KEY, FRAMES_KEY, RATE_OF_KEY, asked_clip
 from app_pages.explorer_sections.ask_vlm_inside import one_line as _one_line
-from app_pages.explorer_sections.caches import CLIP_UPLOAD_TYPES, UPLOAD_TYPES, decode_image, sampled_clip, upload_store
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image, upload_store
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask, vlm_inside
@@ -32,7 +33,7 @@ from vit.core.clips import SampledClip
 from vit.core.images import ImageError
 from vit.core.inference import seen_region
 from vit.core.text import escape_markdown, file_name_part, visible
-from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_CLIP_FRAMES, MAX_IMAGES, VLMAnswer, prepare
+from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, VLMAnswer, prepare
 from vit.explain.views.overlay import display_image
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
@@ -42,14 +43,10 @@ OVERVIEW_KEY, IMAGE_KEY = "vlm_ask_overview", "vlm_ask_image"
 # The question's more images: the uploads' SHA-256s (the server's upload store holds their bytes, a link names them),
 # and their uploader (not under KEPT's prefix: an uploader's value cannot be written back)
 MORE_KEY, MORE_FILES_KEY, SEEN_FILES_KEY = "vlm_ask_more", "ask_vlm_more_files", "ask_vlm_more_seen"
-# A clip instead of the images: its upload's SHA-256, its uploader, what the uploader last held, the frames sampled
-CLIP_KEY, CLIP_FILE_KEY, CLIP_SEEN_KEY, FRAMES_KEY = "vlm_ask_clip", "ask_vlm_clip_file", "ask_vlm_clip_seen", \
-    "vlm_ask_frames"
-DEFAULT_FRAMES = 8
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
 WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
-           "lm_overview": OVERVIEW_KEY, "lm_frames": FRAMES_KEY}
+           "lm_overview": OVERVIEW_KEY, "lm_frames": FRAMES_KEY, "lm_fps": FPS_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY, "lm_image": IMAGE_KEY}
 
 
@@ -87,7 +84,9 @@ def link_values() -> dict[str, object]:
     clip = st.session_state.get(CLIP_KEY)
     values: dict[str, object] = {"question": question, "answer_length": st.session_state.get(LENGTH_KEY),
                                  "more": tuple(st.session_state.get(MORE_KEY) or ()) or None, "lm_clip": clip,
-                                 "lm_frames": st.session_state.get(FRAMES_KEY) if clip else None}
+                                 "lm_frames": st.session_state.get(FRAMES_KEY) if clip else None,
+                                 "lm_fps": st.session_state.get(FPS_KEY) if clip and clip == st.session_state.get(
+                                     RATE_OF_KEY) else None}
     for name, key in PICKED.items():
         value = st.session_state.get(key)
         values[name] = linked.get(name, None if value is None else value + 1)
@@ -168,39 +167,6 @@ def _more_images() -> tuple[list[Image.Image], list[str], tuple[str, ...]]:
     return images, names, tuple(kept)
 
 
-def _clip() -> tuple[SampledClip, str, str] | None:
-    """The uploader of a clip to ask about instead of the images, and what it (or the link) holds: (its sampled
-    frames, its name, its SHA-256), the frames' count from "Clip frames"; None without one, or (one line said) for
-    a file that is no clip or a link's upload the server no longer holds."""
-    file = st.file_uploader(
-        "Or a clip to ask about instead (optional)", type=CLIP_UPLOAD_TYPES, key=CLIP_FILE_KEY,
-        help="A video, an animated GIF or a zip of its frames, sampled uniformly: the question is about the clip, "
-             "not the images, and each answer token's map is drawn on the temporal slice you pick below.")
-    seen = None if file is None else file.file_id
-    if seen != st.session_state.get(CLIP_SEEN_KEY):  # the uploader changed: its file replaces the link's
-        st.session_state[CLIP_SEEN_KEY] = seen
-        st.session_state[CLIP_KEY] = None if file is None else upload_store().put(file.getvalue(), file.name)
-    digest = st.session_state.get(CLIP_KEY)
-    if digest is None:
-        return None
-    found = upload_store().upload(digest)
-    if found is None:
-        st.warning("The clip the link asks about was an upload the server no longer holds: upload it again (the same "
-                   "file) to ask about it.", icon=":material/link_off:")
-        return None
-    if not 1 <= (st.session_state.get(FRAMES_KEY) or 0) <= MAX_CLIP_FRAMES:
-        st.session_state[FRAMES_KEY] = DEFAULT_FRAMES
-    wanted = st.number_input("Clip frames", min_value=1, max_value=MAX_CLIP_FRAMES, step=1, key=FRAMES_KEY,
-                             help="Frames sampled uniformly from the clip and given to the model as they are (its "
-                                  "processor samples none): each is a tower's view and its tokens in the prompt.")
-    name = found.name or "the clip"
-    try:
-        return sampled_clip(digest, name, found.data, int(wanted), once=True), name, digest  # a short one's frames once
-    except ImageError as e:  # ClipError: not a clip, too large, too few frames
-        st.error(f"Cannot use {escape_markdown(visible(name))}: {_one_line(e)}")
-        return None
-
-
 def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[Image.Image],
             digests: tuple[str, ...], clip: tuple[SampledClip, str, str] | None) -> VLMAnswer | None:
     """The answer, kept per (model, images or clip, question, length); None while it is generated (its progress, the
@@ -210,7 +176,7 @@ def _answer(view: Shown, may_open: bool, question: str, length: int, more: list[
     vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
     if clip is not None:
         prepared = prepare(vlm, None, question, max_new_tokens=length, clip=clip[0])  # with a video's times
-        asked = ("clip", clip[2], len(clip[0].frames))
+        asked = ("clip", clip[2], len(clip[0].frames), clip[0].fps)
     else:
         prepared = prepare(vlm, [view.image, *more] if more else view.image, question, max_new_tokens=length)
         asked = (view.image_key, digests)
@@ -240,7 +206,7 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     length = col_length.number_input("Answer length", min_value=1, max_value=limit, step=1, key=LENGTH_KEY,
                                      help=f"Tokens at most (a visitor without a token: {vlm_ask.VISITOR_NEW_TOKENS}).")
     more, names, digests = _more_images()
-    clip = _clip()
+    clip = asked_clip()
     if clip is not None and more:
         st.error("A question is about images or a clip, not both: remove the more images or the clip.")
         return
@@ -349,6 +315,8 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     lines = {"Map": "without the visual sinks"} if sinks is not None else {}
     lines.update(inside.knockout(answer, token, image, overview))
     lines.update(inside.heads(answer, token, image, _pick_head))
+    if clip is not None and clip[2] == st.session_state.get(RATE_OF_KEY):  # a rate given on the page, not the file's
+        lines[share.LABELS["lm_fps"]] = f"{clip[0].fps:g}"
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name if clip is None else clip[1],
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,

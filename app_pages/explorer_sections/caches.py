@@ -237,9 +237,10 @@ def upload_store() -> UploadStore:
     return UploadStore()
 
 
-def sampled_clip(digest: str, name: str, data: bytes, wanted: int, once: bool = False) -> SampledClip:
+def sampled_clip(digest: str, name: str, data: bytes, wanted: int, once: bool = False,
+                 ends: bool = False) -> SampledClip:
     """``wanted`` frames sampled from an uploaded clip (``read_clip_bytes``: ClipError, one line, for one it cannot
-    use; ``once``: a shorter clip's frames each once, for a VLM), decoded once per (upload, frames) in the images'
-    byte cache."""
+    use; ``once``: a shorter clip's frames each once, for a VLM; ``ends``: its first and last frame among them, as PE
+    video's processor samples), decoded once per (upload, frames) in the images' byte cache."""
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
-        ("clip", digest, name, wanted, once), lambda: read_clip_bytes(data, name, wanted, once=once))
+        ("clip", digest, name, wanted, once, ends), lambda: read_clip_bytes(data, name, wanted, ends=ends, once=once))

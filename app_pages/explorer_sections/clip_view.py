@@ -29,10 +29,12 @@ from vit.explain.views.overlay import display_image
 from vit.explain.views.video import CLIP_KIND_LABELS as MAP_KINDS
 
 UPLOAD_KEY = "explorer_clip_upload"
+MAP_KEY, OPACITY_KEY = "clip_map", "clip_opacity"  # PE video's clip page reads them too (library_clip_view)
 UPLOAD_TYPES = caches.CLIP_UPLOAD_TYPES
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
 PLAY_KEY = "clip_play"  # its Play toggle (``app_pages.player``)
 PICKED_KEY = "clip_query_picked"  # a click on the frame picked a query: the whole page runs again for its maps
+CLICKED_KEY = "clip_query_clicked"  # ... and the page's query is a patch (PE video's may be each frame's CLS)
 PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 # kept by the page while not drawn (a rejected upload stops the page before the sidebar's map settings)
@@ -40,7 +42,7 @@ KEPT = ("clip_map", "clip_layer-", "clip_legrad_from-", "clip_class-", "clip_hea
         "clip_pca", "clip_heads_off-")
 
 
-def _query_keys(model_key: str) -> tuple[str, str, str]:
+def query_keys(model_key: str) -> tuple[str, str, str]:
     return tuple(f"clip_query_{axis}-{model_key}" for axis in ("frame", "row", "col"))
 
 
@@ -48,9 +50,10 @@ def _pick_query(model_key: str, frame: int, grid: tuple[int, int]) -> None:
     """A click on the shown frame made that frame's patch the query."""
     picked = clips.query_from_selection(st.session_state[PICKER_KEY].selection, frame, grid)
     if picked is not None:
-        for key, value in zip(_query_keys(model_key), picked, strict=True):
+        for key, value in zip(query_keys(model_key), picked, strict=True):
             st.session_state[key] = value + 1  # the number inputs count from 1
         st.session_state[PICKED_KEY] = True  # the picker is in the frame's fragment: its maps are the page's
+        st.session_state[CLICKED_KEY] = True
 
 
 def _refuse(what: str, error: Exception) -> None:
@@ -81,7 +84,7 @@ class FrameView:
     checkpoint: Checkpoint
 
 
-def _frame_view(view: FrameView) -> None:
+def frame_view_part(view: FrameView) -> None:
     """The shown frame as a patch picker, the time slider and its Play, the caption, and the view's link and HTML
     export (both name the shown frame); the URL follows the view."""
     if st.session_state.pop(PICKED_KEY, False):
@@ -186,6 +189,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
     """The whole page for a video checkpoint; stops the page, saying what to do, without a usable clip.
     ``model_link``: what a link to the view names the model by (``share.model_text``); ``model_name`` its name."""
     model, class_names = checkpoint.model, checkpoint.class_names
+    st.session_state.pop(CLICKED_KEY, None)  # its query is always a patch
     wanted, L, H = model.config.num_frames, len(model.blocks), model.config.num_heads
     share_view.apply_clip_link(model_key, video.clip_map_kinds(checkpoint), L, H)  # a link's view, once
     st.sidebar.header("Clip")
@@ -201,7 +205,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
         kinds = video.clip_map_kinds(checkpoint)
         if st.session_state.get("clip_map") not in kinds:  # a kept choice another video model does not draw
             st.session_state.pop("clip_map", None)
-        kind = st.radio("Map", kinds, key="clip_map", format_func=MAP_KINDS.get,
+        kind = st.radio("Map", kinds, key=MAP_KEY, format_func=MAP_KINDS.get,
                         help="The maps drawn for clips (a class's run the clip's forward again, with a backward); the "
                              "others are refused in one line, each for its reason.")
         st.session_state.setdefault(f"clip_layer-{model_key}", L)  # the last layer first, as on the image page
@@ -226,7 +230,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
             st.caption("Query patch (click one on the shown frame, or type it): its attention over every frame.")
             query_columns = st.columns(3)
         st.session_state.setdefault("clip_opacity", 0.5)
-        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="clip_opacity")
+        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key=OPACITY_KEY)
         off_labels = []
         if not video.is_divided(checkpoint):  # TimeSformer: a head names one of a block's two attentions
             off_labels = st.multiselect(
@@ -273,7 +277,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
             format_func=lambda c: drawing.class_option(c, class_names, clip.analysis.prediction.class_index))
         class_index = None if chosen == -1 else chosen
     if reads_query:
-        keys = _query_keys(model_key)
+        keys = query_keys(model_key)
         for key, top in zip(keys, (frames, gh, gw), strict=True):
             if not 1 <= st.session_state.get(key, 1) <= top:
                 st.session_state[key] = 1
@@ -321,7 +325,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
                            f"{t} × {gh} × {gw} tubelets of {clip.tubelet} frames", values, shown, model_name,
                            clip.analysis.prediction if class_names else None, class_names, checkpoint)
     with col_frame:
-        player.play_fragment(_frame_view, PLAY_KEY, frame_view)
+        player.play_fragment(frame_view_part, PLAY_KEY, frame_view)
     with col_prediction:
         if class_names:
             st.plotly_chart(drawing.predictions_figure(clip.analysis.prediction), config={"displayModeBar": False})

@@ -13,10 +13,11 @@ import streamlit as st
 from PIL import Image
 
 import vit
-from app_pages.explorer_sections import map_settings, share_view, view_link
+from app_pages.explorer_sections import map_settings, sam_prompts, share_view, view_link
 from app_pages.explorer_sections.concept_view import sidebar_image
 from vit.app import catalog, drawing, share
 from vit.app import library_view as view
+from vit.app.export import PromptView
 from vit.checkpoint import Checkpoint
 from vit.core.images import ImageError
 from vit.core.inference import input_shape
@@ -127,8 +128,12 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
     return method, asked
 
 
-def _export(explained, opacity: float, model_name: str, image_name: str) -> bytes:
-    return view.view_html(explained, opacity, model_name, image_name).encode("utf-8")
+def _export(explained, opacity: float, model_name: str, image_name: str,
+            prompted: sam_prompts.PromptTarget | None = None, values: dict | None = None) -> bytes:
+    """The view's offline page; with SAM 3 tracker's prompt (``prompted``, the link's ``values``) below it."""
+    prompt = None if prompted is None else sam_prompts.export_part(prompted, values or {})
+    return view.view_html(explained, opacity, model_name, image_name,
+                          prompts=None if prompt is None else PromptView(**prompt)).encode("utf-8")
 
 
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
@@ -159,6 +164,11 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     method, asked = _settings(checkpoint, model_key, image)
     opacity = map_settings.opacity_slider(st.sidebar)  # the main page's widget: a link's opacity sets it
     values = link_values(model_text, name, is_sample, method, asked, opacity)
+    # SAM 3 tracker: its points and box through vit.segment, as a whole SAM 2's on the main page (issue 116)
+    prompted = sam_prompts.PromptTarget(checkpoint, fingerprint, model_key, image, digest, opacity) \
+        if sam_prompts.applies(checkpoint) else None
+    if prompted is not None:
+        values.update({k: v for k, v in sam_prompts.link_values(prompted).items() if v is not None})
     view_link.follow(values)  # before the map: a reload while it computes (or after a refusal) opens this view
     try:
         explained = _explain(fingerprint, digest, method, tuple(sorted(asked.items())), checkpoint, image)
@@ -185,7 +195,8 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
     as_png.download_button("Overlay (PNG)", data=partial(to_png_bytes, explained.overlay(alpha=opacity)),
                            file_name=f"{stem}-overlay.png", mime="image/png", on_click="ignore",
                            key="library_download_png")
-    as_html.download_button("This view, offline (HTML)", data=partial(_export, explained, opacity, entry.name, name),
+    as_html.download_button("This view, offline (HTML)",
+                            data=partial(_export, explained, opacity, entry.name, name, prompted, values),
                             file_name=f"{stem}.html", mime="text/html", on_click="ignore",
                             key="library_download_html",
                             help="One self-contained file: the image, the map with its colour bar and caption, the "
@@ -196,3 +207,5 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
         st.subheader("Heads")
         st.image(sheet)
         st.caption(view.heads_caption(explained))  # the layer and token's place: no text of the model's
+    if prompted is not None:
+        sam_prompts.prompt_section(prompted)

@@ -1,12 +1,13 @@
-"""Prompts for a whole SAM / SAM 2 (issue 81): click points (on or off the object) and drag a box on the image, see
-its three masks with their IoU scores, and what the mask decoder attended to for one output token, per head.
+"""Prompts for a whole SAM / SAM 2 (issue 81), and SAM 3 tracker on the library road's page (issue 116): click points
+(on or off the object) and drag a box on the image, see its three masks with their IoU scores, and what the mask
+decoder attended to for one output token, per head.
 
 The image is encoded once (``vit.segment`` keeps its embedding with the model, which the page's model cache holds):
 a new click runs the mask decoder alone, and an answer already given is kept per prompt. The figures are drawn by
 ``vit.app.sam_prompt_view`` in the image's own pixels, the ones ``vit.segment`` takes.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -40,8 +41,24 @@ ANSWERS_BYTES = 64 * 2**20  # masks on the image and the attentions of the last 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 
 
+@dataclass(frozen=True, eq=False)
+class PromptTarget:
+    """What the section reads of the page it is drawn on, where that page has no ``Shown`` (the library road's:
+    SAM 3 tracker): the model and the image, and the maps' drawing settings (the explorer's defaults)."""
+
+    full_checkpoint: object  # vit.checkpoint.Checkpoint
+    full_fingerprint: tuple
+    model_key: str
+    image: Image.Image
+    image_key: str
+    opacity: float = 0.6
+    colormap: str = "inferno"
+    mode: str = "bilinear"
+
+
 def applies(checkpoint) -> bool:
-    """Whether ``checkpoint`` is a whole SAM / SAM 2 whose prompt half may open (an HF SamModel / Sam2Model)."""
+    """Whether ``checkpoint`` is a whole SAM / SAM 2 / SAM 3 tracker whose prompt half may open (an HF SamModel /
+    Sam2Model, or a Sam3TrackerModel the library road opened)."""
     return architecture(checkpoint) is not None
 
 
@@ -53,11 +70,11 @@ def take_link(values: dict) -> None:
         st.session_state[LINKED_KEY] = linked
 
 
-def _on(view: Shown) -> tuple[str, str]:
+def _on(view: Shown | PromptTarget) -> tuple[str, str]:
     return view.model_key, view.image_key
 
 
-def link_values(view: Shown) -> dict[str, object]:
+def link_values(view: Shown | PromptTarget) -> dict[str, object]:
     """The section's part of the page's link: the prompt on this image, the token, the attention and its head (the
     link's own while the section has not checked them yet)."""
     linked = st.session_state.get(LINKED_KEY)
@@ -108,7 +125,7 @@ def _picked_cell(names: list[str], heads: int) -> None:
         st.session_state[ATTENTION_KEY], st.session_state[HEAD_KEY] = names[cell[0]], cell[1] + 1
 
 
-def _apply_link(view: Shown) -> None:
+def _apply_link(view: Shown | PromptTarget) -> None:
     """The link's prompt on this image, checked (one line for what is not used); its token, attention and head wait
     in the widgets' keys (the attention and head are checked against the decoder once it has answered)."""
     linked = st.session_state.pop(LINKED_KEY, None)
@@ -140,7 +157,7 @@ def _apply_link(view: Shown) -> None:
                                        f"{width}x{height} image."), icon=":material/link_off:")
 
 
-def segmented(view: Shown, points: tuple, box: tuple | None, choice: str | None) -> vit.Segmentation:
+def segmented(view: Shown | PromptTarget, points: tuple, box: tuple | None, choice: str | None) -> vit.Segmentation:
     """``vit.segment``'s answer for the prompt on the view's image, once per (model, image, prompt, token): the image
     encoder runs once per image (the engine keeps its embedding), a new prompt runs the decoder alone."""
     token, mask = ("mask", None) if choice is None else prompts.token_of(choice)
@@ -154,8 +171,8 @@ def _canvas_picture(seg: vit.Segmentation, mask: int) -> Image.Image:
     return prompts.on_canvas(replace(seg, points=(), box=None).picture(mask), seg.seen, seg.input_box)
 
 
-def prompt_section(view: Shown) -> None:
-    """The Prompts section and "What the decoder looked at", for a whole SAM / SAM 2."""
+def prompt_section(view: Shown | PromptTarget) -> None:
+    """The Prompts section and "What the decoder looked at", for a whole SAM / SAM 2 / SAM 3 tracker."""
     st.header("Prompts")
     _apply_link(view)
     image, pre = view.image, view.full_checkpoint.preprocessing
@@ -217,7 +234,7 @@ def prompt_text(points: tuple, box: tuple | None) -> str:
     return "Prompt, in the image's pixels: " + "; ".join(words)
 
 
-def decoder_attention(view: Shown, seg: vit.Segmentation) -> None:
+def decoder_attention(view: Shown | PromptTarget, seg: vit.Segmentation) -> None:
     """Each two-way block's token-to-image and image-to-token attention and the final token-to-image attention of
     the chosen output token, per head, over the pixels the model saw; one enlarged with its colour bar."""
     st.subheader("What the decoder looked at")
@@ -252,7 +269,7 @@ def decoder_attention(view: Shown, seg: vit.Segmentation) -> None:
                                    "its own range; click one to enlarge it."))
 
 
-def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: str,
+def mask_map(view: Shown | PromptTarget, points: tuple, box: tuple | None, mask: int, method: str,
              at: tuple[int, int] | None = None) -> np.ndarray:
     """``vit.segment``'s ``method`` map of mask ``mask`` (summed over it, or its logit at image pixel ``at``) for the
     prompt, once per (model, image, prompt, mask, method, pixel): a gradient through the image encoder, its memory
@@ -263,7 +280,7 @@ def mask_map(view: Shown, points: tuple, box: tuple | None, mask: int, method: s
                                  methods=[method], at=at).maps[method])
 
 
-def pixel_map_picture(view: Shown, seg: vit.Segmentation, method: str,
+def pixel_map_picture(view: Shown | PromptTarget, seg: vit.Segmentation, method: str,
                       values: np.ndarray) -> tuple[Image.Image, str, float, float]:
     """The pixel map drawn over the pixels the model saw, as the page and the export show it, with its colours
     (``sam_prompt_view.pixel_map_colours``: signed maps on the diverging scale) and the range its colour bar shows
@@ -283,7 +300,7 @@ def _default_pixel(points: tuple, box: tuple | None, image_size: tuple[int, int]
     return min(int(x), image_size[0] - 1), min(int(y), image_size[1] - 1)
 
 
-def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | None) -> None:
+def pixel_map(view: Shown | PromptTarget, seg: vit.Segmentation, points: tuple, box: tuple | None) -> None:
     """Which input pixels made the drawn mask: gradient x input, AttnLRP or LeGrad of its logits, summed over it or
     at one pixel (the prompt's last point until another is chosen), over the pixels the model saw; chosen, never run
     before (a gradient through the image encoder)."""
@@ -327,7 +344,7 @@ def pixel_map(view: Shown, seg: vit.Segmentation, points: tuple, box: tuple | No
         st.caption(escape_markdown(prompts.describe_pixel_map(method, seg.mask, values, at)))
 
 
-def export_part(view: Shown, values: dict) -> dict | None:
+def export_part(view: Shown | PromptTarget, values: dict) -> dict | None:
     """What the exported view shows of the prompt (``vit.app.export.PromptView``'s fields), or None without one."""
     if not applies(view.full_checkpoint) or not (values.get("points") or values.get("box")):
         return None

@@ -230,9 +230,6 @@ def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device |
                           offload_folder=offload_folder, dtype=dtype)
 
 
-MAX_FPS = 1000  # a clip's frames a second, at most
-
-
 def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, *, prompt: str | None = None,
             max_new_tokens: int = 32, on_token=None, video=None, frames: int = 8,
             fps: float | None = None) -> VLMAnswer:
@@ -254,7 +251,7 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
     clip whose file does not say (a folder, a zip or a list of frames), so its frames keep their times too; a video
     file's own rate is not overridden. What the processor makes of the frames is counted before it runs
     (``vit.costs.processors``)."""
-    from vit.core.clips import read_clip
+    from vit.core.clips import at_rate, check_fps, read_clip
     from vit.explain.language.vlm_answer import MAX_CLIP_FRAMES, MAX_IMAGES, answer
 
     if video is not None:
@@ -262,16 +259,10 @@ def ask_vlm(model, image: ImageLike | None = None, question: str | None = None, 
             raise ValueError("ask about an image or a video, not both")
         if isinstance(frames, bool) or not isinstance(frames, int) or not 1 <= frames <= MAX_CLIP_FRAMES:
             raise ValueError(f"frames must be a whole number from 1 to {MAX_CLIP_FRAMES}, got {frames!r}")
-        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float))
-                                or not 0 < fps <= MAX_FPS):
-            raise ValueError(f"fps must be a number of frames a second above 0 and at most {MAX_FPS}, got {fps!r}")
-        # with a video's times, which the model's prompt may write; a shorter clip's frames each once, never repeated
-        clip = read_clip(video, frames, once=True)
-        if fps is not None and clip.fps:
-            raise ValueError(f"this clip's file gives its own rate ({clip.fps:g} frames a second); fps= is for a "
-                             "folder, a zip or a list of frames")
         if fps is not None:
-            clip = replace(clip, fps=float(fps))
+            check_fps(fps)  # before the clip is read
+        # with a video's times, which the model's prompt may write; a shorter clip's frames each once, never repeated
+        clip = at_rate(read_clip(video, frames, once=True), fps)  # the explorer's clip upload takes the same path
         return answer(open_vlm(model), None, question, prompt=prompt, max_new_tokens=max_new_tokens,
                       on_token=on_token, clip=clip)
     if fps is not None:

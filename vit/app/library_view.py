@@ -85,10 +85,12 @@ def colour_key(explanation, colormap: str = "inferno") -> tuple[str, float, floa
     return cmap, low, high, text
 
 
-def view_html(explanation, opacity: float, model_name: str, image_name: str, colormap: str = "inferno") -> str:
+def view_html(explanation, opacity: float, model_name: str, image_name: str, colormap: str = "inferno",
+              prompts=None) -> str:
     """The view as one offline ``.html``, through the main page's export (``vit.app.export.view_html``): titled with
     the image and the model, its caption the page's (with the colour key), the query's patch outlined where the map
-    reads a query, and the model and the image first among the settings."""
+    reads a query, and the model and the image first among the settings; ``prompts`` (a ``PromptView``: SAM 3
+    tracker's prompt, its masks and its decoder's attention) below, as the main page exports a SAM's."""
     from vit.app.export import View, shown_settings
     from vit.app.export import view_html as page_html
 
@@ -104,4 +106,4 @@ def view_html(explanation, opacity: float, model_name: str, image_name: str, col
         num_prefix_tokens=explanation.num_prefix_tokens, heads=heads,
         heads_caption=heads_caption(explanation) if heads is not None else "", heads_layer=explanation.heads_layer,
         prediction=explanation.prediction,
-        settings={"Model": model_name, "Image": image_name, **shown_settings(explanation.settings)}))
+        settings={"Model": model_name, "Image": image_name, **shown_settings(explanation.settings)}, prompts=prompts))

@@ -26,7 +26,7 @@ MAX_POINTS = 32  # points one prompt (and a link) may hold
 POSITIVE, NEGATIVE = (0, 200, 0), (220, 0, 0)  # as ``Segmentation.picture`` marks them
 TOKENS = {"mask1": "mask 1's token", "mask2": "mask 2's token", "mask3": "mask 3's token", "iou": "the IoU token"}
 TOKEN_OPTIONS = {"mask1": "mask 1", "mask2": "mask 2", "mask3": "mask 3", "iou": "IoU token"}  # the picker's words
-FAMILY_NAMES = {"sam": "SAM", "sam2": "SAM 2"}
+FAMILY_NAMES = {"sam": "SAM", "sam2": "SAM 2", "sam3_tracker": "SAM 3 tracker"}
 _NUMBER = r"[0-9]{1,5}(?:\.[0-9]{1,2})?"
 _POINT = re.compile(rf"({_NUMBER}),({_NUMBER}),([01])")
 _BOX = re.compile(rf"({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})")
@@ -192,8 +192,9 @@ def describe_attention(name: str, head: int, choice: str, grid: tuple[int, int])
 
 
 def pixel_maps(family: str) -> dict[str, str]:
-    """"Which pixels made the mask"'s options on a ``family`` model (``"sam"`` or ``"sam2"``), in words: none first,
-    then the maps that apply to it (``vit.explain.methods.segment.MAP_FAMILIES``), so none offered is refused."""
+    """"Which pixels made the mask"'s options on a ``family`` model (``"sam"``, ``"sam2"``, ``"sam3_tracker"``), in
+    words: none first, then the maps that apply to it (``vit.explain.methods.segment.MAP_FAMILIES``), so none
+    offered is refused."""
     return {"none": "none", **{m: label for m, label in MAP_LABELS.items() if family in MAP_FAMILIES[m]}}
 
 

@@ -21,6 +21,7 @@ from vit.app import vlm_inside
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
+from vit.core.clips import MAX_FPS
 from vit.core.inference import MAX_INPUT_SIDE
 from vit.core.text import visible
 from vit.explain.language.prompts import PROMPT_METHODS
@@ -34,6 +35,7 @@ from vit.explain.views.video import CLIP_KIND_LABELS
 
 MAX_VALUE_CHARS = 2000  # longer values (a pasted essay as labels) are refused before they are parsed
 MAX_HEADS = 256  # heads switched off in one link: more than any catalogue model has
+MIN_FPS = 0.01  # a zip of frames' rate, at least (the page's field and a link keep two decimals)
 MAX_WHOLE = 999_999  # a whole number's bound where a parameter has no tighter one (a class, a query, an instance)
 STEP = 0.05  # the sliders' step: opacity, discard ratio, mass share
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # sha256 of an upload's bytes
@@ -138,6 +140,14 @@ def _patch(text: str) -> tuple[int, int, int]:
     return tuple(int(v) for v in found.groups())
 
 
+def _rate(text: str) -> float:
+    """A zip of frames' rate: frames a second from ``MIN_FPS`` to ``MAX_FPS``, at most two decimals (the page's
+    field keeps no more, so a link restores it as written)."""
+    if not re.fullmatch(r"[0-9]{1,4}(?:\.[0-9]{1,2})?", text) or not MIN_FPS <= float(text) <= MAX_FPS:
+        raise ShareError(f"give a number of frames a second from {MIN_FPS:g} to {MAX_FPS}, at most two decimals")
+    return float(text)
+
+
 def _prompt_part(parse: Callable[[str], object]) -> Callable[[str], object]:
     """A SAM prompt's part (``vit.app.sam_prompt_view``' parsers), its ValueError as this module's."""
     def read(text: str) -> object:
@@ -184,6 +194,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS), "lm_method": _one_of(MAP_METHODS), "lm_overview": _flag,
     "lm_lens": _flag, "more": _digests, "lm_image": _whole(1),  # the question's more images (uploads), the one shown
     "lm_clip": _digest, "lm_frames": _whole(1, MAX_CLIP_FRAMES),  # or a clip (an upload), its frames sampled
+    "lm_fps": _rate,  # a zip of frames' rate, which its file does not say
     # inside the language model (issue 115): the map without the visual sinks, the knockout curve over windows of
     # this many layers (to this box of patches, else the whole image), the grounding heads' grid
     "lm_sinks": _flag, "lm_knockout": _whole(1), "lm_kbox": _prompt_part(vlm_inside.parse_box), "lm_heads": _flag,
@@ -222,6 +233,7 @@ LABELS = {
     "lm_lens": "The clicked token read at every layer (logit lens)",
     "more": "More images in the question (uploads)", "lm_image": "Image of the question shown (a clip's slice)",
     "lm_clip": "Clip in the question (an upload)", "lm_frames": "Clip frames (sampled uniformly)",
+    "lm_fps": "Frame rate of the zip's frames (frames a second)",
     "lm_sinks": "The map without the visual sinks", "lm_knockout": "Knockout curve, layers per window",
     "lm_kbox": "Knockout box (top, left, bottom, right, in patches)", "lm_heads": "The grounding heads' grid",
     "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",

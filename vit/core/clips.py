@@ -41,7 +41,7 @@ import re
 import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -57,6 +57,9 @@ from vit.costs import bounds
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg", ".ts", ".mts", ".m2ts")
 MAX_FRAMES = 100_000  # frames a clip may declare: an hour at 25 fps; its decoded size is bounded besides
+MAX_FPS = 1000  # a clip's frames a second, at most, where its file does not say (``at_rate``)
+# transformers' own assumption for a clip whose rate is unknown (``VideoMetadata.sampled_fps``: ``self.fps or 24``)
+DEFAULT_FPS = 24.0
 BYTES_PER_PIXEL = 3  # RGB, as decoded
 # What PIL holds of an image it decodes (a GIF, a TIFF's page): an RGB frame kept is 4 bytes a pixel (RGBX), and while
 # a GIF frame past the first is decoded PIL holds besides, per pixel of its canvas, the frame in palette (1), converted
@@ -97,6 +100,29 @@ class SampledClip:
             return None
         return {"total_num_frames": self.total, "fps": self.fps, "duration": self.total / self.fps,
                 "frames_indices": list(self.indices)}
+
+
+def check_fps(fps: object) -> float:
+    """``fps`` as a number of frames a second, above 0 and at most ``MAX_FPS``; ValueError in one line otherwise."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) \
+            or not 0 < fps <= MAX_FPS:
+        raise ValueError(f"fps must be a number of frames a second above 0 and at most {MAX_FPS}, got "
+                         f"{repr(fps)[:40]}")
+    return float(fps)
+
+
+def at_rate(clip: SampledClip, fps: float | None) -> SampledClip:
+    """``clip`` with its frames ``fps`` a second (None: as it is), so each sampled frame keeps its time, which a VLM's
+    processor writes into the prompt (``metadata``): ``vit.ask_vlm(video=..., fps=...)``'s path and the explorer's
+    clip upload's. ValueError (one line) for a rate out of range, or for a clip whose file gives its own rate (a
+    video's, a GIF's), which is not overridden."""
+    if fps is None:
+        return clip
+    rate = check_fps(fps)
+    if clip.fps:
+        raise ValueError(f"this clip's file gives its own rate ({clip.fps:g} frames a second); fps= is for a folder, "
+                         "a zip or a list of frames")
+    return replace(clip, fps=rate)
 
 
 def _rate(stamps: list[int], stream) -> float | None:
