@@ -349,6 +349,13 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
                        pixels=drawn.pixels)
 
 
+def _refuse_one_image(clip) -> None:
+    """ValueError (one line) for one image given to a video model (ViViT, VideoMAE, PE video)."""
+    if isinstance(clip, Image.Image):
+        raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
+                         "or a list of PIL images")
+
+
 def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head, query, unread: dict
                           ) -> video.ClipExplanation:
     """``explain`` for a video model opened as its library builds it (PE video:
@@ -358,9 +365,7 @@ def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head
     given = [name for name, value in unread.items() if value is not None]
     if given:
         raise ValueError(f"{method} of this clip model reads layer, head and query; leave out {', '.join(given)}")
-    if isinstance(clip, Image.Image):
-        raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
-                         "or a list of PIL images")
+    _refuse_one_image(clip)
     video.check_library_clip_settings(checkpoint, method, layer, head, query)  # before the clip is decoded
     frames = read_clip(clip, checkpoint.model.num_frames, getattr(checkpoint.model, "samples_ends", False)).frames
     return video.explain_library_clip(checkpoint, frames, method, layer, head, query)
@@ -371,6 +376,7 @@ def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head
     """``explain`` for a video model (``vit.explain.views.video.explain_clip``)."""
     from vit.core.clips import read_clip
 
+    _refuse_one_image(clip)
     if size is not None:
         raise ValueError("a clip's maps read layer, head, query and target; size is for image models")
     class_index = target_class(checkpoint, target)
