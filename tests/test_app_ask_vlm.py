@@ -531,7 +531,8 @@ def test_a_question_about_two_images_draws_each_tokens_map_on_the_picked_image_a
     method.set_value("tam")
     at.run()
     assert [displayed(e.value) for e in at.main.error] == [
-        "TAM is drawn for a question about one image; this one has 2: use attention or gradxattn, per image"]
+        "TAM is drawn for a question about one image; this one has 2: use attention or gradient × attention, per "
+        "image"]
 
 
 def test_a_link_to_more_images_past_the_question_or_gone_from_the_server_says_so(folders):

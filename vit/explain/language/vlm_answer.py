@@ -38,6 +38,7 @@ from PIL import Image
 from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
 from vit.costs.processors import check_processor
+from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
 from vit.explain.language.vlm_layouts import (
     CLIP_FAMILIES,
@@ -366,15 +367,15 @@ class VLMAnswer:
         tokens are the encoder's, its answer the decoder's input)."""
         if getattr(vlm.model.config, "is_encoder_decoder", False):
             raise ValueError(f"{what} runs a decoder-only language model here, and this model's answer is written by "
-                             "an encoder-decoder's decoder: ask its attention or gradxattn")
+                             f"an encoder-decoder's decoder: ask its {either('attention', 'gradxattn')}")
 
     def _one_image(self, what: str) -> None:
         if self.clip:
             raise ValueError(f"{what} is drawn for a question about one image; this one is about a clip: use "
-                             "attention or gradxattn, per slice")
+                             f"{either('attention', 'gradxattn')}, per slice")
         if len(self.layouts) > 1:
             raise ValueError(f"{what} is drawn for a question about one image; this one has {len(self.layouts)}: "
-                             "use attention or gradxattn, per image")
+                             f"use {either('attention', 'gradxattn')}, per image")
 
     def image_rows(self, i: int, layer: int, image: int = 0) -> torch.Tensor:
         """(H, lead + N): answer token ``i``'s attention to each image token of ``image`` at ``layer``, per head."""
