@@ -246,7 +246,7 @@ def _in_model_dtype(vlm, inputs):
 def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metadata: dict | None = None):
     """The processor's inputs for a clip of ``frames`` and ``question`` through the chat template's video entry;
     ``metadata``: the frames' ``VideoMetadata`` (None: transformers' default, the frames taken as consecutive)."""
-    from vit.explain.language.chat_template import render
+    from vit.explain.language.chat_template import clip_inputs, render
 
     if not isinstance(question, str) or not question.strip() or len(question) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(question)[:40]!r}")
@@ -258,8 +258,8 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metad
     text = render(vlm.processor, messages)
     video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
     timing = {"video_metadata": [dict(metadata)]} if metadata else {}
-    return _in_model_dtype(vlm, vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False,
-                                              **timing))
+    return _in_model_dtype(vlm, clip_inputs(vlm.processor, text, videos=[video], return_tensors="pt",
+                                            do_sample_frames=False, **timing))
 
 
 def text_shape(vlm):
