@@ -90,6 +90,8 @@ def test_the_answer_is_generates_and_a_clicked_tokens_map_is_vlm_answer_attentio
     tokens = pills(at)
     assert len(tokens.options) == LENGTH
     np.testing.assert_allclose(drawn[-1], answer.attention(0, answer.layers - 1), rtol=0, atol=0)  # the default
+    head = main_select(at, "Head")  # the heads fused: its box says so, not Streamlit's "Choose an option"
+    assert head.value is None and head.proto.placeholder == "all heads (mean)"
     tokens.set_value(2)
     at.run()
     main_select(at, "Layer").set_value(0)
@@ -103,6 +105,7 @@ def test_the_answer_is_generates_and_a_clicked_tokens_map_is_vlm_answer_attentio
     [fusion] = [w for w in at.main.radio if w.label == "Heads fused by"]
     fusion.set_value("max")
     at.run()
+    assert main_select(at, "Head").proto.placeholder == "all heads (max)"
     np.testing.assert_allclose(drawn[-1], answer.image_rows(2, 0).amax(0).numpy().reshape(answer.grid)
                                if kind == "llava" else answer.attention(2, 0, None, "max"), rtol=0, atol=1e-7)
     assert not np.allclose(drawn[-1], answer.attention(2, 0))  # max is not the mean
