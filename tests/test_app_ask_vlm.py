@@ -179,6 +179,7 @@ def test_the_view_is_in_the_link_and_the_exported_html(folders, drawn, monkeypat
     [page] = [f().decode() for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
     assert "where the answer looked" in page and "Answer token 3" in page
     assert "Question</th><td>what is this ?" in page
+    assert str(folder) not in page and f"Model</th><td>{folder.name}</td>" in page  # by its name, not its path
 
     at = open_link({**link, "answer_token": "9", "lm_head": "7"})  # past the answer's tokens, the model's heads
     upload(at, "photo.png", png(picture()))
