@@ -285,7 +285,7 @@ with st.form("launch"):
         st.number_input("Label smoothing", value=None, step=0.05, format="%g", key="train_label_smoothing",
                         placeholder=recipe_hint("label_smoothing"))
         error_for("label_smoothing")
-        st.selectbox("Augmentation", [None, *AUGMENTATIONS], key="train_augment",
+        st.selectbox("Augmentation", [None, *AUGMENTATIONS], key="train_augment", placeholder="recipe's",
                      format_func=lambda a: "recipe's" if a is None else a,
                      help="none < flip-crop < trivialaugment < randaugment (strength below); autoaugment: "
                      "AutoAugment's CIFAR-10 policy (Lee et al. 2021's); seed: flip + RandomResizedCrop")

@@ -162,6 +162,23 @@ def test_a_class_map_is_the_explorers_for_the_class_named(tiny, photo):
     np.testing.assert_array_equal(e.map, expected)
 
 
+def test_a_description_is_plain_text_its_names_as_written_and_never_read_as_markdown(tmp_path, photo):
+    """``Explanation.description`` is plain text: no ``**`` of the page's Markdown, a class name as written (not
+    Markdown-escaped); its export shows that text as it is (a name's ``<b>`` or ``**`` is not read)."""
+    torch.manual_seed(0)
+    names = ["**bold** <b>cat</b>", "dog_1", "a [fox](x)"]
+    save_checkpoint(tmp_path / "m.pt", ViT(TINY), names, Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3))
+    checkpoint = vit.load(tmp_path / "m.pt", device="cpu")
+    attention = vit.explain(checkpoint, photo, "attention").description
+    assert attention.startswith("Layer 2 of 2, the mean over its 2 heads: how much the CLS token attends"), attention
+    for method in ("class", "attnlrp"):
+        e = vit.explain(checkpoint, photo, method, target=0)
+        assert f"“{names[0]}”" in e.description and "\\" not in e.description, e.description
+        assert "**" not in e.description.replace(names[0], ""), e.description  # the name's own alone
+        page = e.html()
+        assert "**bold** &lt;b&gt;cat&lt;/b&gt;" in page and "<b>cat</b>" not in page
+        assert "<strong>" not in page.split('class="caption">', 1)[1].split("</p>", 1)[0]
+
 def test_the_overlay_covers_exactly_the_pixels_the_model_saw(tiny, photo):
     e = vit.explain(tiny, photo)
     # 40 x 30 resized as torchvision does to 26 x 20 (short side 20, the long one truncated), the centre 16 x 16

@@ -28,8 +28,14 @@ def benchmark_page(checkpoint: Path, **widgets) -> AppTest:
     return at
 
 
-def test_the_page_runs_a_benchmark_and_shows_the_commands_scores(dirs, tmp_path, capsys):  # noqa: F811
+def test_the_page_runs_a_benchmark_and_shows_the_commands_scores(dirs, tmp_path, capsys, monkeypatch):  # noqa: F811
+    from streamlit.delta_generator import DeltaGenerator
+
     from vit import faithfulness
+
+    downloads, original = {}, DeltaGenerator.download_button
+    monkeypatch.setattr(DeltaGenerator, "download_button", lambda self, label, data, *a, **k: downloads.update(
+        {label: data}) or original(self, label, data, *a, **k))
 
     checkpoints, _ = dirs
     tiny_model_and_images(tmp_path / "world", labelled=True)
@@ -61,6 +67,11 @@ def test_the_page_runs_a_benchmark_and_shows_the_commands_scores(dirs, tmp_path,
     assert any(f"{expected['model_accuracy']:.4f}" in c.value for c in at.caption)
     assert at.get("imgs") or at.image, "the plot of the curves"
     assert [b.label for b in at.get("download_button")] == ["The report (JSON)", "The table (Markdown)"]
+    # the model and the folder by their names: no path of the server in what a visitor downloads
+    report = json.loads(downloads["The report (JSON)"])
+    assert (report["checkpoint"], report["data"]) == ("m.pt", "data"), report
+    assert str(tmp_path) not in downloads["The table (Markdown)"] and str(checkpoints) not in \
+        downloads["The table (Markdown)"] and str(tmp_path) not in downloads["The report (JSON)"]
 
 
 def test_segmentation_needs_its_masks_folder_inside_the_data_roots(dirs, tmp_path, monkeypatch):  # noqa: F811

@@ -90,6 +90,8 @@ def test_the_answer_is_generates_and_a_clicked_tokens_map_is_vlm_answer_attentio
     tokens = pills(at)
     assert len(tokens.options) == LENGTH
     np.testing.assert_allclose(drawn[-1], answer.attention(0, answer.layers - 1), rtol=0, atol=0)  # the default
+    head = main_select(at, "Head")  # the heads fused: its box says so, not Streamlit's "Choose an option"
+    assert head.value is None and head.proto.placeholder == "all heads (mean)"
     tokens.set_value(2)
     at.run()
     main_select(at, "Layer").set_value(0)
@@ -103,6 +105,7 @@ def test_the_answer_is_generates_and_a_clicked_tokens_map_is_vlm_answer_attentio
     [fusion] = [w for w in at.main.radio if w.label == "Heads fused by"]
     fusion.set_value("max")
     at.run()
+    assert main_select(at, "Head").proto.placeholder == "all heads (max)"
     np.testing.assert_allclose(drawn[-1], answer.image_rows(2, 0).amax(0).numpy().reshape(answer.grid)
                                if kind == "llava" else answer.attention(2, 0, None, "max"), rtol=0, atol=1e-7)
     assert not np.allclose(drawn[-1], answer.attention(2, 0))  # max is not the mean
@@ -176,6 +179,7 @@ def test_the_view_is_in_the_link_and_the_exported_html(folders, drawn, monkeypat
     [page] = [f().decode() for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
     assert "where the answer looked" in page and "Answer token 3" in page
     assert "Question</th><td>what is this ?" in page
+    assert str(folder) not in page and f"Model</th><td>{folder.name}</td>" in page  # by its name, not its path
 
     at = open_link({**link, "answer_token": "9", "lm_head": "7"})  # past the answer's tokens, the model's heads
     upload(at, "photo.png", png(picture()))
@@ -531,7 +535,8 @@ def test_a_question_about_two_images_draws_each_tokens_map_on_the_picked_image_a
     method.set_value("tam")
     at.run()
     assert [displayed(e.value) for e in at.main.error] == [
-        "TAM is drawn for a question about one image; this one has 2: use attention or gradxattn, per image"]
+        "TAM is drawn for a question about one image; this one has 2: use attention or gradient × attention, per "
+        "image"]
 
 
 def test_a_link_to_more_images_past_the_question_or_gone_from_the_server_says_so(folders):

@@ -129,3 +129,35 @@ def test_what_cannot_be_asked_is_one_line(folder):
     at.run()
     assert any("No instance scored over the threshold" in i.value for i in at.main.info), \
         [i.value for i in at.main.info]
+
+
+def test_the_image_is_shown_before_a_concept_and_the_presence_score_is_told_from_the_instances(folder):
+    """The page shows the image while no concept is typed; beside the instances one sentence says what the presence
+    score is and which score the threshold reads (a presence of 0.587 over a 0.50 threshold beside "0 kept" read as
+    a contradiction)."""
+    at = opened(folder)
+    assert at.main.get("image"), "the image, before any concept is typed"
+    typed(at, Concept=TEXT)
+    want = vit.segment(vit.open_sam3(folder), picture(), text=TEXT, threshold=0.5)
+    [said] = [c.value for c in at.main.caption if "presence score" in c.value]
+    assert said == (f"The concept's presence score, {want.presence:.3f}, is how sure SAM 3 is that the concept is in "
+                    "the image at all; each instance's score, which the threshold keeps or drops, is its object "
+                    "query's own score times that presence score."), said
+
+
+def test_the_export_names_the_model_and_holds_no_path_of_the_server(folder, monkeypatch, tmp_path_factory):
+    """A model opened by its path on the server: the exported view names it by its name, never by that path."""
+    import functools
+
+    from app_pages.explorer_sections import concept_view
+
+    exports = []
+    monkeypatch.setattr(concept_view, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    at = opened(folder)
+    [slider] = [w for w in at.main.slider if w.label == "Score threshold"]
+    slider.set_value(0.0)
+    typed(at, Concept=TEXT)
+    [page] = [f().decode() for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
+    assert f"Model</th><td>{folder.name}</td>" in page
+    assert str(folder) not in page and str(tmp_path_factory.getbasetemp()) not in page

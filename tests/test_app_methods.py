@@ -42,6 +42,24 @@ def test_each_new_map_kind_draws_with_its_caption(kind, caption):
 
 
 @pytest.mark.usefixtures("default_world")
+def test_a_signed_map_offers_no_colour_map_it_would_not_change():
+    """AttnLRP's map is drawn on the diverging scale around 0 whatever the colour map: the sidebar does not offer
+    one; the colour map picked before is kept for the maps that read it."""
+    at = run_app()
+    sidebar_widget(at, "selectbox", "Colour map").set_value("viridis")
+    at.run()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value("attnlrp")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert "Colour map" not in [w.label for w in at.sidebar.selectbox]
+    sidebar_widget(at, "selectbox", "Method").set_value("legrad")
+    at.run()
+    assert sidebar_widget(at, "selectbox", "Colour map").value == "viridis"
+
+
+@pytest.mark.usefixtures("default_world")
 def test_faithfulness_curves_are_drawn_next_to_the_map():
     at = run_app()
     sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)

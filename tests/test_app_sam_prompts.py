@@ -210,6 +210,7 @@ def test_the_exported_view_holds_the_prompts_masks_and_the_decoders_attention(wh
     captions, _ = expected_captions(family, model, processor)
     assert all(f"<figcaption class=\"caption\">{html.escape(c)}</figcaption>" in page for c in captions)
     assert "(70, 20) on the object; (30, 35) off the object; the box (10, 5) to (85, 45)" in page
+    assert str(folder.parent) not in page and "Model</th><td>model</td>" in page  # by its name, not the server's path
     assert "Decoder attention</th><td>block 2, image to token" in page and 'id="decoder-attention"' in page
     grid = {"sam": (7, 7), "sam2": (8, 8)}[family]
     weights = recorded_attention(family, model, processor, library_inputs(processor, image(), **PROMPT))

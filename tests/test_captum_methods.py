@@ -361,7 +361,7 @@ def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsew
                         baselines=0.25)
     np.testing.assert_allclose(shown.map, expected.sum(dim=1)[0].detach().numpy(), rtol=1e-3,
                                atol=1e-5 * float(expected.abs().max()))
-    assert shown.description.startswith("**Integrated Gradients for")
+    assert shown.description.startswith("Integrated Gradients for")  # plain text
     # the caption names the settings it ran with, not captum's defaults
     assert "from a baseline of 0.25 in the model's normalised input" in shown.description, shown.description
     assert "captum's, 7 steps" in shown.description and "50 steps" not in shown.description, shown.description

@@ -164,6 +164,24 @@ def test_fingerprint_changes_when_a_checkpoint_is_replaced(dirs):
     assert Candidate(path, "checkpoint", "a").fingerprint != before
 
 
+def test_a_folders_fingerprint_changes_when_a_file_in_it_is_edited_in_place(tmp_path):
+    """A model folder (a ViT's, a VLM's, SAM 3's: every page's cache is keyed by this fingerprint) whose config.json
+    is rewritten in place keeps its own stat (the same entries), yet is another model: its fingerprint changes."""
+    import os
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"num_hidden_layers": 2}')
+    (folder / "model.safetensors").write_bytes(b"\0" * 8)
+    before, stat = Candidate(folder, "file", "model").fingerprint, folder.stat()
+    (folder / "config.json").write_text('{"num_hidden_layers": 3}')  # same size, same entries
+    config = (folder / "config.json").stat()
+    os.utime(folder / "config.json", ns=(config.st_atime_ns, config.st_mtime_ns + 10**9))  # a coarse clock's tick
+    assert (folder.stat().st_mtime_ns, folder.stat().st_size) == (stat.st_mtime_ns, stat.st_size)
+    after = Candidate(folder, "file", "model").fingerprint
+    assert after != before and after == Candidate(folder, "file", "model").fingerprint
+
+
 def test_samples_come_from_the_checkpoints_own_folder_or_a_shipped_one_with_the_same_classes(dirs):
     checkpoints, runs = dirs
     write_checkpoint(checkpoints / "shipped.pt")

@@ -9,7 +9,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from vit.core.text import escape_markdown, escape_plotly, visible, visible_lines
+from vit.core.text import escape_markdown, escape_plotly, plain_text, visible, visible_lines
 
 HOSTILE = [
     "![x](http://example.invalid/x.png)",
@@ -48,6 +48,14 @@ def test_escaped_markdown_embedded_in_a_sentence_makes_no_link_image_or_tag(text
 
 def test_plain_text_is_left_readable():
     assert escape_markdown("cat 1") == "cat 1"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_a_markdown_caption_read_as_plain_text_keeps_a_name_as_written_and_drops_our_emphasis(text):
+    """``plain_text`` of our caption (``**`` around our words, a name escaped): the words without the emphasis and
+    the name exactly as written, whatever Markdown or HTML it holds."""
+    assert plain_text(f"**Layer 2 of 2**: the class “{escape_markdown(text)}”.") == \
+        f"Layer 2 of 2: the class “{' '.join(text.split())}”."
 
 
 def test_plotly_text_escapes_tags_and_entities():

@@ -98,3 +98,24 @@ def test_the_clip_maps_it_draws_and_the_class_maps_a_cls_classifier_is_refused_i
     assert drawn.map.shape == (4, 3, 4) and np.isfinite(drawn.map).all()
     with pytest.raises(ValueError, match=r"^this video model's learned positions cover a clip of 4 frames"):
         analyse_clip(checkpoint, read_clip(write_gif(tmp_path / "long.gif", 6), 6).frames)
+
+
+def test_one_image_given_to_a_video_model_is_one_line_saying_it_takes_a_clip(tmp_path):
+    """``vit.explain`` of a ViViT given one PIL image (as an image model takes it) says the model takes a clip, in
+    one line, not Python's TypeError of a path made of an image; ``read_clip`` says what a clip is for anything else."""
+    from PIL import Image
+
+    import vit
+    from vit.core.clips import ClipError
+
+    vivit_folder(tmp_path / "vivit", 4, 24, 32)
+    checkpoint = open_source(tmp_path / "vivit")
+    image = Image.new("RGB", (32, 24))
+    for method in ("attention", "rollout"):
+        with pytest.raises(ValueError, match=r"^this video model takes a clip, not one image: give a video file, a "
+                                             r"GIF, a folder of frames or a list of PIL images$"):
+            vit.explain(checkpoint, image, method)
+    for given, what in ((image, "one image"), ({}, "a dict")):
+        with pytest.raises(ClipError, match=rf"^a clip is a video file, a GIF, a folder of frames or a list of PIL "
+                                            rf"images, not {what}$"):
+            read_clip(given, 4)

@@ -1490,7 +1490,7 @@ def test_molmo2s_pooled_tokens_are_placed_where_its_crops_and_pooling_put_them(m
                                          False, images.image_mean, images.image_std)[0].permute(1, 2, 0).numpy()
     assert np.abs(answer.layout.pixels.astype(int) - resized.astype(int)).max() <= 1
     with pytest.raises(ValueError, match=r"^AttnLRP's pixels are not placed on Molmo 2's overlapping crops here; use "
-                                         r"gradxattn or tam$"):
+                                         r"gradient × attention or TAM \(token activation map\)$"):
         answer.relevance(1, method="attnlrp")
     from test_vlm_relevance import reference  # Chefer's rule on the eager model, autograd (test_vlm_relevance)
 

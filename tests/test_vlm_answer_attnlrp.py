@@ -354,7 +354,8 @@ def test_attnlrp_of_a_language_model_of_experts_is_refused_in_one_line(experts, 
     experts_class = {"qwen3_vl_moe": "Qwen3VLMoeTextExperts", "glm4v_moe": "Glm4vMoeTextExperts",
                      "qwen3_5": "Qwen3_5GatedDeltaNet", "llama4": "Llama4TextExperts, Llama4TextMLP"}[kind]
     with pytest.raises(ValueError, match=rf"^AttnLRP is not drawn for this {kind} model: its {experts_class} take "
-                                         r"no AttnLRP rule here .*; use gradxattn or tam$"):
+                                         r"no AttnLRP rule here .*; use gradient × attention or TAM \(token "
+                                         r"activation map\)$"):
         answer.relevance(1, method="attnlrp")
     assert answer.relevance(1, -1).shape == answer.grid
     picture().save(tmp_path / "photo.png")

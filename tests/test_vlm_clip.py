@@ -131,7 +131,7 @@ def test_each_tokens_attention_to_each_slice_is_the_eager_row_over_its_tokens(an
 def test_what_is_drawn_for_one_image_and_a_model_without_clips_are_refused_in_one_line(answers, vlms):
     answer = answers["qwen2_5_vl"][0]
     with pytest.raises(ValueError, match=r"^TAM is drawn for a question about one image; this one is about a clip: "
-                                         r"use attention or gradxattn, per slice$"):
+                                         r"use attention or gradient × attention, per slice$"):
         answer.tam(0)
     with pytest.raises(ValueError, match=r"^AttnLRP is drawn for a question about one image; this one is about a "
                                          r"clip"):

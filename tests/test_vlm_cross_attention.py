@@ -296,7 +296,7 @@ def test_florence2s_answer_is_its_decoders_cross_attention_to_the_images_tokens(
                        (lambda: answer.segments(grid=(2, 2)), "captum's segment attribution")):
         with pytest.raises(ValueError, match=rf"^{what} runs a decoder-only language model here, and this model's "
                                              r"answer is written by an encoder-decoder's decoder: ask its attention "
-                                             r"or gradxattn$"):
+                                             r"or gradient × attention$"):
             call()
     model = transformers.Florence2ForConditionalGeneration.from_pretrained(florence2, attn_implementation="eager")
     for i in (0, NEW_TOKENS - 1):  # one layer's gradient x attention: Chefer's rule by autograd on the eager model

@@ -229,6 +229,26 @@ def test_a_template_that_builds_ten_gigabytes_is_refused_in_one_line(base, tmp_p
         vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
 
 
+def test_a_chat_template_with_no_video_entry_is_one_line_saying_it_cannot_take_a_clip(base, tmp_path):
+    """Qwen2.5-VL's template with its video entry taken out writes nothing for the clip: one line saying so, not
+    transformers' "The total number of <|video_pad|> tokens in the prompts should be ..."."""
+    folder = tmp_path / "no_video_entry"
+    shutil.copytree(base["qwen2_5_vl"], folder)
+    for name in ("chat_template.json", "chat_template.jinja"):
+        (folder / name).unlink(missing_ok=True)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% for c in m.content %}{% if c.type == 'image' %}"
+        "<|vision_start|><|image_pad|><|vision_end|>{% elif c.type == 'text' %}{{ c.text }}{% endif %}{% endfor %}"
+        "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    vlm = vit.open_vlm(folder)
+    frames = [picture(), picture().rotate(3)]
+    with pytest.raises(ChatTemplateError, match=r"^this model's chat template cannot take a clip: it writes nothing "
+                                                r"for a video \(no <\|video_pad\|> in its prompt\); ask about "
+                                                r"images instead$"):
+        vit.ask_vlm(vlm, video=frames, question=QUESTION, frames=2, max_new_tokens=2)
+    assert vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=1).tokens  # its images still asked
+
+
 def test_a_template_that_loops_without_end_is_stopped_in_time(base, tmp_path, rendered_here, monkeypatch):
     """Three nested ``range(100000)``: the sandbox bounds each range, not their product (10^15 steps)."""
     monkeypatch.setattr(chat_template, "TEMPLATE_SECONDS", 4)

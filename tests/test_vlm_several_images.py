@@ -134,7 +134,7 @@ def test_what_is_drawn_for_one_image_only_and_unplaced_tiles_are_refused_in_one_
                                                                                      tmp_path_factory):
     answer = answers["llava"][0]
     with pytest.raises(ValueError, match=r"^TAM is drawn for a question about one image; this one has 2: use "
-                                         r"attention or gradxattn, per image$"):
+                                         r"attention or gradient × attention, per image$"):
         answer.tam(0)
     with pytest.raises(ValueError, match=r"^AttnLRP is drawn for a question about one image"):
         answer.relevance(0, method="attnlrp")

@@ -170,9 +170,10 @@ def show_report(result: dict, skipped: list[str], shown) -> None:
         st.caption(f"{result['workers']} workers, {result['maps_per_s_per_worker']:.2f} maps/s per worker")
     st.image(report_plot(result), width="stretch", output_format="PNG")  # as st.pyplot shows a figure
     left, right = st.columns(2)
-    left.download_button("The report (JSON)", json.dumps(result, indent=2) + "\n", "faithfulness.json",
+    report = benchmark_run.shared(result)  # the model and folders by name: no path of the server in a download
+    left.download_button("The report (JSON)", json.dumps(report, indent=2) + "\n", "faithfulness.json",
                          "application/json", key="bench_download_json")
-    right.download_button("The table (Markdown)", benchmark_run.markdown(result), "faithfulness.md",
+    right.download_button("The table (Markdown)", benchmark_run.markdown(report), "faithfulness.md",
                           "text/markdown", key="bench_download_md")
 
 

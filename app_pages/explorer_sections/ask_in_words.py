@@ -145,6 +145,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         chosen = st.selectbox("Map for", range(len(labels)), key=LABEL_KEY,
                               format_func=lambda i: labels[i])
         minus = st.selectbox("Minus (optional)", [None, *range(len(labels))], key=MINUS_KEY,
+                             placeholder="nothing: this label's own map",  # what Streamlit shows for None
                              format_func=lambda i: "nothing: this label's own map" if i is None else labels[i])
         method = st.selectbox("Method", list(methods), format_func=methods.get, key=METHOD_KEY)
         st.session_state[PICKED_KEY] = {"wlabel": labels[chosen], "wminus": None if minus is None else labels[minus],

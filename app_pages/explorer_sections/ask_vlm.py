@@ -266,8 +266,11 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
             st.session_state[HEAD_KEY] = None
         head, fusion = None, "mean"
         if method == "attention":  # gradient x attention averages the heads, by its rule
-            head = st.selectbox("Head", [None, *range(answer.heads)], key=HEAD_KEY,
-                                format_func=lambda v: "all heads" if v is None else f"head {v + 1}")
+            # None (the heads fused) is Streamlit's "no choice": its placeholder is what it shows for it
+            fused = st.session_state.get(FUSION_KEY)
+            every = f"all heads ({fused if fused in FUSIONS else 'mean'})"
+            head = st.selectbox("Head", [None, *range(answer.heads)], key=HEAD_KEY, placeholder=every,
+                                format_func=lambda v: every if v is None else f"head {v + 1}")
         if method == "attention" and head is None:
             if st.session_state.get(FUSION_KEY) not in FUSIONS:
                 st.session_state[FUSION_KEY] = "mean"

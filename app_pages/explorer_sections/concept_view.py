@@ -151,6 +151,7 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
             return
     view_link.follow(_asked_values(model_text, image_name, is_sample, text.strip() or None, box))  # the found
     if not text.strip() and box is None:  # instance's view (``_draw``) adds to it
+        st.image(display_image(image, max_side=480), output_format="PNG")  # the image the concept will be found in
         st.caption("Type a concept (a noun phrase), or give an exemplar box: SAM 3 finds every instance of it, and "
                    "the page shows which image tokens each instance's object query looked at.")
         return
@@ -177,7 +178,7 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
         return kept[1]
 
     patch = int(sam3.model.config.vision_config.backbone_config.patch_size)
-    _draw(found, image_name, model_text, is_sample, pixel_map, patch)
+    _draw(found, image_name, model_text, entry.name, is_sample, pixel_map, patch)
 
 
 def _asked_values(model_text: str, image_name: str, is_sample: bool, text: str | None,
@@ -190,11 +191,20 @@ def _asked_values(model_text: str, image_name: str, is_sample: bool, text: str |
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _draw(found, image_name: str, model_text: str, is_sample: bool, pixel_map, patch: int) -> None:
+def scores_caption(presence: float) -> str:
+    """What the presence score beside the instances is, and which score the threshold reads."""
+    return (f"The concept's presence score, {presence:.3f}, is how sure SAM 3 is that the concept is in the image at "
+            "all; each instance's score, which the threshold keeps or drops, is its object query's own score times "
+            "that presence score.")
+
+
+def _draw(found, image_name: str, model_text: str, model_name: str, is_sample: bool, pixel_map, patch: int) -> None:
+    """The instances and the picked one's map, with the view's link (``model_text``: the model as a link names it)
+    and export (``model_name``: its name, never the server's path)."""
     count = len(found.scores)
     col_picture, col_instances = st.columns([1.2, 1], gap="medium")
-    col_picture.image(display_image(found.picture(), max_side=480), output_format="PNG",
-                      caption=f"The concept's presence score: {found.presence:.3f}.")
+    col_picture.image(display_image(found.picture(), max_side=480), output_format="PNG")
+    col_picture.caption(scores_caption(found.presence))
     if found.instance is None:
         col_instances.info(f"No instance scored over the threshold ({count} kept): lower it, or change the concept.")
         return
@@ -265,7 +275,7 @@ def _draw(found, image_name: str, model_text: str, is_sample: bool, pixel_map, p
     view_link.follow(values)
     col_link, col_export = st.columns(2)
     view_link.link_popover(col_link, values)
-    settings = {"Model": model_text, "Image": image_name, "Concept": found.text or "(an exemplar box alone)",
+    settings = {"Model": model_name, "Image": image_name, "Concept": found.text or "(an exemplar box alone)",
                 "Exemplar box": box_text(found.box) if found.box else "none",
                 "Score threshold": f"{st.session_state.get(THRESHOLD_KEY):g}",
                 "Instance": f"{found.instance + 1} of {count}", "Map": METHODS[method],

@@ -114,7 +114,7 @@ def _settings(checkpoint: Checkpoint, model_key: str, image: Image.Image) -> tup
             st.session_state.pop(f"library_query-{model_key}", None)
         asked["query"] = st.sidebar.selectbox(  # without CLS, vit.explain's default first (None): what it reads
             "Query token", tokens if layout.num_prefix_tokens else [None, *tokens],
-            key=f"library_query-{model_key}",
+            key=f"library_query-{model_key}", placeholder=view.DEFAULT_QUERY,  # what Streamlit shows for None
             format_func=lambda t: view.DEFAULT_QUERY if t is None else
             drawing.token_option(t, grid, layout.num_prefix_tokens),
             help="The token whose map is shown; a click on a patch of the map picks it.")

@@ -160,7 +160,11 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
 
         st.header("Overlay")
         opacity = opacity_slider(st)
-        colormap = st.selectbox(share.LABELS["cmap"], drawing.COLORMAPS, key="colormap")
+        # A signed map is drawn on the diverging scale around 0 (map_colours): a colour map would change nothing
+        if is_signed(kind) or kind in vlm_words.SIGNED:
+            colormap = st.session_state.get("colormap", drawing.COLORMAPS[0])  # kept for the heads grid, the matrix
+        else:
+            colormap = st.selectbox(share.LABELS["cmap"], drawing.COLORMAPS, key="colormap")
         scale = st.radio(share.LABELS["scale"], list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
                          key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
                                                   "structured; 0 to max, or one range for all heads, compares them.")

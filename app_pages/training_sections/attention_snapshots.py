@@ -42,6 +42,7 @@ def snapshot_section(manager: runs.RunManager, runs_with_snapshots: list[str]) -
         s.setdefault("snap_layer", L)
         layer = st.select_slider("Layer", range(1, L + 1), key="snap_layer", disabled=kind != "attention")
         head = st.selectbox("Head", [None, *range(H)], key="snap_head", disabled=kind != "attention",
+                            placeholder="all heads, fused",  # what Streamlit shows for None
                             format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
         fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="snap_fusion",
                           disabled=kind != "attention" or head is not None)
@@ -80,6 +81,7 @@ def snapshot_section(manager: runs.RunManager, runs_with_snapshots: list[str]) -
                 run_dir, probe_index, kind, layer - 1, head_index, fusion, opacity, colormap, mode, size=256)),
             help="One frame per snapshotted epoch, half a second each, with the sidebar's overlay settings.")
     stat_head = st.selectbox("Statistics of", [None, *range(H)], key="snap_stat_head",
+                             placeholder="the mean over heads",  # what Streamlit shows for None
                              format_func=lambda h: "the mean over heads" if h is None else f"head {h + 1}")
     left, right = st.columns(2)
     for column, statistic in ((left, "distance"), (right, "entropy")):

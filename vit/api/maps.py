@@ -19,6 +19,7 @@ from vit.core.inference import InputSize, Prediction, input_box, input_shape, se
 from vit.core.runfiles import (
     atomic_write_text,
 )
+from vit.core.text import escape_markdown, plain_text
 from vit.explain.methods.stage_maps import cell_patch, on_patch_grid
 from vit.explain.views import (
     attention_maps,
@@ -55,7 +56,7 @@ class Explanation:
     prediction: Prediction | None = None
     target: str | None = None  # the explained class (class-specific maps) or label (vit.ask)
     query: int | None = 0  # None: rollout or the class map from the mean of the patch tokens (a pooled readout)
-    description: str = field(default="", repr=False)
+    description: str = field(default="", repr=False)  # plain text (the page's caption, its Markdown read)
     heads: np.ndarray | None = field(default=None, repr=False)  # (H, gh, gw): the query's row in each head
     heads_layer: int | None = None  # from 0: the layer of ``heads``
     settings: dict = field(default_factory=dict, repr=False)  # what made it, for ``to_html``
@@ -122,7 +123,8 @@ class Explanation:
         method = registry.find_method(self.method)  # a typed label's map: its description is its title
         view = View(title=self.description if method is None or method.group == "words" else method.title,
                     seen=self.seen, map2d=self.map, grid=self.grid if self.pixels else None,
-                    caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
+                    caption=escape_markdown(self.description), colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha,
+                    heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=shown_settings(self.settings))
         return view_html(view)
@@ -297,7 +299,8 @@ def explain_image(checkpoint: Checkpoint, image: ImageLike, method: str, *, targ
                        input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
-                       map_captions.describe_map(settings, analysis, checkpoint.class_names, options, pixels),
+                       plain_text(map_captions.describe_map(settings, analysis, checkpoint.class_names, options,
+                                                            pixels)),
                        None if readout else attention_maps.head_maps(analysis, settings.query, heads_layer),
                        None if readout else heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid, pixels)
@@ -341,12 +344,19 @@ def _explain_library(checkpoint: Checkpoint, image: ImageLike, method: str, targ
              "head": head if "head" in chosen.reads else None, "query": query if "query" in chosen.reads else None,
              "target": class_index, **options}
     settings = {k: v for k, v in options.items() if v is not None and k in chosen.reads}  # an attribution's, named
-    description = chosen.describe(layer, head, query, drawn.target, **settings)
+    description = plain_text(chosen.describe(layer, head, query, drawn.target, **settings))
     return Explanation(method, drawn.map, image, seen_region(image, checkpoint.preprocessing),
                        input_box(image.size, checkpoint.preprocessing), drawn.grid, drawn.num_prefix_tokens,
                        drawn.prediction, drawn.target, query, description,
                        drawn.heads, drawn.heads_layer, {k: v for k, v in shown.items() if v is not None},
                        pixels=drawn.pixels)
+
+
+def _refuse_one_image(clip) -> None:
+    """ValueError (one line) for one image given to a video model (ViViT, VideoMAE, PE video)."""
+    if isinstance(clip, Image.Image):
+        raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
+                         "or a list of PIL images")
 
 
 def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head, query, unread: dict
@@ -358,9 +368,7 @@ def _explain_library_clip(checkpoint: Checkpoint, clip, method: str, layer, head
     given = [name for name, value in unread.items() if value is not None]
     if given:
         raise ValueError(f"{method} of this clip model reads layer, head and query; leave out {', '.join(given)}")
-    if isinstance(clip, Image.Image):
-        raise ValueError("this video model takes a clip, not one image: give a video file, a GIF, a folder of frames "
-                         "or a list of PIL images")
+    _refuse_one_image(clip)
     video.check_library_clip_settings(checkpoint, method, layer, head, query)  # before the clip is decoded
     frames = read_clip(clip, checkpoint.model.num_frames, getattr(checkpoint.model, "samples_ends", False)).frames
     return video.explain_library_clip(checkpoint, frames, method, layer, head, query)
@@ -371,6 +379,7 @@ def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head
     """``explain`` for a video model (``vit.explain.views.video.explain_clip``)."""
     from vit.core.clips import read_clip
 
+    _refuse_one_image(clip)
     if size is not None:
         raise ValueError("a clip's maps read layer, head, query and target; size is for image models")
     class_index = target_class(checkpoint, target)

@@ -17,6 +17,7 @@ from vit.api.arguments import ImageLike, checked_index, input_size, pil_image, s
 from vit.api.maps import Explanation, explain_image
 from vit.checkpoint import Checkpoint
 from vit.core.inference import InputSize, input_box, seen_region
+from vit.core.text import plain_text
 from vit.costs import fits
 from vit.explain.language import words
 from vit.explain.language.vlm_answer import VLMAnswer
@@ -54,7 +55,8 @@ class Answer:
         return Explanation(method, map2d, self.image, seen_region(self.image, p, self.size),
                            input_box(self.image.size, p, self.size), grid, model.num_prefix_tokens, None,
                            labels[index],
-                           description=words.describe_method(method, labels[index], kind=self.answer.prompts.kind))
+                           description=plain_text(words.describe_method(method, labels[index],
+                                                                        kind=self.answer.prompts.kind)))
 
     def _repr_html_(self) -> str:
         from html import escape

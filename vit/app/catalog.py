@@ -50,12 +50,18 @@ class Candidate:
     name: str  # file stem or run folder name
 
     @property
-    def fingerprint(self) -> tuple[str, int, int]:
-        """(path, mtime_ns, size): changes when the file is replaced, e.g. by a retrained checkpoint."""
+    def fingerprint(self) -> tuple:
+        """(path, mtime_ns, size): changes when the file is replaced, e.g. by a retrained checkpoint; a folder's
+        (a ViT's, a VLM's, SAM 3's) adds its files' (``files.folder_version``), so one edited in place is read
+        again by every page's cache the fingerprint keys."""
         try:
             stat = self.path.stat()
         except OSError:
             return str(self.path), 0, -1
+        if self.path.is_dir():
+            from vit.sources.files import folder_version
+
+            return str(self.path), stat.st_mtime_ns, stat.st_size, folder_version(self.path)
         return str(self.path), stat.st_mtime_ns, stat.st_size
 
 

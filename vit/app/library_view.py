@@ -13,6 +13,7 @@ from PIL import Image
 
 from vit import registry
 from vit.app import drawing
+from vit.core.text import escape_markdown
 from vit.explain.views.map_captions import token_label
 from vit.explain.views.overlay import display_image, is_signed, jpeg_data_uri, map_colours
 
@@ -101,8 +102,8 @@ def view_html(explanation, opacity: float, model_name: str, image_name: str, col
     return page_html(View(
         title=f"{image_name} — {model_name}: {method.title if method is not None else explanation.method}",
         seen=explanation.seen, map2d=np.asarray(explanation.map), grid=explanation.grid if explanation.pixels else None,
-        caption=f"{explanation.description} {colour_key(explanation, colormap)[3]}", colormap=cmap, vmin=vmin,
-        vmax=vmax, opacity=opacity, query=-1 if query is None else query,  # -1: no patch outlined
+        caption=escape_markdown(f"{explanation.description} {colour_key(explanation, colormap)[3]}"), colormap=cmap,
+        vmin=vmin, vmax=vmax, opacity=opacity, query=-1 if query is None else query,  # -1: no patch outlined
         num_prefix_tokens=explanation.num_prefix_tokens, heads=heads,
         heads_caption=heads_caption(explanation) if heads is not None else "", heads_layer=explanation.heads_layer,
         prediction=explanation.prediction,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from vit.core.text import escape_markdown, visible
+from vit.explain.language.answer_maps import TITLES
 from vit.explain.language.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer, generate_answer
 from vit.explain.views.overlay import DIVERGING_COLORMAP
 
@@ -21,8 +22,7 @@ DEFAULT_NEW_TOKENS = 16
 VISITOR_NEW_TOKENS = 32
 VISITOR_PATCHES = 1024
 FUSION_LABELS = {"mean": "mean over heads", "max": "max over heads"}
-METHOD_LABELS = dict(zip(MAP_METHODS, ("attention", "gradient × attention", "gradient × attention, all layers",
-                                       "TAM (token activation map)", "AttnLRP (to the pixels)"), strict=True))
+METHOD_LABELS = {method: TITLES[method] for method in MAP_METHODS}  # the refusals name them so too
 SIGNED = ("attnlrp",)  # relevance for and against the token: a diverging colour map around 0
 
 

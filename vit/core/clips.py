@@ -622,6 +622,9 @@ def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int, en
         _check_size("the clip", len(source), *source[0].size, len(source))
         indices = sample_indices(len(source), wanted, ends, once)
         return SampledClip([source[i].convert("RGB") for i in indices], indices, len(source))
+    if not isinstance(source, (str, os.PathLike)):  # Path() of an image would raise a TypeError
+        what = "one image" if isinstance(source, Image.Image) else f"a {type(source).__name__}"
+        raise ClipError(f"a clip is a video file, a GIF, a folder of frames or a list of PIL images, not {what}")
     path = Path(source)
     if not path.exists():
         raise ClipError(f"{path}: no such file or folder")

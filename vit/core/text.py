@@ -21,6 +21,7 @@ _LINE_BREAKS = re.compile(r"[\r\n]+")
 # word joiner (U+2060) after "http:" and "www" and before "@" does.
 _WORD_JOINER = "\u2060"
 _AUTOLINK_TRIGGERS = re.compile(r"(?i)(https?:)(?=//)|(www)(?=\.)|(?=@)")
+_TAGS = re.compile(r"<[^>]*>")  # the tags markdown-it writes for emphasis and code; raw HTML is escaped before
 
 
 def escape_markdown(text: object) -> str:
@@ -32,6 +33,16 @@ def escape_markdown(text: object) -> str:
     text = _LINE_BREAKS.sub(" ", str(text)).lstrip()
     text = _AUTOLINK_TRIGGERS.sub(lambda m: (m.group(1) or m.group(2) or "") + _WORD_JOINER, text)
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def plain_text(markdown: str) -> str:
+    """What a caption of ours written in Markdown (``**`` for emphasis, names escaped by ``escape_markdown``) reads
+    as plain text, for an API's text (``Explanation.description``): the emphasis dropped, the escapes resolved, the
+    word joiners removed. Nothing in it is interpreted: raw HTML stays the text it is."""
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark", {"html": False}).renderInline(markdown)
+    return html.unescape(_TAGS.sub("", rendered)).replace(_WORD_JOINER, "")
 
 
 def escape_plotly(text: object) -> str:

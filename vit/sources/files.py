@@ -39,6 +39,7 @@ AUXILIARY_FILES = {**dict.fromkeys(SMALL_FILES, (MAX_JSON_BYTES, "a few kB")),
                    BPE_VOCABULARY: (MAX_VOCABULARY_BYTES, "CLIP's inflates to 3 MB")}
 MAX_REF_BYTES = 256  # an HF cache's refs/NAME: a 40-hex commit and a newline
 CHUNK = 2**20  # read and inflated a MiB at a time: the bound is passed by at most this much before the refusal
+MAX_VERSIONED_FILES = 256  # a model folder's files stated for its version: published ones hold a few dozen shards
 
 
 class SourceError(CheckpointError):
@@ -166,6 +167,24 @@ def auxiliary_problem(folder: Path, names: tuple[str, ...] = tuple(AUXILIARY_FIL
             except (OSError, zlib.error, EOFError) as e:
                 return f"its {name} cannot be read ({_one_line(e)})"
     return None
+
+
+def folder_version(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """The version of a model folder: each file's (name, mtime_ns, size) at its top level, the first
+    ``MAX_VERSIONED_FILES`` by name (symbolic links followed: an HF cache's snapshot links its blobs). A file
+    rewritten in place changes it, where the folder's own stat does not (its entries are the same)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder))[:MAX_VERSIONED_FILES]
+    except OSError:
+        return ()
+    version = []
+    for name in names:
+        try:
+            stat = (folder / name).stat()
+        except OSError:  # removed meanwhile, a dangling link
+            continue
+        version.append((name, stat.st_mtime_ns, stat.st_size))
+    return tuple(version)
 
 
 def read_json(path: Path) -> dict:

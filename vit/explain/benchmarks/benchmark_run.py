@@ -414,6 +414,15 @@ def table(result: dict) -> str:
     return "\n".join(lines) + (f"\n\n{key}" if key else "")
 
 
+PATH_FIELDS = ("checkpoint", "data", "masks")  # where a report names the model and the folders by their paths
+
+
+def shared(result: dict) -> dict:
+    """The report as a page hands it to a visitor: the model and the folders by their names, never their paths on
+    the server (the command's own ``--out`` keeps them, on the machine that ran it)."""
+    return {**result, **{k: Path(result[k]).name for k in PATH_FIELDS if isinstance(result.get(k), str)}}
+
+
 def markdown(result: dict, text: str | None = None) -> str:
     """The report's Markdown file: a title, the model and the table (``text``, default ``table(result)``)."""
     title = f"# {result.get('benchmark', 'deletion')} on {result['images']} images of {result['data']}"

@@ -104,6 +104,20 @@ _kept: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # the renderings kep
 _lock = threading.Lock()  # the explorer's sessions render from their own threads
 
 
+def clip_inputs(processor, prompt: str, **kwargs):
+    """``processor(text=prompt, **kwargs)`` for a clip (``videos=`` among ``kwargs``): ChatTemplateError (one line) in
+    place of transformers' count of video tokens ("The total number of <|video_pad|> tokens ...") where the model's
+    chat template wrote nothing for the clip (it has no video entry: ``prompt`` holds no video token)."""
+    try:
+        return processor(text=prompt, **kwargs)
+    except ValueError:
+        token = getattr(processor, "video_token", None)
+        if isinstance(token, str) and token and token not in prompt:
+            raise ChatTemplateError(f"this model's chat template cannot take a clip: it writes nothing for a video "
+                                    f"(no {token} in its prompt); ask about images instead") from None
+        raise
+
+
 def _has_video(messages: list[dict]) -> bool:
     return any(isinstance(part, dict) and part.get("type") == "video" for message in messages
                for part in (message.get("content") or []) if not isinstance(message.get("content"), str))

@@ -38,6 +38,7 @@ from PIL import Image
 from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
 from vit.costs.processors import check_processor
+from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
 from vit.explain.language.vlm_layouts import (
     CLIP_FAMILIES,
@@ -245,7 +246,7 @@ def _in_model_dtype(vlm, inputs):
 def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metadata: dict | None = None):
     """The processor's inputs for a clip of ``frames`` and ``question`` through the chat template's video entry;
     ``metadata``: the frames' ``VideoMetadata`` (None: transformers' default, the frames taken as consecutive)."""
-    from vit.explain.language.chat_template import render
+    from vit.explain.language.chat_template import clip_inputs, render
 
     if not isinstance(question, str) or not question.strip() or len(question) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(question)[:40]!r}")
@@ -257,8 +258,8 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metad
     text = render(vlm.processor, messages)
     video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
     timing = {"video_metadata": [dict(metadata)]} if metadata else {}
-    return _in_model_dtype(vlm, vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False,
-                                              **timing))
+    return _in_model_dtype(vlm, clip_inputs(vlm.processor, text, videos=[video], return_tensors="pt",
+                                            do_sample_frames=False, **timing))
 
 
 def text_shape(vlm):
@@ -366,15 +367,15 @@ class VLMAnswer:
         tokens are the encoder's, its answer the decoder's input)."""
         if getattr(vlm.model.config, "is_encoder_decoder", False):
             raise ValueError(f"{what} runs a decoder-only language model here, and this model's answer is written by "
-                             "an encoder-decoder's decoder: ask its attention or gradxattn")
+                             f"an encoder-decoder's decoder: ask its {either('attention', 'gradxattn')}")
 
     def _one_image(self, what: str) -> None:
         if self.clip:
             raise ValueError(f"{what} is drawn for a question about one image; this one is about a clip: use "
-                             "attention or gradxattn, per slice")
+                             f"{either('attention', 'gradxattn')}, per slice")
         if len(self.layouts) > 1:
             raise ValueError(f"{what} is drawn for a question about one image; this one has {len(self.layouts)}: "
-                             "use attention or gradxattn, per image")
+                             f"use {either('attention', 'gradxattn')}, per image")
 
     def image_rows(self, i: int, layer: int, image: int = 0) -> torch.Tensor:
         """(H, lead + N): answer token ``i``'s attention to each image token of ``image`` at ``layer``, per head."""

@@ -38,6 +38,7 @@ import types
 
 import torch
 
+from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import RULES, route_attention, use_recording_attention
 from vit.explain.methods.relevance import AttnLRPRules, _IdentityRule
 
@@ -191,7 +192,7 @@ def check_rules(vlm) -> None:
     if unruled:
         raise ValueError(f"AttnLRP is not drawn for this {vlm.model_type} model: its {', '.join(unruled)} take no "
                          "AttnLRP rule here (lxt has none for a mixture of experts or a linear attention), so the "
-                         "map would not be AttnLRP's; use gradxattn or tam")
+                         f"map would not be AttnLRP's; use {either('gradxattn', 'tam')}")
 
 
 @contextlib.contextmanager
@@ -220,7 +221,8 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
     as the overview."""
     layout = prepared.layout
     if vlm.model_type == "molmo2":  # (crops, patches, pixels): its crops overlap, their margins on no canvas patch
-        raise ValueError("AttnLRP's pixels are not placed on Molmo 2's overlapping crops here; use gradxattn or tam")
+        raise ValueError("AttnLRP's pixels are not placed on Molmo 2's overlapping crops here; use "
+                         f"{either('gradxattn', 'tam')}")
     if relevance.dim() == 2:  # Qwen-VL: (gh * gw, C x frames x patch x patch) in merge-unit order
         (gh, gw), m = layout.grid, layout.unit
         return relevance.sum(-1).reshape(gh // m, gw // m, m, m).permute(0, 2, 1, 3).reshape(gh, gw)
