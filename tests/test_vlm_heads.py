@@ -5,7 +5,9 @@ attention of the tiny random LLaVA (its forward mode: the prompt's last query ov
 ``VLMAnswer.visual_heads`` against SparseMM's ``hit_score`` rule written out here by hand (the top-1 key of each
 head's last row in the region's tokens scores ``1 / their count``) and, where a checkout of CR400AF-A/SparseMM is
 named by ``SPARSEMM_REPO``, against the authors' ``hit_score`` itself, run unchanged from their file (their repository
-carries no licence, so no copy of it is kept here: see ``tests/reference/sparsemm/README.md``).
+carries no licence, so no copy of it is kept here: see ``tests/reference/sparsemm/README.md``); there its output on
+fixed rows is kept (``golden.npz``, checked here against their function again, and held against ours without a
+checkout by ``tests/test_vlm_heads_golden.py``).
 """
 
 import ast
@@ -152,24 +154,55 @@ def sparsemms_hit_score(layers: int, heads: int):
     return namespace["hit_score"]
 
 
+def sparsemm_hits(kind: str, positions: torch.Tensor) -> list[tuple[int, tuple | None, torch.Tensor]]:
+    """The hits the authors' ``hit_score`` is run on for ``kind``'s tiny answer: ``(answer token, box, the box's image
+    tokens' positions in the whole sequence)``, box None the whole image (``positions``: every image token's).
+    ``tests/reference/sparsemm/make_golden.py`` stores the same."""
+    box, tokens = ((0, 0, 2, 2), positions[[0, 1, 4, 5]]) if kind == "llava" else ((0, 0, 2, 4), positions[[0, 1]])
+    last = ((0, 2, 2, 4), positions[[2, 3, 6, 7]]) if kind == "llava" else (None, positions)
+    return [(i, box, tokens) for i in range(NEW_TOKENS)] + [(1, None, positions), (2, *last)]
+
+
+def run_hit_score(hit_score, layers: int, heads: int, steps) -> np.ndarray:
+    """(L, H): the authors' ``hit_score`` called as their ``decode`` loop calls it, once per answer token read off a
+    region, on ``steps``: ``(that step's attentions, indexed [layer][0][head][-1], the region's positions as
+    bbox_token_idx)``. Their function prints each hit's region size: the caller swallows it."""
+    visual_head_score = [[[0, ""] for _ in range(heads)] for _ in range(layers)]
+    for k, (attentions, region) in enumerate(steps):
+        hit_score(attentions, visual_head_score, None, f"<{k}>", region)
+    return np.array([[score for score, _ in layer] for layer in visual_head_score])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_visual_scores_are_sparsemms_own_hit_score(asked, kind, capsys):
     answer, out, inputs, image_token = asked[kind]
     hit_score = sparsemms_hit_score(answer.layers, answer.heads)
     positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
-    box, tokens = ((0, 0, 2, 2), positions[[0, 1, 4, 5]]) if kind == "llava" else ((0, 0, 2, 4), positions[[0, 1]])
-    whole = (0, 0, *answer.grid)
-    hits = [(i, box) for i in range(NEW_TOKENS)] + [(1, whole), (2, (0, 2, 2, 4) if kind == "llava" else whole)]
-    regions = [tokens] * NEW_TOKENS + [positions, positions[[2, 3, 6, 7]] if kind == "llava" else positions]
-    # their decode loop: one call per answer token read off a region, on that step's attentions, the region's
-    # positions in the whole sequence as ``bbox_token_idx``
-    visual_head_score = [[[0, ""] for _ in range(answer.heads)] for _ in range(answer.layers)]
-    for (i, _), region in zip(hits, regions):
-        hit_score(out.attentions[i], visual_head_score, None, f"<{i}>", region)
-    capsys.readouterr()  # their function prints each hit's region size
-    theirs = np.array([[score for score, _ in layer] for layer in visual_head_score])
+    hits = sparsemm_hits(kind, positions)
+    theirs = run_hit_score(hit_score, answer.layers, answer.heads,
+                           [(out.attentions[i], region) for i, _, region in hits])
+    capsys.readouterr()
     assert theirs.any() and not theirs.all()
-    np.testing.assert_allclose(answer.visual_heads(hits), theirs, atol=1e-12)
+    whole = (0, 0, *answer.grid)
+    np.testing.assert_allclose(answer.visual_heads([(i, whole if box is None else box) for i, box, _ in hits]), theirs,
+                               atol=1e-12)
+
+
+def test_the_stored_golden_scores_are_sparsemms_own_hit_score(capsys):
+    """The committed fixture's scores (``tests/test_vlm_heads_golden.py`` holds ours to them without a checkout)
+    are the authors' ``hit_score`` on its stored rows."""
+    from test_vlm_heads_golden import GOLDEN, stored
+
+    with np.load(GOLDEN) as golden:
+        assert str(golden["sha256"]) == SPARSEMM_SHA256
+        for kind in KINDS:
+            rows, regions, expected = stored(golden, kind)
+            layers, heads = expected.shape
+            # (L, 1, H, 1, S): what their [layer][0][head][-1] reads
+            steps = [(row[:, None, :, None, :], region) for row, region in zip(rows, regions, strict=True)]
+            theirs = run_hit_score(sparsemms_hit_score(layers, heads), layers, heads, steps)
+            capsys.readouterr()
+            np.testing.assert_array_equal(theirs, expected)
 
 
 def test_what_does_not_fit_is_refused_in_one_line(asked):

@@ -109,16 +109,31 @@ def localization_heads(answer, i: int = 0, image: int = 0, threshold: float = TH
     return score_maps(rows.sum(-1).numpy().astype(np.float64), maps.numpy(), threshold)
 
 
+def hit_scores(rows, regions) -> np.ndarray:
+    """(L, H) float64: SparseMM's hit rule on tensors. ``rows``: each hit's attention rows, its answer token's query
+    over every position it reads, per layer (an (L, H, S) tensor, or L (H, S) tensors); ``regions``: each hit's
+    positions of the region's image tokens (1-D) (iterables, read one hit at a time). A head whose row's most attended
+    key is one of them scores ``1 / their count``, summed over the hits in order."""
+    scores = None
+    for layer_rows, tokens in zip(rows, regions, strict=True):
+        top = torch.stack([row.argmax(-1) for row in layer_rows])  # (L, H) each head's most attended position
+        hit = torch.isin(top, tokens).numpy().astype(np.float64) / len(tokens)
+        scores = hit if scores is None else scores + hit
+    if scores is None:
+        raise ValueError("give at least one (answer token, box) hit to score the visual heads")
+    return scores
+
+
 def visual_scores(answer, hits, image: int = 0, overview: bool = False) -> np.ndarray:
     """(L, H) float64: SparseMM's visual score of every head over ``hits``, ``(answer token, box)`` pairs: each head
-    whose row for that token has its most attended key among the box's image tokens scores ``1 / their count``."""
+    whose row for that token has its most attended key among the box's image tokens scores ``1 / their count``
+    (``hit_scores`` on the answer's rows)."""
     from vit.explain.language.vlm_lens import region_tokens
 
     layout = answer._image(image)
-    scores = np.zeros((answer.layers, answer.heads))
-    for i, box in hits:
-        tokens = layout.positions[region_tokens(layout.view(overview), box)]
-        for layer in range(answer.layers):
-            top = answer.row(i, layer).argmax(-1)  # (H,) each head's most attended position
-            scores[layer] += torch.isin(top, tokens).numpy() / len(tokens)
-    return scores
+    if not hits:
+        return np.zeros((answer.layers, answer.heads))
+    view = layout.view(overview)
+    regions = [layout.positions[region_tokens(view, box)] for _, box in hits]  # every box refused before any row
+    rows = ([answer.row(i, layer) for layer in range(answer.layers)] for i, _ in hits)  # L (H, t_i) each
+    return hit_scores(rows, regions)
