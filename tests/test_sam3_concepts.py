@@ -228,6 +228,20 @@ def test_a_tokenizer_over_its_bound_is_refused_before_the_processor_reads_it(fol
     assert "\n" not in str(e.value)
 
 
+def test_the_picker_lists_a_sam3_with_an_oversize_tokenizer_as_refused(folder, tmp_path):
+    """The explorer's picker asks of a listed SAM 3 what its opener refuses first (its files' sizes), so a folder whose
+    page would be refused is listed as refused in one line (issue 114, finding 3)."""
+    from vit.app import catalog
+
+    hostile = tmp_path / "sam3"
+    shutil.copytree(folder, hostile)
+    with open(hostile / "tokenizer.json", "wb") as f:
+        f.truncate(191 * 2**20)  # the issue's size, sparse
+    entry = catalog.describe(catalog.Candidate(hostile, "hf-cache", "evil/sam3"), library_road=True)
+    assert entry.error == f"{hostile} is refused: its tokenizer.json is 191 MB, over the 40 MB such a file may have " \
+                          "(Gemma 3's is 33 MB)"
+
+
 def test_a_method_asked_twice_is_drawn_once(sam3, monkeypatch):
     """Issue 114, finding 6: duplicates in ``methods=`` are merged (each was a backward pass)."""
     from vit.explain.methods import concepts
@@ -237,6 +251,18 @@ def test_a_method_asked_twice_is_drawn_once(sam3, monkeypatch):
                                                                                                         **kwargs))
     done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, methods=["gradient_x_input"] * 50)
     assert len(ran) == 1 and list(done.maps) == ["gradient_x_input"]
+
+
+def test_the_weights_headers_are_read_once_on_open(folder, monkeypatch):
+    """Issue 114: SAM 3's opener read every weights file's header twice (checked, then looked up against the model
+    built on the meta device); once now, and the shapes looked up are those read. Counted where a header is read."""
+    from vit import checkpoint
+    from vit.sources import weights_files
+
+    read, real = [], checkpoint.safetensors_shapes
+    monkeypatch.setattr(weights_files, "safetensors_shapes", lambda path: read.append(path) or real(path))
+    vit.open_sam3(folder)
+    assert [p.name for p in read] == ["model.safetensors"], read
 
 
 def test_an_absurd_weights_header_is_one_line(folder, tmp_path):
