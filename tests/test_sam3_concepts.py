@@ -138,6 +138,22 @@ def test_each_decoder_layers_attention_of_the_instance_is_output_attentions_plac
     assert done.overlay("decoder layer 2", head=1).size == done.seen.size == (SIDE, SIDE)
 
 
+def test_the_decoder_attention_comes_from_the_one_forward_that_found_the_instances(sam3):
+    """Issue 116, item 12: the explained query's rows were recorded by a second run of the DETR encoder, decoder and
+    mask decoder; every query's call is kept in the first now. Counted at each part's forward (the vision encoder
+    once, as before); the rows are transformers' (the test above)."""
+    model, ran = sam3.model, []
+    parts = {"vision": model.vision_encoder, "encoder": model.detr_encoder, "decoder": model.detr_decoder,
+             "mask decoder": model.mask_decoder}
+    handles = [m.register_forward_hook(lambda *_, name=name: ran.append(name)) for name, m in parts.items()]
+    try:
+        done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(ran) == sorted(parts) and list(done.attention) == ["decoder layer 1", "decoder layer 2"]
+
+
 def test_the_instances_gradient_x_input_is_autograds_by_hand(sam3, folder):
     done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, instance=0, methods=["gradient_x_input"])
     model, inputs, _, _ = by_transformers(folder, TEXT, None, 0.0)
