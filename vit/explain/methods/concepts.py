@@ -89,11 +89,10 @@ class ConceptResult:
 
 class _QueryRows:
     """A recorder for the recording attention: each DETR decoder layer's vision cross-attention call kept (its query,
-    key, value, mask and arguments, the tensors the forward formed: 64 MB at the published sizes, 6 layers' keys and
-    values over 5,184 vision tokens, 89 MB with float masks; not a copy), so that any
-    query's rows of the post-softmax probabilities ``(B, H, K)`` are formed afterwards by the module's own eager
-    function (``rows``) from the one forward that found the instances, not from a second run of the DETR encoder,
-    decoder and mask decoder."""
+    key, value, mask and arguments, the tensors the forward formed, not copies: 64 MB at the published sizes, 6
+    layers' keys and values over 5,184 vision tokens, 89 MB with float masks), so that any query's rows of the
+    post-softmax probabilities ``(B, H, K)`` are formed afterwards by the module's own eager function (``rows``) from
+    the one forward that found the instances, not from a second run of the DETR encoder, decoder and mask decoder."""
 
     def __init__(self, modules: Sequence[torch.nn.Module]):
         self.modules = list(modules)
