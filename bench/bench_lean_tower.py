@@ -2,7 +2,10 @@
 (``mobilenetv5_300m_enc``, random weights, float32) over one 768-px image (the size Gemma 3n's processor gives it),
 ``forward_features`` on one thread, each case in a fresh process after a 64-px warm-up, rounds in alternating order.
 Prints each run's CPU seconds and the resident set's peak over the resident set before the forward, then the medians,
-and the largest difference of each budget's output from the own forward's (same weights and image).
+and the largest difference of each budget's output from the own forward's (same weights and image). The peak is the
+forward's own: VmHWM reset just before it (tests/peak_memory.py's ``start``, /proc/self/clear_refs), in the memory
+tests' environment (glibc handing freed blocks back at once). Before 2026-11-29 it was getrusage's ru_maxrss, never
+reset, so the model's build and the warm-up counted too where they peaked higher than the forward.
 
 Run from the repository root::
 
@@ -23,15 +26,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def worker(budget: int | None, side: int, out: Path | None) -> dict:
-    import resource
     import time
 
-    import psutil
     import timm
     import torch
 
     sys.path.insert(0, str(ROOT))
+    from tests.peak_memory import can_reset_the_peak, peak, start
     from vit.core import lean_tower
+
+    if not can_reset_the_peak():  # getrusage's ru_maxrss is the whole process's: the model's build and the warm-up
+        raise SystemExit("this bench reads the forward's own peak through /proc/self/clear_refs, which this system "
+                         "does not offer")
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -42,22 +48,24 @@ def worker(budget: int | None, side: int, out: Path | None) -> dict:
         lean_tower.install(model)
     with torch.no_grad():
         model.forward_features(torch.randn(1, 3, 64, 64))
-        base = psutil.Process().memory_info().rss
-        start = time.process_time()
+        base = start()  # the resident set now, its peak reset to it: the build and warm-up before are not counted
+        began = time.process_time()
         features = model.forward_features(image)
-        cpu = time.process_time() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        cpu = time.process_time() - began
+        grown = peak() - base  # read before anything else is allocated
     if out is not None:
         torch.save(features, out)
-    return {"cpu": cpu, "peak_mb": (peak - base) / 2**20}
+    return {"cpu": cpu, "peak_mb": grown / 2**20}
 
 
 def run(budget: int | None, side: int, out: Path | None) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.peak_memory import environment
+
     command = [sys.executable, __file__, "--worker", "own" if budget is None else str(budget), "--side", str(side)]
     if out is not None:
         command += ["--save", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=environment())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

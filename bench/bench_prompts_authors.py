@@ -63,7 +63,9 @@ and no backward, so the labels barely count and parity is the floor. Timed as ab
   (0.91-1.06); CLIP Surgery 0.37-0.43 against 0.33-0.40, 1.08x (1.07-1.12): slower than the authors', in all three
   rounds. Each of its last six blocks runs the surgery branch as a block of its own beside the model's, so that
   block's first norm and q, k, v projection are computed twice; the authors' ``Attention`` computes q, k, v once for
-  both paths (six extra projections: about an eighth of the forward's FLOPs);
+  both paths (six extra projections: about an eighth of the forward's FLOPs). Since 2026-11-29 they are formed once
+  (``dense_clip.qkv_once``; its norm still runs twice): 1.07x and 1.08x in two rounds at load 9-20, the code before
+  1.14x and 1.35x in the same rounds (bench/results/cpu-2026-11-29/clip-surgery-qkv-once.txt);
 - 1 label: MaskCLIP 0.30-0.36 against 0.33-0.41, 0.89x (0.89-0.95); SCLIP 0.30-0.36 against 0.31-0.39, 0.95x
   (0.92-0.96); NACLIP 0.30-0.49 against 0.32-0.36, 1.03x (0.96-1.49, the 1.49 at load 15); ClearCLIP 0.30-0.40
   against 0.32-0.47, 0.95x (0.71-1.02); CLIP Surgery 0.38-0.44 against 0.36-0.52, 0.90x (0.84-1.06).

@@ -15,6 +15,7 @@ segmentors' ``forward_feature`` upsamples the patch-grid logits bilinearly to th
 the same upsampling (MaskCLIP's head leaves them on the grid: compared there).
 """
 
+import contextlib
 import inspect
 import types
 
@@ -397,6 +398,25 @@ def test_a_variants_attention_is_its_formula_on_both_paths(name):
         torch.testing.assert_close(fused, branch, rtol=0, atol=0)
     else:
         assert (fused - cache[last + "hook_resid_pre"] - branch).abs().max() > 1e-3  # its MLP ran on top
+
+
+def test_clip_surgery_forms_each_blocks_q_k_v_once(monkeypatch):
+    """Issue 116, item 12: the surgery branch and the model's own block read the same stream, and its authors'
+    ``Attention`` forms q, k, v once for both paths; ours formed them twice in each of the last six blocks. Counted
+    where they are formed; the maps equal the authors' (test_clip_surgery_is_the_authors_demo) and the run without
+    the sharing, to rounding."""
+    from vit.model.blocks import Attention
+
+    model, formed, real = tiny_clip(num_layers=7), [], Attention.queries_keys_values
+    images = torch.randn(1, 3, 24, 40, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(Attention, "queries_keys_values", lambda self, *a: formed.append(self) or real(self, *a))
+    shared = dense_clip.dense_features(model, images, "clipsurgery")
+    assert len(formed) == len(model.blocks) and len(set(map(id, formed))) == len(model.blocks)
+    formed.clear()
+    monkeypatch.setattr(dense_clip, "qkv_once", lambda attention: contextlib.nullcontext())  # each path its own
+    apart = dense_clip.dense_features(model, images, "clipsurgery")
+    assert len(formed) == len(model.blocks) + dense_clip.SURGERY_BLOCKS
+    torch.testing.assert_close(shared, apart, rtol=0, atol=0)
 
 
 # --- where a method is not defined: one line ----------------------------------------------------------------------

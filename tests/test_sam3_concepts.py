@@ -138,6 +138,22 @@ def test_each_decoder_layers_attention_of_the_instance_is_output_attentions_plac
     assert done.overlay("decoder layer 2", head=1).size == done.seen.size == (SIDE, SIDE)
 
 
+def test_the_decoder_attention_comes_from_the_one_forward_that_found_the_instances(sam3):
+    """Issue 116, item 12: the explained query's rows were recorded by a second run of the DETR encoder, decoder and
+    mask decoder; every query's call is kept in the first now. Counted at each part's forward (the vision encoder
+    once, as before); the rows are transformers' (the test above)."""
+    model, ran = sam3.model, []
+    parts = {"vision": model.vision_encoder, "encoder": model.detr_encoder, "decoder": model.detr_decoder,
+             "mask decoder": model.mask_decoder}
+    handles = [m.register_forward_hook(lambda *_, name=name: ran.append(name)) for name, m in parts.items()]
+    try:
+        done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert sorted(ran) == sorted(parts) and list(done.attention) == ["decoder layer 1", "decoder layer 2"]
+
+
 def test_the_instances_gradient_x_input_is_autograds_by_hand(sam3, folder):
     done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, instance=0, methods=["gradient_x_input"])
     model, inputs, _, _ = by_transformers(folder, TEXT, None, 0.0)
@@ -228,6 +244,20 @@ def test_a_tokenizer_over_its_bound_is_refused_before_the_processor_reads_it(fol
     assert "\n" not in str(e.value)
 
 
+def test_the_picker_lists_a_sam3_with_an_oversize_tokenizer_as_refused(folder, tmp_path):
+    """The explorer's picker asks of a listed SAM 3 what its opener refuses first (its files' sizes), so a folder whose
+    page would be refused is listed as refused in one line (issue 114, finding 3)."""
+    from vit.app import catalog
+
+    hostile = tmp_path / "sam3"
+    shutil.copytree(folder, hostile)
+    with open(hostile / "tokenizer.json", "wb") as f:
+        f.truncate(191 * 2**20)  # the issue's size, sparse
+    entry = catalog.describe(catalog.Candidate(hostile, "hf-cache", "evil/sam3"), library_road=True)
+    assert entry.error == f"{hostile} is refused: its tokenizer.json is 191 MB, over the 40 MB such a file may have " \
+                          "(Gemma 3's is 33 MB)"
+
+
 def test_a_method_asked_twice_is_drawn_once(sam3, monkeypatch):
     """Issue 114, finding 6: duplicates in ``methods=`` are merged (each was a backward pass)."""
     from vit.explain.methods import concepts
@@ -237,6 +267,18 @@ def test_a_method_asked_twice_is_drawn_once(sam3, monkeypatch):
                                                                                                         **kwargs))
     done = vit.segment(sam3, picture(), text=TEXT, threshold=0.0, methods=["gradient_x_input"] * 50)
     assert len(ran) == 1 and list(done.maps) == ["gradient_x_input"]
+
+
+def test_the_weights_headers_are_read_once_on_open(folder, monkeypatch):
+    """Issue 114: SAM 3's opener read every weights file's header twice (checked, then looked up against the model
+    built on the meta device); once now, and the shapes looked up are those read. Counted where a header is read."""
+    from vit import checkpoint
+    from vit.sources import weights_files
+
+    read, real = [], checkpoint.safetensors_shapes
+    monkeypatch.setattr(weights_files, "safetensors_shapes", lambda path: read.append(path) or real(path))
+    vit.open_sam3(folder)
+    assert [p.name for p in read] == ["model.safetensors"], read
 
 
 def test_an_absurd_weights_header_is_one_line(folder, tmp_path):

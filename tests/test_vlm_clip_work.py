@@ -15,6 +15,7 @@ with transformers' own processor, under ``VIT_ANALYSIS_MEMORY_MB=64``; before th
 import io
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,6 +224,19 @@ def test_a_video_processors_declared_least_is_refused_when_the_folder_opens(qwen
     with pytest.raises(VLMError, match=message) as refusal:
         vit.open_vlm(folder)
     assert "\n" not in str(refusal.value)
+
+
+def test_the_picker_lists_a_folder_of_a_hostile_video_processor_as_refused(qwen, tmp_path):
+    """The explorer's picker describes a listed VLM by its tower; its video processor's declared size (which only a
+    question reads) is counted there too, so the folder is listed as refused in one line, not offered to a visitor
+    whose clip would be refused (issue 114, finding 4)."""
+    from vit.app import catalog
+
+    folder = with_video_size(qwen, tmp_path, shortest_edge=2 * 10**8, longest_edge=2 * 10**8)
+    entry = catalog.describe(catalog.Candidate(Path(folder), "hf-cache", "evil/video"), library_road=True)
+    assert "resizes every frame of a clip to at least 200,000,000 pixels" in entry.error
+    assert "\n" not in entry.error
+    assert catalog.describe(catalog.Candidate(Path(qwen), "hf-cache", "good/video"), library_road=True).ok
 
 
 def test_a_video_processors_own_file_is_read_too(qwen, tmp_path):

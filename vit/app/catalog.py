@@ -296,6 +296,9 @@ def describe_import(candidate: Candidate, library_road: bool = False) -> Catalog
     try:
         config_json = sources.read_json(path / "config.json") if path.is_dir() and (path / "config.json").is_file() \
             else None
+        wrong = whole_model_problem(path, config_json) if config_json else None
+        if wrong:
+            raise CheckpointError(f"{path} is refused: {wrong}")
         architectures = (config_json or {}).get("architectures")
         if config_json and "auto_map" not in config_json and isinstance(architectures, list) and architectures \
                 and architectures[0] in hf.ARCHITECTURES:
@@ -346,6 +349,22 @@ def describe_import(candidate: Candidate, library_road: bool = False) -> Catalog
                         num_channels=config.num_channels, num_layers=config.num_layers, num_heads=config.num_heads,
                         stage_depths=tuple(config.stage_depths), stage_heads=tuple(config.stage_heads),
                         metadata=dict(metadata), preprocessing=preprocessing)
+
+
+def whole_model_problem(path: Path, config_json: dict) -> str | None:
+    """What the opener of the whole model in ``path`` refuses before it builds anything, in one line: a SAM 3's
+    declared sizes and files (``sam3.folder_problem``), a generating VLM's small files (``declared.files_problem``:
+    its files' sizes, its processors' declared sizes, image and video; not its language model's, whose shards a
+    folder downloaded for its tower lacks); None for any other model. So the picker lists as refused a folder whose
+    page would be refused (issue 114: a Qwen2.5-VL whose video processor declared 2 x 10^8 pixels a frame, a SAM 3
+    with a 191 MB tokenizer.json)."""
+    from vit.sources import sam3
+    from vit.sources.vlm import declared
+    from vit.sources.vlm.whole_vlm import can_answer
+
+    if config_json.get("model_type") == sam3.MODEL_TYPE:
+        return sam3.folder_problem(path, config_json)
+    return declared.files_problem(path, config_json) if can_answer(path) else None
 
 
 def describe_library(candidate: Candidate) -> CatalogEntry:
@@ -661,6 +680,8 @@ def open_from_hub(text: str, may_download: bool, library_road: bool = False):
     found = hub_candidate(text)
     if found is not None and describe_current(found, library_road).ok:
         return found, None
+    if found is not None and not may_download:  # in the cache, refused: why, not a download this visitor may not make
+        raise hub.HubError(describe_current(found, library_road).error or f"{text.strip()} cannot be opened")
     if not may_download:
         raise hub.HubError("This model is not in the server's Hugging Face cache, and downloading it takes the "
                            "training token: enter it on the Train page.")

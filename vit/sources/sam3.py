@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from vit.checkpoint import CheckpointError
 from vit.core import recording_attention
 from vit.sources.build_bounds import bounded_build, built_on_meta
 from vit.sources.files import (
@@ -25,7 +24,7 @@ from vit.sources.files import (
     quiet_transformers,
     read_json,
 )
-from vit.sources.weights_cover import weights_problem
+from vit.sources.weights_cover import cover_problem, header_shapes
 
 MODEL_TYPE = "sam3"  # config.json's model_type of transformers' Sam3Model (the detector, with its text encoder)
 MAX_QUERIES = 1024  # the decoder's object queries a config may declare: each is a row of every map kept
@@ -66,6 +65,13 @@ def _declared(config_json: dict) -> str | None:
     return declared_problem(config_json)
 
 
+def folder_problem(folder: Path, config_json: dict) -> str | None:
+    """What ``open_sam3`` refuses of ``folder`` (``config_json`` its config.json) before it reads a weight, in one line,
+    or None: its declared sizes (``_declared``) and its tokenizer and processor files' sizes. The explorer's picker
+    asks it too, so that such a folder is listed as refused."""
+    return _declared(config_json) or auxiliary_problem(folder)
+
+
 def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | None = None) -> Sam3:
     """The SAM 3 in ``source`` (a folder saved by ``Sam3Model.save_pretrained`` with its processor, or a Hub id):
     transformers' ``Sam3Model`` from its weights (safetensors) and its ``Sam3Processor``, offline, no remote code.
@@ -83,15 +89,12 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
     if config_json.get("model_type") != MODEL_TYPE:
         raise SourceError(f"{folder} is a {str(config_json.get('model_type'))[:40]} model, not SAM 3 (transformers' "
                           "Sam3Model); segment SAM and SAM 2 with points or a box instead")
-    wrong = _declared(config_json) or auxiliary_problem(folder)  # its tokenizer and processor files too
+    wrong = folder_problem(folder, config_json)  # its tokenizer and processor files too
     if wrong:
         raise SourceError(f"{folder} is refused: {wrong}")
-    from vit.sources.weights_files import read_hf_weights
-
-    try:  # every weights file's header checked (shapes, offsets) before transformers' raw SafetensorError could
-        read_hf_weights(folder, "meta")
-    except CheckpointError as e:
-        raise SourceError(str(e)) from None
+    # every weights file's header checked (shapes, offsets) before transformers' raw SafetensorError could, read
+    # once: the same shapes are what the model built on the meta device is looked up in below
+    stored = header_shapes(folder)
     import transformers
 
     name = recording_attention.recording_name("sdpa")
@@ -99,8 +102,8 @@ def open_sam3(source: str | os.PathLike | Sam3, device: str | torch.device | Non
         # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
         # from_pretrained allocates what the config declares (a text intermediate_size of 10^7: gigabytes) first
         config = transformers.Sam3Config.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        wrong = weights_problem(built_on_meta(transformers.Sam3Model, config, str(folder), attn_implementation=name),
-                                folder)
+        wrong = cover_problem(built_on_meta(transformers.Sam3Model, config, str(folder), attn_implementation=name),
+                              stored)
         if wrong:
             raise SourceError(f"{folder} is refused: {wrong}")
         processor = transformers.Sam3Processor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from vit.sources.files import loading_problem
+from vit.checkpoint import CheckpointError
+from vit.sources.files import SourceError, loading_problem
 from vit.sources.weights_files import read_hf_weights
 
 # Elements the model may hold beyond its weights files (computed buffers, keys transformers fills when missing):
@@ -28,8 +29,12 @@ MAX_UNSTORED = 2**25
 def header_shapes(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's weights files (model.safetensors, pytorch_model.bin or their shards) as a meta
     tensor, from the headers (a pickle's tensors on the meta device): no data read. SourceError (one line) for
-    files that cannot be read so."""
-    return read_hf_weights(folder, "meta")
+    files that cannot be read so, whole (a header's refusal names the file and the tensor; cut at a library error's
+    200 characters after a long folder's path twice, it lost its reason)."""
+    try:
+        return read_hf_weights(folder, "meta")
+    except CheckpointError as e:  # safetensors_shapes' refusal of a header: ours, one line already
+        raise SourceError(str(e)) from None
 
 
 def _renamer(model: torch.nn.Module, expected: dict):

@@ -88,23 +88,35 @@ class ConceptResult:
 
 
 class _QueryRows:
-    """A recorder for the recording attention: at each DETR decoder layer's vision cross-attention, the asked query's
-    row of the post-softmax probabilities ``(B, H, K)``, formed by the module's own eager function."""
+    """A recorder for the recording attention: each DETR decoder layer's vision cross-attention call kept (its query,
+    key, value, mask and arguments, the tensors the forward formed, not copies: 64 MB at the published sizes, 6
+    layers' keys and values over 5,184 vision tokens, 89 MB with float masks), so that any query's rows of the
+    post-softmax probabilities ``(B, H, K)`` are formed afterwards by the module's own eager function (``rows``) from
+    the one forward that found the instances, not from a second run of the DETR encoder, decoder and mask decoder."""
 
-    def __init__(self, modules: Sequence[torch.nn.Module], row: int):
-        self.layers = {module: k for k, module in enumerate(modules)}
-        self.row = row
-        self.kept: dict[int, Tensor] = {}
+    def __init__(self, modules: Sequence[torch.nn.Module]):
+        self.modules = list(modules)
+        self.layers = {module: k for k, module in enumerate(self.modules)}
+        self.calls: dict[int, tuple] = {}
 
     def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
-        module = next(m for m, k in self.layers.items() if k == layer)
-        with torch.no_grad():
-            _, probabilities = recording_attention._eager_of(module)(module, query, key, value, attention_mask,
-                                                                     **kwargs)
-        self.kept[layer] = probabilities[:, :, self.row].detach()
+        self.calls[layer] = (query, key, value, attention_mask, dict(kwargs))
 
     def output(self, layer, out) -> None:
         pass
+
+    def rows(self, row: int) -> dict[int, Tensor]:
+        """``{layer: (B, H, K)}``: row ``row`` of each kept layer's probabilities, formed whole by the module's eager
+        function (as its ``output_attentions`` are) on the call's own inputs, one layer at a time."""
+        kept = {}
+        for layer, (query, key, value, attention_mask, kwargs) in sorted(self.calls.items()):
+            module = self.modules[layer]
+            with torch.no_grad():
+                _, probabilities = recording_attention._eager_of(module)(module, query, key, value, attention_mask,
+                                                                         **kwargs)
+            kept[layer] = probabilities[:, :, row].detach()
+            del probabilities
+        return kept
 
 
 def vision_cross_attentions(model) -> list[torch.nn.Module]:
@@ -163,9 +175,10 @@ def segment_concept(sam3, image: Image.Image, concept: Concept, threshold: float
         raise PromptError(f"no method {unknown[0]!r} for SAM 3's concepts; choose from {', '.join(CONCEPT_METHODS)}")
     model = sam3.model
     inputs = concept_inputs(sam3, image, concept).to(sam3.device)
+    recorder = _QueryRows(vision_cross_attentions(model)) if attention else None  # every query's, in this one forward
     with torch.no_grad():
         vision = model.get_vision_features(pixel_values=inputs["pixel_values"])
-        out = _run(model, vision, inputs)
+        out = _run(model, vision, inputs, recorder)
     scores = out.pred_logits.sigmoid() * out.presence_logits.sigmoid()  # as the post-processing forms them
     queries = (scores[0] > threshold).nonzero()[:, 0]
     height, width = image.size[1], image.size[0]
@@ -189,20 +202,20 @@ def segment_concept(sam3, image: Image.Image, concept: Concept, threshold: float
         return result
     query = int(queries[instance])
     if attention:
-        result.attention = decoder_attention(model, vision, inputs, query)
+        result.attention = decoder_attention(recorder, vision, query)
+    del recorder  # the decoder's kept calls
     for method in methods:
         result.maps[method] = gradient_x_input(model, inputs, query, mask_threshold, rules=method == "attnlrp")
     return result
 
 
-def decoder_attention(model, vision, inputs, query: int) -> dict[str, Tensor]:
-    """``{"decoder layer k": (heads, gh, gw)}``: decoder query ``query``'s row of each vision cross-attention (row 0
-    is the presence token), on the DETR encoder's grid, row-major as the vision features were flattened."""
-    recorder = _QueryRows(vision_cross_attentions(model), 1 + query)
-    with torch.no_grad():
-        _run(model, vision, inputs, recorder)
+def decoder_attention(recorder: _QueryRows, vision, query: int) -> dict[str, Tensor]:
+    """``{"decoder layer k": (heads, gh, gw)}``: decoder query ``query``'s row of each vision cross-attention the
+    forward's ``recorder`` kept (row 0 is the presence token), on the DETR encoder's grid, row-major as the vision
+    features were flattened."""
     gh, gw = _grid(vision)
-    return {f"decoder layer {k + 1}": rows[0].reshape(-1, gh, gw).cpu() for k, rows in sorted(recorder.kept.items())}
+    return {f"decoder layer {k + 1}": rows[0].reshape(-1, gh, gw).cpu()
+            for k, rows in sorted(recorder.rows(1 + query).items())}
 
 
 def _grid(vision) -> tuple[int, int]:

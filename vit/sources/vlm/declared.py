@@ -193,6 +193,13 @@ def problem(folder: Path, config_json: Mapping) -> str | None:
             or _text_problem(folder, config_json) or _declared_tower_problem(folder, config_json))
 
 
+def files_problem(folder: Path, config_json: Mapping) -> str | None:
+    """The part of ``problem`` read from the folder's small files alone (no weights file, which a folder holding only
+    the tower's shards lacks): its files' sizes and its processors' declared sizes, image and video. What the
+    explorer's picker asks of a listed VLM folder, whose tower it describes."""
+    return auxiliary_problem(folder) or _processor_problem(folder, config_json)
+
+
 def _walk(value: object) -> Iterator[tuple[str, str, object]]:
     """Every ``(path, key, value)`` of a JSON object and the objects inside it (sub-configs, processors), without
     recursion (a file of 4 MB may nest deeper than Python's stack)."""
