@@ -132,6 +132,8 @@ class AttentionRecording(TorchFunctionMode):
         self.flat_grid: tuple[int, int] | None = None  # the last (B, C, h, w) map flattened to tokens before the
         # first attention call (trace only): a convolutional stem's grid (EfficientFormer's)
         self.linear_out: torch.Tensor | None = None  # the last linear layer's output (trace only)
+        self.maps: set[tuple[int, int]] = set()  # the (rows, cols) of every 4-D tensor the forward made, channels
+        # first or last (trace only): the grids a layer's tokens may be (``layer_places``)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -189,7 +191,8 @@ class AttentionRecording(TorchFunctionMode):
             out = (probabilities @ value.to(probabilities.dtype)).to(query.dtype)
         else:  # some rows formed: the module's output is SDPA's own over every row
             out = SDPA(**a)
-        self.recorder.keep_probabilities(layer, probabilities, rows is not None)
+        # (B, windows, H, ...) of a 5-D call (Twins' windows): its pieces in the batch, as the recorder reads them
+        self.recorder.keep_probabilities(layer, probabilities.reshape(-1, *probabilities.shape[-3:]), rows is not None)
         return out
 
     def _mha(self, bound: inspect.BoundArguments):
@@ -229,7 +232,9 @@ class AttentionRecording(TorchFunctionMode):
 
     def _note(self, func, args, kwargs, out) -> None:
         """In a trace: the patch embedding (the first convolution or unfold over the whole input whose stride is its
-        kernel) and the last linear layer's output (what a classifier returns)."""
+        kernel), the last linear layer's output (what a classifier returns) and each 4-D tensor's sides."""
+        if isinstance(out, torch.Tensor) and out.dim() == 4:
+            self.maps.update({tuple(out.shape[-2:]), tuple(out.shape[1:3])})
         if func is F.linear:
             self.linear_out = out
             return

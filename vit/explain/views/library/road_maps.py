@@ -104,6 +104,9 @@ def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> 
     out, kept = model.run(pixels, layers=[layer], rows=[query])
     row = kept[layer % L]  # (1, H, 1, T): the layer's extra tokens (EoMT's queries) first where it has them
     keys = prefix + model.layout.extra_of(layer % L)
+    place = getattr(model, "places", ())[layer % L] if getattr(model, "places", ()) else None
+    if place is not None:  # a layer on its own grid (a stage's, pooled keys): its row over its own keys
+        keys, grid = place.key_prefix, place.key_grid
     patches = row[0, :, 0, keys:keys + grid[0] * grid[1]]  # the prefix keys dropped, and any after the patches
     heads = patches.float().reshape(-1, *grid)  # (H, gh, gw), row-major
     chosen = heads.mean(0) if head is None else heads[head]
@@ -174,7 +177,8 @@ def refusal(method: str, classifier: bool = True, model=None) -> str | None:
         return f"{method} explains a class: this model has no classifier"
     if model is not None and chosen.problem is not None:
         return chosen.problem(model)
-    return None
+    own = getattr(model, "method_problem", None)  # what a model's own layout keeps from it (layers on own grids)
+    return own(method) if own is not None else None
 
 
 def library_map(checkpoint: Checkpoint, image: Image.Image, method: str, layer: int, head: int | None,
