@@ -191,8 +191,10 @@ class AttentionRecording(TorchFunctionMode):
             out = (probabilities @ value.to(probabilities.dtype)).to(query.dtype)
         else:  # some rows formed: the module's output is SDPA's own over every row
             out = SDPA(**a)
-        # (B, windows, H, ...) of a 5-D call (Twins' windows): its pieces in the batch, as the recorder reads them
-        self.recorder.keep_probabilities(layer, probabilities.reshape(-1, *probabilities.shape[-3:]), rows is not None)
+        if probabilities.dim() > 4:  # (B, windows, H, ...) of a 5-D call (Twins' windows): its pieces in the batch
+            probabilities = probabilities.reshape(-1, *probabilities.shape[-3:])  # (a 4-D one kept as it is: the
+            # tensor the output is computed from, whose gradient a class map reads)
+        self.recorder.keep_probabilities(layer, probabilities, rows is not None)
         return out
 
     def _mha(self, bound: inspect.BoundArguments):

@@ -104,7 +104,8 @@ def staged_layout(places: tuple[LayerPlace, ...], image_hw: tuple[int, int]) -> 
     grids = [g for p in places for g in (p.query_grid, p.key_grid) if g is not None]
     grid = max(grids, key=lambda g: g[0] * g[1])
     # a patch that divides the input (PiT's overlapping 7x11 of 64x96 px: 8x8 px, a query asked on 8x12)
-    patch = tuple(max([d for d in range(1, side // n + 1) if side % d == 0] or [1]) for side, n in zip(image_hw, grid))
+    patch = tuple(max([d for d in range(1, side // n + 1) if side % d == 0] or [1])
+                  for side, n in zip(image_hw, grid, strict=True))
     return StagedLayout(prefix, patch, tuple(image_hw), places=tuple(places))
 
 

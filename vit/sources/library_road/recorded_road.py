@@ -321,9 +321,6 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
     if missing and missing.startswith("cross-covariance") and any(
             isinstance(getattr(names.get(c.name), "temperature", None), torch.nn.Parameter) for c in calls):
         raise ValueError(f"its {missing}: no layout on this road")
-    if grid is not None or prefix is not None:
-        raise ValueError("its layers run over different tokens (stages, windows or class tokens), each placed on "
-                         "its own grid: leave out grid= and prefix=")
     counted, named = token_parameters(model)
     own = dict(model.named_parameters())
     each = [1 if own[n].dim() == 1 else int(own[n].shape[-2]) for n in named]  # a branch's own (CrossViT's)
@@ -334,7 +331,10 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
     try:
         places = infer_places(calls, sorted(maps), tuple(image_hw), names, prefixes)
     except ValueError as e:
-        raise ValueError(f"{e}{f' ({missing})' if missing else ''}") from None
+        raise ValueError(f"its {missing}: no layout on this road ({e})" if missing else str(e)) from None
+    if grid is not None or prefix is not None:
+        raise ValueError("its layers run over different tokens (stages, windows or class tokens), each placed on "
+                         "its own grid: leave out grid= and prefix=")
     return staged_layout(places, tuple(image_hw))
 
 

@@ -339,7 +339,6 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     modules = attention_modules(trunk)
     if not modules:  # attention of its own (CaiT, PiT, EfficientFormer ...): the recorder at the attention function
         return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
-    _record_through(modules)
     embed = getattr(trunk, "patch_embed", None)
     if not isinstance(embed, torch.nn.Module) or not hasattr(embed, "patch_size") or not hasattr(embed, "img_size"):
         if trunk is model:  # patch embeddings of its own (Twins' one a stage): the recorder's layers and places
@@ -361,10 +360,11 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     problem = preprocessing_problem(preprocessing, stand_in)
     if problem:
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
-    wrapped = TimmLibraryModel(model, layout, modules, trunk)
     if not meta and trunk is model and _other_calls(model, len(modules), layout, channels):
         # attention calls beside its timm Attention (XCiT's class attention): the recorder's layers, or its refusal
         return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
+    _record_through(modules)
+    wrapped = TimmLibraryModel(model, layout, modules, trunk)
     if meta:
         problem = _layout_problem(wrapped, channels)
         if problem and trunk is model:  # what its layout lacks, in the recorder's words (XCiT's channels)
