@@ -157,7 +157,7 @@ FAMILIES: list[Family] = [
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Prompt Depth Anything", "PromptDepthAnythingForDepthEstimation", backbone_config=DEPTH_BACKBONE,
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
-    hf("Depth Pro", "DepthProForDepthEstimation"),
+    hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0]),  # hooks within its 2 tiny layers
     hf("ZoeDepth", "ZoeDepthForDepthEstimation"),
     hf("EoMT", "EomtForUniversalSegmentation", num_blocks=1),
     hf("EoMT-DINOv3", "EomtDinov3ForUniversalSegmentation", named=True, num_blocks=1),

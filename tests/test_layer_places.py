@@ -205,6 +205,8 @@ def test_a_pooled_model_refuses_rollout_in_one_line_naming_its_grids():
     with pytest.raises(ValueError, match="this model's layers run over different ones") as raised:
         vit.explain(checkpoint, image, "rollout")
     assert "\n" not in str(raised.value)
+    listed = vit.methods(checkpoint)
+    assert "attention" in listed and "rise" in listed and not {"rollout", "class", "legrad"} & set(listed)
 
 
 def test_a_class_attention_layer_is_asked_by_its_class_token_and_a_patch_layer_by_the_covering_patch():

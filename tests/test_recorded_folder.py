@@ -130,3 +130,21 @@ def test_a_model_that_attends_over_crops_of_one_image_is_refused_not_placed_on_t
 
     with pytest.raises(CheckpointError, match=r"attends over 4 pieces of one image at once \(crops or tiles\)"):
         vit.load(Crops(), image_size=16, grid=(4, 4), prefix=0, mean=(0.5,) * 3, std=(0.5,) * 3)
+
+
+def test_depth_pro_whose_patch_encoder_attends_over_crops_of_the_image_is_refused_in_one_line(tmp_path):
+    """Depth Pro's patch encoder runs over 35 overlapping crops of the image at three scales as one batch: no layer
+    of it sits on one grid of the image, so the folder is refused naming the crops (it opened on a 4x4 layout, and
+    drew nothing: issue 117)."""
+    tiny = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=8,
+                patch_size=8, intermediate_size=64)
+    config = transformers.DepthProConfig(image_model_config=tiny, patch_model_config=tiny, fov_model_config=tiny,
+                                         patch_size=8,
+                                         fusion_hidden_size=16, intermediate_hook_ids=[1, 0],
+                                         intermediate_feature_dims=[16, 16], scaled_images_feature_dims=[16, 16, 16],
+                                         use_fov_model=False)
+    with pytest.raises(CheckpointError) as raised:
+        saved(tmp_path, transformers.DepthProForDepthEstimation, config)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "patch_encoder.model.encoder.layer.0.attention) attends over 35 pieces of one image at once" in message

@@ -337,10 +337,9 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
     # no data
-    if meta:
-        problem = _layout_problem(wrapped, channels, own_size)
-        if problem:
-            raise SourceError(f"{folder}: {problem}")
+    problem = _layout_problem(wrapped, channels, own_size) if meta else _pieces_problem(wrapped, channels)
+    if problem:
+        raise SourceError(f"{folder}: {problem}")
     classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
     return _finish_library(wrapped, class_names(config, classes), preprocessing, folder, cls.__name__,
                            image_processor is None)
@@ -386,6 +385,43 @@ def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
 
     return next((m for m in model.modules() if m is not model and isinstance(m, PreTrainedModel)
                  and getattr(type(m), "_supports_attention_backend", False)), None)
+
+
+def _pieces_problem(model: LibraryModel, channels: int) -> str | None:
+    """Where a built model's layer attends over several pieces of one image at once and the layout places no
+    windows there (Depth Pro's patch encoder over its overlapping crops), what it lacks, in one line; else None. Its
+    forward runs once on the meta device, its weights swapped for meta tensors of their shapes; a forward that
+    cannot is left to each recording, as before."""
+    pieces: list[tuple[int, int]] = []  # (layer, query batch)
+
+    class Shapes:  # a recorder that notes each layer's batch and keeps nothing
+        layers = {module: i for i, module in enumerate(model._attention)}
+
+        @staticmethod
+        def keep(layer, query, key, value, attention_mask, kwargs) -> None:
+            pieces.append((layer, int(query.shape[0])))
+
+        @staticmethod
+        def output(layer, out) -> None:
+            pass
+
+    entry = model.entry
+    swapped = {name: torch.empty_like(t, device="meta") for name, t in
+               [*entry.named_parameters(remove_duplicate=False), *entry.named_buffers(remove_duplicate=False)]}
+    pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
+    try:
+        with torch.no_grad(), recording_attention.recording(model.part, Shapes()):
+            torch.func.functional_call(entry, swapped, (), {"pixel_values": pixels})
+    except Exception:  # noqa: BLE001 - any forward the meta device cannot run: checked at each recording
+        pass
+    grid = model.layout.grid
+    crops = next(((layer, b) for layer, b in pieces if b != 1 and model.layout.layer_layout(layer, grid) is None),
+                 None)
+    if crops is None:
+        return None
+    names = {module: name for name, module in model.model.named_modules()}
+    return (f"its layer {crops[0]} ({names.get(model._attention[crops[0]], '?')}) attends over {crops[1]} pieces of "
+            "one image at once (crops or tiles): no layout on this road")
 
 
 def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen: list[tuple[int, int]]) -> None:

@@ -162,8 +162,10 @@ def methods() -> dict[str, LibraryMethod]:
 def method_names(classifier: bool = True, model=None) -> list[str]:
     """The names of the maps the library road draws for a model with (or without) a classifier, the default first;
     with ``model`` (a library-road model) only those that reach it (``LibraryMethod.problem``)."""
+    own = getattr(model, "method_problem", None)  # what a model's own layout keeps from it (layers on own grids)
     return [name for name, m in methods().items() if (classifier or not m.classifier)
-            and (model is None or m.problem is None or m.problem(model) is None)]
+            and (model is None or m.problem is None or m.problem(model) is None)
+            and (own is None or own(name) is None)]
 
 
 def refusal(method: str, classifier: bool = True, model=None) -> str | None:
