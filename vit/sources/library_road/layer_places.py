@@ -153,6 +153,27 @@ def _mobilevit(module, grid):  # MobileViT's unfolding: piece (i, j) of each pat
 PIECES = (("shift_size", _swin), ("partition_block", _maxvit), ("ws", _twins), ("patch_width", _mobilevit))
 
 
+# Attention no layout places, by the class of a module at or above the call, in words: what the layer attends over
+NO_LAYOUT = (
+    ("GroupViTTokenAssign", "group tokens that take the patches' place between stages (GroupViT's grouping: its "
+                            "later layers attend over groups, which sit nowhere on the image's grid)"),
+    ("MobileViTV2LinearSelfAttention", "separable linear attention (MobileViT V2's: a softmax over the tokens of one "
+                                       "learnt query a patch position, not rows of queries over keys)"),
+)
+
+
+def no_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Module]) -> str | None:
+    """What a call attends over that no layout places (``NO_LAYOUT``), naming the call, or None."""
+    classes = dict(NO_LAYOUT)
+    for call in calls:
+        parts = call.name.split(".")
+        for i in range(len(parts), 0, -1):
+            words = classes.get(type(modules.get(".".join(parts[:i]))).__name__)
+            if words is not None:
+                return f"{words} (layer {call.index}, {call.name})"
+    return None
+
+
 def _aspect_error(grid: tuple[int, int], image_hw: tuple[int, int]) -> float:
     return abs(grid[0] * image_hw[1] / (grid[1] * image_hw[0]) - 1)
 

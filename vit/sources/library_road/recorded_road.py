@@ -310,7 +310,7 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
             grid, prefix) -> LibraryLayout:
     """The layout of a model whose layers run over different tokens (``layer_places``), or ValueError (one line)
     naming what its layers lack: attention over channels (XCiT's) first, which is no layer over image tokens."""
-    from vit.sources.library_road.layer_places import infer_places, staged_layout
+    from vit.sources.library_road.layer_places import infer_places, no_layout, staged_layout
 
     names = dict(model.named_modules())
     patches = (image_hw[0] // mode.patch[0]) * (image_hw[1] // mode.patch[1]) if mode.patch else None
@@ -321,6 +321,9 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
     if missing and missing.startswith("cross-covariance") and any(
             isinstance(getattr(names.get(c.name), "temperature", None), torch.nn.Parameter) for c in calls):
         raise ValueError(f"its {missing}: no layout on this road")
+    unplaced = no_layout(calls, names)
+    if unplaced:
+        raise ValueError(f"its {unplaced}: no layout on this road")
     counted, named = token_parameters(model)
     own = dict(model.named_parameters())
     each = [1 if own[n].dim() == 1 else int(own[n].shape[-2]) for n in named]  # a branch's own (CrossViT's)
