@@ -85,16 +85,6 @@ class ModuleModel(LibraryModel):
         """Each layer's ``layer_places.LayerPlace`` where its layers run over different tokens, else empty."""
         return getattr(self.layout, "places", ())
 
-    def method_problem(self, method: str) -> str | None:
-        """Why ``method`` is not drawn on this model, or None: a model whose layers run over different tokens draws
-        each layer's attention and the maps that read its logits alone (captum's, RISE)."""
-        from vit.explain.views.library.road_attributions import METHODS
-
-        if not self.places or method == "attention" or method in {m.name for m in METHODS}:
-            return None
-        return (f"{method} reads every layer over the same tokens, and this model's layers run over different ones "
-                "(stages, windows or class tokens, each layer on its own grid): its attention is drawn layer by layer")
-
     def run(self, pixels: torch.Tensor, layers=(), heads: list[int] | None = None, rows: list[int] | None = None,
             heads_mean: bool = False):
         """As ``LibraryModel.run``; where the layers run over different tokens (``places``), each layer's

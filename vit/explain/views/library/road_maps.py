@@ -162,10 +162,9 @@ def methods() -> dict[str, LibraryMethod]:
 def method_names(classifier: bool = True, model=None) -> list[str]:
     """The names of the maps the library road draws for a model with (or without) a classifier, the default first;
     with ``model`` (a library-road model) only those that reach it (``LibraryMethod.problem``)."""
-    own = getattr(model, "method_problem", None)  # what a model's own layout keeps from it (layers on own grids)
     return [name for name, m in methods().items() if (classifier or not m.classifier)
             and (model is None or m.problem is None or m.problem(model) is None)
-            and (own is None or own(name) is None)]
+            and (model is None or _own_grids_problem(model, name) is None)]
 
 
 def refusal(method: str, classifier: bool = True, model=None) -> str | None:
@@ -179,8 +178,19 @@ def refusal(method: str, classifier: bool = True, model=None) -> str | None:
         return f"{method} explains a class: this model has no classifier"
     if model is not None and chosen.problem is not None:
         return chosen.problem(model)
-    own = getattr(model, "method_problem", None)  # what a model's own layout keeps from it (layers on own grids)
-    return own(method) if own is not None else None
+    return None if model is None else _own_grids_problem(model, method)
+
+
+def _own_grids_problem(model, method: str) -> str | None:
+    """Why ``method`` is not drawn on a model whose layers each run over tokens of their own (``model.places``:
+    stages, windows, class tokens), or None: such a model draws each layer's attention and the maps that read its
+    logits alone (captum's, RISE: ``road_attributions``)."""
+    if not getattr(model, "places", ()) or method == "attention":
+        return None
+    if method in {m.name for m in importlib.import_module(WINGS[1]).METHODS}:
+        return None
+    return (f"{method} reads every layer over the same tokens, and this model's layers run over different ones "
+            "(stages, windows or class tokens, each layer on its own grid): its attention is drawn layer by layer")
 
 
 def library_map(checkpoint: Checkpoint, image: Image.Image, method: str, layer: int, head: int | None,
