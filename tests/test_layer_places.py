@@ -197,6 +197,14 @@ def test_the_attention_map_is_drawn_on_the_layers_own_grid(opened):
     drawn = vit.explain(checkpoint, image, "attention")
     place = checkpoint.model.places[-1]
     assert drawn.map.shape == place.key_grid and np.isfinite(drawn.map).all()
+    layout = checkpoint.model.layout
+    gh, gw = layout.image_hw[0] // layout.patch_hw[0], layout.image_hw[1] // layout.patch_hw[1]
+    corner = layout.num_prefix_tokens + gh * gw - 1  # the bottom-right patch: its row in layer 0's own grid
+    first = vit.explain(checkpoint, image, "attention", layer=0, query=corner)
+    wrapped = checkpoint.model
+    row = wrapped.places[0].row(corner, layout.num_prefix_tokens, (gh, gw), 0)
+    assert row == wrapped.places[0].queries - 1  # the covering token of a bottom-right patch is the last
+    assert first.map.shape == wrapped.places[0].key_grid and np.isfinite(first.map).all()
 
 
 def test_a_pooled_model_refuses_rollout_in_one_line_naming_its_grids():
