@@ -44,6 +44,22 @@ def _maxvit_table(model, layer, grid):
     return cut(index, block.partition_size).reshape(-1, block.partition_size[0] * block.partition_size[1])
 
 
+def _twins_table(model, layer, grid):
+    """Twins' locally-grouped windows as its own forward cuts them: its ``qkv`` reads the windows ``(B, rows, cols,
+    ws, ws, C)``, here of tokens whose first channel is their index + 1 (its padding: 0, no token)."""
+    attention = model.get_submodule(layer)
+    x = torch.zeros(1, grid[0] * grid[1], attention.dim)
+    x[0, :, 0] = torch.arange(1, grid[0] * grid[1] + 1)
+    seen = []
+    handle = attention.qkv.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            attention(x, grid)
+    finally:
+        handle.remove()
+    return seen[0][..., 0].reshape(-1, attention.ws * attention.ws) - 1
+
+
 def _tnt_table(model, layer, grid):
     """Each patch's inner tokens (its convolution's outputs, ``new_patch_size`` a side, one every ``stride`` px):
     the fine grid's token under each, read through the library's own ``Unfold`` of a map of the fine tokens."""
@@ -84,6 +100,7 @@ FAMILIES = [
     ("levit", _timm("levit_128s", img_size=64), (64, 64), 11, None),
     ("mvitv2", _timm("mvitv2_tiny", img_size=64), (64, 64), 10, None),
     ("twins-pcpvt", _timm("twins_pcpvt_small", img_size=(64, 96), depths=(1, 1, 1, 1)), (64, 96), 4, None),
+    ("twins-svt", _timm("twins_svt_small", img_size=(64, 96), depths=(2, 2, 2, 2)), (64, 96), 8, _twins_table),
     ("crossvit", _timm("crossvit_tiny_240", img_size=(48, 96), img_scale=(1.0, 1.0)), (48, 96), 21, None),
     ("volo", _timm("volo_d1_224", img_size=(64, 96)), (64, 96), 16, None),
     ("tnt", _timm("tnt_s_patch16_224", img_size=(32, 48), depth=2), (32, 48), 4, _tnt_table),
@@ -105,6 +122,7 @@ KEY_GRIDS = {
     "cait": [(4, 6)],  # 32x48 px / 8 px patches; its class-attention layers over the same patches
     "pit": [(7, 11), (4, 6), (2, 3)],  # (64 - 16) / 8 + 1 x (96 - 16) / 8 + 1, then pooled by stride-2 convolutions
     "twins-pcpvt": [(2, 3)],  # every stage's keys reduced to (64 / 32) x (96 / 32) by its sr_ratio convolution
+    "twins-svt": [(16, 24), (2, 3), (8, 12), (4, 6)],  # windows on each stage's grid, then keys reduced to 2x3
     "crossvit": [(4, 8), (3, 6)],  # 48x96 px / 12 px, then / 16 px: its two branches
     "volo": [(4, 6)],  # 64x96 px / 8 px outlooked, then halved for its transformer and class-attention layers
     "tnt": [(8, 12), (2, 3)],  # its inner tokens one every 4 px, its outer ones every 16 px
