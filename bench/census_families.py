@@ -157,7 +157,7 @@ FAMILIES: list[Family] = [
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Prompt Depth Anything", "PromptDepthAnythingForDepthEstimation", backbone_config=DEPTH_BACKBONE,
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
-    hf("Depth Pro", "DepthProForDepthEstimation"),
+    hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0]),  # hooks within its 2 tiny layers
     hf("ZoeDepth", "ZoeDepthForDepthEstimation"),
     hf("EoMT", "EomtForUniversalSegmentation", num_blocks=1),
     hf("EoMT-DINOv3", "EomtDinov3ForUniversalSegmentation", named=True, num_blocks=1),
@@ -183,14 +183,14 @@ FAMILIES: list[Family] = [
        query_stride=[2, 2], num_query_pool=1, embed_dim_multiplier=2.0, masked_unit_attention=[True, False]),
     hf("DiNAT", "DinatForImageClassification", embed_dim=16, depths=[1, 1], num_heads=[1, 2], dilations=[[1], [1]],
        kernel_size=3),
-    hf("LeViT", "LevitForImageClassificationWithTeacher"),
+    hf("LeViT", "LevitForImageClassificationWithTeacher", patch_size=16),  # its stem's four stride-2 convolutions
     hf("CvT", "CvtForImageClassification"),
     hf("PVT", "PvtForImageClassification"),
     hf("PVT v2", "PvtV2ForImageClassification"),
     hf("SegFormer", "SegformerForImageClassification"),
     hf("GLPN", "GLPNForDepthEstimation"),
     hf("MobileViT", "MobileViTForImageClassification"),
-    hf("MobileViT V2", "MobileViTV2ForImageClassification"),
+    hf("MobileViT V2", "MobileViTV2ForImageClassification", image_size=256),  # its pooling is built for 256 px
     hf("SwiftFormer", "SwiftFormerForImageClassification", note="additive attention, no token-by-token matrix"),
     # --- transformers: no attention
     hf("ConvNeXt", "ConvNextForImageClassification", attention=False),

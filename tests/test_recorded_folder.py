@@ -56,32 +56,21 @@ def test_a_folder_the_recorder_cannot_place_either_is_refused_in_one_line(tmp_pa
     assert "\n" not in message and "recorder at the attention function cannot place it" in message
 
 
-def test_a_timm_folder_off_timms_attention_goes_to_the_recorder_and_cait_is_refused_naming_its_class_attention(
-        tmp_path):
+def test_a_timm_cait_folder_opens_through_the_recorder_its_class_attention_layers_placed(tmp_path):
+    """Off timm's Attention (its talking heads and class attention): a folder opens through the recorder, its patch
+    layers over the 4x6 patches and its class-attention layers asked by their class token alone
+    (``layer_places``; every layer's numbers are ``tests/test_layer_places.py``'s)."""
     import timm
     from timm.models import _hub
 
-    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=32, patch_size=8)
+    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=(32, 48), patch_size=8)
     model = timm.create_model("cait_xxs24_224", pretrained=False, num_classes=3, **args).eval()
     _hub.save_for_hf(model, tmp_path, model_args=args, safe_serialization=True)
-    with pytest.raises(CheckpointError) as raised:
-        vit.load(tmp_path, device="cpu")
-    message = str(raised.value)
-    assert "\n" not in message and "the recorder cannot place it" in message
-    assert "class-attention layers (layer 2, blocks_token_only.0.attn: 1 queries over 17 keys)" in message
-
-
-@pytest.mark.parametrize("arch, args, says", [
-    ("pit_ti_224", dict(img_size=32), "tokens 10 -> 5 -> 2)"),
-    ("tnt_s_patch16_224", dict(img_size=32, depth=2), "two token sets that take turns"),
-], ids=["pit", "tnt"])
-def test_a_timm_module_the_recorder_cannot_place_is_refused_naming_what_is_missing(arch, args, says):
-    import timm
-
-    model = timm.create_model(arch, pretrained=False, num_classes=3, **args).eval()
-    with pytest.raises(CheckpointError) as raised:
-        vit.load(model, grid=None, prefix=None, image_size=32, mean=(0.5,) * 3, std=(0.5,) * 3)
-    assert "\n" not in str(raised.value) and says in str(raised.value)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    places = checkpoint.model.places
+    assert checkpoint.road == "library" and checkpoint.model.num_layers == 4
+    assert [(p.query_grid, p.query_prefix, p.key_grid, p.key_prefix) for p in places] == \
+        [((4, 6), 0, (4, 6), 0)] * 2 + [(None, 1, (4, 6), 1)] * 2
 
 
 def test_a_timm_efficientformer_opens_on_its_stems_flattened_grid_its_layer_its_own_biased_attention():
@@ -141,3 +130,21 @@ def test_a_model_that_attends_over_crops_of_one_image_is_refused_not_placed_on_t
 
     with pytest.raises(CheckpointError, match=r"attends over 4 pieces of one image at once \(crops or tiles\)"):
         vit.load(Crops(), image_size=16, grid=(4, 4), prefix=0, mean=(0.5,) * 3, std=(0.5,) * 3)
+
+
+def test_depth_pro_whose_patch_encoder_attends_over_crops_of_the_image_is_refused_in_one_line(tmp_path):
+    """Depth Pro's patch encoder runs over 35 overlapping crops of the image at three scales as one batch: no layer
+    of it sits on one grid of the image, so the folder is refused naming the crops (it opened on a 4x4 layout, and
+    drew nothing: issue 117)."""
+    tiny = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=8,
+                patch_size=8, intermediate_size=64)
+    config = transformers.DepthProConfig(image_model_config=tiny, patch_model_config=tiny, fov_model_config=tiny,
+                                         patch_size=8,
+                                         fusion_hidden_size=16, intermediate_hook_ids=[1, 0],
+                                         intermediate_feature_dims=[16, 16], scaled_images_feature_dims=[16, 16, 16],
+                                         use_fov_model=False)
+    with pytest.raises(CheckpointError) as raised:
+        saved(tmp_path, transformers.DepthProForDepthEstimation, config)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "patch_encoder.model.encoder.layer.0.attention) attends over 35 pieces of one image at once" in message

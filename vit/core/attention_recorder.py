@@ -14,9 +14,10 @@ probabilities ``(B, H, rows, keys)`` are handed to it (``recorder.keep_probabili
   (``rows x keys`` a head) and the output is SDPA's own.
 - ``nn.MultiheadAttention``: its own function asked for its per-head weights (``need_weights=True,
   average_attn_weights=False``), the explicit path it computes them on, once; the caller gets what it asked for.
-- An explicit softmax over a ``(B, H, T, S)`` tensor (or a ``(B * H, T, S)`` one in a module that declares its
-  ``num_heads``: an ``nn.MultiheadAttention``'s explicit path, ViTDet's): the module formed its probabilities
-  itself; they are handed on as they are.
+- An explicit softmax over a ``(B, H, T, S)`` tensor (or, in a module that declares its ``num_heads``, a
+  ``(B * H, T, S)`` one: an ``nn.MultiheadAttention``'s explicit path, ViTDet's; a ``(B, windows, H, T, S)`` one:
+  Twins' windows, handed on as ``(B * windows, H, T, S)``): the module formed its probabilities itself; they are
+  handed on as they are.
 
 Before a recorded layer's scores are formed, their bytes are counted against the analysis memory limit
 (``TooManyTokens``, one line). ``AttentionTrace`` (the same mode, nothing recorded) notes each call's module, heads,
@@ -132,6 +133,8 @@ class AttentionRecording(TorchFunctionMode):
         self.flat_grid: tuple[int, int] | None = None  # the last (B, C, h, w) map flattened to tokens before the
         # first attention call (trace only): a convolutional stem's grid (EfficientFormer's)
         self.linear_out: torch.Tensor | None = None  # the last linear layer's output (trace only)
+        self.maps: set[tuple[int, int]] = set()  # the (rows, cols) of every 4-D tensor the forward made, channels
+        # first or last (trace only): the grids a layer's tokens may be (``layer_places``)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -189,6 +192,9 @@ class AttentionRecording(TorchFunctionMode):
             out = (probabilities @ value.to(probabilities.dtype)).to(query.dtype)
         else:  # some rows formed: the module's output is SDPA's own over every row
             out = SDPA(**a)
+        if probabilities.dim() > 4:  # (B, windows, H, ...) of a 5-D call (Twins' windows): its pieces in the batch
+            probabilities = probabilities.reshape(-1, *probabilities.shape[-3:])  # (a 4-D one kept as it is: the
+            # tensor the output is computed from, whose gradient a class map reads)
         self.recorder.keep_probabilities(layer, probabilities, rows is not None)
         return out
 
@@ -212,11 +218,16 @@ class AttentionRecording(TorchFunctionMode):
 
     def _softmax(self, out: torch.Tensor, args, kwargs) -> None:
         dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-        if not isinstance(out, torch.Tensor) or dim not in (-1, out.dim() - 1) or out.dim() not in (3, 4):
+        if not isinstance(out, torch.Tensor) or dim not in (-1, out.dim() - 1) or out.dim() not in (3, 4, 5):
             return
         module = _caller(self.names)
         if module is None:
             return
+        if out.dim() == 5:  # (B, windows, H, T, S) of a module that declares its H heads (Twins' windows), not
+            heads = getattr(module, "num_heads", None)  # a local attention's (B, H, T, k*k, k*k) (VOLO's outlook)
+            if not isinstance(heads, int) or isinstance(heads, bool) or out.shape[2] != heads:
+                return
+            out = out.flatten(0, 1)
         if out.dim() == 3:  # (B * H, T, S): an nn.MultiheadAttention's explicit path, or a module that declares
             heads = getattr(module, "num_heads", None)  # its heads and folds them into the batch (ViTDet's)
             if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or out.shape[0] % heads:
@@ -229,7 +240,9 @@ class AttentionRecording(TorchFunctionMode):
 
     def _note(self, func, args, kwargs, out) -> None:
         """In a trace: the patch embedding (the first convolution or unfold over the whole input whose stride is its
-        kernel) and the last linear layer's output (what a classifier returns)."""
+        kernel), the last linear layer's output (what a classifier returns) and each 4-D tensor's sides."""
+        if isinstance(out, torch.Tensor) and out.dim() == 4:
+            self.maps.update({tuple(out.shape[-2:]), tuple(out.shape[1:3])})
         if func is F.linear:
             self.linear_out = out
             return

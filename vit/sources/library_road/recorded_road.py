@@ -33,6 +33,7 @@ from vit.sources.library_road.transformers_models import (
     LibraryModel,
     _AttentionRecorder,
     _pair,
+    grid_of,
 )
 
 # The names (a parameter's last part) of a module's tokens before its patches: the library road's, and the
@@ -51,6 +52,7 @@ class ModuleModel(LibraryModel):
         super().__init__(model, layout, calls)
         self.names, self.classifier, self.channels = list(names), classifier, channels
         self._heads, self._width = heads, width
+        self.layer_heads = [heads] * len(calls)  # each layer's own (stages differ: ``_open_recorded`` sets them)
 
     @property
     def config(self):
@@ -78,9 +80,56 @@ class ModuleModel(LibraryModel):
         return LibraryShape(self.num_layers, self._heads, self._width, 4 * self._width, self.layout.num_prefix_tokens,
                             self.layout.patch_hw, self.channels)
 
+    @property
+    def places(self) -> tuple:
+        """Each layer's ``layer_places.LayerPlace`` where its layers run over different tokens, else empty."""
+        return getattr(self.layout, "places", ())
+
+    def run(self, pixels: torch.Tensor, layers=(), heads: list[int] | None = None, rows: list[int] | None = None,
+            heads_mean: bool = False):
+        """As ``LibraryModel.run``; where the layers run over different tokens (``places``), each layer's
+        ``(B, H, rows, keys)`` over its own keys (``LayerPlace``: its prefix, then its key grid's patches), a row
+        asked by the layout's token (its prefix, then ``grid_of``'s patches) being the layer's token that covers
+        it."""
+        from vit.costs import plan
+
+        places = self.places
+        if not places:
+            return super().run(pixels, layers, heads, rows, heads_mean)
+        if tuple(pixels.shape[-2:]) != tuple(self.layout.image_hw):
+            h, w = self.layout.image_hw
+            raise ValueError(f"its layers were placed at its {h}x{w}-px input; give it that size")
+        L = self.num_layers
+        asked = sorted({layer % L for layer in layers})
+        if heads is not None and asked and max(heads) >= min(self.layer_heads[i] for i in asked):
+            raise ValueError(f"layer {asked[0] + 1} has {self.layer_heads[asked[0]]} heads; ask one of those")
+        if asked:
+            most = max(places[i].keys for i in asked)
+            plan.decide(plan.library_attention(pixels.shape[0], max(self.layer_heads[i] for i in asked)
+                                               if heads is None else len(heads), most, len(asked),
+                                               None if rows is None else len(rows), heads_mean, True))
+        grid = grid_of(self.layout, pixels.shape[-2:])
+        recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, None)
+        recorder.heads_mean = heads_mean
+        rows_of = {} if rows is None else {
+            layer: [places[layer].row(q, self.layout.num_prefix_tokens, grid, layer) for q in rows] for layer in asked}
+        recorder.rows_of = {layer: r for layer, r in rows_of.items() if places[layer].windows is None}
+        out = self._recorded_forward(pixels, recorder)
+        kept = {}
+        for layer, probabilities in recorder.kept.items():
+            if places[layer].windows is not None and layer in rows_of:  # placed whole, then its rows
+                probabilities = probabilities[:, :, rows_of[layer]]
+            if probabilities.shape[-1] != places[layer].keys:
+                raise ValueError(f"layer {layer + 1}'s attention has {probabilities.shape[-1]} keys, not the "
+                                 f"{places[layer].describe()} it was placed over")
+            kept[layer] = probabilities
+        return out, dict(sorted(kept.items()))
+
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> SimpleNamespace:
         """The module's own forward of ``pixels``, the layers ``recorder`` lists recorded: ``logits`` of a
         classifier, else ``last_hidden_state``, the last block's output tokens ``(B, T, D)``."""
+        recorder.windows = {layer: self.places[layer].windows for layer in recorder.modules
+                            if self.places and self.places[layer].windows is not None}
         hidden = {}
         hook = None
         last = None if self.classifier else self._last_block()
@@ -137,10 +186,13 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
 
 def token_parameters(model: torch.nn.Module) -> tuple[int, list[str]]:
     """The tokens the module's own parameters add before its patches (``TOKEN_PARAMETERS``: ``(1, n, D)`` or
-    ``(n, D)`` each, CLIP's ``class_embedding`` ``(D,)`` one), and their names."""
+    ``(n, D)`` each, CLIP's ``class_embedding`` ``(D,)`` one; a list of them, one a branch, CrossViT's
+    ``cls_token_0``), and their names."""
     count, names = 0, []
     for name, parameter in model.named_parameters():
-        if name.rpartition(".")[2] in TOKEN_PARAMETERS:
+        parts = name.split(".")
+        last = parts[-1].rstrip("0123456789").removesuffix("_") if parts[-1][-1:].isdigit() else parts[-1]
+        if last in TOKEN_PARAMETERS or len(parts) > 1 and parts[-1].isdigit() and parts[-2] in TOKEN_PARAMETERS:
             count += 1 if parameter.dim() == 1 else int(parameter.shape[-2])
             names.append(name)
     return count, names
@@ -200,14 +252,9 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
                          "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
-    if len(counts) != 1:
-        names = dict(model.named_modules())
-        patches = (image_hw[0] // mode.patch[0]) * (image_hw[1] // mode.patch[1]) if mode.patch else None
-        raise ValueError(f"its {missing_layout(calls, names, patches)}: no layout on this road")
-    crops = next((c for c in calls if c.batch != 1), None)
-    if crops is not None:  # one image's forward attends over several pieces of it (Depth Pro's patches)
-        raise ValueError(f"its layer {crops.index} ({crops.name}) attends over {crops.batch} pieces of one image "
-                         "at once (crops or tiles): no layout on this road")
+    if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
+        return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
+    tokens = counts[0]
     tokens = counts[0]
     if grid is not None:
         gh, gw = _pair(tuple(grid), "grid")
@@ -242,8 +289,46 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         raise ValueError(f"its attention runs over {tokens} tokens: {gh}x{gw} patches and {extra} more, not "
                          f"prefix={str(prefix)[:20]}; {extra - prefix if isinstance(prefix, int) else extra} "
                          "token(s) would be left unplaced")
-    classifier = (isinstance(out, torch.Tensor) and out.dim() == 2 and mode.linear_out is out)
-    return LibraryLayout(prefix, patch, tuple(image_hw)), calls, classifier
+    return LibraryLayout(prefix, patch, tuple(image_hw)), calls, _classifier(out, mode)
+
+
+def _classifier(out, mode: AttentionRecording) -> bool:
+    return isinstance(out, torch.Tensor) and out.dim() == 2 and mode.linear_out is out
+
+
+def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, out, image_hw,
+            grid, prefix) -> LibraryLayout:
+    """The layout of a model whose layers run over different tokens (``layer_places``), or ValueError (one line)
+    naming what its layers lack: attention over channels (XCiT's) first, which is no layer over image tokens."""
+    from vit.sources.library_road.layer_places import infer_places, no_layout, staged_layout
+
+    names = dict(model.named_modules())
+    patches = (image_hw[0] // mode.patch[0]) * (image_hw[1] // mode.patch[1]) if mode.patch else None
+    missing = missing_layout(calls, names, patches) if len({c.queries for c in calls} | {c.keys for c in calls}) > 1 \
+        else None
+    # XCiT's cross-covariance attention (its module's learnt per-head temperature) is over channels, which a square
+    # input's grid may match in number: refused by what the module declares, not by the count
+    if missing and missing.startswith("cross-covariance") and any(
+            isinstance(getattr(names.get(c.name), "temperature", None), torch.nn.Parameter) for c in calls):
+        raise ValueError(f"its {missing}: no layout on this road")
+    unplaced = no_layout(calls, names)
+    if unplaced:
+        raise ValueError(f"its {unplaced}: no layout on this road")
+    counted, named = token_parameters(model)
+    own = dict(model.named_parameters())
+    each = [1 if own[n].dim() == 1 else int(own[n].shape[-2]) for n in named]  # a branch's own (CrossViT's)
+    prefixes = tuple(dict.fromkeys((counted, *each, 0)))
+    maps = set(mode.maps)
+    if mode.patch is not None:  # the patch embedding's grid, where no feature map of it is 4-D (TNT's unfolded)
+        maps.add((image_hw[0] // mode.patch[0], image_hw[1] // mode.patch[1]))
+    try:
+        places = infer_places(calls, sorted(maps), tuple(image_hw), names, prefixes)
+    except ValueError as e:
+        raise ValueError(f"its {missing}: no layout on this road ({e})" if missing else str(e)) from None
+    if grid is not None or prefix is not None:
+        raise ValueError("its layers run over different tokens (stages, windows or class tokens), each placed on "
+                         "its own grid: leave out grid= and prefix=")
+    return staged_layout(places, tuple(image_hw))
 
 
 def _declared(module: torch.nn.Module, *names: str):
@@ -308,7 +393,8 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     first = calls[0]
     width = _width(names[first.name], first.heads)
     model = ModuleModel(module, layout, [names[c.name] for c in calls], [c.name for c in calls], classifier,
-                        first.heads, width, channels)
+                        max(c.heads for c in calls), width, channels)
+    model.layer_heads = [c.heads for c in calls]
     n = _output_classes(module, classifier)
     architecture = f"module:{type(module).__module__}.{type(module).__qualname__}"
     metadata = {"source": {"kind": "module", "path": None, "architecture": architecture},

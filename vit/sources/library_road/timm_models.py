@@ -339,9 +339,10 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     modules = attention_modules(trunk)
     if not modules:  # attention of its own (CaiT, PiT, EfficientFormer ...): the recorder at the attention function
         return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
-    _record_through(modules)
     embed = getattr(trunk, "patch_embed", None)
     if not isinstance(embed, torch.nn.Module) or not hasattr(embed, "patch_size") or not hasattr(embed, "img_size"):
+        if trunk is model:  # patch embeddings of its own (Twins' one a stage): the recorder's layers and places
+            return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
         raise SourceError(f"{origin}: it has no patch embedding (patch_embed with patch_size and img_size) to place "
                           "its tokens on the image from; it needs a layout of its own (issue 91)")
     try:
@@ -359,6 +360,10 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
     problem = preprocessing_problem(preprocessing, stand_in)
     if problem:
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
+    if not meta and trunk is model and _other_calls(model, len(modules), layout, channels):
+        # attention calls beside its timm Attention (XCiT's class attention): the recorder's layers, or its refusal
+        return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
+    _record_through(modules)
     wrapped = TimmLibraryModel(model, layout, modules, trunk)
     if meta:
         problem = _layout_problem(wrapped, channels)
@@ -374,6 +379,18 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
                 "road": ROAD}
     return Checkpoint(model=wrapped, class_names=names, preprocessing=preprocessing, metadata=metadata, path=path,
                       road=ROAD)
+
+
+def _other_calls(model: torch.nn.Module, modules: int, layout: LibraryLayout, channels: int) -> bool:
+    """Whether ``model``'s forward (traced on the meta device by the recorder at the attention function) makes more
+    attention calls than its ``modules`` timm Attention layers: then those are not all its layers."""
+    from vit.sources.library_road import recorded_road
+
+    try:
+        calls, _, _ = recorded_road._trace(model, layout.image_hw, channels)
+    except Exception:  # noqa: BLE001 - a forward the meta device cannot run: the timm road's own check decides
+        return False
+    return len(calls) > modules
 
 
 def _recorded(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn.Module, names: list[str], kind: str,

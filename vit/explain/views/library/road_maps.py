@@ -104,6 +104,9 @@ def _attention(checkpoint, pixels, layer, head, query, class_index, options) -> 
     out, kept = model.run(pixels, layers=[layer], rows=[query])
     row = kept[layer % L]  # (1, H, 1, T): the layer's extra tokens (EoMT's queries) first where it has them
     keys = prefix + model.layout.extra_of(layer % L)
+    place = getattr(model, "places", ())[layer % L] if getattr(model, "places", ()) else None
+    if place is not None:  # a layer on its own grid (a stage's, pooled keys): its row over its own keys
+        keys, grid = place.key_prefix, place.key_grid
     patches = row[0, :, 0, keys:keys + grid[0] * grid[1]]  # the prefix keys dropped, and any after the patches
     heads = patches.float().reshape(-1, *grid)  # (H, gh, gw), row-major
     chosen = heads.mean(0) if head is None else heads[head]
@@ -160,7 +163,8 @@ def method_names(classifier: bool = True, model=None) -> list[str]:
     """The names of the maps the library road draws for a model with (or without) a classifier, the default first;
     with ``model`` (a library-road model) only those that reach it (``LibraryMethod.problem``)."""
     return [name for name, m in methods().items() if (classifier or not m.classifier)
-            and (model is None or m.problem is None or m.problem(model) is None)]
+            and (model is None or m.problem is None or m.problem(model) is None)
+            and (model is None or _own_grids_problem(model, name) is None)]
 
 
 def refusal(method: str, classifier: bool = True, model=None) -> str | None:
@@ -174,7 +178,19 @@ def refusal(method: str, classifier: bool = True, model=None) -> str | None:
         return f"{method} explains a class: this model has no classifier"
     if model is not None and chosen.problem is not None:
         return chosen.problem(model)
-    return None
+    return None if model is None else _own_grids_problem(model, method)
+
+
+def _own_grids_problem(model, method: str) -> str | None:
+    """Why ``method`` is not drawn on a model whose layers each run over tokens of their own (``model.places``:
+    stages, windows, class tokens), or None: such a model draws each layer's attention and the maps that read its
+    logits alone (captum's, RISE: ``road_attributions``)."""
+    if not getattr(model, "places", ()) or method == "attention":
+        return None
+    if method in {m.name for m in importlib.import_module(WINGS[1]).METHODS}:
+        return None
+    return (f"{method} reads every layer over the same tokens, and this model's layers run over different ones "
+            "(stages, windows or class tokens, each layer on its own grid): its attention is drawn layer by layer")
 
 
 def library_map(checkpoint: Checkpoint, image: Image.Image, method: str, layer: int, head: int | None,
