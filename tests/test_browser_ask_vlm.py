@@ -25,8 +25,11 @@ TIMEOUT_MS = 240_000  # the tower and the whole VLM load on two busy cores
 LENGTH = 4
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One app server (and one tiny LLaVA saved whole) for the module's tests, each in sessions of its own: a server's
+    start and the LLaVA's build and first load in it are paid once, not per test (issue 112)."""
+    tmp_path = tmp_path_factory.mktemp("ask_vlm")
     checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
     checkpoints.mkdir()
     runs.mkdir()
