@@ -21,8 +21,11 @@ import vit  # noqa: E402
 TIMEOUT_MS = 180_000  # the model loads on two busy cores
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One app server for the module's tests (each opens its own model folder, in sessions of its own): its start is
+    paid once, not per test (issue 112)."""
+    tmp_path = tmp_path_factory.mktemp("concepts")
     checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
     checkpoints.mkdir()
     runs.mkdir()
