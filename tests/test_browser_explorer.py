@@ -59,12 +59,21 @@ def server(world):
         yield url
 
 
-@pytest.fixture
-def page():
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module's tests, each in a context of its own (its own session, storage and cookies, as a
+    fresh browser gives): a launch took ~1.5 s of CPU (Python, Playwright's driver, Chromium), paid once (issue 112)."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        yield page
+        yield browser
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    yield page
+    context.close()
 
 
 SCROLL_TOP = """() => Math.max(...[document.scrollingElement,

@@ -5,7 +5,7 @@ map. Its screenshot is the README's (docs/explorer-video.png, copied from test-a
 import pytest
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS
 from PIL import Image, ImageDraw
-from test_browser_explorer import SCRIPT_DONE, page, server, world  # noqa: F401 (fixtures)
+from test_browser_explorer import SCRIPT_DONE, browser, page, server, world  # noqa: F401 (fixtures)
 from test_videomae import videomae_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
