@@ -37,6 +37,8 @@ def server(tmp_path_factory):
 
 
 def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server):
+    """Long (~11 s of CPU) because it is the module's first on its server: the LLaVA folder and transformers'
+    tokenizer load there, and the page is drawn in a real Chromium."""
     url, folder, photo = server
     link = {"model": str(folder), "map": "word_lens", "labels": "dog, hot dog", "word": "hot dog"}
     with chromium() as browser:
