@@ -25,8 +25,11 @@ TIMEOUT_MS = 240_000  # the tower and the whole VLM load on two busy cores
 LENGTH = 4
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One app server (and one tiny LLaVA saved whole) for the module's tests, each in sessions of its own: a server's
+    start and the LLaVA's build and first load in it are paid once, not per test (issue 112)."""
+    tmp_path = tmp_path_factory.mktemp("ask_vlm")
     checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
     checkpoints.mkdir()
     runs.mkdir()
@@ -57,6 +60,9 @@ def exported_map(page, tmp_path: Path, name: str) -> np.ndarray:
 
 
 def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(server, tmp_path):
+    """Long (~30 s of CPU) because its scenario is three page loads in a real Chromium (the question, its link, the
+    second image's link), each ~7-10 s of CPU (bench/results/cpu-2026-11-27/suite-browser-launch.txt), and a
+    LLaVA's answers on the server and in the test, the references."""
     url, folder, photo = server
     answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=LENGTH)
     want = answer.attention(1, answer.layers - 1, 1)
@@ -120,7 +126,10 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
 
 
 def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reproduces_it(server, tmp_path):
-    """A clip (an animated GIF) for the question, from the section's second uploader, on a Qwen2.5-VL saved whole:
+    """Long (~16 s of CPU) because a Qwen2.5-VL is built, asked here (the reference) and asked again on the server,
+    in two page loads of a real Chromium.
+
+    A clip (an animated GIF) for the question, from the section's second uploader, on a Qwen2.5-VL saved whole:
     the time slider's second slice picked (the token clicked before kept), then the answer's second token clicked,
     shows that token's map on that slice, ``VLMAnswer.attention`` of the same clip asked through ``vit.ask_vlm`` (its
     slices held to transformers' eager rows in test_vlm_clip); the page's link, opened in a fresh page, shows the
@@ -200,7 +209,10 @@ def exported_settings(page, tmp_path: Path, name: str) -> dict[str, str]:
 
 
 def test_a_clicked_tokens_knockout_over_the_image_and_its_heads_grid_are_the_apis(server, tmp_path):
-    """The answer's second token clicked, the knockout over the whole image and the heads grid switched on: the
+    """Long (~15 s of CPU) because the LLaVA's answer, its knockout and its heads grid are computed here (the
+    references) and on the server, drawn in a real Chromium.
+
+    The answer's second token clicked, the knockout over the whole image and the heads grid switched on: the
     curve's and the grid's values the page exports are ``VLMAnswer.knockout(1, windows=1)``'s (held to a knockout by
     hand on transformers' eager attention in test_vlm_knockout) and ``VLMAnswer.grounding_heads(1)``'s attention
     sums (held to the authors' code in test_vlm_heads), and the link names both; a head clicked in the grid draws

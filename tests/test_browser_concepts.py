@@ -21,8 +21,11 @@ import vit  # noqa: E402
 TIMEOUT_MS = 180_000  # the model loads on two busy cores
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One app server for the module's tests (each opens its own model folder, in sessions of its own): its start is
+    paid once, not per test (issue 112)."""
+    tmp_path = tmp_path_factory.mktemp("concepts")
     checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
     checkpoints.mkdir()
     runs.mkdir()
@@ -47,6 +50,8 @@ def exported_map(page, tmp_path: Path, name: str) -> np.ndarray:
 
 
 def test_a_concept_on_a_sam3_draws_its_instances_and_the_decoder_attention(server, tmp_path):
+    """Long (~26 s of CPU) because a tiny SAM 3 is built and segmented here (the reference) and opened and run on
+    the server, in two page loads of a real Chromium (the concept, its link)."""
     from test_sam3_concepts import TEXT, build_sam3, picture
 
     folder = build_sam3(tmp_path / "sam3")
@@ -81,6 +86,8 @@ def test_a_concept_on_a_sam3_draws_its_instances_and_the_decoder_attention(serve
 
 
 def test_labels_on_a_dinotxt_draw_each_labels_patch_text_map(server, tmp_path):
+    """Long (~10 s of CPU) because the authors' DINOv3 with its dino.txt head is built and opened on the server,
+    and its maps drawn in a real Chromium."""
     from test_browser_words import MAP_SRC, choose, map_image
     from test_dinotxt import LABELS, authors_dinotxt, save_authors_layout
 

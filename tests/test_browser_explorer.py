@@ -59,12 +59,21 @@ def server(world):
         yield url
 
 
-@pytest.fixture
-def page():
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module's tests, each in a context of its own (its own session, storage and cookies, as a
+    fresh browser gives): a launch took ~1.5 s of CPU (Python, Playwright's driver, Chromium), paid once (issue 112)."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        yield page
+        yield browser
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    yield page
+    context.close()
 
 
 SCROLL_TOP = """() => Math.max(...[document.scrollingElement,
@@ -87,6 +96,8 @@ def expect_selected(page, label: str, start: str, exact: bool = False, timeout_m
 
 
 def test_upload_predict_and_click_a_patch_in_a_real_browser(server, world, page):
+    """Long (~13 s of CPU) because it is the module's first on its server (the model's load) and its scenario is the
+    explorer's page drawn and clicked in a real Chromium, twice (an upload, then a patch)."""
     _, _, upload = world
     ARTIFACTS.mkdir(exist_ok=True)
     page.goto(server)
@@ -229,6 +240,8 @@ SHOWN_WATCH = """() => {
 
 
 def test_a_new_upload_replaces_the_last_one_without_the_empty_page_in_between(tmp_path, page):
+    """Long (~10 s of CPU) because it needs a server of its own (a model without samples) and two uploads drawn in
+    a real Chromium."""
     # Issue 51: Streamlit's uploader asks for a run without any file before the one with the new file. Finished,
     # that run stripped the page to "Upload an image" for a moment (a model without samples; with samples it is
     # stopped before it draws) and the next drew every chart anew; the page now waits for the next request, and
@@ -393,7 +406,10 @@ def page_runs(page, calls: Path) -> int:
 
 
 def test_a_tab_click_reruns_its_section_alone(counted_server, page):
-    """Issue 35: the heads / matrix / distance tabs and the Mechanism tabs are fragments; a click on one of their tabs
+    """Long (~13 s of CPU) because it needs a server of its own (one that counts its runs) and clicks each tab in a
+    real Chromium.
+
+    Issue 35: the heads / matrix / distance tabs and the Mechanism tabs are fragments; a click on one of their tabs
     redraws that section without running the rest of the page (the main view, its overlay and figures)."""
     url, calls = counted_server
     page.goto(url)
@@ -416,6 +432,8 @@ def test_a_tab_click_reruns_its_section_alone(counted_server, page):
 
 
 def test_vit_base_at_a_keep_aspect_size_in_a_real_browser(base_server, page):
+    """Long (~18 s of CPU) because its subject is a ViT-Base (86 M parameters) at 224 and 384 px, opened by a
+    server of its own and drawn in a real Chromium."""
     try:
         check_vit_base_at_a_keep_aspect_size(base_server, page)
     finally:  # what the page looked like, also when a step timed out
@@ -492,6 +510,8 @@ def hf_registers_folder(folder: Path) -> Path:
 
 
 def test_open_an_hf_folder_by_path_and_see_register_tokens_in_a_real_browser(server, world, page, tmp_path):
+    """Long (~13 s of CPU) because a second model (an HF folder) is opened on the server after the first, and both
+    are drawn in a real Chromium."""
     _, _, upload = world
     folder = hf_registers_folder(tmp_path / "dinov2-registers")
     ARTIFACTS.mkdir(exist_ok=True)

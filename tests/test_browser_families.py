@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ARTIFACTS
-from test_browser_explorer import choose, open_dropdown, page, photo, server, world  # noqa: F401 (fixtures)
+from test_browser_explorer import browser, choose, open_dropdown, page, photo, server, world  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -23,6 +23,8 @@ def dinov3_folder(folder: Path) -> Path:
 
 
 def test_a_dinov3_map_at_640x480_keeping_the_aspect_with_its_register_tokens_labelled(server, page, tmp_path):  # noqa: F811
+    """Long (~15 s of CPU) because a DINOv3 folder is opened on the server and run on a 640x480 photo (1,200
+    patches with its aspect kept), drawn in a real Chromium."""
     folder = dinov3_folder(tmp_path / "dinov3")
     upload = tmp_path / "street.png"
     upload.write_bytes(photo(640, 480, seed=3))

@@ -5,7 +5,7 @@ map. Its screenshot is the README's (docs/explorer-video.png, copied from test-a
 import pytest
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS
 from PIL import Image, ImageDraw
-from test_browser_explorer import SCRIPT_DONE, page, server, world  # noqa: F401 (fixtures)
+from test_browser_explorer import SCRIPT_DONE, browser, page, server, world  # noqa: F401 (fixtures)
 from test_videomae import videomae_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -26,6 +26,8 @@ def moving_square_gif(path, count: int = 16, side: int = 160):
 
 
 def test_a_clip_with_its_time_slider_and_a_clicked_patch_in_a_real_browser(server, page, tmp_path):  # noqa: F811
+    """Long (~12 s of CPU) because a VideoMAE folder is opened on the server and a 16-frame clip analysed there,
+    then drawn and clicked in a real Chromium."""
     pytest.importorskip("transformers")
     videomae_folder(tmp_path / "videomae", FRAMES, SIDE, SIDE, classes=3)
     clip = moving_square_gif(tmp_path / "square.gif")
@@ -60,7 +62,10 @@ def test_a_clip_with_its_time_slider_and_a_clicked_patch_in_a_real_browser(serve
 
 
 def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_browser(server, page, tmp_path):  # noqa: F811
-    """Issue 76, item 8: every image view had a link and an HTML export, the clip view neither, and its time slider
+    """Long (~16 s of CPU) because the clip is analysed on the server and drawn in three pages of a real Chromium
+    (the view, its link, its offline export).
+
+    Issue 76, item 8: every image view had a link and an HTML export, the clip view neither, and its time slider
     no Play. A link copied in one session opens the same frame, query and map in a fresh one; the export opens
     offline with every frame and a player of its own; Play steps the page's frames."""
     from pathlib import Path

@@ -16,8 +16,11 @@ from test_visual_lens import _build, noisy, picture, tiny_tokenizer  # noqa: E40
 TIMEOUT_MS = 180_000  # the tower and transformers' tokenizer load on two busy cores
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One app server (and one tiny LLaVA saved whole) for the module's tests, each in sessions of its own: a server's
+    start and the LLaVA's build and first load in it are paid once, not per test (issue 112)."""
+    tmp_path = tmp_path_factory.mktemp("vlm_words")
     checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
     checkpoints.mkdir()
     runs.mkdir()
@@ -34,6 +37,8 @@ def server(tmp_path):
 
 
 def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server):
+    """Long (~11 s of CPU) because it is the module's first on its server: the LLaVA folder and transformers'
+    tokenizer load there, and the page is drawn in a real Chromium."""
     url, folder, photo = server
     link = {"model": str(folder), "map": "word_lens", "labels": "dog, hot dog", "word": "hot dog"}
     with chromium() as browser:
