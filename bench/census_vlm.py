@@ -156,6 +156,7 @@ def _tokens_of(processor_class) -> tuple[list[str], dict[str, str]]:
     except (OSError, TypeError):
         code = ""
     found += re.findall(r"(?:vocab\[|convert_tokens_to_ids\()\s*[\"']([^\"'\s]+)[\"']", code)
+    found += re.findall(r"<\|?[A-Za-z_][\w|]*\|?>", code)  # the markers its code writes (<IMG_ATOM>, <|image|>)
     named = {name: f"<{name}>" for name in sorted(set(re.findall(r"tokenizer\.(\w+_token)\b", code)))
              if name not in ("pad_token", "eos_token", "bos_token", "unk_token")}
     return found, named
@@ -269,8 +270,7 @@ def _expanded_image_token(processor, words) -> int | None:
         ids = processor(images=sample_image(), text=text, return_tensors="pt")["input_ids"][0].tolist()
     except Exception:  # noqa: BLE001 - the census then asks with the processor's named image token
         return None
-    special = set(words.all_special_ids) - {words.unk_token_id, words.pad_token_id}
-    counts = Counter(i for i in ids if i in special).most_common(1)
+    counts = Counter(i for i in ids if i >= len(WORDS)).most_common(1)  # the tokens added past the words
     return counts[0][0] if counts and counts[0][1] > 1 else None
 
 
@@ -299,10 +299,18 @@ def generic_build(model_type: str):
     if lacking:
         specials += lacking
         processor, words = _processor(processor_class, model_type, specials, named)
-    placeholder = getattr(processor, "image_token", None) or next(
-        (s for s in [*specials, *named.values()] if "image" in s.lower() or "img" in s.lower()), "<image>")
-    processor.chat_template = TEMPLATE.replace("IMAGE", placeholder)
-    expanded = _expanded_image_token(processor, words)
+    # the chat template's image placeholder: the first of the processor's image tokens it expands for an image
+    candidates = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str)
+                  and ("image" in k or "img" in k)]
+    candidates = list(dict.fromkeys([*candidates, *(s for s in [*specials, *named.values()]
+                                                    if "image" in s.lower() or "img" in s.lower()), "<image>"]))
+    for placeholder in candidates:
+        processor.chat_template = TEMPLATE.replace("IMAGE", placeholder)
+        expanded = _expanded_image_token(processor, words)
+        if expanded is not None:
+            break
+    else:
+        processor.chat_template = TEMPLATE.replace("IMAGE", candidates[0])
     config = _shrunk(CONFIG_MAPPING[model_type]().to_dict())
     _token_ids(config, processor, words, len(words), expanded)
     config = CONFIG_MAPPING[model_type].from_dict(config)
