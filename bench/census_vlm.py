@@ -6,13 +6,17 @@ fresh HOME / HF_HOME (no network) and asked a question with ``vit.ask_vlm``. Run
     .venv/bin/python -m bench.census_vlm [--json PATH] [--only TYPE ...] [--timeout SECONDS]
 
 Each type runs under a time limit in its own try/except, so one failure never stops the census. A type is
-``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder) and ``placed`` (its first answer
-token's attention drawn on the image) or not placed (the one line naming the missing piece); ``refused`` (the one line
-``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ`` (flagged: a bug); or ``build failed``: the census could
-not build the tiny model with a processor offline (the census's own gap, not a refusal). The types the test suite
-builds are built by its builders (``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one
-generic builder: transformers' default config with its sizes shrunk, its processor's classes with their defaults over
-a word-level tokenizer of the processor's special tokens, the config's token ids set to the tokenizer's.
+``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder, and each answer token's
+attention over the image tokens at every self-attention layer compared with the eager ``generate``'s row:
+``eager_max``) and ``placed`` (its first answer token's attention drawn on the image) or not placed (the one line
+naming the missing piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
+(flagged: a bug); or ``build failed``: the census could not build the tiny model with a processor offline (the
+census's own gap, not a refusal). The types the test suite builds are built by its builders
+(``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one generic builder: transformers' default
+config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
+default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
+tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
+device before it is built.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bench.census_families import _HOME, TimeLimit, _alarm, one_line, source, ve
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
 NEW_TOKENS = 3
+EAGER_ATOL = 1e-4  # float32 rows of tiny random models: the families the tests build differ by under 1e-5
 QUESTION = "what is this ?"
 # The kinds of the test suite's builders for the types they build (tests/test_vlm_answer.py's _build)
 TEST_KINDS = {"llava": "llava", "llava_next": "llava_next", "llava_next_video": "llava_next_video",
@@ -392,15 +397,18 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
                     error, ValueError):
                 row["flag"] = f"{type(error).__name__} from {type(error).__module__}"
             return row
-        try:  # transformers alone: its generating class from the folder, greedy generate on the same prompt
-            reference = transformers.AutoModelForImageTextToText.from_pretrained(folder).eval()
+        try:  # transformers alone: its generating class from the folder, eager, greedy generate on the same prompt
+            reference = transformers.AutoModelForImageTextToText.from_pretrained(
+                folder, attn_implementation="eager").eval()
             inputs = {k: v.to(reference.dtype) if hasattr(v, "is_floating_point") and v.is_floating_point() else v
                       for k, v in answer._source[1].inputs.items()}
             with torch.no_grad():
-                out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+                out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                         output_attentions=True, return_dict_in_generate=True)
             # an encoder-decoder's (Florence-2's): the decoder's sequence after its start token; else after the prompt
-            first = 1 if getattr(reference.config, "is_encoder_decoder", False) else inputs["input_ids"].shape[1]
-            expected = out[0, first:].tolist()
+            decoder = getattr(reference.config, "is_encoder_decoder", False)
+            first = 1 if decoder else inputs["input_ids"].shape[1]
+            expected = out.sequences[0, first:].tolist()
         except TimeLimit:
             raise
         except Exception as error:  # noqa: BLE001
@@ -409,6 +417,14 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
         if list(answer.tokens) != expected:
             row.update(result="answers differ", flag="tokens differ from generate's",
                        message=f"{list(answer.tokens)} vs {expected}")
+            return row
+        try:
+            row["eager_max"] = None if decoder else eager_difference(answer, out)
+        except (IndexError, RuntimeError) as error:  # rows the census cannot line up: said, not hidden
+            row.update(eager_max=None, eager_note=one_line(error)[:200])
+        if row["eager_max"] is not None and row["eager_max"] > EAGER_ATOL:
+            row.update(result="answers differ", flag="attention differs from the eager rows",
+                       message=f"the image rows differ from the eager ones by {row['eager_max']:.2g}")
             return row
         row["result"] = "answered"
         try:
@@ -426,11 +442,39 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
         row["message"] = row["message"].replace(str(folder), "the folder")  # no temporary path in the table
 
 
+def eager_difference(answer, out) -> float | None:
+    """The largest difference between each answer token's attention over the image tokens at every self-attention
+    layer and the eager ``generate``'s row (``out.attentions``); None where transformers gives no such rows (a layer
+    without attention weights)."""
+    import numpy as np
+    import torch
+
+    positions = answer.layout.positions if len(answer.layouts) == 1 else torch.cat(
+        [layout.positions for layout in answer.layouts])
+    largest = 0.0
+    for i in range(len(answer.tokens)):
+        for layer, weights in enumerate(out.attentions[i]):
+            if weights is None:
+                return None
+            if out.attentions[0][layer].shape[-1] != out.attentions[0][layer].shape[-2]:
+                continue  # a cross-attention layer (Mllama's): its keys are the image's states, not the prompt's
+            row = weights[0, :, -1].float()  # (H, keys): a sliding layer's cache hands it its last keys alone
+            seen = out.attentions[0][layer].shape[-2] + i
+            index = positions - (seen - row.shape[-1])
+            expected = torch.where(index >= 0, row[:, index.clamp(min=0)], 0).numpy()
+            got = np.concatenate([answer.image_rows(i, layer, image).numpy() for image in range(len(answer.layouts))],
+                                 axis=-1) if len(answer.layouts) > 1 else answer.image_rows(i, layer).numpy()
+            largest = max(largest, float(np.abs(got - expected).max()))
+    return largest
+
+
 def totals(rows: list[dict]) -> dict:
     """The counts the docs and the README read."""
     built = [r for r in rows if r["result"] != "build failed"]
     return dict(types=len(rows), built=len(built), answered=sum(r["result"] == "answered" for r in rows),
-                placed=sum(bool(r["placed"]) for r in rows), refused=sum(r["result"] == "refused" for r in rows),
+                placed=sum(bool(r["placed"]) for r in rows),
+                eager_equal=sum(r.get("eager_max") is not None and r["eager_max"] <= EAGER_ATOL for r in rows),
+                refused=sum(r["result"] == "refused" for r in rows),
                 build_failed=len(rows) - len(built), flagged=sum(bool(r.get("flag")) for r in rows))
 
 
@@ -438,14 +482,18 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     """The census's table, as the docs show it (``docs/hooks.py``'s ``census-vlm``)."""
     lines = [f"Of {summary['types']} image-text-to-text types in transformers' auto-mapping, the census built "
              f"{summary['built']} tiny with a processor offline: {summary['answered']} answered as `generate` does, "
-             f"{summary['placed']} placed on the image, {summary['refused']} refused in one line "
+             f"{summary['placed']} placed on the image, {summary.get('eager_equal', 0)} with every answer token's "
+             f"attention over the image tokens at every self-attention layer the eager row (within {EAGER_ATOL:g}), "
+             f"{summary['refused']} refused in one line "
              f"({meta['date']}, transformers {meta['versions'].get('transformers', '?')}; "
-             f"`{meta['command']}`).", "", "| type | built by | result | placed | why not / note |",
-             "|---|---|---|---|---|"]
+             f"`{meta['command']}`).", "", "| type | built by | result | placed | vs eager rows | why not / note |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         placed = "" if r["placed"] is None else "yes" if r["placed"] else "no"
-        note = r["message"].replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{r['type']}` | {r['builder'] or ''} | {r['result']} | {placed} | {note} |")
+        # the libraries' messages name tokens such as <image>: shown as text, never read as a tag
+        note = r["message"].replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
+        eager = "" if r.get("eager_max") is None else f"{r['eager_max']:.1g}"
+        lines.append(f"| `{r['type']}` | {r['builder'] or ''} | {r['result']} | {placed} | {eager} | {note} |")
     return "\n".join(lines) + "\n"
 
 
