@@ -61,7 +61,7 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "text_hidden_size": 32, "vision_hidden_size": 32, "mm_hidden_size": 32, "encoder_hidden_size": 32,
          "linear_head_dim": 8, "linear_num_heads": 4, "index_head_dim": 8, "index_n_heads": 4, "qk_head_dim": 16,
          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
-         "linear_num_value_heads": 4}
+         "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8}
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
@@ -112,7 +112,9 @@ def _shrunk(config: dict) -> dict:
     head_dim = _first(config, ("head_dim",)) or (hidden // heads if hidden and heads else None)
     out = {}
     for key, value in config.items():
-        if isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+            out[key] = {k: v for k, v in value.items() if int(k) < 2}  # one entry per layer index, as the depth
+        elif isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
             out[key] = _shrunk(value)
         elif key in DERIVED:
             continue
@@ -227,7 +229,7 @@ def _token_ids(config: dict, processor, words, vocab: int, image: int | None) ->
             continue
         if isinstance(value, dict):
             _token_ids(value, processor, words, vocab, image)
-        elif key == "vocab_size" and _whole(value):
+        elif key.startswith("vocab_size") and _whole(value):  # Gemma 3n's and 4's per-layer inputs' too
             config[key] = vocab
         elif key in ("image_token_id", "image_token_index") and image is not None:
             config[key] = image
@@ -279,6 +281,18 @@ def _expanded_image_token(processor, words) -> int | None:
     return counts[0][0] if counts and counts[0][1] > 1 else None
 
 
+def _processor_side(processor) -> int | None:
+    """The square side the processor's image processor resizes or crops to, where it states one."""
+    images = getattr(processor, "image_processor", None)
+    for name in ("crop_size", "size"):
+        size = getattr(images, name, None)
+        height, width = (getattr(size, "height", None), getattr(size, "width", None)) if not isinstance(
+            size, dict) else (size.get("height"), size.get("width"))
+        if _whole(height) and height == width:
+            return height
+    return None
+
+
 def sample_image():
     """The census's image: random pixels, not square (70 x 90), so a transposed placement shows."""
     import numpy as np
@@ -316,8 +330,16 @@ def generic_build(model_type: str):
             break
     else:
         processor.chat_template = TEMPLATE.replace("IMAGE", candidates[0])
-    config = _shrunk(CONFIG_MAPPING[model_type]().to_dict())
+    config = CONFIG_MAPPING[model_type]().to_dict()
+    vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
+    if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
+        config["vision_config"] = vision().to_dict()
+    config = _shrunk(config)
     _token_ids(config, processor, words, len(words), expanded)
+    side = _processor_side(processor)
+    for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
+        if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
+            sub["image_size"] = side
     config = CONFIG_MAPPING[model_type].from_dict(config)
     model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
     _bounded(model_class, config)
