@@ -112,7 +112,7 @@ def _shrunk(config: dict) -> dict:
     head_dim = _first(config, ("head_dim",)) or (hidden // heads if hidden and heads else None)
     out = {}
     for key, value in config.items():
-        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+        if isinstance(value, dict) and value and layers and all(str(k).isdigit() and int(k) < layers for k in value):
             out[key] = {k: v for k, v in value.items() if int(k) < 2}  # one entry per layer index, as the depth
         elif isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
             out[key] = _shrunk(value)
@@ -513,7 +513,7 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     for r in rows:
         placed = "" if r["placed"] is None else "yes" if r["placed"] else "no"
         # the libraries' messages name tokens such as <image>: shown as text, never read as a tag
-        note = r["message"].replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
+        note = (r["message"] or r.get("eager_note", "")).replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
         eager = "" if r.get("eager_max") is None else f"{r['eager_max']:.1g}"
         lines.append(f"| `{r['type']}` | {r['builder'] or ''} | {r['result']} | {placed} | {eager} | {note} |")
     return "\n".join(lines) + "\n"
