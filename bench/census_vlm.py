@@ -164,7 +164,9 @@ def _tokens_of(processor_class) -> tuple[list[str], dict[str, str]]:
         code = ""
     found += re.findall(r"(?:vocab\[|convert_tokens_to_ids\()\s*[\"']([^\"'\s]+)[\"']", code)
     found += re.findall(r"<\|?[A-Za-z_][\w|]*\|?>", code)  # the markers its code writes (<IMG_ATOM>, <|image|>)
-    named = {name: f"<{name}>" for name in sorted(set(re.findall(r"tokenizer\.(\w+_token)\b", code)))
+    read = re.findall(r"tokenizer\.(\w+_token)\b", code)
+    read += re.findall(r"getattr\(\s*(?:self\.)?tokenizer,\s*[\"'](\w+_token)[\"']", code)  # Gemma 4's
+    named = {name: f"<{name}>" for name in sorted(set(read))
              if name not in ("pad_token", "eos_token", "bos_token", "unk_token")}
     return found, named
 
@@ -513,7 +515,8 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     for r in rows:
         placed = "" if r["placed"] is None else "yes" if r["placed"] else "no"
         # the libraries' messages name tokens such as <image>: shown as text, never read as a tag
-        note = (r["message"] or r.get("eager_note", "")).replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("\n", " ")
+        note = (r["message"] or r.get("eager_note", "")).replace("&", "&amp;").replace("<", "&lt;")
+        note = note.replace("|", "\\|").replace("\n", " ")
         eager = "" if r.get("eager_max") is None else f"{r['eager_max']:.1g}"
         lines.append(f"| `{r['type']}` | {r['builder'] or ''} | {r['result']} | {placed} | {eager} | {note} |")
     return "\n".join(lines) + "\n"

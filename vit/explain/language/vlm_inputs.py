@@ -62,7 +62,20 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
                              f"{text.count(placeholder)}")
     # what the processor makes of these images, counted before it touches them
     check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
-    return _in_model_dtype(vlm, processor(images=images, text=text, return_tensors="pt"))
+    return _in_model_dtype(vlm, processed(vlm, images=images, text=text))
+
+
+def processed(vlm, **given):
+    """The processor's tensors for what is ``given``; where the model's forward reads ``mm_token_type_ids`` (an
+    M-RoPE model's image and video positions) and the processor did not give them by default, asked for as
+    transformers' processor builds them (``return_mm_token_type_ids``), as ``generate`` needs them."""
+    import inspect
+
+    inputs = vlm.processor(**given, return_tensors="pt")
+    if "mm_token_type_ids" not in inputs and "mm_token_type_ids" in inspect.signature(
+            vlm.model.forward).parameters:
+        inputs = vlm.processor(**given, return_tensors="pt", return_mm_token_type_ids=True)
+    return inputs
 
 
 def image_placeholder(processor) -> str | None:
@@ -77,7 +90,7 @@ def _laid_out_by_processor(vlm, images, text: str):
     from vit.explain.language.vlm_attention import image_token_id
 
     try:
-        inputs = vlm.processor(images=images, text=text, return_tensors="pt")
+        inputs = processed(vlm, images=images, text=text)
     except ValueError:  # its own refusal of a prompt without placeholders
         return None
     token = image_token_id(vlm.model.config)
@@ -109,5 +122,4 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metad
     text = render(vlm.processor, messages)
     video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
     timing = {"video_metadata": [dict(metadata)]} if metadata else {}
-    return _in_model_dtype(vlm, vlm.processor(videos=[video], text=text, return_tensors="pt", do_sample_frames=False,
-                                              **timing))
+    return _in_model_dtype(vlm, processed(vlm, videos=[video], text=text, do_sample_frames=False, **timing))
