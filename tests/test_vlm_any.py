@@ -34,10 +34,11 @@ from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl"]
+KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge"]
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
-# processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid
-GENERIC = ("deepseek_vl", "minimax_m3_vl")
+# processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid,
+# Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked
+GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge")
 
 
 def build(kind: str):
@@ -96,8 +97,10 @@ def folders(tmp_path_factory):
 def answers(folders):
     """``{kind: (vit's answer, transformers' eager generate output, the prompt's input ids, image token id)}``."""
     image = picture()
+    # Cosmos 3 Edge's generate reads the mm_token_type_ids its processor gives when asked (transformers' own error)
+    asked = {"cosmos3_edge": dict(return_mm_token_type_ids=True)}
     return {kind: (vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS),
-                   *eager_generate(folder, image)) for kind, folder in folders.items()}
+                   *eager_generate(folder, image, **asked.get(kind, {}))) for kind, folder in folders.items()}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -126,7 +129,7 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
 
 # The grid each type's processor gives the 90 x 70 picture, and its merge unit: GLM-OCR's is not square
 GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
-         "minimax_m3_vl": ((4, 6), 2)}
+         "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2)}
 
 
 @pytest.mark.parametrize("kind", KINDS)
