@@ -6,13 +6,17 @@ fresh HOME / HF_HOME (no network) and asked a question with ``vit.ask_vlm``. Run
     .venv/bin/python -m bench.census_vlm [--json PATH] [--only TYPE ...] [--timeout SECONDS]
 
 Each type runs under a time limit in its own try/except, so one failure never stops the census. A type is
-``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder) and ``placed`` (its first answer
-token's attention drawn on the image) or not placed (the one line naming the missing piece); ``refused`` (the one line
-``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ`` (flagged: a bug); or ``build failed``: the census could
-not build the tiny model with a processor offline (the census's own gap, not a refusal). The types the test suite
-builds are built by its builders (``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one
-generic builder: transformers' default config with its sizes shrunk, its processor's classes with their defaults over
-a word-level tokenizer of the processor's special tokens, the config's token ids set to the tokenizer's.
+``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder, and each answer token's
+attention over the image tokens at every self-attention layer compared with the eager ``generate``'s row:
+``eager_max``) and ``placed`` (its first answer token's attention drawn on the image) or not placed (the one line
+naming the missing piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
+(flagged: a bug); or ``build failed``: the census could not build the tiny model with a processor offline (the
+census's own gap, not a refusal). The types the test suite builds are built by its builders
+(``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one generic builder: transformers' default
+config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
+default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
+tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
+device before it is built.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bench.census_families import _HOME, TimeLimit, _alarm, one_line, source, ve
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
 NEW_TOKENS = 3
+EAGER_ATOL = 1e-4  # float32 rows of tiny random models: the families the tests build differ by under 1e-5
 QUESTION = "what is this ?"
 # The kinds of the test suite's builders for the types they build (tests/test_vlm_answer.py's _build)
 TEST_KINDS = {"llava": "llava", "llava_next": "llava_next", "llava_next_video": "llava_next_video",
@@ -46,46 +51,105 @@ ANY_KINDS = ("vipllava", "glm_ocr")  # tests/test_vlm_any.py's builders
 # The generic builder's sizes: each field a config may have, the tiny value it gets
 LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "decoder_layers", "vision_layers",
           "text_layers")
-SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "head_dim": 8, "num_heads": 4, "embed_dim": 32, "out_hidden_size": 32, "projector_hidden_size": 32,
-         "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "n_routed_experts": 4,
-         "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
-         "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
-         "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
-         "d_model": 32, "projection_dim": 32, "vision_output_dim": 32, "projector_input_dim": 32,
-         "projector_output_dim": 32, "text_hidden_size": 32, "vision_hidden_size": 32, "mm_hidden_size": 32}
-DERIVED = ("layer_types", "mlp_layer_types", "no_rope_layers", "full_attention_layers", "deepstack_visual_indexes",
-           "fullatt_block_indexes", "out_indices", "out_features", "stage_names")
+HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads")
+SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidden_size": 32,
+         "projector_hidden_size": 32, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+         "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+         "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
+         "qk_nope_head_dim": 8, "v_head_dim": 8, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_model": 32,
+         "projection_dim": 32, "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32,
+         "text_hidden_size": 32, "vision_hidden_size": 32, "mm_hidden_size": 32, "encoder_hidden_size": 32,
+         "linear_head_dim": 8, "linear_num_heads": 4, "index_head_dim": 8, "index_n_heads": 4, "qk_head_dim": 16,
+         "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+         "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8}
+# Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
+# entry per layer is cut to the shrunk depth instead)
+DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
+           "full_attention_layers")
+MAX_PARAMETERS = 100_000_000  # a tiny model has well under a million; a VQ image tokenizer keeps some width
+ROPE = ("rope_parameters", "rope_scaling")
+ROPE_DIMS = ("mrope_section", "freq_allocation")  # rotary widths a rope dict splits each head into: scaled with it
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
             "IMAGE {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
             "{% if add_generation_prompt %}assistant: {% endif %}")
 WORDS = ["[UNK]", "<pad>", "user:", "assistant:", "what", "is", "this", "?", *(f"w{i}" for i in range(40))]
 
 
-def _shrunk(config: dict) -> dict:
-    """A config's dict with every size ``SIZES`` and ``LAYERS`` name shrunk, the lists derived from the layers
-    dropped (its class computes them again), nested configs alike."""
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _first(config: dict, names: tuple[str, ...]) -> int | None:
+    return next((config[name] for name in names if _whole(config.get(name)) and config[name] > 0), None)
+
+
+def _rope_shrunk(rope, ratio: float):
+    """A rope dict (or one per layer type) with its rotary sections scaled by ``ratio``, their sum kept whole."""
+    if not isinstance(rope, dict):
+        return rope
     out = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
-            out[key] = _shrunk(value)
-        elif key in DERIVED:
-            continue
-        elif key in LAYERS and isinstance(value, int) and not isinstance(value, bool):
-            out[key] = min(value, 2)
-        elif key in SIZES and isinstance(value, int) and not isinstance(value, bool):
-            out[key] = min(value, SIZES[key])
-        elif key in SIZES and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-            out[key] = [min(v, SIZES[key]) for v in value]
+    for key, value in rope.items():
+        if isinstance(value, dict):
+            out[key] = _rope_shrunk(value, ratio)
+        elif key in ROPE_DIMS and _whole(value):
+            out[key] = max(1, round(value * ratio))
+        elif key in ROPE_DIMS and isinstance(value, list) and value and all(_whole(v) for v in value):
+            total = max(len(value), round(sum(value) * ratio))
+            scaled = [max(1, round(v * ratio)) for v in value]
+            scaled[0] += total - sum(scaled)  # the sections still sum to the scaled half-width
+            out[key] = scaled
         else:
             out[key] = value
     return out
 
 
+def _shrunk(config: dict) -> dict:
+    """A config's dict with every size ``SIZES``, ``LAYERS`` and ``HEADS`` name shrunk, nested configs alike, kept
+    consistent as transformers' configs check: key/value heads as many as the heads where they were, the head's
+    width the hidden size over the heads, the rotary sections scaled with it, each per-layer list cut to the shrunk
+    depth, the lists of layer indices dropped (its class computes them again)."""
+    layers, heads, hidden = _first(config, LAYERS), _first(config, HEADS), _first(config, ("hidden_size",))
+    head_dim = _first(config, ("head_dim",)) or (hidden // heads if hidden and heads else None)
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value and layers and all(str(k).isdigit() and int(k) < layers for k in value):
+            out[key] = {k: v for k, v in value.items() if int(k) < 2}  # one entry per layer index, as the depth
+        elif isinstance(value, dict) and ("model_type" in value or key.endswith("config")):
+            out[key] = _shrunk(value)
+        elif key in DERIVED:
+            continue
+        elif key in LAYERS and _whole(value):
+            out[key] = min(value, 2)
+        elif key in HEADS and _whole(value):
+            out[key] = min(value, 4)
+        elif key == "num_key_value_heads" and _whole(value):
+            out[key] = min(value, 4) if value == heads else min(value, 2)
+        elif key in SIZES and _whole(value) and value > 0:
+            out[key] = min(value, SIZES[key])
+        elif key in SIZES and isinstance(value, list) and value and all(_whole(v) for v in value):
+            out[key] = [min(v, SIZES[key]) for v in value]
+        elif isinstance(value, list) and layers and layers > 2 and len(value) == layers:
+            out[key] = value[:2]  # one entry per layer
+        else:
+            out[key] = value
+    new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)
+    if "head_dim" in out and (out["head_dim"] is None or _whole(out["head_dim"]) and out["head_dim"] > 0) \
+            and new_hidden and new_heads:
+        out["head_dim"] = new_hidden // new_heads
+        for key in ROPE:
+            if head_dim and key in out:
+                out[key] = _rope_shrunk(out[key], out["head_dim"] / head_dim)
+    elif head_dim and new_hidden and new_heads:
+        for key in ROPE:
+            if key in out:
+                out[key] = _rope_shrunk(out[key], new_hidden / new_heads / head_dim)
+    return out
+
+
 def _tokens_of(processor_class) -> tuple[list[str], dict[str, str]]:
     """``(specials, named)``: the special token strings a processor class's ``__init__`` defaults name (its image
-    token, its markers), and the tokenizer attributes its code reads by name (``tokenizer.image_token``), each given
-    a token of its own name."""
+    token, its markers) or its code looks up in the vocabulary, and the tokenizer attributes its code reads by name
+    (``tokenizer.image_token``), each given a token of its own name."""
     import inspect
     import re
 
@@ -95,65 +159,210 @@ def _tokens_of(processor_class) -> tuple[list[str], dict[str, str]]:
         if parameter.name.endswith("token") and isinstance(value, str) and value:
             found.append(value)
     try:
-        code = inspect.getsource(processor_class)
+        code = inspect.getsource(inspect.getmodule(processor_class))
     except (OSError, TypeError):
         code = ""
-    named = {name: f"<{name}>" for name in sorted(set(re.findall(r"tokenizer\.(\w+_token)\b", code)))
+    found += re.findall(r"(?:vocab\[|convert_tokens_to_ids\()\s*[\"']([^\"'\s]+)[\"']", code)
+    found += re.findall(r"<\|?[A-Za-z_][\w|]*\|?>", code)  # the markers its code writes (<IMG_ATOM>, <|image|>)
+    read = re.findall(r"tokenizer\.(\w+_token)\b", code)
+    read += re.findall(r"getattr\(\s*(?:self\.)?tokenizer,\s*[\"'](\w+_token)[\"']", code)  # Gemma 4's
+    named = {name: f"<{name}>" for name in sorted(set(read))
              if name not in ("pad_token", "eos_token", "bos_token", "unk_token")}
     return found, named
 
 
-def generic_build(model_type: str):
-    """``(model, processor)`` of a tiny ``model_type`` by the generic builder (see the module's docstring)."""
+def processor_class_of(model_type: str):
+    """The processor class transformers names for ``model_type``, else the one its model's module defines."""
+    import importlib
+
+    import transformers
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    name = PROCESSOR_MAPPING_NAMES.get(model_type)
+    if name is not None:
+        return getattr(transformers, name)
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type_to_module_name(model_type)}")
+    except ImportError:
+        module = None
+    found = [getattr(module, n) for n in dir(module) if n.endswith("Processor") and issubclass(
+        getattr(module, n), transformers.ProcessorMixin)] if module else []
+    if len(found) != 1:
+        raise LookupError(f"transformers names no processor class for {model_type}")
+    return found[0]
+
+
+# Each part a processor takes, the auto-mapping that names its class for a model type
+PART_MAPPINGS = {"image_processor": "image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES",
+                 "video_processor": "video_processing_auto.VIDEO_PROCESSOR_MAPPING_NAMES",
+                 "feature_extractor": "feature_extraction_auto.FEATURE_EXTRACTOR_MAPPING_NAMES"}
+
+
+def _part(part: str, model_type: str, processor_class):
+    """A default instance of the class ``part`` of ``processor_class`` has for ``model_type``: the auto-mapping's
+    class for the type, else for a type whose processor is the same class, else the one its module defines."""
+    import importlib
+
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    module, _, table = PART_MAPPINGS[part].partition(".")
+    names = getattr(importlib.import_module(f"transformers.models.auto.{module}"), table)
+    kin = [t for t, n in PROCESSOR_MAPPING_NAMES.items() if n == processor_class.__name__]
+    for key in (model_type, *kin):
+        name = names.get(key)
+        name = (name.get("torchvision") or name.get("pil")) if isinstance(name, dict) else name
+        if name and hasattr(transformers, name):
+            return getattr(transformers, name)()
+    home = importlib.import_module(processor_class.__module__.rpartition(".")[0])
+    suffix = {"image_processor": "ImageProcessor", "video_processor": "VideoProcessor",
+              "feature_extractor": "FeatureExtractor"}[part]
+    found = [n for n in dir(home) if n.endswith(suffix)]
+    return getattr(home, found[0])() if len(found) == 1 else None
+
+
+def _token_ids(config: dict, processor, words, vocab: int, image: int | None) -> None:
+    """Every token id of ``config`` and its nested configs (in place): the ``image`` token's id (the one the
+    processor repeats for an image) for the image token, the tokenizer's id of the processor's token of that name,
+    else the id kept where the vocabulary holds it, else the padding's; every vocabulary its size."""
+    for key, value in config.items():
+        if not isinstance(key, str):
+            continue
+        if isinstance(value, dict):
+            _token_ids(value, processor, words, vocab, image)
+        elif key.startswith("vocab_size") and _whole(value):  # Gemma 3n's and 4's per-layer inputs' too
+            config[key] = vocab
+        elif key in ("image_token_id", "image_token_index") and image is not None:
+            config[key] = image
+        elif key.endswith(("token_id", "token_index")) and _whole(value):
+            token = getattr(processor, key.rsplit("_", 1)[0], None)  # image_token_id -> image_token
+            config[key] = words.convert_tokens_to_ids(token) if isinstance(token, str) else \
+                value if 0 <= value < vocab else 1
+        elif key.endswith("token_id") and isinstance(value, list) and all(_whole(v) for v in value):
+            config[key] = [v if 0 <= v < vocab else 1 for v in value]
+
+
+def _processor(processor_class, model_type: str, specials: list[str], named: dict[str, str]):
+    """``(processor, tokenizer)``: ``processor_class`` built from its parts' default classes for ``model_type``
+    over a word-level tokenizer holding ``specials`` and the ``named`` tokens."""
     import inspect
 
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-    from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING_NAMES
 
-    processor_name = PROCESSOR_MAPPING_NAMES.get(model_type)
-    if processor_name is None:
-        raise LookupError(f"transformers names no processor class for {model_type}")
-    processor_class = getattr(transformers, processor_name)
-    found, named = _tokens_of(processor_class)
-    specials = list(dict.fromkeys(found))
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([*specials, *(t for t in named.values() if t not in specials)])
     words = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
                                                  eos_token="<pad>", additional_special_tokens=specials,
                                                  extra_special_tokens=named)
-    images = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
-    images = images.get("torchvision") or images.get("pil") if isinstance(images, dict) else images
-    parts = {"tokenizer": words}
-    if images:
-        parts["image_processor"] = getattr(transformers, images)()
-    videos = VIDEO_PROCESSOR_MAPPING_NAMES.get(model_type)
-    videos = videos.get("torchvision") if isinstance(videos, dict) else videos
-    if videos and "video_processor" in inspect.signature(processor_class.__init__).parameters:
-        parts["video_processor"] = getattr(transformers, videos)()
-    processor = processor_class(**parts)
-    placeholder = getattr(processor, "image_token", None) or next(
-        (s for s in [*specials, *named.values()] if "image" in s.lower() or "img" in s.lower()), "<image>")
-    processor.chat_template = TEMPLATE.replace("IMAGE", placeholder)
-    config = _shrunk(CONFIG_MAPPING[model_type]().to_dict())
-    for key in list(config):  # the config's token ids: the tokenizer's for the processor's tokens
-        if key.endswith(("token_id", "token_index")) and isinstance(config[key], int):
-            name = key.rsplit("_", 1)[0]  # image_token_id -> image_token
-            token = getattr(processor, name, None)
-            config[key] = words.convert_tokens_to_ids(token) if isinstance(token, str) else 1
-    for sub in config.values():
-        if isinstance(sub, dict) and "vocab_size" in sub:
-            sub["vocab_size"] = len(words)
-    if "vocab_size" in config:
-        config["vocab_size"] = len(words)
+    parts = {}
+    for name, parameter in inspect.signature(processor_class.__init__).parameters.items():
+        if "tokenizer" in name and name != "audio_tokenizer":
+            parts[name] = words
+        elif name in PART_MAPPINGS:
+            part = _part(name, model_type, processor_class)
+            if part is not None or parameter.default is inspect.Parameter.empty:
+                parts[name] = part
+    return processor_class(**parts), words
+
+
+def _expanded_image_token(processor, words) -> int | None:
+    """The id of the special token the processor repeats most for one image in a prompt (the token the model's
+    image features replace), or None where it repeats none or cannot process the image."""
+    from collections import Counter
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    try:
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+        ids = processor(images=sample_image(), text=text, return_tensors="pt")["input_ids"][0].tolist()
+    except Exception:  # noqa: BLE001 - the census then asks with the processor's named image token
+        return None
+    counts = Counter(i for i in ids if i >= len(WORDS)).most_common(1)  # the tokens added past the words
+    return counts[0][0] if counts and counts[0][1] > 1 else None
+
+
+def _processor_side(processor) -> int | None:
+    """The square side the processor's image processor resizes or crops to, where it states one."""
+    images = getattr(processor, "image_processor", None)
+    for name in ("crop_size", "size"):
+        size = getattr(images, name, None)
+        height, width = (getattr(size, "height", None), getattr(size, "width", None)) if not isinstance(
+            size, dict) else (size.get("height"), size.get("width"))
+        if _whole(height) and height == width:
+            return height
+    return None
+
+
+def sample_image():
+    """The census's image: random pixels, not square (70 x 90), so a transposed placement shows."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(3).integers(0, 256, (70, 90, 3), dtype=np.uint8))
+
+
+def generic_build(model_type: str):
+    """``(model, processor)`` of a tiny ``model_type`` by the generic builder (see the module's docstring)."""
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    processor_class = processor_class_of(model_type)
+    found, named = _tokens_of(processor_class)
+    specials = list(dict.fromkeys(found))
+    processor, words = _processor(processor_class, model_type, specials, named)
+    # the tokens the processor holds (its image token, its markers) that the tokenizer lacks: given one each
+    lacking = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str) and v
+               and words.convert_tokens_to_ids(v) == words.unk_token_id and v not in specials]
+    if lacking:
+        specials += lacking
+        processor, words = _processor(processor_class, model_type, specials, named)
+    # the chat template's image placeholder: the first of the processor's image tokens it expands for an image
+    candidates = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str)
+                  and ("image" in k or "img" in k)]
+    candidates = list(dict.fromkeys([*candidates, *(s for s in [*specials, *named.values()]
+                                                    if "image" in s.lower() or "img" in s.lower()), "<image>"]))
+    for placeholder in candidates:
+        processor.chat_template = TEMPLATE.replace("IMAGE", placeholder)
+        expanded = _expanded_image_token(processor, words)
+        if expanded is not None:
+            break
+    else:
+        processor.chat_template = TEMPLATE.replace("IMAGE", candidates[0])
+    config = CONFIG_MAPPING[model_type]().to_dict()
+    vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
+    if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
+        config["vision_config"] = vision().to_dict()
+    config = _shrunk(config)
+    _token_ids(config, processor, words, len(words), expanded)
+    side = _processor_side(processor)
+    for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
+        if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
+            sub["image_size"] = side
     config = CONFIG_MAPPING[model_type].from_dict(config)
-    model = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])(config)
-    return model, processor
+    model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
+    _bounded(model_class, config)
+    return model_class(config), processor
+
+
+def _bounded(model_class, config) -> None:
+    """Build the model without memory first (torch's meta device) and refuse it above ``MAX_PARAMETERS``, naming its
+    largest parts: a size the shrinking missed must not take the machine's memory."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = model_class(config)
+    except Exception:  # noqa: BLE001 - the real build below reports what fails
+        return
+    count = sum(p.numel() for p in model.parameters())
+    if count > MAX_PARAMETERS:
+        largest = sorted(((p.numel(), n) for n, p in model.named_parameters()), reverse=True)[:2]
+        raise ValueError(f"the shrunk config still has {count:,} parameters (" + ", ".join(
+            f"{n} {tuple(model.get_parameter(n).shape)}" for _, n in largest) + ")")
 
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")  # the test suite's builders, imported from there
@@ -179,7 +388,6 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
     import numpy as np
     import torch
     import transformers
-    from PIL import Image
     from test_vlm_answer import noisy
 
     import vit
@@ -200,7 +408,7 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
         except Exception as error:  # noqa: BLE001 - the census's own gap, reported as such
             row.update(result="build failed", message=one_line(error).splitlines()[0][:300])
             return row
-        image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (70, 90, 3), dtype=np.uint8))
+        image = sample_image()
         try:
             answer = vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS)
         except TimeLimit:
@@ -213,15 +421,18 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
                     error, ValueError):
                 row["flag"] = f"{type(error).__name__} from {type(error).__module__}"
             return row
-        try:  # transformers alone: its generating class from the folder, greedy generate on the same prompt
-            reference = transformers.AutoModelForImageTextToText.from_pretrained(folder).eval()
+        try:  # transformers alone: its generating class from the folder, eager, greedy generate on the same prompt
+            reference = transformers.AutoModelForImageTextToText.from_pretrained(
+                folder, attn_implementation="eager").eval()
             inputs = {k: v.to(reference.dtype) if hasattr(v, "is_floating_point") and v.is_floating_point() else v
                       for k, v in answer._source[1].inputs.items()}
             with torch.no_grad():
-                out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+                out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                         output_attentions=True, return_dict_in_generate=True)
             # an encoder-decoder's (Florence-2's): the decoder's sequence after its start token; else after the prompt
-            first = 1 if getattr(reference.config, "is_encoder_decoder", False) else inputs["input_ids"].shape[1]
-            expected = out[0, first:].tolist()
+            decoder = getattr(reference.config, "is_encoder_decoder", False)
+            first = 1 if decoder else inputs["input_ids"].shape[1]
+            expected = out.sequences[0, first:].tolist()
         except TimeLimit:
             raise
         except Exception as error:  # noqa: BLE001
@@ -230,6 +441,14 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
         if list(answer.tokens) != expected:
             row.update(result="answers differ", flag="tokens differ from generate's",
                        message=f"{list(answer.tokens)} vs {expected}")
+            return row
+        try:
+            row["eager_max"] = None if decoder else eager_difference(answer, out)
+        except (IndexError, RuntimeError) as error:  # rows the census cannot line up: said, not hidden
+            row.update(eager_max=None, eager_note=one_line(error)[:200])
+        if row["eager_max"] is not None and row["eager_max"] > EAGER_ATOL:
+            row.update(result="answers differ", flag="attention differs from the eager rows",
+                       message=f"the image rows differ from the eager ones by {row['eager_max']:.2g}")
             return row
         row["result"] = "answered"
         try:
@@ -247,11 +466,39 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
         row["message"] = row["message"].replace(str(folder), "the folder")  # no temporary path in the table
 
 
+def eager_difference(answer, out) -> float | None:
+    """The largest difference between each answer token's attention over the image tokens at every self-attention
+    layer and the eager ``generate``'s row (``out.attentions``); None where transformers gives no such rows (a layer
+    without attention weights)."""
+    import numpy as np
+    import torch
+
+    positions = answer.layout.positions if len(answer.layouts) == 1 else torch.cat(
+        [layout.positions for layout in answer.layouts])
+    largest = 0.0
+    for i in range(len(answer.tokens)):
+        for layer, weights in enumerate(out.attentions[i]):
+            if weights is None:
+                return None
+            if out.attentions[0][layer].shape[-1] != out.attentions[0][layer].shape[-2]:
+                continue  # a cross-attention layer (Mllama's): its keys are the image's states, not the prompt's
+            row = weights[0, :, -1].float()  # (H, keys): a sliding layer's cache hands it its last keys alone
+            seen = out.attentions[0][layer].shape[-2] + i
+            index = positions - (seen - row.shape[-1])
+            expected = torch.where(index >= 0, row[:, index.clamp(min=0)], 0).numpy()
+            got = np.concatenate([answer.image_rows(i, layer, image).numpy() for image in range(len(answer.layouts))],
+                                 axis=-1) if len(answer.layouts) > 1 else answer.image_rows(i, layer).numpy()
+            largest = max(largest, float(np.abs(got - expected).max()))
+    return largest
+
+
 def totals(rows: list[dict]) -> dict:
     """The counts the docs and the README read."""
     built = [r for r in rows if r["result"] != "build failed"]
     return dict(types=len(rows), built=len(built), answered=sum(r["result"] == "answered" for r in rows),
-                placed=sum(bool(r["placed"]) for r in rows), refused=sum(r["result"] == "refused" for r in rows),
+                placed=sum(bool(r["placed"]) for r in rows),
+                eager_equal=sum(r.get("eager_max") is not None and r["eager_max"] <= EAGER_ATOL for r in rows),
+                refused=sum(r["result"] == "refused" for r in rows),
                 build_failed=len(rows) - len(built), flagged=sum(bool(r.get("flag")) for r in rows))
 
 
@@ -259,14 +506,19 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     """The census's table, as the docs show it (``docs/hooks.py``'s ``census-vlm``)."""
     lines = [f"Of {summary['types']} image-text-to-text types in transformers' auto-mapping, the census built "
              f"{summary['built']} tiny with a processor offline: {summary['answered']} answered as `generate` does, "
-             f"{summary['placed']} placed on the image, {summary['refused']} refused in one line "
+             f"{summary['placed']} placed on the image, {summary.get('eager_equal', 0)} with every answer token's "
+             f"attention over the image tokens at every self-attention layer the eager row (within {EAGER_ATOL:g}), "
+             f"{summary['refused']} refused in one line "
              f"({meta['date']}, transformers {meta['versions'].get('transformers', '?')}; "
-             f"`{meta['command']}`).", "", "| type | built by | result | placed | why not / note |",
-             "|---|---|---|---|---|"]
+             f"`{meta['command']}`).", "", "| type | built by | result | placed | vs eager rows | why not / note |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         placed = "" if r["placed"] is None else "yes" if r["placed"] else "no"
-        note = r["message"].replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{r['type']}` | {r['builder'] or ''} | {r['result']} | {placed} | {note} |")
+        # the libraries' messages name tokens such as <image>: shown as text, never read as a tag
+        note = (r["message"] or r.get("eager_note", "")).replace("&", "&amp;").replace("<", "&lt;")
+        note = note.replace("|", "\\|").replace("\n", " ")
+        eager = "" if r.get("eager_max") is None else f"{r['eager_max']:.1g}"
+        lines.append(f"| `{r['type']}` | {r['builder'] or ''} | {r['result']} | {placed} | {eager} | {note} |")
     return "\n".join(lines) + "\n"
 
 

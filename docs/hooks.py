@@ -183,8 +183,18 @@ def census_vlm_markdown() -> str:
     """The VLM census's table: every image-text-to-text type of transformers' auto-mapping, answered, placed or
     refused with its reason."""
     path = census_vlm_path()
-    # its reasons are the libraries' messages, which may name a token such as <image>: text, never a tag
-    return f"From `{path.relative_to(ROOT).as_posix()}`. " + path.read_text().replace("<", "&lt;")
+    return f"From `{path.relative_to(ROOT).as_posix()}`. " + path.read_text()  # its reasons escaped by the census
+
+
+def census_vlm_figure() -> str:
+    """The README's figure of the VLM census, from the newest ``census_vlm.json`` beside its table."""
+    path = census_vlm_path()
+    totals = json.loads(path.with_suffix(".json").read_text())["totals"]
+    text = (f"Of the {totals['types']} image-text-to-text types transformers ships, the census built "
+            f"{totals['built']} tiny offline with their processors: {totals['answered']} answer as `generate` does "
+            f"and {totals['placed']} are placed on the image (`{path.relative_to(ROOT).as_posix()}`, from "
+            "`bench/census_vlm.py`).")
+    return textwrap.fill(text, width=118, break_long_words=False, break_on_hyphens=False) + "\n"
 
 
 def census_markdown() -> str:
@@ -248,6 +258,7 @@ GENERATORS = {
     "api": api_markdown,
     "bench": bench_markdown,
     "census-vlm": census_vlm_markdown,
+    "census-vlm-figure": census_vlm_figure,
     "census": census_markdown,
     "suite-costliest": suite_costliest_markdown,
     **{f"families-{page}": (lambda page=page: families_markdown(page)) for page in PAGES},

@@ -631,6 +631,17 @@ CENSUS_VLM = re.compile(r"Of the (\d+) image-text-to-text types transformers shi
                         r"image \(`(bench/results/[^`]+/census_vlm\.md)`")
 
 
+def test_the_vlm_censuss_table_escapes_the_libraries_messages_itself():
+    """A refusal naming a token such as ``<image>`` is shown as text by the census's own Markdown (not by the docs'
+    hook), and a ``|`` in it does not split the table's row."""
+    from bench.census_vlm import markdown
+
+    row = dict(type="x", builder="generic", result="refused", placed=None, message="no <image> token | & more")
+    table = markdown([row], dict(types=1, built=1, answered=0, placed=0, eager_equal=0, refused=1),
+                     dict(date="d", versions={}, command="c"))
+    assert table.splitlines()[-1] == "| `x` | generic | refused |  |  | no &lt;image> token \\| &amp; more |"
+
+
 def test_the_readmes_vlm_census_figure_is_the_newest_census_and_the_vlm_page_shows_its_table():
     """Issue 113: the README's figure of the VLM census reads its results (the newest ``census_vlm.json``), and the
     VLM page holds the census's table as ``python docs/hooks.py`` writes it."""

@@ -764,12 +764,12 @@ def test_only_query_rows_are_kept_never_a_layers_attention(answers):
 
 @pytest.mark.parametrize("kind", ["llava", "glm4v"])  # GLM-4.1V's tower counted from what its config declares
 def test_the_cost_is_counted_before_any_forward(vlms, monkeypatch, kind):
-    from vit.explain.language import vlm_answer
+    from vit.explain.language import vlm_inputs
 
     vlm = vit.open_vlm(vlms[kind])
     monkeypatch.setattr(vlm.model, "generate", lambda *a, **k: pytest.fail("the model ran"))
     # the processor's work, counted before it runs, is past so small a bound too (test_vlm_clip_work): not asked here
-    monkeypatch.setattr(vlm_answer, "check_processor", lambda *a, **k: None)
+    monkeypatch.setattr(vlm_inputs, "check_processor", lambda *a, **k: None)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
     with pytest.raises(TooManyTokens, match=r"^Answering 5 tokens to a prompt of \d+ tokens .* over the 0 MB limit "
                                             r"\(VIT_ANALYSIS_MEMORY_MB\); ask for fewer tokens or a smaller image\.$"):

@@ -1,7 +1,8 @@
-"""Any image-text-to-text model type answers by what it is (issue 113): two types the project's list of named
+"""Any image-text-to-text model type answers by what it is (issue 113): types the project's list of named
 families (``registry.VLM_ARCHITECTURES``) never held and refused before, built tiny by transformers with their own
-processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, from several of its layers) and GLM-OCR
-(14-px patches merged 2 x 2, M-RoPE, a grid the processor states in ``image_grid_thw``). Each answers with
+processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, from several of its layers), GLM-OCR
+(14-px patches merged 2 x 2, M-RoPE, a grid the processor states in ``image_grid_thw``), and two the VLM census's
+generic builder opens (DeepSeek-VL, MiniMax-M3-VL). Each answers with
 transformers' greedy ``generate``'s tokens; each answer token's attention at every layer equals the eager row of
 ``generate(output_attentions=True)``; its image tokens are placed row-major over their merge units, checked by hand
 on a grid the placement would fail transposed. A type whose processor's views cannot be placed still answers, its
@@ -33,11 +34,19 @@ from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["vipllava", "glm_ocr"]
+KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge"]
+# Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
+# processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid,
+# Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked
+GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge")
 
 
 def build(kind: str):
     """``(model, processor)`` of a tiny ``kind``, built by transformers alone."""
+    if kind in GENERIC:
+        from bench.census_vlm import generic_build
+
+        return generic_build(kind)
     if kind == "vipllava":  # CLIP's 4 x 4 patches (its CLS dropped), two of its layers' states concatenated
         words = tokenizer(["<image>"])
         config = transformers.VipLlavaConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
@@ -88,8 +97,10 @@ def folders(tmp_path_factory):
 def answers(folders):
     """``{kind: (vit's answer, transformers' eager generate output, the prompt's input ids, image token id)}``."""
     image = picture()
+    # Cosmos 3 Edge's generate reads the mm_token_type_ids its processor gives when asked (transformers' own error)
+    asked = {"cosmos3_edge": dict(return_mm_token_type_ids=True)}
     return {kind: (vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS),
-                   *eager_generate(folder, image)) for kind, folder in folders.items()}
+                   *eager_generate(folder, image, **asked.get(kind, {}))) for kind, folder in folders.items()}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -117,7 +128,8 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
 
 
 # The grid each type's processor gives the 90 x 70 picture, and its merge unit: GLM-OCR's is not square
-GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2)}
+GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
+         "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2)}
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -104,12 +104,13 @@ _kept: OrderedDict[tuple, tuple[str, str]] = OrderedDict()  # the renderings kep
 _lock = threading.Lock()  # the explorer's sessions render from their own threads
 
 
-def clip_inputs(processor, prompt: str, **kwargs):
-    """``processor(text=prompt, **kwargs)`` for a clip (``videos=`` among ``kwargs``): ChatTemplateError (one line) in
-    place of transformers' count of video tokens ("The total number of <|video_pad|> tokens ...") where the model's
-    chat template wrote nothing for the clip (it has no video entry: ``prompt`` holds no video token)."""
+def clip_inputs(processor, prompt: str, run=None, **kwargs):
+    """``processor(text=prompt, **kwargs)`` (or ``run(text=prompt, **kwargs)``: a call that wraps the processor) for a
+    clip (``videos=`` among ``kwargs``): ChatTemplateError (one line) in place of transformers' count of video tokens
+    ("The total number of <|video_pad|> tokens ...") where the model's chat template wrote nothing for the clip (it
+    has no video entry: ``prompt`` holds no video token)."""
     try:
-        return processor(text=prompt, **kwargs)
+        return (run or processor)(text=prompt, **kwargs)
     except ValueError:
         token = getattr(processor, "video_token", None)
         if isinstance(token, str) and token and token not in prompt:

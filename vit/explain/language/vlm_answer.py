@@ -37,9 +37,17 @@ from PIL import Image
 
 from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
-from vit.costs.processors import check_processor
 from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
+from vit.explain.language.vlm_inputs import (  # noqa: F401 - importable from here, as before the split
+    MAX_QUESTION_CHARS,
+    PROCESSOR_PROMPTS,
+    _clip_inputs,
+    _in_model_dtype,
+    _laid_out_by_processor,
+    image_placeholder,
+    prompt_inputs,
+)
 from vit.explain.language.vlm_layouts import (
     CLIP_FAMILIES,
     MAX_CLIP_FRAMES,
@@ -52,7 +60,6 @@ from vit.explain.language.vlm_layouts import (
 from vit.registry import VLM_ARCHITECTURES
 
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
-MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
 # An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
 # every layer, AttnLRP to the pixels (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
@@ -163,103 +170,6 @@ def _additive(mask_row: torch.Tensor) -> torch.Tensor:
     if mask_row.dtype == torch.bool:
         return torch.zeros(mask_row.shape, dtype=torch.float32).masked_fill(~mask_row.cpu(), float("-inf"))
     return mask_row.detach().float().cpu()
-
-
-# model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
-# itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
-PROCESSOR_PROMPTS = frozenset({"paligemma", "florence2"})
-
-
-def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str | None, prompt: str | None,
-                  clip: Sequence[Image.Image] | None = None, metadata: dict | None = None):
-    """The processor's inputs for ``image`` (one, or several in order) and ``question`` through the model's chat
-    template (or, for a family without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt``
-    as raw text holding the processor's image placeholder once per image (the template bypassed); ``clip``: its
-    frames instead of images, one video entry, the frames as given (no sampling), ``metadata`` their
-    ``VideoMetadata`` (``SampledClip.metadata``: their times, which the processor writes into the prompt)."""
-    if clip is not None:
-        if prompt is not None:
-            raise ValueError("a clip is asked about through the model's chat template; give question=, not prompt=")
-        return _clip_inputs(vlm, clip, question, metadata)
-    images = list(image) if isinstance(image, (list, tuple)) else [image]
-    processor = vlm.processor
-    if (question is None) == (prompt is None):
-        raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")
-    text = question if prompt is None else prompt
-    if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
-        raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
-    if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
-        # the processor adds the rest of its prompt (Florence-2's its image tokens too, and its task prompts)
-        text = (processor.image_token * len(images) if vlm.model_type == "paligemma" else "") + question
-    elif prompt is None:
-        if not getattr(processor, "chat_template", None):
-            raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
-                             f"placeholder instead")
-        from vit.explain.language.chat_template import render
-
-        messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
-                                                 {"type": "text", "text": question}]}]
-        text = render(processor, messages)  # the folder's own code: rendered under a time and size bound
-    else:
-        placeholder = image_placeholder(processor)
-        if placeholder and text.count(placeholder) != len(images):
-            laid = _laid_out_by_processor(vlm, images, text) if not text.count(placeholder) else None
-            if laid is not None:  # the processor puts the image tokens itself (BLIP-2's before the text)
-                return laid
-            times = "once" if len(images) == 1 else f"{len(images)} times (once per image)"
-            raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} {times}, got "
-                             f"{text.count(placeholder)}")
-    # what the processor makes of these images, counted before it touches them
-    check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
-    return _in_model_dtype(vlm, processor(images=images, text=text, return_tensors="pt"))
-
-
-def image_placeholder(processor) -> str | None:
-    """The processor's image placeholder as text (BLIP-2's processor keeps an ``AddedToken``), or None."""
-    placeholder = getattr(processor, "image_token", None)
-    return getattr(placeholder, "content", placeholder)
-
-
-def _laid_out_by_processor(vlm, images, text: str):
-    """The processor's inputs for ``text`` without an image placeholder where the processor itself puts the image's
-    tokens in the prompt (read from its output: the image token's id in its ``input_ids``), else None."""
-    from vit.explain.language.vlm_attention import image_token_id
-
-    try:
-        inputs = vlm.processor(images=images, text=text, return_tensors="pt")
-    except ValueError:  # its own refusal of a prompt without placeholders
-        return None
-    token = image_token_id(vlm.model.config)
-    return _in_model_dtype(vlm, inputs) if token is not None and (inputs["input_ids"] == token).any() else None
-
-
-def _in_model_dtype(vlm, inputs):
-    """``inputs`` with their floating tensors in the model's dtype, as transformers' examples pass them: Llama 4's
-    processor gives bfloat16 pixels (its authors' rescaling), which a float32 model cannot multiply. PaliGemma's
-    processor's ``labels`` (kept by transformers for backward compatibility) are dropped: no reading wants a loss, and
-    a forward over the prompt and the answer would compare the logits with the prompt's labels alone."""
-    inputs.pop("labels", None)
-    dtype = getattr(vlm.model, "dtype", None)
-    return inputs.to(dtype=dtype) if isinstance(dtype, torch.dtype) and dtype.is_floating_point else inputs
-
-
-def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metadata: dict | None = None):
-    """The processor's inputs for a clip of ``frames`` and ``question`` through the chat template's video entry;
-    ``metadata``: the frames' ``VideoMetadata`` (None: transformers' default, the frames taken as consecutive)."""
-    from vit.explain.language.chat_template import clip_inputs, render
-
-    if not isinstance(question, str) or not question.strip() or len(question) > MAX_QUESTION_CHARS:
-        raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(question)[:40]!r}")
-    if not getattr(vlm.processor, "chat_template", None):
-        raise ValueError(f"{vlm.folder}'s processor has no chat template to ask about a clip with")
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
-    # what the processor makes of these frames, counted before they are stacked and it touches them
-    check_processor(getattr(vlm.processor, "video_processor", None), [frame.size for frame in frames], video=True)
-    text = render(vlm.processor, messages)
-    video = np.stack([np.asarray(frame.convert("RGB")) for frame in frames])  # (T, H, W, 3)
-    timing = {"video_metadata": [dict(metadata)]} if metadata else {}
-    return _in_model_dtype(vlm, clip_inputs(vlm.processor, text, videos=[video], return_tensors="pt",
-                                            do_sample_frames=False, **timing))
 
 
 def text_shape(vlm):
