@@ -351,10 +351,6 @@ def test_no_page_file_is_longer_than_400_lines():
 # Past this many lines a module has more than one concern (STYLE.md): split it by concern, as ``vit/model/``,
 # ``vit/api/`` and ``vit/checkpoint/`` are (issue 112: the house's bar came down from 1,000 lines).
 MODULE_LINES = 800
-# TEMPORARY: the modules still over the bar while they are split (issue 112, item 4). This list must shrink to
-# nothing: each entry goes when its module is split, and none is ever added. They are held to the old bar meanwhile.
-OVER_THE_BAR = {"vit/sources/open.py"}
-OLD_MODULE_LINES = 1000
 
 
 def modules_over(bar: int = MODULE_LINES, places: tuple[tuple[Path, str], ...] = HOUSE) -> dict[str, int]:
@@ -364,10 +360,7 @@ def modules_over(bar: int = MODULE_LINES, places: tuple[tuple[Path, str], ...] =
 
 
 def test_no_module_is_longer_than_800_lines():
-    over = modules_over()
-    assert set(over) - OVER_THE_BAR == set(), f"split these by concern: {over}"
-    assert OVER_THE_BAR <= set(over), f"split: take {sorted(OVER_THE_BAR - set(over))} off OVER_THE_BAR"
-    assert modules_over(OLD_MODULE_LINES) == {}, "the modules over the bar may not grow past the old one"
+    assert modules_over() == {}, f"split these by concern: {modules_over()}"
 
 
 def test_the_length_check_catches_a_long_page(tmp_path):

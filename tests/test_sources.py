@@ -295,9 +295,9 @@ def test_convert_and_predict_take_a_bare_timm_file_with_its_arch(tmp_path, capsy
 def test_a_config_declaring_absurd_numbers_is_refused_before_anything_is_built(tmp_path, change, expected,
                                                                                monkeypatch):
     """num_labels 10**12 without id2label once built 10**12 class names: sizes are bounded as the config is read."""
-    from vit.sources import open as sources
+    from vit.sources import open_hf  # the HF folder road, which names the classes
 
-    monkeypatch.setattr(sources, "default_class_names", lambda n: pytest.fail("class names were built"))
+    monkeypatch.setattr(open_hf, "default_class_names", lambda n: pytest.fail("class names were built"))
     folder = hf_folder(tmp_path / "vit")
     config = json.loads((folder / "config.json").read_text())
     config.update(change)

@@ -517,7 +517,7 @@ def class_names(config, classes: int) -> list[str]:
 
 def _finish_library(model: LibraryModel, names: list[str], preprocessing: Preprocessing, folder: Path,
                     architecture: str, guessed: bool) -> Checkpoint:
-    """The checkpoint the one door returns, its metadata as a port's (``vit.sources.open._finish``), the road
+    """The checkpoint the one door returns, its metadata as a port's (``vit.sources.open_shared._finish``), the road
     marked."""
     metadata = {"source": {"kind": "hf", "path": str(folder), "architecture": f"hf:{architecture}"},
                 "architecture": f"hf:{architecture}", "parameters": sum(p.numel() for p in model.parameters()),
