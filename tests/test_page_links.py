@@ -91,13 +91,24 @@ def test_ask_in_words_link_keeps_the_picked_label_minus_and_method(tmp_path):
     link = url(at)
     assert {k: link[k] for k in ("wlabel", "wminus", "wmethod")} == {"wlabel": "a cat", "wminus": "a ball",
                                                                      "wmethod": "attnlrp"}
+    assert offered(at) == link  # "Copy link to this view", drawn above the section, offers this view too
     drawn = [c.value for c in at.main.caption if "minus" in c.value]
     again = open_link(link)
+    assert offered(again) == link  # a reload's page offers the view it reopened, before and after its labels
     shown = {w.label: w.value for w in again.main.selectbox}
     assert (shown["Map for"], shown["Minus (optional)"], shown["Method"]) == (1, 2, "attnlrp")
     assert [c.value for c in again.main.caption if "minus" in c.value] == drawn and drawn
     assert {k: url(again)[k] for k in ("wlabel", "wminus", "wmethod")} == {k: link[k] for k in
                                                                            ("wlabel", "wminus", "wmethod")}
+
+
+def offered(at) -> dict[str, str]:
+    """The link "Copy link to this view" offers, as URL parameters (the page's popover, the first code block that
+    holds a link)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    [link, *_] = [c.value for c in at.main.code if "?" in c.value]
+    return dict(parse_qsl(urlsplit(link).query))
 
 
 # -- item 7: the library page's reading aids are the main page's ------------------------------------------------------

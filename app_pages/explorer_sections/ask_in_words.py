@@ -1,7 +1,8 @@
 """Ask in words: a CLIP's or SigLIP's scores for labels typed here, and the map of where it sees each (issue 22).
 
-A fragment: typing labels or picking a label's map reruns this section alone. For a model without a classifier the
-labels are its prediction (the Prediction box) and what its logit lens reads, so new labels rerun the whole page.
+A fragment: typing labels or picking a label's map reruns this section alone, then the page once where that changed
+the page's link ("Copy link to this view", drawn above the section, holds the labels and the map's picks; issue 116).
+For a model without a classifier the labels are its prediction (the Prediction box) and what its logit lens reads.
 """
 
 import numpy as np
@@ -26,6 +27,7 @@ LABEL_KEY, MINUS_KEY, METHOD_KEY, CURVES_KEY = "words_label", "words_minus", "wo
 DRAWN_KEY = "words_asked_drawn"  # the labels the rest of the page was last drawn with
 LINKED_KEY = "words_linked"  # a link's label, minus and method, until the labels they name are asked
 PICKED_KEY = "words_picked"  # the map's label, minus and method last drawn, as a link's values
+SHARED_KEY = "words_shared"  # the section's part of the page's link as the page last drew it
 PICKS = ("wlabel", "wminus", "wmethod")  # the link's parameters of the section's map
 KEPT = ("words_",)  # every key of this section: the map's controls are drawn only while labels are asked
 
@@ -91,10 +93,25 @@ def _apply_link(labels: list[str], methods: dict[str, str]) -> list[str]:
 
 
 def link_values() -> dict[str, object]:
-    """The section's map in the page's link: its label and minus (their text) and method, while labels are asked."""
-    if not str(st.session_state.get(LABELS_KEY) or "").strip():
+    """The section's part of the page's link while labels are asked: the labels, and the map's label and minus
+    (their text) and method; before the section draws (a link, a reload), the link's picks it is about to apply."""
+    labels = str(st.session_state.get(LABELS_KEY) or "").strip()
+    if not labels:
         return {}
-    return {k: v for k, v in (st.session_state.get(PICKED_KEY) or {}).items() if v is not None}
+    picked = st.session_state.get(LINKED_KEY) or st.session_state.get(PICKED_KEY) or {}
+    return {"labels": labels, **{k: v for k, v in picked.items() if v is not None}}
+
+
+def shared_values() -> dict[str, object]:
+    """``link_values`` for the page's link, remembered: the section reruns the page when its own reruns change them
+    (``link_is_stale``)."""
+    st.session_state[SHARED_KEY] = link_values()
+    return st.session_state[SHARED_KEY]
+
+
+def link_is_stale() -> bool:
+    """Whether the page's link, drawn before this section, lacks the section's view as it is now."""
+    return SHARED_KEY in st.session_state and st.session_state[SHARED_KEY] != link_values()
 
 
 @st.fragment
@@ -151,6 +168,8 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         st.session_state[PICKED_KEY] = {"wlabel": labels[chosen], "wminus": None if minus is None else labels[minus],
                                         "wmethod": method}
         view_link.follow_part(link_values(), PICKS)  # a click here reruns this fragment alone
+        if link_is_stale():  # the page's "Copy link to this view" is redrawn with this view
+            st.rerun(scope="app")
         try:
             map_a = word_map(*model, tuple(labels), tuple(templates), chosen, method, asked, checkpoint, image)
             other = None if minus is None or minus == chosen else minus

@@ -259,10 +259,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
         values["discard"] = s.discard_ratio
     if s.options:  # an attribution's settings that differ from the defaults
         values["attr"] = s.options
-    labels = str(st.session_state.get(ask_in_words.LABELS_KEY) or "").strip()
-    if labels:
-        values["labels"] = labels
-        values.update(ask_in_words.link_values())
+    values.update(ask_in_words.shared_values())  # the labels asked and their map's picks
     if s.kind in vlm_words.KINDS:
         values.update(space=bool(st.session_state.get(word_lens.SPACE_KEY)) or None, word=view.word,
                       target=view.target if "target" in controls else None)

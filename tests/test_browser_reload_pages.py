@@ -1,0 +1,250 @@
+"""A reload and a link keep every page's view (issue 116, item 6), in a real browser: on each of the five pages (the
+main page, the library road's, SAM 3's, "Ask the VLM" and "Ask in words") a non-default view is picked on a tiny
+model, the drawn map's image bytes read, the page reloaded (F5) and the same model, view and bytes found again; then
+every "Copy link to this view" the page offers holds the address bar's view, and that link opened in a fresh
+browser context draws the same bytes. One app server and one browser for the module; the models are the other browser
+tests' tiny random ones, built by their own libraries (the builders imported, not copied)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urljoin, urlsplit
+
+import pytest
+from helpers import BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
+from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, png
+from test_browser_words import MAP_SRC
+
+from vit.core.runfiles import DEFAULT_CHECKPOINT
+from vit.runs.access import TOKEN_ENV
+
+pytest.importorskip("transformers")
+pytest.importorskip("open_clip")
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TIMEOUT_MS = max(BROWSER_TIMEOUT_MS, 240_000)  # a VLM, a SAM 3 and a CLIP load on two busy cores
+VIEWPORT = {"width": 1400, "height": 1000}
+PAGES = ("main", "library", "sam3", "vlm", "words")
+
+# The library road's map: the image of its patch picker (a Plotly chart keyed library_map_picker).
+LIBRARY_HREF = """() => {
+  const chart = document.querySelector('.st-key-library_map_picker [data-testid="stPlotlyChart"]');
+  const image = chart && chart.querySelector('.layer-below image, .imagelayer image');
+  return image ? image.getAttribute('href') : null;
+}"""
+# SAM 3's and the VLM's map: the first image of the row of columns that holds the page's colour bar.
+COLOURED_MAP = """() => {
+  for (const bar of document.querySelectorAll('[data-testid="stMain"] .vit-colorbar')) {
+    const row = bar.closest('[data-testid="stHorizontalBlock"]');
+    const image = row && row.querySelector('[data-testid="stImage"] img');
+    if (image) return image.src;
+  }
+  return null;
+}"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The shipped tiny model with a sample, the four other pages' tiny models and their images, and one server
+    without a token (this local visitor may open paths)."""
+    import torch
+    from test_library_path import save_family
+    from test_prompts import save_open_clip
+    from test_sam3_concepts import build_sam3
+    from test_sam3_concepts import picture as sam3_picture
+    from test_vlm_answer import _build, noisy
+    from test_vlm_answer import picture as vlm_picture
+
+    tmp = tmp_path_factory.mktemp("reload-pages")
+    checkpoints, runs = ship_default(tmp, TINY, ["airplane", "cat", "dog"])
+    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
+    samples.mkdir(parents=True)
+    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
+    (tmp / "photo.png").write_bytes(png(32, 32, seed=2))
+    sam3_picture().save(tmp / "sam3.png")
+    vlm_picture().save(tmp / "vlm.png")
+    torch.manual_seed(0)
+    model, processor = _build("llava")
+    noisy(model).save_pretrained(tmp / "llava", max_shard_size="20KB")
+    processor.save_pretrained(tmp / "llava")
+    models = {"library": save_family(tmp / "vit_msn", "vit_msn"), "sam3": build_sam3(tmp / "sam3"),
+              "vlm": tmp / "llava", "words": save_open_clip(tmp / "open_clip", layers=2)[1]}
+    images = {"library": tmp / "photo.png", "sam3": tmp / "sam3.png", "vlm": tmp / "vlm.png",
+              "words": tmp / "photo.png"}
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp),
+           "HF_HOME": str(tmp / "hf-home"), "HF_HUB_CACHE": str(tmp / "hf-cache")}
+    with streamlit_app(env, log=tmp / "server.log", unset=(TOKEN_ENV,)) as (url, _):
+        yield url, models, images
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as browser:
+        yield browser
+
+
+def fresh_page(browser):
+    """A page in a context of its own: no cookie, no storage, a new Streamlit session."""
+    page = browser.new_context(viewport=VIEWPORT).new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    return page
+
+
+def pick(page, scope, label: str, option: str) -> None:
+    """Pick ``option`` in the selectbox labelled ``label`` inside ``scope`` by typing it, as a keyboard user would."""
+    scope.get_by_role("combobox", name=label, exact=True).click()
+    page.keyboard.type(option)
+    page.keyboard.press("Enter")
+
+
+def upload(page, image: Path) -> None:
+    page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(image))
+
+
+def query(link: str) -> dict[str, list[str]]:
+    return parse_qs(urlsplit(link).query)
+
+
+# Each page: its address, how its view is picked, the text that says the view is drawn, its map's source and the
+# link's parameters that must hold the view.
+def open_main(page, url, models, images):
+    page.goto(url)
+    page.get_by_text("cat_1.png, 32×32 px").wait_for()
+    pick(page, page, "Head", "head 2")
+
+
+def open_library(page, url, models, images):
+    page.goto(f"{url}?model={quote(str(models['library']))}")
+    upload(page, images["library"])
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    pick(page, sidebar, "Head", "head 2")
+
+
+def open_sam3(page, url, models, images):
+    from test_sam3_concepts import TEXT
+
+    page.goto(f"{url}?model={quote(str(models['sam3']))}&cthreshold=0")
+    upload(page, images["sam3"])
+    main = page.locator('[data-testid="stMain"]')
+    concept = main.get_by_role("textbox", name="Concept")
+    concept.fill(TEXT)
+    concept.press("Enter")
+    main.get_by_text(re.compile(r"decoder layer \d+, the heads' mean")).wait_for()
+    pick(page, main, "Head", "head 2")
+
+
+def open_vlm(page, url, models, images):
+    from test_vlm_answer import QUESTION
+
+    page.goto(f"{url}?model={quote(str(models['vlm']))}")
+    upload(page, images["vlm"])
+    main = page.locator('[data-testid="stMain"]')
+    length = main.get_by_role("spinbutton", name="Answer length")
+    length.fill("2")
+    length.press("Enter")
+    question = main.get_by_role("textbox", name="Question")
+    question.fill(QUESTION)
+    question.press("Enter")
+
+
+def open_words(page, url, models, images):
+    page.goto(f"{url}?model={quote(str(models['words']))}")
+    upload(page, images["words"])
+    area = page.get_by_role("textbox", name="Labels")
+    area.fill("a dog, a cat")
+    area.press("Control+Enter")
+    page.get_by_text("softmax").first.wait_for()
+    pick(page, page.locator('[data-testid="stMain"]'), "Map for", "a cat")
+
+
+PAGE = {  # opener, the view's caption, the map's source, the link's parameters the view must hold
+    "main": (open_main, re.compile(r"Layer 2 of 2, head 2"), OVERLAY_HREF, {"head": "2"}),
+    "library": (open_library, None, LIBRARY_HREF, {"map": "attention", "head": "2"}),
+    "sam3": (open_sam3, re.compile(r"decoder layer \d+, head 2"), COLOURED_MAP, {"chead": "2"}),
+    "vlm": (open_vlm, re.compile(r"Answer token 1 “"), COLOURED_MAP, {"answer_length": "2"}),
+    "words": (open_words, re.compile(r"for “a cat”"), MAP_SRC, {"wlabel": "a cat", "labels": "a dog, a cat"}),
+}
+
+
+def offered_links(page) -> list[str]:
+    """What each "Copy link to this view" on the page offers to copy (the VLM's section has one of its own)."""
+    buttons = page.get_by_role("button", name="Copy link to this view")
+    links = []
+    for i in range(buttons.count()):
+        buttons.nth(i).click()
+        code = page.locator('[data-testid="stPopoverBody"] code:visible').first
+        code.wait_for()
+        links.append(code.inner_text().strip())
+        page.keyboard.press("Escape")
+        code.wait_for(state="hidden")
+    return links
+
+
+def drawn_map(page, source: str) -> bytes:
+    """The bytes of the map's image as the page draws it, once the page has settled: a data URI's, or those the
+    server sends for a media URL."""
+    page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_timeout(500)  # a rerun a pick asked for has started by now
+    page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_function(f"() => !!({source})()")
+    src = page.evaluate(source)
+    if src.startswith("data:"):
+        return base64.b64decode(src.split(",", 1)[1])
+    response = page.request.get(urljoin(page.url, src))
+    assert response.ok, (src, response.status)
+    return response.body()
+
+
+def view_shown(page, caption, want: dict[str, str]) -> None:
+    """Wait until the view is drawn: its caption shown and its parameters in the address bar."""
+    if caption is not None:
+        page.locator('[data-testid="stMain"]').get_by_text(caption).first.wait_for()
+    page.wait_for_function("(want) => Object.entries(want).every(([k, v]) => "
+                           "new URL(location.href).searchParams.get(k) === v)", arg=want)
+
+
+def settled_to(page, source: str, before: bytes) -> bytes:
+    """The map's bytes once they are ``before``'s (a page can draw its map, then a rerun redraws it), or the last
+    ones after a while: the assertion says what differs."""
+    for _ in range(10):
+        now = drawn_map(page, source)
+        if now == before:
+            break
+        page.wait_for_timeout(1000)
+    return now
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_a_reload_and_a_link_keep_the_pages_model_view_and_map(world, browser, name):
+    url, models, images = world
+    opener, caption, source, want = PAGE[name]
+    page = fresh_page(browser)
+    try:
+        opener(page, url, models, images)
+        view_shown(page, caption, want)
+        first = drawn_map(page, source)
+        address = query(page.url)
+        if name != "main":
+            assert address["model"] == [str(models[name])]
+
+        page.reload()
+        view_shown(page, caption, want)
+        assert settled_to(page, source, first) == first, "the reload drew another map"
+        assert query(page.url) == address, "the reload lost part of the view"
+
+        links = offered_links(page)
+        assert links, "the page offers no link to its view"
+        assert [query(link) for link in links] == [address] * len(links), "a link offered is not the view"
+        link = links[0]
+        other = fresh_page(browser)
+        try:
+            other.goto(link)
+            view_shown(other, caption, want)
+            assert settled_to(other, source, first) == first, "the link drew another map"
+            assert query(other.url) == address
+        finally:
+            other.context.close()
+    finally:
+        page.context.close()
