@@ -17,6 +17,7 @@ from app_pages.explorer_sections import (
     concept_view,
     features,
     image_picker,
+    in_hand,
     library_view,
     main_view,
     map_settings,
@@ -60,6 +61,7 @@ keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
 open_in_explorer.take()  # a run, an SAE or an image another page's link hands over
+in_hand.page()  # a model vit.explore serves from this process (?model=in-hand:ID): its page alone, then stop
 share_view.read_link(may_open_path())  # a link's view, once per session, before any widget is drawn
 entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]

@@ -19,6 +19,7 @@ The functions live by concern: ``loading`` (open a model, list its maps), ``maps
 mechanism, TextSpan, SAE features) and ``sam`` (prompts in, masks out); ``arguments`` reads what they all take.
 """
 
+from vit.api.explore import explore
 from vit.api.internals import (
     TextSpan,
     ablate,
@@ -51,4 +52,4 @@ __all__ = ["load", "explain", "methods", "shipped", "samples", "ask", "ask_metho
            "ablate", "reference_means", "patching", "registers", "sinks", "Explanation", "feature_attribution",
            "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity", "Correspondences",
            "visual_logit_lens", "explain_word", "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer",
-           "segment", "Segmentation", "open_sam3", "ConceptSegmentation"]  # vit.API
+           "segment", "Segmentation", "open_sam3", "ConceptSegmentation", "explore"]  # vit.API
