@@ -16,10 +16,11 @@ image, as it does a file's).
 
 The functions live by concern: ``loading`` (open a model, list its maps), ``maps`` (``explain``), ``patch_tokens``
 (PCA, similarity, correspondences), ``vision_language`` (typed labels, words and VLMs), ``internals`` (the
-mechanism, TextSpan, SAE features) and ``sam`` (prompts in, masks out); ``arguments`` reads what they all take.
+mechanism, TextSpan, SAE features), ``sam`` (prompts in, masks out) and ``explore_page`` (the explorer's page on a
+model in hand); ``arguments`` reads what they all take.
 """
 
-from vit.api.explore import explore
+from vit.api.explore_page import explore
 from vit.api.internals import (
     TextSpan,
     ablate,

@@ -43,7 +43,7 @@ def explore(model: torch.nn.Module | Checkpoint | str | os.PathLike, *, image_si
     named by a random id in the page's ``?model=``: nothing of it is written or pickled. ``name``: what the page
     calls it (default: its class's name, or its file's). ``open_browser``: open the page in this machine's browser
     (the URL is printed either way)."""
-    from vit.app import explore_server, in_hand
+    from vit.app import in_hand
 
     checkpoint, default_name = _opened(model, image_size, mean, std, grid, prefix)
     if checkpoint.road == "library":  # the page draws the very object, from memory
@@ -54,7 +54,7 @@ def explore(model: torch.nn.Module | Checkpoint | str | os.PathLike, *, image_si
         raise ValueError("this checkpoint opened as our own ViT and has no file (a copy vit.ablate made?): explore "
                          "the checkpoint it came from, or save it first")
     try:
-        served = explore_server.serve(text)
+        served = in_hand.serve(text)
     except BaseException:
         in_hand.forget(text)
         raise
