@@ -1,7 +1,7 @@
 """``vit.explore(model)`` in a real browser (issue 117, item 5): a notebook's process (here a child Python) holds a
 tiny timm ViT built with random weights by timm itself, and calls ``vit.explore`` on the object; the page it serves
 from that process, on 127.0.0.1, names the model and draws its map over an uploaded image; closing the tab returns
-the call. The map on the page is the module's own attention: the child's forward hook on the last block's attention
+the call, and a second call's ``stop()`` stops the server it started again. The map on the page is the module's own attention: the child's forward hook on the last block's attention
 computes ``softmax(q k^T * scale)`` from that module's own ``qkv`` weights and input (not our recorder), the heads'
 mean of the CLS row over the patches, which the page's chart must carry patch for patch (row-major)."""
 
@@ -38,6 +38,15 @@ def reference(attention, args):
 model.blocks[-1].attn.register_forward_pre_hook(reference)
 vit.explore(model, name={NAME!r}, open_browser=False)
 print("RETURNED", flush=True)
+import urllib.request
+page = vit.explore(model, block=False, open_browser=False)  # a second server of this process, stopped by its call
+health = page.url.split("/?")[0] + "/_stcore/health"
+assert urllib.request.urlopen(health, timeout=30).status == 200
+page.stop()
+try:
+    urllib.request.urlopen(health, timeout=5)
+except OSError:
+    print("STOPPED", flush=True)
 """
 
 CUSTOMDATA = """() => {
@@ -84,7 +93,8 @@ def test_explore_opens_the_page_on_a_module_in_hand_and_returns_when_it_is_close
             context.close()  # the tab closed: the call returns
         process.wait(timeout=60)
         assert process.returncode == 0
-        assert "RETURNED" in process.stdout.read()
+        rest = process.stdout.read()
+        assert "RETURNED" in rest and "STOPPED" in rest, rest
     finally:
         if process.poll() is None:
             process.kill()

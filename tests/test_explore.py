@@ -55,6 +55,58 @@ def test_a_checkpoint_with_keywords_is_refused(tiny, no_server):
         vit.explore(tiny[1], mean=(0.5,) * 3)
 
 
+class Served:
+    """``in_hand.serve``'s answer, without a server: what was asked for, and whether it was waited on and stopped."""
+
+    def __init__(self, text: str):
+        self.model, self.url, self.calls = text, f"http://127.0.0.1:1/?model={text}", []
+
+    def wait(self):
+        self.calls.append(("wait", in_hand.held(self.model) is not None))
+        self.stop()
+
+    def stop(self):
+        self.calls.append("stop")
+        in_hand.forget(self.model)
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Every ``in_hand.serve`` call's answer (``Served``), no server started."""
+    answers = []
+    monkeypatch.setattr(in_hand, "serve", lambda text: answers.append(Served(text)) or answers[-1])
+    return answers
+
+
+def test_a_module_or_its_checkpoint_is_held_in_memory_while_the_call_blocks(tiny, served, capsys):
+    before = in_hand.count()
+    vit.explore(tiny[0], name="mine", open_browser=False)
+    vit.explore(tiny[1], open_browser=False)  # the checkpoint vit.load(module) gave
+    assert [in_hand.is_in_hand(s.model) for s in served] == [True, True]
+    assert [s.calls for s in served] == [[("wait", True), "stop"]] * 2 and in_hand.count() == before
+    assert capsys.readouterr().out.startswith(f"The explorer on mine: {served[0].url} (close its tab")
+    handle = vit.explore(tiny[0], block=False, open_browser=False)
+    assert handle is served[2] and handle.calls == [] and in_hand.held(handle.model).name == "VisionTransformer"
+    handle.stop()
+
+
+def test_our_own_vit_opens_on_the_page_by_its_file_under_the_access_rule(tmp_path, served):
+    from helpers import ship_default
+    from test_browser_explorer import TINY
+
+    from vit.core.runfiles import DEFAULT_CHECKPOINT
+
+    checkpoints, _ = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"])
+    vit.explore(checkpoints / DEFAULT_CHECKPOINT, open_browser=False)
+    assert served[0].model == str(checkpoints / DEFAULT_CHECKPOINT)  # ?model=PATH, as a link to it names it
+    opened = vit.load(checkpoints / DEFAULT_CHECKPOINT)
+    for given in (opened, vit.ablate(opened, [(0, 0)])):  # an object, never its file in its place: the copy keeps
+        with pytest.raises(ValueError, match=r"vit\.explore\(PATH\) for the file") as refused:  # the path
+            vit.explore(given, open_browser=False)
+        assert "\n" not in str(refused.value)
+    assert len(served) == 1
+
+
 def test_explore_is_a_name_of_vit():
     assert "explore" in vit.API and "explore" in dir(vit) and vit.explore is vit.api.explore_page.explore
 

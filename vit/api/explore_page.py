@@ -37,7 +37,8 @@ def explore(model: torch.nn.Module | Checkpoint | str | os.PathLike, *, image_si
     the server's handle: ``.url``, ``.wait()``, ``.stop()``.
 
     ``model``: a live ``torch.nn.Module`` (opened as ``vit.load(module, image_size=..., mean=..., std=...,
-    grid=..., prefix=...)`` opens it), a ``vit.load(...)`` checkpoint, or a path or Hub id. The page is served from
+    grid=..., prefix=...)`` opens it), the checkpoint ``vit.load`` gave for a module or a library's folder, or a
+    path or Hub id (our own ViT's ``.pt`` opens on the page from its file, which only a path names for sure). The page is served from
     this process by Streamlit's own server, on 127.0.0.1 and a free port, with the app's access rule (``streamlit
     run app.py``'s: open to this machine's users unless a token is configured); a model in hand reaches it in memory,
     named by a random id in the page's ``?model=``: nothing of it is written or pickled. ``name``: what the page
@@ -48,11 +49,11 @@ def explore(model: torch.nn.Module | Checkpoint | str | os.PathLike, *, image_si
     checkpoint, default_name = _opened(model, image_size, mean, std, grid, prefix)
     if checkpoint.road == "library":  # the page draws the very object, from memory
         text = in_hand.hold(checkpoint, name or default_name)
-    elif checkpoint.path is not None:  # our own ViT: the page opens its file, as a link to it does
-        text = str(checkpoint.path)
-    else:
-        raise ValueError("this checkpoint opened as our own ViT and has no file (a copy vit.ablate made?): explore "
-                         "the checkpoint it came from, or save it first")
+    elif isinstance(model, (str, os.PathLike)) and checkpoint.path is not None:  # our own ViT: the page opens its
+        text = str(checkpoint.path)  # file, as a link to it does
+    else:  # an object may differ from its file (vit.ablate's copy keeps the path): never its file in its place
+        raise ValueError("this checkpoint opened as our own ViT, which the page opens from its file: "
+                         "vit.explore(PATH) for the file; a copy changed in the notebook cannot be shown there yet")
     try:
         served = in_hand.serve(text)
     except BaseException:
