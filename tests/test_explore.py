@@ -132,6 +132,18 @@ def test_the_server_listens_on_loopback_with_the_apps_defaults_so_the_access_rul
     assert access.server_access(options["server.address"], "x" * 16).mode == "token"
 
 
+def test_inside_a_running_streamlit_app_no_second_server_is_started(monkeypatch):
+    from streamlit.runtime import Runtime, RuntimeState
+
+    class Running:
+        state = RuntimeState.ONE_OR_MORE_SESSIONS_CONNECTED
+
+    monkeypatch.setattr(Runtime, "_instance", Running())
+    with pytest.raises(RuntimeError, match="this process already runs a Streamlit app"):
+        in_hand._start()
+    assert Runtime._instance.state is RuntimeState.ONE_OR_MORE_SESSIONS_CONNECTED  # left as it was
+
+
 class FakeServer:
     """Streamlit's server as ``Explorer.wait`` reads it: whether a browser is connected, poll by poll."""
 

@@ -124,10 +124,14 @@ _LOCK = threading.Lock()
 
 def _start() -> _Serving:
     from streamlit import config
-    from streamlit.runtime import Runtime
+    from streamlit.runtime import Runtime, RuntimeState
     from streamlit.web import bootstrap
     from streamlit.web.server import Server
 
+    running = Runtime._instance
+    if running is not None and running.state not in (RuntimeState.INITIAL, RuntimeState.STOPPED):
+        raise RuntimeError("vit.explore serves the explorer from a notebook or a script: this process already runs "
+                           "a Streamlit app, whose page can open the model instead")
     root = app_root()
     if not (root / "app.py").is_file():
         raise RuntimeError(f"the app's files are not installed next to vit ({root}); reinstall the package")
