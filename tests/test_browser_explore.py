@@ -1,9 +1,11 @@
 """``vit.explore(model)`` in a real browser (issue 117, item 5): a notebook's process (here a child Python) holds a
 tiny timm ViT built with random weights by timm itself, and calls ``vit.explore`` on the object; the page it serves
 from that process, on 127.0.0.1, names the model and draws its map over an uploaded image; closing the tab returns
-the call, and a second call's ``stop()`` stops the server it started again. The map on the page is the module's own attention: the child's forward hook on the last block's attention
-computes ``softmax(q k^T * scale)`` from that module's own ``qkv`` weights and input (not our recorder), the heads'
-mean of the CLS row over the patches, which the page's chart must carry patch for patch (row-major)."""
+the call, and a second call's ``stop()`` stops the server it started again. The map on the page is the module's own
+attention: the child's forward hook on the last block's attention computes ``softmax(q k^T * scale)`` from that
+module's own ``qkv`` weights and input (not our recorder), the heads' mean of the CLS row over the patches, which
+the page's chart must carry patch for patch (row-major). The notebook refuses ``torch.save`` and pickling the module
+(or its tensors) while it serves: nothing of it is written or pickled."""
 
 import json
 import subprocess
@@ -36,6 +38,17 @@ def reference(attention, args):
     with open(sys.argv[1], "w") as f:
         json.dump(rows.tolist(), f)
 model.blocks[-1].attn.register_forward_pre_hook(reference)
+import pickle
+def refuse(*args, **kwargs):  # nothing of the module is pickled or saved, the page's whole work included
+    print("PICKLED", flush=True)
+    raise AssertionError("pickled or saved")
+def of_the_model(value):  # the module, a tensor, a checkpoint holding it, or a state dict
+    values = value.values() if isinstance(value, dict) else [value, getattr(value, "model", None)]
+    return any(isinstance(v, (torch.nn.Module, torch.Tensor)) for v in values)
+def guarded(pickles):  # other objects pickle as ever (jinja2 pickles its version at its import)
+    return lambda value, *args, **kwargs: (refuse() if of_the_model(value) else pickles(value, *args, **kwargs))
+torch.save = refuse
+pickle.dump, pickle.dumps = guarded(pickle.dump), guarded(pickle.dumps)
 vit.explore(model, name={NAME!r}, open_browser=False)
 print("RETURNED", flush=True)
 import urllib.request
@@ -94,7 +107,7 @@ def test_explore_opens_the_page_on_a_module_in_hand_and_returns_when_it_is_close
         process.wait(timeout=60)
         assert process.returncode == 0
         rest = process.stdout.read()
-        assert "RETURNED" in rest and "STOPPED" in rest, rest
+        assert "RETURNED" in rest and "STOPPED" in rest and "PICKLED" not in rest, rest
     finally:
         if process.poll() is None:
             process.kill()

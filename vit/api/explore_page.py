@@ -38,12 +38,12 @@ def explore(model: torch.nn.Module | Checkpoint | str | os.PathLike, *, image_si
 
     ``model``: a live ``torch.nn.Module`` (opened as ``vit.load(module, image_size=..., mean=..., std=...,
     grid=..., prefix=...)`` opens it), the checkpoint ``vit.load`` gave for a module or a library's folder, or a
-    path or Hub id (our own ViT's ``.pt`` opens on the page from its file, which only a path names for sure). The page is served from
-    this process by Streamlit's own server, on 127.0.0.1 and a free port, with the app's access rule (``streamlit
-    run app.py``'s: open to this machine's users unless a token is configured); a model in hand reaches it in memory,
-    named by a random id in the page's ``?model=``: nothing of it is written or pickled. ``name``: what the page
-    calls it (default: its class's name, or its file's). ``open_browser``: open the page in this machine's browser
-    (the URL is printed either way)."""
+    path or Hub id (our own ViT's ``.pt`` opens on the page from its file, which only a path names for sure). The
+    page is served from this process by Streamlit's own server, on 127.0.0.1 and a free port, with the app's access
+    rule (``streamlit run app.py``'s: open to this machine's users unless a token is configured); a model in hand
+    reaches it in memory, named by a random id in the page's ``?model=``: nothing of it is written or pickled.
+    ``name``: what the page calls it (default: its class's name, or its file's). ``open_browser``: open the page in
+    this machine's browser (the URL is printed either way)."""
     from vit.app import in_hand
 
     checkpoint, default_name = _opened(model, image_size, mean, std, grid, prefix)
