@@ -12,7 +12,7 @@ from helpers import displayed
 from test_module_road import IMAGENET, Leftover
 
 import vit
-from vit.app import in_hand
+from vit.app.notebook import in_hand
 from vit.checkpoint import CheckpointError
 from vit.runs import access
 

@@ -1,7 +1,7 @@
 """The explorer on a model in hand (issue 117, item 5): a page whose ``?model=`` names a model ``vit.explore`` holds
-in this process (``vit.app.in_hand``) draws that very object with the library road's view (``library_view``), an
-uploaded image in; no file of the model is read or written. A name this process does not hold (the call returned,
-a link from another server) says so in one line."""
+in this process (``vit.app.notebook.in_hand``) draws that very object with the library road's view
+(``library_view``), an uploaded image in; no file of the model is read or written. A name this process does not hold
+(the call returned, a link from another server) says so in one line."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -9,8 +9,9 @@ from pathlib import Path
 import streamlit as st
 
 from app_pages.explorer_sections import library_view, starting
-from vit.app import catalog, in_hand
+from vit.app import catalog
 from vit.app import explorer_page as explorer
+from vit.app.notebook import in_hand
 from vit.checkpoint import Checkpoint
 from vit.core.text import escape_markdown, visible
 

@@ -44,7 +44,7 @@ def explore(model: torch.nn.Module | Checkpoint | str | os.PathLike, *, image_si
     reaches it in memory, named by a random id in the page's ``?model=``: nothing of it is written or pickled.
     ``name``: what the page calls it (default: its class's name, or its file's). ``open_browser``: open the page in
     this machine's browser (the URL is printed either way)."""
-    from vit.app import in_hand
+    from vit.app.notebook import in_hand
 
     checkpoint, default_name = _opened(model, image_size, mean, std, grid, prefix)
     if checkpoint.road == "library":  # the page draws the very object, from memory
