@@ -36,6 +36,7 @@ from app_pages.explorer_sections.compare_checkpoints import compare_checkpoints
 from app_pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
 from app_pages.explorer_sections.dense_features import dense_features
 from app_pages.explorer_sections.image_picker import pick_image
+from app_pages.explorer_sections.in_hand import page as in_hand_page
 from app_pages.explorer_sections.map_settings import choose_class, choose_map, main_map
 from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
@@ -61,6 +62,7 @@ keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
 open_in_explorer.take()  # a run, an SAE or an image another page's link hands over
+in_hand_page()  # a model vit.explore serves from this process (?model=in-hand:ID): its page alone, then stop
 share_view.read_link(may_open_path())  # a link's view, once per session, before any widget is drawn
 entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]

@@ -213,8 +213,8 @@ def test_the_circle_check_catches_a_circle_between_pages_and_through_app_py(tmp_
 
 
 # The notebook API computes through the engine; it reaches into ``vit.app`` only where it draws as the explorer draws
-# (a Plotly picker, the HTML export), and only when that is asked for.
-API_DISPLAY = {"figure", "to_html", "html"}  # html: the text to_html writes (the explorer's Download)
+# (a Plotly picker, the HTML export), and only when that is asked for; ``explore`` serves the explorer's page itself.
+API_DISPLAY = {"figure", "to_html", "html", "explore"}  # html: the text to_html writes (the explorer's Download)
 
 
 def app_imports_outside(path: Path, allowed: set[str]) -> list[str]:

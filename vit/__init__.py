@@ -4,6 +4,7 @@
     vit.explain(checkpoint, "photo.jpg", "rollout")       # an Explanation: .map, .overlay(), .figure()
     vit.methods(checkpoint)                               # the maps this model gets (no argument: every map)
     vit.ask(clip, "photo.jpg", ["a dog", "a cat"])        # CLIP / SigLIP zero-shot scores and maps
+    vit.explore(model, image_size=224)                    # the explorer page on a model in hand
 
 ``import vit`` imports nothing else: these names load ``vit.api`` (which uses the explorer's own functions) when
 first used, so the core and the commands never pay for it. ``vit.explain`` stays the ``vit.explain`` package for
@@ -70,7 +71,8 @@ API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods",
        "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
        "Correspondences", "visual_logit_lens", "explain_word",
        "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer", "segment",
-       "Segmentation", "open_sam3", "ConceptSegmentation")  # no name of a module: vit.predict is the command
+       "Segmentation", "open_sam3", "ConceptSegmentation",
+       "explore")  # no name of a module: vit.predict is the command
 
 
 def __getattr__(name: str):

@@ -16,9 +16,11 @@ image, as it does a file's).
 
 The functions live by concern: ``loading`` (open a model, list its maps), ``maps`` (``explain``), ``patch_tokens``
 (PCA, similarity, correspondences), ``vision_language`` (typed labels, words and VLMs), ``internals`` (the
-mechanism, TextSpan, SAE features) and ``sam`` (prompts in, masks out); ``arguments`` reads what they all take.
+mechanism, TextSpan, SAE features), ``sam`` (prompts in, masks out) and ``explore_page`` (the explorer's page on a
+model in hand); ``arguments`` reads what they all take.
 """
 
+from vit.api.explore_page import explore
 from vit.api.internals import (
     TextSpan,
     ablate,
@@ -51,4 +53,4 @@ __all__ = ["load", "explain", "methods", "shipped", "samples", "ask", "ask_metho
            "ablate", "reference_means", "patching", "registers", "sinks", "Explanation", "feature_attribution",
            "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity", "Correspondences",
            "visual_logit_lens", "explain_word", "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer",
-           "segment", "Segmentation", "open_sam3", "ConceptSegmentation"]  # vit.API
+           "segment", "Segmentation", "open_sam3", "ConceptSegmentation", "explore"]  # vit.API
