@@ -3,6 +3,7 @@
     python bench/profile_train_step.py                                  # cifar-m, the GPU recipe, random images
     python bench/profile_train_step.py --data data/cifar10/train --batch-size 1024 --out step.txt
     python bench/profile_train_step.py --device cpu --steps 3 --warmup 1 -- --preset tintn-cifar10
+    python bench/profile_train_step.py --device cpu --steps 2 --warmup 1 --images 500 -- --preset tintn-cifar10
 
 Why: on an H200 (bench/results/h200-2026-11-26) a 256-image step of cifar-m took about 23 ms inside ``vit.train``,
 about what ``bench_gpu.py`` measured for a 1,024-image step of the model alone: a fixed cost per step, not the
@@ -36,11 +37,24 @@ from vit.training import options  # noqa: E402
 from vit.training.data import Dataset, Split, load_dataset  # noqa: E402
 from vit.training.trainer import Trainer  # noqa: E402
 
+RANDOM_IMAGES = 50_000  # CIFAR-10's training split: 45,000 trained on, 5,000 validated (a tenth held out)
 PHASES = ("step: augment", "step: forward", "step: backward", "step: optimizer", "step: ema")
 
 
-def build(device: str, data_dir: str | None, extra: list[str]) -> Trainer:
-    """A Trainer as ``vit.train`` builds it for ``RECIPE + extra`` (no run folder)."""
+def random_data(count: int, channels: int, side: int) -> Dataset:
+    """``count`` random images of ``side`` px in 10 classes, the last tenth held out for validation: at the default
+    ``RANDOM_IMAGES``, CIFAR-10's training split's shape (45,000 + 5,000)."""
+    images = torch.randint(0, 256, (count, channels, side, side), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(count) % 10
+    train = count - count // 10
+    return Dataset("random", [str(i) for i in range(10)], Split(images[:train], labels[:train]),
+                   Split(images[train:], labels[train:]), (0.5,) * 3, (0.25,) * 3, True)
+
+
+def build(device: str, data_dir: str | None, extra: list[str], images: int = RANDOM_IMAGES) -> Trainer:
+    """A Trainer as ``vit.train`` builds it for ``RECIPE + extra`` (no run folder); without ``data_dir``, on
+    ``images`` random images (``random_data``)."""
     recipe = RECIPE if device.startswith("cuda") else [a for a in RECIPE if a not in ("--compile", "--precision",
                                                                                        "bf16")]
     args = options.parse_args(["--dataset", f"folder:{data_dir or 'unused'}", "--out", "unused", *recipe, *extra,
@@ -49,12 +63,8 @@ def build(device: str, data_dir: str | None, extra: list[str]) -> Trainer:
     side = args.image_size_resolved
     if data_dir:
         data = load_dataset(f"folder:{data_dir}", side, args.channels, val_fraction=0.1, seed=0)
-    else:  # CIFAR-10's training split's shape: 45,000 + 5,000 random images
-        images = torch.randint(0, 256, (50_000, args.channels, side, side), dtype=torch.uint8,
-                               generator=torch.Generator().manual_seed(0))
-        labels = torch.arange(50_000) % 10
-        data = Dataset("random", [str(i) for i in range(10)], Split(images[:45_000], labels[:45_000]),
-                       Split(images[45_000:], labels[45_000:]), (0.5,) * 3, (0.25,) * 3, True)
+    else:  # CIFAR-10's training split's shape by default: 45,000 + 5,000 random images
+        data = random_data(images, args.channels, side)
     return Trainer(options.settings_from_args(args), data, None, device=device)
 
 
@@ -79,7 +89,7 @@ def device_time_us(event) -> float:
     return 0.0
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--data", help="image folder <class>/<image> (default: random CIFAR-shaped images)")
@@ -87,10 +97,20 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (compilation)")
     parser.add_argument("--steps", type=int, default=50, help="timed and then profiled steps")
     parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--images", type=int, default=RANDOM_IMAGES,
+                        help="without --data: how many random images, a tenth of them validated (default: "
+                             "CIFAR-10's 45,000 + 5,000)")
     parser.add_argument("extra", nargs="*", help="vit.train options after --, e.g. -- --preset cifar-s")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = parser().parse_args()
+    if args.images < 20:
+        raise SystemExit("profile_train_step.py: error: --images needs at least 20 (a tenth, at least 2, is "
+                         "validated)")
     extra = list(args.extra) + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
-    trainer = build(args.device, args.data, extra)
+    trainer = build(args.device, args.data, extra, args.images)
     device = trainer.device
     lines = [f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch "
              f"{torch.__version__}, batch {trainer.local_batch}, recipe {' '.join(RECIPE + extra)}"]

@@ -105,9 +105,21 @@ def test_runs_side_by_side_share_the_budget_and_each_best_pt_is_evaluated_as_it_
 
 
 def test_the_step_profile_reports_every_phase_the_trainer_labels():
-    done = run("bench/profile_train_step.py", "--device", "cpu", "--steps", "2", "--warmup", "1", "--", *TINY)
+    # 500 random images, not the default 50,000 (CIFAR-10's shape, which the test below checks): the two
+    # validations of 5,000 images were half of this test's time on CPU, and no phase of a step depends on the count
+    done = run("bench/profile_train_step.py", "--device", "cpu", "--steps", "2", "--warmup", "1", "--images", "500",
+               "--", *TINY)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = {line.split("  ")[0].strip(): line.split() for line in done.stdout.splitlines() if line.startswith("step:")}
     assert set(rows) == {"step: augment", "step: forward", "step: backward", "step: optimizer", "step: ema"}
     assert all(float(row[2]) > 0 for row in rows.values())  # host milliseconds a step in each phase
-    assert "images/s" in done.stdout and "validation of 5000 images: first" in done.stdout  # CIFAR-10-shaped data
+    assert "images/s" in done.stdout and "validation of 50 images: first" in done.stdout  # a tenth held out
+
+
+def test_the_step_profiles_random_data_is_cifar_10_shaped_by_default():
+    from bench.profile_train_step import RANDOM_IMAGES, parser, random_data
+
+    assert parser().parse_args([]).images == RANDOM_IMAGES
+    data = random_data(RANDOM_IMAGES, 3, 1)  # 1 px: the split's shape, not the pixels, is the subject
+    assert (len(data.train), len(data.val)) == (45_000, 5_000) and data.train.images.shape[1:] == (3, 1, 1)
+    assert sorted(set(data.val.labels.tolist())) == list(range(10))
