@@ -383,14 +383,17 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
 
 def _other_calls(model: torch.nn.Module, modules: int, layout: LibraryLayout, channels: int) -> bool:
     """Whether ``model``'s forward (traced on the meta device by the recorder at the attention function) makes more
-    attention calls than its ``modules`` timm Attention layers: then those are not all its layers."""
+    attention calls than its ``modules`` timm Attention layers: then those are not all its layers. The calls of its
+    attention-pooling head (``attn_pool``: PE-Core's MAP, which this road records itself, ``pooling_head``) are not
+    layers."""
     from vit.sources.library_road import recorded_road
 
     try:
         calls, _, _ = recorded_road._trace(model, layout.image_hw, channels)
     except Exception:  # noqa: BLE001 - a forward the meta device cannot run: the timm road's own check decides
         return False
-    return len(calls) > modules
+    layers = [call for call in calls if call.name != "attn_pool" and not call.name.startswith("attn_pool.")]
+    return len(layers) > modules
 
 
 def _recorded(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn.Module, names: list[str], kind: str,
