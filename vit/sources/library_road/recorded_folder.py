@@ -62,6 +62,7 @@ class ImagePart(torch.nn.Module):
         self.model = model
         self.features = callable(getattr(model, "get_image_features", None)) and "input_ids" in inspect.signature(
             type(model).forward).parameters
+        self.embeds = self.features  # its output an embedding (a projection's), not a classifier's logits
 
     def forward(self, pixel_values: torch.Tensor):
         out = (self.model.get_image_features(pixel_values=pixel_values) if self.features
@@ -106,7 +107,8 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): {_one_line(e)}") from None
     mean, std = processor.get("image_mean"), processor.get("image_std")
-    if image_processor is not None and not processor.get("do_normalize") and (mean is None or std is None):
+    if image_processor is not None and (processor.get("do_normalize") is False or not processor.get("do_normalize")
+                                        and (mean is None or std is None)):
         # a processor that does not normalise (GLPN's, SuperPoint's: a rescale to [0, 1] only): as it feeds the model
         mean, std = (0.0,) * int(getattr(config, "num_channels", 3)), (1.0,) * int(getattr(config, "num_channels", 3))
     if mean is None or std is None:
