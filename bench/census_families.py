@@ -141,6 +141,11 @@ FAMILIES: list[Family] = [
     hf("Mllama vision", "MllamaVisionModel"),
     hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"),
     hf("Qwen3-VL vision", "Qwen3VLVisionModel"),
+    # --- transformers: whole folders as the Hub ships them (issue 117), beside the parts above
+    hf("TIPSv2 (whole)", "Tipsv2Model"),
+    hf("ViTPose (pose estimation)", "VitPoseForPoseEstimation"),
+    hf("Pixtral vision", "PixtralVisionModel"),
+    hf("Molmo 2 vision", "Molmo2VisionModel", num_position_embeddings=16),  # its 4x4 grid at 32 px
     # --- transformers: SAM's kind (windows, a relative position bias, a neck)
     hf("SAM vision encoder", "SamVisionModel", global_attn_indexes=[1], output_channels=16, mlp_dim=64,
        window_size=2),

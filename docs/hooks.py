@@ -216,7 +216,8 @@ def census_markdown() -> str:
                "beside the vision towers of composite models. ") if kinds else ""
     text = (f"{counted}Of the {totals['families']} vision families of transformers, timm and open_clip it builds, "
             f"{totals['with_attention']} have attention: {totals['open']} of those open, {totals['open_and_draw']} "
-            f"draw, and {totals['refused']} are refused in one line naming why. {totals['build_failed']} could not "
+            f"draw ({100 * totals['open_and_draw'] // max(totals['with_attention'], 1)} % of those with attention), "
+            f"and {totals['refused']} are refused in one line naming why. {totals['build_failed']} could not "
             f"be built tiny and {totals['timed_out']} ran past the time limit "
             f"(`{path.relative_to(ROOT).with_suffix('.md').as_posix()}`, from `bench/census_families.py`, "
             f"{run.get('date', '')}).")

@@ -655,3 +655,27 @@ def test_the_readmes_vlm_census_figure_is_the_newest_census_and_the_vlm_page_sho
     assert [int(v) for v in figures] == [totals["types"], totals["built"], totals["answered"], totals["placed"]]
     page = (ROOT / "docs" / "models" / "vlm.md").read_text()
     assert page == site.refreshed(page) and site.census_vlm_markdown() in page
+
+
+CENSUS = re.compile(r"Of the (\d+) vision families of transformers, timm and open_clip it builds, (\d+) have attention: "
+                    r"(\d+) of those open, (\d+) draw \((\d+) % of those with attention\), and (\d+) are refused in "
+                    r"one line naming why\. (\d+) could not be built tiny .*?\(`(bench/results/[^`]+/census\.md)`")
+
+
+def test_the_readmes_census_figure_is_the_newest_census_and_the_image_page_shows_it():
+    """Issue 117: the README's census figure (and the image page's) reads the newest ``census.json``, its share of
+    the families with attention that open and draw counted from its totals, not typed."""
+    site = hooks()
+    [found] = CENSUS.findall(" ".join(README.split()))  # the sentence as read, across its lines
+    *figures, path = found
+    run = json.loads((ROOT / path).with_suffix(".json").read_text())
+    newest = max((json.loads(p.read_text()).get("date", ""), p.as_posix())
+                 for p in (ROOT / "bench" / "results").glob("*/census.json"))
+    assert ((ROOT / path).with_suffix(".json").as_posix(), run.get("date", "")) == (newest[1], newest[0])
+    totals = run["totals"]
+    assert [int(v) for v in figures] == [totals["families"], totals["with_attention"], totals["open"],
+                                         totals["open_and_draw"],
+                                         100 * totals["open_and_draw"] // totals["with_attention"],
+                                         totals["refused"], totals["build_failed"]]
+    page = (ROOT / "docs" / "models" / "image.md").read_text()
+    assert page == site.refreshed(page) and site.census_markdown() in page

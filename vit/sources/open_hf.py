@@ -16,7 +16,7 @@ from vit.checkpoint import Checkpoint, CheckpointError, Preprocessing
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import hf_preprocessing
-from vit.sources.library_road import transformers_models
+from vit.sources.library_road import recorded_folder, transformers_models
 from vit.sources.open_shared import _config, _finish, build_model, default_class_names, unsupported
 from vit.sources.ports.families import (
     hf,
@@ -256,8 +256,9 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
         return open_plugin_family(family, folder, config_json, map_location)
     if config_json.get("model_type") in HF_VLMS:
         return open_vlm(folder, config_json, map_location)
-    if config_json.get("model_type") in HF_FAMILIES:
-        return open_hf_family(folder, config_json, map_location)
+    if config_json.get("model_type") in HF_FAMILIES:  # a class its port does not read: transformers' own, for vit.load
+        return recorded_folder.other_class(folder, config_json, HF_FAMILIES[config_json["model_type"]], library_road,
+            hf_image_processor, map_location) or open_hf_family(folder, config_json, map_location)
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     if config_json.get("model_type") not in registry.hf_model_types():  # no port: the library road, where it runs
@@ -268,10 +269,9 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
             answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
                        "question), vit-predict --ask" if registry.vlm_architecture(str(config_json.get("model_type")))
                        else "")
-            from vit.sources.library_road.recorded_folder import open_recorded_folder  # off the interface: the
-            return open_recorded_folder(folder, config_json, hf_image_processor(folder), (  # recorder's, or why not
+            return recorded_folder.open_recorded_folder(folder, config_json, hf_image_processor(folder), (  # the
                 f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
-                f"{answers}"), map_location)
+                f"{answers}"), map_location)  # recorder at the attention function's road, or why not
         if transformers_models.opens(config_json):  # the callers that read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
                               "in the notebook API (vit.load) and the explorer, which draw its attention and rollout, "
@@ -286,9 +286,9 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
         model_type = str(config_json.get("model_type"))
         raise SourceError(unsupported(f"HF model type {model_type!r} ({folder})", model_type,
                                       registry.hf_model_types()))
-    if architecture is not None and architecture not in hf.ARCHITECTURES:
-        raise SourceError(unsupported(f"HF architecture {architecture} ({folder})", architecture, HF_ARCHITECTURES,
-                                      hf_family))
+    if architecture is not None and architecture not in hf.ARCHITECTURES:  # transformers' own class, for vit.load
+        return recorded_folder.unported_class(unsupported(f"HF architecture {architecture} ({folder})", architecture,
+            HF_ARCHITECTURES, hf_family), library_road, folder, config_json, hf_image_processor, map_location)
     state = read_hf_weights(folder, map_location)
     architecture = architecture or hf_architecture(config_json, state)
     origin = f"{folder} ({architecture})"

@@ -1,6 +1,10 @@
-"""A transformers folder whose attention runs off transformers' attention interface (ViTDet, BLIP's vision, ...):
-built as transformers builds it and opened through the recorder at the attention function itself
-(``module_road``, ``vit.core.attention_recorder``), which sees the softmax its attention modules compute.
+"""A transformers folder whose attention runs off transformers' attention interface (ViTDet, BLIP's vision, ...), or
+on it but with no patch size in its config for the library road to place its tokens by (SigLIP's classifier, whose
+patch size sits in its ``vision_config``; a dual encoder; DETR's encoder over a CNN's map): built as transformers
+builds it and opened through the recorder at the attention function itself (``module_road``,
+``vit.core.attention_recorder``), which sees the softmax (or ``F.scaled_dot_product_attention``) its attention modules
+compute and reads the patch embedding from the traced forward. A model that also reads text (a dual encoder) runs
+its image features (``get_image_features``); a classifier's output is its logits.
 
 The folder's image processor says the input size and the normalisation (the module carries neither); where the
 recorder cannot place the model's tokens either (windows, pooled stages, group tokens), the folder is refused in one
@@ -9,6 +13,7 @@ line naming what is missing.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,6 +38,42 @@ def off_interface(config_json: Mapping) -> bool:
                 or tm._backbone_class(config_json) is not None)
 
 
+def no_patch_size(config_json: Mapping) -> bool:
+    """Whether the library road refuses the folder for want of a patch size in its config (the recorder reads it
+    from the patch embedding instead): its config class declares none where the library road reads one."""
+    from transformers import CONFIG_MAPPING
+
+    from vit.sources.library_road import transformers_models as tm
+
+    try:
+        return not (tm.declares_patch(config_json) or hasattr(CONFIG_MAPPING[config_json["model_type"]](),
+                                                               "patch_size"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+class ImagePart(torch.nn.Module):
+    """A transformers model as the recorder's road runs it: one batch of pixels in; out, a classifier's logits (the
+    classifier's own linear layer's output), a model that reads text too its image features
+    (``get_image_features``), else the model's own output. Nothing of the model is copied."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.features = callable(getattr(model, "get_image_features", None)) and "input_ids" in inspect.signature(
+            type(model).forward).parameters
+        self.embeds = self.features  # its output an embedding (a projection's), not a classifier's logits
+
+    def forward(self, pixel_values: torch.Tensor):
+        out = (self.model.get_image_features(pixel_values=pixel_values) if self.features
+               else self.model(pixel_values=pixel_values))
+        logits = getattr(out, "logits", None)
+        if isinstance(logits, torch.Tensor):
+            return logits
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if self.features and isinstance(pooled, torch.Tensor) else out
+
+
 def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Mapping | None, refusal: str,
                          map_location: str | torch.device = "cpu") -> Checkpoint:
     """The folder's model as transformers builds it, through the recorder at the attention function, its input size
@@ -43,7 +84,8 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
     from vit.sources.library_road import module_road
     from vit.sources.library_road import transformers_models as tm
 
-    if not off_interface(config_json):
+    patchless = not off_interface(config_json)
+    if patchless and not no_patch_size(config_json):
         raise SourceError(refusal)
     model_type = config_json["model_type"]
     processor = dict(image_processor or {})
@@ -65,15 +107,58 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): {_one_line(e)}") from None
     mean, std = processor.get("image_mean"), processor.get("image_std")
+    if image_processor is not None and (processor.get("do_normalize") is False or not processor.get("do_normalize")
+                                        and (mean is None or std is None)):
+        # a processor that does not normalise (GLPN's, SuperPoint's: a rescale to [0, 1] only): as it feeds the model
+        mean, std = (0.0,) * int(getattr(config, "num_channels", 3)), (1.0,) * int(getattr(config, "num_channels", 3))
     if mean is None or std is None:
         raise SourceError(f"{refusal}; nor can the recorder at the attention function open it, as the folder has no "
                           "image processor declaring its image_mean and image_std")
     try:
-        checkpoint = module_road.open_module(model, image_size=size, mean=mean, std=std)
+        checkpoint = module_road.open_module(ImagePart(model) if patchless else model, image_size=size, mean=mean,
+                                             std=std)
     except SourceError as e:
         reason = str(e).partition(": ")[2] or str(e)
+        if patchless:
+            raise SourceError(f"{refusal}; nor can the recorder at the attention function place it: {reason}") from None
         raise SourceError(f"{folder}: {model_type} has no port here, its attention runs off transformers' attention "
                           f"interface, and the recorder at the attention function cannot place it: {reason}") from None
     checkpoint.path = folder
     checkpoint.metadata["source"].update(kind="library", path=str(folder))
     return checkpoint
+
+
+def unported_class(refusal: str, library_road: bool, folder: Path, config_json: Mapping, processor,
+                   map_location: str | torch.device = "cpu") -> Checkpoint:
+    """A folder of a model_type a port reads but of a class it does not (SigLIP's classifier beside its ported dual
+    encoder), where ``vit.load`` asks (``library_road``): as transformers builds that class, on the library road where
+    it takes it, else through the recorder at the attention function; else ``refusal`` (the port's one line).
+    ``processor(folder)``: its image processor's settings."""
+    import transformers
+
+    from vit.sources.library_road import transformers_models as tm
+
+    named = config_json.get("architectures")
+    if not library_road or not (isinstance(named, list) and named and isinstance(
+            getattr(transformers, str(named[0]), None), type)):
+        raise SourceError(refusal)
+    if tm.opens(config_json):
+        return tm.open_library(folder, config_json, processor(folder), map_location)
+    missing = tm.missing_piece(config_json)
+    return open_recorded_folder(folder, config_json, processor(folder), f"{refusal}; as transformers builds it "
+                                f"{missing or 'the library road does not take it'}", map_location)
+
+
+def other_class(folder: Path, config_json: Mapping, family: tuple, library_road: bool, processor,
+                map_location: str | torch.device = "cpu") -> Checkpoint | None:
+    """``unported_class`` for a folder of a 2025-26 family (``family``: its port's module and the classes it reads)
+    whose config names another of transformers' classes (SigLIP's classifier), where ``vit.load`` asks; None where
+    the port reads the class, or refuses it by name (its module's ``REFUSED``)."""
+    module, ported = family
+    named = config_json.get("architectures")
+    name = str(named[0]) if isinstance(named, list) and named else None
+    if not library_road or name is None or name in ported or name in getattr(module, "REFUSED", {}):
+        return None
+    refusal = (f"HF architecture {name} ({folder}) is not supported; supported: {', '.join(ported)} for "
+               f"{config_json.get('model_type')}")
+    return unported_class(refusal, library_road, folder, config_json, processor, map_location)

@@ -382,8 +382,10 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     channels = _channels(module)
     preprocessing = _preprocessing(module, image_hw, channels, mean, std)
     layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix)
-    # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits
-    classifier = classifier and not type(module).__module__.startswith("open_clip")
+    # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
+    # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
+    classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
+                                                                                                    False)
     names = {name: m for name, m in module.named_modules()}
     stand_in = ViTConfig(image_size=preprocessing.image_size, patch_size=layout.patch_hw if layout.patch_hw[0] !=
                          layout.patch_hw[1] else layout.patch_hw[0], num_channels=channels, num_classes=0)
