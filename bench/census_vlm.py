@@ -243,6 +243,20 @@ def _token_ids(config: dict, processor, words, vocab: int, image: int | None) ->
             config[key] = [v if 0 <= v < vocab else 1 for v in value]
 
 
+def _marker_ids(config: dict, processor, words) -> None:
+    """The ids of the processor's marker tokens the config leaves out (in place): its ``<x>_token`` gives
+    ``<x>_token_id``, a ``bos``/``eos`` one also the ``start``/``end`` name (the Qwen Omni thinkers' code reads
+    ``vision_start_token_id``, which their configs' defaults lack and their checkpoints' config.json sets)."""
+    for key, value in vars(processor).items():
+        if not (key.endswith("_token") and isinstance(value, str) and value):
+            continue
+        token = words.convert_tokens_to_ids(value)
+        if token == words.unk_token_id:
+            continue
+        for name in {key, key.replace("_bos_", "_start_"), key.replace("_eos_", "_end_")}:
+            config.setdefault(f"{name}_id", token)
+
+
 def _processor(processor_class, model_type: str, specials: list[str], named: dict[str, str]):
     """``(processor, tokenizer)``: ``processor_class`` built from its parts' default classes for ``model_type``
     over a word-level tokenizer holding ``specials`` and the ``named`` tokens."""
@@ -338,14 +352,57 @@ def generic_build(model_type: str):
         config["vision_config"] = vision().to_dict()
     config = _shrunk(config)
     _token_ids(config, processor, words, len(words), expanded)
+    _marker_ids(config, processor, words)
     side = _processor_side(processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
             sub["image_size"] = side
-    config = CONFIG_MAPPING[model_type].from_dict(config)
     model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
+    _patch_agreed(config, processor)
+    _sections(config, model_class)
+    config = CONFIG_MAPPING[model_type].from_dict(config)
     _bounded(model_class, config)
     return model_class(config), processor
+
+
+# The image processor's patch fields and the vision config's names for them
+PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal_patch_size",),
+                "merge_size": ("spatial_merge_size", "merge_size")}
+
+
+def _patch_agreed(config: dict, processor) -> None:
+    """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
+    (in place): the processor cuts the pixels into its patches, which the tower's patch embedding must take."""
+    images = getattr(processor, "image_processor", None)
+    for field, names in PATCH_FIELDS.items():
+        value = getattr(images, field, None)
+        if not _whole(value):
+            continue
+        for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
+            for name in names:
+                if _whole(sub.get(name)):
+                    sub[name] = value
+
+
+def _sections(config: dict, model_class) -> None:
+    """The language model's M-RoPE sections where its code reads them from the rope dict with a default for the
+    full-size head (``rope_parameters.get("mrope_section", [16, 24, 24])``) and the config states none (in place):
+    three sections over the shrunk head's half-width, which the full-size default would not sum to."""
+    import inspect
+
+    try:
+        code = inspect.getsource(sys.modules[model_class.__module__])
+    except (OSError, TypeError, KeyError):
+        return
+    if '.get("mrope_section"' not in code:
+        return
+    for sub in (config, config.get("text_config")):
+        rope = sub.get("rope_parameters") if isinstance(sub, dict) else None
+        hidden, heads = _first(sub or {}, ("hidden_size",)), _first(sub or {}, HEADS)
+        if not isinstance(rope, dict) or "mrope_section" in rope or not (hidden and heads):
+            continue
+        half = (_first(sub, ("head_dim",)) or hidden // heads) // 2
+        rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
 
 
 def _bounded(model_class, config) -> None:
