@@ -254,7 +254,8 @@ def _marker_ids(config: dict, processor, words) -> None:
         if token == words.unk_token_id:
             continue
         for name in {key, key.replace("_bos_", "_start_"), key.replace("_eos_", "_end_")}:
-            config.setdefault(f"{name}_id", token)
+            if f"{name}_id" not in config and f"{name}_index" not in config:  # Aya Vision's image_token_index
+                config[f"{name}_id"] = token
 
 
 def _processor(processor_class, model_type: str, specials: list[str], named: dict[str, str]):
