@@ -310,6 +310,26 @@ def _processor_side(processor) -> int | None:
     return None
 
 
+def _side_agreed(config: dict, processor) -> int | None:
+    """The square side the tower takes, its image processor made to resize to it where the processor states what
+    fixes it: its own tile side (``img_size``: Aya Vision's tokens per tile are counted on it), or a token count
+    (``image_seq_length``) counted on the vision config's default side (Ovis 2, Qianfan-OCR); else the image
+    processor's own side (the config then takes it)."""
+    images = getattr(processor, "image_processor", None)
+    own = (config.get("vision_config") or {}).get("image_size")
+    own = own[0] if isinstance(own, list) and own and all(_whole(v) and v == own[0] for v in own) else own
+    if _whole(getattr(processor, "img_size", None)):
+        side = processor.img_size
+    elif _whole(getattr(processor, "image_seq_length", None)) and _whole(own):
+        side = own
+    else:
+        return _processor_side(processor)
+    size = getattr(images, "size", None)
+    if size is not None and _whole(getattr(size, "height", None)):
+        images.size = type(size)(height=side, width=side)
+    return side
+
+
 def sample_image():
     """The census's image: random pixels, not square (70 x 90), so a transposed placement shows."""
     import numpy as np
@@ -354,7 +374,7 @@ def generic_build(model_type: str):
     config = _shrunk(config)
     _token_ids(config, processor, words, len(words), expanded)
     _marker_ids(config, processor, words)
-    side = _processor_side(processor)
+    side = _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
             sub["image_size"] = side
