@@ -36,14 +36,16 @@ from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
-         "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3"]
+         "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr"]
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
 # processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid,
 # Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
 # Omni thinkers (their vision_start_token_id from the processor's vision_bos_token), PaddleOCR-VL (M-RoPE sections
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "paddleocr_vl", "video_llama_3")
+           "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr")
+# Types that answer but are not placed: Aya Vision's and Qianfan-OCR's 13 tiles at the side their processor fixes
+UNPLACED = ("aya_vision", "qianfan_ocr")
 
 
 def build(kind: str):
@@ -136,10 +138,19 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
 # the grid the processor's image_grid_thw states, merged by the image processor's merge_size
 GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
          "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2), "qwen2_5_omni_thinker": None,
-         "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None}
+         "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
+         "ovis2": ((16, 16), 1)}  # Ovis 2: 224-px images, 14-px patches, the 256 tokens its processor counts
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", UNPLACED)
+def test_tiles_no_layout_states_answer_and_a_map_is_refused_in_one_line(answers, kind):
+    answer, _, inputs, _ = answers[kind]
+    assert inputs["pixel_values"].shape[0] == 13  # the processor's tiles
+    with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: .*\(image_rows\)$"):
+        answer.attention(0)
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in UNPLACED])
 def test_the_image_tokens_are_placed_row_major_over_their_merge_units(folders, answers, kind):
     answer, out, inputs, _ = answers[kind]
     if GRIDS[kind] is None:
