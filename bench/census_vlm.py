@@ -130,6 +130,9 @@ def _shrunk(config: dict) -> dict:
             out[key] = [min(v, SIZES[key]) for v in value]
         elif isinstance(value, list) and layers and layers > 2 and len(value) == layers:
             out[key] = value[:2]  # one entry per layer
+        elif key.endswith(("_indexes", "_indices")) and layers and value and isinstance(value, list) \
+                and all(_whole(v) and 0 <= v < layers for v in value):  # layer indices a shrunk depth lacks
+            out[key] = sorted({min(v, min(layers, 2) - 1) for v in value})  # SAM's global_attn_indexes
         else:
             out[key] = value
     new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)
@@ -378,6 +381,11 @@ def generic_build(model_type: str):
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
             sub["image_size"] = side
+    for key, sub in config.items():  # a second tower's side: the one the image processor names after it
+        stated = getattr(getattr(processor, "image_processor", None), key.removesuffix("_vision_config") + "_size",
+                         None) if key.endswith("_vision_config") and isinstance(sub, dict) else None
+        if _whole(getattr(stated, "height", None)) and _whole(sub.get("image_size")):  # DeepSeek-VL-Hybrid's high_res
+            sub["image_size"] = stated.height
     model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
     _patch_agreed(config, processor)
     _sections(config, model_class)
