@@ -374,7 +374,7 @@ def generic_build(model_type: str):
     vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
     if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
         config["vision_config"] = vision().to_dict()
-    config = _shrunk(config)
+    full, config = config, _shrunk(config)
     _token_ids(config, processor, words, len(words), expanded)
     _marker_ids(config, processor, words)
     side = _side_agreed(config, processor)
@@ -388,6 +388,7 @@ def generic_build(model_type: str):
             sub["image_size"] = stated.height
     model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
     _patch_agreed(config, processor)
+    _merged_widths(full, config)
     _sections(config, model_class)
     config = CONFIG_MAPPING[model_type].from_dict(config)
     _bounded(model_class, config)
@@ -411,6 +412,20 @@ def _patch_agreed(config: dict, processor) -> None:
             for name in names:
                 if _whole(sub.get(name)):
                     sub[name] = value
+
+
+def _merged_widths(full: dict, config: dict) -> None:
+    """The widths the full config states as the vision tower's width times its merge unit (a 2 x 2 unit's four
+    patches folded into the channels: MUSE's out_hidden_size 6,144 = 1,536 x 4) kept so in the shrunk ``config``."""
+    vision, small = full.get("vision_config") or {}, config.get("vision_config") or {}
+    merge = next((small[k] for k in ("merge_size", "spatial_merge_size") if _whole(small.get(k))), None)
+    old = next((vision[k] for k in ("merge_size", "spatial_merge_size") if _whole(vision.get(k))), None)
+    if not (merge and old and _whole(vision.get("hidden_size")) and _whole(small.get("hidden_size"))):
+        return
+    for whole, shrunk in ((full, config), (vision, small)):
+        for key in SIZES:
+            if key != "hidden_size" and _whole(whole.get(key)) and whole[key] == vision["hidden_size"] * old ** 2:
+                shrunk[key] = small["hidden_size"] * merge ** 2
 
 
 def _sections(config: dict, model_class) -> None:
