@@ -37,14 +37,15 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
          "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr",
-         "deepseek_vl_hybrid"]
+         "deepseek_vl_hybrid", "muse_spark"]  # MUSE Glimmer answers one token with these weights
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
 # processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid,
 # Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
 # Omni thinkers (their vision_start_token_id from the processor's vision_bos_token), PaddleOCR-VL (M-RoPE sections
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr", "deepseek_vl_hybrid")
+           "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr", "deepseek_vl_hybrid",
+           "muse_spark")
 # Types that answer but are not placed: Aya Vision's and Qianfan-OCR's 13 tiles at the side their processor fixes
 UNPLACED = ("aya_vision", "qianfan_ocr")
 
@@ -140,7 +141,7 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
 GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
          "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2), "qwen2_5_omni_thinker": None,
          "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
-         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1)}  # its low-res tower's 384 / 16  # Ovis 2: 224-px images, 14-px patches, the 256 tokens its processor counts
+         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}  # its low-res tower's 384 / 16  # Ovis 2: 224-px images, 14-px patches, the 256 tokens its processor counts
 
 
 @pytest.mark.parametrize("kind", UNPLACED)
