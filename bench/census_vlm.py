@@ -16,7 +16,11 @@ census's own gap, not a refusal). The types the test suite builds are built by i
 config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
 default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
-device before it is built.
+device before it is built. Where the processor and the shrunk config must agree, the builder reads what the
+processor states: its marker tokens' ids the config lacks (``_marker_ids``), its patch, temporal patch and merge sizes
+(``_patch_agreed``), the side its tiles or token count fix (``_side_agreed``, a second tower's from the image
+processor's size named after it); widths the full config states as the vision width times its merge unit and M-RoPE
+sections the code defaults for a full-size head are kept consistent shrunk (``_merged_widths``, ``_sections``).
 """
 
 from __future__ import annotations
