@@ -5,9 +5,11 @@ processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, fr
 generic builder opens (DeepSeek-VL, MiniMax-M3-VL). Each answers with
 transformers' greedy ``generate``'s tokens; each answer token's attention at every layer equals the eager row of
 ``generate(output_attentions=True)``; its image tokens are placed row-major over their merge units, checked by hand
-on a grid the placement would fail transposed. The Qwen Omni thinkers, PaddleOCR-VL and VideoLLaMA 3 (the census's
-generic builder) are placed on the grid their processor's ``image_grid_thw`` states. A type whose processor's views cannot be placed still answers, its
-attention a list over the image tokens, and a map on the image is refused in one line naming what is missing.
+on a grid the placement would fail transposed. The census's generic builder's Qwen Omni thinkers, PaddleOCR-VL,
+VideoLLaMA 3 and MUSE Spark are placed on the grid their processor's ``image_grid_thw`` states, Ovis 2 and
+DeepSeek-VL-Hybrid on their towers' grids; Aya Vision's and Qianfan-OCR's tiles answer unplaced. A type whose
+processor's views cannot be placed still answers, its attention a list over the image tokens, and a map on the
+image is refused in one line naming what is missing.
 """
 
 import numpy as np
@@ -141,7 +143,9 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
 GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
          "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2), "qwen2_5_omni_thinker": None,
          "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
-         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}  # its low-res tower's 384 / 16  # Ovis 2: 224-px images, 14-px patches, the 256 tokens its processor counts
+         # Ovis 2: 224-px images, 14-px patches (the 256 tokens its processor counts); DeepSeek-VL-Hybrid: its
+         # low-res tower's 384 / 16
+         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}
 
 
 @pytest.mark.parametrize("kind", UNPLACED)
