@@ -17,12 +17,24 @@ models, and ``--hand`` runs it alone (issue 91's census); the issue's named ones
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
 
 # A fresh home before anything imports huggingface_hub: no cache, no token, no network.
 _HOME = tempfile.mkdtemp(prefix="census-home-")
+
+
+def _remove_home(home: str = _HOME, owner: int = os.getpid()) -> None:
+    """Remove the fresh home at exit (only in the process that made it: a forked child exits leaving it)."""
+    if os.getpid() == owner:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+
+
+atexit.register(_remove_home)
 for _key, _value in {"HOME": _HOME, "HF_HOME": f"{_HOME}/hf", "HF_HUB_CACHE": f"{_HOME}/hf/hub",
                      "HF_HUB_OFFLINE": "1",
                      "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_OFFLINE": "1", "TORCH_HOME": f"{_HOME}/torch",

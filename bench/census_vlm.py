@@ -16,7 +16,11 @@ census's own gap, not a refusal). The types the test suite builds are built by i
 config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
 default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
-device before it is built.
+device before it is built. Where the processor and the shrunk config must agree, the builder reads what the
+processor states: its marker tokens' ids the config lacks (``_marker_ids``), its patch, temporal patch and merge sizes
+(``_patch_agreed``), the side its tiles or token count fix (``_side_agreed``, a second tower's from the image
+processor's size named after it); widths the full config states as the vision width times its merge unit and M-RoPE
+sections the code defaults for a full-size head are kept consistent shrunk (``_merged_widths``, ``_sections``).
 """
 
 from __future__ import annotations
@@ -130,6 +134,9 @@ def _shrunk(config: dict) -> dict:
             out[key] = [min(v, SIZES[key]) for v in value]
         elif isinstance(value, list) and layers and layers > 2 and len(value) == layers:
             out[key] = value[:2]  # one entry per layer
+        elif key.endswith(("_indexes", "_indices")) and layers and value and isinstance(value, list) \
+                and all(_whole(v) and 0 <= v < layers for v in value):  # layer indices a shrunk depth lacks
+            out[key] = sorted({min(v, min(layers, 2) - 1) for v in value})  # SAM's global_attn_indexes
         else:
             out[key] = value
     new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)
@@ -243,6 +250,21 @@ def _token_ids(config: dict, processor, words, vocab: int, image: int | None) ->
             config[key] = [v if 0 <= v < vocab else 1 for v in value]
 
 
+def _marker_ids(config: dict, processor, words) -> None:
+    """The ids of the processor's marker tokens the config leaves out (in place): its ``<x>_token`` gives
+    ``<x>_token_id``, a ``bos``/``eos`` one also the ``start``/``end`` name (the Qwen Omni thinkers' code reads
+    ``vision_start_token_id``, which their configs' defaults lack and their checkpoints' config.json sets)."""
+    for key, value in vars(processor).items():
+        if not (key.endswith("_token") and isinstance(value, str) and value):
+            continue
+        token = words.convert_tokens_to_ids(value)
+        if token == words.unk_token_id:
+            continue
+        for name in {key, key.replace("_bos_", "_start_"), key.replace("_eos_", "_end_")}:
+            if f"{name}_id" not in config and f"{name}_index" not in config:  # Aya Vision's image_token_index
+                config[f"{name}_id"] = token
+
+
 def _processor(processor_class, model_type: str, specials: list[str], named: dict[str, str]):
     """``(processor, tokenizer)``: ``processor_class`` built from its parts' default classes for ``model_type``
     over a word-level tokenizer holding ``specials`` and the ``named`` tokens."""
@@ -295,6 +317,26 @@ def _processor_side(processor) -> int | None:
     return None
 
 
+def _side_agreed(config: dict, processor) -> int | None:
+    """The square side the tower takes, its image processor made to resize to it where the processor states what
+    fixes it: its own tile side (``img_size``: Aya Vision's tokens per tile are counted on it), or a token count
+    (``image_seq_length``) counted on the vision config's default side (Ovis 2, Qianfan-OCR); else the image
+    processor's own side (the config then takes it)."""
+    images = getattr(processor, "image_processor", None)
+    own = (config.get("vision_config") or {}).get("image_size")
+    own = own[0] if isinstance(own, list) and own and all(_whole(v) and v == own[0] for v in own) else own
+    if _whole(getattr(processor, "img_size", None)):
+        side = processor.img_size
+    elif _whole(getattr(processor, "image_seq_length", None)) and _whole(own):
+        side = own
+    else:
+        return _processor_side(processor)
+    size = getattr(images, "size", None)
+    if size is not None and _whole(getattr(size, "height", None)):
+        images.size = type(size)(height=side, width=side)
+    return side
+
+
 def sample_image():
     """The census's image: random pixels, not square (70 x 90), so a transposed placement shows."""
     import numpy as np
@@ -336,16 +378,79 @@ def generic_build(model_type: str):
     vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
     if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
         config["vision_config"] = vision().to_dict()
-    config = _shrunk(config)
+    full, config = config, _shrunk(config)
     _token_ids(config, processor, words, len(words), expanded)
-    side = _processor_side(processor)
+    _marker_ids(config, processor, words)
+    side = _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
             sub["image_size"] = side
-    config = CONFIG_MAPPING[model_type].from_dict(config)
+    for key, sub in config.items():  # a second tower's side: the one the image processor names after it
+        stated = getattr(getattr(processor, "image_processor", None), key.removesuffix("_vision_config") + "_size",
+                         None) if key.endswith("_vision_config") and isinstance(sub, dict) else None
+        if _whole(getattr(stated, "height", None)) and _whole(sub.get("image_size")):  # DeepSeek-VL-Hybrid's high_res
+            sub["image_size"] = stated.height
     model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
+    _patch_agreed(config, processor)
+    _merged_widths(full, config)
+    _sections(config, model_class)
+    config = CONFIG_MAPPING[model_type].from_dict(config)
     _bounded(model_class, config)
     return model_class(config), processor
+
+
+# The image processor's patch fields and the vision config's names for them
+PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal_patch_size",),
+                "merge_size": ("spatial_merge_size", "merge_size")}
+
+
+def _patch_agreed(config: dict, processor) -> None:
+    """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
+    (in place): the processor cuts the pixels into its patches, which the tower's patch embedding must take."""
+    images = getattr(processor, "image_processor", None)
+    for field, names in PATCH_FIELDS.items():
+        value = getattr(images, field, None)
+        if not _whole(value):
+            continue
+        for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
+            for name in names:
+                if _whole(sub.get(name)):
+                    sub[name] = value
+
+
+def _merged_widths(full: dict, config: dict) -> None:
+    """The widths the full config states as the vision tower's width times its merge unit (a 2 x 2 unit's four
+    patches folded into the channels: MUSE's out_hidden_size 6,144 = 1,536 x 4) kept so in the shrunk ``config``."""
+    vision, small = full.get("vision_config") or {}, config.get("vision_config") or {}
+    merge = next((small[k] for k in ("merge_size", "spatial_merge_size") if _whole(small.get(k))), None)
+    old = next((vision[k] for k in ("merge_size", "spatial_merge_size") if _whole(vision.get(k))), None)
+    if not (merge and old and _whole(vision.get("hidden_size")) and _whole(small.get("hidden_size"))):
+        return
+    for whole, shrunk in ((full, config), (vision, small)):
+        for key in SIZES:
+            if key != "hidden_size" and _whole(whole.get(key)) and whole[key] == vision["hidden_size"] * old ** 2:
+                shrunk[key] = small["hidden_size"] * merge ** 2
+
+
+def _sections(config: dict, model_class) -> None:
+    """The language model's M-RoPE sections where its code reads them from the rope dict with a default for the
+    full-size head (``rope_parameters.get("mrope_section", [16, 24, 24])``) and the config states none (in place):
+    three sections over the shrunk head's half-width, which the full-size default would not sum to."""
+    import inspect
+
+    try:
+        code = inspect.getsource(sys.modules[model_class.__module__])
+    except (OSError, TypeError, KeyError):
+        return
+    if '.get("mrope_section"' not in code:
+        return
+    for sub in (config, config.get("text_config")):
+        rope = sub.get("rope_parameters") if isinstance(sub, dict) else None
+        hidden, heads = _first(sub or {}, ("hidden_size",)), _first(sub or {}, HEADS)
+        if not isinstance(rope, dict) or "mrope_section" in rope or not (hidden and heads):
+            continue
+        half = (_first(sub, ("head_dim",)) or hidden // heads) // 2
+        rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
 
 
 def _bounded(model_class, config) -> None:

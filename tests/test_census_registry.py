@@ -48,3 +48,17 @@ def test_every_registered_vision_family_is_counted_once_and_a_hand_tuned_one_kee
     assert by_entry["timm:cait"] is hand[2]
     assert hand[1] in families and hand[3] in families  # the hand list's others still run
     assert timm_families()["cait"] in timm.list_models(module="cait")
+
+
+def test_census_home_removed_only_by_its_maker(tmp_path):
+    """The census's fresh home is removed at exit by the process that made it, never by a forked child."""
+    import os
+
+    from bench.census_families import _remove_home
+
+    home = tmp_path / "census-home-x"
+    home.mkdir()
+    _remove_home(str(home), owner=os.getpid() + 1)  # a child: leaves it
+    assert home.exists()
+    _remove_home(str(home), owner=os.getpid())
+    assert not home.exists()

@@ -5,8 +5,11 @@ processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, fr
 generic builder opens (DeepSeek-VL, MiniMax-M3-VL). Each answers with
 transformers' greedy ``generate``'s tokens; each answer token's attention at every layer equals the eager row of
 ``generate(output_attentions=True)``; its image tokens are placed row-major over their merge units, checked by hand
-on a grid the placement would fail transposed. A type whose processor's views cannot be placed still answers, its
-attention a list over the image tokens, and a map on the image is refused in one line naming what is missing.
+on a grid the placement would fail transposed. The census's generic builder's Qwen Omni thinkers, PaddleOCR-VL,
+VideoLLaMA 3 and MUSE Spark are placed on the grid their processor's ``image_grid_thw`` states, Ovis 2 and
+DeepSeek-VL-Hybrid on their towers' grids; Aya Vision's and Qianfan-OCR's tiles answer unplaced. A type whose
+processor's views cannot be placed still answers, its attention a list over the image tokens, and a map on the
+image is refused in one line naming what is missing.
 """
 
 import numpy as np
@@ -34,11 +37,19 @@ from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge"]
+KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
+         "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr",
+         "deepseek_vl_hybrid", "muse_spark"]  # MUSE Glimmer answers one token with these weights
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
 # processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid,
-# Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked
-GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge")
+# Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
+# Omni thinkers (their vision_start_token_id from the processor's vision_bos_token), PaddleOCR-VL (M-RoPE sections
+# over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
+GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
+           "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr", "deepseek_vl_hybrid",
+           "muse_spark")
+# Types that answer but are not placed: Aya Vision's and Qianfan-OCR's 13 tiles at the side their processor fixes
+UNPLACED = ("aya_vision", "qianfan_ocr")
 
 
 def build(kind: str):
@@ -127,16 +138,34 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
             np.testing.assert_allclose(answer.image_rows(i, layer).numpy(), expected, rtol=0, atol=1e-5)
 
 
-# The grid each type's processor gives the 90 x 70 picture, and its merge unit: GLM-OCR's is not square
+# The grid each type's processor gives the 90 x 70 picture, and its merge unit: GLM-OCR's is not square; None:
+# the grid the processor's image_grid_thw states, merged by the image processor's merge_size
 GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
-         "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2)}
+         "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2), "qwen2_5_omni_thinker": None,
+         "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
+         # Ovis 2: 224-px images, 14-px patches (the 256 tokens its processor counts); DeepSeek-VL-Hybrid: its
+         # low-res tower's 384 / 16
+         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_the_image_tokens_are_placed_row_major_over_their_merge_units(answers, kind):
+@pytest.mark.parametrize("kind", UNPLACED)
+def test_tiles_no_layout_states_answer_and_a_map_is_refused_in_one_line(answers, kind):
+    answer, _, inputs, _ = answers[kind]
+    assert inputs["pixel_values"].shape[0] == 13  # the processor's tiles
+    with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: .*\(image_rows\)$"):
+        answer.attention(0)
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in UNPLACED])
+def test_the_image_tokens_are_placed_row_major_over_their_merge_units(folders, answers, kind):
     answer, out, inputs, _ = answers[kind]
-    grid, unit = GRIDS[kind]
-    if kind == "glm_ocr":
+    if GRIDS[kind] is None:
+        images = transformers.AutoProcessor.from_pretrained(folders[kind]).image_processor
+        grid, unit = tuple(inputs["image_grid_thw"][0, 1:].tolist()), images.merge_size
+        assert grid[0] != grid[1]  # not square: a transposed placement differs (VideoLLaMA 3 merges images 1 x 1)
+    else:
+        grid, unit = GRIDS[kind]
+    if "image_grid_thw" in inputs:
         assert inputs["image_grid_thw"].tolist() == [[1, *grid]]
     assert answer.layout.grid == grid and answer.layout.unit == unit and answer.layout.lead == 0
     for i in range(len(answer.tokens)):
@@ -174,6 +203,8 @@ def test_tokens_no_processor_output_places_still_answer_and_a_map_is_refused_in_
 
 def test_a_type_outside_the_image_text_to_text_mapping_is_refused_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    import vit.checkpoint  # run alone, nothing imported it yet
+
     with pytest.raises(vit.checkpoint.CheckpointError, match=r"'bert' model, which transformers' image-text-to-text "
                                                              r"auto-mapping \(AutoModelForImageTextToText\) does not "
                                                              r"hold"):
