@@ -657,8 +657,8 @@ def test_the_readmes_vlm_census_figure_is_the_newest_census_and_the_vlm_page_sho
     assert page == site.refreshed(page) and site.census_vlm_markdown() in page
 
 
-CENSUS = re.compile(r"Of the (\d+) vision families of transformers, timm and open_clip it builds, (\d+) have attention: "
-                    r"(\d+) of those open, (\d+) draw \((\d+) % of those with attention\), and (\d+) are refused in "
+CENSUS = re.compile(r"Of the (\d+) vision families of transformers, timm and open_clip it builds, (\d+) have attention\. "
+                    r"Of those, (\d+) open, (\d+) draw \((\d+) % of those with attention\) and (\d+) are refused in "
                     r"one line naming why\. (\d+) could not be built tiny .*?\(`(bench/results/[^`]+/census\.md)`")
 
 
