@@ -103,7 +103,8 @@ def sdpa_probabilities(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.
     index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(rows, device=query.device)
     if rows is not None:
         query = query[..., index, :]
-    scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    # the scale on the queries (rows x D a head), not on the scores (rows x keys): one T x T pass and buffer fewer
+    scores = (query * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)) @ key.transpose(-2, -1)
     if is_causal:  # SDPA's causal mask: query i sees keys 0..i (its top-left aligned lower triangle)
         allowed = index[:, None] >= torch.arange(keys, device=query.device)[None, :]
         scores = scores.masked_fill(~allowed, float("-inf"))
