@@ -3,9 +3,9 @@
 the same model and pixels, and the library road's sdpa forward with nothing recorded beside it; then one query's row
 of the last layer (a CLS map): the largest attention tensor it forms (a spy on every softmax's input).
 
-A ViT-MSN-S (a family the library road opens: 384 wide, 6 heads, 12 layers) with random weights, at 224 px / 16-px patches (197 tokens) and 518 px /
-14-px patches (1,370 tokens). Calls interleaved A B C, C B A ... so background load slows each alike; the median of
-each road and the median of the per-round ratios. The machine's load average is written beside the numbers. Run
+A ViT-MSN-S (a family the library road opens: 384 wide, 6 heads, 12 layers) with random weights, at 224 px /
+16-px patches (197 tokens) and 518 px / 14-px patches (1,370 tokens). Calls interleaved A B C, C B A ... so
+background load slows each alike; the median of each road and the median of the per-round ratios. The machine's load average is written beside the numbers. Run
 from the repository root::
 
     python -m bench.bench_road_once --threads 1 --repeats 5
@@ -51,12 +51,13 @@ def main() -> None:
             transformers.ViTMSNForImageClassification(config).save_pretrained(folder)
             transformers.ViTImageProcessor(size={"height": size, "width": size}).save_pretrained(folder)
             road = vit.load(folder, device="cpu").model
-            eager = transformers.ViTMSNForImageClassification.from_pretrained(folder, attn_implementation="eager").eval()
+            eager = transformers.ViTMSNForImageClassification.from_pretrained(
+                folder, attn_implementation="eager").eval()
         x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
         L, T = 12, (size // patch) ** 2 + 1
-        calls = {"road rollout": lambda: road.run(x, layers=range(L), heads_mean=True),
-                 "eager output_attentions": lambda: eager(pixel_values=x, output_attentions=True),
-                 "road, nothing recorded": lambda: road.run(x)}
+        calls = {"road rollout": lambda road=road, x=x, L=L: road.run(x, layers=range(L), heads_mean=True),
+                 "eager output_attentions": lambda eager=eager, x=x: eager(pixel_values=x, output_attentions=True),
+                 "road, nothing recorded": lambda road=road, x=x: road.run(x)}
         times = {name: [] for name in calls}
         with torch.no_grad():
             for call in calls.values():
@@ -76,9 +77,9 @@ def main() -> None:
         for name, t in times.items():
             lines.append(f"  {name:26s} median {statistics.median(t) * 1e3:8.1f} ms  "
                          f"({', '.join(f'{v * 1e3:.0f}' for v in t)})")
+        by_medians = statistics.median(times["road rollout"]) / statistics.median(times["eager output_attentions"])
         lines.append(f"  road rollout / eager output_attentions: {statistics.median(ratios):.2f}x (median of the "
-                     f"interleaved rounds' ratios; by medians "
-                     f"{statistics.median(times['road rollout']) / statistics.median(times['eager output_attentions']):.2f}x)")
+                     f"interleaved rounds' ratios; by medians {by_medians:.2f}x)")
         lines.append(f"  every layer's attention vs eager's: max |diff| {gap:.1e}; logits {logits_gap:.1e}")
 
         class Spy(TorchFunctionMode):
