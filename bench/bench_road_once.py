@@ -5,8 +5,8 @@ of the last layer (a CLS map): the largest attention tensor it forms (a spy on e
 
 A ViT-MSN-S (a family the library road opens: 384 wide, 6 heads, 12 layers) with random weights, at 224 px /
 16-px patches (197 tokens) and 518 px / 14-px patches (1,370 tokens). Calls interleaved A B C, C B A ... so
-background load slows each alike; the median of each road and the median of the per-round ratios. The machine's load average is written beside the numbers. Run
-from the repository root::
+background load slows each alike; the median of each road and the median of the per-round ratios. The machine's
+load average is written beside the numbers. Run from the repository root::
 
     python -m bench.bench_road_once --threads 1 --repeats 5
 """
