@@ -103,7 +103,8 @@ def sdpa_probabilities(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.
     index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(rows, device=query.device)
     if rows is not None:
         query = query[..., index, :]
-    scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    # the scale on the queries (rows x D a head), not on the scores (rows x keys): one T x T pass and buffer fewer
+    scores = (query * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)) @ key.transpose(-2, -1)
     if is_causal:  # SDPA's causal mask: query i sees keys 0..i (its top-left aligned lower triangle)
         allowed = index[:, None] >= torch.arange(keys, device=query.device)[None, :]
         scores = scores.masked_fill(~allowed, float("-inf"))
@@ -113,6 +114,27 @@ def sdpa_probabilities(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.
             mask = mask[..., index, :]
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     return scores.softmax(-1)
+
+
+def sdpa_once(a: dict, rows: list[int] | None, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ``F.scaled_dot_product_attention`` call (its arguments ``a``, by name) computed once with its
+    probabilities: every row (``rows`` None) formed, ``softmax(q k^T * scale + mask)``, and the output ``probabilities
+    @ v`` from them (in autograd's graph where it runs); else only the asked query ``rows`` formed, ``(..., H, rows,
+    S)``, and the output SDPA's own. Counted first (``TooManyTokens``, one line, ``rows x keys`` a head); a call with
+    dropout is refused in one line (``name``: the module that made it). Both roads' recorders compute through it: this
+    module's and transformers' recording attention (``vit.core.recording_attention``)."""
+    query, key, value = a["query"], a["key"], a["value"]
+    if a.get("dropout_p", 0.0):
+        raise ValueError(f"{name} runs its attention with dropout; put the model in eval mode (model.eval()) to "
+                         "record it")
+    _bounded(math.prod(query.shape[:-3]), query.shape[-3], query.shape[-2] if rows is None else len(rows),
+             key.shape[-2], name)
+    probabilities = sdpa_probabilities(query, key, a.get("attn_mask"), bool(a.get("is_causal")), a.get("scale"), rows)
+    if rows is not None:  # some rows formed: the output is SDPA's own over every row
+        return SDPA(**a), probabilities
+    if value.shape[-3] != query.shape[-3]:  # grouped-query heads
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    return (probabilities @ value.to(probabilities.dtype)).to(query.dtype), probabilities
 
 
 class AttentionRecording(TorchFunctionMode):
@@ -173,25 +195,12 @@ class AttentionRecording(TorchFunctionMode):
         return recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
 
     def _sdpa(self, a: dict):
-        query, key, value = a["query"], a["key"], a["value"]
+        query, key = a["query"], a["key"]
         layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2], math.prod(query.shape[:-3]))
         if layer is None:
             return SDPA(**a)
-        if a.get("dropout_p", 0.0):
-            raise ValueError(f"{self.names.get(self.recorder.modules[layer])} runs its attention with dropout; "
-                             "put the model in eval mode (model.eval()) to record it")
         rows = self._rows(layer)
-        batch = math.prod(query.shape[:-3])
-        _bounded(batch, query.shape[-3], query.shape[-2] if rows is None else len(rows), key.shape[-2],
-                 self.names.get(self.recorder.modules[layer], "?"))
-        probabilities = sdpa_probabilities(query, key, a.get("attn_mask"), bool(a.get("is_causal")), a.get("scale"),
-                                           rows)
-        if rows is None:  # every row formed: the output from them, once
-            if value.shape[-3] != query.shape[-3]:
-                value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
-            out = (probabilities @ value.to(probabilities.dtype)).to(query.dtype)
-        else:  # some rows formed: the module's output is SDPA's own over every row
-            out = SDPA(**a)
+        out, probabilities = sdpa_once(a, rows, self.names.get(self.recorder.modules[layer], "?"))
         if probabilities.dim() > 4:  # (B, windows, H, ...) of a 5-D call (Twins' windows): its pieces in the batch
             probabilities = probabilities.reshape(-1, *probabilities.shape[-3:])  # (a 4-D one kept as it is: the
             # tensor the output is computed from, whose gradient a class map reads)

@@ -19,6 +19,9 @@ import inspect
 import sys
 
 import torch
+from torch.overrides import TorchFunctionMode
+
+from vit.core import attention_recorder
 
 ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
 # What the recording attention hands each listed module's call to: ``keep`` before it, ``output`` after (a VLM
@@ -43,11 +46,53 @@ def _recording(delegate):
         edit = getattr(recorder, "edit_mask", None)  # an intervention on the edges, before the softmax
         if edit is not None:
             attention_mask = edit(layer, query, key, attention_mask)
+        if hasattr(recorder, "keep_probabilities"):  # a vision road's recorder: the layer computed once
+            out = _once(recorder, layer, delegate, module, query, key, value, attention_mask, kwargs)
+            recorder.output(layer, out[0])
+            return out
         recorder.keep(layer, query, key, value, attention_mask, kwargs)
         out = delegate(module, query, key, value, attention_mask, **kwargs)
         recorder.output(layer, out[0])
         return out
     return attention
+
+
+class _OneSDPA(TorchFunctionMode):
+    """Within it, the SDPA call the delegate makes is computed once with its probabilities
+    (``attention_recorder.sdpa_once``, the module road's piece): the asked ``rows`` alone formed, or every row and the
+    output from them."""
+
+    def __init__(self, rows: list[int] | None, name: str):
+        super().__init__()
+        self.rows, self.name, self.probabilities = rows, name, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not attention_recorder.SDPA or self.probabilities is not None:
+            return func(*args, **kwargs)
+        out, self.probabilities = attention_recorder.sdpa_once(attention_recorder._sdpa_arguments(args, kwargs),
+                                                                self.rows, self.name)
+        return out
+
+
+def _once(recorder, layer: int, delegate, module, query, key, value, attention_mask, kwargs):
+    """An asked layer's call computed once: over sdpa, its SDPA call with the probabilities formed beside it (the asked
+    query rows alone where the recorder asks some, ``rows x keys`` a head; every row, and the output from them,
+    where it asks all or a gradient); over the eager function, that function once, its own probabilities kept. Each
+    handed to ``recorder.keep_probabilities``; the call's own ``(output, weights)`` returned."""
+    if delegate is _delegated_eager:
+        out = delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.keep_probabilities(layer, out[1])
+        return out
+    windowed = layer in getattr(recorder, "windows", {})  # a window's rows are not the grid's: every row formed
+    rows = None if recorder.gradient or windowed else (
+        recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows)
+    with _OneSDPA(rows, type(module).__name__) as once:
+        out = delegate(module, query, key, value, attention_mask, **kwargs)
+    if once.probabilities is None:
+        raise ValueError(f"{type(module).__name__}'s attention made no SDPA call to record")
+    recorder.keep_probabilities(layer, once.probabilities, rows is not None)
+    return out
 
 
 def _eager_of(module: torch.nn.Module):

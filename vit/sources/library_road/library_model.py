@@ -65,8 +65,9 @@ class LibraryLayout:
 
 class _AttentionRecorder:
     """What the recording attention hands the asked layers' calls to (``recording_attention.recording``): each
-    layer's post-softmax probabilities ``(B, H, rows, T)`` from the module's own eager function, the asked heads
-    and query rows alone."""
+    layer's post-softmax probabilities ``(B, H, rows, T)``, formed once where the layer computes (over SDPA: the asked
+    query rows alone, or every row and the output from them; over the eager function: its own), the asked heads
+    and query rows alone kept."""
 
     gradient = False  # whether the forward it records runs with autograd (``_GradientRecorder``)
     heads_mean = False  # whether each layer's heads are kept as their mean (``LibraryModel.run``)
@@ -78,13 +79,6 @@ class _AttentionRecorder:
         self.rows_of: dict[int, list[int]] = {}  # a layer's own rows, where its extra tokens move them
         self.windows: dict[int, LayerLayout] = {}  # the windowed layers' layouts on the input's grid
         self.kept: dict[int, torch.Tensor] = {}
-
-    def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
-        module = self.modules[layer]
-        with torch.no_grad():  # output_attentions' numbers: the modelling file's own eager function
-            _, probabilities = recording_attention._eager_of(module)(module, query, key, value, attention_mask,
-                                                                     **kwargs)  # (B, H, T, T)
-        self.keep_probabilities(layer, probabilities)
 
     def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
         """Layer ``layer``'s probabilities ``(B, H, T, T)``, the asked heads and query rows alone, kept;
@@ -113,39 +107,24 @@ class _AttentionRecorder:
 
 class _GradientRecorder(_AttentionRecorder):
     """A recorder over a forward with autograd: each asked layer's probabilities ``(B, H, T, T)`` and, once the
-    backward has run, their gradient ``gradients[layer]``, the same shape. timm hands it probabilities that are in
-    the graph (its explicit path's), whose gradient a hook takes as it passes. transformers' attention runs SDPA,
-    whose probabilities are never formed: their gradient is the gradient of the attention's output ``O = A V``
-    (``output``, ``(B, T, H, D)``) times the values, ``dA = dO V^T``, exactly what autograd gives through the eager
-    function, where ``O`` is that product (dropout is off in eval mode)."""
+    backward has run, their gradient ``gradients[layer]``, the same shape. Both roads hand it probabilities that are
+    in the graph, the tensor the layer's output is computed from (timm's explicit path's; transformers' SDPA call
+    computed once as ``softmax(q k^T * scale + mask) @ v``, ``vit.core.recording_attention``, dropout off in eval),
+    whose gradient a hook takes as it passes: exactly what autograd gives through the eager function."""
 
     gradient = True
 
     def __init__(self, modules: Mapping[int, torch.nn.Module]):
         super().__init__(modules, None, None)
-        self.values: dict[int, torch.Tensor] = {}
         self.gradients: dict[int, torch.Tensor] = {}
 
-    def keep(self, layer, query, key, value, attention_mask, kwargs) -> None:
-        super().keep(layer, query, key, value, attention_mask, kwargs)
-        self.values[layer] = value.detach()  # (B, KV heads, T, D)
-
     def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
-        if probabilities.requires_grad:  # timm's explicit path: the probabilities the rest of the layer reads
-            probabilities.register_hook(lambda grad: self.gradients.__setitem__(layer, grad.detach()))
+        if probabilities.requires_grad:
+            def hook(grad: torch.Tensor) -> None:  # a windowed layer's (B * nw, H, n, n) placed on the grid
+                grad = grad.detach()
+                self.gradients[layer] = self.on_grid(layer, grad) if layer in self.windows else grad
+            probabilities.register_hook(hook)
         super().keep_probabilities(layer, probabilities, rows_formed)
-
-    def output(self, layer, out) -> None:
-        value = self.values.pop(layer, None)
-        if value is None or not out.requires_grad:
-            return
-
-        def hook(grad: torch.Tensor) -> None:  # grad: (B, T, H, D), as the attention output
-            heads = grad.shape[2]
-            v = value if value.shape[1] == heads else value.repeat_interleave(heads // value.shape[1], dim=1)
-            gradient = (grad.transpose(1, 2).to(v.dtype) @ v.transpose(-1, -2)).detach()
-            self.gradients[layer] = self.on_grid(layer, gradient) if layer in self.windows else gradient
-        out.register_hook(hook)
 
 
 # The attention module whose input the current context reads (``LibraryModel.attention_inputs``), and where to keep it
@@ -190,7 +169,12 @@ class LibraryModel(torch.nn.Module):
     ``model`` is the library's module (eval mode); ``layout`` places its tokens on the image."""
 
     road = ROAD
-    forms_asked_rows = False  # whether its recorder forms the asked query rows alone (the module road's does)
+    @property
+    def forms_asked_rows(self) -> bool:
+        """Whether its recorder forms the asked query rows alone: over SDPA, yes (``vit.core.recording_attention``
+        forms them at the SDPA call, as the module road's recorder does); over an eager function, its whole."""
+        implementation = getattr(getattr(self.part, "config", None), "_attn_implementation", None)
+        return implementation in ("sdpa", f"{recording_attention.ROWS}_sdpa")
 
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
                  part: torch.nn.Module | None = None, entry: torch.nn.Module | None = None):
@@ -262,7 +246,8 @@ class LibraryModel(torch.nn.Module):
         if asked:
             plan.decide(plan.library_attention(pixels.shape[0], self.num_heads if heads is None else len(heads),
                                                tokens, len(asked), None if rows is None else len(rows), heads_mean,
-                                               self.forms_asked_rows))
+                                               self.forms_asked_rows and not any(
+                                                   self.layout.layer_layout(layer, (gh, gw)) for layer in asked)))
         extra = {layer: self.layout.extra_of(layer) for layer in asked}
         if rows is not None and any(extra.values()):  # a layer with extra tokens first: each row moved past them
             recorder = _AttentionRecorder({layer: self._attention[layer] for layer in asked}, heads, None)

@@ -170,6 +170,8 @@ class TimmLibraryModel(LibraryModel):
     mode): timm's model, or open_clip's tower around a timm ``trunk``, which holds the attention; ``layout`` places
     the trunk's tokens on the image."""
 
+    forms_asked_rows = False  # timm's explicit path forms a layer's whole attention
+
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, attention_modules: list[torch.nn.Module],
                  trunk: torch.nn.Module | None = None):
         super().__init__(model, layout, attention_modules)

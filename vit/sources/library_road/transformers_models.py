@@ -5,9 +5,11 @@ offline and without remote code, with its attention implementation set to the re
 (``vit.core.recording_attention``): every attention module of the model runs through transformers' own
 ``sdpa_attention_forward``, so logits and features are the library's by construction. Only when a view asks
 (``LibraryModel.run(pixels, layers=...)``) does the recording keep, for the asked layers, the post-softmax attention
-probabilities, computed by the model's own eager function (what ``output_attentions=True`` returns), in a recorder
-that is the current context's alone, so concurrent calls never mix. What it keeps is counted by the cost model
-(``vit.costs.plan.library_attention``) and refused in one line past the limit before the forward.
+probabilities (what ``output_attentions=True`` returns), formed once at the layer's SDPA call: the asked query rows
+alone beside SDPA's output, or every row and the output computed from them (``vit.core.attention_recorder.sdpa_once``,
+the module road's piece), in a recorder that is the current context's alone, so concurrent calls never mix. What it
+keeps is counted by the cost model (``vit.costs.plan.library_attention``) and refused in one line past the limit before
+the forward.
 
 Where the patches are (``LibraryLayout``) comes from the config and the image processor: the patch size, the input
 size (its size or crop), and the prefix tokens before the patches (a CLS token, registers, Pixio's several CLS
