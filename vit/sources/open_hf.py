@@ -269,9 +269,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
             answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
                        "question), vit-predict --ask" if registry.vlm_architecture(str(config_json.get("model_type")))
                        else "")
-            return recorded_folder.open_recorded_folder(folder, config_json, hf_image_processor(folder), (  # the
-                f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
-                f"{answers}"), map_location)  # recorder at the attention function's road, or why not
+            refusal = f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
+            if answers:  # a whole VLM is not an image model for the recorder: it answers questions
+                raise SourceError(refusal + answers)
+            return recorded_folder.open_recorded_folder(folder, config_json, hf_image_processor(folder), refusal,
+                                                        map_location)  # the recorder's road, or why not
         if transformers_models.opens(config_json):  # the callers that read our ViT: ports only, for now
             raise SourceError(f"{folder}: {config_json['model_type']} has no port; it opens as transformers builds it "
                               "in the notebook API (vit.load) and the explorer, which draw its attention and rollout, "

@@ -105,6 +105,9 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
             model = model.to(map_location)
         size = tm.input_hw(config, processor)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        if patchless:  # the library road's refusal first: it names what is missing
+            raise SourceError(f"{refusal}; nor can the recorder at the attention function open it: "
+                              f"{_one_line(e)}") from None
         raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): {_one_line(e)}") from None
     mean, std = processor.get("image_mean"), processor.get("image_std")
     if image_processor is not None and (processor.get("do_normalize") is False or not processor.get("do_normalize")
