@@ -269,27 +269,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     # that does not take it (Depth Anything), as transformers builds it, its attention (or its backbone's) routed
     # to the recording function over its own implementation at the first recording
     name = {"attn_implementation": recording_attention.recording_name("sdpa")} if flagged else {}
-    loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
-    try:
-        # on the meta device first, under the build's budget, and its every tensor looked up in the weights'
-        # headers: from_pretrained allocates what the config declares before it reads a weight
-        model = built_on_meta(cls, config, origin, **name)
-        wrong = weights_problem(model, folder)
-        if wrong:
-            raise SourceError(f"{folder} is refused: {wrong}")
-        if torch.device(map_location).type != "meta":
-            with quiet_transformers(), bounded_build(origin, seconds=None):  # its report: loading_problem's line
-                model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
-                                                    dtype=torch.float32, ignore_mismatched_sizes=True,
-                                                    output_loading_info=True, **name)
-            model = model.to(map_location)
-    except SourceError:
-        raise
-    except library_errors() as e:
-        raise SourceError(f"{origin}: {library_error_line(e)}") from None
-    wrong = loading_problem(loaded)
-    if wrong:
-        raise SourceError(f"{folder} is refused: {wrong}")
+    model = read_class(cls, config, folder, origin, map_location, **name)
     return library_checkpoint(model, image_processor, folder, origin, torch.device(map_location).type == "meta")
 
 
@@ -531,3 +511,30 @@ def _finish_library(model: LibraryModel, names: list[str], preprocessing: Prepro
     return Checkpoint(model=model, class_names=names, preprocessing=preprocessing, metadata=metadata, path=folder,
                       road=ROAD)
 
+
+def read_class(cls, config, folder: Path, origin: str, map_location, **name) -> torch.nn.Module:
+    """``cls`` of ``config`` from ``folder``'s weights, as the library road reads any class: built on the meta device
+    first, under the build's budget, its every tensor looked up in the weights' headers, then read (not on
+    ``map_location="meta"``); SourceError (one line) for what it refuses. ``name``: its ``attn_implementation``."""
+    loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
+    try:
+        # on the meta device first, under the build's budget, and its every tensor looked up in the weights'
+        # headers: from_pretrained allocates what the config declares before it reads a weight
+        model = built_on_meta(cls, config, origin, **name)
+        wrong = weights_problem(model, folder)
+        if wrong:
+            raise SourceError(f"{folder} is refused: {wrong}")
+        if torch.device(map_location).type != "meta":
+            with quiet_transformers(), bounded_build(origin, seconds=None):  # its report: loading_problem's line
+                model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
+                                                    dtype=torch.float32, ignore_mismatched_sizes=True,
+                                                    output_loading_info=True, **name)
+            model = model.to(map_location)
+    except SourceError:
+        raise
+    except library_errors() as e:
+        raise SourceError(f"{origin}: {library_error_line(e)}") from None
+    wrong = loading_problem(loaded)
+    if wrong:
+        raise SourceError(f"{folder} is refused: {wrong}")
+    return model

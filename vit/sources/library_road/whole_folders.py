@@ -24,18 +24,14 @@ import torch
 from vit.checkpoint import Checkpoint, preprocessing_problem
 from vit.core import recording_attention
 from vit.model import ViTConfig
-from vit.sources.build_bounds import bounded_build, built_on_meta
 from vit.sources.files import (
     SourceError,
     _one_line,
     library_error_line,
     library_errors,
-    loading_problem,
-    quiet_transformers,
 )
 from vit.sources.hf_preprocessing import hf_preprocessing
 from vit.sources.library_road import transformers_models as tm
-from vit.sources.weights_cover import weights_problem
 
 VISION_PARTS = {"tipsv2": "vision_model"}  # model_type -> the attribute its image tower sits in
 PATCHES_ALONE = ("pixtral", "molmo2_vision")  # model_types whose tokens are the patches alone
@@ -114,26 +110,7 @@ def _built(folder: Path, config_json: Mapping, origin: str, map_location) -> tor
         raise SourceError(f"{folder}: {cls.__name__}'s attention does not run through transformers' attention "
                           "interface; it cannot be recorded")
     name = {"attn_implementation": recording_attention.recording_name("sdpa")}
-    loaded = {}
-    try:
-        model = built_on_meta(cls, config, origin, **name)
-        wrong = weights_problem(model, folder)
-        if wrong:
-            raise SourceError(f"{folder} is refused: {wrong}")
-        if torch.device(map_location).type != "meta":
-            with quiet_transformers(), bounded_build(origin, seconds=None):
-                model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
-                                                    dtype=torch.float32, ignore_mismatched_sizes=True,
-                                                    output_loading_info=True, **name)
-            model = model.to(map_location)
-    except SourceError:
-        raise
-    except library_errors() as e:
-        raise SourceError(f"{origin}: {library_error_line(e)}") from None
-    wrong = loading_problem(loaded)
-    if wrong:
-        raise SourceError(f"{folder} is refused: {wrong}")
-    return model.eval()
+    return tm.read_class(cls, config, folder, origin, map_location, **name).eval()
 
 
 def _patches_alone(model: torch.nn.Module, model_type: str, image_processor: Mapping | None, folder: Path,
