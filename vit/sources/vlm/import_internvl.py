@@ -25,7 +25,7 @@ import torch
 
 from vit.model import ViTConfig
 from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation, joined
-from vit.sources.vlm.import_vlm import PROJECTOR_PREFIXES, Reading
+from vit.sources.vlm.import_vlm import PROJECTOR_PREFIXES, Reading, _projector_prefix
 
 ARCHITECTURES = {"internvl": ("InternVLForConditionalGeneration", "InternVLModel")}
 NAME = "InternVL"
@@ -124,13 +124,6 @@ def wanted(config_json: Mapping) -> Callable[[str], bool]:
         return inner.startswith(tower) if inner is not None else key.startswith(PROJECTOR_PREFIXES)
 
     return wants
-
-
-def _projector_prefix(state: Mapping[str, torch.Tensor]) -> str:
-    for prefix in PROJECTOR_PREFIXES:
-        if any(k.startswith(prefix) for k in state):
-            return prefix
-    raise ValueError("the VLM's weights hold no multi_modal_projector")
 
 
 def config_from_hf(config_json: Mapping, state: Mapping[str, torch.Tensor]) -> ViTConfig:
