@@ -46,20 +46,12 @@ def timm_model_args(config_json: Mapping) -> dict:
 def timm_family(name: str):
     """The module that reads timm architecture ``name``: DINOv3, EVA-02 and PE (timm's Eva class), BEiT, SAM, AIMv2
     or the ViTs."""
-    if import_beit.is_beit_name(name):
-        return import_beit
-    if import_sam.is_sam_name(name):
-        return import_sam
-    if import_swin.is_swin_name(name):
-        return import_swin
-    if import_hiera.is_hiera_name(name):
-        return import_hiera
-    if import_aimv2.is_aimv2_name(name):
-        return import_aimv2
-    if import_pe.is_pe_name(name):
-        return import_pe
-    if import_naflex.is_naflex_name(name):
-        return import_naflex
+    for family, names_it in ((import_beit, import_beit.is_beit_name), (import_sam, import_sam.is_sam_name),
+                             (import_swin, import_swin.is_swin_name), (import_hiera, import_hiera.is_hiera_name),
+                             (import_aimv2, import_aimv2.is_aimv2_name), (import_pe, import_pe.is_pe_name),
+                             (import_naflex, import_naflex.is_naflex_name)):
+        if names_it(name):
+            return family
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
