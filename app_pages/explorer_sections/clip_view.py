@@ -22,7 +22,7 @@ from vit.app import drawing, share
 from vit.app import explorer_page as explorer
 from vit.app.export import ClipView, clip_html
 from vit.checkpoint import Checkpoint
-from vit.core.clips import ClipError
+from vit.core.clips import ClipError, SampledClip
 from vit.core.text import escape_markdown, file_name_part, visible
 from vit.explain.views import mechanism_views, video
 from vit.explain.views.overlay import display_image
@@ -56,10 +56,29 @@ def _pick_query(model_key: str, frame: int, grid: tuple[int, int]) -> None:
         st.session_state[CLICKED_KEY] = True
 
 
-def _refuse(what: str, error: Exception) -> None:
+def refuse(what: str, error: Exception) -> None:
     """One line, the user's text (file names) escaped, and the page stops."""
     st.error(f"{what}: {escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))}")
     st.stop()
+
+
+_refuse = refuse
+
+
+def given_clip(uploaded, linked, wanted: int, ends: bool = False) -> tuple[str, str, SampledClip]:
+    """The clip a video page reads: the upload (kept for this view's link) or else the link's, its digest, and
+    ``wanted`` frames sampled from it (``ends``: its first and last among them); one line and the page stops for a
+    clip it cannot use. Every video page (ours and the library road's) reads its clip here."""
+    if uploaded is not None:
+        data, name = uploaded.getvalue(), uploaded.name
+        share_view.keep_upload(data, name)  # a link to this view names it
+    else:
+        data, name = linked.data, linked.name or "the linked clip"
+    digest = explorer.image_digest(data)
+    try:
+        return name, digest, caches.sampled_clip(digest, name, data, wanted, ends=ends)
+    except ClipError as e:
+        refuse("Cannot use this clip", e)
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,16 +270,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
         fingerprint = (fingerprint, "zero-ablated", heads_off)
         st.info(f"Heads {escape_markdown(', '.join(off_labels))} are switched off (zero ablation) in the prediction "
                 "and in every map on this page.")
-    if uploaded is not None:
-        data, name = uploaded.getvalue(), uploaded.name
-        share_view.keep_upload(data, name)  # a link to this view names it
-    else:
-        data, name = linked.data, linked.name or "the linked clip"
-    digest = explorer.image_digest(data)
-    try:
-        sampled = caches.sampled_clip(digest, name, data, wanted)
-    except ClipError as e:
-        _refuse("Cannot use this clip", e)
+    name, digest, sampled = given_clip(uploaded, linked, wanted)
     try:
         clip = _analysed(checkpoint, sampled.frames, (fingerprint, "clip", digest, name))
     except ValueError as e:  # too many tokens; frames the model does not take

@@ -9,16 +9,14 @@ import streamlit as st
 
 import vit
 from app_pages import player
-from app_pages.explorer_sections import caches, clip_view, plotly_preload, share_view
+from app_pages.explorer_sections import clip_view, plotly_preload, share_view
 from app_pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
 from app_pages.explorer_sections.uploader import file_upload
 from vit.app import clip_view as clips
 from vit.app import drawing, share
-from vit.app import explorer_page as explorer
 from vit.app import library_clip_view as views
 from vit.checkpoint import Checkpoint
-from vit.core.clips import ClipError
-from vit.core.text import escape_markdown, file_name_part, visible
+from vit.core.text import escape_markdown, file_name_part
 
 QUERY_LINK_KEY = "clip_query_linked"  # a link's temporal token, until the map's tokens are known
 
@@ -30,10 +28,7 @@ def _keys(model_key: str) -> dict[str, str]:
             "col": col, "kind": f"clip_query_kind-{model_key}", "token": f"clip_query_token-{model_key}"}
 
 
-def _refuse(what: str, error: Exception) -> None:
-    """One line, the user's text (file names) escaped, and the page stops."""
-    st.error(f"{what}: {escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))}")
-    st.stop()
+_refuse = clip_view.refuse
 
 
 def _take_link(model, model_key: str, kinds: tuple[str, ...]) -> None:
@@ -135,16 +130,7 @@ def library_clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str
         st.info("Upload a clip in the sidebar (a video, an animated GIF, or a zip of its frames) to see what this "
                 "video model attends to within each frame and over time.")
         st.stop()
-    if uploaded is not None:
-        data, name = uploaded.getvalue(), uploaded.name
-        share_view.keep_upload(data, name)  # a link to this view names it
-    else:
-        data, name = linked.data, linked.name or "the linked clip"
-    digest = explorer.image_digest(data)
-    try:
-        sampled = caches.sampled_clip(digest, name, data, wanted, ends=getattr(model, "samples_ends", False))
-    except ClipError as e:
-        _refuse("Cannot use this clip", e)
+    name, digest, sampled = clip_view.given_clip(uploaded, linked, wanted, ends=getattr(model, "samples_ends", False))
     asked = views.explain_arguments(kind, layer, head, query)
     try:
         explained = _explain(fingerprint, digest, kind, tuple(sorted(asked.items())), checkpoint, sampled.frames)
