@@ -234,7 +234,7 @@ def pytest_runtest_protocol(item, nextitem):
     began = time.time()
     yield
     if _RAY_CLUSTERS and "ray_cluster" in item.fixturenames and (
-            nextitem is not None and "ray_cluster" not in nextitem.fixturenames):
+            nextitem is not None and "ray_cluster" not in nextitem.fixturenames) and _last_on_the_cluster(item):
         _stop_ray_clusters()  # the worker's last test on the cluster: its ~20 idle processes stop now
     path = os.environ.get("VIT_TEST_TIMELINE")
     if path:
@@ -368,6 +368,16 @@ def pytest_runtest_makereport(item, call):
 
 
 _RAY_CLUSTERS: list = []  # this process's running cluster (``_ray_cluster``), for ``pytest_runtest_protocol``
+
+
+def _last_on_the_cluster(item) -> bool:
+    """Whether no test after ``item`` in this run asks for the cluster. The Ray modules mix tests on it with tests
+    without it (an unreachable address, a refusal before submitting): stopped at each of those, the cluster was
+    started four times in one run of the group, each start ~20 s of CPU and a minute of wall time, where the idle
+    cluster costs ~0.1 s of CPU a second (bench/results/cpu-2026-11-29b/ray-group-*.txt)."""
+    items = item.session.items
+    later = items[items.index(item) + 1:] if item in items else []
+    return not any("ray_cluster" in other.fixturenames for other in later)
 
 
 def _stop_ray_clusters() -> None:

@@ -42,9 +42,16 @@ class RayCluster:
         # Each Ray Train job starts ~9 processes on two shared cores; a cluster of one machine is never drained for
         # preemption, so its watcher (one more process per job) is left out, and the controller looks at its
         # workers every 0.5 s instead of 2 s: a finished or stopped run is seen ~1 s sooner (a test waits for it).
+        # What no test reads is left out or slowed, each a few seconds of CPU per job on two shared cores: the
+        # metrics every process records for Prometheus, the dashboard agent's per-process stats every 5 s (60 s
+        # here; the nodes and resources the tests read come from the GCS), the log monitor's glob of a logs folder
+        # that grows by every worker's files every 0.1 s (0.5 s here: a new worker's first lines reach its driver
+        # up to 0.5 s later) and the Train state actor's 30 s poll of every run's controller for the dashboard.
         return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
                 "OMP_NUM_THREADS": "1", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_enable_metrics_collection": "0",
+                "REPORTER_UPDATE_INTERVAL_MS": "60000", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+                "RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION": "0"}
 
     def _start(self, name: str, *args: str) -> None:
         # Ray's unix sockets live under its temp dir (session_<date>_<pid>/sockets/...), and a socket path

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,19 +59,23 @@ def _run_protocol(item, nextitem) -> None:
         protocol.send(None)
 
 
-@pytest.mark.parametrize("after, nextitem, stopped", [
-    ("ray_cluster", _Item("ray_cluster", "tmp_path"), 0),  # the next test runs on it: kept
-    ("ray_cluster", _Item("tmp_path"), 1),  # the worker's last test on it: stopped now, not idle beside the rest
-    ("ray_cluster", None, 0),  # the worker's last test: the session's teardown stops it
-    ("tmp_path", _Item("tmp_path"), 0),  # a test not on the cluster
+@pytest.mark.parametrize("after, nextitem, later, stopped", [
+    ("ray_cluster", _Item("ray_cluster", "tmp_path"), [], 0),  # the next test runs on it: kept
+    ("ray_cluster", _Item("tmp_path"), [], 1),  # the worker's last test on it: stopped now, not idle beside the rest
+    # a test without it between two on it (the Ray modules mix them): kept, not started again for the next
+    ("ray_cluster", _Item("tmp_path"), [_Item("ray_cluster")], 0),
+    ("ray_cluster", None, [], 0),  # the worker's last test: the session's teardown stops it
+    ("tmp_path", _Item("tmp_path"), [], 0),  # a test not on the cluster
 ])
-def test_the_ray_cluster_stops_after_the_workers_last_test_on_it(monkeypatch, after, nextitem, stopped):
+def test_the_ray_cluster_stops_after_the_workers_last_test_on_it(monkeypatch, after, nextitem, later, stopped):
     import conftest
 
     cluster = _Cluster()
     monkeypatch.setattr(conftest, "_RAY_CLUSTERS", [cluster])
     monkeypatch.delenv("VIT_TEST_TIMELINE", raising=False)
-    _run_protocol(_Item(after), nextitem)
+    item = _Item(after)
+    item.session = SimpleNamespace(items=[item, *([nextitem] if nextitem else []), *later])
+    _run_protocol(item, nextitem)
     assert cluster.stops == stopped and conftest._RAY_CLUSTERS == ([] if stopped else [cluster])
 
 
