@@ -99,6 +99,7 @@ def test_the_budget_fails_a_lane_that_grew_or_a_suite_whose_median_test_grew():
 
 @pytest.mark.slow
 def test_the_everyday_lane_is_within_its_budget_and_holds_no_scenario_or_slow_test(tmp_path):
+    """Long (~19 s of CPU) because it collects the whole suite (every test module imported) in a fresh pytest, once."""
     # One collection of the whole suite (tests/lane_probe.py): the lane --quick prints, and every collected test's
     # scenario and slow marks as -m "scenario or slow" reads them (two collections cost twice its ~14 s of CPU)
     probe = tmp_path / "probe.json"

@@ -137,6 +137,8 @@ def outputs(notebook) -> list:
 @pytest.mark.timeout(900)  # the module's one kernel runs the six in the first test's setup
 @pytest.mark.parametrize("name", TUTORIALS)
 def test_each_tutorial_runs_in_a_clones_docs_folder_without_an_error(name, tutorials):
+    """Long for the first tutorial (~25 s of CPU) because its setup runs all six in their one kernel (``tutorials``),
+    each building its models and checking them against the library's; the other five read what it ran."""
     # Each notebook checks its model against the library's own (timm's logits, transformers' lens scores and
     # probabilities) or by hand with an assert: a mismatch is an error output here.
     notebook = tutorials[name]
