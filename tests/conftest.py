@@ -192,15 +192,16 @@ def pytest_sessionstart(session):
         write_bytecode(session.config)
 
 
-def write_bytecode(config) -> None:
+def write_bytecode(config, root: Path | None = None) -> None:
     """The project's modules compiled (``compileall``) and every test module's asserts rewritten into pytest's own
     cache (its pyc, checked by the source's hash), what collecting them would write; a pyc already current is kept.
     Through pytest's internal ``_rewrite_test`` and ``_write_pyc``: should they change, the run only loses the
-    saving (each worker rewrites as before), which the test of this function tells."""
+    saving (each worker rewrites as before), which the test of this function tells (on a small tree: ``root``,
+    the repository by default)."""
     import compileall
     import re
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
     tests = re.compile(r"/test_[^/]*\.py$")  # their asserts are rewritten into pytest's own pyc, below
     for folder in ("vit", "app_pages", "tests", "bench"):
         compileall.compile_dir(root / folder, quiet=2, rx=tests)

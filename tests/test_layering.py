@@ -56,18 +56,44 @@ def layer_of(module: str) -> str:
     return "commands" if name in COMMANDS else "api"  # any other name of the root is the notebook API's (vit.ViT)
 
 
+@functools.cache
+def _summary(path: Path, stamp: tuple[int, int]) -> tuple[tuple, tuple, tuple]:
+    """What the checks read of ``path`` (``stamp``: its mtime and size, so a rewritten file is read again), parsed
+    and walked once per test process (issue 112: the checks parsed vit/ five times and the whole repository twice,
+    ~29 s of CPU a run): each import as ``(line, module or None, level, ((name, asname), ...))`` (``None`` for a
+    plain ``import``), each ``base.attr`` on a bare name as ``(base, attr, line)``, both in ``ast.walk``'s order,
+    and each function's ``(name, first line, last line)``. SyntaxError where it does not parse."""
+    imports, attributes, functions = [], [], []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            level = node.level if isinstance(node, ast.ImportFrom) else -1
+            imports.append((node.lineno, module, level, tuple((a.name, a.asname) for a in node.names)))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            attributes.append((node.value.id, node.attr, node.lineno))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append((node.name, node.lineno, node.end_lineno))
+    return tuple(imports), tuple(attributes), tuple(functions)
+
+
+def summary(path: Path) -> tuple[tuple, tuple, tuple]:
+    """``_summary`` of ``path`` as it is now."""
+    stat = path.stat()
+    return _summary(path, (stat.st_mtime_ns, stat.st_size))
+
+
 def vit_imports(path: Path, packages: set[str] = frozenset({"vit"})) -> list[tuple[int, str]]:
     """``(line, module)`` for every import of a module of ``packages`` (``vit``'s) in ``path``, inside functions
     too; a from-import names the module, or the submodule a name may be."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] in packages]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module.split(".")[0] in packages:  # from vit import x, y: each name may be a module
-                found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level:
-            found.append((node.lineno, "relative import"))
+    for line, module, level, names in summary(path)[0]:
+        if level == -1:  # import a.b
+            found += [(line, name) for name, _ in names if name.split(".")[0] in packages]
+        elif level == 0 and module:
+            if module.split(".")[0] in packages:  # from vit import x, y: each name may be a module
+                found += [(line, f"{module}.{name}") for name, _ in names]
+        elif level:
+            found.append((line, "relative import"))
     return found
 
 
@@ -220,14 +246,13 @@ API_DISPLAY = {"figure", "to_html", "html", "explore"}  # html: the text to_html
 def app_imports_outside(path: Path, allowed: set[str]) -> list[str]:
     """``"line: module (in function)"`` for each import of ``vit.app`` in ``path`` but inside a function named in
     ``allowed`` (the innermost function around it counts; at module level, none)."""
-    tree = ast.parse(path.read_text(), str(path))
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions = summary(path)[2]
     found = []
     for line, imported in vit_imports(path):
         if layer_of(imported) != "app":
             continue
-        around = [f for f in functions if f.lineno <= line <= f.end_lineno]
-        name = min(around, key=lambda f: f.end_lineno - f.lineno).name if around else None
+        around = [(first, last, name) for name, first, last in functions if first <= line <= last]
+        name = min(around, key=lambda f: f[1] - f[0])[2] if around else None
         if name not in allowed:
             found.append(f"{line}: {imported} (in {name or 'the module'})")
     return found
@@ -292,23 +317,16 @@ def borrowed(module: str, module_path: Path, files: list[Path]) -> list[str]:
     return found
 
 
-@functools.cache
 def _reads(path: Path) -> tuple[tuple, tuple] | None:
-    """What ``path`` reads, parsed once per test process (each app module's check reads every file of the
-    repository: parsing them again per module took 20-30 s a module under load): each ``from M import name as
-    asname`` as ``(M, name, asname, line)`` and each ``base.attr`` on a bare name as ``(base, attr, line)``, in
-    ``ast.walk``'s order; None when it does not parse."""
+    """What ``path`` reads (``summary``: each app module's check reads every file of the repository, parsed once per
+    test process): each ``from M import name as asname`` as ``(M, name, asname, line)`` and each ``base.attr`` on a
+    bare name as ``(base, attr, line)``, in ``ast.walk``'s order; None when it does not parse."""
     try:
-        tree = ast.parse(path.read_text())
+        imports, attributes, _ = summary(path)
     except SyntaxError:
         return None
-    imports, attributes = [], []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            imports += [(node.module, a.name, a.asname, node.lineno) for a in node.names]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            attributes.append((node.value.id, node.attr, node.lineno))
-    return tuple(imports), tuple(attributes)
+    return tuple((module, name, asname, line) for line, module, level, names in imports if level >= 0
+                 for name, asname in names), attributes
 
 
 @pytest.mark.parametrize("module", sorted(p.stem for p in (VIT / "app").glob("*.py") if p.stem != "__init__"))
@@ -441,23 +459,22 @@ def unresolved_imports(roots: tuple[Path, ...] = IMPORT_ROOTS) -> list[str]:
         for path in sorted(root.rglob("*.py")):
             if path.is_relative_to(REPOSITORY / "tests" / "reference"):  # the authors' code, vendored as it is
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                        and node.module.split(".")[0] == "vit"):
+            for line, name, level, names in summary(path)[0]:
+                if not (level == 0 and name and name.split(".")[0] == "vit"):
                     continue
-                where = f"{path.relative_to(root.parent)}:{node.lineno}: from {node.module} import"
+                where = f"{path.relative_to(root.parent)}:{line}: from {name} import"
                 try:
-                    module = importlib.import_module(node.module)
+                    module = importlib.import_module(name)
                 except ImportError:
                     found.append(f"{where} (no such module)")
                     continue
-                for alias in node.names:
-                    if hasattr(module, alias.name):
+                for alias, _ in names:
+                    if hasattr(module, alias):
                         continue
                     try:
-                        importlib.import_module(f"{node.module}.{alias.name}")
+                        importlib.import_module(f"{name}.{alias}")
                     except ImportError:
-                        found.append(f"{where} {alias.name}")
+                        found.append(f"{where} {alias}")
     return found
 
 

@@ -1,6 +1,7 @@
-"""docs/quickstart.ipynb and the tutorials in docs/tutorials/ (issue 78, item 3) run from top to bottom (nbclient, in
-a fresh kernel), so they cannot rot, and are committed with their outputs. The tutorials build their other models
-(timm, transformers) with random weights in the notebook itself: no download, no network."""
+"""docs/quickstart.ipynb and the tutorials in docs/tutorials/ (issue 78, item 3) run from top to bottom (nbclient, the
+quickstart in a fresh kernel, the six tutorials one after the other in one kernel whose names are emptied between
+them), so they cannot rot, and are committed with their outputs. The tutorials build their other models (timm,
+transformers) with random weights in the notebook itself: no download, no network."""
 
 import json
 from pathlib import Path
@@ -27,7 +28,7 @@ def shown_text(notebook) -> str:
 @pytest.mark.slow
 def test_the_quickstart_notebook_runs_in_a_clones_docs_folder_without_an_error(monkeypatch):
     # The README's environment: the requirements installed, the project itself not (no PYTHONPATH either), and no
-    # MPLBACKEND from an earlier test's ``import streamlit`` (see run_notebook).
+    # MPLBACKEND from an earlier test's ``import streamlit`` (see tutorials).
     monkeypatch.delenv("PYTHONPATH", raising=False)
     monkeypatch.delenv("MPLBACKEND", raising=False)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
@@ -76,18 +77,56 @@ def test_the_notebooks_committed_method_lists_are_the_registrys():
     assert shown_by(compare, "list(vit.methods(checkpoint))") == list(vit.methods(shipped))
 
 
-def run_notebook(path: Path, monkeypatch):
-    """``path`` executed in a fresh kernel from its own folder, as a clone's reader runs it: the README's
-    environment (requirements installed, the project not, no PYTHONPATH) and one torch thread, as the suite's. No
-    MPLBACKEND: ``import streamlit`` sets it to Agg in the process (every app test in a worker does), and the kernel
-    would inherit it instead of Jupyter's inline backend, so no figure would show."""
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-    monkeypatch.delenv("MPLBACKEND", raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    notebook = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
-    return notebook
+# What a tutorial finds of the one before it in the shared kernel: no name (IPython's %reset -f empties the
+# namespace and its output history), the tutorials' folder as its working directory and the import path as the kernel
+# started with it. What stays is what a process keeps of its imports (sys.modules: torch, timm, transformers and vit
+# imported once, ~3-4 s of CPU a kernel, issue 112); that each tutorial still imports what it uses is checked by the
+# names being gone, and the import cell that finds the clone's vit is one cell, the same in all six
+# (test_the_tutorials_share_one_import_cell), run as a fresh kernel runs it by the first.
+RESET = """%reset -f
+import os, sys
+os.chdir({folder!r})
+while {root!r} in sys.path:
+    sys.path.remove({root!r})
+del os, sys
+"""
+
+
+@pytest.fixture(scope="module")
+def tutorials() -> dict:
+    """{name: the executed notebook, or the CellExecutionError it raised} of each tutorial, run from its own folder
+    as a clone's reader runs it: the README's environment (requirements installed, the project not, no PYTHONPATH)
+    and one torch thread, as the suite's. No MPLBACKEND: ``import streamlit`` sets it to Agg in the process (every
+    app test in a worker does), and the kernel would inherit it instead of Jupyter's inline backend, so no figure
+    would show. One kernel for the six, started fresh by the first (``RESET`` between them)."""
+    from nbclient.exceptions import CellExecutionError
+
+    run, client = {}, None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("PYTHONPATH", raising=False)
+        patch.delenv("MPLBACKEND", raising=False)
+        patch.setenv("OMP_NUM_THREADS", "1")
+        try:
+            for name in TUTORIALS:
+                notebook = nbformat.read(TUTORIAL_DIR / f"{name}.ipynb", as_version=4)
+                reset = client is not None
+                if reset:
+                    notebook.cells.insert(0, nbformat.v4.new_code_cell(RESET.format(folder=str(TUTORIAL_DIR),
+                                                                                    root=str(ROOT))))
+                client = nbclient.NotebookClient(notebook, km=client.km if client else None, timeout=300,
+                                                 kernel_name="python3",
+                                                 resources={"metadata": {"path": str(TUTORIAL_DIR)}})
+                try:
+                    client.execute(cleanup_kc=False)
+                    run[name] = notebook
+                except CellExecutionError as error:
+                    run[name] = error
+                if reset:
+                    notebook.cells.pop(0)
+        finally:
+            if client is not None and client.km is not None:
+                client._cleanup_kernel()
+    return run
 
 
 def outputs(notebook) -> list:
@@ -95,13 +134,26 @@ def outputs(notebook) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module's one kernel runs the six in the first test's setup
 @pytest.mark.parametrize("name", TUTORIALS)
-def test_each_tutorial_runs_in_a_clones_docs_folder_without_an_error(name, monkeypatch):
+def test_each_tutorial_runs_in_a_clones_docs_folder_without_an_error(name, tutorials):
+    """Long for the first tutorial (~25 s of CPU) because its setup runs all six in their one kernel (``tutorials``),
+    each building its models and checking them against the library's; the other five read what it ran."""
     # Each notebook checks its model against the library's own (timm's logits, transformers' lens scores and
     # probabilities) or by hand with an assert: a mismatch is an error output here.
-    notebook = run_notebook(TUTORIAL_DIR / f"{name}.ipynb", monkeypatch)
+    notebook = tutorials[name]
+    if isinstance(notebook, Exception):
+        pytest.fail(str(notebook)[-3000:])
     assert [f"{o.ename}: {o.evalue}" for o in outputs(notebook) if o.output_type == "error"] == []
     assert any("image/png" in o.get("data", {}) for o in outputs(notebook))
+
+
+def test_the_tutorials_share_one_import_cell():
+    """What the shared kernel leans on: every tutorial finds the clone's vit by the same first code cell (the first
+    tutorial runs it in a fresh kernel), and imports the rest of what it uses itself."""
+    firsts = {next(c for c in nbformat.read(TUTORIAL_DIR / f"{name}.ipynb", as_version=4).cells
+                   if c.cell_type == "code").source for name in TUTORIALS}
+    assert len(firsts) == 1 and "sys.path.insert(0, str(Path.cwd().parents[1]))" in firsts.pop()
 
 
 @pytest.mark.parametrize("name", TUTORIALS)

@@ -74,6 +74,8 @@ def test_a_run_reports_the_cpu_of_a_test_that_starts_a_busy_process(tmp_path):
     rows = {line.split(" | ")[0].strip("| "): float(line.split(" | ")[1].strip(" |"))
             for line in out.read_text().splitlines() if line.startswith("| tests/test_suite_cpu.py::")}
     assert rows["tests/test_suite_cpu.py::test_busy_child"] >= 1.0, out.read_text()
+    # the run's own tests' lane, collected from its selection (not the whole suite: ~14 s of CPU more)
+    assert "| everyday (`pytest --quick`) | 1 |" in out.read_text(), out.read_text()
 
 
 def test_busy_child():

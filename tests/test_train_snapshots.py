@@ -1,4 +1,5 @@
-"""Attention snapshots and per-epoch checkpoints written by real training runs on tiny generated images.
+"""Attention snapshots and per-epoch checkpoints written by training runs (``vit.train``'s main, and a real process
+killed and resumed) on tiny generated images.
 
 The snapshots are checked against what ``vit.attention`` computes from the checkpoint saved at
 the same epoch (``--save-every 1``), through the model's own forward pass.
@@ -57,10 +58,10 @@ def train_process(argv: list[str]) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def saved_run(images, cache, tmp_path_factory) -> Path:
+    # The command's main in this process (issue 112: a second torch start-up, ~3 s of CPU, for files any run writes);
+    # a real process is killed and resumed below
     out = tmp_path_factory.mktemp("runs") / "snapshots"
-    process = train_process(cli(images, cache, out, "--epochs", "3", "--save-every", "1"))
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, output
+    assert main(cli(images, cache, out, "--epochs", "3", "--save-every", "1")) == 0
     return out
 
 
