@@ -71,6 +71,7 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
            "full_attention_layers")
 MAX_PARAMETERS = 100_000_000  # a tiny model has well under a million; a VQ image tokenizer keeps some width
+MAX_KINDS = 4  # kinds of layer a shrunk stack keeps one of each (LFM 3's convolution, full and sliding attention)
 ROPE = ("rope_parameters", "rope_scaling")
 ROPE_DIMS = ("mrope_section", "freq_allocation")  # rotary widths a rope dict splits each head into: scaled with it
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
@@ -107,12 +108,28 @@ def _rope_shrunk(rope, ratio: float):
     return out
 
 
+def _kept_layers(config: dict, layers: int | None) -> list[int]:
+    """The layers a shrunk depth keeps: the first two, or, where a per-layer list names layers of several kinds
+    (``layer_types``: Qwen 3.5's linear and full attention, LFM's convolutions), the first layer of each kind (at
+    most ``MAX_KINDS``), so a stack whose attention layers come after others keeps one."""
+    keep = list(range(min(layers or 2, 2)))
+    for value in config.values():
+        if layers and isinstance(value, list) and len(value) == layers and value and all(
+                isinstance(v, str) for v in value):
+            firsts = sorted({kind: i for i, kind in reversed(list(enumerate(value)))}.values())[:MAX_KINDS]
+            if len(firsts) > 1:
+                return firsts
+    return keep
+
+
 def _shrunk(config: dict) -> dict:
     """A config's dict with every size ``SIZES``, ``LAYERS`` and ``HEADS`` name shrunk, nested configs alike, kept
     consistent as transformers' configs check: key/value heads as many as the heads where they were, the head's
-    width the hidden size over the heads, the rotary sections scaled with it, each per-layer list cut to the shrunk
-    depth, the lists of layer indices dropped (its class computes them again)."""
+    width the hidden size over the heads, the rotary sections scaled with it, the depth cut to the layers
+    ``_kept_layers`` keeps and each per-layer list to their entries, the lists of layer indices dropped (its class
+    computes them again)."""
     layers, heads, hidden = _first(config, LAYERS), _first(config, HEADS), _first(config, ("hidden_size",))
+    keep = _kept_layers(config, layers)
     head_dim = _first(config, ("head_dim",)) or (hidden // heads if hidden and heads else None)
     out = {}
     for key, value in config.items():
@@ -123,7 +140,7 @@ def _shrunk(config: dict) -> dict:
         elif key in DERIVED:
             continue
         elif key in LAYERS and _whole(value):
-            out[key] = min(value, 2)
+            out[key] = min(value, len(keep)) if value == layers else min(value, 2)
         elif key in HEADS and _whole(value):
             out[key] = min(value, 4)
         elif key == "num_key_value_heads" and _whole(value):
@@ -132,11 +149,11 @@ def _shrunk(config: dict) -> dict:
             out[key] = min(value, SIZES[key])
         elif key in SIZES and isinstance(value, list) and value and all(_whole(v) for v in value):
             out[key] = [min(v, SIZES[key]) for v in value]
-        elif isinstance(value, list) and layers and layers > 2 and len(value) == layers:
-            out[key] = value[:2]  # one entry per layer
+        elif isinstance(value, list) and layers and layers > len(keep) and len(value) == layers:
+            out[key] = [value[i] for i in keep]  # one entry per layer
         elif key.endswith(("_indexes", "_indices")) and layers and value and isinstance(value, list) \
                 and all(_whole(v) and 0 <= v < layers for v in value):  # layer indices a shrunk depth lacks
-            out[key] = sorted({min(v, min(layers, 2) - 1) for v in value})  # SAM's global_attn_indexes
+            out[key] = sorted({min(v, min(layers, len(keep)) - 1) for v in value})  # SAM's global_attn_indexes
         else:
             out[key] = value
     new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)

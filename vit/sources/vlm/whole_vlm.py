@@ -246,7 +246,9 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
 def attention_problem(vlm: VLM) -> str | None:
     """Why ``vlm``'s language model cannot answer through the recording attention, in one line, or None: its
     decoder stack, its layers' attention modules and its attention run through transformers' ``AttentionInterface``
-    (``_supports_attention_backend``) are what the answer's rows are read from."""
+    (``_supports_attention_backend``, or its attention modules' code asking the interface for its function: Qwen 3.5's
+    model declines the flag for its linear-attention layers, its attention layers call the interface) are what the
+    answer's rows are read from."""
     try:
         stack = vlm.language_model
     except VLMError as e:
@@ -255,10 +257,25 @@ def attention_problem(vlm: VLM) -> str | None:
     if layers is None or not any(hasattr(layer, "self_attn") or hasattr(layer, "cross_attn") for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
                 "answer reads")
-    if not getattr(stack, "_supports_attention_backend", False):
+    if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(layers):
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
     return None
+
+
+def _calls_the_interface(layers) -> bool:
+    """Whether the attention module of any of ``layers`` asks transformers' ``AttentionInterface`` for its attention
+    function (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code), as the recording attention needs."""
+    import inspect
+
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        try:
+            if attention is not None and "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(type(attention).forward):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
 
 
 # The pan-and-scan settings Gemma 3's processor reads at each call (Gemma3Processor.images_kwargs)
