@@ -3,7 +3,8 @@ LFM2-VL (SigLIP 2's NaFlex patches, ``spatial_shapes``, pixel-unshuffled 2 x 2),
 each patch's column and row, pooled 3 x 3), MiniCPM-o-OCR and MiniCPM-V 4.6 / 4.7 (a strip of patches and
 ``target_sizes``, merged 2 x 2 once or twice: Qwen 3.5 language models, whose attention layers call transformers'
 attention interface though the model declines the flag for its linear-attention ones), and LFM 3-VL (a stack of
-convolutions and attention layers the census's builder keeps one of each), built tiny by the VLM census's generic
+convolutions and attention layers the census's builder keeps one of each), LightOnOCR (a patch merger that drops
+the patches past its last whole 2 x 2 unit), built tiny by the VLM census's generic
 builder with their own processors' classes and saved whole. Each answers with ``generate``'s tokens, each answer
 token's attention at every layer is the eager row, and its image tokens are placed row-major over their merge units
 on the grid the processor names, checked by hand on a grid the placement would fail transposed.
@@ -31,7 +32,10 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 # Each type's grid for the 90 x 70 picture, as its processor names it, the output naming it, and the merge unit
 GRIDS = {"lfm2_vl": ((16, 20), "spatial_shapes", 2), "gemma4": ((42, 54), "image_position_ids", 3),
          "minicpm_ocr": ((28, 36), "target_sizes", 2), "minicpmv4_6": ((28, 36), "target_sizes", 4),
-         "minicpmv4_7": ((28, 36), "target_sizes", 4), "lfm3_vl": ((4, 6), None, 2)}
+         "minicpmv4_7": ((28, 36), "target_sizes", 4), "lfm3_vl": ((4, 6), None, 2),
+         # LightOnOCR: its processor's 80 x 96 px of 14-px patches (5 x 6), merged 2 x 2 by an unfold that drops
+         # the last row, as its processor counts side // 28 tokens: 4 x 6 patches covered
+         "lighton_ocr": ((4, 6), "image_sizes", 2)}
 
 
 @pytest.fixture(scope="module", params=list(GRIDS))
@@ -66,6 +70,8 @@ def test_the_image_tokens_are_placed_row_major_on_the_grid_the_processor_names(a
     if output == "image_position_ids":  # each patch's (column, row), -1 for padding
         where = inputs[output][0]
         assert (int(where[:, 1].max()) + 1, int(where[:, 0].max()) + 1) == (gh, gw)
+    elif output == "image_sizes":  # pixels, 14-px patches, the merger's whole units
+        assert inputs[output].tolist() == [[80, 96]] and (80 // 14 // unit * unit, 96 // 14 // unit * unit) == (gh, gw)
     elif output is not None:
         assert inputs[output].tolist() == [[gh, gw]]
     positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]

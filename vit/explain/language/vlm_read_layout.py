@@ -111,6 +111,17 @@ def _unit_and_lead(declared: int, grids: list[tuple[int, int]], count: int) -> t
     return None
 
 
+def _covered(declared: int, grids: list[tuple[int, int]], count: int) -> list[tuple[int, int]] | None:
+    """The patches the tokens cover where the ``declared`` merge unit does not divide ``grids`` and the merger drops
+    the patches past its last whole unit (an ``unfold`` of stride the unit: Mistral 3's and LightOnOCR's patch
+    mergers, whose processors count ``side // (patch x unit)`` tokens): each grid cut to its whole units, where
+    their count is the prompt's; else None."""
+    if not declared or all(gh % declared == 0 and gw % declared == 0 for gh, gw in grids):
+        return None
+    cut = [(gh // declared * declared, gw // declared * declared) for gh, gw in grids]
+    return cut if sum((gh // declared) * (gw // declared) for gh, gw in cut) == count else None
+
+
 def stated_canvas(vlm, image: Image.Image) -> tuple[int, int] | None:
     """The rows and columns of tiles the processor cuts ``image`` into, as it states them: its image processor's
     outputs for that image alone (``rows`` and ``cols``: Idefics3's when asked, Granite-Docling's;
@@ -194,6 +205,9 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
     if grids is None:
         return unplaced(positions, reason)
     found = _unit_and_lead(vlm.unit, grids, len(positions))
+    covered = _covered(vlm.unit, grids, len(positions)) if found is None else None
+    if covered is not None:
+        grids, found = covered, (vlm.unit, 0)
     if found is None:
         units = f"its declared {vlm.unit}x{vlm.unit} merge unit" if vlm.unit else "any whole merge unit"
         return unplaced(positions, f"{len(positions)} image tokens are not {units} over "
