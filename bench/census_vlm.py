@@ -7,8 +7,8 @@ fresh HOME / HF_HOME (no network) and asked a question with ``vit.ask_vlm``. Run
 
 Each type runs under a time limit in its own try/except, so one failure never stops the census. A type is
 ``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder, and each answer token's
-attention over the image tokens at every self-attention layer compared with the eager ``generate``'s row:
-``eager_max``) and ``placed`` (its first answer token's attention drawn on the image) or not placed (the one line
+attention over the image tokens at every self-attention layer (every cross-attention layer, over the tower's states,
+where the image is read through them: Mllama's) compared with the eager ``generate``'s row: ``eager_max``) and ``placed`` (its first answer token's attention drawn on the image) or not placed (the one line
 naming the missing piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
 (flagged: a bug); or ``build failed``: the census could not build the tiny model with a processor offline (the
 census's own gap, not a refusal). The types the test suite builds are built by its builders
@@ -590,13 +590,21 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
 
 def eager_difference(answer, out) -> float | None:
     """The largest difference between each answer token's attention over the image tokens at every self-attention
-    layer and the eager ``generate``'s row (``out.attentions``); None where transformers gives no such rows (a layer
+    layer (at every cross-attention layer, over the tower's states, for a model that reads the image through them)
+    and the eager ``generate``'s row (``out.attentions``); None where transformers gives no such rows (a layer
     without attention weights)."""
     import numpy as np
     import torch
 
     positions = answer.layout.positions if len(answer.layouts) == 1 else torch.cat(
         [layout.positions for layout in answer.layouts])
+    # the layers whose keys are the image's states, not the prompt's (Mllama's cross-attention): where the answer
+    # reads those alone, its k-th layer is the k-th of them, its row the whole eager row over the tower's states
+    cross = [layer for layer, weights in enumerate(out.attentions[0])
+             if weights is not None and weights.shape[-1] != weights.shape[-2]]
+    if cross and answer.layers == len(cross):
+        return max(float(np.abs(answer.image_rows(i, k).numpy() - out.attentions[i][layer][0, :, -1].float().numpy())
+                         .max()) for i in range(len(answer.tokens)) for k, layer in enumerate(cross))
     largest = 0.0
     for i in range(len(answer.tokens)):
         for layer, weights in enumerate(out.attentions[i]):
