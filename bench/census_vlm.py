@@ -8,8 +8,9 @@ fresh HOME / HF_HOME (no network) and asked a question with ``vit.ask_vlm``. Run
 Each type runs under a time limit in its own try/except, so one failure never stops the census. A type is
 ``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder, and each answer token's
 attention over the image tokens at every self-attention layer (every cross-attention layer, over the tower's states,
-where the image is read through them: Mllama's) compared with the eager ``generate``'s row: ``eager_max``) and ``placed`` (its first answer token's attention drawn on the image) or not placed (the one line
-naming the missing piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
+where the image is read through them: Mllama's) compared with the eager ``generate``'s row: ``eager_max``) and
+``placed`` (its first answer token's attention drawn on the image) or not placed (the one line naming the missing
+piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
 (flagged: a bug); or ``build failed``: the census could not build the tiny model with a processor offline (the
 census's own gap, not a refusal). The types the test suite builds are built by its builders
 (``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one generic builder: transformers' default
