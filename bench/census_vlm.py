@@ -338,14 +338,15 @@ def _processor_side(processor) -> int | None:
 def _side_agreed(config: dict, processor) -> int | None:
     """The square side the tower takes, its image processor made to resize to it where the processor states what
     fixes it: its own tile side (``img_size``: Aya Vision's tokens per tile are counted on it), or a token count
-    (``image_seq_length``) counted on the vision config's default side (Ovis 2, Qianfan-OCR); else the image
-    processor's own side (the config then takes it)."""
+    (``image_seq_length``, ``num_image_tokens``) counted on the vision config's default side (Ovis 2, Qianfan-OCR,
+    GOT-OCR2); else the image processor's own side (the config then takes it)."""
     images = getattr(processor, "image_processor", None)
     own = (config.get("vision_config") or {}).get("image_size")
     own = own[0] if isinstance(own, list) and own and all(_whole(v) and v == own[0] for v in own) else own
     if _whole(getattr(processor, "img_size", None)):
         side = processor.img_size
-    elif _whole(getattr(processor, "image_seq_length", None)) and _whole(own):
+    elif any(_whole(getattr(processor, name, None)) for name in ("image_seq_length", "num_image_tokens")) \
+            and _whole(own):
         side = own
     else:
         return _processor_side(processor)
