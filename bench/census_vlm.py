@@ -386,6 +386,11 @@ def generic_build(model_type: str):
                   and ("image" in k or "img" in k)]
     candidates = list(dict.fromkeys([*candidates, *(s for s in [*specials, *named.values()]
                                                     if "image" in s.lower() or "img" in s.lower()), "<image>"]))
+    # then each wrapped in the processor's start and end markers (HunYuan-VL's processor refuses it bare)
+    marks = vars(processor)
+    candidates += [f"{marks[key]}{placeholder}{marks[key.replace('_start_', '_end_')]}" for placeholder in candidates
+                   for key in marks if key.endswith("_start_token") and isinstance(marks[key], str)
+                   and isinstance(marks.get(key.replace("_start_", "_end_")), str)]
     for placeholder in candidates:
         processor.chat_template = TEMPLATE.replace("IMAGE", placeholder)
         expanded = _expanded_image_token(processor, words)

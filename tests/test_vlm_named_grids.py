@@ -2,12 +2,13 @@
 LFM2-VL (SigLIP 2's NaFlex patches, ``spatial_shapes``, pixel-unshuffled 2 x 2), Gemma 4 (``image_position_ids``,
 each patch's column and row, pooled 3 x 3), MiniCPM-o-OCR and MiniCPM-V 4.6 / 4.7 (a strip of patches and
 ``target_sizes``, merged 2 x 2 once or twice: Qwen 3.5 language models, whose attention layers call transformers'
-attention interface though the model declines the flag for its linear-attention ones), and LFM 3-VL (a stack of
-convolutions and attention layers the census's builder keeps one of each), LightOnOCR (a patch merger that drops
-the patches past its last whole 2 x 2 unit), built tiny by the VLM census's generic
-builder with their own processors' classes and saved whole. Each answers with ``generate``'s tokens, each answer
-token's attention at every layer is the eager row, and its image tokens are placed row-major over their merge units
-on the grid the processor names, checked by hand on a grid the placement would fail transposed.
+attention interface though the model declines the flag for its linear-attention ones), LFM 3-VL (a stack of
+convolutions and attention layers the census's builder keeps one of each), LightOnOCR (a patch merger that drops the
+patches past its last whole 2 x 2 unit) and HunYuan-VL (rows of units each closed by a newline token), built tiny by
+the VLM census's generic builder with their own processors' classes and saved whole. Each answers with
+``generate``'s tokens, each answer token's attention at every layer is the eager row, and its image tokens are placed
+row-major over their merge units on the grid the processor names, checked by hand on a grid the placement would fail
+transposed.
 """
 
 import numpy as np
@@ -84,3 +85,38 @@ def test_the_image_tokens_are_placed_row_major_on_the_grid_the_processor_names(a
         np.testing.assert_allclose(ours, by_hand(row, (gh, gw), unit, 0), rtol=0, atol=1e-5)
         transposed = row.reshape(gw // unit, gh // unit).T.repeat(unit, 0).repeat(unit, 1)
         assert np.abs(ours - transposed).max() > 1e-4  # the units laid column-major: another map
+
+
+@pytest.fixture(scope="module")
+def hunyuan(tmp_path_factory):
+    from bench.census_vlm import generic_build
+
+    torch.manual_seed(0)
+    model, processor = generic_build("hunyuan_vl")
+    folder = tmp_path_factory.mktemp("hunyuan_vl")
+    noisy(model).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=3), *eager_generate(folder, picture())
+
+
+def test_rows_closed_by_a_newline_are_placed_without_it(hunyuan):
+    """HunYuan-VL's merger writes its image as a begin token, each row of 2 x 2 units followed by a newline token,
+    then an end token, all with its image token: each patch is placed under its unit's token, the begin, end and
+    newline tokens over none (transformers' ``HunYuanVLVisionPatchMerger``: ``image_begin``, ``image_newline``,
+    ``image_end``)."""
+    answer, out, inputs, image_token = hunyuan
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()[:3]
+    (_, gh, gw), unit = inputs["image_grid_thw"][0].tolist(), 2
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    wide = gw // unit + 1  # a row's units and its newline
+    assert len(positions) == 1 + (gh // unit) * wide + 1 and answer.grid == (gh, gw)
+    for i in range(len(answer.tokens)):
+        for layer in range(len(out.attentions[0])):
+            heads = eager_image_rows(out, i, layer, positions)
+            np.testing.assert_allclose(answer.image_rows(i, layer).numpy(), heads, rtol=0, atol=1e-5)
+            row = heads.mean(0)
+            expected = np.array([[row[1 + (r // unit) * wide + c // unit] for c in range(gw)] for r in range(gh)])
+            np.testing.assert_allclose(answer.attention(i, layer), expected, rtol=0, atol=1e-5)
+    row = eager_image_rows(out, 1, 0, positions).mean(0)
+    no_newlines = by_hand(row[1:], (gh, gw), unit, 0)  # the units taken as if no newline closed each row
+    assert np.abs(answer.attention(1, 0) - no_newlines).max() > 1e-4

@@ -560,7 +560,7 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
     pixels, images = inputs["pixel_values"], vlm.processor.image_processor
     (ph, pw), done, start = vlm.patch_hw, [], 0
     for k, layout in enumerate(layouts):
-        if layout.pixels is not None or layout.index is not None:
+        if layout.pixels is not None or layout.views > 1:  # a tiled layout keeps its canvas
             done.append(layout)
             continue
         if "image_grid_thw" in inputs:

@@ -191,6 +191,35 @@ def _stated_tiles(vlm, inputs, images: Sequence[Image.Image], positions: torch.T
     return tuple(layouts), ""
 
 
+def _rows_closed(declared: int, grids: list[tuple[int, int]], count: int) -> tuple[int, int, int] | None:
+    """``(unit, lead, trail)`` where each image's tokens are a begin token or none, its units' rows each closed by a
+    newline token, then an end token or none (HunYuan-VL's merger: ``image_begin``, a row of units and
+    ``image_newline`` for each row, ``image_end``, all written with its image token), with the ``declared`` merge unit
+    (else each whole number tried), giving ``count``; None when none does."""
+    for unit in ([declared] if declared else range(1, MAX_UNIT + 1)):
+        if any(gh % unit or gw % unit for gh, gw in grids):
+            continue
+        for lead, trail in ((1, 1), (0, 0), (1, 0), (0, 1)):
+            if sum(lead + (gh // unit) * (gw // unit + 1) + trail for gh, gw in grids) == count:
+                return unit, lead, trail
+    return None
+
+
+def _closed_layouts(positions: torch.Tensor, grids: list[tuple[int, int]], unit: int, lead: int,
+                    trail: int) -> tuple[ImageLayout, ...]:
+    """Each image's layout under ``_rows_closed``'s reading: the token over each patch, its newlines and begin and end
+    tokens over none."""
+    layouts, start = [], 0
+    for gh, gw in grids:
+        wide = gw // unit + 1  # a row's units and its newline
+        r, c = torch.arange(gh)[:, None], torch.arange(gw)[None, :]
+        index = lead + (r // unit) * wide + c // unit  # (gh, gw)
+        count = lead + (gh // unit) * wide + trail
+        layouts.append(ImageLayout(positions[start:start + count], (gh, gw), unit, lead, index))
+        start += count
+    return tuple(layouts)
+
+
 def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
     """The layout of each of ``images`` in the processor's ``inputs`` (see the module's docstring), or one unplaced
     list over the image tokens naming what is missing. ValueError (one line) when the prompt holds no image token."""
@@ -208,6 +237,9 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
     covered = _covered(vlm.unit, grids, len(positions)) if found is None else None
     if covered is not None:
         grids, found = covered, (vlm.unit, 0)
+    closed = _rows_closed(vlm.unit, grids, len(positions)) if found is None else None
+    if closed is not None:
+        return _one_view_pixels(vlm, inputs, _closed_layouts(positions, grids, *closed))
     if found is None:
         units = f"its declared {vlm.unit}x{vlm.unit} merge unit" if vlm.unit else "any whole merge unit"
         return unplaced(positions, f"{len(positions)} image tokens are not {units} over "
