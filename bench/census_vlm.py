@@ -429,11 +429,15 @@ PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal
 
 
 def _patch_agreed(config: dict, processor) -> None:
-    """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
-    (in place): the processor cuts the pixels into its patches, which the tower's patch embedding must take."""
+    """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them,
+    else to the processor's own (in place): the processor cuts the pixels into its patches and counts its tokens over
+    them, which the tower's patch embedding and merger must take."""
     images = getattr(processor, "image_processor", None)
     for field, names in PATCH_FIELDS.items():
         value = getattr(images, field, None)
+        if not _whole(value):  # the processor's own, which counts its tokens (Pixtral's patch_size, merge size)
+            value = next((getattr(processor, name) for name in (field, *names)
+                          if _whole(getattr(processor, name, None))), None)
         if not _whole(value):
             continue
         for sub in (config, *(v for v in config.values() if isinstance(v, dict))):

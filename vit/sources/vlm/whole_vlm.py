@@ -257,9 +257,33 @@ def attention_problem(vlm: VLM) -> str | None:
     if layers is None or not any(hasattr(layer, "self_attn") or hasattr(layer, "cross_attn") for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
                 "answer reads")
+    branching = _branches_on_the_name(layers)
+    if branching:
+        return (f"its attention ({branching}) computes otherwise under an attention implementation it does not name "
+                "(its code tests for 'eager' or 'sdpa': a sparse top-k mask applied there alone), so the recorded "
+                "rows would not be the ones eager computes")
     if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(layers):
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
+    return None
+
+
+def _branches_on_the_name(layers) -> str | None:
+    """The class of the first attention module of ``layers`` whose forward's code tests the attention
+    implementation's name (``config._attn_implementation in ("eager", "sdpa")``: MiniMax-M3's and Mistral Large 4's
+    sparse top-k masks, built only under those names and handed to flash kernels otherwise), else None: the
+    recording attention runs under its own name, so such a forward would take the other branch."""
+    import inspect
+    import re
+
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        try:
+            code = inspect.getsource(type(attention).forward) if attention is not None else ""
+        except (OSError, TypeError):
+            continue
+        if re.search(r"_attn_implementation\s*(?:==|!=|in\b|not\s+in\b)", code):
+            return type(attention).__name__
     return None
 
 
