@@ -335,19 +335,30 @@ def _processor_side(processor) -> int | None:
     return None
 
 
+def _counts(side, patch, tokens: int) -> bool:
+    """Whether ``tokens`` image tokens are a whole merge unit's (1 to 4 patches a side) over ``side``'s patches."""
+    if not (_whole(side) and _whole(patch)) or side % patch:
+        return False
+    return any((side // patch) ** 2 == tokens * unit ** 2 for unit in range(1, 5))
+
+
 def _side_agreed(config: dict, processor) -> int | None:
     """The square side the tower takes, its image processor made to resize to it where the processor states what
     fixes it: its own tile side (``img_size``: Aya Vision's tokens per tile are counted on it), or a token count
-    (``image_seq_length``, ``num_image_tokens``) counted on the vision config's default side (Ovis 2, Qianfan-OCR,
-    GOT-OCR2); else the image processor's own side (the config then takes it)."""
+    (``image_seq_length``: Ovis 2, Qianfan-OCR; ``num_image_tokens`` where the image processor's side does not give
+    it: GOT-OCR2) counted on the vision config's default side; else the image processor's own side (the config then
+    takes it)."""
     images = getattr(processor, "image_processor", None)
     own = (config.get("vision_config") or {}).get("image_size")
     own = own[0] if isinstance(own, list) and own and all(_whole(v) and v == own[0] for v in own) else own
     if _whole(getattr(processor, "img_size", None)):
         side = processor.img_size
-    elif any(_whole(getattr(processor, name, None)) for name in ("image_seq_length", "num_image_tokens")) \
-            and _whole(own):
+    elif _whole(getattr(processor, "image_seq_length", None)) and _whole(own):
         side = own
+    elif _whole(getattr(processor, "num_image_tokens", None)) and _whole(own) and not _counts(
+            _processor_side(processor), (config.get("vision_config") or {}).get("patch_size"),
+            processor.num_image_tokens):
+        side = own  # a count the image processor's side does not give (GOT-OCR2's 256 on its tower's 1,024 px)
     else:
         return _processor_side(processor)
     size = getattr(images, "size", None)
@@ -429,13 +440,16 @@ PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal
 
 
 def _patch_agreed(config: dict, processor) -> None:
-    """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them,
-    else to the processor's own (in place): the processor cuts the pixels into its patches and counts its tokens over
-    them, which the tower's patch embedding and merger must take."""
+    """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
+    as numbers, the processor's own where the image processor states its patch as a size (Pixtral's) (in place): the
+    processor cuts the pixels into its patches and counts its tokens over them, which the tower's patch embedding and
+    merger must take."""
     images = getattr(processor, "image_processor", None)
+    patch = getattr(images, "patch_size", None)
+    sized = patch is not None and not _whole(patch)  # Pixtral's {"height": 16, "width": 16}
     for field, names in PATCH_FIELDS.items():
         value = getattr(images, field, None)
-        if not _whole(value):  # the processor's own, which counts its tokens (Pixtral's patch_size, merge size)
+        if sized:  # the processor's own patch and merge sizes, which count its tokens
             value = next((getattr(processor, name) for name in (field, *names)
                           if _whole(getattr(processor, name, None))), None)
         if not _whole(value):

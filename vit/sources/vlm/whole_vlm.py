@@ -287,18 +287,27 @@ def _branches_on_the_name(layers) -> str | None:
     return None
 
 
+# The keywords every attention implementation reads alike: a call that hands the attention function others (Inkling
+# 2's per-query sinks, which only its eager function adds) may compute otherwise under another implementation
+PLAIN_KEYWORDS = {"dropout", "scaling", "sliding_window", "position_ids"}
+
+
 def _calls_the_interface(layers) -> bool:
     """Whether the attention module of any of ``layers`` asks transformers' ``AttentionInterface`` for its attention
-    function (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code), as the recording attention needs."""
+    function (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code) and hands it nothing but the keywords
+    every implementation reads alike (``PLAIN_KEYWORDS``), as the recording attention needs."""
     import inspect
+    import re
 
     for layer in layers:
         attention = getattr(layer, "self_attn", None)
         try:
-            if attention is not None and "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(type(attention).forward):
-                return True
+            code = inspect.getsource(type(attention).forward) if attention is not None else ""
         except (OSError, TypeError):
             continue
+        call = re.search(r"attention_interface\((.*?)\n\s*\)", code, re.S)
+        if "ALL_ATTENTION_FUNCTIONS" in code and call is not None:
+            return set(re.findall(r"(\w+)\s*=", call.group(1))) <= PLAIN_KEYWORDS
     return False
 
 
