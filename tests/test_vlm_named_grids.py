@@ -73,6 +73,7 @@ def test_the_image_tokens_are_placed_row_major_on_the_grid_the_processor_names(a
         assert (int(where[:, 1].max()) + 1, int(where[:, 0].max()) + 1) == (gh, gw)
     elif output == "image_sizes":  # pixels, 14-px patches, the merger's whole units
         assert inputs[output].tolist() == [[80, 96]] and (80 // 14 // unit * unit, 96 // 14 // unit * unit) == (gh, gw)
+        assert answer.layout.pixels.shape == (gh * 14, gw * 14, 3)  # drawn over the patches its tokens cover
     elif output is not None:
         assert inputs[output].tolist() == [[gh, gw]]
     positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]

@@ -576,7 +576,6 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
         if "image_sizes" in inputs and pixels.dim() == 4:  # Pixtral pads each image to the batch's largest
             h, w = (int(v) for v in inputs["image_sizes"][k])
             seen = seen[:h, :w]
-        seen = seen[:layout.grid[0] * ph, :layout.grid[1] * pw]  # the patches its tokens cover (a floor merger's)
         done.append(replace(layout, pixels=seen))
     return tuple(done)
 

@@ -15,6 +15,7 @@ is refused in that one line (``ImageLayout.place``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from PIL import Image
@@ -250,4 +251,9 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
         count = lead + (grid[0] // unit) * (grid[1] // unit)
         layouts.append(ImageLayout(positions[start:start + count], grid, unit, lead))
         start += count
-    return _one_view_pixels(vlm, inputs, tuple(layouts))  # the pixels each was read as, as a named family's
+    layouts = _one_view_pixels(vlm, inputs, tuple(layouts))  # the pixels each was read as, as a named family's
+    if covered is not None:  # the pixels of the patches its tokens cover, past them dropped as the merger drops them
+        (ph, pw) = vlm.patch_hw
+        layouts = tuple(layout if layout.pixels is None else replace(
+            layout, pixels=layout.pixels[:layout.grid[0] * ph, :layout.grid[1] * pw]) for layout in layouts)
+    return layouts
