@@ -7,9 +7,10 @@ fresh HOME / HF_HOME (no network) and asked a question with ``vit.ask_vlm``. Run
 
 Each type runs under a time limit in its own try/except, so one failure never stops the census. A type is
 ``answered`` (its tokens those of transformers' greedy ``generate`` on the same folder, and each answer token's
-attention over the image tokens at every self-attention layer compared with the eager ``generate``'s row:
-``eager_max``) and ``placed`` (its first answer token's attention drawn on the image) or not placed (the one line
-naming the missing piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
+attention over the image tokens at every self-attention layer (every cross-attention layer, over the tower's states,
+where the image is read through them: Mllama's) compared with the eager ``generate``'s row: ``eager_max``) and
+``placed`` (its first answer token's attention drawn on the image) or not placed (the one line naming the missing
+piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``answers differ``
 (flagged: a bug); or ``build failed``: the census could not build the tiny model with a processor offline (the
 census's own gap, not a refusal). The types the test suite builds are built by its builders
 (``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one generic builder: transformers' default
@@ -71,6 +72,7 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
            "full_attention_layers")
 MAX_PARAMETERS = 100_000_000  # a tiny model has well under a million; a VQ image tokenizer keeps some width
+MAX_KINDS = 4  # kinds of layer a shrunk stack keeps one of each (LFM 3's convolution, full and sliding attention)
 ROPE = ("rope_parameters", "rope_scaling")
 ROPE_DIMS = ("mrope_section", "freq_allocation")  # rotary widths a rope dict splits each head into: scaled with it
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
@@ -107,12 +109,28 @@ def _rope_shrunk(rope, ratio: float):
     return out
 
 
+def _kept_layers(config: dict, layers: int | None) -> list[int]:
+    """The layers a shrunk depth keeps: the first two, or, where a per-layer list names layers of several kinds
+    (``layer_types``: Qwen 3.5's linear and full attention, LFM's convolutions), the first layer of each kind (at
+    most ``MAX_KINDS``), so a stack whose attention layers come after others keeps one."""
+    keep = list(range(min(layers or 2, 2)))
+    for value in config.values():
+        if layers and isinstance(value, list) and len(value) == layers and value and all(
+                isinstance(v, str) for v in value):
+            firsts = sorted({kind: i for i, kind in reversed(list(enumerate(value)))}.values())[:MAX_KINDS]
+            if len(firsts) > 1:
+                return firsts
+    return keep
+
+
 def _shrunk(config: dict) -> dict:
     """A config's dict with every size ``SIZES``, ``LAYERS`` and ``HEADS`` name shrunk, nested configs alike, kept
     consistent as transformers' configs check: key/value heads as many as the heads where they were, the head's
-    width the hidden size over the heads, the rotary sections scaled with it, each per-layer list cut to the shrunk
-    depth, the lists of layer indices dropped (its class computes them again)."""
+    width the hidden size over the heads, the rotary sections scaled with it, the depth cut to the layers
+    ``_kept_layers`` keeps and each per-layer list to their entries, the lists of layer indices dropped (its class
+    computes them again)."""
     layers, heads, hidden = _first(config, LAYERS), _first(config, HEADS), _first(config, ("hidden_size",))
+    keep = _kept_layers(config, layers)
     head_dim = _first(config, ("head_dim",)) or (hidden // heads if hidden and heads else None)
     out = {}
     for key, value in config.items():
@@ -123,7 +141,7 @@ def _shrunk(config: dict) -> dict:
         elif key in DERIVED:
             continue
         elif key in LAYERS and _whole(value):
-            out[key] = min(value, 2)
+            out[key] = min(value, len(keep)) if value == layers else min(value, 2)
         elif key in HEADS and _whole(value):
             out[key] = min(value, 4)
         elif key == "num_key_value_heads" and _whole(value):
@@ -132,11 +150,11 @@ def _shrunk(config: dict) -> dict:
             out[key] = min(value, SIZES[key])
         elif key in SIZES and isinstance(value, list) and value and all(_whole(v) for v in value):
             out[key] = [min(v, SIZES[key]) for v in value]
-        elif isinstance(value, list) and layers and layers > 2 and len(value) == layers:
-            out[key] = value[:2]  # one entry per layer
+        elif isinstance(value, list) and layers and layers > len(keep) and len(value) == layers:
+            out[key] = [value[i] for i in keep]  # one entry per layer
         elif key.endswith(("_indexes", "_indices")) and layers and value and isinstance(value, list) \
                 and all(_whole(v) and 0 <= v < layers for v in value):  # layer indices a shrunk depth lacks
-            out[key] = sorted({min(v, min(layers, 2) - 1) for v in value})  # SAM's global_attn_indexes
+            out[key] = sorted({min(v, min(layers, len(keep)) - 1) for v in value})  # SAM's global_attn_indexes
         else:
             out[key] = value
     new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)
@@ -317,11 +335,19 @@ def _processor_side(processor) -> int | None:
     return None
 
 
+def _counts(side, patch, tokens: int) -> bool:
+    """Whether ``tokens`` image tokens are a whole merge unit's (1 to 4 patches a side) over ``side``'s patches."""
+    if not (_whole(side) and _whole(patch)) or side % patch:
+        return False
+    return any((side // patch) ** 2 == tokens * unit ** 2 for unit in range(1, 5))
+
+
 def _side_agreed(config: dict, processor) -> int | None:
     """The square side the tower takes, its image processor made to resize to it where the processor states what
     fixes it: its own tile side (``img_size``: Aya Vision's tokens per tile are counted on it), or a token count
-    (``image_seq_length``) counted on the vision config's default side (Ovis 2, Qianfan-OCR); else the image
-    processor's own side (the config then takes it)."""
+    (``image_seq_length``: Ovis 2, Qianfan-OCR; ``num_image_tokens`` where the image processor's side does not give
+    it: GOT-OCR2) counted on the vision config's default side; else the image processor's own side (the config then
+    takes it)."""
     images = getattr(processor, "image_processor", None)
     own = (config.get("vision_config") or {}).get("image_size")
     own = own[0] if isinstance(own, list) and own and all(_whole(v) and v == own[0] for v in own) else own
@@ -329,6 +355,10 @@ def _side_agreed(config: dict, processor) -> int | None:
         side = processor.img_size
     elif _whole(getattr(processor, "image_seq_length", None)) and _whole(own):
         side = own
+    elif _whole(getattr(processor, "num_image_tokens", None)) and _whole(own) and not _counts(
+            _processor_side(processor), (config.get("vision_config") or {}).get("patch_size"),
+            processor.num_image_tokens):
+        side = own  # a count the image processor's side does not give (GOT-OCR2's 256 on its tower's 1,024 px)
     else:
         return _processor_side(processor)
     size = getattr(images, "size", None)
@@ -367,6 +397,11 @@ def generic_build(model_type: str):
                   and ("image" in k or "img" in k)]
     candidates = list(dict.fromkeys([*candidates, *(s for s in [*specials, *named.values()]
                                                     if "image" in s.lower() or "img" in s.lower()), "<image>"]))
+    # then each wrapped in the processor's start and end markers (HunYuan-VL's processor refuses it bare)
+    marks = vars(processor)
+    candidates += [f"{marks[key]}{placeholder}{marks[key.replace('_start_', '_end_')]}" for placeholder in candidates
+                   for key in marks if key.endswith("_start_token") and isinstance(marks[key], str)
+                   and isinstance(marks.get(key.replace("_start_", "_end_")), str)]
     for placeholder in candidates:
         processor.chat_template = TEMPLATE.replace("IMAGE", placeholder)
         expanded = _expanded_image_token(processor, words)
@@ -406,10 +441,17 @@ PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal
 
 def _patch_agreed(config: dict, processor) -> None:
     """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
-    (in place): the processor cuts the pixels into its patches, which the tower's patch embedding must take."""
+    as numbers, the processor's own where the image processor states its patch as a size (Pixtral's) (in place): the
+    processor cuts the pixels into its patches and counts its tokens over them, which the tower's patch embedding and
+    merger must take."""
     images = getattr(processor, "image_processor", None)
+    patch = getattr(images, "patch_size", None)
+    sized = patch is not None and not _whole(patch)  # Pixtral's {"height": 16, "width": 16}
     for field, names in PATCH_FIELDS.items():
         value = getattr(images, field, None)
+        if sized:  # the processor's own patch and merge sizes, which count its tokens
+            value = next((getattr(processor, name) for name in (field, *names)
+                          if _whole(getattr(processor, name, None))), None)
         if not _whole(value):
             continue
         for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
@@ -573,13 +615,21 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
 
 def eager_difference(answer, out) -> float | None:
     """The largest difference between each answer token's attention over the image tokens at every self-attention
-    layer and the eager ``generate``'s row (``out.attentions``); None where transformers gives no such rows (a layer
+    layer (at every cross-attention layer, over the tower's states, for a model that reads the image through them)
+    and the eager ``generate``'s row (``out.attentions``); None where transformers gives no such rows (a layer
     without attention weights)."""
     import numpy as np
     import torch
 
     positions = answer.layout.positions if len(answer.layouts) == 1 else torch.cat(
         [layout.positions for layout in answer.layouts])
+    # the layers whose keys are the image's states, not the prompt's (Mllama's cross-attention): where the answer
+    # reads those alone, its k-th layer is the k-th of them, its row the whole eager row over the tower's states
+    cross = [layer for layer, weights in enumerate(out.attentions[0])
+             if weights is not None and weights.shape[-1] != weights.shape[-2]]
+    if cross and answer.layers == len(cross):
+        return max(float(np.abs(answer.image_rows(i, k).numpy() - out.attentions[i][layer][0, :, -1].float().numpy())
+                         .max()) for i in range(len(answer.tokens)) for k, layer in enumerate(cross))
     largest = 0.0
     for i in range(len(answer.tokens)):
         for layer, weights in enumerate(out.attentions[i]):

@@ -2,14 +2,15 @@
 families (``registry.VLM_ARCHITECTURES``) never held and refused before, built tiny by transformers with their own
 processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, from several of its layers), GLM-OCR
 (14-px patches merged 2 x 2, M-RoPE, a grid the processor states in ``image_grid_thw``), and two the VLM census's
-generic builder opens (DeepSeek-VL, MiniMax-M3-VL). Each answers with
+generic builder opens (DeepSeek-VL; MiniMax-M3-VL, whose attention builds its sparse mask only under the names
+'eager' and 'sdpa', is refused in one line). Each answers with
 transformers' greedy ``generate``'s tokens; each answer token's attention at every layer equals the eager row of
 ``generate(output_attentions=True)``; its image tokens are placed row-major over their merge units, checked by hand
 on a grid the placement would fail transposed. The census's generic builder's Qwen Omni thinkers, PaddleOCR-VL,
 VideoLLaMA 3 and MUSE Spark are placed on the grid their processor's ``image_grid_thw`` states, Ovis 2 and
-DeepSeek-VL-Hybrid on their towers' grids; Aya Vision's and Qianfan-OCR's tiles answer unplaced. A type whose
-processor's views cannot be placed still answers, its attention a list over the image tokens, and a map on the
-image is refused in one line naming what is missing.
+DeepSeek-VL-Hybrid on their towers' grids (Aya Vision's and Qianfan-OCR's tiles: ``test_vlm_stated_tiles``). A
+type whose processor's views cannot be placed still answers, its attention a list over the image tokens, and a map
+on the image is refused in one line naming what is missing.
 """
 
 import numpy as np
@@ -37,19 +38,16 @@ from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
-         "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr",
-         "deepseek_vl_hybrid", "muse_spark"]  # MUSE Glimmer answers one token with these weights
+KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
+         "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid",
+         "muse_spark"]  # MUSE Glimmer answers one token with these weights
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
-# processor's classes; DeepSeek-VL's 16-px patches one token each, MiniMax-M3-VL's merged 2 x 2 on a 4 x 6 grid,
+# processor's classes; DeepSeek-VL's 16-px patches one token each,
 # Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
 # Omni thinkers (their vision_start_token_id from the processor's vision_bos_token), PaddleOCR-VL (M-RoPE sections
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
-GENERIC = ("deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "paddleocr_vl", "video_llama_3", "ovis2", "aya_vision", "qianfan_ocr", "deepseek_vl_hybrid",
-           "muse_spark")
-# Types that answer but are not placed: Aya Vision's and Qianfan-OCR's 13 tiles at the side their processor fixes
-UNPLACED = ("aya_vision", "qianfan_ocr")
+GENERIC = ("deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
+           "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark")
 
 
 def build(kind: str):
@@ -141,22 +139,14 @@ def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
 # The grid each type's processor gives the 90 x 70 picture, and its merge unit: GLM-OCR's is not square; None:
 # the grid the processor's image_grid_thw states, merged by the image processor's merge_size
 GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 24), 1),
-         "minimax_m3_vl": ((4, 6), 2), "cosmos3_edge": ((16, 20), 2), "qwen2_5_omni_thinker": None,
+         "cosmos3_edge": ((16, 20), 2), "qwen2_5_omni_thinker": None,
          "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
          # Ovis 2: 224-px images, 14-px patches (the 256 tokens its processor counts); DeepSeek-VL-Hybrid: its
          # low-res tower's 384 / 16
          "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}
 
 
-@pytest.mark.parametrize("kind", UNPLACED)
-def test_tiles_no_layout_states_answer_and_a_map_is_refused_in_one_line(answers, kind):
-    answer, _, inputs, _ = answers[kind]
-    assert inputs["pixel_values"].shape[0] == 13  # the processor's tiles
-    with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: .*\(image_rows\)$"):
-        answer.attention(0)
-
-
-@pytest.mark.parametrize("kind", [k for k in KINDS if k not in UNPLACED])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_image_tokens_are_placed_row_major_over_their_merge_units(folders, answers, kind):
     answer, out, inputs, _ = answers[kind]
     if GRIDS[kind] is None:
@@ -272,3 +262,19 @@ def test_learned_queries_answer_as_generate_with_their_rows_and_are_not_placed(b
     with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: they are a Q-Former's 4 "
                                          r"learned queries \(num_query_tokens\), which cover no patch; "):
         answer.attention(0)
+
+
+def test_an_attention_that_computes_otherwise_under_another_name_is_refused_in_one_line(tmp_path):
+    """MiniMax-M3-VL's attention builds its sparse top-k block mask only when the implementation is named 'eager' or
+    'sdpa' (its ``MiniMaxM3VLAttention.forward``); under the recording attention's own name it would hand the
+    indices to a flash kernel and attend densely: refused in one line, before any answer."""
+    from bench.census_vlm import generic_build
+    from vit.sources.vlm.whole_vlm import VLMError
+
+    torch.manual_seed(0)
+    model, processor = generic_build("minimax_m3_vl")
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    with pytest.raises(VLMError, match=r"is refused: its attention \(MiniMaxM3VLAttention\) computes otherwise under "
+                                       r"an attention implementation it does not name .*eager computes$"):
+        vit.open_vlm(tmp_path)

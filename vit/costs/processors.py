@@ -38,6 +38,8 @@ def output_values(processor, frames: int, height: int, width: int, video: bool) 
     counter = getattr(processor, "get_num_of_video_patches" if video else "get_number_of_image_patches", None)
     if _whole(patch) and _whole(temporal) and counter is not None:
         patches = counter(frames, height, width, {}) if video else counter(height, width, {})
+        if isinstance(patches, (tuple, list)):  # HunYuan-VL's counter gives its patch rows and columns
+            patches = math.prod(int(v) for v in patches)
         return int(patches) * CHANNELS * temporal * patch * patch
     h, w = resized_sides(getattr(processor, "size", None), height, width)
     return frames * h * w * CHANNELS

@@ -253,11 +253,13 @@ def _molmo2_tiles(vlm, pooling: torch.Tensor, crops_pixels: torch.Tensor, image_
                        drawn(source))
 
 
-def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int) -> ImageLayout:
+def _tiles_then_overview(vlm, pixels: torch.Tensor, positions: torch.Tensor, rows: int, cols: int,
+                         unit: int | None = None) -> ImageLayout:
     """``rows x cols`` tiles in ``pixels`` row-major, the whole image resized to one tile after them (InternVL's
-    thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order."""
+    thumbnail, Idefics3's global image), each view's units row-major in the prompt in that order; ``unit``: the
+    patches a token covers along a side (None: the model's declared one)."""
     ph, pw = vlm.patch_hw
-    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), unit or vlm.unit
     per_tile = (grid[0] // unit) * (grid[1] // unit)
     _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
                  f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
@@ -549,15 +551,16 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
     """``layouts`` with the pixels each image read in one view was read as (the processor's normalisation undone),
     for a tower no port reads (``declared.DeclaredTower``), whose preprocessing is not ours to redo: Qwen-VL's and
     GLM's flat patches put back on the image, Pixtral's image cut from its padded batch at its ``image_sizes``,
-    else the one view's pixel tensor. A port's tower, and a tiled layout, keep theirs."""
+    else the one view's pixel tensor (none where the processor flattened its patches otherwise: the tower's
+    preprocessing of the image is drawn). A port's tower, and a tiled layout, keep theirs."""
     from vit.checkpoint import Checkpoint
 
     if isinstance(vlm.tower, Checkpoint):
         return layouts
     pixels, images = inputs["pixel_values"], vlm.processor.image_processor
-    done, start = [], 0
+    (ph, pw), done, start = vlm.patch_hw, [], 0
     for k, layout in enumerate(layouts):
-        if layout.pixels is not None or layout.index is not None:
+        if layout.pixels is not None or layout.views > 1:  # a tiled layout keeps its canvas
             done.append(layout)
             continue
         if "image_grid_thw" in inputs:
@@ -565,7 +568,10 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
             view = _unpatchified(pixels[start:start + t * gh * gw], t, gh, gw, images)[:1]
             start += t * gh * gw
         else:  # (images, C, H, W); Idefics3's (1, images, C, H, W)
-            view = pixels[0, k:k + 1] if pixels.dim() == 5 else pixels[k:k + 1]
+            view = pixels[0, k:k + 1] if pixels.dim() == 5 else pixels[k:k + 1] if pixels.dim() == 4 else None
+            if view is None or view.shape[-2] < layout.grid[0] * ph or view.shape[-1] < layout.grid[1] * pw:
+                done.append(layout)  # flattened patches (LFM2-VL's, Gemma 4's, MiniCPM-V's strip): not redrawn
+                continue
         seen = seen_pixels(vlm, view)[0]
         if "image_sizes" in inputs and pixels.dim() == 4:  # Pixtral pads each image to the batch's largest
             h, w = (int(v) for v in inputs["image_sizes"][k])

@@ -246,7 +246,9 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
 def attention_problem(vlm: VLM) -> str | None:
     """Why ``vlm``'s language model cannot answer through the recording attention, in one line, or None: its
     decoder stack, its layers' attention modules and its attention run through transformers' ``AttentionInterface``
-    (``_supports_attention_backend``) are what the answer's rows are read from."""
+    (``_supports_attention_backend``, or its attention modules' code asking the interface for its function: Qwen 3.5's
+    model declines the flag for its linear-attention layers, its attention layers call the interface) are what the
+    answer's rows are read from."""
     try:
         stack = vlm.language_model
     except VLMError as e:
@@ -255,10 +257,58 @@ def attention_problem(vlm: VLM) -> str | None:
     if layers is None or not any(hasattr(layer, "self_attn") or hasattr(layer, "cross_attn") for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
                 "answer reads")
-    if not getattr(stack, "_supports_attention_backend", False):
+    branching = _branches_on_the_name(layers)
+    if branching:
+        return (f"its attention ({branching}) computes otherwise under an attention implementation it does not name "
+                "(its code tests for 'eager' or 'sdpa': a sparse top-k mask applied there alone), so the recorded "
+                "rows would not be the ones eager computes")
+    if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(layers):
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
     return None
+
+
+def _branches_on_the_name(layers) -> str | None:
+    """The class of the first attention module of ``layers`` whose forward's code tests the attention
+    implementation's name (``config._attn_implementation in ("eager", "sdpa")``: MiniMax-M3's and Mistral Large 4's
+    sparse top-k masks, built only under those names and handed to flash kernels otherwise), else None: the
+    recording attention runs under its own name, so such a forward would take the other branch."""
+    import inspect
+    import re
+
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        try:
+            code = inspect.getsource(type(attention).forward) if attention is not None else ""
+        except (OSError, TypeError):
+            continue
+        if re.search(r"_attn_implementation\s*(?:==|!=|in\b|not\s+in\b)", code):
+            return type(attention).__name__
+    return None
+
+
+# The keywords every attention implementation reads alike: a call that hands the attention function others (Inkling
+# 2's per-query sinks, which only its eager function adds) may compute otherwise under another implementation
+PLAIN_KEYWORDS = {"dropout", "scaling", "sliding_window", "position_ids"}
+
+
+def _calls_the_interface(layers) -> bool:
+    """Whether the attention module of any of ``layers`` asks transformers' ``AttentionInterface`` for its attention
+    function (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code) and hands it nothing but the keywords
+    every implementation reads alike (``PLAIN_KEYWORDS``), as the recording attention needs."""
+    import inspect
+    import re
+
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        try:
+            code = inspect.getsource(type(attention).forward) if attention is not None else ""
+        except (OSError, TypeError):
+            continue
+        call = re.search(r"attention_interface\((.*?)\n\s*\)", code, re.S)
+        if "ALL_ATTENTION_FUNCTIONS" in code and call is not None:
+            return set(re.findall(r"(\w+)\s*=", call.group(1))) <= PLAIN_KEYWORDS
+    return False
 
 
 # The pan-and-scan settings Gemma 3's processor reads at each call (Gemma3Processor.images_kwargs)
