@@ -39,6 +39,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VIT_THREADS", "1")  # what the app and the commands give torch (vit.core.threads), in process too
 
 import pytest  # noqa: E402
+import streamlit_once  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
@@ -262,6 +263,7 @@ def _cpu_now() -> float:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     item.stash[_CPU_AT] = _cpu_now()
+    streamlit_once.scan_components_once()  # once Streamlit is imported: its AppTests' component scan done once
     yield
 
 
