@@ -238,6 +238,9 @@ def pytest_runtest_protocol(item, nextitem):
     if _RAY_CLUSTERS and "ray_cluster" in item.fixturenames and (
             nextitem is not None and "ray_cluster" not in nextitem.fixturenames) and _last_on_the_cluster(item):
         _stop_ray_clusters()  # the worker's last test on the cluster: its ~20 idle processes stop now
+    if item.get_closest_marker("browser") is not None and (
+            nextitem is None or nextitem.get_closest_marker("browser") is None) and "helpers" in sys.modules:
+        sys.modules["helpers"].close_chromium()  # the worker's shared Chromium (tests/helpers.py) stops with its tests
     path = os.environ.get("VIT_TEST_TIMELINE")
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")

@@ -120,22 +120,60 @@ class StillBrowser:
         return getattr(self._browser, name)
 
 
+# The test process's one Playwright driver and Chromium, launched by the first ``chromium()`` and shared by every
+# later one (each gets contexts of its own, closed when its block ends): a launch cost ~1.15 s of CPU (Playwright's
+# driver and Chromium's browser, GPU, network and zygote processes; 6 launches of an empty page 10.6 s against one
+# launch with 6 contexts 4.8 s), and the browser tests made ~40 (issue 112). Stopped by ``close_chromium()`` after a
+# worker's last browser test (tests/conftest.py): the driver's event loop holds the thread while it lives, and
+# ``asyncio.run()`` refuses to start beside it.
+_SHARED: dict[str, object] = {}
+
+
+def _shared_chromium(sync_api) -> Browser:
+    """The shared Chromium (``_SHARED``), launched now where there is none or it went away (a crash)."""
+    browser = _SHARED.get("browser")
+    if browser is not None and browser.is_connected():
+        return browser
+    if "playwright" not in _SHARED:
+        _SHARED["playwright"] = sync_api.sync_playwright().start()
+    browser = _SHARED["playwright"].chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    _SHARED["browser"] = browser
+    return browser
+
+
+def close_chromium() -> None:
+    """Close the shared Chromium and stop its Playwright driver, if they run."""
+    browser, playwright = _SHARED.pop("browser", None), _SHARED.pop("playwright", None)
+    try:
+        if browser is not None and browser.is_connected():
+            browser.close()
+    finally:
+        if playwright is not None:
+            playwright.stop()
+
+
 @contextmanager
 def chromium(still: bool = True) -> Iterator[Browser]:
-    """Debian's headless Chromium, launched through Playwright with ``CHROMIUM_ARGS``; closed after. ``still``: its
-    pages hold their animations still (``StillBrowser``). Skips the test where Chromium or the playwright package is
-    missing (pytest is imported here: scripts import this module without it)."""
+    """Debian's headless Chromium through Playwright with ``CHROMIUM_ARGS``: the process's shared one (``_SHARED``);
+    the contexts and pages opened while the block runs (``new_context``, ``new_page``, also through
+    ``page.context.browser``) are closed when it ends, so a test sees what a browser launched for it shows: no cookie,
+    no storage, no cache of another's. ``still``: its pages hold their animations still (``StillBrowser``). Skips the
+    test where Chromium or the playwright package is missing (pytest is imported here: scripts import this module
+    without it)."""
     import pytest
 
     if not CHROMIUM.is_file():
         pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield StillBrowser(browser) if still else browser
-        finally:
-            browser.close()
+    browser = _shared_chromium(sync_api)
+    before = list(browser.contexts)  # those of an enclosing block (a module's fixture) stay
+    try:
+        yield StillBrowser(browser) if still else browser
+    finally:
+        if browser.is_connected():
+            for context in browser.contexts:
+                if context not in before:
+                    context.close()
 
 
 def click_until(click, shown, timeout_ms: float, screenshot: tuple | None = None, attempt_ms: float = 20_000) -> None:
