@@ -133,7 +133,8 @@ def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_brows
         hover.wait_for()
         assert hover.text_content().startswith("frame 5, row 8, col 11: "), hover.text_content()
         view.locator("#play").click()
-        view.wait_for_function("document.getElementById('frame-label').textContent === '6 · frame 10'")
+        view.wait_for_function("document.getElementById('frame-label').textContent === '6 · frame 10'",
+                               polling="raf")  # shown for one frame's time: checked at every frame
         view.locator("#play").click()
         assert "Query patch" in view.locator("#settings").text_content()
     finally:
