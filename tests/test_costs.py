@@ -24,27 +24,52 @@ from vit.model import ViT
 
 # px in 4-px patches, per view: three sizes at which every family's estimate is at least DOMINATES x the slack
 # (tests/test_costs.py::test_every_compared_cell_is_sized_so_the_view_dominates_the_slack), no larger: a view's time
-# grows with the square of its tokens (BEiT's forward at 576 px took 28 of its cell's 65 s, idle; at 320 px 4). The
-# analysis's first size keeps every layer's rollout factor (in float16), the later ones read attention in chunks;
-# the class map runs in chunks at all three for the 2-layer ViTs (their whole path holds 601 MB at 224 px), whole
-# for the staged families. AttnLRP's paths from 224 px, where the checkpointed one's estimate is first over five
-# slacks (21.4 MB for the ViT, 23.0 for DINOv2 with registers; 15.8 and 16.9 at 192), in 32-px steps: at 256, 320
-# and 384 px its two cells took 14 s of CPU each (issue 112).
-SIDES = {"forward": (384, 416, 448), "analysis": (320, 352, 384), "class": (256, 288, 320),
+# grows with the square of its tokens. The analysis's first two sizes keep every layer's rollout factor (in float16,
+# past 1,024 tokens), the third reads attention in chunks: for the 2-layer ViTs the path changes past 6,476 tokens,
+# where their two factors pass half the layer cache (``memory.LAYER_CACHE_BYTES``); 328 px is the first 8-px step
+# past it (6,725 tokens: 29 MB counted for the ViT, seven slacks). At 320, 352 and 384 px (the factors at the cache's
+# edge, then chunks twice) the ViTs' analyses took 13.6 s of CPU each and BEiT's 26.8; at 192, 256 and 328, 7.4 and
+# 11.0 (measured, both paths still measured; issue 112). The class map runs in chunks at all three for the 2-layer
+# ViTs (``LIMIT_OF``: their whole path holds 601 MB at 224 px), whole for the staged families. AttnLRP's paths from
+# 224 px, where the checkpointed one's estimate is first over five slacks (21.4 MB for the ViT, 23.0 for DINOv2 with
+# registers; 15.8 and 16.9 at 192), in 32-px steps: at 256, 320 and 384 px its two cells took 14 s of CPU each
+# (issue 112).
+SIDES = {"forward": (384, 416, 448), "analysis": (192, 256, 328), "class": (256, 288, 320),
          "legrad": (384, 416, 448), "attnlrp": (224, 256, 288), "attnlrp-checkpointed": (224, 256, 288)}
 # Where a family's view dominates the slack at smaller sizes, or needs larger ones: (family, view) -> its sides.
 # BEiT's and SAM's forwards (and BEiT's LeGrad) hold their position biases, T² a head, ~140 MB from 256 px on; at
 # 448-576 px they took 48 of the memory tests' 490 s (idle). BEiT's class map keeps 384 px, which it refuses
 # (the refusal's line is checked). Hiera's forward counts 20 MB at 384 px, too near the bound. DINOv2's LeGrad
 # (its registers and layer scale) counts 23 MB from 256 px, where the ViT's counts 24 MB only at 384 (issue 112).
+# The staged families' analyses keep their windows, not rollout factors: 19 MB at 256 px for Swin, under five
+# slacks, so they keep 320-384 px. The 2-layer ViTs' class maps from 224 px, in chunks under ``LIMIT_OF``'s bound
+# (29 MB counted there, 1.35 x its peak; 22.9 at 192 px, where the count is 1.46 x the peak, too near the factor):
+# the sizes measured at 256, 288 and 320 px took 3.3, 4.6 and 7.0 s of CPU, at 224 px 2.0 (issue 112).
 SIDES_OF = {("beit", "forward"): (256, 288, 320), ("beit", "legrad"): (256, 288, 320),
             ("sam", "forward"): (256, 288, 320), ("beit", "class"): (256, 320, 384),
-            ("hiera", "forward"): (416, 448, 480), ("dinov2-registers", "legrad"): (256, 288, 320)}
+            ("hiera", "forward"): (416, 448, 480), ("dinov2-registers", "legrad"): (256, 288, 320),
+            ("swin", "analysis"): (320, 352, 384), ("swinv2", "analysis"): (320, 352, 384),
+            ("hiera", "analysis"): (320, 352, 384),
+            ("vit", "class"): (224, 240, 256), ("dinov2-registers", "class"): (224, 240, 256)}
+# The memory bound (VIT_ANALYSIS_MEMORY_MB) a cell is measured under, where not the default 1,024 MB: the 2-layer
+# ViTs' class maps under 256 MB, so that ``decide`` takes the path in chunks from 224 px (its whole path, 601 MB
+# there, is over it), the path they take past 4,096 tokens under the default bound. The count in chunks does not
+# read the bound (``plan.chunked_gradient``): the same count and path, at a quarter of the tokens squared.
+LIMIT_OF = {("vit", "class"): 256, ("dinov2-registers", "class"): 256}
 
 
 def sides(family: str, view: str) -> tuple[int, ...]:
     """The sizes ``view`` of ``family`` is measured at (px)."""
     return SIDES_OF.get((family, view), SIDES[view])
+
+
+def cell_env(family: str, view: str) -> dict[str, str]:
+    """The environment ``view`` of ``family`` is measured (and its cells sized) under: the token gate raised, and
+    ``LIMIT_OF``'s memory bound where it has one."""
+    limit = LIMIT_OF.get((family, view))
+    return {"VIT_MAX_TOKENS": "2000000", **({"VIT_ANALYSIS_MEMORY_MB": str(limit)} if limit else {})}
+
+
 WARM = 64  # px: each view runs once at this size before the measures (256 patches)
 DOMINATES = 5  # every compared cell's estimate is at least this many slacks: the slack is at most a fifth of it
 VIEWS = ("forward", "analysis", "class", "legrad")
@@ -208,7 +233,7 @@ def measure(family: str, views: tuple[str, ...] = ()) -> list[dict]:
     view runs on what an earlier one left mapped."""
     rows: list[dict] = []
     for view in views or default_views(family):
-        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, VIT_MAX_TOKENS="2000000")
+        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, **cell_env(family, view))
         assert done.returncode == 0, done.stderr[-3000:]
         rows += json.loads(done.stdout.strip().splitlines()[-1])
     return rows
@@ -280,12 +305,14 @@ def test_every_compared_cell_is_sized_so_the_view_dominates_the_slack(monkeypatc
     """Each family's views at their ``sides`` count at least ``DOMINATES`` allocator slacks (whichever path
     ``decide`` picks there): a size at which a few MB of pages decide the comparison tests the machine, not the
     estimate."""
-    monkeypatch.setenv("VIT_MAX_TOKENS", "2000000")  # as measure's processes
     small = {}
     for family in FAMILIES:
         model = build(family)
         views = default_views(family) + (("attnlrp", "attnlrp-checkpointed") if family in ATTNLRP_FAMILIES else ())
         for view in views:
+            monkeypatch.delenv("VIT_ANALYSIS_MEMORY_MB", raising=False)
+            for name, value in cell_env(family, view).items():  # as measure's processes
+                monkeypatch.setenv(name, value)
             for side in sides(family, view):
                 try:
                     need = estimate(model, view, model.patch_grid(side, side))

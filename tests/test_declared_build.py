@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from peak_memory import can_reset_the_peak, run_measured
+from peak_memory import ROADS, can_reset_the_peak, run_measured
 
 transformers = pytest.importorskip("transformers")
 from test_library_path import save_family  # noqa: E402
@@ -163,7 +163,7 @@ def test_a_hostile_folder_is_refused_in_one_line_before_it_grows_the_process(goo
     in one line, having no embeddings module to count its prefix tokens from)."""
     how, kind, where, value, refusal = HOSTILE[name]
     folder = hostile(good, kind, where, value, tmp_path / name)
-    done = run_measured(WORKER, [str(ROOT / "tests"), how, str(good[kind]), str(folder)], timeout=180)
+    done = run_measured(WORKER, [str(ROOT / "tests"), how, str(good[kind]), str(folder)], timeout=180, preload=ROADS)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["good"] == "opened" or kind == "udop" and "no embeddings module" in out["good"], out["good"]
@@ -238,7 +238,7 @@ def test_the_picker_lists_each_hostile_folder_as_refused_once_and_the_good_model
         cached(cache, f"evil/{name}", hostile(good, kind, where, value, tmp_path / name))
     shutil.copytree(good["ijepa"], tmp_path / "good")
     cached(cache, "good/ijepa", tmp_path / "good")
-    done = run_measured(PICKER, [str(ROOT / "tests"), str(cache)], timeout=180)
+    done = run_measured(PICKER, [str(ROOT / "tests"), str(cache)], timeout=180, preload=ROADS)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["errors"]["good/ijepa"] is None and out["opens"] == "library"

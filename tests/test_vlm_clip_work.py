@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from peak_memory import ALLOCATOR_SLACK, can_reset_the_peak, run_measured
+from peak_memory import ALLOCATOR_SLACK, ROADS, can_reset_the_peak, run_measured
 from PIL import Image
 
 transformers = pytest.importorskip("transformers")
@@ -141,7 +141,7 @@ print(json.dumps({"refused": refused, "grown": peak() - since, "limit": limit}))
 def asked(folder, clip, frames: int) -> dict:
     from peak_memory import ROOT
 
-    done = run_measured(WORKER, [str(folder), str(ROOT / "tests"), str(clip), str(frames)], timeout=280,
+    done = run_measured(WORKER, [str(folder), str(ROOT / "tests"), str(clip), str(frames)], timeout=280, preload=ROADS,
                         VIT_ANALYSIS_MEMORY_MB=str(LIMIT_MB))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -206,7 +206,7 @@ _clip_inputs(vlm, frames, "what is this ?")
 print(json.dumps({"grown": peak() - since, "counted": processor_bytes(vlm.processor.video_processor,
                                                                       [f.size for f in frames], True)}))
 '''
-    done = run_measured(code, [str(qwen), str(ROOT / "tests")], timeout=280)
+    done = run_measured(code, [str(qwen), str(ROOT / "tests")], timeout=280, preload=ROADS)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["grown"] <= out["counted"] + ALLOCATOR_SLACK <= 2 * out["grown"], (out["grown"] / MB,
