@@ -254,8 +254,24 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
-    tokens = counts[0]
-    tokens = counts[0]
+    try:
+        layout = _one_grid(model, counts[0], mode, image_hw, grid, prefix)
+    except ValueError:
+        if grid is not None or prefix is not None:
+            raise
+        try:  # a convolutional stem before the patches (ViTamin's, MobileCLIP's): a feature map of the forward's
+            return _staged(model, calls, mode, out, image_hw, None, None), calls, _classifier(out, mode)
+        except ValueError:
+            pass
+        raise
+    return layout, calls, _classifier(out, mode)
+
+
+def _one_grid(model: torch.nn.Module, tokens: int, mode: AttentionRecording, image_hw: tuple[int, int],
+              grid: tuple[int, int] | None, prefix: int | None) -> LibraryLayout:
+    """The layout of calls all over ``tokens`` tokens: ``grid`` (else the patch embedding's, else a flattened
+    feature map's) and ``prefix`` (else the token parameters' count), the patches after the prefix. ValueError (one
+    line) where they do not account for every token."""
     if grid is not None:
         gh, gw = _pair(tuple(grid), "grid")
         if image_hw[0] % gh or image_hw[1] % gw:
@@ -289,7 +305,7 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         raise ValueError(f"its attention runs over {tokens} tokens: {gh}x{gw} patches and {extra} more, not "
                          f"prefix={str(prefix)[:20]}; {extra - prefix if isinstance(prefix, int) else extra} "
                          "token(s) would be left unplaced")
-    return LibraryLayout(prefix, patch, tuple(image_hw)), calls, _classifier(out, mode)
+    return LibraryLayout(prefix, patch, tuple(image_hw))
 
 
 def _classifier(out, mode: AttentionRecording) -> bool:
