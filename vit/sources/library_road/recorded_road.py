@@ -229,7 +229,11 @@ def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Modul
     few = next((c for c in calls if c.queries < c.keys and c.queries <= 4), None)
     if few is not None:
         return f"class-attention layers (layer {few.index}, {few.name}: {few.queries} queries over {few.keys} keys)"
-    change = next(c for c in calls if c.queries != calls[0].queries)
+    change = next((c for c in calls if c.queries != calls[0].queries), None)
+    if change is None:  # every call over the same queries, some over more keys (EfficientFormer V2's downsampling)
+        strided = next(c for c in calls if c.keys != c.queries)
+        return (f"pooled queries (layer {strided.index}, {strided.name}: {strided.queries} queries over "
+                f"{strided.keys} keys, a strided attention)")
     return f"pooled stages (layer {change.index}, {change.name}: tokens {' -> '.join(str(n) for n in seen[:6])})"
 
 
