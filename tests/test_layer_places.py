@@ -80,6 +80,23 @@ def _mobilevit_table(model, layer, grid):
     return patches[..., 0]
 
 
+def _timm_mobilevit_table(model, layer, grid):
+    """timm's MobileViT block's own unfolding (inline in its forward): its ``conv_1x1`` made to give a map of token
+    indices on ``grid`` (whole patches: no resize), the tokens its ``transformer`` then receives."""
+    block = model.get_submodule(layer.split(".transformer.")[0])
+    index = torch.arange(grid[0] * grid[1], dtype=torch.float32).view(1, 1, *grid)
+    seen = []
+    handles = [block.conv_1x1.register_forward_hook(lambda m, a, out: index.expand(out.shape).clone()),
+               block.transformer.register_forward_pre_hook(lambda m, a: seen.append(a[0]))]
+    try:
+        with torch.no_grad():
+            block(torch.zeros(1, block.conv_kxk.conv.in_channels, *grid))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen[0][..., 0]  # (pieces, tokens)
+
+
 def _donut_table(model, layer, grid):
     from transformers.models.donut.modeling_donut_swin import window_partition
 
@@ -107,6 +124,7 @@ FAMILIES = [
     ("tnt", _timm("tnt_s_patch16_224", img_size=(32, 48), depth=2), (32, 48), 4, _tnt_table),
     ("efficientformerv2", _timm("efficientformerv2_s0", img_size=(64, 96)), (64, 96), 5, None),
     ("maxvit", _timm("maxvit_tiny_tf_224", img_size=(64, 96), depths=(1, 1, 1, 1)), (64, 96), 8, _maxvit_table),
+    ("timm-mobilevit", _timm("mobilevit_xxs"), (64, 96), 9, _timm_mobilevit_table),
     ("hf-levit", lambda: transformers.LevitForImageClassificationWithTeacher(transformers.LevitConfig(**HF_LEVIT)),
      (64, 64), 5, None),
     ("hf-mobilevit", lambda: transformers.MobileViTForImageClassification(transformers.MobileViTConfig(
@@ -133,6 +151,7 @@ KEY_GRIDS = {
     "efficientformerv2": [(2, 3), (4, 6)],
     "maxvit": [(16, 24), (8, 12), (4, 6), (2, 3)],  # its stem's / 4 px, then halved by each stage
     "hf-mobilevit": [(8, 12), (4, 6), (2, 4)],  # / 8, / 16 and / 32 px; the last (2x3) resized to whole 2x2 patches
+    "timm-mobilevit": [(8, 12), (4, 6), (2, 4)],  # the same stages, timm's own block
     "hf-donut-swin": [(8, 12), (4, 6)],  # 32x48 px / 4 px patches, then merged 2x2
 }
 
