@@ -1,8 +1,9 @@
 """The census's refusal buckets this wave opened (issue 117, bench/census_families.py), one representative each,
 through the shared mechanism rather than a family's own case:
 
-- a convolutional stem before the patches (timm's ViTamin, open_clip's ViTamin and MobileCLIP-B): the patch
-  embedding's grid does not account for the tokens, so the recorder places them on the forward's own feature map;
+- a convolutional stem before the patches (timm's ViTamin and hybrid ViTs, open_clip's ViTamin and MobileCLIP-B): the
+  patch embedding's grid does not account for the tokens, so the recorder places them on the forward's own feature
+  map (the input's channels its stem's, not its projection's);
 - an open_clip tower around a timm trunk timm's road cannot place (LeViT's, Swin's, FastViT's): the recorder at the
   attention function on the tower, as a timm model of that trunk is; a tower without attention (ConvNeXt) says so.
 
@@ -25,7 +26,12 @@ from vit.core.inference import preprocess
 timm = pytest.importorskip("timm")
 from timm.models import _hub  # noqa: E402  (timm's save_for_hf)
 
-VITAMIN = dict(img_size=[64, 96], depth=2)  # ViTamin-S's stem (three conv stages, 16 px), two ViT layers
+# a convolutional stem before the patches: architecture -> (model_args, its grid at 64x96 px, its prefix tokens)
+STEMS = {
+    "vitamin_small_224": (dict(img_size=[64, 96], depth=2), (4, 6), 0),  # three conv stages, 16 px; no CLS
+    "vit_tiny_r_s16_p8_224": (dict(img_size=[64, 96], depth=2), (2, 3), 1),  # a ResNet stem, 32 px; its proj's
+    # input is the stem's 64 channels, not the image's 3
+}
 
 
 def spread(model: torch.nn.Module) -> torch.nn.Module:
@@ -37,21 +43,22 @@ def spread(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def vitamin(tmp_path_factory):
+@pytest.fixture(scope="module", params=STEMS)
+def stem(request, tmp_path_factory):
+    args, grid, prefix = STEMS[request.param]
     torch.manual_seed(0)
-    model = spread(timm.create_model("vitamin_small_224", pretrained=False, num_classes=3, **VITAMIN))
-    folder = tmp_path_factory.mktemp("vitamin")
-    _hub.save_for_hf(model, folder, model_args=VITAMIN)
-    return model, folder
+    model = spread(timm.create_model(request.param, pretrained=False, num_classes=3, **args))
+    folder = tmp_path_factory.mktemp("stem")
+    _hub.save_for_hf(model, folder, model_args=args)
+    return model, folder, grid, prefix
 
 
-def test_a_conv_stem_before_the_patches_places_every_layer_on_its_feature_map_as_timms_explicit_path(vitamin):
-    model, folder = vitamin
+def test_a_conv_stem_before_the_patches_places_every_layer_on_its_feature_map_as_timms_explicit_path(stem):
+    model, folder, grid, prefix = stem
     checkpoint = vit.load(folder, device="cpu")
     wrapped = checkpoint.model
     assert checkpoint.road == "library" and wrapped.num_layers == 2
-    assert wrapped.layout.grid == (4, 6) and wrapped.layout.num_prefix_tokens == 0  # 64x96 px, 16 px a token
+    assert wrapped.layout.grid == grid and wrapped.layout.num_prefix_tokens == prefix
     x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))
     out, kept = wrapped.run(x, layers=range(2))
     for block in model.blocks:
@@ -62,15 +69,16 @@ def test_a_conv_stem_before_the_patches_places_every_layer_on_its_feature_map_as
     for layer in range(2):
         torch.testing.assert_close(kept[layer], own[layer], atol=1e-6, rtol=0)
     image = Image.fromarray((torch.rand(64, 96, 3, generator=torch.Generator().manual_seed(2)) * 255).byte().numpy())
-    explanation = vit.explain(checkpoint, image, "attention", layer=-1, head=1, query=7)
+    explanation = vit.explain(checkpoint, image, "attention", layer=-1, head=1, query=0)
     _, own = timm_attentions(model, preprocess([image], checkpoint.preprocessing))
-    torch.testing.assert_close(torch.from_numpy(explanation.map), own[-1][0, 1, 7].reshape(4, 6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(explanation.map), own[-1][0, 1, 0, prefix:].reshape(grid), atol=1e-5,
+                               rtol=0)
 
 
-def test_a_conv_stem_model_in_hand_is_placed_the_same_not_on_its_one_pixel_patches(vitamin):
-    model, folder = vitamin
+def test_a_conv_stem_model_in_hand_is_placed_the_same_not_on_its_one_pixel_patches(stem):
+    model, folder, grid, prefix = stem
     checkpoint = vit.load(model, image_size=(64, 96))
-    assert checkpoint.model.layout.grid == (4, 6) and checkpoint.model.layout.num_prefix_tokens == 0
+    assert checkpoint.model.layout.grid == grid and checkpoint.model.layout.num_prefix_tokens == prefix
 
 
 def open_clip_tower_folder(folder, trunk: str, image_size):

@@ -354,7 +354,8 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
         return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
     try:
         patch = _pair(_sides(embed.patch_size), "patch_size")
-        channels = int(getattr(getattr(embed, "proj", None), "in_channels", 3))
+        # the input's channels: its first convolution's (a hybrid's backbone stem, before its proj)
+        channels = int(next((m.in_channels for m in embed.modules() if isinstance(m, torch.nn.Conv2d)), 3))
         own = _pair(_sides(embed.img_size), "img_size")
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0],
                              patch_size=patch if patch[0] != patch[1] else patch[0], num_channels=channels,
