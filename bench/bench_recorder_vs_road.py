@@ -94,7 +94,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     load = Path("/proc/loadavg").read_text().split(" ", 3)[:3]
-    lines = [f"Command: python -m bench.bench_recorder_vs_road --repeats {args.repeats}", f"torch {torch.__version__}, one thread, {args.repeats} interleaved rounds; load average {load}",
+    lines = [f"Command: python -m bench.bench_recorder_vs_road --repeats {args.repeats}",
+             f"torch {torch.__version__}, one thread, {args.repeats} interleaved rounds; load average {load}",
              f"A ViT-S/16 ({LAYERS} layers, {HEADS} heads, {WIDTH} wide) at {SIDE} px ({(SIDE // PATCH) ** 2 + 1} "
              "tokens), random weights; each family opened by the library road and by the generic recorder", ""]
     for family in FAMILIES:
