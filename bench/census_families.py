@@ -166,6 +166,13 @@ FAMILIES: list[Family] = [
     hf("SAM 2 vision encoder", "Sam2VisionModel", **SAM2),
     hf("SAM 3 vision encoder", "Sam3VisionModel", named=True, **SAM3),
     hf("SAM 3 tracker", "Sam3TrackerModel", named=True, vision_config=SAM3),
+    # the whole SAM / SAM-HQ / SAM 2 folders the Hub ships: their vision encoders as tiny as the parts' above (the
+    # shrink leaves a global-attention list and the stages' widths at their full depth)
+    hf("SAM (whole)", "SamModel", vision_config=dict(global_attn_indexes=[1], output_channels=16, mlp_dim=64,
+                                                     window_size=2)),
+    hf("SAM-HQ (whole)", "SamHQModel", named=True, vision_config=dict(global_attn_indexes=[1], output_channels=16,
+                                                                      mlp_dim=64, window_size=2)),
+    hf("SAM 2 (whole)", "Sam2Model", vision_config=SAM2),
     hf("EdgeTAM vision", "EdgeTamVisionModel"),
     # --- transformers: dense heads around a ViT
     hf("DPT", "DPTForDepthEstimation", named=True, backbone_out_indices=[0, 1, 2, 3], num_hidden_layers=4,

@@ -13,6 +13,8 @@ other one gets a default built the same way, so no registry entry goes uncounted
 
 from __future__ import annotations
 
+import dataclasses
+
 # The auto-mappings whose model types are vision models, in the order a type's class is taken from
 TRANSFORMERS_MAPPINGS = ("IMAGE_CLASSIFICATION", "IMAGE", "BACKBONE", "DEPTH_ESTIMATION", "SEMANTIC_SEGMENTATION",
                          "INSTANCE_SEGMENTATION", "UNIVERSAL_SEGMENTATION", "MASK_GENERATION",
@@ -75,7 +77,9 @@ def registry_families(hand: list, family_cls, hf, tm) -> list:
         tuned = by_class.get(cls) or next((f for f in hand if f.library == "transformers" and getattr(
             getattr(transformers, f.build, None), "config_class", None) is not None and getattr(
             getattr(transformers, f.build).config_class, "model_type", None) == model_type), None)
-        tuned = tuned if tuned is not None and id(tuned) not in used else None  # one entry stands for one type
+        if tuned is not None and id(tuned) in used:  # one entry stands for one type; another type of the same
+            tuned = dataclasses.replace(tuned, name=f"{model_type} ({cls})", named=False) if tuned.build == cls \
+                else None  # class (SAM 2's video type) is built as that entry tunes it, under its own name
         family = tuned or hf(f"{model_type} ({cls})", cls, note=f"transformers {mapping}")
         family.registry = f"transformers:{model_type}"
         used.add(id(family))

@@ -1,7 +1,8 @@
 """Families whose layers run over different tokens open through the recorder at the attention function, each layer
 placed by ``vit.sources.library_road.layer_places`` (issue 117 item 3): pooled stages (PiT, LeViT, MViT v2), pooled
-keys (Twins), class-attention layers (CaiT, VOLO), two branches (CrossViT), windows (Donut-Swin, MaxViT, Twins),
-dilated windows (MaxViT's grid, MobileViT's unfolding) and a finer grid's windows (TNT's pixels).
+keys (Twins), pooled queries (EfficientFormer V2's strided attention), class-attention layers (CaiT, VOLO), two
+branches (CrossViT), windows (Donut-Swin, MaxViT, Twins), dilated windows (MaxViT's grid, MobileViT's unfolding) and a
+finer grid's windows (TNT's pixels).
 
 Reference: each layer's probabilities as the library's own softmax makes them (its explicit path: timm's
 ``fused_attn`` off), caught at ``torch.softmax`` in the attention modules, in the forward's order; a windowed layer's
@@ -79,6 +80,23 @@ def _mobilevit_table(model, layer, grid):
     return patches[..., 0]
 
 
+def _timm_mobilevit_table(model, layer, grid):
+    """timm's MobileViT block's own unfolding (inline in its forward): its ``conv_1x1`` made to give a map of token
+    indices on ``grid`` (whole patches: no resize), the tokens its ``transformer`` then receives."""
+    block = model.get_submodule(layer.split(".transformer.")[0])
+    index = torch.arange(grid[0] * grid[1], dtype=torch.float32).view(1, 1, *grid)
+    seen = []
+    handles = [block.conv_1x1.register_forward_hook(lambda m, a, out: index.expand(out.shape).clone()),
+               block.transformer.register_forward_pre_hook(lambda m, a: seen.append(a[0]))]
+    try:
+        with torch.no_grad():
+            block(torch.zeros(1, block.conv_kxk.conv.in_channels, *grid))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen[0][..., 0]  # (pieces, tokens)
+
+
 def _donut_table(model, layer, grid):
     from transformers.models.donut.modeling_donut_swin import window_partition
 
@@ -104,7 +122,9 @@ FAMILIES = [
     ("crossvit", _timm("crossvit_tiny_240", img_size=(48, 96), img_scale=(1.0, 1.0)), (48, 96), 21, None),
     ("volo", _timm("volo_d1_224", img_size=(64, 96)), (64, 96), 16, None),
     ("tnt", _timm("tnt_s_patch16_224", img_size=(32, 48), depth=2), (32, 48), 4, _tnt_table),
+    ("efficientformerv2", _timm("efficientformerv2_s0", img_size=(64, 96)), (64, 96), 5, None),
     ("maxvit", _timm("maxvit_tiny_tf_224", img_size=(64, 96), depths=(1, 1, 1, 1)), (64, 96), 8, _maxvit_table),
+    ("timm-mobilevit", _timm("mobilevit_xxs"), (64, 96), 9, _timm_mobilevit_table),
     ("hf-levit", lambda: transformers.LevitForImageClassificationWithTeacher(transformers.LevitConfig(**HF_LEVIT)),
      (64, 64), 5, None),
     ("hf-mobilevit", lambda: transformers.MobileViTForImageClassification(transformers.MobileViTConfig(
@@ -126,8 +146,12 @@ KEY_GRIDS = {
     "crossvit": [(4, 8), (3, 6)],  # 48x96 px / 12 px, then / 16 px: its two branches
     "volo": [(4, 6)],  # 64x96 px / 8 px outlooked, then halved for its transformer and class-attention layers
     "tnt": [(8, 12), (2, 3)],  # its inner tokens one every 4 px, its outer ones every 16 px
+    # 64x96 px / 16 px in its third stage, whose attention runs strided (/ 32 px) and whose downsampling attention
+    # asks the / 32 px queries over the / 16 px keys; its fourth stage / 32 px
+    "efficientformerv2": [(2, 3), (4, 6)],
     "maxvit": [(16, 24), (8, 12), (4, 6), (2, 3)],  # its stem's / 4 px, then halved by each stage
     "hf-mobilevit": [(8, 12), (4, 6), (2, 4)],  # / 8, / 16 and / 32 px; the last (2x3) resized to whole 2x2 patches
+    "timm-mobilevit": [(8, 12), (4, 6), (2, 4)],  # the same stages, timm's own block
     "hf-donut-swin": [(8, 12), (4, 6)],  # 32x48 px / 4 px patches, then merged 2x2
 }
 

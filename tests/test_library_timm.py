@@ -186,8 +186,8 @@ def test_a_timm_port_still_opens_by_its_port(tmp_path):
 
 @pytest.mark.parametrize("name, message", [
     ("xcit_nano_12_p8_224", "the recorder cannot place it: its cross-covariance attention \\(layer 0, "),  # (PiT's
-    # pooled stages, refused here before, open: tests/test_layer_places.py)
-    ("vitamin_small_224", "runs over \\[.*\\] tokens, not the 0 prefix tokens"),  # a conv stem: patches of 1 px
+    # pooled stages, refused here before, open: tests/test_layer_places.py; ViTamin's conv stem too:
+    # tests/test_census_buckets.py)
 ])
 def test_a_timm_model_the_road_cannot_place_is_refused_in_one_line_naming_why(tmp_path, name, message):
     torch.manual_seed(0)

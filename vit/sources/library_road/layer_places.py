@@ -9,9 +9,9 @@ patches of a grid, row-major, that covers the whole image. A grid is one of the 
 tokens are the call's less its prefix, with the image's aspect; where several fit, or none, the layer is refused in
 one line. Windows (a call over several pieces of one image) are placed by ``PIECES``, one table keyed by what an
 ancestor of the attention module declares (Swin's ``shift_size``, MaxViT's ``partition_block``, Twins' ``ws``,
-MobileViT's ``patch_width``), or, where the pieces are a grid's own tokens, as windows of the grid that many times
-finer (TNT's pixels within each patch); the placement is ``vit.model.stages``' (``layer_on_grid``), zero outside a
-query's window.
+MobileViT's ``patch_width``, timm's MobileViT's ``patch_area``), or, where the pieces are a grid's own tokens, as
+windows of the grid that many times finer (TNT's pixels within each patch); the placement is ``vit.model.stages``'
+(``layer_on_grid``), zero outside a query's window.
 """
 
 from __future__ import annotations
@@ -149,8 +149,14 @@ def _mobilevit(module, grid):  # MobileViT's unfolding: piece (i, j) of each pat
     return DilatedLayout(grid, (grid[0] // module.patch_height, grid[1] // module.patch_width))
 
 
+def _timm_mobilevit(module, grid):  # timm's MobileViT block: the same unfolding, its patch_size (rows, cols)
+    rows, cols = _pair(module.patch_size)
+    return DilatedLayout(grid, (grid[0] // rows, grid[1] // cols))
+
+
 # What an ancestor of the attention module declares -> the windows it attends in, on a grid of the forward's
-PIECES = (("shift_size", _swin), ("partition_block", _maxvit), ("ws", _twins), ("patch_width", _mobilevit))
+PIECES = (("shift_size", _swin), ("partition_block", _maxvit), ("ws", _twins), ("patch_width", _mobilevit),
+          ("patch_area", _timm_mobilevit))
 
 
 # Attention no layout places, by the class of a module at or above the call, in words: what the layer attends over

@@ -229,7 +229,11 @@ def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Modul
     few = next((c for c in calls if c.queries < c.keys and c.queries <= 4), None)
     if few is not None:
         return f"class-attention layers (layer {few.index}, {few.name}: {few.queries} queries over {few.keys} keys)"
-    change = next(c for c in calls if c.queries != calls[0].queries)
+    change = next((c for c in calls if c.queries != calls[0].queries), None)
+    if change is None:  # every call over the same queries, some over more keys (EfficientFormer V2's downsampling)
+        strided = next(c for c in calls if c.keys != c.queries)
+        return (f"pooled queries (layer {strided.index}, {strided.name}: {strided.queries} queries over "
+                f"{strided.keys} keys, a strided attention)")
     return f"pooled stages (layer {change.index}, {change.name}: tokens {' -> '.join(str(n) for n in seen[:6])})"
 
 
@@ -254,8 +258,24 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
-    tokens = counts[0]
-    tokens = counts[0]
+    try:
+        layout = _one_grid(model, counts[0], mode, image_hw, grid, prefix)
+    except ValueError:
+        if grid is not None or prefix is not None:
+            raise
+        try:  # a convolutional stem before the patches (ViTamin's, MobileCLIP's): a feature map of the forward's
+            return _staged(model, calls, mode, out, image_hw, None, None), calls, _classifier(out, mode)
+        except ValueError:
+            pass
+        raise
+    return layout, calls, _classifier(out, mode)
+
+
+def _one_grid(model: torch.nn.Module, tokens: int, mode: AttentionRecording, image_hw: tuple[int, int],
+              grid: tuple[int, int] | None, prefix: int | None) -> LibraryLayout:
+    """The layout of calls all over ``tokens`` tokens: ``grid`` (else the patch embedding's, else a flattened
+    feature map's) and ``prefix`` (else the token parameters' count), the patches after the prefix. ValueError (one
+    line) where they do not account for every token."""
     if grid is not None:
         gh, gw = _pair(tuple(grid), "grid")
         if image_hw[0] % gh or image_hw[1] % gw:
@@ -289,7 +309,7 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         raise ValueError(f"its attention runs over {tokens} tokens: {gh}x{gw} patches and {extra} more, not "
                          f"prefix={str(prefix)[:20]}; {extra - prefix if isinstance(prefix, int) else extra} "
                          "token(s) would be left unplaced")
-    return LibraryLayout(prefix, patch, tuple(image_hw)), calls, _classifier(out, mode)
+    return LibraryLayout(prefix, patch, tuple(image_hw))
 
 
 def _classifier(out, mode: AttentionRecording) -> bool:

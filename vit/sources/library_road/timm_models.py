@@ -224,6 +224,9 @@ class TimmLibraryModel(LibraryModel):
         return next(iter(out.values()))
 
 
+UNTRACED = "its forward cannot be traced on the meta device"
+
+
 def _layout_problem(model: TimmLibraryModel, channels: int) -> str | None:
     """Why the layout does not place the tokens every layer's attention runs over (timm's forward on the meta
     device, every layer recorded: shapes only), or None."""
@@ -237,11 +240,15 @@ def _layout_problem(model: TimmLibraryModel, channels: int) -> str | None:
         def keep_probabilities(layer, probabilities) -> None:
             seen.append(int(probabilities.shape[-1]))
 
+    module = model.model
+    swapped = {name: torch.empty_like(t, device="meta")  # a model with its weights in: their shapes alone
+               for name, t in [*module.named_parameters(remove_duplicate=False),
+                               *module.named_buffers(remove_duplicate=False)] if t.device.type != "meta"}
     try:
         with torch.no_grad(), recording(Shapes()):
-            model.model(pixels)
+            torch.func.functional_call(module, swapped, (pixels,)) if swapped else module(pixels)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError, AssertionError) as e:
-        return f"its forward cannot be traced on the meta device to check where its tokens sit ({_one_line(e)})"
+        return f"{UNTRACED} to check where its tokens sit ({_one_line(e)})"
     expected = model.layout.num_tokens
     if len(seen) != model.num_layers or set(seen) != {expected}:
         gh, gw = model.layout.grid
@@ -343,13 +350,12 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
         return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
     embed = getattr(trunk, "patch_embed", None)
     if not isinstance(embed, torch.nn.Module) or not hasattr(embed, "patch_size") or not hasattr(embed, "img_size"):
-        if trunk is model:  # patch embeddings of its own (Twins' one a stage): the recorder's layers and places
-            return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
-        raise SourceError(f"{origin}: it has no patch embedding (patch_embed with patch_size and img_size) to place "
-                          "its tokens on the image from; it needs a layout of its own (issue 91)")
+        # patch embeddings of its own (Twins' one a stage): the recorder's layers and places
+        return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
     try:
         patch = _pair(_sides(embed.patch_size), "patch_size")
-        channels = int(getattr(getattr(embed, "proj", None), "in_channels", 3))
+        # the input's channels: its first convolution's (a hybrid's backbone stem, before its proj)
+        channels = int(next((m.in_channels for m in embed.modules() if isinstance(m, torch.nn.Conv2d)), 3))
         own = _pair(_sides(embed.img_size), "img_size")
         stand_in = ViTConfig(image_size=own if own[0] != own[1] else own[0],
                              patch_size=patch if patch[0] != patch[1] else patch[0], num_channels=channels,
@@ -367,15 +373,14 @@ def _checkpoint(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn
         return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
     _record_through(modules)
     wrapped = TimmLibraryModel(model, layout, modules, trunk)
-    if meta:
-        problem = _layout_problem(wrapped, channels)
-        if problem and trunk is model:  # what its layout lacks, in the recorder's words (XCiT's channels)
-            try:
-                _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
-            except SourceError as named:
-                raise SourceError(str(named)) from None
-        if problem:
-            raise SourceError(f"{origin}: {problem}")
+    problem = _layout_problem(wrapped, channels)  # on the meta device, a model in hand's too
+    if problem and (meta or not problem.startswith(UNTRACED)):  # tokens its patch embedding does not place (a
+        # convolutional stem before it: ViTamin's): the recorder's layers and places, or what its layout lacks in
+        # the recorder's words (XCiT's channels)
+        try:
+            return _recorded(path, origin, model, trunk, names, kind, architecture, preprocessing_of)
+        except SourceError as named:
+            raise SourceError(str(named)) from None
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
                 "architecture": architecture, "parameters": sum(p.numel() for p in model.parameters()),
                 "road": ROAD}
@@ -400,15 +405,14 @@ def _other_calls(model: torch.nn.Module, modules: int, layout: LibraryLayout, ch
 
 def _recorded(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn.Module, names: list[str], kind: str,
               architecture: str, preprocessing_of) -> Checkpoint:
-    """A timm model none of whose blocks has timm's ``Attention``, through the recorder at the attention function
-    (``recorded_road``), at the input its ``patch_embed`` or ``pretrained_cfg`` says, normalised as
-    ``preprocessing_of`` (timm's transform) says; SourceError (one line) naming what the recorder cannot place."""
+    """A timm model (or open_clip's tower around a timm trunk) whose attention timm's road cannot place (none of its
+    blocks has timm's ``Attention``, or its tokens are not its patch embedding's: a convolutional stem before it),
+    through the recorder at the attention function (``recorded_road``), at the input its ``patch_embed`` (the tower's
+    ``image_size``) or ``pretrained_cfg`` says, normalised as ``preprocessing_of`` (timm's or open_clip's transform)
+    says; SourceError (one line) naming what the recorder cannot place."""
     from vit.sources.library_road import recorded_road
 
-    if trunk is not model:
-        raise SourceError(f"{origin}: none of its blocks has timm's attention with a fused and an explicit path "
-                          "(fused_attn, attn_drop), which the library road records")
-    size = recorded_road._declared(model, "img_size", "image_size")
+    size = recorded_road._declared(model, "img_size", "image_size")  # open_clip's tower around a trunk: the tower
     if size is None:
         size = tuple((getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))[-2:])
     try:
