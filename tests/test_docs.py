@@ -657,9 +657,10 @@ def test_the_readmes_vlm_census_figure_is_the_newest_census_and_the_vlm_page_sho
     assert page == site.refreshed(page) and site.census_vlm_markdown() in page
 
 
-CENSUS = re.compile(r"Of the (\d+) vision families of transformers, timm and open_clip it builds, (\d+) have attention\. "
-                    r"Of those, (\d+) open, (\d+) draw \((\d+) % of those with attention\) and (\d+) are refused in "
-                    r"one line naming why\. (\d+) could not be built tiny .*?\(`(bench/results/[^`]+/census\.md)`")
+CENSUS = re.compile(r"Of the (\d+) vision families of transformers, timm and open_clip it builds, (\d+) have "
+                    r"attention\. Of those, (\d+) open, (\d+) draw \((\d+) % of those with attention\) and (\d+) are "
+                    r"refused in one line naming why\. (\d+) could not be built tiny "
+                    r".*?\(`(bench/results/[^`]+/census\.md)`")
 
 
 def test_the_readmes_census_figure_is_the_newest_census_and_the_image_page_shows_it():

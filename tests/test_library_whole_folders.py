@@ -38,8 +38,8 @@ def _tipsv2():
 
 
 def _vitpose():
-    return transformers.VitPoseForPoseEstimation(transformers.VitPoseConfig(backbone_config=transformers.VitPoseBackboneConfig(
-        **SMALL, intermediate_size=64, patch_size=[8, 8], image_size=[32, 24])))
+    backbone = transformers.VitPoseBackboneConfig(**SMALL, intermediate_size=64, patch_size=[8, 8], image_size=[32, 24])
+    return transformers.VitPoseForPoseEstimation(transformers.VitPoseConfig(backbone_config=backbone))
 
 
 def _pixtral():

@@ -111,7 +111,8 @@ def test_every_model_type_the_loader_opens_is_a_family_read_by_the_importer_it_n
 
 
 def test_every_importer_the_loader_imports_is_a_familys_and_each_family_names_a_module():
-    from vit.sources import open as sources, open_hf, open_libraries, open_shared
+    from vit.sources import open as sources
+    from vit.sources import open_hf, open_libraries, open_shared
 
     # The opener is four modules (by road); an importer is a module named import_*, wherever it lives (the ports'
     # families and libraries, the VLMs). Until this was checked by that name the test filtered on a package prefix
