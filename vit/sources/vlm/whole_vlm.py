@@ -268,20 +268,29 @@ def attention_problem(vlm: VLM) -> str | None:
     return None
 
 
+def _attention_code(layers):
+    """``(attention module, its forward's source)`` for each of ``layers`` with a ``self_attn`` whose source can be
+    read (a compiled or built-in forward is passed over): what the checks of its attention code read."""
+    import inspect
+
+    for layer in layers:
+        attention = getattr(layer, "self_attn", None)
+        if attention is None:
+            continue
+        try:
+            yield attention, inspect.getsource(type(attention).forward)
+        except (OSError, TypeError):
+            continue
+
+
 def _branches_on_the_name(layers) -> str | None:
     """The class of the first attention module of ``layers`` whose forward's code tests the attention
     implementation's name (``config._attn_implementation in ("eager", "sdpa")``: MiniMax-M3's and Mistral Large 4's
     sparse top-k masks, built only under those names and handed to flash kernels otherwise), else None: the
     recording attention runs under its own name, so such a forward would take the other branch."""
-    import inspect
     import re
 
-    for layer in layers:
-        attention = getattr(layer, "self_attn", None)
-        try:
-            code = inspect.getsource(type(attention).forward) if attention is not None else ""
-        except (OSError, TypeError):
-            continue
+    for attention, code in _attention_code(layers):
         if re.search(r"_attn_implementation\s*(?:==|!=|in\b|not\s+in\b)", code):
             return type(attention).__name__
     return None
@@ -296,15 +305,9 @@ def _calls_the_interface(layers) -> bool:
     """Whether the attention module of any of ``layers`` asks transformers' ``AttentionInterface`` for its attention
     function (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code) and hands it nothing but the keywords
     every implementation reads alike (``PLAIN_KEYWORDS``), as the recording attention needs."""
-    import inspect
     import re
 
-    for layer in layers:
-        attention = getattr(layer, "self_attn", None)
-        try:
-            code = inspect.getsource(type(attention).forward) if attention is not None else ""
-        except (OSError, TypeError):
-            continue
+    for _attention, code in _attention_code(layers):
         call = re.search(r"attention_interface\((.*?)\n\s*\)", code, re.S)
         if "ALL_ATTENTION_FUNCTIONS" in code and call is not None:
             return set(re.findall(r"(\w+)\s*=", call.group(1))) <= PLAIN_KEYWORDS
