@@ -47,11 +47,14 @@ class RayCluster:
         # here; the nodes and resources the tests read come from the GCS), the log monitor's glob of a logs folder
         # that grows by every worker's files every 0.1 s (0.5 s here: a new worker's first lines reach its driver
         # up to 0.5 s later) and the Train state actor's 30 s poll of every run's controller for the dashboard.
+        # A job's driver connecting no longer has the raylet start a worker for it ahead of need: with the job's
+        # runtime_env it could only serve that job's tasks, and a Train job's actors each want an env of their own,
+        # so it stayed idle (ray::IDLE, ~1 s of CPU a job, importing Ray).
         return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
                 "OMP_NUM_THREADS": "1", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
                 "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_enable_metrics_collection": "0",
                 "REPORTER_UPDATE_INTERVAL_MS": "60000", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
-                "RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION": "0"}
+                "RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION": "0", "RAY_prestart_worker_first_driver": "0"}
 
     def _start(self, name: str, *args: str) -> None:
         # Ray's unix sockets live under its temp dir (session_<date>_<pid>/sockets/...), and a socket path

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import threading
+import warnings
 from types import SimpleNamespace
 
 from vit.runs import ray_jobs
@@ -53,3 +54,32 @@ def test_ctrl_c_while_the_log_is_followed_stops_the_job(capsys):
     err = capsys.readouterr().err
     assert err.startswith("vit.analyze: stopping job job-1: the analysis ends without its report")
     assert signal.getsignal(signal.SIGINT) is before  # the command's handlers are its own, for its length
+
+
+class RaySdkJobs(QuietOnCancelJobs):
+    """A job client whose log stream warns as Ray's SDK does (it hands aiohttp ssl=None) and whose job succeeds."""
+
+    async def tail_job_logs(self, sid):
+        warnings.warn("ssl=None is deprecated, please use ssl=True", DeprecationWarning, stacklevel=2)
+        yield "done\n"
+
+    def get_job_status(self, sid):
+        return SimpleNamespace(value="SUCCEEDED")
+
+
+def test_following_a_job_does_not_pass_on_the_sdks_ssl_deprecation():
+    written = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning that gets out fails the follow
+        assert ray_jobs.follow(RaySdkJobs(), "job-1", written.append) == "SUCCEEDED"
+    assert written == ["done\n"]
+    with warnings.catch_warnings(record=True) as caught:  # and another of the stream's warnings still does
+        warnings.simplefilter("always")
+
+        class OtherWarning(RaySdkJobs):
+            async def tail_job_logs(self, sid):
+                warnings.warn("something else", DeprecationWarning, stacklevel=2)
+                yield "done\n"
+
+        ray_jobs.follow(OtherWarning(), "job-1", written.append)
+    assert [str(w.message) for w in caught] == ["something else"]

@@ -58,6 +58,11 @@ def test_a_made_runs_timeline_gives_each_groups_span_and_each_modules_wall(tmp_p
 def test_kinds_of_processes():
     assert suite_cpu.kind("/usr/lib/chromium/chromium --type=renderer") == "Chromium"
     assert suite_cpu.kind("ray::RayTrainWorker") == "Ray workers"
+    # a Ray worker before it names itself (importing Ray): a worker still, not one of Ray's daemons
+    assert suite_cpu.kind("/venv/bin/python3 /venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py "
+                          "--node-ip-address=127.0.0.1") == "Ray workers"
+    assert suite_cpu.kind("/venv/bin/python3 -u /venv/lib/python3.11/site-packages/ray/_private/log_monitor.py"
+                          ) == "Ray's daemons"
     assert suite_cpu.kind("/venv/bin/python -m vit.train --out x") == "vit's commands"
     assert suite_cpu.kind("/usr/bin/yes") == "yes"
 

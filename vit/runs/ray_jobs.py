@@ -26,6 +26,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -194,7 +195,11 @@ def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) ->
 
     while True:
         try:
-            asyncio.run(tail())
+            with warnings.catch_warnings():
+                # Ray's SDK opens the log's websocket with ssl=None, aiohttp's deprecated spelling of its default
+                # (verify certificates): a DeprecationWarning at every job followed, that only Ray can fix.
+                warnings.filterwarnings("ignore", "ssl=None is deprecated", DeprecationWarning)
+                asyncio.run(tail())
         except Exception:  # noqa: BLE001 - a dropped stream: the status below decides
             pass
         status = str(jobs.get_job_status(sid).value)

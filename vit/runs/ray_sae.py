@@ -9,7 +9,7 @@ once and return the layer's tokens (``map_batches``), in file order (``preserve_
 shuffle buffer. The SAE is small and the harvest is the model's forward: the actors do the heavy part, one worker
 trains, and the shuffled batches are those of a local run on the same files, so the SAE is the local one.
 
-Stopping: the job's SIGTERM reaches the driver only; it sets ``vit.runs.ray_train.StopFlag``, which the worker
+Stopping: the job's SIGTERM reaches the driver only; it sets ``vit.runs.stop_flag.StopFlag``, which the worker
 polls and turns into the stop a local SIGTERM makes (finish the step, write last.pt, end ``cancelled``).
 """
 
@@ -115,11 +115,12 @@ def sae_worker(config: dict) -> None:
     Ray Data); raises ``WorkerError`` with the command's one-line error when it fails."""
     from functools import partial
 
-    from vit.runs.ray_train import WorkerError, _watch
+    from vit.runs.ray_train import WorkerError
+    from vit.runs.stop_flag import watch
     from vit.training.session import StopRequest
 
     stop, done = StopRequest(), threading.Event()
-    watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)
+    watcher = threading.Thread(target=watch, args=(config["stop"], stop, done), daemon=True)
     watcher.start()
     harvest = partial(harvest_on_cluster, workers=config["workers"], actor_resources=config["actors"],
                       device=config["device"])
@@ -142,7 +143,8 @@ def run_job(command, argv: list[str], workers: int, name: str) -> int:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from vit.runs.ray_train import StopFlag, fit_until_done
+    from vit.runs.ray_train import fit_until_done
+    from vit.runs.stop_flag import StopFlag
 
     ray.init(log_to_driver=True)
     try:
@@ -150,7 +152,7 @@ def run_job(command, argv: list[str], workers: int, name: str) -> int:
     except RayRunError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    flag = StopFlag.remote()
+    flag = StopFlag()
     device = "cuda" if use_gpu else "cpu"
     trainer = TorchTrainer(sae_worker, train_loop_config={"command": command, "argv": argv, "stop": flag,
                                                           "workers": workers,

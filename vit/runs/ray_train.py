@@ -18,30 +18,12 @@ import io
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
 
 import ray
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-if TYPE_CHECKING:
-    from vit.training.session import StopRequest
-
-POLL_SECONDS = 0.5  # how often a worker looks at the stop flag
-
-
-@ray.remote(num_cpus=0)
-class StopFlag:
-    """Set once by the driver on SIGTERM/SIGINT; read by every worker."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def request(self, signum: int) -> None:
-        self.signum = self.signum or signum
-
-    def requested(self) -> int | None:
-        return self.signum
+from vit.runs.stop_flag import StopFlag, watch
 
 
 class WorkerError(RuntimeError):
@@ -64,17 +46,6 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
-def _watch(flag, stop: StopRequest, done: threading.Event) -> None:
-    while not done.wait(POLL_SECONDS):
-        try:
-            signum = ray.get(flag.requested.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - the driver may be gone; the job then ends anyway
-            continue
-        if signum:
-            stop.signum = signum  # as the signal handler records it, without its KeyboardInterrupt
-            return
-
-
 def train_worker(config: dict) -> None:
     """One Ray Train worker: ``vit.train`` with the given arguments; raises WorkerError on failure."""
     # Imported here, not at the top: the driver and Ray Train's controller import this module too (to unpickle
@@ -83,7 +54,7 @@ def train_worker(config: dict) -> None:
     from vit.training.session import StopRequest
 
     stop, done = StopRequest(), threading.Event()
-    watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)
+    watcher = threading.Thread(target=watch, args=(config["stop"], stop, done), daemon=True)
     watcher.start()
     tee = _Tee(sys.stderr)
     previous, sys.stderr = sys.stderr, tee
@@ -115,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     ray.init(log_to_driver=True)
-    flag = StopFlag.remote()
+    flag = StopFlag()
     use_gpu = args.gpus_per_worker > 0
     resources = {"CPU": 1, "GPU": args.gpus_per_worker} if use_gpu else {"CPU": 1}
     trainer = TorchTrainer(train_worker, train_loop_config={"argv": train_args, "stop": flag},
@@ -125,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     return fit_until_done(trainer, flag, "vit.train")
 
 
-def fit_until_done(trainer, flag, prog: str) -> int:
+def fit_until_done(trainer, flag: StopFlag, prog: str) -> int:
     """``trainer.fit()`` in a second thread while this (main) thread turns SIGTERM/SIGINT into ``flag``'s stop
-    request; 0 when it ends, 1 with the workers' one-line error (``PROG: ...``) on stderr."""
+    request; 0 when it ends, 1 with the workers' one-line error (``PROG: ...``) on stderr. The flag is cleared
+    once the run has ended."""
     requested = threading.Event()
     signals: list[int] = []
 
@@ -152,8 +124,12 @@ def fit_until_done(trainer, flag, prog: str) -> int:
             requested.clear()
             print(f"{prog}: stopping on {signal.Signals(signals[-1]).name}: the workers finish their step "
                   "and write last.pt", flush=True)
-            flag.request.remote(int(signals[-1]))
+            flag.request(int(signals[-1]))
         thread.join(0.2)
+    try:
+        flag.clear()
+    except Exception:  # noqa: BLE001 - a cluster going away takes the key with it
+        pass
     if "error" in outcome:
         print(_one_line(outcome["error"], prog), file=sys.stderr, flush=True)
         return 1
