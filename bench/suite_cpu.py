@@ -41,7 +41,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 # is ``ray/_private/workers/default_worker.py`` until it names itself (``ray::IDLE``, ``ray::Actor``): its start, most
 # of its CPU, is a worker's, not a daemon's (``ray/_private`` below: the log monitor, the agents).
 KINDS = (("chromium", "Chromium"), ("playwright/driver", "Playwright's driver"), ("ray::", "Ray workers"),
-         ("ray/_private/workers/", "Ray workers"), ("raylet", "Ray's daemons"), ("gcs_server", "Ray's daemons"), ("ray/dashboard", "Ray's daemons"),
+         ("ray/_private/workers/", "Ray workers"), ("raylet", "Ray's daemons"), ("gcs_server", "Ray's daemons"),
+         ("ray/dashboard", "Ray's daemons"),
          ("ray/_private", "Ray's daemons"), ("bin/ray start", "Ray's daemons"), ("streamlit", "app servers"),
          ("ipykernel", "notebook kernels"), ("torchrun", "torchrun"), ("-m pip", "pip"),
          ("import numpy, torch, transformers", "measuring server"),
