@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from vit.runs.devices import count_gpus
 from vit.core.runfiles import LAUNCH_DIR, ROOT
+from vit.runs.devices import count_gpus
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # whole names only (fullmatch): ASCII, no controls
 
@@ -151,7 +151,8 @@ def hide_data_roots(message: str, roots: tuple[Path, ...]) -> str:
         if root == Path(root.anchor):
             continue
         name = root.name or str(root)
-        message = re.sub(re.escape(str(root)) + r"(?=[/\\\s'\",;:)\]]|\.(?:\s|$)|$)", lambda _: name, message)
+        after = r"(?=[/\\\s'\",;:)\]]|\.(?:\s|$)|$)"
+        message = re.sub(re.escape(str(root)) + after, lambda _, name=name: name, message)
     return message
 
 

@@ -3,8 +3,9 @@
 As ``vit.analyze --ray`` (``vit.runs.ray_analyze``, whose pieces this reuses): the client submits the command with
 ``--ray-job`` as a Ray job; inside the cluster it lists and samples the items as a local run does and calls
 ``score_on_cluster``: Ray Data maps blocks of items, one block per batch, through a pool of ``Scorer`` actors that
-each open the model once and return the batch's ``BatchScores`` (``vit.explain.benchmarks.benchmark_run.score_batch``: per
-method a few numbers per image, never a map). The driver joins them in the set's order with the local ``report``, so
+each open the model once and return the batch's ``BatchScores``
+(``vit.explain.benchmarks.benchmark_run.score_batch``: per method a few numbers per image, never a map). The driver
+joins them in the set's order with the local ``report``, so
 every score is the local run's: the same batches through the same code, each batch's random numbers seeded by its
 first item (``batch_seed``), Chefer's pixel counts summed and the per-image AUCs, ROAD changes and SaCo coefficients
 averaged in the set's order whatever order the batches came back in.
