@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from sklearn.decomposition import PCA
 
 import vit
 from vit.checkpoint import Preprocessing, save_checkpoint
@@ -42,6 +41,8 @@ def notebook_cells(name: str) -> dict[str, str]:
 def run_pca_notebook(x: torch.Tensor, grid: tuple[int, int], foreground: torch.Tensor) -> np.ndarray:
     """pca.ipynb's cells 14, 16, 18 on patch tokens ``x (N, D)``; ``foreground (gh, gw)`` stands for the classifier's
     median-filtered score: ``(gh, gw, 3)`` colours."""
+    from sklearn.decomposition import PCA  # here, not at the top: scikit-learn is ~1 s of CPU in each xdist worker
+
     space = dict(torch=torch, PCA=PCA, plt=mock.MagicMock(), x=x, h_patches=grid[0], w_patches=grid[1],
                  fg_score_mf=foreground.double())
     for cell in ("cell 14", "cell 16", "cell 18"):
@@ -227,6 +228,8 @@ def test_pca_of_token_sets_added_one_at_a_time_equals_sklearns_on_all_of_them():
     for tokens in sets:
         moments.add(tokens)
     every = torch.cat(sets).double().numpy()
+    from sklearn.decomposition import PCA
+
     reference = PCA(3, whiten=True, svd_solver="full").fit(every)
     fit = moments.fit()
     np.testing.assert_allclose(fit.components.numpy(), reference.components_, atol=1e-9)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.reference.chefer_eval import metrices
 from vit.explain.benchmarks.metrics import (
     PERTURBATION_STEPS,
     average_precision,
@@ -20,6 +19,14 @@ from vit.explain.benchmarks.metrics import (
 )
 
 REFERENCE = Path(__file__).parent / "reference" / "chefer_eval"
+
+
+def their_metrices():
+    """Their utils/metrices.py, imported by the tests that run it: it imports scikit-learn (with SciPy and pandas,
+    ~1 s of CPU), which every xdist worker would otherwise import while collecting this module (issue 112)."""
+    from tests.reference.chefer_eval import metrices
+
+    return metrices
 
 
 def script_parts(name: str, keep) -> str:
@@ -70,7 +77,7 @@ def test_average_precision_equals_their_get_ap_scores_with_ties():
     g = torch.Generator().manual_seed(1)
     scores = (torch.rand(3, 2, 20, 24, generator=g) * 8).round() / 8  # many ties
     target = (torch.rand(3, 20, 24, generator=g) > 0.6).long()
-    theirs = metrices.get_ap_scores(scores, target)
+    theirs = their_metrices().get_ap_scores(scores, target)
     for i in range(3):
         one_hot = torch.stack([target[i] == 0, target[i] == 1])
         assert average_precision(scores[i].reshape(-1), one_hot.reshape(-1)) == pytest.approx(theirs[i], abs=1e-6)
@@ -85,6 +92,7 @@ def test_segmentation_equals_their_eval_batch_and_totals(monkeypatch):
         def generate_rollout(self, image, start_layer):
             return next(served)
 
+    metrices = their_metrices()
     namespace = {name: getattr(metrices, name) for name in metrices.__all__}
     namespace.update(np=np, torch=torch, F=torch.nn.functional, batch_size=1, baselines=Baselines(),
                      args=argparse.Namespace(method="rollout", save_img=False, thr=0.0),
@@ -121,6 +129,7 @@ def test_baselines_segmentation_equals_their_eval_batch_with_their_generators(mo
     _, masks = maps_and_masks()
     images = torch.nn.functional.interpolate(torch.randn(4, 3, 7, 7, generator=torch.Generator().manual_seed(3)),
                                              size=224, mode="bilinear").double()
+    metrices = their_metrices()
     namespace = {name: getattr(metrices, name) for name in metrices.__all__}
     namespace.update(np=np, torch=torch, F=torch.nn.functional, batch_size=1,
                      baselines=Baselines(reference(model, ViT_new)), orig_lrp=LRP(reference(model, ViT_orig_LRP)),

@@ -79,15 +79,20 @@ def test_token_terms_equal_their_spatial_decomposition(tmp_path):
     torch.testing.assert_close(summed, expected.sum(dim=2), rtol=1e-4, atol=1e-6)
 
 
+SIDE = 112  # the ViT-B/16's input side in the test against their script (a 7 x 7 grid of its 16-px patches)
+
+
 @pytest.fixture(scope="module")
 def vit_b16(tmp_path_factory):
     folder = tmp_path_factory.mktemp("textspan") / "open_clip"
-    # ViT-B/16's widths (768 wide, 12 heads, 16-px patches at 224 px, its 512-wide, 8-head text tower) at reduced
-    # depth: an image tower 4 layers deep, not 12 (the last two searched, the two before them mean-ablated by their
-    # script, as its ten are), its text tower 1, not 12. Every layer runs the same code on both sides, so the texts,
-    # the features and the variances are compared with theirs all the same; 12 + 3 layers were 26 s of the test's
-    # 31, and 98 s under the suite's load (issue 93)
+    # ViT-B/16's widths (768 wide, 12 heads, 16-px patches, its 512-wide, 8-head text tower) at reduced depth: an
+    # image tower 4 layers deep, not 12 (the last two searched, the two before them mean-ablated by their script, as
+    # its ten are), its text tower 1, not 12. Every layer runs the same code on both sides, so the texts, the
+    # features and the variances are compared with theirs all the same; 12 + 3 layers were 26 s of the test's 31,
+    # and 98 s under the suite's load (issue 93). At 112 px, not 224: 49 patches, not 196, each summed over by the
+    # same head_no_spatial path (the image side was ~5 of the test's 12.5 s of CPU; issue 112)
     config = copy.deepcopy(open_clip.get_model_config("ViT-B-16"))
+    config["vision_cfg"]["image_size"] = SIDE
     config["vision_cfg"]["layers"] = 4
     config["text_cfg"]["layers"] = 1
     model, theirs, folder = save_clip(folder, config)
@@ -103,7 +108,7 @@ def test_texts_and_variance_explained_equal_their_script_on_a_vit_b16(vit_b16, t
 
     model, theirs, folder = vit_b16
     texts = textspan.read_texts()[:200]  # the shipped bank's first 200 (all 3,497: minutes of text tower here)
-    x = images(8, 224)
+    x = images(8, SIDE)
     checkpoint = open_source(folder)
     layers = textspan.late_layers(checkpoint.model, 2)
     k, rank = 4, 10
