@@ -486,3 +486,22 @@ def flexivit(tmp_path_factory):
     folder = tmp_path_factory.mktemp("flexivit_small")
     _hub.save_for_hf(build("flexivit_small"), folder, model_args=FAMILIES["flexivit_small"][0])
     return folder
+
+
+# The app server the browser modules share (tests/shared_app.py): one per test process, the browser modules' worker.
+@pytest.fixture(scope="session")
+def local_app(tmp_path_factory):
+    """``shared_app.serve_local_app``: the tiny model shipped with its samples, no token; yields a ``LocalApp``."""
+    from shared_app import serve_local_app
+
+    with serve_local_app(tmp_path_factory.mktemp("local-app")) as app:
+        yield app
+
+
+@pytest.fixture(scope="session")
+def llava(tmp_path_factory):
+    """test_vlm_answer's tiny LLaVA saved whole (``shared_app.save_llava``): one folder, so ``local_app`` loads it
+    once for every module that opens it."""
+    from shared_app import save_llava
+
+    return save_llava(tmp_path_factory.mktemp("shared-llava") / "llava")

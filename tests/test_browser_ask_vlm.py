@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import chromium, click_until, streamlit_app
+from helpers import chromium, click_until
+from shared_app import ask_the_vlm
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("transformers")
@@ -26,22 +27,13 @@ LENGTH = 4
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One app server (and one tiny LLaVA saved whole) for the module's tests, each in sessions of its own: a server's
-    start and the LLaVA's build and first load in it are paid once, not per test (issue 112)."""
-    tmp_path = tmp_path_factory.mktemp("ask_vlm")
-    checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
-    checkpoints.mkdir()
-    runs.mkdir()
-    torch.manual_seed(0)
-    model, processor = _build("llava")
-    noisy(model).save_pretrained(folder, max_shard_size="20KB")
-    processor.save_pretrained(folder)
-    picture().save(tmp_path / "photo.png")
-    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
-           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
-    with streamlit_app(env, unset=("VIT_TRAIN_TOKEN",)) as (url, _):
-        yield url, folder, tmp_path / "photo.png"
+def server(local_app, llava, tmp_path_factory):
+    """The app server the browser modules share (tests/shared_app.py: no token) and its tiny LLaVA saved whole, for
+    the module's tests, each in sessions of its own: a server's start and the LLaVA's build and first load in it are
+    paid once, not per test or per module (issue 112); and the photo the questions are about."""
+    photo = tmp_path_factory.mktemp("ask_vlm") / "photo.png"
+    picture().save(photo)
+    return local_app.url, llava, photo
 
 
 def exported_map(page, tmp_path: Path, name: str) -> np.ndarray:
@@ -72,15 +64,7 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(f"{url}?model={folder}")
-        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
-        main = page.locator('[data-testid="stMain"]')
-        length = main.get_by_role("spinbutton", name="Answer length")
-        length.fill(str(LENGTH))
-        length.press("Enter")
-        question = main.get_by_role("textbox", name="Question")
-        question.fill(QUESTION)
-        question.press("Enter")
+        main = ask_the_vlm(page, url, folder, photo, QUESTION, LENGTH)
         main.get_by_text("Answer token 1 “").wait_for()  # the first token's map, with its caption
         tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")  # pills: one choice
         # The caption can be drawn before the pills are: count them once they are (count() does not wait).
@@ -154,20 +138,7 @@ def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reprod
         context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(f"{url}?model={folder}")
-        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
-        main = page.locator('[data-testid="stMain"]')
-        length = main.get_by_role("spinbutton", name="Answer length")
-        length.fill(str(LENGTH))
-        length.press("Enter")
-        uploader = main.locator('[data-testid="stFileUploader"]').filter(has_text="Or a clip to ask about instead")
-        uploader.locator('input[type="file"]').set_input_files(str(clip))
-        frames = main.get_by_role("spinbutton", name="Clip frames")
-        frames.fill("4")
-        frames.press("Enter")
-        question = main.get_by_role("textbox", name="Question")
-        question.fill(QUESTION)
-        question.press("Enter")
+        main = ask_the_vlm(page, url, folder, photo, QUESTION, LENGTH, clip=clip, frames=4)
         main.get_by_text(re.compile(r"On slice 1 of the clip.s 2 \(its sampled frames 1–2\)")).wait_for()
         # The time slider's track clicked at its right end (the last slice), then the answer's second token.
         track = main.locator('[data-testid="stSlider"]').filter(has_text="Slice of the clip").locator(
@@ -227,15 +198,7 @@ def test_a_clicked_tokens_knockout_over_the_image_and_its_heads_grid_are_the_api
         context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(f"{url}?model={folder}")
-        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
-        main = page.locator('[data-testid="stMain"]')
-        length = main.get_by_role("spinbutton", name="Answer length")
-        length.fill(str(LENGTH))
-        length.press("Enter")
-        question = main.get_by_role("textbox", name="Question")
-        question.fill(QUESTION)
-        question.press("Enter")
+        main = ask_the_vlm(page, url, folder, photo, QUESTION, LENGTH)
         main.get_by_text("Answer token 1 “").wait_for()
         tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")
         expect(tokens).to_have_count(LENGTH, timeout=TIMEOUT_MS)

@@ -15,9 +15,9 @@ import pytest
 import torch
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from PIL import Image
+from shared_app import TINY, png
 
 from app_pages.explorer_sections.uploader import REPLACE_WAIT_S, UPLOAD_WAIT_S
-from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -25,38 +25,21 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 # The server imports torch and runs the model on a busy machine.
 TIMEOUT_MS = BROWSER_TIMEOUT_MS  # what a user would wait (tests/helpers.py)
-TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
-                 num_heads=2, mlp_size=32)  # a 4 x 4 patch grid
-
-
-def png(width: int, height: int, seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A tiny random model under the default name with one sample, and an image to upload (read, never written,
-    by the tests: one for the module)."""
-    tmp_path = tmp_path_factory.mktemp("world")
-    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"],
-                                     metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
-    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
-    samples.mkdir(parents=True)
-    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
-    upload = tmp_path / "wide-upload.png"
+def world(local_app, tmp_path_factory):
+    """The shared app's folders (tests/shared_app.py: a tiny random model under the default name with its samples,
+    cat_1.png first), and an image to upload (read, never written, by the tests: one for the module)."""
+    upload = tmp_path_factory.mktemp("world") / "wide-upload.png"
     upload.write_bytes(png(120, 80, seed=2))
-    return checkpoints, runs, upload
+    return local_app.checkpoints, local_app.runs, upload
 
 
 @pytest.fixture(scope="module")
-def server(world):
-    """The app on ``world``, one server for the module: each test opens its own browser session on it."""
-    checkpoints, runs, _ = world
-    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
-        yield url
+def server(local_app):
+    """The app on ``world``: the server the browser modules share; each test opens its own browser session on it."""
+    return local_app.url
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +79,9 @@ def expect_selected(page, label: str, start: str, exact: bool = False, timeout_m
 
 
 def test_upload_predict_and_click_a_patch_in_a_real_browser(server, world, page):
-    """Long (~13 s of CPU) because it is the module's first on its server (the model's load) and its scenario is the
-    explorer's page drawn and clicked in a real Chromium, twice (an upload, then a patch)."""
+    """Long (~13 s of CPU) because it is the module's first on its server (the model's load, where no browser module
+    before it opened the shared server) and its scenario is the explorer's page drawn and clicked in a real Chromium,
+    twice (an upload, then a patch)."""
     _, _, upload = world
     ARTIFACTS.mkdir(exist_ok=True)
     page.goto(server)

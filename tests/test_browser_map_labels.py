@@ -4,13 +4,10 @@ of the layers: a CAM reads one block ("Layer", its file name "L2"), rollout runs
 ("Up to layer", "L1-2"), LeGrad sums from a layer to the last ("From layer")."""
 
 import re
-from pathlib import Path
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
-from test_browser_explorer import SCRIPT_DONE, TINY, png
-
-from vit.core.runfiles import DEFAULT_CHECKPOINT
+from helpers import BROWSER_TIMEOUT_MS, chromium
+from test_browser_explorer import SCRIPT_DONE
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -19,16 +16,10 @@ SLIDERS = ("Layer", "Up to layer", "From layer")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The tiny 2-layer model (4 x 4 patches, three classes) under the default name with one sample."""
-    tmp_path = tmp_path_factory.mktemp("labels")
-    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"])
-    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
-    samples.mkdir(parents=True)
-    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
-    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)},
-                       log=tmp_path / "server.log") as (url, _):
-        yield url
+def server(local_app):
+    """The tiny 2-layer model (4 x 4 patches, three classes) under the default name with its samples: the server
+    the browser modules share (tests/shared_app.py)."""
+    return local_app.url
 
 
 @pytest.mark.parametrize(("kind", "caption", "heading", "slider", "file_part"), [

@@ -2,23 +2,21 @@
 main page, the library road's, SAM 3's, "Ask the VLM" and "Ask in words") a non-default view is picked on a tiny
 model, the drawn map's image bytes read, the page reloaded (F5) and the same model, view and bytes found again; then
 every "Copy link to this view" the page offers holds the address bar's view, and that link opened in a fresh
-browser context draws the same bytes. One app server and one browser for the module; the models are the other browser
-tests' tiny random ones, built by their own libraries (the builders imported, not copied)."""
+browser context draws the same bytes. One app server (the one the browser modules share, tests/shared_app.py) and one
+browser for the module; the models are the other browser tests' tiny random ones, built by their own libraries (the
+builders imported, not copied)."""
 
 from __future__ import annotations
 
 import base64
 import re
-from pathlib import Path
-from urllib.parse import parse_qs, quote, urljoin, urlsplit
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
-from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, png
+from helpers import BROWSER_TIMEOUT_MS, chromium
+from shared_app import ask_the_vlm, enter, open_with_image, png
+from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE
 from test_browser_words import MAP_SRC
-
-from vit.core.runfiles import DEFAULT_CHECKPOINT
-from vit.runs.access import TOKEN_ENV
 
 pytest.importorskip("transformers")
 pytest.importorskip("open_clip")
@@ -46,37 +44,23 @@ COLOURED_MAP = """() => {
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """The shipped tiny model with a sample, the four other pages' tiny models and their images, and one server
-    without a token (this local visitor may open paths)."""
-    import torch
-    from test_library_path import save_family
+def world(local_app, llava, msn, tmp_path_factory):
+    """The server the browser modules share (tests/shared_app.py: the shipped tiny model with its samples, no token,
+    so this local visitor may open paths), the four other pages' tiny models and their images."""
     from test_prompts import save_open_clip
     from test_sam3_concepts import build_sam3
     from test_sam3_concepts import picture as sam3_picture
-    from test_vlm_answer import _build, noisy
     from test_vlm_answer import picture as vlm_picture
 
     tmp = tmp_path_factory.mktemp("reload-pages")
-    checkpoints, runs = ship_default(tmp, TINY, ["airplane", "cat", "dog"])
-    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
-    samples.mkdir(parents=True)
-    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
     (tmp / "photo.png").write_bytes(png(32, 32, seed=2))
     sam3_picture().save(tmp / "sam3.png")
     vlm_picture().save(tmp / "vlm.png")
-    torch.manual_seed(0)
-    model, processor = _build("llava")
-    noisy(model).save_pretrained(tmp / "llava", max_shard_size="20KB")
-    processor.save_pretrained(tmp / "llava")
-    models = {"library": save_family(tmp / "vit_msn", "vit_msn"), "sam3": build_sam3(tmp / "sam3"),
-              "vlm": tmp / "llava", "words": save_open_clip(tmp / "open_clip", layers=2)[1]}
+    models = {"library": msn, "sam3": build_sam3(tmp / "sam3"), "vlm": llava,
+              "words": save_open_clip(tmp / "open_clip", layers=2)[1]}
     images = {"library": tmp / "photo.png", "sam3": tmp / "sam3.png", "vlm": tmp / "vlm.png",
               "words": tmp / "photo.png"}
-    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp),
-           "HF_HOME": str(tmp / "hf-home"), "HF_HUB_CACHE": str(tmp / "hf-cache")}
-    with streamlit_app(env, log=tmp / "server.log", unset=(TOKEN_ENV,)) as (url, _):
-        yield url, models, images
+    return local_app.url, models, images
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +83,6 @@ def pick(page, scope, label: str, option: str) -> None:
     page.keyboard.press("Enter")
 
 
-def upload(page, image: Path) -> None:
-    page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(image))
-
-
 def query(link: str) -> dict[str, list[str]]:
     return parse_qs(urlsplit(link).query)
 
@@ -116,21 +96,15 @@ def open_main(page, url, models, images):
 
 
 def open_library(page, url, models, images):
-    page.goto(f"{url}?model={quote(str(models['library']))}")
-    upload(page, images["library"])
-    sidebar = page.locator('[data-testid="stSidebar"]')
-    pick(page, sidebar, "Head", "head 2")
+    open_with_image(page, url, models["library"], images["library"])
+    pick(page, page.locator('[data-testid="stSidebar"]'), "Head", "head 2")
 
 
 def open_sam3(page, url, models, images):
     from test_sam3_concepts import TEXT
 
-    page.goto(f"{url}?model={quote(str(models['sam3']))}&cthreshold=0")
-    upload(page, images["sam3"])
-    main = page.locator('[data-testid="stMain"]')
-    concept = main.get_by_role("textbox", name="Concept")
-    concept.fill(TEXT)
-    concept.press("Enter")
+    main = open_with_image(page, url, models["sam3"], images["sam3"], "&cthreshold=0")
+    enter(main.get_by_role("textbox", name="Concept"), TEXT)
     main.get_by_text(re.compile(r"decoder layer \d+, the heads' mean")).wait_for()
     pick(page, main, "Head", "head 2")
 
@@ -138,20 +112,11 @@ def open_sam3(page, url, models, images):
 def open_vlm(page, url, models, images):
     from test_vlm_answer import QUESTION
 
-    page.goto(f"{url}?model={quote(str(models['vlm']))}")
-    upload(page, images["vlm"])
-    main = page.locator('[data-testid="stMain"]')
-    length = main.get_by_role("spinbutton", name="Answer length")
-    length.fill("2")
-    length.press("Enter")
-    question = main.get_by_role("textbox", name="Question")
-    question.fill(QUESTION)
-    question.press("Enter")
+    ask_the_vlm(page, url, models["vlm"], images["vlm"], QUESTION, length=2)
 
 
 def open_words(page, url, models, images):
-    page.goto(f"{url}?model={quote(str(models['words']))}")
-    upload(page, images["words"])
+    open_with_image(page, url, models["words"], images["words"])
     area = page.get_by_role("textbox", name="Labels")
     area.fill("a dog, a cat")
     area.press("Control+Enter")

@@ -7,7 +7,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
-from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, choose, png
+from shared_app import TINY, ship_tiny
+from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, choose
 
 from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.runs.access import TOKEN_ENV
@@ -23,11 +24,7 @@ def world(tmp_path_factory):
     """The tiny model under the default name with two samples, a checkpoint elsewhere on the server (a path a link
     might name) and the server, with a token set so that only a session that entered it may open paths."""
     tmp_path = tmp_path_factory.mktemp("share")
-    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"])
-    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
-    samples.mkdir(parents=True)
-    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
-    (samples / "dog_1.png").write_bytes(png(40, 24, seed=3))
+    checkpoints, runs = ship_tiny(tmp_path)  # cat_1.png (32 x 32) and dog_1.png (40 x 24)
     (tmp_path / "elsewhere").mkdir()
     elsewhere = ship_default(tmp_path / "elsewhere", TINY, ["a", "b", "c"])[0] / DEFAULT_CHECKPOINT
     env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs),
