@@ -147,6 +147,10 @@ def unported_class(refusal: str, library_road: bool, folder: Path, config_json: 
         raise SourceError(refusal)
     if tm.opens(config_json):
         return tm.open_library(folder, config_json, processor(folder), map_location)
+    from vit.sources.library_road import vision_parts
+
+    if vision_parts.takes(config_json):  # its vision_model part (SigLIP 2's classifier)
+        return vision_parts.open_vision_part(folder, config_json, processor(folder), map_location)
     missing = tm.missing_piece(config_json)
     return open_recorded_folder(folder, config_json, processor(folder), f"{refusal}; as transformers builds it "
                                 f"{missing or 'the library road does not take it'}", map_location)
