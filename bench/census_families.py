@@ -149,7 +149,8 @@ FAMILIES: list[Family] = [
     hf("GroupViT vision", "GroupViTVisionModel", note="group tokens merge the patches between stages"),
     hf("Idefics3 / SmolVLM vision", "Idefics3VisionTransformer"),
     hf("InternVL vision", "InternVLVisionModel", patch_size=[8, 8], image_size=[IMAGE, IMAGE]),
-    hf("Llama 4 vision", "Llama4VisionModel"),
+    hf("Llama 4 vision", "Llama4VisionModel", intermediate_size=128, projector_input_dim=32,
+       projector_output_dim=32),  # its pixel shuffle's 4 x hidden into its adapter, as its full size has
     hf("Mllama vision", "MllamaVisionModel"),
     hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"),
     hf("Qwen3-VL vision", "Qwen3VLVisionModel"),

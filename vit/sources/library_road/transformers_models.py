@@ -83,8 +83,10 @@ def prefix_tokens(model: torch.nn.Module, names: tuple[str, ...] = PREFIX_PARAME
     ``(1, n, hidden)`` each; CLIP's ``class_embedding``: ``(hidden,)``, one token); with ``SUFFIX_PARAMETERS``
     those after them (YOLOS's detection tokens)."""
     embeddings = next((m for name, m in model.named_modules() if name.rpartition(".")[2] == "embeddings"), None)
-    if embeddings is None:
-        raise ValueError("it has no embeddings module to count its prefix tokens from")
+    if embeddings is None:  # a tower whose tokens its own parameters give (Llama 4's), or why not
+        from vit.sources.library_road import tower_tokens
+
+        return tower_tokens.count(model, names == SUFFIX_PARAMETERS)
     count = 0
     for name, parameter in embeddings.named_parameters(recurse=False):
         if name in names:
