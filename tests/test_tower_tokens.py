@@ -74,7 +74,7 @@ def test_llama4s_class_token_sits_after_its_patches_and_every_layer_is_transform
 
 
 @pytest.mark.parametrize("name, words", [
-    ("MllamaVisionModel", r"it takes an image as tiles with their aspect ratio \(aspect_ratio_ids, aspect_ratio_mask\)"),
+    ("MllamaVisionModel", r"as tiles with their aspect ratio \(aspect_ratio_ids, aspect_ratio_mask\)"),
     ("Qwen3VLVisionModel", r"flattened patches in 2x2 merge order with their grid \(image_grid_thw\)")])
 def test_towers_whose_input_has_no_layout_are_refused_naming_it(name, words):
     """Fast: the refusal is read from the tower's class, before any forward."""

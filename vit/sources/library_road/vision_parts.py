@@ -9,8 +9,8 @@ interface where it runs through it, else the recorder at the attention function)
   taken here: it answers questions about an image (``vit.ask_vlm``).
 - SigLIP 2's classifier takes NaFlex input, its image as flattened patches with their grid (``spatial_shapes``) and
   a mask: here each image is cut by transformers' own ``convert_image_to_patches`` (what its processor does) at the
-  processor's one size, every patch real (no padding, no mask), and the classifier's logits are its output; the patches are
-  row-major on that grid, no token before them.
+  processor's one size, every patch real (no padding, no mask), and the classifier's logits are its output; the
+  patches are row-major on that grid, no token before them.
 """
 
 from __future__ import annotations
