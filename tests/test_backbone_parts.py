@@ -21,6 +21,18 @@ SWIN = dict(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], patch_siz
 GRIDS = [(16, 24), (8, 12), (4, 6), (2, 3)]  # 64x96 px / 4 px patches, then merged 2x2 by each stage
 
 
+def test_only_a_layout_refusal_is_answered_by_the_backbone_alone():
+    """Fast: a refusal of the whole model's preprocessing (ZoeDepth's processor) or weights stands; the backbone
+    alone answers the layout's (the decoders' attention, the backbone's windows)."""
+    from vit.sources.files import SourceError
+    from vit.sources.library_road import backbone_parts
+
+    assert backbone_parts.answers(SourceError("x: 4 attention modules for 2 layers; the library road reads one"))
+    assert backbone_parts.answers(SourceError("x: its layer 0 (a) attends over 16 pieces of one image at once"))
+    assert not backbone_parts.answers(SourceError("x: preprocessor_config.json cannot be used (ensure_multiple_of"))
+    assert backbone_parts.backbone_of(torch.nn.Linear(1, 1)) is None
+
+
 @pytest.fixture(scope="module")
 def mask2former(tmp_path_factory):
     torch.manual_seed(0)

@@ -30,6 +30,17 @@ class _Backbone(torch.nn.Module):
         return self.backbone(pixel_values=pixel_values)
 
 
+# The library road's refusals this module answers: where its layers are not one attention a layer over one grid
+# (the decoders' attention beside the backbone's; the backbone's stages and windows, its windows taken for pieces).
+# Any other (its preprocessing, its weights) stands: the backbone alone is no way around it.
+LAYOUT_REFUSALS = ("attention modules for", "patches the library road places", "pieces of one image at once")
+
+
+def answers(refused: SourceError) -> bool:
+    """Whether ``refused`` (the library road's line for the whole model) is one of ``LAYOUT_REFUSALS``."""
+    return any(words in str(refused) for words in LAYOUT_REFUSALS)
+
+
 def backbone_of(model: torch.nn.Module) -> torch.nn.Module | None:
     """The one module of ``model`` (not itself) that is a transformers backbone (``BackboneMixin``), or None."""
     from transformers.backbone_utils import BackboneMixin

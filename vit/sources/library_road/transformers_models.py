@@ -277,7 +277,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     except SourceError as refused:  # a head whose decoders attend too (Mask2Former's): its backbone's layers alone
         from vit.sources.library_road import backbone_parts
 
-        backbone = backbone_parts.backbone_of(model) if getattr(config, "backbone_config", None) else None
+        backbone = backbone_parts.backbone_of(model) if getattr(config, "backbone_config", None) and \
+            backbone_parts.answers(refused) else None
         if backbone is None:
             raise
         return backbone_parts.open_backbone(model, backbone, image_processor, folder, refused)
