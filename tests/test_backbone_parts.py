@@ -108,3 +108,16 @@ def test_mask2formers_backbone_layers_are_swins_eager_windows_on_each_stages_gri
     raw, tables = _eager(mask2former, preprocess([image], checkpoint.preprocessing), monkeypatch)
     torch.testing.assert_close(torch.from_numpy(drawn.map), _placed(raw[0], tables[0], 16 * 24)[0, 0, 29].reshape(
         16, 24), atol=1e-5, rtol=0)
+
+
+def test_a_timm_backbone_folder_transformers_cannot_read_back_is_refused_in_one_line(tmp_path):
+    """TimmBackbone's ``from_pretrained`` takes a timm model's name, not a folder: its config's strict validation
+    refuses the folder's path, said in one line (not huggingface_hub's two)."""
+    pytest.importorskip("timm")
+    from vit.checkpoint import CheckpointError
+
+    transformers.TimmBackbone(transformers.TimmBackboneConfig(backbone="resnet10t")).save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(refused.value) and "its config is refused by transformers" in str(refused.value)
