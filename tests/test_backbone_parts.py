@@ -116,8 +116,8 @@ def test_a_timm_backbone_folder_transformers_cannot_read_back_is_refused_in_one_
     pytest.importorskip("timm")
     from vit.checkpoint import CheckpointError
 
-    transformers.TimmBackbone(transformers.TimmBackboneConfig(backbone="resnet10t")).save_pretrained(tmp_path)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    transformers.TimmBackbone(transformers.TimmBackboneConfig(backbone="test_vit")).save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 160, "width": 160}).save_pretrained(tmp_path)  # timm's test ViT
     with pytest.raises(CheckpointError) as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value) and "its config is refused by transformers" in str(refused.value)
