@@ -121,3 +121,17 @@ def test_a_timm_backbone_folder_transformers_cannot_read_back_is_refused_in_one_
     with pytest.raises(CheckpointError) as refused:
         vit.load(tmp_path, device="cpu")
     assert "\n" not in str(refused.value) and "its config is refused by transformers" in str(refused.value)
+
+
+def test_x_clips_vision_model_is_refused_naming_its_two_attentions_a_layer(tmp_path):
+    """X-CLIP's vision layers attend twice (over a frame's patches, and across the clip's frames by one message token
+    a frame), with no backbone to read alone: refused in one line naming both."""
+    from vit.checkpoint import CheckpointError
+
+    transformers.XCLIPVisionModel(transformers.XCLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
+        mit_hidden_size=32, mit_intermediate_size=64, num_frames=2)).save_pretrained(tmp_path)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size=32).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"4 attention modules for 2 layers \(self_attn, message_attn\); the "
+                                              r"library road reads one attention per layer$"):
+        vit.load(tmp_path, device="cpu")

@@ -326,7 +326,9 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
     if problem:
         raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
     if len(modules) != int(layers):
-        raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers; the "
+        names = {m: name.rpartition(".")[2] for name, m in model.named_modules()}
+        kinds = ", ".join(dict.fromkeys(names[m] for m in modules))  # X-CLIP's self_attn and message_attn
+        raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers ({kinds}); the "
                           "library road reads one attention per layer")
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
