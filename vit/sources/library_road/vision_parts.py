@@ -97,7 +97,8 @@ def open_vision_part(folder: Path, config_json: Mapping, image_processor: Mappin
     try:
         patch = tm._pair(tm.config_patch(part.config), "patch_size")
         if type(model).__name__ in NAFLEX:
-            size = _naflex_size(processor, patch)
+            size = _naflex_size(processor, patch) if "max_num_patches" in processor else tm.input_hw(part.config,
+                                                                                                       processor)
             checkpoint = module_road.open_module(_NaFlexPart(model, patch[0]), image_size=size, mean=mean, std=std)
             checkpoint.class_names = tm.class_names(config, len(checkpoint.class_names))
         else:
@@ -116,7 +117,8 @@ def open_vision_part(folder: Path, config_json: Mapping, image_processor: Mappin
 
 def _naflex_size(processor: Mapping, patch: tuple[int, int]) -> tuple[int, int]:
     """The one input SigLIP 2's classifier is fed here: a square of ``max_num_patches`` whole patches (its processor
-    resizes to a patch budget; a square grid of that budget, where it is one)."""
+    resizes each image to that patch budget at its own aspect; here one square grid within it). A processor of
+    another kind (a plain resize) is read as the library road reads it (``input_hw``)."""
     budget = processor.get("max_num_patches")
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 4096:
         raise ValueError(f"its image processor's max_num_patches {str(budget)[:20]} is not a patch count from 1 to "
