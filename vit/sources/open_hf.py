@@ -265,12 +265,12 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
         if transformers_models.opens(config_json) and library_road:
             return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
         missing = transformers_models.missing_piece(config_json) if library_road else None
-        if missing and vision_parts.takes(config_json):  # a dual encoder whole: its vision_model part
-            return vision_parts.open_vision_part(folder, config_json, hf_image_processor(folder), map_location)
         if missing:  # transformers knows it, no port reads it, and the library road cannot take it: say why
             answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
                        "question), vit-predict --ask" if registry.vlm_architecture(str(config_json.get("model_type")))
                        else "")
+            if answers and vision_parts.takes(config_json):  # a VLM family's dual encoder (BlipModel): its image part
+                return vision_parts.open_vision_part(folder, config_json, hf_image_processor(folder), map_location)
             refusal = f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
             if answers:  # a whole VLM is not an image model for the recorder: it answers questions
                 raise SourceError(refusal + answers)

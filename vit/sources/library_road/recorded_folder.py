@@ -157,7 +157,7 @@ def unported_class(refusal: str, library_road: bool, folder: Path, config_json: 
         return tm.open_library(folder, config_json, processor(folder), map_location)
     from vit.sources.library_road import vision_parts
 
-    if vision_parts.takes(config_json):  # its vision_model part (SigLIP 2's classifier)
+    if vision_parts.takes(config_json) and named[0] in vision_parts.NAFLEX:  # SigLIP 2's classifier: its patches
         return vision_parts.open_vision_part(folder, config_json, processor(folder), map_location)
     missing = tm.missing_piece(config_json)
     return open_recorded_folder(folder, config_json, processor(folder), f"{refusal}; as transformers builds it "

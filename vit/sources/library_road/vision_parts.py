@@ -5,6 +5,9 @@ checked as the folder holds them), and their image part (``vision_model``) is wh
 attention recorded on the road its own folder would take (``module_road.open_module``: transformers' attention
 interface where it runs through it, else the recorder at the attention function).
 
+- Only where the recorder's road (``recorded_folder``, the whole model run for its image features) does not take the
+  folder: a family that also answers questions (BLIP's, BLIP-2's: refused there with ``vit.ask_vlm``'s pointer) and
+  NaFlex input; a dual encoder of another family (Chinese-CLIP's, SigLIP's classifier) keeps that road.
 - A model that answers in text (a ``language_model`` beside its vision tower: Cohere 2 Vision, ShieldGemma 2) is not
   taken here: it answers questions about an image (``vit.ask_vlm``).
 - SigLIP 2's classifier takes NaFlex input, its image as flattened patches with their grid (``spatial_shapes``) and
