@@ -163,7 +163,7 @@ def _siglip2_reference(folder, pixels: torch.Tensor, monkeypatch):
     return seen, logits
 
 
-def test_siglip2s_classifier_opens_whole_on_its_naflex_patches(folders, monkeypatch):
+def test_siglip2s_classifier_opens_whole_on_its_naflex_patches(folders):
     checkpoint = vit.load(folders["siglip2"], device="cpu")
     assert checkpoint.metadata["architecture"] == "hf:Siglip2ForImageClassification"
     assert checkpoint.preprocessing.image_hw == (32, 32) and len(checkpoint.class_names) == 3
