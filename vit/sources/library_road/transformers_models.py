@@ -272,16 +272,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     # to the recording function over its own implementation at the first recording
     name = {"attn_implementation": recording_attention.recording_name("sdpa")} if flagged else {}
     model = read_class(cls, config, folder, origin, map_location, **name)
-    try:
-        return library_checkpoint(model, image_processor, folder, origin, torch.device(map_location).type == "meta")
-    except SourceError as refused:  # a head whose decoders attend too (Mask2Former's): its backbone's layers alone
-        from vit.sources.library_road import backbone_parts
-
-        backbone = backbone_parts.backbone_of(model) if getattr(config, "backbone_config", None) and \
-            backbone_parts.answers(refused) else None
-        if backbone is None:
-            raise
-        return backbone_parts.open_backbone(model, backbone, image_processor, folder, refused)
+    return library_checkpoint(model, image_processor, folder, origin, torch.device(map_location).type == "meta")
 
 
 def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, folder: Path, origin: str,
