@@ -149,7 +149,8 @@ FAMILIES: list[Family] = [
     hf("GroupViT vision", "GroupViTVisionModel", note="group tokens merge the patches between stages"),
     hf("Idefics3 / SmolVLM vision", "Idefics3VisionTransformer"),
     hf("InternVL vision", "InternVLVisionModel", patch_size=[8, 8], image_size=[IMAGE, IMAGE]),
-    hf("Llama 4 vision", "Llama4VisionModel"),
+    hf("Llama 4 vision", "Llama4VisionModel", intermediate_size=128, projector_input_dim=32,
+       projector_output_dim=32),  # its pixel shuffle's 4 x hidden into its adapter, as its full size has
     hf("Mllama vision", "MllamaVisionModel"),
     hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"),
     hf("Qwen3-VL vision", "Qwen3VLVisionModel"),
@@ -183,6 +184,14 @@ FAMILIES: list[Family] = [
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0]),  # hooks within its 2 tiny layers
     hf("ZoeDepth", "ZoeDepthForDepthEstimation"),
+    # a UperNet head over a Swin backbone (openmmlab's upernet-swin), its four stages handed to the head
+    hf("upernet (UperNetForSemanticSegmentation)", "UperNetForSemanticSegmentation", hidden_size=16,
+       auxiliary_channels=16, auxiliary_in_channels=None,
+       backbone_config=dict(model_type="swin", embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
+                            patch_size=4, window_size=2, image_size=IMAGE,
+                            out_features=["stage1", "stage2", "stage3", "stage4"])),
+    # transformers' wrapper of a timm model by name (its config cannot make the model smaller): timm's ViT-Ti
+    hf("timm_backbone (TimmBackbone)", "TimmBackbone", backbone="vit_tiny_patch16_224", image_size=224),
     hf("EoMT", "EomtForUniversalSegmentation", num_blocks=1),
     hf("EoMT-DINOv3", "EomtDinov3ForUniversalSegmentation", named=True, num_blocks=1),
     # --- transformers: video (tubelets or divided space-time attention)
@@ -299,6 +308,8 @@ def shrink(config: dict) -> dict:
             out[key] = shrink(value)
         elif key in SMALL and isinstance(value, int) and not isinstance(value, bool):
             out[key] = SMALL[key]
+        elif key == "layer_types" and isinstance(value, list) and isinstance(config.get("num_hidden_layers"), int):
+            out[key] = value[:SMALL["num_hidden_layers"]]  # one a layer: as many as the layers it keeps (Cohere 2's)
         elif key == "image_size" and isinstance(value, (list, tuple)) and len(value) == 2:
             out[key] = [IMAGE, IMAGE]
         elif key in STAGES and isinstance(value, list) and all(isinstance(v, int) for v in value):

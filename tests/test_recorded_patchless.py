@@ -13,7 +13,6 @@ import torch
 import transformers
 
 import vit
-from vit.checkpoint import CheckpointError
 
 MEAN_STD = dict(image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.3, 0.4])
 TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
@@ -136,15 +135,14 @@ def test_a_processor_that_does_not_normalise_feeds_the_model_as_it_is(tmp_path):
     assert checkpoint.preprocessing.mean == (0.0, 0.0, 0.0) and checkpoint.preprocessing.std == (1.0, 1.0, 1.0)
 
 
-def test_a_class_its_port_does_not_read_that_the_recorder_cannot_place_is_refused_in_one_line(tmp_path):
-    """SigLIP 2's classifier takes patches flattened by its processor (NaFlex), not an image: refused naming the
-    port's classes and what the recorder lacks, one line."""
+def test_a_class_its_port_does_not_read_opens_by_its_vision_model_part(tmp_path):
+    """SigLIP 2's classifier takes patches flattened by its processor (NaFlex), not an image: it opens whole, its
+    ``vision_model`` fed each image's patches (``vit.sources.library_road.vision_parts``; tests/test_vision_parts.py
+    checks every layer), at the size its processor gives (here a plain 32x32 resize: 4x4 patches)."""
     config = transformers.Siglip2Config(vision_config=dict(TOWER, num_patches=16), text_config=dict(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64), num_labels=3)
     transformers.Siglip2ForImageClassification(config).save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}, **MEAN_STD).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError) as raised:
-        vit.load(tmp_path, device="cpu")
-    message = str(raised.value)
-    assert "\n" not in message and "supported: Siglip2Model" in message
-    assert "nor can the recorder at the attention function place it" in message
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.metadata["architecture"] == "hf:Siglip2ForImageClassification"
+    assert checkpoint.model.places[0].key_grid == (4, 4) and len(checkpoint.class_names) == 3

@@ -16,7 +16,7 @@ from vit.checkpoint import Checkpoint, CheckpointError, Preprocessing
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import hf_preprocessing
-from vit.sources.library_road import recorded_folder, transformers_models
+from vit.sources.library_road import backbone_parts, recorded_folder, transformers_models, vision_parts
 from vit.sources.open_shared import _config, _finish, build_model, default_class_names, unsupported
 from vit.sources.ports.families import (
     hf,
@@ -262,13 +262,16 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     if config_json.get("model_type") not in registry.hf_model_types():  # no port: the library road, where it runs
-        if transformers_models.opens(config_json) and library_road:
-            return transformers_models.open_library(folder, config_json, hf_image_processor(folder), map_location)
+        if transformers_models.opens(config_json) and library_road:  # a head's backbone alone where its decoders
+            # attend too (Mask2Former's)
+            return backbone_parts.open_library(folder, config_json, hf_image_processor(folder), map_location)
         missing = transformers_models.missing_piece(config_json) if library_road else None
         if missing:  # transformers knows it, no port reads it, and the library road cannot take it: say why
             answers = ("; it answers questions about an image as transformers builds it: vit.ask_vlm(folder, image, "
                        "question), vit-predict --ask" if registry.vlm_architecture(str(config_json.get("model_type")))
                        else "")
+            if answers and vision_parts.takes(config_json):  # a VLM family's dual encoder (BlipModel): its image part
+                return vision_parts.open_vision_part(folder, config_json, hf_image_processor(folder), map_location)
             refusal = f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
             if answers:  # a whole VLM is not an image model for the recorder: it answers questions
                 raise SourceError(refusal + answers)

@@ -20,7 +20,13 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import Checkpoint
-from vit.sources.files import SourceError, _one_line, loading_problem, quiet_transformers
+from vit.sources.files import (
+    SourceError,
+    library_error_line,
+    library_errors,
+    loading_problem,
+    quiet_transformers,
+)
 
 
 def off_interface(config_json: Mapping) -> bool:
@@ -104,11 +110,13 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
                 raise SourceError(f"{folder} is refused: {wrong}")
             model = model.to(map_location)
         size = tm.input_hw(config, processor)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+    except library_errors() as e:  # a config's strict validation too (TimmBackbone's from_pretrained takes the
+        # folder for a timm name): one line
         if patchless:  # the library road's refusal first: it names what is missing
             raise SourceError(f"{refusal}; nor can the recorder at the attention function open it: "
-                              f"{_one_line(e)}") from None
-        raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): {_one_line(e)}") from None
+                              f"{library_error_line(e)}") from None
+        raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): "
+                          f"{library_error_line(e)}") from None
     mean, std = processor.get("image_mean"), processor.get("image_std")
     if image_processor is not None and (processor.get("do_normalize") is False or not processor.get("do_normalize")
                                         and (mean is None or std is None)):
@@ -147,6 +155,10 @@ def unported_class(refusal: str, library_road: bool, folder: Path, config_json: 
         raise SourceError(refusal)
     if tm.opens(config_json):
         return tm.open_library(folder, config_json, processor(folder), map_location)
+    from vit.sources.library_road import vision_parts
+
+    if vision_parts.takes(config_json) and named[0] in vision_parts.NAFLEX:  # SigLIP 2's classifier: its patches
+        return vision_parts.open_vision_part(folder, config_json, processor(folder), map_location)
     missing = tm.missing_piece(config_json)
     return open_recorded_folder(folder, config_json, processor(folder), f"{refusal}; as transformers builds it "
                                 f"{missing or 'the library road does not take it'}", map_location)

@@ -83,8 +83,10 @@ def prefix_tokens(model: torch.nn.Module, names: tuple[str, ...] = PREFIX_PARAME
     ``(1, n, hidden)`` each; CLIP's ``class_embedding``: ``(hidden,)``, one token); with ``SUFFIX_PARAMETERS``
     those after them (YOLOS's detection tokens)."""
     embeddings = next((m for name, m in model.named_modules() if name.rpartition(".")[2] == "embeddings"), None)
-    if embeddings is None:
-        raise ValueError("it has no embeddings module to count its prefix tokens from")
+    if embeddings is None:  # a tower whose tokens its own parameters give (Llama 4's), or why not
+        from vit.sources.library_road import tower_tokens
+
+        return tower_tokens.count(model, names == SUFFIX_PARAMETERS)
     count = 0
     for name, parameter in embeddings.named_parameters(recurse=False):
         if name in names:
@@ -315,7 +317,9 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
     if problem:
         raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
     if len(modules) != int(layers):
-        raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers; the "
+        names = {m: name.rpartition(".")[2] for name, m in model.named_modules()}
+        kinds = ", ".join(dict.fromkeys(names[m] for m in modules))  # X-CLIP's self_attn and message_attn
+        raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers ({kinds}); the "
                           "library road reads one attention per layer")
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),

@@ -1,0 +1,38 @@
+"""The tokens beside the patches of a transformers vision tower with no module named ``embeddings`` (issue 117,
+item 6), where the library road counts them from: each tower's own token parameters, placed where its modelling file's
+forward puts them, or a one-line refusal naming what its input or tokens need that the library road has no layout for.
+
+- Llama 4's vision model (``Llama4VisionModel``) appends its ``class_embedding`` after the patches
+  (``torch.cat([hidden_state, class_embedding], dim=1)``): no token before them, one after.
+- Mllama's (``MllamaVisionModel``) takes an image as tiles with their aspect ratio and pads each tile's tokens; Qwen
+  2.5-VL's and Qwen3-VL's towers take their processor's flattened patches in 2x2 merge order with their grid
+  (``image_grid_thw``): refused, each naming it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# class -> (its token parameters before the patches, those after them), as its forward concatenates them
+TOKENS = {"Llama4VisionModel": ((), ("class_embedding",))}
+REFUSED = {
+    "MllamaVisionModel": "it takes an image as tiles with their aspect ratio (aspect_ratio_ids, aspect_ratio_mask) "
+                         "and pads each tile's tokens to a multiple of 8, which the library road has no layout for",
+    "Qwen2_5_VisionTransformerPretrainedModel": "it takes its processor's flattened patches in 2x2 merge order with "
+                                                "their grid (image_grid_thw) and attends in windows over a reordered "
+                                                "sequence, which the library road has no layout for",
+    "Qwen3VLVisionModel": "it takes its processor's flattened patches in 2x2 merge order with their grid "
+                          "(image_grid_thw), which the library road has no layout for",
+}
+
+
+def count(model: torch.nn.Module, after: bool) -> int:
+    """The tokens ``model`` (a tower with no ``embeddings`` module) has before its patches (``after`` False) or after
+    them; ValueError (one line) for a tower this module does not place."""
+    name = type(model).__name__
+    if name in REFUSED:
+        raise ValueError(REFUSED[name])
+    if name not in TOKENS:
+        raise ValueError("it has no embeddings module to count its prefix tokens from")
+    own = dict(model.named_parameters(recurse=False))
+    return sum(1 if own[p].dim() == 1 else int(own[p].shape[-2]) for p in TOKENS[name][after])
