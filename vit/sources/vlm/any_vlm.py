@@ -101,11 +101,14 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
 
 def learned_queries(config) -> str | None:
     """What a config declares its image tokens to be when they are learned queries over the tower's states, not
-    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Idefics2's perceiver resampler), in words;
+    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Kosmos-2's latent queries, Idefics2's perceiver resampler), in words;
     None otherwise."""
     count = getattr(config, "num_query_tokens", None)
     if _whole(count):
         return f"a Q-Former's {count} learned queries (num_query_tokens)"
+    count = getattr(config, "latent_query_num", None)
+    if _whole(count):
+        return f"{count} learned latent queries over the tower's states (latent_query_num)"
     latents = getattr(getattr(config, "perceiver_config", None), "resampler_n_latents", None)
     if _whole(latents):
         return f"a perceiver resampler's {latents} latents (perceiver_config.resampler_n_latents)"
