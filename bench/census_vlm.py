@@ -55,8 +55,8 @@ ANY_KINDS = ("vipllava", "glm_ocr")  # tests/test_vlm_any.py's builders
 
 # The generic builder's sizes: each field a config may have, the tiny value it gets
 LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "decoder_layers", "vision_layers",
-          "text_layers")
-HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads")
+          "text_layers", "layers")  # Kosmos-2's and 2.5's text configs: layers, attention_heads, ffn_dim
+HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads", "attention_heads")
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidden_size": 32,
          "projector_hidden_size": 32, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
          "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -67,7 +67,7 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "linear_head_dim": 8, "linear_num_heads": 4, "index_head_dim": 8, "index_n_heads": 4, "qk_head_dim": 16,
          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
          "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8,
-         "word_embed_proj_dim": 32}  # OPT's (BLIP-2's): its embeddings' width, projected to hidden_size
+         "word_embed_proj_dim": 32, "ffn_dim": 64}  # OPT's (BLIP-2's): its embeddings' width, projected to hidden_size
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
