@@ -67,7 +67,7 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "linear_head_dim": 8, "linear_num_heads": 4, "index_head_dim": 8, "index_n_heads": 4, "qk_head_dim": 16,
          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
          "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8,
-         "word_embed_proj_dim": 32, "ffn_dim": 64}  # OPT's (BLIP-2's): its embeddings' width, projected to hidden_size
+         "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32}  # OPT's (BLIP-2's): its embeddings' width, projected to hidden_size
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
