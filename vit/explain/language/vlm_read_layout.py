@@ -227,6 +227,9 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
     positions = _token_positions(vlm, inputs)
     if not len(positions):
         raise ValueError("the prompt holds no image token; the processor did not put the image in it")
+    if "pixel_values" not in inputs and isinstance(inputs.get("pixel_values_images"), torch.Tensor):
+        # the images' pixels under the name a processor of images and clips gives them (Video-LLaVA's)
+        inputs = {**inputs, "pixel_values": inputs["pixel_values_images"]}
     grids, reason = _grids(vlm, inputs, len(images))
     if grids is None and not vlm.tower.missing:
         tiled, reason = _stated_tiles(vlm, inputs, images, positions)
