@@ -79,6 +79,9 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError(f"transformers cannot build its {model_type} config: {str(e).splitlines()[0][:120]}"
                          ) from None
     vision = getattr(config, "vision_config", None)
+    free = _encoder_free(config, vision, model_type)
+    if free is not None:
+        return free
     if vision is None:
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
@@ -97,6 +100,30 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
     shape = LibraryShape(sizes["layers"], sizes["heads"], width, _first(vision, MLP) or 4 * width, 0,
                          (patch or 1, patch or 1), _first(vision, CHANNELS) or 3)
     return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
+
+
+# The width an encoder-free embedder projects each patch to, in the order tried
+FREE_WIDTH = ("mm_embed_dim", "hidden_size")
+
+
+def _encoder_free(config, vision, model_type: str) -> DeclaredTower | None:
+    """A tower without attention layers, the image's patches embedded straight into the language model, where its
+    config says so: no vision config but a ``patch_size`` of the whole model's (Fuyu's linear over 30-px patches),
+    or a vision config of no layers or heads but a patch (Gemma 4 Unified's encoder-free embedder over its
+    ``model_patch_size``, the patch times its pooling kernel); else None. Each patch one image token; its sizes for
+    the cost model: no layer, its projection's width."""
+    part = config if vision is None else vision
+    if vision is not None and (_first(vision, LAYERS) or _first(vision, HEADS)):
+        return None
+    patch = _side(getattr(part, "model_patch_size", None)) or _side(getattr(part, "patch_size", None))
+    if not patch:
+        return None
+    from vit.costs.plan import LibraryShape
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    width = _first(part, FREE_WIDTH) or _first(text, ("hidden_size",)) or 1
+    shape = LibraryShape(0, 1, width, 4 * width, 0, (patch, patch), _first(part, CHANNELS) or 3)
+    return DeclaredTower(str(getattr(part, "model_type", "") or model_type), 1, shape)
 
 
 def learned_queries(config) -> str | None:
