@@ -86,6 +86,11 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
+    nested = _nested_towers(vision) if None in sizes.values() else []
+    if nested:  # towers in sequence (DeepSeek-OCR's SAM then CLIP): every layer counted, at the widest
+        sizes = {"layers": sum(_first(part, LAYERS) for part in nested),
+                 "heads": max(_first(part, HEADS) for part in nested),
+                 "hidden_size": max(_first(part, WIDTH) for part in nested)}
     lacking = [what for what, value in sizes.items() if value is None]
     if lacking:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
@@ -100,6 +105,15 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
     shape = LibraryShape(sizes["layers"], sizes["heads"], width, _first(vision, MLP) or 4 * width, 0,
                          (patch or 1, patch or 1), _first(vision, CHANNELS) or 3)
     return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
+
+
+def _nested_towers(vision) -> list:
+    """The configs a vision config nests, each declaring its layers, heads and width, where it declares none itself
+    (Unlimited-OCR's and DeepSeek-OCR's ``sam_config`` and ``encoder_config``); [] where it nests none."""
+    from transformers import PretrainedConfig
+
+    return [part for part in vars(vision).values() if isinstance(part, PretrainedConfig)
+            and all(_first(part, names) for names in (LAYERS, HEADS, WIDTH))]
 
 
 # The width an encoder-free embedder projects each patch to, in the order tried
