@@ -19,8 +19,9 @@ default class over a word-level tokenizer of the special tokens its code names, 
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
 device before it is built. Where the processor and the shrunk config must agree, the builder reads what the
 processor states: its marker tokens' ids the config lacks (``_marker_ids``), its patch, temporal patch and merge sizes
-(``_patch_agreed``), the side its tiles or token count fix (``_side_agreed``, a second tower's from the image
-processor's size named after it); widths the full config states as the vision width times its merge unit and M-RoPE
+(``_patch_agreed``), the count of learned queries it writes an image token for (BLIP-2's ``num_query_tokens``), the
+side its tiles or token count fix (``_side_agreed``, a second tower's from the image processor's size named after
+it); widths the full config states as the vision width times its merge unit and M-RoPE
 sections the code defaults for a full-size head are kept consistent shrunk (``_merged_widths``, ``_sections``).
 """
 
@@ -67,7 +68,8 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "linear_head_dim": 8, "linear_num_heads": 4, "index_head_dim": 8, "index_n_heads": 4, "qk_head_dim": 16,
          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
          "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8,
-         "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32}  # OPT's (BLIP-2's): its embeddings' width, projected to hidden_size
+         # OPT's (BLIP-2's) embeddings' width, projected to hidden_size; Kosmos' ffn_dim; Kimi K2.5's projector's
+         "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32}
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",

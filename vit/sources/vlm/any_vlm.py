@@ -142,8 +142,8 @@ def _encoder_free(config, vision, model_type: str) -> DeclaredTower | None:
 
 def learned_queries(config) -> str | None:
     """What a config declares its image tokens to be when they are learned queries over the tower's states, not
-    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Kosmos-2's latent queries, Idefics2's perceiver resampler), in words;
-    None otherwise."""
+    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Kosmos-2's and 2.5's latent queries,
+    Idefics2's perceiver resampler), in words; None otherwise."""
     count = getattr(config, "num_query_tokens", None)
     if _whole(count):
         return f"a Q-Former's {count} learned queries (num_query_tokens)"
