@@ -22,14 +22,14 @@ __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_atte
 def use_recording_attention(vlm) -> None:
     """Point the language model's attention at the recording function (``route_attention``); the tower's is left as
     it is."""
-    route_attention(vlm.language_model)
+    route_attention(vlm.language_model, getattr(vlm, "same_branch", False))
 
 
 @contextlib.contextmanager
 def recording(vlm, recorder):
     """Within it, each language-model layer's attention call is handed to ``recorder`` (``keep`` before, ``output``
     after)."""
-    with recording_attention.recording(vlm.language_model, recorder):
+    with recording_attention.recording(vlm.language_model, recorder, getattr(vlm, "same_branch", False)):
         yield recorder
 
 
