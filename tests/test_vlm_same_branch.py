@@ -3,8 +3,8 @@ MiniMax-M3-VL's attention builds its sparse top-k block mask only under the name
 (``config._attn_implementation in ("eager", "sdpa")``; another name hands the indices to a flash kernel). The
 recording attention runs under a name equal to the implementation it wraps too (``recording_attention.SameBranch``),
 so the code takes the branch it takes without recording. Built tiny by the VLM census's generic builder with its own
-processor's classes, a sparse layer of 2-token blocks keeping the top one (and the query's own), saved whole: it
-answers with ``generate``'s tokens, and each answer token's attention at every layer is the eager row, per head (the
+processor's classes, a sparse layer of 2-token blocks keeping the query's own and each head's top other one, saved
+whole: it answers with ``generate``'s tokens, and each answer token's attention at every layer is the eager row, per head (the
 mask is each head's), the keys the sparse mask dropped 0 in both. Mistral Large 4 takes the same branch but caches
 compressed latents, expanded into keys after the cache: refused in one line, its rows not read from the cache."""
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 # Each type's text-config settings that make its sparse mask drop keys of a short prompt
 SPARSE = {"minimax_m3_vl": dict(layer_types=["minimax_m3_sparse", "full_attention"], index_block_size=2,
-                                   index_topk_blocks=1, index_local_blocks=1)}
+                                   index_topk_blocks=2, index_local_blocks=1)}
 
 
 def _saved(kind: str, folder, **text):
