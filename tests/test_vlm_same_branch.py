@@ -5,8 +5,9 @@ recording attention runs under a name equal to the implementation it wraps too (
 so the code takes the branch it takes without recording. Built tiny by the VLM census's generic builder with its own
 processor's classes, a sparse layer of 2-token blocks keeping the query's own and each head's top other one, saved
 whole: it answers with ``generate``'s tokens, and each answer token's attention at every layer is the eager row, per
-head (the mask is each head's), the keys the sparse mask dropped 0 in both. Mistral Large 4 takes the same branch but caches
-compressed latents, expanded into keys after the cache: refused in one line, its rows not read from the cache."""
+head (the mask is each head's), the keys the sparse mask dropped 0 in both. Mistral Large 4 takes the same branch but
+caches compressed latents, expanded into keys after the cache: refused in one line, its rows not read from the
+cache."""
 
 import numpy as np
 import pytest
