@@ -14,7 +14,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import NEW_TOKENS, QUESTION, eager_image_rows, noisy, picture, processor_inputs  # noqa: E402
+from test_vlm_answer import NEW_TOKENS, QUESTION, by_hand, eager_image_rows, noisy, picture, processor_inputs  # noqa: E402
 
 import vit  # noqa: E402
 from vit.registry import VLM_ARCHITECTURES  # noqa: E402
@@ -93,3 +93,18 @@ def test_a_cache_of_other_keys_than_the_attention_reads_is_refused_in_one_line(t
                                          r"compressed latents, expanded after the cache\), so its answer's rows cannot "
                                          r"be read from the cache$"):
         vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=2)
+
+
+def test_the_image_tokens_are_placed_on_the_grid_the_processor_states(asked):
+    """MiniMax-M3-VL's processor states each image's patch grid (``image_grid_thw``), merged ``merge_size`` x
+    ``merge_size`` into one image token, row-major: placed so, on a grid a transposed placement would fail."""
+    kind, vlm, answer, out, _, inputs = asked
+    grid, unit = tuple(inputs["image_grid_thw"][0, 1:].tolist()), vlm.processor.image_processor.merge_size
+    assert grid[0] != grid[1] and answer.layout.grid == grid and answer.layout.unit == unit
+    for i in range(len(answer.tokens)):
+        row = eager_image_rows(out, i, 1, answer.layout.positions).mean(0)
+        ours = answer.attention(i, layer=1)
+        np.testing.assert_allclose(ours, by_hand(row, grid, unit, 0), rtol=0, atol=1e-5)
+        (gh, gw), u = grid, unit
+        transposed = row.reshape(gw // u, gh // u).T.repeat(u, 0).repeat(u, 1)
+        assert np.abs(ours - transposed).max() > 1e-3
