@@ -19,8 +19,9 @@ default class over a word-level tokenizer of the special tokens its code names, 
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
 device before it is built. Where the processor and the shrunk config must agree, the builder reads what the
 processor states: its marker tokens' ids the config lacks (``_marker_ids``), its patch, temporal patch and merge sizes
-(``_patch_agreed``), the side its tiles or token count fix (``_side_agreed``, a second tower's from the image
-processor's size named after it); widths the full config states as the vision width times its merge unit and M-RoPE
+(``_patch_agreed``), the count of learned queries it writes an image token for (BLIP-2's ``num_query_tokens``), the
+side its tiles or token count fix (``_side_agreed``, a second tower's from the image processor's size named after
+it); widths the full config states as the vision width times its merge unit and M-RoPE
 sections the code defaults for a full-size head are kept consistent shrunk (``_merged_widths``, ``_sections``).
 """
 
@@ -55,8 +56,8 @@ ANY_KINDS = ("vipllava", "glm_ocr")  # tests/test_vlm_any.py's builders
 
 # The generic builder's sizes: each field a config may have, the tiny value it gets
 LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "decoder_layers", "vision_layers",
-          "text_layers")
-HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads")
+          "text_layers", "layers")  # Kosmos-2's and 2.5's text configs: layers, attention_heads, ffn_dim
+HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads", "attention_heads")
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidden_size": 32,
          "projector_hidden_size": 32, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
          "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -66,7 +67,9 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "text_hidden_size": 32, "vision_hidden_size": 32, "mm_hidden_size": 32, "encoder_hidden_size": 32,
          "linear_head_dim": 8, "linear_num_heads": 4, "index_head_dim": 8, "index_n_heads": 4, "qk_head_dim": 16,
          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
-         "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8}
+         "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8,
+         # OPT's (BLIP-2's) embeddings' width, projected to hidden_size; Kosmos' ffn_dim; Kimi K2.5's projector's
+         "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32}
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
@@ -191,8 +194,11 @@ def _tokens_of(processor_class) -> tuple[list[str], dict[str, str]]:
     found += re.findall(r"<\|?[A-Za-z_][\w|]*\|?>", code)  # the markers its code writes (<IMG_ATOM>, <|image|>)
     read = re.findall(r"tokenizer\.(\w+_token)\b", code)
     read += re.findall(r"getattr\(\s*(?:self\.)?tokenizer,\s*[\"'](\w+_token)[\"']", code)  # Gemma 4's
+    # a token the code reads as an AddedToken (``self.image_token.content``: BLIP-2's, InstructBLIP's) is left to its
+    # own fallback (an AddedToken it adds when the tokenizer has none): a named one is a str, which has no content
+    added = set(re.findall(r"\.(\w+_token)\.content\b", code))
     named = {name: f"<{name}>" for name in sorted(set(read))
-             if name not in ("pad_token", "eos_token", "bos_token", "unk_token")}
+             if name not in ("pad_token", "eos_token", "bos_token", "unk_token") and name not in added}
     return found, named
 
 
@@ -392,6 +398,11 @@ def generic_build(model_type: str):
     if lacking:
         specials += lacking
         processor, words = _processor(processor_class, model_type, specials, named)
+    # the learned queries the processor writes an image token for, where it takes their count (BLIP-2's, whose
+    # default None writes none: the image would not be read), as many as the config's Q-Former gives
+    queries = getattr(CONFIG_MAPPING[model_type](), "num_query_tokens", None)
+    if "num_query_tokens" in vars(processor) and processor.num_query_tokens is None and _whole(queries):
+        processor.num_query_tokens = queries
     # the chat template's image placeholder: the first of the processor's image tokens it expands for an image
     candidates = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str)
                   and ("image" in k or "img" in k)]

@@ -3,7 +3,7 @@ families (``registry.VLM_ARCHITECTURES``) never held and refused before, built t
 processors and saved whole: VipLLaVA (a CLIP tower's patches, one token each, from several of its layers), GLM-OCR
 (14-px patches merged 2 x 2, M-RoPE, a grid the processor states in ``image_grid_thw``), and two the VLM census's
 generic builder opens (DeepSeek-VL; MiniMax-M3-VL, whose attention builds its sparse mask only under the names
-'eager' and 'sdpa', is refused in one line). Each answers with
+'eager' and 'sdpa', answers in ``test_vlm_same_branch``). Each answers with
 transformers' greedy ``generate``'s tokens; each answer token's attention at every layer equals the eager row of
 ``generate(output_attentions=True)``; its image tokens are placed row-major over their merge units, checked by hand
 on a grid the placement would fail transposed. The census's generic builder's Qwen Omni thinkers, PaddleOCR-VL,
@@ -262,19 +262,3 @@ def test_learned_queries_answer_as_generate_with_their_rows_and_are_not_placed(b
     with pytest.raises(ValueError, match=r"^its image tokens are not placed on the image: they are a Q-Former's 4 "
                                          r"learned queries \(num_query_tokens\), which cover no patch; "):
         answer.attention(0)
-
-
-def test_an_attention_that_computes_otherwise_under_another_name_is_refused_in_one_line(tmp_path):
-    """MiniMax-M3-VL's attention builds its sparse top-k block mask only when the implementation is named 'eager' or
-    'sdpa' (its ``MiniMaxM3VLAttention.forward``); under the recording attention's own name it would hand the
-    indices to a flash kernel and attend densely: refused in one line, before any answer."""
-    from bench.census_vlm import generic_build
-    from vit.sources.vlm.whole_vlm import VLMError
-
-    torch.manual_seed(0)
-    model, processor = generic_build("minimax_m3_vl")
-    model.save_pretrained(tmp_path)
-    processor.save_pretrained(tmp_path)
-    with pytest.raises(VLMError, match=r"is refused: its attention \(MiniMaxM3VLAttention\) computes otherwise under "
-                                       r"an attention implementation it does not name .*eager computes$"):
-        vit.open_vlm(tmp_path)

@@ -131,20 +131,47 @@ def recording_name(implementation: str) -> str:
     return name
 
 
-def route_attention(part: torch.nn.Module) -> None:
+class SameBranch(str):
+    """The recording attention's name that is also equal to the name of the implementation it wraps: a model whose
+    attention code tests the name (MiniMax-M3's and Mistral Large 4's ``_attn_implementation in ("eager", "sdpa")``,
+    their sparse top-k block mask built there alone) takes the branch it takes under that implementation, while
+    transformers' registries (looked up by hash) still find the recording function and its mask function."""
+
+    def __new__(cls, name: str, wrapped: str):
+        named = super().__new__(cls, name)
+        named.wrapped = wrapped
+        return named
+
+    def __eq__(self, other) -> bool:
+        return str.__eq__(self, other) or other == self.wrapped
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+def route_attention(part: torch.nn.Module, same_branch: bool = False) -> None:
     """Point ``part``'s attention (a transformers model) at the recording function that wraps its own implementation
-    (sdpa or eager). Registered once per implementation, under ``ROWS`` + its name."""
+    (sdpa or eager). Registered once per implementation, under ``ROWS`` + its name; ``same_branch``: under a
+    ``SameBranch`` name, for a model whose attention code tests the name."""
     current = part.config._attn_implementation
     if current.startswith(ROWS):
         return
-    part.set_attn_implementation(recording_name(current))
+    name = recording_name(current)
+    part.set_attn_implementation(name)
+    if same_branch:
+        for config in {id(m.config): m.config for m in part.modules() if hasattr(m, "config")}.values():
+            if getattr(config, "_attn_implementation_internal", None) == name:
+                config._attn_implementation_internal = SameBranch(name, current)
 
 
 @contextlib.contextmanager
-def recording(part: torch.nn.Module, recorder):
+def recording(part: torch.nn.Module, recorder, same_branch: bool = False):
     """Within it, each call of a module ``recorder.layers`` lists, in ``part`` (its attention routed through the
-    recording function first), is handed to ``recorder`` (``keep`` before, ``output`` after), in this context only."""
-    route_attention(part)
+    recording function first: ``route_attention``), is handed to ``recorder`` (``keep`` before, ``output`` after), in
+    this context only."""
+    route_attention(part, same_branch)
     token = _RECORDING.set(recorder)
     try:
         yield recorder

@@ -83,7 +83,8 @@ class _Recorder:
     queries: list[list[torch.Tensor]] = field(default_factory=list)  # [layer][step] (H, d) float32
     seen: list[list[int]] = field(default_factory=list)  # [layer][step] positions read: the query's own and before
     starts: list[list[int]] = field(default_factory=list)  # [layer][step] the position of the call's first key
-    masks: list[list[torch.Tensor | None]] = field(default_factory=list)  # [layer][step] (seen - start,) additive
+    # [layer][step] (1 or H, seen - start) additive: one row for every head, or each head's (a sparse top-k mask)
+    masks: list[list[torch.Tensor | None]] = field(default_factory=list)
     scaling: list[float] = field(default_factory=list)
     softcap: list[float | None] = field(default_factory=list)
     # [layer] a sliding layer's keys kept here, (Hkv, n, d) chunks in the model's dtype, from position ``kept_from``;
@@ -99,9 +100,12 @@ class _Recorder:
     # the layers whose keys are the tower's states, not the sequence's (Llama 3.2 Vision's cross-attention): each call
     # reads every key, its mask over them (the tiles the text may see)
     cross: bool = False
+    # [layer] the key of the last call's query's own position (Hkv, d), to check the cache keeps the keys it read
+    own_keys: list[torch.Tensor | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.layers)
+        self.own_keys = [None] * n
         self.queries, self.seen, self.starts = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
         self.masks, self.keys, self.kept_from = [[] for _ in range(n)], [None] * n, [0] * n
         self.scaling, self.softcap = [1.0] * n, [None] * n
@@ -115,14 +119,16 @@ class _Recorder:
         seen = key.shape[-2] if self.cross else (self.seen[layer][-1] if self.seen[layer] else 0) + query.shape[-2]
         start = max(seen - key.shape[-2], 0)
         self.queries[layer].append(query[0, :, -1].detach().float().cpu())
+        if not self.cross and 0 < seen - start <= key.shape[-2]:
+            self.own_keys[layer] = key[0, :, seen - start - 1].detach().float().cpu()
         self.seen[layer].append(seen)
         self.starts[layer].append(start)
-        mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :seen - start])
+        mask = None if attention_mask is None else _additive(attention_mask[0, :, -1, :seen - start])
         self.masks[layer].append(mask)
         scaling = kwargs.get("scaling")
         self.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         self.softcap[layer] = kwargs.get("softcap")
-        read = start if mask is None else start + int((mask > _UNREAD).nonzero()[0])  # the first key it reads
+        read = start if mask is None else start + int((mask > _UNREAD).any(0).nonzero()[0])  # its first key read
         window = kwargs.get("sliding_window")
         if window is None and self.windows is not None:
             window = self.windows[layer]
@@ -251,7 +257,7 @@ class VLMAnswer:
         if r.softcap[layer] is not None:
             logits = torch.tanh(logits / r.softcap[layer]) * r.softcap[layer]
         if mask is not None:
-            logits = logits + mask[first - start:]
+            logits = logits + mask[:, first - start:]  # (1 or H, t)
         row = torch.full((q.shape[0], seen), float("-inf"))  # the keys before the call's (or its kept) first: unread
         row[:, first:] = logits
         return row.softmax(dim=-1)
@@ -692,12 +698,34 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     steps_kept = {len(q) for q in recorder.queries}
     if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
         raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
+    wrong = cache_problem(recorder, out.past_key_values)
+    if wrong:
+        raise ValueError(wrong)
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
     answered = VLMAnswer(tokens, text, pieces, prepared.layouts, recorder, out.past_key_values,
                          prepared.prompt_tokens, (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
     answered.clip = prepared.clip
     return answered
+
+
+def cache_problem(recorder: _Recorder, cache) -> str | None:
+    """Why the rows cannot be read from ``cache``, in one line, or None: a layer whose cache keeps other keys than its
+    attention was handed (Mistral Large 4's compressed latents, expanded into keys after the cache), checked at the
+    last call's own position, where every row is formed from the cache's keys."""
+    for layer, own in enumerate(recorder.own_keys):
+        if own is None or recorder.keys[layer] is not None or not recorder.seen[layer]:
+            continue
+        try:
+            keys, _ = recorder.keys_read(layer, len(recorder.seen[layer]) - 1, cache)
+        except (ValueError, IndexError, AttributeError):
+            continue  # a window the attention was not told of: refused when its row is asked
+        kept = keys[:, -1].float().cpu() if keys.dim() == 3 else None
+        if kept is None or kept.shape != own.shape or not torch.allclose(kept, own, rtol=1e-5, atol=1e-6):
+            return (f"its language model's layer {layer} keeps other keys in its cache than its attention reads (shape "
+                    f"{tuple(keys.shape)}, not {tuple(own.shape)} a position: compressed latents, expanded after the "
+                    "cache), so its answer's rows cannot be read from the cache")
+    return None
 
 
 def cache_sources(attending: list[tuple[int, object]]) -> list[int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from vit.core import recording_attention
 from vit.core.recording_attention import _RECORDING, ROWS, RULES, route_attention
 
@@ -20,14 +22,14 @@ __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_atte
 def use_recording_attention(vlm) -> None:
     """Point the language model's attention at the recording function (``route_attention``); the tower's is left as
     it is."""
-    route_attention(vlm.language_model)
+    route_attention(vlm.language_model, getattr(vlm, "same_branch", False))
 
 
 @contextlib.contextmanager
 def recording(vlm, recorder):
     """Within it, each language-model layer's attention call is handed to ``recorder`` (``keep`` before, ``output``
     after)."""
-    with recording_attention.recording(vlm.language_model, recorder):
+    with recording_attention.recording(vlm.language_model, recorder, getattr(vlm, "same_branch", False)):
         yield recorder
 
 
@@ -36,6 +38,21 @@ def image_token_id(config) -> int | None:
     ``image_token_index``)."""
     image_token = getattr(config, "image_token_id", None)
     return getattr(config, "image_token_index", None) if image_token is None else image_token
+
+
+def image_positions(vlm, inputs) -> torch.Tensor:
+    """(K,) where the image's tokens sit in the prompt the processor gave: the positions its own mask of them marks
+    (``image_embeds_position_mask``: Kosmos-2's, whose config names no image token), else the image placeholder's
+    (its id from the model's config, else the processor's); empty where neither names one."""
+    marked = inputs.get("image_embeds_position_mask") if hasattr(inputs, "get") else None
+    if isinstance(marked, torch.Tensor) and marked.dim() == 2 and marked.shape == inputs["input_ids"].shape:
+        return marked[0].nonzero()[:, 0]
+    token = image_token_id(vlm.model.config)
+    if token is None:
+        token = getattr(vlm.processor, "image_token_id", None)
+    if token is None:
+        return torch.zeros(0, dtype=torch.long)
+    return (inputs["input_ids"][0] == token).nonzero()[:, 0]
 
 
 def attention_layers(language_model) -> list[tuple[int, object]]:

@@ -44,8 +44,13 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
         text = (processor.image_token * len(images) if vlm.model_type == "paligemma" else "") + question
     elif prompt is None:
         if not getattr(processor, "chat_template", None):
-            raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
-                             f"placeholder instead")
+            # no template: the question as it is, where the processor itself puts the image's tokens in the prompt
+            # (BLIP-2's and InstructBLIP's before the text, Kosmos-2's between its image markers)
+            laid = _laid_out_by_processor(vlm, images, question)
+            if laid is not None:
+                return laid
+            raise ValueError(f"{vlm.folder}'s processor has no chat template and puts no image token in a plain "
+                             "question; give prompt= with the model's image placeholder instead")
         from vit.explain.language.chat_template import render
 
         messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
@@ -87,14 +92,14 @@ def image_placeholder(processor) -> str | None:
 def _laid_out_by_processor(vlm, images, text: str):
     """The processor's inputs for ``text`` without an image placeholder where the processor itself puts the image's
     tokens in the prompt (read from its output: the image token's id in its ``input_ids``), else None."""
-    from vit.explain.language.vlm_attention import image_token_id
+    from vit.explain.language.vlm_attention import image_positions
 
+    check_processor(getattr(vlm.processor, "image_processor", None), [one.size for one in images], video=False)
     try:
         inputs = processed(vlm, images=images, text=text)
     except ValueError:  # its own refusal of a prompt without placeholders
         return None
-    token = image_token_id(vlm.model.config)
-    return _in_model_dtype(vlm, inputs) if token is not None and (inputs["input_ids"] == token).any() else None
+    return _in_model_dtype(vlm, inputs) if len(image_positions(vlm, inputs)) else None
 
 
 def _in_model_dtype(vlm, inputs):

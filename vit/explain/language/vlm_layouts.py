@@ -565,6 +565,10 @@ def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[Ima
             continue
         if "image_grid_thw" in inputs:
             t, gh, gw = (int(v) for v in inputs["image_grid_thw"][k])
+            if getattr(images, "temporal_patch_size", None) is None:  # patches not laid as Qwen-VL's (Kimi K2.5's
+                done.append(layout)  # row-major (N, C, p, p)): not redrawn, the tower's preprocessing is drawn
+                start += t * gh * gw
+                continue
             view = _unpatchified(pixels[start:start + t * gh * gw], t, gh, gw, images)[:1]
             start += t * gh * gw
         else:  # (images, C, H, W); Idefics3's (1, images, C, H, W)

@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from PIL import Image
 
-from vit.explain.language.vlm_attention import image_token_id
+from vit.explain.language.vlm_attention import image_positions, image_token_id
 from vit.explain.language.vlm_layouts import (
     ImageLayout,
     _one_view_pixels,
@@ -33,14 +33,14 @@ MAX_UNIT = 16  # patches per token along a side tried from the counts: published
 
 
 def _token_positions(vlm, inputs) -> torch.Tensor:
-    """(K,) the image placeholder's positions in the prompt: its id from the model's config, else the processor's."""
-    token = image_token_id(vlm.model.config)
-    if token is None:
-        token = getattr(vlm.processor, "image_token_id", None)
-    if token is None:
+    """(K,) the image's tokens' positions in the prompt (``vlm_attention.image_positions``: the processor's mask of
+    them, else the image placeholder's, its id from the model's config, else the processor's)."""
+    marked = isinstance(inputs.get("image_embeds_position_mask"), torch.Tensor)
+    if not marked and image_token_id(vlm.model.config) is None and getattr(vlm.processor, "image_token_id",
+                                                                           None) is None:
         raise ValueError("neither its config nor its processor names an image token id; its image tokens cannot be "
                          "found in the prompt")
-    return (inputs["input_ids"][0] == token).nonzero()[:, 0]
+    return image_positions(vlm, inputs)
 
 
 def unplaced(positions: torch.Tensor, reason: str) -> tuple[ImageLayout, ...]:
@@ -227,6 +227,9 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
     positions = _token_positions(vlm, inputs)
     if not len(positions):
         raise ValueError("the prompt holds no image token; the processor did not put the image in it")
+    if "pixel_values" not in inputs and isinstance(inputs.get("pixel_values_images"), torch.Tensor):
+        # the images' pixels under the name a processor of images and clips gives them (Video-LLaVA's)
+        inputs = {**inputs, "pixel_values": inputs["pixel_values_images"]}
     grids, reason = _grids(vlm, inputs, len(images))
     if grids is None and not vlm.tower.missing:
         tiled, reason = _stated_tiles(vlm, inputs, images, positions)

@@ -42,7 +42,7 @@ class _Tape:
     def keep(self, layer: int, query, key, value, attention_mask, kwargs: dict) -> None:
         self.queries[layer] = query[0].detach().float()
         self.keys[layer], self.values[layer] = key[0].detach().float(), value[0].detach().float()
-        self.masks[layer] = None if attention_mask is None else attention_mask[0, 0]
+        self.masks[layer] = None if attention_mask is None else attention_mask[0]  # (1 or H, q, keys)
         scaling = kwargs.get("scaling")
         self.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
         self.softcap[layer] = kwargs.get("softcap")
@@ -69,8 +69,8 @@ class _Tape:
         elif mask is None:  # sdpa's causal attention, no mask tensor
             index = torch.arange(t)
             mask = index[None, :] <= index[rows, None]  # (r, T)
-        else:  # a mask of one row (a cross-attention's, for every query) serves them all
-            mask = (mask[rows, :t] if mask.shape[0] > 1 else mask[:, :t]).cpu()
+        else:  # a mask of one row (a cross-attention's, for every query) serves them all; of one head, every head
+            mask = (mask[:, rows, :t] if mask.shape[1] > 1 else mask[:, :, :t]).cpu()  # (1 or H, r, T)
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:

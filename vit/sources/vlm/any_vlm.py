@@ -79,10 +79,18 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError(f"transformers cannot build its {model_type} config: {str(e).splitlines()[0][:120]}"
                          ) from None
     vision = getattr(config, "vision_config", None)
+    free = _encoder_free(config, vision, model_type)
+    if free is not None:
+        return free
     if vision is None:
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
+    nested = _nested_towers(vision) if None in sizes.values() else []
+    if nested:  # towers in sequence (DeepSeek-OCR's SAM then CLIP): every layer counted, at the widest
+        sizes = {"layers": sum(_first(part, LAYERS) for part in nested),
+                 "heads": max(_first(part, HEADS) for part in nested),
+                 "hidden_size": max(_first(part, WIDTH) for part in nested)}
     lacking = [what for what, value in sizes.items() if value is None]
     if lacking:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
@@ -99,13 +107,49 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
     return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
 
 
+def _nested_towers(vision) -> list:
+    """The configs a vision config nests, each declaring its layers, heads and width, where it declares none itself
+    (Unlimited-OCR's and DeepSeek-OCR's ``sam_config`` and ``encoder_config``); [] where it nests none."""
+    from transformers import PretrainedConfig
+
+    return [part for part in vars(vision).values() if isinstance(part, PretrainedConfig)
+            and all(_first(part, names) for names in (LAYERS, HEADS, WIDTH))]
+
+
+# The width an encoder-free embedder projects each patch to, in the order tried
+FREE_WIDTH = ("mm_embed_dim", "hidden_size")
+
+
+def _encoder_free(config, vision, model_type: str) -> DeclaredTower | None:
+    """A tower without attention layers, the image's patches embedded straight into the language model, where its
+    config says so: no vision config but a ``patch_size`` of the whole model's (Fuyu's linear over 30-px patches),
+    or a vision config of no layers or heads but a patch (Gemma 4 Unified's encoder-free embedder over its
+    ``model_patch_size``, the patch times its pooling kernel); else None. Each patch one image token; its sizes for
+    the cost model: no layer, its projection's width."""
+    part = config if vision is None else vision
+    if vision is not None and (_first(vision, LAYERS) or _first(vision, HEADS)):
+        return None
+    patch = _side(getattr(part, "model_patch_size", None)) or _side(getattr(part, "patch_size", None))
+    if not patch:
+        return None
+    from vit.costs.plan import LibraryShape
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    width = _first(part, FREE_WIDTH) or _first(text, ("hidden_size",)) or 1
+    shape = LibraryShape(0, 1, width, 4 * width, 0, (patch, patch), _first(part, CHANNELS) or 3)
+    return DeclaredTower(str(getattr(part, "model_type", "") or model_type), 1, shape)
+
+
 def learned_queries(config) -> str | None:
     """What a config declares its image tokens to be when they are learned queries over the tower's states, not
-    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Idefics2's perceiver resampler), in words;
-    None otherwise."""
+    patches or their merge units (BLIP-2's and InstructBLIP's Q-Former, Kosmos-2's and 2.5's latent queries,
+    Idefics2's perceiver resampler), in words; None otherwise."""
     count = getattr(config, "num_query_tokens", None)
     if _whole(count):
         return f"a Q-Former's {count} learned queries (num_query_tokens)"
+    count = getattr(config, "latent_query_num", None)
+    if _whole(count):
+        return f"{count} learned latent queries over the tower's states (latent_query_num)"
     latents = getattr(getattr(config, "perceiver_config", None), "resampler_n_latents", None)
     if _whole(latents):
         return f"a perceiver resampler's {latents} latents (perceiver_config.resampler_n_latents)"

@@ -279,8 +279,12 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
         finite = _finite_problem(settings, name)
         if finite:
             return finite
+        patches = _patches_problem(settings, name)
+        if patches:
+            return patches
         for path, key, value in _walk(settings):
-            if key in TILE_KEYS and _number(value) and not 0 <= value <= MAX_TILES:
+            if key in TILE_KEYS and _number(value) and not 0 <= value <= MAX_TILES and not _counts_patches(
+                    settings, path):
                 return (f"its {name} sets {path} = {value:,}: an image cut into that many tiles; at most "
                         f"{MAX_TILES} are read")
             if key in TOKEN_KEYS and _number(value) and not 0 <= value <= MAX_IMAGE_TOKENS:
@@ -302,6 +306,37 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
             if tower_key and _number(value) and _number(vision.get(tower_key)) and value != vision[tower_key]:
                 return (f"its {name} sets {path} = {value:,} but its vision tower's {tower_key} is "
                         f"{vision[tower_key]:,}: the processor would give other image tokens than the model reads")
+    return None
+
+
+def _counts_patches(settings: Mapping, path: str) -> bool:
+    """Whether the ``max_patches`` at ``path`` of ``settings`` counts the tower's patches, not tiles: the processor
+    holding it states a ``patch_size`` and cuts no tiles (no ``crop_to_patches`` or ``min_patches``): Pix2Struct's
+    and Kosmos-2.5's flattened patches (``max_patches`` of them, the image resized to fit), Kimi K2.5's NaViT resize
+    to at most ``max_patches`` patches. GOT-OCR2's, InternVL's and Cohere 2 Vision's count tiles."""
+    *parents, key = path.split(".")
+    holder = settings
+    for part in parents:
+        holder = holder.get(part) if isinstance(holder, Mapping) else None
+    return (key == "max_patches" and isinstance(holder, Mapping) and holder.get("patch_size") is not None
+            and not any(tiles in holder for tiles in ("crop_to_patches", "min_patches")))
+
+
+def _patches_problem(settings: Mapping, name: str) -> str | None:
+    """A ``max_patches`` that counts the tower's patches (``_counts_patches``) past what an image is read as at
+    most: ``MAX_MERGED_TOKENS`` image tokens, each the processor's ``merge_size`` squared patches where it states
+    one."""
+    for path, key, value in _walk(settings):
+        if key != "max_patches" or not _number(value) or not _counts_patches(settings, path):
+            continue
+        holder = settings
+        for part in path.split(".")[:-1]:
+            holder = holder[part]
+        merge = holder.get("merge_size") if _number(holder.get("merge_size")) and holder["merge_size"] >= 1 else 1
+        most = MAX_MERGED_TOKENS * int(merge) ** 2
+        if not 0 <= value <= most:
+            return (f"its {name} sets {path} = {value:,} patches of the tower an image is resized to; at most "
+                    f"{most:,} are read ({MAX_MERGED_TOKENS:,} image tokens)")
     return None
 
 

@@ -50,6 +50,9 @@ class VLM:
     # our tower opened on the meta device (its config and layout, no weights), or, for a tower no port here reads,
     # what its config declares (``DeclaredTower``): the answer reads only where the image tokens sit and its size
     tower: Checkpoint | DeclaredTower
+    # its attention code tests the implementation's name (``_branches_on_the_name``): recorded under a name equal to
+    # the one it wraps too (``recording_attention.SameBranch``), so it takes the branch it takes without recording
+    same_branch: bool = False
 
     @property
     def unit(self) -> int:
@@ -257,11 +260,7 @@ def attention_problem(vlm: VLM) -> str | None:
     if layers is None or not any(hasattr(layer, "self_attn") or hasattr(layer, "cross_attn") for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
                 "answer reads")
-    branching = _branches_on_the_name(layers)
-    if branching:
-        return (f"its attention ({branching}) computes otherwise under an attention implementation it does not name "
-                "(its code tests for 'eager' or 'sdpa': a sparse top-k mask applied there alone), so the recorded "
-                "rows would not be the ones eager computes")
+    vlm.same_branch = _branches_on_the_name(layers) is not None
     if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(layers):
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
@@ -287,7 +286,8 @@ def _branches_on_the_name(layers) -> str | None:
     """The class of the first attention module of ``layers`` whose forward's code tests the attention
     implementation's name (``config._attn_implementation in ("eager", "sdpa")``: MiniMax-M3's and Mistral Large 4's
     sparse top-k masks, built only under those names and handed to flash kernels otherwise), else None: the
-    recording attention runs under its own name, so such a forward would take the other branch."""
+    recording attention then runs under a ``recording_attention.SameBranch`` name, so such a forward takes the branch
+    it takes under the implementation the recording wraps (``VLM.same_branch``)."""
     import re
 
     for attention, code in _attention_code(layers):
