@@ -53,6 +53,7 @@ class ModuleModel(LibraryModel):
         self.names, self.classifier, self.channels = list(names), classifier, channels
         self._heads, self._width = heads, width
         self.layer_heads = [heads] * len(calls)  # each layer's own (stages differ: ``_open_recorded`` sets them)
+        self.skipped: frozenset = frozenset()  # modules whose attention is no layer (over channels): run, not kept
 
     @property
     def config(self):
@@ -138,7 +139,8 @@ class ModuleModel(LibraryModel):
                 hidden["x"] = output[0] if isinstance(output, (tuple, list)) else output
             hook = last.register_forward_hook(keep)
         try:
-            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(self.model, recorder) as mode:
+            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(
+                self.model, recorder, skip=self.skipped) as mode:
                 out = self.model(pixels)
         finally:
             if hook is not None:
@@ -169,7 +171,14 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
     on the meta device (the module's parameters and buffers swapped for meta tensors of their shapes while it runs:
     no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
     forward that reads a value, which the meta device has none of)."""
+    from vit.sources.library_road.layer_kinds import noting_grids
+
     trace: list[AttentionCall] = []
+    with noting_grids(model):
+        return _traced(model, image_hw, channels, meta, trace)
+
+
+def _traced(model, image_hw, channels, meta, trace):
     if meta:
         swapped = {name: torch.empty_like(t, device="meta")
                    for name, t in [*model.named_parameters(remove_duplicate=False),
@@ -238,12 +247,13 @@ def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Modul
 
 
 def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: int,
-                 grid: tuple[int, int] | None = None, prefix: int | None = None
+                 grid: tuple[int, int] | None = None, prefix: int | None = None, left_out: dict | None = None
                  ) -> tuple[LibraryLayout, list[AttentionCall], bool]:
     """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls, and whether it is a classifier
     (its output a ``(B, n)`` linear layer's), from one forward on the meta device. ``grid`` (rows, cols) and
     ``prefix`` override the patch embedding's grid and the token parameters' count. ValueError (one line) where the
-    calls run over different token counts or the layout does not account for every token."""
+    calls run over different token counts or the layout does not account for every token. ``left_out`` (a dict)
+    is given the calls that are no layer over image tokens (``layer_kinds``: attention over channels), module -> why."""
     try:
         calls, mode, out = _trace(model, image_hw, channels)
     except Exception:  # noqa: BLE001 - a forward that reads a value (.item(), numpy): one image, for real
@@ -255,6 +265,11 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
     if not calls:
         raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
                          "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
+    from vit.sources.library_road.layer_kinds import split_layers
+
+    calls, skipped = split_layers(calls, dict(model.named_modules()))
+    if left_out is not None:
+        left_out.update(skipped)
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
@@ -401,7 +416,8 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     image_hw = _image_hw(module, image_size)
     channels = _channels(module)
     preprocessing = _preprocessing(module, image_hw, channels, mean, std)
-    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix)
+    skipped: dict[str, str] = {}
+    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix, skipped)
     # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
     # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
     classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
@@ -417,11 +433,14 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     model = ModuleModel(module, layout, [names[c.name] for c in calls], [c.name for c in calls], classifier,
                         max(c.heads for c in calls), width, channels)
     model.layer_heads = [c.heads for c in calls]
+    model.skipped = frozenset(names[name] for name in skipped)
     n = _output_classes(module, classifier)
     architecture = f"module:{type(module).__module__}.{type(module).__qualname__}"
     metadata = {"source": {"kind": "module", "path": None, "architecture": architecture},
                 "architecture": architecture, "parameters": sum(p.numel() for p in module.parameters()),
                 "road": ROAD, "layers": [c.name for c in calls]}
+    if skipped:  # named, not drawn: attention over channels, not over image tokens
+        metadata["left_out"] = dict(skipped)
     return Checkpoint(model=model, class_names=[f"class {i}" for i in range(n)], preprocessing=preprocessing,
                       metadata=metadata, path=None, road=ROAD)
 
