@@ -138,8 +138,9 @@ def sdpa_once(a: dict, rows: list[int] | None, name: str) -> tuple[torch.Tensor,
 
 
 def _heads_first(tensor: torch.Tensor, module: torch.nn.Module | None) -> bool:
-    """Whether a 5-D attention tensor is ``(B, H, pieces, T, ...)`` (NesT's blocks, after its heads) rather than
-    ``(B, pieces, H, T, ...)`` (Twins' windows): its module declares ``num_heads`` at dim 1, and not at dim 2."""
+    """Whether a 5-D SDPA call is ``(B, H, pieces, T, D)`` (NesT's blocks, after its heads) rather than ``(B, pieces,
+    H, T, D)`` (Twins' windows): its module declares ``num_heads`` at dim 1, and not at dim 2. (A 5-D softmax of that
+    shape is VOLO's outlook attention, pieces of overlapping neighbourhoods: not read so.)"""
     heads = getattr(module, "num_heads", None)
     return (tensor.dim() == 5 and isinstance(heads, int) and not isinstance(heads, bool) and tensor.shape[1] == heads
             and tensor.shape[2] != heads)
@@ -249,9 +250,7 @@ class AttentionRecording(TorchFunctionMode):
             return
         if out.dim() == 5:  # (B, windows, H, T, S) of a module that declares its H heads (Twins' windows), not
             heads = getattr(module, "num_heads", None)  # a local attention's (B, H, T, k*k, k*k) (VOLO's outlook)
-            if _heads_first(out, module):  # (B, H, blocks, T, T): NesT's blocks after its heads
-                out = out.transpose(1, 2)
-            elif not isinstance(heads, int) or isinstance(heads, bool) or out.shape[2] != heads:
+            if not isinstance(heads, int) or isinstance(heads, bool) or out.shape[2] != heads:
                 return
             out = out.flatten(0, 1)
         if out.dim() == 3:  # (B * H, T, S): an nn.MultiheadAttention's explicit path, or a module that declares
