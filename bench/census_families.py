@@ -68,7 +68,7 @@ class Family:
     overrides: dict = field(default_factory=dict)  # config (transformers) or constructor (timm) fields
     named: bool = False  # named in issue 91
     note: str = ""
-    processor: dict = field(default_factory=dict)  # transformers: extra image processor fields
+    processor: dict = field(default_factory=dict)  # transformers: extra image processor fields; timm: pretrained_cfg
     registry: str = ""  # the registry entry it stands for ("transformers:vit", "timm:cait", "open_clip:ViT-B-32")
 
 
@@ -267,6 +267,14 @@ FAMILIES: list[Family] = [
     tm("timm LeViT", "levit_128s"),
     tm("timm EfficientFormer", "efficientformer_l1"),
     tm("timm MaxViT", "maxvit_tiny_tf_224"),
+    # over the census's cap as registered: made tiny by their own constructor's fields (issue 117)
+    tm("timm deepseek_vit (deepseek_vit_412m)", "deepseek_vit_412m", depth=2, embed_dim=64, num_heads=2,
+       img_size=56, patch_size=14),
+    tm("timm gemma4_vit (gemma4_vit_167m)", "gemma4_vit_167m", depth=2, embed_dim=64, num_heads=2, head_dim=32,
+       intermediate_size=128, img_size=48, patch_size=16),
+    with_processor(tm("timm mobilenetv5 (mobilenetv5_300m)", "mobilenetv5_300m", channel_multiplier=0.25),
+                   input_size=(3, 256, 256)),  # its 768 px made 256 (a CNN: no img_size field)
+    with_processor(tm("timm hieradet_sam2 (sam2_hiera_tiny)", "sam2_hiera_tiny"), input_size=(3, 256, 256)),
     tm("timm FastViT", "fastvit_t8", attention=False, note="RepMixer stages (the attention variants are sa*)"),
     tm("timm ConvNeXt", "convnext_atto", attention=False),
     tm("timm ResNet", "resnet18", attention=False),
@@ -357,8 +365,18 @@ def save_timm(family: Family, folder: Path) -> None:
     if size > MAX_PARAMETERS:
         raise ValueError(f"{size / 1e6:,.0f} M parameters, over the census's {MAX_PARAMETERS / 1e6:,.0f} M")
     torch.manual_seed(0)
-    model = timm.create_model(family.build, pretrained=False, **kwargs).eval()
-    _hub.save_for_hf(model, folder, model_args=dict(family.overrides), safe_serialization=True)
+    # ``processor``: the pretrained_cfg's fields (a smaller input_size for a model without an img_size field)
+    overlay = dict(pretrained_cfg_overlay=family.processor) if family.processor else {}
+    model = timm.create_model(family.build, pretrained=False, **kwargs, **overlay).eval()
+    try:
+        _hub.save_for_hf(model, folder, model_args=dict(family.overrides), safe_serialization=True)
+    except RuntimeError as error:  # weights it ties under several names (CoaT's): saved once, as safetensors
+        if "share memory" not in str(error):  # does for shared weights (``save_model``)
+            raise
+        from safetensors.torch import save_model
+
+        save_model(model, str(folder / "model.safetensors"))
+        _hub.save_config_for_hf(model, folder / "config.json", model_args=dict(family.overrides))
 
 
 def save_open_clip(family: Family, folder: Path) -> None:

@@ -84,6 +84,18 @@ def _own_softmax(model, layers, pixels):
             module.fused_attn = flag
 
 
+def _mobilenetv5():
+    """MobileNetV5 as timm's ``mobilenetv5_300m`` stages it (a stride-2 inverted residual, then multi-query attention
+    over keys pooled by 2 in its third stage, unpooled in its fourth), one block of each, narrow."""
+    from timm.models._efficientnet_builder import decode_arch_def
+    from timm.models.mobilenetv5 import MobileNetV5
+
+    stages = [["er_r1_k3_s2_e4_c16"], ["uir_r1_a3_k5_s2_e4_c24"],
+              ["uir_r1_a3_k5_s2_e4_c32", "mqa_r1_k3_h2_v2_s1_d8_c32", "uir_r1_a0_k0_s1_e2_c32"],
+              ["uir_r1_a3_k5_s2_e4_c48", "mqa_r1_k3_h2_s1_d8_c48", "uir_r1_a0_k0_s1_e2_c48"]]
+    return MobileNetV5(decode_arch_def(stages), num_classes=3, num_features=64, msfa_output_resolution=4)
+
+
 def _nest_raw(raw):  # NesT's (B, H, blocks, n, n): its blocks first, as the other families' windows
     return raw.transpose(1, 2).flatten(0, 1) if raw.dim() == 5 else raw
 
@@ -100,13 +112,23 @@ FAMILIES = [
      _gcvit_table),
     ("nest", lambda: timm.models.nest.Nest(img_size=64, depths=(1, 1, 1), embed_dims=(16, 32, 64), num_heads=(2, 2, 4),
                                            num_classes=3), (64, 64), 3, 0, _nest_table),
+    # its DCT stem folds 8x8 px into 192 channels: the input's 3 channels are read from its pretrained_cfg
+    ("csatv2", lambda: timm.create_model("csatv2", num_classes=3, dims=(8, 16, 32, 64), depths=(1, 1, 1, 1),
+                                         transformer_depths=(0, 0, 1, 1)), (128, 192), 2, 0, None),
+    # over the census's cap at their registered sizes (issue 117 item 6): built small by their own fields
+    ("deepseek_vit", lambda: timm.create_model("deepseek_vit_412m", num_classes=3, depth=2, embed_dim=64, num_heads=2,
+                                               img_size=(42, 56), patch_size=14), (42, 56), 2, 0, None),
+    ("mobilenetv5", lambda: _mobilenetv5(), (64, 96), 2, 0, None),
 ]
 
 # Each layer's key grid, worked out by hand: XCiT's 32x48 px / 8 px patches (its class-attention layers); DaViT's and
 # TinyViT's stages / 4, 8, 16, 32 px of 64x96 px (TinyViT's first stage is convolutions); GC ViT's the same, its
-# global layers left out; NesT's 64 px / 4 px patches, pooled by each level
+# global layers left out; NesT's 64 px / 4 px patches, pooled by each level; CSATv2's third and fourth stages / 32
+# and / 64 px of 128x192 px; DeepSeek's 42x56 px / 14 px patches; MobileNetV5's multi-query attention: / 16 px
+# queries over keys pooled to / 32 px, then / 32 px over / 32 px
 KEY_GRIDS = {"xcit": [(4, 6)] * 2, "davit": [(16, 24), (8, 12), (4, 6), (2, 3)], "tiny_vit": [(8, 12), (4, 6), (2, 3)],
-             "gcvit": [(16, 24), (8, 12), (4, 6), (4, 6), (4, 6), (2, 3)], "nest": [(16, 16), (8, 8), (4, 4)]}
+             "gcvit": [(16, 24), (8, 12), (4, 6), (4, 6), (4, 6), (2, 3)], "nest": [(16, 16), (8, 8), (4, 4)],
+             "csatv2": [(4, 6), (2, 3)], "deepseek_vit": [(3, 4)] * 2, "mobilenetv5": [(2, 3), (2, 3)]}
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
@@ -121,7 +143,7 @@ def test_each_layer_equals_timms_own_softmax_placed_on_its_grid_not_its_transpos
     name, model, checkpoint, size, layers, left_out, table = opened
     wrapped = checkpoint.model
     assert checkpoint.road == "library" and wrapped.num_layers == layers
-    assert [p.key_grid for p in wrapped.places] == KEY_GRIDS[name]
+    assert ([p.key_grid for p in wrapped.places] or [wrapped.layout.grid] * layers) == KEY_GRIDS[name]
     torch.manual_seed(1)
     pixels = torch.randn(1, 3, *size)
     _, recorded = wrapped.run(pixels, layers=range(layers))
@@ -129,15 +151,15 @@ def test_each_layer_equals_timms_own_softmax_placed_on_its_grid_not_its_transpos
     assert len(own) == layers
     for layer in range(layers):
         raw = _nest_raw(own[layer]) if name == "nest" else own[layer]
-        place = wrapped.places[layer]
-        if place.windows is None:
+        place = wrapped.places[layer] if wrapped.places else None
+        if place is None or place.windows is None:
             expected = raw
         else:
             grid = place.key_grid
             expected = _placed(raw, table(model, wrapped.names[layer], grid), grid[0] * grid[1])
         assert recorded[layer].shape == expected.shape, (name, layer)
         assert torch.allclose(recorded[layer], expected, atol=1e-5), (name, layer)
-        if place.windows is not None and grid[0] != grid[1]:  # the same rows placed on the transposed grid differ
+        if place is not None and place.windows is not None and grid[0] != grid[1]:  # on the transposed grid: not so
             flipped = table(model, wrapped.names[layer], grid).long()
             flipped = torch.where(flipped >= 0, (flipped % grid[1]) * grid[0] + flipped // grid[1], flipped)
             assert not torch.allclose(recorded[layer], _placed(raw, flipped, grid[0] * grid[1]), atol=1e-5)
@@ -152,7 +174,9 @@ def test_layers_that_are_no_attention_over_tokens_are_named_and_the_others_drawn
     assert all(kinds[name] in why for why in named.values())
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (*size, 3), dtype=np.uint8))
     drawn = vit.explain(checkpoint, image, "attention")
-    assert drawn.map.shape == checkpoint.model.places[-1].key_grid and np.isfinite(drawn.map).all()
+    places = checkpoint.model.places
+    grid = places[-1].key_grid if places else checkpoint.model.layout.grid
+    assert drawn.map.shape == grid and np.isfinite(drawn.map).all()
 
 
 @pytest.mark.parametrize("build, size, says", [
@@ -164,3 +188,16 @@ def test_a_family_without_attention_over_tokens_or_a_layout_is_refused_in_one_li
     with pytest.raises(CheckpointError) as raised:
         vit.load(_tiny(build()), image_size=size, **MEAN_STD)
     assert "\n" not in str(raised.value) and says in str(raised.value)
+
+
+def test_a_folder_saved_with_its_tied_weights_once_loads_them_and_names_coats_factorized_attention(tmp_path):
+    from safetensors.torch import save_model
+    from timm.models import _hub
+
+    args = dict(embed_dims=(32, 32, 32, 32), serial_depths=(1, 1, 1, 1), mlp_ratios=(2, 2, 2, 2))
+    model = timm.create_model("coat_lite_tiny", num_classes=3, **args).eval()
+    save_model(model, str(tmp_path / "model.safetensors"))  # safetensors' way with shared weights: each saved once
+    _hub.save_config_for_hf(model, tmp_path / "config.json", model_args=args)
+    with pytest.raises(CheckpointError) as raised:
+        vit.load(tmp_path, device="cpu")
+    assert "\n" not in str(raised.value) and "factorized attention (CoaT's" in str(raised.value)

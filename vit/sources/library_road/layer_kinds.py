@@ -87,6 +87,23 @@ NO_LAYOUT = (
 )
 
 
+# Attention with no rows of query-over-key probabilities at all, by class: what it computes instead, in words
+NO_ROWS = (
+    ("FactorAttnConvRelPosEnc", "factorized attention (CoaT's: a softmax over the tokens for each key channel, "
+                                "then each query times that summary; no query's row over the image's tokens)"),
+    ("LambdaLayer", "lambda layers (LambdaNet's: a softmax over the tokens for each key channel, then each query "
+                    "times that summary; no query's row over the image's tokens)"),
+)
+
+
+def no_rows(model: torch.nn.Module) -> str | None:
+    """What the model's attention computes in place of rows over tokens (``NO_ROWS``), naming its first such module,
+    or None."""
+    kinds = dict(NO_ROWS)
+    return next((f"{kinds[type(m).__name__]} ({name})" for name, m in model.named_modules()
+                 if type(m).__name__ in kinds), None)
+
+
 def left_out(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | None:
     """Why ``call`` is no layer over image tokens (``CHANNEL_ATTENTION``'s over a head's channels, GC ViT's global
     queries), in words, or None where it is attention over tokens."""

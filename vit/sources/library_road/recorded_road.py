@@ -262,11 +262,13 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
             raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
                              f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
+    from vit.sources.library_road.layer_kinds import no_rows, split_layers
+
+    if not calls and no_rows(model):
+        raise ValueError(f"its attention is {no_rows(model)}: no map of attention over image tokens to record")
     if not calls:
         raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
                          "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
-    from vit.sources.library_road.layer_kinds import split_layers
-
     calls, skipped = split_layers(calls, dict(model.named_modules()))
     if left_out is not None:
         left_out.update(skipped)
@@ -407,7 +409,12 @@ def _preprocessing(module, image_hw, channels, mean, std) -> Preprocessing:
 
 
 def _channels(module: torch.nn.Module) -> int:
-    """The input channels of the module's first convolution (3 where it has none)."""
+    """The input channels timm's ``pretrained_cfg`` declares (its ``input_size``: a stem that folds pixels into
+    channels first, TResNet's space-to-depth, CSATv2's DCT, has no convolution over the image's own), else those of
+    the module's first convolution (3 where it has none)."""
+    declared = (getattr(module, "pretrained_cfg", None) or {}).get("input_size")
+    if isinstance(declared, (tuple, list)) and len(declared) == 3 and isinstance(declared[0], int):
+        return int(declared[0])
     conv = next((m for m in module.modules() if isinstance(m, torch.nn.Conv2d)), None)
     return int(conv.in_channels) if conv is not None else 3
 
