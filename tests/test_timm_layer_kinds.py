@@ -119,16 +119,20 @@ FAMILIES = [
     ("deepseek_vit", lambda: timm.create_model("deepseek_vit_412m", num_classes=3, depth=2, embed_dim=64, num_heads=2,
                                                img_size=(42, 56), patch_size=14), (42, 56), 2, 0, None),
     ("mobilenetv5", lambda: _mobilenetv5(), (64, 96), 2, 0, None),
+    ("gemma4_vit", lambda: timm.create_model("gemma4_vit_167m", num_classes=3, depth=2, embed_dim=64, num_heads=2,
+                                             head_dim=32, intermediate_size=128, img_size=(48, 64), patch_size=16),
+     (48, 64), 2, 0, None),
 ]
 
 # Each layer's key grid, worked out by hand: XCiT's 32x48 px / 8 px patches (its class-attention layers); DaViT's and
 # TinyViT's stages / 4, 8, 16, 32 px of 64x96 px (TinyViT's first stage is convolutions); GC ViT's the same, its
 # global layers left out; NesT's 64 px / 4 px patches, pooled by each level; CSATv2's third and fourth stages / 32
 # and / 64 px of 128x192 px; DeepSeek's 42x56 px / 14 px patches; MobileNetV5's multi-query attention: / 16 px
-# queries over keys pooled to / 32 px, then / 32 px over / 32 px
+# queries over keys pooled to / 32 px, then / 32 px over / 32 px; Gemma 4's 48x64 px / 16 px patches
 KEY_GRIDS = {"xcit": [(4, 6)] * 2, "davit": [(16, 24), (8, 12), (4, 6), (2, 3)], "tiny_vit": [(8, 12), (4, 6), (2, 3)],
              "gcvit": [(16, 24), (8, 12), (4, 6), (4, 6), (4, 6), (2, 3)], "nest": [(16, 16), (8, 8), (4, 4)],
-             "csatv2": [(4, 6), (2, 3)], "deepseek_vit": [(3, 4)] * 2, "mobilenetv5": [(2, 3), (2, 3)]}
+             "csatv2": [(4, 6), (2, 3)], "deepseek_vit": [(3, 4)] * 2, "mobilenetv5": [(2, 3), (2, 3)],
+             "gemma4_vit": [(3, 4)] * 2}
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
@@ -163,6 +167,19 @@ def test_each_layer_equals_timms_own_softmax_placed_on_its_grid_not_its_transpos
             flipped = table(model, wrapped.names[layer], grid).long()
             flipped = torch.where(flipped >= 0, (flipped % grid[1]) * grid[0] + flipped // grid[1], flipped)
             assert not torch.allclose(recorded[layer], _placed(raw, flipped, grid[0] * grid[1]), atol=1e-5)
+
+
+def test_gemma4s_patches_by_reshape_sit_where_its_own_patch_coordinates_say():
+    """Its patches are cut by a reshape (no convolution to trace): the layout's row-major order is the library's own
+    ``patch_coord`` (y, x) for each token, not its transpose."""
+    model = timm.create_model("gemma4_vit_167m", num_classes=3, depth=1, embed_dim=32, num_heads=1, head_dim=32,
+                              intermediate_size=64, img_size=(48, 64), patch_size=16).eval()
+    checkpoint = vit.load(model, image_size=(48, 64), **MEAN_STD)
+    gh, gw = checkpoint.model.layout.grid
+    embed = next(m for m in model.modules() if type(m).__name__ == "Gemma4PatchEmbed")
+    coords, _ = embed._default_patch_coord(1, 48 // 16, 64 // 16, torch.device("cpu"))
+    assert (gh, gw) == (3, 4)
+    assert coords[0].tolist() == [list(divmod(token, gw)) for token in range(gh * gw)]
 
 
 def test_layers_that_are_no_attention_over_tokens_are_named_and_the_others_drawn(opened):

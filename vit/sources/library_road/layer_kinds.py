@@ -87,6 +87,18 @@ NO_LAYOUT = (
 )
 
 
+def declared_patch(model: torch.nn.Module) -> tuple[int, int] | None:
+    """The patch of a timm patch embedding that cuts its patches by a reshape the trace cannot see (Gemma 4's
+    ``Gemma4PatchEmbed``: ``timm.layers.batch_patchify``, row-major by its code, then a linear layer), or None."""
+    for module in model.modules():
+        if type(module).__module__.startswith("timm.") and type(module).__name__ in PATCHIFY:
+            return _pair(module.patch_size)
+    return None
+
+
+PATCHIFY = ("Gemma4PatchEmbed",)  # timm patch embeddings that patchify by reshape (row-major), not a convolution
+
+
 # Attention with no rows of query-over-key probabilities at all, by class: what it computes instead, in words
 NO_ROWS = (
     ("FactorAttnConvRelPosEnc", "factorized attention (CoaT's: a softmax over the tokens for each key channel, "

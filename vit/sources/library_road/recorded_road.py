@@ -26,6 +26,7 @@ from vit.core.attention_recorder import AttentionCall, AttentionRecording
 from vit.model import ViTConfig
 from vit.sources.files import _one_line
 from vit.sources.library_road import transformers_models
+from vit.sources.library_road.layer_kinds import declared_patch, no_rows, noting_grids, split_layers
 from vit.sources.library_road.transformers_models import (
     PREFIX_PARAMETERS,
     ROAD,
@@ -171,8 +172,6 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
     on the meta device (the module's parameters and buffers swapped for meta tensors of their shapes while it runs:
     no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
     forward that reads a value, which the meta device has none of)."""
-    from vit.sources.library_road.layer_kinds import noting_grids
-
     trace: list[AttentionCall] = []
     with noting_grids(model):
         return _traced(model, image_hw, channels, meta, trace)
@@ -262,8 +261,6 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
             raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
                              f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
-    from vit.sources.library_road.layer_kinds import no_rows, split_layers
-
     if not calls and no_rows(model):
         raise ValueError(f"its attention is {no_rows(model)}: no map of attention over image tokens to record")
     if not calls:
@@ -301,6 +298,9 @@ def _one_grid(model: torch.nn.Module, tokens: int, mode: AttentionRecording, ima
         patch = (image_hw[0] // gh, image_hw[1] // gw)
     elif mode.patch is not None:
         patch = mode.patch
+        gh, gw = image_hw[0] // patch[0], image_hw[1] // patch[1]
+    elif declared_patch(model) is not None:  # a timm patchify by reshape, row-major (Gemma 4's)
+        patch = declared_patch(model)
         gh, gw = image_hw[0] // patch[0], image_hw[1] // patch[1]
     elif mode.flat_grid is not None and not (image_hw[0] % mode.flat_grid[0] or image_hw[1] % mode.flat_grid[1]):
         gh, gw = mode.flat_grid  # a convolutional stem's map, flattened row-major into the tokens
