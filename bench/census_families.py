@@ -379,6 +379,30 @@ def save_timm(family: Family, folder: Path) -> None:
         _hub.save_config_for_hf(model, folder / "config.json", model_args=dict(family.overrides))
 
 
+# A Hub text tower's model type, by its name (open_clip's hf_model_name), and the sizes its tiny config takes
+HF_TEXT_TYPES = (("xlm-roberta", "xlm-roberta"), ("roberta", "roberta"), ("mt5", "mt5"), ("nllb", "m2m_100"))
+HF_TEXT_TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, d_model=32,
+                    num_layers=1, num_heads=2, d_ff=64, d_kv=16, encoder_layers=1, decoder_layers=1,
+                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                    vocab_size=128, max_position_embeddings=64)
+
+
+def tiny_text_config(name: str, folder: Path) -> str:
+    """A tiny transformers config of the type of open_clip's Hub text tower ``name``, saved in ``folder`` (which
+    open_clip's ``AutoConfig.from_pretrained`` then reads offline): the image tower is what the census opens."""
+    import transformers
+
+    kind = next((t for word, t in HF_TEXT_TYPES if word in name.lower()), None)
+    if kind is None:
+        raise ValueError(f"no tiny text config for {name!r} (a Hub text tower the census cannot build offline)")
+    config = transformers.AutoConfig.for_model(kind)
+    for key, value in HF_TEXT_TINY.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    config.save_pretrained(folder)
+    return str(folder)
+
+
 def save_open_clip(family: Family, folder: Path) -> None:
     import importlib
 
@@ -391,6 +415,10 @@ def save_open_clip(family: Family, folder: Path) -> None:
         from bench.census_registry import open_clip_model_cfg
 
         model_cfg = open_clip_model_cfg(family.build.split(":", 1)[1])
+        if model_cfg.get("text_cfg", {}).get("hf_model_name"):  # its Hub text tower, offline: a tiny config of
+            model_cfg["text_cfg"]["hf_model_name"] = tiny_text_config(  # that type, written in the folder
+                model_cfg["text_cfg"]["hf_model_name"], folder / "text_config")
+            model_cfg["text_cfg"]["hf_model_pretrained"] = False  # built from that config, random weights
         if model_cfg.pop("custom_text", False) or model_cfg.get("text_cfg", {}).get("hf_model_name"):
             cls = open_clip.model.CustomTextCLIP
         if "multimodal_cfg" in model_cfg:
@@ -403,8 +431,11 @@ def save_open_clip(family: Family, folder: Path) -> None:
                           timm_model_pretrained=False)
         model_cfg = dict(embed_dim=16, vision_cfg=vision,
                          text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+    counted = model_cfg  # a Hub text tower (transformers refuses to build one on the meta device) counted as ours
+    if model_cfg.get("text_cfg", {}).get("hf_model_name"):
+        counted = dict(model_cfg, text_cfg=dict(context_length=8, vocab_size=64, width=32, heads=1, layers=1))
     with torch.device("meta"):  # its size first: a full-size trunk (EVA01-g, ConvNeXt-XXL) is past a CPU's memory
-        size = sum(p.numel() for p in cls(**model_cfg).parameters())
+        size = sum(p.numel() for p in cls(**counted).parameters())
     if size > MAX_PARAMETERS:
         raise ValueError(f"{size / 1e6:,.0f} M parameters as its config builds it, over the census's "
                          f"{MAX_PARAMETERS / 1e6:,.0f} M (a timm trunk keeps its full size)")
