@@ -112,7 +112,7 @@ FAMILIES = [
      _gcvit_table),
     ("nest", lambda: timm.models.nest.Nest(img_size=64, depths=(1, 1, 1), embed_dims=(16, 32, 64), num_heads=(2, 2, 4),
                                            num_classes=3), (64, 64), 3, 0, _nest_table),
-    # its DCT stem folds 8x8 px into 192 channels: the input's 3 channels are read from its pretrained_cfg
+    # its DCT stem folds 8x8 px into 192 channels: the input's 3 channels are read from its in_chans
     ("csatv2", lambda: timm.create_model("csatv2", num_classes=3, dims=(8, 16, 32, 64), depths=(1, 1, 1, 1),
                                          transformer_depths=(0, 0, 1, 1)), (128, 192), 2, 0, None),
     # over the census's cap at their registered sizes (issue 117 item 6): built small by their own fields

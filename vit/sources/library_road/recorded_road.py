@@ -409,12 +409,12 @@ def _preprocessing(module, image_hw, channels, mean, std) -> Preprocessing:
 
 
 def _channels(module: torch.nn.Module) -> int:
-    """The input channels timm's ``pretrained_cfg`` declares (its ``input_size``: a stem that folds pixels into
-    channels first, TResNet's space-to-depth, CSATv2's DCT, has no convolution over the image's own), else those of
-    the module's first convolution (3 where it has none)."""
-    declared = (getattr(module, "pretrained_cfg", None) or {}).get("input_size")
-    if isinstance(declared, (tuple, list)) and len(declared) == 3 and isinstance(declared[0], int):
-        return int(declared[0])
+    """The input channels the module declares (timm's ``in_chans``: a stem that folds pixels into channels first,
+    TResNet's space-to-depth, CSATv2's DCT, has no convolution over the image's own), else those of the module's
+    first convolution (3 where it has none)."""
+    declared = getattr(module, "in_chans", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and 0 < declared <= 64:
+        return declared
     conv = next((m for m in module.modules() if isinstance(m, torch.nn.Conv2d)), None)
     return int(conv.in_channels) if conv is not None else 3
 
