@@ -68,7 +68,7 @@ class Family:
     overrides: dict = field(default_factory=dict)  # config (transformers) or constructor (timm) fields
     named: bool = False  # named in issue 91
     note: str = ""
-    processor: dict = field(default_factory=dict)  # transformers: extra image processor fields
+    processor: dict = field(default_factory=dict)  # transformers: extra image processor fields; timm: pretrained_cfg
     registry: str = ""  # the registry entry it stands for ("transformers:vit", "timm:cait", "open_clip:ViT-B-32")
 
 
@@ -276,6 +276,14 @@ FAMILIES: list[Family] = [
     tm("timm LeViT", "levit_128s"),
     tm("timm EfficientFormer", "efficientformer_l1"),
     tm("timm MaxViT", "maxvit_tiny_tf_224"),
+    # over the census's cap as registered: made tiny by their own constructor's fields (issue 117)
+    tm("timm deepseek_vit (deepseek_vit_412m)", "deepseek_vit_412m", depth=2, embed_dim=64, num_heads=2,
+       img_size=56, patch_size=14),
+    tm("timm gemma4_vit (gemma4_vit_167m)", "gemma4_vit_167m", depth=2, embed_dim=64, num_heads=2, head_dim=32,
+       intermediate_size=128, img_size=48, patch_size=16),
+    with_processor(tm("timm mobilenetv5 (mobilenetv5_300m)", "mobilenetv5_300m", channel_multiplier=0.25),
+                   input_size=(3, 256, 256)),  # its 768 px made 256 (a CNN: no img_size field)
+    with_processor(tm("timm hieradet_sam2 (sam2_hiera_tiny)", "sam2_hiera_tiny"), input_size=(3, 256, 256)),
     tm("timm FastViT", "fastvit_t8", attention=False, note="RepMixer stages (the attention variants are sa*)"),
     tm("timm ConvNeXt", "convnext_atto", attention=False),
     tm("timm ResNet", "resnet18", attention=False),
@@ -368,8 +376,42 @@ def save_timm(family: Family, folder: Path) -> None:
     if size > MAX_PARAMETERS:
         raise ValueError(f"{size / 1e6:,.0f} M parameters, over the census's {MAX_PARAMETERS / 1e6:,.0f} M")
     torch.manual_seed(0)
-    model = timm.create_model(family.build, pretrained=False, **kwargs).eval()
-    _hub.save_for_hf(model, folder, model_args=dict(family.overrides), safe_serialization=True)
+    # ``processor``: the pretrained_cfg's fields (a smaller input_size for a model without an img_size field)
+    overlay = dict(pretrained_cfg_overlay=family.processor) if family.processor else {}
+    model = timm.create_model(family.build, pretrained=False, **kwargs, **overlay).eval()
+    try:
+        _hub.save_for_hf(model, folder, model_args=dict(family.overrides), safe_serialization=True)
+    except RuntimeError as error:  # weights it ties under several names (CoaT's): saved once, as safetensors
+        if "share memory" not in str(error):  # does for shared weights (``save_model``)
+            raise
+        from safetensors.torch import save_model
+
+        save_model(model, str(folder / "model.safetensors"))
+        _hub.save_config_for_hf(model, folder / "config.json", model_args=dict(family.overrides))
+
+
+# A Hub text tower's model type, by its name (open_clip's hf_model_name), and the sizes its tiny config takes
+HF_TEXT_TYPES = (("xlm-roberta", "xlm-roberta"), ("roberta", "roberta"), ("mt5", "mt5"), ("nllb", "m2m_100"))
+HF_TEXT_TINY = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, d_model=32,
+                    num_layers=1, num_heads=2, d_ff=64, d_kv=16, encoder_layers=1, decoder_layers=1,
+                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                    vocab_size=128, max_position_embeddings=64)
+
+
+def tiny_text_config(name: str, folder: Path) -> str:
+    """A tiny transformers config of the type of open_clip's Hub text tower ``name``, saved in ``folder`` (which
+    open_clip's ``AutoConfig.from_pretrained`` then reads offline): the image tower is what the census opens."""
+    import transformers
+
+    kind = next((t for word, t in HF_TEXT_TYPES if word in name.lower()), None)
+    if kind is None:
+        raise ValueError(f"no tiny text config for {name!r} (a Hub text tower the census cannot build offline)")
+    config = transformers.AutoConfig.for_model(kind)
+    for key, value in HF_TEXT_TINY.items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    config.save_pretrained(folder)
+    return str(folder)
 
 
 def save_open_clip(family: Family, folder: Path) -> None:
@@ -384,6 +426,10 @@ def save_open_clip(family: Family, folder: Path) -> None:
         from bench.census_registry import open_clip_model_cfg
 
         model_cfg = open_clip_model_cfg(family.build.split(":", 1)[1])
+        if model_cfg.get("text_cfg", {}).get("hf_model_name"):  # its Hub text tower, offline: a tiny config of
+            model_cfg["text_cfg"]["hf_model_name"] = tiny_text_config(  # that type, written in the folder
+                model_cfg["text_cfg"]["hf_model_name"], folder / "text_config")
+            model_cfg["text_cfg"]["hf_model_pretrained"] = False  # built from that config, random weights
         if model_cfg.pop("custom_text", False) or model_cfg.get("text_cfg", {}).get("hf_model_name"):
             cls = open_clip.model.CustomTextCLIP
         if "multimodal_cfg" in model_cfg:
@@ -396,8 +442,11 @@ def save_open_clip(family: Family, folder: Path) -> None:
                           timm_model_pretrained=False)
         model_cfg = dict(embed_dim=16, vision_cfg=vision,
                          text_cfg=dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1))
+    counted = model_cfg  # a Hub text tower (transformers refuses to build one on the meta device) counted as ours
+    if model_cfg.get("text_cfg", {}).get("hf_model_name"):
+        counted = dict(model_cfg, text_cfg=dict(context_length=8, vocab_size=64, width=32, heads=1, layers=1))
     with torch.device("meta"):  # its size first: a full-size trunk (EVA01-g, ConvNeXt-XXL) is past a CPU's memory
-        size = sum(p.numel() for p in cls(**model_cfg).parameters())
+        size = sum(p.numel() for p in cls(**counted).parameters())
     if size > MAX_PARAMETERS:
         raise ValueError(f"{size / 1e6:,.0f} M parameters as its config builds it, over the census's "
                          f"{MAX_PARAMETERS / 1e6:,.0f} M (a timm trunk keeps its full size)")
@@ -510,6 +559,9 @@ MISSING = [("tokens after the patches", "tokens after the patches"),
            ("no embeddings module", "no embeddings module to count the prefix tokens from"),
            ("image_size None", "no fixed image size (a processor that resizes by pixel budget)"),
            ("have parts this model does not have", "weights whose names do not fit (a wrapper's prefix)"),
+           ("cross-covariance attention", "attention over channels alone (cross-covariance), none over tokens"),
+           ("halo attention", "halo attention (overlapping key windows): no layout"),
+           ("factorized attention", "factorized attention: no query rows over tokens"),
            ("timm architecture", "a timm architecture outside the library road (no timm Attention/Eva blocks)"),
            ("does not run through transformers' attention interface",
             "attention off transformers' attention interface (no module calls ALL_ATTENTION_FUNCTIONS)"),

@@ -5,7 +5,7 @@
   keypoint detection, video classification), built by the first class those mappings name for it;
 - timm: every architecture family (``timm.list_modules()``), built as the smallest-named architecture of it;
 - open_clip: every model config (``open_clip.list_models()``), its image tower made tiny where it is open_clip's own
-  ViT (a timm trunk or a ResNet keeps its own config).
+  ViT, a ResNet tower narrow and small (its stages' depths kept); a timm trunk keeps its own config.
 
 A family the hand list in ``census_families`` tunes (a config that builds, a smaller size) keeps that entry; every
 other one gets a default built the same way, so no registry entry goes uncounted. Nothing here builds a model.
@@ -23,6 +23,8 @@ TRANSFORMERS_MAPPINGS = ("IMAGE_CLASSIFICATION", "IMAGE", "BACKBONE", "DEPTH_EST
 SMALL_WORDS = ("atto", "femto", "pico", "nano", "xxs", "tiny", "xs", "small", "s", "t")
 # open_clip's own ViT tower, made tiny: what its config's sizes become
 OPEN_CLIP_TINY = dict(image_size=32, patch_size=8, width=32, layers=2, head_width=16)
+# open_clip's ResNet tower (RN50 ... RN50x64), its stages' depths kept: a 64-px input, 16 channels in its stem
+OPEN_CLIP_RESNET_TINY = dict(image_size=64, width=16, head_width=8)
 
 
 def transformers_types() -> dict[str, tuple[str, str]]:
@@ -104,8 +106,8 @@ def registry_families(hand: list, family_cls, hf, tm) -> list:
 
 
 def open_clip_model_cfg(name: str) -> dict:
-    """open_clip's config ``name``, its own ViT tower and its text tower made tiny (a timm trunk or a ResNet tower
-    kept as the config says)."""
+    """open_clip's config ``name``, its own ViT tower and its text tower made tiny, a ResNet tower narrow and small
+    (its stages' depths kept; a timm trunk kept as the config says)."""
     import copy
 
     import open_clip
@@ -114,6 +116,8 @@ def open_clip_model_cfg(name: str) -> dict:
     vision = cfg.get("vision_cfg", {})
     if not vision.get("timm_model_name") and not isinstance(vision.get("layers"), (list, tuple)):
         vision.update(OPEN_CLIP_TINY)
+    elif isinstance(vision.get("layers"), (list, tuple)):  # a ResNet tower: its stages kept, narrow and small
+        vision.update(OPEN_CLIP_RESNET_TINY)
     text = cfg.get("text_cfg", {})
     if not text.get("hf_model_name"):
         text.update(context_length=8, vocab_size=64, width=32, heads=1, layers=1)

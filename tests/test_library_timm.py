@@ -185,9 +185,10 @@ def test_a_timm_port_still_opens_by_its_port(tmp_path):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("xcit_nano_12_p8_224", "the recorder cannot place it: its cross-covariance attention \\(layer 0, "),  # (PiT's
-    # pooled stages, refused here before, open: tests/test_layer_places.py; ViTamin's conv stem too:
+    # attention over channels alone (XCiT, with class-attention layers too, opens: tests/test_timm_layer_kinds.py;
+    # PiT's pooled stages, refused here before, open: tests/test_layer_places.py; ViTamin's conv stem too:
     # tests/test_census_buckets.py)
+    ("edgenext_xx_small", "the recorder cannot place it: its cross-covariance attention \\(CrossCovarianceAttn"),
 ])
 def test_a_timm_model_the_road_cannot_place_is_refused_in_one_line_naming_why(tmp_path, name, message):
     torch.manual_seed(0)

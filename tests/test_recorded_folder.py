@@ -104,16 +104,17 @@ def test_a_timm_efficientformer_opens_on_its_stems_flattened_grid_its_layer_its_
     assert not torch.allclose(recorded[0], without, atol=1e-3)  # its biases are in the rows
 
 
-def test_a_timm_xcit_folder_is_refused_as_not_attention_over_image_tokens(tmp_path):
+def test_a_timm_xcit_folder_opens_its_class_attention_and_names_its_channel_layers_left_out(tmp_path):
     import timm
     from timm.models import _hub
 
     args = dict(depth=2, embed_dim=32, num_heads=2, img_size=32)
     model = timm.create_model("xcit_nano_12_p8_224", pretrained=False, num_classes=3, **args).eval()
     _hub.save_for_hf(model, tmp_path, model_args=args, safe_serialization=True)
-    with pytest.raises(CheckpointError) as raised:
-        vit.load(tmp_path, device="cpu")
-    assert "\n" not in str(raised.value) and "is not attention over image tokens" in str(raised.value)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    assert checkpoint.model.names == ["cls_attn_blocks.0.attn", "cls_attn_blocks.1.attn"]
+    assert sorted(checkpoint.metadata["left_out"]) == ["blocks.0.attn", "blocks.1.attn"]
+    assert all("channels a head" in why for why in checkpoint.metadata["left_out"].values())
 
 
 def test_a_model_that_attends_over_crops_of_one_image_is_refused_not_placed_on_the_whole_image():

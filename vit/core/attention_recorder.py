@@ -137,6 +137,15 @@ def sdpa_once(a: dict, rows: list[int] | None, name: str) -> tuple[torch.Tensor,
     return (probabilities @ value.to(probabilities.dtype)).to(query.dtype), probabilities
 
 
+def _heads_first(tensor: torch.Tensor, module: torch.nn.Module | None) -> bool:
+    """Whether a 5-D SDPA call is ``(B, H, pieces, T, D)`` (NesT's blocks, after its heads) rather than ``(B, pieces,
+    H, T, D)`` (Twins' windows): its module declares ``num_heads`` at dim 1, and not at dim 2. (A 5-D softmax of that
+    shape is VOLO's outlook attention, pieces of overlapping neighbourhoods: not read so.)"""
+    heads = getattr(module, "num_heads", None)
+    return (tensor.dim() == 5 and isinstance(heads, int) and not isinstance(heads, bool) and tensor.shape[1] == heads
+            and tensor.shape[2] != heads)
+
+
 class AttentionRecording(TorchFunctionMode):
     """Within it, ``model``'s attention calls are counted in order and the layers ``recorder.modules`` lists
     (layer -> the module that makes that call) hand their probabilities to ``recorder.keep_probabilities(layer,
@@ -146,10 +155,11 @@ class AttentionRecording(TorchFunctionMode):
     forward: how many attention calls it made."""
 
     def __init__(self, model: torch.nn.Module, recorder=None, trace: list | None = None,
-                 image_hw: tuple[int, int] | None = None):
+                 image_hw: tuple[int, int] | None = None, skip: frozenset = frozenset()):
         super().__init__()
         self.names = {module: name for name, module in model.named_modules()}
         self.recorder, self.trace, self.image_hw = recorder, trace, image_hw
+        self.skip = skip  # modules whose calls are no layer (attention over channels): run as made, not counted
         self.calls = 0
         self.patch: tuple[int, int] | None = None  # the patch embedding's kernel (trace only)
         self.flat_grid: tuple[int, int] | None = None  # the last (B, C, h, w) map flattened to tokens before the
@@ -174,6 +184,8 @@ class AttentionRecording(TorchFunctionMode):
     def _layer(self, kind: str, heads: int, queries: int, keys: int, batch: int = 1):
         """The call's layer and module, and the layer when the recorder asks it (else None)."""
         module = _caller(self.names)
+        if module in self.skip:
+            return None
         layer = self.calls
         self.calls += 1
         if self.trace is not None:
@@ -196,11 +208,15 @@ class AttentionRecording(TorchFunctionMode):
 
     def _sdpa(self, a: dict):
         query, key = a["query"], a["key"]
-        layer = self._layer("sdpa", query.shape[-3], query.shape[-2], key.shape[-2], math.prod(query.shape[:-3]))
+        heads_first = _heads_first(query, _caller(self.names))
+        heads = query.shape[1] if heads_first else query.shape[-3]
+        layer = self._layer("sdpa", heads, query.shape[-2], key.shape[-2], math.prod(query.shape[:-2]) // heads)
         if layer is None:
             return SDPA(**a)
         rows = self._rows(layer)
         out, probabilities = sdpa_once(a, rows, self.names.get(self.recorder.modules[layer], "?"))
+        if heads_first:  # (B, H, pieces, ...): its pieces before its heads, as a windowed call's
+            probabilities = probabilities.transpose(1, 2)
         if probabilities.dim() > 4:  # (B, windows, H, ...) of a 5-D call (Twins' windows): its pieces in the batch
             probabilities = probabilities.reshape(-1, *probabilities.shape[-3:])  # (a 4-D one kept as it is: the
             # tensor the output is computed from, whose gradient a class map reads)

@@ -195,9 +195,15 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     except (ValueError, KeyError, SourceError) as e:
         refused = e if isinstance(e, SourceError) else SourceError(f"{origin}: {_one_line(e)}")
         vision = (model_cfg or {}).get("vision_cfg")
-        if not library_road or not isinstance(vision, Mapping) or not vision.get("timm_model_name"):
+        resnet = isinstance(vision, Mapping) and isinstance(vision.get("layers"), (list, tuple))
+        if not library_road or not isinstance(vision, Mapping) or not (vision.get("timm_model_name") or resnet):
             raise refused from None
         from vit.sources.library_road import timm_models
+        from vit.sources.library_road.open_clip_resnet import open_clip_resnet
+
+        if resnet:  # RN50 ...: its attention-pooling head, recorded as open_clip builds the tower
+            return open_clip_resnet(path, state, config_json, lambda stand_in: open_clip_preprocessing(
+                config_json, stand_in, origin), map_location)
 
         try:
             return timm_models.open_clip_library(path, state, config_json,

@@ -22,6 +22,7 @@ import torch
 
 from vit.core.attention_recorder import AttentionCall
 from vit.model.stages import LayerLayout
+from vit.sources.library_road import layer_kinds
 from vit.sources.library_road.transformers_models import LibraryLayout
 
 ASPECT_SLACK = 0.35  # how far a grid's rows / cols may be from the image's (PiT's overlapping 7x11 of 64x96 px)
@@ -156,7 +157,7 @@ def _timm_mobilevit(module, grid):  # timm's MobileViT block: the same unfolding
 
 # What an ancestor of the attention module declares -> the windows it attends in, on a grid of the forward's
 PIECES = (("shift_size", _swin), ("partition_block", _maxvit), ("ws", _twins), ("patch_width", _mobilevit),
-          ("patch_area", _timm_mobilevit))
+          ("patch_area", _timm_mobilevit), *layer_kinds.PIECES)
 
 
 # Attention no layout places, by the class of a module at or above the call, in words: what the layer attends over
@@ -165,6 +166,7 @@ NO_LAYOUT = (
                             "later layers attend over groups, which sit nowhere on the image's grid)"),
     ("MobileViTV2LinearSelfAttention", "separable linear attention (MobileViT V2's: a softmax over the tokens of one "
                                        "learnt query a patch position, not rows of queries over keys)"),
+    *layer_kinds.NO_LAYOUT,
 )
 
 

@@ -26,6 +26,7 @@ from vit.core.attention_recorder import AttentionCall, AttentionRecording
 from vit.model import ViTConfig
 from vit.sources.files import _one_line
 from vit.sources.library_road import transformers_models
+from vit.sources.library_road.layer_kinds import declared_patch, no_rows, noting_grids, split_layers
 from vit.sources.library_road.transformers_models import (
     PREFIX_PARAMETERS,
     ROAD,
@@ -53,6 +54,7 @@ class ModuleModel(LibraryModel):
         self.names, self.classifier, self.channels = list(names), classifier, channels
         self._heads, self._width = heads, width
         self.layer_heads = [heads] * len(calls)  # each layer's own (stages differ: ``_open_recorded`` sets them)
+        self.skipped: frozenset = frozenset()  # modules whose attention is no layer (over channels): run, not kept
 
     @property
     def config(self):
@@ -138,7 +140,8 @@ class ModuleModel(LibraryModel):
                 hidden["x"] = output[0] if isinstance(output, (tuple, list)) else output
             hook = last.register_forward_hook(keep)
         try:
-            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(self.model, recorder) as mode:
+            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(
+                self.model, recorder, skip=self.skipped) as mode:
                 out = self.model(pixels)
         finally:
             if hook is not None:
@@ -170,6 +173,11 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
     no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
     forward that reads a value, which the meta device has none of)."""
     trace: list[AttentionCall] = []
+    with noting_grids(model):
+        return _traced(model, image_hw, channels, meta, trace)
+
+
+def _traced(model, image_hw, channels, meta, trace):
     if meta:
         swapped = {name: torch.empty_like(t, device="meta")
                    for name, t in [*model.named_parameters(remove_duplicate=False),
@@ -238,12 +246,13 @@ def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Modul
 
 
 def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: int,
-                 grid: tuple[int, int] | None = None, prefix: int | None = None
+                 grid: tuple[int, int] | None = None, prefix: int | None = None, left_out: dict | None = None
                  ) -> tuple[LibraryLayout, list[AttentionCall], bool]:
     """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls, and whether it is a classifier
     (its output a ``(B, n)`` linear layer's), from one forward on the meta device. ``grid`` (rows, cols) and
     ``prefix`` override the patch embedding's grid and the token parameters' count. ValueError (one line) where the
-    calls run over different token counts or the layout does not account for every token."""
+    calls run over different token counts or the layout does not account for every token. ``left_out`` (a dict)
+    is given the calls that are no layer over image tokens (``layer_kinds``: attention over channels), module -> why."""
     try:
         calls, mode, out = _trace(model, image_hw, channels)
     except Exception:  # noqa: BLE001 - a forward that reads a value (.item(), numpy): one image, for real
@@ -252,9 +261,14 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
         except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
             raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
                              f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
+    if not calls and no_rows(model):
+        raise ValueError(f"its attention is {no_rows(model)}: no map of attention over image tokens to record")
     if not calls:
         raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
                          "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
+    calls, skipped = split_layers(calls, dict(model.named_modules()))
+    if left_out is not None:
+        left_out.update(skipped)
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
@@ -284,6 +298,9 @@ def _one_grid(model: torch.nn.Module, tokens: int, mode: AttentionRecording, ima
         patch = (image_hw[0] // gh, image_hw[1] // gw)
     elif mode.patch is not None:
         patch = mode.patch
+        gh, gw = image_hw[0] // patch[0], image_hw[1] // patch[1]
+    elif declared_patch(model) is not None:  # a timm patchify by reshape, row-major (Gemma 4's)
+        patch = declared_patch(model)
         gh, gw = image_hw[0] // patch[0], image_hw[1] // patch[1]
     elif mode.flat_grid is not None and not (image_hw[0] % mode.flat_grid[0] or image_hw[1] % mode.flat_grid[1]):
         gh, gw = mode.flat_grid  # a convolutional stem's map, flattened row-major into the tokens
@@ -392,7 +409,12 @@ def _preprocessing(module, image_hw, channels, mean, std) -> Preprocessing:
 
 
 def _channels(module: torch.nn.Module) -> int:
-    """The input channels of the module's first convolution (3 where it has none)."""
+    """The input channels the module declares (timm's ``in_chans``: a stem that folds pixels into channels first,
+    TResNet's space-to-depth, CSATv2's DCT, has no convolution over the image's own), else those of the module's
+    first convolution (3 where it has none)."""
+    declared = getattr(module, "in_chans", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and 0 < declared <= 64:
+        return declared
     conv = next((m for m in module.modules() if isinstance(m, torch.nn.Conv2d)), None)
     return int(conv.in_channels) if conv is not None else 3
 
@@ -401,7 +423,8 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     image_hw = _image_hw(module, image_size)
     channels = _channels(module)
     preprocessing = _preprocessing(module, image_hw, channels, mean, std)
-    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix)
+    skipped: dict[str, str] = {}
+    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix, skipped)
     # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
     # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
     classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
@@ -417,11 +440,14 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     model = ModuleModel(module, layout, [names[c.name] for c in calls], [c.name for c in calls], classifier,
                         max(c.heads for c in calls), width, channels)
     model.layer_heads = [c.heads for c in calls]
+    model.skipped = frozenset(names[name] for name in skipped)
     n = _output_classes(module, classifier)
     architecture = f"module:{type(module).__module__}.{type(module).__qualname__}"
     metadata = {"source": {"kind": "module", "path": None, "architecture": architecture},
                 "architecture": architecture, "parameters": sum(p.numel() for p in module.parameters()),
                 "road": ROAD, "layers": [c.name for c in calls]}
+    if skipped:  # named, not drawn: attention over channels, not over image tokens
+        metadata["left_out"] = dict(skipped)
     return Checkpoint(model=model, class_names=[f"class {i}" for i in range(n)], preprocessing=preprocessing,
                       metadata=metadata, path=None, road=ROAD)
 

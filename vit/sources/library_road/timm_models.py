@@ -294,6 +294,21 @@ def _sides(value):
     return tuple(value) if isinstance(value, list) else value
 
 
+def with_tied(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each weight the model ties under several names (CoaT's convolutional position encoding, shared
+    by its blocks) given under all of them, where the weights name it once (``safetensors.torch.save_model`` keeps one
+    name of a shared tensor); a name the model does not tie is left to the strict load."""
+    state = dict(state)
+    names: dict[int, list[str]] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(tensor), []).append(name)
+    for tied in names.values():
+        present = next((n for n in tied if n in state), None)
+        if len(tied) > 1 and present is not None:
+            state.update({n: state[present] for n in tied if n not in state})
+    return state
+
+
 def _build(name: str, kwargs: Mapping, device: str | torch.device) -> torch.nn.Module:
     import timm
 
@@ -330,7 +345,7 @@ def open_timm_library(path: Path, state: Mapping[str, torch.Tensor], name: str, 
     try:
         # the meta pass first: every declared size checked against the weights' shapes before any memory is taken
         model = _build(name, kwargs, "meta" if meta else "cpu")
-        model.load_state_dict(dict(state), strict=True, assign=meta)
+        model.load_state_dict(with_tied(model, state), strict=True, assign=meta)
         model = model.to(map_location).eval()
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
         raise SourceError(f"{origin}: the weights do not fit {name} as timm builds it ({_one_line(e)})") from None
