@@ -23,9 +23,11 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core.attention_recorder import AttentionCall, AttentionRecording
+from vit.core.bounded_forward import probe_forward
+from vit.costs.bounds import TooManyTokens
 from vit.model import ViTConfig
 from vit.sources.files import _one_line
-from vit.sources.library_road import transformers_models
+from vit.sources.library_road import image_tokens, transformers_models
 from vit.sources.library_road.transformers_models import (
     PREFIX_PARAMETERS,
     ROAD,
@@ -46,6 +48,8 @@ class ModuleModel(LibraryModel):
     makes each attention call, in the forward's order (one per layer); ``names`` their paths in the model."""
 
     forms_asked_rows = True  # the recorder forms only the asked query rows (``plan.library_attention``)
+    call_layers: list[int] | None = None  # the attention call each layer is, where some calls are no layer
+    total_calls: int | None = None  # (DETR's decoder: ``image_tokens``), and how many calls its forward makes
 
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, calls: list[torch.nn.Module],
                  names: list[str], classifier: bool, heads: int, width: int, channels: int):
@@ -138,13 +142,15 @@ class ModuleModel(LibraryModel):
                 hidden["x"] = output[0] if isinstance(output, (tuple, list)) else output
             hook = last.register_forward_hook(keep)
         try:
-            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(self.model, recorder) as mode:
+            with torch.set_grad_enabled(recorder.gradient), AttentionRecording(self.model, recorder,
+                                                                               layers=self.call_layers) as mode:
                 out = self.model(pixels)
         finally:
             if hook is not None:
                 hook.remove()
-        if mode.calls != self.num_layers:
-            raise ValueError(f"its forward made {mode.calls} attention calls, not the {self.num_layers} it made when "
+        made = self.num_layers if self.total_calls is None else self.total_calls
+        if mode.calls != made:
+            raise ValueError(f"its forward made {mode.calls} attention calls, not the {made} it made when "
                              "it was opened: its layers change with the input, which this road cannot place")
         if self.classifier:
             return SimpleNamespace(logits=out)
@@ -168,7 +174,8 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
     """One forward of a ``(1, channels, *image_hw)`` input, its attention calls and patch embedding noted. ``meta``:
     on the meta device (the module's parameters and buffers swapped for meta tensors of their shapes while it runs:
     no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
-    forward that reads a value, which the meta device has none of)."""
+    forward that reads a value, which the meta device has none of: ``bounded_forward.probe_forward``, every allocation
+    counted before it is made, zeros standing in for parameters still on the meta device)."""
     trace: list[AttentionCall] = []
     if meta:
         swapped = {name: torch.empty_like(t, device="meta")
@@ -178,9 +185,9 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
         with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
             out = torch.func.functional_call(model, swapped, (pixels,))
         return trace, mode, out
-    device = next(model.parameters(), torch.empty(0)).device
-    with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
-        out = model(torch.zeros(1, channels, *image_hw, device=device))
+    what = f"its forward of one {image_hw[0]}x{image_hw[1]}-px image (the meta device cannot trace it)"
+    with AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
+        out = probe_forward(model, (1, channels, *image_hw), what)
     return trace, mode, out
 
 
@@ -239,22 +246,42 @@ def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Modul
 
 def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: int,
                  grid: tuple[int, int] | None = None, prefix: int | None = None
-                 ) -> tuple[LibraryLayout, list[AttentionCall], bool]:
-    """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls, and whether it is a classifier
-    (its output a ``(B, n)`` linear layer's), from one forward on the meta device. ``grid`` (rows, cols) and
-    ``prefix`` override the patch embedding's grid and the token parameters' count. ValueError (one line) where the
-    calls run over different token counts or the layout does not account for every token."""
+                 ) -> tuple[LibraryLayout, list[AttentionCall], bool, image_tokens.ImageTokenCalls | None]:
+    """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls (its layers), whether it is a
+    classifier (its output a ``(B, n)`` linear layer's), and the calls set aside as attention of learnt queries
+    (``image_tokens.split_calls``: DETR's decoder; None where every call is a layer), from one forward on the meta
+    device. ``grid`` (rows, cols) and ``prefix`` override the patch embedding's grid and the token parameters' count.
+    ValueError (one line) where the calls run over different token counts or the layout does not account for every
+    token."""
     try:
         calls, mode, out = _trace(model, image_hw, channels)
     except Exception:  # noqa: BLE001 - a forward that reads a value (.item(), numpy): one image, for real
         try:
             calls, mode, out = _trace(model, image_hw, channels, meta=False)
+        except TooManyTokens:  # the probe's own bound, already one line
+            raise
         except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
             raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
                              f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
     if not calls:
         raise ValueError("its forward makes no attention call this road sees (F.scaled_dot_product_attention, "
                          "nn.MultiheadAttention, or a softmax over (B, heads, T, T) in a module)")
+    try:
+        return (*_placed(model, calls, mode, out, image_hw, grid, prefix), None)
+    except ValueError:
+        if grid is not None or prefix is not None:
+            raise
+        split = image_tokens.split_calls(model, calls, mode, image_hw, token_parameters(model)[0])
+        if split is None:
+            raise
+    # some calls attend among learnt queries (DETR's decoder, Perceiver's latents): the layers are the others
+    layout = _one_grid(model, split.tokens, mode, image_hw, split.grid, None)
+    return layout, list(split.kept), _classifier(out, mode), split
+
+
+def _placed(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, out, image_hw, grid,
+            prefix) -> tuple[LibraryLayout, list[AttentionCall], bool]:
+    """``infer_layout``'s layout of every call, or ValueError (one line)."""
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
@@ -401,7 +428,7 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     image_hw = _image_hw(module, image_size)
     channels = _channels(module)
     preprocessing = _preprocessing(module, image_hw, channels, mean, std)
-    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix)
+    layout, calls, classifier, aside = infer_layout(module, image_hw, channels, grid, prefix)
     # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
     # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
     classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
@@ -422,6 +449,9 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     metadata = {"source": {"kind": "module", "path": None, "architecture": architecture},
                 "architecture": architecture, "parameters": sum(p.numel() for p in module.parameters()),
                 "road": ROAD, "layers": [c.name for c in calls]}
+    if aside is not None:  # the calls of learnt queries (DETR's decoder): run, never layers; named
+        model.call_layers, model.total_calls = [c.index for c in calls], len(calls) + len(aside.others)
+        metadata["not_layers"] = aside.describe_others()
     return Checkpoint(model=model, class_names=[f"class {i}" for i in range(n)], preprocessing=preprocessing,
                       metadata=metadata, path=None, road=ROAD)
 
