@@ -140,3 +140,40 @@ def test_a_forward_that_reads_a_value_and_declares_a_huge_allocation_is_refused_
         vit.load(Lying().eval(), image_size=(16, 24), mean=MEAN, std=STD)
     message = str(refused.value)
     assert "\n" not in message and "would allocate more than" in message and "zeros" in message
+
+
+def _swin2sr_table(model, layer, grid):
+    """Swin2SR's windows as its own layer cuts them: a map of token indices + 1 padded by its ``maybe_pad``, rolled
+    by its ``shift_size`` and cut by its module's ``window_partition`` (0: padding, no token; -1 below)."""
+    from transformers.models.swin2sr.modeling_swin2sr import window_partition
+
+    block = model.get_submodule(layer.rpartition(".attention")[0])
+    index = torch.arange(1, grid[0] * grid[1] + 1, dtype=torch.float32).view(1, *grid, 1)
+    padded, _ = block.maybe_pad(index, *grid)
+    if block.shift_size > 0:
+        padded = torch.roll(padded, shifts=(-block.shift_size, -block.shift_size), dims=(1, 2))
+    return window_partition(padded, block.window_size).reshape(-1, block.window_size ** 2) - 1
+
+
+def test_swin2sr_records_every_windowed_layer_as_its_own_softmax_placed_by_its_own_partition():
+    from test_layer_places import _library_softmax, _placed
+
+    config = transformers.Swin2SRConfig(image_size=16, patch_size=1, embed_dim=8, depths=[2], num_heads=[2],
+                                        window_size=4, upsampler="pixelshuffledirect")
+    torch.manual_seed(0)
+    model = transformers.Swin2SRModel(config).eval()
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    checkpoint = vit.load(model, image_size=(8, 12), mean=(0.0,) * 3, std=(1.0,) * 3)
+    wrapped = checkpoint.model
+    assert wrapped.num_layers == 2 and [p.key_grid for p in wrapped.places] == [(8, 12)] * 2
+    x = torch.rand(1, 3, 8, 12, generator=torch.Generator().manual_seed(1))
+    _, recorded = wrapped.run(x, layers=range(2))
+    own = _library_softmax(model, wrapped._attention, x)
+    assert len(own) == 2 and [model.get_submodule(n.rpartition(".attention")[0]).shift_size
+                              for n in wrapped.names] == [0, 2]  # one plain, one shifted
+    for layer in range(2):
+        expected = _placed(own[layer], _swin2sr_table(model, wrapped.names[layer], (8, 12)), 8 * 12)
+        torch.testing.assert_close(recorded[layer], expected, atol=1e-5, rtol=0)

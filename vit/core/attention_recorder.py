@@ -236,6 +236,11 @@ class AttentionRecording(TorchFunctionMode):
         module = _caller(self.names)
         if module is None:
             return
+        declared = next((h for h in (getattr(module, n, None) for n in ("num_heads", "n_heads")) if isinstance(h, int)
+                         and not isinstance(h, bool)), None)
+        if out.dim() == 4 and declared is not None and out.shape[1] != declared == out.shape[2]:
+            return  # (B, queries, H, points): a deformable attention's weights over its sampled points (Deformable
+            # DETR's), not rows of queries over tokens
         if out.dim() == 5:  # (B, windows, H, T, S) of a module that declares its H heads (Twins' windows), not
             heads = getattr(module, "num_heads", None)  # a local attention's (B, H, T, k*k, k*k) (VOLO's outlook)
             if not isinstance(heads, int) or isinstance(heads, bool) or out.shape[2] != heads:

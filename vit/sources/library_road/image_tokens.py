@@ -24,6 +24,9 @@ import torch
 from vit.core.attention_recorder import AttentionCall
 
 
+NO_IMAGE_ATTENTION = "it has no attention over image tokens"  # the census's words for such a refusal
+
+
 @dataclass(frozen=True)
 class ImageTokenCalls:
     """The calls among ``tokens`` image tokens (``grid`` patches after the prefix), in the forward's order, and the
@@ -43,12 +46,24 @@ class ImageTokenCalls:
                 f"tokens: {shown}{more}")
 
 
+# Modules whose 2-D weights are maps between widths, never rows of tokens (a linear layer's (out, in) weight)
+MAPS = (torch.nn.Linear, torch.nn.MultiheadAttention, torch.nn.modules.conv._ConvNd, torch.nn.modules.batchnorm._NormBase,
+        torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+
 def learnt_queries(model: torch.nn.Module, rows: int) -> str | None:
-    """The name of a parameter of ``model`` whose rows are ``rows`` learnt queries (a ``(rows, D)`` weight: DETR's
-    ``query_position_embeddings``, Perceiver's ``latents``), or None."""
+    """The name of a parameter of ``model`` whose rows are ``rows`` learnt queries, or None: a ``(rows, D)``
+    embedding's weight (DETR's ``query_position_embeddings``) or a module's own parameter (Perceiver's ``latents``),
+    never a linear layer's or a convolution's weight."""
     if rows < 2:
         return None
-    return next((name for name, p in model.named_parameters() if p.dim() == 2 and p.shape[0] == rows), None)
+    for owner_name, owner in model.named_modules():
+        if isinstance(owner, MAPS):
+            continue
+        for name, p in owner.named_parameters(recurse=False):
+            if p.dim() == 2 and p.shape[0] == rows:
+                return f"{owner_name}.{name}" if owner_name else name
+    return None
 
 
 def image_grids(mode, image_hw: tuple[int, int]) -> list[tuple[int, int]]:
@@ -84,6 +99,10 @@ def split_calls(model: torch.nn.Module, calls: list[AttentionCall], mode, image_
                 raise ValueError(f"its attention over the image is cross-attention from {over.queries} learnt queries "
                                  f"({named}) that sit nowhere on it (layer {over.index}, {over.name}), and no layer "
                                  "attends among the image's tokens, whose rows every map here reads")
-            continue
+            first = others[0]
+            raise ValueError(f"{NO_IMAGE_ATTENTION}: every attention call it makes is among {first.queries} learnt "
+                             f"queries ({named}; layer {first.index}, {first.name}), none over the image's "
+                             f"{grid[0]}x{grid[1]} tokens (a deformable attention's weights over sampled points are "
+                             "no rows of queries over tokens)")
         return ImageTokenCalls(tokens, grid, tuple(kept), tuple(others), named)
     return None
