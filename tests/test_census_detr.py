@@ -177,3 +177,24 @@ def test_swin2sr_records_every_windowed_layer_as_its_own_softmax_placed_by_its_o
     for layer in range(2):
         expected = _placed(own[layer], _swin2sr_table(model, wrapped.names[layer], (8, 12)), 8 * 12)
         torch.testing.assert_close(recorded[layer], expected, atol=1e-5, rtol=0)
+
+
+def test_deformable_detr_has_no_attention_over_image_tokens_and_says_so_in_one_line(tmp_path):
+    """Its encoder's (and its decoder's cross-) attention is multi-scale deformable: a softmax over each query's
+    sampled points, ``(B, queries, heads, levels * points)``, no rows of queries over tokens; its decoder's
+    self-attention is among its object queries."""
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 16, 16], depths=[1, 1, 1, 1],
+                                         out_features=["stage2", "stage3", "stage4"])
+    config = transformers.DeformableDetrConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                               decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                               num_queries=3, use_timm_backbone=False, use_pretrained_backbone=False,
+                                               backbone_config=backbone, backbone=None)
+    torch.manual_seed(0)
+    transformers.DeformableDetrModel(config).eval().save_pretrained(tmp_path)
+    transformers.DeformableDetrImageProcessor(size={"height": SIZE[0], "width": SIZE[1]}, image_mean=list(MEAN),
+                                              image_std=list(STD), do_pad=False).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(tmp_path, device="cpu")
+    message = str(refused.value)
+    assert "\n" not in message and "no attention over image tokens" in message
+    assert "among 3 learnt queries" in message and "decoder.layers.0.self_attn" in message
