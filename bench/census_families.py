@@ -122,7 +122,8 @@ FAMILIES: list[Family] = [
     hf("ViTPose backbone", "VitPoseBackbone"),
     hf("C-RADIO", "RadioModel", named=True),
     hf("TIPSv2 vision", "Tipsv2VisionModel"),
-    hf("Sapiens2 backbone", "Sapiens2Backbone"),
+    hf("Sapiens2 backbone", "Sapiens2Backbone", num_first_full_attention_layers=1, num_last_full_attention_layers=1,
+       num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2]),  # its per-layer lists at 2 layers
     hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, window_block_indices=[0]),
     hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, no patches"),
     hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels"),
@@ -185,6 +186,9 @@ FAMILIES: list[Family] = [
     # past the backbone's one, strides 64 to 256: a 1x1 map at 128 px, which its GroupNorm refuses
     hf("Swin2SR", "Swin2SRModel", patch_size=1),  # its own patch size (one pixel a token), not the shrink's 8
     # --- transformers: dense heads around a ViT
+    hf("CHMv2", "CHMv2ForDepthEstimation", backbone_config=dict(num_hidden_layers=4, out_indices=[1, 2, 3, 4])),
+    hf("TIPSv2 DPT", "Tipsv2DptForDepthEstimation", backbone_config=dict(num_hidden_layers=4, out_indices=[1, 2, 3, 4]),
+       **DEPTH_HEAD),  # a neck fed by 4 of its backbone's layers
     hf("DPT", "DPTForDepthEstimation", named=True, backbone_out_indices=[0, 1, 2, 3], num_hidden_layers=4,
        reassemble_factors=[4, 2, 1, 0.5], **DEPTH_HEAD),
     hf("Depth Anything", "DepthAnythingForDepthEstimation", named=True, backbone_config=DEPTH_BACKBONE,
