@@ -102,6 +102,10 @@ SAM3 = dict(fpn_hidden_size=16, backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]
                                  num_hidden_layers=2, num_attention_heads=2, image_size=IMAGE, patch_size=8,
                                  window_size=2, global_attn_indexes=[1], pretrain_image_size=IMAGE))
 DETR_SIZE = dict(height=64, width=96)
+# EdgeTAM's default config names its RepViT trunk under a misspelt key ("archirecture"), so it builds a ResNet-50 its
+# FPN's channels do not fit; the trunk as its checkpoints name it, its feature maps at 32 px
+EDGETAM = dict(backbone_config=dict(architecture="repvit_m1"), backbone_feature_sizes=[[8, 8], [4, 4], [2, 2]],
+               fpn_hidden_size=32)  # the width of the shrunk mask decoder it feeds
 DEPTH_HEAD = dict(neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16)
 
 FAMILIES: list[Family] = [
@@ -126,7 +130,9 @@ FAMILIES: list[Family] = [
        num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2]),  # its per-layer lists at 2 layers
     hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, window_block_indices=[0]),
     hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, no patches"),
-    hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels"),
+    hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels",
+       num_latents=16, d_latents=32, num_self_attends_per_block=1, num_self_attention_heads=2,
+       num_cross_attention_heads=1),  # its 26 self-attention layers of 1,280 wide, 1 GB at 32 px, made tiny
     hf("timm wrapper (ViT)", "TimmWrapperForImageClassification", architecture="vit_tiny_patch16_224",
        model_args=dict(VIT_TINY)),
     # --- transformers: CLIP-like towers
@@ -175,7 +181,7 @@ FAMILIES: list[Family] = [
     hf("SAM-HQ (whole)", "SamHQModel", named=True, vision_config=dict(global_attn_indexes=[1], output_channels=16,
                                                                       mlp_dim=64, window_size=2)),
     hf("SAM 2 (whole)", "Sam2Model", vision_config=SAM2),
-    hf("EdgeTAM vision", "EdgeTamVisionModel"),
+    hf("EdgeTAM vision", "EdgeTamVisionModel", **EDGETAM),
     # --- transformers: an encoder over a CNN's feature map (stride 32), then learnt object queries: a 64x96-px input,
     # a 2x3 map (at 32 px the encoder runs over one token)
     with_processor(hf("DETR", "DetrModel"), size=DETR_SIZE),

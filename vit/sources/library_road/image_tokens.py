@@ -55,7 +55,7 @@ def learnt_queries(model: torch.nn.Module, rows: int) -> str | None:
     """The name of a parameter of ``model`` whose rows are ``rows`` learnt queries, or None: a ``(rows, D)``
     embedding's weight (DETR's ``query_position_embeddings``) or a module's own parameter (Perceiver's ``latents``),
     never a linear layer's or a convolution's weight."""
-    if rows < 2:
+    if rows < 1:
         return None
     for owner_name, owner in model.named_modules():
         if isinstance(owner, MAPS):
