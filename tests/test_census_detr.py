@@ -185,9 +185,10 @@ def test_deformable_detr_has_no_attention_over_image_tokens_and_says_so_in_one_l
     self-attention is among its object queries."""
     backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 16, 16], depths=[1, 1, 1, 1],
                                          out_features=["stage2", "stage3", "stage4"])
-    config = transformers.DeformableDetrConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                                               decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                                               num_queries=3, use_timm_backbone=False, use_pretrained_backbone=False,
+    config = transformers.DeformableDetrConfig(d_model=32, encoder_layers=1, decoder_layers=1,
+                                               encoder_attention_heads=2, decoder_attention_heads=2,
+                                               encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=3,
+                                               use_timm_backbone=False, use_pretrained_backbone=False,
                                                backbone_config=backbone, backbone=None)
     torch.manual_seed(0)
     transformers.DeformableDetrModel(config).eval().save_pretrained(tmp_path)
@@ -198,3 +199,19 @@ def test_deformable_detr_has_no_attention_over_image_tokens_and_says_so_in_one_l
     message = str(refused.value)
     assert "\n" not in message and "no attention over image tokens" in message
     assert "among 3 learnt queries" in message and "decoder.layers.0.self_attn" in message
+
+
+def test_a_library_road_build_with_a_tensor_made_off_the_meta_device_is_traced_to_its_layout(tmp_path):
+    """LW-DETR's ViT builds its layer scales with ``nn.Parameter(torch.Tensor(n))``, which ignores the meta device
+    it is built on: the layout's trace on the meta device swaps them for meta tensors, and the folder is refused for
+    what its layout lacks (its windows), not for the trace."""
+    config = transformers.LwDetrViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, image_size=32, patch_size=8, num_windows=4,
+                                          window_block_indices=[0])
+    torch.manual_seed(0)
+    transformers.LwDetrViTBackbone(config).eval().save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(tmp_path, device="cpu")
+    message = str(refused.value)
+    assert "\n" not in message and "meta device" not in message and "windows or stages" in message

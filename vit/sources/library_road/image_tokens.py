@@ -23,7 +23,6 @@ import torch
 
 from vit.core.attention_recorder import AttentionCall
 
-
 NO_IMAGE_ATTENTION = "it has no attention over image tokens"  # the census's words for such a refusal
 
 
@@ -47,8 +46,8 @@ class ImageTokenCalls:
 
 
 # Modules whose 2-D weights are maps between widths, never rows of tokens (a linear layer's (out, in) weight)
-MAPS = (torch.nn.Linear, torch.nn.MultiheadAttention, torch.nn.modules.conv._ConvNd, torch.nn.modules.batchnorm._NormBase,
-        torch.nn.LayerNorm, torch.nn.GroupNorm)
+MAPS = (torch.nn.Linear, torch.nn.MultiheadAttention, torch.nn.modules.conv._ConvNd,
+        torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
 def learnt_queries(model: torch.nn.Module, rows: int) -> str | None:
