@@ -215,3 +215,36 @@ def test_a_library_road_build_with_a_tensor_made_off_the_meta_device_is_traced_t
         vit.load(tmp_path, device="cpu")
     message = str(refused.value)
     assert "\n" not in message and "meta device" not in message and "windows or stages" in message
+
+
+def test_sapiens2_at_the_sizes_its_config_lists_per_layer_equals_its_eager_attention(tmp_path):
+    """The census's Sapiens2 row was refused for its tiny config (per-layer lists left at 24 layers); built as its
+    lists say for 2 layers, it opens on the library road, every layer equal to its own eager attention at 32x48 px.
+    (No change under vit/ opened it: the census's config did.)"""
+    config = transformers.Sapiens2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, image_size=[32, 48], patch_size=8,
+                                         num_first_full_attention_layers=1, num_last_full_attention_layers=1,
+                                         num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2])
+    torch.manual_seed(0)
+    model = transformers.Sapiens2Backbone(config).eval()
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 48}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    wrapped = checkpoint.model
+    assert checkpoint.road == "library" and wrapped.layout.grid == (4, 6) and wrapped.layout.num_prefix_tokens == 9
+    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    _, kept = wrapped.run(x, layers=range(2))
+    names = {module: name for name, module in wrapped.model.named_modules()}
+    seen = []
+    hooks = [model.get_submodule(names[a]).register_forward_hook(lambda m, a, out: seen.append(out[1]))
+             for a in wrapped._attention]
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            model(pixel_values=x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == 2
+    for layer in range(2):
+        torch.testing.assert_close(kept[layer], seen[layer], atol=1e-5, rtol=0)
