@@ -1,8 +1,9 @@
 """DETR and its kin open through the recorder at the attention function (issue 117 item 3, the census's "forward the
 meta device cannot trace" rows): their backbone's mask reads a value (``.item()``), so where the tokens sit is read
 from one real forward of a small image, every allocation counted before it is made
-(``vit.core.bounded_forward``); their encoder attends over the CNN's feature map flattened into tokens, and their
-decoder's calls, over learnt object queries, are set aside by name (``vit.sources.library_road.image_tokens``).
+(``vit.sources.library_road.bounded_forward``); their encoder attends over the CNN's feature map flattened into
+tokens, and their decoder's calls, over learnt object queries, are set aside by name
+(``vit.sources.library_road.image_tokens``).
 
 Reference: transformers' own eager attention (``attn_implementation="eager"``, ``output_attentions=True``: the
 encoder's post-softmax probabilities, layer by layer), and the feature map's (rows, cols) as the library's own

@@ -9,10 +9,10 @@ size): the patch embedding (a convolution or unfold over the whole input whose s
 size give the grid, and each call's token count less the patches the prefix tokens, which the module's own token
 parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for (a forward
 that reads a value, which the meta device has none of, is traced on one real image of zeros instead, its every
-allocation counted first: ``vit.core.bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by
-name, no layer (``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused in one line, never guessed, and one
-over several sets of tokens is refused naming what it lacks (``missing_layout``: pooled stages, pooled keys, two
-token sets, class-attention layers, attention over channels). The module is a classifier when its output is a
+allocation counted first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no
+layer (``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused
+in one line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``:
+pooled stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a classifier when its output is a
 ``(B, classes)`` tensor from a linear layer; else its features are the last block's hidden tokens.
 """
 
@@ -24,11 +24,11 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core.attention_recorder import AttentionCall, AttentionRecording
-from vit.core.bounded_forward import probe_forward
 from vit.costs.bounds import TooManyTokens
 from vit.model import ViTConfig
 from vit.sources.files import _one_line
 from vit.sources.library_road import image_tokens, transformers_models
+from vit.sources.library_road.bounded_forward import probe_forward
 from vit.sources.library_road.transformers_models import (
     PREFIX_PARAMETERS,
     ROAD,
