@@ -12,8 +12,9 @@ that reads a value, which the meta device has none of, is traced on one real ima
 allocation counted first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no
 layer (``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused
 in one line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``:
-pooled stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a classifier when its output is a
-``(B, classes)`` tensor from a linear layer; else its features are the last block's hidden tokens.
+pooled stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a
+classifier when its output is a ``(B, classes)`` tensor from a linear layer; else its features are the last block's
+hidden tokens.
 """
 
 from __future__ import annotations
