@@ -101,6 +101,11 @@ SAM3 = dict(fpn_hidden_size=16, backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]
             backbone_config=dict(model_type="sam3_vit_model", hidden_size=32, intermediate_size=64,
                                  num_hidden_layers=2, num_attention_heads=2, image_size=IMAGE, patch_size=8,
                                  window_size=2, global_attn_indexes=[1], pretrain_image_size=IMAGE))
+DETR_SIZE = dict(height=64, width=96)
+# EdgeTAM's default config names its RepViT trunk under a misspelt key ("archirecture"), so it builds a ResNet-50 its
+# FPN's channels do not fit; the trunk as its checkpoints name it, its feature maps at 32 px
+EDGETAM = dict(backbone_config=dict(architecture="repvit_m1"), backbone_feature_sizes=[[8, 8], [4, 4], [2, 2]],
+               fpn_hidden_size=32)  # the width of the shrunk mask decoder it feeds
 DEPTH_HEAD = dict(neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16)
 
 FAMILIES: list[Family] = [
@@ -121,10 +126,13 @@ FAMILIES: list[Family] = [
     hf("ViTPose backbone", "VitPoseBackbone"),
     hf("C-RADIO", "RadioModel", named=True),
     hf("TIPSv2 vision", "Tipsv2VisionModel"),
-    hf("Sapiens2 backbone", "Sapiens2Backbone"),
+    hf("Sapiens2 backbone", "Sapiens2Backbone", num_first_full_attention_layers=1, num_last_full_attention_layers=1,
+       num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2]),  # its per-layer lists at 2 layers
     hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, window_block_indices=[0]),
     hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, no patches"),
-    hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels"),
+    hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels",
+       num_latents=16, d_latents=32, num_self_attends_per_block=1, num_self_attention_heads=2,
+       num_cross_attention_heads=1),  # its 26 self-attention layers of 1,280 wide, 1 GB at 32 px, made tiny
     hf("timm wrapper (ViT)", "TimmWrapperForImageClassification", architecture="vit_tiny_patch16_224",
        model_args=dict(VIT_TINY)),
     # --- transformers: CLIP-like towers
@@ -174,8 +182,20 @@ FAMILIES: list[Family] = [
     hf("SAM-HQ (whole)", "SamHQModel", named=True, vision_config=dict(global_attn_indexes=[1], output_channels=16,
                                                                       mlp_dim=64, window_size=2)),
     hf("SAM 2 (whole)", "Sam2Model", vision_config=SAM2),
-    hf("EdgeTAM vision", "EdgeTamVisionModel"),
+    hf("EdgeTAM vision", "EdgeTamVisionModel", **EDGETAM),
+    # --- transformers: an encoder over a CNN's feature map (stride 32), then learnt object queries: a 64x96-px input,
+    # a 2x3 map (at 32 px the encoder runs over one token)
+    with_processor(hf("DETR", "DetrModel"), size=DETR_SIZE),
+    with_processor(hf("Conditional DETR", "ConditionalDetrModel"), size=DETR_SIZE),
+    with_processor(hf("DAB-DETR", "DabDetrModel"), size=DETR_SIZE),
+    with_processor(hf("Table Transformer", "TableTransformerModel"), size=DETR_SIZE),
+    with_processor(hf("Deformable DETR", "DeformableDetrModel"), size=dict(height=256, width=384)),  # its levels
+    # past the backbone's one, strides 64 to 256: a 1x1 map at 128 px, which its GroupNorm refuses
+    hf("Swin2SR", "Swin2SRModel", patch_size=1),  # its own patch size (one pixel a token), not the shrink's 8
     # --- transformers: dense heads around a ViT
+    hf("CHMv2", "CHMv2ForDepthEstimation", backbone_config=dict(num_hidden_layers=4, out_indices=[1, 2, 3, 4])),
+    hf("TIPSv2 DPT", "Tipsv2DptForDepthEstimation", backbone_config=dict(num_hidden_layers=4, out_indices=[1, 2, 3, 4]),
+       **DEPTH_HEAD),  # a neck fed by 4 of its backbone's layers
     hf("DPT", "DPTForDepthEstimation", named=True, backbone_out_indices=[0, 1, 2, 3], num_hidden_layers=4,
        reassemble_factors=[4, 2, 1, 0.5], **DEPTH_HEAD),
     hf("Depth Anything", "DepthAnythingForDepthEstimation", named=True, backbone_config=DEPTH_BACKBONE,
@@ -362,7 +382,7 @@ def save_transformers(family: Family, folder: Path) -> None:
             break
         except Exception:  # noqa: BLE001 - a processor whose sizes are another shape: fewer fields, then ViT's
             continue
-    (processor or transformers.ViTImageProcessor(size={"height": side, "width": side})).save_pretrained(folder)
+    (processor or transformers.ViTImageProcessor(**dict(sizes, **family.processor))).save_pretrained(folder)
 
 
 def save_timm(family: Family, folder: Path) -> None:
@@ -507,8 +527,8 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
                        error=type(error).__name__, missing=missing_piece(message))
             if family.library == "transformers" and row["missing"].startswith("no port"):
                 row["missing"] = why_not_library(folder)
-            if NO_ATTENTION in message:  # the recorder saw no attention call: a pure CNN or MLP
-                row.update(attention=False, result="no attention")
+            if NO_ATTENTION in message or NO_IMAGE_ATTENTION in message:  # the recorder saw no attention call (a
+                row.update(attention=False, result="no attention")  # pure CNN or MLP), or none over image tokens
             if "\n" in message.strip():
                 row["flag"] = "multi-line message"
             if type(error).__module__.split(".")[0] != "vit" and type(error).__name__ not in (
@@ -551,6 +571,7 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
 
 
 NO_ATTENTION = "makes no attention call this road sees"  # the recorder's words for a forward without attention
+NO_IMAGE_ATTENTION = "no attention over image tokens"  # ``image_tokens``': every call among learnt queries
 
 # What a refusal's message says is missing, read from its words (the census's grouping, not the loader's).
 MISSING = [("tokens after the patches", "tokens after the patches"),

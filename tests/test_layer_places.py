@@ -1,6 +1,7 @@
 """Families whose layers run over different tokens open through the recorder at the attention function, each layer
-placed by ``vit.sources.library_road.layer_places`` (issue 117 item 3): pooled stages (PiT, LeViT, MViT v2), pooled
-keys (Twins), pooled queries (EfficientFormer V2's strided attention), class-attention layers (CaiT, VOLO), two
+placed by ``vit.sources.library_road.placing.layer_places`` (issue 117 item 3): pooled stages (PiT, LeViT, MViT
+v2), pooled keys (Twins), pooled queries (EfficientFormer V2's strided attention), class-attention layers (CaiT,
+VOLO), two
 branches (CrossViT), windows (Donut-Swin, MaxViT, Twins), dilated windows (MaxViT's grid, MobileViT's unfolding) and a
 finer grid's windows (TNT's pixels).
 

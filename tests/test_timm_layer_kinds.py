@@ -1,6 +1,7 @@
 """timm families whose attention runs off timm's ``Attention`` and whose layers are not all attention over image
 tokens open through the recorder at the attention function (issue 117 items 2, 3 and 6;
-``vit.sources.library_road.layer_kinds``): windows a block cuts itself (TinyViT, DaViT's spatial blocks, GC ViT's
+``vit.sources.library_road.placing.layer_kinds``):
+windows a block cuts itself (TinyViT, DaViT's spatial blocks, GC ViT's
 local blocks, padded where the grid is not whole windows), NesT's blocks of the image, XCiT's class-attention layers;
 attention over channels (XCiT's and DaViT's cross-covariance attention) and GC ViT's global queries are named and left
 out, the other layers drawn. EdgeNeXt (channels only) and HaloNet (halo attention) are refused in one line naming what

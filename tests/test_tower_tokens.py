@@ -1,5 +1,5 @@
 """A transformers vision tower with no module named ``embeddings`` (issue 117, item 6;
-``vit.sources.library_road.tower_tokens``): Llama 4's vision model opens from the folder transformers saves, its
+``vit.sources.library_road.placing.tower_tokens``): Llama 4's vision model opens from the folder transformers saves, its
 ``class_embedding`` placed after the patches as its forward concatenates it; every layer's attention equals the
 probabilities of its modelling file's ``vision_eager_attention_forward`` (the model built with eager attention), and a
 drawn map is a patch's eager row over the patches, placed row-major (elementwise: a class token taken for a prefix
@@ -78,7 +78,7 @@ def test_llama4s_class_token_sits_after_its_patches_and_every_layer_is_transform
     ("Qwen3VLVisionModel", r"flattened patches in 2x2 merge order with their grid \(image_grid_thw\)")])
 def test_towers_whose_input_has_no_layout_are_refused_naming_it(name, words):
     """Fast: the refusal is read from the tower's class, before any forward."""
-    from vit.sources.library_road import tower_tokens
+    from vit.sources.library_road.placing import tower_tokens
 
     with pytest.raises(ValueError, match=words):
         tower_tokens.count(type(name, (torch.nn.Module,), {})(), False)

@@ -151,15 +151,18 @@ class AttentionRecording(TorchFunctionMode):
     (layer -> the module that makes that call) hand their probabilities to ``recorder.keep_probabilities(layer,
     probabilities, rows_formed)``; ``recorder.rows`` (None: every row) the query rows it asks, ``recorder.gradient``
     whether the probabilities stay in autograd's graph (then every row is formed and the output is computed from
-    them). ``trace``: a list each call is noted in (``AttentionCall``), nothing recorded. ``calls`` after the
-    forward: how many attention calls it made."""
+    them). ``trace``: a list each call is noted in (``AttentionCall``), nothing recorded. ``layers``: the call each
+    layer is, where some calls are no layer (DETR's decoder: ``image_tokens``; None: call i is layer i). ``calls``
+    after the forward: how many attention calls it made."""
 
     def __init__(self, model: torch.nn.Module, recorder=None, trace: list | None = None,
-                 image_hw: tuple[int, int] | None = None, skip: frozenset = frozenset()):
+                 image_hw: tuple[int, int] | None = None, skip: frozenset = frozenset(),
+                 layers: list[int] | None = None):
         super().__init__()
         self.names = {module: name for name, module in model.named_modules()}
         self.recorder, self.trace, self.image_hw = recorder, trace, image_hw
         self.skip = skip  # modules whose calls are no layer (attention over channels): run as made, not counted
+        self.layer_of = None if layers is None else {call: layer for layer, call in enumerate(layers)}
         self.calls = 0
         self.patch: tuple[int, int] | None = None  # the patch embedding's kernel (trace only)
         self.flat_grid: tuple[int, int] | None = None  # the last (B, C, h, w) map flattened to tokens before the
@@ -191,7 +194,9 @@ class AttentionRecording(TorchFunctionMode):
         if self.trace is not None:
             self.trace.append(AttentionCall(layer, self.names.get(module, "?"), kind, heads, queries, keys, batch))
             return None
-        asked = self.recorder.modules.get(layer) if self.recorder is not None else None
+        if self.layer_of is not None:
+            layer = self.layer_of.get(layer)
+        asked = self.recorder.modules.get(layer) if self.recorder is not None and layer is not None else None
         if asked is None:
             return None
         if asked is not module:
@@ -248,6 +253,11 @@ class AttentionRecording(TorchFunctionMode):
         module = _caller(self.names)
         if module is None:
             return
+        declared = next((h for h in (getattr(module, n, None) for n in ("num_heads", "n_heads")) if isinstance(h, int)
+                         and not isinstance(h, bool)), None)
+        if out.dim() == 4 and declared is not None and out.shape[1] != declared == out.shape[2]:
+            return  # (B, queries, H, points): a deformable attention's weights over its sampled points (Deformable
+            # DETR's), not rows of queries over tokens
         if out.dim() == 5:  # (B, windows, H, T, S) of a module that declares its H heads (Twins' windows), not
             heads = getattr(module, "num_heads", None)  # a local attention's (B, H, T, k*k, k*k) (VOLO's outlook)
             if not isinstance(heads, int) or isinstance(heads, bool) or out.shape[2] != heads:

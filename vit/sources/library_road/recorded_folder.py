@@ -117,6 +117,11 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
                               f"{library_error_line(e)}") from None
         raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): "
                           f"{library_error_line(e)}") from None
+    takes = inspect.signature(type(model).forward).parameters
+    if "pixel_values" not in takes and "input_ids" in takes:  # ImageGPT: its processor quantises the pixels
+        raise SourceError(f"{refusal}; nor can the recorder at the attention function feed it: its forward reads token "
+                          "ids (input_ids: its image processor's quantisation of each pixel to a palette of colour "
+                          "clusters), not pixel values, and no road here quantises an image")
     mean, std = processor.get("image_mean"), processor.get("image_std")
     if image_processor is not None and (processor.get("do_normalize") is False or not processor.get("do_normalize")
                                         and (mean is None or std is None)):

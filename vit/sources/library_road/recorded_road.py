@@ -8,11 +8,13 @@ Where the tokens sit is inferred from one forward traced on the meta device (no 
 size): the patch embedding (a convolution or unfold over the whole input whose stride is its kernel) and the input
 size give the grid, and each call's token count less the patches the prefix tokens, which the module's own token
 parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for (a forward
-that reads a value, which the meta device has none of, is traced on one real image of zeros instead). Every call
-must run over the same tokens; a layout that leaves a token unplaced is refused in one line, never guessed, and one
-over several sets of tokens is refused naming what it lacks (``missing_layout``: pooled stages, pooled keys, two
-token sets, class-attention layers, attention over channels). The module is a classifier when its output is a
-``(B, classes)`` tensor from a linear layer; else its features are the last block's hidden tokens.
+that reads a value, which the meta device has none of, is traced on one real image of zeros instead, its every
+allocation counted first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no
+layer (``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused
+in one line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``:
+pooled stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a
+classifier when its output is a ``(B, classes)`` tensor from a linear layer; else its features are the last block's
+hidden tokens.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core.attention_recorder import AttentionCall, AttentionRecording
+from vit.costs.bounds import TooManyTokens
 from vit.model import ViTConfig
 from vit.sources.files import _one_line
 from vit.sources.library_road import transformers_models
-from vit.sources.library_road.layer_kinds import declared_patch, no_rows, noting_grids, split_layers
+from vit.sources.library_road.placing import image_tokens
+from vit.sources.library_road.placing.bounded_forward import probe_forward
+from vit.sources.library_road.placing.layer_kinds import declared_patch, no_rows, noting_grids, split_layers
 from vit.sources.library_road.transformers_models import (
     PREFIX_PARAMETERS,
     ROAD,
@@ -47,6 +52,8 @@ class ModuleModel(LibraryModel):
     makes each attention call, in the forward's order (one per layer); ``names`` their paths in the model."""
 
     forms_asked_rows = True  # the recorder forms only the asked query rows (``plan.library_attention``)
+    call_layers: list[int] | None = None  # the attention call each layer is, where some calls are no layer
+    total_calls: int | None = None  # (DETR's decoder: ``image_tokens``), and how many calls its forward makes
 
     def __init__(self, model: torch.nn.Module, layout: LibraryLayout, calls: list[torch.nn.Module],
                  names: list[str], classifier: bool, heads: int, width: int, channels: int):
@@ -141,13 +148,14 @@ class ModuleModel(LibraryModel):
             hook = last.register_forward_hook(keep)
         try:
             with torch.set_grad_enabled(recorder.gradient), AttentionRecording(
-                self.model, recorder, skip=self.skipped) as mode:
+                self.model, recorder, skip=self.skipped, layers=self.call_layers) as mode:
                 out = self.model(pixels)
         finally:
             if hook is not None:
                 hook.remove()
-        if mode.calls != self.num_layers:
-            raise ValueError(f"its forward made {mode.calls} attention calls, not the {self.num_layers} it made when "
+        made = self.num_layers if self.total_calls is None else self.total_calls
+        if mode.calls != made:
+            raise ValueError(f"its forward made {mode.calls} attention calls, not the {made} it made when "
                              "it was opened: its layers change with the input, which this road cannot place")
         if self.classifier:
             return SimpleNamespace(logits=out)
@@ -171,7 +179,8 @@ def _trace(model: torch.nn.Module, image_hw: tuple[int, int], channels: int, met
     """One forward of a ``(1, channels, *image_hw)`` input, its attention calls and patch embedding noted. ``meta``:
     on the meta device (the module's parameters and buffers swapped for meta tensors of their shapes while it runs:
     no data read, no memory of the input's size taken); else one image of zeros on the module's own device (a
-    forward that reads a value, which the meta device has none of)."""
+    forward that reads a value, which the meta device has none of: ``bounded_forward.probe_forward``, every allocation
+    counted before it is made, zeros standing in for parameters still on the meta device)."""
     trace: list[AttentionCall] = []
     with noting_grids(model):
         return _traced(model, image_hw, channels, meta, trace)
@@ -184,11 +193,11 @@ def _traced(model, image_hw, channels, meta, trace):
                                    *model.named_buffers(remove_duplicate=False)]}
         pixels = torch.empty(1, channels, *image_hw, device="meta")
         with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
-            out = torch.func.functional_call(model, swapped, (pixels,))
+            out = torch.func.functional_call(model, swapped, (pixels,), tie_weights=False)
         return trace, mode, out
-    device = next(model.parameters(), torch.empty(0)).device
-    with torch.no_grad(), AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
-        out = model(torch.zeros(1, channels, *image_hw, device=device))
+    what = f"its forward of one {image_hw[0]}x{image_hw[1]}-px image (the meta device cannot trace it)"
+    with AttentionRecording(model, trace=trace, image_hw=image_hw) as mode:
+        out = probe_forward(model, (1, channels, *image_hw), what)
     return trace, mode, out
 
 
@@ -247,17 +256,21 @@ def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Modul
 
 def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: int,
                  grid: tuple[int, int] | None = None, prefix: int | None = None, left_out: dict | None = None
-                 ) -> tuple[LibraryLayout, list[AttentionCall], bool]:
-    """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls, and whether it is a classifier
-    (its output a ``(B, n)`` linear layer's), from one forward on the meta device. ``grid`` (rows, cols) and
-    ``prefix`` override the patch embedding's grid and the token parameters' count. ValueError (one line) where the
-    calls run over different token counts or the layout does not account for every token. ``left_out`` (a dict)
-    is given the calls that are no layer over image tokens (``layer_kinds``: attention over channels), module -> why."""
+                 ) -> tuple[LibraryLayout, list[AttentionCall], bool, image_tokens.ImageTokenCalls | None]:
+    """Where ``model``'s tokens sit at an ``image_hw`` input, its attention calls (its layers), whether it is a
+    classifier (its output a ``(B, n)`` linear layer's), and the calls set aside as attention of learnt queries
+    (``image_tokens.split_calls``: DETR's decoder; None where every call is a layer), from one forward on the meta
+    device. ``grid`` (rows, cols) and ``prefix`` override the patch embedding's grid and the token parameters' count.
+    ValueError (one line) where the calls run over different token counts or the layout does not account for every
+    token. ``left_out`` (a dict) is given the calls that are no layer over image tokens (``layer_kinds``: attention
+    over channels), module -> why."""
     try:
         calls, mode, out = _trace(model, image_hw, channels)
     except Exception:  # noqa: BLE001 - a forward that reads a value (.item(), numpy): one image, for real
         try:
             calls, mode, out = _trace(model, image_hw, channels, meta=False)
+        except TooManyTokens:  # the probe's own bound, already one line
+            raise
         except Exception as e:  # noqa: BLE001 - any module's forward: its own error, in one line
             raise ValueError(f"its forward fails on one {image_hw[0]}x{image_hw[1]}-px image, so where its tokens "
                              f"sit cannot be read ({type(e).__name__}: {_one_line(e)})") from None
@@ -269,6 +282,22 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
     calls, skipped = split_layers(calls, dict(model.named_modules()))
     if left_out is not None:
         left_out.update(skipped)
+    try:
+        return (*_placed(model, calls, mode, out, image_hw, grid, prefix), None)
+    except ValueError:
+        if grid is not None or prefix is not None:
+            raise
+        split = image_tokens.split_calls(model, calls, mode, image_hw, token_parameters(model)[0])
+        if split is None:
+            raise
+    # some calls attend among learnt queries (DETR's decoder, Perceiver's latents): the layers are the others
+    layout = _one_grid(model, split.tokens, mode, image_hw, split.grid, None)
+    return layout, list(split.kept), _classifier(out, mode), split
+
+
+def _placed(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, out, image_hw, grid,
+            prefix) -> tuple[LibraryLayout, list[AttentionCall], bool]:
+    """``infer_layout``'s layout of every call, or ValueError (one line)."""
     counts = sorted({c.keys for c in calls} | {c.queries for c in calls})
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
@@ -337,7 +366,7 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
             grid, prefix) -> LibraryLayout:
     """The layout of a model whose layers run over different tokens (``layer_places``), or ValueError (one line)
     naming what its layers lack: attention over channels (XCiT's) first, which is no layer over image tokens."""
-    from vit.sources.library_road.layer_places import infer_places, no_layout, staged_layout
+    from vit.sources.library_road.placing.layer_places import infer_places, no_layout, staged_layout
 
     names = dict(model.named_modules())
     patches = (image_hw[0] // mode.patch[0]) * (image_hw[1] // mode.patch[1]) if mode.patch else None
@@ -424,7 +453,7 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     channels = _channels(module)
     preprocessing = _preprocessing(module, image_hw, channels, mean, std)
     skipped: dict[str, str] = {}
-    layout, calls, classifier = infer_layout(module, image_hw, channels, grid, prefix, skipped)
+    layout, calls, classifier, aside = infer_layout(module, image_hw, channels, grid, prefix, skipped)
     # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
     # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
     classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
@@ -448,6 +477,9 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
                 "road": ROAD, "layers": [c.name for c in calls]}
     if skipped:  # named, not drawn: attention over channels, not over image tokens
         metadata["left_out"] = dict(skipped)
+    if aside is not None:  # the calls of learnt queries (DETR's decoder): run, never layers; named
+        model.call_layers, model.total_calls = [c.index for c in calls], len(calls) + len(aside.others)
+        metadata["not_layers"] = aside.describe_others()
     return Checkpoint(model=model, class_names=[f"class {i}" for i in range(n)], preprocessing=preprocessing,
                       metadata=metadata, path=None, road=ROAD)
 

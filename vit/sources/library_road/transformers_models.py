@@ -84,7 +84,7 @@ def prefix_tokens(model: torch.nn.Module, names: tuple[str, ...] = PREFIX_PARAME
     those after them (YOLOS's detection tokens)."""
     embeddings = next((m for name, m in model.named_modules() if name.rpartition(".")[2] == "embeddings"), None)
     if embeddings is None:  # a tower whose tokens its own parameters give (Llama 4's), or why not
-        from vit.sources.library_road import tower_tokens
+        from vit.sources.library_road.placing import tower_tokens
 
         return tower_tokens.count(model, names == SUFFIX_PARAMETERS)
     count = 0
@@ -440,8 +440,12 @@ def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str |
     asks for, it may form other tokens, or fail (EoMT's mask head is built for the config's grid)."""
     pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
     seen: list[tuple[int, int]] = []  # (layer, keys), in the order the forward runs them
+    entry = model.entry  # a tensor its build made off the meta device (LW-DETR's ``nn.Parameter(torch.Tensor(n))``
+    off = {n: torch.empty_like(t, device="meta") for n, t in [  # ignores the device it is built on): a meta one
+        *entry.named_parameters(remove_duplicate=False), *entry.named_buffers(remove_duplicate=False)] if not t.is_meta}
     try:
-        traced_key_counts(model, model.part, lambda: model.entry(pixel_values=pixels), seen)
+        traced_key_counts(model, model.part, lambda: torch.func.functional_call(
+            entry, off, (), {"pixel_values": pixels}, strict=False), seen)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
         if "item() cannot be called on meta" not in str(e):
             size = config_size(model.config)

@@ -22,7 +22,7 @@ import torch
 
 from vit.core.attention_recorder import AttentionCall
 from vit.model.stages import LayerLayout
-from vit.sources.library_road import layer_kinds
+from vit.sources.library_road.placing import layer_kinds
 from vit.sources.library_road.transformers_models import LibraryLayout
 
 ASPECT_SLACK = 0.35  # how far a grid's rows / cols may be from the image's (PiT's overlapping 7x11 of 64x96 px)

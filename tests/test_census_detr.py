@@ -1,0 +1,251 @@
+"""DETR and its kin open through the recorder at the attention function (issue 117 item 3, the census's "forward the
+meta device cannot trace" rows): their backbone's mask reads a value (``.item()``), so where the tokens sit is read
+from one real forward of a small image, every allocation counted before it is made
+(``vit.sources.library_road.placing.bounded_forward``); their encoder attends over the CNN's feature map flattened into
+tokens, and their decoder's calls, over learnt object queries, are set aside by name
+(``vit.sources.library_road.placing.image_tokens``).
+
+Reference: transformers' own eager attention (``attn_implementation="eager"``, ``output_attentions=True``: the
+encoder's post-softmax probabilities, layer by layer), and the feature map's (rows, cols) as the library's own
+``input_projection`` makes it, at a non-square 64x96-px input (a 2x3 grid), so a transposed grid fails. The tiny
+models use transformers' own ResNet as their backbone (the census's full-size timm ResNet-50 is seconds to build)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit.checkpoint import CheckpointError
+from vit.core.inference import preprocess
+
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = ("DetrModel", "ConditionalDetrModel", "DabDetrModel", "TableTransformerModel")
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.3, 0.4)
+SIZE = (64, 96)  # a 2x3 feature map at the backbone's stride 32
+
+
+def tiny(name: str) -> torch.nn.Module:
+    cls = getattr(transformers, name)
+    fields = cls.config_class().to_dict()
+    sizes = dict(d_model=16, hidden_size=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+                 decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=3)
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 16, 16], depths=[1, 1, 1, 1],
+                                         out_features=["stage4"])
+    config = cls.config_class(**{k: v for k, v in sizes.items() if k in fields}, use_timm_backbone=False,
+                              use_pretrained_backbone=False, backbone_config=backbone, backbone=None)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights wide enough that every row of every head differs from uniform
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    return model
+
+
+def eager(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[list[torch.Tensor], tuple[int, int]]:
+    """The library's own eager encoder attentions for ``pixels`` and the feature map's (rows, cols) its
+    ``input_projection`` makes."""
+    seen = []
+    handle = model.input_projection.register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape[-2:])))
+    implementation = model.config._attn_implementation
+    model.config._attn_implementation = "eager"  # the encoder's layers read it at each call
+    try:
+        with torch.no_grad():
+            out = model(pixel_values=pixels, output_attentions=True)
+    finally:
+        model.config._attn_implementation = implementation
+        handle.remove()
+    return list(out.encoder_attentions), seen[0]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    model = tiny(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    transformers.DetrImageProcessor(size={"height": SIZE[0], "width": SIZE[1]}, image_mean=list(MEAN),
+                                    image_std=list(STD), do_pad=False).save_pretrained(folder)
+    return model, folder
+
+
+def test_a_detr_like_folder_records_its_encoder_layers_as_the_librarys_eager_attention_on_its_feature_map(family):
+    model, folder = family
+    checkpoint = vit.load(folder, device="cpu")
+    wrapped = checkpoint.model
+    assert checkpoint.road == "library" and wrapped.num_layers == 2
+    assert all(".encoder.layers." in f".{name}" for name in wrapped.names)
+    assert "decoder.layers.0" in checkpoint.metadata["not_layers"]  # the object queries' calls, named
+    x = torch.randn(1, 3, *SIZE, generator=torch.Generator().manual_seed(1))
+    _, kept = wrapped.run(x, layers=range(2))
+    own, grid = eager(model, x)
+    assert grid == (2, 3) and wrapped.layout.grid == grid and wrapped.layout.num_prefix_tokens == 0
+    assert len(own) == 2
+    for layer in range(2):
+        torch.testing.assert_close(kept[layer], own[layer], atol=1e-5, rtol=0)
+    _, rows = wrapped.run(x, layers=[1], rows=[4])  # one query's row, only it formed
+    torch.testing.assert_close(rows[1], own[1][:, :, 4:5], atol=1e-5, rtol=0)
+    image = Image.fromarray((torch.rand(*SIZE, 3, generator=torch.Generator().manual_seed(2)) * 255).byte().numpy())
+    explanation = vit.explain(checkpoint, image, "attention", layer=-1, head=1, query=4)
+    own, grid = eager(model, preprocess([image], checkpoint.preprocessing))
+    torch.testing.assert_close(torch.from_numpy(explanation.map), own[-1][0, 1, 4].reshape(grid), atol=1e-5, rtol=0)
+
+
+class Latents(torch.nn.Module):
+    """Perceiver's kind: learnt latents cross-attend the pixels (a 1x1 convolution's tokens), then attend among
+    themselves; no layer attends among the image's tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.latents = torch.nn.Parameter(torch.randn(5, 8))
+        self.cross = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.self_attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        tokens = self.embed(x).flatten(2).transpose(1, 2)  # (B, h * w, 8)
+        latents = self.latents.expand(x.shape[0], -1, -1)
+        latents = self.cross(latents, tokens, tokens)[0]
+        return self.self_attention(latents, latents, latents)[0]
+
+
+def test_learnt_latents_that_only_cross_attend_the_image_are_refused_in_one_line_naming_them():
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(Latents().eval(), image_size=(16, 24), mean=MEAN, std=STD)
+    message = str(refused.value)
+    assert "\n" not in message and "cross-attention from 5 learnt queries (latents)" in message
+
+
+class Lying(torch.nn.Module):
+    """A forward that reads a value of its input (the meta device cannot trace it), then allocates what its
+    attribute declares: 2^34 floats, 64 GB."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.queries = 2**34
+
+    def forward(self, x):
+        tokens = self.embed(x).flatten(2).transpose(1, 2)
+        if tokens.abs().sum().item() >= 0:  # a value read: no meta trace
+            scratch = torch.zeros(self.queries, device=x.device)
+            tokens = tokens + scratch[:1]
+        return torch.nn.functional.scaled_dot_product_attention(tokens[:, None], tokens[:, None], tokens[:, None])
+
+
+def test_a_forward_that_reads_a_value_and_declares_a_huge_allocation_is_refused_before_making_it():
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(Lying().eval(), image_size=(16, 24), mean=MEAN, std=STD)
+    message = str(refused.value)
+    assert "\n" not in message and "would allocate more than" in message and "zeros" in message
+
+
+def _swin2sr_table(model, layer, grid):
+    """Swin2SR's windows as its own layer cuts them: a map of token indices + 1 padded by its ``maybe_pad``, rolled
+    by its ``shift_size`` and cut by its module's ``window_partition`` (0: padding, no token; -1 below)."""
+    from transformers.models.swin2sr.modeling_swin2sr import window_partition
+
+    block = model.get_submodule(layer.rpartition(".attention")[0])
+    index = torch.arange(1, grid[0] * grid[1] + 1, dtype=torch.float32).view(1, *grid, 1)
+    padded, _ = block.maybe_pad(index, *grid)
+    if block.shift_size > 0:
+        padded = torch.roll(padded, shifts=(-block.shift_size, -block.shift_size), dims=(1, 2))
+    return window_partition(padded, block.window_size).reshape(-1, block.window_size ** 2) - 1
+
+
+def test_swin2sr_records_every_windowed_layer_as_its_own_softmax_placed_by_its_own_partition():
+    from test_layer_places import _library_softmax, _placed
+
+    config = transformers.Swin2SRConfig(image_size=16, patch_size=1, embed_dim=8, depths=[2], num_heads=[2],
+                                        window_size=4, upsampler="pixelshuffledirect")
+    torch.manual_seed(0)
+    model = transformers.Swin2SRModel(config).eval()
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    checkpoint = vit.load(model, image_size=(8, 12), mean=(0.0,) * 3, std=(1.0,) * 3)
+    wrapped = checkpoint.model
+    assert wrapped.num_layers == 2 and [p.key_grid for p in wrapped.places] == [(8, 12)] * 2
+    x = torch.rand(1, 3, 8, 12, generator=torch.Generator().manual_seed(1))
+    _, recorded = wrapped.run(x, layers=range(2))
+    own = _library_softmax(model, wrapped._attention, x)
+    assert len(own) == 2 and [model.get_submodule(n.rpartition(".attention")[0]).shift_size
+                              for n in wrapped.names] == [0, 2]  # one plain, one shifted
+    for layer in range(2):
+        expected = _placed(own[layer], _swin2sr_table(model, wrapped.names[layer], (8, 12)), 8 * 12)
+        torch.testing.assert_close(recorded[layer], expected, atol=1e-5, rtol=0)
+
+
+def test_deformable_detr_has_no_attention_over_image_tokens_and_says_so_in_one_line(tmp_path):
+    """Its encoder's (and its decoder's cross-) attention is multi-scale deformable: a softmax over each query's
+    sampled points, ``(B, queries, heads, levels * points)``, no rows of queries over tokens; its decoder's
+    self-attention is among its object queries."""
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 16, 16], depths=[1, 1, 1, 1],
+                                         out_features=["stage2", "stage3", "stage4"])
+    config = transformers.DeformableDetrConfig(d_model=32, encoder_layers=1, decoder_layers=1,
+                                               encoder_attention_heads=2, decoder_attention_heads=2,
+                                               encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=3,
+                                               use_timm_backbone=False, use_pretrained_backbone=False,
+                                               backbone_config=backbone, backbone=None)
+    torch.manual_seed(0)
+    transformers.DeformableDetrModel(config).eval().save_pretrained(tmp_path)
+    transformers.DeformableDetrImageProcessor(size={"height": SIZE[0], "width": SIZE[1]}, image_mean=list(MEAN),
+                                              image_std=list(STD), do_pad=False).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(tmp_path, device="cpu")
+    message = str(refused.value)
+    assert "\n" not in message and "no attention over image tokens" in message
+    assert "among 3 learnt queries" in message and "decoder.layers.0.self_attn" in message
+
+
+def test_a_library_road_build_with_a_tensor_made_off_the_meta_device_is_traced_to_its_layout(tmp_path):
+    """LW-DETR's ViT builds its layer scales with ``nn.Parameter(torch.Tensor(n))``, which ignores the meta device
+    it is built on: the layout's trace on the meta device swaps them for meta tensors, and the folder is refused for
+    what its layout lacks (its windows), not for the trace."""
+    config = transformers.LwDetrViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, image_size=32, patch_size=8, num_windows=4,
+                                          window_block_indices=[0])
+    torch.manual_seed(0)
+    transformers.LwDetrViTBackbone(config).eval().save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(tmp_path, device="cpu")
+    message = str(refused.value)
+    assert "\n" not in message and "meta device" not in message and "windows or stages" in message
+
+
+def test_sapiens2_at_the_sizes_its_config_lists_per_layer_equals_its_eager_attention(tmp_path):
+    """The census's Sapiens2 row was refused for its tiny config (per-layer lists left at 24 layers); built as its
+    lists say for 2 layers, it opens on the library road, every layer equal to its own eager attention at 32x48 px.
+    (No change under vit/ opened it: the census's config did.)"""
+    config = transformers.Sapiens2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, image_size=[32, 48], patch_size=8,
+                                         num_first_full_attention_layers=1, num_last_full_attention_layers=1,
+                                         num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2])
+    torch.manual_seed(0)
+    model = transformers.Sapiens2Backbone(config).eval()
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 48}).save_pretrained(tmp_path)
+    checkpoint = vit.load(tmp_path, device="cpu")
+    wrapped = checkpoint.model
+    assert checkpoint.road == "library" and wrapped.layout.grid == (4, 6) and wrapped.layout.num_prefix_tokens == 9
+    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    _, kept = wrapped.run(x, layers=range(2))
+    names = {module: name for name, module in wrapped.model.named_modules()}
+    seen = []
+    hooks = [model.get_submodule(names[a]).register_forward_hook(lambda m, a, out: seen.append(out[1]))
+             for a in wrapped._attention]
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            model(pixel_values=x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(seen) == 2
+    for layer in range(2):
+        torch.testing.assert_close(kept[layer], seen[layer], atol=1e-5, rtol=0)
