@@ -83,6 +83,8 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
+    if all(value is None for value in sizes.values()):  # a tower of towers (DeepSeek-OCR 2's SAM then encoder)
+        sizes, vision = _stacked(vision)
     lacking = [what for what, value in sizes.items() if value is None]
     if lacking:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
@@ -97,6 +99,23 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
     shape = LibraryShape(sizes["layers"], sizes["heads"], width, _first(vision, MLP) or 4 * width, 0,
                          (patch or 1, patch or 1), _first(vision, CHANNELS) or 3)
     return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
+
+
+def _stacked(vision) -> tuple[dict, object]:
+    """``(sizes, part)`` of a vision config that declares no sizes of its own but towers of its own (its
+    attributes that are configs: DeepSeek-OCR 2's ``sam_config`` and ``encoder_config``): their layers summed, the
+    heads and width of the widest, which the cost model counts at least; ``part`` the first tower (the image's
+    patches), whose patch size cuts the pixels."""
+    from transformers import PretrainedConfig
+
+    parts = [v for v in vars(vision).values() if isinstance(v, PretrainedConfig)]
+    read = [(part, {what: _first(part, names) for what, names in
+                    (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}) for part in parts]
+    read = [(part, sizes) for part, sizes in read if None not in sizes.values()]
+    if not read:
+        return dict(layers=None, heads=None, hidden_size=None), vision
+    widest = max(read, key=lambda item: item[1]["hidden_size"])[1]
+    return dict(widest, layers=sum(sizes["layers"] for _, sizes in read)), read[0][0]
 
 
 def learned_queries(config) -> str | None:
