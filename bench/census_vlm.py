@@ -17,7 +17,10 @@ census's own gap, not a refusal). The types the test suite builds are built by i
 config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
 default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
-device before it is built. Where the processor and the shrunk config must agree, the builder reads what the
+device before it is built; where transformers' defaults do not build on their own, the general rules of
+``bench/census_vlm_rules.py`` (a processor from its kin, fields its code needs that the default leaves None, widths
+its validation ties together, one rope entry per kind of layer, the few fields only checkpoints state).
+Where the processor and the shrunk config must agree, the builder reads what the
 processor states: its marker tokens' ids the config lacks (``_marker_ids``), its patch, temporal patch and merge sizes
 (``_patch_agreed``), the side its tiles or token count fix (``_side_agreed``, a second tower's from the image
 processor's size named after it); widths the full config states as the vision width times its merge unit and M-RoPE
@@ -38,8 +41,18 @@ import time
 from pathlib import Path
 
 from bench.census_families import _HOME, TimeLimit, _alarm, one_line, source, versions
-from bench.census_vlm_rules import (aliased, code_of, divided_widths, filled, hidden_widths, processor_from_config,
-                                    processor_of_kin, rope_per_kind, sections, stated_fields)
+from bench.census_vlm_rules import (
+    aliased,
+    code_of,
+    divided_widths,
+    filled,
+    hidden_widths,
+    processor_from_config,
+    processor_of_kin,
+    rope_per_kind,
+    sections,
+    stated_fields,
+)
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
 NEW_TOKENS = 3
@@ -231,12 +244,11 @@ def _part(part: str, model_type: str, processor_class):
     """A default instance of the class ``part`` of ``processor_class`` has for ``model_type``: the auto-mapping's
     class for the type, else for a type whose processor is the same class, else the one its module defines."""
     import importlib
+    import inspect
+    import re
 
     import transformers
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-
-    import inspect
-    import re
 
     module, _, table = PART_MAPPINGS[part].partition(".")
     names = getattr(importlib.import_module(f"transformers.models.auto.{module}"), table)
@@ -267,7 +279,8 @@ def _token_ids(config: dict, processor, words, vocab: int, image: int | None) ->
             continue
         if isinstance(value, dict):
             _token_ids(value, processor, words, vocab, image)
-        elif (key.startswith("vocab_size") or key.endswith("vocab_size_base")) and _whole(value):  # Qwen4-Exp's n-grams  # Gemma 3n's and 4's per-layer inputs' too
+        # Gemma 3n's and 4's per-layer inputs' too, and Qwen4-Exp's n-gram table's
+        elif (key.startswith("vocab_size") or key.endswith("vocab_size_base")) and _whole(value):
             config[key] = vocab
         elif key in ("image_token_id", "image_token_index") and image is not None:
             config[key] = image
@@ -391,11 +404,11 @@ def sample_image():
 def generic_build(model_type: str):
     """``(model, processor)`` of a tiny ``model_type`` by the generic builder (see the module's docstring)."""
 
+    import inspect
+
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-    import inspect
 
     model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
     if "pixel_values" not in inspect.signature(model_class.forward).parameters and not getattr(
