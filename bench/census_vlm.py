@@ -47,6 +47,7 @@ from bench.census_vlm_rules import (
     divided_widths,
     filled,
     hidden_widths,
+    pinpoint_side,
     processor_from_config,
     processor_of_kin,
     rope_per_kind,
@@ -430,7 +431,7 @@ def generic_build(model_type: str):
         specials += lacking
         processor, words = _processor(processor_class, model_type, specials, named)
     config = CONFIG_MAPPING[model_type]().to_dict()
-    stated_fields(config, model_type)
+    stated_fields(config, model_type, processor)
     processor_from_config(processor, config)
     # the chat template's image placeholder: the first of the processor's image tokens it expands for an image
     candidates = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str)
@@ -459,7 +460,7 @@ def generic_build(model_type: str):
     rope_per_kind(config, model_class)
     _token_ids(config, processor, words, len(words), expanded)
     _marker_ids(config, processor, words)
-    side = _side_agreed(config, processor)
+    side = pinpoint_side(processor) or _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
             sub["image_size"] = side

@@ -34,10 +34,10 @@ EXPERTS = {"num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "num
 # them, shrunk to the census's sizes: {model_type: {dotted field: value}}
 STATED = {
     # Granite 4 Vision: deepstack_layer_map (vision layer, language layer) pairs and the Q-Former's downsample_rate
-    # ("query side/window side"), None by default, break the build: one pair per tiny language layer; the default
-    # tower's 224-px side in 16-px patches (14 a side) read in 2 x 2 windows, one query each
+    # ("query side/window side"), None by default, break the build: one pair per tiny language layer; its canvases'
+    # 336-px tiles (``pinpoint_side``) in 14-px patches (24 a side) read in 4 x 4 windows, 2 x 2 queries each
     "granite4_vision": {"deepstack_layer_map": [[-2, 0], [-1, 1]], "spatial_target_layers": [0, 1, 1, 1],
-                        "downsample_rate": "1/2", "vision_config.patch_size": 16},
+                        "downsample_rate": "2/4", "vision_config.patch_size": 14},
     # Qwen4-Exp: its attention builds the QSA indexer on every indexed layer; the default leaves the indexer's
     # sizes None (its validation: all five or none)
     "qwen4_exp": {"text_config.indexer_n_heads": 2, "text_config.indexer_kv_heads": 1,
@@ -230,8 +230,40 @@ def processor_from_config(processor, config: dict) -> None:
             setattr(processor, key, stated)
 
 
-def stated_fields(config: dict, model_type: str) -> None:
-    """The fields ``STATED`` gives ``model_type`` set in ``config`` (in place)."""
+def pinpoint_side(processor) -> int | None:
+    """The tile side the image processor's canvases (``image_grid_pinpoints``) are cut into where its crop side does
+    not divide them (Granite 4 Vision's default 224-px crop beside canvases of 336-px multiples): their greatest
+    common divisor, the image processor made to crop to it; None where its side divides them."""
+    import math
+
+    images = getattr(processor, "image_processor", None)
+    points = getattr(images, "image_grid_pinpoints", None)
+    crop = getattr(images, "crop_size", None)
+    side = getattr(crop, "height", None)
+    if not (isinstance(points, list) and points and isinstance(side, int)):
+        return None
+    tile = math.gcd(*(v for point in points for v in point))
+    if tile % side == 0:
+        return None
+    images.crop_size = type(crop)(height=tile, width=tile)
+    size = getattr(images, "size", None)
+    if getattr(size, "shortest_edge", None):
+        images.size = type(size)(shortest_edge=tile)
+    return tile
+
+
+# Processor settings the checkpoints' processors state where the class's default does not count the tower's tokens
+STATED_PROCESSOR = {
+    # Granite 4 Vision's default CLIP tower has a class token its processor's count leaves out by default
+    "granite4_vision": {"num_additional_image_tokens": 1},
+}
+
+
+def stated_fields(config: dict, model_type: str, processor=None) -> None:
+    """The fields ``STATED`` gives ``model_type`` set in ``config``, and ``STATED_PROCESSOR``'s on ``processor``
+    (in place)."""
+    for name, value in STATED_PROCESSOR.get(model_type, {}).items() if processor is not None else ():
+        setattr(processor, name, value)
     for dotted, value in STATED.get(model_type, {}).items():
         *path, name = dotted.split(".")
         sub = config

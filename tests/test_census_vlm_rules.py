@@ -3,7 +3,7 @@ values computed by hand; the rules on transformers' own config classes: ``tests/
 
 from types import SimpleNamespace
 
-from bench.census_vlm_rules import STATED, _kinds, processor_from_config, sections, stated_fields
+from bench.census_vlm_rules import STATED, _kinds, pinpoint_side, processor_from_config, sections, stated_fields
 
 
 def test_sections_sum_to_the_half_width_and_keep_equal_ones_equal():
@@ -39,3 +39,15 @@ def test_stated_fields_reach_nested_configs():
     stated_fields(config, "qwen4_exp")
     assert config["text_config"]["indexer_budget"] == STATED["qwen4_exp"]["text_config.indexer_budget"]
     assert config["text_config"]["indexer_budget"] % config["text_config"]["indexer_compress_ratio"] == 0
+
+
+def test_canvases_the_crop_side_does_not_divide_are_cut_into_their_common_divisor():
+    class Size(SimpleNamespace):
+        pass
+
+    images = SimpleNamespace(image_grid_pinpoints=[[336, 672], [672, 336], [1008, 336]], crop_size=Size(height=224,
+                             width=224), size=Size(shortest_edge=224))
+    assert pinpoint_side(SimpleNamespace(image_processor=images)) == 336
+    assert (images.crop_size.height, images.crop_size.width, images.size.shortest_edge) == (336, 336, 336)
+    images.image_grid_pinpoints, images.crop_size = [[448, 896]], Size(height=224, width=224)  # 224 divides them
+    assert pinpoint_side(SimpleNamespace(image_processor=images)) is None and images.crop_size.height == 224
