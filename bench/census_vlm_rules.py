@@ -43,6 +43,13 @@ STATED = {
     "qwen4_exp": {"text_config.indexer_n_heads": 2, "text_config.indexer_kv_heads": 1,
                   "text_config.indexer_head_dim": 8, "text_config.indexer_budget": 64,
                   "text_config.indexer_compress_ratio": 4},
+    # Perception LM (facebook/Perception-LM-1B): a timm PE-core ViT whose model_args the projector reads
+    # (model_args["embed_dim"]); the default names timm's ResNet-50 and no model_args. Its 14-px patches over the
+    # image processor's 448-px tiles, tiny
+    "perception_lm": {"projector_pooling_ratio": 2,  # as its processor's pooling_ratio counts
+                      "vision_config.architecture": "vit_pe_core_large_patch14_336",
+                      "vision_config.model_args": {"embed_dim": 32, "depth": 2, "num_heads": 4, "img_size": 448,
+                                                   "patch_size": 14}},
 }
 
 
@@ -256,14 +263,21 @@ def pinpoint_side(processor) -> int | None:
 STATED_PROCESSOR = {
     # Granite 4 Vision's default CLIP tower has a class token its processor's count leaves out by default
     "granite4_vision": {"num_additional_image_tokens": 1},
+    # Perception LM: the tower's patch, which its count divides the tiles by; at most 4 tiles of 448 px (its default
+    # 36 make a 9,216-token prompt of a 90-px image)
+    "perception_lm": {"patch_size": 14, "image_processor.max_num_tiles": 4},
 }
 
 
 def stated_fields(config: dict, model_type: str, processor=None) -> None:
     """The fields ``STATED`` gives ``model_type`` set in ``config``, and ``STATED_PROCESSOR``'s on ``processor``
     (in place)."""
-    for name, value in STATED_PROCESSOR.get(model_type, {}).items() if processor is not None else ():
-        setattr(processor, name, value)
+    for dotted, value in STATED_PROCESSOR.get(model_type, {}).items() if processor is not None else ():
+        *path, name = dotted.split(".")
+        part = processor
+        for key in path:
+            part = getattr(part, key)
+        setattr(part, name, value)
     for dotted, value in STATED.get(model_type, {}).items():
         *path, name = dotted.split(".")
         sub = config

@@ -1,11 +1,12 @@
 """Types the VLM census's builder could not build before its general rules (``bench/census_vlm_rules.py``, issue
 113 item 2), built tiny by transformers with their own processors and saved whole, answer through the road: Qwen4-Exp
 (a mixture-of-experts stack with no dense MLP width: ``intermediate_size`` absent, its experts' read for the declared
-parameters' bound) and DeepSeek-OCR 2 (a vision config of two towers, SAM then an encoder, and no sizes of its own:
-counted from its parts). Each answers with transformers' greedy ``generate``'s tokens, each answer token's attention
-at every layer equal to the eager row; Qwen4-Exp's image tokens placed row-major over the 2 x 2 merge units of the
-grid its processor's ``image_grid_thw`` states (a transposed placement fails). The builder's rules themselves are
-checked on transformers' own config classes: each shrunk config builds the model on the meta device."""
+parameters' bound), DeepSeek-OCR 2 (a vision config of two towers, SAM then an encoder, and no sizes of its own:
+counted from its parts) and Perception LM (a timm tower whose sizes only its ``model_args`` state). Each answers
+with transformers' greedy ``generate``'s tokens, each answer token's attention at every layer equal to the eager row;
+Qwen4-Exp's image tokens placed row-major over the 2 x 2 merge units of the grid its processor's ``image_grid_thw``
+states (a transposed placement fails). The builder's rules themselves are checked on transformers' own config
+classes: each shrunk config builds the model on the meta device."""
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ import vit  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
-KINDS = ("qwen4_exp", "deepseek_ocr2")
+KINDS = ("qwen4_exp", "deepseek_ocr2", "perception_lm")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,8 @@ def test_an_infinity_transformers_config_class_defaults_to_is_no_size_but_others
 RULED = {"cohere_compass": "CohereCompassProcessor", "cosmos3_omni": "Qwen3VLProcessor",
          "glmga": "Glm46VProcessor", "vision-encoder-decoder": "TrOCRProcessor", "deepseek_ocr2": None,
          "diffusion_gemma": None, "dots3_note": None, "ernie4_5_vl_moe": None, "inkling_mm_model": None,
-         "nemotron_h_omni": None, "pi0": None, "qwen4_exp": None, "granite4_vision": None, "mistral4": None}
+         "nemotron_h_omni": None, "pi0": None, "qwen4_exp": None, "granite4_vision": None, "mistral4": None,
+         "perception_lm": None}
 
 
 @pytest.mark.parametrize("kind", sorted(RULED))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 from vit.sources.vlm.declared import DeclaredTower
 
@@ -83,6 +84,10 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
+    if all(value is None for value in sizes.values()) and isinstance(getattr(vision, "model_args", None), dict):
+        vision = SimpleNamespace(**vision.model_args)  # a timm tower's sizes (Perception LM's PE ViT): its model_args
+        sizes = {what: _first(vision, names) for what, names in
+                 (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
     if all(value is None for value in sizes.values()):  # a tower of towers (DeepSeek-OCR 2's SAM then encoder)
         sizes, vision = _stacked(vision)
     lacking = [what for what, value in sizes.items() if value is None]
