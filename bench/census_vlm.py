@@ -17,7 +17,10 @@ census's own gap, not a refusal). The types the test suite builds are built by i
 config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
 default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
-device before it is built. Where the processor and the shrunk config must agree, the builder reads what the
+device before it is built; where transformers' defaults do not build on their own, the general rules of
+``bench/census_vlm_rules.py`` (a processor from its kin, fields its code needs that the default leaves None, widths
+its validation ties together, one rope entry per kind of layer, the few fields only checkpoints state).
+Where the processor and the shrunk config must agree, the builder reads what the
 processor states: its marker tokens' ids the config lacks (``_marker_ids``), its patch, temporal patch and merge sizes
 (``_patch_agreed``), the count of learned queries it writes an image token for (BLIP-2's ``num_query_tokens``), the
 side its tiles or token count fix (``_side_agreed``, a second tower's from the image processor's size named after
@@ -39,6 +42,19 @@ import time
 from pathlib import Path
 
 from bench.census_families import _HOME, TimeLimit, _alarm, one_line, source, versions
+from bench.census_vlm_rules import (
+    aliased,
+    code_of,
+    divided_widths,
+    filled,
+    hidden_widths,
+    pinpoint_side,
+    processor_from_config,
+    processor_of_kin,
+    rope_per_kind,
+    sections,
+    stated_fields,
+)
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
 NEW_TOKENS = 3
@@ -69,7 +85,8 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
          "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8,
          # OPT's (BLIP-2's) embeddings' width, projected to hidden_size; Kosmos' ffn_dim; Kimi K2.5's projector's
-         "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32}
+         "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32,
+         "downsample_channels": 32}  # the last: DeepSeek-OCR 2's SAM widths, the last its encoder's hidden size
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
@@ -103,10 +120,7 @@ def _rope_shrunk(rope, ratio: float):
         elif key in ROPE_DIMS and _whole(value):
             out[key] = max(1, round(value * ratio))
         elif key in ROPE_DIMS and isinstance(value, list) and value and all(_whole(v) for v in value):
-            total = max(len(value), round(sum(value) * ratio))
-            scaled = [max(1, round(v * ratio)) for v in value]
-            scaled[0] += total - sum(scaled)  # the sections still sum to the scaled half-width
-            out[key] = scaled
+            out[key] = sections(value, max(len(value), round(sum(value) * ratio)))  # summing to the half-width
         else:
             out[key] = value
     return out
@@ -197,8 +211,9 @@ def _tokens_of(processor_class) -> tuple[list[str], dict[str, str]]:
     # a token the code reads as an AddedToken (``self.image_token.content``: BLIP-2's, InstructBLIP's) is left to its
     # own fallback (an AddedToken it adds when the tokenizer has none): a named one is a str, which has no content
     added = set(re.findall(r"\.(\w+_token)\.content\b", code))
-    named = {name: f"<{name}>" for name in sorted(set(read))
-             if name not in ("pad_token", "eos_token", "bos_token", "unk_token") and name not in added}
+    named = {name: f"<{name}>" for name in sorted(set(read))  # not a tokenizer's own flag (Pi0's add_bos_token)
+             if name not in ("pad_token", "eos_token", "bos_token", "unk_token") and name not in added
+             and not name.startswith("add_")}
     return found, named
 
 
@@ -219,9 +234,12 @@ def processor_class_of(model_type: str):
         module = None
     found = [getattr(module, n) for n in dir(module) if n.endswith("Processor") and issubclass(
         getattr(module, n), transformers.ProcessorMixin)] if module else []
-    if len(found) != 1:
+    if len(found) == 1:
+        return found[0]
+    kin = processor_of_kin(model_type)  # its kin's (bench/census_vlm_rules.py)
+    if kin is None:
         raise LookupError(f"transformers names no processor class for {model_type}")
-    return found[0]
+    return getattr(transformers, kin)
 
 
 # Each part a processor takes, the auto-mapping that names its class for a model type
@@ -234,6 +252,8 @@ def _part(part: str, model_type: str, processor_class):
     """A default instance of the class ``part`` of ``processor_class`` has for ``model_type``: the auto-mapping's
     class for the type, else for a type whose processor is the same class, else the one its module defines."""
     import importlib
+    import inspect
+    import re
 
     import transformers
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
@@ -250,7 +270,12 @@ def _part(part: str, model_type: str, processor_class):
     suffix = {"image_processor": "ImageProcessor", "video_processor": "VideoProcessor",
               "feature_extractor": "FeatureExtractor"}[part]
     found = [n for n in dir(home) if n.endswith(suffix)]
-    return getattr(home, found[0])() if len(found) == 1 else None
+    if len(found) == 1:
+        return getattr(home, found[0])()
+    # else the one class of that kind the processor's code names (Nemotron-H Omni's ParakeetFeatureExtractor)
+    code = inspect.getsource(sys.modules[processor_class.__module__])
+    named = {n for n in re.findall(rf"\b(\w+{suffix})\b", code) if isinstance(getattr(transformers, n, None), type)}
+    return getattr(transformers, named.pop())() if len(named) == 1 else None
 
 
 def _token_ids(config: dict, processor, words, vocab: int, image: int | None) -> None:
@@ -262,7 +287,8 @@ def _token_ids(config: dict, processor, words, vocab: int, image: int | None) ->
             continue
         if isinstance(value, dict):
             _token_ids(value, processor, words, vocab, image)
-        elif key.startswith("vocab_size") and _whole(value):  # Gemma 3n's and 4's per-layer inputs' too
+        # Gemma 3n's and 4's per-layer inputs' too, and Qwen4-Exp's n-gram table's
+        elif (key.startswith("vocab_size") or key.endswith("vocab_size_base")) and _whole(value):
             config[key] = vocab
         elif key in ("image_token_id", "image_token_index") and image is not None:
             config[key] = image
@@ -309,6 +335,8 @@ def _processor(processor_class, model_type: str, specials: list[str], named: dic
             parts[name] = words
         elif name in PART_MAPPINGS:
             part = _part(name, model_type, processor_class)
+            if getattr(part, "draw_on_frames", False):  # the census asks about an image: no font from the hub
+                part.draw_on_frames = False  # (Ernie 4.5 VL's clips' timestamps, drawn with a font it downloads)
             if part is not None or parameter.default is inspect.Parameter.empty:
                 parts[name] = part
     return processor_class(**parts), words
@@ -384,10 +412,21 @@ def sample_image():
 def generic_build(model_type: str):
     """``(model, processor)`` of a tiny ``model_type`` by the generic builder (see the module's docstring)."""
 
+    import inspect
+
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
+    model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
+    if "pixel_values" not in inspect.signature(model_class.forward).parameters and not getattr(
+            CONFIG_MAPPING[model_type], "sub_configs", None):
+        # a language model alone (Mistral 4's causal LM): no image to process, its tokenizer its processor
+        words = _processor(type("Words", (), {"__init__": lambda self, tokenizer=None: None}), model_type, [], {})[1]
+        words.chat_template = TEMPLATE.replace("IMAGE", "")
+        config = _shrunk(CONFIG_MAPPING[model_type]().to_dict())
+        _token_ids(config, words, words, len(words), None)
+        return model_class(CONFIG_MAPPING[model_type].from_dict(config)), words
     processor_class = processor_class_of(model_type)
     found, named = _tokens_of(processor_class)
     specials = list(dict.fromkeys(found))
@@ -398,9 +437,12 @@ def generic_build(model_type: str):
     if lacking:
         specials += lacking
         processor, words = _processor(processor_class, model_type, specials, named)
+    config = CONFIG_MAPPING[model_type]().to_dict()
+    stated_fields(config, model_type, processor)
+    processor_from_config(processor, config)
     # the learned queries the processor writes an image token for, where it takes their count (BLIP-2's, whose
     # default None writes none: the image would not be read), as many as the config's Q-Former gives
-    queries = getattr(CONFIG_MAPPING[model_type](), "num_query_tokens", None)
+    queries = config.get("num_query_tokens")
     if "num_query_tokens" in vars(processor) and processor.num_query_tokens is None and _whole(queries):
         processor.num_query_tokens = queries
     # the chat template's image placeholder: the first of the processor's image tokens it expands for an image
@@ -420,14 +462,17 @@ def generic_build(model_type: str):
             break
     else:
         processor.chat_template = TEMPLATE.replace("IMAGE", candidates[0])
-    config = CONFIG_MAPPING[model_type]().to_dict()
     vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
     if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
         config["vision_config"] = vision().to_dict()
-    full, config = config, _shrunk(config)
+    full, config = config, aliased(_shrunk(aliased(config, LAYERS + HEADS)), LAYERS + HEADS, back=True)
+    filled(config, model_class)
+    hidden_widths(full, config)
+    divided_widths(config, model_type)
+    rope_per_kind(config, model_class)
     _token_ids(config, processor, words, len(words), expanded)
     _marker_ids(config, processor, words)
-    side = _side_agreed(config, processor)
+    side = pinpoint_side(processor) or _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
             sub["image_size"] = side
@@ -436,7 +481,6 @@ def generic_build(model_type: str):
                          None) if key.endswith("_vision_config") and isinstance(sub, dict) else None
         if _whole(getattr(stated, "height", None)) and _whole(sub.get("image_size")):  # DeepSeek-VL-Hybrid's high_res
             sub["image_size"] = stated.height
-    model_class = getattr(transformers, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type])
     _patch_agreed(config, processor)
     _merged_widths(full, config)
     _sections(config, model_class)
@@ -487,23 +531,25 @@ def _merged_widths(full: dict, config: dict) -> None:
 
 def _sections(config: dict, model_class) -> None:
     """The language model's M-RoPE sections where its code reads them from the rope dict with a default for the
-    full-size head (``rope_parameters.get("mrope_section", [16, 24, 24])``) and the config states none (in place):
-    three sections over the shrunk head's half-width, which the full-size default would not sum to."""
-    import inspect
+    full-size head (``rope_parameters.get("mrope_section", [22, 22, 20])``, in its own module or its language
+    model's) and the config states none (in place): the code's default scaled to the shrunk head's half-width, which
+    the full-size default would not sum to (equal sections kept equal)."""
+    import re
 
-    try:
-        code = inspect.getsource(sys.modules[model_class.__module__])
-    except (OSError, TypeError, KeyError):
-        return
+    code = code_of(model_class, config)
     if '.get("mrope_section"' not in code:
         return
+    found = re.search(r'\.get\("mrope_section", \[([\d, ]+)\]\)', code)
+    default = [int(v) for v in found.group(1).split(",")] if found else [16, 24, 24]  # Qwen2-VL's, else
     for sub in (config, config.get("text_config")):
         rope = sub.get("rope_parameters") if isinstance(sub, dict) else None
         hidden, heads = _first(sub or {}, ("hidden_size",)), _first(sub or {}, HEADS)
-        if not isinstance(rope, dict) or "mrope_section" in rope or not (hidden and heads):
+        if not isinstance(rope, dict) or not (hidden and heads):
             continue
         half = (_first(sub, ("head_dim",)) or hidden // heads) // 2
-        rope["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
+        kinds = [v for v in rope.values() if isinstance(v, dict)] or [rope]  # one rope dict per kind of layer
+        for entry in kinds:
+            entry.setdefault("mrope_section", sections(default, half))
 
 
 def _bounded(model_class, config) -> None:

@@ -565,7 +565,7 @@ def attribution_passes(model, grid: tuple[int, int], what: str, passes: int) -> 
 
 # The names a text config gives its MLP's hidden width besides intermediate_size: BART's (Florence-2's), OPT's
 # (BLIP-2's), T5's
-MLP_WIDTHS = ("decoder_ffn_dim", "ffn_dim", "d_ff")
+MLP_WIDTHS = ("decoder_ffn_dim", "ffn_dim", "d_ff", "moe_intermediate_size")  # the last: an MoE-only stack's experts
 
 
 def mlp_width(text) -> int | None:

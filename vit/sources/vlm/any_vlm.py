@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 from vit.sources.vlm.declared import DeclaredTower
 
@@ -86,11 +87,12 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
-    nested = _nested_towers(vision) if None in sizes.values() else []
-    if nested:  # towers in sequence (DeepSeek-OCR's SAM then CLIP): every layer counted, at the widest
-        sizes = {"layers": sum(_first(part, LAYERS) for part in nested),
-                 "heads": max(_first(part, HEADS) for part in nested),
-                 "hidden_size": max(_first(part, WIDTH) for part in nested)}
+    if all(value is None for value in sizes.values()) and isinstance(getattr(vision, "model_args", None), dict):
+        vision = SimpleNamespace(**vision.model_args)  # a timm tower's sizes (Perception LM's PE ViT): its model_args
+        sizes = {what: _first(vision, names) for what, names in
+                 (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
+    if all(value is None for value in sizes.values()):  # a tower of towers (DeepSeek-OCR 2's SAM then encoder)
+        sizes, _ = _stacked(vision)  # the patch stays the vision config's own: neither tower's cuts the image tokens
     lacking = [what for what, value in sizes.items() if value is None]
     if lacking:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
@@ -107,13 +109,21 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
     return DeclaredTower(str(getattr(vision, "model_type", "") or model_type), unit, shape, missing=missing)
 
 
-def _nested_towers(vision) -> list:
-    """The configs a vision config nests, each declaring its layers, heads and width, where it declares none itself
-    (Unlimited-OCR's and DeepSeek-OCR's ``sam_config`` and ``encoder_config``); [] where it nests none."""
+def _stacked(vision) -> tuple[dict, object]:
+    """``(sizes, part)`` of a vision config that declares no sizes of its own but towers of its own (its
+    attributes that are configs: DeepSeek-OCR 2's ``sam_config`` and ``encoder_config``): their layers summed, the
+    heads and width of the widest, which the cost model counts at least; ``part`` the first tower (the image's
+    patches), whose patch size cuts the pixels."""
     from transformers import PretrainedConfig
 
-    return [part for part in vars(vision).values() if isinstance(part, PretrainedConfig)
-            and all(_first(part, names) for names in (LAYERS, HEADS, WIDTH))]
+    parts = [v for v in vars(vision).values() if isinstance(v, PretrainedConfig)]
+    read = [(part, {what: _first(part, names) for what, names in
+                    (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}) for part in parts]
+    read = [(part, sizes) for part, sizes in read if None not in sizes.values()]
+    if not read:
+        return dict(layers=None, heads=None, hidden_size=None), vision
+    widest = max(read, key=lambda item: item[1]["hidden_size"])[1]
+    return dict(widest, layers=sum(sizes["layers"] for _, sizes in read)), read[0][0]
 
 
 # The width an encoder-free embedder projects each patch to, in the order tried

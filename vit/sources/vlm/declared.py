@@ -221,11 +221,31 @@ def _number(value: object) -> bool:
 
 
 def _finite_problem(settings: Mapping, name: str) -> str | None:
-    """A NaN or an infinity (JSON as Python reads it allows both) where a size may be: no size is either."""
+    """A NaN or an infinity (JSON as Python reads it allows both) where a size may be: no size is either; in a
+    config.json, an infinity transformers' own config class has as that field's default (Nemotron-H's
+    ``time_step_limit`` (0.0, inf), a bound, not a size) excepted."""
     for path, _, value in _walk(settings):
-        if isinstance(value, float) and not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value) and not (
+                name == "config.json" and value in _default_of(settings, path)):
             return f"its {name} sets {path} = {value}, which is no size; give a finite number"
     return None
+
+
+def _default_of(config_json: Mapping, path: str) -> tuple:
+    """The values (flattened one level) of the default transformers' config class of the (sub-)config holding
+    ``path`` gives that field, or ``()``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    *where, key = path.split(".")
+    holder = config_json
+    for part in where:
+        holder = holder.get(part) if isinstance(holder, Mapping) else None
+    model_type = holder.get("model_type") if isinstance(holder, Mapping) else None
+    try:
+        default = getattr(CONFIG_MAPPING[model_type], key, None) if isinstance(model_type, str) else None
+    except KeyError:
+        return ()
+    return tuple(default) if isinstance(default, (tuple, list)) else (default,)
 
 
 def _flags_problem(config: Mapping, name: str) -> str | None:
@@ -436,6 +456,20 @@ def _declared_tower_problem(folder: Path, config_json: Mapping) -> str | None:
         return (f"its config.json declares a vision tower of at least {declared:,} parameters, but its weights files "
                 f"hold {held:,} in all: the config does not describe these weights")
     return None
+
+
+FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def special_floats(value):
+    """``value`` (a config.json's dict) with the floats JSON cannot hold decoded as transformers writes them
+    (``{"__float__": "Infinity"}``: Nemotron-H's ``time_step_limit`` (0, inf)), as its own loading does, so its
+    config classes' validation takes them."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"} and value["__float__"] in FLOAT_TAGS:
+            return FLOAT_TAGS[value["__float__"]]
+        return {k: special_floats(v) for k, v in value.items()}
+    return [special_floats(v) for v in value] if isinstance(value, list) else value
 
 
 def _text_config(config_json: Mapping):

@@ -29,7 +29,7 @@ from vit.sources.files import (
     quiet_transformers,
     read_json,
 )
-from vit.sources.vlm.declared import DeclaredTower
+from vit.sources.vlm.declared import DeclaredTower, special_floats
 from vit.sources.weights_cover import weights_problem
 
 TEXT_MODEL = ("idefics3", "smolvlm")  # whose decoder stack transformers names text_model
@@ -131,7 +131,7 @@ def architecture_of(folder: Path) -> tuple[str, str]:
     transformers' image-text-to-text auto-mapping (``registry.vlm_architecture``; the project's named ones,
     ``ARCHITECTURES``, among them). VLMError (one line) for another model or a bare model without a language-model
     head."""
-    config_json = read_json(folder / "config.json")
+    config_json = special_floats(read_json(folder / "config.json"))
     model_type = str(config_json.get("model_type"))
     architecture = vlm_architecture(model_type)
     if architecture is None:
@@ -185,7 +185,7 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     from vit.sources.open import open_source
     from vit.sources.vlm import declared
 
-    config_json = read_json(folder / "config.json")
+    config_json = declared.special_floats(read_json(folder / "config.json"))
     # before anything of it is built: what the VLM's own files declare, then any whole number under any other key
     wrong = declared.problem(folder, config_json) or declared_number_problem(config_json)
     if wrong:

@@ -1,0 +1,53 @@
+"""The VLM census builder's general rules (``bench/census_vlm_rules.py``) on hand-written inputs, checked against
+values computed by hand; the rules on transformers' own config classes: ``tests/test_vlm_census_built.py``."""
+
+from types import SimpleNamespace
+
+from bench.census_vlm_rules import STATED, _kinds, pinpoint_side, processor_from_config, sections, stated_fields
+
+
+def test_sections_sum_to_the_half_width_and_keep_equal_ones_equal():
+    # Qwen2-VL's [16, 24, 24] over a 4-wide half: floors [1, 1, 1], the remainder on the lone 16
+    assert sections([16, 24, 24], 4) == [2, 1, 1]
+    # Ernie 4.5 VL's [22, 22, 20]: its height and width sections stacked pairwise stay equal
+    assert sections([22, 22, 20], 4) == [1, 1, 2]
+    assert sections([16, 24, 24], 8) == [2, 3, 3] and sum(sections([24, 20, 20], 16)) == 16
+
+
+def test_the_kinds_a_per_layer_list_takes_are_read_from_the_config_docstring():
+    class Config:
+        """
+        mlp_layer_types (`list[str]`, *optional*):
+            MLP type (`"dense"` or `"sparse"`) for each decoder layer, e.g. `["dense", "sparse", ...]`.
+        topk_method (`str`, *optional*, defaults to `"greedy"`):
+            Method for selecting top-k experts.
+        """
+
+    assert _kinds(Config, "mlp_layer_types") == ["dense", "sparse"]
+    assert _kinds(Config, "layer_types") == []
+
+
+def test_a_processor_setting_left_none_is_taken_from_the_config_field_of_its_name():
+    processor = SimpleNamespace(patch_size=None, image_token="<image>", downsample_rate=None, _private=None)
+    config = {"downsample_rate": "1/2", "vision_config": {"patch_size": 16}, "_private": 3}
+    processor_from_config(processor, config)
+    assert (processor.patch_size, processor.downsample_rate, processor._private) == (16, "1/2", None)
+
+
+def test_stated_fields_reach_nested_configs():
+    config = {"text_config": {"indexer_budget": None}}
+    stated_fields(config, "qwen4_exp")
+    assert config["text_config"]["indexer_budget"] == STATED["qwen4_exp"]["text_config.indexer_budget"]
+    assert config["text_config"]["indexer_budget"] % config["text_config"]["indexer_compress_ratio"] == 0
+
+
+def test_canvases_the_crop_side_does_not_divide_are_cut_into_their_common_divisor():
+    class Size(SimpleNamespace):
+        pass
+
+    images = SimpleNamespace(image_grid_pinpoints=[[336, 672], [672, 336], [1008, 336]], crop_size=Size(height=224,
+                             width=224), size=Size(shortest_edge=224))
+    assert pinpoint_side(SimpleNamespace(image_processor=images)) == 336
+    assert (images.crop_size.height, images.crop_size.width, images.size.shortest_edge) == (336, 336, 336)
+    images.image_grid_pinpoints, images.crop_size = [[448, 896]], Size(height=224, width=224)  # 224 divides them
+    assert pinpoint_side(SimpleNamespace(image_processor=images)) is None and images.crop_size.height == 224
