@@ -112,8 +112,9 @@ def _shares_fixtures(item) -> bool:
 
 def scenario(item) -> bool:
     """Whether a test is a scenario: it drives Chromium, runs a job on the Ray cluster, measures a process's peak
-    memory, runs a GPU lease's training, or needs a GPU. The everyday lane (``--quick``) leaves them out."""
-    if item.get_closest_marker("browser") is not None or item.get_closest_marker("cuda") is not None:
+    memory, runs a GPU lease's training, or needs a GPU, or is marked ``scenario`` by hand (a test that spawns some
+    other real process, e.g. torch.compile's C++ compiler). The everyday lane (``--quick``) leaves them out."""
+    if any(item.get_closest_marker(mark) is not None for mark in ("browser", "cuda", "scenario")):
         return True
     return "ray_cluster" in item.fixturenames or item.module.__name__.rpartition(".")[2] in SCENARIO_MODULES
 
