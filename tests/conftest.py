@@ -112,8 +112,9 @@ def _shares_fixtures(item) -> bool:
 
 def scenario(item) -> bool:
     """Whether a test is a scenario: it drives Chromium, runs a job on the Ray cluster, measures a process's peak
-    memory, runs a GPU lease's training, or needs a GPU. The everyday lane (``--quick``) leaves them out."""
-    if item.get_closest_marker("browser") is not None or item.get_closest_marker("cuda") is not None:
+    memory, runs a GPU lease's training, or needs a GPU, or is marked ``scenario`` by hand (a test that spawns some
+    other real process, e.g. torch.compile's C++ compiler). The everyday lane (``--quick``) leaves them out."""
+    if any(item.get_closest_marker(mark) is not None for mark in ("browser", "cuda", "scenario")):
         return True
     return "ray_cluster" in item.fixturenames or item.module.__name__.rpartition(".")[2] in SCENARIO_MODULES
 
@@ -241,6 +242,8 @@ def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker("browser") is not None and (
             nextitem is None or nextitem.get_closest_marker("browser") is None) and "helpers" in sys.modules:
         sys.modules["helpers"].close_chromium()  # the worker's shared Chromium (tests/helpers.py) stops with its tests
+    if "shared_app" in sys.modules:
+        sys.modules["shared_app"].stop_after(item)  # the shared app server: after the last test that asks for it
     path = os.environ.get("VIT_TEST_TIMELINE")
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -491,10 +494,11 @@ def flexivit(tmp_path_factory):
 # The app server the browser modules share (tests/shared_app.py): one per test process, the browser modules' worker.
 @pytest.fixture(scope="session")
 def local_app(tmp_path_factory):
-    """``shared_app.serve_local_app``: the tiny model shipped with its samples, no token; yields a ``LocalApp``."""
-    from shared_app import serve_local_app
+    """``shared_app.serve_local_app``: the tiny model shipped with its samples, no token; yields a ``LocalApp``.
+    Stopped after the run's last test that asks for it (``shared_app.stop_after``)."""
+    from shared_app import shared_local_app
 
-    with serve_local_app(tmp_path_factory.mktemp("local-app")) as app:
+    with shared_local_app(tmp_path_factory.mktemp("local-app")) as app:
         yield app
 
 

@@ -2,19 +2,21 @@
 
 Six browser modules served the same world, each from a server of its own: the tiny random model under the default
 name with its sample (test_browser_explorer, _map_labels, _library_reload, _reload_pages, _share's link) and models
-opened by path on a server without a token (_reload_pages, _ask_vlm, _library_reload). ``serve_local_app`` is that
-server, started once per test process by the session fixture ``local_app`` (tests/conftest.py): the browser modules
-run on one xdist worker (their group, tests/conftest.py ``_group``), so one start and one load of each model (the
-app caches them by path) where there were six. Each test still opens its pages in browser contexts of its own: a
-new Streamlit session, no cookie, no storage. A module whose check needs a server of its own (a token, a counted
-run, a watched memory peak, a fresh interpreter) keeps starting one.
+opened by path on a server without a token (_reload_pages, _ask_vlm, _library_reload, _vlm_words). ``serve_local_app``
+is that server, started once per test process by the session fixture ``local_app`` (tests/conftest.py): the browser
+modules run on one xdist worker (their group, tests/conftest.py ``_group``), so one start and one load of each model
+(the app caches them by path) where there were six. It stops after the run's last test that asks for it
+(``stop_after``), as the worker's Chromium stops with its last browser test, not idle beside every later test. Each
+test still opens its pages in browser contexts of its own: a new Streamlit session, no cookie, no storage. A module
+whose check needs a server of its own (a token, a counted run, a watched memory peak, a fresh interpreter, a world of
+its own: hostile class names, an empty checkpoints folder) keeps starting one.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -72,6 +74,34 @@ def serve_local_app(root: Path) -> Iterator[LocalApp]:
            "HF_HOME": str(root / "hf-home"), "HF_HUB_CACHE": str(root / "hf-cache")}
     with streamlit_app(env, log=root / "server.log", unset=(TOKEN_ENV,)) as (url, _):
         yield LocalApp(url, checkpoints, runs, root)
+
+
+_RUNNING: list[ExitStack] = []  # the process's shared server while it runs (conftest's ``local_app``)
+
+
+@contextmanager
+def shared_local_app(root: Path) -> Iterator[LocalApp]:
+    """``serve_local_app`` that ``stop_after`` may stop before the context ends (``local_app``'s session)."""
+    with ExitStack() as stack:
+        app = stack.enter_context(serve_local_app(root))
+        _RUNNING.append(stack)
+        try:
+            yield app
+        finally:
+            if stack in _RUNNING:
+                _RUNNING.remove(stack)
+
+
+def stop_after(item) -> None:
+    """Stop the shared server after ``item`` when ``item`` asks for it and no later test of this run does (the
+    session fixture's value is then never read again)."""
+    if not _RUNNING or "local_app" not in item.fixturenames:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1:] if item in items else []
+    if not any("local_app" in other.fixturenames for other in later):
+        while _RUNNING:
+            _RUNNING.pop().close()
 
 
 def save_llava(folder: Path) -> Path:

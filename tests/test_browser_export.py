@@ -5,13 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ARTIFACTS, chromium, ship_default, streamlit_app
+from helpers import ARTIFACTS, chromium
 from PIL import Image
+from shared_app import open_with_image
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, png
 
 from vit.app import share
 from vit.app.export import View, view_html
-from vit.core.runfiles import DEFAULT_CHECKPOINT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -75,23 +75,27 @@ def inside(box: dict, outer: dict, slack: float = 0.5) -> bool:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    """The tiny model under the default name with one sample, served by ``streamlit run app.py``."""
+def app(local_app, tmp_path_factory):
+    """The shared app server (tests/shared_app.py: no token, so a local visitor may open a path), a tiny model of
+    ``TINY``'s shape with ``CLASSES``' long names saved by path, and the image to upload: the shipped sample's."""
+    import torch
+
+    from vit.checkpoint import save_checkpoint
+    from vit.model import ViT
+
     tmp_path = tmp_path_factory.mktemp("export-app")
-    checkpoints, runs = ship_default(tmp_path, TINY, CLASSES)
-    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
-    samples.mkdir(parents=True)
-    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
-    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}
-    with streamlit_app(env, log=tmp_path / "server.log") as (url, _):
-        yield url
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "long-names.pt", ViT(TINY), CLASSES)
+    (tmp_path / "cat_1.png").write_bytes(png(32, 32, seed=1))
+    return local_app.url, tmp_path / "long-names.pt", tmp_path / "cat_1.png"
 
 
 def test_the_export_of_a_view_shows_what_the_page_shows(app, tmp_path):
     with chromium() as browser:
         page = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True).new_page()
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(f"{app}/?map=attention&layer=2&query=7")  # patch row 2, col 3 of the 4 x 4 grid
+        url, model, image = app
+        open_with_image(page, url, model, image, "&map=attention&layer=2&query=7")  # patch row 2, col 3 of 4 x 4
         page.get_by_text("the query patch row 2, col 3 (outlined)").wait_for()
         for _ in range(2):  # the run the link's URL asks for after the first has drawn, then the page at rest
             page.wait_for_function(SCRIPT_DONE)

@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 import pytest
 import torch
-from helpers import chromium, click_until, streamlit_app
+from helpers import chromium, click_until
 from test_browser_explorer import expect_selected
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -17,23 +17,19 @@ TIMEOUT_MS = 180_000  # the tower and transformers' tokenizer load on two busy c
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One app server (and one tiny LLaVA saved whole) for the module's tests, each in sessions of its own: a server's
-    start and the LLaVA's build and first load in it are paid once, not per test (issue 112)."""
+def server(local_app, tmp_path_factory):
+    """The shared app server (tests/shared_app.py: no token, so a local visitor may open a folder by its link) and
+    one tiny LLaVA saved whole for the module's tests, each in sessions of its own: the LLaVA's build and first
+    load are paid once, not per test (issue 112)."""
     tmp_path = tmp_path_factory.mktemp("vlm_words")
-    checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
-    checkpoints.mkdir()
-    runs.mkdir()
+    folder = tmp_path / "llava"
     torch.manual_seed(0)
     model, processor = _build("llava")
     noisy(model).save_pretrained(folder, max_shard_size="20KB")
     processor.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     picture().save(tmp_path / "photo.png")
-    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
-           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
-    with streamlit_app(env) as (url, _):
-        yield url, folder, tmp_path / "photo.png"
+    return local_app.url, folder, tmp_path / "photo.png"
 
 
 def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server):

@@ -52,7 +52,8 @@ def _items():
     return [_Item(plain, "test_fast"), _Item(plain, "test_slow", marks=("slow",)),
             _Item(plain, "test_gpu", marks=("cuda",)), _Item(browser, "test_click"),
             _Item(plain, "test_ray_job", "ray_cluster"), _Item(_Module("test_costs"), "test_peak"),
-            _Item(_Module("test_gpu_lease_scripts"), "test_training")]
+            _Item(_Module("test_gpu_lease_scripts"), "test_training"),
+            _Item(plain, "test_compiled", marks=("scenario",))]  # marked by hand: it spawns the C++ compiler
 
 
 def test_the_quick_lane_keeps_only_the_tests_that_are_neither_scenarios_nor_slow():
@@ -62,7 +63,7 @@ def test_the_quick_lane_keeps_only_the_tests_that_are_neither_scenarios_nor_slow
     conftest.pytest_collection_modifyitems(config, items)
     assert [item.nodeid.rpartition("::")[2] for item in items] == ["test_fast"]
     assert sorted(item.nodeid.rpartition("::")[2] for item in config.hook.deselected) == [
-        "test_click", "test_gpu", "test_peak", "test_ray_job", "test_slow", "test_training"]
+        "test_click", "test_compiled", "test_gpu", "test_peak", "test_ray_job", "test_slow", "test_training"]
 
 
 def test_the_whole_suite_keeps_every_test_and_marks_the_scenarios():
@@ -70,9 +71,9 @@ def test_the_whole_suite_keeps_every_test_and_marks_the_scenarios():
 
     items = _items()
     conftest.pytest_collection_modifyitems(_config(quick=False), items)
-    assert len(items) == 7  # -m scenario selects the ones that run a real process
+    assert len(items) == 8  # -m scenario selects the ones that run a real process
     assert [item.nodeid.rpartition("::")[2] for item in items if item.get_closest_marker("scenario")] == [
-        "test_gpu", "test_click", "test_ray_job", "test_peak", "test_training"]
+        "test_gpu", "test_click", "test_ray_job", "test_peak", "test_training", "test_compiled"]
 
 
 def test_a_module_the_lane_never_imports_is_named():

@@ -155,7 +155,9 @@ def test_compile_mode_auto_is_cuda_graphs_on_one_gpu_and_default_elsewhere():
         assert resolve_compile_mode(mode, cuda, 1) == resolve_compile_mode(mode, cpu, 4) == mode
 
 
+@pytest.mark.scenario
 def test_a_compiled_cpu_run_records_the_default_mode_and_an_eager_run_none(images, tmp_path):
+    """Long (~13 s of CPU): inductor spawns the C++ compiler (a real process, so a scenario, out of the lane)."""
     compiled, eager = tmp_path / "compiled", tmp_path / "eager"
     run(images, compiled, "--compile")
     run(images, eager)
@@ -190,7 +192,9 @@ def test_a_compiled_forward_runs_as_one_graph_even_where_dynamo_cannot_read_the_
         assert torch.equal(model.blocks[0].hook_resid_post(torch.ones(1)), torch.zeros(1))
 
 
+@pytest.mark.scenario
 def test_the_compiled_augmentation_takes_a_batch_of_another_size():
+    """Long (~10 s of CPU): inductor spawns the C++ compiler (a real process, so a scenario, out of the lane)."""
     # With dynamic shapes the second size failed to trace (torch.randint of a symbolic batch size): bench_gpu's
     # ViT-B/16 row after its CIFAR rows on an H100 (torch 2.11), and here on torch 2.15's CPU.
     from vit.training.data import BatchAugment
