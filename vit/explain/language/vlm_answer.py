@@ -196,12 +196,15 @@ def text_shape(vlm):
     windows = tuple(window if kind == "sliding_attention" else None for kind in kinds
                     if kind != "linear_attention") if window else ()
     state = 0
-    if linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
+    if linear and hasattr(config, "mamba_head_dim"):  # Nemotron-H's Mamba 2: (heads x head dim x state) and its conv's
+        inner, n = config.mamba_num_heads * config.mamba_head_dim, config.ssm_state_size
+        state = linear * (inner * n * 4 + (inner + 2 * config.n_groups * n) * config.conv_kernel * 4)
+    elif linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
         key_dim, value_dim = config.linear_key_head_dim, config.linear_value_head_dim
         value_heads, key_heads = config.linear_num_value_heads, config.linear_num_key_heads
         conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
         state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
-    return TextShape(layers=layers - linear, heads=heads, state_bytes=state,
+    return TextShape(layers=layers - linear - sum(kind in ("mlp", "moe") for kind in kinds), heads=heads, state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                      hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else max(
