@@ -177,3 +177,22 @@ def recording(part: torch.nn.Module, recorder, same_branch: bool = False):
         yield recorder
     finally:
         _RECORDING.reset(token)
+
+
+def attention_of(layer: torch.nn.Module) -> torch.nn.Module | None:
+    """A decoder layer's self-attention module: its ``self_attn``, else its token ``mixer`` where that module's
+    forward asks transformers' attention interface for its function (Nemotron-H's hybrid blocks: a ``mixer`` that is
+    attention in some layers, Mamba or an MLP in others); None for a layer that does not attend."""
+    attention = getattr(layer, "self_attn", None)
+    if attention is not None:
+        return attention
+    mixer = getattr(layer, "mixer", None)
+    if not isinstance(mixer, torch.nn.Module):
+        return None
+    import inspect
+
+    try:
+        code = inspect.getsource(type(mixer).forward)
+    except (OSError, TypeError):
+        return None
+    return mixer if "ALL_ATTENTION_FUNCTIONS" in code else None

@@ -39,6 +39,7 @@ from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
 from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
+from vit.explain.language.vlm_cache import cache_sources, cache_windows, latent_layers
 from vit.explain.language.vlm_inputs import (  # noqa: F401 - importable from here, as before the split
     MAX_QUESTION_CHARS,
     PROCESSOR_PROMPTS,
@@ -102,6 +103,8 @@ class _Recorder:
     cross: bool = False
     # [layer] the key of the last call's query's own position (Hkv, d), to check the cache keeps the keys it read
     own_keys: list[torch.Tensor | None] = field(default_factory=list)
+    # the layers whose cache keeps other keys than their attention reads (``vlm_cache.latent_layers``): kept here too
+    latent: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -132,8 +135,9 @@ class _Recorder:
         window = kwargs.get("sliding_window")
         if window is None and self.windows is not None:
             window = self.windows[layer]
-        if len(self.seen[layer]) == 1 and window is not None and window < self.tokens:
-            self.keys[layer], self.kept_from[layer] = [], read
+        if len(self.seen[layer]) == 1 and (layer in self.latent or window is not None and window < self.tokens):
+            # a latent layer's every key (a sparse mask's later queries read keys its first did not)
+            self.keys[layer], self.kept_from[layer] = [], start if layer in self.latent else read
         if self.keys[layer] is not None:  # the positions not kept yet, up to the query's own
             if read < self.kept_from[layer]:  # a window moves forward: no later query reads an earlier key
                 raise RuntimeError(f"layer {layer}'s query at position {seen - 1} reads position {read}, before the "
@@ -192,12 +196,15 @@ def text_shape(vlm):
     windows = tuple(window if kind == "sliding_attention" else None for kind in kinds
                     if kind != "linear_attention") if window else ()
     state = 0
-    if linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
+    if linear and hasattr(config, "mamba_head_dim"):  # Nemotron-H's Mamba 2: (heads x head dim x state) and its conv's
+        inner, n = config.mamba_num_heads * config.mamba_head_dim, config.ssm_state_size
+        state = linear * (inner * n * 4 + (inner + 2 * config.n_groups * n) * config.conv_kernel * 4)
+    elif linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
         key_dim, value_dim = config.linear_key_head_dim, config.linear_value_head_dim
         value_heads, key_heads = config.linear_num_value_heads, config.linear_num_key_heads
         conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
         state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
-    return TextShape(layers=layers - linear, heads=heads, state_bytes=state,
+    return TextShape(layers=layers - linear - sum(kind in ("mlp", "moe") for kind in kinds), heads=heads, state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                      hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else max(
@@ -687,73 +694,29 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     steps = _Steps(begins, prepared.max_new_tokens, tokenizer, progress, on_token)
     attending = attention_layers(vlm.language_model)
     decoder_layers = [n for n, _ in attending]
-    recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
-                         prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=cache_sources(attending),
-                         windows=cache_windows(vlm, decoder_layers), cross=cross_attending(vlm.language_model))
-    with recording(vlm, recorder), torch.inference_mode():
-        out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
-                                 do_sample=False, num_beams=1, return_dict_in_generate=True,
-                                 stopping_criteria=StoppingCriteriaList([steps] if progress or on_token else []))
-    tokens = tuple(int(t) for t in out.sequences[0, begins:])
+    latent, new_tokens, stopping = frozenset(), prepared.max_new_tokens, [steps] if progress or on_token else []
+    while True:  # again, silently, where a layer's cache keeps latents: their keys then kept as each call hands them
+        recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
+                             prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=cache_sources(attending),
+                             windows=cache_windows(vlm, decoder_layers), cross=cross_attending(vlm.language_model),
+                             latent=latent)
+        with recording(vlm, recorder), torch.inference_mode():
+            out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=new_tokens, do_sample=False,
+                                     num_beams=1, return_dict_in_generate=True,
+                                     stopping_criteria=StoppingCriteriaList(stopping))
+        tokens = tuple(int(t) for t in out.sequences[0, begins:])
+        if latent or not (latent := latent_layers(recorder, out.past_key_values)):
+            break
+        new_tokens, stopping = len(tokens), []  # the tokens already streamed: the same greedy answer, recorded again
     steps_kept = {len(q) for q in recorder.queries}
     if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
         raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
-    wrong = cache_problem(recorder, out.past_key_values)
-    if wrong:
-        raise ValueError(wrong)
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
     answered = VLMAnswer(tokens, text, pieces, prepared.layouts, recorder, out.past_key_values,
                          prepared.prompt_tokens, (vlm, prepared), None if steps.stopped is None else str(steps.stopped))
     answered.clip = prepared.clip
     return answered
-
-
-def cache_problem(recorder: _Recorder, cache) -> str | None:
-    """Why the rows cannot be read from ``cache``, in one line, or None: a layer whose cache keeps other keys than its
-    attention was handed (Mistral Large 4's compressed latents, expanded into keys after the cache), checked at the
-    last call's own position, where every row is formed from the cache's keys."""
-    for layer, own in enumerate(recorder.own_keys):
-        if own is None or recorder.keys[layer] is not None or not recorder.seen[layer]:
-            continue
-        try:
-            keys, _ = recorder.keys_read(layer, len(recorder.seen[layer]) - 1, cache)
-        except (ValueError, IndexError, AttributeError):
-            continue  # a window the attention was not told of: refused when its row is asked
-        kept = keys[:, -1].float().cpu() if keys.dim() == 3 else None
-        if kept is None or kept.shape != own.shape or not torch.allclose(kept, own, rtol=1e-5, atol=1e-6):
-            return (f"its language model's layer {layer} keeps other keys in its cache than its attention reads (shape "
-                    f"{tuple(keys.shape)}, not {tuple(own.shape)} a position: compressed latents, expanded after the "
-                    "cache), so its answer's rows cannot be read from the cache")
-    return None
-
-
-def cache_sources(attending: list[tuple[int, object]]) -> list[int]:
-    """The decoder layer whose cache holds each attention layer's keys: its own, or, for a layer that reuses another's
-    (Gemma 3n's KV sharing: ``is_kv_shared_layer``), the last layer of its type before it that stores them
-    (``store_full_length_kv``)."""
-    stores, sources = {}, []
-    for n, module in attending:
-        if getattr(module, "is_kv_shared_layer", False) and module.layer_type in stores:
-            sources.append(stores[module.layer_type])
-            continue
-        if getattr(module, "store_full_length_kv", False):
-            stores[module.layer_type] = n
-        sources.append(n)
-    return sources
-
-
-def cache_windows(vlm, decoder_layers: list[int]) -> list[int | None]:
-    """The keys each of ``decoder_layers``' cache keeps, as transformers builds generate's cache from the text config
-    (``cache_utils.get_layer_types_and_kwargs``): a sliding or a chunked layer's window (Llama 4's
-    ``attention_chunk_size``), None for a layer whose cache keeps every key."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    try:
-        _, per_layer = get_layer_types_and_kwargs(vlm.model.config.get_text_config(decoder=True))
-    except (AttributeError, TypeError, ValueError, IndexError):  # a config transformers' cache does not read so
-        return [None] * len(decoder_layers)
-    return [per_layer[n].get("sliding_window") if n < len(per_layer) else None for n in decoder_layers]
 
 
 def answer(vlm, image: Image.Image | Sequence[Image.Image] | None, question: str | None = None, *,

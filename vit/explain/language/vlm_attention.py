@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from vit.core import recording_attention
-from vit.core.recording_attention import _RECORDING, ROWS, RULES, route_attention
+from vit.core.recording_attention import _RECORDING, ROWS, RULES, attention_of, route_attention
 
 __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording",
            "attention_layers", "cross_attending", "linear_layers"]
@@ -66,7 +66,8 @@ def attention_layers(language_model) -> list[tuple[int, object]]:
     if cross_attending(language_model):
         return [(n, getattr(layer, name)) for n, layer in enumerate(language_model.layers) for name in CROSS
                 if hasattr(layer, name)]
-    return [(n, layer.self_attn) for n, layer in enumerate(language_model.layers) if hasattr(layer, "self_attn")]
+    attending = ((n, attention_of(layer)) for n, layer in enumerate(language_model.layers))
+    return [(n, attention) for n, attention in attending if attention is not None]
 
 
 def cross_attending(language_model) -> bool:
@@ -82,4 +83,4 @@ def linear_layers(language_model) -> list[str]:
     """The class names of the decoder layers' token mixers that are not attention (a hybrid model's linear attention,
     ``linear_attn``)."""
     return sorted({type(layer.linear_attn).__name__ for layer in language_model.layers
-                   if not hasattr(layer, "self_attn") and hasattr(layer, "linear_attn")})
+                   if attention_of(layer) is None and hasattr(layer, "linear_attn")})

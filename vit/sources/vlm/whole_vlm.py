@@ -18,6 +18,7 @@ import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
+from vit.core.recording_attention import attention_of
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types this project names
 from vit.registry import vlm_architecture
 from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
@@ -257,7 +258,7 @@ def attention_problem(vlm: VLM) -> str | None:
     except VLMError as e:
         return str(e).split(": ", 1)[-1]
     layers = getattr(stack, "layers", None)
-    if layers is None or not any(hasattr(layer, "self_attn") or hasattr(layer, "cross_attn") for layer in layers):
+    if layers is None or not any(attention_of(layer) is not None or hasattr(layer, "cross_attn") for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
                 "answer reads")
     vlm.same_branch = _branches_on_the_name(layers) is not None
@@ -273,7 +274,7 @@ def _attention_code(layers):
     import inspect
 
     for layer in layers:
-        attention = getattr(layer, "self_attn", None)
+        attention = attention_of(layer)
         if attention is None:
             continue
         try:
