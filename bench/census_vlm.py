@@ -54,6 +54,7 @@ from bench.census_vlm_rules import (
     rope_per_kind,
     sections,
     stated_fields,
+    tower_field,
 )
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
@@ -496,14 +497,14 @@ PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal
 
 def _patch_agreed(config: dict, processor) -> None:
     """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
-    as numbers, the processor's own where the image processor states its patch as a size (Pixtral's) (in place): the
+    as numbers (its ``vision_``-named one where it has both: Step 3.7's ``patch_size`` is its crop side), the processor's own where the image processor states its patch as a size (Pixtral's) (in place): the
     processor cuts the pixels into its patches and counts its tokens over them, which the tower's patch embedding and
     merger must take."""
     images = getattr(processor, "image_processor", None)
     patch = getattr(images, "patch_size", None)
     sized = patch is not None and not _whole(patch)  # Pixtral's {"height": 16, "width": 16}
     for field, names in PATCH_FIELDS.items():
-        value = getattr(images, field, None)
+        value = tower_field(images, field)
         if sized:  # the processor's own patch and merge sizes, which count its tokens
             value = next((getattr(processor, name) for name in (field, *names)
                           if _whole(getattr(processor, name, None))), None)

@@ -30,6 +30,11 @@ import sys
 EXPERTS = {"num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
            "top_k_experts": 2, "moe_intermediate_size": 16}  # an expert block's counts and width, tiny
 
+WINDOW = 32  # a sliding layer's window, shorter than the census's prompt so the window shows
+# a model's code building its sliding-window mask whatever its layers' kinds (a dict entry beside the full mask, not
+# under ``if self.has_sliding_layers``), which needs a window
+UNGUARDED_WINDOW = '"sliding_attention": create_sliding_window_causal_mask('
+
 # Fields the checkpoints' configs state where transformers' default config leaves them unusable and no rule derives
 # them, shrunk to the census's sizes: {model_type: {dotted field: value}}
 STATED = {
@@ -135,8 +140,9 @@ def _kinds(config_class, field: str) -> list[str]:
 
 def filled(config: dict, model_class) -> None:
     """Fill the fields ``model_class``'s code needs that ``config`` (a config dict, nested ones alike) leaves None
-    (in place): expert counts and widths at their tiny size, per-layer lists its code indexes by layer with the
-    kinds the config class's docstring names, cycled over the shrunk depth."""
+    (in place): expert counts and widths at their tiny size, a window (``WINDOW``) where its layers slide or its
+    code builds a sliding mask whatever they are, per-layer lists its code indexes by layer with the kinds the
+    config class's docstring names, cycled over the shrunk depth."""
     try:
         code = inspect.getsource(sys.modules[model_class.__module__])
     except (OSError, TypeError, KeyError):
@@ -146,6 +152,9 @@ def filled(config: dict, model_class) -> None:
         for key, tiny in EXPERTS.items():
             if key in sub and sub[key] is None:
                 sub[key] = tiny
+        if "sliding_window" in sub and sub["sliding_window"] is None and isinstance(sub.get("layer_types"), list) \
+                and ("sliding_attention" in sub["layer_types"] or UNGUARDED_WINDOW in code):
+            sub["sliding_window"] = WINDOW  # a window its code builds a mask with (Step 3.7's, on full layers too)
         layers = sub.get("num_hidden_layers")
         cls = config_class(sub.get("model_type"))
         for key in indexed:
@@ -153,6 +162,14 @@ def filled(config: dict, model_class) -> None:
                 kinds = _kinds(cls, key)
                 if kinds:
                     sub[key] = [kinds[i % len(kinds)] for i in range(layers)]
+
+
+def tower_field(images, field: str):
+    """The image processor's ``field`` as the vision tower takes it: its ``vision_``-named one where it states both
+    (Step 3.7's ``vision_patch_size`` 14, "``Step3p7VisionEmbeddings.patch_size``", beside its ``patch_size`` 504,
+    the side of its local crops), else its own."""
+    vision = getattr(images, f"vision_{field}", None)
+    return vision if isinstance(vision, int) and not isinstance(vision, bool) else getattr(images, field, None)
 
 
 def hidden_widths(full: dict, config: dict) -> None:

@@ -51,3 +51,38 @@ def test_canvases_the_crop_side_does_not_divide_are_cut_into_their_common_diviso
     assert (images.crop_size.height, images.crop_size.width, images.size.shortest_edge) == (336, 336, 336)
     images.image_grid_pinpoints, images.crop_size = [[448, 896]], Size(height=224, width=224)  # 224 divides them
     assert pinpoint_side(SimpleNamespace(image_processor=images)) is None and images.crop_size.height == 224
+
+
+def test_the_tower_takes_the_image_processors_vision_named_patch_over_its_crop_side():
+    from bench.census_vlm_rules import tower_field
+
+    # Step 3.7's image processor: patch_size 504 is its local crops' side, vision_patch_size 14 the tower's patch
+    assert tower_field(SimpleNamespace(patch_size=504, vision_patch_size=14), "patch_size") == 14
+    assert tower_field(SimpleNamespace(patch_size=16), "patch_size") == 16  # no vision_ one: its own
+    assert tower_field(SimpleNamespace(merge_size=2, vision_merge_size=None), "merge_size") == 2
+
+
+def test_a_window_is_filled_where_layers_slide_or_the_code_builds_a_sliding_mask_whatever_they_are(monkeypatch):
+    import inspect
+    import sys
+    import types
+
+    from bench.census_vlm_rules import UNGUARDED_WINDOW, WINDOW, filled
+
+    def model_class(code):  # a model class whose module's source is ``code``
+        module = types.ModuleType(f"census_rules_fake_{len(code)}")
+        module.__source__ = code
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        return type("Fake", (), {"__module__": module.__name__})
+
+    monkeypatch.setattr(inspect, "getsource", lambda obj: obj.__source__)
+    guarded = model_class('if self.has_sliding_layers:\n    m["sliding_attention"] = create_sliding_window_c')
+    full = {"text_config": {"sliding_window": None, "layer_types": ["full_attention"] * 2}}
+    filled(full, guarded)
+    assert full["text_config"]["sliding_window"] is None  # full layers, a guarded mask: no window needed
+    sliding = {"text_config": {"sliding_window": None, "layer_types": ["sliding_attention", "full_attention"]}}
+    filled(sliding, guarded)
+    assert sliding["text_config"]["sliding_window"] == WINDOW == 32
+    unguarded = model_class("mapping = {\n    " + UNGUARDED_WINDOW + "**kwargs),\n}")
+    filled(full, unguarded)  # Step 3.7's: the sliding mask built though every layer is full
+    assert full["text_config"]["sliding_window"] == 32
