@@ -46,6 +46,7 @@ from bench.census_vlm_rules import (
     aliased,
     code_of,
     divided_widths,
+    expert_groups,
     filled,
     hidden_widths,
     pinpoint_side,
@@ -468,6 +469,7 @@ def generic_build(model_type: str):
         config["vision_config"] = vision().to_dict()
     full, config = config, aliased(_shrunk(aliased(config, LAYERS + HEADS)), LAYERS + HEADS, back=True)
     filled(config, model_class)
+    expert_groups(config)
     hidden_widths(full, config)
     divided_widths(config, model_type)
     rope_per_kind(config, model_class)

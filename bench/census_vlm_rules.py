@@ -164,6 +164,23 @@ def filled(config: dict, model_class) -> None:
                     sub[key] = [kinds[i % len(kinds)] for i in range(layers)]
 
 
+def expert_groups(config: dict) -> None:
+    """A router's expert groups (``n_group``, ``topk_group``) kept to what the shrunk experts hold (in place): its
+    code views the experts as ``n_group`` groups of ``experts // n_group`` and takes the top 2 of each group
+    (DeepSeek-V3's ``TopkRouter``, Kimi K2.5's language model), so each group keeps at least 2 experts, the groups
+    dividing the experts, and the groups chosen at most the groups."""
+    for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
+        experts = next((sub[k] for k in ("n_routed_experts", "num_local_experts", "num_experts")
+                        if isinstance(sub.get(k), int) and sub[k] > 0), None)
+        groups = sub.get("n_group")
+        if experts is None or not isinstance(groups, int) or groups < 1 or (
+                experts % groups == 0 and experts // groups >= 2):
+            continue
+        sub["n_group"] = max([g for g in range(1, min(groups, experts // 2) + 1) if experts % g == 0] or [1])
+        if isinstance(sub.get("topk_group"), int):
+            sub["topk_group"] = max(1, min(sub["topk_group"], sub["n_group"]))
+
+
 def tower_field(images, field: str):
     """The image processor's ``field`` as the vision tower takes it: its ``vision_``-named one where it states both
     (Step 3.7's ``vision_patch_size`` 14, "``Step3p7VisionEmbeddings.patch_size``", beside its ``patch_size`` 504,

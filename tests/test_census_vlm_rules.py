@@ -86,3 +86,19 @@ def test_a_window_is_filled_where_layers_slide_or_the_code_builds_a_sliding_mask
     unguarded = model_class("mapping = {\n    " + UNGUARDED_WINDOW + "**kwargs),\n}")
     filled(full, unguarded)  # Step 3.7's: the sliding mask built though every layer is full
     assert full["text_config"]["sliding_window"] == 32
+
+
+def test_expert_groups_keep_two_experts_each_and_divide_the_shrunk_experts():
+    from bench.census_vlm_rules import expert_groups
+
+    # DeepSeek-V3's router (Kimi K2.5's language model): 4 experts in the default's 8 groups would be 4 // 8 = 0 a
+    # group; the top 2 of each group needs 2, so 2 groups of 2, and at most those 2 chosen
+    config = {"text_config": {"n_routed_experts": 4, "n_group": 8, "topk_group": 4}}
+    expert_groups(config)
+    assert (config["text_config"]["n_group"], config["text_config"]["topk_group"]) == (2, 2)
+    six = {"num_local_experts": 6, "n_group": 4, "topk_group": 1}  # 6 // 4 = 1 a group: 3 groups of 2
+    expert_groups(six)
+    assert (six["n_group"], six["topk_group"]) == (3, 1)
+    fine = {"n_routed_experts": 8, "n_group": 2, "topk_group": 1}  # 4 a group already: left as they are
+    expert_groups(fine)
+    assert (fine["n_group"], fine["topk_group"]) == (2, 1)
