@@ -48,6 +48,7 @@ from bench.census_vlm_rules import (
     divided_widths,
     expert_groups,
     filled,
+    patch_of_counts,
     hidden_widths,
     pinpoint_side,
     processor_from_config,
@@ -485,6 +486,7 @@ def generic_build(model_type: str):
         if _whole(getattr(stated, "height", None)) and _whole(sub.get("image_size")):  # DeepSeek-VL-Hybrid's high_res
             sub["image_size"] = stated.height
     _patch_agreed(config, processor)
+    patch_of_counts(config, processor)
     _merged_widths(full, config)
     _sections(config, model_class)
     config = CONFIG_MAPPING[model_type].from_dict(config)

@@ -181,6 +181,33 @@ def expert_groups(config: dict) -> None:
             sub["topk_group"] = max(1, min(sub["topk_group"], sub["n_group"]))
 
 
+def patch_of_counts(config: dict, processor) -> int | None:
+    """The tower's patch where the config maps patch counts and the processor maps image sides to the same query
+    counts (Aria's ``projector_patch_to_query_dict`` {1225: 128, 4900: 256} beside its processor's
+    ``size_conversion`` {490: 128, 980: 256}): each side over the root of its count's patches (490 / 35 = 14), set
+    on the vision config (in place) where every pair agrees; None where none is stated."""
+    import math
+
+    def whole_map(value):
+        return isinstance(value, dict) and value and all(
+            isinstance(k, int) and isinstance(v, int) and k > 0 for k, v in value.items())
+
+    sides = [v for v in vars(processor).values() if whole_map(v)]
+    patches = set()
+    for counts in (v for v in config.values() if whole_map(v)):
+        for conversion in sides:
+            for side, queries in conversion.items():
+                count = next((c for c, q in counts.items() if q == queries), None)
+                root = math.isqrt(count) if count else 0
+                if root and root * root == count and side % root == 0:
+                    patches.add(side // root)
+    vision = config.get("vision_config")
+    if len(patches) != 1 or not isinstance(vision, dict) or not isinstance(vision.get("patch_size"), int):
+        return None
+    vision["patch_size"] = patches.pop()
+    return vision["patch_size"]
+
+
 def tower_field(images, field: str):
     """The image processor's ``field`` as the vision tower takes it: its ``vision_``-named one where it states both
     (Step 3.7's ``vision_patch_size`` 14, "``Step3p7VisionEmbeddings.patch_size``", beside its ``patch_size`` 504,

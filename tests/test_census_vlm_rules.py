@@ -102,3 +102,16 @@ def test_expert_groups_keep_two_experts_each_and_divide_the_shrunk_experts():
     fine = {"n_routed_experts": 8, "n_group": 2, "topk_group": 1}  # 4 a group already: left as they are
     expert_groups(fine)
     assert (fine["n_group"], fine["topk_group"]) == (2, 1)
+
+
+def test_the_patch_is_read_from_query_counts_the_config_and_processor_both_map():
+    from bench.census_vlm_rules import patch_of_counts
+
+    # Aria: 1225 = 35^2 patches over a 490-px side, 4900 = 70^2 over 980 px, both 14-px patches (its default tower
+    # says 32, which cuts 980 px into 30^2 = 900, a count the projector has no queries for)
+    config = {"projector_patch_to_query_dict": {1225: 128, 4900: 256}, "vision_config": {"patch_size": 32}}
+    processor = SimpleNamespace(size_conversion={490: 128, 980: 256}, image_token="<|img|>")
+    assert patch_of_counts(config, processor) == 14 and config["vision_config"]["patch_size"] == 14
+    config = {"counts": {1225: 128, 4900: 256}, "vision_config": {"patch_size": 32}}  # sides that disagree
+    assert patch_of_counts(config, SimpleNamespace(size_conversion={490: 128, 700: 256})) is None
+    assert config["vision_config"]["patch_size"] == 32
