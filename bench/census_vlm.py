@@ -56,6 +56,7 @@ from bench.census_vlm_rules import (
     rope_per_kind,
     sections,
     stated_fields,
+    timm_tower,
     tower_field,
 )
 
@@ -486,6 +487,7 @@ def generic_build(model_type: str):
         if _whole(getattr(stated, "height", None)) and _whole(sub.get("image_size")):  # DeepSeek-VL-Hybrid's high_res
             sub["image_size"] = stated.height
     _patch_agreed(config, processor)
+    timm_tower(config, processor)
     patch_of_counts(config, processor)
     _merged_widths(full, config)
     _sections(config, model_class)

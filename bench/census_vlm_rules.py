@@ -30,6 +30,7 @@ import sys
 EXPERTS = {"num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
            "top_k_experts": 2, "moe_intermediate_size": 16}  # an expert block's counts and width, tiny
 
+TIMM_WIDTH = 64  # a timm tower's widest stage, tiny
 WINDOW = 32  # a sliding layer's window, shorter than the census's prompt so the window shows
 # a model's code building its sliding-window mask whatever its layers' kinds (a dict entry beside the full mask, not
 # under ``if self.has_sliding_layers``), which needs a window
@@ -206,6 +207,53 @@ def patch_of_counts(config: dict, processor) -> int | None:
         return None
     vision["patch_size"] = patches.pop()
     return vision["patch_size"]
+
+
+def timm_tower(config: dict, processor) -> dict | None:
+    """A timm tower (``timm_wrapper`` vision config) whose ``model_args`` state no sizes, built tiny (in place): the
+    int tuples its timm entry point's ``model_args`` states (FastViT-MCi3's ``layers`` (2, 12, 24, 4, 2),
+    ``embed_dims`` (96, ..., 1536)), each depth cut to 1 and the widths scaled so the widest is ``TIMM_WIDTH``; its
+    hidden size the tiny tower's own ``num_features``, the processor's patch the tower's total stride (its last
+    feature's ``reduction``) and its image processor's side the tower's default input side where that stride does
+    not divide the side it had. Returns the model_args set, or None where the rule does not apply."""
+    import timm
+    import torch
+
+    vision = config.get("vision_config")
+    if not (isinstance(vision, dict) and vision.get("model_type") == "timm_wrapper" and vision.get("architecture")):
+        return None
+    args = dict(vision.get("model_args") or {})
+    if any(isinstance(v, (int, tuple, list)) and not isinstance(v, bool) for v in args.values()):
+        return None  # sizes stated already (Perception LM's)
+    try:
+        source = inspect.getsource(timm.models.model_entrypoint(vision["architecture"]))
+    except (RuntimeError, OSError, TypeError):
+        return None
+    tuples = {k: [int(x) for x in re.findall(r"\d+", v)]
+              for k, v in re.findall(r"^\s*(\w+)=\(([\d,\s]+)\),?$", source, re.M)}
+    depths = {k: v for k, v in tuples.items() if k in ("layers", "depths")}
+    widths = {k: v for k, v in tuples.items() if k in ("embed_dims", "dims", "embed_dim")}
+    if not (depths or widths):
+        return None
+    for key, values in depths.items():
+        args[key] = tuple(1 for _ in values)
+    for key, values in widths.items():
+        scale = max(values) // TIMM_WIDTH or 1
+        args[key] = tuple(max(1, v // scale) for v in values)
+    with torch.device("meta"):
+        model = timm.create_model(vision["architecture"], pretrained=False, **args)
+    vision["model_args"], vision["hidden_size"] = args, model.num_features
+    stride = model.feature_info[-1]["reduction"]
+    if hasattr(processor, "patch_size"):
+        processor.patch_size = stride
+    images = getattr(processor, "image_processor", None)
+    side = (model.pretrained_cfg.get("input_size") or (0, 0, 0))[-1]
+    for name in ("crop_size", "size"):
+        size = getattr(images, name, None)
+        old = getattr(size, "height", None) or getattr(size, "shortest_edge", None)
+        if isinstance(old, int) and old % stride and side and side % stride == 0:
+            setattr(images, name, type(size)(**{k: side for k, v in vars(size).items() if v is not None}))
+    return args
 
 
 def tower_field(images, field: str):

@@ -115,3 +115,27 @@ def test_the_patch_is_read_from_query_counts_the_config_and_processor_both_map()
     config = {"counts": {1225: 128, 4900: 256}, "vision_config": {"patch_size": 32}}  # sides that disagree
     assert patch_of_counts(config, SimpleNamespace(size_conversion={490: 128, 700: 256})) is None
     assert config["vision_config"]["patch_size"] == 32
+
+
+def test_a_timm_tower_without_sizes_is_built_tiny_from_its_entry_points_model_args():
+    from bench.census_vlm_rules import timm_tower
+
+    class Size(SimpleNamespace):
+        pass
+
+    # FastVLM's default tower: timm's fastvit_mci3, layers (2, 12, 24, 4, 2), embed_dims (96, ..., 1536) in
+    # timm's entry point; depths 1 each, widths over 1536 // 64 = 24; FastViT's head widens the last stage by its
+    # cls_ratio 2.0 (64 -> 128); a stem of stride 4 and four downsamplings of 2: 64 px a token, which 224 does not
+    # divide, so the image processor takes the tower's default 256-px input
+    config = {"vision_config": {"model_type": "timm_wrapper", "architecture": "fastvit_mci3",
+                                "model_args": {"inference_mode": True}, "hidden_size": 3072}}
+    processor = SimpleNamespace(patch_size=None, image_processor=SimpleNamespace(
+        crop_size=Size(height=224, width=224), size=Size(shortest_edge=224)))
+    args = timm_tower(config, processor)
+    assert args["layers"] == (1, 1, 1, 1, 1) and args["embed_dims"] == (4, 8, 16, 32, 64) and args["inference_mode"]
+    assert config["vision_config"]["hidden_size"] == 128 and processor.patch_size == 64
+    assert (processor.image_processor.crop_size.height, processor.image_processor.size.shortest_edge) == (256, 256)
+    stated = {"vision_config": {"model_type": "timm_wrapper", "architecture": "vit_pe_core_large_patch14_336",
+                                "model_args": {"embed_dim": 32, "depth": 2}}}  # Perception LM's: sizes stated
+    assert timm_tower(stated, processor) is None and stated["vision_config"]["model_args"] == {"embed_dim": 32,
+                                                                                                "depth": 2}
