@@ -465,6 +465,11 @@ def generic_build(model_type: str):
         if expanded is not None:
             break
     else:
+        if words.convert_tokens_to_ids(candidates[0]) == words.unk_token_id:  # a placeholder the words lack: given
+            specials.append(candidates[0])  # one, which ``_written_out`` writes out (PP-Chart2Table's)
+            processor, words = _processor(processor_class, model_type, specials, named)
+            stated_fields(config, model_type, processor)
+            processor_from_config(processor, config)
         processor.chat_template = TEMPLATE.replace("IMAGE", candidates[0])
     vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
     if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
@@ -493,7 +498,43 @@ def generic_build(model_type: str):
     _sections(config, model_class)
     config = CONFIG_MAPPING[model_type].from_dict(config)
     _bounded(model_class, config)
-    return model_class(config), processor
+    model = model_class(config)
+    if expanded is None:
+        _written_out(model, processor, words, candidates[0])
+    return model, processor
+
+
+def _written_out(model, processor, words, placeholder: str) -> int | None:
+    """Where the processor expands no image token (PP-Chart2Table's, whose checkpoint's chat template writes its
+    image tokens out), the template's one placeholder written out as many times as the model's own
+    ``get_image_features`` returns features for the census's image, and the config's image token made that
+    placeholder's (in place); returns that count, or None where the prompt does not hold the placeholder once or
+    the model gives no count."""
+    import torch
+
+    token = words.convert_tokens_to_ids(placeholder)
+    if token == words.unk_token_id:
+        return None
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    try:
+        inputs = processor(images=sample_image(), text=processor.apply_chat_template(
+            messages, add_generation_prompt=True), return_tensors="pt")
+        if inputs["input_ids"][0].tolist().count(token) != 1 or not hasattr(model, "get_image_features"):
+            return None
+        with torch.no_grad():
+            features = model.get_image_features(pixel_values=inputs["pixel_values"])
+    except Exception:  # noqa: BLE001 - the census then asks as it is and reports what fails
+        return None
+    features = getattr(features, "pooler_output", features)
+    features = features[0] if isinstance(features, (tuple, list)) else features
+    count = features.shape[-2] if isinstance(features, torch.Tensor) and features.dim() >= 2 else None
+    if not count or count < 2:
+        return None
+    for name in ("image_token_id", "image_token_index"):
+        if hasattr(model.config, name):
+            setattr(model.config, name, token)
+    processor.chat_template = TEMPLATE.replace("IMAGE", " ".join([placeholder] * count))
+    return count
 
 
 # The image processor's patch fields and the vision config's names for them

@@ -139,3 +139,28 @@ def test_a_timm_tower_without_sizes_is_built_tiny_from_its_entry_points_model_ar
                                 "model_args": {"embed_dim": 32, "depth": 2}}}  # Perception LM's: sizes stated
     assert timm_tower(stated, processor) is None and stated["vision_config"]["model_args"] == {"embed_dim": 32,
                                                                                                 "depth": 2}
+
+
+def test_a_placeholder_the_processor_never_expands_is_written_out_once_per_image_feature():
+    import torch
+
+    from bench.census_vlm import TEMPLATE, _written_out
+
+    class Processor(SimpleNamespace):  # expands nothing: the prompt's ids as the template wrote them
+        def apply_chat_template(self, messages, add_generation_prompt):
+            return "user: <image> what"
+
+        def __call__(self, images, text, return_tensors):
+            return {"input_ids": torch.tensor([self.ids]), "pixel_values": torch.zeros(1, 3, 8, 8)}
+
+    words = SimpleNamespace(unk_token_id=0, convert_tokens_to_ids=lambda t: {"<image>": 9}.get(t, 0))
+    # PP-Chart2Table's: one placeholder, 6 features (1, 6, 4) from the model's own get_image_features
+    model = SimpleNamespace(config=SimpleNamespace(image_token_index=1),
+                            get_image_features=lambda pixel_values: torch.zeros(1, 6, 4))
+    processor = Processor(ids=[2, 9, 4], chat_template="")
+    assert _written_out(model, processor, words, "<image>") == 6
+    assert model.config.image_token_index == 9
+    assert processor.chat_template == TEMPLATE.replace("IMAGE", "<image> <image> <image> <image> <image> <image>")
+    twice = Processor(ids=[9, 9, 4], chat_template="kept")  # already expanded: left as it is
+    assert _written_out(model, twice, words, "<image>") is None and twice.chat_template == "kept"
+    assert _written_out(model, Processor(ids=[0, 4], chat_template=""), words, "<unknown>") is None
