@@ -508,12 +508,19 @@ def _written_out(model, processor, words, placeholder: str) -> int | None:
     """Where the processor expands no image token (PP-Chart2Table's, whose checkpoint's chat template writes its
     image tokens out), the template's one placeholder written out as many times as the model's own
     ``get_image_features`` returns features for the census's image, and the config's image token made that
-    placeholder's (in place); returns that count, or None where the prompt does not hold the placeholder once or
-    the model gives no count."""
+    placeholder's (in place); returns that count, or None where the prompt does not hold the placeholder once, the
+    model's code does not check one image token per feature ("image tokens do not match": a cross-attention's one
+    token stays one) or it gives no count."""
+    import inspect
+
     import torch
 
     token = words.convert_tokens_to_ids(placeholder)
-    if token == words.unk_token_id:
+    try:  # only a model whose forward checks one image token per feature (not a cross-attention's one <|image|>)
+        counted = "image tokens do not match" in inspect.getsource(sys.modules[type(model).__module__])
+    except (OSError, TypeError, KeyError):
+        counted = False
+    if token == words.unk_token_id or not counted:
         return None
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
     try:

@@ -154,9 +154,17 @@ def test_a_placeholder_the_processor_never_expands_is_written_out_once_per_image
             return {"input_ids": torch.tensor([self.ids]), "pixel_values": torch.zeros(1, 3, 8, 8)}
 
     words = SimpleNamespace(unk_token_id=0, convert_tokens_to_ids=lambda t: {"<image>": 9}.get(t, 0))
+    class Model:  # its module's code checks one token per feature, as GOT-OCR2's: "image tokens do not match"
+        config = SimpleNamespace(image_token_index=1)
+
+        def get_image_features(self, pixel_values):
+            return torch.zeros(1, 6, 4)
+
     # PP-Chart2Table's: one placeholder, 6 features (1, 6, 4) from the model's own get_image_features
-    model = SimpleNamespace(config=SimpleNamespace(image_token_index=1),
+    model = Model()
+    cross = SimpleNamespace(config=SimpleNamespace(image_token_index=1),  # a module with no such check (types)
                             get_image_features=lambda pixel_values: torch.zeros(1, 6, 4))
+    assert _written_out(cross, Processor(ids=[2, 9, 4], chat_template="kept"), words, "<image>") is None
     processor = Processor(ids=[2, 9, 4], chat_template="")
     assert _written_out(model, processor, words, "<image>") == 6
     assert model.config.image_token_index == 9
