@@ -48,8 +48,8 @@ from bench.census_vlm_rules import (
     divided_widths,
     expert_groups,
     filled,
-    patch_of_counts,
     hidden_widths,
+    patch_of_counts,
     pinpoint_side,
     processor_from_config,
     processor_of_kin,
@@ -551,9 +551,10 @@ PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal
 
 def _patch_agreed(config: dict, processor) -> None:
     """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
-    as numbers (its ``vision_``-named one where it has both: Step 3.7's ``patch_size`` is its crop side), the processor's own where the image processor states its patch as a size (Pixtral's) (in place): the
-    processor cuts the pixels into its patches and counts its tokens over them, which the tower's patch embedding and
-    merger must take."""
+    as numbers (its ``vision_``-named one where it has both: Step 3.7's ``patch_size`` is its crop side), the
+    processor's own where the image processor states its patch as a size (Pixtral's) (in place): the processor cuts
+    the pixels into its patches and counts its tokens over them, which the tower's patch embedding and merger must
+    take."""
     images = getattr(processor, "image_processor", None)
     patch = getattr(images, "patch_size", None)
     sized = patch is not None and not _whole(patch)  # Pixtral's {"height": 16, "width": 16}
