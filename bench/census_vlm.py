@@ -46,14 +46,18 @@ from bench.census_vlm_rules import (
     aliased,
     code_of,
     divided_widths,
+    expert_groups,
     filled,
     hidden_widths,
+    patch_of_counts,
     pinpoint_side,
     processor_from_config,
     processor_of_kin,
     rope_per_kind,
     sections,
     stated_fields,
+    timm_tower,
+    tower_field,
 )
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
@@ -461,12 +465,18 @@ def generic_build(model_type: str):
         if expanded is not None:
             break
     else:
+        if words.convert_tokens_to_ids(candidates[0]) == words.unk_token_id:  # a placeholder the words lack: given
+            specials.append(candidates[0])  # one, which ``_written_out`` writes out (PP-Chart2Table's)
+            processor, words = _processor(processor_class, model_type, specials, named)
+            stated_fields(config, model_type, processor)
+            processor_from_config(processor, config)
         processor.chat_template = TEMPLATE.replace("IMAGE", candidates[0])
     vision = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}).get("vision_config")
     if config.get("vision_config") is None and vision is not None:  # an optional tower left out by default (Gemma 4)
         config["vision_config"] = vision().to_dict()
     full, config = config, aliased(_shrunk(aliased(config, LAYERS + HEADS)), LAYERS + HEADS, back=True)
     filled(config, model_class)
+    expert_groups(config)
     hidden_widths(full, config)
     divided_widths(config, model_type)
     rope_per_kind(config, model_class)
@@ -482,11 +492,56 @@ def generic_build(model_type: str):
         if _whole(getattr(stated, "height", None)) and _whole(sub.get("image_size")):  # DeepSeek-VL-Hybrid's high_res
             sub["image_size"] = stated.height
     _patch_agreed(config, processor)
+    timm_tower(config, processor)
+    patch_of_counts(config, processor)
     _merged_widths(full, config)
     _sections(config, model_class)
     config = CONFIG_MAPPING[model_type].from_dict(config)
     _bounded(model_class, config)
-    return model_class(config), processor
+    model = model_class(config)
+    if expanded is None:
+        _written_out(model, processor, words, candidates[0])
+    return model, processor
+
+
+def _written_out(model, processor, words, placeholder: str) -> int | None:
+    """Where the processor expands no image token (PP-Chart2Table's, whose checkpoint's chat template writes its
+    image tokens out), the template's one placeholder written out as many times as the model's own
+    ``get_image_features`` returns features for the census's image, and the config's image token made that
+    placeholder's (in place); returns that count, or None where the prompt does not hold the placeholder once, the
+    model's code does not check one image token per feature ("image tokens do not match": a cross-attention's one
+    token stays one) or it gives no count."""
+    import inspect
+
+    import torch
+
+    token = words.convert_tokens_to_ids(placeholder)
+    try:  # only a model whose forward checks one image token per feature (not a cross-attention's one <|image|>)
+        counted = "image tokens do not match" in inspect.getsource(sys.modules[type(model).__module__])
+    except (OSError, TypeError, KeyError):
+        counted = False
+    if token == words.unk_token_id or not counted:
+        return None
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    try:
+        inputs = processor(images=sample_image(), text=processor.apply_chat_template(
+            messages, add_generation_prompt=True), return_tensors="pt")
+        if inputs["input_ids"][0].tolist().count(token) != 1 or not hasattr(model, "get_image_features"):
+            return None
+        with torch.no_grad():
+            features = model.get_image_features(pixel_values=inputs["pixel_values"])
+    except Exception:  # noqa: BLE001 - the census then asks as it is and reports what fails
+        return None
+    features = getattr(features, "pooler_output", features)
+    features = features[0] if isinstance(features, (tuple, list)) else features
+    count = features.shape[-2] if isinstance(features, torch.Tensor) and features.dim() >= 2 else None
+    if not count or count < 2:
+        return None
+    for name in ("image_token_id", "image_token_index"):
+        if hasattr(model.config, name):
+            setattr(model.config, name, token)
+    processor.chat_template = TEMPLATE.replace("IMAGE", " ".join([placeholder] * count))
+    return count
 
 
 # The image processor's patch fields and the vision config's names for them
@@ -496,14 +551,15 @@ PATCH_FIELDS = {"patch_size": ("patch_size",), "temporal_patch_size": ("temporal
 
 def _patch_agreed(config: dict, processor) -> None:
     """The vision config's patch, temporal patch and merge sizes set to the image processor's where it states them
-    as numbers, the processor's own where the image processor states its patch as a size (Pixtral's) (in place): the
-    processor cuts the pixels into its patches and counts its tokens over them, which the tower's patch embedding and
-    merger must take."""
+    as numbers (its ``vision_``-named one where it has both: Step 3.7's ``patch_size`` is its crop side), the
+    processor's own where the image processor states its patch as a size (Pixtral's) (in place): the processor cuts
+    the pixels into its patches and counts its tokens over them, which the tower's patch embedding and merger must
+    take."""
     images = getattr(processor, "image_processor", None)
     patch = getattr(images, "patch_size", None)
     sized = patch is not None and not _whole(patch)  # Pixtral's {"height": 16, "width": 16}
     for field, names in PATCH_FIELDS.items():
-        value = getattr(images, field, None)
+        value = tower_field(images, field)
         if sized:  # the processor's own patch and merge sizes, which count its tokens
             value = next((getattr(processor, name) for name in (field, *names)
                           if _whole(getattr(processor, name, None))), None)

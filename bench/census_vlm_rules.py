@@ -30,6 +30,12 @@ import sys
 EXPERTS = {"num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
            "top_k_experts": 2, "moe_intermediate_size": 16}  # an expert block's counts and width, tiny
 
+TIMM_WIDTH = 64  # a timm tower's widest stage, tiny
+WINDOW = 32  # a sliding layer's window, shorter than the census's prompt so the window shows
+# a model's code building its sliding-window mask whatever its layers' kinds (a dict entry beside the full mask, not
+# under ``if self.has_sliding_layers``), which needs a window
+UNGUARDED_WINDOW = '"sliding_attention": create_sliding_window_causal_mask('
+
 # Fields the checkpoints' configs state where transformers' default config leaves them unusable and no rule derives
 # them, shrunk to the census's sizes: {model_type: {dotted field: value}}
 STATED = {
@@ -135,8 +141,9 @@ def _kinds(config_class, field: str) -> list[str]:
 
 def filled(config: dict, model_class) -> None:
     """Fill the fields ``model_class``'s code needs that ``config`` (a config dict, nested ones alike) leaves None
-    (in place): expert counts and widths at their tiny size, per-layer lists its code indexes by layer with the
-    kinds the config class's docstring names, cycled over the shrunk depth."""
+    (in place): expert counts and widths at their tiny size, a window (``WINDOW``) where its layers slide or its
+    code builds a sliding mask whatever they are, per-layer lists its code indexes by layer with the kinds the
+    config class's docstring names, cycled over the shrunk depth."""
     try:
         code = inspect.getsource(sys.modules[model_class.__module__])
     except (OSError, TypeError, KeyError):
@@ -146,6 +153,9 @@ def filled(config: dict, model_class) -> None:
         for key, tiny in EXPERTS.items():
             if key in sub and sub[key] is None:
                 sub[key] = tiny
+        if "sliding_window" in sub and sub["sliding_window"] is None and isinstance(sub.get("layer_types"), list) \
+                and ("sliding_attention" in sub["layer_types"] or UNGUARDED_WINDOW in code):
+            sub["sliding_window"] = WINDOW  # a window its code builds a mask with (Step 3.7's, on full layers too)
         layers = sub.get("num_hidden_layers")
         cls = config_class(sub.get("model_type"))
         for key in indexed:
@@ -153,6 +163,105 @@ def filled(config: dict, model_class) -> None:
                 kinds = _kinds(cls, key)
                 if kinds:
                     sub[key] = [kinds[i % len(kinds)] for i in range(layers)]
+
+
+def expert_groups(config: dict) -> None:
+    """A router's expert groups (``n_group``, ``topk_group``) kept to what the shrunk experts hold (in place): its
+    code views the experts as ``n_group`` groups of ``experts // n_group`` and takes the top 2 of each group
+    (DeepSeek-V3's ``TopkRouter``, Kimi K2.5's language model), so each group keeps at least 2 experts, the groups
+    dividing the experts, and the groups chosen at most the groups."""
+    for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
+        experts = next((sub[k] for k in ("n_routed_experts", "num_local_experts", "num_experts")
+                        if isinstance(sub.get(k), int) and sub[k] > 0), None)
+        groups = sub.get("n_group")
+        if experts is None or not isinstance(groups, int) or groups < 1 or (
+                experts % groups == 0 and experts // groups >= 2):
+            continue
+        sub["n_group"] = max([g for g in range(1, min(groups, experts // 2) + 1) if experts % g == 0] or [1])
+        if isinstance(sub.get("topk_group"), int):
+            sub["topk_group"] = max(1, min(sub["topk_group"], sub["n_group"]))
+
+
+def patch_of_counts(config: dict, processor) -> int | None:
+    """The tower's patch where the config maps patch counts and the processor maps image sides to the same query
+    counts (Aria's ``projector_patch_to_query_dict`` {1225: 128, 4900: 256} beside its processor's
+    ``size_conversion`` {490: 128, 980: 256}): each side over the root of its count's patches (490 / 35 = 14), set
+    on the vision config (in place) where every pair agrees; None where none is stated."""
+    import math
+
+    def whole_map(value):
+        return isinstance(value, dict) and value and all(
+            isinstance(k, int) and isinstance(v, int) and k > 0 for k, v in value.items())
+
+    sides = [v for v in vars(processor).values() if whole_map(v)]
+    patches = set()
+    for counts in (v for v in config.values() if whole_map(v)):
+        for conversion in sides:
+            for side, queries in conversion.items():
+                count = next((c for c, q in counts.items() if q == queries), None)
+                root = math.isqrt(count) if count else 0
+                if root and root * root == count and side % root == 0:
+                    patches.add(side // root)
+    vision = config.get("vision_config")
+    if len(patches) != 1 or not isinstance(vision, dict) or not isinstance(vision.get("patch_size"), int):
+        return None
+    vision["patch_size"] = patches.pop()
+    return vision["patch_size"]
+
+
+def timm_tower(config: dict, processor) -> dict | None:
+    """A timm tower (``timm_wrapper`` vision config) whose ``model_args`` state no sizes, built tiny (in place): the
+    int tuples its timm entry point's ``model_args`` states (FastViT-MCi3's ``layers`` (2, 12, 24, 4, 2),
+    ``embed_dims`` (96, ..., 1536)), each depth cut to 1 and the widths scaled so the widest is ``TIMM_WIDTH``; its
+    hidden size the tiny tower's own ``num_features``, the processor's patch the tower's total stride (its last
+    feature's ``reduction``) and its image processor's side the tower's default input side where that stride does
+    not divide the side it had. Returns the model_args set, or None where the rule does not apply."""
+    import timm
+    import torch
+
+    vision = config.get("vision_config")
+    if not (isinstance(vision, dict) and vision.get("model_type") == "timm_wrapper" and vision.get("architecture")):
+        return None
+    args = dict(vision.get("model_args") or {})
+    if any(isinstance(v, (int, tuple, list)) and not isinstance(v, bool) for v in args.values()):
+        return None  # sizes stated already (Perception LM's)
+    try:
+        source = inspect.getsource(timm.models.model_entrypoint(vision["architecture"]))
+    except (RuntimeError, OSError, TypeError):
+        return None
+    tuples = {k: [int(x) for x in re.findall(r"\d+", v)]
+              for k, v in re.findall(r"^\s*(\w+)=\(([\d,\s]+)\),?$", source, re.M)}
+    depths = {k: v for k, v in tuples.items() if k in ("layers", "depths")}
+    widths = {k: v for k, v in tuples.items() if k in ("embed_dims", "dims", "embed_dim")}
+    if not (depths or widths):
+        return None
+    for key, values in depths.items():
+        args[key] = tuple(1 for _ in values)
+    for key, values in widths.items():
+        scale = max(values) // TIMM_WIDTH or 1
+        args[key] = tuple(max(1, v // scale) for v in values)
+    with torch.device("meta"):
+        model = timm.create_model(vision["architecture"], pretrained=False, **args)
+    vision["model_args"], vision["hidden_size"] = args, model.num_features
+    stride = model.feature_info[-1]["reduction"]
+    if hasattr(processor, "patch_size"):
+        processor.patch_size = stride
+    images = getattr(processor, "image_processor", None)
+    side = (model.pretrained_cfg.get("input_size") or (0, 0, 0))[-1]
+    for name in ("crop_size", "size"):
+        size = getattr(images, name, None)
+        old = getattr(size, "height", None) or getattr(size, "shortest_edge", None)
+        if isinstance(old, int) and old % stride and side and side % stride == 0:
+            setattr(images, name, type(size)(**{k: side for k, v in vars(size).items() if v is not None}))
+    return args
+
+
+def tower_field(images, field: str):
+    """The image processor's ``field`` as the vision tower takes it: its ``vision_``-named one where it states both
+    (Step 3.7's ``vision_patch_size`` 14, "``Step3p7VisionEmbeddings.patch_size``", beside its ``patch_size`` 504,
+    the side of its local crops), else its own."""
+    vision = getattr(images, f"vision_{field}", None)
+    return vision if isinstance(vision, int) and not isinstance(vision, bool) else getattr(images, field, None)
 
 
 def hidden_widths(full: dict, config: dict) -> None:

@@ -91,7 +91,11 @@ RULED = {"cohere_compass": "CohereCompassProcessor", "cosmos3_omni": "Qwen3VLPro
          "glmga": "Glm46VProcessor", "vision-encoder-decoder": "TrOCRProcessor", "deepseek_ocr2": None,
          "diffusion_gemma": None, "dots3_note": None, "ernie4_5_vl_moe": None, "inkling_mm_model": None,
          "nemotron_h_omni": None, "pi0": None, "qwen4_exp": None, "granite4_vision": None, "mistral4": None,
-         "perception_lm": None}
+         "perception_lm": None,
+         # issue 113's h16 rules: a vision_-named patch and an unguarded sliding mask's window (Step 3.7), expert
+         # groups (Kimi K2.5), a patch from query counts (Aria), a timm tower's entry point shrunk (FastVLM), a
+         # placeholder written out (PP-Chart2Table: its own processor, no kin's)
+         "step3p7": None, "kimi_k25": None, "aria": None, "fast_vlm": "LlavaProcessor", "pp_chart2table": None}
 
 
 @pytest.mark.parametrize("kind", sorted(RULED))
