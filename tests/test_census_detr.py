@@ -97,7 +97,10 @@ def test_a_detr_like_folder_records_its_encoder_layers_as_the_librarys_eager_att
 def test_a_detr_like_model_in_hand_goes_as_its_folder_each_encoder_layer_the_librarys_eager_attention(family):
     """``vit.load(DetrModel(...), image_size=, mean=, std=)``: the library road would refuse it for want of a patch
     size; it opens through the recorder as its folder does, on the feature map's (rows, cols) grid."""
+    from vit.sources.library_road.placing.image_part import no_patch_size
+
     model, _ = family
+    assert no_patch_size(model.config.to_dict())  # what the library road would refuse it for
     checkpoint = vit.load(model, image_size=SIZE, mean=MEAN, std=STD)
     wrapped = checkpoint.model
     assert checkpoint.road == "library" and checkpoint.metadata["source"]["kind"] == "module"

@@ -472,7 +472,7 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     skipped: dict[str, str] = {}
     layout, calls, classifier, aside = infer_layout(module, image_hw, channels, grid, prefix, skipped)
     # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
-    # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
+    # a dual encoder's image features (``embeds``: ``placing.image_part.ImagePart``'s)
     classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
                                                                                                     False)
     names = {name: m for name, m in module.named_modules()}
