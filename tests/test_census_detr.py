@@ -94,6 +94,29 @@ def test_a_detr_like_folder_records_its_encoder_layers_as_the_librarys_eager_att
     torch.testing.assert_close(torch.from_numpy(explanation.map), own[-1][0, 1, 4].reshape(grid), atol=1e-5, rtol=0)
 
 
+def test_a_detr_like_model_in_hand_goes_as_its_folder_each_encoder_layer_the_librarys_eager_attention(family):
+    """``vit.load(DetrModel(...), image_size=, mean=, std=)``: the library road would refuse it for want of a patch
+    size; it opens through the recorder as its folder does, on the feature map's (rows, cols) grid."""
+    from vit.sources.library_road.placing.image_part import no_patch_size
+
+    model, _ = family
+    assert no_patch_size(model.config.to_dict())  # what the library road would refuse it for
+    checkpoint = vit.load(model, image_size=SIZE, mean=MEAN, std=STD)
+    wrapped = checkpoint.model
+    assert checkpoint.road == "library" and checkpoint.metadata["source"]["kind"] == "module"
+    assert wrapped.num_layers == 2 and all(".encoder.layers." in f".{name}" for name in wrapped.names)
+    x = torch.randn(1, 3, *SIZE, generator=torch.Generator().manual_seed(3))
+    _, kept = wrapped.run(x, layers=range(2))
+    own, grid = eager(model, x)
+    assert grid == (2, 3) and wrapped.layout.grid == grid and wrapped.layout.num_prefix_tokens == 0
+    for layer in range(2):
+        torch.testing.assert_close(kept[layer], own[layer], atol=1e-5, rtol=0)
+    image = Image.fromarray((torch.rand(*SIZE, 3, generator=torch.Generator().manual_seed(4)) * 255).byte().numpy())
+    explanation = vit.explain(checkpoint, image, "attention", layer=0, head=0, query=5)
+    own, grid = eager(model, preprocess([image], checkpoint.preprocessing))
+    torch.testing.assert_close(torch.from_numpy(explanation.map), own[0][0, 0, 5].reshape(grid), atol=1e-5, rtol=0)
+
+
 class Latents(torch.nn.Module):
     """Perceiver's kind: learnt latents cross-attend the pixels (a 1x1 convolution's tokens), then attend among
     themselves; no layer attends among the image's tokens."""

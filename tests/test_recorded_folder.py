@@ -46,14 +46,15 @@ def test_a_folder_off_the_attention_interface_opens_every_layer_its_own_eager_at
         assert not torch.allclose(recorded[layer], own[1 - layer], atol=1e-3)  # each layer its own
 
 
-def test_a_folder_the_recorder_cannot_place_either_is_refused_in_one_line(tmp_path):
+def test_a_groupvit_folder_opens_its_first_stage_placed_and_its_group_stages_named(tmp_path):
+    # GroupViT's later stages attend over groups, nowhere on the grid: named, not layers (tests/test_group_tokens.py
+    # checks every placed layer against its own eager attention)
     config = transformers.GroupViTVisionConfig(hidden_size=32, intermediate_size=64, num_attention_heads=2,
                                                image_size=32, patch_size=8, depths=[1, 1], num_group_tokens=[4, 0],
                                                num_output_groups=[4, 4], num_hidden_layers=2)
-    with pytest.raises(CheckpointError) as raised:
-        saved(tmp_path, transformers.GroupViTVisionModel, config)
-    message = str(raised.value)
-    assert "\n" not in message and "recorder at the attention function cannot place it" in message
+    _, checkpoint = saved(tmp_path, transformers.GroupViTVisionModel, config)
+    assert checkpoint.model.num_layers == 1 and checkpoint.model.layout.num_suffix_tokens == 4
+    assert "stages.1.layers.0.self_attn" in checkpoint.metadata["not_layers"]
 
 
 def test_a_timm_cait_folder_opens_through_the_recorder_its_class_attention_layers_placed(tmp_path):

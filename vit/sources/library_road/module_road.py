@@ -47,10 +47,24 @@ def open_module(module: torch.nn.Module, image_size=None, mean: Sequence[float] 
                 return _open_timm(module, origin, image_size, mean, std)
             if type(module).__module__.startswith("transformers.") and hasattr(module, "config") and \
                     transformers_models.attention_modules(module):  # else its attention runs off the interface
+                if _patchless(module):  # DETR's encoder over a CNN's map: as its folder goes (recorded_folder)
+                    from vit.sources.library_road.placing.image_part import ImagePart
+
+                    return _open_recorded(ImagePart(module), origin, image_size, mean, std, grid, prefix)
                 return _open_transformers(module, origin, image_size, mean, std)
         return _open_recorded(module, origin, image_size, mean, std, grid, prefix)
     except (ValueError, TypeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
+
+
+def _patchless(model: torch.nn.Module) -> bool:
+    """Whether the library road would refuse the transformers ``model`` for want of a patch size in its config (DETR,
+    Conditional DETR, Table Transformer: their encoder attends over a CNN's feature map), which the recorder at the
+    attention function reads from the traced forward instead, as for its folder (``image_part.no_patch_size``)."""
+    from vit.sources.library_road.placing.image_part import no_patch_size
+
+    config = model.config.to_dict()
+    return isinstance(config.get("model_type"), str) and bool(config["model_type"]) and no_patch_size(config)
 
 
 def _open_timm(model: torch.nn.Module, origin: str, image_size, mean, std) -> Checkpoint:

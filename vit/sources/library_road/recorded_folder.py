@@ -27,6 +27,7 @@ from vit.sources.files import (
     loading_problem,
     quiet_transformers,
 )
+from vit.sources.library_road.placing.image_part import ImagePart, no_patch_size  # noqa: F401 - its names
 
 
 def off_interface(config_json: Mapping) -> bool:
@@ -42,42 +43,6 @@ def off_interface(config_json: Mapping) -> bool:
         return False
     return not (getattr(cls, "_supports_attention_backend", False) or tm.calls_interface(cls)
                 or tm._backbone_class(config_json) is not None)
-
-
-def no_patch_size(config_json: Mapping) -> bool:
-    """Whether the library road refuses the folder for want of a patch size in its config (the recorder reads it
-    from the patch embedding instead): its config class declares none where the library road reads one."""
-    from transformers import CONFIG_MAPPING
-
-    from vit.sources.library_road import transformers_models as tm
-
-    try:
-        return not (tm.declares_patch(config_json) or hasattr(CONFIG_MAPPING[config_json["model_type"]](),
-                                                               "patch_size"))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-class ImagePart(torch.nn.Module):
-    """A transformers model as the recorder's road runs it: one batch of pixels in; out, a classifier's logits (the
-    classifier's own linear layer's output), a model that reads text too its image features
-    (``get_image_features``), else the model's own output. Nothing of the model is copied."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-        self.features = callable(getattr(model, "get_image_features", None)) and "input_ids" in inspect.signature(
-            type(model).forward).parameters
-        self.embeds = self.features  # its output an embedding (a projection's), not a classifier's logits
-
-    def forward(self, pixel_values: torch.Tensor):
-        out = (self.model.get_image_features(pixel_values=pixel_values) if self.features
-               else self.model(pixel_values=pixel_values))
-        logits = getattr(out, "logits", None)
-        if isinstance(logits, torch.Tensor):
-            return logits
-        pooled = getattr(out, "pooler_output", None)
-        return pooled if self.features and isinstance(pooled, torch.Tensor) else out
 
 
 def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Mapping | None, refusal: str,

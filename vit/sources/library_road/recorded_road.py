@@ -289,9 +289,26 @@ def infer_layout(model: torch.nn.Module, image_hw: tuple[int, int], channels: in
             raise
         split = image_tokens.split_calls(model, calls, mode, image_hw, token_parameters(model)[0])
         if split is None:
-            raise
+            grouped = _grouped(model, calls, mode, out, image_hw)
+            if grouped is None:
+                raise
+            return grouped
     # some calls attend among learnt queries (DETR's decoder, Perceiver's latents): the layers are the others
     layout = _one_grid(model, split.tokens, mode, image_hw, split.grid, None)
+    return layout, list(split.kept), _classifier(out, mode), split
+
+
+def _grouped(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, out, image_hw):
+    """GroupViT's: its first stage's layers over the patches and its group tokens after them, the assign steps and
+    the later stages (over groups) set aside and named (``placing.group_tokens``); None where it is no such model."""
+    from vit.sources.library_road.placing import group_tokens
+
+    grid = (image_hw[0] // mode.patch[0], image_hw[1] // mode.patch[1]) if mode.patch is not None else None
+    found = group_tokens.split_groups(model, calls, grid)
+    if found is None:
+        return None
+    split, groups = found
+    layout = LibraryLayout(0, tuple(mode.patch), tuple(image_hw), num_suffix_tokens=groups)
     return layout, list(split.kept), _classifier(out, mode), split
 
 
@@ -455,7 +472,7 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     skipped: dict[str, str] = {}
     layout, calls, classifier, aside = infer_layout(module, image_hw, channels, grid, prefix, skipped)
     # an open_clip tower's linear projection (a timm trunk's head.proj) gives an image embedding, not logits; so does
-    # a dual encoder's image features (``embeds``: ``recorded_folder.ImagePart``'s)
+    # a dual encoder's image features (``embeds``: ``placing.image_part.ImagePart``'s)
     classifier = classifier and not type(module).__module__.startswith("open_clip") and not getattr(module, "embeds",
                                                                                                     False)
     names = {name: m for name, m in module.named_modules()}
