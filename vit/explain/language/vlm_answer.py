@@ -204,7 +204,8 @@ def text_shape(vlm):
         value_heads, key_heads = config.linear_num_value_heads, config.linear_num_key_heads
         conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
         state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
-    return TextShape(layers=layers - linear - sum(kind in ("mlp", "moe") for kind in kinds), heads=heads, state_bytes=state,
+    return TextShape(layers=layers - linear - sum(kind in ("mlp", "moe") for kind in kinds), heads=heads,
+                     state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
                      hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else max(
