@@ -569,6 +569,10 @@ def _patch_agreed(config: dict, processor) -> None:
             for name in names:
                 if _whole(sub.get(name)):
                     sub[name] = value
+    vision = config.get("vision_config")
+    if (isinstance(vision, dict) and "temporal_patch_size" not in vision and "patch_size" in vision
+            and _whole(getattr(images, "temporal_patch_size", None)) and images.temporal_patch_size > 1):
+        images.temporal_patch_size = 1  # a tower that states no temporal patch takes one frame a patch (dots.ocr 3's)
 
 
 def _merged_widths(full: dict, config: dict) -> None:

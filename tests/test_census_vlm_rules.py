@@ -172,3 +172,13 @@ def test_a_placeholder_the_processor_never_expands_is_written_out_once_per_image
     twice = Processor(ids=[9, 9, 4], chat_template="kept")  # already expanded: left as it is
     assert _written_out(model, twice, words, "<image>") is None and twice.chat_template == "kept"
     assert _written_out(model, Processor(ids=[0, 4], chat_template=""), words, "<unknown>") is None
+
+
+def test_a_tower_that_states_no_temporal_patch_gets_one_frame_a_patch_from_the_processor():
+    from bench.census_vlm import _patch_agreed
+
+    for vision, frames in (({"patch_size": 16}, 1), ({"patch_size": 16, "temporal_patch_size": 2}, 2)):
+        images = SimpleNamespace(patch_size=14, temporal_patch_size=2, merge_size=2)
+        config = {"vision_config": dict(vision)}
+        _patch_agreed(config, SimpleNamespace(image_processor=images))
+        assert config["vision_config"]["patch_size"] == 14 and images.temporal_patch_size == frames
