@@ -54,9 +54,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     """``transformers_models.open_library``'s answer for the folder, or where it refuses the layout of a head around
     a backbone (``answers``), the folder's class built again and its backbone opened alone (``open_backbone``).
     SourceError (one line) as ``open_library``."""
-    import transformers
 
-    from vit.sources.files import library_error_line, library_errors
     from vit.sources.library_road import transformers_models as tm
 
     try:
@@ -65,11 +63,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         if not answers(refused) or not isinstance(config_json.get("backbone_config"), Mapping):
             raise
         origin = f"{folder} ({config_json.get('model_type')}, opened as transformers builds it)"
-        try:
-            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-            cls = tm._model_class(config_json, type(config))
-        except library_errors() as e:
-            raise SourceError(f"{origin}: {library_error_line(e)}") from None
+        config, cls = tm.folder_class(folder, config_json, origin)
         model = tm.read_class(cls, config, folder, origin, map_location).eval()
         backbone = backbone_of(model)
         if backbone is None:

@@ -237,6 +237,22 @@ def _model_class(config_json: Mapping, config_class):
     return transformers.AutoModel._model_mapping[config_class]
 
 
+def folder_class(folder: Path, config_json: Mapping, origin: str):
+    """``(config, class)`` of a transformers folder: its declared sizes bounded first (``declared_problem``), its
+    config as transformers reads it and the class it names (``_model_class``); SourceError (one line, after
+    ``origin``) for what the library refuses."""
+    import transformers
+
+    problem = declared_problem(config_json)
+    if problem:
+        raise SourceError(f"{origin}: {problem}")
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        return config, _model_class(config_json, type(config))
+    except library_errors() as e:
+        raise SourceError(f"{origin}: {library_error_line(e)}") from None
+
+
 def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None,
                  map_location: str | torch.device = "cpu") -> Checkpoint:
     """The folder's model as transformers builds it (``LibraryModel``), in a ``Checkpoint`` with ``road="library"``:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import Checkpoint
-from vit.sources.files import SourceError, _one_line, library_error_line, library_errors
+from vit.sources.files import SourceError, _one_line
 from vit.sources.library_road import transformers_models as tm
 
 PART = "vision_model"  # the attribute the image part sits in
@@ -75,20 +75,12 @@ def open_vision_part(folder: Path, config_json: Mapping, image_processor: Mappin
                      map_location: str | torch.device = "cpu") -> Checkpoint:
     """The folder's class as transformers builds it, its ``vision_model`` in a ``Checkpoint`` of the library road
     (``takes`` is True). SourceError (one line) where it cannot be built or placed."""
-    import transformers
 
     from vit.sources.library_road import module_road
 
     model_type = str(config_json.get("model_type"))
     origin = f"{folder} ({model_type}, opened as transformers builds it)"
-    problem = tm.declared_problem(config_json)
-    if problem:
-        raise SourceError(f"{origin}: {problem}")
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        cls = tm._model_class(config_json, type(config))
-    except library_errors() as e:
-        raise SourceError(f"{origin}: {library_error_line(e)}") from None
+    config, cls = tm.folder_class(folder, config_json, origin)
     model = tm.read_class(cls, config, folder, origin, map_location).eval()
     part = getattr(model, PART, None)
     processor = dict(image_processor or {})

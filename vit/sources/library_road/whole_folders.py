@@ -27,8 +27,6 @@ from vit.model import ViTConfig
 from vit.sources.files import (
     SourceError,
     _one_line,
-    library_error_line,
-    library_errors,
 )
 from vit.sources.hf_preprocessing import hf_preprocessing
 from vit.sources.library_road import transformers_models as tm
@@ -96,16 +94,8 @@ def _built(folder: Path, config_json: Mapping, origin: str, map_location) -> tor
     """The folder's class (``architectures[0]``) built as ``transformers_models.open_library`` builds one: its
     declared sizes bounded, on the meta device first and every tensor looked up in the weights' headers, then read
     (not on ``map_location="meta"``), its attention routed through the recording function over SDPA."""
-    import transformers
 
-    problem = tm.declared_problem(config_json)
-    if problem:
-        raise SourceError(f"{origin}: {problem}")
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        cls = tm._model_class(config_json, type(config))
-    except library_errors() as e:
-        raise SourceError(f"{origin}: {library_error_line(e)}") from None
+    config, cls = tm.folder_class(folder, config_json, origin)
     if not getattr(cls, "_supports_attention_backend", False):
         raise SourceError(f"{folder}: {cls.__name__}'s attention does not run through transformers' attention "
                           "interface; it cannot be recorded")
