@@ -499,9 +499,36 @@ def generic_build(model_type: str):
     config = CONFIG_MAPPING[model_type].from_dict(config)
     _bounded(model_class, config)
     model = model_class(config)
+    _frames_agreed(model, processor)
     if expanded is None:
         _written_out(model, processor, words, candidates[0])
     return model, processor
+
+
+def _frames_agreed(model, processor) -> None:
+    """The image processor's temporal patch set to 1 where the tower's patch embedding (the model's first linear
+    layer or convolution over one patch's pixels) takes one frame a patch, not its ``temporal_patch_size`` frames
+    (dots.ocr 3's convolution over 3 x 14 x 14 pixels, where MUSE's linear takes 2 x 3 x 14 x 14) (in place)."""
+    images = getattr(processor, "image_processor", None)
+    frames, patch = getattr(images, "temporal_patch_size", None), getattr(images, "patch_size", None)
+    if not (_whole(frames) and frames > 1 and _whole(patch)):
+        return
+    import torch
+
+    one = 3 * patch * patch
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.in_features in (one, frames * one):
+            if module.in_features == one:
+                images.temporal_patch_size = 1
+            return
+        if isinstance(module, torch.nn.Conv3d) and tuple(module.kernel_size[1:]) == (patch, patch):
+            if module.kernel_size[0] == 1:
+                images.temporal_patch_size = 1
+            return
+        if isinstance(module, torch.nn.Conv2d) and tuple(module.kernel_size) == (patch, patch):
+            if module.in_channels == 3:
+                images.temporal_patch_size = 1
+            return
 
 
 def _written_out(model, processor, words, placeholder: str) -> int | None:
@@ -569,10 +596,6 @@ def _patch_agreed(config: dict, processor) -> None:
             for name in names:
                 if _whole(sub.get(name)):
                     sub[name] = value
-    vision = config.get("vision_config")
-    if (isinstance(vision, dict) and "temporal_patch_size" not in vision and "patch_size" in vision
-            and _whole(getattr(images, "temporal_patch_size", None)) and images.temporal_patch_size > 1):
-        images.temporal_patch_size = 1  # a tower that states no temporal patch takes one frame a patch (dots.ocr 3's)
 
 
 def _merged_widths(full: dict, config: dict) -> None:

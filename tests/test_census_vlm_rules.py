@@ -174,11 +174,15 @@ def test_a_placeholder_the_processor_never_expands_is_written_out_once_per_image
     assert _written_out(model, Processor(ids=[0, 4], chat_template=""), words, "<unknown>") is None
 
 
-def test_a_tower_that_states_no_temporal_patch_gets_one_frame_a_patch_from_the_processor():
-    from bench.census_vlm import _patch_agreed
+def test_the_processors_frames_follow_the_towers_patch_embedding():
+    import torch
 
-    for vision, frames in (({"patch_size": 16}, 1), ({"patch_size": 16, "temporal_patch_size": 2}, 2)):
-        images = SimpleNamespace(patch_size=14, temporal_patch_size=2, merge_size=2)
-        config = {"vision_config": dict(vision)}
-        _patch_agreed(config, SimpleNamespace(image_processor=images))
-        assert config["vision_config"]["patch_size"] == 14 and images.temporal_patch_size == frames
+    from bench.census_vlm import _frames_agreed
+
+    for embedding, frames in ((torch.nn.Linear(3 * 14 * 14, 8), 1), (torch.nn.Linear(2 * 3 * 14 * 14, 8), 2),
+                              (torch.nn.Conv3d(3, 8, (1, 14, 14)), 1), (torch.nn.Conv3d(3, 8, (2, 14, 14)), 2),
+                              (torch.nn.Conv2d(3, 8, 14, 14), 1), (torch.nn.Conv2d(6, 8, 14, 14), 2)):
+        images = SimpleNamespace(patch_size=14, temporal_patch_size=2)
+        _frames_agreed(torch.nn.Sequential(embedding, torch.nn.Linear(8, 3 * 14 * 14)),
+                       SimpleNamespace(image_processor=images))
+        assert images.temporal_patch_size == frames
