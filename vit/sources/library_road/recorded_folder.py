@@ -83,7 +83,8 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
         raise SourceError(f"{folder} ({model_type}, opened as transformers builds it): "
                           f"{library_error_line(e)}") from None
     takes = inspect.signature(type(model).forward).parameters
-    if "pixel_values" not in takes and "input_ids" in takes:  # ImageGPT: its processor quantises the pixels
+    if "input_ids" in takes and not any(name.startswith("pixel_values") for name in takes):  # ImageGPT: its
+        # processor quantises the pixels (a video model's pixel_values_videos beside its text's input_ids is not it)
         raise SourceError(f"{refusal}; nor can the recorder at the attention function feed it: its forward reads token "
                           "ids (input_ids: its image processor's quantisation of each pixel to a palette of colour "
                           "clusters), not pixel values, and no road here quantises an image")
