@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,34 @@ BIN = Path(sys.executable).parent
 RAY = BIN / "ray"
 
 
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def ray_port() -> int:
+    """A free port below the kernel's ephemeral range, for the cluster's nodes: a port picked by ``bind(0)`` (the
+    other tests' servers, every client socket) comes from that range, and one taken between our pick and Ray's bind
+    left the head's job agent unbound in a whole-suite run (every job submission then refused: "No available
+    agent"); below the range only another explicit pick can take it."""
+    import random
+
+    top = _ephemeral_start()
+    for _ in range(200):
+        port = random.randrange(max(1024, top - 12000), top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
 class RayClusterError(RuntimeError):
     """The cluster did not start; the message ends with the tail of the node's log."""
 
@@ -35,7 +64,7 @@ class RayCluster:
         self._ports()
 
     def _ports(self) -> None:
-        self.port, self.dashboard = free_port(), free_port()
+        self.port, self.dashboard = ray_port(), ray_port()
         self.address = f"http://127.0.0.1:{self.dashboard}"
 
     def _env(self) -> dict:
@@ -66,7 +95,7 @@ class RayCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's life
         # Every port free, not Ray's defaults: another cluster on this machine must not clash with ours.
-        ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        ports = [f"--{name}={ray_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                                         "metrics-export-port", "runtime-env-agent-port",
                                                         "node-manager-port", "object-manager-port")]
         self.processes.append(subprocess.Popen(
@@ -106,10 +135,19 @@ class RayCluster:
     def _start_once(self, timeout: float) -> None:
         self._start("head", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
-                    "--ray-client-server-port", str(free_port()), "--include-dashboard", "true")
+                    "--ray-client-server-port", str(ray_port()), "--include-dashboard", "true")
         self._wait(lambda: self._nodes() >= 1, timeout, "the Ray head")
         self._start("worker", "--address", f"127.0.0.1:{self.port}", "--node-ip-address", "127.0.0.1")
         self._wait(lambda: self._nodes() >= 2, timeout, "the second Ray node")
+        self._agents_bound()
+
+    def _agents_bound(self) -> None:
+        """RayClusterError (so ``start`` retries on new ports) where a node's dashboard agent could not bind its
+        port: the node stays alive, but the head's job agent is then never registered and every job submission
+        is refused ("No available agent")."""
+        for log in sorted(self.temp.glob("*/session_latest/logs/dashboard_agent.log")):
+            if "address already in use" in log.read_text(errors="replace"):
+                raise RayClusterError(f"a Ray node's dashboard agent could not bind its port ({log})")
 
     def _nodes(self) -> int:
         import json

@@ -57,3 +57,12 @@ def test_the_watchdog_leaves_once_the_cluster_is_stopped_and_signals_nothing(tmp
         for process in (parent, head, watchdog):
             process.kill()
             process.wait()
+
+
+def test_the_clusters_ports_sit_below_the_kernels_ephemeral_range():
+    # A port bind(0) hands out (every other test's server, every client socket) comes from the ephemeral range; the
+    # cluster's nodes take theirs below it, so none is taken between the pick and Ray's bind.
+    from ray_cluster import _ephemeral_start, ray_port
+
+    start = _ephemeral_start()
+    assert all(1024 <= ray_port() < start for _ in range(20))
