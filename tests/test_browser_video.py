@@ -2,6 +2,9 @@
 time slider moved by keyboard and a patch clicked on the shown frame, which makes it the query of every frame's
 map. Its screenshot is the README's (docs/explorer-video.png, copied from test-artifacts/)."""
 
+import re
+import time
+
 import pytest
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS
 from PIL import Image, ImageDraw
@@ -25,6 +28,30 @@ def moving_square_gif(path, count: int = 16, side: int = 160):
     return path
 
 
+def step_to_frame(tab, frame: int):
+    """Moves the time slider to `frame` one key press at a time, each press waiting until the page shows a frame of
+    its own. Four presses sent at once raced the reruns they start: on CI's loaded machine (stop 121) the page
+    stopped on another frame and the test waited its two minutes. A press the page lost is pressed again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    label = tab.get_by_text(re.compile(rf"Sampled frame \d+ of {FRAMES}"))
+    deadline = time.monotonic() + BROWSER_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        tab.wait_for_function(SCRIPT_DONE)
+        shown = int(re.search(r"Sampled frame (\d+)", label.first.inner_text()).group(1))
+        if shown == frame:
+            return
+        thumb = tab.get_by_role("slider", name="Frame")
+        thumb.focus()
+        thumb.press("ArrowRight" if shown < frame else "ArrowLeft")
+        try:
+            step = 1 if shown < frame else -1
+            tab.get_by_text(f"Sampled frame {shown + step} of {FRAMES}").wait_for(timeout=15_000)
+        except PlaywrightTimeout:
+            continue  # the press was lost in a rerun: read the frame again and press again
+    raise AssertionError(f"the time slider did not reach frame {frame}")
+
+
 def test_a_clip_with_its_time_slider_and_a_clicked_patch_in_a_real_browser(server, page, tmp_path):  # noqa: F811
     """Long (~12 s of CPU) because a VideoMAE folder is opened on the server and a 16-frame clip analysed there,
     then drawn and clicked in a real Chromium."""
@@ -45,10 +72,7 @@ def test_a_clip_with_its_time_slider_and_a_clicked_patch_in_a_real_browser(serve
         page.wait_for_function("Array.from(document.querySelectorAll('[data-testid=\"stImage\"] img'))"
                                ".filter(img => img.complete && img.naturalWidth > 0).length >= 8")  # the strip
 
-        thumb = page.get_by_role("slider", name="Frame")
-        thumb.focus()
-        for _ in range(4):
-            thumb.press("ArrowRight")
+        step_to_frame(page, 5)
         page.get_by_text("Sampled frame 5 of 8 (frame 8 of square.gif)").wait_for()
 
         # a click on the shown frame's patch in row 8, col 11 of 14 x 14: the query of every frame's map
@@ -81,10 +105,7 @@ def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_brows
     page.get_by_text("Upload a clip in the sidebar").wait_for()
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(clip))
     page.get_by_text("Sampled frame 1 of 8").wait_for()
-    thumb = page.get_by_role("slider", name="Frame")
-    thumb.focus()
-    for _ in range(4):
-        thumb.press("ArrowRight")
+    step_to_frame(page, 5)
     page.get_by_text("Sampled frame 5 of 8 (frame 8 of square.gif)").wait_for()
     picker = page.locator('[data-testid="stPlotlyChart"] .nsewdrag').first
     box = picker.bounding_box()
