@@ -338,6 +338,22 @@ def test_a_folder_without_its_language_models_layers_is_refused_instead_of_answe
                             "model.safetensors.index.json names)")
 
 
+def test_a_language_model_without_attention_layers_is_refused_naming_what_the_answer_reads():
+    """The refusal names every kind of layer the answer can read (a self_attn, a token mixer asking the interface,
+    a cross-attention), not only the self_attn modules it once named."""
+    import types
+
+    import torch
+
+    from vit.sources.vlm.whole_vlm import attention_problem
+
+    stack = torch.nn.Module()
+    stack.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    wrong = attention_problem(types.SimpleNamespace(language_model=stack))
+    assert "self-attention" in wrong and "token mixer" in wrong and "cross-attention" in wrong, wrong
+    assert "\n" not in wrong
+
+
 def test_weights_of_another_size_than_the_config_are_one_line_in_the_api_and_the_cli(base, tmp_path, capsys):
     """transformers' own refusal is a RuntimeError ("You set `ignore_mismatched_sizes` to `False`, thus raising an
     error. For details look at the above report!"), which reached the explorer as a traceback."""

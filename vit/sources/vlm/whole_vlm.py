@@ -259,7 +259,8 @@ def attention_problem(vlm: VLM) -> str | None:
         return str(e).split(": ", 1)[-1]
     layers = getattr(stack, "layers", None)
     if layers is None or not any(attention_of(layer) is not None or hasattr(layer, "cross_attn") for layer in layers):
-        return (f"its language model ({type(stack).__name__}) has no layers of self_attn modules whose attention the "
+        return (f"its language model ({type(stack).__name__}) has no layer with a self-attention (a self_attn, or a "
+                "token mixer that asks transformers' attention interface) or a cross-attention whose attention the "
                 "answer reads")
     vlm.same_branch = _branches_on_the_name(layers) is not None
     if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(layers):
