@@ -56,16 +56,6 @@ def caught_eager(modelling, run: Callable[[], object], name: str = "eager_attent
     return seen
 
 
-def hooked(handles: list, run: Callable[[], object]):
-    """``run()``'s output, run without gradients, the hook ``handles`` removed after, whatever happens."""
-    try:
-        with torch.no_grad():
-            return run()
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def library_softmax(model: torch.nn.Module, layer_modules: list[torch.nn.Module], pixels: torch.Tensor):
     """Each layer's probabilities as the library's explicit path makes them: the output of every last-axis softmax
     that one of ``layer_modules`` calls, in the forward's order."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import hooked, widened
+from layer_reference import widened
+from parity_helpers import run_hooked
 from PIL import Image
 
 import vit
@@ -49,7 +50,7 @@ def eager(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[list[torch.Tens
     implementation = model.config._attn_implementation
     model.config._attn_implementation = "eager"  # the encoder's layers read it at each call
     try:
-        out = hooked([handle], lambda: model(pixel_values=pixels, output_attentions=True))
+        out = run_hooked([handle], lambda: model(pixel_values=pixels, output_attentions=True))
     finally:
         model.config._attn_implementation = implementation
     return list(out.encoder_attentions), seen[0]

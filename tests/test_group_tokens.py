@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import hooked, widened
+from layer_reference import widened
+from parity_helpers import run_hooked
 from PIL import Image
 
 import vit
@@ -39,7 +40,7 @@ def eager(model, pixels):
     handles = [layer.self_attn.register_forward_pre_hook(
         lambda m, args, kwargs: given.append((m, args[0] if args else kwargs["hidden_states"])), with_kwargs=True)
         for layer in stage.layers]
-    hooked(handles, lambda: model(pixel_values=pixels))
+    run_hooked(handles, lambda: model(pixel_values=pixels))
     with torch.no_grad():
         return [m(hidden_states=h, output_attentions=True)[1] for m, h in given]
 
