@@ -67,21 +67,21 @@ def test_swin2sr_records_every_windowed_layer_as_its_own_softmax_placed_by_its_o
     assert not torch.allclose(recorded[1], placed(own[1], unshifted, 8 * 12), atol=1e-3)
 
 
-def _eager(folder, cls, modelling, pixels) -> list[torch.Tensor]:
-    """transformers alone: the folder's model built with eager attention, each layer's probabilities as its
-    modelling file's ``eager_attention_forward`` computes them for ``pixels``."""
-    model = cls.from_pretrained(folder, attn_implementation="eager").eval()
-    return caught_eager(modelling, lambda: model(pixel_values=pixels))
-
-
 def _every_layer_and_a_drawn_row_are_eager(folder, cls, modelling, layers: int, prefix: int, head: int):
+    """The folder opened: every layer equal to the probabilities of ``modelling``'s ``eager_attention_forward`` in
+    transformers' own model of class ``cls`` built with eager attention, a drawn map a patch's eager row."""
+    reference = cls.from_pretrained(folder, attn_implementation="eager").eval()
+
+    def _eager(pixels):
+        return caught_eager(modelling, lambda: reference(pixel_values=pixels))
+
     checkpoint = vit.load(folder, device="cpu")
     wrapped = checkpoint.model
     assert checkpoint.road == "library" and wrapped.num_layers == layers
     assert wrapped.layout.grid == GRID and wrapped.layout.num_prefix_tokens == prefix
     x = torch.randn(1, 3, *SIZE, generator=torch.Generator().manual_seed(1))
     _, kept = wrapped.run(x, layers=range(layers))
-    own = _eager(folder, cls, modelling, x)
+    own = _eager(x)
     assert len(own) == layers
     for layer in range(layers):
         assert kept[layer].shape == own[layer].shape == (1, own[layer].shape[1], prefix + 24, prefix + 24)
@@ -89,7 +89,7 @@ def _every_layer_and_a_drawn_row_are_eager(folder, cls, modelling, layers: int, 
     image = Image.fromarray((torch.rand(*SIZE, 3, generator=torch.Generator().manual_seed(2)) * 255).byte().numpy())
     query = prefix + 6 + 2  # the patch at row 1, column 2 of the 4x6 grid
     drawn = vit.explain(checkpoint, image, "attention", layer=layers - 1, head=head, query=query)
-    row = _eager(folder, cls, modelling, preprocess([image], checkpoint.preprocessing))[-1][0, head, query, prefix:]
+    row = _eager(preprocess([image], checkpoint.preprocessing))[-1][0, head, query, prefix:]
     torch.testing.assert_close(torch.from_numpy(drawn.map), row.reshape(GRID), atol=1e-5, rtol=0)
     assert not torch.allclose(row.reshape(GRID), row.reshape(GRID[::-1]).T, atol=1e-3)  # column-major: not so
 
