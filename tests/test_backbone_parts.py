@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_layer_places import _placed
+from layer_reference import caught_eager, placed, widened
 
 import vit
 
@@ -40,35 +40,21 @@ def mask2former(tmp_path_factory):
         backbone_config=transformers.SwinConfig(**SWIN), feature_size=32, mask_feature_size=32, hidden_dim=32,
         encoder_feedforward_dim=64, dim_feedforward=64, encoder_layers=1, decoder_layers=2, num_attention_heads=2,
         num_queries=4, num_labels=3)
-    model = transformers.Mask2FormerForUniversalSegmentation(config).eval()
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    model = widened(transformers.Mask2FormerForUniversalSegmentation(config).eval())
     folder = tmp_path_factory.mktemp("mask2former")
     model.save_pretrained(folder)
     transformers.Mask2FormerImageProcessor(size={"height": 64, "width": 96}).save_pretrained(folder)
     return folder
 
 
-def _eager(folder, pixels, monkeypatch):
+def _eager(folder, pixels):
     """transformers alone: each Swin block's eager probabilities (windows, heads, n, n), and the placement table of
     each (windows, n) token indices on its stage's grid (-1: the block's padding)."""
     from transformers.models.swin import modeling_swin
 
     model = transformers.Mask2FormerForUniversalSegmentation.from_pretrained(folder, attn_implementation="eager")
     model.eval()
-    original, seen = modeling_swin.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_swin, "eager_attention_forward", eager)
-    with torch.no_grad():
-        model(pixel_values=pixels)
-    monkeypatch.undo()
+    seen = caught_eager(modeling_swin, lambda: model(pixel_values=pixels))
     tables = []
     stages = [m for m in model.model.pixel_level_module.encoder.modules() if type(m).__name__ == "SwinStage"]
     for stage, grid in zip(stages, GRIDS, strict=True):
@@ -81,7 +67,7 @@ def _eager(folder, pixels, monkeypatch):
     return seen, tables
 
 
-def test_mask2formers_backbone_layers_are_swins_eager_windows_on_each_stages_grid(mask2former, monkeypatch):
+def test_mask2formers_backbone_layers_are_swins_eager_windows_on_each_stages_grid(mask2former):
     checkpoint = vit.load(mask2former, device="cpu")
     wrapped = checkpoint.model
     assert checkpoint.road == "library"
@@ -93,10 +79,10 @@ def test_mask2formers_backbone_layers_are_swins_eager_windows_on_each_stages_gri
     assert any("pixel_level_module.decoder" in name for name in others)  # its deformable attention, named
     pixels = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))
     _, kept = wrapped.run(pixels, layers=range(4))
-    raw, tables = _eager(mask2former, pixels, monkeypatch)
+    raw, tables = _eager(mask2former, pixels)
     assert len(raw) == 4
     for layer, grid in enumerate(GRIDS):
-        expected = _placed(raw[layer], tables[layer], grid[0] * grid[1])
+        expected = placed(raw[layer], tables[layer], grid[0] * grid[1])
         assert kept[layer].shape == expected.shape
         torch.testing.assert_close(kept[layer], expected, atol=1e-5, rtol=0)
     from PIL import Image
@@ -105,8 +91,8 @@ def test_mask2formers_backbone_layers_are_swins_eager_windows_on_each_stages_gri
     drawn = vit.explain(checkpoint, image, "attention", layer=0, head=0, query=24 + 5)  # row 1, column 5
     from vit.core.inference import preprocess
 
-    raw, tables = _eager(mask2former, preprocess([image], checkpoint.preprocessing), monkeypatch)
-    torch.testing.assert_close(torch.from_numpy(drawn.map), _placed(raw[0], tables[0], 16 * 24)[0, 0, 29].reshape(
+    raw, tables = _eager(mask2former, preprocess([image], checkpoint.preprocessing))
+    torch.testing.assert_close(torch.from_numpy(drawn.map), placed(raw[0], tables[0], 16 * 24)[0, 0, 29].reshape(
         16, 24), atol=1e-5, rtol=0)
 
 

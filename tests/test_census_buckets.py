@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import library_softmax
 from PIL import Image
 from test_import_parity import timm_attentions
-from test_layer_places import _library_softmax
 
 import vit
 from vit.checkpoint import CheckpointError
@@ -108,7 +108,7 @@ def test_an_open_clip_tower_whose_timm_trunk_is_off_timms_attention_records_ever
     out, kept = wrapped.run(x, layers=range(wrapped.num_layers))
     with torch.no_grad():
         expected = reference.visual.trunk.forward_features(x)  # its features: the last block's tokens
-    own = _library_softmax(reference.visual, [reference.visual.get_submodule(n) for n in wrapped.names], x)
+    own = library_softmax(reference.visual, [reference.visual.get_submodule(n) for n in wrapped.names], x)
     assert len(own) == wrapped.num_layers == 11  # levit_128s: 2 + 3 + 4 blocks, 2 downsampling attentions
     for layer in range(wrapped.num_layers):
         torch.testing.assert_close(kept[layer], own[layer], atol=1e-5, rtol=0)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import widened
+from parity_helpers import run_hooked
 from PIL import Image
 
 import vit
@@ -37,13 +39,7 @@ def tiny(name: str) -> torch.nn.Module:
     config = cls.config_class(**{k: v for k, v in sizes.items() if k in fields}, use_timm_backbone=False,
                               use_pretrained_backbone=False, backbone_config=backbone, backbone=None)
     torch.manual_seed(0)
-    model = cls(config).eval()
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # weights wide enough that every row of every head differs from uniform
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    return model
+    return widened(cls(config).eval(), matrices_only=True)
 
 
 def eager(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[list[torch.Tensor], tuple[int, int]]:
@@ -54,11 +50,9 @@ def eager(model: torch.nn.Module, pixels: torch.Tensor) -> tuple[list[torch.Tens
     implementation = model.config._attn_implementation
     model.config._attn_implementation = "eager"  # the encoder's layers read it at each call
     try:
-        with torch.no_grad():
-            out = model(pixel_values=pixels, output_attentions=True)
+        out = run_hooked([handle], lambda: model(pixel_values=pixels, output_attentions=True))
     finally:
         model.config._attn_implementation = implementation
-        handle.remove()
     return list(out.encoder_attentions), seen[0]
 
 
@@ -166,43 +160,6 @@ def test_a_forward_that_reads_a_value_and_declares_a_huge_allocation_is_refused_
     assert "\n" not in message and "would allocate more than" in message and "zeros" in message
 
 
-def _swin2sr_table(model, layer, grid):
-    """Swin2SR's windows as its own layer cuts them: a map of token indices + 1 padded by its ``maybe_pad``, rolled
-    by its ``shift_size`` and cut by its module's ``window_partition`` (0: padding, no token; -1 below)."""
-    from transformers.models.swin2sr.modeling_swin2sr import window_partition
-
-    block = model.get_submodule(layer.rpartition(".attention")[0])
-    index = torch.arange(1, grid[0] * grid[1] + 1, dtype=torch.float32).view(1, *grid, 1)
-    padded, _ = block.maybe_pad(index, *grid)
-    if block.shift_size > 0:
-        padded = torch.roll(padded, shifts=(-block.shift_size, -block.shift_size), dims=(1, 2))
-    return window_partition(padded, block.window_size).reshape(-1, block.window_size ** 2) - 1
-
-
-def test_swin2sr_records_every_windowed_layer_as_its_own_softmax_placed_by_its_own_partition():
-    from test_layer_places import _library_softmax, _placed
-
-    config = transformers.Swin2SRConfig(image_size=16, patch_size=1, embed_dim=8, depths=[2], num_heads=[2],
-                                        window_size=4, upsampler="pixelshuffledirect")
-    torch.manual_seed(0)
-    model = transformers.Swin2SRModel(config).eval()
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    checkpoint = vit.load(model, image_size=(8, 12), mean=(0.0,) * 3, std=(1.0,) * 3)
-    wrapped = checkpoint.model
-    assert wrapped.num_layers == 2 and [p.key_grid for p in wrapped.places] == [(8, 12)] * 2
-    x = torch.rand(1, 3, 8, 12, generator=torch.Generator().manual_seed(1))
-    _, recorded = wrapped.run(x, layers=range(2))
-    own = _library_softmax(model, wrapped._attention, x)
-    assert len(own) == 2 and [model.get_submodule(n.rpartition(".attention")[0]).shift_size
-                              for n in wrapped.names] == [0, 2]  # one plain, one shifted
-    for layer in range(2):
-        expected = _placed(own[layer], _swin2sr_table(model, wrapped.names[layer], (8, 12)), 8 * 12)
-        torch.testing.assert_close(recorded[layer], expected, atol=1e-5, rtol=0)
-
-
 def test_deformable_detr_has_no_attention_over_image_tokens_and_says_so_in_one_line(tmp_path):
     """Its encoder's (and its decoder's cross-) attention is multi-scale deformable: a softmax over each query's
     sampled points, ``(B, queries, heads, levels * points)``, no rows of queries over tokens; its decoder's
@@ -239,36 +196,3 @@ def test_a_library_road_build_with_a_tensor_made_off_the_meta_device_is_traced_t
         vit.load(tmp_path, device="cpu")
     message = str(refused.value)
     assert "\n" not in message and "meta device" not in message and "windows or stages" in message
-
-
-def test_sapiens2_at_the_sizes_its_config_lists_per_layer_equals_its_eager_attention(tmp_path):
-    """The census's Sapiens2 row was refused for its tiny config (per-layer lists left at 24 layers); built as its
-    lists say for 2 layers, it opens on the library road, every layer equal to its own eager attention at 32x48 px.
-    (No change under vit/ opened it: the census's config did.)"""
-    config = transformers.Sapiens2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                         intermediate_size=64, image_size=[32, 48], patch_size=8,
-                                         num_first_full_attention_layers=1, num_last_full_attention_layers=1,
-                                         num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2])
-    torch.manual_seed(0)
-    model = transformers.Sapiens2Backbone(config).eval()
-    model.save_pretrained(tmp_path)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 48}).save_pretrained(tmp_path)
-    checkpoint = vit.load(tmp_path, device="cpu")
-    wrapped = checkpoint.model
-    assert checkpoint.road == "library" and wrapped.layout.grid == (4, 6) and wrapped.layout.num_prefix_tokens == 9
-    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
-    _, kept = wrapped.run(x, layers=range(2))
-    names = {module: name for name, module in wrapped.model.named_modules()}
-    seen = []
-    hooks = [model.get_submodule(names[a]).register_forward_hook(lambda m, a, out: seen.append(out[1]))
-             for a in wrapped._attention]
-    model.config._attn_implementation = "eager"
-    try:
-        with torch.no_grad():
-            model(pixel_values=x)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    assert len(seen) == 2
-    for layer in range(2):
-        torch.testing.assert_close(kept[layer], seen[layer], atol=1e-5, rtol=0)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import widened
+from parity_helpers import run_hooked
 from PIL import Image
 
 import vit
@@ -28,13 +30,7 @@ def tower():
                                                num_output_groups=[4, 2, 2], num_attention_heads=2, image_size=32,
                                                patch_size=8)
     torch.manual_seed(0)
-    model = transformers.GroupViTVisionModel(config).eval()
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # weights wide enough that every row of every head differs from uniform
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    return model
+    return widened(transformers.GroupViTVisionModel(config).eval(), matrices_only=True)
 
 
 def eager(model, pixels):
@@ -44,12 +40,7 @@ def eager(model, pixels):
     handles = [layer.self_attn.register_forward_pre_hook(
         lambda m, args, kwargs: given.append((m, args[0] if args else kwargs["hidden_states"])), with_kwargs=True)
         for layer in stage.layers]
-    try:
-        with torch.no_grad():
-            model(pixel_values=pixels)
-    finally:
-        for handle in handles:
-            handle.remove()
+    run_hooked(handles, lambda: model(pixel_values=pixels))
     with torch.no_grad():
         return [m(hidden_states=h, output_attentions=True)[1] for m, h in given]
 

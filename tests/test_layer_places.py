@@ -17,20 +17,11 @@ import pytest
 import timm
 import torch
 import transformers
+from layer_reference import MEAN_STD, on_its_grid, recorded_and_library, tiny
 from PIL import Image
 
 import vit
 from vit.checkpoint import CheckpointError
-
-MEAN_STD = dict(mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))
-
-
-def _tiny(model: torch.nn.Module) -> torch.nn.Module:
-    torch.manual_seed(0)
-    with torch.no_grad():  # weights far from the libraries' small init, so that every row is its own
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.3)
-    return model.eval()
 
 
 def _timm(arch, **kwargs):
@@ -163,51 +154,10 @@ def test_each_layer_sits_on_its_stages_grid_not_its_transpose(opened):
     assert grids == KEY_GRIDS.get(name, grids)
 
 
-def _library_softmax(model: torch.nn.Module, layer_modules: list[torch.nn.Module], pixels: torch.Tensor):
-    """Each layer's probabilities as the library's explicit path makes them: the output of every last-axis softmax
-    that one of ``layer_modules`` calls, in the forward's order."""
-    import sys
-
-    for module in model.modules():  # timm's explicit path
-        if "fused_attn" in vars(module):
-            module.fused_attn = False
-    owners, caught = set(map(id, layer_modules)), []
-    plain = torch.Tensor.softmax, torch.softmax, torch.nn.functional.softmax
-
-    def catch(original):
-        def softmax(*args, **kwargs):
-            out = original(*args, **kwargs)
-            frame = sys._getframe(1)
-            if id(frame.f_locals.get("self")) in owners:
-                caught.append(out.detach())
-            return out
-        return softmax
-
-    torch.Tensor.softmax, torch.softmax, torch.nn.functional.softmax = (catch(f) for f in plain)
-    try:
-        with torch.no_grad():
-            model(pixels)
-    finally:
-        torch.Tensor.softmax, torch.softmax, torch.nn.functional.softmax = plain
-    return caught
-
-
-def _placed(raw: torch.Tensor, table: torch.Tensor, tokens: int) -> torch.Tensor:
-    """``raw`` (pieces, H, n, n) placed on the grid by ``table`` (pieces, n) of token indices (-1: padding, no
-    token): (1, H, T, T), zero outside each query's piece."""
-    table = table.long()
-    dense = raw.new_zeros(1, raw.shape[1], tokens, tokens)
-    for piece in range(table.shape[0]):
-        real = table[piece] >= 0
-        where = table[piece][real]
-        dense[0, :, where[:, None], where[None, :]] = raw[piece][:, real][:, :, real]
-    return dense
-
-
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
 def opened(request):
     name, build, size, layers, table = request.param
-    model = _tiny(build())
+    model = tiny(build())
     checkpoint = vit.load(model, image_size=size, **MEAN_STD)
     return name, model, checkpoint, size, layers, table
 
@@ -216,19 +166,11 @@ def test_every_layer_equals_the_librarys_own_softmax_placed_on_its_grid(opened):
     name, model, checkpoint, size, layers, table = opened
     wrapped = checkpoint.model
     assert checkpoint.road == "library" and wrapped.num_layers == layers
-    torch.manual_seed(1)
-    pixels = torch.randn(1, 3, *size)
-    _, recorded = wrapped.run(pixels, layers=range(layers))
-    own = _library_softmax(model, wrapped._attention, pixels)
-    assert len(own) == layers
+    recorded, own = recorded_and_library(wrapped, model, size)
     for layer in range(layers):
         raw = own[layer].reshape(-1, *own[layer].shape[-3:])  # (B or pieces, H, queries, keys)
         place = wrapped.places[layer]
-        if place.windows is None:
-            expected = raw
-        else:
-            grid = place.key_grid
-            expected = _placed(raw, table(model, wrapped.names[layer], grid), grid[0] * grid[1])
+        expected = on_its_grid(raw, place, table, model, wrapped.names[layer])
         assert recorded[layer].shape == expected.shape, (name, layer)
         assert torch.allclose(recorded[layer], expected, atol=1e-5), (name, layer)
         assert place.keys == expected.shape[-1] and place.queries == expected.shape[-2]
@@ -251,7 +193,7 @@ def test_the_attention_map_is_drawn_on_the_layers_own_grid(opened):
 
 
 def test_a_pooled_model_refuses_rollout_in_one_line_naming_its_grids():
-    checkpoint = vit.load(_tiny(_timm("pit_ti_224", img_size=(64, 96))()), **MEAN_STD)
+    checkpoint = vit.load(tiny(_timm("pit_ti_224", img_size=(64, 96))()), **MEAN_STD)
     image = Image.new("RGB", (96, 64))
     with pytest.raises(ValueError, match="this model's layers run over different ones") as raised:
         vit.explain(checkpoint, image, "rollout")
@@ -261,7 +203,7 @@ def test_a_pooled_model_refuses_rollout_in_one_line_naming_its_grids():
 
 
 def test_a_class_attention_layer_is_asked_by_its_class_token_and_a_patch_layer_by_the_covering_patch():
-    checkpoint = vit.load(_tiny(_timm("cait_xxs24_224", depth=2, embed_dim=32, num_heads=2, img_size=(32, 48),
+    checkpoint = vit.load(tiny(_timm("cait_xxs24_224", depth=2, embed_dim=32, num_heads=2, img_size=(32, 48),
                                       patch_size=8)()), **MEAN_STD)
     place = checkpoint.model.places
     assert place[0].row(1 + 7, 1, (4, 6), 0) == 7  # patch (1, 1) of the 4x6 grid, no CLS in a patch layer
@@ -278,5 +220,5 @@ def test_a_class_attention_layer_is_asked_by_its_class_token_and_a_patch_layer_b
 ], ids=["mobilevit-v2"])
 def test_a_family_with_no_layout_is_refused_in_one_line_naming_it(build, size, says):
     with pytest.raises(CheckpointError) as raised:
-        vit.load(_tiny(build()), image_size=size, **MEAN_STD)
+        vit.load(tiny(build()), image_size=size, **MEAN_STD)
     assert "\n" not in str(raised.value) and says in str(raised.value)

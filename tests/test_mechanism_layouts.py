@@ -7,7 +7,7 @@ against a hand loop in ``test_layout.py``).
 
 import pytest
 import torch
-from parity_helpers import capture_inputs, randomize
+from parity_helpers import capture_inputs, randomize, run_hooked
 
 from vit.explain.mechanism import components as mechanism
 from vit.explain.mechanism import phenomena
@@ -70,12 +70,7 @@ def timm_run(model, run, edits=None):
     handles = [model.blocks[layer].attn.proj.register_forward_pre_hook(lambda m, args, fn=fn: (fn(args[0]),)
                                                                         + args[1:])
                for layer, fn in (edits or {}).items()]
-    try:
-        with torch.no_grad():
-            return run()
-    finally:
-        for handle in handles:
-            handle.remove()
+    return run_hooked(handles, run)
 
 
 def zero_head(head):

@@ -8,7 +8,7 @@ out, the other layers drawn. EdgeNeXt (channels only) and HaloNet (halo attentio
 they lack.
 
 Reference: each layer's probabilities as timm's own explicit path makes them (``fused_attn`` off), caught at the
-softmax of the layer's module (``test_layer_places._library_softmax``); a windowed layer's placed on the grid by the
+softmax of the layer's module (``layer_reference.library_softmax``); a windowed layer's placed on the grid by the
 library's own partition (``timm.models.davit.window_partition``, ``timm.models.gcvit.window_partition``,
 ``timm.models.nest.blockify``, TinyViT's inline cut read at its attention's input) applied to a map of token indices.
 Inputs are non-square wherever the family takes one (NesT takes square inputs only), so a transposed grid fails."""
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import timm
 import torch
+from layer_reference import MEAN_STD, library_softmax, on_its_grid, placed, recorded_and_library, tiny, transposed
 from PIL import Image
-from test_layer_places import MEAN_STD, _library_softmax, _placed, _tiny
 
 import vit
 from vit.checkpoint import CheckpointError
@@ -74,12 +74,12 @@ def _tiny_vit_table(model, layer, grid):
 
 
 def _own_softmax(model, layers, pixels):
-    """``_library_softmax`` of ``layers``, an ``nn.Softmax`` of a layer's own (DaViT's ``attn.softmax``) caught as
+    """``library_softmax`` of ``layers``, an ``nn.Softmax`` of a layer's own (DaViT's ``attn.softmax``) caught as
     its layer's; timm's fused path restored after, as the model was opened with it."""
     fused = {m: m.fused_attn for m in model.modules() if "fused_attn" in vars(m)}
     owners = [m.softmax if isinstance(getattr(m, "softmax", None), torch.nn.Softmax) else m for m in layers]
     try:
-        return _library_softmax(model, owners, pixels)
+        return library_softmax(model, owners, pixels)
     finally:
         for module, flag in fused.items():
             module.fused_attn = flag
@@ -139,7 +139,7 @@ KEY_GRIDS = {"xcit": [(4, 6)] * 2, "davit": [(16, 24), (8, 12), (4, 6), (2, 3)],
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
 def opened(request):
     name, build, size, layers, left_out, table = request.param
-    model = _tiny(build())
+    model = tiny(build())
     checkpoint = vit.load(model, image_size=size, **MEAN_STD)
     return name, model, checkpoint, size, layers, left_out, table
 
@@ -149,25 +149,17 @@ def test_each_layer_equals_timms_own_softmax_placed_on_its_grid_not_its_transpos
     wrapped = checkpoint.model
     assert checkpoint.road == "library" and wrapped.num_layers == layers
     assert ([p.key_grid for p in wrapped.places] or [wrapped.layout.grid] * layers) == KEY_GRIDS[name]
-    torch.manual_seed(1)
-    pixels = torch.randn(1, 3, *size)
-    _, recorded = wrapped.run(pixels, layers=range(layers))
-    own = _own_softmax(model, wrapped._attention, pixels)
-    assert len(own) == layers
+    recorded, own = recorded_and_library(wrapped, model, size, _own_softmax)
     for layer in range(layers):
         raw = _nest_raw(own[layer]) if name == "nest" else own[layer]
         place = wrapped.places[layer] if wrapped.places else None
-        if place is None or place.windows is None:
-            expected = raw
-        else:
-            grid = place.key_grid
-            expected = _placed(raw, table(model, wrapped.names[layer], grid), grid[0] * grid[1])
+        expected = on_its_grid(raw, place, table, model, wrapped.names[layer])
         assert recorded[layer].shape == expected.shape, (name, layer)
         assert torch.allclose(recorded[layer], expected, atol=1e-5), (name, layer)
+        grid = place.key_grid if place is not None else None
         if place is not None and place.windows is not None and grid[0] != grid[1]:  # on the transposed grid: not so
-            flipped = table(model, wrapped.names[layer], grid).long()
-            flipped = torch.where(flipped >= 0, (flipped % grid[1]) * grid[0] + flipped // grid[1], flipped)
-            assert not torch.allclose(recorded[layer], _placed(raw, flipped, grid[0] * grid[1]), atol=1e-5)
+            flipped = transposed(table(model, wrapped.names[layer], grid), grid)
+            assert not torch.allclose(recorded[layer], placed(raw, flipped, grid[0] * grid[1]), atol=1e-5)
 
 
 def test_gemma4s_patches_by_reshape_sit_where_its_own_patch_coordinates_say():
@@ -204,7 +196,7 @@ def test_layers_that_are_no_attention_over_tokens_are_named_and_the_others_drawn
 ], ids=["edgenext", "halonet"])
 def test_a_family_without_attention_over_tokens_or_a_layout_is_refused_in_one_line_naming_it(build, size, says):
     with pytest.raises(CheckpointError) as raised:
-        vit.load(_tiny(build()), image_size=size, **MEAN_STD)
+        vit.load(tiny(build()), image_size=size, **MEAN_STD)
     assert "\n" not in str(raised.value) and says in str(raised.value)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import caught_eager, widened
 
 import vit
 
@@ -20,38 +21,23 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def llama4(tmp_path_factory):
     torch.manual_seed(0)
-    model = transformers.Llama4VisionModel(transformers.Llama4VisionConfig(
+    model = widened(transformers.Llama4VisionModel(transformers.Llama4VisionConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
-        patch_size=8, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32))
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+        patch_size=8, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)))
     folder = tmp_path_factory.mktemp("llama4")
     model.save_pretrained(folder)
     transformers.Llama4ImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder
 
 
-def _eager(folder, pixels, monkeypatch) -> list[torch.Tensor]:
+def _eager(folder, pixels) -> list[torch.Tensor]:
     from transformers.models.llama4 import modeling_llama4
 
     model = transformers.Llama4VisionModel.from_pretrained(folder, attn_implementation="eager").eval()
-    original, seen = modeling_llama4.vision_eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_llama4, "vision_eager_attention_forward", eager)
-    with torch.no_grad():
-        model(pixel_values=pixels)
-    monkeypatch.undo()
-    return seen
+    return caught_eager(modeling_llama4, lambda: model(pixel_values=pixels), "vision_eager_attention_forward")
 
 
-def test_llama4s_class_token_sits_after_its_patches_and_every_layer_is_transformers_eager(llama4, monkeypatch):
+def test_llama4s_class_token_sits_after_its_patches_and_every_layer_is_transformers_eager(llama4):
     from PIL import Image
 
     from vit.core.inference import preprocess
@@ -62,7 +48,7 @@ def test_llama4s_class_token_sits_after_its_patches_and_every_layer_is_transform
     image = Image.fromarray((torch.rand(40, 28, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
     pixels = preprocess([image], checkpoint.preprocessing)
     _, kept = checkpoint.model.run(pixels, layers=range(2))
-    expected = _eager(llama4, pixels, monkeypatch)
+    expected = _eager(llama4, pixels)
     assert len(expected) == 2
     for layer in range(2):
         assert kept[layer].shape == expected[layer].shape == (1, 4, 17, 17)

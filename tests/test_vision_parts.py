@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_layer_places import _library_softmax
+from layer_reference import library_softmax
 
 import vit
 from vit.sources.library_road import vision_parts
@@ -88,7 +88,7 @@ def _reference(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[tor
     model = cls.from_pretrained(folder, attn_implementation="eager").eval()
     if name == "blip":
         layers = [layer.self_attn for layer in model.vision_model.encoder.layers]
-        return _library_softmax(model.vision_model, layers, pixels)
+        return library_softmax(model.vision_model, layers, pixels)
     original, seen = modeling_blip_2.eager_attention_forward, []
 
     def eager(*args, **kwargs):

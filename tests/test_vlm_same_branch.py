@@ -14,9 +14,9 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import NEW_TOKENS, QUESTION, by_hand, eager_image_rows, noisy, picture, processor_inputs  # noqa: E402
+from test_vlm_answer import by_hand, eager_image_rows  # noqa: E402
+from vlm_saved import answered_tokens, asked, assert_rows_are_eager, saved  # noqa: E402
 
-import vit  # noqa: E402
 from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
@@ -31,61 +31,29 @@ SPARSE = {"minimax_m3_vl": dict(layer_types=["minimax_m3_sparse", "full_attentio
 IMAGES = {"dots3_note": dict(temporal_patch_size=1)}
 
 
-def _saved(kind: str, folder, **text):
-    """``(model, folder)``: ``kind`` built tiny by the census's generic builder, its text config's ``SPARSE`` settings
-    (and ``text``) set, saved whole with its processor in ``folder``."""
-    from bench.census_vlm import generic_build
-
-    torch.manual_seed(0)
-    model, processor = generic_build(kind)
-    config = model.config
-    for name, value in {**SPARSE.get(kind, {}), **text}.items():
-        setattr(config.get_text_config(), name, value)
-    torch.manual_seed(0)
-    model = type(model)(config)
-    for name, value in IMAGES.get(kind, {}).items():
-        setattr(processor.image_processor, name, value)
-    noisy(model).save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return model, folder
-
-
 @pytest.fixture(scope="module", params=list(SPARSE))
-def asked(request, tmp_path_factory):
+def asked_sparse(request, tmp_path_factory):
     """``(kind, vit's answer, transformers' eager generate output, its default generate's tokens, the inputs)``."""
     kind = request.param
-    model, folder = _saved(kind, tmp_path_factory.mktemp(kind))
-    vlm = vit.open_vlm(folder)
-    answer = vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
-    inputs = processor_inputs(folder, picture())
-    outputs = {}
-    for implementation in ("eager", "sdpa"):
-        reference = type(model).from_pretrained(folder, attn_implementation=implementation).eval()
-        with torch.no_grad():
-            outputs[implementation] = reference.generate(
-                **inputs, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
-                output_attentions=implementation == "eager")
-    start = inputs["input_ids"].shape[1]
-    return kind, vlm, answer, outputs["eager"], outputs["sdpa"].sequences[0, start:].tolist(), inputs
+    folder = tmp_path_factory.mktemp(kind)
+    model = saved(kind, folder, SPARSE[kind], IMAGES.get(kind))
+    vlm, answer, inputs, outputs = asked(model, folder, ("eager", "sdpa"))
+    return kind, vlm, answer, outputs["eager"], answered_tokens(outputs["sdpa"], inputs), inputs
 
 
-def test_the_answer_is_generates_under_the_default_implementation(asked):
-    kind, vlm, answer, eager, default, _ = asked
+def test_the_answer_is_generates_under_the_default_implementation(asked_sparse):
+    kind, vlm, answer, eager, default, _ = asked_sparse
     assert kind not in VLM_ARCHITECTURES and vlm.same_branch
     assert list(answer.tokens) == default and len(default) > 1
 
 
-def test_each_tokens_attention_is_the_eager_row_of_the_sparse_mask(asked):
-    kind, vlm, answer, out, _, inputs = asked
+def test_each_tokens_attention_is_the_eager_row_of_the_sparse_mask(asked_sparse):
+    kind, vlm, answer, out, _, inputs = asked_sparse
     positions = (inputs["input_ids"][0] == vlm.model.config.image_token_id).nonzero()[:, 0]
     assert torch.equal(answer.layout.positions, positions)
-    dropped = 0
+    dropped = assert_rows_are_eager(answer, out)  # over the keys the query may read
     for i in range(len(answer.tokens)):
         for layer in range(len(out.attentions[0])):
-            seen = out.attentions[0][layer].shape[-2] + i
-            eager = out.attentions[i][layer][0, :, -1, :seen]  # (H, seen): the keys the query may read
-            dropped += int((eager == 0).sum())
-            np.testing.assert_allclose(answer.row(i, layer).numpy(), eager.numpy(), rtol=0, atol=1e-5)
             np.testing.assert_allclose(answer.image_rows(i, layer).numpy(), eager_image_rows(out, i, layer, positions),
                                        rtol=0, atol=1e-5)
     assert dropped  # the sparse mask dropped keys: a dense row would differ
@@ -94,43 +62,36 @@ def test_each_tokens_attention_is_the_eager_row_of_the_sparse_mask(asked):
 def test_a_cache_of_latents_answers_with_the_keys_its_attention_read(tmp_path):
     """Mistral Large 4 caches compressed latents, expanded into keys after the cache: the answer keeps the keys each
     call hands its attention (``vlm_cache.latent_layers``), so its rows are still the eager ones."""
-    model, folder = _saved("mistral_large4", tmp_path, index_topk=4)
-    vlm = vit.open_vlm(folder)
+    model = saved("mistral_large4", tmp_path, dict(index_topk=4))
+    vlm, answer, inputs, outputs = asked(model, tmp_path)
     assert vlm.same_branch
-    answer = vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
-    inputs = processor_inputs(folder, picture())
-    reference = type(model).from_pretrained(folder, attn_implementation="eager").eval()
-    with torch.no_grad():
-        out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
-                                 output_attentions=True)
-    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    for i in range(len(answer.tokens)):
-        for layer in range(len(out.attentions[0])):
-            seen = out.attentions[0][layer].shape[-2] + i
-            np.testing.assert_allclose(answer.row(i, layer).numpy(), out.attentions[i][layer][0, :, -1, :seen].numpy(),
-                                       rtol=0, atol=1e-5)
+    assert list(answer.tokens) == answered_tokens(outputs["eager"], inputs)
+    assert_rows_are_eager(answer, outputs["eager"])
 
 
-def test_the_image_tokens_are_placed_on_the_grid_the_processor_states(asked):
-    if asked[0] == "dots3_note":
-        pytest.skip("dots.ocr 3's top-k mask keeps too few image keys here to tell a transposed placement")
-    """MiniMax-M3-VL's processor states each image's patch grid (``image_grid_thw``), merged ``merge_size`` x
-    ``merge_size`` into one image token, row-major: placed so, on a grid a transposed placement would fail."""
-    kind, vlm, answer, out, _, inputs = asked
+def _transposed(row: np.ndarray, grid: tuple[int, int], unit: int) -> np.ndarray:
+    """The image tokens' ``row`` placed as if the processor's merged grid were laid column-major (wrong)."""
+    (gh, gw), u = grid, unit
+    return row.reshape(gw // u, gh // u).T.repeat(u, 0).repeat(u, 1)
+
+
+def test_the_image_tokens_are_placed_on_the_grid_the_processor_states(asked_sparse):
+    """The processor states each image's patch grid (``image_grid_thw``), merged ``merge_size`` x ``merge_size`` into
+    one image token, row-major: placed so, on a grid a transposed placement would fail. Each answer token is checked
+    at the layer whose row tells the two placements apart most: a sparse mask that keeps only image keys the
+    transposition leaves in place (the merged grid's first and last token) reads the same both ways."""
+    kind, vlm, answer, out, _, inputs = asked_sparse
     grid, unit = tuple(inputs["image_grid_thw"][0, 1:].tolist()), vlm.processor.image_processor.merge_size
     assert grid[0] != grid[1] and answer.layout.grid == grid and answer.layout.unit == unit
     checked = 0
     for i in range(len(answer.tokens)):
-        # a layer whose sparse mask kept some image key (a row of 0s reads the same transposed)
-        layer = max(range(len(out.attentions[0])),
-                    key=lambda n: np.ptp(eager_image_rows(out, i, n, answer.layout.positions).mean(0)))
-        row = eager_image_rows(out, i, layer, answer.layout.positions).mean(0)
-        if np.ptp(row) == 0:
+        rows = [eager_image_rows(out, i, n, answer.layout.positions).mean(0) for n in range(len(out.attentions[0]))]
+        tells = [np.abs(by_hand(row, grid, unit, 0) - _transposed(row, grid, unit)).max() for row in rows]
+        layer = int(np.argmax(tells))
+        if tells[layer] <= 1e-3:
             continue
         checked += 1
         ours = answer.attention(i, layer=layer)
-        np.testing.assert_allclose(ours, by_hand(row, grid, unit, 0), rtol=0, atol=1e-5)
-        (gh, gw), u = grid, unit
-        transposed = row.reshape(gw // u, gh // u).T.repeat(u, 0).repeat(u, 1)
-        assert np.abs(ours - transposed).max() > 1e-3
-    assert checked
+        np.testing.assert_allclose(ours, by_hand(rows[layer], grid, unit, 0), rtol=0, atol=1e-5)
+        assert np.abs(ours - _transposed(rows[layer], grid, unit)).max() > 1e-3
+    assert checked == len(answer.tokens), (kind, checked)  # every token tells them apart at some layer
