@@ -106,6 +106,7 @@ DETR_SIZE = dict(height=64, width=96)
 # FPN's channels do not fit; the trunk as its checkpoints name it, its feature maps at 32 px
 EDGETAM = dict(backbone_config=dict(architecture="repvit_m1"), backbone_feature_sizes=[[8, 8], [4, 4], [2, 2]],
                fpn_hidden_size=32)  # the width of the shrunk mask decoder it feeds
+QWEN_PROCESSOR = dict(patch_size=8, merge_size=2, size=dict(shortest_edge=32 * 32, longest_edge=64 * 64))
 DEPTH_HEAD = dict(neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16)
 
 FAMILIES: list[Family] = [
@@ -160,8 +161,10 @@ FAMILIES: list[Family] = [
     hf("Llama 4 vision", "Llama4VisionModel", intermediate_size=128, projector_input_dim=32,
        projector_output_dim=32),  # its pixel shuffle's 4 x hidden into its adapter, as its full size has
     hf("Mllama vision", "MllamaVisionModel"),
-    hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"),
-    hf("Qwen3-VL vision", "Qwen3VLVisionModel"),
+    # Qwen-VL's processor flattens each image at its own size (smart_resize): its patch size made the shrunk
+    # config's, its pixel budget a few merge units
+    with_processor(hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"), **QWEN_PROCESSOR),
+    with_processor(hf("Qwen3-VL vision", "Qwen3VLVisionModel"), **QWEN_PROCESSOR),
     # --- transformers: whole folders as the Hub ships them (issue 117), beside the parts above
     hf("TIPSv2 (whole)", "Tipsv2Model"),
     hf("ViTPose (pose estimation)", "VitPoseForPoseEstimation"),

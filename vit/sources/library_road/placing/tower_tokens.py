@@ -4,9 +4,9 @@ forward puts them, or a one-line refusal naming what its input or tokens need th
 
 - Llama 4's vision model (``Llama4VisionModel``) appends its ``class_embedding`` after the patches
   (``torch.cat([hidden_state, class_embedding], dim=1)``): no token before them, one after.
-- Mllama's (``MllamaVisionModel``) takes an image as tiles with their aspect ratio and pads each tile's tokens; Qwen
-  2.5-VL's and Qwen3-VL's towers take their processor's flattened patches in 2x2 merge order with their grid
-  (``image_grid_thw``): refused, each naming it.
+- Mllama's (``MllamaVisionModel``) takes an image as tiles with their aspect ratio and pads each tile's tokens:
+  refused, naming it. (Qwen 2.5-VL's and Qwen3-VL's towers, fed their processor's flattened patches, open through
+  ``library_road.merged_towers`` and never come here.)
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ TOKENS = {"Llama4VisionModel": ((), ("class_embedding",))}
 REFUSED = {
     "MllamaVisionModel": "it takes an image as tiles with their aspect ratio (aspect_ratio_ids, aspect_ratio_mask) "
                          "and pads each tile's tokens to a multiple of 8, which the library road has no layout for",
-    "Qwen2_5_VisionTransformerPretrainedModel": "it takes its processor's flattened patches in 2x2 merge order with "
-                                                "their grid (image_grid_thw) and attends in windows over a reordered "
-                                                "sequence, which the library road has no layout for",
-    "Qwen3VLVisionModel": "it takes its processor's flattened patches in 2x2 merge order with their grid "
-                          "(image_grid_thw), which the library road has no layout for",
 }
 
 
