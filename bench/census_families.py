@@ -206,7 +206,11 @@ FAMILIES: list[Family] = [
     hf("Prompt Depth Anything", "PromptDepthAnythingForDepthEstimation", backbone_config=DEPTH_BACKBONE,
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0]),  # hooks within its 2 tiny layers
-    hf("ZoeDepth", "ZoeDepthForDepthEstimation"),
+    # a neck fed by 4 of its backbone's layers, its bottleneck as wide as the shrunk fusion; its processor's multiple
+    # the Hub's ZoeDepth folders name (transformers 5's processor class defaults to 1/32 of a pixel)
+    with_processor(hf("ZoeDepth", "ZoeDepthForDepthEstimation", backbone_config=dict(num_hidden_layers=4,
+                                                                                     out_indices=[1, 2, 3, 4]),
+                      bottleneck_features=16, **DEPTH_HEAD), ensure_multiple_of=32),
     # a UperNet head over a Swin backbone (openmmlab's upernet-swin), its four stages handed to the head
     hf("upernet (UperNetForSemanticSegmentation)", "UperNetForSemanticSegmentation", hidden_size=16,
        auxiliary_channels=16, auxiliary_in_channels=None,
