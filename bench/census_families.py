@@ -160,7 +160,8 @@ FAMILIES: list[Family] = [
     hf("InternVL vision", "InternVLVisionModel", patch_size=[8, 8], image_size=[IMAGE, IMAGE]),
     hf("Llama 4 vision", "Llama4VisionModel", intermediate_size=128, projector_input_dim=32,
        projector_output_dim=32),  # its pixel shuffle's 4 x hidden into its adapter, as its full size has
-    hf("Mllama vision", "MllamaVisionModel"),
+    hf("Mllama vision", "MllamaVisionModel", num_global_layers=1, intermediate_layers_indices=[0, 1]),  # within
+    # its 2 tiny local layers
     # Qwen-VL's processor flattens each image at its own size (smart_resize): its patch size made the shrunk
     # config's, its pixel budget a few merge units
     with_processor(hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"), **QWEN_PROCESSOR),

@@ -4,9 +4,9 @@ forward puts them, or a one-line refusal naming what its input or tokens need th
 
 - Llama 4's vision model (``Llama4VisionModel``) appends its ``class_embedding`` after the patches
   (``torch.cat([hidden_state, class_embedding], dim=1)``): no token before them, one after.
-- Mllama's (``MllamaVisionModel``) takes an image as tiles with their aspect ratio and pads each tile's tokens:
-  refused, naming it. (Qwen 2.5-VL's and Qwen3-VL's towers, fed their processor's flattened patches, open through
-  ``library_road.merged_towers`` and never come here.)
+
+(Qwen 2.5-VL's and Qwen3-VL's towers, fed their processor's flattened patches, and Llama 3.2 Vision's, fed its tile
+slots, open through ``library_road.merged_towers`` and ``library_road.tiled_towers`` and never come here.)
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ import torch
 
 # class -> (its token parameters before the patches, those after them), as its forward concatenates them
 TOKENS = {"Llama4VisionModel": ((), ("class_embedding",))}
-REFUSED = {
-    "MllamaVisionModel": "it takes an image as tiles with their aspect ratio (aspect_ratio_ids, aspect_ratio_mask) "
-                         "and pads each tile's tokens to a multiple of 8, which the library road has no layout for",
-}
+REFUSED: dict[str, str] = {}  # class -> why its tokens are not placed (none today)
 
 
 def count(model: torch.nn.Module, after: bool) -> int:
