@@ -1,6 +1,6 @@
 """The tokens beside the patches of a transformers vision tower with no module named ``embeddings`` (issue 117,
 item 6), where the library road counts them from: each tower's own token parameters, placed where its modelling file's
-forward puts them, or a one-line refusal naming what its input or tokens need that the library road has no layout for.
+forward puts them, or a one-line refusal.
 
 - Llama 4's vision model (``Llama4VisionModel``) appends its ``class_embedding`` after the patches
   (``torch.cat([hidden_state, class_embedding], dim=1)``): no token before them, one after.
@@ -15,15 +15,12 @@ import torch
 
 # class -> (its token parameters before the patches, those after them), as its forward concatenates them
 TOKENS = {"Llama4VisionModel": ((), ("class_embedding",))}
-REFUSED: dict[str, str] = {}  # class -> why its tokens are not placed (none today)
 
 
 def count(model: torch.nn.Module, after: bool) -> int:
     """The tokens ``model`` (a tower with no ``embeddings`` module) has before its patches (``after`` False) or after
     them; ValueError (one line) for a tower this module does not place."""
     name = type(model).__name__
-    if name in REFUSED:
-        raise ValueError(REFUSED[name])
     if name not in TOKENS:
         raise ValueError("it has no embeddings module to count its prefix tokens from")
     own = dict(model.named_parameters(recurse=False))
