@@ -3,8 +3,9 @@ transformers builds it (issue 117, item 6).
 
 It takes an image as tiles in ``max_num_tiles`` slots with their canvas (``aspect_ratio_ids``, from 1 in transformers'
 ``get_all_supported_aspect_ratios`` order) and which slots hold one (``aspect_ratio_mask``), as its processor hands
-them. Here each image is one tile, the processor's size (the ``1 x 1`` canvas, id 1, what the processor makes of an
-image no larger than a tile): slot 0 holds it, the other slots are zeros and masked, as the processor pads them. Each
+them. Here each image is one tile of the processor's size (the ``1 x 1`` canvas, id 1), resized to it whole (the
+processor keeps an image's aspect and pads the tile; a square image is fed as it feeds it): slot 0 holds it, the other
+slots are zeros and masked, as the processor pads them. Each
 slot's tokens are its CLS then its patches row-major, padded with zeros to a multiple of 8; its local layers
 (``transformer``) and then its global, gated ones (``global_transformer``) all attend over every slot's tokens at
 once, so each of the ``num_hidden_layers + num_global_layers`` attention modules is a layer, in that order. The
