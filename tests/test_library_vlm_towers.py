@@ -20,6 +20,20 @@ TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
             head_dim=16, vocab_size=256)
 
 
+def test_only_a_vlm_class_a_vision_auto_mapping_lists_is_taken():
+    """Fast: Cohere 2 Vision's and ShieldGemma 2's classes are; GLM-4.1V's (no vision auto-mapping lists it), or
+    another class of Cohere 2 Vision's type, are not: they keep their refusal and answer through vit.ask_vlm."""
+    from vit.sources.library_road.vlm_towers import takes
+
+    parts = dict(vision_config=VISION, text_config=TEXT)
+    assert takes(dict(model_type="cohere2_vision", architectures=["Cohere2VisionModel"], **parts))
+    assert takes(dict(model_type="shieldgemma2", architectures=["ShieldGemma2ForImageClassification"], **parts))
+    assert not takes(dict(model_type="cohere2_vision", architectures=["Cohere2VisionForConditionalGeneration"],
+                          **parts))
+    assert not takes(dict(model_type="glm4v", architectures=["Glm4vModel"], **parts))
+    assert not takes(dict(model_type="cohere2_vision", architectures=["Cohere2VisionModel"], vision_config=VISION))
+
+
 def test_the_towers_prefix_is_the_one_holding_all_its_tensors_at_their_shapes():
     """Fast: the prefix under which every tower tensor sits at its shape; none, or two, refused in one line."""
     from vit.sources.library_road.vlm_towers import tower_prefix

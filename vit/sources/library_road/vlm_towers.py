@@ -25,15 +25,28 @@ from vit.sources.library_road import transformers_models as tm
 from vit.sources.weights_cover import header_shapes
 from vit.sources.weights_files import read_hf_weights
 
+# transformers' auto-mappings of vision models (``MODEL_FOR_<name>_MAPPING_NAMES``): a VLM listed in one is opened
+# as its tower; any other VLM (GLM-4.1V's) keeps its refusal and answers through ``vit.ask_vlm``
+VISION_MAPPINGS = ("IMAGE_CLASSIFICATION", "IMAGE", "BACKBONE", "DEPTH_ESTIMATION", "SEMANTIC_SEGMENTATION",
+                   "INSTANCE_SEGMENTATION", "UNIVERSAL_SEGMENTATION", "ZERO_SHOT_IMAGE_CLASSIFICATION")
+
 
 def takes(config_json: Mapping) -> bool:
-    """Whether config.json names a vision tower with a patch size (``vision_config``, of a model_type transformers
-    knows) beside a language model (``text_config``): read from the JSON and transformers' registry, nothing built."""
+    """Whether the folder's class (``architectures[0]``) is the one a vision auto-mapping of transformers lists for
+    its model_type (``VISION_MAPPINGS``) and config.json names a vision tower with a patch size (``vision_config``,
+    of a model_type transformers knows) beside a language model (``text_config``): read from the JSON and
+    transformers' registries, nothing built."""
     from transformers import CONFIG_MAPPING
+    from transformers.models.auto import modeling_auto
 
+    named = config_json.get("architectures")
+    name = str(named[0]) if isinstance(named, list) and named else None
+    listed = {modeling_auto.__dict__.get(f"MODEL_FOR_{m}_MAPPING_NAMES", {}).get(config_json.get("model_type"))
+              for m in VISION_MAPPINGS} if isinstance(config_json.get("model_type"), str) else set()
     vision, text = config_json.get("vision_config"), config_json.get("text_config")
-    return (isinstance(vision, Mapping) and "patch_size" in vision and isinstance(text, Mapping)
-            and isinstance(vision.get("model_type"), str) and vision["model_type"] in CONFIG_MAPPING)
+    return (name is not None and name in listed and isinstance(vision, Mapping) and "patch_size" in vision
+            and isinstance(text, Mapping) and isinstance(vision.get("model_type"), str)
+            and vision["model_type"] in CONFIG_MAPPING)
 
 
 def tower_prefix(tower_keys: list[str], stored: Mapping[str, torch.Tensor], shapes: Mapping[str, torch.Size]) -> str:
