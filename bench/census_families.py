@@ -106,6 +106,7 @@ DETR_SIZE = dict(height=64, width=96)
 # FPN's channels do not fit; the trunk as its checkpoints name it, its feature maps at 32 px
 EDGETAM = dict(backbone_config=dict(architecture="repvit_m1"), backbone_feature_sizes=[[8, 8], [4, 4], [2, 2]],
                fpn_hidden_size=32)  # the width of the shrunk mask decoder it feeds
+QWEN_PROCESSOR = dict(patch_size=8, merge_size=2, size=dict(shortest_edge=32 * 32, longest_edge=64 * 64))
 DEPTH_HEAD = dict(neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16)
 
 FAMILIES: list[Family] = [
@@ -159,9 +160,12 @@ FAMILIES: list[Family] = [
     hf("InternVL vision", "InternVLVisionModel", patch_size=[8, 8], image_size=[IMAGE, IMAGE]),
     hf("Llama 4 vision", "Llama4VisionModel", intermediate_size=128, projector_input_dim=32,
        projector_output_dim=32),  # its pixel shuffle's 4 x hidden into its adapter, as its full size has
-    hf("Mllama vision", "MllamaVisionModel"),
-    hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"),
-    hf("Qwen3-VL vision", "Qwen3VLVisionModel"),
+    hf("Mllama vision", "MllamaVisionModel", num_global_layers=1, intermediate_layers_indices=[0, 1]),  # within
+    # its 2 tiny local layers
+    # Qwen-VL's processor flattens each image at its own size (smart_resize): its patch size made the shrunk
+    # config's, its pixel budget a few merge units
+    with_processor(hf("Qwen2.5-VL vision", "Qwen2_5_VisionTransformerPretrainedModel"), **QWEN_PROCESSOR),
+    with_processor(hf("Qwen3-VL vision", "Qwen3VLVisionModel"), **QWEN_PROCESSOR),
     # --- transformers: whole folders as the Hub ships them (issue 117), beside the parts above
     hf("TIPSv2 (whole)", "Tipsv2Model"),
     hf("ViTPose (pose estimation)", "VitPoseForPoseEstimation"),
@@ -203,7 +207,11 @@ FAMILIES: list[Family] = [
     hf("Prompt Depth Anything", "PromptDepthAnythingForDepthEstimation", backbone_config=DEPTH_BACKBONE,
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0]),  # hooks within its 2 tiny layers
-    hf("ZoeDepth", "ZoeDepthForDepthEstimation"),
+    # a neck fed by 4 of its backbone's layers, its bottleneck as wide as the shrunk fusion; its processor's multiple
+    # the Hub's ZoeDepth folders name (transformers 5's processor class defaults to 1/32 of a pixel)
+    with_processor(hf("ZoeDepth", "ZoeDepthForDepthEstimation", backbone_config=dict(num_hidden_layers=4,
+                                                                                     out_indices=[1, 2, 3, 4]),
+                      bottleneck_features=16, **DEPTH_HEAD), ensure_multiple_of=32),
     # a UperNet head over a Swin backbone (openmmlab's upernet-swin), its four stages handed to the head
     hf("upernet (UperNetForSemanticSegmentation)", "UperNetForSemanticSegmentation", hidden_size=16,
        auxiliary_channels=16, auxiliary_in_channels=None,

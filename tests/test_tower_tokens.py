@@ -4,8 +4,7 @@
 probabilities of its modelling file's ``vision_eager_attention_forward`` (the model built with eager attention), and a
 drawn map is a patch's eager row over the patches, placed row-major (elementwise: a class token taken for a prefix
 shifts every key by one, a transposed grid moves them, and both fail). Its position table holds its config's one
-square size. Mllama's and the Qwen VL towers are refused in one line naming their input. Built tiny with random
-weights in transformers, never downloaded."""
+square size. Built tiny with random weights in transformers, never downloaded."""
 
 from __future__ import annotations
 
@@ -59,14 +58,16 @@ def test_llama4s_class_token_sits_after_its_patches_and_every_layer_is_transform
                                rtol=0)
 
 
-@pytest.mark.parametrize("name, words", [
-    ("MllamaVisionModel", r"as tiles with their aspect ratio \(aspect_ratio_ids, aspect_ratio_mask\)"),
-    ("Qwen3VLVisionModel", r"flattened patches in 2x2 merge order with their grid \(image_grid_thw\)")])
-def test_towers_whose_input_has_no_layout_are_refused_naming_it(name, words):
-    """Fast: the refusal is read from the tower's class, before any forward."""
+@pytest.mark.parametrize("model_type, module", [("mllama_vision_model", "tiled_towers"),
+                                                ("qwen2_5_vl_vision", "merged_towers"),
+                                                ("qwen3_vl_vision", "merged_towers")])
+def test_towers_fed_their_own_input_open_through_their_own_layouts(model_type, module):
+    """Fast: Mllama's tile slots and the Qwen VL towers' flattened patches are opened by modules of their own (their
+    tests: test_library_tiled_towers, test_library_merged_towers), never counted here; a tower this module does not
+    place is refused in one line."""
+    from vit.sources.library_road import transformers_models
     from vit.sources.library_road.placing import tower_tokens
 
-    with pytest.raises(ValueError, match=words):
-        tower_tokens.count(type(name, (torch.nn.Module,), {})(), False)
+    assert transformers_models.OWN_LAYOUTS[model_type] == f"vit.sources.library_road.{module}"
     with pytest.raises(ValueError, match=r"^it has no embeddings module to count its prefix tokens from$"):
         tower_tokens.count(torch.nn.Linear(1, 1), False)

@@ -37,6 +37,11 @@ def _side(value) -> int | None:
     return None
 
 
+class SettingError(ValueError):
+    """A preprocessor_config.json setting that cannot be read, its message saying how to set it: removing the file
+    would prepare the images otherwise (the family's defaults), so the refusal does not suggest it."""
+
+
 def _crop_side(value) -> int | tuple[int, int] | None:
     """``_side``, or ``(height, width)`` for a non-square ``{"height": ..., "width": ...}`` (VideoMAE's frames)."""
     side = _side(value)
@@ -76,6 +81,8 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     if processor:
         try:
             return replace(_processor_preprocessing(processor, config), backend=backend)
+        except SettingError as e:  # its own advice: removing the file is none
+            raise SourceError(f"preprocessor_config.json cannot be used ({e})") from None
         except (ValueError, TypeError, KeyError, ArithmeticError) as e:
             raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
     return replace(_default_preprocessing(config, architecture), backend=backend)
@@ -138,8 +145,10 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
     if processor.get("keep_aspect_ratio") and processor.get("do_resize", True) and not crop:  # DPT's, at its aspect
         multiple = processor.get("ensure_multiple_of", 1)
         if isinstance(multiple, bool) or not isinstance(multiple, int) or not 1 <= multiple <= MAX_MULTIPLE:
-            raise ValueError(f"ensure_multiple_of must be a whole number of pixels from 1 to {MAX_MULTIPLE}, got "
-                             f"{str(multiple)[:40]}")
+            raise SettingError(f"ensure_multiple_of must be a whole number of pixels from 1 to {MAX_MULTIPLE}, got "
+                               f"{str(multiple)[:40]}; set it to one in the file (the Hub's ZoeDepth folders say 32; "
+                               "transformers 5's ZoeDepthImageProcessor writes its class default, 1/32): removed, the "
+                               "file's aspect-keeping resize would be lost")
         return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample,
                              multiple_of=multiple)
     if crop:

@@ -16,7 +16,13 @@ from vit.checkpoint import Checkpoint, CheckpointError, Preprocessing
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import hf_preprocessing
-from vit.sources.library_road import backbone_parts, recorded_folder, transformers_models, vision_parts
+from vit.sources.library_road import (
+    backbone_parts,
+    recorded_folder,
+    transformers_models,
+    vision_parts,
+    vlm_towers,
+)
 from vit.sources.open_shared import _config, _finish, build_model, default_class_names, unsupported
 from vit.sources.ports.families import (
     hf,
@@ -272,6 +278,8 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
                        else "")
             if answers and vision_parts.takes(config_json):  # a VLM family's dual encoder (BlipModel): its image part
                 return vision_parts.open_vision_part(folder, config_json, hf_image_processor(folder), map_location)
+            if answers and vlm_towers.takes(config_json):  # a VLM in a vision auto-mapping: its tower alone
+                return vlm_towers.open_tower(folder, config_json, hf_image_processor(folder), map_location)
             refusal = f"{folder}: {config_json['model_type']} has no port here, and as transformers builds it {missing}"
             if answers:  # a whole VLM is not an image model for the recorder: it answers questions
                 raise SourceError(refusal + answers)

@@ -57,9 +57,11 @@ SUFFIX_PARAMETERS = ("detection_tokens",)  # the embeddings' tokens after the pa
 MAX_SIDE = 2048  # px, as vit.sources.open.MAX_INPUT_SIZE
 # model_types whose tokens are not one image's prefix and patches, each opened by a module of its own that builds on
 # this one (so imported by its name when asked): PE video's clip, a timm trunk per frame and a temporal encoder (alone,
-# or beside a text model)
+# or beside a text model); Qwen-VL's towers, fed their processor's flattened patches; Llama 3.2 Vision's, its tile slots
 OWN_LAYOUTS = {**dict.fromkeys(("pe_video_encoder", "pe_video"), "vit.sources.library_road.pe_video"),
-               **dict.fromkeys(("tipsv2", "pixtral", "molmo2_vision"), "vit.sources.library_road.whole_folders")}
+               **dict.fromkeys(("tipsv2", "pixtral", "molmo2_vision"), "vit.sources.library_road.whole_folders"),
+               **dict.fromkeys(("qwen2_5_vl_vision", "qwen3_vl_vision"), "vit.sources.library_road.merged_towers"),
+               "mllama_vision_model": "vit.sources.library_road.tiled_towers"}
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

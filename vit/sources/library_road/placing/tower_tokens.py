@@ -1,12 +1,12 @@
 """The tokens beside the patches of a transformers vision tower with no module named ``embeddings`` (issue 117,
 item 6), where the library road counts them from: each tower's own token parameters, placed where its modelling file's
-forward puts them, or a one-line refusal naming what its input or tokens need that the library road has no layout for.
+forward puts them, or a one-line refusal.
 
 - Llama 4's vision model (``Llama4VisionModel``) appends its ``class_embedding`` after the patches
   (``torch.cat([hidden_state, class_embedding], dim=1)``): no token before them, one after.
-- Mllama's (``MllamaVisionModel``) takes an image as tiles with their aspect ratio and pads each tile's tokens; Qwen
-  2.5-VL's and Qwen3-VL's towers take their processor's flattened patches in 2x2 merge order with their grid
-  (``image_grid_thw``): refused, each naming it.
+
+(Qwen 2.5-VL's and Qwen3-VL's towers, fed their processor's flattened patches, and Llama 3.2 Vision's, fed its tile
+slots, open through ``library_road.merged_towers`` and ``library_road.tiled_towers`` and never come here.)
 """
 
 from __future__ import annotations
@@ -15,23 +15,12 @@ import torch
 
 # class -> (its token parameters before the patches, those after them), as its forward concatenates them
 TOKENS = {"Llama4VisionModel": ((), ("class_embedding",))}
-REFUSED = {
-    "MllamaVisionModel": "it takes an image as tiles with their aspect ratio (aspect_ratio_ids, aspect_ratio_mask) "
-                         "and pads each tile's tokens to a multiple of 8, which the library road has no layout for",
-    "Qwen2_5_VisionTransformerPretrainedModel": "it takes its processor's flattened patches in 2x2 merge order with "
-                                                "their grid (image_grid_thw) and attends in windows over a reordered "
-                                                "sequence, which the library road has no layout for",
-    "Qwen3VLVisionModel": "it takes its processor's flattened patches in 2x2 merge order with their grid "
-                          "(image_grid_thw), which the library road has no layout for",
-}
 
 
 def count(model: torch.nn.Module, after: bool) -> int:
     """The tokens ``model`` (a tower with no ``embeddings`` module) has before its patches (``after`` False) or after
     them; ValueError (one line) for a tower this module does not place."""
     name = type(model).__name__
-    if name in REFUSED:
-        raise ValueError(REFUSED[name])
     if name not in TOKENS:
         raise ValueError("it has no embeddings module to count its prefix tokens from")
     own = dict(model.named_parameters(recurse=False))

@@ -1,0 +1,206 @@
+"""Qwen 2.5-VL's and Qwen3-VL's vision towers open alone from the folder transformers saves (issue 117, item 6),
+fed their processor's flattened patches: every layer's attention equals transformers' own eager attention (its
+modelling file's ``eager_attention_forward`` hooked, the model built with ``attn_implementation="eager"``, fed by
+``Qwen2VLImageProcessor`` itself), each window's block placed in the image's full ``N x N`` (every entry outside a
+window exactly 0), queries and keys on a non-square grid where transformers' own position ids put them (a transposed
+or merge-order placement fails). Each model is built tiny with random weights in transformers, never downloaded."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import vit
+
+transformers = pytest.importorskip("transformers")
+
+PATCH, MERGE, HW = 8, 2, (48, 64)  # a 6x8 grid of patches, 3x4 merge units: Qwen 2.5-VL's 2x2-unit windows uneven
+GRID = (HW[0] // PATCH, HW[1] // PATCH)
+PROCESSOR = dict(patch_size=PATCH, merge_size=MERGE, size=dict(shortest_edge=16 * 16, longest_edge=64 * 64))
+
+
+def test_the_tower_order_is_where_transformers_positions_put_each_token():
+    """Fast: our order (the processor's ``patchify`` of an index image, then the window index) is the grid place of
+    transformers' own rotary position ids (``get_vision_position_ids``, permuted by the model's window index as its
+    forward permutes them); the transposed grid's is not."""
+    from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
+
+    from vit.sources.library_road.placing import merge_order
+
+    patchify = transformers.Qwen2VLImageProcessor().patchify
+    grid_thw = torch.tensor([[1, *GRID]])
+    positions = get_vision_position_ids(grid_thw, MERGE)  # (N, 2) (row, column), the processor's order
+    expected = positions[:, 0] * GRID[1] + positions[:, 1]
+    assert torch.equal(merge_order.tower_order(patchify, GRID, PATCH, MERGE, 2), expected)
+    window, _ = get_vision_window_index(grid_thw, MERGE, 32, PATCH)
+    windowed = expected.reshape(-1, MERGE * MERGE)[window].flatten()  # as ``permute_input_for_window_attn`` does
+    assert not torch.equal(windowed, expected)
+    assert torch.equal(merge_order.tower_order(patchify, GRID, PATCH, MERGE, 2, 32), windowed)
+    transposed = merge_order.tower_order(patchify, GRID[::-1], PATCH, MERGE, 2)
+    assert not torch.equal(transposed, expected)
+
+
+def test_pieces_are_placed_on_the_diagonal_and_moved_to_the_grid():
+    """Fast: two pieces of one image's 4 tokens (a window of 3, one of 1) handed in order make one (1, H, 4, 4), zero
+    off their blocks, queries and keys moved by the order: entry [order[i], order[j]] is the tower's [i, j]."""
+    from vit.sources.library_road.merged_towers import _Pieces
+
+    class View:
+        layers, kept = {"module": 0}, {}
+
+        def keep_probabilities(self, layer, probabilities, rows_formed=False):
+            self.kept[layer] = probabilities
+
+    order = torch.tensor([2, 0, 3, 1])  # tower position -> grid index
+    first = torch.arange(9.0).reshape(1, 1, 3, 3) + 1
+    pieces = _Pieces(View(), order, 1)
+    pieces.keep_probabilities(0, first)
+    assert 0 not in View.kept
+    pieces.keep_probabilities(0, torch.full((1, 1, 1, 1), 10.0))
+    pieces.check()
+    tower = torch.zeros(4, 4)
+    tower[:3, :3], tower[3, 3] = first[0, 0], 10.0
+    expected = torch.zeros(4, 4)
+    for i in range(4):
+        for j in range(4):
+            expected[order[i], order[j]] = tower[i, j]
+    assert torch.equal(View.kept[0][0, 0], expected)
+    short = _Pieces(View(), order, 1)
+    short.keep_probabilities(1, first)
+    with pytest.raises(ValueError, match=r"^layer 1's attention covered 3 of its 4 tokens$"):
+        short.check()
+
+
+def _qwen25():
+    config = transformers.Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                                                 out_hidden_size=32, patch_size=PATCH, spatial_merge_size=MERGE,
+                                                 window_size=MERGE * PATCH * 2, fullatt_block_indexes=[1])
+    return transformers.Qwen2_5_VisionTransformerPretrainedModel(config)
+
+
+def _qwen3():
+    config = transformers.Qwen3VLVisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                                              out_hidden_size=32, patch_size=PATCH, spatial_merge_size=MERGE,
+                                              num_position_embeddings=16, deepstack_visual_indexes=[0])
+    return transformers.Qwen3VLVisionModel(config)
+
+
+CASES = {"qwen2_5": (_qwen25, "qwen2_5_vl.modeling_qwen2_5_vl"), "qwen3": (_qwen3, "qwen3_vl.modeling_qwen3_vl")}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    made = {}
+    for name, (build, _) in CASES.items():
+        torch.manual_seed(0)
+        model = build()
+        generator = torch.Generator().manual_seed(5)
+        with torch.no_grad():  # weights wide enough that every head's attention differs from uniform
+            for parameter in model.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        transformers.Qwen2VLImageProcessor(**PROCESSOR).save_pretrained(folder)
+        made[name] = folder
+    return made
+
+
+def eager_on_grid(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+    """transformers alone: each layer's eager probabilities, each piece (its ``cu_seqlens``: windows or images) placed
+    in the sequence's block diagonal, then each image's queries and keys put where the model's own position ids
+    (permuted by its window index, as its forward permutes them) say: ``(B, H, N, N)`` a layer, row-major on the
+    grid. The model is fed by the processor itself (its resize, rescale and normalisation off: the pixels are)."""
+    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    model = getattr(transformers, config.architectures[0]).from_pretrained(folder, attn_implementation="eager").eval()
+    fed = transformers.Qwen2VLImageProcessor(**PROCESSOR)(images=list(pixels), do_resize=False, do_rescale=False,
+                                                          do_normalize=False, return_tensors="pt")
+    modeling = importlib.import_module(f"transformers.models.{CASES[name][1]}")
+    original, seen = modeling.eager_attention_forward, []
+
+    def eager(module, *args, **kwargs):
+        out = original(module, *args, **kwargs)
+        seen.append((module, out[1].detach()))
+        return out
+
+    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
+    with torch.no_grad():
+        model(hidden_states=fed["pixel_values"], grid_thw=fed["image_grid_thw"])
+    monkeypatch.undo()
+    grid_thw = fed["image_grid_thw"]
+    total = int(grid_thw[:, 1:].prod(-1).sum())
+    positions = get_vision_position_ids(grid_thw, MERGE)
+    full = get_vision_cu_seqlens(grid_thw)
+    window = None
+    if name == "qwen2_5":
+        window, windows = get_vision_window_index(grid_thw, MERGE, model.window_size, PATCH)
+        positions = model.permute_input_for_window_attn(positions, window, total)
+    n = GRID[0] * GRID[1]
+    layers = []
+    for i, block in enumerate(model.blocks):
+        pieces = [p for m, p in seen if m is block.attn]
+        bounds = full if window is None or i in model.fullatt_block_indexes else windows
+        assert [p.shape[-1] for p in pieces] == (bounds[1:] - bounds[:-1]).tolist()
+        heads = [torch.block_diag(*[p[0, h] for p in pieces]) for h in range(pieces[0].shape[1])]
+        dense = torch.stack(heads)  # (H, T, T), the tower's order
+        on_grid = torch.zeros(len(pixels), dense.shape[0], n, n)
+        place = positions[:, 0] * GRID[1] + positions[:, 1]
+        for b in range(len(pixels)):
+            own = torch.arange(b * n, (b + 1) * n)
+            on_grid[b][:, place[own][:, None], place[own][None, :]] = dense[:, own][:, :, own]
+        layers.append(on_grid)
+    return layers
+
+
+@pytest.mark.slow  # builds and saves two models
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_layers_attention_is_transformers_eager_on_the_grid(folders, name, monkeypatch):
+    checkpoint = vit.load(folders[name], device="cpu")
+    assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == 0
+    pixels = torch.randn(2, 3, *HW, generator=torch.Generator().manual_seed(1))
+    out, attentions = checkpoint.model.run(pixels, layers=range(2))
+    expected = eager_on_grid(folders[name], name, pixels, monkeypatch)
+    n = GRID[0] * GRID[1]
+    for layer, theirs in enumerate(expected):
+        assert attentions[layer].shape == theirs.shape == (2, 4, n, n)
+        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+        assert torch.allclose(attentions[layer].sum(-1), torch.ones(2, 4, n), atol=1e-5)
+    if name == "qwen2_5":  # its windowed layer: a query's row is exactly 0 outside its window
+        assert (attentions[0] == 0).any() and not (attentions[1] == 0).any()
+    assert out.last_hidden_state.shape == (2, n, 32)
+
+
+@pytest.mark.slow
+def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders, monkeypatch):
+    from PIL import Image
+
+    from vit.core.inference import preprocess
+
+    checkpoint = vit.load(folders["qwen2_5"], device="cpu")
+    image = Image.fromarray((torch.rand(HW[0], HW[1], 3, generator=torch.Generator().manual_seed(3)) * 255)
+                            .byte().numpy())
+    pixels = preprocess([image], checkpoint.preprocessing)
+    assert tuple(pixels.shape[-2:]) == HW  # smart_resize keeps a size of whole merge units
+    expected = eager_on_grid(folders["qwen2_5"], "qwen2_5", pixels, monkeypatch)
+    query = GRID[1] + 1  # the patch at row 1, column 1
+    drawn = vit.explain(checkpoint, image, "attention", layer=0, head=2, query=query)
+    assert drawn.map.shape == GRID
+    row = expected[0][0, 2, query]
+    assert torch.allclose(torch.from_numpy(drawn.map), row.reshape(GRID), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_processor_of_another_patch_size_is_refused_in_one_line(folders, tmp_path):
+    import shutil
+
+    folder = tmp_path / "other"
+    shutil.copytree(folders["qwen3"], folder)
+    transformers.Qwen2VLImageProcessor(**dict(PROCESSOR, patch_size=14)).save_pretrained(folder)
+    from vit.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"its image processor's patch_size 14 is not its config's 8; fix "
+                                                  r"one of them$"):
+        vit.load(folder, device="cpu")

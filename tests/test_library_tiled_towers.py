@@ -1,0 +1,105 @@
+"""Llama 3.2 Vision's tower (``MllamaVisionModel``) opens alone from the folder transformers saves (issue 117, item 6),
+each image fed as the one tile of a 1 x 1 canvas in slot 0 of its tile slots, as its processor pads them: every local
+and global layer's attention equals transformers' own eager attention (its modelling file's
+``eager_attention_forward`` hooked, the model built with ``attn_implementation="eager"``, fed by
+``MllamaImageProcessor`` itself), and a drawn map is the eager row over slot 0's patches row-major on the grid (the
+slots' padding and empty slots are tokens after the patches). Built tiny with random weights in transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vit
+
+transformers = pytest.importorskip("transformers")
+
+SIZE, PATCH, TILES = 32, 8, 4
+TOKENS = TILES * 24  # each slot's CLS and 16 patches, padded to a multiple of 8
+
+
+def test_the_tower_is_the_library_roads_own_layout_and_takes_its_tile_size_only():
+    """Fast: ``opens`` routes its model_type here, and another size is refused in one line before the model runs."""
+    from vit.sources.library_road import tiled_towers, transformers_models
+
+    assert transformers_models.OWN_LAYOUTS["mllama_vision_model"] == "vit.sources.library_road.tiled_towers"
+    with pytest.raises(ValueError, match=r"^Llama 3.2 Vision's tower takes 32x32-px tiles only \(its position table "
+                                         r"has a row per patch\), not 32x48$"):
+        tiled_towers._OneTile(torch.nn.Identity(), TILES, (SIZE, SIZE))(torch.zeros(1, 3, 32, 48))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.MllamaVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_global_layers=1, attention_heads=4, image_size=SIZE,
+                                             patch_size=PATCH, max_num_tiles=TILES, intermediate_layers_indices=[0, 1],
+                                             vision_output_dim=32 * 3)
+    model = transformers.MllamaVisionModel(config)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights wide enough that every head's attention differs from uniform
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    made = tmp_path_factory.mktemp("mllama")
+    model.save_pretrained(made)
+    processor().save_pretrained(made)
+    return made
+
+
+def processor():
+    return transformers.MllamaImageProcessor(size={"height": SIZE, "width": SIZE}, max_image_tiles=TILES)
+
+
+def eager_probabilities(folder, image, monkeypatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """transformers alone: the processor's inputs for ``image`` (slot 0's pixels returned) and each layer's eager
+    probabilities, in the order the forward makes them."""
+    from transformers.models.mllama import modeling_mllama
+
+    inputs = processor()(images=[[image]], return_tensors="pt")
+    assert inputs["aspect_ratio_ids"].tolist() == [[1]] and inputs["aspect_ratio_mask"].tolist() == [[[1, 0, 0, 0]]]
+    model = transformers.MllamaVisionModel.from_pretrained(folder, attn_implementation="eager").eval()
+    original, seen = modeling_mllama.eager_attention_forward, []
+
+    def eager(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out[1].detach())
+        return out
+
+    monkeypatch.setattr(modeling_mllama, "eager_attention_forward", eager)
+    with torch.no_grad():
+        model(**inputs)
+    monkeypatch.undo()
+    return inputs["pixel_values"][:, 0, 0], seen
+
+
+@pytest.mark.slow  # builds and saves a model
+def test_every_local_and_global_layers_attention_is_transformers_eager(folder, monkeypatch):
+    from PIL import Image
+
+    checkpoint = vit.load(folder, device="cpu")
+    layout = checkpoint.model.layout
+    assert checkpoint.road == "library" and layout.num_prefix_tokens == 1 and layout.num_tokens == TOKENS
+    image = Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=torch.Generator().manual_seed(1)) * 255).byte()
+                            .numpy())
+    pixels, expected = eager_probabilities(folder, image, monkeypatch)
+    out, attentions = checkpoint.model.run(pixels, layers=range(3))
+    assert len(expected) == len(attentions) == 3
+    for layer, theirs in enumerate(expected):
+        assert attentions[layer].shape == theirs.shape == (1, 4, TOKENS, TOKENS)
+        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    assert out.last_hidden_state.shape == (1, 17, 32 * 3)
+
+
+@pytest.mark.slow
+def test_a_drawn_map_is_the_eager_row_over_the_tiles_patches(folder, monkeypatch):
+    from PIL import Image
+
+    checkpoint = vit.load(folder, device="cpu")
+    image = Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=torch.Generator().manual_seed(3)) * 255).byte()
+                            .numpy())
+    _, expected = eager_probabilities(folder, image, monkeypatch)
+    query = 1 + 4 + 2  # CLS, then the patch at row 1, column 2
+    drawn = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=query)
+    assert drawn.map.shape == (4, 4)
+    row = expected[2][0, 1, query, 1:17]
+    assert torch.allclose(torch.from_numpy(drawn.map), row.reshape(4, 4), atol=1e-6, rtol=0)

@@ -1,0 +1,194 @@
+"""Qwen 2.5-VL's and Qwen3-VL's vision towers opened alone from their own folder, as transformers builds them (issue
+117, item 6): ``Qwen2_5_VisionTransformerPretrainedModel`` (``qwen2_5_vl_vision``) and ``Qwen3VLVisionModel``
+(``qwen3_vl_vision``).
+
+Each takes no image but its processor's flattened patches with their grid (``hidden_states``, ``grid_thw``): here
+each image ``(C, H, W)`` of whole merge units is flattened by ``Qwen2VLImageProcessor``'s own ``patchify`` (what the
+processor does after its resize and normalisation: both towers' processors are that class), every image of a batch
+one entry of ``grid_thw`` (``[1, gh, gw]``: a still image, its frame repeated ``temporal_patch_size`` times, as the
+processor repeats it). Its tokens run in merge order, and Qwen 2.5-VL's attend in windows over a sequence reordered
+by window (transformers' ``get_vision_window_index``); both split each layer's attention at the images' (or windows')
+boundaries (``cu_seqlens``) and call transformers' attention interface once a piece, so a layer is several calls of
+its one attention module. The recorder here (``_Pieces``) places each call's block on the diagonal of the image's
+``N x N`` attention in the tower's order, every row outside its window exactly 0, then moves queries and keys onto
+the grid (``placing.merge_order``: the order read from the processor's ``patchify`` and the model's window index),
+and hands the layer to the view's recorder as one ``(B, H, N, N)``. The tower's features (``last_hidden_state``) come
+back on the grid too; its merger's output (``pooler_output``) is per merge unit, row-major over the units.
+
+The input size is the processor's: ``smart_resize`` of each image to whole merge units between its ``min_pixels`` and
+``max_pixels`` (``Preprocessing``); a folder without a processor reads its config's patch and merge sizes and Qwen's
+default pixel bounds. A processor whose patch, merge or temporal patch size is not its config's is refused in one
+line. Every row of a window is formed (``H x N x N`` a layer, counted by the cost model), and no gradient map is asked
+of a tower that has no classifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from vit.checkpoint import Checkpoint, preprocessing_problem
+from vit.core import recording_attention
+from vit.core.images import smart_resize
+from vit.model import ViTConfig
+from vit.sources.files import SourceError, _one_line
+from vit.sources.hf_preprocessing import hf_preprocessing
+from vit.sources.library_road import transformers_models as tm
+from vit.sources.library_road.library_model import LibraryLayout, LibraryModel, grid_of
+from vit.sources.library_road.placing import merge_order
+
+MODEL_TYPES = ("qwen2_5_vl_vision", "qwen3_vl_vision")
+NOMINAL_SIDE = 1024  # px: the side the layout names (each image is sized by itself), as the port's Qwen towers
+
+
+class _FlattenedPatches(torch.nn.Module):
+    """A Qwen-VL tower fed images ``(B, C, H, W)``: each flattened by its processor's ``patchify``, the batch one
+    sequence with its ``grid_thw``; out, its output with ``last_hidden_state`` ``(B, N, D)`` on the grid and
+    ``pooler_output`` ``(B, N / merge², out)`` per merge unit, row-major."""
+
+    def __init__(self, model: torch.nn.Module, patch: int, merge: int, temporal: int, window_px: int | None):
+        super().__init__()
+        from transformers import Qwen2VLImageProcessor
+
+        self.__dict__["model"] = model  # the library's model, registered in the LibraryModel once
+        self.patch, self.merge, self.temporal, self.window_px = patch, merge, temporal, window_px
+        self.patchify = Qwen2VLImageProcessor().patchify
+
+    def grid(self, image_hw) -> tuple[int, int]:
+        """The patch grid of an ``image_hw`` input; ValueError (one line) for one of no whole merge units."""
+        h, w = int(image_hw[0]), int(image_hw[1])
+        unit = self.patch * self.merge
+        if h % unit or w % unit:
+            raise ValueError(f"a {h}x{w}-px image is no whole number of its {unit}-px merge units "
+                             f"({self.merge}x{self.merge} patches of {self.patch} px)")
+        return h // self.patch, w // self.patch
+
+    def order(self, grid: tuple[int, int]) -> torch.Tensor:
+        """``(N,)`` long: the grid index of each position of its sequence (``merge_order.tower_order``)."""
+        return merge_order.tower_order(self.patchify, grid, self.patch, self.merge, self.temporal, self.window_px)
+
+    def forward(self, pixel_values: torch.Tensor):
+        b = pixel_values.shape[0]
+        gh, gw = self.grid(pixel_values.shape[-2:])
+        patches, _, _ = self.patchify(pixel_values, patch_size=self.patch, merge_size=self.merge,
+                                      temporal_patch_size=self.temporal)  # (B, N, C * T * p * p)
+        grid_thw = torch.tensor([[1, gh, gw]] * b)  # on the CPU, as its processor hands it
+        out = self.model(hidden_states=patches.reshape(b * gh * gw, -1), grid_thw=grid_thw)
+        out.last_hidden_state = merge_order.to_grid(out.last_hidden_state, self.order((gh, gw)))
+        out.pooler_output = out.pooler_output.reshape(b, -1, out.pooler_output.shape[-1])
+        return out
+
+
+class _Pieces:
+    """The recorder the tower's attention calls are handed to: each asked layer's pieces (one call a window or image,
+    ``(1, H, n, n)``, in the sequence's order) placed on the diagonal of each image's ``(B, H, N, N)`` in the tower's
+    order, zero outside them; once a layer's pieces cover the sequence, moved onto the grid and handed to ``view``
+    (the view's recorder: its heads, rows and heads' mean applied there)."""
+
+    gradient = False
+    rows, rows_of, windows = None, {}, {}  # every row of a piece formed: its rows are not the grid's
+
+    def __init__(self, view, order: torch.Tensor, images: int):
+        self.view, self.order, self.images = view, order, images
+        self.layers = view.layers
+        self.filled: dict[int, list] = {}  # layer -> [(B, H, N, N) in the tower's order, tokens placed]
+
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
+        n, tokens = probabilities.shape[-1], len(self.order)
+        if probabilities.shape[0] != 1 or probabilities.shape[-2] != n:
+            raise ValueError(f"layer {layer}'s attention came as {tuple(probabilities.shape)}, not one piece of the "
+                             "sequence")
+        if layer not in self.filled:
+            self.filled[layer] = [probabilities.new_zeros(self.images, probabilities.shape[1], tokens, tokens), 0]
+        dense, start = self.filled[layer]
+        image, at = divmod(start, tokens)
+        if at + n > tokens or image >= self.images:
+            raise ValueError(f"layer {layer}'s attention pieces run past its images' {tokens} tokens each")
+        dense[image, :, at:at + n, at:at + n] = probabilities[0]
+        self.filled[layer][1] = start + n
+        if start + n == self.images * tokens:
+            self.view.keep_probabilities(layer, merge_order.attention_to_grid(dense, self.order))
+            del self.filled[layer]
+
+    def output(self, layer, out) -> None:
+        pass
+
+    def check(self) -> None:
+        """ValueError (one line) where an asked layer's pieces did not cover every image's tokens."""
+        for layer, (_, placed) in self.filled.items():
+            raise ValueError(f"layer {layer}'s attention covered {placed} of its {self.images * len(self.order)} "
+                             "tokens")
+
+
+class MergedTower(LibraryModel):
+    """A Qwen-VL tower as transformers builds it (``LibraryModel``), fed images through ``_FlattenedPatches`` and
+    its attention pieces placed on the grid (``_Pieces``)."""
+
+    @property
+    def forms_asked_rows(self) -> bool:
+        return False  # every row of a window is formed, then placed
+
+    def _recorded_forward(self, pixels: torch.Tensor, recorder) -> object:
+        if recorder.gradient and recorder.layers:
+            raise ValueError("a gradient through a Qwen-VL tower's attention pieces is not placed; it has no "
+                             "classifier to ask one of")
+        order = self.entry.order(self.entry.grid(pixels.shape[-2:]))
+        pieces = _Pieces(recorder, order, pixels.shape[0])
+        with torch.set_grad_enabled(recorder.gradient), recording_attention.recording(self.part, pieces):
+            out = self.entry(pixel_values=pixels)
+        pieces.check()
+        return out
+
+    def _on_grid(self, layer: int, x: torch.Tensor, image_hw) -> torch.Tensor:
+        """An attention module's input ``(B * N, D)`` in the tower's order -> ``(B, N, D)`` on the grid."""
+        return merge_order.to_grid(x, self.entry.order(grid_of(self.layout, image_hw)))
+
+
+def _whole(config, name: str) -> int:
+    value = getattr(config, name, None)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= tm.MAX_SIDE:
+        raise ValueError(f"its config's {name} {str(value)[:40]} is not a whole number from 1 to {tm.MAX_SIDE}")
+    return value
+
+
+def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None,
+                 map_location: str | torch.device = "cpu") -> Checkpoint:
+    """The folder's tower as transformers builds it, in a ``Checkpoint`` of the library road (``MergedTower``);
+    SourceError (one line) for what it cannot build or place."""
+    from vit.sources.library_road.whole_folders import _built
+
+    model_type = str(config_json.get("model_type"))
+    origin = f"{folder} ({model_type}, opened as transformers builds it)"
+    model = _built(folder, config_json, origin, map_location)
+    config, processor = model.config, dict(image_processor or {})
+    try:
+        patch, merge = _whole(config, "patch_size"), _whole(config, "spatial_merge_size")
+        temporal, channels = _whole(config, "temporal_patch_size"), _whole(config, "in_channels")
+        for name, own in (("patch_size", patch), ("merge_size", merge), ("temporal_patch_size", temporal)):
+            if processor.get(name, own) != own:
+                raise ValueError(f"its image processor's {name} {str(processor[name])[:20]} is not its config's "
+                                 f"{own}; fix one of them")
+        window = _whole(config, "window_size") if model_type == "qwen2_5_vl_vision" else None
+        unit = patch * merge
+        stand_in = ViTConfig(image_size=unit, patch_size=patch, num_channels=channels, num_classes=0,
+                             class_token=False, pooling="avg", spatial_merge=merge)
+        preprocessing = hf_preprocessing(processor or None, stand_in, type(model).__name__)
+        side = smart_resize(NOMINAL_SIDE, NOMINAL_SIDE, unit, preprocessing.min_pixels, preprocessing.max_pixels)
+        preprocessing = replace(preprocessing, image_size=side[0] if side[0] == side[1] else side)
+    except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    problem = preprocessing_problem(preprocessing, stand_in)
+    if problem:
+        raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
+    modules = tm.attention_modules(model)
+    if len(modules) != int(config.depth):
+        raise SourceError(f"{folder}: {len(modules)} attention modules for {config.depth} layers; the library road "
+                          "reads one attention per layer")
+    entry = _FlattenedPatches(model, patch, merge, temporal, window)
+    layout = LibraryLayout(0, (patch, patch), (side[0], side[1]))
+    wrapped = MergedTower(model, layout, modules, model, entry)
+    return tm._finish_library(wrapped, [], preprocessing, folder, type(model).__name__, image_processor is None)
+
