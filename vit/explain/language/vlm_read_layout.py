@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 
 from vit.explain.language.vlm_attention import image_positions, image_token_id
+from vit.explain.language.vlm_canvases import canvas_layouts, tower_queries
 from vit.explain.language.vlm_layouts import (
     ImageLayout,
     _one_view_pixels,
@@ -75,8 +76,9 @@ def _grids(vlm, inputs, n: int) -> tuple[list[tuple[int, int]] | None, str]:
 
 
 # The processor outputs that name each view's patch rows and columns, (views, 2): SigLIP 2's NaFlex patches
-# (LFM2-VL's ``spatial_shapes``), MiniCPM-V's slices (``target_sizes``)
-GRID_OUTPUTS = ("spatial_shapes", "target_sizes")
+# (LFM2-VL's ``spatial_shapes``), MiniCPM-V's slices (``target_sizes``), Nemotron-H Omni's flattened patches
+# (``image_grid_hw``, each image one view)
+GRID_OUTPUTS = ("spatial_shapes", "target_sizes", "image_grid_hw")
 
 
 def _named_grids(inputs, n: int) -> tuple[list[tuple[int, int]] | None, str] | None:
@@ -230,13 +232,19 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
     if "pixel_values" not in inputs and isinstance(inputs.get("pixel_values_images"), torch.Tensor):
         # the images' pixels under the name a processor of images and clips gives them (Video-LLaVA's)
         inputs = {**inputs, "pixel_values": inputs["pixel_values_images"]}
+    queries = tower_queries(vlm)
+    if queries:  # a count of them that happens to tile the grid must not place them on it
+        return unplaced(positions, f"they are {queries}, which cover no patch")
     grids, reason = _grids(vlm, inputs, len(images))
     if grids is None and not vlm.tower.missing:
         tiled, reason = _stated_tiles(vlm, inputs, images, positions)
         if tiled is not None:
             return tiled
-    if grids is None:
-        return unplaced(positions, reason)
+    if grids is None:  # a canvas the processor's own code chooses (``vlm_canvases``)
+        canvased, why = canvas_layouts(vlm, inputs, images, positions)
+        if canvased is not None:
+            return canvased
+        return unplaced(positions, why or reason)
     found = _unit_and_lead(vlm.unit, grids, len(positions))
     covered = _covered(vlm.unit, grids, len(positions)) if found is None else None
     if covered is not None:
