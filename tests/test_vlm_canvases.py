@@ -212,3 +212,24 @@ def test_aria_and_deepseek_ocr2_image_tokens_are_learned_queries_covering_no_pat
     vlm.model = model
     assert tower_queries(vlm) == ("its vision tower's learned queries over the patches (query_768_resolution: 144, "
                                   "query_1024_resolution: 256)")
+
+
+def test_unlimited_ocrs_local_crops_lie_on_their_canvas_before_the_global_view(folders):
+    """An image past the tile size: its local crops (``patches_grid``, cut row-major) first, their canvas's rows of
+    tokens each closed by a newline, then the global view's (the overview), then the separator; each crop's tokens
+    over the quadrant its pixels came from."""
+    image = quadrants(1280, 1280)
+    answer, out, inputs, positions = asked(folders["unlimited_ocr"], image)
+    crops = inputs["pixel_values_local"]
+    assert [int(v) for v in inputs["patches_grid"][0]] == [2, 2]
+    assert quadrant_places(crops.float()) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # row-major, as get_image_features
+    q, g = crops.shape[-1] // 64, inputs["pixel_values"].shape[-1] // 64
+    canvas = 2 * q * (2 * q + 1)
+    assert answer.grid == (2 * q, 2 * q) and answer.layout.view(True).grid == (g, g)
+    assert len(positions) == canvas + g * (g + 1) + 1
+
+    def expected(row):
+        return (np.array([[row[r * (2 * q + 1) + c] for c in range(2 * q)] for r in range(2 * q)], np.float32),
+                np.array([[row[canvas + r * (g + 1) + c] for c in range(g)] for r in range(g)], np.float32))
+
+    every_map(answer, out, positions, expected)
