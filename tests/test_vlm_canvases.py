@@ -1,5 +1,5 @@
 """Canvases a processor's own code chooses and its outputs do not state, placed by what each layout needs
-(``vit.explain.language.vlm_canvases``; issue 113): Perception LM's thumbnail then tiles, Granite 4 Vision's anyres
+(``vit.explain.language.vlm_read_layout``; issue 113): Perception LM's thumbnail then tiles, Granite 4 Vision's anyres
 canvas of downsampled crops with a newline per row, Nemotron-H Omni's flattened patches (``image_grid_hw``) pixel-
 shuffled 2 x 2, Unlimited-OCR's global view of 64-px steps (SAM's 16-px patches and two stride-2 convolutions) with a
 newline per row and a separator; and the image tokens no patch holds (Aria's and DeepSeek-OCR 2's learned queries),
@@ -196,7 +196,7 @@ def test_aria_and_deepseek_ocr2_image_tokens_are_learned_queries_covering_no_pat
     """Aria's projector and DeepSeek-OCR 2's second tower read the patches through learned queries: refused naming
     them, not as a merge unit that does not fit."""
     from bench.census_vlm import generic_build
-    from vit.explain.language.vlm_canvases import tower_queries
+    from vit.explain.language.vlm_read_layout import tower_queries
     from vit.sources.vlm.any_vlm import learned_queries
 
     assert learned_queries(transformers.AriaConfig()) == (

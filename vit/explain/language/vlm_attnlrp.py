@@ -240,7 +240,8 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
         if overview:
             return whole
         return crops.reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
-    if vlm.model_type not in NEXT_TILES:  # a canvas read from a processor's code (vlm_canvases), its views its own
+    # a canvas read from a processor's code (vlm_read_layout.CANVASES): its views' order is its own, not laid here
+    if vlm.model_type not in NEXT_TILES:
         raise ValueError("AttnLRP's pixels are not laid on this model's canvas of tiles here; use "
                          f"{either('gradxattn', 'tam')}")
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
