@@ -272,7 +272,7 @@ def _thumbnail_then_tiles(vlm, inputs, images: Sequence[Image.Image], positions:
     views, C, h, w), the thumbnail (the whole image resized to one tile) first, then the tiles of its canvas
     row-major (``_split``); the projector pools each view's patches ``unit x unit`` (``projector_pooling_ratio``,
     an adaptive average pool over whole units), the views' tokens one after another. ``(layouts, reason)``."""
-    processor = vlm.processor.image_processor
+    processor = getattr(vlm.processor, "image_processor", None)
     if getattr(processor, "vision_input_type", None) != "thumb+tile":
         return None, "its image processor reads each image in one view"
     pixels = inputs.get("pixel_values")
@@ -320,7 +320,9 @@ def _pinpoint_canvas(vlm, inputs, images: Sequence[Image.Image], positions: torc
         return None, f"the processor gave no (images, views, C, H, W) pixel_values for {len(images)} image(s)"
     if getattr(config, "vision_feature_select_strategy", "default") != "default":
         return None, "its tower's CLS stays in every crop (the \"full\" strategy), whose place no canvas states"
-    vision = config.vision_config
+    vision = getattr(config, "vision_config", None)
+    if not all(isinstance(getattr(vision, name, None), int) for name in ("image_size", "patch_size")):
+        return None, "its vision config states no image_size and patch_size of the crops"
     side = int(vision.image_size) // int(vision.patch_size)  # a crop's patches along a side
     rate = Fraction(str(getattr(config, "downsample_rate", None) or 1))
     if rate <= 0 or (1 / rate).denominator != 1 or side % int(1 / rate):
@@ -413,7 +415,8 @@ def _rows_then_separator(vlm, inputs, images: Sequence[Image.Image], positions: 
     if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or pixels.shape[0] != len(images):
         return None, f"the processor gave no (images, C, H, W) pixel_values for {len(images)} image(s)"
     counts = [int(n) for n in torch.as_tensor(inputs.get("num_local_patches", [0] * len(images))).flatten()]
-    grids = inputs.get("patches_grid") or [[1, 1]] * len(images)
+    grids = inputs.get("patches_grid")
+    grids = [[1, 1]] * len(images) if grids is None else grids
     local = inputs.get("pixel_values_local")
     side = (pixels.shape[-2] // stride, pixels.shape[-1] // stride)
     whole = side[0] * (side[1] + 1)  # the global view's rows, each closed by a newline
@@ -460,7 +463,7 @@ def _stated(vlm, name: str) -> bool:
     """Whether the image processor, the config or the model (its inner model) holds ``name``."""
     inner = getattr(vlm.model, "model", vlm.model)
     return any(getattr(part, name, None) is not None
-               for part in (vlm.processor.image_processor, vlm.model.config, inner))
+               for part in (getattr(vlm.processor, "image_processor", None), vlm.model.config, inner))
 
 
 # The canvases a processor's code chooses and its outputs do not state: the layout that reads each, keyed by what it
