@@ -29,7 +29,9 @@ NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_mo
        "paligemma", "paligemma2", "internvl", "glm4v", "glm4v_moe", "glm46v", "mistral3", "pixtral", "qwen3_5",
        "qwen3_5_moe", "llama4", "llama4_tiles", "gemma3n", "llava_next", "llava_next_video", "llava_onevision",
        "llava_onevision_2", "internvl_tiles", "idefics3", "smolvlm", "molmo2", "mllama", "florence2"]
-FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2"]
+# Types whose canvas the processor's own code chooses (test_vlm_canvases): built by the census's generic builder
+CANVASED = ["perception_lm", "granite4_vision", "nemotron_h_omni", "unlimited_ocr"]
+FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2"] + CANVASED
 BOX = (0, 0, 1, 1)  # one patch, top left, on every grid
 REFUSED: dict[tuple[str, str], str] = {}  # (family, reading): the one-line refusal, printed at the module's end
 
@@ -60,8 +62,13 @@ def folders(tmp_path_factory):
     def folder(family: str):
         if family not in built:
             torch.manual_seed(0)
-            model, processor = (_build(family.removesuffix("_tiles") if family == "internvl_tiles" else family)
-                                if family in NEW else blip2_model() if family == "blip2" else build_any(family))
+            if family in CANVASED:
+                from bench.census_vlm import generic_build
+
+                model, processor = generic_build(family)
+            else:
+                model, processor = (_build(family.removesuffix("_tiles") if family == "internvl_tiles" else family)
+                                    if family in NEW else blip2_model() if family == "blip2" else build_any(family))
             if family == "internvl_tiles":  # test_vlm_answer.internvl_tiles': 3 x 2 tiles and a thumbnail
                 processor.image_processor.max_patches = 6
             built[family] = tmp_path_factory.mktemp(family)

@@ -40,6 +40,7 @@ import torch
 
 from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import RULES, route_attention, use_recording_attention
+from vit.explain.language.vlm_layouts import NEXT_TILES
 from vit.explain.methods.relevance import AttnLRPRules, _IdentityRule
 
 _RULED = "_vit_attnlrp_ruled"  # set on a module whose forward the rules reach
@@ -239,6 +240,10 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
         if overview:
             return whole
         return crops.reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
+    # a canvas read from a processor's code (vlm_read_layout.CANVASES): its views' order is its own, not laid here
+    if vlm.model_type not in NEXT_TILES:
+        raise ValueError("AttnLRP's pixels are not laid on this model's canvas of tiles here; use "
+                         f"{either('gradxattn', 'tam')}")
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
 
     config = vlm.model.config

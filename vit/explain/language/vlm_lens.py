@@ -66,7 +66,21 @@ def _head(vlm):
                          f"{type(stack).__name__} has no final norm named {', '.join(FINAL_NORMS)}: not drawn for it")
     out = getattr(stack, "project_out", None)
     read = norm if out is None else torch.nn.Sequential(norm, out)
-    return read, vlm.model.get_output_embeddings(), getattr(text, "final_logit_softcapping", None)
+    return read, output_head(vlm.model), getattr(text, "final_logit_softcapping", None)
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The projection from the last hidden state to the logits: the model's own output embeddings, else its language
+    model's, where the whole model holds the head inside it (Nemotron-H Omni's generating language model). ValueError
+    (one line) for a model that names none."""
+    head = model.get_output_embeddings()
+    inner = getattr(model, "language_model", None) or getattr(getattr(model, "model", None), "language_model", None)
+    if head is None and inner is not None and hasattr(inner, "get_output_embeddings"):
+        head = inner.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} names no output head (get_output_embeddings): the hidden states "
+                         "cannot be read as logits")
+    return head
 
 
 def _logits(vlm, rows: torch.Tensor) -> torch.Tensor:

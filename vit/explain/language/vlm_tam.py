@@ -141,6 +141,7 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     one forward, counted first (``vit.costs.plan.vlm_tam``). Leading tokens that cover no patch (CLIP's CLS under
     LLaVA's "full" strategy) hold 0 and take no part: the authors' function sees the grid's tokens alone."""
     from vit.costs.plan import decide, vlm_tam
+    from vit.explain.language.vlm_lens import output_head
     from vit.explain.language.vlm_relevance import answer_run
 
     ids = [int(t) for t in prepared.inputs["input_ids"][0]] + list(answer)
@@ -157,7 +158,7 @@ def image_values(vlm, prepared, answer: tuple[int, ...], i: int) -> np.ndarray:
     views, view_grid = prepared.tower()
     decide(vlm_tam(vlm.tower_shape, prepared.layout.grid, prepared.text, tokens, i, len(positions), count + i + 1,
                    fused="eager" not in implementation, views=views, view_grid=view_grid))
-    head = vlm.model.get_output_embeddings()
+    head = output_head(vlm.model)
     with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
         hidden = head_input(vlm.model, head, inputs)[0]  # (T, D), after the norm
     if hidden.shape[0] != tokens:

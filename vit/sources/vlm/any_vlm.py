@@ -163,4 +163,9 @@ def learned_queries(config) -> str | None:
     latents = getattr(getattr(config, "perceiver_config", None), "resampler_n_latents", None)
     if _whole(latents):
         return f"a perceiver resampler's {latents} latents (perceiver_config.resampler_n_latents)"
+    by_patches = getattr(config, "projector_patch_to_query_dict", None)  # Aria's projector: cross-attention
+    if isinstance(by_patches, Mapping) and by_patches:
+        counts = ", ".join(f"{queries} for {patches} patches" for patches, queries in sorted(by_patches.items()))
+        return (f"its projector's learned queries, read by cross-attention over the patches ({counts}: "
+                "projector_patch_to_query_dict)")
     return None
