@@ -128,7 +128,8 @@ FAMILIES: list[Family] = [
     hf("TIPSv2 vision", "Tipsv2VisionModel"),
     hf("Sapiens2 backbone", "Sapiens2Backbone", num_first_full_attention_layers=1, num_last_full_attention_layers=1,
        num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2]),  # its per-layer lists at 2 layers
-    hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, window_block_indices=[0]),
+    hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, num_windows_side=2,  # the side its config
+       window_block_indices=[0]),  # derives from num_windows, which the default's dict (16 windows: 4) would keep
     hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, no patches"),
     hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels",
        num_latents=16, d_latents=32, num_self_attends_per_block=1, num_self_attention_heads=2,

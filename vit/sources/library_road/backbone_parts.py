@@ -49,6 +49,20 @@ def backbone_of(model: torch.nn.Module) -> torch.nn.Module | None:
     return found[0] if len(found) == 1 else None
 
 
+def _is_backbone(cls: type) -> bool:
+    from transformers.backbone_utils import BackboneMixin
+
+    return isinstance(cls, type) and issubclass(cls, BackboneMixin)
+
+
+def own_backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """``model`` where it is a transformers backbone itself (LW-DETR's ViT, RF-DETR's DINOv2: windows its layers'
+    token counts do not show, placed by the recorder's road), else None."""
+    from transformers.backbone_utils import BackboneMixin
+
+    return model if isinstance(model, BackboneMixin) else None
+
+
 def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None,
                  map_location: str | torch.device = "cpu") -> Checkpoint:
     """``transformers_models.open_library``'s answer for the folder, or where it refuses the layout of a head around
@@ -60,12 +74,14 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     try:
         return tm.open_library(folder, config_json, image_processor, map_location)
     except SourceError as refused:
-        if not answers(refused) or not isinstance(config_json.get("backbone_config"), Mapping):
+        if not answers(refused):
             raise
         origin = f"{folder} ({config_json.get('model_type')}, opened as transformers builds it)"
         config, cls = tm.folder_class(folder, config_json, origin)
+        if not isinstance(config_json.get("backbone_config"), Mapping) and not _is_backbone(cls):
+            raise
         model = tm.read_class(cls, config, folder, origin, map_location).eval()
-        backbone = backbone_of(model)
+        backbone = backbone_of(model) or own_backbone(model)
         if backbone is None:
             raise
         return open_backbone(model, backbone, image_processor, folder, refused)
