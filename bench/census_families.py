@@ -220,7 +220,10 @@ FAMILIES: list[Family] = [
     hf("VideoMAE", "VideoMAEForVideoClassification", num_frames=2, tubelet_size=1),
     hf("TimeSformer", "TimesformerForVideoClassification", num_frames=2),
     hf("V-JEPA 2", "VJEPA2ForVideoClassification", frames_per_clip=2, tubelet_size=1),
-    hf("VideoPrism vision", "VideoPrismVisionModel"),
+    hf("VideoPrism vision", "VideoPrismVisionModel", num_frames=2, tubelet_size=[1, 8, 8]),  # its 18-px tubelets
+    hf("videoprism (VideoPrismClipModel)", "VideoPrismClipModel",  # (of 288 px) would cut 32 px into one patch
+       vision_config=dict(num_frames=2, tubelet_size=[1, 8, 8])),
+    hf("videomt (VideomtForUniversalSegmentation)", "VideomtForUniversalSegmentation", num_blocks=1),  # of its 2
     hf("PE video", "PeVideoEncoder", named=True,  # its timm PE-Core trunk made tiny too (model_args)
        vision_config=dict(architecture="vit_pe_core_tiny_patch16_384",
                           model_args=dict(depth=2, embed_dim=32, num_heads=2, img_size=IMAGE, patch_size=8,

@@ -68,12 +68,12 @@ def _backbone_alone(model: torch.nn.Module, refused: ValueError) -> torch.nn.Mod
     """The transformers ``model``'s backbone, fed pixels alone (``backbone_parts``: its own where it is one, LW-DETR's
     ViT), where the library road refused its layout as it refuses the folder's (``backbone_parts.answers``); else
     None."""
-    from vit.sources.library_road import backbone_parts
+    from vit.sources.library_road.placing import backbone_alone
 
-    if not backbone_parts.answers(SourceError(str(refused))):
+    if not backbone_alone.answers(SourceError(str(refused))):
         return None
-    backbone = backbone_parts.backbone_of(model) or backbone_parts.own_backbone(model)
-    return None if backbone is None else backbone_parts._Backbone(backbone)
+    backbone = backbone_alone.backbone_of(model) or backbone_alone.own_backbone(model)
+    return None if backbone is None else backbone_alone._Backbone(backbone)
 
 
 def _patchless(model: torch.nn.Module) -> bool:
