@@ -106,6 +106,8 @@ DETR_SIZE = dict(height=64, width=96)
 # FPN's channels do not fit; the trunk as its checkpoints name it, its feature maps at 32 px
 EDGETAM = dict(backbone_config=dict(architecture="repvit_m1"), backbone_feature_sizes=[[8, 8], [4, 4], [2, 2]],
                fpn_hidden_size=32)  # the width of the shrunk mask decoder it feeds
+# ImageGPT's colour clusters (its tiny vocabulary of 128 ids: 125 colours, a 5-level lattice in [-1, 1])
+PALETTE = [[r / 2 - 1, g / 2 - 1, b / 2 - 1] for r in range(5) for g in range(5) for b in range(5)]
 DEPTH_HEAD = dict(neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16)
 
 FAMILIES: list[Family] = [
@@ -130,7 +132,8 @@ FAMILIES: list[Family] = [
        num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2]),  # its per-layer lists at 2 layers
     hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, num_windows_side=2,  # the side its config
        window_block_indices=[0]),  # derives from num_windows, which the default's dict (16 windows: 4) would keep
-    hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, no patches"),
+    with_processor(hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, "
+                      "no patches"), clusters=PALETTE),  # its processor's clusters, as the Hub's ship 512
     hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels",
        num_latents=16, d_latents=32, num_self_attends_per_block=1, num_self_attention_heads=2,
        num_cross_attention_heads=1),  # its 26 self-attention layers of 1,280 wide, 1 GB at 32 px, made tiny
