@@ -336,8 +336,9 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
     if len(modules) != int(layers):
         names = {m: name.rpartition(".")[2] for name, m in model.named_modules()}
         kinds = ", ".join(dict.fromkeys(names[m] for m in modules))  # X-CLIP's self_attn and message_attn
+        clips = one_frame.fixed_clips(model)
         raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers ({kinds}); the "
-                          "library road reads one attention per layer")
+                          "library road reads one attention per layer" + (f"; {clips}" if clips else ""))
     if entry is None and one_frame.takes_clips(model):  # a video model (VideoMT): an image is a clip of one frame
         entry = one_frame.OneFrame(model)
     wrapped = LibraryModel(model, layout, modules, part, entry)

@@ -11,6 +11,11 @@ A clip of one frame is what their own code computes for one image:
   (each patch its own key), which ``layer_kinds`` names and leaves out of the layers. Its temporal position
   embeddings are for ``num_frames`` frames: the model's own ``interpolate_pos_encoding=True`` resamples them to
   one, as it does for any clip of another length (the spatial ones are unchanged at its own square size).
+
+X-CLIP's vision layers are no such model: each takes clips of exactly its config's ``num_frames`` frames (its
+``batch_time // self.num_frames``) and runs a message attention over the frames' class tokens before its
+self-attention, whose tokens then hold the frame's message token after its patches; no clip of one frame is its
+input, and the library road refuses it naming that (``fixed_clips``).
 """
 
 from __future__ import annotations
@@ -51,3 +56,18 @@ class OneFrame(torch.nn.Module):
 
     def forward(self, pixel_values: torch.Tensor):
         return self.model(**clip_arguments(self.model, pixel_values))
+
+
+# Layers (by class) that take clips of exactly their config's frames, mixing the frames inside every layer: in words
+FIXED_CLIPS = {"XCLIPVisionEncoderLayer": "X-CLIP's vision layers take clips of exactly num_frames ({frames}) frames, "
+                                          "each layer's message attention over the frames' class tokens running "
+                                          "before its self-attention, so one image is no input for them"}
+
+
+def fixed_clips(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s layers take no image as a clip of one frame (``FIXED_CLIPS``), or None."""
+    for module in model.modules():
+        words = FIXED_CLIPS.get(type(module).__name__)
+        if words is not None:
+            return words.format(frames=getattr(module, "num_frames", "?"))
+    return None
