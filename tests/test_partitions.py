@@ -144,3 +144,25 @@ def test_windowed_folders_open_and_draw(tmp_path, lw_detr, rf_detr):
         checkpoint = vit.load(tmp_path / name, device="cpu")
         assert checkpoint.road == "library"
         assert bool(torch.isfinite(torch.as_tensor(vit.explain(checkpoint, image, "attention").map)).all())
+
+
+class _Toy(torch.nn.Module):
+    """A patch embedding, optionally a 3x3 convolution mixing neighbouring patches, then one block."""
+
+    def __init__(self, mix: bool):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 4, 8, 8)
+        self.mix = torch.nn.Conv2d(4, 4, 3, padding=1) if mix else torch.nn.Identity()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+
+    def forward(self, x):
+        return self.blocks[0](self.mix(self.patch(x)).flatten(2).transpose(1, 2))  # (B, 16, 4)
+
+
+def test_a_first_block_input_that_mixes_the_patches_is_no_partition():
+    from vit.sources.library_road.placing import partitions
+
+    plain, mixed = _Toy(mix=False), _Toy(mix=True)
+    torch.testing.assert_close(partitions.read_pieces(plain, plain.blocks[0], (32, 32), 3),
+                               torch.arange(1, 17)[None])  # one piece, the patches row-major
+    assert partitions.read_pieces(mixed, mixed.blocks[0], (32, 32), 3) is None

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from vit.core.attention_recorder import AttentionCall
+from vit.costs.bounds import TooManyTokens
 from vit.model.stages import LayerLayout
 from vit.sources.library_road.placing.bounded_forward import probe_forward
 from vit.sources.library_road.placing.layer_places import LayerPlace, StagedLayout
@@ -146,6 +147,10 @@ def read_pieces(model: torch.nn.Module, block: torch.nn.Module, image_hw: tuple[
                 if not mode.done or not isinstance(stopped.hidden, torch.Tensor) or stopped.hidden.dim() != 3:
                     return None
                 seen.append(stopped.hidden.detach().double())
+            except TooManyTokens:  # the probe's own bound, already one line
+                raise
+            except Exception:  # noqa: BLE001 - a forward that fails on codes before its first block: no partition
+                return None
             else:
                 return None
     finally:
