@@ -48,6 +48,10 @@ def test_imagegpts_pixels_are_its_processors_colour_tokens_and_its_attention_is_
         torch.testing.assert_close(kept[layer], own[layer], atol=1e-5, rtol=0)
     drawn = vit.explain(checkpoint, image, "attention", layer=1, head=1, query=27)  # row 3, col 3: 28 keys before
     torch.testing.assert_close(torch.from_numpy(drawn.map), own[1][0, 1, 27].reshape(4, 8), atol=1e-5, rtol=0)
+    for method in ("class", "legrad"):  # no gradient passes its colour lookup: one line, not autograd's error
+        with pytest.raises(ValueError, match="no gradient") as refused:
+            vit.explain(checkpoint, image, method)
+        assert "\n" not in str(refused.value)
 
 
 def test_an_imagegpt_folder_whose_processor_has_no_clusters_is_refused_in_one_line(tmp_path, folder):
