@@ -107,6 +107,8 @@ DETR_SIZE = dict(height=64, width=96)
 EDGETAM = dict(backbone_config=dict(architecture="repvit_m1"), backbone_feature_sizes=[[8, 8], [4, 4], [2, 2]],
                fpn_hidden_size=32)  # the width of the shrunk mask decoder it feeds
 QWEN_PROCESSOR = dict(patch_size=8, merge_size=2, size=dict(shortest_edge=32 * 32, longest_edge=64 * 64))
+# ImageGPT's colour clusters (its tiny vocabulary of 128 ids: 125 colours, a 5-level lattice in [-1, 1])
+PALETTE = [[r / 2 - 1, g / 2 - 1, b / 2 - 1] for r in range(5) for g in range(5) for b in range(5)]
 DEPTH_HEAD = dict(neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16)
 
 FAMILIES: list[Family] = [
@@ -129,8 +131,10 @@ FAMILIES: list[Family] = [
     hf("TIPSv2 vision", "Tipsv2VisionModel"),
     hf("Sapiens2 backbone", "Sapiens2Backbone", num_first_full_attention_layers=1, num_last_full_attention_layers=1,
        num_key_value_attention_heads=2, num_key_value_heads_per_layer=[2, 2]),  # its per-layer lists at 2 layers
-    hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, window_block_indices=[0]),
-    hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, no patches"),
+    hf("LW-DETR ViT backbone", "LwDetrViTBackbone", num_windows=4, num_windows_side=2,  # the side its config
+       window_block_indices=[0]),  # derives from num_windows, which the default's dict (16 windows: 4) would keep
+    with_processor(hf("ImageGPT", "ImageGPTForImageClassification", note="pixel tokens from a colour palette, "
+                      "no patches"), clusters=PALETTE),  # its processor's clusters, as the Hub's ship 512
     hf("Perceiver (learned)", "PerceiverForImageClassificationLearned", note="latents cross-attend the pixels",
        num_latents=16, d_latents=32, num_self_attends_per_block=1, num_self_attention_heads=2,
        num_cross_attention_heads=1),  # its 26 self-attention layers of 1,280 wide, 1 GB at 32 px, made tiny
@@ -227,7 +231,10 @@ FAMILIES: list[Family] = [
     hf("VideoMAE", "VideoMAEForVideoClassification", num_frames=2, tubelet_size=1),
     hf("TimeSformer", "TimesformerForVideoClassification", num_frames=2),
     hf("V-JEPA 2", "VJEPA2ForVideoClassification", frames_per_clip=2, tubelet_size=1),
-    hf("VideoPrism vision", "VideoPrismVisionModel"),
+    hf("VideoPrism vision", "VideoPrismVisionModel", num_frames=2, tubelet_size=[1, 8, 8]),  # its 18-px tubelets
+    hf("videoprism (VideoPrismClipModel)", "VideoPrismClipModel",  # (of 288 px) would cut 32 px into one patch
+       vision_config=dict(num_frames=2, tubelet_size=[1, 8, 8])),
+    hf("videomt (VideomtForUniversalSegmentation)", "VideomtForUniversalSegmentation", num_blocks=1),  # of its 2
     hf("PE video", "PeVideoEncoder", named=True,  # its timm PE-Core trunk made tiny too (model_args)
        vision_config=dict(architecture="vit_pe_core_tiny_patch16_384",
                           model_args=dict(depth=2, embed_dim=32, num_heads=2, img_size=IMAGE, patch_size=8,

@@ -111,7 +111,8 @@ def test_a_timm_backbone_folder_transformers_cannot_read_back_is_refused_in_one_
 
 def test_x_clips_vision_model_is_refused_naming_its_two_attentions_a_layer(tmp_path):
     """X-CLIP's vision layers attend twice (over a frame's patches, and across the clip's frames by one message token
-    a frame), with no backbone to read alone: refused in one line naming both."""
+    a frame), with no backbone to read alone, and take clips of exactly num_frames frames: refused in one line naming
+    both and that."""
     from vit.checkpoint import CheckpointError
 
     transformers.XCLIPVisionModel(transformers.XCLIPVisionConfig(
@@ -119,5 +120,7 @@ def test_x_clips_vision_model_is_refused_naming_its_two_attentions_a_layer(tmp_p
         mit_hidden_size=32, mit_intermediate_size=64, num_frames=2)).save_pretrained(tmp_path)
     transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size=32).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match=r"4 attention modules for 2 layers \(self_attn, message_attn\); the "
-                                              r"library road reads one attention per layer$"):
+                                              r"library road reads one attention per layer; X-CLIP's vision layers "
+                                              r"take clips of exactly num_frames \(2\) frames, each layer's message "
+                                              r"attention over the frames' class tokens .* no input for them$"):
         vit.load(tmp_path, device="cpu")

@@ -42,7 +42,7 @@ from vit.costs import bounds
 SDPA = F.scaled_dot_product_attention
 MHA = F.multi_head_attention_forward
 SOFTMAX = (torch.softmax, F.softmax, torch.Tensor.softmax)
-CONV = (torch.conv2d, F.conv2d)
+CONV = (torch.conv2d, F.conv2d, torch.conv3d, F.conv3d)  # 3-D: a tubelet of one frame over a clip (VideoPrism's)
 FLATTEN = (torch.flatten, torch.Tensor.flatten)
 _MHA_SIGNATURE = inspect.signature(MHA)
 _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -296,10 +296,11 @@ class AttentionRecording(TorchFunctionMode):
             weight = args[1] if len(args) > 1 else kwargs["weight"]
             stride = args[3] if len(args) > 3 else kwargs.get("stride", 1)
             padding = args[4] if len(args) > 4 else kwargs.get("padding", 0)
-            kernel = tuple(weight.shape[-2:])
-            stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
-            padding = (padding, padding) if isinstance(padding, int) else tuple(padding)
-            if stride == kernel and padding in ((0, 0), "valid"):
+            kernel, depth = tuple(weight.shape[-2:]), weight.shape[2:-2]  # depth: a 3-D conv's frames, () for 2-D
+            stride = (stride,) * (2 + len(depth)) if isinstance(stride, int) else tuple(stride)
+            padding = (padding,) * (2 + len(depth)) if isinstance(padding, int) else padding
+            unpadded = padding == "valid" or not any(tuple(padding))
+            if tuple(stride[-2:]) == kernel and unpadded and all(d == 1 for d in depth):  # one frame a patch
                 self.patch = kernel
         elif func is F.unfold:
             kernel = args[1] if len(args) > 1 else kwargs["kernel_size"]

@@ -122,6 +122,13 @@ class LayerLayout:
         return self.grid[0] * self.stride, self.grid[1] * self.stride
 
     @property
+    def num_key_tokens(self) -> int:
+        """The keys a row of this layer has on the image: the key grid's tokens (a layout whose windows hold
+        prefix tokens too counts those: ``placing.partitions``)."""
+        kh, kw = self.key_grid
+        return kh * kw
+
+    @property
     def key_window(self) -> int | tuple[int, int]:
         """A window on the key grid (0: global), as ``window`` gives it."""
         wh, ww = self.window_hw
@@ -226,7 +233,7 @@ def layer_on_grid(attn: Tensor, layout: LayerLayout) -> Tensor:
         return attn
     B, queries, keys = layer_windows(attn, layout)
     (nw, nq), nk = queries.shape, keys.shape[1]
-    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.num_key_tokens, attn.shape[1]
     dense = attn.new_zeros(B, H, Tq + 1, Tk + 1)
     dense[:, :, queries[:, :, None], keys[:, None, :]] = attn.view(B, nw, H, nq, nk).transpose(1, 2)
     return dense[:, :, :Tq, :Tk]
@@ -237,7 +244,7 @@ def layer_rows(attn: Tensor, layout: LayerLayout, queries: Sequence[int]) -> Ten
     from each query's own window only: ``q x Tk`` values formed, never ``Tq x Tk``."""
     B, tokens, keys = layer_windows(attn, layout)
     (nw, nq), nk = tokens.shape, keys.shape[1]
-    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.num_key_tokens, attn.shape[1]
     queries = torch.as_tensor(list(queries), dtype=torch.long)
     if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < Tq):
         raise ValueError(f"query tokens out of range for {Tq} tokens")

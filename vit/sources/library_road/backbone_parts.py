@@ -17,36 +17,14 @@ import torch
 
 from vit.checkpoint import Checkpoint
 from vit.sources.files import SourceError, _one_line
-
-
-class _Backbone(torch.nn.Module):
-    """The backbone alone, fed ``pixel_values``: its own output (feature maps), its attention the layers."""
-
-    def __init__(self, backbone: torch.nn.Module):
-        super().__init__()
-        self.backbone = backbone
-
-    def forward(self, pixel_values: torch.Tensor):
-        return self.backbone(pixel_values=pixel_values)
-
-
-# The library road's refusals this module answers: where its layers are not one attention a layer over one grid
-# (the decoders' attention beside the backbone's; the backbone's stages and windows, its windows taken for pieces).
-# Any other (its preprocessing, its weights) stands: the backbone alone is no way around it.
-LAYOUT_REFUSALS = ("attention modules for", "patches the library road places", "pieces of one image at once")
-
-
-def answers(refused: SourceError) -> bool:
-    """Whether ``refused`` (the library road's line for the whole model) is one of ``LAYOUT_REFUSALS``."""
-    return any(words in str(refused) for words in LAYOUT_REFUSALS)
-
-
-def backbone_of(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The one module of ``model`` (not itself) that is a transformers backbone (``BackboneMixin``), or None."""
-    from transformers.backbone_utils import BackboneMixin
-
-    found = [m for m in model.modules() if m is not model and isinstance(m, BackboneMixin)]
-    return found[0] if len(found) == 1 else None
+from vit.sources.library_road.placing.backbone_alone import (  # noqa: F401 - its names, as before
+    LAYOUT_REFUSALS,
+    _Backbone,
+    _is_backbone,
+    answers,
+    backbone_of,
+    own_backbone,
+)
 
 
 def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | None,
@@ -60,12 +38,14 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     try:
         return tm.open_library(folder, config_json, image_processor, map_location)
     except SourceError as refused:
-        if not answers(refused) or not isinstance(config_json.get("backbone_config"), Mapping):
+        if not answers(refused):
             raise
         origin = f"{folder} ({config_json.get('model_type')}, opened as transformers builds it)"
         config, cls = tm.folder_class(folder, config_json, origin)
+        if not isinstance(config_json.get("backbone_config"), Mapping) and not _is_backbone(cls):
+            raise
         model = tm.read_class(cls, config, folder, origin, map_location).eval()
-        backbone = backbone_of(model)
+        backbone = backbone_of(model) or own_backbone(model)
         if backbone is None:
             raise
         return open_backbone(model, backbone, image_processor, folder, refused)

@@ -284,7 +284,8 @@ class LibraryModel(torch.nn.Module):
             logits = self._recorded_forward(pixels, recorder).logits
             index = logits.argmax(-1) if class_index is None else torch.full(
                 (logits.shape[0],), int(class_index), device=logits.device)
-            torch.autograd.grad(logits.gather(1, index[:, None]).sum(), pixels)  # each image its own logit's
+            # each image its own logit's; the pixels' own gradient is not read (ImageGPT's colour ids: none)
+            torch.autograd.grad(logits.gather(1, index[:, None]).sum(), pixels, allow_unused=True)
         missing = [layer for layer in asked if layer not in recorder.gradients]
         if missing:
             raise ValueError(f"layers {missing}' attention does not reach the class logit; no gradient to weigh it")
@@ -398,7 +399,7 @@ class LibraryModel(torch.nn.Module):
                         whole = logits.detach()
                     index = whole.argmax(-1) if class_index is None else torch.full(
                         (logits.shape[0],), int(class_index), device=logits.device)
-                    torch.autograd.grad(logits.gather(1, index[:, None]).sum(), x)
+                    torch.autograd.grad(logits.gather(1, index[:, None]).sum(), x, allow_unused=True)
             finally:
                 _LAST_LAYER.reset(token)
             if layer not in recorder.gradients:

@@ -85,9 +85,7 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
     takes = inspect.signature(type(model).forward).parameters
     if "input_ids" in takes and not any(name.startswith("pixel_values") for name in takes):  # ImageGPT: its
         # processor quantises the pixels (a video model's pixel_values_videos beside its text's input_ids is not it)
-        raise SourceError(f"{refusal}; nor can the recorder at the attention function feed it: its forward reads token "
-                          "ids (input_ids: its image processor's quantisation of each pixel to a palette of colour "
-                          "clusters), not pixel values, and no road here quantises an image")
+        return _colour_tokens(folder, model, processor, size, refusal)
     mean, std = processor.get("image_mean"), processor.get("image_std")
     if image_processor is not None and (processor.get("do_normalize") is False or not processor.get("do_normalize")
                                         and (mean is None or std is None)):
@@ -105,6 +103,30 @@ def open_recorded_folder(folder: Path, config_json: Mapping, image_processor: Ma
             raise SourceError(f"{refusal}; nor can the recorder at the attention function place it: {reason}") from None
         raise SourceError(f"{folder}: {model_type} has no port here, its attention runs off transformers' attention "
                           f"interface, and the recorder at the attention function cannot place it: {reason}") from None
+    checkpoint.path = folder
+    checkpoint.metadata["source"].update(kind="library", path=str(folder))
+    return checkpoint
+
+
+def _colour_tokens(folder: Path, model: torch.nn.Module, processor: Mapping, size: tuple[int, int],
+                   refusal: str) -> Checkpoint:
+    """ImageGPT's folder: its pixels quantised to its processor's colour clusters (``placing.colour_tokens``), each
+    pixel a token on the image's grid; SourceError (one line) where the processor declares no clusters."""
+    from vit.sources.library_road import module_road
+    from vit.sources.library_road.placing.colour_tokens import ColourTokens, clusters_of
+
+    clusters = clusters_of(processor)
+    if clusters is None:
+        raise SourceError(f"{refusal}; nor can the recorder at the attention function feed it: its forward reads token "
+                          "ids (input_ids: each pixel's nearest colour cluster), and its image processor declares no "
+                          "clusters to quantise an image by")
+    mean, std = processor.get("image_mean") or (0.5,) * 3, processor.get("image_std") or (0.5,) * 3
+    try:
+        checkpoint = module_road.open_module(ColourTokens(model, clusters), image_size=size, mean=mean, std=std,
+                                             grid=size)  # one pixel a token
+    except SourceError as e:
+        reason = str(e).partition(": ")[2] or str(e)
+        raise SourceError(f"{refusal}; nor can the recorder at the attention function place it: {reason}") from None
     checkpoint.path = folder
     checkpoint.metadata["source"].update(kind="library", path=str(folder))
     return checkpoint

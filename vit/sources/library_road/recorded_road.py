@@ -161,6 +161,8 @@ class ModuleModel(LibraryModel):
             return SimpleNamespace(logits=out)
         tokens = hidden.get("x", out[0] if isinstance(out, (tuple, list)) else out)
         batch = pixels.shape[0]
+        if hasattr(self.layout, "join_tokens"):  # windows folded into the batch: back in the layout's order
+            tokens = self.layout.join_tokens(tokens, batch)
         if tokens.dim() == 3 and tokens.shape[0] != batch and tokens.shape[1] == batch:  # (T, B, D): OpenAI CLIP's
             tokens = tokens.transpose(0, 1)
         return SimpleNamespace(last_hidden_state=tokens)
@@ -407,11 +409,27 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
     try:
         places = infer_places(calls, sorted(maps), tuple(image_hw), names, prefixes)
     except ValueError as e:
+        partitioned = _partitioned(model, calls, mode, image_hw) if grid is None and prefix is None else None
+        if partitioned is not None:
+            return partitioned
         raise ValueError(f"its {missing}: no layout on this road ({e})" if missing else str(e)) from None
     if grid is not None or prefix is not None:
         raise ValueError("its layers run over different tokens (stages, windows or class tokens), each placed on "
                          "its own grid: leave out grid= and prefix=")
     return staged_layout(places, tuple(image_hw))
+
+
+def _partitioned(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, image_hw):
+    """The layout of windows the model's own code folds into the batch and joins again (``placing.partitions``:
+    LW-DETR's, RF-DETR's), where some call attends over several pieces; None where its first block's input is no
+    partition of the patch grid."""
+    from vit.sources.library_road.placing import partitions
+
+    if mode.patch is None or all(c.batch == 1 for c in calls):
+        return None
+    grid = (image_hw[0] // mode.patch[0], image_hw[1] // mode.patch[1])
+    found = partitions.partition_places(model, calls, tuple(image_hw), _channels(model), grid)
+    return None if found is None else partitions.partitioned_layout(*found, tuple(image_hw))
 
 
 def _declared(module: torch.nn.Module, *names: str):

@@ -48,6 +48,7 @@ from vit.sources.library_road.library_model import (  # noqa: F401 - importable 
     _take_input,
     grid_of,
 )
+from vit.sources.library_road.placing import one_frame
 from vit.sources.weights_cover import weights_problem
 
 # The embeddings' parameters that are tokens before the patches: (1, n, hidden) each, CLIP's (hidden,) one
@@ -337,8 +338,11 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
     if len(modules) != int(layers):
         names = {m: name.rpartition(".")[2] for name, m in model.named_modules()}
         kinds = ", ".join(dict.fromkeys(names[m] for m in modules))  # X-CLIP's self_attn and message_attn
+        clips = one_frame.fixed_clips(model)
         raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers ({kinds}); the "
-                          "library road reads one attention per layer")
+                          "library road reads one attention per layer" + (f"; {clips}" if clips else ""))
+    if entry is None and one_frame.takes_clips(model):  # a video model (VideoMT): an image is a clip of one frame
+        entry = one_frame.OneFrame(model)
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
     # no data
@@ -505,7 +509,7 @@ def extra_tokens(config) -> tuple[int, ...]:
     """The layout adapter where the config says it and the tokens do not: tokens a layer has before its prefix
     tokens, layer by layer. EoMT (and EoMT-DINOv3) puts its ``num_queries`` object queries before the CLS token in
     its last ``num_blocks`` layers; every other model: none."""
-    if getattr(config, "model_type", None) not in ("eomt", "eomt_dinov3"):
+    if getattr(config, "model_type", None) not in ("eomt", "eomt_dinov3", "videomt"):  # VideoMT: EoMT a frame
         return ()
     layers, blocks, queries = int(config.num_hidden_layers), int(config.num_blocks), int(config.num_queries)
     if not 0 <= blocks <= layers:

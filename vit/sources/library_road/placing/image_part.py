@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 import torch
 
+from vit.sources.library_road.placing import one_frame
+
 
 def no_patch_size(config_json: Mapping) -> bool:
     """Whether the library road refuses the folder for want of a patch size in its config (the recorder reads it
@@ -32,13 +34,19 @@ class ImagePart(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
-        self.features = callable(getattr(model, "get_image_features", None)) and "input_ids" in inspect.signature(
-            type(model).forward).parameters
+        self.clips = one_frame.takes_clips(model)  # a video model (VideoPrism's): an image is a clip of one frame
+        features = getattr(model, "get_video_features" if self.clips else "get_image_features", None)
+        self.features = callable(features) and "input_ids" in inspect.signature(type(model).forward).parameters
         self.embeds = self.features  # its output an embedding (a projection's), not a classifier's logits
 
     def forward(self, pixel_values: torch.Tensor):
-        out = (self.model.get_image_features(pixel_values=pixel_values) if self.features
-               else self.model(pixel_values=pixel_values))
+        if self.clips:
+            method = self.model.get_video_features if self.features else None
+            arguments = one_frame.clip_arguments(self.model, pixel_values, method)
+            out = method(**arguments) if method is not None else self.model(**arguments)
+        else:
+            out = (self.model.get_image_features(pixel_values=pixel_values) if self.features
+                   else self.model(pixel_values=pixel_values))
         logits = getattr(out, "logits", None)
         if isinstance(logits, torch.Tensor):
             return logits

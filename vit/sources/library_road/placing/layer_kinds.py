@@ -116,9 +116,16 @@ def no_rows(model: torch.nn.Module) -> str | None:
                  if type(m).__name__ in kinds), None)
 
 
+# Lists of layers (by their attribute's name in the model) that attend over a clip's frames at each patch, not over an
+# image's tokens: VideoPrism's factorized space-time attention (``VideoPrismVisionModel.temporal_layers``, after every
+# spatial layer), fed an image as a clip of one frame (``one_frame``): each token's softmax over its own one frame
+OVER_TIME = (("temporal_layers", "temporal attention (VideoPrism's: each patch over the clip's frames, one frame for "
+                                 "an image)"),)
+
+
 def left_out(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | None:
-    """Why ``call`` is no layer over image tokens (``CHANNEL_ATTENTION``'s over a head's channels, GC ViT's global
-    queries), in words, or None where it is attention over tokens."""
+    """Why ``call`` is no layer over image tokens (``CHANNEL_ATTENTION``'s over a head's channels, ``OVER_TIME``'s
+    over frames, GC ViT's global queries), in words, or None where it is attention over tokens."""
     module = modules.get(call.name)
     kind = type(module).__name__
     if kind in CHANNEL_ATTENTION:
@@ -126,6 +133,9 @@ def left_out(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | 
         dim = next((m.in_features for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
         if isinstance(heads, int) and dim and call.queries == call.keys == dim // heads:
             return f"cross-covariance attention ({kind}: over {dim // heads} channels a head)"
+    over_time = next((words for lists, words in OVER_TIME if f".{lists}." in f".{call.name}"), None)
+    if over_time is not None:
+        return over_time
     if kind == "WindowAttentionGlobal" and getattr(module, "use_global", False):
         return "global-query attention (GC ViT's: queries pooled from the whole stage, shared by every window)"
     return None

@@ -1,0 +1,168 @@
+"""Windows a model's own code folds into the batch, joined again by its global layers (issue 117 item 6,
+``vit.sources.library_road.placing.partitions``): LW-DETR's ViT backbone and RF-DETR's DINOv2 open in hand and from
+their folders, every layer's attention equal to transformers' own eager attention (``output_attentions`` of the model
+built with ``attn_implementation="eager"``), placed on the grid.
+
+The expected placement is written here from the modelling files' reshapes (LW-DETR: windows of ``grid /
+num_windows_side`` row-major, each window's patches row-major; RF-DETR: the same, each window led by its own copy of
+the CLS token, which is prefix token ``k`` of window ``k``); a global layer's tokens are the windows joined in that
+order. LW-DETR runs at a non-square 4x6 grid, so a transposed placement fails; RF-DETR's test checks it too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vit
+
+transformers = pytest.importorskip("transformers")
+
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.3, 0.4)
+
+
+def _widen(model: torch.nn.Module) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights wide enough that every row differs from uniform
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    return model.eval()
+
+
+def _eager(cls, config, state):
+    """The same weights built with transformers' eager attention, whose ``output_attentions`` are the reference."""
+    model = cls._from_config(config, attn_implementation="eager").eval()
+    model.load_state_dict(state)
+    return model
+
+
+def _window_tokens(grid, side):
+    """``(side * side, wh * ww)``: the grid token (row-major) each window slot holds, windows and slots row-major."""
+    gh, gw = grid
+    wh, ww = gh // side, gw // side
+    return torch.tensor([[(a * wh + i) * gw + b * ww + j for i in range(wh) for j in range(ww)]
+                         for a in range(side) for b in range(side)])
+
+
+def _placed(attention, tokens, total):
+    """A layer's ``(pieces, H, n, n)`` placed at ``tokens`` ``(pieces, n)`` of ``total`` tokens, zero elsewhere."""
+    out = attention.new_zeros(1, attention.shape[1], total, total)
+    for piece, where in enumerate(tokens):
+        out[0][:, where[:, None], where[None, :]] = attention[piece]
+    return out
+
+
+def _transposed(tokens, grid, prefix):
+    """``tokens`` with each patch moved to its transpose's place (prefix tokens kept)."""
+    gh, gw = grid
+    patch = tokens - prefix
+    moved = (patch % gw) * gh + patch // gw + prefix
+    return torch.where(tokens < prefix, tokens, moved)
+
+
+@pytest.fixture(scope="module")
+def lw_detr():
+    config = transformers.LwDetrViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                          pretrain_image_size=32, patch_size=8, num_windows=4,
+                                          window_block_indices=[0], out_indices=[2])
+    torch.manual_seed(0)
+    model = _widen(transformers.LwDetrViTBackbone(config))
+    return model, _eager(transformers.LwDetrViTBackbone, config, model.state_dict())
+
+
+@pytest.fixture(scope="module")
+def rf_detr():
+    config = transformers.RfDetrDinov2Config(hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                                             intermediate_size=32, image_size=32, patch_size=8, num_windows=2,
+                                             out_indices=[1, 3])
+    torch.manual_seed(0)
+    model = _widen(transformers.RfDetrDinov2Backbone(config))
+    return model, _eager(transformers.RfDetrDinov2Backbone, config, model.state_dict())
+
+
+def test_lw_detrs_windowed_and_global_layers_are_its_own_eager_attention_on_the_grid(lw_detr):
+    model, eager = lw_detr
+    checkpoint = vit.load(model, image_size=(32, 48), mean=MEAN, std=STD)
+    wrapped = checkpoint.model
+    assert wrapped.layout.grid == (4, 6) and wrapped.layout.num_prefix_tokens == 0
+    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    _, kept = wrapped.run(x, layers=range(2))
+    with torch.no_grad():
+        own = eager(pixel_values=x, output_attentions=True).attentions
+    assert own[0].shape == (4, 2, 6, 6) and own[1].shape == (1, 2, 24, 24)  # 2x2 windows of 2x3, then all joined
+    windows = _window_tokens((4, 6), 2)
+    for layer, tokens in enumerate((windows, windows.reshape(1, -1))):
+        torch.testing.assert_close(kept[layer], _placed(own[layer], tokens, 24), atol=1e-5, rtol=0)
+        assert not torch.allclose(kept[layer], _placed(own[layer], _transposed(tokens, (4, 6), 0), 24), atol=1e-3)
+
+
+def test_rf_detrs_windows_each_with_its_cls_copy_are_its_own_eager_attention(rf_detr):
+    model, eager = rf_detr
+    checkpoint = vit.load(model, image_size=32, mean=MEAN, std=STD)
+    wrapped = checkpoint.model
+    layout = wrapped.layout
+    assert layout.grid == (4, 4) and layout.num_prefix_tokens == 4  # window k's copy of the CLS token: token k
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    _, kept = wrapped.run(x, layers=range(3))
+    with torch.no_grad():
+        own = eager(pixel_values=x, output_attentions=True).attentions
+    assert [tuple(a.shape) for a in own] == [(4, 2, 5, 5), (1, 2, 20, 20), (4, 2, 5, 5)]  # layer 1 global
+    windows = torch.cat([torch.arange(4)[:, None], _window_tokens((4, 4), 2) + 4], dim=1)  # (4, 1 + 4)
+    for layer in range(3):
+        tokens = windows if own[layer].shape[0] == 4 else windows.reshape(1, -1)
+        torch.testing.assert_close(kept[layer], _placed(own[layer], tokens, 20), atol=1e-5, rtol=0)
+        assert not torch.allclose(kept[layer], _placed(own[layer], _transposed(tokens, (4, 4), 4), 20), atol=1e-3)
+
+
+def test_a_windowed_backbones_features_are_its_tokens_in_grid_order(lw_detr):
+    model, _ = lw_detr
+    wrapped = vit.load(model, image_size=(32, 48), mean=MEAN, std=STD).model
+    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        features = wrapped(x)  # its last hidden tokens (1, 24, D), in the layout's order
+        own = model(pixel_values=x).feature_maps[-1]  # (1, D, 4, 6): the model's own unpartitioned map
+    torch.testing.assert_close(features, own.flatten(2).transpose(1, 2), atol=1e-5, rtol=0)
+
+
+def test_a_partition_is_read_from_the_models_own_forward_not_its_counts(lw_detr):
+    from vit.sources.library_road.placing import partitions
+
+    model, _ = lw_detr
+    block = partitions.first_block("encoder.layer.0.attention", dict(model.named_modules()))
+    codes = partitions.read_pieces(model, block, (32, 48), 3)
+    torch.testing.assert_close(codes, _window_tokens((4, 6), 2) + 1)  # patch p's code is p + 1
+
+
+def test_windowed_folders_open_and_draw(tmp_path, lw_detr, rf_detr):
+    from PIL import Image
+
+    image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(2)) * 255).byte().numpy())
+    for name, (model, _) in (("lw", lw_detr), ("rf", rf_detr)):
+        model.save_pretrained(tmp_path / name)
+        transformers.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=list(MEAN),
+                                       image_std=list(STD)).save_pretrained(tmp_path / name)
+        checkpoint = vit.load(tmp_path / name, device="cpu")
+        assert checkpoint.road == "library"
+        assert bool(torch.isfinite(torch.as_tensor(vit.explain(checkpoint, image, "attention").map)).all())
+
+
+class _Toy(torch.nn.Module):
+    """A patch embedding, optionally a 3x3 convolution mixing neighbouring patches, then one block."""
+
+    def __init__(self, mix: bool):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 4, 8, 8)
+        self.mix = torch.nn.Conv2d(4, 4, 3, padding=1) if mix else torch.nn.Identity()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+
+    def forward(self, x):
+        return self.blocks[0](self.mix(self.patch(x)).flatten(2).transpose(1, 2))  # (B, 16, 4)
+
+
+def test_a_first_block_input_that_mixes_the_patches_is_no_partition():
+    from vit.sources.library_road.placing import partitions
+
+    plain, mixed = _Toy(mix=False), _Toy(mix=True)
+    torch.testing.assert_close(partitions.read_pieces(plain, plain.blocks[0], (32, 32), 3),
+                               torch.arange(1, 17)[None])  # one piece, the patches row-major
+    assert partitions.read_pieces(mixed, mixed.blocks[0], (32, 32), 3) is None

@@ -1,0 +1,215 @@
+"""Windows a model's own code folds into the batch, interleaved with layers that join them again (issue 117, item 6):
+LW-DETR's ViT backbone (``LwDetrViTBackbone.forward`` cuts the patch grid into ``num_windows`` windows before its
+encoder; a global layer's ``reshape(batch // num_windows, num_windows * seq_len, ...)`` joins them) and RF-DETR's
+DINOv2 (``RfDetrDinov2Embeddings.window_partition`` cuts the grid and gives each window its own copy of the CLS
+token; a global layer's ``window_unpartition_before_attention`` joins them). No module declares the windows as a
+layout would (Swin's ``window_size``): they are reshapes in a forward, so where each slot's token comes from is read
+by running that forward, never re-typed from the modelling file.
+
+``read_pieces`` runs the model's own forward up to its first attention block twice, the patch embedding's output
+(the convolution the trace found) replaced by token codes ``c`` and then ``2 c`` (patch ``p``'s code is ``p + 1``
+on every channel): what the code between adds (a position embedding, a CLS token) cancels in the difference, and
+each slot of the block's input ``(pieces, slots, D)`` holds its patch's code, or 0 for a token of the model's own (a
+window's CLS copy). A difference that is not one code a slot on every channel (a convolution mixing the patches, a
+norm) or that does not hold every patch once is no partition: the model is left to the other layouts. Each copy of a
+token of its own is a prefix token of the layout, in the order the pieces hold them (RF-DETR: window ``k``'s CLS is
+prefix token ``k``), the patches after them row-major.
+
+A call over ``pieces`` pieces of ``slots`` tokens is placed on those slots; a call over fewer, longer pieces on
+whole consecutive pieces joined (what a reshape of ``(B * pieces, slots, D)`` into ``(B * pieces / k, k * slots,
+D)`` makes: a global layer, ``k = pieces``); any other call is refused in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from vit.core.attention_recorder import AttentionCall
+from vit.costs.bounds import TooManyTokens
+from vit.model.stages import LayerLayout
+from vit.sources.library_road.placing.bounded_forward import probe_forward
+from vit.sources.library_road.placing.layer_places import LayerPlace, StagedLayout
+
+
+@dataclass(frozen=True)
+class PieceLayout(LayerLayout):
+    """One layer's pieces: ``slots[i][s]`` the token of the layout (``prefix`` tokens, then ``grid``'s patches
+    row-major) that slot ``s`` of piece ``i`` holds; its keys are its queries (``window`` is 1: it attends in
+    pieces)."""
+
+    slots: tuple[tuple[int, ...], ...] = ()
+    prefix: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefix + self.grid[0] * self.grid[1]
+
+    @property
+    def num_key_tokens(self) -> int:
+        return self.num_tokens
+
+    def window_tokens(self) -> torch.Tensor:
+        return torch.tensor(self.slots, dtype=torch.long)  # (pieces, slots)
+
+    def key_tokens(self) -> torch.Tensor:
+        return self.window_tokens()
+
+    def key_mask(self) -> None:
+        return None
+
+    def join(self, pieces: torch.Tensor) -> torch.Tensor:
+        """``(B * pieces, slots, D)`` as the model keeps them -> ``(B, tokens, D)`` in the layout's order."""
+        tokens = self.window_tokens()
+        D = pieces.shape[-1]
+        out = pieces.new_zeros(pieces.shape[0] // tokens.shape[0], self.num_tokens, D)
+        out[:, tokens.flatten().to(pieces.device)] = pieces.reshape(out.shape[0], -1, D)
+        return out
+
+
+@dataclass(frozen=True)
+class PartitionedLayout(StagedLayout):
+    """A ``StagedLayout`` whose blocks keep their tokens in the pieces of ``pieces`` (the first block's input):
+    ``join_tokens`` puts a block's output back in the layout's order."""
+
+    pieces: PieceLayout | None = None
+
+    def join_tokens(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
+        """A block's output ``(batch * pieces, slots, D)`` -> ``(batch, tokens, D)``; other shapes as they are."""
+        shape = self.pieces.window_tokens().shape
+        if tokens.dim() == 3 and tuple(tokens.shape[:2]) == (batch * shape[0], shape[1]):
+            return self.pieces.join(tokens)
+        return tokens
+
+
+class _Stop(Exception):
+    """Raised at the first block's input: the codes it holds are read, the forward goes no further."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__()
+        self.hidden = hidden
+
+
+class _Coded(TorchFunctionMode):
+    """Within it, the patch embedding (the first convolution over the whole ``image_hw`` input whose stride is its
+    kernel, unpadded) returns each patch's code ``(p + 1) * scale`` on every channel in place of its features."""
+
+    def __init__(self, image_hw: tuple[int, int], scale: float):
+        super().__init__()
+        self.image_hw, self.scale, self.done = tuple(image_hw), scale, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.done or func is not F.conv2d or tuple(args[0].shape[-2:]) != self.image_hw:
+            return out
+        weight = args[1] if len(args) > 1 else kwargs["weight"]
+        stride = args[3] if len(args) > 3 else (kwargs or {}).get("stride", 1)
+        padding = args[4] if len(args) > 4 else (kwargs or {}).get("padding", 0)
+        stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
+        if stride != tuple(weight.shape[-2:]) or padding not in (0, (0, 0), "valid"):
+            return out
+        self.done = True
+        h, w = out.shape[-2:]
+        codes = (torch.arange(h * w, dtype=out.dtype, device=out.device) + 1).view(1, 1, h, w) * self.scale
+        return codes.expand_as(out).contiguous()
+
+
+def first_block(name: str, modules: dict[str, torch.nn.Module]) -> torch.nn.Module | None:
+    """The block the attention module ``name`` sits in: its nearest ancestor that is an item of a list of blocks
+    (a name part that is an index), or None."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i].isdigit():
+            return modules.get(".".join(parts[:i + 1]))
+    return None
+
+
+def read_pieces(model: torch.nn.Module, block: torch.nn.Module, image_hw: tuple[int, int],
+                channels: int) -> torch.Tensor | None:
+    """``(pieces, slots)``: the code of the patch each slot of ``block``'s input holds (0: a token of the model's
+    own), read from two real forwards of one image of zeros stopped at ``block`` (``probe_forward``: every
+    allocation counted first); None where the input is no such partition (see the module's docstring)."""
+    def stop(module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        raise _Stop(hidden)
+
+    seen = []
+    hook = block.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        for scale in (1.0, 2.0):
+            try:
+                with _Coded(image_hw, scale) as mode:
+                    probe_forward(model, (1, channels, *image_hw), "its forward up to its first block")
+            except _Stop as stopped:
+                if not mode.done or not isinstance(stopped.hidden, torch.Tensor) or stopped.hidden.dim() != 3:
+                    return None
+                seen.append(stopped.hidden.detach().double())
+            except TooManyTokens:  # the probe's own bound, already one line
+                raise
+            except Exception:  # noqa: BLE001 - a forward that fails on codes before its first block: no partition
+                return None
+            else:
+                return None
+    finally:
+        hook.remove()
+    diff = seen[1] - seen[0]  # (pieces, slots, D): each slot's code, the rest cancelled
+    codes = diff[..., 0]
+    tolerance = 1e-3 * max(1.0, float(codes.abs().max()))
+    if (diff - codes[..., None]).abs().max() > tolerance or (codes - codes.round()).abs().max() > tolerance:
+        return None
+    codes = codes.round().long()
+    patches = int(codes.max())
+    held = codes[codes > 0]
+    if patches < 1 or held.numel() != patches or int((codes < 0).sum()) or not torch.equal(
+            held.sort().values, torch.arange(1, patches + 1)):
+        return None
+    return codes
+
+
+def _tokens(codes: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Codes -> the layout's tokens: each 0 a prefix token in the order the pieces hold them, patch ``c`` after
+    them (``prefix + c - 1``); and the prefix's length."""
+    own = codes == 0
+    prefix = int(own.sum())
+    tokens = codes + prefix - 1
+    tokens[own] = torch.arange(prefix)
+    return tokens, prefix
+
+
+def partition_places(model: torch.nn.Module, calls: list[AttentionCall], image_hw: tuple[int, int], channels: int,
+                     grid: tuple[int, int]) -> tuple[PieceLayout, tuple[LayerPlace, ...]] | None:
+    """The first block's pieces and each call's place on them, where its first block's input is a partition of the
+    ``grid``'s patches (``read_pieces``); None where it is not. ValueError (one line) for a call that is neither the
+    pieces nor whole pieces joined."""
+    modules = dict(model.named_modules())
+    block = first_block(calls[0].name, modules)
+    if block is None:
+        return None
+    codes = read_pieces(model, block, image_hw, channels)
+    if codes is None or int(codes.max()) != grid[0] * grid[1]:
+        return None
+    tokens, prefix = _tokens(codes)
+    pieces, slots = tokens.shape
+    places = []
+    for call in calls:
+        joined = pieces // call.batch if call.batch and pieces % call.batch == 0 else 0
+        if not joined or call.queries != call.keys or call.queries != joined * slots:
+            raise ValueError(f"its layer {call.index} ({call.name}) attends over {call.batch} pieces of "
+                             f"{call.queries} tokens, which are not the {pieces} windows of {slots} tokens its "
+                             "first block's input is cut into, nor whole windows of it joined")
+        layout = PieceLayout(tuple(grid), 1, slots=tuple(map(tuple, tokens.reshape(call.batch, -1).tolist())),
+                             prefix=prefix)
+        places.append(LayerPlace(tuple(grid), prefix, tuple(grid), prefix, layout))
+    first = PieceLayout(tuple(grid), 1, slots=tuple(map(tuple, tokens.tolist())), prefix=prefix)
+    return first, tuple(places)
+
+
+def partitioned_layout(pieces: PieceLayout, places: tuple[LayerPlace, ...], image_hw: tuple[int, int]
+                       ) -> PartitionedLayout:
+    """The layout of ``places`` over ``pieces``' prefix and grid, each patch ``image // grid`` pixels."""
+    gh, gw = pieces.grid
+    return PartitionedLayout(pieces.prefix, (image_hw[0] // gh, image_hw[1] // gw), tuple(image_hw),
+                             places=places, pieces=pieces)
