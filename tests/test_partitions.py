@@ -96,6 +96,34 @@ def test_lw_detrs_windowed_and_global_layers_are_its_own_eager_attention_on_the_
         assert not torch.allclose(kept[layer], _placed(own[layer], _transposed(tokens, (4, 6), 0), 24), atol=1e-3)
 
 
+def test_windows_every_layer_joins_are_placed_in_the_order_the_forward_keeps_them(tmp_path):
+    """LW-DETR with no windowed layer still cuts its grid into windows before its encoder, and every (global) layer
+    attends over the windows joined, in window order: a row-major layout would draw every map on the wrong patches.
+    In hand and from its folder (the library road refuses it; its backbone opens on the recorder's road), every
+    layer equals the eager attention placed in window order, and differs from the row-major reading of it."""
+    config = transformers.LwDetrViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                          pretrain_image_size=32, patch_size=8, num_windows=4,
+                                          window_block_indices=[], out_indices=[2])
+    torch.manual_seed(0)
+    model = _widen(transformers.LwDetrViTBackbone(config))
+    eager = _eager(transformers.LwDetrViTBackbone, config, model.state_dict())
+    model.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 48}, image_mean=MEAN, image_std=STD).save_pretrained(
+        tmp_path)
+    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        own = eager(pixel_values=x, output_attentions=True).attentions
+    assert own[0].shape == (1, 2, 24, 24)
+    windows = _window_tokens((4, 6), 2).reshape(1, -1)
+    for checkpoint in (vit.load(model, image_size=(32, 48), mean=MEAN, std=STD), vit.load(tmp_path, device="cpu")):
+        wrapped = checkpoint.model
+        assert wrapped.layout.grid == (4, 6)
+        _, kept = wrapped.run(x, layers=range(2))
+        for layer in range(2):
+            torch.testing.assert_close(kept[layer], _placed(own[layer], windows, 24), atol=1e-5, rtol=0)
+            assert not torch.allclose(kept[layer], own[layer], atol=1e-3)  # the row-major reading
+
+
 def test_rf_detrs_windows_each_with_its_cls_copy_are_its_own_eager_attention(rf_detr):
     model, eager = rf_detr
     checkpoint = vit.load(model, image_size=32, mean=MEAN, std=STD)

@@ -330,6 +330,9 @@ def _placed(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
         except ValueError:
             pass
         raise
+    if grid is None and prefix is None:  # one grid, but its patches taken in windows (LW-DETR, every layer global)
+        reordered = _partitioned(model, calls, mode, image_hw, whole=True)
+        layout = layout if reordered is None else reordered
     return layout, calls, _classifier(out, mode)
 
 
@@ -419,17 +422,27 @@ def _staged(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
     return staged_layout(places, tuple(image_hw))
 
 
-def _partitioned(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, image_hw):
+def _partitioned(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionRecording, image_hw,
+                 whole: bool = False):
     """The layout of windows the model's own code folds into the batch and joins again (``placing.partitions``:
-    LW-DETR's, RF-DETR's), where some call attends over several pieces; None where its first block's input is no
-    partition of the patch grid."""
+    LW-DETR's, RF-DETR's), where some call attends over several pieces, or (``whole``) where every call attends over
+    the whole image but its first block takes the patches in another order than row-major (LW-DETR with no windowed
+    layer: its windows joined, in window order); None where its first block's input is no partition of the patch
+    grid, or (``whole``) holds the patches row-major."""
     from vit.sources.library_road.placing import partitions
 
-    if mode.patch is None or all(c.batch == 1 for c in calls):
+    if mode.patch is None or (not whole and all(c.batch == 1 for c in calls)):
         return None
     grid = (image_hw[0] // mode.patch[0], image_hw[1] // mode.patch[1])
-    found = partitions.partition_places(model, calls, tuple(image_hw), _channels(model), grid)
-    return None if found is None else partitions.partitioned_layout(*found, tuple(image_hw))
+    try:
+        found = partitions.partition_places(model, calls, tuple(image_hw), _channels(model), grid)
+    except ValueError:
+        if whole:  # calls that are not its pieces joined (pooled stages): no reordering of this kind
+            return None
+        raise
+    if found is None or (whole and partitions.in_row_order(torch.tensor(found[0].slots) + 1 - found[0].prefix)):
+        return None
+    return partitions.partitioned_layout(*found, tuple(image_hw))
 
 
 def _declared(module: torch.nn.Module, *names: str):

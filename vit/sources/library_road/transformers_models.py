@@ -346,7 +346,8 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
     # no data
-    problem = _layout_problem(wrapped, channels, own_size) if meta else _pieces_problem(wrapped, channels)
+    problem = (_layout_problem(wrapped, channels, own_size) if meta else
+               _pieces_problem(wrapped, channels) or _order_problem(wrapped, channels))
     if problem:
         raise SourceError(f"{folder}: {problem}")
     classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
@@ -394,6 +395,19 @@ def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
 
     return next((m for m in model.modules() if m is not model and isinstance(m, PreTrainedModel)
                  and (getattr(type(m), "_supports_attention_backend", False) or calls_interface(type(m)))), None)
+
+
+def _order_problem(model: LibraryModel, channels: int) -> str | None:
+    """Where the model's first block takes the patches in another order than the row-major one the layout places
+    (``partitions.order_problem``: LW-DETR's windows, kept by a config whose every layer is global), why, in one line
+    (the recorder's road then places them as the forward orders them); else None. Windowed layouts place their own."""
+    from vit.sources.library_road.placing import partitions
+
+    if model.layout.windows:
+        return None
+    names = {m: n for n, m in model.entry.named_modules()}
+    first = names.get(model._attention[0])
+    return None if first is None else partitions.order_problem(model.entry, first, model.layout.image_hw, channels)
 
 
 def _pieces_problem(model: LibraryModel, channels: int) -> str | None:

@@ -169,6 +169,26 @@ def read_pieces(model: torch.nn.Module, block: torch.nn.Module, image_hw: tuple[
     return codes
 
 
+def in_row_order(codes: torch.Tensor) -> bool:
+    """Whether ``codes`` (``read_pieces``) are one piece holding the patches row-major, whatever tokens of the model's
+    own stand among them (a CLS first, registers): what every layout but a partition's places."""
+    held = codes[codes > 0]
+    return codes.shape[0] == 1 and torch.equal(held, torch.arange(1, held.numel() + 1))
+
+
+def order_problem(model: torch.nn.Module, attention_name: str, image_hw: tuple[int, int],
+                  channels: int) -> str | None:
+    """Where the block of the attention module ``attention_name`` takes the patches in another order than row-major
+    (LW-DETR's windows cut before its encoder, kept in window order by a config whose every layer is global), what a
+    row-major layout would misplace, in one line; else None (no partition found, or the patches in row order)."""
+    block = first_block(attention_name, dict(model.named_modules()))
+    codes = None if block is None else read_pieces(model, block, image_hw, channels)
+    if codes is None or in_row_order(codes):
+        return None
+    return (f"its first block takes its patches in {codes.shape[0]} piece(s) in another order than row-major (windows "
+            "its forward cuts), not the patches the library road places")
+
+
 def _tokens(codes: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Codes -> the layout's tokens: each 0 a prefix token in the order the pieces hold them, patch ``c`` after
     them (``prefix + c - 1``); and the prefix's length."""
