@@ -8,7 +8,10 @@ as above; ``--compare spinner``: the same two, each load a page of one spinner h
 what a browser test waits through while the app computes). ``--compare waits``: the explorer's first page, then
 20 s of waiting for a text the page does not show, by ``expect(locator).to_be_visible()`` against
 ``locator.wait_for()``, Chromium's and Playwright's driver's CPU (on each poll that finds nothing, expect takes an
-ARIA snapshot of the whole page for its error message).
+ARIA snapshot of the whole page for its error message). ``--compare cache``: each load in a context of its own (what
+every browser test does: an off-the-record context, its HTTP cache and V8's code cache its own, so every page parses
+and compiles Streamlit's bundle again) against every load a new page of one persistent profile (one cache); both held
+still.
 
     python bench/bench_browser_launch.py --loads 4 --rounds 2 \
         --out bench/results/cpu-2026-11-27/suite-browser-launch.txt
@@ -20,6 +23,8 @@ ARIA snapshot of the whole page for its error message).
         --out bench/results/cpu-2026-11-28/suite-browser-spinner.txt
     python bench/bench_browser_launch.py --compare waits --loads 1 --rounds 3 \
         --out bench/results/cpu-2026-11-28/suite-browser-waits.txt
+    python bench/bench_browser_launch.py --compare cache --loads 3 --rounds 2 \
+        --out bench/results/cpu-2026-11-29e/browser-cache-per-context.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
@@ -48,7 +53,8 @@ EXPLORER_PAGE = "the explorer's first page, drawn"
 WAIT_S = 20
 PAGES = {"launch": EXPLORER_PAGE, "flags": EXPLORER_PAGE, "animations": EXPLORER_PAGE,
          "spinner": f"a page of one spinner, {SPINNER_S} s",
-         "waits": f"{EXPLORER_PAGE}, then {WAIT_S} s of waiting for a text it does not show"}
+         "waits": f"{EXPLORER_PAGE}, then {WAIT_S} s of waiting for a text it does not show",
+         "cache": EXPLORER_PAGE}
 SPINNER_APP = f"""import time
 import streamlit as st
 with st.spinner("Working"):
@@ -57,7 +63,8 @@ st.write("Done")
 """
 VARIANTS = {"launch": ("launched per load", "shared"), "flags": ("base (no RENDER_ARGS)", "CHROMIUM_ARGS"),
             "animations": ("moving animations", "still"), "spinner": ("moving animations", "still"),
-            "waits": ("expect(...).to_be_visible()", "locator.wait_for()")}
+            "waits": ("expect(...).to_be_visible()", "locator.wait_for()"),
+            "cache": ("contexts (one per load)", "profile (one, a page per load)")}
 
 
 def loads(url: str, variant: str, count: int) -> None:
@@ -85,6 +92,18 @@ def loads(url: str, variant: str, count: int) -> None:
             pass
 
     with sync_playwright() as playwright:
+        if variant == "profile":  # one persistent profile: its HTTP cache and code cache shared by every load
+            with tempfile.TemporaryDirectory() as profile:
+                context = playwright.chromium.launch_persistent_context(
+                    profile, executable_path=str(CHROMIUM), args=args, viewport=VIEWPORT)
+                context.add_init_script(STILL_SCRIPT)
+                for _ in range(count):
+                    page = context.new_page()
+                    load(page)
+                    page.close()
+                context.close()
+            return
+
         def launch():
             return playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
 
@@ -92,7 +111,7 @@ def loads(url: str, variant: str, count: int) -> None:
         for _ in range(count):
             browser = shared or launch()
             context = browser.new_context(viewport=VIEWPORT)
-            if variant == "still" or variant in VARIANTS["waits"]:
+            if variant in ("still", "contexts") or variant in VARIANTS["waits"]:
                 context.add_init_script(STILL_SCRIPT)
             load(context.new_page())
             context.close()

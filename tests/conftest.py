@@ -77,6 +77,10 @@ MEMORY_MODULES = ("test_costs", "test_layout_memory", "test_checkpointed_states"
 # GPU-lease scripts' trainings and the measured peaks
 SCENARIO_MODULES = (*MEMORY_MODULES, "test_gpu_lease_scripts", "test_gpu_session")
 RAY_TIMEOUT_S = 480  # the deadline of a test on the Ray cluster (pyproject.toml's timeout is every other test's)
+# Every test this process collected, as (id, item), its scenarios marked, before ``--quick``, ``-k`` or ``-m`` left any
+# out: where that is the whole suite (every xdist worker collects it in the README's command) the lanes' test reads the
+# lane from it rather than collecting the suite again in a pytest of its own (~20 s of CPU: issue 112)
+COLLECTED = pytest.StashKey[list]()
 
 
 def _group(module, items) -> str | None:
@@ -152,6 +156,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if scenario(item):
             item.add_marker(pytest.mark.scenario)
+    if config in _CONFIG:  # the session's own collection, before any deselection (tests/test_lanes.py reads it)
+        config.stash[COLLECTED] = [(item.nodeid, item) for item in items]
     if getattr(config.option, "quick", False):
         kept = [item for item in items if quick(item)]
         config.hook.pytest_deselected(items=[item for item in items if not quick(item)])

@@ -1,15 +1,15 @@
 """The app server the browser modules share, and the page steps they repeat (issue 112).
 
-Six browser modules served the same world, each from a server of its own: the tiny random model under the default
+Seven browser modules served the same world, each from a server of its own: the tiny random model under the default
 name with its sample (test_browser_explorer, _map_labels, _library_reload, _reload_pages, _share's link) and models
-opened by path on a server without a token (_reload_pages, _ask_vlm, _library_reload, _vlm_words). ``serve_local_app``
-is that server, started once per test process by the session fixture ``local_app`` (tests/conftest.py): the browser
-modules run on one xdist worker (their group, tests/conftest.py ``_group``), so one start and one load of each model
-(the app caches them by path) where there were six. It stops after the run's last test that asks for it
-(``stop_after``), as the worker's Chromium stops with its last browser test, not idle beside every later test. Each
-test still opens its pages in browser contexts of its own: a new Streamlit session, no cookie, no storage. A module
-whose check needs a server of its own (a token, a counted run, a watched memory peak, a fresh interpreter, a world of
-its own: hostile class names, an empty checkpoints folder) keeps starting one.
+opened by path on a server without a token (_reload_pages, _ask_vlm, _library_reload, _vlm_words, _concepts).
+``serve_local_app`` is that server, started once per test process by the session fixture ``local_app``
+(tests/conftest.py): the browser modules run on one xdist worker (their group, tests/conftest.py ``_group``), so one
+start and one load of each model (the app caches them by path) where there were seven. It stops after the run's last
+test that asks for it (``stop_after``), as the worker's Chromium stops with its last browser test, not idle beside
+every later test. Each test still opens its pages in browser contexts of its own: a new Streamlit session, no cookie,
+no storage. A module whose check needs a server of its own (a token, a counted run, a watched memory peak, a fresh
+interpreter, a world of its own: hostile class names, an empty checkpoints folder) keeps starting one.
 """
 
 from __future__ import annotations

@@ -73,7 +73,11 @@ def main_select(at, label: str):
     return found
 
 
+@functools.cache
 def answer_of(folder, length: int = LENGTH):
+    """The API's answer to ``QUESTION`` about ``picture()`` (the page's reference): computed once per folder (the
+    module's own, tiny) and length, read-only in every test that compares with it (issue 112: it was opened and
+    generated again in each of 14 tests)."""
     return vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=length)
 
 

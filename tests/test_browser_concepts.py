@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import chromium, streamlit_app
+from helpers import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("transformers")
@@ -22,17 +22,11 @@ TIMEOUT_MS = 180_000  # the model loads on two busy cores
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One app server for the module's tests (each opens its own model folder, in sessions of its own): its start is
-    paid once, not per test (issue 112)."""
-    tmp_path = tmp_path_factory.mktemp("concepts")
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    checkpoints.mkdir()
-    runs.mkdir()
-    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
-           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
-    with streamlit_app(env, unset=("VIT_TRAIN_TOKEN",)) as (url, _):
-        yield url
+def server(local_app):
+    """The app server the browser modules share (tests/shared_app.py: no token, so a visitor opens a folder by its
+    path); each test opens its own model folder by its link, in sessions of its own. Its start and the app's first
+    imports are paid once for every browser module, not by this one (issue 112)."""
+    return local_app.url
 
 
 def exported_map(page, tmp_path: Path, name: str) -> np.ndarray:

@@ -98,11 +98,46 @@ def test_the_budget_fails_a_lane_that_grew_or_a_suite_whose_median_test_grew():
     assert lanes.median_cpu_problem(costly[:10]) is None  # a selection of tests is not the suite
 
 
-@pytest.mark.slow
-def test_the_everyday_lane_is_within_its_budget_and_holds_no_scenario_or_slow_test(tmp_path):
-    """Long (~19 s of CPU) because it collects the whole suite (every test module imported) in a fresh pytest, once."""
-    # One collection of the whole suite (tests/lane_probe.py): the lane --quick prints, and every collected test's
-    # scenario and slow marks as -m "scenario or slow" reads them (two collections cost twice its ~14 s of CPU)
+HEAVY = {"scenario", "slow"}  # the marks the lane leaves out (tests/lane_probe.py's)
+
+
+def whole_collection(config) -> list | None:
+    """(id, item) of every test this pytest collected (tests/conftest.py's ``COLLECTED``) where that is the whole
+    suite: no paths given but the suite's own (pyproject's ``testpaths``), no file left out (``--ignore``, ``--lf``),
+    every test module among them; else None. ``-k``, ``-m``, ``--quick`` and ``--deselect`` act after it is kept."""
+    import conftest
+
+    found = config.stash.get(conftest.COLLECTED, None)
+    option = config.option
+    if (found is None or [Path(a).resolve() for a in config.args] != [REPOSITORY / "tests"]
+            or getattr(option, "lf", False) or getattr(option, "ignore", None) or getattr(option, "ignore_glob", None)
+            or getattr(option, "stepwise", False)):
+        return None
+    files = {test.partition("::")[0] for test, _ in found}
+    return found if files == {f"tests/{path.name}" for path in (REPOSITORY / "tests").glob("test_*.py")} else None
+
+
+def test_the_lane_is_read_from_this_runs_collection_only_where_that_is_the_whole_suite():
+    import conftest
+
+    files = sorted((REPOSITORY / "tests").glob("test_*.py"))
+    every = [(f"tests/{path.name}::test_x", object()) for path in files]
+
+    def config(found, args=("tests",), **options):
+        stash = {conftest.COLLECTED: found} if found is not None else {}
+        option = type("Option", (), {"lf": False, "ignore": None, "ignore_glob": None, "stepwise": False, **options})
+        return type("Config", (), {"stash": stash, "args": [str(REPOSITORY / a) for a in args], "option": option})
+
+    assert whole_collection(config(every)) is every
+    assert whole_collection(config(every[1:])) is None  # a module not collected (an --ignore, a skipped file)
+    assert whole_collection(config(every, args=("tests/test_lanes.py",))) is None  # a path given: a selection
+    assert whole_collection(config(every, lf=True)) is None
+    assert whole_collection(config(None)) is None  # nothing kept (a pytest without this conftest's hook)
+
+
+def probe_lane(tmp_path) -> tuple[set[str], set[str], set[str]]:
+    """(every test, the lane, the scenarios and slow tests) of one ``--collect-only --quick`` of the whole suite in a
+    fresh pytest (tests/lane_probe.py), the lane it printed checked against the one the probe saw."""
     probe = tmp_path / "probe.json"
     env = {**os.environ, "VIT_LANE_PROBE": str(probe),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY / "tests"), os.environ.get("PYTHONPATH")]))}
@@ -112,8 +147,24 @@ def test_the_everyday_lane_is_within_its_budget_and_holds_no_scenario_or_slow_te
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lane = {line for line in done.stdout.splitlines() if "::" in line}
     found = json.loads(probe.read_text())
-    collected, heavy = set(found["collected"]), set(found["heavy"])
-    assert set(found["lane"]) == lane and lane <= collected
+    assert set(found["lane"]) == lane
+    return set(found["collected"]), lane, set(found["heavy"])
+
+
+@pytest.mark.slow
+def test_the_everyday_lane_is_within_its_budget_and_holds_no_scenario_or_slow_test(request, tmp_path):
+    """Long (~19 s of CPU) where this run did not collect the whole suite: it collects it in a fresh pytest, once;
+    in the README's whole run it reads the collection the run made (~0 s)."""
+    import conftest
+
+    found = whole_collection(request.config)
+    if found is None:  # one collection of the whole suite, the lane --quick prints, and every test's marks
+        collected, lane, heavy = probe_lane(tmp_path)
+    else:  # the lane is what --quick keeps of this collection (conftest's ``quick``), the heavy by their marks
+        collected = {test for test, _ in found}
+        lane = {test for test, item in found if conftest.quick(item)}
+        heavy = {test for test, item in found if HEAVY & {mark.name for mark in item.iter_markers()}}
+    assert lane <= collected
     assert not lane & heavy
     assert 1000 < len(lane) <= lanes.LANE_MAX_TESTS
     # what the lane leaves out is the scenarios and the slow tests, nothing else
