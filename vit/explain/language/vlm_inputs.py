@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from vit.costs.processors import check_processor
+from vit.explain.language.vlm_encoder_decoder import reads_image_alone
 
 MAX_QUESTION_CHARS = 2000
 
@@ -39,6 +40,11 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
     text = question if prompt is None else prompt
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
+    if reads_image_alone(vlm):  # the question is the decoder's prompt (Pix2Struct's, Donut's)
+        from vit.explain.language.vlm_encoder_decoder import decoder_prompted
+
+        check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
+        return _in_model_dtype(vlm, decoder_prompted(vlm, images, text))
     if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
         # the processor adds the rest of its prompt (Florence-2's its image tokens too, and its task prompts)
         text = (processor.image_token * len(images) if vlm.model_type == "paligemma" else "") + question
