@@ -1,14 +1,14 @@
 """Every reading on every VLM family the suite builds (issue 113, item 3): each works, or is refused in one line.
 
 For each tiny VLM family the other VLM tests build (``test_vlm_answer._build``'s kinds, ``test_vlm_any``'s types nobody
-names, BLIP-2's learned queries, the census builder's encoder-decoders and Idefics), one short question is asked and every reading of ``VLMAnswer`` is called on the first
-answer token: the attention, gradient x attention at a layer and its rollout, AttnLRP, TAM, the logit lens, a region's
-ablation and patching (at the image and inside the language model), the knockout, the visual sinks (and the map
-without them), the localization and visual heads and captum's segments; the maps also on the overview beside a tiled
-image's tiles (refused where the image was read in one view). Each must return a finite result of its documented
-shape, or raise the project's own one-line refusal: a ``ValueError`` raised by ``vit/`` itself (never an
-AttributeError, an IndexError, or transformers' own ValueError passed through). The refusals are printed (``-s``)
-as the family x reading table."""
+names, BLIP-2's learned queries, the census builder's encoder-decoders and Idefics), one short question is asked and
+every reading of ``VLMAnswer`` is called on the first answer token: the attention, gradient x attention at a layer and
+its rollout, AttnLRP, TAM, the logit lens, a region's ablation and patching (at the image and inside the language
+model), the knockout, the visual sinks (and the map without them), the localization and visual heads and captum's
+segments; the maps also on the overview beside a tiled image's tiles (refused where the image was read in one view).
+Each must return a finite result of its documented shape, or raise the project's own one-line refusal: a ``ValueError``
+raised by ``vit/`` itself (never an AttributeError, an IndexError, or transformers' own ValueError passed through). The
+refusals are printed (``-s``) as the family x reading table."""
 import sys
 import traceback
 from pathlib import Path
