@@ -57,18 +57,20 @@ def reads_tower_states(vlm) -> bool:
 def decoder_prompted(vlm, images, text: str):
     """The processor's inputs for ``images`` and the question ``text`` of a model whose encoder reads the image
     alone: the question is the decoder's prompt, as the processor gives it (Pix2Struct's ``decoder_input_ids``),
-    else the tokenizer's ids of it without special tokens (Donut's documented prompting of its decoder), where the
-    processor keeps the text as training ``labels`` (a TrOCR processor's) or takes none (PP-FormulaNet's);
+    else the tokenizer's ids of it without special tokens (Donut's documented prompting of its decoder) beside the
+    processor's pixels alone, where it makes the text training ``labels`` or ``input_ids`` (a TrOCR or Donut
+    processor's) or takes none (PP-FormulaNet's);
     ``generate`` puts the decoder's start token before it where the model wants one."""
     from vit.explain.language.vlm_inputs import processed
 
-    takes_text = "text" in inspect.signature(vlm.processor.__call__).parameters
-    inputs = processed(vlm, images=images, **({"text": text} if takes_text else {}))
-    inputs.pop("labels", None)
-    if "decoder_input_ids" not in inputs:
-        ids = vlm.processor.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        if ids.shape[-1]:
-            inputs["decoder_input_ids"] = ids
+    if "text" in inspect.signature(vlm.processor.__call__).parameters:
+        inputs = processed(vlm, images=images, text=text)
+        if "decoder_input_ids" in inputs:
+            return inputs
+    inputs = processed(vlm, images=images)  # the encoder's alone: a text of the processor's would be labels or ids
+    ids = vlm.processor.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    if ids.shape[-1]:
+        inputs["decoder_input_ids"] = ids
     return inputs
 
 
@@ -102,7 +104,8 @@ def encoder_layout(vlm, inputs) -> ImageLayout:
         raise ValueError(f"its processor gave pixel_values of shape {shape}, not one view of the image; its "
                          "encoder's states cannot be placed")
     ph, pw = vlm.patch_hw
-    grid = (pixels.shape[-2] // ph, pixels.shape[-1] // pw)
+    # the patches the encoder reads: a side the patch does not divide is padded to a whole patch (Swin's)
+    grid = (-(-pixels.shape[-2] // ph), -(-pixels.shape[-1] // pw))
     missing = getattr(vlm.tower, "missing", "")  # its states cover no patch (Idefics' perceiver latents)
     return ImageLayout(torch.zeros(0, dtype=torch.long), grid, 1, 0,
                        unplaced=PENDING + (f": {missing}" if missing else ""))
@@ -131,8 +134,9 @@ def flattened_layout(patches: torch.Tensor, mask: torch.Tensor | None = None) ->
 def settle(layout: ImageLayout, states: int) -> ImageLayout:
     """A pending layout (``encoder_layout`` of a pixel tensor) once the encoder has run over ``states`` states: the
     whole unit of patches a side (1 to ``MAX_UNIT``) and the leading states (``LEADS``) that give their count over
-    its grid, its states row-major (a ViT's, a Swin's last stage); else one list over the states, ``unplaced`` naming
-    the counts. A layout not pending is returned as it is."""
+    its grid, its states row-major (a ViT's, a Swin's last stage: a side its merges do not divide padded past the
+    image's last patch, so its last units cover the patches left); else one list over the states, ``unplaced``
+    naming the counts. A layout not pending is returned as it is."""
     if not (layout.unplaced or "").startswith(PENDING):
         return layout
     gh, gw = layout.grid
@@ -142,11 +146,15 @@ def settle(layout: ImageLayout, states: int) -> ImageLayout:
         return replace(layout, positions=positions, grid=(1, states),
                        unplaced=f"its image tokens are not placed on the image: {missing}")
     for unit in range(1, MAX_UNIT + 1):
-        if gh % unit or gw % unit:
+        rows, cols = -(-gh // unit), -(-gw // unit)  # a merge pads an odd side (Swin's): its last unit part padding
+        lead = states - rows * cols
+        if lead not in LEADS:
             continue
-        lead = states - (gh // unit) * (gw // unit)
-        if lead in LEADS:
+        if gh % unit == 0 and gw % unit == 0:
             return replace(layout, positions=positions, unit=unit, lead=lead, unplaced=None)
+        r, c = torch.arange(gh)[:, None], torch.arange(gw)[None, :]
+        return replace(layout, positions=positions, unit=unit, lead=lead, unplaced=None,
+                       index=lead + (r // unit) * cols + c // unit)  # (gh, gw) the state over each patch
     return replace(layout, positions=positions, grid=(1, states), unplaced=(
         f"its image tokens are not placed on the image: its encoder's {states} states are not whole units of "
         f"patches over its {gh}x{gw} patch grid"))
