@@ -1,7 +1,7 @@
 """Encoder-decoder VLMs and cross-attending decoders answer by what they have (issue 113): a decoder whose
 cross-attention reads an encoder's image tokens (Pix2Struct, PP-FormulaNet, a VisionEncoderDecoder of ViT or
 Donut-Swin under BERT) or a tower's states (Idefics' gated cross-attention layers), found by its layers
-(``vit.core.decoder_stack``), never by a name. Each tiny model is built by transformers with its own processor
+(``vit.core.recording_attention``), never by a name. Each tiny model is built by transformers with its own processor
 (the census's generic builder, ``bench/census_vlm.py``, or by hand) and saved whole; its answer is transformers'
 greedy ``generate`` on the folder (its own generation config: Pix2Struct's sets ``use_cache`` false, the answer is
 generated with the cache and is the same tokens), each answer token's cross-attention row at every decoder layer is
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from vit.core.decoder_stack import cross_layers, cross_module, decoder_layers
-from vit.explain.language.vlm_encoder_decoder import PENDING, flattened_layout, settle
+from vit.core.recording_attention import cross_layers, cross_module, decoder_layers
 from vit.explain.language.vlm_layouts import ImageLayout
+from vit.explain.language.vlm_read_layout import PENDING, flattened_layout, settle
 
 ATOL = 1e-5
 QUESTION = "what is this ?"

@@ -40,14 +40,6 @@ from vit.core.progress import Progress, Stop
 from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
 from vit.explain.language.vlm_cache import cache_sources, cache_windows, latent_layers
-from vit.explain.language.vlm_encoder_decoder import (
-    encoder_layout,
-    prompt_length,
-    reads_prompt_unmarked,
-    reads_tower_states,
-    settled,
-    with_decoder_prompt,
-)
 from vit.explain.language.vlm_inputs import (  # noqa: F401 - importable from here, as before the split
     MAX_QUESTION_CHARS,
     PROCESSOR_PROMPTS,
@@ -65,6 +57,14 @@ from vit.explain.language.vlm_layouts import (
     ImageLayout,
     clip_layouts,
     image_layouts,
+)
+from vit.explain.language.vlm_read_layout import (
+    encoder_layout,
+    prompt_length,
+    reads_prompt_unmarked,
+    reads_tower_states,
+    settled,
+    with_decoder_prompt,
 )
 from vit.registry import VLM_ARCHITECTURES
 

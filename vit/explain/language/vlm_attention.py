@@ -13,8 +13,16 @@ import contextlib
 import torch
 
 from vit.core import recording_attention
-from vit.core.decoder_stack import cross_layers, cross_module, decoder_layers
-from vit.core.recording_attention import _RECORDING, ROWS, RULES, attention_of, route_attention
+from vit.core.recording_attention import (
+    _RECORDING,
+    ROWS,
+    RULES,
+    attention_of,
+    cross_layers,
+    cross_module,
+    decoder_layers,
+    route_attention,
+)
 
 __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording",
            "attention_layers", "cross_attending", "linear_layers"]
@@ -75,7 +83,7 @@ def attention_layers(language_model) -> list[tuple[int, object]]:
 def cross_attending(language_model) -> bool:
     """Whether the language model reads the image through cross-attention layers (``CROSS``: Llama 3.2 Vision's,
     Idefics' gated layers, the decoder's of an encoder-decoder such as Florence-2's BART, Pix2Struct's T5 or a
-    VisionEncoderDecoder's), not through image tokens in its sequence (``vit.core.decoder_stack.cross_layers``)."""
+    VisionEncoderDecoder's), not through image tokens in its sequence (``recording_attention.cross_layers``)."""
     return cross_layers(language_model) is not None
 
 

@@ -87,7 +87,7 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     suffix of its prefix-LM, not part of the bidirectional prefix), ``mm_token_type_ids`` with zeros."""
     inputs = dict(prepared.inputs)  # without PaliGemma's processor's labels (``vlm_answer.prompt_inputs``)
     if getattr(vlm.model.config, "is_encoder_decoder", False):  # Florence-2: the answer is the decoder's input
-        from vit.explain.language.vlm_encoder_decoder import decoder_prompt
+        from vit.explain.language.vlm_read_layout import decoder_prompt
 
         prompt = decoder_prompt(vlm, inputs)  # its start token, and the question where it is the decoder's prompt
         inputs["decoder_input_ids"] = torch.cat([prompt, torch.tensor([tokens[:i]], dtype=prompt.dtype)], dim=-1)

@@ -18,8 +18,14 @@ import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
-from vit.core.decoder_stack import cross_layers, cross_module, cross_named, decoder_layers, decoder_of
-from vit.core.recording_attention import attention_of
+from vit.core.recording_attention import (
+    attention_of,
+    cross_layers,
+    cross_module,
+    cross_named,
+    decoder_layers,
+    decoder_of,
+)
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types this project names
 from vit.registry import vlm_architecture
 from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
