@@ -229,6 +229,22 @@ def test_a_folder_whose_generation_config_sets_use_cache_false_answers_with_the_
     assert len(_answer(folder, _picture()).tokens) == NEW_TOKENS
 
 
+@pytest.mark.slow
+def test_use_cache_false_is_refused_in_one_line_where_the_model_keeps_no_cache(folders, monkeypatch):
+    """Where transformers says the class cannot build generate's cache, the folder's use_cache false stands: refused
+    in one line, as before any weight is used."""
+    import transformers
+
+    import vit
+
+    monkeypatch.setattr(transformers.Pix2StructForConditionalGeneration, "_supports_default_dynamic_cache",
+                        classmethod(lambda cls: False))
+    with pytest.raises(ValueError, match=r"is refused: its generation_config.json sets use_cache false and its "
+                                         r"Pix2StructForConditionalGeneration keeps no cache transformers' generate "
+                                         r"builds[^\n]*$"):
+        vit.open_vlm(folders("pix2struct"))
+
+
 def _mean_row(out, i: int, k: int) -> np.ndarray:
     return out.cross_attentions[i][k][0, :, -1].mean(0).numpy()
 
