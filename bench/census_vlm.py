@@ -90,7 +90,8 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          "linear_num_value_heads": 4, "hidden_size_per_layer_input": 8,
          # OPT's (BLIP-2's) embeddings' width, projected to hidden_size; Kosmos' ffn_dim; Kimi K2.5's projector's
          "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32,
-         "downsample_channels": 32}  # the last: DeepSeek-OCR 2's SAM widths, the last its encoder's hidden size
+         "downsample_channels": 32,  # DeepSeek-OCR 2's SAM widths, the last its encoder's hidden size
+         "decoder_hidden_size": 32}  # PP-FormulaNet's vision projector's output: its decoder's d_model
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
@@ -179,6 +180,8 @@ def _shrunk(config: dict) -> dict:
         else:
             out[key] = value
     new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)
+    if _whole(out.get("d_kv")) and new_hidden and new_heads:  # T5's head width (Pix2Struct's): the width over the heads
+        out["d_kv"] = new_hidden // new_heads
     if "head_dim" in out and (out["head_dim"] is None or _whole(out["head_dim"]) and out["head_dim"] > 0) \
             and new_hidden and new_heads:
         out["head_dim"] = new_hidden // new_heads
@@ -482,6 +485,9 @@ def generic_build(model_type: str):
     rope_per_kind(config, model_class)
     _token_ids(config, processor, words, len(words), expanded)
     _marker_ids(config, processor, words)
+    if config.get("is_encoder_decoder") and not _whole(config.get("decoder_start_token_id")):
+        # the decoder's first token, which every checkpoint states (a VisionEncoderDecoder's default has none)
+        config["decoder_start_token_id"] = words.bos_token_id if words.bos_token_id is not None else words.pad_token_id
     side = pinpoint_side(processor) or _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to
@@ -716,10 +722,11 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
             with torch.no_grad():
                 out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
                                          output_attentions=True, return_dict_in_generate=True)
-            # an encoder-decoder's (Florence-2's): the decoder's sequence after its start token; else after the prompt
+            # after the prompt: generate's steps are its last tokens (an encoder-decoder's decoder prompt, its start
+            # token and the processor's decoder_input_ids, before them)
             decoder = getattr(reference.config, "is_encoder_decoder", False)
-            first = 1 if decoder else inputs["input_ids"].shape[1]
-            expected = out.sequences[0, first:].tolist()
+            steps = out.decoder_attentions if decoder else out.attentions
+            expected = out.sequences[0, out.sequences.shape[1] - len(steps):].tolist()
         except TimeLimit:
             raise
         except Exception as error:  # noqa: BLE001
@@ -730,7 +737,7 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
                        message=f"{list(answer.tokens)} vs {expected}")
             return row
         try:
-            row["eager_max"] = None if decoder else eager_difference(answer, out)
+            row["eager_max"] = cross_difference(answer, out) if decoder else eager_difference(answer, out)
         except (IndexError, RuntimeError) as error:  # rows the census cannot line up: said, not hidden
             row.update(eager_max=None, eager_note=one_line(error)[:200])
         if row["eager_max"] is not None and row["eager_max"] > EAGER_ATOL:
@@ -767,6 +774,8 @@ def eager_difference(answer, out) -> float | None:
     # reads those alone, its k-th layer is the k-th of them, its row the whole eager row over the tower's states
     cross = [layer for layer, weights in enumerate(out.attentions[0])
              if weights is not None and weights.shape[-1] != weights.shape[-2]]
+    if not cross and cross_reads(answer):
+        return None  # its answer reads cross-attention layers whose rows generate does not return (Idefics')
     if cross and answer.layers == len(cross):
         return max(float(np.abs(answer.image_rows(i, k).numpy() - out.attentions[i][layer][0, :, -1].float().numpy())
                          .max()) for i in range(len(answer.tokens)) for k, layer in enumerate(cross))
@@ -785,6 +794,25 @@ def eager_difference(answer, out) -> float | None:
                                  axis=-1) if len(answer.layouts) > 1 else answer.image_rows(i, layer).numpy()
             largest = max(largest, float(np.abs(got - expected).max()))
     return largest
+
+
+def cross_reads(answer) -> bool:
+    """Whether the answer's rows are a cross-attention's over the tower's states (not the prompt's tokens)."""
+    from vit.explain.language.vlm_attention import cross_attending
+
+    return cross_attending(answer._source[0].language_model)
+
+
+def cross_difference(answer, out) -> float | None:
+    """An encoder-decoder's: the largest difference between each answer token's whole cross-attention row over the
+    encoder's states at every decoder layer and the eager ``generate``'s (``out.cross_attentions``, its last query);
+    None where the answer's layers are not the decoder's every layer."""
+    import numpy as np
+
+    if not out.cross_attentions or answer.layers != len(out.cross_attentions[0]):
+        return None
+    return max(float(np.abs(answer.row(i, k).numpy() - out.cross_attentions[i][k][0, :, -1].float().numpy()).max())
+               for i in range(len(answer.tokens)) for k in range(answer.layers))
 
 
 def totals(rows: list[dict]) -> dict:

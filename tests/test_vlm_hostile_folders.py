@@ -161,7 +161,6 @@ def test_a_config_that_keeps_every_layers_attention_is_refused(base, tmp_path, n
 
 @pytest.mark.parametrize(("setting", "message"), [({"num_return_sequences": 8}, "asks for 8 answers at once"),
                                                   ({"guidance_scale": 3.0}, "sets guidance_scale"),
-                                                  ({"use_cache": False}, "sets use_cache false"),
                                                   ({"prompt_lookup_num_tokens": 10}, "sets prompt_lookup_num_tokens")])
 def test_a_generation_config_that_generates_otherwise_than_counted_is_refused(base, tmp_path, nothing_built,
                                                                               setting, message):

@@ -1,14 +1,14 @@
 """Every reading on every VLM family the suite builds (issue 113, item 3): each works, or is refused in one line.
 
 For each tiny VLM family the other VLM tests build (``test_vlm_answer._build``'s kinds, ``test_vlm_any``'s types nobody
-names, BLIP-2's learned queries), one short question is asked and every reading of ``VLMAnswer`` is called on the first
-answer token: the attention, gradient x attention at a layer and its rollout, AttnLRP, TAM, the logit lens, a region's
-ablation and patching (at the image and inside the language model), the knockout, the visual sinks (and the map
-without them), the localization and visual heads and captum's segments; the maps also on the overview beside a tiled
-image's tiles (refused where the image was read in one view). Each must return a finite result of its documented
-shape, or raise the project's own one-line refusal: a ``ValueError`` raised by ``vit/`` itself (never an
-AttributeError, an IndexError, or transformers' own ValueError passed through). The refusals are printed (``-s``)
-as the family x reading table."""
+names, BLIP-2's learned queries, the census builder's encoder-decoders and Idefics), one short question is asked and
+every reading of ``VLMAnswer`` is called on the first answer token: the attention, gradient x attention at a layer and
+its rollout, AttnLRP, TAM, the logit lens, a region's ablation and patching (at the image and inside the language
+model), the knockout, the visual sinks (and the map without them), the localization and visual heads and captum's
+segments; the maps also on the overview beside a tiled image's tiles (refused where the image was read in one view).
+Each must return a finite result of its documented shape, or raise the project's own one-line refusal: a ``ValueError``
+raised by ``vit/`` itself (never an AttributeError, an IndexError, or transformers' own ValueError passed through). The
+refusals are printed (``-s``) as the family x reading table."""
 import sys
 import traceback
 from pathlib import Path
@@ -23,6 +23,7 @@ from test_vlm_answer import QUESTION, _build, noisy, picture, tokenizer  # noqa:
 from test_vlm_any import build as build_any  # noqa: E402
 
 import vit  # noqa: E402
+from bench.census_vlm import generic_build  # noqa: E402
 
 VIT = Path(vit.__file__).resolve().parent
 NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma3_pas",
@@ -31,7 +32,9 @@ NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_mo
        "llava_onevision_2", "internvl_tiles", "idefics3", "smolvlm", "molmo2", "mllama", "florence2"]
 # Types whose canvas the processor's own code chooses (test_vlm_canvases): built by the census's generic builder
 CANVASED = ["perception_lm", "granite4_vision", "nemotron_h_omni", "unlimited_ocr"]
-FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2"] + CANVASED
+# the census's generic builder's: encoder-decoders whose encoder reads the image alone, Idefics' gated cross-attention
+GENERIC = ["pix2struct", "vision-encoder-decoder", "pp_formulanet", "idefics"]
+FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2"] + CANVASED + GENERIC
 BOX = (0, 0, 1, 1)  # one patch, top left, on every grid
 REFUSED: dict[tuple[str, str], str] = {}  # (family, reading): the one-line refusal, printed at the module's end
 
@@ -62,13 +65,9 @@ def folders(tmp_path_factory):
     def folder(family: str):
         if family not in built:
             torch.manual_seed(0)
-            if family in CANVASED:
-                from bench.census_vlm import generic_build
-
-                model, processor = generic_build(family)
-            else:
-                model, processor = (_build(family.removesuffix("_tiles") if family == "internvl_tiles" else family)
-                                    if family in NEW else blip2_model() if family == "blip2" else build_any(family))
+            model, processor = (_build(family.removesuffix("_tiles") if family == "internvl_tiles" else family)
+                                if family in NEW else blip2_model() if family == "blip2" else
+                                generic_build(family) if family in GENERIC + CANVASED else build_any(family))
             if family == "internvl_tiles":  # test_vlm_answer.internvl_tiles': 3 x 2 tiles and a thumbnail
                 processor.image_processor.max_patches = 6
             built[family] = tmp_path_factory.mktemp(family)

@@ -58,6 +58,14 @@ from vit.explain.language.vlm_layouts import (
     clip_layouts,
     image_layouts,
 )
+from vit.explain.language.vlm_read_layout import (
+    encoder_layout,
+    prompt_length,
+    reads_prompt_unmarked,
+    reads_tower_states,
+    settled,
+    with_decoder_prompt,
+)
 from vit.registry import VLM_ARCHITECTURES
 
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
@@ -122,7 +130,7 @@ class _Recorder:
         seen = key.shape[-2] if self.cross else (self.seen[layer][-1] if self.seen[layer] else 0) + query.shape[-2]
         start = max(seen - key.shape[-2], 0)
         self.queries[layer].append(query[0, :, -1].detach().float().cpu())
-        if not self.cross and 0 < seen - start <= key.shape[-2]:
+        if 0 < seen - start <= key.shape[-2]:  # a cross layer's: its last key, to check the cache keeps them too
             self.own_keys[layer] = key[0, :, seen - start - 1].detach().float().cpu()
         self.seen[layer].append(seen)
         self.starts[layer].append(start)
@@ -186,10 +194,13 @@ def text_shape(vlm):
     """The language model's sizes, as the cost model reads them."""
     from vit.costs.plan import TextShape, mlp_width
 
-    config = vlm.model.config.get_text_config()
-    decoder = getattr(config, "is_encoder_decoder", False)  # Florence-2's BART: the decoder's cache and rows
-    heads = config.decoder_attention_heads if decoder else config.num_attention_heads
-    layers = config.decoder_layers if decoder else config.num_hidden_layers
+    config = vlm.model.config.get_text_config(decoder=True)
+    # an encoder-decoder's decoder (Florence-2's BART; Pix2Struct's T5 names its decoder's sizes alone): its cache and
+    # rows
+    decoder = getattr(config, "is_encoder_decoder", False) or getattr(vlm.model.config, "is_encoder_decoder", False)
+    heads = _named(config, ("decoder_attention_heads", "num_attention_heads") if decoder else ("num_attention_heads",))
+    layers = _named(config, ("decoder_layers", "num_decoder_layers", "num_hidden_layers") if decoder else
+                    ("num_hidden_layers",))
     kinds, window = getattr(config, "layer_types", None) or (), getattr(config, "sliding_window", None)
     linear = sum(1 for kind in kinds if kind == "linear_attention")  # a hybrid's: a recurrent state, no KV cache
     mlp = getattr(config, "intermediate_size", None) or mlp_width(config)  # OPT's ffn_dim (BLIP-2's)
@@ -208,10 +219,16 @@ def text_shape(vlm):
                      state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
                      head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-                     hidden=config.hidden_size, mlp=config.decoder_ffn_dim if decoder else max(
+                     hidden=config.hidden_size,
+                     mlp=(getattr(config, "decoder_ffn_dim", None) or mlp) if decoder else max(
                          mlp if isinstance(mlp, list) else [mlp]),  # Gemma 3n's: per layer
                      vocab=config.vocab_size,
                      itemsize=next(vlm.model.parameters()).dtype.itemsize, windows=windows)
+
+
+def _named(config, names: tuple[str, ...]) -> int:
+    """The first of ``names`` ``config`` sets (a decoder's sizes under its family's names)."""
+    return next(getattr(config, name) for name in names if getattr(config, name, None) is not None)
 
 
 class VLMAnswer:
@@ -638,15 +655,20 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
             raise ValueError(f"ask about 1 to {MAX_IMAGES} images at once, got {len(images)}")
         if len(images) > 1 and vlm.model_type in ONE_IMAGE:  # before its processor refuses them in its own words
             raise ValueError(f"a {vlm.model_type} model reads one image per question; ask about one image")
+        wrong = reads_prompt_unmarked(vlm)
+        if wrong:  # before its processor runs (UDOP's wants an OCR engine)
+            raise ValueError(wrong)
         inputs = prompt_inputs(vlm, images, question, prompt)
-        if vlm.model_type in VLM_ARCHITECTURES:
+        if reads_tower_states(vlm):  # an encoder's states over the image alone (Pix2Struct's), a tower's (Idefics')
+            layouts = (encoder_layout(vlm, inputs),)
+        elif vlm.model_type in VLM_ARCHITECTURES:
             layouts = image_layouts(vlm, inputs, images)
         else:  # a type no layout here names: read from the processor's outputs and the config
             from vit.explain.language.vlm_read_layout import read_layouts
 
             layouts = read_layouts(vlm, inputs, images)
     layout = layouts[0]
-    prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
+    prompt_tokens, text = prompt_length(inputs, layout), text_shape(vlm)
     words = question if prompt is None else prompt.split(image_placeholder(vlm.processor) or "\0")[-1]
     prepared = Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
                         clip is not None, tuple(images) if clip is None else (), (question, prompt))
@@ -659,14 +681,17 @@ class _Steps:
     answer so far: its ids and text) and reports it to ``progress(done, total)``. A ``Stop`` that ``progress`` raises
     ends the generation at once, the token just chosen kept: stopped after ``k`` tokens, the answer has ``k``."""
 
-    def __init__(self, prompt_tokens: int, total: int, tokenizer, progress: Progress | None,
+    def __init__(self, prompt_tokens: int | None, total: int, tokenizer, progress: Progress | None,
                  on_token: Callable[[tuple[int, ...], str], None] | None) -> None:
         self.prompt_tokens, self.total, self.tokenizer = prompt_tokens, total, tokenizer
         self.progress, self.on_token = progress, on_token
         self.stopped: Stop | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        """(B, T) the prompt and the answer so far -> (B,) bool: whether to stop now."""
+        """(B, T) the prompt and the answer so far -> (B,) bool: whether to stop now. ``prompt_tokens`` None: the
+        prompt is what precedes the first token (a decoder's prompt as generate made it, its start token or not)."""
+        if self.prompt_tokens is None:
+            self.prompt_tokens = input_ids.shape[1] - 1
         tokens = tuple(input_ids[0, self.prompt_tokens:].tolist())  # one copy from the device per step
         if self.on_token is not None:
             self.on_token(tokens, self.tokenizer.decode(list(tokens), skip_special_tokens=True))
@@ -690,28 +715,38 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     tokenizer = vlm.processor.tokenizer
     if progress is not None:
         progress(0, prepared.max_new_tokens)
-    # where the answer begins in generate's sequences: after the prompt, or an encoder-decoder's decoder start token
-    begins = 1 if getattr(vlm.model.config, "is_encoder_decoder", False) else prepared.prompt_tokens
+    # where the answer begins in generate's sequences: after the prompt, or an encoder-decoder's decoder prompt (its
+    # start token, and the processor's decoder_input_ids: Pix2Struct's question), seen at the first step
+    decoder = getattr(vlm.model.config, "is_encoder_decoder", False)
+    begins = 1 if decoder and "decoder_input_ids" not in prepared.inputs else None if decoder else \
+        prepared.prompt_tokens
     steps = _Steps(begins, prepared.max_new_tokens, tokenizer, progress, on_token)
     attending = attention_layers(vlm.language_model)
     decoder_layers = [n for n, _ in attending]
-    latent, new_tokens, stopping = frozenset(), prepared.max_new_tokens, [steps] if progress or on_token else []
+    latent, new_tokens = frozenset(), prepared.max_new_tokens
+    stopping = [steps] if progress or on_token or begins is None else []
     while True:  # again, silently, where a layer's cache keeps latents: their keys then kept as each call hands them
         recorder = _Recorder({module: k for k, (_, module) in enumerate(attending)},
                              prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=cache_sources(attending),
                              windows=cache_windows(vlm, decoder_layers), cross=cross_attending(vlm.language_model),
                              latent=latent)
         with recording(vlm, recorder), torch.inference_mode():
+            # with its cache, whatever its folder's generation config says (Pix2Struct's use_cache false): the
+            # same greedy tokens, and the rows read the cache's keys
             out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=new_tokens, do_sample=False,
-                                     num_beams=1, return_dict_in_generate=True,
+                                     num_beams=1, return_dict_in_generate=True, use_cache=True,
                                      stopping_criteria=StoppingCriteriaList(stopping))
-        tokens = tuple(int(t) for t in out.sequences[0, begins:])
+        tokens = tuple(int(t) for t in out.sequences[0, steps.prompt_tokens:])
         if latent or not (latent := latent_layers(recorder, out.past_key_values)):
             break
-        new_tokens, stopping = len(tokens), []  # the tokens already streamed: the same greedy answer, recorded again
+        new_tokens = len(tokens)  # the tokens already streamed: the same greedy answer, recorded again
+        stopping = [] if steps.prompt_tokens is not None else stopping
     steps_kept = {len(q) for q in recorder.queries}
     if steps_kept != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
         raise RuntimeError(f"recorded {sorted(steps_kept)} steps per layer for {len(tokens)} answer tokens")
+    prepared = settled(prepared, recorder)  # an encoder's states over the image, counted now it has run
+    if decoder:  # the decoder's prompt as generate made it, which a reading's forward appends the answer to
+        prepared = with_decoder_prompt(prepared, out.sequences[:, :steps.prompt_tokens])
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
     answered = VLMAnswer(tokens, text, pieces, prepared.layouts, recorder, out.past_key_values,

@@ -13,7 +13,16 @@ import contextlib
 import torch
 
 from vit.core import recording_attention
-from vit.core.recording_attention import _RECORDING, ROWS, RULES, attention_of, route_attention
+from vit.core.recording_attention import (
+    _RECORDING,
+    ROWS,
+    RULES,
+    attention_of,
+    cross_layers,
+    cross_module,
+    decoder_layers,
+    route_attention,
+)
 
 __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording",
            "attention_layers", "cross_attending", "linear_layers"]
@@ -63,24 +72,23 @@ def attention_layers(language_model) -> list[tuple[int, object]]:
     them. Where the language model reads the image through cross-attention layers (Llama 3.2 Vision's ``cross_attn``
     over the tower's states, ``cross_attending``), those layers alone: its self-attention sees one placeholder
     token of the image."""
-    if cross_attending(language_model):
-        return [(n, getattr(layer, name)) for n, layer in enumerate(language_model.layers) for name in CROSS
-                if hasattr(layer, name)]
-    attending = ((n, attention_of(layer)) for n, layer in enumerate(language_model.layers))
+    crossing = cross_layers(language_model)
+    if crossing is not None:
+        modules = ((n, cross_module(layer)) for n, layer in enumerate(crossing))
+        return [(n, module) for n, module in modules if module is not None]
+    attending = ((n, attention_of(layer)) for n, layer in enumerate(decoder_layers(language_model)))
     return [(n, attention) for n, attention in attending if attention is not None]
 
 
 def cross_attending(language_model) -> bool:
     """Whether the language model reads the image through cross-attention layers (``CROSS``: Llama 3.2 Vision's,
-    the decoder's of an encoder-decoder such as Florence-2's BART), not through image tokens in its sequence."""
-    return any(hasattr(layer, name) for layer in language_model.layers for name in CROSS)
-
-
-CROSS = ("cross_attn", "encoder_attn")  # a decoder layer's attention to another sequence (the tower's, the encoder's)
+    Idefics' gated layers, the decoder's of an encoder-decoder such as Florence-2's BART, Pix2Struct's T5 or a
+    VisionEncoderDecoder's), not through image tokens in its sequence (``recording_attention.cross_layers``)."""
+    return cross_layers(language_model) is not None
 
 
 def linear_layers(language_model) -> list[str]:
     """The class names of the decoder layers' token mixers that are not attention (a hybrid model's linear attention,
     ``linear_attn``)."""
-    return sorted({type(layer.linear_attn).__name__ for layer in language_model.layers
+    return sorted({type(layer.linear_attn).__name__ for layer in decoder_layers(language_model)
                    if attention_of(layer) is None and hasattr(layer, "linear_attn")})

@@ -1,7 +1,8 @@
 """Which keys a VLM answer's rows are read from, per layer of its language model: the decoder layer whose KV cache
 holds them (``cache_sources``), the window that cache keeps (``cache_windows``), and the layers whose cache keeps
 other keys than its attention reads (``latent_layers``: Mistral Large 4's and dots.ocr 3's compressed latents,
-expanded into keys after the cache), whose keys the answer then keeps itself as each call hands them over."""
+expanded into keys after the cache; Idefics' cross-attention, whose keys no cache keeps), whose keys the answer then
+keeps itself as each call hands them over."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def latent_layers(recorder, cache) -> frozenset[int]:
         try:
             keys, _ = recorder.keys_read(layer, len(recorder.seen[layer]) - 1, cache)
         except (ValueError, IndexError, AttributeError):
-            continue  # a window the attention was not told of: refused when its row is asked
+            if recorder.cross:  # a cross layer whose keys no cache keeps (Idefics' gated layers): kept by the answer
+                latent.add(layer)
+            continue  # else a window the attention was not told of: refused when its row is asked
         kept = keys[:, -1].float().cpu() if keys.dim() == 3 else None
         if kept is None or kept.shape != own.shape or not torch.allclose(kept, own, rtol=1e-5, atol=1e-6):
             latent.add(layer)

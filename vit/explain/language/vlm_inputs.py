@@ -6,6 +6,7 @@ inputs put in the model's dtype.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from PIL import Image
 
 from vit.costs.processors import check_processor
+from vit.explain.language.vlm_read_layout import reads_image_alone
 
 MAX_QUESTION_CHARS = 2000
 
@@ -39,6 +41,9 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
     text = question if prompt is None else prompt
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
+    if reads_image_alone(vlm):  # the question is the decoder's prompt (Pix2Struct's, Donut's)
+        check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
+        return _in_model_dtype(vlm, decoder_prompted(vlm, images, text))
     if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
         # the processor adds the rest of its prompt (Florence-2's its image tokens too, and its task prompts)
         text = (processor.image_token * len(images) if vlm.model_type == "paligemma" else "") + question
@@ -129,3 +134,21 @@ def _clip_inputs(vlm, frames: Sequence[Image.Image], question: str | None, metad
     timing = {"video_metadata": [dict(metadata)]} if metadata else {}
     return _in_model_dtype(vlm, clip_inputs(vlm.processor, text, run=lambda **given: processed(vlm, **given),
                                             videos=[video], do_sample_frames=False, **timing))
+
+
+def decoder_prompted(vlm, images, text: str):
+    """The processor's inputs for ``images`` and the question ``text`` of a model whose encoder reads the image
+    alone: the question is the decoder's prompt, as the processor gives it (Pix2Struct's ``decoder_input_ids``),
+    else the tokenizer's ids of it without special tokens (Donut's documented prompting of its decoder) beside the
+    processor's pixels alone, where it makes the text training ``labels`` or ``input_ids`` (a TrOCR or Donut
+    processor's) or takes none (PP-FormulaNet's);
+    ``generate`` puts the decoder's start token before it where the model wants one."""
+    if "text" in inspect.signature(vlm.processor.__call__).parameters:
+        inputs = processed(vlm, images=images, text=text)
+        if "decoder_input_ids" in inputs:
+            return inputs
+    inputs = processed(vlm, images=images)  # the encoder's alone: a text of the processor's would be labels or ids
+    ids = vlm.processor.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    if ids.shape[-1]:
+        inputs["decoder_input_ids"] = ids
+    return inputs

@@ -156,7 +156,24 @@ def _stream_input(vlm) -> str:
     projected tower states its cross-attention layers read."""
     from vit.explain.language.vlm_attention import cross_attending
 
-    return "cross_attention_states" if cross_attending(vlm.language_model) else "inputs_embeds"
+    if not cross_attending(vlm.language_model):
+        return "inputs_embeds"
+    handed_states(vlm, "the image's tokens' ablation and patching")
+    return "cross_attention_states"
+
+
+def handed_states(vlm, what: str) -> None:
+    """ValueError (one line) for ``what`` (a reading that changes the image's states before the language model
+    reads them) asked of a model whose cross-attention layers read states its language model builds in its own
+    forward, not handed to it (Idefics' ``IdeficsModel`` runs its tower itself): Llama 3.2 Vision's are handed as
+    ``cross_attention_states``."""
+    import inspect
+
+    stack = vlm.language_model
+    if "cross_attention_states" not in inspect.signature(stack.forward).parameters:
+        raise ValueError(f"{what} changes the states a language model's cross-attention reads where they are handed "
+                         f"to it, and this model's ({type(stack).__name__}) builds them in its own forward: ask its "
+                         "attention or gradient x attention")
 
 
 def source_states(vlm, prepared, source_inputs) -> torch.Tensor:

@@ -87,8 +87,12 @@ def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
     suffix of its prefix-LM, not part of the bidirectional prefix), ``mm_token_type_ids`` with zeros."""
     inputs = dict(prepared.inputs)  # without PaliGemma's processor's labels (``vlm_answer.prompt_inputs``)
     if getattr(vlm.model.config, "is_encoder_decoder", False):  # Florence-2: the answer is the decoder's input
-        start = vlm.model.generation_config.decoder_start_token_id
-        inputs["decoder_input_ids"] = torch.tensor([[start, *tokens[:i]]], dtype=inputs["input_ids"].dtype)
+        from vit.explain.language.vlm_read_layout import decoder_prompt
+
+        prompt = decoder_prompt(vlm, inputs)  # its start token, and the question where it is the decoder's prompt
+        inputs["decoder_input_ids"] = torch.cat([prompt, torch.tensor([tokens[:i]], dtype=prompt.dtype)], dim=-1)
+        if "decoder_attention_mask" in inputs:
+            inputs["decoder_attention_mask"] = torch.ones_like(inputs["decoder_input_ids"])
         return inputs
     inputs = extended(vlm, inputs, i)
     if i:
@@ -126,6 +130,9 @@ def answer_run(vlm, prepared, answer: tuple[int, ...], i: int):
     from vit.explain.language.vlm_attention import image_token_id
 
     inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in _inputs(vlm, prepared, answer, i).items()}
+    if "input_ids" not in inputs:  # an encoder that reads the image alone: the answer is the decoder's
+        yield inputs
+        return
     ids, image = inputs["input_ids"], image_token_id(vlm.model.config)
     said = torch.zeros_like(ids, dtype=torch.bool)  # (1, T) the answer's placeholder ids
     said[:, prepared.prompt_tokens:] = ids[:, prepared.prompt_tokens:] == image
@@ -185,7 +192,8 @@ def relevances(vlm, prepared, answer: tuple[int, ...], i: int, layers, recording
         for kept in (tape.queries, tape.keys, tape.values):
             kept[n] = kept[n].cpu()
     # the query that predicted token i: the sequence's, or an encoder-decoder's decoder row after its start token
-    q = i if getattr(vlm.model.config, "is_encoder_decoder", False) else tokens - 1
+    q = tokens - 1 if not getattr(vlm.model.config, "is_encoder_decoder", False) else \
+        inputs["decoder_input_ids"].shape[-1] - 1
     return torch.stack([_rollout(tape, gradients, q, tokens) if layer is None
                         else tape.rows(layer, gradients[layer], slice(q, q + 1))[0] for layer in layers])  # (n, T)
 

@@ -70,8 +70,12 @@ def segments(vlm, prepared, answer: tuple[int, ...], image: Image.Image, inputs_
     ``MAX_SEGMENTS`` / ``MAX_FORWARDS``, before any forward."""
     from captum.attr import FeatureAblation, ImageMaskInput, LLMAttribution, ShapleyValueSampling
 
-    from vit.explain.language.vlm_lens import check
+    from vit.explain.language.vlm_attention import cross_attending
+    from vit.explain.language.vlm_lens import check, handed_states
     from vit.explain.language.vlm_relevance import extended
+
+    if cross_attending(vlm.language_model):  # its run again over another image extends inputs generate's way
+        handed_states(vlm, "captum's segment attribution")
 
     if method not in SEGMENT_METHODS:
         raise ValueError(f"method must be one of {', '.join(SEGMENT_METHODS)}, got {method!r}")

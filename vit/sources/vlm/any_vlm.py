@@ -80,6 +80,8 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError(f"transformers cannot build its {model_type} config: {str(e).splitlines()[0][:120]}"
                          ) from None
     vision = getattr(config, "vision_config", None)
+    if vision is None and getattr(config, "is_encoder_decoder", False):  # a VisionEncoderDecoder's: its encoder
+        vision = getattr(config, "encoder", None)
     free = _encoder_free(config, vision, model_type)
     if free is not None:
         return free
@@ -161,7 +163,7 @@ def learned_queries(config) -> str | None:
     if _whole(count):
         return f"{count} learned latent queries over the tower's states (latent_query_num)"
     latents = getattr(getattr(config, "perceiver_config", None), "resampler_n_latents", None)
-    if _whole(latents):
+    if _whole(latents) and getattr(config, "use_resampler", True) is not False:  # Idefics' may read the tower's own
         return f"a perceiver resampler's {latents} latents (perceiver_config.resampler_n_latents)"
     by_patches = getattr(config, "projector_patch_to_query_dict", None)  # Aria's projector: cross-attention
     if isinstance(by_patches, Mapping) and by_patches:

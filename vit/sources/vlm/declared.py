@@ -270,9 +270,6 @@ def _generation_problem(folder: Path) -> str | None:
     if _number(config.get("guidance_scale")) and config["guidance_scale"] != 1:
         return ("its generation_config.json sets guidance_scale, which runs the model twice a step beyond what the "
                 "answer is counted for; remove it")
-    if config.get("use_cache") is False:
-        return ("its generation_config.json sets use_cache false: each step would run the whole prompt again, and "
-                "the answer's maps read the cache; remove it")
     for key in ("custom_generate", "prompt_lookup_num_tokens", "assistant_early_exit"):
         if config.get(key) not in (None, False):
             return (f"its generation_config.json sets {key}, another way to generate than the greedy one counted "

@@ -18,7 +18,14 @@ import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
-from vit.core.recording_attention import attention_of
+from vit.core.recording_attention import (
+    attention_of,
+    cross_layers,
+    cross_module,
+    cross_named,
+    decoder_layers,
+    decoder_of,
+)
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types this project names
 from vit.registry import vlm_architecture
 from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
@@ -84,6 +91,12 @@ class VLM:
         inner = getattr(self.model, "model", self.model)  # Llama 4's parts sit on the generating model itself
         named = ("text_model",) if self.model_type in TEXT_MODEL else ("language_model", "text_model")
         stack = next((getattr(inner, name) for name in named if getattr(inner, name, None) is not None), None)
+        if stack is None:  # by what it has: an encoder-decoder's decoder (Pix2Struct's, a VisionEncoderDecoder's),
+            # else the inner model's own decoder layers (Idefics': its self-attention layers beside its cross ones)
+            stack = decoder_of(self.model) or (inner if inner is not self.model and decoder_layers(inner) is not None
+                                               and cross_layers(inner) is not None else None)
+            if stack is not None:
+                return stack
         if stack is None:
             raise VLMError(f"{self.folder}'s {type(self.model).__name__} has no language_model or text_model: no "
                            "decoder stack whose attention the answer reads")
@@ -192,6 +205,12 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if wrong:
         raise VLMError(f"{folder} is refused: {wrong}")
 
+    import transformers
+
+    if model_type not in ARCHITECTURES:  # before its tower is looked for: a model asked about no image has none
+        wrong = reads_no_image(getattr(transformers, architecture, None))
+        if wrong:
+            raise VLMError(f"{folder} is refused: {wrong}")
     try:  # the tower's layout: its config and shapes from the headers, no weight read; or what its config declares
         if model_type not in ARCHITECTURES:  # a type no layout here names: its tower as its config declares it
             from vit.sources.vlm.any_vlm import read_tower
@@ -203,8 +222,6 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         raise VLMError(str(e)) from None
     except ValueError as e:
         raise VLMError(f"{folder} is refused: {e}") from None
-    import transformers
-
     try:
         # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
         # from_pretrained allocates what the config declares before it reads a weight
@@ -234,6 +251,11 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
         raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
                        "(processor.save_pretrained) into the folder")
+    if getattr(model.generation_config, "use_cache", True) is False and not type(
+            model)._supports_default_dynamic_cache():  # else its answer is generated with a cache (the same tokens)
+        del model
+        raise VLMError(f"{folder} is refused: its generation_config.json sets use_cache false and its {architecture} "
+                       "keeps no cache transformers' generate builds, whose keys the answer's maps read")
     model = (model if device_map is not None else model.to(device or "cpu")).eval()
     lean_tower.install(model)  # its tower's widest steps in bounded memory when it answers (no gradient)
     vlm = VLM(folder, model_type, model, processor, tower)
@@ -253,29 +275,96 @@ def attention_problem(vlm: VLM) -> str | None:
     (``_supports_attention_backend``, or its attention modules' code asking the interface for its function: Qwen 3.5's
     model declines the flag for its linear-attention layers, its attention layers call the interface) are what the
     answer's rows are read from."""
+    wrong = generates_otherwise(vlm.model) or reads_no_image(type(vlm.model))
+    if wrong:
+        return wrong
     try:
         stack = vlm.language_model
     except VLMError as e:
+        inline = _inline_attention(vlm.model)
+        if inline is not None:  # a text attention that writes its own softmax (GIT's, BLIP's text decoder's)
+            return (f"its language model's attention ({inline}) computes its softmax itself, not through "
+                    "transformers' attention interface, which the answer's rows are read from")
         return str(e).split(": ", 1)[-1]
-    layers = getattr(stack, "layers", None)
-    if layers is None or not any(attention_of(layer) is not None or hasattr(layer, "cross_attn") for layer in layers):
+    layers = decoder_layers(stack)
+    if layers is None or not any(attention_of(layer) is not None or cross_named(layer) is not None
+                                 for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layer with a self-attention (a self_attn, or a "
                 "token mixer that asks transformers' attention interface) or a cross-attention whose attention the "
                 "answer reads")
-    vlm.same_branch = _branches_on_the_name(layers) is not None
-    if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(layers):
+    crossing = cross_layers(stack)
+    if crossing is not None and (decoder_of(vlm.model) is not None or crossing is not layers):
+        # the answer's rows are its cross-attention's (an encoder-decoder's decoder, Idefics' gated layers)
+        named = [cross_named(layer) for layer in crossing if cross_named(layer) is not None]
+        calling = [cross_module(layer) for layer in crossing if cross_named(layer) is not None]
+        if None in calling or not _calls_the_interface(calling, CROSS_KEYWORDS):
+            return (f"its decoder's cross-attention ({type(named[0]).__name__}) does not run through transformers' "
+                    "attention interface, which the answer's rows are read from")
+        return None
+    vlm.same_branch = _branches_on_the_name([attention_of(layer) for layer in layers]) is not None
+    if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(
+            [attention_of(layer) for layer in layers]):
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
     return None
 
 
-def _attention_code(layers):
-    """``(attention module, its forward's source)`` for each of ``layers`` with a ``self_attn`` whose source can be
+def generates_otherwise(model) -> str | None:
+    """Why ``model`` does not write its answer token by token through transformers' greedy ``generate``, or None:
+    a generation of its own whose config is not transformers' (``DiffusionGemmaGenerationConfig``: a block
+    diffusion model denoises a canvas of tokens over steps, each step reading every token of it), so no answer
+    token has the one query row the answer's maps read."""
+    from transformers import GenerationConfig
+
+    config = getattr(model, "generation_config", None)
+    if config is None or type(config) is GenerationConfig:
+        return None
+    kind = "denoises a canvas of tokens over steps (a diffusion language model)" if hasattr(
+        config, "max_denoising_steps") else "writes its answer another way"
+    return (f"it {kind} through its own {type(config).__name__}, not token by token through transformers' greedy "
+            "generate, whose each token's query row the answer's maps read")
+
+
+def reads_no_image(model: type | None) -> str | None:
+    """Why the generating class ``model`` is not asked about an image, or None: its forward takes no pixels or
+    patches of any kind but the ids of another input (Evolla's protein sequences, ``protein_input_ids``)."""
+    import inspect
+
+    if model is None:
+        return None
+    names = list(inspect.signature(model.forward).parameters)
+    if any("pixel" in name or "patches" in name or "image" in name for name in names):
+        return None
+    other = next((name for name in names if name.endswith("_input_ids") and name != "decoder_input_ids"), None)
+    if other is None:  # a text model, or one reading the image's encodings under another name: said elsewhere
+        return None
+    return (f"its {model.__name__} reads no image: its forward takes no pixels or patches but another input "
+            f"({other}); ask it through its own processor and generate")
+
+
+def _inline_attention(model) -> str | None:
+    """The class of the first attention module of ``model``'s text part (outside its vision or image modules) that
+    computes its softmax in its own forward rather than asking the attention interface; None where there is none."""
+    import inspect
+
+    for name, module in model.named_modules():
+        if any(part in name for part in ("vision", "image", "visual")) or "Attention" not in type(module).__name__:
+            continue
+        try:
+            code = inspect.getsource(inspect.unwrap(type(module).forward))
+        except (OSError, TypeError):
+            continue
+        if "softmax" in code.lower() and "ALL_ATTENTION_FUNCTIONS" not in code:
+            return type(module).__name__
+    return None
+
+
+def _attention_code(modules):
+    """``(attention module, its forward's source)`` for each of ``modules`` (None passed over) whose source can be
     read (a compiled or built-in forward is passed over): what the checks of its attention code read."""
     import inspect
 
-    for layer in layers:
-        attention = attention_of(layer)
+    for attention in modules:
         if attention is None:
             continue
         try:
@@ -284,15 +373,15 @@ def _attention_code(layers):
             continue
 
 
-def _branches_on_the_name(layers) -> str | None:
-    """The class of the first attention module of ``layers`` whose forward's code tests the attention
+def _branches_on_the_name(modules) -> str | None:
+    """The class of the first of the attention ``modules`` whose forward's code tests the attention
     implementation's name (``config._attn_implementation in ("eager", "sdpa")``: MiniMax-M3's and Mistral Large 4's
     sparse top-k masks, built only under those names and handed to flash kernels otherwise), else None: the
     recording attention then runs under a ``recording_attention.SameBranch`` name, so such a forward takes the branch
     it takes under the implementation the recording wraps (``VLM.same_branch``)."""
     import re
 
-    for attention, code in _attention_code(layers):
+    for attention, code in _attention_code(modules):
         if re.search(r"_attn_implementation\s*(?:==|!=|in\b|not\s+in\b)", code):
             return type(attention).__name__
     return None
@@ -303,16 +392,21 @@ def _branches_on_the_name(layers) -> str | None:
 PLAIN_KEYWORDS = {"dropout", "scaling", "sliding_window", "position_ids"}
 
 
-def _calls_the_interface(layers) -> bool:
-    """Whether the attention module of any of ``layers`` asks transformers' ``AttentionInterface`` for its attention
-    function (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code) and hands it nothing but the keywords
-    every implementation reads alike (``PLAIN_KEYWORDS``), as the recording attention needs."""
+# A cross-attention's call may hand T5's position bias too (Pix2Struct's, UDOP's: zeros over the encoder's states,
+# which the recorder adds to its row as the eager function does)
+CROSS_KEYWORDS = PLAIN_KEYWORDS | {"position_bias"}
+
+
+def _calls_the_interface(modules, keywords=PLAIN_KEYWORDS) -> bool:
+    """Whether any of the attention ``modules`` asks transformers' ``AttentionInterface`` for its attention function
+    (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code) and hands it nothing but the keywords every
+    implementation reads alike (``keywords``: ``PLAIN_KEYWORDS``), as the recording attention needs."""
     import re
 
-    for _attention, code in _attention_code(layers):
+    for _attention, code in _attention_code(modules):
         call = re.search(r"attention_interface\((.*?)\n\s*\)", code, re.S)
         if "ALL_ATTENTION_FUNCTIONS" in code and call is not None:
-            return set(re.findall(r"(\w+)\s*=", call.group(1))) <= PLAIN_KEYWORDS
+            return set(re.findall(r"(\w+)\s*=", call.group(1))) <= keywords
     return False
 
 
