@@ -5,6 +5,7 @@ timeout, and a server that ends or fails to start is one error, not a hang."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +29,13 @@ JOBS = {
 }
 
 
+def default_ctrl_c() -> None:
+    """The reference interpreter starts with Ctrl-C's default action, as the fork server's jobs do: a pytest run
+    started in the background by a non-interactive shell inherits SIGINT ignored, and a fresh interpreter started from
+    it then ignores its own Ctrl-C (exit 0 where a job gives -2: the lane run by `setsid nohup ... &` failed so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def server():
     server = ForkServer("import json, email.mime.text, os\njson.imported_by = os.getpid()")
@@ -39,6 +47,7 @@ def server():
 def test_a_job_gives_what_a_fresh_interpreter_gives(server, name):
     code, argv, stdin = JOBS[name]
     fresh = subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True, text=True,
+                           preexec_fn=default_ctrl_c,
                            timeout=60)
     forked = server.run(code, argv, stdin=stdin, timeout=60)
     assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
@@ -186,7 +195,7 @@ def test_a_forked_copy_of_the_owner_starts_its_own_server(server):
 def popen_reference(code: str, argv: list[str], output, **kwargs) -> subprocess.Popen:
     with open(output, "ab") as out:
         return subprocess.Popen([sys.executable, "-c", code, *argv], stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=out, **kwargs)
+                                stderr=out, preexec_fn=default_ctrl_c, **kwargs)
 
 
 def wait_for_text(path, text: str, process) -> None:
