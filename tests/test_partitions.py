@@ -153,11 +153,11 @@ def test_a_windowed_backbones_features_are_its_tokens_in_grid_order(lw_detr):
 
 
 def test_a_partition_is_read_from_the_models_own_forward_not_its_counts(lw_detr):
-    from vit.sources.library_road.placing import partitions
+    from vit.sources.library_road.placing import patch_codes
 
     model, _ = lw_detr
-    block = partitions.first_block("encoder.layer.0.attention", dict(model.named_modules()))
-    codes = partitions.read_pieces(model, block, (32, 48), 3)
+    block = patch_codes.first_block("encoder.layer.0.attention", dict(model.named_modules()))
+    codes = patch_codes.read_pieces(model, block, (32, 48), 3)
     torch.testing.assert_close(codes, _window_tokens((4, 6), 2) + 1)  # patch p's code is p + 1
 
 
@@ -188,9 +188,9 @@ class _Toy(torch.nn.Module):
 
 
 def test_a_first_block_input_that_mixes_the_patches_is_no_partition():
-    from vit.sources.library_road.placing import partitions
+    from vit.sources.library_road.placing import patch_codes
 
     plain, mixed = _Toy(mix=False), _Toy(mix=True)
-    torch.testing.assert_close(partitions.read_pieces(plain, plain.blocks[0], (32, 32), 3),
+    torch.testing.assert_close(patch_codes.read_pieces(plain, plain.blocks[0], (32, 32), 3),
                                torch.arange(1, 17)[None])  # one piece, the patches row-major
-    assert partitions.read_pieces(mixed, mixed.blocks[0], (32, 32), 3) is None
+    assert patch_codes.read_pieces(mixed, mixed.blocks[0], (32, 32), 3) is None

@@ -429,7 +429,7 @@ def _partitioned(model: torch.nn.Module, calls: list[AttentionCall], mode: Atten
     the whole image but its first block takes the patches in another order than row-major (LW-DETR with no windowed
     layer: its windows joined, in window order); None where its first block's input is no partition of the patch
     grid, or (``whole``) holds the patches row-major."""
-    from vit.sources.library_road.placing import partitions
+    from vit.sources.library_road.placing import partitions, patch_codes
 
     if mode.patch is None or (not whole and all(c.batch == 1 for c in calls)):
         return None
@@ -440,7 +440,7 @@ def _partitioned(model: torch.nn.Module, calls: list[AttentionCall], mode: Atten
         if whole:  # calls that are not its pieces joined (pooled stages): no reordering of this kind
             return None
         raise
-    if found is None or (whole and partitions.in_row_order(torch.tensor(found[0].slots) + 1 - found[0].prefix)):
+    if found is None or (whole and patch_codes.in_row_order(torch.tensor(found[0].slots) + 1 - found[0].prefix)):
         return None
     return partitions.partitioned_layout(*found, tuple(image_hw))
 

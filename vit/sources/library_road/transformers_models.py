@@ -399,15 +399,15 @@ def _backbone_part(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def _order_problem(model: LibraryModel, channels: int) -> str | None:
     """Where the model's first block takes the patches in another order than the row-major one the layout places
-    (``partitions.order_problem``: LW-DETR's windows, kept by a config whose every layer is global), why, in one line
+    (``patch_codes.order_problem``: LW-DETR's windows, kept by a config whose every layer is global), why, in one line
     (the recorder's road then places them as the forward orders them); else None. Windowed layouts place their own."""
-    from vit.sources.library_road.placing import partitions
+    from vit.sources.library_road.placing import patch_codes
 
     if model.layout.windows:
         return None
     names = {m: n for n, m in model.entry.named_modules()}
     first = names.get(model._attention[0])
-    return None if first is None else partitions.order_problem(model.entry, first, model.layout.image_hw, channels)
+    return None if first is None else patch_codes.order_problem(model.entry, first, model.layout.image_hw, channels)
 
 
 def _pieces_problem(model: LibraryModel, channels: int) -> str | None:
