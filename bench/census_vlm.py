@@ -58,6 +58,8 @@ from bench.census_vlm_rules import (
     stated_fields,
     timm_tower,
     tower_field,
+    vq_tokenizer,
+    vq_tokens,
 )
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
@@ -433,7 +435,7 @@ def generic_build(model_type: str):
         return model_class(CONFIG_MAPPING[model_type].from_dict(config)), words
     processor_class = processor_class_of(model_type)
     found, named = _tokens_of(processor_class)
-    specials = list(dict.fromkeys(found))
+    specials = list(dict.fromkeys([*found, *vq_tokens(model_type)]))  # a VQ tokenizer's codes: vocabulary tokens
     processor, words = _processor(processor_class, model_type, specials, named)
     # the tokens the processor holds (its image token, its markers) that the tokenizer lacks: given one each
     lacking = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str) and v
@@ -482,6 +484,7 @@ def generic_build(model_type: str):
     rope_per_kind(config, model_class)
     _token_ids(config, processor, words, len(words), expanded)
     _marker_ids(config, processor, words)
+    vq_tokenizer(config, words, processor, expanded)
     side = pinpoint_side(processor) or _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to

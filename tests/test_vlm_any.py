@@ -47,7 +47,8 @@ KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thi
 # Omni thinkers (their vision_start_token_id from the processor's vision_bos_token), PaddleOCR-VL (M-RoPE sections
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark")
+           "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark",
+           "chameleon", "emu3")  # the last two: VQ codes (test_vlm_vq), built here for the sweep of every reading
 
 
 def build(kind: str):

@@ -39,6 +39,8 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
     text = question if prompt is None else prompt
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
+    from vit.explain.language.chat_template import folder_template, render
+
     if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
         # the processor adds the rest of its prompt (Florence-2's its image tokens too, and its task prompts)
         text = (processor.image_token * len(images) if vlm.model_type == "paligemma" else "") + question
@@ -49,10 +51,9 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
             laid = _laid_out_by_processor(vlm, images, question)
             if laid is not None:
                 return laid
-            raise ValueError(f"{vlm.folder}'s processor has no chat template and puts no image token in a plain "
-                             "question; give prompt= with the model's image placeholder instead")
-        from vit.explain.language.chat_template import render
-
+            if not folder_template(processor):  # else the folder's, on its tokenizer (Chameleon's)
+                raise ValueError(f"{vlm.folder}'s processor has no chat template and puts no image token in a "
+                                 "plain question; give prompt= with the model's image placeholder instead")
         messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
                                                  {"type": "text", "text": question}]}]
         text = render(processor, messages)  # the folder's own code: rendered under a time and size bound

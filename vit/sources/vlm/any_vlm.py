@@ -84,6 +84,9 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
     if free is not None:
         return free
     if vision is None:
+        vq = _vq_tokenizer(config, model_type)
+        if vq is not None:
+            return vq
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
@@ -148,6 +151,25 @@ def _encoder_free(config, vision, model_type: str) -> DeclaredTower | None:
     width = _first(part, FREE_WIDTH) or _first(text, ("hidden_size",)) or 1
     shape = LibraryShape(0, 1, width, 4 * width, 0, (patch, patch), _first(part, CHANNELS) or 3)
     return DeclaredTower(str(getattr(part, "model_type", "") or model_type), 1, shape)
+
+
+def _vq_tokenizer(config, model_type: str) -> DeclaredTower | None:
+    """A VQ image tokenizer in place of a tower, where the config declares one (``vq_config``: Chameleon's, Emu3's):
+    its encoder halves the image's side at each level of its ``channel_multiplier`` but the last, and each cell of
+    that latent grid is one code, one image token (Emu3's processor closes each row with a token over none); so the
+    patch is ``2 ** (levels - 1)`` pixels, one token each. Its sizes for the cost model: no attention layer (its
+    convolutions' one attention block over the latent cells aside), its widest level's channels. None where the
+    config declares none."""
+    vq = getattr(config, "vq_config", None)
+    levels = getattr(vq, "channel_multiplier", None)
+    if not (isinstance(levels, (list, tuple)) and levels and all(_whole(v) for v in levels) and len(levels) <= 12):
+        return None
+    from vit.costs.plan import LibraryShape
+
+    patch = 2 ** (len(levels) - 1)
+    width = (_first(vq, ("base_channels",)) or 1) * max(levels)
+    shape = LibraryShape(0, 1, width, 4 * width, 0, (patch, patch), _first(vq, CHANNELS) or 3)
+    return DeclaredTower(str(getattr(vq, "model_type", "") or model_type), 1, shape)
 
 
 def learned_queries(config) -> str | None:

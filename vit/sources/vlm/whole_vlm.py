@@ -84,6 +84,9 @@ class VLM:
         inner = getattr(self.model, "model", self.model)  # Llama 4's parts sit on the generating model itself
         named = ("text_model",) if self.model_type in TEXT_MODEL else ("language_model", "text_model")
         stack = next((getattr(inner, name) for name in named if getattr(inner, name, None) is not None), None)
+        if stack is None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) and hasattr(
+                inner, "embed_tokens"):  # the decoder's layers on the model itself, beside its image tokenizer
+            stack = inner  # (Chameleon's ChameleonModel: embed_tokens, layers, vqmodel)
         if stack is None:
             raise VLMError(f"{self.folder}'s {type(self.model).__name__} has no language_model or text_model: no "
                            "decoder stack whose attention the answer reads")
