@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
          "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid",
-         "muse_spark"]  # MUSE Glimmer answers one token with these weights
+         "muse_spark", "glm5_next"]  # MUSE Glimmer answers one token with these weights
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
 # processor's classes; DeepSeek-VL's 16-px patches one token each,
 # Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
@@ -48,7 +48,7 @@ KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thi
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
            "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark",
-           "chameleon", "emu3")  # the last two: VQ codes (test_vlm_vq), built here for the sweep of every reading
+           "glm5_next", "chameleon", "emu3")  # the last two: VQ codes (test_vlm_vq), built here for the sweep
 
 
 def build(kind: str):
@@ -144,7 +144,8 @@ GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 2
          "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
          # Ovis 2: 224-px images, 14-px patches (the 256 tokens its processor counts); DeepSeek-VL-Hybrid: its
          # low-res tower's 384 / 16
-         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}
+         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None,
+         "glm5_next": None}  # GLM-5 Next: a latent attention whose head_dim is 0, linear layers named self_attn
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -159,10 +160,11 @@ def test_the_image_tokens_are_placed_row_major_over_their_merge_units(folders, a
     if "image_grid_thw" in inputs:
         assert inputs["image_grid_thw"].tolist() == [[1, *grid]]
     assert answer.layout.grid == grid and answer.layout.unit == unit and answer.layout.lead == 0
+    layer = min(1, len(out.attentions[0]) - 1)  # GLM-5 Next's two layers: one linear, one attending
     for i in range(len(answer.tokens)):
-        row = eager_image_rows(out, i, 1, answer.layout.positions).mean(0)
+        row = eager_image_rows(out, i, layer, answer.layout.positions).mean(0)
         expected = by_hand(row, grid, unit, 0)
-        ours = answer.attention(i, layer=1)
+        ours = answer.attention(i, layer=layer)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
         # transposed (the units laid column-major) the placement would fail: the test tells them apart
         (gh, gw), u = grid, unit

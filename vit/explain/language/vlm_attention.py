@@ -82,5 +82,6 @@ CROSS = ("cross_attn", "encoder_attn")  # a decoder layer's attention to another
 def linear_layers(language_model) -> list[str]:
     """The class names of the decoder layers' token mixers that are not attention (a hybrid model's linear attention,
     ``linear_attn``)."""
-    return sorted({type(layer.linear_attn).__name__ for layer in language_model.layers
-                   if attention_of(layer) is None and hasattr(layer, "linear_attn")})
+    return sorted({type(getattr(layer, "linear_attn", None) or layer.self_attn).__name__
+                   for layer in language_model.layers if attention_of(layer) is None
+                   and (hasattr(layer, "linear_attn") or hasattr(layer, "self_attn"))})
