@@ -5,6 +5,10 @@ the checks before a folder is opened misread, each checked on transformers' own 
   here); the declared parameters' bound counts what a latent attention surely has instead of refusing the folder,
   and stays at most what transformers' own model holds. Its linear-attention layers name their mixer ``self_attn``
   but state their kind: none of them is read as attention.
+- A class of the image-text-to-text auto-mapping that cannot answer about an image in text is refused in one line
+  before its language model is read: PI0 (no ``generate``: it predicts a robot's actions; its language model two
+  configs deep), Mistral 4's causal language model (no image input); a processor that reads clips alone
+  (InstructBLIP Video's) is named so.
 """
 
 import pytest
@@ -51,3 +55,52 @@ def test_linear_attention_layers_named_self_attn_are_not_read_as_attention(glm5_
     assert [n for n, _ in attention_layers(model)] == [3]
     assert attention_layers(model)[0][1] is model.layers[3].self_attn
     assert linear_layers(model) == ["Glm5NextTextLinearAttention"]
+
+
+@pytest.mark.parametrize(("architecture", "refusal"), [
+    ("PI0ForConditionalGeneration", "transformers' PI0ForConditionalGeneration generates no text (its can_generate() "
+                                    "is False: it has no generate to answer with)"),
+    ("Mistral4ForCausalLM", "transformers' Mistral4ForCausalLM takes no image (its forward has no pixel_values, "
+                            "patches or image input); ask a model that does"),
+    ("Kosmos2_5ForConditionalGeneration", None),  # its image comes as flattened_patches
+    ("LlavaForConditionalGeneration", None)])
+def test_a_class_that_cannot_answer_about_an_image_in_text_is_refused_in_one_line(architecture, refusal):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    from vit.sources.vlm.whole_vlm import answering_problem
+
+    assert architecture in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()  # each one the auto-mapping holds
+    assert answering_problem(architecture) == refusal
+
+
+def test_pi0s_folder_is_refused_for_its_generation_not_its_nested_language_model(tmp_path):
+    """PI0's language model sits two configs deep (``vlm_config.text_config``), which ``get_text_config`` does not
+    reach; before any of it is read, the folder is refused for what the class is: it predicts actions, no text."""
+    import json
+
+    import vit
+    from vit.sources.vlm.whole_vlm import VLMError
+
+    (tmp_path / "config.json").write_text(json.dumps(transformers.PI0Config().to_dict()))
+    with pytest.raises(VLMError) as refused:
+        vit.open_vlm(tmp_path)
+    assert str(refused.value) == (f"{tmp_path} is refused: transformers' PI0ForConditionalGeneration generates no "
+                                  "text (its can_generate() is False: it has no generate to answer with)")
+
+
+def test_a_clip_only_processor_is_refused_naming_its_video_processor(tmp_path):
+    """InstructBLIP Video's processor holds a video processor and no image processor: the folder is refused in one
+    line saying so, not told to save a processor it has."""
+    import vit
+    from bench.census_vlm import generic_build
+    from vit.sources.vlm.whole_vlm import VLMError
+
+    torch.manual_seed(0)
+    model, processor = generic_build("instructblipvideo")
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    with pytest.raises(VLMError) as refused:
+        vit.open_vlm(tmp_path)
+    assert str(refused.value) == (f"{tmp_path} is refused: its processor (InstructBlipVideoProcessor) reads clips "
+                                  "alone (a video processor, no image processor); its model is asked about a clip, "
+                                  "not an image")
