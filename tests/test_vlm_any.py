@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
          "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid",
-         "muse_spark", "glm5_next"]  # MUSE Glimmer answers one token with these weights
+         "muse_spark", "glm5_next", "fast_vlm"]  # MUSE Glimmer answers one token with these weights
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
 # processor's classes; DeepSeek-VL's 16-px patches one token each,
 # Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
@@ -48,7 +48,7 @@ KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thi
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
            "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark",
-           "glm5_next", "chameleon", "emu3")  # the last two: VQ codes (test_vlm_vq), built here for the sweep
+           "glm5_next", "fast_vlm", "chameleon", "emu3")  # the last two: VQ codes (test_vlm_vq), here for the sweep
 
 
 def build(kind: str):
@@ -145,7 +145,8 @@ GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 2
          # Ovis 2: 224-px images, 14-px patches (the 256 tokens its processor counts); DeepSeek-VL-Hybrid: its
          # low-res tower's 384 / 16
          "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None,
-         "glm5_next": None}  # GLM-5 Next: a latent attention whose head_dim is 0, linear layers named self_attn
+         "glm5_next": None,  # GLM-5 Next: a latent attention whose head_dim is 0, linear layers named self_attn
+         "fast_vlm": ((4, 4), 1)}  # FastVLM: a timm FastViT's last map, 256 px at its stride of 64 (timm's sizes)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -9,6 +9,8 @@ the checks before a folder is opened misread, each checked on transformers' own 
   before its language model is read: PI0 (no ``generate``: it predicts a robot's actions; its language model two
   configs deep), Mistral 4's causal language model (no image input); a processor that reads clips alone
   (InstructBLIP Video's) is named so.
+- A timm tower whose ``model_args`` state no sizes (FastVLM's FastViT-MCi3, as its checkpoint's config gives it) is
+  counted as timm builds it: its attention modules, their heads and width, its total stride the patch.
 """
 
 import pytest
@@ -104,3 +106,17 @@ def test_a_clip_only_processor_is_refused_naming_its_video_processor(tmp_path):
     assert str(refused.value) == (f"{tmp_path} is refused: its processor (InstructBlipVideoProcessor) reads clips "
                                   "alone (a video processor, no image processor); its model is asked about a clip, "
                                   "not an image")
+
+
+def test_a_timm_towers_sizes_are_read_from_the_model_timm_builds():
+    import timm
+
+    from vit.sources.vlm.any_vlm import _timm_sizes
+
+    vision = transformers.FastVlmConfig().vision_config  # model_args {"inference_mode": True}: no sizes
+    assert vision.model_args == {"inference_mode": True}
+    with torch.device("meta"):
+        model = timm.create_model("fastvit_mci3", pretrained=False, inference_mode=True)
+    attending = [m for m in model.modules() if isinstance(m, timm.models.fastvit.Attention)]
+    assert [m.num_heads for m in attending] == [24] * 4 + [48] * 2  # its last two stages attend, 32-wide heads
+    assert _timm_sizes(vision) == (dict(layers=6, heads=48, hidden_size=48 * 32), 64)

@@ -96,11 +96,15 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
                  (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
     if all(value is None for value in sizes.values()):  # a tower of towers (DeepSeek-OCR 2's SAM then encoder)
         sizes, _ = _stacked(vision)  # the patch stays the vision config's own: neither tower's cuts the image tokens
+    stride = None
+    if sizes["layers"] is None and sizes["heads"] is None:  # a timm tower whose model_args state no sizes, its
+        built, stride = _timm_sizes(config.vision_config)  # hidden_size its pooled features' (FastVLM's)
+        sizes = built if built["layers"] else sizes
     lacking = [what for what, value in sizes.items() if value is None]
     if lacking:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
     width = sizes["hidden_size"]
-    patch = _side(getattr(vision, "patch_size", None))
+    patch = _side(getattr(vision, "patch_size", None)) or stride
     queries = learned_queries(config)
     if queries:  # a count of image tokens that happens to tile the grid must not place them on it
         missing = f"they are {queries}, which cover no patch"
@@ -127,6 +131,34 @@ def _stacked(vision) -> tuple[dict, object]:
         return dict(layers=None, heads=None, hidden_size=None), vision
     widest = max(read, key=lambda item: item[1]["hidden_size"])[1]
     return dict(widest, layers=sum(sizes["layers"] for _, sizes in read)), read[0][0]
+
+
+def _timm_sizes(vision) -> tuple[dict, int | None]:
+    """``(sizes, stride)`` of a timm tower (``timm_wrapper``: its ``architecture`` and ``model_args``) as timm builds
+    it, on the meta device (no memory, no download): its attention modules counted as its layers, the most heads of
+    one and that one's width (a hybrid's convolution stages have none: FastViT-MCi3's last two stages attend), and its
+    total stride, each image token one cell of its last feature map; None sizes where timm builds no such model."""
+    none = dict(layers=None, heads=None, hidden_size=None)
+    architecture, args = getattr(vision, "architecture", None), getattr(vision, "model_args", None) or {}
+    if getattr(vision, "model_type", None) != "timm_wrapper" or not isinstance(architecture, str) or not isinstance(
+            args, dict):
+        return none, None
+    import timm
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(architecture, pretrained=False, **args)
+    except (RuntimeError, ValueError, TypeError, KeyError):  # no such entry point, or arguments it does not take
+        return none, None
+    attending = [m for m in model.modules() if _whole(getattr(m, "num_heads", None))]
+    if not attending:
+        return none, None
+    widest = max(attending, key=lambda m: m.num_heads * (_whole(getattr(m, "head_dim", None)) or 1))
+    width = widest.num_heads * (_whole(getattr(widest, "head_dim", None)) or 1)
+    info = getattr(model, "feature_info", None)
+    stride = _whole(info[-1].get("reduction")) if isinstance(info, list) and info else None
+    return dict(layers=len(attending), heads=widest.num_heads, hidden_size=width), stride
 
 
 # The width an encoder-free embedder projects each patch to, in the order tried
