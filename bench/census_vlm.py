@@ -51,6 +51,7 @@ from bench.census_vlm_rules import (
     hidden_widths,
     patch_of_counts,
     pinpoint_side,
+    prefixed_words,
     processor_from_config,
     processor_of_kin,
     rope_per_kind,
@@ -329,11 +330,13 @@ def _processor(processor_class, model_type: str, specials: list[str], named: dic
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens([*specials, *(t for t in named.values() if t not in specials)])
+    plain = prefixed_words(model_type, WORDS, [*specials, *named.values()])  # its specials plain pieces (Fuyu's)
+    tok = plain or Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    if plain is None:
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.add_special_tokens([*specials, *(t for t in named.values() if t not in specials)])
     words = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
-                                                 eos_token="<pad>", additional_special_tokens=specials,
+                                                 eos_token="<pad>", additional_special_tokens=[] if plain else specials,
                                                  extra_special_tokens=named)
     parts = {}
     for name, parameter in inspect.signature(processor_class.__init__).parameters.items():

@@ -456,3 +456,27 @@ def vq_tokenizer(config: dict, words, processor, image: int | None) -> int | Non
     if isinstance(getattr(processor, "image_seq_length", None), int):
         processor.image_seq_length = VQ_SIDE * VQ_SIDE
     return cell
+
+
+# Processors whose code strips the piece a SentencePiece tokenizer puts before every text it encodes, its checkpoint's
+# tokenizer holding the image tokens as plain pieces of its vocabulary (Fuyu's, tokenizing its image tokens apart:
+# "strip off the underscore which is always prepended before special image tokens"): the census's words do so too
+PREFIX_PIECE = {"fuyu": "\u2581"}
+
+
+def prefixed_words(model_type: str, words: list[str], specials: list[str]):
+    """A word-level ``tokenizers.Tokenizer`` over ``words`` and ``specials`` as plain pieces that puts
+    ``PREFIX_PIECE`` before every text it encodes and between its words (SentencePiece's ``Metaspace``), each
+    special and that piece split out on its own; None for a type whose processor reads no such piece."""
+    piece = PREFIX_PIECE.get(model_type)
+    if piece is None:
+        return None
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    pieces = list(dict.fromkeys([*words, piece, *specials]))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(pieces)}, unk_token=words[0]))
+    alone = "|".join(re.escape(t) for t in sorted([piece, *set(specials)], key=len, reverse=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement=piece, prepend_scheme="always", split=False),
+        pre_tokenizers.Split(Regex(alone), behavior="isolated")])
+    return tok

@@ -48,7 +48,8 @@ KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thi
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
            "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark",
-           "glm5_next", "fast_vlm", "chameleon", "emu3")  # the last two: VQ codes (test_vlm_vq), here for the sweep
+           "glm5_next", "fast_vlm", "chameleon", "emu3", "fuyu")  # the last three: for the sweep (test_vlm_vq,
+# test_vlm_patch_rows test them)
 
 
 def build(kind: str):

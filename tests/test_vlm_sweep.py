@@ -30,7 +30,7 @@ NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_mo
        "qwen3_5_moe", "llama4", "llama4_tiles", "gemma3n", "llava_next", "llava_next_video", "llava_onevision",
        "llava_onevision_2", "internvl_tiles", "idefics3", "smolvlm", "molmo2", "mllama", "florence2"]
 FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2", "chameleon", "emu3",
-                  "glm5_next", "fast_vlm"]
+                  "glm5_next", "fast_vlm", "fuyu"]
 BOX = (0, 0, 1, 1)  # one patch, top left, on every grid
 REFUSED: dict[tuple[str, str], str] = {}  # (family, reading): the one-line refusal, printed at the module's end
 

@@ -221,6 +221,34 @@ def _closed_layouts(positions: torch.Tensor, grids: list[tuple[int, int]], unit:
     return tuple(layouts)
 
 
+# The processor outputs that hold one image's patches flattened, (patches, p x p x C) each row-major in the patch
+# (Fuyu's ``image_patches``, or its ``pixel_values`` where asked for the new output)
+PATCH_OUTPUTS = ("image_patches", "pixel_values")
+
+
+def _patch_rows(vlm, inputs, positions: torch.Tensor) -> tuple[ImageLayout, ...] | None:
+    """One image's layout where the processor hands its patches flattened, one image token each, and the prompt lays
+    them in rows, each closed by one other token (Fuyu's ``|NEWLINE|``): its runs of image tokens are the rows, the
+    run's length the columns (patches past the image's edge, its padding, read too), the pixels put back together
+    from the patches (each ``(p, p, C)`` row-major, the processor's normalisation undone); None where the outputs
+    are not so."""
+    patches = next((inputs[name] for name in PATCH_OUTPUTS if isinstance(inputs.get(name), torch.Tensor)), None)
+    (ph, pw), k = vlm.patch_hw, len(positions)
+    if patches is not None and patches.dim() == 3 and patches.shape[0] == 1:
+        patches = patches[0]
+    if patches is None or patches.dim() != 2 or patches.shape[0] != k or patches.shape[1] % (ph * pw) or k < 2:
+        return None
+    breaks = (torch.diff(positions) != 1).nonzero()[:, 0]  # the last token of each row but the last
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), breaks + 1])
+    lengths = torch.diff(torch.cat([starts, torch.tensor([k])]))
+    if len(set(lengths.tolist())) != 1 or any(int(positions[b + 1] - positions[b]) != 2 for b in breaks):
+        return None
+    rows, cols, channels = len(starts), int(lengths[0]), patches.shape[1] // (ph * pw)
+    canvas = patches.reshape(rows, cols, ph, pw, channels).permute(4, 0, 2, 1, 3).reshape(1, channels, rows * ph,
+                                                                                          cols * pw)
+    return (ImageLayout(positions, (rows, cols), 1, 0, pixels=seen_pixels(vlm, canvas)[0]),)
+
+
 def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayout, ...]:
     """The layout of each of ``images`` in the processor's ``inputs`` (see the module's docstring), or one unplaced
     list over the image tokens naming what is missing. ValueError (one line) when the prompt holds no image token."""
@@ -236,7 +264,8 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
         if tiled is not None:
             return tiled
     if grids is None:
-        return unplaced(positions, reason)
+        rows = _patch_rows(vlm, inputs, positions) if len(images) == 1 else None
+        return rows if rows is not None else unplaced(positions, reason)
     found = _unit_and_lead(vlm.unit, grids, len(positions))
     covered = _covered(vlm.unit, grids, len(positions)) if found is None else None
     if covered is not None:
