@@ -11,6 +11,8 @@ the checks before a folder is opened misread, each checked on transformers' own 
   (InstructBLIP Video's) is named so.
 - A timm tower whose ``model_args`` state no sizes (FastVLM's FastViT-MCi3, as its checkpoint's config gives it) is
   counted as timm builds it: its attention modules, their heads and width, its total stride the patch.
+- Weights transformers' own renaming reads under names the model lacks (ShieldGemma 2's folder as the mapping's
+  Gemma3ForConditionalGeneration saves it) are refused naming that renaming, not a weights file to copy.
 """
 
 import pytest
@@ -120,3 +122,29 @@ def test_a_timm_towers_sizes_are_read_from_the_model_timm_builds():
     attending = [m for m in model.modules() if isinstance(m, timm.models.fastvit.Attention)]
     assert [m.num_heads for m in attending] == [24] * 4 + [48] * 2  # its last two stages attend, 32-wide heads
     assert _timm_sizes(vision) == (dict(layers=6, heads=48, hidden_size=48 * 32), 64)
+
+
+def test_weights_transformers_reads_under_names_the_model_lacks_are_named_so(tmp_path):
+    """ShieldGemma 2 (issue 113): transformers' ``shieldgemma2`` conversion adds its classifier's ``model.`` prefix
+    to the generating class's keys too, so the folder the image-text-to-text mapping's Gemma3ForConditionalGeneration
+    saves does not load back: transformers' own loading report misses the language model's weights (here the
+    reference). The refusal names that renaming, not a file to copy."""
+    import vit
+    from bench.census_vlm import generic_build
+    from vit.sources.vlm.whole_vlm import VLMError
+
+    torch.manual_seed(0)
+    model, processor = generic_build("shieldgemma2")
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    _, loaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path, output_loading_info=True)
+    missing = sorted(loaded["missing_keys"])
+    assert "lm_head.weight" in missing and "model.language_model.embed_tokens.weight" in missing
+    with pytest.raises(VLMError) as refused:
+        vit.open_vlm(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path} is refused: transformers {transformers.__version__} reads its weights files' tensors under names "
+        "its Gemma3ForConditionalGeneration lacks (model.language_model.model.embed_tokens.weight as "
+        f"model.model.language_model.model.embed_tokens.weight, and {len(missing) - 2} more), so {len(missing)} of "
+        f"the model's weights ({missing[0]}, {missing[1]} and {len(missing) - 2} more) would be filled at random: "
+        "these files do not load as this class")
