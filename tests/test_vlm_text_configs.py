@@ -13,6 +13,8 @@ the checks before a folder is opened misread, each checked on transformers' own 
   counted as timm builds it: its attention modules, their heads and width, its total stride the patch.
 - Weights transformers' own renaming reads under names the model lacks (ShieldGemma 2's folder as the mapping's
   Gemma3ForConditionalGeneration saves it) are refused naming that renaming, not a weights file to copy.
+- A VQ image tokenizer in place of a tower (Chameleon's, Emu3's ``vq_config``): its cells the patches; a vision
+  config inside the encoder's (T5Gemma 2's) named in the refusal.
 """
 
 import pytest
@@ -148,3 +150,26 @@ def test_weights_transformers_reads_under_names_the_model_lacks_are_named_so(tmp
         f"model.model.language_model.model.embed_tokens.weight, and {len(missing) - 2} more), so {len(missing)} of "
         f"the model's weights ({missing[0]}, {missing[1]} and {len(missing) - 2} more) would be filled at random: "
         "these files do not load as this class")
+
+
+def test_a_vq_tokenizers_cells_are_its_patches():
+    """Chameleon's default VQ-VAE (the checkpoint's: five levels, 512-px images, 1,024 image tokens a prompt): 32 x
+    32 codes, so 16-px cells, one token each; Emu3's four levels: 8-px cells (its processor's downsample_ratio)."""
+    from vit.sources.vlm.any_vlm import read_tower
+
+    chameleon = read_tower(transformers.ChameleonConfig().to_dict())
+    assert chameleon.shape.patch_hw == (16, 16) and chameleon.unit == 1 and not chameleon.missing
+    assert 512 // 16 * (512 // 16) == transformers.ChameleonProcessor.__init__.__defaults__[0]  # image_seq_length
+    emu3 = read_tower(transformers.Emu3Config().to_dict())
+    assert emu3.shape.patch_hw == (8, 8) and emu3.unit == 1
+
+
+def test_a_vision_config_inside_the_encoders_is_named_in_the_refusal():
+    from vit.sources.vlm.any_vlm import read_tower
+
+    with pytest.raises(ValueError) as refused:
+        read_tower(transformers.T5Gemma2Config().to_dict())
+    assert str(refused.value) == (
+        "its vision config is its encoder's (encoder.vision_config): the image is read by its encoder, and reaches "
+        "the answer through the decoder's attention over the encoder's states, which is read here only from a "
+        "decoder's cross-attention layers (Florence-2's)")

@@ -87,6 +87,14 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         vq = _vq_tokenizer(config, model_type)
         if vq is not None:
             return vq
+        from transformers import PretrainedConfig
+
+        nested = next((name for name, sub in vars(config).items() if isinstance(sub, PretrainedConfig)
+                       and getattr(sub, "vision_config", None) is not None), None)
+        if nested:  # T5Gemma 2's: the image in its encoder's sequence, which its decoder's merged attention reads
+            raise ValueError(f"its vision config is its {nested}'s ({nested}.vision_config): the image is read by its "
+                             f"{nested}, and reaches the answer through the decoder's attention over the {nested}'s "
+                             "states, which is read here only from a decoder's cross-attention layers (Florence-2's)")
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
