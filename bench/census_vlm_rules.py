@@ -17,6 +17,11 @@ transformers' own code or config classes, never a type's name:
 - ``rope_per_kind``: a rope dict the code reads per kind of layer (``rope_parameters[layer_type]``) and the
   default leaves empty given one default entry per kind (Cohere Compass's).
 - ``processor_from_config``: a processor's setting left None taken from the config's field of that name.
+- ``vq_tokenizer``: a VQ image tokenizer's config (Chameleon's, Emu3's) made tiny, its ``vocabulary_map`` the
+  tokenizer's vocabulary with its codes in the names the model's code finds (``VQ_CODES``, as transformers' testers
+  build it), the processor's side and count of image tokens those of its latent grid.
+- ``prefixed_words``: a tokenizer that puts SentencePiece's piece before each text where the processor's code strips
+  it (``PREFIX_PIECE``: Fuyu's).
 - ``STATED``: the few fields no rule can derive, which the checkpoints' configs state and transformers' defaults
   leave unusable (a None its code needs, a tower its default names of another kind), each with its source.
 """
