@@ -264,7 +264,7 @@ def read_layouts(vlm, inputs, images: Sequence[Image.Image]) -> tuple[ImageLayou
         if tiled is not None:
             return tiled
     if grids is None:
-        rows = _patch_rows(vlm, inputs, positions) if len(images) == 1 else None
+        rows = _patch_rows(vlm, inputs, positions) if len(images) == 1 and not vlm.tower.missing else None
         return rows if rows is not None else unplaced(positions, reason)
     found = _unit_and_lead(vlm.unit, grids, len(positions))
     covered = _covered(vlm.unit, grids, len(positions)) if found is None else None
