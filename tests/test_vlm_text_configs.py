@@ -173,3 +173,13 @@ def test_a_vision_config_inside_the_encoders_is_named_in_the_refusal():
         "its vision config is its encoder's (encoder.vision_config): the image is read by its encoder, and reaches "
         "the answer through the decoder's attention over the encoder's states, which is read here only from a "
         "decoder's cross-attention layers (Florence-2's)")
+
+
+def test_a_timm_towers_model_args_never_name_a_file_timm_reads(tmp_path):
+    """model_args come from the folder's config.json: create_model's own arguments (a checkpoint_path it would load)
+    are not passed, only the model's."""
+    from vit.sources.vlm.any_vlm import _timm_sizes
+
+    vision = transformers.FastVlmConfig().vision_config
+    vision.model_args = {"inference_mode": True, "checkpoint_path": str(tmp_path / "absent.pth")}
+    assert _timm_sizes(vision) == (dict(layers=6, heads=48, hidden_size=48 * 32), 64)

@@ -151,9 +151,13 @@ def _timm_sizes(vision) -> tuple[dict, int | None]:
     if getattr(vision, "model_type", None) != "timm_wrapper" or not isinstance(architecture, str) or not isinstance(
             args, dict):
         return none, None
+    import inspect
+
     import timm
     import torch
 
+    # only the model's own arguments: none of create_model's (a checkpoint_path it would read, a pretrained config)
+    args = {k: v for k, v in args.items() if k not in inspect.signature(timm.create_model).parameters}
     try:
         with torch.device("meta"):
             model = timm.create_model(architecture, pretrained=False, **args)
