@@ -51,6 +51,7 @@ from bench.census_vlm_rules import (
     hidden_widths,
     patch_of_counts,
     pinpoint_side,
+    prefixed_words,
     processor_from_config,
     processor_of_kin,
     rope_per_kind,
@@ -58,6 +59,8 @@ from bench.census_vlm_rules import (
     stated_fields,
     timm_tower,
     tower_field,
+    vq_tokenizer,
+    vq_tokens,
 )
 
 RESULTS = Path("bench/results/cpu-2026-11-29")
@@ -330,11 +333,13 @@ def _processor(processor_class, model_type: str, specials: list[str], named: dic
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens([*specials, *(t for t in named.values() if t not in specials)])
+    plain = prefixed_words(model_type, WORDS, [*specials, *named.values()])  # its specials plain pieces (Fuyu's)
+    tok = plain or Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    if plain is None:
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.add_special_tokens([*specials, *(t for t in named.values() if t not in specials)])
     words = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
-                                                 eos_token="<pad>", additional_special_tokens=specials,
+                                                 eos_token="<pad>", additional_special_tokens=[] if plain else specials,
                                                  extra_special_tokens=named)
     parts = {}
     for name, parameter in inspect.signature(processor_class.__init__).parameters.items():
@@ -436,7 +441,7 @@ def generic_build(model_type: str):
         return model_class(CONFIG_MAPPING[model_type].from_dict(config)), words
     processor_class = processor_class_of(model_type)
     found, named = _tokens_of(processor_class)
-    specials = list(dict.fromkeys(found))
+    specials = list(dict.fromkeys([*found, *vq_tokens(model_type)]))  # a VQ tokenizer's codes: vocabulary tokens
     processor, words = _processor(processor_class, model_type, specials, named)
     # the tokens the processor holds (its image token, its markers) that the tokenizer lacks: given one each
     lacking = [v for k, v in vars(processor).items() if k.endswith("_token") and isinstance(v, str) and v
@@ -488,6 +493,7 @@ def generic_build(model_type: str):
     if config.get("is_encoder_decoder") and not _whole(config.get("decoder_start_token_id")):
         # the decoder's first token, which every checkpoint states (a VisionEncoderDecoder's default has none)
         config["decoder_start_token_id"] = words.bos_token_id if words.bos_token_id is not None else words.pad_token_id
+    vq_tokenizer(config, words, processor, expanded)
     side = pinpoint_side(processor) or _side_agreed(config, processor)
     for sub in (config, *(v for v in config.values() if isinstance(v, dict))):
         if side and _whole(sub.get("image_size")):  # the tower's input side: the one the processor resizes to

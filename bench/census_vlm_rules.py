@@ -17,6 +17,11 @@ transformers' own code or config classes, never a type's name:
 - ``rope_per_kind``: a rope dict the code reads per kind of layer (``rope_parameters[layer_type]``) and the
   default leaves empty given one default entry per kind (Cohere Compass's).
 - ``processor_from_config``: a processor's setting left None taken from the config's field of that name.
+- ``vq_tokenizer``: a VQ image tokenizer's config (Chameleon's, Emu3's) made tiny, its ``vocabulary_map`` the
+  tokenizer's vocabulary with its codes in the names the model's code finds (``VQ_CODES``, as transformers' testers
+  build it), the processor's side and count of image tokens those of its latent grid.
+- ``prefixed_words``: a tokenizer that puts SentencePiece's piece before each text where the processor's code strips
+  it (``PREFIX_PIECE``: Fuyu's).
 - ``STATED``: the few fields no rule can derive, which the checkpoints' configs state and transformers' defaults
   leave unusable (a None its code needs, a tower its default names of another kind), each with its source.
 """
@@ -393,3 +398,90 @@ def stated_fields(config: dict, model_type: str, processor=None) -> None:
         for key in path:
             sub = sub[key]
         sub[name] = value
+
+
+# A VQ image tokenizer's codes are tokens of the language model's vocabulary, which the config's ``vocabulary_map``
+# (the checkpoint's tokenizer vocabulary, token -> id) names in the form the model's code finds them by
+# (``ChameleonImageVocabularyMapping.image_tokens``: names starting "IMGIMG", the code's digits as letters A to J,
+# then "Z"; ``Emu3ImageVocabularyMapping``: "<|visual token000123|>"), beside the markers its code looks up in the map
+# (Emu3's row end "<|extra_200|>"); transformers' own testers build the map so (ChameleonModelTester.get_config,
+# Emu3Vision2TextModelTester.get_config)
+VQ_CODES = {
+    "chameleon": (lambda i: "IMGIMG" + "".join(chr(ord("A") + int(c)) for c in str(i)) + "Z", ()),
+    "emu3": (lambda i: f"<|visual token{i:06d}|>", ("<|extra_200|>",)),
+}
+VQ_CODEBOOK = 16  # a tiny VQ image tokenizer's codes
+VQ_SIDE = 6  # latent cells along the side of a square image a tiny VQ image tokenizer reads (Chameleon's crop)
+VQ_CODEBOOK_FIELDS = ("num_embeddings", "codebook_size")  # Chameleon's, Emu3's
+
+
+def vq_tokens(model_type: str) -> list[str]:
+    """The tokens a tiny VQ image tokenizer's codes and markers are in the vocabulary (``VQ_CODES``); none for a
+    model type without one."""
+    if model_type not in VQ_CODES:
+        return []
+    name, markers = VQ_CODES[model_type]
+    return [*(name(i) for i in range(VQ_CODEBOOK)), *markers]
+
+
+def vq_tokenizer(config: dict, words, processor, image: int | None) -> int | None:
+    """A VQ image tokenizer's config (``vq_config``) made tiny and agreed with the vocabulary and the processor (in
+    place): its codebook ``VQ_CODEBOOK`` codes, its channels the 32 groups of its GroupNorm, one residual block a
+    level, its codes 4 wide; the config's ``vocabulary_map`` the tokenizer's vocabulary with "<image>" the token the
+    processor repeats for an image (``image``), as the checkpoint's tokenizer names it; the image processor's side
+    (or its pixel range) and the processor's count of image tokens (``image_seq_length``) those of ``VQ_SIDE``
+    latent cells a side, each cell ``2 ** (levels - 1)`` pixels (the encoder halves the side at each level of
+    ``channel_multiplier`` but the last). Returns that cell's side, or None where the config has no VQ tokenizer."""
+    vq = config.get("vq_config")
+    if not isinstance(vq, dict) or "vocabulary_map" not in config or not isinstance(vq.get("channel_multiplier"),
+                                                                                        list):
+        return None
+    for key in VQ_CODEBOOK_FIELDS:
+        if key in vq:
+            vq[key] = VQ_CODEBOOK
+    if isinstance(vq.get("hidden_size"), int):  # its middle block's attention width: the last level's channels
+        vq["hidden_size"] = 32 * vq["channel_multiplier"][-1]  # (Emu3's 1,024 = 256 x 4)
+    vq["base_channels"] = 32  # GroupNorm's 32 groups over the first level's channels
+    vq["num_res_blocks"] = 1
+    for key in ("embed_dim", "latent_channels"):  # each code's width, as transformers' testers' (5, 4)
+        if isinstance(vq.get(key), int):
+            vq[key] = 4
+    config["vocabulary_map"] = {**words.get_vocab(), **({"<image>": image} if image is not None else {})}
+    cell = 2 ** (len(vq["channel_multiplier"]) - 1)
+    side = cell * VQ_SIDE
+    images = getattr(processor, "image_processor", None)
+    if hasattr(images, "min_pixels") and hasattr(images, "max_pixels"):  # Emu3's: the image at its own aspect
+        images.min_pixels, images.max_pixels = side * side, 4 * side * side
+        if isinstance(getattr(images, "size", None), dict):
+            images.size = {"min_pixels": images.min_pixels, "max_pixels": images.max_pixels}
+    for name in ("size", "crop_size"):  # Chameleon's: its shortest edge resized, then cropped square
+        size = getattr(images, name, None)
+        if size is not None and not isinstance(size, dict):
+            setattr(images, name, type(size)(**{k: side for k, v in vars(size).items() if v is not None}))
+    if isinstance(getattr(processor, "image_seq_length", None), int):
+        processor.image_seq_length = VQ_SIDE * VQ_SIDE
+    return cell
+
+
+# Processors whose code strips the piece a SentencePiece tokenizer puts before every text it encodes, its checkpoint's
+# tokenizer holding the image tokens as plain pieces of its vocabulary (Fuyu's, tokenizing its image tokens apart:
+# "strip off the underscore which is always prepended before special image tokens"): the census's words do so too
+PREFIX_PIECE = {"fuyu": "\u2581"}
+
+
+def prefixed_words(model_type: str, words: list[str], specials: list[str]):
+    """A word-level ``tokenizers.Tokenizer`` over ``words`` and ``specials`` as plain pieces that puts
+    ``PREFIX_PIECE`` before every text it encodes and between its words (SentencePiece's ``Metaspace``), each
+    special and that piece split out on its own; None for a type whose processor reads no such piece."""
+    piece = PREFIX_PIECE.get(model_type)
+    if piece is None:
+        return None
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    pieces = list(dict.fromkeys([*words, piece, *specials]))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(pieces)}, unk_token=words[0]))
+    alone = "|".join(re.escape(t) for t in sorted([piece, *set(specials)], key=len, reverse=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement=piece, prepend_scheme="always", split=False),
+        pre_tokenizers.Split(Regex(alone), behavior="isolated")])
+    return tok

@@ -40,14 +40,16 @@ pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ["vipllava", "glm_ocr", "deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker",
          "qwen3_omni_moe_thinker", "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid",
-         "muse_spark"]  # MUSE Glimmer answers one token with these weights
+         "muse_spark", "glm5_next", "fast_vlm"]  # MUSE Glimmer answers one token with these weights
 # Types the VLM census's generic builder opened (bench/census_vlm.py): transformers' default config shrunk, its own
 # processor's classes; DeepSeek-VL's 16-px patches one token each,
 # Cosmos 3 Edge's M-RoPE, whose generate needs the mm_token_type_ids its processor gives only when asked; the Qwen
 # Omni thinkers (their vision_start_token_id from the processor's vision_bos_token), PaddleOCR-VL (M-RoPE sections
 # over the shrunk head) and VideoLLaMA 3 (the processor's 14-px patches on the tower): grids the processor states
 GENERIC = ("deepseek_vl", "cosmos3_edge", "qwen2_5_omni_thinker", "qwen3_omni_moe_thinker",
-           "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark")
+           "paddleocr_vl", "video_llama_3", "ovis2", "deepseek_vl_hybrid", "muse_spark",
+           "glm5_next", "fast_vlm", "chameleon", "emu3", "fuyu")  # the last three: for the sweep (test_vlm_vq,
+# test_vlm_patch_rows test them)
 
 
 def build(kind: str):
@@ -143,7 +145,9 @@ GRIDS = {"vipllava": ((4, 4), 1), "glm_ocr": ((6, 8), 2), "deepseek_vl": ((24, 2
          "qwen3_omni_moe_thinker": None, "paddleocr_vl": None, "video_llama_3": None,
          # Ovis 2: 224-px images, 14-px patches (the 256 tokens its processor counts); DeepSeek-VL-Hybrid: its
          # low-res tower's 384 / 16
-         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None}
+         "ovis2": ((16, 16), 1), "deepseek_vl_hybrid": ((24, 24), 1), "muse_spark": None,
+         "glm5_next": None,  # GLM-5 Next: a latent attention whose head_dim is 0, linear layers named self_attn
+         "fast_vlm": ((4, 4), 1)}  # FastVLM: a timm FastViT's last map, 256 px at its stride of 64 (timm's sizes)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -158,10 +162,11 @@ def test_the_image_tokens_are_placed_row_major_over_their_merge_units(folders, a
     if "image_grid_thw" in inputs:
         assert inputs["image_grid_thw"].tolist() == [[1, *grid]]
     assert answer.layout.grid == grid and answer.layout.unit == unit and answer.layout.lead == 0
+    layer = min(1, len(out.attentions[0]) - 1)  # GLM-5 Next's two layers: one linear, one attending
     for i in range(len(answer.tokens)):
-        row = eager_image_rows(out, i, 1, answer.layout.positions).mean(0)
+        row = eager_image_rows(out, i, layer, answer.layout.positions).mean(0)
         expected = by_hand(row, grid, unit, 0)
-        ours = answer.attention(i, layer=1)
+        ours = answer.attention(i, layer=layer)
         np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5)
         # transposed (the units laid column-major) the placement would fail: the test tells them apart
         (gh, gw), u = grid, unit

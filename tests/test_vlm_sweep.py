@@ -34,7 +34,8 @@ NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_mo
 CANVASED = ["perception_lm", "granite4_vision", "nemotron_h_omni", "unlimited_ocr"]
 # the census's generic builder's: encoder-decoders whose encoder reads the image alone, Idefics' gated cross-attention
 GENERIC = ["pix2struct", "vision-encoder-decoder", "pp_formulanet", "idefics"]
-FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2"] + CANVASED + GENERIC
+FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2", "chameleon", "emu3",
+                  "glm5_next", "fast_vlm", "fuyu"] + CANVASED + GENERIC
 BOX = (0, 0, 1, 1)  # one patch, top left, on every grid
 REFUSED: dict[tuple[str, str], str] = {}  # (family, reading): the one-line refusal, printed at the module's end
 

@@ -179,10 +179,16 @@ def recording(part: torch.nn.Module, recorder, same_branch: bool = False):
         _RECORDING.reset(token)
 
 
+LAYER_KINDS = ("layer_type", "block_type")  # where a decoder layer states its kind (Qwen 3.5's, GLM-5 Next's)
+
+
 def attention_of(layer: torch.nn.Module) -> torch.nn.Module | None:
     """A decoder layer's self-attention module: its ``self_attn``, else its token ``mixer`` where that module's
     forward asks transformers' attention interface for its function (Nemotron-H's hybrid blocks: a ``mixer`` that is
-    attention in some layers, Mamba or an MLP in others); None for a layer that does not attend."""
+    attention in some layers, Mamba or an MLP in others); None for a layer that does not attend (one whose stated
+    kind is linear attention, ``LAYER_KINDS``, though it names its mixer ``self_attn``)."""
+    if any(getattr(layer, name, None) == "linear_attention" for name in LAYER_KINDS):
+        return None  # its self_attn a recurrent state over the tokens (GLM-5 Next's linear layers), no attention
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
         return attention

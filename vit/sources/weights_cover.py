@@ -79,11 +79,14 @@ def cover_problem(model: torch.nn.Module, stored: dict[str, torch.Tensor]) -> st
     expected = model.state_dict()  # parameters and persistent buffers, on the meta device
     rename = _renamer(model, expected)
     found: dict[str, tuple[int, ...] | None] = {}  # the model's name -> the stored shape (None: a converter's)
+    astray: list[tuple[str, str]] = []  # (stored name, the name transformers reads it under, which the model lacks)
     for key, tensor in stored.items():
         names, converted = rename(key)
         for name in names:
             if name in expected:
                 found[name] = None if converted else tuple(tensor.shape)
+        if not any(name in expected for name in names):
+            astray.append((key, names[0]))
     tied = dict(getattr(model, "all_tied_weights_keys", None) or {})
     ignored = [p for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or ()) if isinstance(p, str)]
     may_miss = re.compile("|".join(f"({p})" for p in ignored)) if ignored else None
@@ -102,12 +105,28 @@ def cover_problem(model: torch.nn.Module, stored: dict[str, torch.Tensor]) -> st
             missing.append(name)
     unstored += sum(b.numel() for name, b in buffers.items() if name not in expected)  # not persistent
     problem = loading_problem({"mismatched_keys": wrong, "missing_keys": missing})  # as transformers' report reads
+    if problem and missing and astray:
+        return _renamed_astray(model, missing, sorted(astray))
     if problem:
         return problem
     if unstored > MAX_UNSTORED:
         return (f"its config.json declares {unstored:,} elements its weights files do not hold (buffers, weights "
                 f"filled when missing), past the {MAX_UNSTORED:,} this program allocates beyond them")
     return None
+
+
+def _renamed_astray(model: torch.nn.Module, missing: list[str], astray: list[tuple[str, str]]) -> str:
+    """The one line for weights the files hold but transformers' own renaming reads under names the model lacks
+    (ShieldGemma 2's: its ``shieldgemma2`` conversion adds the ``model.`` prefix of its classifier, which wraps a
+    Gemma3ForConditionalGeneration, to the generating class's keys too), leaving the model's own at random."""
+    import transformers
+
+    key, name = astray[0]
+    more = f", and {len(astray) - 1:,} more" if len(astray) > 1 else ""
+    shown = ", ".join(sorted(missing)[:2]) + (f" and {len(missing) - 2:,} more" if len(missing) > 2 else "")
+    return (f"transformers {transformers.__version__} reads its weights files' tensors under names its "
+            f"{type(model).__name__} lacks ({key} as {name}{more}), so {len(missing):,} of the model's weights "
+            f"({shown}) would be filled at random: these files do not load as this class")
 
 
 def weights_problem(model: torch.nn.Module, folder: Path) -> str | None:

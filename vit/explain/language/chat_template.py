@@ -65,11 +65,30 @@ class ChatTemplateError(ValueError):
     """A chat template that fails, or works past its bounds; the message says which, in one line."""
 
 
+def folder_template(processor) -> str | dict | None:
+    """The chat template the processor's folder states: the processor's own, else, where the processor's class takes
+    none (its ``__init__`` has no ``chat_template``: Chameleon's), its tokenizer's, which is where transformers puts
+    the folder's ``chat_template.jinja`` then; None where it states none."""
+    import inspect
+
+    own = getattr(processor, "chat_template", None)
+    if own or getattr(processor, "tokenizer", None) is None:
+        return own or None
+    try:
+        parameters = inspect.signature(type(processor).__init__).parameters
+    except (TypeError, ValueError):
+        return None
+    if "chat_template" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return None  # a class that keeps its template: the folder states none
+    return getattr(processor.tokenizer, "chat_template", None) or None
+
+
 def render(processor, messages: list[dict]) -> str:
-    """``processor.apply_chat_template(messages, add_generation_prompt=True)``, rendered in a bounded child:
-    ChatTemplateError (one line) for a template that fails, runs past ``TEMPLATE_SECONDS``, takes more than
-    ``TEMPLATE_MEMORY_BYTES`` or gives a prompt of more than ``MAX_PROMPT_CHARS``."""
-    template = processor.chat_template
+    """``processor.apply_chat_template(messages, add_generation_prompt=True)`` (with the folder's template,
+    ``folder_template``), rendered in a bounded child: ChatTemplateError (one line) for a template that fails, runs
+    past ``TEMPLATE_SECONDS``, takes more than ``TEMPLATE_MEMORY_BYTES`` or gives a prompt of more than
+    ``MAX_PROMPT_CHARS``."""
+    template = folder_template(processor)
     if isinstance(template, dict):  # several named templates: the processor's "default", as transformers reads it
         template = template.get("default")
     if _has_video(messages):

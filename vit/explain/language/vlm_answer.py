@@ -211,14 +211,19 @@ def text_shape(vlm):
         inner, n = config.mamba_num_heads * config.mamba_head_dim, config.ssm_state_size
         state = linear * (inner * n * 4 + (inner + 2 * config.n_groups * n) * config.conv_kernel * 4)
     elif linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
-        key_dim, value_dim = config.linear_key_head_dim, config.linear_value_head_dim
-        value_heads, key_heads = config.linear_num_value_heads, config.linear_num_key_heads
+        # (GLM-5 Next's keys and values share one width and count: linear_head_dim, linear_num_heads)
+        key_dim, value_dim = (getattr(config, f"linear_{kind}_head_dim", None) or config.linear_head_dim
+                              for kind in ("key", "value"))
+        value_heads, key_heads = (getattr(config, f"linear_num_{kind}_heads", None) or config.linear_num_heads
+                                  for kind in ("value", "key"))
         conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
         state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
     return TextShape(layers=layers - linear - sum(kind in ("mlp", "moe") for kind in kinds), heads=heads,
                      state_bytes=state,
                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                     head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                     # a latent attention's head_dim names its rotary part (0: none); its cache's keys are wider
+                     head_dim=getattr(config, "head_dim", None) or getattr(config, "qk_head_dim", None)
+                     or config.hidden_size // heads,
                      hidden=config.hidden_size,
                      mlp=(getattr(config, "decoder_ffn_dim", None) or mlp) if decoder else max(
                          mlp if isinstance(mlp, list) else [mlp]),  # Gemma 3n's: per layer

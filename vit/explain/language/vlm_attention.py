@@ -90,5 +90,6 @@ def cross_attending(language_model) -> bool:
 def linear_layers(language_model) -> list[str]:
     """The class names of the decoder layers' token mixers that are not attention (a hybrid model's linear attention,
     ``linear_attn``)."""
-    return sorted({type(layer.linear_attn).__name__ for layer in decoder_layers(language_model)
-                   if attention_of(layer) is None and hasattr(layer, "linear_attn")})
+    return sorted({type(getattr(layer, "linear_attn", None) or layer.self_attn).__name__
+                   for layer in decoder_layers(language_model) if attention_of(layer) is None
+                   and (hasattr(layer, "linear_attn") or hasattr(layer, "self_attn"))})

@@ -41,6 +41,8 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
     text = question if prompt is None else prompt
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
+    from vit.explain.language.chat_template import folder_template, render
+
     if reads_image_alone(vlm):  # the question is the decoder's prompt (Pix2Struct's, Donut's)
         check_processor(getattr(processor, "image_processor", None), [one.size for one in images], video=False)
         return _in_model_dtype(vlm, decoder_prompted(vlm, images, text))
@@ -54,10 +56,9 @@ def prompt_inputs(vlm, image: Image.Image | Sequence[Image.Image], question: str
             laid = _laid_out_by_processor(vlm, images, question)
             if laid is not None:
                 return laid
-            raise ValueError(f"{vlm.folder}'s processor has no chat template and puts no image token in a plain "
-                             "question; give prompt= with the model's image placeholder instead")
-        from vit.explain.language.chat_template import render
-
+            if not folder_template(processor):  # else the folder's, on its tokenizer (Chameleon's)
+                raise ValueError(f"{vlm.folder}'s processor has no chat template and puts no image token in a "
+                                 "plain question; give prompt= with the model's image placeholder instead")
         messages = [{"role": "user", "content": [*({"type": "image"} for _ in images),
                                                  {"type": "text", "text": question}]}]
         text = render(processor, messages)  # the folder's own code: rendered under a time and size bound

@@ -198,7 +198,8 @@ def source_states(vlm, prepared, source_inputs) -> torch.Tensor:
     finally:
         handle.remove()
     if kept.get("states") is None:
-        raise RuntimeError(f"the language model was not given its {name}; it cannot be patched here")
+        raise ValueError(f"the language model is not handed its {name} (it embeds the prompt and the image's codes "
+                         "itself: Chameleon's); the image's tokens cannot be patched there")
     return kept["states"].reshape(1, -1, kept["states"].shape[-1])
 
 
@@ -243,7 +244,8 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
     def ablated(module, args, kwargs):
         states = kwargs.get(name)
         if states is None:
-            raise RuntimeError(f"the language model was not given its {name}; it cannot be ablated here")
+            raise ValueError(f"the language model is not handed its {name} (it embeds the prompt and the image's "
+                             "codes itself: Chameleon's); the image's tokens cannot be ablated there")
         # (one question: batch 1) Llama 3.2 Vision hands its states as (tiles, states a tile, D), read as one row
         flat = states.reshape(1, -1, states.shape[-1]).clone()
         if source is not None:

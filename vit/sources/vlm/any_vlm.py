@@ -80,12 +80,25 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
         raise ValueError(f"transformers cannot build its {model_type} config: {str(e).splitlines()[0][:120]}"
                          ) from None
     vision = getattr(config, "vision_config", None)
-    if vision is None and getattr(config, "is_encoder_decoder", False):  # a VisionEncoderDecoder's: its encoder
-        vision = getattr(config, "encoder", None)
+    encoder = getattr(config, "encoder", None)
+    if vision is None and getattr(config, "is_encoder_decoder", False) and getattr(encoder, "vision_config",
+                                                                                 None) is None:
+        vision = encoder  # a VisionEncoderDecoder's: its encoder (not one holding a tower of its own: T5Gemma 2's)
     free = _encoder_free(config, vision, model_type)
     if free is not None:
         return free
     if vision is None:
+        vq = _vq_tokenizer(config, model_type)
+        if vq is not None:
+            return vq
+        from transformers import PretrainedConfig
+
+        nested = next((name for name, sub in vars(config).items() if isinstance(sub, PretrainedConfig)
+                       and getattr(sub, "vision_config", None) is not None), None)
+        if nested:  # T5Gemma 2's: the image in its encoder's sequence, which its decoder's merged attention reads
+            raise ValueError(f"its vision config is its {nested}'s ({nested}.vision_config): the image is read by its "
+                             f"{nested}, and reaches the answer through the decoder's attention over the {nested}'s "
+                             "states, which is read here only from a decoder's cross-attention layers (Florence-2's)")
         raise ValueError("its config declares no vision_config: no tower to count or place its tokens on")
     sizes = {what: _first(vision, names) for what, names in
              (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
@@ -95,11 +108,15 @@ def read_tower(config_json: Mapping) -> DeclaredTower:
                  (("layers", LAYERS), ("heads", HEADS), ("hidden_size", WIDTH))}
     if all(value is None for value in sizes.values()):  # a tower of towers (DeepSeek-OCR 2's SAM then encoder)
         sizes, _ = _stacked(vision)  # the patch stays the vision config's own: neither tower's cuts the image tokens
+    stride = None
+    if sizes["layers"] is None and sizes["heads"] is None:  # a timm tower whose model_args state no sizes, its
+        built, stride = _timm_sizes(config.vision_config)  # hidden_size its pooled features' (FastVLM's)
+        sizes = built if built["layers"] else sizes
     lacking = [what for what, value in sizes.items() if value is None]
     if lacking:
         raise ValueError(f"its vision config declares no {' or '.join(lacking)} the cost model counts")
     width = sizes["hidden_size"]
-    patch = _side(getattr(vision, "patch_size", None))
+    patch = _side(getattr(vision, "patch_size", None)) or stride
     queries = learned_queries(config)
     if queries:  # a count of image tokens that happens to tile the grid must not place them on it
         missing = f"they are {queries}, which cover no patch"
@@ -128,6 +145,38 @@ def _stacked(vision) -> tuple[dict, object]:
     return dict(widest, layers=sum(sizes["layers"] for _, sizes in read)), read[0][0]
 
 
+def _timm_sizes(vision) -> tuple[dict, int | None]:
+    """``(sizes, stride)`` of a timm tower (``timm_wrapper``: its ``architecture`` and ``model_args``) as timm builds
+    it, on the meta device (no memory, no download): its attention modules counted as its layers, the most heads of
+    one and that one's width (a hybrid's convolution stages have none: FastViT-MCi3's last two stages attend), and its
+    total stride, each image token one cell of its last feature map; None sizes where timm builds no such model."""
+    none = dict(layers=None, heads=None, hidden_size=None)
+    architecture, args = getattr(vision, "architecture", None), getattr(vision, "model_args", None) or {}
+    if getattr(vision, "model_type", None) != "timm_wrapper" or not isinstance(architecture, str) or not isinstance(
+            args, dict):
+        return none, None
+    import inspect
+
+    import timm
+    import torch
+
+    # only the model's own arguments: none of create_model's (a checkpoint_path it would read, a pretrained config)
+    args = {k: v for k, v in args.items() if k not in inspect.signature(timm.create_model).parameters}
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(architecture, pretrained=False, **args)
+    except (RuntimeError, ValueError, TypeError, KeyError):  # no such entry point, or arguments it does not take
+        return none, None
+    attending = [m for m in model.modules() if _whole(getattr(m, "num_heads", None))]
+    if not attending:
+        return none, None
+    widest = max(attending, key=lambda m: m.num_heads * (_whole(getattr(m, "head_dim", None)) or 1))
+    width = widest.num_heads * (_whole(getattr(widest, "head_dim", None)) or 1)
+    info = getattr(model, "feature_info", None)
+    stride = _whole(info[-1].get("reduction")) if isinstance(info, list) and info else None
+    return dict(layers=len(attending), heads=widest.num_heads, hidden_size=width), stride
+
+
 # The width an encoder-free embedder projects each patch to, in the order tried
 FREE_WIDTH = ("mm_embed_dim", "hidden_size")
 
@@ -150,6 +199,25 @@ def _encoder_free(config, vision, model_type: str) -> DeclaredTower | None:
     width = _first(part, FREE_WIDTH) or _first(text, ("hidden_size",)) or 1
     shape = LibraryShape(0, 1, width, 4 * width, 0, (patch, patch), _first(part, CHANNELS) or 3)
     return DeclaredTower(str(getattr(part, "model_type", "") or model_type), 1, shape)
+
+
+def _vq_tokenizer(config, model_type: str) -> DeclaredTower | None:
+    """A VQ image tokenizer in place of a tower, where the config declares one (``vq_config``: Chameleon's, Emu3's):
+    its encoder halves the image's side at each level of its ``channel_multiplier`` but the last, and each cell of
+    that latent grid is one code, one image token (Emu3's processor closes each row with a token over none); so the
+    patch is ``2 ** (levels - 1)`` pixels, one token each. Its sizes for the cost model: no attention layer (its
+    convolutions' one attention block over the latent cells aside), its widest level's channels. None where the
+    config declares none."""
+    vq = getattr(config, "vq_config", None)
+    levels = getattr(vq, "channel_multiplier", None)
+    if not (isinstance(levels, (list, tuple)) and levels and all(_whole(v) for v in levels) and len(levels) <= 12):
+        return None
+    from vit.costs.plan import LibraryShape
+
+    patch = 2 ** (len(levels) - 1)
+    width = (_first(vq, ("base_channels",)) or 1) * max(levels)
+    shape = LibraryShape(0, 1, width, 4 * width, 0, (patch, patch), _first(vq, CHANNELS) or 3)
+    return DeclaredTower(str(getattr(vq, "model_type", "") or model_type), 1, shape)
 
 
 def learned_queries(config) -> str | None:

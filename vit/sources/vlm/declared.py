@@ -483,7 +483,8 @@ def _text_config(config_json: Mapping):
 
 def text_parameters(text) -> int:
     """The parameters a language model of ``text`` (transformers' text config) has at least: its token embeddings
-    and, per layer, the attention's four projections and an MLP's two matrices (a gated one has three; norms,
+    and, per layer, the attention's four projections (a latent attention's two it surely has) and an MLP's two
+    matrices (a gated one has three; norms,
     biases and an untied head come on top). ValueError for a size that is not a positive whole number."""
     def size(name: str, default: int | None = None) -> int:
         value = getattr(text, name, None)
@@ -495,8 +496,15 @@ def text_parameters(text) -> int:
         return value
 
     hidden, heads, vocab = size("hidden_size"), size("num_attention_heads"), size("vocab_size")
-    kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", max(1, hidden // heads))
+    kv_heads = size("num_key_value_heads", heads)
+    if _number(getattr(text, "kv_lora_rank", None)) and text.kv_lora_rank > 0:
+        # multi-head latent attention (DeepSeek-V3's, GLM-5 Next's), whose head_dim names the rotary part alone (0
+        # where there is none): at least its output projection from each head's values and the keys' and values'
+        # down-projection; its queries' and the up-projections' low ranks come on top
+        attention = heads * size("v_head_dim") * hidden + hidden * text.kv_lora_rank
+    else:
+        attention = 2 * hidden * size("head_dim", max(1, hidden // heads)) * (heads + kv_heads)
     from vit.costs.plan import mlp_width
 
     mlp, layers = size("intermediate_size", mlp_width(text)), size("num_hidden_layers")
-    return vocab * hidden + layers * (2 * hidden * head_dim * (heads + kv_heads) + 2 * hidden * mlp)
+    return vocab * hidden + layers * (attention + 2 * hidden * mlp)

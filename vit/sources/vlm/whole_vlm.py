@@ -97,6 +97,9 @@ class VLM:
                                                and cross_layers(inner) is not None else None)
             if stack is not None:
                 return stack
+        if stack is None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) and hasattr(
+                inner, "embed_tokens"):  # the decoder's layers on the model itself, beside its image tokenizer
+            stack = inner  # (Chameleon's ChameleonModel: embed_tokens, layers, vqmodel)
         if stack is None:
             raise VLMError(f"{self.folder}'s {type(self.model).__name__} has no language_model or text_model: no "
                            "decoder stack whose attention the answer reads")
@@ -200,8 +203,10 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     from vit.sources.vlm import declared
 
     config_json = declared.special_floats(read_json(folder / "config.json"))
-    # before anything of it is built: what the VLM's own files declare, then any whole number under any other key
-    wrong = declared.problem(folder, config_json) or declared_number_problem(config_json)
+    # before anything of it is built: whether its class answers in text at all, what the VLM's own files declare,
+    # then any whole number under any other key
+    wrong = (answering_problem(architecture) or declared.problem(folder, config_json)
+             or declared_number_problem(config_json))
     if wrong:
         raise VLMError(f"{folder} is refused: {wrong}")
 
@@ -248,6 +253,10 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if wrong:
         del model  # not kept alive by the refusal's traceback
         raise VLMError(f"{folder} is refused: {wrong}")
+    if getattr(processor, "tokenizer", None) is not None and getattr(processor, "image_processor", None) is None \
+            and getattr(processor, "video_processor", None) is not None:  # InstructBLIP Video's
+        raise VLMError(f"{folder} is refused: its processor ({type(processor).__name__}) reads clips alone (a video "
+                       "processor, no image processor); its model is asked about a clip, not an image")
     if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
         raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
                        "(processor.save_pretrained) into the folder")
@@ -267,6 +276,28 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if pan_and_scan:
         _pan_and_scan(vlm)
     return vlm
+
+
+def answering_problem(architecture: str) -> str | None:
+    """Why transformers' class ``architecture`` (of the image-text-to-text auto-mapping) cannot answer a question
+    about an image in text, in one line, or None: a class with no ``generate`` (``can_generate()`` False: PI0's,
+    which predicts a robot's actions by flow matching), or one whose forward takes no image (Mistral 4's causal
+    language model)."""
+    import inspect
+
+    import transformers
+
+    cls = getattr(transformers, architecture, None)
+    if cls is None:
+        return None  # transformers' own refusal to build it comes later, in one line
+    if not cls.can_generate():
+        return (f"transformers' {architecture} generates no text (its can_generate() is False: it has no "
+                "generate to answer with)")
+    parameters = inspect.signature(cls.forward).parameters
+    if not any(part in name for name in parameters for part in ("pixel", "patch", "image")):  # Kosmos-2.5's patches
+        return (f"transformers' {architecture} takes no image (its forward has no pixel_values, patches or image "
+                "input); ask a model that does")
+    return None
 
 
 def attention_problem(vlm: VLM) -> str | None:
