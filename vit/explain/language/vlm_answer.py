@@ -494,9 +494,9 @@ class VLMAnswer:
         return ablate(vlm, prepared, self.tokens, self._token(i), torch.arange(len(layout.positions)), how, layout)
 
     def _model(self) -> tuple:
-        if getattr(self._recorder, "rows_kept", False):
+        if getattr(self._recorder, "rows_kept", False):  # (``vlm_attention._LastRows``'s reason)
             raise ValueError("this reading runs the language model again through transformers' attention interface, "
-                             "and its attention computes its softmax itself: ask its attention")
+                             f"and {self._recorder.rows_kept}: ask its attention")
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
         return self._source

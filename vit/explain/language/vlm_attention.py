@@ -49,7 +49,9 @@ def recording(vlm, recorder):
     if getattr(vlm, "own_probabilities", False):  # over its own eager function: the probabilities it returns
         if vlm.language_model.config._attn_implementation not in ("eager", f"{ROWS}_eager"):
             vlm.language_model.set_attn_implementation("eager")
-        with recording_attention.recording(vlm.language_model, _LastRows(recorder)):
+        with recording_attention.recording(vlm.language_model, _LastRows(recorder, (
+                "its attention hands its eager function what only that function reads (per-query sinks, a position "
+                "bias)"))):
             yield recorder
         return
     with recording_attention.recording(vlm.language_model, recorder, getattr(vlm, "same_branch", False)):
@@ -66,10 +68,10 @@ class _LastRows:
 
     rows, rows_of, gradient = None, None, False  # every row handed on as the module formed it: the last one kept
 
-    def __init__(self, recorder):
+    def __init__(self, recorder, why: str):
         self.recorder, self.layers = recorder, recorder.layers
         self.modules = {layer: module for module, layer in recorder.layers.items()}
-        recorder.rows_kept = True
+        recorder.rows_kept = why  # what the readings that run the model again through the interface are told
 
     def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
         r = self.recorder
@@ -94,7 +96,7 @@ def inline(vlm, recorder):
     module's passed over, and each call's last query row is kept (``_LastRows``)."""
     from vit.core.attention_recorder import AttentionRecording
 
-    rows = _LastRows(recorder)
+    rows = _LastRows(recorder, "its attention computes its softmax itself")
     listed = set(recorder.layers)
     mode = AttentionRecording(vlm.model, rows, skip=frozenset(set(vlm.model.modules()) - listed) | {None})
     hook = vlm.language_model.register_forward_pre_hook(lambda *_: setattr(mode, "calls", 0))
