@@ -258,7 +258,7 @@ class VLMAnswer:
     def _in_sequence(self, what: str) -> None:
         """ValueError (one line) for a map that reads the image's tokens in the language model's sequence, asked of
         a model that reads the image through cross-attention layers (``vlm_attention.cross_attending``)."""
-        if cross_attending(self._model()[0].language_model):
+        if cross_attending((self._source or self._model())[0].language_model):  # (rows alone: no run refused)
             raise ValueError(f"{what} reads the image's tokens in the language model's sequence, and this model reads "
                              "the image through its cross-attention layers instead: ask its attention")
 
@@ -495,8 +495,8 @@ class VLMAnswer:
 
     def _model(self) -> tuple:
         if getattr(self._recorder, "rows_kept", False):  # (``vlm_attention._LastRows``'s reason)
-            raise ValueError("this reading runs the language model again through transformers' attention interface, "
-                             f"and {self._recorder.rows_kept}: ask its attention")
+            raise ValueError("this reading runs the language model again, which is read here through transformers' "
+                             f"attention interface, and {self._recorder.rows_kept}: ask its attention")
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
         return self._source
