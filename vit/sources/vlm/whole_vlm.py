@@ -293,7 +293,8 @@ def attention_problem(vlm: VLM) -> str | None:
                     "transformers' attention interface, which the answer's rows are read from")
         return str(e).split(": ", 1)[-1]
     layers = decoder_layers(stack)
-    if stack is inline_stack(vlm.model):  # its rows recorded where its softmax is computed (vlm_attention.recording)
+    if layers is not None and all(attention_of(layer) is None for layer in layers) and stack is inline_stack(
+            vlm.model):  # its rows recorded where its softmax is computed (vlm_attention.recording)
         return None
     if layers is None or not any(attention_of(layer) is not None or cross_named(layer) is not None
                                  for layer in layers):
