@@ -4,7 +4,11 @@ transformers' ``AttentionInterface`` as ``ROWS`` + the implementation it wraps).
 (sdpa, or the eager function of its modelling file) computes the output; beside it, while an answer is recorded
 (``recording``), each call is handed to a recorder (``vit.explain.language.vlm_answer``'s rows,
 ``vit.explain.language.vlm_relevance``'s tape), and while relevance rules are current (``RULES``:
-``vit.explain.language.vlm_attnlrp``) their ``attention_inputs`` apply to every call it runs."""
+``vit.explain.language.vlm_attnlrp``) their ``attention_inputs`` apply to every call it runs. A language model whose
+attention computes its softmax itself (GIT's, BLIP's text decoder's) is recorded by the recorder at the attention
+function instead (``inline``: ``vit.core.attention_recorder.AttentionRecording``, the module road's), one whose
+attention hands its function what only its own eager function reads (Inkling's sinks) over that function; both keep
+each step's last row of the module's own probabilities (``_LastRows``)."""
 
 from __future__ import annotations
 
