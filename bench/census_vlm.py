@@ -725,7 +725,8 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
                 folder, attn_implementation="eager").eval()
             inputs = {k: v.to(reference.dtype) if hasattr(v, "is_floating_point") and v.is_floating_point() else v
                       for k, v in answer._source[1].inputs.items()}
-            with torch.no_grad():
+            kept = own_rows(answer, reference)  # where generate returns no cross rows: each module's own (BLIP's)
+            with torch.no_grad(), kept:
                 out = reference.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
                                          output_attentions=True, return_dict_in_generate=True)
             # after the prompt: generate's steps are its last tokens (an encoder-decoder's decoder prompt, its start
@@ -743,7 +744,8 @@ def census_one(model_type: str, root: Path, timeout: int) -> dict:
                        message=f"{list(answer.tokens)} vs {expected}")
             return row
         try:
-            row["eager_max"] = cross_difference(answer, out) if decoder else eager_difference(answer, out)
+            row["eager_max"] = cross_difference(answer, out) if decoder else kept.difference(answer) if kept.rows \
+                else eager_difference(answer, out)
         except (IndexError, RuntimeError) as error:  # rows the census cannot line up: said, not hidden
             row.update(eager_max=None, eager_note=one_line(error)[:200])
         if row["eager_max"] is not None and row["eager_max"] > EAGER_ATOL:
@@ -800,6 +802,41 @@ def eager_difference(answer, out) -> float | None:
                                  axis=-1) if len(answer.layouts) > 1 else answer.image_rows(i, layer).numpy()
             largest = max(largest, float(np.abs(got - expected).max()))
     return largest
+
+
+class own_rows:  # noqa: N801 - a context manager named for what it keeps
+    """Within it, where the answer's rows are a cross-attention's whose module computes its softmax itself (BLIP's
+    text decoder's: its generate returns no cross rows), the eager reference's same modules (by name) hand their own
+    probabilities (their output's second item), each call's last query row kept per layer: ``difference`` compares
+    them with the answer's rows."""
+
+    def __init__(self, answer, reference):
+        from vit.core.recording_attention import computes_softmax
+
+        self.rows, self.hooks = {}, []
+        model = answer._source[0]
+        if not (getattr(answer._recorder, "rows_kept", False) and cross_reads(answer)):
+            return
+        names = {module: name for name, module in model.model.named_modules()}
+        theirs = dict(reference.named_modules())
+        for module, layer in answer._recorder.layers.items():
+            if computes_softmax(module):
+                self.rows[layer] = []
+                self.hooks.append(theirs[names[module]].register_forward_hook(
+                    lambda _m, _a, out, layer=layer: self.rows[layer].append(out[1][0, :, -1].float())))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+
+    def difference(self, answer) -> float:
+        import numpy as np
+
+        return max(float(np.abs(answer.row(i, k).numpy() - self.rows[k][i].numpy()).max())
+                   for i in range(len(answer.tokens)) for k in self.rows)
 
 
 def cross_reads(answer) -> bool:

@@ -325,10 +325,7 @@ def test_idefics_perceiver_latents_answer_and_their_placement_is_refused_in_one_
         answer.attention(0)
 
 
-REFUSED = {
-    "blip": r"its language model's attention \(BlipTextSelfAttention\) computes its softmax itself, not through "
-            r"transformers' attention interface",
-    "git": r"its language model's attention \(GitSelfAttention\) computes its softmax itself",
+REFUSED = {  # (GIT's and BLIP's, whose text attention computes its softmax itself, answer: test_vlm_inline)
     "udop": r"its encoder \(UdopForConditionalGeneration\) reads the prompt and the image together, and neither its "
             r"config nor its processor names an image token",
     "diffusion_gemma": r"it denoises a canvas of tokens over steps \(a diffusion language model\) through its own "

@@ -32,8 +32,10 @@ NEW = ["llava", "llava_full", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_mo
        "llava_onevision_2", "internvl_tiles", "idefics3", "smolvlm", "molmo2", "mllama", "florence2"]
 # Types whose canvas the processor's own code chooses (test_vlm_canvases): built by the census's generic builder
 CANVASED = ["perception_lm", "granite4_vision", "nemotron_h_omni", "unlimited_ocr"]
-# the census's generic builder's: encoder-decoders whose encoder reads the image alone, Idefics' gated cross-attention
-GENERIC = ["pix2struct", "vision-encoder-decoder", "pp_formulanet", "idefics"]
+# the census's generic builder's: encoder-decoders whose encoder reads the image alone, Idefics' gated cross-attention,
+# GIT's and BLIP's text attention that computes its softmax itself, Inkling's whose eager function adds sinks
+GENERIC = ["pix2struct", "vision-encoder-decoder", "pp_formulanet", "idefics",
+           "git", "blip", "inkling2", "inkling_mm_model"]  # attention off the plain interface (test_vlm_inline)
 FAMILIES = NEW + ["vipllava", "glm_ocr", "deepseek_vl", "minimax_m3_vl", "cosmos3_edge", "blip2", "chameleon", "emu3",
                   "glm5_next", "fast_vlm", "fuyu"] + CANVASED + GENERIC
 BOX = (0, 0, 1, 1)  # one patch, top left, on every grid

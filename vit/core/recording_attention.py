@@ -276,6 +276,46 @@ def cross_layers(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
                  and all(cross_named(layer) is not None for layer in m)), None)
 
 
+def computes_softmax(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an attention module (its class so named) whose forward computes its softmax itself, not
+    through transformers' attention interface (GIT's ``GitSelfAttention``, BLIP's ``BlipTextSelfAttention``): the
+    recorder at the attention function (``vit.core.attention_recorder.AttentionRecording``) sees its probabilities."""
+    if "Attention" not in type(module).__name__:
+        return False
+    try:
+        code = inspect.getsource(inspect.unwrap(type(module).forward))
+    except (OSError, TypeError):
+        return False
+    return "softmax" in code.lower() and "ALL_ATTENTION_FUNCTIONS" not in code
+
+
+def inline_attention(module: torch.nn.Module | None, skip: torch.nn.Module | None = None) -> torch.nn.Module | None:
+    """``module`` or its first submodule (outside ``skip``: a layer's cross-attention, when its self-attention is
+    asked) that computes its softmax itself (``computes_softmax``); None where none does."""
+    if module is None:
+        return None
+    skipped = set() if skip is None else set(skip.modules())
+    return next((m for m in module.modules() if m not in skipped and computes_softmax(m)), None)
+
+
+# The parts of a VLM that are its tower, not its language model
+TOWER_PARTS = ("vision", "image", "visual")
+
+
+def inline_stack(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The text stack of ``model`` (outside its tower's parts) whose every layer holds an attention that computes its
+    softmax itself (``inline_attention``): GIT's ``git.encoder``, BLIP's ``text_decoder.bert.encoder``; None where
+    there is none."""
+    for name, module in model.named_modules():
+        if any(part in name for part in TOWER_PARTS):
+            continue
+        layers = next((getattr(module, n) for n in LAYER_LISTS
+                       if isinstance(getattr(module, n, None), torch.nn.ModuleList)), None)
+        if layers is not None and len(layers) and all(inline_attention(layer) is not None for layer in layers):
+            return module
+    return None
+
+
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module | None:
     """The decoder stack of an encoder-decoder ``model`` (``config.is_encoder_decoder``: an encoder reads the image,
     or the image and the prompt, a decoder writes the answer over the encoder's states): the model ``get_decoder``

@@ -39,7 +39,7 @@ from vit.core.clips import SampledClip
 from vit.core.progress import Progress, Stop
 from vit.explain.language.answer_maps import either
 from vit.explain.language.vlm_attention import attention_layers, cross_attending, recording
-from vit.explain.language.vlm_cache import cache_sources, cache_windows, latent_layers
+from vit.explain.language.vlm_cache import cache_sources, cache_windows, latent_layers, text_shape
 from vit.explain.language.vlm_inputs import (  # noqa: F401 - importable from here, as before the split
     MAX_QUESTION_CHARS,
     PROCESSOR_PROMPTS,
@@ -190,52 +190,6 @@ def _additive(mask_row: torch.Tensor) -> torch.Tensor:
     return mask_row.detach().float().cpu()
 
 
-def text_shape(vlm):
-    """The language model's sizes, as the cost model reads them."""
-    from vit.costs.plan import TextShape, mlp_width
-
-    config = vlm.model.config.get_text_config(decoder=True)
-    # an encoder-decoder's decoder (Florence-2's BART; Pix2Struct's T5 names its decoder's sizes alone): its cache and
-    # rows
-    decoder = getattr(config, "is_encoder_decoder", False) or getattr(vlm.model.config, "is_encoder_decoder", False)
-    heads = _named(config, ("decoder_attention_heads", "num_attention_heads") if decoder else ("num_attention_heads",))
-    layers = _named(config, ("decoder_layers", "num_decoder_layers", "num_hidden_layers") if decoder else
-                    ("num_hidden_layers",))
-    kinds, window = getattr(config, "layer_types", None) or (), getattr(config, "sliding_window", None)
-    linear = sum(1 for kind in kinds if kind == "linear_attention")  # a hybrid's: a recurrent state, no KV cache
-    mlp = getattr(config, "intermediate_size", None) or mlp_width(config)  # OPT's ffn_dim (BLIP-2's)
-    windows = tuple(window if kind == "sliding_attention" else None for kind in kinds
-                    if kind != "linear_attention") if window else ()
-    state = 0
-    if linear and hasattr(config, "mamba_head_dim"):  # Nemotron-H's Mamba 2: (heads x head dim x state) and its conv's
-        inner, n = config.mamba_num_heads * config.mamba_head_dim, config.ssm_state_size
-        state = linear * (inner * n * 4 + (inner + 2 * config.n_groups * n) * config.conv_kernel * 4)
-    elif linear:  # each linear layer's state: its recurrent (value heads x key dim x value dim) and convolution's
-        # (GLM-5 Next's keys and values share one width and count: linear_head_dim, linear_num_heads)
-        key_dim, value_dim = (getattr(config, f"linear_{kind}_head_dim", None) or config.linear_head_dim
-                              for kind in ("key", "value"))
-        value_heads, key_heads = (getattr(config, f"linear_num_{kind}_heads", None) or config.linear_num_heads
-                                  for kind in ("value", "key"))
-        conv = (2 * key_heads * key_dim + value_heads * value_dim) * config.linear_conv_kernel_dim
-        state = linear * (value_heads * key_dim * value_dim * 4 + conv * next(vlm.model.parameters()).dtype.itemsize)
-    return TextShape(layers=layers - linear - sum(kind in ("mlp", "moe") for kind in kinds), heads=heads,
-                     state_bytes=state,
-                     kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                     # a latent attention's head_dim names its rotary part (0: none); its cache's keys are wider
-                     head_dim=getattr(config, "head_dim", None) or getattr(config, "qk_head_dim", None)
-                     or config.hidden_size // heads,
-                     hidden=config.hidden_size,
-                     mlp=(getattr(config, "decoder_ffn_dim", None) or mlp) if decoder else max(
-                         mlp if isinstance(mlp, list) else [mlp]),  # Gemma 3n's: per layer
-                     vocab=config.vocab_size,
-                     itemsize=next(vlm.model.parameters()).dtype.itemsize, windows=windows)
-
-
-def _named(config, names: tuple[str, ...]) -> int:
-    """The first of ``names`` ``config`` sets (a decoder's sizes under its family's names)."""
-    return next(getattr(config, name) for name in names if getattr(config, name, None) is not None)
-
-
 class VLMAnswer:
     """A VLM's answer to a question about an image: ``tokens`` (the generated ids, as ``generate`` returns them),
     ``text``, ``pieces`` (each token's text) and, for each answer token, its attention to the image
@@ -280,6 +234,8 @@ class VLMAnswer:
         window hold 0, as in transformers' eager attention."""
         i, layer = self._token(i), self._layer(layer)
         r = self._recorder
+        if getattr(r, "rows_kept", False):  # the module's own probabilities, as it computed them (``vlm_attention``)
+            return r.queries[layer][i].clone()
         q, seen, start, mask = r.queries[layer][i], r.seen[layer][i], r.starts[layer][i], r.masks[layer][i]  # (H, d)
         keys, first = r.keys_read(layer, i, self._cache)  # (Hkv, seen - first, d)
         keys = keys.float().cpu().repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # (H, t, d): per query head
@@ -302,7 +258,7 @@ class VLMAnswer:
     def _in_sequence(self, what: str) -> None:
         """ValueError (one line) for a map that reads the image's tokens in the language model's sequence, asked of
         a model that reads the image through cross-attention layers (``vlm_attention.cross_attending``)."""
-        if cross_attending(self._model()[0].language_model):
+        if cross_attending((self._source or self._model())[0].language_model):  # (rows alone: no run refused)
             raise ValueError(f"{what} reads the image's tokens in the language model's sequence, and this model reads "
                              "the image through its cross-attention layers instead: ask its attention")
 
@@ -538,6 +494,9 @@ class VLMAnswer:
         return ablate(vlm, prepared, self.tokens, self._token(i), torch.arange(len(layout.positions)), how, layout)
 
     def _model(self) -> tuple:
+        if getattr(self._recorder, "rows_kept", False):  # (``vlm_attention._LastRows``'s reason)
+            raise ValueError("this reading runs the language model again, which is read here through transformers' "
+                             f"attention interface, and {self._recorder.rows_kept}: ask its attention")
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
         return self._source
@@ -723,8 +682,9 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
     # where the answer begins in generate's sequences: after the prompt, or an encoder-decoder's decoder prompt (its
     # start token, and the processor's decoder_input_ids: Pix2Struct's question), seen at the first step
     decoder = getattr(vlm.model.config, "is_encoder_decoder", False)
-    begins = 1 if decoder and "decoder_input_ids" not in prepared.inputs else None if decoder else \
-        prepared.prompt_tokens
+    begins = 1 if decoder and "decoder_input_ids" not in prepared.inputs else None if decoder or hasattr(
+        type(vlm.model), "generate") and "generate" in vars(type(vlm.model)) else prepared.prompt_tokens  # a generate
+    # of its own (BLIP's drops the prompt's last token): the prompt is what precedes the first token
     steps = _Steps(begins, prepared.max_new_tokens, tokenizer, progress, on_token)
     attending = attention_layers(vlm.language_model)
     decoder_layers = [n for n, _ in attending]

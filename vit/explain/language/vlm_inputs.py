@@ -105,7 +105,10 @@ def _laid_out_by_processor(vlm, images, text: str):
         inputs = processed(vlm, images=images, text=text)
     except ValueError:  # its own refusal of a prompt without placeholders
         return None
-    return _in_model_dtype(vlm, inputs) if len(image_positions(vlm, inputs)) else None
+    from vit.explain.language.vlm_read_layout import reads_tower_states
+
+    # or where no prompt token marks the image: read through cross-attention or joined before it (GIT's, BLIP's)
+    return _in_model_dtype(vlm, inputs) if len(image_positions(vlm, inputs)) or reads_tower_states(vlm) else None
 
 
 def _in_model_dtype(vlm, inputs):

@@ -609,7 +609,21 @@ def reads_tower_states(vlm) -> bool:
     from vit.registry import VLM_ARCHITECTURES
 
     return reads_image_alone(vlm) or (vlm.model_type not in VLM_ARCHITECTURES
-                                      and cross_attending(vlm.language_model))
+                                      and cross_attending(vlm.language_model)) or prefixes_tower_states(vlm)
+
+
+def prefixes_tower_states(vlm) -> bool:
+    """Whether ``vlm``'s language model reads the tower's states joined before the prompt, no token of the prompt
+    marking them (GIT's: neither its config nor its processor names an image token, and its text stack's attention
+    computes its softmax itself, over the image's states and the text): their count is the first call's keys past
+    the prompt's (``settled``)."""
+    from vit.core.recording_attention import inline_stack
+    from vit.explain.language.vlm_attention import cross_attending, image_token_id
+
+    if image_token_id(vlm.model.config) is not None or getattr(vlm.processor, "image_token_id", None) is not None:
+        return False
+    stack = inline_stack(vlm.model)
+    return stack is not None and stack is vlm.language_model and not cross_attending(stack)
 
 
 def reads_prompt_unmarked(vlm) -> str | None:
@@ -700,10 +714,12 @@ def settle(layout: ImageLayout, states: int) -> ImageLayout:
 
 def settled(prepared, recorder):
     """``prepared`` (``vlm_answer.Prepared``) with its pending layout settled on the count of the encoder's states
-    its decoder's cross-attention read (the keys of the first recorded call)."""
+    its decoder's cross-attention read (the keys of the first recorded call), or of the tower's states joined
+    before the prompt (``prefixes_tower_states``: the first call's keys past the prompt's)."""
     if not (prepared.layout.unplaced or "").startswith(PENDING):
         return prepared
-    layout = settle(prepared.layout, recorder.seen[0][0])
+    prefix = 0 if recorder.cross else prepared.prompt_tokens  # the states before the prompt (GIT's): past it
+    layout = settle(prepared.layout, recorder.seen[0][0] - prefix)
     return replace(prepared, layout=layout, layouts=(layout,))
 
 

@@ -25,6 +25,7 @@ from vit.core.recording_attention import (
     cross_named,
     decoder_layers,
     decoder_of,
+    inline_stack,
 )
 from vit.registry import VLM_ARCHITECTURES as ARCHITECTURES  # the model types this project names
 from vit.registry import vlm_architecture
@@ -61,6 +62,9 @@ class VLM:
     # its attention code tests the implementation's name (``_branches_on_the_name``): recorded under a name equal to
     # the one it wraps too (``recording_attention.SameBranch``), so it takes the branch it takes without recording
     same_branch: bool = False
+    # its attention hands its function what only its own eager function reads (Inkling's per-query sinks and
+    # relative position bias): recorded over that function, its own probabilities kept (``vlm_attention.recording``)
+    own_probabilities: bool = False
 
     @property
     def unit(self) -> int:
@@ -95,6 +99,8 @@ class VLM:
             # else the inner model's own decoder layers (Idefics': its self-attention layers beside its cross ones)
             stack = decoder_of(self.model) or (inner if inner is not self.model and decoder_layers(inner) is not None
                                                and cross_layers(inner) is not None else None)
+            # else a text stack whose attention computes its softmax itself (GIT's, BLIP's text decoder's)
+            stack = stack or inline_stack(self.model)
             if stack is not None:
                 return stack
         if stack is None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) and hasattr(
@@ -318,6 +324,9 @@ def attention_problem(vlm: VLM) -> str | None:
                     "transformers' attention interface, which the answer's rows are read from")
         return str(e).split(": ", 1)[-1]
     layers = decoder_layers(stack)
+    if layers is not None and all(attention_of(layer) is None for layer in layers) and stack is inline_stack(
+            vlm.model):  # its rows recorded where its softmax is computed (vlm_attention.recording)
+        return None
     if layers is None or not any(attention_of(layer) is not None or cross_named(layer) is not None
                                  for layer in layers):
         return (f"its language model ({type(stack).__name__}) has no layer with a self-attention (a self_attn, or a "
@@ -333,8 +342,12 @@ def attention_problem(vlm: VLM) -> str | None:
                     "attention interface, which the answer's rows are read from")
         return None
     vlm.same_branch = _branches_on_the_name([attention_of(layer) for layer in layers]) is not None
-    if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(
-            [attention_of(layer) for layer in layers]):
+    modules = [attention_of(layer) for layer in layers]
+    if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(modules):
+        if _calls_the_interface(modules, keywords=None):  # with keywords only its eager function reads (Inkling's)
+            vlm.own_probabilities = hasattr(stack, "set_attn_implementation")
+            if vlm.own_probabilities:
+                return None
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
     return None
@@ -431,13 +444,13 @@ CROSS_KEYWORDS = PLAIN_KEYWORDS | {"position_bias"}
 def _calls_the_interface(modules, keywords=PLAIN_KEYWORDS) -> bool:
     """Whether any of the attention ``modules`` asks transformers' ``AttentionInterface`` for its attention function
     (``ALL_ATTENTION_FUNCTIONS.get_interface`` in its forward's code) and hands it nothing but the keywords every
-    implementation reads alike (``keywords``: ``PLAIN_KEYWORDS``), as the recording attention needs."""
+    implementation reads alike (``keywords``: ``PLAIN_KEYWORDS``; None: any), as the recording attention needs."""
     import re
 
     for _attention, code in _attention_code(modules):
         call = re.search(r"attention_interface\((.*?)\n\s*\)", code, re.S)
-        if "ALL_ATTENTION_FUNCTIONS" in code and call is not None:
-            return set(re.findall(r"(\w+)\s*=", call.group(1))) <= keywords
+        if "ALL_ATTENTION_FUNCTIONS" in code and call is not None:  # keywords None: whatever it hands
+            return keywords is None or set(re.findall(r"(\w+)\s*=", call.group(1))) <= keywords
     return False
 
 

@@ -99,11 +99,21 @@ def score_maps(sums: np.ndarray, maps: np.ndarray, threshold: float = THRESHOLD)
     return HeadScores(sums, entropy, last_row, cut, tuple(kept))
 
 
+def same_heads(answer, what: str) -> None:
+    """ValueError (one line) where the language model's layers have different numbers of heads (Inkling 2's sliding
+    layers beside its global ones): ``what`` scores an (L, H) table of every layer's heads."""
+    counts = sorted({rows[0].shape[0] for rows in answer._recorder.queries if rows})
+    if len(counts) > 1:
+        raise ValueError(f"{what} score a table of every layer's heads, and this language model's layers have "
+                         f"{' or '.join(map(str, counts))} heads: ask each layer's attention per head")
+
+
 def localization_heads(answer, i: int = 0, image: int = 0, threshold: float = THRESHOLD) -> HeadScores:
     """Every head's attention sum and spatial entropy over ``image`` for answer token ``i``'s query (0: the prompt's
     last position, the code's), and the localization heads ranked (see the module's docstring)."""
     answer._one_image("the localization heads' spatial entropy")
     layout = answer._image(image)
+    same_heads(answer, "the localization heads")
     rows = torch.stack([answer.image_rows(i, layer, image) for layer in range(answer.layers)])  # (L, H, lead + N)
     maps = torch.stack([layout.place(layer_rows) for layer_rows in rows])  # (L, H, gh, gw)
     return score_maps(rows.sum(-1).numpy().astype(np.float64), maps.numpy(), threshold)
@@ -131,6 +141,7 @@ def visual_scores(answer, hits, image: int = 0, overview: bool = False) -> np.nd
     from vit.explain.language.vlm_lens import region_tokens
 
     layout = answer._image(image)
+    same_heads(answer, "the visual heads")
     if not hits:
         return np.zeros((answer.layers, answer.heads))
     view = layout.view(overview)
