@@ -120,7 +120,7 @@ def test_a_drawn_map_covers_the_whole_input_its_patches_row_major(opened):
 
 def test_a_depth_pro_folder_opens_as_the_census_saves_it_without_its_fov_encoder(tmp_path):
     """As the census opens it: the folder transformers saves, with Depth Pro's own image processor; no FOV model
-    (the config's default): the image encoder's two layers."""
+    (the config's default): the image encoder's two layers. The explorer's picker names the layers left out."""
     model = tiny(fov=False)
     model.save_pretrained(tmp_path)
     transformers.DepthProImageProcessor(size={"height": SIZE[0], "width": SIZE[1]}, image_mean=list(MEAN),
@@ -129,6 +129,12 @@ def test_a_depth_pro_folder_opens_as_the_census_saves_it_without_its_fov_encoder
     assert checkpoint.road == "library" and checkpoint.model.names == IMAGE_LAYERS
     assert sorted(checkpoint.metadata["left_out"]) == CROP_LAYERS
     assert checkpoint.model.layout.patch_hw == (16, 24) and checkpoint.preprocessing.mean == MEAN
+    from vit.app import catalog  # the picker says what it leaves out (built on the meta device, no weight read)
+
+    entry = catalog.describe(catalog.Candidate(tmp_path, "path", "depth-pro"), library_road=True)
+    assert entry.ok and entry.num_layers == 2, entry.error
+    assert "**Not drawn** 2 of its attention layers (Depth Pro" in entry.description  # its words escaped
+    assert "overlapping crops of the image at 3 scales" in entry.description
 
 
 class _Resized(torch.nn.Module):
