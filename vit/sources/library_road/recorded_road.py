@@ -4,17 +4,17 @@ the library road (``ModuleModel``). ``module_road`` opens a module in hand by it
 ``recorded_folder`` a timm or transformers model whose attention runs off the library's own attention; this module
 imports neither, so each may open a model by it.
 
-Where the tokens sit is inferred from one forward traced on the meta device (no data, no memory of the input's
-size): the patch embedding (a convolution or unfold over the whole input whose stride is its kernel) and the input
-size give the grid, and each call's token count less the patches the prefix tokens, which the module's own token
-parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for (a forward
-that reads a value, which the meta device has none of, is traced on one real image of zeros instead, its every
-allocation counted first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no
-layer (``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused
-in one line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``:
-pooled stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a
-classifier when its output is a ``(B, classes)`` tensor from a linear layer; else its features are the last block's
-hidden tokens.
+Where the tokens sit is inferred from one forward traced on the meta device (no data, no memory of the input's size):
+the patch embedding (a convolution or unfold over the whole input whose stride is its kernel, or a convolution over a
+resized copy of it: Depth Pro's encoders) and the input size give the grid, and each call's token count less the patches
+the prefix tokens, which the module's own token parameters (``cls_token``, ``register_tokens``, ``class_embedding``,
+``dist_token`` ...; where it holds several ViTs, those of the call's own) must account for (a forward that reads a
+value, which the meta device has none of, is traced on one real image of zeros instead, its every allocation counted
+first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no layer
+(``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused in one
+line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``: pooled
+stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a classifier when
+its output is a ``(B, classes)`` tensor from a linear layer; else its features are the last block's hidden tokens.
 """
 
 from __future__ import annotations
