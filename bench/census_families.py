@@ -210,7 +210,12 @@ FAMILIES: list[Family] = [
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
     hf("Prompt Depth Anything", "PromptDepthAnythingForDepthEstimation", backbone_config=DEPTH_BACKBONE,
        reassemble_hidden_size=32, patch_size=8, **DEPTH_HEAD),
-    hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0]),  # hooks within its 2 tiny layers
+    # hooks within its 2 tiny layers; 16-px crops (each encoder's input side) of 4-px patches, so that its image
+    # encoder's grid is 4x4 over the whole 64-px input (at 8 px of 8-px patches it was one patch)
+    with_processor(hf("Depth Pro", "DepthProForDepthEstimation", intermediate_hook_ids=[1, 0], patch_size=16,
+                      **{part: dict(patch_size=4) for part in ("image_model_config", "patch_model_config",
+                                                               "fov_model_config")}),
+                   size={"height": 64, "width": 64}),
     # a neck fed by 4 of its backbone's layers, its bottleneck as wide as the shrunk fusion; its processor's multiple
     # the Hub's ZoeDepth folders name (transformers 5's processor class defaults to 1/32 of a pixel)
     with_processor(hf("ZoeDepth", "ZoeDepthForDepthEstimation", backbone_config=dict(num_hidden_layers=4,
@@ -552,6 +557,9 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
                     f"{type(error).__name__} from {traceback.extract_tb(error.__traceback__)[-1].filename}")
             return row
         row.update(result=checkpoint.road, road=checkpoint.road)
+        left_out = getattr(checkpoint, "metadata", {}).get("left_out")  # attention it runs but never draws, named
+        if left_out:
+            row["left_out"] = dict(left_out)
         try:
             row["methods"] = list(vit.methods(checkpoint))
         except Exception as error:  # noqa: BLE001
@@ -628,6 +636,8 @@ def why_not_library(folder: Path) -> str:
 def outcome(row: dict) -> str:
     if row["result"] in ("port", "library"):
         drawn = "draws" if row["draws"] else f"does not draw ({row['message']})"
+        if row.get("left_out"):  # e.g. Depth Pro's patch encoder, over crops: named, not drawn
+            drawn += f"; {len(row['left_out'])} layers left out: {next(iter(row['left_out'].values()))}"
         return f"{row['result']}: {drawn}"
     return f"{row['result']}: {row['message']}" + (f"  [FLAG: {row['flag']}]" if row["flag"] else "")
 

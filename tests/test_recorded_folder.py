@@ -134,10 +134,12 @@ def test_a_model_that_attends_over_crops_of_one_image_is_refused_not_placed_on_t
         vit.load(Crops(), image_size=16, grid=(4, 4), prefix=0, mean=(0.5,) * 3, std=(0.5,) * 3)
 
 
-def test_depth_pro_whose_patch_encoder_attends_over_crops_of_the_image_is_refused_in_one_line(tmp_path):
+def test_depth_pro_whose_patch_encoder_attends_over_crops_of_the_image_opens_its_image_encoder_and_names_the_crops(
+        tmp_path):
     """Depth Pro's patch encoder runs over 35 overlapping crops of the image at three scales as one batch: no layer
-    of it sits on one grid of the image, so the folder is refused naming the crops (it opened on a 4x4 layout, and
-    drew nothing: issue 117)."""
+    of it sits on one grid of the image, so its layers are named left out (once refused whole: issue 117), and its
+    image encoder, over the whole input resized to its 8 px (one 8-px patch: 32x32 px of the input), is the layers
+    (``tests/test_depth_pro.py`` checks them against DINOv2's eager attention on a 4x4 grid)."""
     tiny = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=8,
                 patch_size=8, intermediate_size=64)
     config = transformers.DepthProConfig(image_model_config=tiny, patch_model_config=tiny, fov_model_config=tiny,
@@ -145,8 +147,10 @@ def test_depth_pro_whose_patch_encoder_attends_over_crops_of_the_image_is_refuse
                                          fusion_hidden_size=16, intermediate_hook_ids=[1, 0],
                                          intermediate_feature_dims=[16, 16], scaled_images_feature_dims=[16, 16, 16],
                                          use_fov_model=False)
-    with pytest.raises(CheckpointError) as raised:
-        saved(tmp_path, transformers.DepthProForDepthEstimation, config)
-    message = str(raised.value)
-    assert "\n" not in message
-    assert "patch_encoder.model.encoder.layer.0.attention) attends over 35 pieces of one image at once" in message
+    _, checkpoint = saved(tmp_path, transformers.DepthProForDepthEstimation, config)
+    assert checkpoint.model.names == [f"depth_pro.encoder.image_encoder.model.encoder.layer.{i}.attention"
+                                      for i in range(2)]
+    assert checkpoint.model.layout.patch_hw == (32, 32) and checkpoint.model.layout.num_prefix_tokens == 1
+    left_out = checkpoint.metadata["left_out"]
+    assert sorted(left_out) == [f"depth_pro.encoder.patch_encoder.model.encoder.layer.{i}.attention" for i in range(2)]
+    assert all("one ViT over 35 overlapping crops of the image at 3 scales" in why for why in left_out.values())

@@ -141,6 +141,10 @@ class CatalogEntry:
             road = road_note(self.metadata)
             if road:
                 lines.append(f"**Road** {road}")
+            left_out = self.metadata.get("left_out") or {}  # attention it runs that no grid places, named
+            if left_out:
+                why = escape_markdown(visible(str(next(iter(left_out.values())))))
+                lines.append(f"**Not drawn** {len(left_out)} of its attention layers ({why})")
             shown = ", ".join(self.class_names[:10]) + (", …" if len(self.class_names) > 10 else "")
             lines.append(f"**Imported** {escape_markdown(visible(self.metadata['architecture']))}; "
                          + (f"{len(self.class_names)} classes: {escape_markdown(visible(shown))}" if self.class_names

@@ -21,9 +21,10 @@ probabilities ``(B, H, rows, keys)`` are handed to it (``recorder.keep_probabili
 
 Before a recorded layer's scores are formed, their bytes are counted against the analysis memory limit
 (``TooManyTokens``, one line). ``AttentionTrace`` (the same mode, nothing recorded) notes each call's module, heads,
-queries and keys, and the patch embedding (a convolution or an unfold on the input whose stride is its kernel) or,
-where there is none, the feature map flattened into tokens before the first attention call, on any device, the meta
-device included: what ``vit.sources.library_road.module_road`` places the tokens by.
+queries and keys, and the patch embedding (a convolution or an unfold on the input, or a convolution on a resized copy
+of the whole input, whose stride is its kernel: its patch then in the input's own pixels) or, where there is none,
+the feature map flattened into tokens before the first attention call, on any device, the meta device included: what
+``vit.sources.library_road.module_road`` places the tokens by.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import inspect
 import math
 import sys
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
@@ -170,6 +172,8 @@ class AttentionRecording(TorchFunctionMode):
         self.linear_out: torch.Tensor | None = None  # the last linear layer's output (trace only)
         self.maps: set[tuple[int, int]] = set()  # the (rows, cols) of every 4-D tensor the forward made, channels
         # first or last (trace only): the grids a layer's tokens may be (``layer_places``)
+        self.resized: list[torch.Tensor] = []  # the whole input resized (trace only): a patch embedding over one of
+        # these covers the whole input too (Depth Pro's image encoder sees it at its ViT's own size)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -274,8 +278,9 @@ class AttentionRecording(TorchFunctionMode):
             self.recorder.keep_probabilities(layer, out if rows is None else out[:, :, rows], rows is not None)
 
     def _note(self, func, args, kwargs, out) -> None:
-        """In a trace: the patch embedding (the first convolution or unfold over the whole input whose stride is its
-        kernel), the last linear layer's output (what a classifier returns) and each 4-D tensor's sides."""
+        """In a trace: the patch embedding (the first convolution or unfold over the whole input, or convolution over
+        a resized copy of it, whose stride is its kernel), the last linear layer's output (what a classifier returns)
+        and each 4-D tensor's sides."""
         if isinstance(out, torch.Tensor) and out.dim() == 4:
             self.maps.update({tuple(out.shape[-2:]), tuple(out.shape[1:3])})
         if func is F.linear:
@@ -290,7 +295,12 @@ class AttentionRecording(TorchFunctionMode):
         if self.patch is not None or self.image_hw is None or not args or not isinstance(args[0], torch.Tensor):
             return
         x = args[0]
-        if tuple(x.shape[-2:]) != tuple(self.image_hw):
+        if func is F.interpolate:
+            self._note_resize(x, args, kwargs, out)
+            return
+        scale = (1, 1) if tuple(x.shape[-2:]) == tuple(self.image_hw) else _resized_scale(x, self.resized,
+                                                                                           self.image_hw)
+        if scale is None:
             return
         if func in CONV:
             weight = args[1] if len(args) > 1 else kwargs["weight"]
@@ -301,11 +311,35 @@ class AttentionRecording(TorchFunctionMode):
             padding = (padding,) * (2 + len(depth)) if isinstance(padding, int) else padding
             unpadded = padding == "valid" or not any(tuple(padding))
             if tuple(stride[-2:]) == kernel and unpadded and all(d == 1 for d in depth):  # one frame a patch
-                self.patch = kernel
+                self.patch = _in_input(kernel, scale)
         elif func is F.unfold:
             kernel = args[1] if len(args) > 1 else kwargs["kernel_size"]
             stride = args[4] if len(args) > 4 else kwargs.get("stride", 1)
             kernel = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
             stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
-            if stride == kernel:
+            if stride == kernel and scale == (1, 1):  # (an unfold of a resized copy cuts crops: Depth Pro's)
                 self.patch = kernel
+
+    def _note_resize(self, x: torch.Tensor, args, kwargs, out) -> None:
+        """A resize of the whole input (``F.interpolate`` of a ``(1, C, *image_hw)`` tensor, its output's pixel
+        ``i`` the input's span ``[i * H / h, (i + 1) * H / h)``: not ``align_corners=True``, which pins the corner
+        pixels' centres instead), noted so that a patch embedding over it is placed on the whole input."""
+        align = args[4] if len(args) > 4 else kwargs.get("align_corners")
+        if (tuple(x.shape[-2:]) == tuple(self.image_hw) and x.dim() == 4 and x.shape[0] == 1 and not align
+                and isinstance(out, torch.Tensor) and out.dim() == 4):
+            self.resized.append(out)
+
+
+def _resized_scale(x: torch.Tensor, resized: list[torch.Tensor], image_hw) -> tuple[Fraction, Fraction] | None:
+    """How many input pixels one pixel of ``x`` spans, a side, where ``x`` is one of the ``resized`` copies of the
+    whole input (that tensor itself), else None."""
+    if not any(x is r for r in resized):
+        return None
+    return Fraction(int(image_hw[0]), int(x.shape[-2])), Fraction(int(image_hw[1]), int(x.shape[-1]))
+
+
+def _in_input(kernel: tuple[int, int], scale) -> tuple[int, int] | None:
+    """A patch of ``kernel`` pixels of a resized input, in the input's own pixels (``scale`` of them a pixel); None
+    where that is not a whole number of them (then no grid of the input's pixels holds its patches)."""
+    sides = [k * s for k, s in zip(kernel, scale, strict=True)]
+    return None if any(side.denominator != 1 for side in map(Fraction, sides)) else tuple(int(side) for side in sides)

@@ -46,7 +46,8 @@ def open_module(module: torch.nn.Module, image_size=None, mean: Sequence[float] 
             if type(module).__module__.startswith("timm."):
                 return _open_timm(module, origin, image_size, mean, std)
             if type(module).__module__.startswith("transformers.") and hasattr(module, "config") and \
-                    transformers_models.attention_modules(module):  # else its attention runs off the interface
+                    transformers_models.attention_modules(module) and not _several_parts(module):  # else its
+                # attention runs off the interface, or through it in several parts (Depth Pro's encoders)
                 if _patchless(module):  # DETR's encoder over a CNN's map: as its folder goes (recorded_folder)
                     from vit.sources.library_road.placing.image_part import ImagePart
 
@@ -74,6 +75,21 @@ def _backbone_alone(model: torch.nn.Module, refused: ValueError) -> torch.nn.Mod
         return None
     backbone = backbone_alone.backbone_of(model) or backbone_alone.own_backbone(model)
     return None if backbone is None else backbone_alone._Backbone(backbone)
+
+
+def _several_parts(model: torch.nn.Module) -> bool:
+    """Whether the transformers ``model``'s own class runs its attention off transformers' interface and the one part
+    of it the library road would record (``transformers_models._backbone_part``: a head's backbone) does not hold
+    all of it: Depth Pro's patch, image and FOV encoders, three ViTs, each its own part. The recorder at the attention
+    function sees them all."""
+    cls = type(model)
+    if getattr(cls, "_supports_attention_backend", False) or transformers_models.calls_interface(cls):
+        return False
+    part = transformers_models._backbone_part(model)
+    if part is None:  # no part through the interface at all: the library road's refusal names it
+        return False
+    inside = {id(m) for m in part.modules()}
+    return any(id(m) not in inside for m in transformers_models.attention_modules(model))
 
 
 def _patchless(model: torch.nn.Module) -> bool:

@@ -4,17 +4,17 @@ the library road (``ModuleModel``). ``module_road`` opens a module in hand by it
 ``recorded_folder`` a timm or transformers model whose attention runs off the library's own attention; this module
 imports neither, so each may open a model by it.
 
-Where the tokens sit is inferred from one forward traced on the meta device (no data, no memory of the input's
-size): the patch embedding (a convolution or unfold over the whole input whose stride is its kernel) and the input
-size give the grid, and each call's token count less the patches the prefix tokens, which the module's own token
-parameters (``cls_token``, ``register_tokens``, ``class_embedding``, ``dist_token`` ...) must account for (a forward
-that reads a value, which the meta device has none of, is traced on one real image of zeros instead, its every
-allocation counted first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no
-layer (``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused
-in one line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``:
-pooled stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a
-classifier when its output is a ``(B, classes)`` tensor from a linear layer; else its features are the last block's
-hidden tokens.
+Where the tokens sit is inferred from one forward traced on the meta device (no data, no memory of the input's size):
+the patch embedding (a convolution or unfold over the whole input whose stride is its kernel, or a convolution over a
+resized copy of it: Depth Pro's encoders) and the input size give the grid, and each call's token count less the patches
+the prefix tokens, which the module's own token parameters (``cls_token``, ``register_tokens``, ``class_embedding``,
+``dist_token`` ...; where it holds several ViTs, those of the call's own) must account for (a forward that reads a
+value, which the meta device has none of, is traced on one real image of zeros instead, its every allocation counted
+first: ``bounded_forward``). Calls among learnt queries (DETR's decoder) are set aside by name, no layer
+(``image_tokens``). Every call must run over the same tokens; a layout that leaves a token unplaced is refused in one
+line, never guessed, and one over several sets of tokens is refused naming what it lacks (``missing_layout``: pooled
+stages, pooled keys, two token sets, class-attention layers, attention over channels). The module is a classifier when
+its output is a ``(B, classes)`` tensor from a linear layer; else its features are the last block's hidden tokens.
 """
 
 from __future__ import annotations
@@ -217,6 +217,28 @@ def token_parameters(model: torch.nn.Module) -> tuple[int, list[str]]:
     return count, names
 
 
+def tower_tokens(model: torch.nn.Module, calls: list[AttentionCall]) -> tuple[int, list[str]] | None:
+    """The token parameters of the ViT each of ``calls`` runs in (the nearest module around its attention that holds
+    any: Depth Pro's image and FOV encoders, each with its own CLS token beside its patch encoder's), where every
+    call's holds as many; else None."""
+    modules = dict(model.named_modules())
+    found = set()
+    for call in calls:
+        parts = call.name.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            name = ".".join(parts[:i])
+            count, names = token_parameters(modules[name]) if name in modules else (0, [])
+            if names:
+                found.add((count, tuple(f"{name}.{n}" for n in names)))
+                break
+        else:  # its tokens are the whole model's
+            return None
+    counts = {count for count, _ in found}
+    if len(counts) != 1:
+        return None
+    return counts.pop(), [n for _, names in sorted(found) for n in names]
+
+
 def missing_layout(calls: list[AttentionCall], modules: dict[str, torch.nn.Module], patches: int | None) -> str:
     """What the token counts of ``calls`` (over more than one set of tokens) say the layout lacks, in words: attention
     over channels (a softmax as wide as its module's heads: XCiT's cross-covariance, not attention over image
@@ -321,7 +343,7 @@ def _placed(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
     if len(counts) != 1 or any(c.batch != 1 for c in calls):  # stages, windows, class attention: a place a layer
         return _staged(model, calls, mode, out, image_hw, grid, prefix), calls, _classifier(out, mode)
     try:
-        layout = _one_grid(model, counts[0], mode, image_hw, grid, prefix)
+        layout = _one_grid(model, counts[0], mode, image_hw, grid, prefix, calls)
     except ValueError:
         if grid is not None or prefix is not None:
             raise
@@ -337,10 +359,11 @@ def _placed(model: torch.nn.Module, calls: list[AttentionCall], mode: AttentionR
 
 
 def _one_grid(model: torch.nn.Module, tokens: int, mode: AttentionRecording, image_hw: tuple[int, int],
-              grid: tuple[int, int] | None, prefix: int | None) -> LibraryLayout:
-    """The layout of calls all over ``tokens`` tokens: ``grid`` (else the patch embedding's, else a flattened
-    feature map's) and ``prefix`` (else the token parameters' count), the patches after the prefix. ValueError (one
-    line) where they do not account for every token."""
+              grid: tuple[int, int] | None, prefix: int | None, calls: list[AttentionCall] = ()) -> LibraryLayout:
+    """The layout of ``calls`` all over ``tokens`` tokens: ``grid`` (else the patch embedding's, else a flattened
+    feature map's) and ``prefix`` (else the token parameters' count, the model's or, where the model holds several
+    ViTs, those of the one each call runs in: ``tower_tokens``), the patches after the prefix. ValueError (one line)
+    where they do not account for every token."""
     if grid is not None:
         gh, gw = _pair(tuple(grid), "grid")
         if image_hw[0] % gh or image_hw[1] % gw:
@@ -367,6 +390,8 @@ def _one_grid(model: torch.nn.Module, tokens: int, mode: AttentionRecording, ima
                          "tokens are one grid")
     if prefix is None:
         counted, names = token_parameters(model)
+        if counted != extra:
+            counted, names = tower_tokens(model, calls) or (counted, names)
         if counted != extra:
             said = f"its token parameters ({', '.join(names)}) account for {counted}" if names else \
                 "no token parameter of its (cls_token, register_tokens, ...) accounts for them"

@@ -6,7 +6,9 @@ tokens, named and left out of the layers while the others are recorded and drawn
 - attention over channels (cross-covariance attention: XCiT's and EdgeNeXt's ``XCA``, DaViT's ``ChannelAttention``):
   a softmax over a head's channels, ``C / H`` rows over ``C / H`` keys whatever the image;
 - GC ViT's global-query layers: their queries are pooled from the whole stage and shared by every window, so their
-  rows are no token of the image.
+  rows are no token of the image;
+- Depth Pro's patch encoder: one ViT over overlapping crops of the image at several scales, all in one batch, which
+  no single grid places (its image encoder, a ViT over the whole image resized, is what its maps read).
 
 A layer's kind is read from its module's class and checked against its call's counts; nothing is guessed from a count
 alone. Halo attention (BoTNet-family HaloNet's ``HaloAttn``: blocks of queries over overlapping windows of keys, a
@@ -123,9 +125,31 @@ OVER_TIME = (("temporal_layers", "temporal attention (VideoPrism's: each patch o
                                  "an image)"),)
 
 
+# Modules (by class) that run one ViT over crops of the image, all in one batch (a call's batch its crops) -> in words
+CROPS = {"DepthProPatchEncoder": "Depth Pro's patch encoder: one ViT over {batch} overlapping crops of the image at "
+                                 "{scales} scales in one batch, which no single grid places"}
+
+
+def _crops(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | None:
+    """What ``CROPS`` says of the module around ``call`` that runs it over crops (its batch more than one), or
+    None."""
+    parts = call.name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        module = modules.get(".".join(parts[:i]))
+        words = CROPS.get(type(module).__name__)
+        if words is not None and call.batch > 1:
+            scales = len(getattr(module, "scaled_images_ratios", ())) or "several"
+            return words.format(batch=call.batch, scales=scales)
+    return None
+
+
 def left_out(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | None:
     """Why ``call`` is no layer over image tokens (``CHANNEL_ATTENTION``'s over a head's channels, ``OVER_TIME``'s
-    over frames, GC ViT's global queries), in words, or None where it is attention over tokens."""
+    over frames, GC ViT's global queries, a ViT over crops of the image: ``CROPS``), in words, or None where it is
+    attention over tokens."""
+    crops = _crops(call, modules)
+    if crops is not None:
+        return crops
     module = modules.get(call.name)
     kind = type(module).__name__
     if kind in CHANNEL_ATTENTION:
