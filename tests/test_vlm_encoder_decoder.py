@@ -328,10 +328,10 @@ def test_idefics_perceiver_latents_answer_and_their_placement_is_refused_in_one_
 REFUSED = {  # (GIT's and BLIP's, whose text attention computes its softmax itself, answer: test_vlm_inline)
     "udop": r"its encoder \(UdopForConditionalGeneration\) reads the prompt and the image together, and neither its "
             r"config nor its processor names an image token",
-    "diffusion_gemma": r"it denoises a canvas of tokens over steps \(a diffusion language model\) through its own "
-                       r"DiffusionGemmaGenerationConfig, not token by token",
-    "evolla": r"its EvollaForProteinText2Text reads no image: its forward takes no pixels or patches but another "
-              r"input \(protein_input_ids\)",
+    "diffusion_gemma": r"transformers' DiffusionGemmaForBlockDiffusion takes no image \(its forward has no "
+                       r"pixel_values, patches or image input\); ask a model that does",
+    "evolla": r"transformers' EvollaForProteinText2Text takes no image \(its forward has no pixel_values, patches or "
+              r"image input; it reads protein_input_ids\); ask a model that does",
 }
 
 

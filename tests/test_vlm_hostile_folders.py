@@ -348,7 +348,7 @@ def test_a_language_model_without_attention_layers_is_refused_naming_what_the_an
 
     stack = torch.nn.Module()
     stack.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
-    wrong = attention_problem(types.SimpleNamespace(language_model=stack))
+    wrong = attention_problem(types.SimpleNamespace(model=torch.nn.Module(), language_model=stack))
     assert "self-attention" in wrong and "token mixer" in wrong and "cross-attention" in wrong, wrong
     assert "\n" not in wrong
 

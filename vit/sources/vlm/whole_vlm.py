@@ -218,10 +218,6 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
 
     import transformers
 
-    if model_type not in ARCHITECTURES:  # before its tower is looked for: a model asked about no image has none
-        wrong = reads_no_image(getattr(transformers, architecture, None))
-        if wrong:
-            raise VLMError(f"{folder} is refused: {wrong}")
     try:  # the tower's layout: its config and shapes from the headers, no weight read; or what its config declares
         if model_type not in ARCHITECTURES:  # a type no layout here names: its tower as its config declares it
             from vit.sources.vlm.any_vlm import read_tower
@@ -301,8 +297,10 @@ def answering_problem(architecture: str) -> str | None:
                 "generate to answer with)")
     parameters = inspect.signature(cls.forward).parameters
     if not any(part in name for name in parameters for part in ("pixel", "patch", "image")):  # Kosmos-2.5's patches
+        other = next((name for name in parameters if name.endswith("_input_ids") and name != "decoder_input_ids"),
+                     None)  # the ids of another input it reads instead (Evolla's protein sequences)
         return (f"transformers' {architecture} takes no image (its forward has no pixel_values, patches or image "
-                "input); ask a model that does")
+                "input" + (f"; it reads {other}" if other else "") + "); ask a model that does")
     return None
 
 
@@ -312,7 +310,7 @@ def attention_problem(vlm: VLM) -> str | None:
     (``_supports_attention_backend``, or its attention modules' code asking the interface for its function: Qwen 3.5's
     model declines the flag for its linear-attention layers, its attention layers call the interface) are what the
     answer's rows are read from."""
-    wrong = generates_otherwise(vlm.model) or reads_no_image(type(vlm.model))
+    wrong = generates_otherwise(vlm.model)
     if wrong:
         return wrong
     try:
@@ -367,23 +365,6 @@ def generates_otherwise(model) -> str | None:
         config, "max_denoising_steps") else "writes its answer another way"
     return (f"it {kind} through its own {type(config).__name__}, not token by token through transformers' greedy "
             "generate, whose each token's query row the answer's maps read")
-
-
-def reads_no_image(model: type | None) -> str | None:
-    """Why the generating class ``model`` is not asked about an image, or None: its forward takes no pixels or
-    patches of any kind but the ids of another input (Evolla's protein sequences, ``protein_input_ids``)."""
-    import inspect
-
-    if model is None:
-        return None
-    names = list(inspect.signature(model.forward).parameters)
-    if any("pixel" in name or "patches" in name or "image" in name for name in names):
-        return None
-    other = next((name for name in names if name.endswith("_input_ids") and name != "decoder_input_ids"), None)
-    if other is None:  # a text model, or one reading the image's encodings under another name: said elsewhere
-        return None
-    return (f"its {model.__name__} reads no image: its forward takes no pixels or patches but another input "
-            f"({other}); ask it through its own processor and generate")
 
 
 def _inline_attention(model) -> str | None:
