@@ -72,7 +72,8 @@ def test_the_maps_are_drawn_over_the_pixels_the_tower_read(hybrid):
 
 def test_the_logit_lens_reads_the_stacks_own_final_norm_norm_f(hybrid, folder):
     """The lens at answer tokens 0 and 1: transformers' eager model's hidden states at the query, each read through
-    the stack's ``norm_f`` and the language model's head, softmax, the token's entry; the last the model's own logits'."""
+    the stack's ``norm_f`` and the language model's head, softmax, the token's entry; the last the model's own
+    logits'."""
     vlm, answer, _, _ = hybrid
     model, processor = _eager(folder)
     stack, head = model.language_model.model, model.language_model.lm_head  # NemotronHForCausalLM's

@@ -16,7 +16,6 @@ from test_vlm_answer import NEW_TOKENS, QUESTION, picture  # noqa: E402
 from vlm_saved import generated, saved  # noqa: E402
 
 import vit  # noqa: E402
-from vit.sources.vlm.whole_vlm import VLMError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 

@@ -160,8 +160,8 @@ def decoder_prompted(vlm, images, text: str):
 def library_errors(model: torch.nn.Module):
     """The last resort for a folder whose processor and model disagree in a way its declared sizes do not show (a
     patch or merge size of a type no layout names): an error transformers' own code raises inside the model's forward
-    (its innermost frame outside torch is in a model's code of transformers) becomes one line saying so. Any other error, ours above all
-    (the recording attention runs inside that forward), passes unchanged."""
+    (its innermost frame outside torch is in a model's code of transformers) becomes one line saying so. Any other
+    error, ours above all (the recording attention runs inside that forward), passes unchanged."""
     try:
         yield
     except (RuntimeError, ValueError, IndexError, TypeError) as error:

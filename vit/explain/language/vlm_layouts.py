@@ -548,11 +548,12 @@ def _unpatchified(patches: torch.Tensor, t: int, gh: int, gw: int, part) -> torc
 
 
 def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[ImageLayout, ...]:
-    """``layouts`` with the pixels each image read in one view was read as (the processor's normalisation undone),
-    for a tower no port reads (``declared.DeclaredTower``), whose preprocessing is not ours to redo: Qwen-VL's and
-    GLM's flat patches put back on the image, Nemotron-H Omni's flattened patches put back on its resized image,
-    Pixtral's image cut from its padded batch at its ``image_sizes``, else the one view's pixel tensor (none where the processor flattened its patches otherwise: the tower's
-    preprocessing of the image is drawn). A port's tower, and a tiled layout, keep theirs."""
+    """``layouts`` with the pixels each image read in one view was read as (the processor's normalisation undone), for a
+    tower no port reads (``declared.DeclaredTower``), whose preprocessing is not ours to redo: Qwen-VL's and GLM's
+    flat patches put back on the image, Nemotron-H Omni's flattened patches put back on its resized image, Pixtral's
+    image cut from its padded batch at its ``image_sizes``, else the one view's pixel tensor (none where the
+    processor flattened its patches otherwise: the tower's preprocessing of the image is drawn). A port's tower, and
+    a tiled layout, keep theirs."""
     from vit.checkpoint import Checkpoint
 
     if isinstance(vlm.tower, Checkpoint):

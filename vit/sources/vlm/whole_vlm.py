@@ -432,8 +432,8 @@ def _pan_and_scan(vlm: VLM) -> None:
 
 
 def _token_objects(processor) -> str | None:
-    """A token the processor's code reads as the tokenizer's token object (``self.image_token.content``:
-    InstructBLIP's) but that the folder's tokenizer config names as a plain string (real InstructBLIP folders' "image_token":
+    """A token the processor's code reads as the tokenizer's token object (``self.image_token.content``: InstructBLIP's)
+    but that the folder's tokenizer config names as a plain string (real InstructBLIP folders' "image_token":
     "<image>"), on which transformers' processor fails with an AttributeError: made the token object the processor's
     own ``__init__`` makes when the tokenizer names none (not normalised, special), where the tokenizer's vocabulary
     holds it as one token (in place). What is wrong, in one line, where it does not; else None."""
