@@ -47,6 +47,7 @@ from vit.explain.language.vlm_inputs import (  # noqa: F401 - importable from he
     _in_model_dtype,
     _laid_out_by_processor,
     image_placeholder,
+    library_errors,
     prompt_inputs,
 )
 from vit.explain.language.vlm_layouts import (
@@ -695,7 +696,7 @@ def generate_answer(vlm, prepared: Prepared, progress: Progress | None = None,
                              prepared.prompt_tokens + prepared.max_new_tokens, cache_layers=cache_sources(attending),
                              windows=cache_windows(vlm, decoder_layers), cross=cross_attending(vlm.language_model),
                              latent=latent)
-        with recording(vlm, recorder), torch.inference_mode():
+        with recording(vlm, recorder), torch.inference_mode(), library_errors(vlm.model):
             # with its cache, whatever its folder's generation config says (Pix2Struct's use_cache false): the
             # same greedy tokens, and the rows read the cache's keys
             out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=new_tokens, do_sample=False,

@@ -240,9 +240,13 @@ def on_grid(vlm, prepared, relevance: torch.Tensor, overview: bool) -> torch.Ten
         if overview:
             return whole
         return crops.reshape(rows, cols, vh, vw).permute(0, 2, 1, 3).reshape(rows * vh, cols * vw)
-    # a canvas read from a processor's code (vlm_read_layout.CANVASES): its views' order is its own, not laid here
+    # A canvas read from a processor's code (vlm_read_layout.CANVASES: Perception LM's, Granite 4 Vision's,
+    # Unlimited-OCR's): its layout places each image token on the canvas (``index``), but not which of the processor's
+    # pixel views, and which pixels of it, a canvas patch was read from (a thumbnail's, a downsampled crop's, a 64-px
+    # step of SAM's convolutions); AttnLRP's relevance is on those pixels, so it is not laid here
     if vlm.model_type not in NEXT_TILES:
-        raise ValueError("AttnLRP's pixels are not laid on this model's canvas of tiles here; use "
+        raise ValueError("AttnLRP's relevance is on the processor's pixel views, and this model's canvas places its "
+                         "image tokens but not which view's pixels each canvas patch was read from; use "
                          f"{either('gradxattn', 'tam')}")
     from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape
 

@@ -7,7 +7,9 @@ inputs put in the model's dtype.
 from __future__ import annotations
 
 import inspect
+import traceback
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -156,3 +158,23 @@ def decoder_prompted(vlm, images, text: str):
     if ids.shape[-1]:
         inputs["decoder_input_ids"] = ids
     return inputs
+
+
+@contextmanager
+def library_errors(model: torch.nn.Module):
+    """The last resort for a folder whose processor and model disagree in a way its declared sizes do not show (a
+    patch or merge size of a type no layout names): an error transformers' own code raises inside the model's forward
+    (its innermost frame outside torch is in a model's code of transformers) becomes one line saying so. Any other
+    error, ours above all (the recording attention runs inside that forward), passes unchanged."""
+    try:
+        yield
+    except (RuntimeError, ValueError, IndexError, TypeError) as error:
+        where = next((frame.filename.replace("\\", "/") for frame in reversed(traceback.extract_tb(error.__traceback__))
+                      if "/torch/" not in frame.filename.replace("\\", "/")), "")
+        if "/transformers/models/" not in where:  # a model's code, not generate's own checks
+            raise
+        said = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise ValueError(f"transformers' {type(model).__name__} failed on what the folder's processor gave it "
+                         f"({type(error).__name__}: {said}): the processor's settings (its patch, merge or frame "
+                         "sizes) disagree with the model's config; save the processor the model was made with into "
+                         "the folder") from error

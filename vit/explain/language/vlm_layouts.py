@@ -548,22 +548,32 @@ def _unpatchified(patches: torch.Tensor, t: int, gh: int, gw: int, part) -> torc
 
 
 def _one_view_pixels(vlm, inputs, layouts: tuple[ImageLayout, ...]) -> tuple[ImageLayout, ...]:
-    """``layouts`` with the pixels each image read in one view was read as (the processor's normalisation undone),
-    for a tower no port reads (``declared.DeclaredTower``), whose preprocessing is not ours to redo: Qwen-VL's and
-    GLM's flat patches put back on the image, Pixtral's image cut from its padded batch at its ``image_sizes``,
-    else the one view's pixel tensor (none where the processor flattened its patches otherwise: the tower's
-    preprocessing of the image is drawn). A port's tower, and a tiled layout, keep theirs."""
+    """``layouts`` with the pixels each image read in one view was read as (the processor's normalisation undone), for a
+    tower no port reads (``declared.DeclaredTower``), whose preprocessing is not ours to redo: Qwen-VL's and GLM's
+    flat patches put back on the image, Nemotron-H Omni's flattened patches put back on its resized image, Pixtral's
+    image cut from its padded batch at its ``image_sizes``, else the one view's pixel tensor (none where the
+    processor flattened its patches otherwise: the tower's preprocessing of the image is drawn). A port's tower, and
+    a tiled layout, keep theirs."""
     from vit.checkpoint import Checkpoint
 
     if isinstance(vlm.tower, Checkpoint):
         return layouts
     pixels, images = inputs["pixel_values"], vlm.processor.image_processor
     (ph, pw), done, start = vlm.patch_hw, [], 0
+    # (patches, C x ph x pw): every image's patches flattened row-major, each channel-major (C, ph, pw), one view an
+    # image on the grid its processor names (Nemotron-H Omni's ``image_grid_hw``: the image resized to it)
+    flat = (pixels.dim() == 2 and "image_grid_thw" not in inputs and pixels.shape[1] == 3 * ph * pw
+            and sum(layout.grid[0] * layout.grid[1] for layout in layouts) == pixels.shape[0])
     for k, layout in enumerate(layouts):
         if layout.pixels is not None or layout.views > 1:  # a tiled layout keeps its canvas
             done.append(layout)
+            start += layout.grid[0] * layout.grid[1] if flat else 0
             continue
-        if "image_grid_thw" in inputs:
+        if flat:
+            (gh, gw), start = layout.grid, start + layout.grid[0] * layout.grid[1]
+            view = pixels[start - gh * gw:start].reshape(1, gh, gw, 3, ph, pw)
+            view = view.permute(0, 3, 1, 4, 2, 5).reshape(1, 3, gh * ph, gw * pw)  # (1, C, H, W)
+        elif "image_grid_thw" in inputs:
             t, gh, gw = (int(v) for v in inputs["image_grid_thw"][k])
             if getattr(images, "temporal_patch_size", None) is None:  # patches not laid as Qwen-VL's (Kimi K2.5's
                 done.append(layout)  # row-major (N, C, p, p)): not redrawn, the tower's preprocessing is drawn

@@ -52,18 +52,28 @@ class Ablation:
         return self.ablated_logit - self.logit
 
 
-FINAL_NORMS = ("norm", "final_layer_norm", "final_layernorm", "ln_f")  # the decoder stack's last norm, as named
+def final_norm(stack: torch.nn.Module) -> torch.nn.Module | None:
+    """The norm the decoder stack's own forward applies after its last layer, found by what it is, not by its name
+    (Llama's ``norm``, OPT's ``final_layer_norm``, Nemotron-H's ``norm_f``): the last of the stack's own children
+    that is a norm (its class named ``...Norm``: a ``LayerNorm``, an RMS norm) and not inside a layer (a layer's
+    norms, Nemotron-H's gated norm in its Mamba mixer, are the layer's); None where it has none. A stack with a
+    norm before its layers too (BLOOM's ``word_embeddings_layernorm``) keeps it first in its children, the final one
+    last."""
+    layers = getattr(stack, "layers", None)
+    norms = [module for module in stack.children() if module is not layers
+             and type(module).__name__.lower().endswith("norm")]  # LayerNorm, RMSNorm, LlamaRMSNorm, ...
+    return norms[-1] if norms else None
 
 
 def _head(vlm):
-    """The model's read-out of a hidden state: ``(norm, head, soft cap or None)``; ``norm`` the decoder stack's final
-    norm (``FINAL_NORMS``), then its projection out where it has one (OPT's ``project_out``). ValueError (one line)
-    for a stack without one of those names (``logit_lens`` checks the read-out against the model's own logits)."""
+    """The read-out of a hidden state as the model reads its last layer's: the language model's final norm
+    (``final_norm``), then its projection out where it has one (OPT's ``project_out``). ValueError (one line)
+    for a stack without one (``logit_lens`` checks the read-out against the model's own logits)."""
     text, stack = vlm.model.config.get_text_config(), vlm.language_model
-    norm = next((getattr(stack, name) for name in FINAL_NORMS if getattr(stack, name, None) is not None), None)
+    norm = final_norm(stack)
     if norm is None:
         raise ValueError(f"the logit lens reads each layer's stream through the final norm and head, and this model's "
-                         f"{type(stack).__name__} has no final norm named {', '.join(FINAL_NORMS)}: not drawn for it")
+                         f"{type(stack).__name__} has no norm of its own after its layers: not drawn for it")
     out = getattr(stack, "project_out", None)
     read = norm if out is None else torch.nn.Sequential(norm, out)
     return read, output_head(vlm.model), getattr(text, "final_logit_softcapping", None)

@@ -39,6 +39,9 @@ KEEPS_EVERY_STEP = ("output_attentions", "output_hidden_states", "output_scores"
 # The processor's settings that must be the tower's own (the image tokens are counted from the tower's patches)
 SAME_AS_TOWER = (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
                  ("temporal_patch_size", "temporal_patch_size"))
+# Of those, the ones whose meaning is the same for every type, checked on a type no layout names too: the frames a
+# patch spans (a patch size may be the tower's patch times its merge, Aya Vision's; a merge may be the processor's own)
+SAME_FOR_EVERY_TYPE = (("temporal_patch_size", "temporal_patch_size"),)
 
 
 @dataclass(frozen=True)
@@ -316,10 +319,11 @@ def _processor_problem(folder: Path, config_json: Mapping) -> str | None:
         resize = _resize_problem(settings, video=name.startswith("video"))
         if resize:
             return f"its {name} {resize}"
-        if config_json.get("model_type") not in VLM_ARCHITECTURES:  # a type no layout here names: its tokens are
-            continue  # counted from the processor's outputs (Aya Vision's patch_size is its tower's patch x merge)
+        # a type no layout here names: its tokens are counted from the processor's outputs (Aya Vision's
+        # patch_size is its tower's patch x merge), only the settings every type means alike checked
+        same = SAME_AS_TOWER if config_json.get("model_type") in VLM_ARCHITECTURES else SAME_FOR_EVERY_TYPE
         for path, key, value in _walk(settings):
-            tower_key = dict(SAME_AS_TOWER).get(key)
+            tower_key = dict(same).get(key)
             if tower_key and _number(value) and _number(vision.get(tower_key)) and value != vision[tower_key]:
                 return (f"its {name} sets {path} = {value:,} but its vision tower's {tower_key} is "
                         f"{vision[tower_key]:,}: the processor would give other image tokens than the model reads")

@@ -262,6 +262,10 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if getattr(processor, "tokenizer", None) is None or getattr(processor, "image_processor", None) is None:
         raise VLMError(f"{folder}'s processor has no tokenizer or image processor; save the model's processor "
                        "(processor.save_pretrained) into the folder")
+    wrong = _token_objects(processor)
+    if wrong:
+        del model
+        raise VLMError(f"{folder} is refused: {wrong}")
     if getattr(model.generation_config, "use_cache", True) is False and not type(
             model)._supports_default_dynamic_cache():  # else its answer is generated with a cache (the same tokens)
         del model
@@ -450,3 +454,28 @@ def _pan_and_scan(vlm: VLM) -> None:
     images = vlm.processor.image_processor
     saved = {key: getattr(images, key) for key in PAN_AND_SCAN if getattr(images, key, None) is not None}
     vlm.processor.images_kwargs = {**vlm.processor.images_kwargs, **saved, "do_pan_and_scan": True}
+
+
+def _token_objects(processor) -> str | None:
+    """A token the processor's code reads as the tokenizer's token object (``self.image_token.content``: InstructBLIP's)
+    but that the folder's tokenizer config names as a plain string (real InstructBLIP folders' "image_token":
+    "<image>"), on which transformers' processor fails with an AttributeError: made the token object the processor's
+    own ``__init__`` makes when the tokenizer names none (not normalised, special), where the tokenizer's vocabulary
+    holds it as one token (in place). What is wrong, in one line, where it does not; else None."""
+    import inspect
+
+    from tokenizers import AddedToken
+
+    try:
+        code = inspect.getsource(type(processor))
+    except (OSError, TypeError):
+        return None
+    words = getattr(processor, "tokenizer", None)
+    for name, value in list(vars(processor).items()):
+        if not (name.endswith("_token") and isinstance(value, str) and f"self.{name}.content" in code):
+            continue
+        if words is None or words.convert_tokens_to_ids(value) in (None, words.unk_token_id):
+            return (f"its tokenizer names {name} {value[:40]!r}, which its vocabulary lacks as one token: the image "
+                    "would not be found in the prompt; save the tokenizer the model was made with into the folder")
+        setattr(processor, name, AddedToken(value, normalized=False, special=True))
+    return None
