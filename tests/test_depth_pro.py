@@ -1,9 +1,9 @@
 """Depth Pro opens on the library road (issue 117, the census's "pieces of one image at once" row) through the recorder
 at the attention function: its image encoder (a DINOv2 over the whole input resized to its own size, one patch grid
-and a CLS token) and its FOV encoder (another, over the whole input too) are the layers, each placed on the whole
-input (a patch embedding over a resized copy of the input: ``attention_recorder``'s trace); its patch encoder (one
-DINOv2 over overlapping crops at three scales in one batch) is named in ``metadata["left_out"]``, run, never drawn
-(``placing.layer_kinds.CROPS``).
+and a CLS token) is the layers, placed on the whole input (a patch embedding over a resized copy of the input:
+``attention_recorder``'s trace); its patch encoder (one DINOv2 over overlapping crops at three scales in one batch) and
+its FOV encoder (a second tower over the whole input, whose layers a rollout would chain onto the image encoder's) are
+named in ``metadata["left_out"]``, run, never drawn (``placing.layer_kinds.CROPS``, ``SECOND_TOWERS``).
 
 Reference: transformers' own eager attention, caught where DINOv2's modelling file calls its
 ``eager_attention_forward`` (the module that called it kept, so each layer is matched to its own encoder), every
@@ -78,24 +78,28 @@ def opened():
     return model, vit.load(model, image_size=SIZE, mean=MEAN, std=STD)
 
 
-def test_its_image_and_fov_encoders_layers_are_their_own_eager_attention_its_patch_encoder_named(opened):
+def test_its_image_encoders_layers_are_its_own_eager_attention_its_patch_and_fov_encoders_named(opened):
     model, checkpoint = opened
     wrapped = checkpoint.model
-    assert checkpoint.road == "library" and wrapped.names == IMAGE_LAYERS + FOV_LAYERS
-    assert sorted(checkpoint.metadata["left_out"]) == CROP_LAYERS
+    assert checkpoint.road == "library" and wrapped.names == IMAGE_LAYERS
+    left_out = checkpoint.metadata["left_out"]
+    assert sorted(left_out) == sorted(CROP_LAYERS + FOV_LAYERS)
     why = "Depth Pro's patch encoder: one ViT over 51 overlapping crops of the image at 3 scales"
-    assert all(said.startswith(why) for said in checkpoint.metadata["left_out"].values())
+    assert all(left_out[name].startswith(why) for name in CROP_LAYERS)
+    # the FOV encoder, a second ViT over the whole image after the image encoder: a rollout chaining the two
+    # towers' layers would mean nothing, so it is named, not drawn
+    assert all(left_out[name].startswith("Depth Pro's FOV encoder: a second ViT") for name in FOV_LAYERS)
     pixels = torch.randn(1, 3, *SIZE, generator=torch.Generator().manual_seed(1))
     own = eager(model, pixels)
     # the crops ran, in one batch: 1 of the input at 1/4 (16x24 px), 3x5 at 1/2, 5x7 at full size, 16 px each
     assert [own[name][0].shape for name in CROP_LAYERS] == [(51, 2, 17, 17)] * 2
     with torch.no_grad():
-        _, recorded = wrapped.run(pixels, layers=range(4))
-    for layer, name in enumerate(IMAGE_LAYERS + FOV_LAYERS):
+        _, recorded = wrapped.run(pixels, layers=range(2))
+    for layer, name in enumerate(IMAGE_LAYERS):
         (expected,) = own[name]
         assert expected.shape == (1, 2, 17, 17)  # a CLS token and 4x4 patches
         assert torch.allclose(recorded[layer], expected, atol=1e-5, rtol=0)
-        assert not torch.allclose(recorded[layer], own[(IMAGE_LAYERS + FOV_LAYERS)[layer ^ 1]][0], atol=1e-3)
+        assert not torch.allclose(recorded[layer], own[IMAGE_LAYERS[layer ^ 1]][0], atol=1e-3)
 
 
 def test_a_drawn_map_covers_the_whole_input_its_patches_row_major(opened):
@@ -110,7 +114,7 @@ def test_a_drawn_map_covers_the_whole_input_its_patches_row_major(opened):
     assert tuple(pixels.shape[-2:]) == SIZE
     own = eager(model, pixels)
     query = 1 + 6  # the patch at row 1, col 2
-    for layer, name in enumerate(IMAGE_LAYERS + FOV_LAYERS):
+    for layer, name in enumerate(IMAGE_LAYERS):
         drawn = torch.from_numpy(vit.explain(checkpoint, image, "attention", layer=layer, head=1, query=query).map)
         row = own[name][0][0, 1, query, 1:].reshape(4, 4)
         assert torch.allclose(drawn, row, atol=1e-6, rtol=0)

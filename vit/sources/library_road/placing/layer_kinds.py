@@ -128,11 +128,16 @@ OVER_TIME = (("temporal_layers", "temporal attention (VideoPrism's: each patch o
 # Modules (by class) that run one ViT over crops of the image, all in one batch (a call's batch its crops) -> in words
 CROPS = {"DepthProPatchEncoder": "Depth Pro's patch encoder: one ViT over {batch} overlapping crops of the image at "
                                  "{scales} scales in one batch, which no single grid places"}
+# Modules (by class) that are a second tower over the same image beside the one drawn -> in words: its layers follow
+# the first tower's in the forward, so a rollout or the last block's features would chain two separate ViTs
+SECOND_TOWERS = {"DepthProFovEncoder": "Depth Pro's FOV encoder: a second ViT over the whole image, feeding its "
+                                       "field-of-view head only; the image encoder's layers are drawn, so that "
+                                       "rollout and features read one tower"}
 
 
 def _crops(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | None:
-    """What ``CROPS`` says of the module around ``call`` that runs it over crops (its batch more than one), or
-    None."""
+    """What ``CROPS`` says of the module around ``call`` that runs it over crops (its batch more than one), or what
+    ``SECOND_TOWERS`` says of a second tower around it; else None."""
     parts = call.name.split(".")
     for i in range(len(parts) - 1, 0, -1):
         module = modules.get(".".join(parts[:i]))
@@ -140,13 +145,15 @@ def _crops(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | No
         if words is not None and call.batch > 1:
             scales = len(getattr(module, "scaled_images_ratios", ())) or "several"
             return words.format(batch=call.batch, scales=scales)
+        if type(module).__name__ in SECOND_TOWERS:
+            return SECOND_TOWERS[type(module).__name__]
     return None
 
 
 def left_out(call: AttentionCall, modules: dict[str, torch.nn.Module]) -> str | None:
     """Why ``call`` is no layer over image tokens (``CHANNEL_ATTENTION``'s over a head's channels, ``OVER_TIME``'s
-    over frames, GC ViT's global queries, a ViT over crops of the image: ``CROPS``), in words, or None where it is
-    attention over tokens."""
+    over frames, GC ViT's global queries, a ViT over crops of the image: ``CROPS``, a second tower: ``SECOND_TOWERS``),
+    in words, or None where it is attention over tokens."""
     crops = _crops(call, modules)
     if crops is not None:
         return crops
