@@ -1,5 +1,5 @@
 """Attention snapshots and per-epoch checkpoints written by training runs (``vit.train``'s main, and a real process
-killed and resumed) on tiny generated images.
+killed, then resumed) on tiny generated images.
 
 The snapshots are checked against what ``vit.attention`` computes from the checkpoint saved at
 the same epoch (``--save-every 1``), through the model's own forward pass.
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import make_image_folder
+from vit_commands import vit_command
 
 from vit.checkpoint import load_checkpoint
 from vit.core.images import normalize
@@ -116,9 +117,8 @@ def test_snapshots_survive_sigkill_and_resume_continues_them_exactly(images, cac
     for epoch in written:  # every file a reader can see is whole
         load_snapshot(killed, epoch)
 
-    process = train_process(["--resume", str(killed)])
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, output
+    resumed = vit_command("vit.train", "--resume", killed, env={"OMP_NUM_THREADS": "1"})  # in this process
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert snapshot_epochs(killed) == snapshot_epochs(reference) == list(range(9))
     for epoch in range(9):
         a, b = load_snapshot(killed, epoch), load_snapshot(reference, epoch)
