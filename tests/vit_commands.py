@@ -1,9 +1,10 @@
 """Run one of vit's commands (``python -m vit.predict ...``) from a test, in this process or in a real one, with one
-signature: ``vit_command("vit.predict", model, image, in_process=False)``.
+signature: ``vit_command("vit.predict", model, image, in_process=False)``. In this process it calls what the
+command's ``__main__`` calls (``entry``: ``main(argv)``, or vit.train's ``cli(argv)``).
 
 A real process costs a Python start and torch's imports (2-3 s of CPU each; ~84 of them were ~216 s of the suite's
 CPU, bench/results/cpu-2026-11-29/suite-cpu.txt): a test of what a command prints, writes and exits with calls its
-``main(argv)`` here instead, with stdout and stderr captured. A test of what only a real process shows (the console
+entry here instead, with stdout and stderr captured. A test of what only a real process shows (the console
 entry point, ``finish``'s fast exit, signals, a traceback Python itself would print) passes ``in_process=False``;
 each command keeps at least one such test.
 
@@ -55,8 +56,14 @@ def vit_command(module: str, *argv: object, in_process: bool = True, env: Mappin
         sys.argv = [command.__file__, *args]  # what ``python -m`` gives: usage lines say ``python -m MODULE``
         if env and "OMP_NUM_THREADS" in env and "torch" in sys.modules:  # read once at torch's start: set it
             sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
-        code = _status(command.main, args)
+        code = _status(entry(command), args)
     return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code, out.getvalue(), err.getvalue())
+
+
+def entry(command):
+    """The function a command module's ``command()`` (its ``__main__`` and console script) runs: ``cli`` where the
+    module has one (vit.train's: ``--ray`` submits the run as a job), else ``main``."""
+    return getattr(command, "cli", None) or command.main
 
 
 def _status(main, args: list[str]) -> int:
