@@ -40,8 +40,8 @@ def leaky_main(argv):
     os.chdir("/")
     sys.argv.append("--changed")
     handler = logging.StreamHandler(sys.stderr)
-    logging.getLogger("vit.probe").addHandler(handler)
-    logging.getLogger("vit.probe").setLevel(logging.DEBUG)
+    logging.getLogger("vit_probe").addHandler(handler)
+    logging.getLogger("vit_probe").setLevel(logging.DEBUG)
     logging.getLogger().addHandler(handler)
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -50,9 +50,9 @@ def leaky_main(argv):
     torch.set_grad_enabled(False)
     torch.manual_seed(123)
     random.seed(123)
-    logging.getLogger("vit.probe").warning("logged")
+    logging.getLogger("vit_probe").warning("logged")
     print("out", argv)
-    raise SystemExit("vit.probe: error: one line")
+    raise SystemExit("vit_probe: error: one line")
 
 
 def test_a_run_in_this_process_is_captured_and_leaves_nothing_behind(monkeypatch, tmp_path):
@@ -69,12 +69,12 @@ def test_a_run_in_this_process_is_captured_and_leaves_nothing_behind(monkeypatch
     done = vit_command("vit_commands_probe", "a", 1, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 1  # a SystemExit with a message, as Python (and run_command) exit with it
     assert done.stdout == "out ['a', '1']\n"
-    assert done.stderr == "logged\nlogged\nvit.probe: error: one line\n"  # the logger's handler and the root's
+    assert done.stderr == "logged\nlogged\nvit_probe: error: one line\n"  # the logger's handler and the root's
 
     assert dict(os.environ) == environ and os.getcwd() == cwd
     assert sys.argv is argv and sys.argv == argv_items
     assert logging.getLogger().handlers == root_handlers
-    assert logging.getLogger("vit.probe").handlers == [] and logging.getLogger("vit.probe").level == logging.NOTSET
+    assert logging.getLogger("vit_probe").handlers == [] and logging.getLogger("vit_probe").level == logging.NOTSET
     assert signal.getsignal(signal.SIGTERM) == sigterm and signal.getsignal(signal.SIGINT) == sigint
     assert warnings.filters == filters
     assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)
