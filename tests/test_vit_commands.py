@@ -11,7 +11,6 @@ import sys
 import types
 import warnings
 
-import pytest
 import torch
 from vit_commands import entry, vit_command
 
@@ -19,15 +18,12 @@ COMMANDS = ("vit.predict", "vit.evaluate", "vit.convert", "vit.train", "vit.fait
             "vit.describe_heads", "vit.explorer")
 
 
-@pytest.mark.parametrize("name", COMMANDS)
-def test_the_entry_called_in_this_process_is_the_one_the_command_runs(name):
-    module = importlib.import_module(name)
-    called = entry(module).__name__
-    source = inspect.getsource(module.command)
-    assert f"run_command({called})" in source or f"run_command(lambda: {called}(sys.argv[1:]))" in source, source
-
-
-def test_help_in_this_process_is_the_real_commands():
+def test_a_run_in_this_process_calls_what_the_command_runs_and_answers_as_the_real_one():
+    for name in COMMANDS:  # one test, not one per command: the everyday lane's count is a budget (tests/lanes.py)
+        module = importlib.import_module(name)
+        called = entry(module).__name__
+        source = inspect.getsource(module.command)
+        assert f"run_command({called})" in source or f"run_command(lambda: {called}(sys.argv[1:]))" in source, name
     here, real = (vit_command("vit.evaluate", "--help", in_process=flag) for flag in (True, False))
     assert (here.returncode, here.stdout, here.stderr) == (real.returncode, real.stdout, real.stderr)
     assert here.returncode == 0 and here.stdout.startswith("usage: python -m vit.evaluate ")
