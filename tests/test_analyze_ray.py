@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import displayed, free_port, make_image_folder
+from vit_commands import vit_command
 
 from vit.analyze import build_parser, command_line
 from vit.checkpoint import save_checkpoint
@@ -39,10 +40,9 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
-def analyze(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "vit.analyze", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
+def analyze(*argv: str, in_process: bool = False) -> subprocess.CompletedProcess:
+    """The command, a real process unless ``in_process`` (tests/vit_commands.py: its main here, no second start)."""
+    return vit_command("vit.analyze", *argv, in_process=in_process, timeout=TIMEOUT)
 
 
 def analyze_here(*argv: str) -> int:
@@ -120,8 +120,9 @@ def test_ctrl_c_stops_the_job_and_the_command_reports_it(ray_cluster, world, tmp
 
 @pytest.mark.slow
 def test_an_unreachable_address_is_one_line_and_writes_nothing(world, tmp_path):
+    # In this process: the real command's one line on a failed job is the first test's
     done = analyze(str(world / "model.pt"), "--data", str(world / "data"), "--out", str(tmp_path / "out"),
-                   "--ray", f"http://127.0.0.1:{free_port()}")  # a closed port: nothing listens there
+                   "--ray", f"http://127.0.0.1:{free_port()}", in_process=True)  # a closed port: nothing listens
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vit.analyze: error: cannot reach the Ray cluster"), done.stderr
@@ -132,7 +133,7 @@ def test_an_unreachable_address_is_one_line_and_writes_nothing(world, tmp_path):
 def test_a_data_folder_without_images_fails_the_job_in_one_line(ray_cluster, world, tmp_path):
     (tmp_path / "empty" / "cat").mkdir(parents=True)
     done = analyze(str(world / "model.pt"), "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "out"),
-                   "--ray", ray_cluster.address)
+                   "--ray", ray_cluster.address, in_process=True)  # the job fails on the cluster; its driver here
     assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0] == f"vit.analyze: error: no images in {tmp_path / 'empty'}; lay it out as " \
@@ -141,7 +142,8 @@ def test_a_data_folder_without_images_fails_the_job_in_one_line(ray_cluster, wor
 
 
 def test_a_missing_data_folder_is_refused_before_anything_is_submitted(world, tmp_path):
-    done = analyze(str(world / "model.pt"), "--data", str(tmp_path / "nowhere"), "--ray", "http://127.0.0.1:1")
+    done = analyze(str(world / "model.pt"), "--data", str(tmp_path / "nowhere"), "--ray", "http://127.0.0.1:1",
+                   in_process=True)
     assert done.returncode == 2
     assert done.stderr.strip() == (f"vit.analyze: error: --data {tmp_path / 'nowhere'} is not a folder; give a "
                                    "folder with one subfolder per class")

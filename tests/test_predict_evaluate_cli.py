@@ -1,7 +1,8 @@
 """The predict and evaluate CLIs: JSON on stdout, one line per problem on stderr, no tracebacks.
 
-A few tests run the real ``python -m ...`` in a subprocess (marked slow: each starts Python
-and torch); the rest call ``main(argv)`` in-process.
+Most call ``main(argv)`` in this process (tests/vit_commands.py with ``in_process=True``: the same status, stdout and
+stderr). A few run the real ``python -m ...`` (marked slow: each starts Python and torch) for what only a process
+shows: its exit status and one line on stderr with no traceback after torch has loaded, and an early exit.
 """
 
 import io
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from vit_commands import vit_command
 
 from vit import evaluate as evaluate_cli
 from vit import predict as predict_cli
@@ -28,10 +30,8 @@ CLASSES = ["cat", "dog", "ship"]
 TOKENS = 1 + 4 * 4
 
 
-def run_cli(module: str, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+def run_cli(module: str, *args, in_process: bool = True) -> subprocess.CompletedProcess:
+    return vit_command(module, *args, in_process=in_process, env={"OMP_NUM_THREADS": "1"})
 
 
 def random_image(path: Path, size: tuple[int, int], seed: int = 0) -> Path:
@@ -71,10 +71,9 @@ def one_line(stderr: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# predict, as a real command
+# predict, as a command (a real one where marked slow)
 
 
-@pytest.mark.slow
 def test_predict_prints_a_json_list_of_top_k_labels_and_saves_maps(files, tmp_path):
     maps = tmp_path / "maps"
     done = run_cli("vit.predict", files["checkpoint"], files["wide"], files["tall"], "--top-k", 2,
@@ -107,7 +106,7 @@ def test_predict_prints_a_json_list_of_top_k_labels_and_saves_maps(files, tmp_pa
 
 @pytest.mark.slow
 def test_predict_names_a_bad_image_on_one_line_and_still_classifies_the_rest(files):
-    done = run_cli("vit.predict", files["checkpoint"], files["bad"], files["wide"])
+    done = run_cli("vit.predict", files["checkpoint"], files["bad"], files["wide"], in_process=False)
     assert done.returncode == 1
     line = one_line(done.stderr)
     assert str(files["bad"]) in line and "not an image" in line
@@ -116,7 +115,7 @@ def test_predict_names_a_bad_image_on_one_line_and_still_classifies_the_rest(fil
 
 @pytest.mark.slow
 def test_predict_with_a_missing_checkpoint_exits_2_with_one_line(files, tmp_path):
-    done = run_cli("vit.predict", tmp_path / "nope.pt", files["wide"])
+    done = run_cli("vit.predict", tmp_path / "nope.pt", files["wide"], in_process=False)
     assert done.returncode == 2
     assert "checkpoint not found" in one_line(done.stderr)
     assert done.stdout == ""
@@ -297,7 +296,6 @@ def test_a_crash_while_writing_maps_leaves_no_npz(files, tmp_path, capsys, monke
 # evaluate
 
 
-@pytest.mark.slow
 def test_evaluate_prints_accuracy_and_count(files):
     done = run_cli("vit.evaluate", files["checkpoint"], "--data", files["data"], "--batch-size", 2)
     assert done.returncode == 0, done.stderr
@@ -314,7 +312,7 @@ def test_evaluate_refuses_an_unknown_class_folder_with_one_line(files, tmp_path)
     (tmp_path / "cat").mkdir()
     (tmp_path / "zebra").mkdir()
     random_image(tmp_path / "zebra" / "z.png", (16, 16))
-    done = run_cli("vit.evaluate", files["checkpoint"], "--data", tmp_path)
+    done = run_cli("vit.evaluate", files["checkpoint"], "--data", tmp_path, in_process=False)
     assert done.returncode == 2
     line = one_line(done.stderr)
     assert "zebra" in line and "cat, dog, ship" in line

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_runs import make_image_folder, tiny_params
 from test_training_page import folders  # noqa: F401 (a fixture used by name)
+from vit_commands import vit_command
 
 from vit.runs import launch
 from vit.runs.devices import device_label
@@ -78,10 +79,10 @@ def test_the_form_offers_the_cluster_only_with_an_address(monkeypatch):
 # -- issue 33, item 8: Ray as users meet it ---------------------------------------------------------------------------
 
 def test_train_help_lists_the_ray_options():
-    import subprocess
-
-    help_text = subprocess.run([sys.executable, "-m", "vit.train", "--help"], capture_output=True, text=True,
-                               check=True).stdout
+    # In this process (tests/vit_commands.py); test_cli_startup.py runs every command's --help as a real one
+    done = vit_command("vit.train", "--help")
+    assert done.returncode == 0, done.stderr
+    help_text = done.stdout
     for option in ("--ray ADDRESS", "--workers N", "--gpus-per-worker G"):
         assert option in help_text
 

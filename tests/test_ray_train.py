@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port, make_image_folder
 from test_distributed import DETERMINISTIC, PROCESS_TIMEOUT, TINY, read_json, read_metrics, torchrun
+from vit_commands import vit_command
 
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
 
@@ -42,9 +43,11 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def test_an_unreachable_address_is_one_line_and_writes_nothing(images, tmp_path):
-    # A closed port on this machine: nothing listens there.
-    rc, out, err = finish(train(*args(images, tmp_path / "run", "--epochs", "1"), "--ray",
-                                f"http://127.0.0.1:{free_port()}", "--workers", "2"))
+    # A closed port on this machine: nothing listens there. In this process (tests/vit_commands.py), as the bad
+    # dataset's driver below: the real command's exit and lines are the two workers' and the Ctrl-C tests'.
+    done = vit_command("vit.train", *args(images, tmp_path / "run", "--epochs", "1"), "--ray",
+                       f"http://127.0.0.1:{free_port()}", "--workers", "2")
+    rc, err = done.returncode, done.stderr
     assert rc == 2
     lines = [line for line in err.splitlines() if line.startswith("vit.train:")]
     assert len(lines) == 1 and "cannot reach the Ray cluster" in lines[0], err
@@ -99,8 +102,9 @@ def test_two_ray_workers_train_like_two_torchrun_processes(ray_cluster, images, 
 def test_a_bad_dataset_fails_the_job_with_its_one_line_error(ray_cluster, images, tmp_path):
     empty = tmp_path / "empty"
     (empty / "train").mkdir(parents=True)
-    rc, out, err = finish(train("--dataset", f"folder:{empty}", "--out", str(tmp_path / "run"), *TINY,
-                                "--epochs", "1", "--ray", ray_cluster.address, "--workers", "1"))
+    done = vit_command("vit.train", "--dataset", f"folder:{empty}", "--out", tmp_path / "run", *TINY, "--epochs",
+                       "1", "--ray", ray_cluster.address, "--workers", "1")  # the job on the cluster, its driver here
+    rc, out, err = done.returncode, done.stdout, done.stderr
     assert rc == 1, f"{out}\n{err}"
     last = err.strip().splitlines()[-1]
     assert last.startswith("vit.train: error:") and str(empty) in last, err

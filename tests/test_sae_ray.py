@@ -5,15 +5,14 @@ same images (the same harvested activations, shuffled alike)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from vit_commands import vit_command
 
 from vit.core.runfiles import read_status
 
@@ -27,10 +26,10 @@ TINY = ["--layer", "2", "--width", "48", "--k", "4", "--epochs", "2", "--batch-s
         "--holdout", "2", "--image-batch", "3"]
 
 
-def sae(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}  # as the job's: the same float sums
-    return subprocess.run([sys.executable, "-m", "vit.sae", "train", *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+def sae(*argv: str, in_process: bool = False) -> subprocess.CompletedProcess:
+    """``vit.sae train``, a real process unless ``in_process`` (tests/vit_commands.py: its main here)."""
+    return vit_command("vit.sae", "train", *argv, in_process=in_process, timeout=TIMEOUT,
+                       env={"OMP_NUM_THREADS": "1"})  # as the job's: the same float sums
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def test_a_ray_run_trains_the_sae_the_local_command_trains(ray_cluster, images, 
 
 def test_more_workers_than_the_cluster_holds_is_one_line_before_submitting(ray_cluster, images, tmp_path):
     done = sae(str(CHECKPOINT), "--data", str(images), *TINY, "--out", str(tmp_path / "o"), "--ray",
-               ray_cluster.address, "--workers", "5")
+               ray_cluster.address, "--workers", "5", in_process=True)  # read from the dashboard: nothing submitted
     assert done.returncode == 2
     assert done.stderr.startswith("vit.sae: error: --workers 5 needs 6 CPUs") and done.stderr.count("\n") == 1
     assert not (tmp_path / "o").exists()

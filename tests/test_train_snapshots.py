@@ -1,5 +1,5 @@
 """Attention snapshots and per-epoch checkpoints written by training runs (``vit.train``'s main, and a real process
-killed and resumed) on tiny generated images.
+killed, then resumed) on tiny generated images.
 
 The snapshots are checked against what ``vit.attention`` computes from the checkpoint saved at
 the same epoch (``--save-every 1``), through the model's own forward pass.
@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 from helpers import make_image_folder
+from vit_commands import vit_command
 
 from vit.checkpoint import load_checkpoint
 from vit.core.images import normalize
 from vit.core.inference import preprocess
 from vit.core.runfiles import epoch_checkpoint_path, epoch_checkpoints, read_metrics
 from vit.explain.methods.attention import layer_stats, rollout, token_map
-from vit.train import main
 from vit.training.data import load_dataset
 from vit.training.snapshots import load_probe, load_snapshot, snapshot_epochs
 
@@ -50,6 +50,11 @@ def cli(images: Path, cache: Path, out: Path, *extra: str) -> list[str]:
             "--val-fraction", "0.25", *MODEL, *extra]
 
 
+def train(argv: list[str]) -> int:
+    """``vit.train`` in this process (tests/vit_commands.py: its logging, signals and threads put back after)."""
+    return vit_command("vit.train", *argv, env={"OMP_NUM_THREADS": "1"}).returncode
+
+
 def train_process(argv: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-m", "vit.train", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -61,7 +66,7 @@ def saved_run(images, cache, tmp_path_factory) -> Path:
     # The command's main in this process (issue 112: a second torch start-up, ~3 s of CPU, for files any run writes);
     # a real process is killed and resumed below
     out = tmp_path_factory.mktemp("runs") / "snapshots"
-    assert main(cli(images, cache, out, "--epochs", "3", "--save-every", "1")) == 0
+    assert train(cli(images, cache, out, "--epochs", "3", "--save-every", "1")) == 0
     return out
 
 
@@ -100,7 +105,7 @@ def test_snapshots_match_the_attention_of_that_epochs_checkpoint(saved_run, imag
 
 def test_snapshots_survive_sigkill_and_resume_continues_them_exactly(images, cache, tmp_path):
     reference = tmp_path / "reference"
-    assert main(cli(images, cache, reference, "--epochs", "8")) == 0  # in this process: no second torch start-up
+    assert train(cli(images, cache, reference, "--epochs", "8")) == 0  # in this process: no second torch start-up
 
     killed = tmp_path / "killed"
     process = train_process(cli(images, cache, killed, "--epochs", "8"))
@@ -116,9 +121,8 @@ def test_snapshots_survive_sigkill_and_resume_continues_them_exactly(images, cac
     for epoch in written:  # every file a reader can see is whole
         load_snapshot(killed, epoch)
 
-    process = train_process(["--resume", str(killed)])
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, output
+    resumed = vit_command("vit.train", "--resume", killed, env={"OMP_NUM_THREADS": "1"})  # in this process
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert snapshot_epochs(killed) == snapshot_epochs(reference) == list(range(9))
     for epoch in range(9):
         a, b = load_snapshot(killed, epoch), load_snapshot(reference, epoch)
@@ -128,7 +132,7 @@ def test_snapshots_survive_sigkill_and_resume_continues_them_exactly(images, cac
 
 def test_keep_leaves_the_most_recent_epoch_checkpoints_and_the_best(images, cache, tmp_path):
     out = tmp_path / "keep"
-    assert main(cli(images, cache, out, "--epochs", "4", "--save-every", "1", "--keep", "1",
+    assert train(cli(images, cache, out, "--epochs", "4", "--save-every", "1", "--keep", "1",
                     "--attention-every", "0")) == 0
     accuracies = [row["val_acc"] for row in read_metrics(out / "metrics.jsonl")]
     best = accuracies.index(max(accuracies)) + 1  # the first epoch to reach the best accuracy
@@ -140,6 +144,6 @@ def test_keep_leaves_the_most_recent_epoch_checkpoints_and_the_best(images, cach
 
 def test_attention_every_n_takes_every_nth_epoch_and_the_last(images, cache, tmp_path):
     out = tmp_path / "every2"
-    assert main(cli(images, cache, out, "--epochs", "3", "--attention-every", "2")) == 0
+    assert train(cli(images, cache, out, "--epochs", "3", "--attention-every", "2")) == 0
     assert snapshot_epochs(out) == [0, 2, 3]
     assert not (out / "checkpoints").exists()  # --save-every defaults to off
