@@ -204,3 +204,41 @@ def test_a_processor_of_another_patch_size_is_refused_in_one_line(folders, tmp_p
     with pytest.raises(CheckpointError, match=r"its image processor's patch_size 14 is not its config's 8; fix "
                                                   r"one of them$"):
         vit.load(folder, device="cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_an_asked_row_alone_is_formed_and_is_transformers_eager_row(folders, name, monkeypatch):
+    """Issue 117's speed item: one query's row of each layer is formed alone (each call of a window or image forms
+    only the rows it holds, none where it holds none), so at a memory bound that one layer's whole ``H x N x N``
+    would break it opens, and each row equals transformers' own eager row on the grid, for both images."""
+    from vit.core import attention_recorder
+    from vit.costs.bounds import TooManyTokens
+
+    checkpoint = vit.load(folders[name], device="cpu")
+    pixels = torch.randn(2, 3, *HW, generator=torch.Generator().manual_seed(2))
+    expected = eager_on_grid(folders[name], name, pixels, monkeypatch)
+    n, query = GRID[0] * GRID[1], 2 * GRID[1] + 5  # the patch at row 2, column 5: in a window of its own
+    # 2 images x 4 heads x 48 x 48 float32, scores and probabilities: 147 kB for the whole layer, 3 kB for its row
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.02")
+    with pytest.raises(TooManyTokens, match="ask for fewer layers, one query's row, or a smaller input"):
+        checkpoint.model.run(pixels, layers=[0])
+    original, formed = attention_recorder.sdpa_probabilities, []
+
+    def spy(query_states, key_states, *args):
+        out = original(query_states, key_states, *args)
+        formed.append(tuple(out.shape[-2:]))
+        return out
+
+    monkeypatch.setattr(attention_recorder, "sdpa_probabilities", spy)
+    _, attentions = checkpoint.model.run(pixels, layers=range(2), rows=[query])
+    # never a window's or image's every row: its windowed layer's four windows an image of 16, 16, 8 and 8 tokens
+    # (2x2 merge units of 2x2 patches, row-major, the grid's last unit row cut short), the row in the second; then
+    # its global layer, each image whole
+    windows = [(0, 16), (1, 16), (0, 8), (0, 8)] * 2 if name == "qwen2_5" else [(1, n)] * 2
+    assert formed == windows + [(1, n)] * 2
+    for layer, theirs in enumerate(expected):
+        assert attentions[layer].shape == (2, 4, 1, n)
+        assert torch.allclose(attentions[layer][:, :, 0], theirs[:, :, query], atol=1e-6, rtol=0)
+    if name == "qwen2_5":
+        assert (attentions[0] == 0).any() and not (attentions[1] == 0).any()

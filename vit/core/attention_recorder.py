@@ -100,7 +100,8 @@ def sdpa_probabilities(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.
     if key.shape[-3] != heads:  # grouped-query attention: each key head serves heads // Hk query heads
         key = key.repeat_interleave(heads // key.shape[-3], dim=-3)
     length = query.shape[-2]
-    index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(rows, device=query.device)
+    index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(
+        rows, dtype=torch.long, device=query.device)  # an empty list too: no row formed
     if rows is not None:
         query = query[..., index, :]
     # the scale on the queries (rows x D a head), not on the scores (rows x keys): one T x T pass and buffer fewer
