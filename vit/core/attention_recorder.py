@@ -208,8 +208,8 @@ class AttentionRecording(TorchFunctionMode):
 
     def _rows(self, layer: int) -> list[int] | None:
         recorder = self.recorder
-        if recorder.gradient:
-            return None
+        if recorder.gradient or layer in getattr(recorder, "windows", {}):  # a window's rows are not the grid's:
+            return None  # its windows formed whole, the asked rows read from each query's own (``layer_rows``)
         return recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
 
     def _sdpa(self, a: dict):
