@@ -73,6 +73,30 @@ def test_pieces_are_placed_on_the_diagonal_and_moved_to_the_grid():
         short.check()
 
 
+def test_an_asked_row_is_formed_in_the_one_piece_that_holds_it():
+    """Fast: grid row 3 sits at tower position 2 (``order[2] == 3``): the first piece (positions 0-2) forms its row 2
+    alone, the second none; the row handed on is that row with its keys moved to the grid, zero outside its piece."""
+    from vit.sources.library_road.merged_towers import _Pieces
+
+    class View:
+        layers, kept, rows = {"module": 0}, {}, [3]
+
+        def keep_probabilities(self, layer, probabilities, rows_formed=False):
+            self.kept[layer] = (probabilities, rows_formed)
+
+    order = torch.tensor([2, 0, 3, 1])
+    pieces = _Pieces(View(), order, 1)
+    assert pieces.rows_for(0, 3) == [2]
+    pieces.keep_probabilities(0, torch.tensor([[[[0.5, 0.25, 0.25]]]]), rows_formed=True)
+    assert pieces.rows_for(0, 1) == []
+    pieces.keep_probabilities(0, torch.ones(1, 1, 0, 1), rows_formed=True)
+    pieces.check()
+    kept, formed = View.kept[0]
+    assert formed and torch.equal(kept, torch.tensor([[[[0.25, 0.0, 0.5, 0.25]]]]))  # grid key order[j] <- tower j
+    with pytest.raises(ValueError, match=r"^a query row must be one of its 4 patches \(0 to 3\)$"):
+        _Pieces(type("Far", (View,), {"rows": [4]})(), order, 1)
+
+
 def _qwen25():
     config = transformers.Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
                                                  out_hidden_size=32, patch_size=PATCH, spatial_merge_size=MERGE,

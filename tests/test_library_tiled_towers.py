@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rows_formed import spy_formed
 
 import vit
-from rows_formed import spy_formed
 
 transformers = pytest.importorskip("transformers")
 

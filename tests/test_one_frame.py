@@ -12,10 +12,10 @@ import importlib
 import pytest
 import torch
 from PIL import Image
+from rows_formed import spy_formed
 
 import vit
 from vit.core.inference import preprocess
-from rows_formed import spy_formed
 
 transformers = pytest.importorskip("transformers")
 

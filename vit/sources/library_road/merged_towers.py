@@ -13,8 +13,9 @@ its one attention module. The recorder here (``_Pieces``) places each call's blo
 entry outside its window exactly 0, its queries and keys on the grid (``placing.merge_order``: the order read from
 the processor's ``patchify`` and the model's window index), and hands the layer to the view's recorder as one
 ``(B, H, rows, N)``: where the view asks some query rows, each call forms only the rows of its window that hold them
-(none in a window that holds none), so a layer costs ``H x rows x N``, never ``H x N x N``. The tower's features (``last_hidden_state``) come
-back on the grid too; its merger's output (``pooler_output``) is per merge unit, row-major over the units.
+(none in a window that holds none), so a layer costs ``H x rows x N``, never ``H x N x N``. The tower's features
+(``last_hidden_state``) come back on the grid too; its merger's output (``pooler_output``) is per merge unit,
+row-major over the units.
 
 The input size is the processor's: ``smart_resize`` of each image to whole merge units between its ``min_pixels`` and
 ``max_pixels`` (``Preprocessing``); a folder without a processor reads its config's patch and merge sizes and Qwen's
