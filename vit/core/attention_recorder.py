@@ -220,6 +220,8 @@ class AttentionRecording(TorchFunctionMode):
         if layer is None:
             return SDPA(**a)
         rows = self._rows(layer)
+        if rows is None and not self.recorder.gradient and hasattr(self.recorder, "piece_rows"):
+            rows = self.recorder.piece_rows(layer)  # a windowed layer of one piece: the asked rows' slots alone
         out, probabilities = sdpa_once(a, rows, self.names.get(self.recorder.modules[layer], "?"))
         if heads_first:  # (B, H, pieces, ...): its pieces before its heads, as a windowed call's
             probabilities = probabilities.transpose(1, 2)
