@@ -73,6 +73,30 @@ def test_pieces_are_placed_on_the_diagonal_and_moved_to_the_grid():
         short.check()
 
 
+def test_an_asked_row_is_formed_in_the_one_piece_that_holds_it():
+    """Fast: grid row 3 sits at tower position 2 (``order[2] == 3``): the first piece (positions 0-2) forms its row 2
+    alone, the second none; the row handed on is that row with its keys moved to the grid, zero outside its piece."""
+    from vit.sources.library_road.merged_towers import _Pieces
+
+    class View:
+        layers, kept, rows = {"module": 0}, {}, [3]
+
+        def keep_probabilities(self, layer, probabilities, rows_formed=False):
+            self.kept[layer] = (probabilities, rows_formed)
+
+    order = torch.tensor([2, 0, 3, 1])
+    pieces = _Pieces(View(), order, 1)
+    assert pieces.rows_for(0, 3) == [2]
+    pieces.keep_probabilities(0, torch.tensor([[[[0.5, 0.25, 0.25]]]]), rows_formed=True)
+    assert pieces.rows_for(0, 1) == []
+    pieces.keep_probabilities(0, torch.ones(1, 1, 0, 1), rows_formed=True)
+    pieces.check()
+    kept, formed = View.kept[0]
+    assert formed and torch.equal(kept, torch.tensor([[[[0.25, 0.0, 0.5, 0.25]]]]))  # grid key order[j] <- tower j
+    with pytest.raises(ValueError, match=r"^a query row must be one of its 4 patches \(0 to 3\)$"):
+        _Pieces(type("Far", (View,), {"rows": [4]})(), order, 1)
+
+
 def _qwen25():
     config = transformers.Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
                                                  out_hidden_size=32, patch_size=PATCH, spatial_merge_size=MERGE,
@@ -204,3 +228,41 @@ def test_a_processor_of_another_patch_size_is_refused_in_one_line(folders, tmp_p
     with pytest.raises(CheckpointError, match=r"its image processor's patch_size 14 is not its config's 8; fix "
                                                   r"one of them$"):
         vit.load(folder, device="cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_an_asked_row_alone_is_formed_and_is_transformers_eager_row(folders, name, monkeypatch):
+    """Issue 117's speed item: one query's row of each layer is formed alone (each call of a window or image forms
+    only the rows it holds, none where it holds none), so at a memory bound that one layer's whole ``H x N x N``
+    would break it opens, and each row equals transformers' own eager row on the grid, for both images."""
+    from vit.core import attention_recorder
+    from vit.costs.bounds import TooManyTokens
+
+    checkpoint = vit.load(folders[name], device="cpu")
+    pixels = torch.randn(2, 3, *HW, generator=torch.Generator().manual_seed(2))
+    expected = eager_on_grid(folders[name], name, pixels, monkeypatch)
+    n, query = GRID[0] * GRID[1], 2 * GRID[1] + 5  # the patch at row 2, column 5: in a window of its own
+    # 2 images x 4 heads x 48 x 48 float32, scores and probabilities: 147 kB for the whole layer, 3 kB for its row
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.02")
+    with pytest.raises(TooManyTokens, match="ask for fewer layers, one query's row, or a smaller input"):
+        checkpoint.model.run(pixels, layers=[0])
+    original, formed = attention_recorder.sdpa_probabilities, []
+
+    def spy(query_states, key_states, *args):
+        out = original(query_states, key_states, *args)
+        formed.append(tuple(out.shape[-2:]))
+        return out
+
+    monkeypatch.setattr(attention_recorder, "sdpa_probabilities", spy)
+    _, attentions = checkpoint.model.run(pixels, layers=range(2), rows=[query])
+    # never a window's or image's every row: its windowed layer's four windows an image of 16, 16, 8 and 8 tokens
+    # (2x2 merge units of 2x2 patches, row-major, the grid's last unit row cut short), the row in the second; then
+    # its global layer, each image whole
+    windows = [(0, 16), (1, 16), (0, 8), (0, 8)] * 2 if name == "qwen2_5" else [(1, n)] * 2
+    assert formed == windows + [(1, n)] * 2
+    for layer, theirs in enumerate(expected):
+        assert attentions[layer].shape == (2, 4, 1, n)
+        assert torch.allclose(attentions[layer][:, :, 0], theirs[:, :, query], atol=1e-6, rtol=0)
+    if name == "qwen2_5":
+        assert (attentions[0] == 0).any() and not (attentions[1] == 0).any()

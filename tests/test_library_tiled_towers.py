@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rows_formed import spy_formed
 
 import vit
 
@@ -99,7 +100,9 @@ def test_a_drawn_map_is_the_eager_row_over_the_tiles_patches(folder, monkeypatch
                             .numpy())
     _, expected = eager_probabilities(folder, image, monkeypatch)
     query = 1 + 4 + 2  # CLS, then the patch at row 1, column 2
+    formed = spy_formed(monkeypatch)
     drawn = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=query)
+    assert formed and all(rows == 1 for rows, _ in formed)  # only the asked row formed (issue 117, Speed)
     assert drawn.map.shape == (4, 4)
     row = expected[2][0, 1, query, 1:17]
     assert torch.allclose(torch.from_numpy(drawn.map), row.reshape(4, 4), atol=1e-6, rtol=0)

@@ -12,6 +12,7 @@ import importlib
 import pytest
 import torch
 from PIL import Image
+from rows_formed import spy_formed
 
 import vit
 from vit.core.inference import preprocess
@@ -94,7 +95,10 @@ def test_videomt_is_eomt_on_a_one_frame_clip_every_layer_its_eager_attention(vid
         assert kept[layer].shape == expected[layer].shape == (1, 2, extra + 3 + 16, extra + 3 + 16)
         torch.testing.assert_close(kept[layer], expected[layer], atol=1e-5, rtol=0)
         query = 3 + 6  # the patch at row 1, col 2
+        formed = spy_formed(monkeypatch)
         drawn = torch.from_numpy(vit.explain(checkpoint, image, "attention", layer=layer, head=1, query=query).map)
+        assert formed and all(rows == 1 for rows, _ in formed)  # only the asked row formed (issue 117, Speed)
+        monkeypatch.undo()
         row = expected[layer][0, 1, extra + query, extra + 3:].reshape(4, 4)
         torch.testing.assert_close(drawn, row, atol=1e-5, rtol=0)
         assert not torch.allclose(drawn, row.T, atol=1e-5, rtol=0)

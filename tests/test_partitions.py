@@ -142,6 +142,39 @@ def test_rf_detrs_windows_each_with_its_cls_copy_are_its_own_eager_attention(rf_
         assert not torch.allclose(kept[layer], _placed(own[layer], _transposed(tokens, (4, 4), 4), 20), atol=1e-3)
 
 
+def test_asked_rows_are_read_from_their_own_window_never_the_whole_grid(rf_detr, monkeypatch):
+    """Issue 117's speed item: a query's row of a windowed layer (and of the global layer that joins the windows) is
+    read from its own window, no layer's whole ``T x T`` placed on the grid, and equals the model's eager row."""
+    import copy
+
+    from rows_formed import spy_formed
+
+    from vit.sources.library_road import library_model
+
+    theirs, eager = rf_detr  # the same weights over SDPA (the fixture's config is eager's, shared by both)
+    model = transformers.RfDetrDinov2Backbone._from_config(copy.deepcopy(theirs.config), attn_implementation="sdpa")
+    model.load_state_dict(theirs.state_dict())
+    wrapped = vit.load(model.eval(), image_size=32, mean=MEAN, std=STD).model
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+
+    def dense(*args):
+        raise AssertionError("a layer's whole attention was placed on the grid for one row")
+
+    monkeypatch.setattr(library_model, "layer_on_grid", dense)
+    rows = [0, 4 + 6, 4 + 15]  # window 0's CLS copy, the patch at (1, 2), the last patch
+    formed = spy_formed(monkeypatch)
+    _, kept = wrapped.run(x, layers=range(3), rows=rows)
+    # the windowed layers' four windows of 5 whole (each row read from its own), the global layer's 3 rows alone
+    assert formed == [(5, 5), (3, 20), (5, 5)]
+    with torch.no_grad():
+        own = eager(pixel_values=x, output_attentions=True).attentions
+    windows = torch.cat([torch.arange(4)[:, None], _window_tokens((4, 4), 2) + 4], dim=1)  # (4, 1 + 4)
+    for layer in range(3):
+        tokens = windows if own[layer].shape[0] == 4 else windows.reshape(1, -1)
+        assert kept[layer].shape == (1, 2, 3, 20)
+        torch.testing.assert_close(kept[layer], _placed(own[layer], tokens, 20)[:, :, rows], atol=1e-5, rtol=0)
+
+
 def test_a_windowed_backbones_features_are_its_tokens_in_grid_order(lw_detr):
     model, _ = lw_detr
     wrapped = vit.load(model, image_size=(32, 48), mean=MEAN, std=STD).model

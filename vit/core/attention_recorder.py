@@ -102,7 +102,8 @@ def sdpa_probabilities(query: torch.Tensor, key: torch.Tensor, attn_mask: torch.
     if key.shape[-3] != heads:  # grouped-query attention: each key head serves heads // Hk query heads
         key = key.repeat_interleave(heads // key.shape[-3], dim=-3)
     length = query.shape[-2]
-    index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(rows, device=query.device)
+    index = torch.arange(length, device=query.device) if rows is None else torch.as_tensor(
+        rows, dtype=torch.long, device=query.device)  # an empty list too: no row formed
     if rows is not None:
         query = query[..., index, :]
     # the scale on the queries (rows x D a head), not on the scores (rows x keys): one T x T pass and buffer fewer
@@ -211,8 +212,8 @@ class AttentionRecording(TorchFunctionMode):
 
     def _rows(self, layer: int) -> list[int] | None:
         recorder = self.recorder
-        if recorder.gradient:
-            return None
+        if recorder.gradient or layer in getattr(recorder, "windows", {}):  # a window's rows are not the grid's:
+            return None  # its windows formed whole, the asked rows read from each query's own (``layer_rows``)
         return recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
 
     def _sdpa(self, a: dict):
@@ -223,6 +224,8 @@ class AttentionRecording(TorchFunctionMode):
         if layer is None:
             return SDPA(**a)
         rows = self._rows(layer)
+        if rows is None and not self.recorder.gradient and hasattr(self.recorder, "piece_rows"):
+            rows = self.recorder.piece_rows(layer)  # a windowed layer of one piece: the asked rows' slots alone
         out, probabilities = sdpa_once(a, rows, self.names.get(self.recorder.modules[layer], "?"))
         if heads_first:  # (B, H, pieces, ...): its pieces before its heads, as a windowed call's
             probabilities = probabilities.transpose(1, 2)

@@ -87,13 +87,33 @@ class _AttentionRecorder:
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
         rows = None if rows_formed else self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
-        if layer in self.windows:  # (B * nw, H, n, n) -> (B, H, rows, T) on the grid, the asked rows alone formed
+        if layer in self.windows and rows_formed:  # one piece's asked slots (``piece_rows``): its keys placed
+            keys = self.windows[layer].key_tokens()[0].to(probabilities.device)
+            placed = probabilities.new_zeros(*probabilities.shape[:-1], self.windows[layer].num_key_tokens)
+            placed[..., keys] = probabilities
+            probabilities = placed
+        elif layer in self.windows:  # (B * nw, H, n, n) -> (B, H, rows, T) on the grid, the asked rows alone formed
             probabilities = self.on_grid(layer, probabilities, rows)
         elif rows is not None:
             probabilities = probabilities[:, :, rows]
         if self.heads_mean:  # the heads' mean in float32, as the rollout fuses them (``fuse_heads``)
             probabilities = probabilities.detach().float().mean(1, keepdim=True)
         self.kept[layer] = probabilities.detach()
+
+    def piece_rows(self, layer: int) -> list[int] | None:
+        """Where windowed layer ``layer`` is one piece an image holding every token in its own order (LW-DETR's and
+        RF-DETR's global layer over their windows joined), the slots of the asked rows, to form alone; else None."""
+        rows = self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
+        layout = self.windows.get(layer)
+        if rows is None or layout is None:
+            return None
+        queries, keys = layout.window_tokens(), layout.key_tokens()
+        n = layout.num_tokens
+        if queries.shape[0] != 1 or not torch.equal(queries, keys) or not torch.equal(
+                queries[0].sort().values, torch.arange(n)) or n != layout.num_key_tokens:
+            return None
+        slot_of = torch.argsort(queries[0])  # token -> its slot
+        return slot_of[torch.as_tensor(list(rows), dtype=torch.long)].tolist()
 
     def on_grid(self, layer: int, windows: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         """A windowed layer's ``(B * nw, H, n, n)`` placed on the input's grid: ``(B, H, rows, T)``, zero outside

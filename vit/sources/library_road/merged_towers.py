@@ -9,17 +9,19 @@ one entry of ``grid_thw`` (``[1, gh, gw]``: a still image, its frame repeated ``
 processor repeats it). Its tokens run in merge order, and Qwen 2.5-VL's attend in windows over a sequence reordered
 by window (transformers' ``get_vision_window_index``); both split each layer's attention at the images' (or windows')
 boundaries (``cu_seqlens``) and call transformers' attention interface once a piece, so a layer is several calls of
-its one attention module. The recorder here (``_Pieces``) places each call's block on the diagonal of the image's
-``N x N`` attention in the tower's order, every row outside its window exactly 0, then moves queries and keys onto
-the grid (``placing.merge_order``: the order read from the processor's ``patchify`` and the model's window index),
-and hands the layer to the view's recorder as one ``(B, H, N, N)``. The tower's features (``last_hidden_state``) come
-back on the grid too; its merger's output (``pooler_output``) is per merge unit, row-major over the units.
+its one attention module. The recorder here (``_Pieces``) places each call's block in the image's attention, every
+entry outside its window exactly 0, its queries and keys on the grid (``placing.merge_order``: the order read from
+the processor's ``patchify`` and the model's window index), and hands the layer to the view's recorder as one
+``(B, H, rows, N)``: where the view asks some query rows, each call forms only the rows of its window that hold them
+(none in a window that holds none), so a layer costs ``H x rows x N``, never ``H x N x N``. The tower's features
+(``last_hidden_state``) come back on the grid too; its merger's output (``pooler_output``) is per merge unit,
+row-major over the units.
 
 The input size is the processor's: ``smart_resize`` of each image to whole merge units between its ``min_pixels`` and
 ``max_pixels`` (``Preprocessing``); a folder without a processor reads its config's patch and merge sizes and Qwen's
 default pixel bounds. A processor whose patch, merge or temporal patch size is not its config's is refused in one
-line. Every row of a window is formed (``H x N x N`` a layer, counted by the cost model), and no gradient map is asked
-of a tower that has no classifier.
+line. Only the asked rows are formed over SDPA (the cost model counts them, ``forms_asked_rows``), and no gradient map
+is asked of a tower that has no classifier.
 """
 
 from __future__ import annotations
@@ -84,33 +86,59 @@ class _FlattenedPatches(torch.nn.Module):
 
 class _Pieces:
     """The recorder the tower's attention calls are handed to: each asked layer's pieces (one call a window or image,
-    ``(1, H, n, n)``, in the sequence's order) placed on the diagonal of each image's ``(B, H, N, N)`` in the tower's
-    order, zero outside them; once a layer's pieces cover the sequence, moved onto the grid and handed to ``view``
-    (the view's recorder: its heads, rows and heads' mean applied there)."""
+    ``(1, H, n, n)``, in the sequence's order) placed in each image's ``(B, H, rows, N)``, zero outside them, its
+    query rows on the grid (the view's asked ``rows``, else every grid row), its keys moved onto the grid once a
+    layer's pieces cover the sequence, and handed to ``view`` (the view's recorder: its heads and heads' mean applied
+    there). Where the view asks some rows, a call forms only the rows of its piece that hold them (``rows_for``, an
+    empty list where it holds none): ``H x rows x N`` a layer, never its whole ``N x N``."""
 
     gradient = False
-    rows, rows_of, windows = None, {}, {}  # every row of a piece formed: its rows are not the grid's
+    rows, rows_of, windows = None, {}, {}  # a piece's rows are not the grid's: named per call (``rows_for``)
 
     def __init__(self, view, order: torch.Tensor, images: int):
         self.view, self.order, self.images = view, order, images
         self.layers = view.layers
-        self.filled: dict[int, list] = {}  # layer -> [(B, H, N, N) in the tower's order, tokens placed]
+        tokens = len(order)
+        self.back = torch.argsort(order)  # grid index -> tower position
+        asked = getattr(view, "rows", None)
+        if asked is not None and any(not 0 <= int(r) < tokens for r in asked):
+            raise ValueError(f"a query row must be one of its {tokens} patches (0 to {tokens - 1})")
+        self.asked = asked is not None
+        grid_rows = torch.arange(tokens) if asked is None else torch.as_tensor(list(asked), dtype=torch.long)
+        self.positions = self.back[grid_rows]  # (rows,) the tower position of each output row
+        self.filled: dict[int, list] = {}  # layer -> [(B, H, rows, N), keys in the tower's order; tokens placed]
 
-    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
-        n, tokens = probabilities.shape[-1], len(self.order)
-        if probabilities.shape[0] != 1 or probabilities.shape[-2] != n:
-            raise ValueError(f"layer {layer}'s attention came as {tuple(probabilities.shape)}, not one piece of the "
-                             "sequence")
-        if layer not in self.filled:
-            self.filled[layer] = [probabilities.new_zeros(self.images, probabilities.shape[1], tokens, tokens), 0]
-        dense, start = self.filled[layer]
+    def _piece(self, layer: int, n: int) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """The next piece of ``layer`` (``n`` tokens): its image, its first position, the output rows it holds and
+        their rows within the piece."""
+        tokens = len(self.order)
+        start = self.filled[layer][1] if layer in self.filled else 0
         image, at = divmod(start, tokens)
         if at + n > tokens or image >= self.images:
             raise ValueError(f"layer {layer}'s attention pieces run past its images' {tokens} tokens each")
-        dense[image, :, at:at + n, at:at + n] = probabilities[0]
-        self.filled[layer][1] = start + n
-        if start + n == self.images * tokens:
-            self.view.keep_probabilities(layer, merge_order.attention_to_grid(dense, self.order))
+        held = ((self.positions >= at) & (self.positions < at + n)).nonzero().flatten()
+        return image, at, held, self.positions[held] - at
+
+    def rows_for(self, layer: int, n: int) -> list[int] | None:
+        """The rows of ``layer``'s next call (``n`` queries) to form: those the view asks, in its order; None:
+        every row (the view asks all)."""
+        return self._piece(layer, n)[3].tolist() if self.asked else None
+
+    def keep_probabilities(self, layer: int, probabilities: torch.Tensor, rows_formed: bool = False) -> None:
+        n = probabilities.shape[-1]
+        if probabilities.shape[0] != 1 or (not rows_formed and probabilities.shape[-2] != n):
+            raise ValueError(f"layer {layer}'s attention came as {tuple(probabilities.shape)}, not one piece of the "
+                             "sequence")
+        image, at, held, local = self._piece(layer, n)
+        if layer not in self.filled:
+            self.filled[layer] = [probabilities.new_zeros(self.images, probabilities.shape[1], len(self.positions),
+                                                          len(self.order)), 0]
+        placed = self.filled[layer][0]
+        block = probabilities[0] if rows_formed else probabilities[0][:, local.to(probabilities.device)]
+        placed[image][:, held.to(placed.device), at:at + n] = block  # (H, held, n): its rows, its keys
+        self.filled[layer][1] += n
+        if self.filled[layer][1] == self.images * len(self.order):
+            self.view.keep_probabilities(layer, placed[..., self.back.to(placed.device)], self.asked)
             del self.filled[layer]
 
     def output(self, layer, out) -> None:
@@ -126,10 +154,6 @@ class _Pieces:
 class MergedTower(LibraryModel):
     """A Qwen-VL tower as transformers builds it (``LibraryModel``), fed images through ``_FlattenedPatches`` and
     its attention pieces placed on the grid (``_Pieces``)."""
-
-    @property
-    def forms_asked_rows(self) -> bool:
-        return False  # every row of a window is formed, then placed
 
     def _recorded_forward(self, pixels: torch.Tensor, recorder) -> object:
         if recorder.gradient and recorder.layers:

@@ -122,12 +122,10 @@ class ModuleModel(LibraryModel):
         recorder.heads_mean = heads_mean
         rows_of = {} if rows is None else {
             layer: [places[layer].row(q, self.layout.num_prefix_tokens, grid, layer) for q in rows] for layer in asked}
-        recorder.rows_of = {layer: r for layer, r in rows_of.items() if places[layer].windows is None}
+        recorder.rows_of = rows_of  # a windowed layer's rows read from each query's own window, never its T x T
         out = self._recorded_forward(pixels, recorder)
         kept = {}
         for layer, probabilities in recorder.kept.items():
-            if places[layer].windows is not None and layer in rows_of:  # placed whole, then its rows
-                probabilities = probabilities[:, :, rows_of[layer]]
             if probabilities.shape[-1] != places[layer].keys:
                 raise ValueError(f"layer {layer + 1}'s attention has {probabilities.shape[-1]} keys, not the "
                                  f"{places[layer].describe()} it was placed over")

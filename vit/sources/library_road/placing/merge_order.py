@@ -64,9 +64,3 @@ def to_grid(tokens: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     out[:, order.to(tokens.device)] = by_image
     return out
 
-
-def attention_to_grid(attention: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``(B, H, N, N)`` attention over one image's tokens in the tower's order (queries and keys) -> the same on the
-    grid: entry ``[g_i, g_j]`` is the tower's ``[i, j]``, ``g = order``."""
-    back = torch.argsort(order.to(attention.device))  # grid index -> tower position
-    return attention[:, :, back][:, :, :, back]
