@@ -20,10 +20,11 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 ENGINE = ("vit", "app_pages")  # the packages whose every module the lane must reach
-# The lane collected 2,769 tests and ran them in 209 s idle on 2 cores (bench/results/cpu-2026-11-29/lane-budget.txt);
-# this leaves 8 % for a wave: past it the lane may no longer answer in five minutes. Move the costliest of its tests
-# to slow, or raise this with a measured lane time in the same commit.
-LANE_MAX_TESTS = 3000
+# The lane collected 3,010 tests and ran them in 204 s idle on 2 cores (bench/results/cpu-2026-11-29e/lane-budget.txt;
+# 2,769 in 209 s before: cpu-2026-11-29/lane-budget.txt); this leaves 10 % for a wave, ~225 s at that pace: past it the
+# lane may no longer answer in five minutes. Move the costliest of its tests to slow, or raise this with a measured
+# lane time in the same commit.
+LANE_MAX_TESTS = 3300
 # The whole suite's median test took 0.027 s of CPU (the same file); the bound leaves 7x for a loaded machine, where
 # a test's CPU seconds grow with contention (cache, frequency).
 MEDIAN_CPU_MAX_S = 0.2
