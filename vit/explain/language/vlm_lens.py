@@ -52,17 +52,28 @@ class Ablation:
         return self.ablated_logit - self.logit
 
 
-def final_norm(stack: torch.nn.Module) -> torch.nn.Module | None:
+def final_norm(stack: torch.nn.Module, width: int | None = None) -> torch.nn.Module | None:
     """The norm the decoder stack's own forward applies after its last layer, found by what it is, not by its name
     (Llama's ``norm``, OPT's ``final_layer_norm``, Nemotron-H's ``norm_f``): the last of the stack's own children
-    that is a norm (its class named ``...Norm``: a ``LayerNorm``, an RMS norm) and not inside a layer (a layer's
-    norms, Nemotron-H's gated norm in its Mamba mixer, are the layer's); None where it has none. A stack with a
-    norm before its layers too (BLOOM's ``word_embeddings_layernorm``) keeps it first in its children, the final one
-    last."""
+    that is a norm (its class named ``...Norm``: a ``LayerNorm``, an RMS norm) over the stream's ``width`` (where
+    given and the norm says its own) and not inside a layer (a layer's norms, Nemotron-H's gated norm in its Mamba
+    mixer, are the layer's; Gemma 3n's ``per_layer_projection_norm``, declared after its ``norm``, is over its narrow
+    per-layer inputs); None where it has none. A stack with a norm before its layers too (BLOOM's
+    ``word_embeddings_layernorm``) keeps it first in its children, the final one last."""
     layers = getattr(stack, "layers", None)
     norms = [module for module in stack.children() if module is not layers
-             and type(module).__name__.lower().endswith("norm")]  # LayerNorm, RMSNorm, LlamaRMSNorm, ...
+             and type(module).__name__.lower().endswith("norm")  # LayerNorm, RMSNorm, LlamaRMSNorm, ...
+             and (width is None or _norm_width(module) in (None, width))]
     return norms[-1] if norms else None
+
+
+def _norm_width(norm: torch.nn.Module) -> int | None:
+    """The width a norm normalises (its weight's, else its ``normalized_shape``'s last), or None where it says none."""
+    weight = getattr(norm, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() >= 1:
+        return int(weight.shape[-1])
+    shape = getattr(norm, "normalized_shape", None)
+    return int(shape[-1]) if isinstance(shape, tuple | list) and shape else None
 
 
 def _head(vlm):
@@ -70,7 +81,7 @@ def _head(vlm):
     (``final_norm``), then its projection out where it has one (OPT's ``project_out``). ValueError (one line)
     for a stack without one (``logit_lens`` checks the read-out against the model's own logits)."""
     text, stack = vlm.model.config.get_text_config(), vlm.language_model
-    norm = final_norm(stack)
+    norm = final_norm(stack, getattr(text, "hidden_size", None))
     if norm is None:
         raise ValueError(f"the logit lens reads each layer's stream through the final norm and head, and this model's "
                          f"{type(stack).__name__} has no norm of its own after its layers: not drawn for it")
