@@ -162,10 +162,31 @@ def architecture_of(folder: Path) -> tuple[str, str]:
                        "auto-mapping (AutoModelForImageTextToText) does not hold; asking a question reads a "
                        f"generating vision-language model: {', '.join(ARCHITECTURES)}, ...")
     named = config_json.get("architectures") or [architecture]
-    if architecture not in named:
-        raise VLMError(f"{folder} holds a {str(named[0])[:60]}, which has no language-model head to answer with; "
-                       f"open a {architecture}")
+    wrong = None if architecture in named else other_class_problem(str(named[0]), architecture, model_type)
+    if wrong:
+        raise VLMError(f"{folder} holds a {str(named[0])[:60]}, {wrong}")
     return model_type, architecture
+
+
+def other_class_problem(named: str, architecture: str, model_type: str) -> str | None:
+    """Why a folder whose config.json names the class ``named``, not ``architecture`` (the generating class the
+    auto-mapping gives its ``model_type``), is not answered as ``architecture``, in words that follow "holds a
+    {named}, ", or None: ``named`` is that class under another name (a subclass: Ernie 4.5 VL's deprecated alias), so
+    its weights answer through it. A class with no ``generate`` (a bare model, BLIP's retrieval head) has no
+    language-model head; one that generates its own way (BLIP's question answerer, whose decoder reads its text
+    encoder's states over the question) is not the class the answer's rows are read through."""
+    import transformers
+
+    cls, mapped = getattr(transformers, named, None), getattr(transformers, architecture, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        cls = None
+    if cls is not None and isinstance(mapped, type) and issubclass(cls, mapped):
+        return None
+    if cls is None or not cls.can_generate():
+        return f"which has no language-model head to answer with; open a {architecture}"
+    return (f"which writes its answer through its own generate, not through {architecture} (the class transformers' "
+            f"image-text-to-text auto-mapping opens for {model_type[:40]}), whose decoder's attention over the image "
+            f"the answer's maps read; open a folder saved as a {architecture}")
 
 
 def can_answer(source: str | os.PathLike | Checkpoint) -> bool:
