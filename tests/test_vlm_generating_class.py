@@ -83,3 +83,28 @@ def test_blip_question_answerers_decoder_attends_to_the_question_not_the_image(q
     hook.remove()
     image_tokens = 1 + (32 // 8) ** 2
     assert keys and set(keys) == {question.shape[1]} and question.shape[1] != image_tokens
+
+
+def test_every_mapped_class_with_its_own_generation_is_refused_before_it_is_built():
+    """A class whose generation is its own (``generation_config_class`` other than transformers' ``GenerationConfig``:
+    Diffusion Gemma's block diffusion denoises a canvas of tokens, no answer token with one query row) is refused by
+    ``answering_problem`` from its class alone, so the road never builds one: found by reading each mapped type's
+    modeling code (an import of every model would take seconds), then its class checked."""
+    from pathlib import Path
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    from vit.sources.vlm.whole_vlm import answering_problem
+
+    models = Path(transformers.__file__).parent / "models"
+    own = []
+    for model_type, architecture in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items():
+        folder = models / model_type_to_module_name(model_type)
+        if any("generation_config_class" in f.read_text() for f in folder.glob("modeling_*.py")):
+            cls = getattr(transformers, architecture)
+            if cls.generation_config_class is not transformers.GenerationConfig:
+                own.append(architecture)
+    assert "DiffusionGemmaForBlockDiffusion" in own
+    for architecture in own:
+        assert answering_problem(architecture) is not None, architecture

@@ -335,9 +335,6 @@ def attention_problem(vlm: VLM) -> str | None:
     (``_supports_attention_backend``, or its attention modules' code asking the interface for its function: Qwen 3.5's
     model declines the flag for its linear-attention layers, its attention layers call the interface) are what the
     answer's rows are read from."""
-    wrong = generates_otherwise(vlm.model)
-    if wrong:
-        return wrong
     try:
         stack = vlm.language_model
     except VLMError as e:
@@ -374,22 +371,6 @@ def attention_problem(vlm: VLM) -> str | None:
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
     return None
-
-
-def generates_otherwise(model) -> str | None:
-    """Why ``model`` does not write its answer token by token through transformers' greedy ``generate``, or None:
-    a generation of its own whose config is not transformers' (``DiffusionGemmaGenerationConfig``: a block
-    diffusion model denoises a canvas of tokens over steps, each step reading every token of it), so no answer
-    token has the one query row the answer's maps read."""
-    from transformers import GenerationConfig
-
-    config = getattr(model, "generation_config", None)
-    if config is None or type(config) is GenerationConfig:
-        return None
-    kind = "denoises a canvas of tokens over steps (a diffusion language model)" if hasattr(
-        config, "max_denoising_steps") else "writes its answer another way"
-    return (f"it {kind} through its own {type(config).__name__}, not token by token through transformers' greedy "
-            "generate, whose each token's query row the answer's maps read")
 
 
 def _inline_attention(model) -> str | None:
