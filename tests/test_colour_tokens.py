@@ -5,6 +5,7 @@ placed on the image's grid row-major (a 4x8 image: a transposed placement cannot
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -62,3 +63,25 @@ def test_an_imagegpt_folder_whose_processor_has_no_clusters_is_refused_in_one_li
     with pytest.raises(Exception, match="declares no clusters to quantise an image by") as refused:
         vit.load(tmp_path / "bare", device="cpu")
     assert "\n" not in str(refused.value)
+
+
+def test_imagegpts_listed_methods_are_the_ones_that_run(folder):
+    """``vit.methods`` lists what ``explain`` draws for ImageGPT and no more: every map of the library road either
+    draws (listed) or is refused in one line (not listed), by the one rule both read (``LibraryMethod.problem``): no
+    gradient passes its colour lookup to the pixels, so the maps that read one from there are left out."""
+    from vit.explain.views.library.road_maps import methods
+
+    checkpoint = vit.load(folder, device="cpu")
+    image = Image.fromarray((torch.rand(4, 8, 3, generator=torch.Generator().manual_seed(2)) * 255).byte().numpy())
+    listed = vit.methods(checkpoint)
+    cheap = {"rise": dict(n_masks=40), "kernel_shap": dict(n_samples=5)}  # their default counts: seconds of CPU
+    for method in methods():
+        if method in listed:
+            drawn = vit.explain(checkpoint, image, method, **cheap.get(method, {}))
+            assert drawn.map.shape == (4, 8) and np.isfinite(drawn.map).all()
+        else:
+            with pytest.raises(ValueError) as refused:
+                vit.explain(checkpoint, image, method)
+            assert "\n" not in str(refused.value)
+    assert {"attention", "rollout", "gradcam", "occlusion"} <= set(listed)
+    assert not {"class", "legrad", "attnlrp", "integrated_gradients", "smoothgrad", "input_x_gradient"} & set(listed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -143,6 +144,39 @@ def test_short_run_writes_every_run_file(completed_run, images):
         assert checkpoint.metadata["dataset"] == f"folder:{images}"
     assert load_checkpoint(completed_run / "last.pt").metadata["epochs"] == 2
     assert "completed after 2 epochs" in (completed_run / "train.log").read_text()
+
+
+def test_a_run_leaves_the_vit_loggers_handlers_level_and_propagation_as_it_found_them(images, cache, tmp_path):
+    """A library leaves its caller's logging as it was: a run logs to stdout and train.log through the ``vit``
+    logger, its caller's handler set aside (not closed, not written to) and put back when it ends, with the level
+    and propagation the caller gave (a run left them at INFO and False: later tests' caplog saw nothing of vit)."""
+    class Caller(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.closed, self.lines = False, []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    logger = logging.getLogger("vit")
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    caller = Caller()
+    logger.handlers[:] = [caller]
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = True
+    try:
+        assert main(cli(images, cache, tmp_path / "run", "--epochs", "1")) == 0
+        assert logger.handlers == [caller] and not caller.closed and not caller.lines
+        assert logger.level == logging.DEBUG and logger.propagate
+        assert "starting run" in (tmp_path / "run" / "train.log").read_text()
+    finally:
+        logger.handlers[:] = before[0]
+        logger.setLevel(before[1])
+        logger.propagate = before[2]
 
 
 def test_greyscale_folder_trains_a_3_channel_model(tmp_path, cache):

@@ -108,3 +108,19 @@ def test_readings_that_run_the_model_again_are_refused_in_one_line(asked, family
     with pytest.raises(ValueError, match="attention interface") as refused:
         answer.logit_lens(0)
     assert "\n" not in str(refused.value)
+
+
+def test_git_answers_cost_counts_the_image_states_before_the_prompt(asked, monkeypatch):
+    """GIT's decoder attends over the tower's states joined before the prompt (not in its input_ids): the answer's
+    cost counts them with the prompt, against the keys transformers' eager prompt forward reads (every patch and at
+    most two leading states counted before the tower has run: GIT's CLIP has one, a CLS)."""
+    from vit.costs import plan
+    from vit.explain.language.vlm_answer import prepare
+
+    answer, reference, inputs = asked("git")
+    attended = generated(reference, inputs).attentions[0][0].shape[-1]  # (1, H, T, T) the prompt's forward
+    assert attended > inputs["input_ids"].shape[1]
+    counted, count = [], plan.vlm_answer
+    monkeypatch.setattr(plan, "vlm_answer", lambda *a, **k: counted.append(count(*a, **k)) or counted[-1])
+    prepare(answer._source[0], picture(), QUESTION, max_new_tokens=3)
+    assert attended + 3 <= counted[0].tokens <= attended + 3 + 1

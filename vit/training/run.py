@@ -148,10 +148,14 @@ def _builtin_classes(name: str) -> int:
     return 100 if name == "cifar100" else 10
 
 
-def _setup_logging(is_main: bool) -> tuple[logging.Logger, logging.handlers.MemoryHandler]:
-    """Log lines of the ``vit`` package to stdout, and keep them until train.log exists."""
+def _setup_logging(is_main: bool) -> tuple[logging.Logger, logging.handlers.MemoryHandler, tuple]:
+    """Log lines of the ``vit`` package to stdout, and keep them until train.log exists; and the ``vit`` logger's
+    handlers, level and propagation as they were, which ``_restore_logging`` puts back when the run ends (a caller's
+    own handlers set aside meanwhile, not closed: a library leaves its caller's logging as it found it)."""
     logger = logging.getLogger("vit")
-    _close_logging(logger)
+    previous = (list(logger.handlers), logger.level, logger.propagate)
+    for handler in previous[0]:
+        logger.removeHandler(handler)
     logger.setLevel(logging.INFO if is_main else logging.WARNING)
     logger.propagate = False
     console = logging.StreamHandler(sys.stdout)
@@ -159,7 +163,17 @@ def _setup_logging(is_main: bool) -> tuple[logging.Logger, logging.handlers.Memo
     buffer = logging.handlers.MemoryHandler(capacity=1_000_000, flushLevel=logging.CRITICAL + 1)
     logger.addHandler(console)
     logger.addHandler(buffer)
-    return logger, buffer
+    return logger, buffer, previous
+
+
+def _restore_logging(logger: logging.Logger, previous: tuple) -> None:
+    """Close the run's handlers and put back the logger's handlers, level and propagation (``_setup_logging``'s)."""
+    _close_logging(logger)
+    handlers, level, propagate = previous
+    for handler in handlers:
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
 _LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
@@ -276,7 +290,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, launche
     except UsageError as e:
         return _usage_error(e)
     resumed = payload is not None
-    logger, buffer = _setup_logging(is_main)
+    logger, buffer, previous_logging = _setup_logging(is_main)
     stop = stop or StopRequest()
     previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
@@ -341,7 +355,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, launche
             status.close()
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-        _close_logging(logger)
+        _restore_logging(logger, previous_logging)
         close_distributed()
 
 

@@ -61,6 +61,8 @@ from vit.explain.language.vlm_layouts import (
 )
 from vit.explain.language.vlm_read_layout import (
     encoder_layout,
+    image_states,
+    prefixes_tower_states,
     prompt_length,
     reads_prompt_unmarked,
     reads_tower_states,
@@ -637,7 +639,9 @@ def prepare(vlm, image: Image.Image | Sequence[Image.Image] | None, question: st
     words = question if prompt is None else prompt.split(image_placeholder(vlm.processor) or "\0")[-1]
     prepared = Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None, layouts,
                         clip is not None, tuple(images) if clip is None else (), (question, prompt))
-    decide(vlm_answer(vlm.tower_shape, layout.grid, text, prompt_tokens, max_new_tokens, *prepared.tower()))
+    # the tokens its language model attends over: a tower's states joined before the prompt too (GIT's)
+    attended = prompt_tokens + (image_states(layout) if prefixes_tower_states(vlm) else 0)
+    decide(vlm_answer(vlm.tower_shape, layout.grid, text, attended, max_new_tokens, *prepared.tower()))
     return prepared
 
 

@@ -730,9 +730,14 @@ def prompt_length(inputs, layout: ImageLayout) -> int:
     if "input_ids" in inputs:
         return int(inputs["input_ids"].shape[1])
     decoder = inputs.get("decoder_input_ids")
+    return image_states(layout) + 1 + (int(decoder.shape[1]) if isinstance(decoder, torch.Tensor) else 0)
+
+
+def image_states(layout: ImageLayout) -> int:
+    """The states over the image an encoder's (or a tower's, joined before the prompt: GIT's) ``layout`` holds: every
+    patch and the most leading states (``LEADS``) while it is pending (a bound until it has run), else its count."""
     pending = (layout.unplaced or "").startswith(PENDING)
-    states = layout.grid[0] * layout.grid[1] + max(LEADS) if pending else len(layout.positions)
-    return states + 1 + (int(decoder.shape[1]) if isinstance(decoder, torch.Tensor) else 0)
+    return layout.grid[0] * layout.grid[1] + max(LEADS) if pending else len(layout.positions)
 
 
 def decoder_prompt(vlm, inputs) -> torch.Tensor:

@@ -237,6 +237,12 @@ class LibraryModel(torch.nn.Module):
     def is_classifier(self) -> bool:
         return type(self.model).__name__.endswith("ForImageClassification")
 
+    @property
+    def no_gradient(self) -> str | None:
+        """Why no gradient passes from the model's output back to its pixels, as the module its recording runs
+        declares it (``ColourTokens``': ImageGPT's pixels looked up as colour ids), or None: a gradient passes."""
+        return getattr(self.entry, "no_gradient", None)
+
     def input_grid(self, pixels: torch.Tensor) -> tuple[int, int]:
         """The patch grid of ``pixels`` (B, C, H, W): the layout's own, or an image's own where each is sized by
         itself (DPT's keep-aspect resize)."""

@@ -162,10 +162,31 @@ def architecture_of(folder: Path) -> tuple[str, str]:
                        "auto-mapping (AutoModelForImageTextToText) does not hold; asking a question reads a "
                        f"generating vision-language model: {', '.join(ARCHITECTURES)}, ...")
     named = config_json.get("architectures") or [architecture]
-    if architecture not in named:
-        raise VLMError(f"{folder} holds a {str(named[0])[:60]}, which has no language-model head to answer with; "
-                       f"open a {architecture}")
+    wrong = None if architecture in named else other_class_problem(str(named[0]), architecture, model_type)
+    if wrong:
+        raise VLMError(f"{folder} holds a {str(named[0])[:60]}, {wrong}")
     return model_type, architecture
+
+
+def other_class_problem(named: str, architecture: str, model_type: str) -> str | None:
+    """Why a folder whose config.json names the class ``named``, not ``architecture`` (the generating class the
+    auto-mapping gives its ``model_type``), is not answered as ``architecture``, in words that follow "holds a
+    {named}, ", or None: ``named`` is that class under another name (a subclass: Ernie 4.5 VL's deprecated alias), so
+    its weights answer through it. A class with no ``generate`` (a bare model, BLIP's retrieval head) has no
+    language-model head; one that generates its own way (BLIP's question answerer, whose decoder reads its text
+    encoder's states over the question) is not the class the answer's rows are read through."""
+    import transformers
+
+    cls, mapped = getattr(transformers, named, None), getattr(transformers, architecture, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        cls = None
+    if cls is not None and isinstance(mapped, type) and issubclass(cls, mapped):
+        return None
+    if cls is None or not cls.can_generate():
+        return f"which has no language-model head to answer with; open a {architecture}"
+    return (f"which writes its answer through its own generate, not through {architecture} (the class transformers' "
+            f"image-text-to-text auto-mapping opens for {model_type[:40]}), whose decoder's attention over the image "
+            f"the answer's maps read; open a folder saved as a {architecture}")
 
 
 def can_answer(source: str | os.PathLike | Checkpoint) -> bool:
@@ -314,9 +335,6 @@ def attention_problem(vlm: VLM) -> str | None:
     (``_supports_attention_backend``, or its attention modules' code asking the interface for its function: Qwen 3.5's
     model declines the flag for its linear-attention layers, its attention layers call the interface) are what the
     answer's rows are read from."""
-    wrong = generates_otherwise(vlm.model)
-    if wrong:
-        return wrong
     try:
         stack = vlm.language_model
     except VLMError as e:
@@ -353,22 +371,6 @@ def attention_problem(vlm: VLM) -> str | None:
         return (f"its language model's attention ({type(stack).__name__}) does not run through transformers' "
                 "attention interface, which the answer's rows are read from")
     return None
-
-
-def generates_otherwise(model) -> str | None:
-    """Why ``model`` does not write its answer token by token through transformers' greedy ``generate``, or None:
-    a generation of its own whose config is not transformers' (``DiffusionGemmaGenerationConfig``: a block
-    diffusion model denoises a canvas of tokens over steps, each step reading every token of it), so no answer
-    token has the one query row the answer's maps read."""
-    from transformers import GenerationConfig
-
-    config = getattr(model, "generation_config", None)
-    if config is None or type(config) is GenerationConfig:
-        return None
-    kind = "denoises a canvas of tokens over steps (a diffusion language model)" if hasattr(
-        config, "max_denoising_steps") else "writes its answer another way"
-    return (f"it {kind} through its own {type(config).__name__}, not token by token through transformers' greedy "
-            "generate, whose each token's query row the answer's maps read")
 
 
 def _inline_attention(model) -> str | None:

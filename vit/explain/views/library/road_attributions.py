@@ -13,6 +13,7 @@ import torch
 from vit.explain.methods import captum_maps
 from vit.explain.methods.captum_maps import (
     ATTRIBUTION_METHODS,
+    GRADIENT_METHODS,
     OPTIONS,
     PIXEL_METHODS,
     Options,
@@ -22,7 +23,7 @@ from vit.explain.methods.captum_maps import (
     pixel_map,
     planned_batch,
 )
-from vit.explain.views.library.road_maps import LibraryMap, LibraryMethod, prediction_of
+from vit.explain.views.library.road_maps import LibraryMap, LibraryMethod, gradient_problem, prediction_of
 
 
 def _draw(method: str):
@@ -64,5 +65,6 @@ def _describe(method: str):
     return describe
 
 
-METHODS = tuple(LibraryMethod(method, ("target", *OPTIONS[method]), True, _draw(method), _describe(method))
+METHODS = tuple(LibraryMethod(method, ("target", *OPTIONS[method]), True, _draw(method), _describe(method),
+                              gradient_problem if method in GRADIENT_METHODS else None)
                 for method in ATTRIBUTION_METHODS)

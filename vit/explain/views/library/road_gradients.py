@@ -29,6 +29,7 @@ from vit.explain.views.library.road_maps import (
     LibraryMethod,
     default_query,
     describe_query,
+    gradient_problem,
     prediction_of,
 )
 
@@ -112,6 +113,8 @@ def attnlrp_problem(model) -> str | None:
 
     from vit.explain.language.vlm_attnlrp import unruled_norms
 
+    if gradient_problem(model):
+        return gradient_problem(model)
     if not isinstance(model.model, PreTrainedModel):
         return ("AttnLRP on the library road puts lxt's rules on transformers' modules; timm's own are not ruled "
                 "yet (a timm family with a port draws it there)")
@@ -151,11 +154,11 @@ METHODS = (
     LibraryMethod("class", ("target", "layer", "query"), True, _class_map,
                   lambda layer, head, query, target: f"Class-specific map of {target!r} (gradient rollout up to layer "
                                                      f"{layer + 1}): what {describe_query(query)} draws on for that "
-                                                     "class."),
+                                                     "class.", gradient_problem),
     LibraryMethod("legrad", ("target", "layer"), True, _legrad,
                   lambda layer, head, query, target: f"LeGrad of {target!r} from layer {layer + 1} on: where the "
                                                      "head's reading of each layer is most sensitive to its "
-                                                     "attention.", default_layer=-2),
+                                                     "attention.", gradient_problem, default_layer=-2),
     LibraryMethod("attnlrp", ("target",), True, _attnlrp,
                   lambda layer, head, query, target: f"AttnLRP of {target!r}: each patch's signed share of the class "
                                                      "logit (lxt's rules on the library's own modules).",

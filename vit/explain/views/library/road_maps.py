@@ -65,6 +65,15 @@ class LibraryMethod:
     default_layer: int = -1  # the layer when none is given (LeGrad's first explained layer: the last but one)
 
 
+def gradient_problem(model) -> str | None:
+    """Why a map that reads a gradient from the pixels on through the model's forward (the class map's and LeGrad's
+    gradients at its attention, AttnLRP's and captum's at its pixels) is not drawn for ``model``, or None: it
+    declares that none passes (``LibraryModel.no_gradient``). The CAMs read theirs from a layer's input on."""
+    why = getattr(model, "no_gradient", None)
+    return None if why is None else (f"this map reads a gradient through the model from its pixels, and no gradient "
+                                     f"passes there: {why}; its attention, rollout, CAMs and perturbation maps draw")
+
+
 def prediction_of(checkpoint: Checkpoint, logits: torch.Tensor | None) -> Prediction | None:
     """The top-5 prediction of a classifier's ``logits`` (1, classes), None without them."""
     if logits is None or not checkpoint.class_names:

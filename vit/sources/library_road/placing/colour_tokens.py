@@ -34,6 +34,9 @@ class ColourTokens(torch.nn.Module):
     """``model`` (ImageGPT) fed ``pixel_values`` ``(B, 3, H, W)`` in [-1, 1] as the ids of their nearest
     ``clusters`` row-major; a classifier's logits, else its own output."""
 
+    # why no gradient passes from its output to the pixels (``LibraryModel.no_gradient``): the maps that read one
+    no_gradient = "its pixels are read as the ids of their nearest colour clusters, a lookup"
+
     def __init__(self, model: torch.nn.Module, clusters: torch.Tensor):
         super().__init__()
         self.model = model
