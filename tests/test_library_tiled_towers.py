@@ -106,3 +106,15 @@ def test_a_drawn_map_is_the_eager_row_over_the_tiles_patches(folder, monkeypatch
     assert drawn.map.shape == (4, 4)
     row = expected[2][0, 1, query, 1:17]
     assert torch.allclose(torch.from_numpy(drawn.map), row.reshape(4, 4), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_attention_modules_other_than_its_local_and_global_layers_are_refused_in_one_line(folder, monkeypatch):
+    from vit.checkpoint import CheckpointError
+    from vit.sources.library_road import transformers_models
+
+    found = transformers_models.attention_modules
+    monkeypatch.setattr(transformers_models, "attention_modules", lambda model: found(model)[:-1])
+    with pytest.raises(CheckpointError, match=r": 2 attention modules for its 3 local and global layers; the library "
+                                              r"road reads one attention per layer$"):
+        vit.load(folder, device="cpu")

@@ -181,3 +181,15 @@ def test_vitposes_heatmaps_are_the_librarys(folders):
     with torch.no_grad():
         expected = theirs(pixel_values=pixels).heatmaps
     assert torch.allclose(checkpoint.model(pixels), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_attention_modules_other_than_its_layers_are_refused_in_one_line(folders, monkeypatch):
+    from vit.checkpoint import CheckpointError
+    from vit.sources.library_road import transformers_models
+
+    found = transformers_models.attention_modules
+    monkeypatch.setattr(transformers_models, "attention_modules", lambda model: found(model)[:-1])
+    with pytest.raises(CheckpointError, match=r": 1 attention modules for 2 layers; the library road reads one "
+                                              r"attention per layer$"):
+        vit.load(folders["pixtral"], device="cpu")
