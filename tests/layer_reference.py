@@ -58,6 +58,15 @@ def caught_eager(modelling, run: Callable[[], object], name: str = "eager_attent
     return seen
 
 
+def assert_layers_are(recorded, library: list[torch.Tensor], layers: int, shape: tuple[int, ...],
+                      atol: float = 1e-6) -> None:
+    """The recorder's ``layers`` layers (``recorded``) are the library's (``library``: as many), each of ``shape``."""
+    assert len(library) == len(recorded) == layers
+    for layer, theirs in enumerate(library):
+        assert recorded[layer].shape == theirs.shape == shape
+        assert torch.allclose(recorded[layer], theirs, atol=atol, rtol=0)
+
+
 def library_softmax(model: torch.nn.Module, layer_modules: list[torch.nn.Module], pixels: torch.Tensor):
     """Each layer's probabilities as the library's explicit path makes them: the output of every last-axis softmax
     that one of ``layer_modules`` calls, in the forward's order."""

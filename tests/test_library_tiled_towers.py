@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import caught_eager, widened
+from layer_reference import assert_layers_are, caught_eager, widened
 from rows_formed import spy_formed
 
 import vit
@@ -71,10 +71,7 @@ def test_every_local_and_global_layers_attention_is_transformers_eager(folder):
                             .numpy())
     pixels, expected = eager_probabilities(folder, image)
     out, attentions = checkpoint.model.run(pixels, layers=range(3))
-    assert len(expected) == len(attentions) == 3
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (1, 4, TOKENS, TOKENS)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    assert_layers_are(attentions, expected, 3, (1, 4, TOKENS, TOKENS))
     assert out.last_hidden_state.shape == (1, 17, 32 * 3)
 
 
@@ -97,11 +94,7 @@ def test_a_drawn_map_is_the_eager_row_over_the_tiles_patches(folder, monkeypatch
 
 @pytest.mark.slow
 def test_attention_modules_other_than_its_local_and_global_layers_are_refused_in_one_line(folder, monkeypatch):
-    from vit.checkpoint import CheckpointError
-    from vit.sources.library_road import transformers_models
+    from test_library_whole_folders import refused_one_attention_short
 
-    found = transformers_models.attention_modules
-    monkeypatch.setattr(transformers_models, "attention_modules", lambda model: found(model)[:-1])
-    with pytest.raises(CheckpointError, match=r": 2 attention modules for its 3 local and global layers; the library "
-                                              r"road reads one attention per layer$"):
-        vit.load(folder, device="cpu")
+    assert refused_one_attention_short(folder, monkeypatch).endswith(
+        ": 2 attention modules for its 3 local and global layers; the library road reads one attention per layer")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import caught_eager, widened
+from layer_reference import assert_layers_are, caught_eager, widened
 
 import vit
 
@@ -102,10 +102,7 @@ def test_the_tower_opens_and_every_layers_attention_is_transformers_eager(folder
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     _, attentions = checkpoint.model.run(pixels, layers=range(2))
     expected = eager_probabilities(folders[name], pixels)
-    assert len(expected) == len(attentions) == 2
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (2, 4, 16, 16)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    assert_layers_are(attentions, expected, 2, (2, 4, 16, 16))
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import caught_eager, widened
+from layer_reference import assert_layers_are, caught_eager, widened
 
 import vit
 
@@ -64,10 +64,7 @@ def test_every_backbone_layers_attention_is_transformers_eager(folder):
     pixels = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(1))
     _, attentions = checkpoint.model.run(pixels, layers=range(4))
     expected = eager_probabilities(folder, pixels)
-    assert len(expected) == len(attentions) == 4
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (2, 4, 25, 25)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    assert_layers_are(attentions, expected, 4, (2, 4, 25, 25))
 
 
 @pytest.mark.slow
