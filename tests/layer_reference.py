@@ -36,15 +36,17 @@ def widened(model: torch.nn.Module, matrices_only: bool = False) -> torch.nn.Mod
     return model
 
 
-def caught_eager(modelling, run: Callable[[], object], name: str = "eager_attention_forward") -> list[torch.Tensor]:
+def caught_eager(modelling, run: Callable[[], object], name: str = "eager_attention_forward",
+                 modules: bool = False) -> list:
     """The probabilities (the second output) of every call ``run()`` makes to the modelling file ``modelling``'s
     eager attention function ``name``, in the forward's order: the library's own reference, caught where its
-    attention modules look it up (the model must be built with ``attn_implementation="eager"``)."""
+    attention modules look it up (the model must be built with ``attn_implementation="eager"``); ``modules``: each
+    as ``(the calling module, its probabilities)``."""
     original, seen = getattr(modelling, name), []
 
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
+    def eager(module, *args, **kwargs):
+        out = original(module, *args, **kwargs)
+        seen.append((module, out[1].detach()) if modules else out[1].detach())
         return out
 
     setattr(modelling, name, eager)
@@ -54,6 +56,15 @@ def caught_eager(modelling, run: Callable[[], object], name: str = "eager_attent
     finally:
         setattr(modelling, name, original)
     return seen
+
+
+def assert_layers_are(recorded, library: list[torch.Tensor], layers: int, shape: tuple[int, ...],
+                      atol: float = 1e-6) -> None:
+    """The recorder's ``layers`` layers (``recorded``) are the library's (``library``: as many), each of ``shape``."""
+    assert len(library) == len(recorded) == layers
+    for layer, theirs in enumerate(library):
+        assert recorded[layer].shape == theirs.shape == shape
+        assert torch.allclose(recorded[layer], theirs, atol=atol, rtol=0)
 
 
 def library_softmax(model: torch.nn.Module, layer_modules: list[torch.nn.Module], pixels: torch.Tensor):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from layer_reference import widened
 from PIL import Image
 
 import vit
@@ -23,7 +24,7 @@ from vit.core.inference import preprocess
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 from test_dense import aligned, photo, run_pca_notebook  # noqa: E402  (the port's PCA reference: the notebook)
-from test_library_path import SMALL, reference, save_family, spread  # noqa: E402
+from test_library_path import SMALL, reference, save_family  # noqa: E402
 from test_library_timm import FAMILIES as TIMM_FAMILIES  # noqa: E402
 from test_library_timm import build  # noqa: E402
 from timm.models import _hub  # noqa: E402  (timm's save_for_hf)
@@ -37,7 +38,7 @@ def non_square_folder(folder):
     torch.manual_seed(0)
     model = transformers.ViTMSNForImageClassification(transformers.ViTMSNConfig(
         **SMALL, image_size=[32, 48], num_labels=3, id2label=dict(enumerate(CLASSES))))
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 32, "width": 48}).save_pretrained(folder)
     return folder

@@ -9,6 +9,7 @@ import importlib
 
 import pytest
 import torch
+from layer_reference import caught_eager, widened
 from PIL import Image
 
 import vit
@@ -17,7 +18,7 @@ from vit.core.inference import preprocess
 
 transformers = pytest.importorskip("transformers")
 
-from test_library_path import SMALL, reference, spread  # noqa: E402
+from test_library_path import SMALL, reference  # noqa: E402
 
 HEIGHT, WIDTH, PATCH = 32, 48, 8  # a 4 x 6 grid: read transposed (6 x 4), a map lands on other patches
 CLS_TOKENS, REGISTERS = 2, 3  # not C-RADIO's 3 and 7 (test_library_path's FAMILIES), so the count is read, not assumed
@@ -39,7 +40,7 @@ def radio(tmp_path_factory):
                                       image_size=HEIGHT, max_img_size=64, num_cls_tokens=CLS_TOKENS,
                                       num_registers=REGISTERS)
     model = transformers.RadioModel(config)
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": HEIGHT, "width": WIDTH}, do_normalize=False).save_pretrained(folder)
     return folder
@@ -104,29 +105,19 @@ def eomt_folder(folder, family: str, processor_hw: tuple[int, int] = (32, 32)):
     config = getattr(transformers, f"{name}Config")(**SMALL, image_size=32, num_blocks=1, num_queries=3, num_labels=2)
     torch.manual_seed(0)
     model = getattr(transformers, f"{name}ForUniversalSegmentation")(config)
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": processor_hw[0], "width": processor_hw[1]}).save_pretrained(
         folder)
     return folder
 
 
-def eager_probabilities(folder, family: str, x: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+def eager_probabilities(folder, family: str, x: torch.Tensor) -> list[torch.Tensor]:
     """Each layer's post-softmax attention ``(B, H, T, T)`` of transformers' own EoMT on ``x``, as its modelling
     file's eager function returns it (EoMT collects none with ``output_attentions``: the function is hooked)."""
     modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    original, seen = modeling.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
-    with torch.no_grad():
-        reference(folder, "eager")(pixel_values=x)
-    monkeypatch.undo()  # the recording calls the same eager function: unhooked before it runs
-    return seen
+    model = reference(folder, "eager")
+    return caught_eager(modeling, lambda: model(pixel_values=x))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -142,15 +133,14 @@ def test_eomts_class_and_mask_logits_are_transformers_own_forward(tmp_path, fami
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_eomts_every_layer_and_head_is_its_eager_attention_the_queries_first_in_the_last(tmp_path, family,
-                                                                                          monkeypatch):
+def test_eomts_every_layer_and_head_is_its_eager_attention_the_queries_first_in_the_last(tmp_path, family):
     folder = eomt_folder(tmp_path, family)
     checkpoint = vit.load(folder, device="cpu")
     prefix = 1 + transformers.AutoConfig.from_pretrained(folder).num_register_tokens
     assert checkpoint.model.layout.num_prefix_tokens == prefix and checkpoint.model.layout.extra_tokens == (0, 0, 3)
     image = an_image()
     x = preprocess([image], checkpoint.preprocessing)
-    expected = eager_probabilities(folder, family, x, monkeypatch)
+    expected = eager_probabilities(folder, family, x)
     _, attentions = checkpoint.model.run(x, layers=range(3))
     for layer, extra in enumerate((0, 0, 3)):
         tokens = extra + prefix + 16

@@ -11,6 +11,7 @@ import importlib
 
 import pytest
 import torch
+from layer_reference import caught_eager, widened
 
 import vit
 
@@ -120,10 +121,7 @@ def folders(tmp_path_factory):
     for name, (build, _) in CASES.items():
         torch.manual_seed(0)
         model = build()
-        generator = torch.Generator().manual_seed(5)
-        with torch.no_grad():  # weights wide enough that every head's attention differs from uniform
-            for parameter in model.parameters():
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+        widened(model)  # weights wide enough that every head's attention differs from uniform
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         transformers.Qwen2VLImageProcessor(**PROCESSOR).save_pretrained(folder)
@@ -131,7 +129,7 @@ def folders(tmp_path_factory):
     return made
 
 
-def eager_on_grid(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+def eager_on_grid(folder, name: str, pixels: torch.Tensor) -> list[torch.Tensor]:
     """transformers alone: each layer's eager probabilities, each piece (its ``cu_seqlens``: windows or images) placed
     in the sequence's block diagonal, then each image's queries and keys put where the model's own position ids
     (permuted by its window index, as its forward permutes them) say: ``(B, H, N, N)`` a layer, row-major on the
@@ -143,17 +141,8 @@ def eager_on_grid(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[
     fed = transformers.Qwen2VLImageProcessor(**PROCESSOR)(images=list(pixels), do_resize=False, do_rescale=False,
                                                           do_normalize=False, return_tensors="pt")
     modeling = importlib.import_module(f"transformers.models.{CASES[name][1]}")
-    original, seen = modeling.eager_attention_forward, []
-
-    def eager(module, *args, **kwargs):
-        out = original(module, *args, **kwargs)
-        seen.append((module, out[1].detach()))
-        return out
-
-    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
-    with torch.no_grad():
-        model(hidden_states=fed["pixel_values"], grid_thw=fed["image_grid_thw"])
-    monkeypatch.undo()
+    seen = caught_eager(modeling, lambda: model(hidden_states=fed["pixel_values"], grid_thw=fed["image_grid_thw"]),
+                        modules=True)
     grid_thw = fed["image_grid_thw"]
     total = int(grid_thw[:, 1:].prod(-1).sum())
     positions = get_vision_position_ids(grid_thw, MERGE)
@@ -181,12 +170,12 @@ def eager_on_grid(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[
 
 @pytest.mark.slow  # builds and saves two models
 @pytest.mark.parametrize("name", list(CASES))
-def test_every_layers_attention_is_transformers_eager_on_the_grid(folders, name, monkeypatch):
+def test_every_layers_attention_is_transformers_eager_on_the_grid(folders, name):
     checkpoint = vit.load(folders[name], device="cpu")
     assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == 0
     pixels = torch.randn(2, 3, *HW, generator=torch.Generator().manual_seed(1))
     out, attentions = checkpoint.model.run(pixels, layers=range(2))
-    expected = eager_on_grid(folders[name], name, pixels, monkeypatch)
+    expected = eager_on_grid(folders[name], name, pixels)
     n = GRID[0] * GRID[1]
     for layer, theirs in enumerate(expected):
         assert attentions[layer].shape == theirs.shape == (2, 4, n, n)
@@ -198,7 +187,7 @@ def test_every_layers_attention_is_transformers_eager_on_the_grid(folders, name,
 
 
 @pytest.mark.slow
-def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders, monkeypatch):
+def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders):
     from PIL import Image
 
     from vit.core.inference import preprocess
@@ -208,7 +197,7 @@ def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders, monkeypatc
                             .byte().numpy())
     pixels = preprocess([image], checkpoint.preprocessing)
     assert tuple(pixels.shape[-2:]) == HW  # smart_resize keeps a size of whole merge units
-    expected = eager_on_grid(folders["qwen2_5"], "qwen2_5", pixels, monkeypatch)
+    expected = eager_on_grid(folders["qwen2_5"], "qwen2_5", pixels)
     query = GRID[1] + 1  # the patch at row 1, column 1
     drawn = vit.explain(checkpoint, image, "attention", layer=0, head=2, query=query)
     assert drawn.map.shape == GRID
@@ -241,7 +230,7 @@ def test_an_asked_row_alone_is_formed_and_is_transformers_eager_row(folders, nam
 
     checkpoint = vit.load(folders[name], device="cpu")
     pixels = torch.randn(2, 3, *HW, generator=torch.Generator().manual_seed(2))
-    expected = eager_on_grid(folders[name], name, pixels, monkeypatch)
+    expected = eager_on_grid(folders[name], name, pixels)
     n, query = GRID[0] * GRID[1], 2 * GRID[1] + 5  # the patch at row 2, column 5: in a window of its own
     # 2 images x 4 heads x 48 x 48 float32, scores and probabilities: 147 kB for the whole layer, 3 kB for its row
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.02")
@@ -266,3 +255,11 @@ def test_an_asked_row_alone_is_formed_and_is_transformers_eager_row(folders, nam
         assert torch.allclose(attentions[layer][:, :, 0], theirs[:, :, query], atol=1e-6, rtol=0)
     if name == "qwen2_5":
         assert (attentions[0] == 0).any() and not (attentions[1] == 0).any()
+
+
+@pytest.mark.slow
+def test_attention_modules_other_than_its_layers_are_refused_in_one_line(folders, monkeypatch):
+    from test_library_whole_folders import refused_one_attention_short
+
+    assert refused_one_attention_short(folders["qwen3"], monkeypatch).endswith(
+        ": 1 attention modules for 2 layers; the library road reads one attention per layer")

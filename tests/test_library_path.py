@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import torch
+from layer_reference import caught_eager, widened
 
 import vit
 from vit.checkpoint import CheckpointError
@@ -34,19 +35,10 @@ FAMILIES = {
 }
 
 
-def spread(model: torch.nn.Module) -> None:
-    """Weights drawn wide enough that every head's attention differs from uniform (ViT-MSN initialises near zero,
-    where every map would be the same 1/T and a misplaced one would pass)."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-
-
 def save_family(folder, model_type: str, size: tuple[int, int] = (32, 32)):
     torch.manual_seed(0)
     model = FAMILIES[model_type][0]()
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": size[0], "width": size[1]}).save_pretrained(folder)
     return folder
@@ -254,7 +246,7 @@ def test_a_non_square_grid_is_placed_row_major_and_a_transposed_grid_would_fail(
     torch.manual_seed(0)
     config = transformers.ViTMSNConfig(**SMALL, image_size=[32, 48], num_labels=2)  # (height, width): 4 x 6 patches
     model = transformers.ViTMSNForImageClassification(config)
-    spread(model)
+    widened(model)
     model.save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 48}).save_pretrained(tmp_path)
     checkpoint = vit.load(tmp_path, device="cpu")
@@ -361,7 +353,7 @@ def dpt_folder(folder):
         hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8,
         backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16,
         reassemble_factors=[4, 2, 1, 0.5]))
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=False).save_pretrained(folder)
     return folder
@@ -375,7 +367,7 @@ def depth_anything_folder(folder, keep_aspect_ratio=False):
     model = transformers.DepthAnythingForDepthEstimation(transformers.DepthAnythingConfig(
         backbone_config=backbone, reassemble_hidden_size=32, neck_hidden_sizes=[8, 16, 16, 16], fusion_hidden_size=16,
         patch_size=8))
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=keep_aspect_ratio,
                                    ensure_multiple_of=8).save_pretrained(folder)
@@ -502,7 +494,7 @@ def test_a_model_whose_modules_call_the_interface_unflagged_opens_and_records_ea
     torch.manual_seed(0)
     model = UNFLAGGED[model_type][0]()
     assert not getattr(type(model), "_supports_attention_backend", False)
-    spread(model)
+    widened(model)
     model.save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
     checkpoint = vit.load(tmp_path, device="cpu")
@@ -520,8 +512,7 @@ def test_a_model_whose_modules_call_the_interface_unflagged_opens_and_records_ea
 
 
 @pytest.mark.parametrize("family", ["eomt", "eomt_dinov3"])
-def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_attention(tmp_path, family,
-                                                                                           monkeypatch):
+def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_attention(tmp_path, family):
     """EoMT (a named family, issue 91) puts its object queries before the CLS token in its last ``num_blocks``
     layers: the layout's extra tokens, from its config. Every layer's attention equals the probabilities its own
     modelling file's eager function returns (transformers collects none for EoMT: the function is hooked), a
@@ -536,7 +527,7 @@ def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_a
     config = getattr(transformers, f"{name}Config")(**SMALL, image_size=32, num_blocks=1, num_queries=3, num_labels=2)
     torch.manual_seed(0)
     model = getattr(transformers, f"{name}ForUniversalSegmentation")(config)
-    spread(model)
+    widened(model)
     model.save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
     checkpoint = vit.load(tmp_path, device="cpu")
@@ -544,19 +535,9 @@ def test_eomts_object_queries_join_its_last_blocks_and_each_layer_is_its_eager_a
     assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == prefix
     assert checkpoint.model.layout.extra_tokens == (0, 0, 3)
     modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    seen = []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    original = modeling.eager_attention_forward
-    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
     image = Image.fromarray((torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
-    with torch.no_grad():
-        reference(tmp_path, "eager")(pixel_values=preprocess([image], checkpoint.preprocessing))
-    monkeypatch.undo()  # our recording calls the same eager function: unhooked before it runs
+    eager = reference(tmp_path, "eager")
+    seen = caught_eager(modeling, lambda: eager(pixel_values=preprocess([image], checkpoint.preprocessing)))
     assert [a.shape[-1] for a in seen] == [prefix + 16, prefix + 16, 3 + prefix + 16]
     query = prefix + 6  # the patch at row 1, col 2
     for layer, expected in enumerate(seen):
@@ -576,7 +557,7 @@ def recorded_and_eager(model: torch.nn.Module, folder):
 
     from vit.core.inference import preprocess
 
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     checkpoint = vit.load(folder, device="cpu")
@@ -637,7 +618,7 @@ def test_phi4_multimodals_vision_attention_is_recorded_by_its_own_classs_eager_f
 
     torch.manual_seed(0)
     model = transformers.Phi4MultimodalVisionModel(transformers.Phi4MultimodalVisionConfig(**SMALL, image_size=32))
-    spread(model)
+    widened(model)
     model.save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
     checkpoint = vit.load(tmp_path, device="cpu")

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from layer_reference import widened
 from PIL import Image
 
 import vit
@@ -29,19 +30,11 @@ TRUNK = dict(architecture="vit_pe_core_tiny_patch16_384", num_classes=16, global
 TEMPORAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16)
 
 
-def spread(model: torch.nn.Module) -> None:
-    """Weights wide enough that every head's attention differs from uniform."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-
-
 def save_pe_video(folder):
     config = transformers.PeVideoEncoderConfig(vision_config=TRUNK, **TEMPORAL)
     torch.manual_seed(0)
     model = transformers.PeVideoEncoder(config).eval()
-    spread(model)
+    widened(model)  # weights wide enough that every head's attention differs from uniform
     model.save_pretrained(folder)
     fields = dict(size={"height": HEIGHT, "width": WIDTH}, image_mean=[0.5] * 3, image_std=[0.5] * 3, do_resize=True,
                   do_rescale=True, do_normalize=True)
@@ -289,7 +282,7 @@ def test_pe_video_models_video_encoder_opens_and_runs_as_its_forward_runs_it(tmp
     config = transformers.PeVideoConfig(text_config=text, video_config=dict(TEMPORAL, vision_config=TRUNK))
     torch.manual_seed(0)
     whole = transformers.PeVideoModel(config).eval()
-    spread(whole)
+    widened(whole)
     whole.save_pretrained(tmp_path)
     transformers.PeVideoVideoProcessor(size={"height": HEIGHT, "width": WIDTH}, num_frames=FRAMES, do_resize=True
                                        ).save_pretrained(tmp_path)

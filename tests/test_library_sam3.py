@@ -15,6 +15,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from layer_reference import caught_eager, widened
 from PIL import Image
 
 import vit
@@ -25,7 +26,6 @@ from vit.model.stages import LayerLayout, layer_on_grid
 transformers = pytest.importorskip("transformers")
 
 from test_app import dirs  # noqa: E402, F401 (a fixture: the explorer's own folders)
-from test_library_path import spread  # noqa: E402
 
 HEIGHT, WIDTH, PATCH, WINDOW = 32, 48, 8, 4  # a 4 x 6 grid in 4 x 4 windows: 1 x 2 windows, the second padded
 GLOBAL = (1,)  # the layers that attend globally (global_attn_indexes)
@@ -52,28 +52,17 @@ def vision(tmp_path_factory):
     config = transformers.Sam3VisionConfig(backbone_config=backbone((HEIGHT, WIDTH)), fpn_hidden_size=16,
                                            backbone_feature_sizes=[[16, 24], [8, 12], [4, 6]])
     model = transformers.Sam3VisionModel(config)
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.Sam3ImageProcessor(size={"height": HEIGHT, "width": WIDTH}).save_pretrained(folder)
     return folder
 
 
-def eager_windows(module_name: str, run, monkeypatch) -> list[torch.Tensor]:
+def eager_windows(module_name: str, run) -> list[torch.Tensor]:
     """Each layer's post-softmax attention as the modelling file's eager function returns it, in the order the
-    forward ``run()`` calls it: ``(B * windows, H, w*w, w*w)`` for a windowed layer, ``(B, H, T, T)`` a global one."""
-    modeling = importlib.import_module(module_name)
-    original, seen = modeling.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
-    with torch.no_grad():
-        run()
-    monkeypatch.undo()  # the recording calls the same eager function: unhooked before it runs
-    return seen
+    forward ``run()`` calls it (``layer_reference.caught_eager``): ``(B * windows, H, w*w, w*w)`` for a windowed
+    layer, ``(B, H, T, T)`` a global one."""
+    return caught_eager(importlib.import_module(module_name), run)
 
 
 def library(folder, cls: str, implementation: str = "eager"):
@@ -115,11 +104,11 @@ def test_sam3s_features_and_fpn_are_transformers_forward(vision):
     torch.testing.assert_close(checkpoint.model(x), sdpa.last_hidden_state, atol=1e-5, rtol=0)
 
 
-def test_sam3s_every_layer_windowed_and_global_is_its_eager_attention_placed_on_the_grid(vision, monkeypatch):
+def test_sam3s_every_layer_windowed_and_global_is_its_eager_attention_placed_on_the_grid(vision):
     checkpoint = vit.load(vision, device="cpu")
     x = torch.randn(2, 3, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(2))
     model = library(vision, "Sam3VisionModel")
-    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x))
     assert [tuple(a.shape) for a in eager] == [(4, 2, 16, 16), (2, 2, 24, 24), (4, 2, 16, 16)]  # 2 images x 2 windows
     _, ours = checkpoint.model.run(x, layers=range(LAYERS))
     grid = (HEIGHT // PATCH, WIDTH // PATCH)
@@ -137,12 +126,12 @@ def test_sam3s_every_layer_windowed_and_global_is_its_eager_attention_placed_on_
     torch.testing.assert_close(rows[1], ours[1][:, [1]][:, :, [5, 23]], atol=1e-6, rtol=0)
 
 
-def test_sam3s_windowed_map_is_placed_row_major_and_a_transposed_grid_would_fail(vision, monkeypatch):
+def test_sam3s_windowed_map_is_placed_row_major_and_a_transposed_grid_would_fail(vision):
     checkpoint = vit.load(vision, device="cpu")
     image = an_image()
     x = preprocess([image], checkpoint.preprocessing)
     model = library(vision, "Sam3VisionModel")
-    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x))
     query = 7  # patch (1, 1) in the first window
     explained = vit.explain(checkpoint, image, "attention", layer=0, query=query)
     grid = (4, 6)
@@ -155,7 +144,7 @@ def test_sam3s_windowed_map_is_placed_row_major_and_a_transposed_grid_would_fail
     assert not torch.allclose(torch.as_tensor(explained.map), wrong.T, atol=1e-3)
 
 
-def test_sam3s_rollout_and_eigencam_draw_over_its_windows(vision, monkeypatch):
+def test_sam3s_rollout_and_eigencam_draw_over_its_windows(vision):
     """The rollout of the windowed and global layers (the placed windows' rows are the port's rollout factor: zero
     outside the window, the padding's share renormalised away) and EigenCAM of a windowed layer's input (its windows
     joined back on the grid) are drawn, each on the 4 x 6 grid."""
@@ -165,7 +154,7 @@ def test_sam3s_rollout_and_eigencam_draw_over_its_windows(vision, monkeypatch):
     image = an_image()
     x = preprocess([image], checkpoint.preprocessing)
     model = library(vision, "Sam3VisionModel")
-    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x))
     placed = [a if i in GLOBAL else layer_on_grid(a, LayerLayout((4, 6), WINDOW)) for i, a in enumerate(eager)]
     expected = rollout_rows([rollout_factor(a, "mean", 0.0, 0) for a in placed], 7)[0].reshape(4, 6)
     rolled = vit.explain(checkpoint, image, "rollout", layer=LAYERS - 1, query=7)
@@ -222,7 +211,7 @@ def tracker(tmp_path_factory):
                                  iou_head_hidden_dim=16))
     torch.manual_seed(0)
     model = transformers.Sam3TrackerModel(config)
-    spread(model)
+    widened(model)
     model.save_pretrained(folder)
     transformers.Sam3TrackerProcessor(image_processor=transformers.Sam3ImageProcessor(
         size={"height": TRACKER_SIDE, "width": TRACKER_SIDE})).save_pretrained(folder)
@@ -261,12 +250,12 @@ def test_sam3_tracker_opens_by_path_its_vision_encoder_the_recorded_part(tracker
     torch.testing.assert_close(model(x), theirs.last_hidden_state, atol=1e-5, rtol=0)
 
 
-def test_sam3_trackers_every_layer_is_its_eager_attention_and_a_transposed_grid_would_fail(tracker, monkeypatch):
+def test_sam3_trackers_every_layer_is_its_eager_attention_and_a_transposed_grid_would_fail(tracker):
     checkpoint = vit.load(tracker, device="cpu")
     image = an_image()
     x = preprocess([image], checkpoint.preprocessing)
     model = library(tracker, "Sam3TrackerModel")
-    eager = eager_windows(SAM3_MODELING, lambda: model.vision_encoder(pixel_values=x), monkeypatch)
+    eager = eager_windows(SAM3_MODELING, lambda: model.vision_encoder(pixel_values=x))
     grid = (4, 4)
     assert [tuple(a.shape) for a in eager] == [(4, 2, 9, 9), (1, 2, 16, 16), (4, 2, 9, 9)]
     _, ours = checkpoint.model.run(x, layers=range(LAYERS))
@@ -313,13 +302,13 @@ def test_a_tracker_prompt_read_with_x_and_y_swapped_is_not_transformers(tracker)
 
 
 @pytest.mark.parametrize("token", ["mask", "iou"])
-def test_sam3_trackers_decoder_attention_is_its_eager_attention_for_the_chosen_token(tracker, token, monkeypatch):
+def test_sam3_trackers_decoder_attention_is_its_eager_attention_for_the_chosen_token(tracker, token):
     checkpoint = vit.load(tracker, device="cpu")
     image = an_image()
     processor = transformers.Sam3TrackerProcessor.from_pretrained(tracker)
     inputs = tracker_inputs(processor, image, **PROMPTS["mixed"])
     model = library(tracker, "Sam3TrackerModel")
-    weights = eager_windows(TRACKER_MODELING, lambda: tracker_run(model, inputs), monkeypatch)[-7:]
+    weights = eager_windows(TRACKER_MODELING, lambda: tracker_run(model, inputs))[-7:]
     ours = vit.segment(checkpoint, image, **PROMPTS["mixed"], mask=2, token=token)
     position = 2 + 1 + 2 if token == "mask" else 1  # the object-score token, the IoU token, then the mask tokens
     expected = {}
@@ -409,7 +398,7 @@ def test_the_explorer_draws_a_windowed_layers_attention_of_sam3s_vision_encoder(
     assert not at.exception and not at.error, [e.value for e in at.error]
     x = transformers.Sam3ImageProcessor.from_pretrained(vision)(image, return_tensors="pt")["pixel_values"]
     model = library(vision, "Sam3VisionModel")
-    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x), monkeypatch)
+    eager = eager_windows(SAM3_MODELING, lambda: model(pixel_values=x))
     row = layer_on_grid(eager[0], LayerLayout((4, 6), WINDOW))[0, 1, 7].reshape(4, 6).numpy()
     np.testing.assert_allclose(shown_map(at, (4, 6)), row, atol=1e-6, rtol=1e-5)
     assert (row[:, 4:] == 0).all() and row[:, :4].sum() > 0.99  # patch (1, 1)'s window: the first four columns

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import assert_layers_are, caught_eager, widened
 from rows_formed import spy_formed
 
 import vit
@@ -37,10 +38,7 @@ def folder(tmp_path_factory):
                                              patch_size=PATCH, max_num_tiles=TILES, intermediate_layers_indices=[0, 1],
                                              vision_output_dim=32 * 3)
     model = transformers.MllamaVisionModel(config)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # weights wide enough that every head's attention differs from uniform
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    widened(model)  # weights wide enough that every head's attention differs from uniform
     made = tmp_path_factory.mktemp("mllama")
     model.save_pretrained(made)
     processor().save_pretrained(made)
@@ -51,7 +49,7 @@ def processor():
     return transformers.MllamaImageProcessor(size={"height": SIZE, "width": SIZE}, max_image_tiles=TILES)
 
 
-def eager_probabilities(folder, image, monkeypatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def eager_probabilities(folder, image) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """transformers alone: the processor's inputs for ``image`` (slot 0's pixels returned) and each layer's eager
     probabilities, in the order the forward makes them."""
     from transformers.models.mllama import modeling_mllama
@@ -59,22 +57,11 @@ def eager_probabilities(folder, image, monkeypatch) -> tuple[torch.Tensor, list[
     inputs = processor()(images=[[image]], return_tensors="pt")
     assert inputs["aspect_ratio_ids"].tolist() == [[1]] and inputs["aspect_ratio_mask"].tolist() == [[[1, 0, 0, 0]]]
     model = transformers.MllamaVisionModel.from_pretrained(folder, attn_implementation="eager").eval()
-    original, seen = modeling_mllama.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_mllama, "eager_attention_forward", eager)
-    with torch.no_grad():
-        model(**inputs)
-    monkeypatch.undo()
-    return inputs["pixel_values"][:, 0, 0], seen
+    return inputs["pixel_values"][:, 0, 0], caught_eager(modeling_mllama, lambda: model(**inputs))
 
 
 @pytest.mark.slow  # builds and saves a model
-def test_every_local_and_global_layers_attention_is_transformers_eager(folder, monkeypatch):
+def test_every_local_and_global_layers_attention_is_transformers_eager(folder):
     from PIL import Image
 
     checkpoint = vit.load(folder, device="cpu")
@@ -82,12 +69,9 @@ def test_every_local_and_global_layers_attention_is_transformers_eager(folder, m
     assert checkpoint.road == "library" and layout.num_prefix_tokens == 1 and layout.num_tokens == TOKENS
     image = Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=torch.Generator().manual_seed(1)) * 255).byte()
                             .numpy())
-    pixels, expected = eager_probabilities(folder, image, monkeypatch)
+    pixels, expected = eager_probabilities(folder, image)
     out, attentions = checkpoint.model.run(pixels, layers=range(3))
-    assert len(expected) == len(attentions) == 3
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (1, 4, TOKENS, TOKENS)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    assert_layers_are(attentions, expected, 3, (1, 4, TOKENS, TOKENS))
     assert out.last_hidden_state.shape == (1, 17, 32 * 3)
 
 
@@ -98,7 +82,7 @@ def test_a_drawn_map_is_the_eager_row_over_the_tiles_patches(folder, monkeypatch
     checkpoint = vit.load(folder, device="cpu")
     image = Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=torch.Generator().manual_seed(3)) * 255).byte()
                             .numpy())
-    _, expected = eager_probabilities(folder, image, monkeypatch)
+    _, expected = eager_probabilities(folder, image)
     query = 1 + 4 + 2  # CLS, then the patch at row 1, column 2
     formed = spy_formed(monkeypatch)
     drawn = vit.explain(checkpoint, image, "attention", layer=2, head=1, query=query)
@@ -106,3 +90,11 @@ def test_a_drawn_map_is_the_eager_row_over_the_tiles_patches(folder, monkeypatch
     assert drawn.map.shape == (4, 4)
     row = expected[2][0, 1, query, 1:17]
     assert torch.allclose(torch.from_numpy(drawn.map), row.reshape(4, 4), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_attention_modules_other_than_its_local_and_global_layers_are_refused_in_one_line(folder, monkeypatch):
+    from test_library_whole_folders import refused_one_attention_short
+
+    assert refused_one_attention_short(folder, monkeypatch).endswith(
+        ": 2 attention modules for its 3 local and global layers; the library road reads one attention per layer")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import assert_layers_are, caught_eager, widened
 
 import vit
 
@@ -73,10 +74,7 @@ def folders(tmp_path_factory):
     for name, build in CASES.items():
         torch.manual_seed(0)
         model, processor = build()
-        generator = torch.Generator().manual_seed(5)
-        with torch.no_grad():  # weights wide enough that every head's attention differs from uniform
-            for parameter in model.parameters():
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+        widened(model)  # weights wide enough that every head's attention differs from uniform
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         processor.save_pretrained(folder)
@@ -84,51 +82,38 @@ def folders(tmp_path_factory):
     return made
 
 
-def eager_probabilities(folder, pixels: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+def eager_probabilities(folder, pixels: torch.Tensor) -> list[torch.Tensor]:
     """transformers alone: the whole folder's class built with eager attention, its image features asked, each call
     of SigLIP's ``eager_attention_forward`` hooked (the tower's layers, in order)."""
     from transformers.models.siglip import modeling_siglip
 
     config = transformers.AutoConfig.from_pretrained(folder)
     model = getattr(transformers, config.architectures[0]).from_pretrained(folder, attn_implementation="eager").eval()
-    original, seen = modeling_siglip.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_siglip, "eager_attention_forward", eager)
-    with torch.no_grad():
-        (model.model if hasattr(model, "model") else model).get_image_features(pixel_values=pixels)
-    monkeypatch.undo()
-    return seen
+    features = (model.model if hasattr(model, "model") else model).get_image_features
+    return caught_eager(modeling_siglip, lambda: features(pixel_values=pixels))
 
 
 @pytest.mark.slow  # builds and saves two models
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_tower_opens_and_every_layers_attention_is_transformers_eager(folders, name, monkeypatch):
+def test_the_tower_opens_and_every_layers_attention_is_transformers_eager(folders, name):
     checkpoint = vit.load(folders[name], device="cpu")
     assert checkpoint.road == "library" and type(checkpoint.model.model).__name__ == "SiglipVisionModel"
     assert checkpoint.metadata["architecture"] == f"hf:{type(CASES[name]()[0]).__name__}"
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     _, attentions = checkpoint.model.run(pixels, layers=range(2))
-    expected = eager_probabilities(folders[name], pixels, monkeypatch)
-    assert len(expected) == len(attentions) == 2
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (2, 4, 16, 16)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    expected = eager_probabilities(folders[name], pixels)
+    assert_layers_are(attentions, expected, 2, (2, 4, 16, 16))
 
 
 @pytest.mark.slow
-def test_a_drawn_map_is_the_eager_row_on_the_grid(folders, monkeypatch):
+def test_a_drawn_map_is_the_eager_row_on_the_grid(folders):
     from PIL import Image
 
     from vit.core.inference import preprocess
 
     checkpoint = vit.load(folders["shieldgemma2"], device="cpu")
     image = Image.fromarray((torch.rand(40, 28, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
-    expected = eager_probabilities(folders["shieldgemma2"], preprocess([image], checkpoint.preprocessing), monkeypatch)
+    expected = eager_probabilities(folders["shieldgemma2"], preprocess([image], checkpoint.preprocessing))
     query = 4 + 2  # the patch at row 1, column 2
     drawn = vit.explain(checkpoint, image, "attention", layer=1, head=2, query=query)
     assert drawn.map.shape == (4, 4)

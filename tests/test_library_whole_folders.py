@@ -13,20 +13,13 @@ import importlib
 
 import pytest
 import torch
+from layer_reference import assert_layers_are, caught_eager, widened
 
 import vit
 
 transformers = pytest.importorskip("transformers")
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-
-
-def spread(model: torch.nn.Module) -> None:
-    """Weights drawn wide enough that every head's attention differs from uniform."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
 
 
 # name -> (the model, its own image processor, the modelling file whose eager attention is the vision part's, the
@@ -89,7 +82,7 @@ def folders(tmp_path_factory):
     for name, (build, processor, *_) in CASES.items():
         torch.manual_seed(0)
         model = build()
-        spread(model)
+        widened(model)  # weights wide enough that every head's attention differs from uniform
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         processor().save_pretrained(folder)
@@ -97,48 +90,32 @@ def folders(tmp_path_factory):
     return made
 
 
-def eager_probabilities(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+def eager_probabilities(folder, name: str, pixels: torch.Tensor) -> list[torch.Tensor]:
     """transformers alone: the folder's class built with eager attention, each call of its vision part's modelling
     file's ``eager_attention_forward`` hooked, its probabilities in the order the forward makes them."""
     config = transformers.AutoConfig.from_pretrained(folder)
     model = getattr(transformers, config.architectures[0]).from_pretrained(folder, attn_implementation="eager").eval()
     modeling = importlib.import_module(f"transformers.models.{CASES[name][2]}")
-    original, seen = modeling.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
-    with torch.no_grad():
-        if name == "tipsv2":
-            model.get_image_features(**CASES[name][5](pixels))
-        else:
-            model(**CASES[name][5](pixels))
-    monkeypatch.undo()  # our recording calls the same eager function: unhooked before it runs
-    return seen
+    run = model.get_image_features if name == "tipsv2" else model
+    return caught_eager(modeling, lambda: run(**CASES[name][5](pixels)))
 
 
 @pytest.mark.slow  # builds and saves four models
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_whole_folder_opens_and_every_layers_attention_is_transformers_eager(folders, name, monkeypatch):
+def test_a_whole_folder_opens_and_every_layers_attention_is_transformers_eager(folders, name):
     checkpoint = vit.load(folders[name], device="cpu")
     hw, prefix = CASES[name][3], CASES[name][4]
     assert checkpoint.road == "library" and checkpoint.model.layout.num_prefix_tokens == prefix
     pixels = torch.randn(1, 3, *hw, generator=torch.Generator().manual_seed(1))
     _, attentions = checkpoint.model.run(pixels, layers=range(2))
-    expected = eager_probabilities(folders[name], name, pixels, monkeypatch)
+    expected = eager_probabilities(folders[name], name, pixels)
     tokens = prefix + (hw[0] // 8) * (hw[1] // 8)
-    assert len(expected) == len(attentions) == 2
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (1, 4, tokens, tokens)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    assert_layers_are(attentions, expected, 2, (1, 4, tokens, tokens))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tipsv2", "vitpose", "molmo2"])
-def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders, name, monkeypatch):
+def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders, name):
     from PIL import Image
 
     from vit.core.inference import preprocess
@@ -147,7 +124,7 @@ def test_a_drawn_map_is_the_eager_row_on_the_non_square_grid(folders, name, monk
     hw, prefix = CASES[name][3], CASES[name][4]
     assert tuple(checkpoint.preprocessing.image_hw) == hw
     image = Image.fromarray((torch.rand(40, 28, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
-    expected = eager_probabilities(folders[name], name, preprocess([image], checkpoint.preprocessing), monkeypatch)
+    expected = eager_probabilities(folders[name], name, preprocess([image], checkpoint.preprocessing))
     grid = (hw[0] // 8, hw[1] // 8)
     query = prefix + grid[1] + 1  # the patch at row 1, column 1
     drawn = vit.explain(checkpoint, image, "attention", layer=1, head=2, query=query)
@@ -181,3 +158,23 @@ def test_vitposes_heatmaps_are_the_librarys(folders):
     with torch.no_grad():
         expected = theirs(pixel_values=pixels).heatmaps
     assert torch.allclose(checkpoint.model(pixels), expected, atol=1e-6, rtol=0)
+
+
+def refused_one_attention_short(folder, monkeypatch) -> str:
+    """The line ``vit.load`` refuses ``folder`` in when one attention module fewer than its model holds is found
+    (``whole_folders.layer_attentions``' check, every folder tower's)."""
+    from vit.checkpoint import CheckpointError
+    from vit.sources.library_road import transformers_models
+
+    found = transformers_models.attention_modules
+    monkeypatch.setattr(transformers_models, "attention_modules", lambda model: found(model)[:-1])
+    with pytest.raises(CheckpointError) as refused:
+        vit.load(folder, device="cpu")
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+@pytest.mark.slow
+def test_attention_modules_other_than_its_layers_are_refused_in_one_line(folders, monkeypatch):
+    assert refused_one_attention_short(folders["pixtral"], monkeypatch).endswith(
+        ": 1 attention modules for 2 layers; the library road reads one attention per layer")

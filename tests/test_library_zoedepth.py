@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_reference import assert_layers_are, caught_eager, widened
 
 import vit
 
@@ -42,56 +43,39 @@ def folder(tmp_path_factory):
     config = transformers.ZoeDepthConfig(backbone_config=BACKBONE, neck_hidden_sizes=[8, 16, 16, 16],
                                          fusion_hidden_size=16, bottleneck_features=16)
     model = transformers.ZoeDepthForDepthEstimation(config)
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # the backbone's weights wide enough that every head's attention differs from uniform
-        for parameter in model.backbone.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    widened(model.backbone)  # the backbone's weights wide enough that every head's attention differs from uniform
     made = tmp_path_factory.mktemp("zoedepth")
     model.save_pretrained(made)
     transformers.ZoeDepthImageProcessor(size={"height": 32, "width": 48}, ensure_multiple_of=16).save_pretrained(made)
     return made
 
 
-def eager_probabilities(folder, pixels: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+def eager_probabilities(folder, pixels: torch.Tensor) -> list[torch.Tensor]:
     from transformers.models.beit import modeling_beit
 
     model = transformers.ZoeDepthForDepthEstimation.from_pretrained(folder, attn_implementation="eager").eval()
-    original, seen = modeling_beit.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_beit, "eager_attention_forward", eager)
-    with torch.no_grad():
-        model(pixel_values=pixels)
-    monkeypatch.undo()
-    return seen
+    return caught_eager(modeling_beit, lambda: model(pixel_values=pixels))
 
 
 @pytest.mark.slow  # builds and saves a model
-def test_every_backbone_layers_attention_is_transformers_eager(folder, monkeypatch):
+def test_every_backbone_layers_attention_is_transformers_eager(folder):
     checkpoint = vit.load(folder, device="cpu")
     assert checkpoint.road == "library" and checkpoint.preprocessing.multiple_of == 16
     pixels = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(1))
     _, attentions = checkpoint.model.run(pixels, layers=range(4))
-    expected = eager_probabilities(folder, pixels, monkeypatch)
-    assert len(expected) == len(attentions) == 4
-    for layer, theirs in enumerate(expected):
-        assert attentions[layer].shape == theirs.shape == (2, 4, 25, 25)
-        assert torch.allclose(attentions[layer], theirs, atol=1e-6, rtol=0)
+    expected = eager_probabilities(folder, pixels)
+    assert_layers_are(attentions, expected, 4, (2, 4, 25, 25))
 
 
 @pytest.mark.slow
-def test_a_drawn_map_is_the_eager_row_on_the_grid(folder, monkeypatch):
+def test_a_drawn_map_is_the_eager_row_on_the_grid(folder):
     from PIL import Image
 
     from vit.core.inference import preprocess
 
     checkpoint = vit.load(folder, device="cpu")
     image = Image.fromarray((torch.rand(40, 60, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
-    expected = eager_probabilities(folder, preprocess([image], checkpoint.preprocessing), monkeypatch)
+    expected = eager_probabilities(folder, preprocess([image], checkpoint.preprocessing))
     pixels = preprocess([image], checkpoint.preprocessing)
     assert tuple(pixels.shape[-2:]) == (32, 48)  # its aspect kept, on a 4x6 grid
     query = 1 + 6 + 2  # CLS, then the patch at row 1, column 2

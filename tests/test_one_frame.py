@@ -11,6 +11,7 @@ import importlib
 
 import pytest
 import torch
+from layer_reference import caught_eager, widened
 from PIL import Image
 from rows_formed import spy_formed
 
@@ -23,12 +24,7 @@ MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.3, 0.4)
 
 
 def _spread(model):
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # weights wide enough that every row differs from uniform
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    return model.eval()
+    return widened(model, matrices_only=True).eval()  # weights wide enough that every row differs from uniform
 
 
 def _image(hw=(32, 32)):
@@ -36,28 +32,18 @@ def _image(hw=(32, 32)):
     return Image.fromarray(pixels.byte().numpy())
 
 
-def _eager(module_name, model, monkeypatch, **inputs):
-    """Each attention call's post-softmax probabilities as the modelling file's eager function returns them."""
+def _eager(module_name, model, **inputs):
+    """Each attention call's post-softmax probabilities as the modelling file's eager function returns them
+    (``layer_reference.caught_eager``), the model run with eager attention."""
     modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
-    original, seen = modeling.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling, "eager_attention_forward", eager)
     before = model.config._attn_implementation  # VideoPrism's is eager already (it has no SDPA path)
     if before != "eager":
         model.set_attn_implementation("eager")
     try:
-        with torch.no_grad():
-            model(**inputs)
+        return caught_eager(modeling, lambda: model(**inputs))
     finally:
         if before != "eager":
             model.set_attn_implementation(before)
-        monkeypatch.undo()
-    return seen
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +75,7 @@ def test_videomt_is_eomt_on_a_one_frame_clip_every_layer_its_eager_attention(vid
     image = _image()
     x = preprocess([image], checkpoint.preprocessing)
     reference = transformers.VideomtForUniversalSegmentation.from_pretrained(videomt_folder).eval()
-    expected = _eager("videomt", reference, monkeypatch, pixel_values_videos=x[:, None])
+    expected = _eager("videomt", reference, pixel_values_videos=x[:, None])
     _, kept = checkpoint.model.run(x, layers=range(2))
     for layer, extra in enumerate((0, 3)):
         assert kept[layer].shape == expected[layer].shape == (1, 2, extra + 3 + 16, extra + 3 + 16)
@@ -104,14 +90,14 @@ def test_videomt_is_eomt_on_a_one_frame_clip_every_layer_its_eager_attention(vid
         assert not torch.allclose(drawn, row.T, atol=1e-5, rtol=0)
 
 
-def test_videoprisms_spatial_layers_are_its_eager_attention_its_temporal_ones_named(videoprism, monkeypatch):
+def test_videoprisms_spatial_layers_are_its_eager_attention_its_temporal_ones_named(videoprism):
     checkpoint = vit.load(videoprism, image_size=(32, 48), mean=MEAN, std=STD)
     wrapped = checkpoint.model
     assert wrapped.names == ["model.spatial_layers.0.attention", "model.spatial_layers.1.attention"]
     assert "temporal attention" in checkpoint.metadata["left_out"]["model.temporal_layers.0.attention"]
     image = _image((32, 48))
     x = preprocess([image], checkpoint.preprocessing)
-    expected = _eager("videoprism", videoprism, monkeypatch, pixel_values_videos=x[:, None],
+    expected = _eager("videoprism", videoprism, pixel_values_videos=x[:, None],
                       interpolate_pos_encoding=True)
     assert [tuple(p.shape) for p in expected] == [(1, 2, 24, 24), (1, 2, 24, 24), (24, 2, 1, 1)]  # time: 1 frame
     _, kept = wrapped.run(x, layers=range(2))

@@ -10,8 +10,11 @@ order. LW-DETR runs at a non-square 4x6 grid, so a transposed placement fails; R
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from layer_reference import widened
 
 import vit
 
@@ -21,17 +24,14 @@ MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.3, 0.4)
 
 
 def _widen(model: torch.nn.Module) -> torch.nn.Module:
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # weights wide enough that every row differs from uniform
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    return model.eval()
+    return widened(model, matrices_only=True).eval()  # weights wide enough that every row differs from uniform
 
 
 def _eager(cls, config, state):
-    """The same weights built with transformers' eager attention, whose ``output_attentions`` are the reference."""
-    model = cls._from_config(config, attn_implementation="eager").eval()
+    """The same weights built with transformers' eager attention, whose ``output_attentions`` are the reference: from
+    a copy of ``config`` (``_from_config`` sets the implementation on the config it is given, which would switch the
+    model under test, built from it, to eager too: it keeps its SDPA)."""
+    model = cls._from_config(copy.deepcopy(config), attn_implementation="eager").eval()
     model.load_state_dict(state)
     return model
 
@@ -84,6 +84,7 @@ def test_lw_detrs_windowed_and_global_layers_are_its_own_eager_attention_on_the_
     model, eager = lw_detr
     checkpoint = vit.load(model, image_size=(32, 48), mean=MEAN, std=STD)
     wrapped = checkpoint.model
+    assert wrapped.forms_asked_rows and eager.config._attn_implementation == "eager"  # SDPA under test, eager beside
     assert wrapped.layout.grid == (4, 6) and wrapped.layout.num_prefix_tokens == 0
     x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(1))
     _, kept = wrapped.run(x, layers=range(2))
@@ -107,6 +108,7 @@ def test_windows_every_layer_joins_are_placed_in_the_order_the_forward_keeps_the
     torch.manual_seed(0)
     model = _widen(transformers.LwDetrViTBackbone(config))
     eager = _eager(transformers.LwDetrViTBackbone, config, model.state_dict())
+    assert model.config._attn_implementation == "sdpa"  # the model under test keeps SDPA; only the reference is eager
     model.save_pretrained(tmp_path)
     transformers.ViTImageProcessor(size={"height": 32, "width": 48}, image_mean=MEAN, image_std=STD).save_pretrained(
         tmp_path)
@@ -128,6 +130,7 @@ def test_rf_detrs_windows_each_with_its_cls_copy_are_its_own_eager_attention(rf_
     model, eager = rf_detr
     checkpoint = vit.load(model, image_size=32, mean=MEAN, std=STD)
     wrapped = checkpoint.model
+    assert wrapped.forms_asked_rows and eager.config._attn_implementation == "eager"  # SDPA under test, eager beside
     layout = wrapped.layout
     assert layout.grid == (4, 4) and layout.num_prefix_tokens == 4  # window k's copy of the CLS token: token k
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -145,16 +148,13 @@ def test_rf_detrs_windows_each_with_its_cls_copy_are_its_own_eager_attention(rf_
 def test_asked_rows_are_read_from_their_own_window_never_the_whole_grid(rf_detr, monkeypatch):
     """Issue 117's speed item: a query's row of a windowed layer (and of the global layer that joins the windows) is
     read from its own window, no layer's whole ``T x T`` placed on the grid, and equals the model's eager row."""
-    import copy
-
     from rows_formed import spy_formed
 
     from vit.sources.library_road import library_model
 
-    theirs, eager = rf_detr  # the same weights over SDPA (the fixture's config is eager's, shared by both)
-    model = transformers.RfDetrDinov2Backbone._from_config(copy.deepcopy(theirs.config), attn_implementation="sdpa")
-    model.load_state_dict(theirs.state_dict())
-    wrapped = vit.load(model.eval(), image_size=32, mean=MEAN, std=STD).model
+    model, eager = rf_detr
+    wrapped = vit.load(model, image_size=32, mean=MEAN, std=STD).model
+    assert wrapped.forms_asked_rows  # over SDPA
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(2))
 
     def dense(*args):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import library_softmax
+from layer_reference import caught_eager, library_softmax, widened
 
 import vit
 from vit.sources.library_road import vision_parts
@@ -22,15 +22,6 @@ transformers = pytest.importorskip("transformers")
 VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, patch_size=8,
               image_size=32)
 TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=99)
-
-
-def spread(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights drawn wide enough that every head's attention differs from uniform."""
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    return model.eval()
 
 
 def _blip():
@@ -70,7 +61,7 @@ def folders(tmp_path_factory):
     made = {}
     for name, (build, processor) in CASES.items():
         torch.manual_seed(0)
-        model = spread(build())
+        model = widened(build()).eval()  # weights wide enough that every head's attention differs from uniform
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         processor().save_pretrained(folder)
@@ -78,7 +69,7 @@ def folders(tmp_path_factory):
     return made
 
 
-def _reference(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
+def _reference(folder, name: str, pixels: torch.Tensor) -> list[torch.Tensor]:
     """transformers alone: the folder's class (eager attention), each vision layer's probabilities caught where the
     library forms them: BLIP's attention modules' own softmax, BLIP-2's modelling file's eager function."""
     from transformers.models.blip_2 import modeling_blip_2
@@ -89,22 +80,11 @@ def _reference(folder, name: str, pixels: torch.Tensor, monkeypatch) -> list[tor
     if name == "blip":
         layers = [layer.self_attn for layer in model.vision_model.encoder.layers]
         return library_softmax(model.vision_model, layers, pixels)
-    original, seen = modeling_blip_2.eager_attention_forward, []
-
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_blip_2, "eager_attention_forward", eager)
-    with torch.no_grad():
-        model.vision_model(pixel_values=pixels)
-    monkeypatch.undo()
-    return seen
+    return caught_eager(modeling_blip_2, lambda: model.vision_model(pixel_values=pixels))
 
 
 @pytest.mark.parametrize("name", ["blip", "blip2"])
-def test_a_dual_encoders_vision_part_opens_whole_and_every_layer_is_the_librarys(folders, name, monkeypatch):
+def test_a_dual_encoders_vision_part_opens_whole_and_every_layer_is_the_librarys(folders, name):
     from PIL import Image
 
     from vit.core.inference import preprocess
@@ -116,7 +96,7 @@ def test_a_dual_encoders_vision_part_opens_whole_and_every_layer_is_the_librarys
     image = Image.fromarray((torch.rand(40, 28, 3, generator=torch.Generator().manual_seed(3)) * 255).byte().numpy())
     pixels = preprocess([image], checkpoint.preprocessing)
     _, kept = checkpoint.model.run(pixels, layers=range(2))
-    expected = _reference(folders[name], name, pixels, monkeypatch)
+    expected = _reference(folders[name], name, pixels)
     assert len(expected) == 2
     for layer in range(2):
         assert kept[layer].shape == expected[layer].shape == (1, 4, 17, 17)
@@ -127,40 +107,30 @@ def test_a_dual_encoders_vision_part_opens_whole_and_every_layer_is_the_librarys
                                rtol=0)
 
 
-def _siglip2_reference(folder, pixels: torch.Tensor, monkeypatch):
+def _siglip2_reference(folder, pixels: torch.Tensor):
     """SigLIP 2's classifier alone (eager), fed as its processor feeds it: its encoder's eager probabilities and its
     pooling head's per-head weights, and its logits."""
     from transformers.models.siglip2 import modeling_siglip2
     from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
 
     model = transformers.Siglip2ForImageClassification.from_pretrained(folder, attn_implementation="eager").eval()
-    original, seen = modeling_siglip2.eager_attention_forward, []
+    head, pooled, out = model.vision_model.head.attention, [], []
 
-    def eager(*args, **kwargs):
-        out = original(*args, **kwargs)
-        seen.append(out[1].detach())
-        return out
-
-    monkeypatch.setattr(modeling_siglip2, "eager_attention_forward", eager)
-    head = model.vision_model.head.attention
-
-    def weights(module, args, kwargs, out):
+    def weights(module, args, kwargs, output):
         query, key, value = args[:3]
         _, w = torch.nn.MultiheadAttention.forward(module, query, key, value, need_weights=True,
                                                    average_attn_weights=False)
-        seen.append(w.detach())
+        pooled.append(w.detach())
     hook = head.register_forward_hook(weights, with_kwargs=True)
     h, w = pixels.shape[-2:]
     patches = torch.stack([convert_image_to_patches(image, 8) for image in pixels])
     mask = torch.ones(patches.shape[:2], dtype=torch.long)
     try:
-        with torch.no_grad():
-            logits = model(pixel_values=patches, pixel_attention_mask=mask,
-                           spatial_shapes=torch.tensor([[h // 8, w // 8]])).logits
+        seen = caught_eager(modeling_siglip2, lambda: out.append(model(
+            pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=torch.tensor([[h // 8, w // 8]])).logits))
     finally:
         hook.remove()
-        monkeypatch.undo()
-    return seen, logits
+    return seen + pooled, out[0]  # the pooling head's attention after the encoder's layers, as the forward runs them
 
 
 def test_siglip2s_classifier_opens_whole_on_its_naflex_patches(folders):
@@ -169,7 +139,7 @@ def test_siglip2s_classifier_opens_whole_on_its_naflex_patches(folders):
     assert checkpoint.preprocessing.image_hw == (32, 32) and len(checkpoint.class_names) == 3
 
 
-def test_siglip2s_classifier_in_hand_places_its_patches_on_a_non_square_grid(folders, monkeypatch):
+def test_siglip2s_classifier_in_hand_places_its_patches_on_a_non_square_grid(folders):
     from vit.sources.library_road import module_road
 
     model = transformers.Siglip2ForImageClassification.from_pretrained(folders["siglip2"]).eval()
@@ -179,7 +149,7 @@ def test_siglip2s_classifier_in_hand_places_its_patches_on_a_non_square_grid(fol
     assert wrapped.num_layers == 3 and wrapped.is_classifier  # two encoder layers, the pooling head's attention
     pixels = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))
     out, kept = wrapped.run(pixels, layers=range(3))
-    expected, logits = _siglip2_reference(folders["siglip2"], pixels, monkeypatch)
+    expected, logits = _siglip2_reference(folders["siglip2"], pixels)
     torch.testing.assert_close(out.logits, logits, atol=1e-5, rtol=0)
     assert [tuple(e.shape) for e in expected] == [(1, 4, 96, 96), (1, 4, 96, 96), (1, 4, 1, 96)]
     for layer in range(3):
@@ -190,5 +160,5 @@ def test_siglip2s_classifier_in_hand_places_its_patches_on_a_non_square_grid(fol
     drawn = vit.explain(checkpoint, image, "attention", layer=0, head=1, query=13)  # row 1, column 1 of 8x12
     from vit.core.inference import preprocess
 
-    expected, _ = _siglip2_reference(folders["siglip2"], preprocess([image], checkpoint.preprocessing), monkeypatch)
+    expected, _ = _siglip2_reference(folders["siglip2"], preprocess([image], checkpoint.preprocessing))
     torch.testing.assert_close(torch.from_numpy(drawn.map), expected[0][0, 1, 13].reshape(8, 12), atol=1e-6, rtol=0)

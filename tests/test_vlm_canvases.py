@@ -20,11 +20,11 @@ from test_vlm_answer import (  # noqa: E402
     by_hand,
     eager_generate,
     eager_image_rows,
-    noisy,
     picture,
     quadrant_places,
     quadrants,
 )
+from vlm_saved import saved  # noqa: E402
 
 import vit  # noqa: E402
 from vit.registry import VLM_ARCHITECTURES  # noqa: E402
@@ -39,15 +39,9 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """``{kind: folder}``: the census's tiny ``kind`` (seed 0), saved whole with its processor."""
-    from bench.census_vlm import generic_build
-
-    built = {}
-    for kind in KINDS:
-        torch.manual_seed(0)
-        model, processor = generic_build(kind)
-        built[kind] = tmp_path_factory.mktemp(kind)
-        noisy(model).save_pretrained(built[kind])
-        processor.save_pretrained(built[kind])
+    built = {kind: tmp_path_factory.mktemp(kind) for kind in KINDS}
+    for kind, folder in built.items():
+        saved(kind, folder)
     return built
 
 

@@ -15,10 +15,10 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_vlm_answer import noisy, picture  # noqa: E402
+from test_vlm_answer import picture  # noqa: E402
+from vlm_saved import saved  # noqa: E402
 
 import vit  # noqa: E402
-from bench.census_vlm import generic_build  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 QUESTION = "what is this ?"
@@ -31,11 +31,8 @@ def asked(tmp_path_factory):
 
     def ask(family: str):
         if family not in built:
-            torch.manual_seed(0)
-            model, processor = generic_build(family)
             folder = tmp_path_factory.mktemp(family)
-            noisy(model).save_pretrained(folder)
-            processor.save_pretrained(folder)
+            saved(family, folder)
             answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=3)
             reference = transformers.AutoModelForImageTextToText.from_pretrained(
                 folder, attn_implementation="eager").eval()

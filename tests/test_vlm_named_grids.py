@@ -21,9 +21,9 @@ from test_vlm_answer import (  # noqa: E402
     by_hand,
     eager_generate,
     eager_image_rows,
-    noisy,
     picture,
 )
+from vlm_saved import saved  # noqa: E402
 
 import vit  # noqa: E402
 from vit.registry import VLM_ARCHITECTURES  # noqa: E402
@@ -42,13 +42,8 @@ GRIDS = {"lfm2_vl": ((16, 20), "spatial_shapes", 2), "gemma4": ((42, 54), "image
 @pytest.fixture(scope="module", params=list(GRIDS))
 def asked(request, tmp_path_factory):
     """``(kind, vit's answer, transformers' eager generate output, the processor's inputs, image token id)``."""
-    from bench.census_vlm import generic_build
-
-    torch.manual_seed(0)
-    model, processor = generic_build(request.param)
     folder = tmp_path_factory.mktemp(request.param)
-    noisy(model).save_pretrained(folder)
-    processor.save_pretrained(folder)
+    saved(request.param, folder)
     answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=3)
     return request.param, answer, *eager_generate(folder, picture())
 
@@ -90,13 +85,8 @@ def test_the_image_tokens_are_placed_row_major_on_the_grid_the_processor_names(a
 
 @pytest.fixture(scope="module")
 def hunyuan(tmp_path_factory):
-    from bench.census_vlm import generic_build
-
-    torch.manual_seed(0)
-    model, processor = generic_build("hunyuan_vl")
     folder = tmp_path_factory.mktemp("hunyuan_vl")
-    noisy(model).save_pretrained(folder)
-    processor.save_pretrained(folder)
+    saved("hunyuan_vl", folder)
     return vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=3), *eager_generate(folder, picture())
 
 

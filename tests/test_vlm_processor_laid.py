@@ -22,10 +22,10 @@ from test_vlm_answer import (  # noqa: E402
     QUESTION,
     by_hand,
     eager_image_rows,
-    noisy,
     picture,
     processor_inputs,
 )
+from vlm_saved import saved  # noqa: E402
 
 import vit  # noqa: E402
 from vit.registry import VLM_ARCHITECTURES  # noqa: E402
@@ -44,16 +44,10 @@ KINDS = {"blip-2": r"a Q-Former's 32 learned queries \(num_query_tokens\)",
 def asked(request, tmp_path_factory):
     """``(kind, vit's answer, transformers' eager generate output, the processor's inputs, the image's positions)``:
     the plain question, as the processor lays it out itself (no chat template) or through the template."""
-    from bench.census_vlm import generic_build
-
     kind = request.param
-    torch.manual_seed(0)
-    model, processor = generic_build(kind)
-    if kind == "kosmos-2.5":  # its 4,096 patches read as patches (tests/test_vlm_tower_sizes); fewer here, for time
-        processor.image_processor.max_patches = 256
     folder = tmp_path_factory.mktemp(kind.replace(".", "_"))
-    noisy(model).save_pretrained(folder)
-    processor.save_pretrained(folder)
+    # Kosmos-2.5's 4,096 patches read as patches (tests/test_vlm_tower_sizes); fewer here, for time
+    model = saved(kind, folder, images={"max_patches": 256} if kind == "kosmos-2.5" else None)
     answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
     templated = transformers.AutoProcessor.from_pretrained(folder).chat_template is not None
     reference = type(model).from_pretrained(folder, attn_implementation="eager").eval()

@@ -20,10 +20,10 @@ from test_vlm_answer import (  # noqa: E402
     by_hand,
     eager_generate,
     eager_image_rows,
-    noisy,
     quadrant_places,
     quadrants,
 )
+from vlm_saved import saved  # noqa: E402
 
 import vit  # noqa: E402
 from vit.registry import VLM_ARCHITECTURES  # noqa: E402
@@ -37,14 +37,8 @@ KINDS = ("aya_vision", "qianfan_ocr", "granite_docling")
 def tiled(request, tmp_path_factory):
     """``(kind, folder)``: the census's tiny ``kind``, its processor cutting an image into at most 4 tiles (a square
     image into 2 x 2, one quadrant each) and the whole image after them, saved whole."""
-    from bench.census_vlm import generic_build
-
-    torch.manual_seed(0)
-    model, processor = generic_build(request.param)
-    processor.image_processor.max_patches = 4
     folder = tmp_path_factory.mktemp(request.param)
-    noisy(model).save_pretrained(folder)
-    processor.save_pretrained(folder)
+    saved(request.param, folder, images={"max_patches": 4})
     return request.param, folder
 
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import NEW_TOKENS, QUESTION, eager_image_rows, noisy, picture  # noqa: E402
-
-import vit  # noqa: E402
+from test_vlm_answer import NEW_TOKENS, QUESTION, eager_image_rows  # noqa: E402
+from vlm_saved import assert_answer_is_generates, assert_image_rows_are_eager, census_answers  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
@@ -41,36 +40,17 @@ def eager_generate(folder, image):
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
-    from bench.census_vlm import generic_build
-
-    image, got = picture(), {}
-    for kind in KINDS:
-        torch.manual_seed(0)
-        model, processor = generic_build(kind)
-        folder = tmp_path_factory.mktemp(kind)
-        noisy(model).save_pretrained(folder)
-        processor.save_pretrained(folder)
-        got[kind] = (vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS),
-                     *eager_generate(folder, image))
-    return got
+    return census_answers(tmp_path_factory, KINDS, eager_generate)  # through the folder's chat template
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_answer_is_generates_greedy_answer(answers, kind):
-    answer, out, inputs, _ = answers[kind]
-    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    assert list(answer.tokens) == expected and len(expected) > 1
+    assert_answer_is_generates(*answers[kind][:3])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_tokens_attention_at_every_layer_is_the_eager_row(answers, kind):
-    answer, out, inputs, image_token = answers[kind]
-    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
-    assert torch.equal(answer.layout.positions, positions) and len(positions) > 1
-    for i in range(len(answer.tokens)):
-        for layer in range(len(out.attentions[0])):
-            np.testing.assert_allclose(answer.image_rows(i, layer).numpy(),
-                                       eager_image_rows(out, i, layer, positions), rtol=0, atol=1e-5)
+    assert_image_rows_are_eager(*answers[kind])
 
 
 def test_chameleons_codes_are_placed_row_major_on_its_latent_grid(answers):

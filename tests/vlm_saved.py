@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from test_vlm_answer import NEW_TOKENS, QUESTION, noisy, picture, processor_inputs
+from test_vlm_answer import NEW_TOKENS, QUESTION, eager_generate, eager_image_rows, noisy, picture, processor_inputs
 
 import vit
 
@@ -69,3 +69,33 @@ def assert_rows_are_eager(answer, out) -> int:
             dropped += int((eager == 0).sum())
             np.testing.assert_allclose(answer.row(i, layer).numpy(), eager.numpy(), rtol=0, atol=1e-5)
     return dropped
+
+
+def census_answers(tmp_path_factory, kinds, reference=None) -> dict:
+    """``{kind: (vit's answer, transformers' eager generate output, the prompt's inputs, the image token's id)}``:
+    each of ``kinds`` built tiny by the census's generic builder and saved whole (``saved``), asked about
+    ``picture()``, beside ``reference(folder, image)`` (``test_vlm_answer.eager_generate`` unless told)."""
+    image, got = picture(), {}
+    for kind in kinds:
+        folder = tmp_path_factory.mktemp(kind)
+        saved(kind, folder)
+        got[kind] = (vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS),
+                     *(reference or eager_generate)(folder, image))
+    return got
+
+
+def assert_answer_is_generates(answer, out, inputs) -> None:
+    """vit's answer is ``generate``'s greedy answer token for token, more than one token long."""
+    expected = answered_tokens(out, inputs)
+    assert list(answer.tokens) == expected and len(expected) > 1
+
+
+def assert_image_rows_are_eager(answer, out, inputs, image_token: int, atol: float = 1e-5) -> None:
+    """The answer's image tokens are the prompt's ``image_token`` positions (more than one), and each answer token's
+    row over them at every layer is the eager ``generate``'s (``test_vlm_answer.eager_image_rows``)."""
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert torch.equal(answer.layout.positions, positions) and len(positions) > 1
+    for i in range(len(answer.tokens)):
+        for layer in range(len(out.attentions[0])):
+            np.testing.assert_allclose(answer.image_rows(i, layer).numpy(),
+                                       eager_image_rows(out, i, layer, positions), rtol=0, atol=atol)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from vit.checkpoint import Checkpoint, preprocessing_problem
+from vit.checkpoint import Checkpoint
 from vit.core import recording_attention
 from vit.core.images import smart_resize
 from vit.model import ViTConfig
@@ -41,6 +41,7 @@ from vit.sources.hf_preprocessing import hf_preprocessing
 from vit.sources.library_road import transformers_models as tm
 from vit.sources.library_road.library_model import LibraryLayout, LibraryModel, grid_of
 from vit.sources.library_road.placing import merge_order
+from vit.sources.library_road.whole_folders import built_tower, layer_attentions
 
 MODEL_TYPES = ("qwen2_5_vl_vision", "qwen3_vl_vision")
 NOMINAL_SIDE = 1024  # px: the side the layout names (each image is sized by itself), as the port's Qwen towers
@@ -182,11 +183,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                  map_location: str | torch.device = "cpu") -> Checkpoint:
     """The folder's tower as transformers builds it, in a ``Checkpoint`` of the library road (``MergedTower``);
     SourceError (one line) for what it cannot build or place."""
-    from vit.sources.library_road.whole_folders import _built
-
     model_type = str(config_json.get("model_type"))
-    origin = f"{folder} ({model_type}, opened as transformers builds it)"
-    model = _built(folder, config_json, origin, map_location)
+    model, origin = built_tower(folder, config_json, map_location)
     config, processor = model.config, dict(image_processor or {})
     try:
         patch, merge = _whole(config, "patch_size"), _whole(config, "spatial_merge_size")
@@ -204,13 +202,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         preprocessing = replace(preprocessing, image_size=side[0] if side[0] == side[1] else side)
     except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    problem = preprocessing_problem(preprocessing, stand_in)
-    if problem:
-        raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
-    modules = tm.attention_modules(model)
-    if len(modules) != int(config.depth):
-        raise SourceError(f"{folder}: {len(modules)} attention modules for {config.depth} layers; the library road "
-                          "reads one attention per layer")
+    modules = layer_attentions(model, preprocessing, stand_in, folder, int(config.depth), f"{config.depth} layers")
     entry = _FlattenedPatches(model, patch, merge, temporal, window)
     layout = LibraryLayout(0, (patch, patch), (side[0], side[1]))
     wrapped = MergedTower(model, layout, modules, model, entry)

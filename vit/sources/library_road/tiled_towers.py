@@ -22,12 +22,13 @@ from pathlib import Path
 
 import torch
 
-from vit.checkpoint import Checkpoint, preprocessing_problem
+from vit.checkpoint import Checkpoint
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line
 from vit.sources.hf_preprocessing import hf_preprocessing
 from vit.sources.library_road import transformers_models as tm
 from vit.sources.library_road.library_model import LibraryLayout, LibraryModel
+from vit.sources.library_road.whole_folders import built_tower, layer_attentions
 
 MODEL_TYPES = ("mllama_vision_model",)
 PAD_TO = 8  # each slot's tokens padded to a multiple of it (MllamaVisionModel.forward)
@@ -63,11 +64,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                  map_location: str | torch.device = "cpu") -> Checkpoint:
     """The folder's tower as transformers builds it, in a ``Checkpoint`` of the library road (``_OneTile``);
     SourceError (one line) for what it cannot build or place."""
-    from vit.sources.library_road.whole_folders import _built
-
-    model_type = str(config_json.get("model_type"))
-    origin = f"{folder} ({model_type}, opened as transformers builds it)"
-    model = _built(folder, config_json, origin, map_location)
+    model, origin = built_tower(folder, config_json, map_location)
     config = model.config
     try:
         patch = tm._pair(tm.config_patch(config), "patch_size")
@@ -88,14 +85,9 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
                              f"table holds {own[0]}x{own[1]} px")
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    problem = preprocessing_problem(preprocessing, stand_in)
-    if problem:
-        raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
-    modules = tm.attention_modules(model)
     layers = int(config.num_hidden_layers) + int(config.num_global_layers)
-    if len(modules) != layers:
-        raise SourceError(f"{folder}: {len(modules)} attention modules for its {layers} local and global layers; "
-                          "the library road reads one attention per layer")
+    modules = layer_attentions(model, preprocessing, stand_in, folder, layers,
+                               f"its {layers} local and global layers")
     patches = (own[0] // patch[0]) * (own[1] // patch[1])
     per_slot = -(-(1 + patches) // PAD_TO) * PAD_TO  # CLS and patches, padded
     layout = LibraryLayout(1, patch, own, num_suffix_tokens=tiles * per_slot - 1 - patches)

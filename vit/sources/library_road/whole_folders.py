@@ -78,9 +78,8 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     (``transformers_models.open_library``'s answer for the model_types ``MODEL_TYPES`` names). SourceError (one
     line) where it cannot be built or placed."""
     model_type = str(config_json.get("model_type"))
-    origin = f"{folder} ({model_type}, opened as transformers builds it)"
     meta = torch.device(map_location).type == "meta"
-    model = _built(folder, config_json, origin, map_location)
+    model, origin = built_tower(folder, config_json, map_location)
     if model_type in VISION_PARTS:
         checkpoint = tm.library_checkpoint(getattr(model, VISION_PARTS[model_type]), image_processor, folder, origin,
                                            meta)
@@ -88,6 +87,28 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         checkpoint.metadata["source"]["architecture"] = checkpoint.metadata["architecture"] = whole
         return checkpoint
     return _patches_alone(model, model_type, image_processor, folder, origin, meta)
+
+
+def built_tower(folder: Path, config_json: Mapping, map_location) -> tuple[torch.nn.Module, str]:
+    """The folder's class built as ``_built`` builds it, with the origin (the folder and its model_type) every
+    one-line refusal about it names: how each library-road folder opened as transformers builds it starts."""
+    origin = f"{folder} ({config_json.get('model_type')}, opened as transformers builds it)"
+    return _built(folder, config_json, origin, map_location), origin
+
+
+def layer_attentions(model: torch.nn.Module, preprocessing, stand_in: ViTConfig, folder: Path, layers: int,
+                     named: str | None = None) -> list[torch.nn.Module]:
+    """The model's attention modules (``transformers_models.attention_modules``), one a layer: SourceError (one line)
+    where its preprocessing is unusable for ``stand_in`` or it holds other than ``layers`` of them (``named``: how
+    the refusal names its layers, ``"<layers> layers"`` unless told)."""
+    problem = preprocessing_problem(preprocessing, stand_in)
+    if problem:
+        raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
+    modules = tm.attention_modules(model)
+    if len(modules) != layers:
+        raise SourceError(f"{folder}: {len(modules)} attention modules for {named or f'{layers} layers'}; the library "
+                          "road reads one attention per layer")
+    return modules
 
 
 def _built(folder: Path, config_json: Mapping, origin: str, map_location) -> torch.nn.Module:
@@ -126,14 +147,7 @@ def _patches_alone(model: torch.nn.Module, model_type: str, image_processor: Map
             raise ValueError(f"patch_size {patch} is not square, as Molmo 2's patches are")
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    problem = preprocessing_problem(preprocessing, stand_in)
-    if problem:
-        raise SourceError(f"{folder} has unusable preprocessing settings: {problem}")
-    modules = tm.attention_modules(model)
-    layers = int(config.num_hidden_layers)
-    if len(modules) != layers:
-        raise SourceError(f"{folder}: {len(modules)} attention modules for {layers} layers; the library road reads "
-                          "one attention per layer")
+    modules = layer_attentions(model, preprocessing, stand_in, folder, int(config.num_hidden_layers))
     entry = _OneImage(model) if model_type == "pixtral" else _Patches(model, patch[0], own)
     layout = tm.LibraryLayout(0, patch, tuple(preprocessing.image_hw))
     wrapped = tm.LibraryModel(model, layout, modules, model, entry)
