@@ -11,7 +11,8 @@ what a browser test waits through while the app computes). ``--compare waits``: 
 ARIA snapshot of the whole page for its error message). ``--compare cache``: each load in a context of its own (what
 every browser test does: an off-the-record context, its HTTP cache and V8's code cache its own, so every page parses
 and compiles Streamlit's bundle again) against every load a new page of one persistent profile (one cache); both held
-still.
+still. ``--compare viewport``: the browser tests' 1400 x 1000 page against a 1000 x 700 one (half the pixels to
+paint), held still.
 
     python bench/bench_browser_launch.py --loads 4 --rounds 2 \
         --out bench/results/cpu-2026-11-27/suite-browser-launch.txt
@@ -25,6 +26,8 @@ still.
         --out bench/results/cpu-2026-11-28/suite-browser-waits.txt
     python bench/bench_browser_launch.py --compare cache --loads 3 --rounds 2 \
         --out bench/results/cpu-2026-11-29e/browser-cache-per-context.txt
+    python bench/bench_browser_launch.py --compare viewport --loads 2 --rounds 2 \
+        --out bench/results/cpu-2026-11-29f/browser-viewport.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
@@ -54,7 +57,7 @@ WAIT_S = 20
 PAGES = {"launch": EXPLORER_PAGE, "flags": EXPLORER_PAGE, "animations": EXPLORER_PAGE,
          "spinner": f"a page of one spinner, {SPINNER_S} s",
          "waits": f"{EXPLORER_PAGE}, then {WAIT_S} s of waiting for a text it does not show",
-         "cache": EXPLORER_PAGE}
+         "cache": EXPLORER_PAGE, "viewport": EXPLORER_PAGE}
 SPINNER_APP = f"""import time
 import streamlit as st
 with st.spinner("Working"):
@@ -64,7 +67,9 @@ st.write("Done")
 VARIANTS = {"launch": ("launched per load", "shared"), "flags": ("base (no RENDER_ARGS)", "CHROMIUM_ARGS"),
             "animations": ("moving animations", "still"), "spinner": ("moving animations", "still"),
             "waits": ("expect(...).to_be_visible()", "locator.wait_for()"),
-            "cache": ("contexts (one per load)", "profile (one, a page per load)")}
+            "cache": ("contexts (one per load)", "profile (one, a page per load)"),
+            "viewport": ("large (1400 x 1000)", "small (1000 x 700)")}
+SMALL_VIEWPORT = {"width": 1000, "height": 700}
 
 
 def loads(url: str, variant: str, count: int) -> None:
@@ -110,8 +115,8 @@ def loads(url: str, variant: str, count: int) -> None:
         shared = launch() if variant != "launched" else None  # one browser: every variant but "launched"
         for _ in range(count):
             browser = shared or launch()
-            context = browser.new_context(viewport=VIEWPORT)
-            if variant in ("still", "contexts") or variant in VARIANTS["waits"]:
+            context = browser.new_context(viewport=SMALL_VIEWPORT if variant == "small" else VIEWPORT)
+            if variant in ("still", "contexts", "large", "small") or variant in VARIANTS["waits"]:
                 context.add_init_script(STILL_SCRIPT)
             load(context.new_page())
             context.close()

@@ -274,9 +274,14 @@ def forward_kind(frame) -> str:
     return message.WhichOneof("type")
 
 
-def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page):
+def test_an_enlarged_zoomed_picker_and_the_patch_similarity_pick_the_patch_clicked(server, page):
     """Issue 19, item 9: enlarged, the wheel zooms the image around the cursor and a click still picks the patch
-    under it (a pan, not a box selection, is what a drag does); the overlay zooms with it (issue 33, item 6)."""
+    under it (a pan, not a box selection, is what a drag does); the overlay zooms with it (issue 33, item 6).
+
+    Then, on the same page, issue 69, item 1: a click on a patch of "Patch similarity" makes it the query (the
+    chart's state was read without its ``.selection``, so a click reran the page and kept the old patch). Its query
+    is its own (the section's "Patch"), not the main view's: it starts at the middle token whatever was clicked
+    above. It was a test of its own, which loaded the page again (issue 112)."""
     ARTIFACTS.mkdir(exist_ok=True)
     page.goto(server)
     page.get_by_text("cat_1.png, 32×32 px").wait_for()
@@ -305,6 +310,18 @@ def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page
     expect_selected(page, "Query token", "7 · patch row 2, col 3")
     page.screenshot(path=str(ARTIFACTS / "explorer-enlarged-zoomed.png"), full_page=True)
 
+    page.get_by_text("What the patches represent").click()
+    page.get_by_text("Cosine similarity to patch row 3, col 1").wait_for()  # the middle token (9) at first
+    page.wait_for_function(SCRIPT_DONE)
+    picker = page.locator("xpath=//*[contains(text(), 'Patch similarity')]/following::*"
+                          "[@data-testid='stPlotlyChart'][1]")
+    picker.scroll_into_view_if_needed()
+    box = picker.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4)  # row 2, col 3
+    page.get_by_text("Cosine similarity to patch row 2, col 3").wait_for()
+    expect_selected(page, "Patch", "7 · patch row 2, col 3", exact=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer-similarity-click.png"), full_page=True)
+
 
 def test_a_fresh_servers_first_page_says_the_model_is_loading_before_the_page_is_drawn(world, tmp_path, page):
     """Issue 69, item 7: a freshly started server's first page was blank while the page imported PyTorch (10-14 s
@@ -326,25 +343,6 @@ def test_a_fresh_servers_first_page_says_the_model_is_loading_before_the_page_is
         assert page.get_by_text(LINE).count() == 0
         assert page.get_by_role("heading", name="ViT Attention Explorer").count() == 1
     assert outside == []  # the page icon was a Material icon, fetched from fonts.gstatic.com
-
-
-def test_a_click_on_the_patch_similarity_picks_that_patch(server, page):
-    """Issue 69, item 1: a click on a patch of "Patch similarity" makes it the query (the chart's state was read
-    without its ``.selection``, so a click reran the page and kept the old patch)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.goto(server)
-    page.get_by_text("cat_1.png, 32×32 px").wait_for()
-    page.get_by_text("What the patches represent").click()
-    page.get_by_text("Cosine similarity to patch row 3, col 1").wait_for()  # the middle token (9) at first
-    page.wait_for_function(SCRIPT_DONE)
-    picker = page.locator("xpath=//*[contains(text(), 'Patch similarity')]/following::*"
-                          "[@data-testid='stPlotlyChart'][1]")
-    picker.scroll_into_view_if_needed()
-    box = picker.locator(".nsewdrag").first.bounding_box()
-    page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4)  # row 2, col 3
-    page.get_by_text("Cosine similarity to patch row 2, col 3").wait_for()
-    expect_selected(page, "Patch", "7 · patch row 2, col 3", exact=True)
-    page.screenshot(path=str(ARTIFACTS / "explorer-similarity-click.png"), full_page=True)
 
 
 # Loaded by the server's interpreter at start (Python imports ``sitecustomize`` from its path): every call of the main

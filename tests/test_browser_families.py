@@ -1,5 +1,6 @@
-"""A DINOv3 folder in a real browser: opened by path, its map drawn at 640x480 with the aspect ratio kept, and its
-4 storage (register) tokens labelled in the query list. Screenshot in test-artifacts/."""
+"""A Swin's and a DINOv3's folders in a real browser, one after the other on one page: the Swin's 24 head labels
+level and inside their chart; the DINOv3 opened by path, its map drawn at 640x480 with the aspect ratio kept, and its
+4 storage (register) tokens labelled in the query list. Screenshots in test-artifacts/."""
 
 import itertools
 from pathlib import Path
@@ -22,32 +23,30 @@ def dinov3_folder(folder: Path) -> Path:
     return folder
 
 
-def test_a_dinov3_map_at_640x480_keeping_the_aspect_with_its_register_tokens_labelled(server, page, tmp_path):  # noqa: F811
-    """Long (~15 s of CPU) because a DINOv3 folder is opened on the server and run on a 640x480 photo (1,200
-    patches with its aspect kept), drawn in a real Chromium."""
+def dinov3_on_the_page(tab, tmp_path) -> None:
+    """A DINOv3 folder opened by path on ``tab`` (the explorer, drawn), a 640x480 photo uploaded, its map drawn at
+    640 px keeping the aspect, and its 4 register tokens labelled in the query list."""
     folder = dinov3_folder(tmp_path / "dinov3")
     upload = tmp_path / "street.png"
     upload.write_bytes(photo(640, 480, seed=3))
     ARTIFACTS.mkdir(exist_ok=True)
     try:
-        page.goto(server)
-        page.get_by_text("Colours span").wait_for()
-        field = page.get_by_role("textbox", name="Open a path")
+        field = tab.get_by_role("textbox", name="Open a path")
         field.fill(str(folder))
         field.press("Enter")
-        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
-        page.get_by_text("No prediction: this model has no classifier").wait_for()
-        choose(page, "Input size", "640 px")
-        page.get_by_text("Keep the aspect ratio").click()
-        page.get_by_text("sees it as 640×480 px in 30 rows × 40 columns of 16-px patches (1,205 tokens)").wait_for()
-        page.get_by_text("Colours span").wait_for()
-        open_dropdown(page, "Query token")
+        tab.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
+        tab.get_by_text("No prediction: this model has no classifier").wait_for()
+        choose(tab, "Input size", "640 px")
+        tab.get_by_text("Keep the aspect ratio").click()
+        tab.get_by_text("sees it as 640×480 px in 30 rows × 40 columns of 16-px patches (1,205 tokens)").wait_for()
+        tab.get_by_text("Colours span").wait_for()
+        open_dropdown(tab, "Query token")
         for i in range(1, 5):
-            page.get_by_role("option", name=f"{i} · REG {i}").wait_for()
-        page.get_by_role("option", name="4 · REG 4").click()
-        page.get_by_text("the REG 4 token").first.wait_for()
+            tab.get_by_role("option", name=f"{i} · REG {i}").wait_for()
+        tab.get_by_role("option", name="4 · REG 4").click()
+        tab.get_by_text("the REG 4 token").first.wait_for()
     finally:
-        page.screenshot(path=str(ARTIFACTS / "explorer-dinov3-640x480.png"), full_page=True)
+        tab.screenshot(path=str(ARTIFACTS / "explorer-dinov3-640x480.png"), full_page=True)
 
 
 def swin_folder(folder: Path) -> Path:
@@ -83,9 +82,15 @@ def assert_level_inside_and_apart(tab, key: str, heads: int) -> None:
     assert all(a["right"] <= b["left"] for a, b in itertools.pairwise(boxes)), boxes  # none overlaps the next
 
 
-def test_a_swins_last_stage_heads_strip_has_its_24_head_labels_level_and_inside_the_chart(server, page, tmp_path):  # noqa: F811
-    """Issue 69, item 10: the last stage's 24 heads had their labels rotated by Plotly and clipped by the chart's top
-    margin. Each label is level, whole inside the chart, and clear of its neighbours."""
+def test_a_swins_head_labels_fit_and_a_dinov3_at_640x480_labels_its_register_tokens(server, page, tmp_path):  # noqa: F811
+    """Long (~23 s of CPU) because a Swin and a DINOv3 folder are opened on the server, the DINOv3 run on a 640x480
+    photo (1,200 patches with its aspect kept), and both drawn in a real Chromium.
+
+    Issue 69, item 10: the last stage's 24 heads had their labels rotated by Plotly and clipped by the chart's top
+    margin. Each label is level, whole inside the chart, and clear of its neighbours. Then, on the same page (every
+    layer's grids switched off again), a DINOv3 folder: its map at 640x480 with the aspect ratio kept, and its 4
+    storage (register) tokens labelled in the query list. The two were tests of their own, each loading the page
+    (issue 112)."""
     folder = swin_folder(tmp_path / "swin")
     upload = tmp_path / "photo.png"
     upload.write_bytes(photo(64, 64, seed=4))
@@ -107,3 +112,6 @@ def test_a_swins_last_stage_heads_strip_has_its_24_head_labels_level_and_inside_
         page.get_by_role("tabpanel").first.screenshot(path=str(ARTIFACTS / "explorer-swin-heads-by-stage.png"))
     finally:
         page.screenshot(path=str(ARTIFACTS / "explorer-swin-heads-strip.png"), full_page=True)
+    page.get_by_text("Every layer (").click()  # off again: the DINOv3's page draws its one layer, as on a fresh page
+    page.locator(".st-key-heads_grid_stage4").wait_for(state="detached")
+    dinov3_on_the_page(page, tmp_path)
