@@ -2,9 +2,9 @@
 saved whole (test_vlm_answer's builder), a question is typed, the answer's second token clicked and head 2 picked; the
 map the page shows (its exported values) is ``VLMAnswer.attention`` of that token, layer and head; the page's link,
 opened in a fresh page, shows the same map, and there the knockout and the heads grid, switched on, show the API's
-values and a head clicked in the grid draws its map. Then a second image is uploaded for the question (issue 92, item 2) and
-picked: the map is the token's on that image, and the link reproduces it; and a clip, on a Qwen2.5-VL, its second
-slice picked on the time slider."""
+values and a head clicked in the grid draws its map. Then a second image is uploaded for the question (issue 92,
+item 2) and picked: the map is the token's on that image, and the link reproduces it; and a clip, on a Qwen2.5-VL,
+its second slice picked on the time slider."""
 
 import base64
 import json
