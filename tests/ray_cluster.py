@@ -68,9 +68,11 @@ class RayCluster:
         self.address = f"http://127.0.0.1:{self.dashboard}"
 
     def _env(self) -> dict:
-        # Each Ray Train job starts ~9 processes on two shared cores; a cluster of one machine is never drained for
-        # preemption, so its watcher (one more process per job) is left out, and the controller looks at its
-        # workers every 0.5 s instead of 2 s: a finished or stopped run is seen ~1 s sooner (a test waits for it).
+        # Each Ray Train job starts ~6 processes on two shared cores (its supervisor and driver, Train's controller
+        # and synchronization actor, the workers: vit.runs.ray_train leaves out the two others Train starts);
+        # a cluster of one machine is never drained for preemption, so its watcher (one more process per job) is
+        # left out, and the controller looks at its workers every 0.5 s instead of 2 s: a finished or stopped run
+        # is seen ~1 s sooner (a test waits for it).
         # What no test reads is left out or slowed, each a few seconds of CPU per job on two shared cores: the
         # metrics every process records for Prometheus, the dashboard agent's per-process stats every 5 s (60 s
         # here; the nodes and resources the tests read come from the GCS), the log monitor's glob of a logs folder

@@ -108,6 +108,8 @@ def test_a_bad_dataset_fails_the_job_with_its_one_line_error(ray_cluster, images
     assert rc == 1, f"{out}\n{err}"
     last = err.strip().splitlines()[-1]
     assert last.startswith("vit.train: error:") and str(empty) in last, err
+    # refused by the job's driver (vit.runs.ray_train): no Ray Train controller or worker was started for it
+    assert "TrainController" not in out + err and "RayTrainWorker" not in out + err, f"{out}\n{err}"
     assert not (tmp_path / "run").exists()
 
 

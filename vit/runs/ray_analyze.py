@@ -65,6 +65,15 @@ def plan_actors(resources: dict, device: str, workers: int | None, batches: int)
     return min(workers or have, batches), use_gpu
 
 
+def blocks_dataset(blocks: list):
+    """A Ray Dataset of ``blocks`` (pandas DataFrames), one block each as given. ``ray.data.from_blocks`` reads each
+    block's size and schema here; ``from_pandas`` runs a Ray task per block for them, which started two more worker
+    processes a job (each importing Ray and pandas: ~3 s of CPU on two shared cores) to describe a few rows."""
+    import ray
+
+    return ray.data.from_blocks(blocks)
+
+
 class ClusterError(RuntimeError):
     """The Ray Data pipeline failed; the message is one line, the actor's own error where Ray gives it."""
 
@@ -127,7 +136,7 @@ def analyze_on_cluster(checkpoint_path: str, checkpoint: Checkpoint, files: Sequ
                             "path": [str(path) for path, _ in files[start:start + batch_size]],
                             "label": [label for _, label in files[start:start + batch_size]]})
               for start in range(0, len(files), batch_size)]
-    summaries = ray.data.from_pandas(blocks).map_batches(
+    summaries = blocks_dataset(blocks).map_batches(
         Summarizer, batch_size=batch_size, batch_format="numpy", compute=ActorPoolStrategy(size=actors),
         fn_constructor_kwargs={"checkpoint": checkpoint_path, "device": "cuda" if use_gpu else "cpu",
                                "mechanism": mechanism},

@@ -30,7 +30,7 @@ from vit.explain.benchmarks.benchmark_run import (
     read_items,
     score_batch,
 )
-from vit.runs.ray_analyze import ClusterError, cause_line, plan_actors
+from vit.runs.ray_analyze import ClusterError, blocks_dataset, cause_line, plan_actors
 
 
 class Scorer:
@@ -122,7 +122,7 @@ def score_on_cluster(checkpoint_path: str, settings: Settings, items: Sequence[t
                             "label": [r[1] for r in rows[start:start + size]],
                             "mask": [r[2] for r in rows[start:start + size]]})
               for start in range(0, len(items), size)]
-    scored = ray.data.from_pandas(blocks).map_batches(
+    scored = blocks_dataset(blocks).map_batches(
         Scorer, batch_size=size, batch_format="numpy", compute=ActorPoolStrategy(size=actors),
         fn_constructor_kwargs={"checkpoint": checkpoint_path, "device": "cuda" if use_gpu else "cpu",
                                "settings": settings, "gtsegs": gtsegs, "explain": explain},

@@ -79,9 +79,10 @@ def harvest_on_cluster(model: str, arch: str | None, hook: str, files: Sequence[
     the Ray cluster this process is connected to; each block is one local image batch, so every forward sees
     the images the local harvest gives it."""
     import pandas as pd
-    import ray
     import torch
     from ray.data import ActorPoolStrategy, DataContext
+
+    from vit.runs.ray_analyze import blocks_dataset
 
     context = DataContext.get_current()
     context.enable_progress_bars = False  # the command draws one bar, as a local run does
@@ -89,7 +90,7 @@ def harvest_on_cluster(model: str, arch: str | None, hook: str, files: Sequence[
     blocks = [pd.DataFrame({"index": np.arange(start, min(start + image_batch, len(files))),
                             "path": [str(path) for path in files[start:start + image_batch]]})
               for start in range(0, len(files), image_batch)]
-    dataset = ray.data.from_pandas(blocks).map_batches(
+    dataset = blocks_dataset(blocks).map_batches(
         Harvester, batch_size=image_batch, batch_format="numpy", compute=ActorPoolStrategy(size=workers),
         fn_constructor_kwargs={"model": model, "arch": arch, "hook": hook, "device": device}, **actor_resources)
     following = 0
@@ -141,9 +142,8 @@ def run_job(command, argv: list[str], workers: int, name: str) -> int:
     SIGTERM stops it gracefully."""
     import ray
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    from vit.runs.ray_train import fit_until_done
+    from vit.runs.ray_train import LeanTorchTrainer, fit_until_done
     from vit.runs.stop_flag import StopFlag
 
     ray.init(log_to_driver=True)
@@ -154,7 +154,7 @@ def run_job(command, argv: list[str], workers: int, name: str) -> int:
         return 2
     flag = StopFlag()
     device = "cuda" if use_gpu else "cpu"
-    trainer = TorchTrainer(sae_worker, train_loop_config={"command": command, "argv": argv, "stop": flag,
+    trainer = LeanTorchTrainer(sae_worker, train_loop_config={"command": command, "argv": argv, "stop": flag,
                                                           "workers": workers,
                                                           "actors": actor_resources, "device": device},
                            scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,

@@ -25,6 +25,24 @@ from ray.train.torch import TorchTrainer
 
 from vit.runs.stop_flag import StopFlag, watch
 
+# Two actors Ray Train starts for every run that a job of ours never uses, each one more process importing Ray (~2 s
+# of CPU on two shared cores): the Ray Data DatasetManager, started whether or not the trainer was given datasets (our
+# workers read their data themselves; vit.sae's harvest runs its own Ray Data pipeline), and the detached
+# PlacementGroupCleaner, which removes the workers' placement group should the controller die while its driver lives
+# on. Our driver lives only as long as ``fit``: a dead controller ends ``fit``, the driver exits with the job, and Ray
+# removes the placement groups of a job that has ended.
+UNUSED_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
+
+
+class LeanTorchTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer`` without the callbacks (and their actors) of ``UNUSED_CALLBACKS``; the
+    datasets' callback stays when it is given datasets."""
+
+    def _create_default_callbacks(self) -> list:
+        unused = set(UNUSED_CALLBACKS) - ({"DatasetsCallback"} if self.datasets else set())
+        return [callback for callback in super()._create_default_callbacks()
+                if type(callback).__name__ not in unused]
+
 
 class WorkerError(RuntimeError):
     """A worker's ``vit.train`` ended with a non-zero status; the message is its one-line error."""
@@ -85,15 +103,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    refused = check_before_the_workers(train_args)
+    if refused is not None:
+        return refused
     ray.init(log_to_driver=True)
     flag = StopFlag()
     use_gpu = args.gpus_per_worker > 0
     resources = {"CPU": 1, "GPU": args.gpus_per_worker} if use_gpu else {"CPU": 1}
-    trainer = TorchTrainer(train_worker, train_loop_config={"argv": train_args, "stop": flag},
+    trainer = LeanTorchTrainer(train_worker, train_loop_config={"argv": train_args, "stop": flag},
                            scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=use_gpu,
                                                         resources_per_worker=resources),
                            run_config=RunConfig(name=args.name))
     return fit_until_done(trainer, flag, "vit.train")
+
+
+def check_before_the_workers(train_args: list[str]) -> int | None:
+    """None, or the usage status after ``vit.train``'s one-line error on stderr: what the workers would refuse before
+    training, checked here (the driver sees the storage every node mounts): the arguments and a new run's dataset
+    (a folder without two classes of images). A job with bad input then fails seconds sooner, and without starting
+    Ray Train's controller and workers (each a process importing torch) for nothing."""
+    from vit.core.cli import UsageError, usage_error
+    from vit.training.options import parse_args
+    from vit.training.run import check_run_data
+
+    try:
+        args = parse_args(train_args, check_out=False, device_here=False)
+        if not args.resume:
+            check_run_data(args)
+    except UsageError as e:
+        return usage_error("vit.train", e)
+    return None
 
 
 def fit_until_done(trainer, flag: StopFlag, prog: str) -> int:

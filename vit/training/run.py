@@ -89,6 +89,15 @@ def _prepare(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namesp
     if args.resume:
         return _prepare_resume(args, argv)
     run_dir = Path(args.out)
+    num_classes, class_names = check_run_data(args)
+    resolve_model(args, num_classes, class_names)
+    return args, run_dir, None
+
+
+def check_run_data(args: argparse.Namespace) -> tuple[int, list[str] | None]:
+    """A new run's (number of classes, class names or None for a built-in dataset), from a quick look at its
+    dataset (a folder's layout, not its images); UsageError in one line for one that cannot be used. A Ray job's
+    driver asks it too, before any worker starts (``vit.runs.ray_train``)."""
     try:
         kind, value = parse_dataset(args.dataset)
         if kind == "folder":
@@ -96,13 +105,10 @@ def _prepare(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namesp
             if val_root is None and not 0 < args.val_fraction < 1:
                 raise UsageError(f"{value} has no val/ folder, so --val-fraction must be above 0 "
                                  f"(got {args.val_fraction:g})")
-            num_classes = len(class_names)
-        else:
-            num_classes, class_names = _builtin_classes(value), None
+            return len(class_names), class_names
+        return _builtin_classes(value), None
     except DataError as e:
         raise UsageError(str(e)) from None
-    resolve_model(args, num_classes, class_names)
-    return args, run_dir, None
 
 
 def _prepare_resume(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, Path, dict]:

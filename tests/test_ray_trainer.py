@@ -1,0 +1,67 @@
+"""What a Ray run's driver does before and instead of Ray Train's defaults (``vit.runs.ray_train``), without a
+cluster: the actors of Ray Train's that a job of ours never uses are not started, and a dataset the workers would
+refuse is refused in the driver, before any worker starts. That real jobs still train, stop and resume with them is
+the cluster tests' (test_ray_train.py, test_sae_ray.py)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_image_folder
+
+# vit.runs.ray_train imports Ray Train (and torch): in the tests, not at collection, which every lane pays for.
+
+
+def callbacks(trainer_class, **kwargs) -> list[str]:
+    from ray.train import RunConfig, ScalingConfig
+
+    trainer = trainer_class(lambda config: None, scaling_config=ScalingConfig(num_workers=2),
+                            run_config=RunConfig(name="lean"), **kwargs)
+    return [type(callback).__name__ for callback in trainer._create_default_callbacks()]  # no cluster needed
+
+
+# Ray's own: its DataContext's deprecated options, copied by every TorchTrainer (the datasets' callback)
+@pytest.mark.filterwarnings("ignore:.*(deprecated|instead).*:DeprecationWarning:ray.data.context")
+def test_the_jobs_trainer_leaves_out_the_actors_a_run_of_ours_never_uses_and_nothing_else():
+    from ray.train.torch import TorchTrainer
+
+    from vit.runs.ray_train import UNUSED_CALLBACKS, LeanTorchTrainer
+
+    ray_s = callbacks(TorchTrainer)
+    # Ray's own trainer still has both (a Ray that renamed them would leave ours starting their actors again).
+    assert set(UNUSED_CALLBACKS) <= set(ray_s), ray_s
+    assert callbacks(LeanTorchTrainer) == [name for name in ray_s if name not in UNUSED_CALLBACKS]
+    # Given datasets, their callback (the DatasetManager that shards them) stays.
+    assert callbacks(LeanTorchTrainer, datasets={"train": lambda: None}) == [
+        name for name in ray_s if name != "PlacementGroupCleanerCallback"]
+
+
+TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
+        "--mlp-size", "16", "--device", "cpu"]
+
+
+def test_a_dataset_the_workers_would_refuse_is_refused_in_the_driver_in_one_line(tmp_path, capsys):
+    from vit.runs.ray_train import check_before_the_workers
+
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    refused = check_before_the_workers(["--dataset", f"folder:{tmp_path / 'empty'}", "--out", str(tmp_path / "run"),
+                                        *TINY])
+    assert refused == 2
+    err = capsys.readouterr().err
+    assert err == (f"vit.train: error: {tmp_path / 'empty' / 'train'} needs at least two class subfolders with "
+                   f"images (found 0); lay it out as {tmp_path / 'empty' / 'train'}/<class>/<image>\n")
+    # a good folder, a resume (its dataset is the run's) and a built-in dataset go on to the workers
+    images = make_image_folder(tmp_path / "images", per_class=1)
+    assert check_before_the_workers(["--dataset", f"folder:{images}", "--out", str(tmp_path / "run"), *TINY]) is None
+    assert check_before_the_workers(["--resume", str(tmp_path / "run")]) is None
+    assert check_before_the_workers(["--dataset", "cifar10", "--out", str(tmp_path / "run"), *TINY]) is None
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv", [["--dataset", "folder:"], ["--dataset", "imagenet-x"]])
+def test_arguments_the_workers_would_refuse_are_refused_in_the_driver(argv, tmp_path, capsys):
+    from vit.runs.ray_train import check_before_the_workers
+
+    assert check_before_the_workers([*argv, "--out", str(tmp_path / "run"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit.train: error:") and err.count("\n") == 1, err
