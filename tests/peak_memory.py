@@ -90,6 +90,13 @@ for name in ("UdopForConditionalGeneration", "IJepaModel", "Sam3Model", "Glm4vFo
              "Qwen2VLImageProcessor", "AutoProcessor", "AutoModel"):
     getattr(transformers, name)
 """
+# What a gradient through checkpointed blocks imports at its first use: ``torch.utils.checkpoint``'s non-reentrant
+# path imports ``torch._dynamo`` (and sympy with it), 1.2 s of CPU in each fork that first ran the class map's or
+# AttnLRP's path in chunks (tests/test_costs.py's warm-up: six of its cells; its two AttnLRP tests took 9.1 and 9.4 s
+# of CPU, 5.6 and 4.9 with it preloaded: bench/results/cpu-2026-11-29f/memory-costs-*.txt, issue 112). Imported once
+# by the memory group's server (the three memory modules pass it, so they still share one); each cell still warms its
+# own view before it is measured, as before.
+GRADIENTS = "import torch._dynamo\n"
 _servers: dict[str, ForkServer] = {}
 
 
