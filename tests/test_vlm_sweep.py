@@ -91,6 +91,11 @@ def smaller(family: str, model, processor):
     canvas, widths = SMALLER[family]
     for key, value in canvas.items():
         setattr(processor.image_processor, key, value)
+    return narrowed(model, widths), processor
+
+
+def narrowed(model, widths: dict):
+    """``model``'s type built again (seed 0) on its config with ``widths``' fields (nested as the config's) set."""
     config = model.config
 
     def update(sub, fields):
@@ -106,7 +111,7 @@ def smaller(family: str, model, processor):
 
     update(config, widths)
     torch.manual_seed(0)
-    return type(model)(config), processor
+    return type(model)(config)
 
 
 @pytest.fixture(scope="module")
