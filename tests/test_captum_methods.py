@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from lazy_modules import lazy
 from parity_helpers import HF_VISION, hf_random
 from PIL import Image
 
@@ -22,7 +23,7 @@ from vit.explain.methods import captum_maps
 from vit.explain.views.method_maps import model_method_map
 
 transformers = pytest.importorskip("transformers")
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = lazy("captum.attr")  # imported by the first test that reads it (tests/lazy_modules.py)
 pytestmark = pytest.mark.slow  # importing transformers and captum takes seconds
 
 CLASSES = 3

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from lazy_modules import lazy
 
-h5py = pytest.importorskip("h5py")
+h5py = lazy("h5py")  # imported by the first test that reads it (tests/lazy_modules.py)
 
-from tests.reference.chefer_eval.Imagenet import Imagenet_Segmentation  # noqa: E402
 from vit.explain.benchmarks.gtsegs import MAX_ITEMS, GtSegs, GtSegsError  # noqa: E402
 
 
@@ -44,6 +44,7 @@ def test_reads_what_their_imagenet_segmentation_reads(tmp_path):
     import torchvision.transforms as transforms
     from PIL import Image
 
+    from tests.reference.chefer_eval.Imagenet import Imagenet_Segmentation  # imports h5py: here, not at collection
     from vit.faithfulness import open_mask
 
     path = write_gtsegs(tmp_path / "gtsegs.mat", *pictures())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from lazy_modules import lazy
 
 import vit
 from vit.core.inference import preprocess
@@ -18,7 +19,7 @@ from vit.explain.methods import captum_maps
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
-captum_attr = pytest.importorskip("captum.attr")
+captum_attr = lazy("captum.attr")  # imported by the first test that reads it (tests/lazy_modules.py)
 from test_captum_methods import TARGET, _Logits, captums_own, captums_pixels, image, patch_grid_by_hand  # noqa: E402
 from test_library_path import reference, save_family  # noqa: E402
 from test_library_timm import build  # noqa: E402

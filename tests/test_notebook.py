@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lazy_modules import lazy
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "docs" / "quickstart.ipynb"
@@ -16,8 +17,8 @@ NOTEBOOK = ROOT / "docs" / "quickstart.ipynb"
 TUTORIALS = ("compare-methods", "dense-views", "vlm-lens", "video-clip", "sae-features", "benchmarks")
 TUTORIAL_DIR = ROOT / "docs" / "tutorials"
 MAX_TUTORIAL_BYTES = 300_000
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+nbformat = lazy("nbformat")  # each imported by the first test that reads it (tests/lazy_modules.py)
+nbclient = lazy("nbclient")
 
 
 def shown_text(notebook) -> str:

@@ -6,11 +6,12 @@ holds no video stream, is refused in one line. The small clips are written here 
 
 import numpy as np
 import pytest
+from lazy_modules import lazy
 
 from vit.core import clips
 from vit.core.clips import ClipError, read_clip, read_clip_bytes, sample_indices
 
-av = pytest.importorskip("av")
+av = lazy("av")  # imported by the first test that reads it (tests/lazy_modules.py)
 
 
 def write_video(path, count: int, size=(64, 48), codec: str = "libx264", gop: int | None = None, rate: int = 25,

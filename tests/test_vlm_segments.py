@@ -12,10 +12,12 @@ import torch
 from PIL import Image
 
 transformers = pytest.importorskip("transformers")
-from captum.attr import FeatureAblation, ImageMaskInput, LLMAttribution, ShapleyValueSampling  # noqa: E402
+from lazy_modules import lazy  # noqa: E402
 from test_vlm_answer import QUESTION, picture, saved_whole  # noqa: E402
 
 import vit  # noqa: E402
+
+captum_attr = lazy("captum.attr")  # imported by the first test that reads it (tests/lazy_modules.py)
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
@@ -80,14 +82,15 @@ def cells(image, rows: int, cols: int) -> torch.Tensor:
     return (r * cols + c).to(torch.int32)
 
 
-def captums_own(folder, tokens, mask=None, mask_list=None, method=FeatureAblation, **kwargs):
+def captums_own(folder, tokens, mask=None, mask_list=None, method="FeatureAblation", **kwargs):
     model = getattr(transformers, transformers.AutoConfig.from_pretrained(folder).architectures[0]).from_pretrained(
         folder).eval()
     tokenizer = transformers.AutoProcessor.from_pretrained(folder).tokenizer
-    inp = ImageMaskInput(image=picture(), mask=mask, mask_list=mask_list,
-                         processor_fn=processor_fn(folder, len(tokens)))
+    method = getattr(captum_attr, method)
+    inp = captum_attr.ImageMaskInput(image=picture(), mask=mask, mask_list=mask_list,
+                                     processor_fn=processor_fn(folder, len(tokens)))
     with torch.no_grad():
-        return LLMAttribution(method(model), tokenizer).attribute(inp, target=torch.tensor(tokens),
+        return captum_attr.LLMAttribution(method(model), tokenizer).attribute(inp, target=torch.tensor(tokens),
                                                                  forward_in_tokens=False, **kwargs)
 
 
@@ -124,7 +127,7 @@ def test_shapley_sampling_and_a_list_of_masks_are_captums_own_call(vlms, asked):
     ours = answer.segments(masks=masks, method="shapley", samples=3)
     torch.manual_seed(5)
     theirs = captums_own(vlms["llava"], list(answer.tokens), mask_list=[torch.as_tensor(m) for m in masks],
-                         method=ShapleyValueSampling, n_samples=3)
+                         method="ShapleyValueSampling", n_samples=3)
     np.testing.assert_allclose(ours.seq, theirs.seq_attr.numpy(), rtol=0, atol=1e-5)
     assert ours.mask[0, 0] == 0 and ours.mask[-1, -1] == 1 and ours.mask[0, -1] == -1  # (none covers the corner)
 
@@ -163,9 +166,9 @@ def test_paligemmas_segments_are_captums_own_call_without_its_processors_labels(
         return inputs
 
     model = transformers.PaliGemmaForConditionalGeneration.from_pretrained(folder).eval()
-    inp = ImageMaskInput(image=picture(), mask=cells(picture(), 2, 3), processor_fn=run)
+    inp = captum_attr.ImageMaskInput(image=picture(), mask=cells(picture(), 2, 3), processor_fn=run)
     with torch.no_grad():
-        theirs = LLMAttribution(FeatureAblation(model), processor.tokenizer).attribute(
+        theirs = captum_attr.LLMAttribution(captum_attr.FeatureAblation(model), processor.tokenizer).attribute(
             inp, target=torch.tensor(answer.tokens), forward_in_tokens=False)
     ours = answer.segments(grid=(2, 3))
     np.testing.assert_allclose(ours.seq, theirs.seq_attr.numpy(), rtol=0, atol=1e-5)

@@ -13,9 +13,10 @@ vision start and end tokens; LLaVA: every image token; the question between the 
 import numpy as np
 import pytest
 import torch
+from lazy_modules import lazy
 
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("cv2")  # the authors' function converts the picture with OpenCV
+lazy("cv2")  # the authors' function converts the picture with OpenCV (imported when it does)
 
 from test_vlm_answer import (  # noqa: E402,F401
     NEW_TOKENS,

@@ -14,9 +14,11 @@ from test_vlm_answer import NEW_TOKENS, QUESTION, eager_generate, eager_image_ro
 import vit
 
 
-def saved(kind: str, folder, text: dict | None = None, images: dict | None = None) -> torch.nn.Module:
+def saved(kind: str, folder, text: dict | None = None, images: dict | None = None,
+          reshaped=None) -> torch.nn.Module:
     """``kind`` built tiny (seed 0) by the census's generic builder, its text config's ``text`` fields set (then built
-    again, seed 0, from that config) and its image processor's ``images`` fields, saved whole with its processor in
+    again, seed 0, from that config), then passed through ``reshaped`` where given (a model -> model, e.g.
+    test_vlm_sweep's ``narrowed``), and its image processor's ``images`` fields, saved whole with its processor in
     ``folder``; the model."""
     from bench.census_vlm import generic_build
 
@@ -28,6 +30,8 @@ def saved(kind: str, folder, text: dict | None = None, images: dict | None = Non
             setattr(config.get_text_config(), name, value)
         torch.manual_seed(0)
         model = type(model)(config)
+    if reshaped is not None:
+        model = reshaped(model)
     for name, value in (images or {}).items():
         setattr(processor.image_processor, name, value)
     noisy(model).save_pretrained(folder)
