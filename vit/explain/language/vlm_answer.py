@@ -166,7 +166,11 @@ class _Recorder:
             decoder = layer if self.cache_layers is None else self.cache_layers[layer]
             if self.cross:  # an encoder-decoder's cache keeps the encoder's keys apart (EncoderDecoderCache)
                 cache = getattr(cache, "cross_attention_cache", cache)
-            keys = cache.layers[decoder].keys[0]  # (Hkv, keys, d)
+            kept_layer = cache.layers[decoder]
+            keys = kept_layer.keys[0]  # (Hkv, keys, d)
+            prefill = getattr(kept_layer, "prefill_keys", None)  # a reference sliding window (R-SWA) keeps the
+            if prefill is not None and prefill.numel():  # prompt's keys apart from its window's (Unlimited-OCR)
+                keys = torch.cat([prefill[0], keys], dim=-2)
             if start or keys.shape[-2] < seen:  # a window the attention was not told of (no sliding_window)
                 raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys from a sliding window, not the "
                                  f"{seen} answer token {step} read; choose another layer")
