@@ -58,7 +58,15 @@ def build(kind: str):
     if kind in GENERIC:
         from bench.census_vlm import generic_build
 
-        return generic_build(kind)
+        model, processor = generic_build(kind)
+        if kind == "deepseek_vl_hybrid":  # its high-res SAM tower read 1,024 px (4,096 tokens, 256 channels: 3 s of
+            # CPU a question); 256 px and 16 channels here, which its model interpolates to the low-res grid as ever
+            config = model.config
+            config.high_res_vision_config.image_size, config.high_res_vision_config.output_channels = 256, 16
+            processor.image_processor.high_res_size = type(processor.image_processor.high_res_size)(height=256,
+                                                                                                    width=256)
+            model = type(model)(config)
+        return model, processor
     if kind == "vipllava":  # CLIP's 4 x 4 patches (its CLS dropped), two of its layers' states concatenated
         words = tokenizer(["<image>"])
         config = transformers.VipLlavaConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
