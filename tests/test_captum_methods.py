@@ -9,11 +9,15 @@ grid; the image is not symmetric, so a patch mask placed transposed gives other 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from lazy_modules import lazy
 from parity_helpers import HF_VISION, hf_random
+from peak_memory import can_reset_the_peak, run_measured
 from PIL import Image
 
 import vit
@@ -184,61 +188,63 @@ def test_rise_draws_its_grids_a_few_at_a_time_and_still_gives_the_authors_masks(
 
 
 RISE_PEAK = """
-import resource, sys, torch
-sys.path.insert(0, {tests!r})
+import sys
+sys.path.insert(0, sys.argv[1])
+from peak_memory import peak, start
 from vit.explain.views.method_maps import model_method_map
 from vit.model import ViT, ViTConfig
 from vit.checkpoint import Checkpoint, Preprocessing
 from PIL import Image
 model = ViT(ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32)).eval()
-checkpoint = Checkpoint(model, [str(i) for i in range(10)], Preprocessing(32, 3, (0.5,) * 3, (0.25,) * 3), {{}})
+checkpoint = Checkpoint(model, [str(i) for i in range(10)], Preprocessing(32, 3, (0.5,) * 3, (0.25,) * 3), {})
 image = Image.new("RGB", (32, 32), (90, 120, 30))
-model_method_map(checkpoint, image, "rise", 1, options={{"n_masks": 4, "s": 8}})  # everything imported and warm
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-model_method_map(checkpoint, image, "rise", 1, options={{"n_masks": 60, "s": 1024, "batch": 4}})
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+model_method_map(checkpoint, image, "rise", 1, options={"n_masks": 4, "s": 8})  # everything imported and warm
+before = start()
+model_method_map(checkpoint, image, "rise", 1, options={"n_masks": 60, "s": 1024, "batch": 4})
+print(peak() - before)
 """
 
 
+@pytest.mark.scenario  # a measured peak, in a process of its own (forked from the measuring server)
+@pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
 def test_rise_with_a_fine_grid_holds_what_is_counted_not_every_grid_at_once():
     # Issue 95: /?map=rise&attr=n_masks=300,s=1024 grew the server by 3 GB (every grid drawn in float64 at once).
     # 60 grids of 1024 x 1024 cells: ~1.3 GB that way; as bits 7.5 MB, formed 4 at a time ~37 MB more.
-    import subprocess
-    import sys
-    from pathlib import Path
-
     rise = captum_maps.rise_module
     counted = rise.held_bytes(60, 1024) + 4 * rise.batch_bytes(1024, (32, 32))
     assert counted < 100 * 2**20
-    done = subprocess.run([sys.executable, "-c", RISE_PEAK.format(tests=str(Path(__file__).parent))],
-                          capture_output=True, text=True, timeout=300)
+    done = run_measured(RISE_PEAK, [str(Path(__file__).parent)], timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     grown = int(done.stdout.split()[-1])
     assert grown < counted + 150 * 2**20, (grown, counted)  # the slack: allocator pages, the forwards, 8x below 1.3 GB
 
 
 ATTRIBUTION_PEAK = """
-import json, resource, sys
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from peak_memory import peak, start
 from PIL import Image
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.core.inference import InputSize
 from vit.costs import plan
 from vit.explain.views.method_maps import model_method_map
 from vit.model import ViT, ViTConfig
-method, size, options = {method!r}, {size!r}, {options!r}
+method, size, options = json.loads(sys.argv[2])
 model = ViT(ViTConfig(image_size=224, patch_size=16, hidden_size=32, num_layers=2, num_heads=2, mlp_size=64)).eval()
-checkpoint = Checkpoint(model, [str(i) for i in range(10)], Preprocessing(224, 3, (0.5,) * 3, (0.25,) * 3), {{}})
-warm = {{k: v for k, v in options.items() if k != "n_steps"}}
+checkpoint = Checkpoint(model, [str(i) for i in range(10)], Preprocessing(224, 3, (0.5,) * 3, (0.25,) * 3), {})
+warm = {k: v for k, v in options.items() if k != "n_steps"}
 model_method_map(checkpoint, Image.new("RGB", (64, 64)), method, 1, size=InputSize(64), options=warm)
 counted, decide = [], plan.decide
 plan.decide = lambda cost: (counted.append(cost.memory if cost.view == "attribution" else 0), decide(cost))[1]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = start()
 model_method_map(checkpoint, Image.new("RGB", (size, size), (90, 120, 30)), method, 1, size=InputSize(size),
                  options=options)
-print(json.dumps([(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024, max(counted)]))
+print(json.dumps([peak() - before, max(counted)]))
 """
 
 
+@pytest.mark.scenario  # a measured peak, in a process of its own (forked from the measuring server)
+@pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
 @pytest.mark.parametrize(("method", "size", "options"), [
     ("occlusion", 192, {"batch": 32}), ("feature_ablation", 192, {"batch": 32}),
     ("integrated_gradients", 64, {"n_steps": 2000}), ("smoothgrad", 160, {"nt_samples": 500})])
@@ -249,12 +255,8 @@ def test_an_attribution_holds_no_more_than_it_counted(method, size, options):
     # SmoothGrad draws all its noise first (issue 90): at 256 px 555 MB measured, 636 counted (260 without the
     # noise). The sizes here are the smallest where what was missed still dominates, a quarter of the pixels (an
     # occlusion's time grows with their square): 124, 74 and 196 MB measured, 139, 85 and 249 counted (idle machine).
-    import json
-    import subprocess
-    import sys
-
-    code = ATTRIBUTION_PEAK.format(method=method, size=size, options=options)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = run_measured(ATTRIBUTION_PEAK, [str(Path(__file__).parent), json.dumps([method, size, options])],
+                        timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     grown, counted = json.loads(done.stdout.split("\n")[-2])
     assert grown <= counted * 1.15 + 20 * 2**20, (grown / 2**20, counted / 2**20)

@@ -148,7 +148,8 @@ def test_the_maps_of_a_border_crop_lie_over_the_image_and_its_padding(tmp_path, 
 
     name, args = TIMM_MODELS["vit"]
     reference = timm_folder(tmp_path, name, img_size, dict(crop_mode="border", crop_pct=1.0), **args)
-    p = open_source(tmp_path).preprocessing
+    checkpoint = open_source(tmp_path)
+    p = checkpoint.preprocessing
     image = Image.new("RGB", size, (255, 255, 255))
     unnormalised = timm_transform(reference, mean=(0, 0, 0), std=(1, 1, 1))(image)[0].numpy()  # (h, w): pads 0
     rows, cols = np.nonzero(unnormalised > 0.5)[0], np.nonzero(unnormalised.T > 0.5)[0]
@@ -160,9 +161,9 @@ def test_the_maps_of_a_border_crop_lie_over_the_image_and_its_padding(tmp_path, 
     photo = noise_image(*size)
     region = np.asarray(seen_region(photo, p))
     x0, y0 = round(-expected[0]), round(-expected[1])
-    assert region[y0:y0 + size[1], x0:x0 + size[0]].tolist() == np.asarray(photo).tolist()  # the image, in place
+    np.testing.assert_array_equal(region[y0:y0 + size[1], x0:x0 + size[0]], np.asarray(photo))  # the image in place
     assert tuple(region[0, 0]) == tuple(round(255 * m) for m in p.mean)  # the padding's colour
-    shown = np.asarray(drawing.model_input_image(photo, open_source(tmp_path)))  # (h, w, 3)
+    shown = np.asarray(drawing.model_input_image(photo, checkpoint))  # (h, w, 3)
     normalised = timm_transform(reference)(photo)  # (3, h, w), padded in the mean's colour
     mean, std = torch.tensor(p.mean).view(3, 1, 1), torch.tensor(p.std).view(3, 1, 1)
     seen = ((normalised * std + mean) * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)

@@ -15,6 +15,7 @@ References, each on tiny random models built by the library itself and saved nat
   (``tests/reference/grad_eclip``).
 """
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -103,15 +104,26 @@ def test_the_imagenet_ensemble_is_open_clips_zero_shot_classifier(clip_folder):
 
 def bpe_tokenizer_files(folder):
     """open_clip's bundled BPE vocabulary written as HF CLIPTokenizer files (nothing can be downloaded)."""
+    for name, data in _bpe_tokenizer_bytes().items():
+        (folder / name).write_bytes(data)
+
+
+@functools.cache
+def _bpe_tokenizer_bytes() -> dict[str, bytes]:
+    """The files ``bpe_tokenizer_files`` writes, built once a process (~0.5 s of CPU each time: open_clip's and
+    transformers' tokenizers read the 49,408-token vocabulary), each test still given its own copy."""
     bpe = open_clip.tokenizer.SimpleTokenizer()
     renamed = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}  # HF's names of the two
-    (folder / "vocab.json").write_text(json.dumps({renamed.get(k, k): v for k, v in bpe.encoder.items()}))
-    merges = sorted(bpe.bpe_ranks, key=bpe.bpe_ranks.get)
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
-    tokenizer = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
-    (folder / "vocab.json").unlink()
-    (folder / "merges.txt").unlink()
-    tokenizer.save_pretrained(folder)
+    with tempfile.TemporaryDirectory() as built:
+        folder = Path(built)
+        (folder / "vocab.json").write_text(json.dumps({renamed.get(k, k): v for k, v in bpe.encoder.items()}))
+        merges = sorted(bpe.bpe_ranks, key=bpe.bpe_ranks.get)
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+        tokenizer = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+        (folder / "vocab.json").unlink()
+        (folder / "merges.txt").unlink()
+        tokenizer.save_pretrained(folder)
+        return {path.name: path.read_bytes() for path in folder.iterdir()}
 
 
 HF_TEXT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, vocab_size=49408,

@@ -7,6 +7,7 @@ gradient x input is autograd's, by hand, and its AttnLRP lxt's own rules patched
 test_sam_attnlrp_lxt patches them into SAM's); the exemplar box is read as (x0, y0, x1, y1): transposed, other
 answers."""
 
+import functools
 import json
 import shutil
 
@@ -70,12 +71,20 @@ def sam3(folder):
     return vit.open_sam3(folder)
 
 
+@functools.lru_cache(maxsize=2)
+def library_model(folder: str, attention: str):
+    """transformers' own Sam3Model (with ``attention``) and Sam3Processor read from ``folder``, once a module (each
+    read ~0.6 s of CPU, the tokenizer's 49,408-token vocabulary most of it; 13 asks): the module's folder is never
+    changed, and no test changes the model (hooks and lxt's patches are undone, gradients are asked of the input)."""
+    model = transformers.Sam3Model.from_pretrained(folder, attn_implementation=attention).eval()
+    return model, transformers.Sam3Processor.from_pretrained(folder)
+
+
 def by_transformers(folder, text, box, threshold=0.0, attention="sdpa"):
     """transformers alone: the model (its SDPA attention, as the library road runs it; or ``attention`` "eager",
     whose ``output_attentions`` are the probabilities) on the processor's inputs, and the processor's kept
     instances."""
-    model = transformers.Sam3Model.from_pretrained(folder, attn_implementation=attention).eval()
-    processor = transformers.Sam3Processor.from_pretrained(folder)
+    model, processor = library_model(str(folder), attention)
     boxes = {} if box is None else dict(input_boxes=[[list(box)]], input_boxes_labels=[[1]])
     inputs = processor(images=picture(), text=text, return_tensors="pt", **boxes)
     with torch.no_grad():

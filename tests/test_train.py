@@ -315,6 +315,7 @@ def status_of(run: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.scenario  # a real training process, signalled
 def test_sigterm_cancels_after_the_step_and_the_resumed_run_matches_an_uninterrupted_one(images, cache, tmp_path):
     # Warmup + cosine, TrivialAugment: the resumed run must replay the schedule and continue the
     # random stream mid-epoch to end with the same metrics as a run that was never stopped.
@@ -342,6 +343,7 @@ def test_sigterm_cancels_after_the_step_and_the_resumed_run_matches_an_uninterru
 
 
 @pytest.mark.slow
+@pytest.mark.scenario  # a real training process, signalled
 def test_sigkill_leaves_readable_files_and_a_resumable_run(images, cache, tmp_path):
     run = tmp_path / "killed"
     proc = start_cli(*cli(images, cache, run, "--epochs", "40", "--batch-size", "2", "--augment", "none"))
