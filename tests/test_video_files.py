@@ -179,8 +179,13 @@ def test_decoders_run_at_once_on_their_own_containers_and_give_a_full_decodes_fr
         opened.append(args[0])
         return real_open(*args)
 
+    # each decoder waits at the barrier until all three have started: they run at once, or the barrier times out (a
+    # pool thread that had finished its share could otherwise take the next one on a busy machine: two threads)
+    started = threading.Barrier(3, timeout=120)
+
     def noting_decode(container, stream, targets, *args):
         decoders.add((threading.get_ident(), tuple(targets)))
+        started.wait()
         return real_decode(container, stream, targets, *args)
     monkeypatch.setattr(clips, "_open_video", counting_open)
     monkeypatch.setattr(clips, "_decode_sampled", noting_decode)
