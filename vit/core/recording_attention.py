@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 import sys
 
@@ -195,15 +196,7 @@ def attention_of(layer: torch.nn.Module) -> torch.nn.Module | None:
     if attention is not None:
         return attention
     mixer = getattr(layer, "mixer", None)
-    if not isinstance(mixer, torch.nn.Module):
-        return None
-    import inspect
-
-    try:
-        code = inspect.getsource(type(mixer).forward)
-    except (OSError, TypeError):
-        return None
-    return mixer if "ALL_ATTENTION_FUNCTIONS" in code else None
+    return mixer if isinstance(mixer, torch.nn.Module) and calls_interface(mixer) else None
 
 
 # --- the decoder's layers and its cross-attention, found by what the model has (issue 113) -----------------------
@@ -222,14 +215,20 @@ CROSS = ("cross_attn", "encoder_attn", "crossattention", "encoder_decoder_attent
 LAYER_LISTS = ("layers", "layer", "block", "h")
 
 
+@functools.lru_cache(maxsize=1024)
+def _forward_source(cls: type) -> str:
+    """The source of a module class's ``forward`` ("" where it cannot be read), read once per class: the scans below
+    ask it of every module of a model, at every question."""
+    try:
+        return inspect.getsource(inspect.unwrap(cls.forward))
+    except (OSError, TypeError):
+        return ""
+
+
 def calls_interface(module: torch.nn.Module) -> bool:
     """Whether ``module``'s forward asks transformers' ``AttentionInterface`` for its attention function
     (``ALL_ATTENTION_FUNCTIONS`` in its code): the recording attention then sees its calls."""
-    try:
-        code = inspect.getsource(inspect.unwrap(type(module).forward))
-    except (OSError, TypeError):
-        return False
-    return "ALL_ATTENTION_FUNCTIONS" in code
+    return "ALL_ATTENTION_FUNCTIONS" in _forward_source(type(module))
 
 
 def _interface_module(module: torch.nn.Module) -> torch.nn.Module | None:
@@ -284,10 +283,7 @@ def computes_softmax(module: torch.nn.Module) -> bool:
     recorder at the attention function (``vit.core.attention_recorder.AttentionRecording``) sees its probabilities."""
     if "Attention" not in type(module).__name__:
         return False
-    try:
-        code = inspect.getsource(inspect.unwrap(type(module).forward))
-    except (OSError, TypeError):
-        return False
+    code = _forward_source(type(module))
     return "softmax" in code.lower() and "ALL_ATTENTION_FUNCTIONS" not in code
 
 

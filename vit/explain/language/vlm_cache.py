@@ -99,5 +99,10 @@ def text_shape(vlm):
 
 
 def _named(config, names: tuple[str, ...]) -> int:
-    """The first of ``names`` ``config`` sets (a decoder's sizes under its family's names)."""
-    return next(getattr(config, name) for name in names if getattr(config, name, None) is not None)
+    """The first of ``names`` ``config`` sets (a decoder's sizes under its family's names); a one-line ValueError
+    where it sets none."""
+    found = next((getattr(config, name) for name in names if getattr(config, name, None) is not None), None)
+    if found is None:
+        raise ValueError(f"its text config ({type(config).__name__}) sets none of {', '.join(names)}, which the "
+                         "cost of its answer is counted from; open a folder whose config.json states them")
+    return found

@@ -424,6 +424,7 @@ def _rows_then_separator(vlm, inputs, images: Sequence[Image.Image], positions: 
     local = inputs.get("pixel_values_local")
     side = (pixels.shape[-2] // stride, pixels.shape[-1] // stride)
     whole = side[0] * (side[1] + 1)  # the global view's rows, each closed by a newline
+    patch = _first_patch(vlm)  # the first tower's patch, which its attention runs over
     layouts, start, crop = [], 0, 0
     for k in range(len(images)):
         n = counts[k] if k < len(counts) else 0
@@ -445,10 +446,10 @@ def _rows_then_separator(vlm, inputs, images: Sequence[Image.Image], positions: 
             r, c = torch.arange(high)[:, None], torch.arange(wide)[None, :]
             crops = seen_pixels(vlm, local[crop:crop + n])
             layouts.append(ImageLayout(at, (high, wide), 1, 0, r * (wide + 1) + c, n + 1, tile, overview,
-                                       _canvas(crops, rows, cols), (n + 1, (tile[0] * stride // _first_patch(vlm),
-                                                                            tile[1] * stride // _first_patch(vlm)))))
+                                       _canvas(crops, rows, cols), (n + 1, (tile[0] * stride // patch,
+                                                                            tile[1] * stride // patch))))
         else:
-            tower = (side[0] * stride // _first_patch(vlm), side[1] * stride // _first_patch(vlm))
+            tower = (side[0] * stride // patch, side[1] * stride // patch)
             layouts.append(ImageLayout(at, side, 1, 0, global_index, pixels=seen, tower_passes=(1, tower)))
         start, crop = start + len(at), crop + n
     if start != len(positions):

@@ -78,7 +78,9 @@ class _FlattenedPatches(torch.nn.Module):
         gh, gw = self.grid(pixel_values.shape[-2:])
         patches, _, _ = self.patchify(pixel_values, patch_size=self.patch, merge_size=self.merge,
                                       temporal_patch_size=self.temporal)  # (B, N, C * T * p * p)
-        grid_thw = torch.tensor([[1, gh, gw]] * b)  # on the CPU, as its processor hands it
+        # on the pixels' device: transformers' vision position ids are built on grid_thw's (a CPU grid beside a GPU
+        # tower's rotary frequencies fails)
+        grid_thw = torch.tensor([[1, gh, gw]] * b, device=pixel_values.device)
         out = self.model(hidden_states=patches.reshape(b * gh * gw, -1), grid_thw=grid_thw)
         out.last_hidden_state = merge_order.to_grid(out.last_hidden_state, self.order((gh, gw)))
         out.pooler_output = out.pooler_output.reshape(b, -1, out.pooler_output.shape[-1])

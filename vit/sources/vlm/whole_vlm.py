@@ -19,7 +19,9 @@ import torch
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core import lean_tower
 from vit.core.recording_attention import (
+    TOWER_PARTS,
     attention_of,
+    computes_softmax,
     cross_layers,
     cross_module,
     cross_named,
@@ -361,8 +363,8 @@ def attention_problem(vlm: VLM) -> str | None:
             return (f"its decoder's cross-attention ({type(named[0]).__name__}) does not run through transformers' "
                     "attention interface, which the answer's rows are read from")
         return None
-    vlm.same_branch = _branches_on_the_name([attention_of(layer) for layer in layers]) is not None
     modules = [attention_of(layer) for layer in layers]
+    vlm.same_branch = _branches_on_the_name(modules) is not None
     if not getattr(stack, "_supports_attention_backend", False) and not _calls_the_interface(modules):
         if _calls_the_interface(modules, keywords=None):  # with keywords only its eager function reads (Inkling's)
             vlm.own_probabilities = hasattr(stack, "set_attn_implementation")
@@ -374,20 +376,11 @@ def attention_problem(vlm: VLM) -> str | None:
 
 
 def _inline_attention(model) -> str | None:
-    """The class of the first attention module of ``model``'s text part (outside its vision or image modules) that
-    computes its softmax in its own forward rather than asking the attention interface; None where there is none."""
-    import inspect
-
-    for name, module in model.named_modules():
-        if any(part in name for part in ("vision", "image", "visual")) or "Attention" not in type(module).__name__:
-            continue
-        try:
-            code = inspect.getsource(inspect.unwrap(type(module).forward))
-        except (OSError, TypeError):
-            continue
-        if "softmax" in code.lower() and "ALL_ATTENTION_FUNCTIONS" not in code:
-            return type(module).__name__
-    return None
+    """The class of the first attention module of ``model``'s text part (outside its tower's parts) that computes its
+    softmax in its own forward rather than asking the attention interface (``computes_softmax``); None where there is
+    none."""
+    return next((type(module).__name__ for name, module in model.named_modules()
+                 if not any(part in name for part in TOWER_PARTS) and computes_softmax(module)), None)
 
 
 def _attention_code(modules):

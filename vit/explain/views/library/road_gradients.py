@@ -113,8 +113,8 @@ def attnlrp_problem(model) -> str | None:
 
     from vit.explain.language.vlm_attnlrp import unruled_norms
 
-    if gradient_problem(model):
-        return gradient_problem(model)
+    if (unreached := gradient_problem(model)):
+        return unreached
     if not isinstance(model.model, PreTrainedModel):
         return ("AttnLRP on the library road puts lxt's rules on transformers' modules; timm's own are not ruled "
                 "yet (a timm family with a port draws it there)")

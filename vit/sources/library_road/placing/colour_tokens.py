@@ -47,7 +47,7 @@ class ColourTokens(torch.nn.Module):
 
         B, C, H, W = pixel_values.shape
         pixels = pixel_values.permute(0, 2, 3, 1).reshape(B, H * W, C)  # (B, H*W, 3) row-major, as its processor
-        ids = torch.stack([color_quantize_torch(p, self.clusters.to(p)) for p in pixels])  # (B, H*W)
+        ids = color_quantize_torch(pixels.reshape(B * H * W, C), self.clusters.to(pixels)).view(B, H * W)
         out = self.model(input_ids=ids)
         logits = getattr(out, "logits", None)
         return logits if isinstance(logits, torch.Tensor) else out
