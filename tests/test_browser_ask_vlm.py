@@ -129,8 +129,7 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         page.set_default_timeout(TIMEOUT_MS)
         main = ask_the_vlm(page, url, folder, photo, QUESTION, LENGTH)
         main.get_by_text("Answer token 1 “").wait_for()  # the first token's map, with its caption
-        answer_tokens(main)
-        tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")
+        tokens = answer_tokens(main)
         click_until(lambda ms: tokens.nth(1).click(timeout=ms), main.get_by_text("Answer token 2 “"), TIMEOUT_MS)
         main.get_by_role("combobox", name="Head").click()
         page.get_by_role("option", name="head 2", exact=True).click()

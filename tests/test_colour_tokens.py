@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from layer_reference import widened
 from PIL import Image
 
 import vit
@@ -24,12 +25,8 @@ def folder(tmp_path_factory):
     config = transformers.ImageGPTConfig(vocab_size=len(CLUSTERS) + 1, n_positions=32, n_embd=16, n_layer=2,
                                          n_head=2, num_labels=3)
     torch.manual_seed(0)
-    model = transformers.ImageGPTForImageClassification(config).eval()
-    generator = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # weights wide enough that every row of every head differs from uniform
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    # weights wide enough that every row of every head differs from uniform
+    model = widened(transformers.ImageGPTForImageClassification(config).eval(), matrices_only=True)
     model.save_pretrained(folder)
     transformers.ImageGPTImageProcessor(clusters=CLUSTERS, size={"height": 4, "width": 8}).save_pretrained(folder)
     return folder

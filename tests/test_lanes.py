@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lanes
 import pytest
+from lane_probe import HEAVY  # the marks the lane leaves out
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -97,8 +98,6 @@ def test_the_budget_fails_a_lane_that_grew_or_a_suite_whose_median_test_grew():
     assert "median test took" in lanes.median_cpu_problem(costly)
     assert lanes.median_cpu_problem(costly[:10]) is None  # a selection of tests is not the suite
 
-
-HEAVY = {"scenario", "slow"}  # the marks the lane leaves out (tests/lane_probe.py's)
 
 
 def whole_collection(config) -> list | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from test_vlm_sweep import narrowed
-from vlm_saved import asked, assert_rows_are_eager, saved
+from vlm_saved import asked, assert_answer_is_generates, assert_rows_are_eager, saved
 
 pytestmark = pytest.mark.slow
 
@@ -23,5 +23,6 @@ def test_a_prompt_shorter_than_a_reference_window_is_read_from_the_prompts_keys_
     assert "reference_sliding_attention" in text.layer_types
     vlm, answer, inputs, outputs = asked(model, tmp_path)
     assert inputs["input_ids"].shape[1] + len(answer.tokens) < text.sliding_window  # the window never slid
-    assert assert_rows_are_eager(answer, outputs["eager"]) >= 0  # every row over every key read is eager's
+    assert_answer_is_generates(answer, outputs["eager"], inputs)
+    assert_rows_are_eager(answer, outputs["eager"])  # every row over every key read is eager's
     assert answer.attention(0, 0).shape == answer.layout.grid  # a reading that was refused draws
