@@ -68,7 +68,8 @@ def plan_actors(resources: dict, device: str, workers: int | None, batches: int)
 def blocks_dataset(blocks: list):
     """A Ray Dataset of ``blocks`` (pandas DataFrames), one block each as given. ``ray.data.from_blocks`` reads each
     block's size and schema here; ``from_pandas`` runs a Ray task per block for them, which started two more worker
-    processes a job (each importing Ray and pandas: ~3 s of CPU on two shared cores) to describe a few rows.
+    processes a job (each importing Ray and pandas; part of the Ray modules' 373 -> 324 s of CPU,
+    bench/results/cpu-2026-11-29f/ray-*.txt) to describe a few rows.
     ``from_blocks`` is Ray's DeveloperAPI: a Ray that drops or changes it fails the cluster tests, which compare each
     job with its local run (test_analyze_ray, test_faithfulness_ray, test_sae_ray)."""
     import ray
