@@ -26,11 +26,11 @@ from ray.train.torch import TorchTrainer
 from vit.runs.stop_flag import StopFlag, watch
 
 # Two actors Ray Train starts for every run that a job of ours never uses, each one more process importing Ray (part of
-# the Ray modules' 373 -> 324 s of CPU, bench/results/cpu-2026-11-29f/ray-*.txt): the Ray Data DatasetManager, started whether or not the trainer was given datasets (our
-# workers read their data themselves; vit.sae's harvest runs its own Ray Data pipeline), and the detached
-# PlacementGroupCleaner, which removes the workers' placement group should the controller die while its driver lives
-# on. Our driver lives only as long as ``fit``: a dead controller ends ``fit``, the driver exits with the job, and Ray
-# removes the placement groups of a job that has ended.
+# the Ray modules' 373 -> 324 s of CPU, bench/results/cpu-2026-11-29f/ray-*.txt): the Ray Data DatasetManager, started
+# whether or not the trainer was given datasets (our workers read their data themselves; vit.sae's harvest runs its own
+# Ray Data pipeline), and the detached PlacementGroupCleaner, which removes the workers' placement group should the
+# controller die while its driver lives on. Our driver lives only as long as ``fit``: a dead controller ends ``fit``,
+# the driver exits with the job, and Ray removes the placement groups of a job that has ended.
 UNUSED_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
 
 
