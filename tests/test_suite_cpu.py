@@ -80,7 +80,7 @@ def test_a_run_reports_the_cpu_of_a_test_that_starts_a_busy_process(tmp_path):
             for line in out.read_text().splitlines() if line.startswith("| tests/test_suite_cpu.py::")}
     assert rows["tests/test_suite_cpu.py::test_busy_child"] >= 1.0, out.read_text()
     # the run's own tests' lane, collected from its selection (not the whole suite: ~14 s of CPU more)
-    assert "| everyday (`pytest --quick`) | 1 |" in out.read_text(), out.read_text()
+    assert "| everyday (`pytest --quick`: 1 collected) | 1 |" in out.read_text(), out.read_text()
 
 
 def test_busy_child():
@@ -98,7 +98,7 @@ def test_the_profile_gives_the_lanes_totals_and_names_each_long_test_with_its_ow
                  "test_the_profile_gives_the_lanes_totals_and_names_each_long_test_with_its_own_why")
     by_test = {lane_test: 1.5, f"{long_test}@some-group": 12.0, "(no worker)": 99.0}
     lines = suite_cpu.lanes_report(by_test, lane={lane_test})
-    assert "| everyday (`pytest --quick`) | 1 | 2 |" in lines and "| this run | 2 | 14 |" in lines
+    assert "| everyday (`pytest --quick`: 1 collected) | 1 | 2 |" in lines and "| this run | 2 | 14 |" in lines
     named = [line for line in lines if line.startswith(f"| {long_test} |")]
     assert named == [f"| {long_test} | 12.0 | whole | Issue 112: the everyday lane's and the whole run's CPU, and "
                      "every test past 10 s with its docstring's why |"]
