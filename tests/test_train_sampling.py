@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_TRAIN
 from reference.deit.samplers import RASampler as DeitRASampler
 from reference.spt_lsa_vit.sampler import RASampler as LeeRASampler
 
@@ -20,8 +21,7 @@ from vit.training.data import Dataset, Split
 from vit.training.sampling import epoch_order, steps_per_epoch
 from vit.training.trainer import Trainer
 
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--threads", "1"]
+TINY = TINY_TRAIN
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -113,7 +113,7 @@ def test_repeat_aug_options_are_checked():
 
 @pytest.mark.slow
 def test_a_resumed_repeat_aug_run_matches_an_uninterrupted_one(tmp_path):
-    from helpers import make_image_folder
+    from helpers import TINY_TRAIN, make_image_folder
 
     images = make_image_folder(tmp_path / "data", per_class=12)
     common = ["--dataset", f"folder:{images}", "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4", *TINY,
