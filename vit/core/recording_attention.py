@@ -262,6 +262,11 @@ def decoder_layers(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
         found = getattr(stack, name, None)
         if isinstance(found, torch.nn.ModuleList) and len(found):
             return found
+    return _cross_list(stack)
+
+
+def _cross_list(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The first ``ModuleList`` inside ``stack`` whose every entry has a cross-attention (``cross_named``), or None."""
     return next((m for m in stack.modules() if isinstance(m, torch.nn.ModuleList) and len(m)
                  and all(cross_named(layer) is not None for layer in m)), None)
 
@@ -273,8 +278,7 @@ def cross_layers(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
     layers = decoder_layers(stack)
     if layers is not None and any(cross_named(layer) is not None for layer in layers):
         return layers
-    return next((m for m in stack.modules() if isinstance(m, torch.nn.ModuleList) and len(m)
-                 and all(cross_named(layer) is not None for layer in m)), None)
+    return _cross_list(stack)
 
 
 def computes_softmax(module: torch.nn.Module) -> bool:
