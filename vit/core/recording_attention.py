@@ -78,18 +78,14 @@ class _OneSDPA(TorchFunctionMode):
 
 def _once(recorder, layer: int, delegate, module, query, key, value, attention_mask, kwargs):
     """An asked layer's call computed once: over sdpa, its SDPA call with the probabilities formed beside it (the asked
-    query rows alone where the recorder asks some, ``rows x keys`` a head; every row, and the output from them,
-    where it asks all or a gradient; a recorder with ``rows_for(layer, queries)`` names each call's own rows, an empty
-    list none); over the eager function, that function once, its own probabilities kept. Each handed to
+    query rows alone where the recorder asks some, ``rows x keys`` a head: ``attention_recorder.formed_rows``; every
+    row, and the output from them, where it asks all or a gradient); over the eager function, that function once, its own probabilities kept. Each handed to
     ``recorder.keep_probabilities``; the call's own ``(output, weights)`` returned."""
     if delegate is _delegated_eager:
         out = delegate(module, query, key, value, attention_mask, **kwargs)
         recorder.keep_probabilities(layer, out[1])
         return out
-    windowed = layer in getattr(recorder, "windows", {})  # a window's rows are not the grid's: every row formed
-    rows_for = getattr(recorder, "rows_for", None)  # a recorder that places each call's own rows (Qwen's pieces)
-    rows = None if recorder.gradient else rows_for(layer, query.shape[-2]) if rows_for is not None else None if (
-        windowed) else recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
+    rows = attention_recorder.formed_rows(recorder, layer, query.shape[-2])
     with _OneSDPA(rows, type(module).__name__) as once:
         out = delegate(module, query, key, value, attention_mask, **kwargs)
     if once.probabilities is None:
