@@ -113,7 +113,7 @@ def test_repeat_aug_options_are_checked():
 
 @pytest.mark.slow
 def test_a_resumed_repeat_aug_run_matches_an_uninterrupted_one(tmp_path):
-    from helpers import TINY_TRAIN, make_image_folder
+    from helpers import make_image_folder
 
     images = make_image_folder(tmp_path / "data", per_class=12)
     common = ["--dataset", f"folder:{images}", "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4", *TINY,
