@@ -79,8 +79,9 @@ class _OneSDPA(TorchFunctionMode):
 def _once(recorder, layer: int, delegate, module, query, key, value, attention_mask, kwargs):
     """An asked layer's call computed once: over sdpa, its SDPA call with the probabilities formed beside it (the asked
     query rows alone where the recorder asks some, ``rows x keys`` a head: ``attention_recorder.formed_rows``; every
-    row, and the output from them, where it asks all or a gradient); over the eager function, that function once, its own probabilities kept. Each handed to
-    ``recorder.keep_probabilities``; the call's own ``(output, weights)`` returned."""
+    row, and the output from them, where it asks all or a gradient); over the eager function, that function once,
+    its own probabilities kept. Each handed to ``recorder.keep_probabilities``; the call's own ``(output, weights)``
+    returned."""
     if delegate is _delegated_eager:
         out = delegate(module, query, key, value, attention_mask, **kwargs)
         recorder.keep_probabilities(layer, out[1])
