@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
     from vit.model import ViTConfig
 
+# The smallest model vit.train builds, and one thread: what a test of the trainer's machinery trains
+TINY_TRAIN = ("--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
+              "--mlp-size", "16", "--threads", "1")
+
 # A colour per class, far apart so that even a tiny model separates them in a few steps.
 CLASS_COLOURS = [(220, 40, 40), (40, 200, 60), (50, 60, 230), (230, 210, 40), (200, 50, 210), (40, 210, 210)]
 

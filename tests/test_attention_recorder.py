@@ -110,6 +110,24 @@ def test_only_the_asked_layers_are_kept_and_only_the_asked_rows_formed():
         assert torch.equal(out, model(pixels))  # SDPA's own output where only rows were formed
 
 
+
+def test_each_call_forms_the_asked_rows_its_recorder_names_for_it():
+    """Fast: one rule for both roads (``formed_rows``): every row under a gradient or in a window; a layer's own rows
+    over the asked ones; a recorder naming each call's rows (Qwen's pieces) is asked with the call's query count."""
+    from types import SimpleNamespace
+
+    from vit.core.attention_recorder import formed_rows
+
+    plain = SimpleNamespace(gradient=False, rows=[0, 5], rows_of={2: [1]}, windows={3: object()})
+    assert formed_rows(plain, 1, 18) == [0, 5] and formed_rows(plain, 2, 18) == [1]
+    assert formed_rows(plain, 3, 18) is None
+    assert formed_rows(SimpleNamespace(gradient=True, rows=[0], rows_of=None), 1, 18) is None
+    asked = []
+    pieces = SimpleNamespace(gradient=False, rows=None, rows_of=None, rows_for=lambda layer, n: asked.append(n) or [])
+    assert formed_rows(pieces, 1, 7) == [] and asked == [7]
+    recorder = _AttentionRecorder({}, None, [4])
+    assert recorder.rows_for(0, 18) == [4] and formed_rows(recorder, 0, 18) == [4]
+
 def test_layers_are_the_calls_in_order_named_by_the_module_that_made_them():
     model = authors_dinov2()
     trace = []

@@ -33,6 +33,25 @@ def test_only_a_layout_refusal_is_answered_by_the_backbone_alone():
     assert backbone_parts.backbone_of(torch.nn.Linear(1, 1)) is None
 
 
+
+def test_the_backbone_answering_a_layout_refusal_is_the_one_inside_else_the_model_itself():
+    """Fast: the one backbone both roads fall back to (a folder's, ``backbone_parts``; a model in hand's,
+    ``module_road``): a head's one ``BackboneMixin`` module, else the model where it is one (LW-DETR's ViT), for a
+    layout refusal only; a module that is none, or two backbones side by side, have none."""
+    from vit.sources.files import SourceError
+    from vit.sources.library_road.placing.backbone_alone import answering
+
+    layout = ValueError("4 attention modules for 2 layers; the library road reads one")
+    backbone = transformers.SwinBackbone(transformers.SwinConfig(**SWIN)).eval()
+    head = torch.nn.Sequential(backbone, torch.nn.Linear(1, 1))
+    assert answering(head, layout) is backbone
+    assert answering(head, SourceError(f"x: {layout}")) is backbone
+    assert answering(backbone, layout) is backbone
+    assert answering(head, ValueError("preprocessor_config.json cannot be used (ensure_multiple_of")) is None
+    assert answering(torch.nn.Linear(1, 1), layout) is None
+    assert answering(torch.nn.Sequential(backbone, transformers.SwinBackbone(transformers.SwinConfig(**SWIN))),
+                     layout) is None
+
 @pytest.fixture(scope="module")
 def mask2former(tmp_path_factory):
     torch.manual_seed(0)

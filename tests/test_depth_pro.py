@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layer_reference import widened
+from layer_reference import caught_eager, widened
 from PIL import Image
 
 import vit
@@ -50,25 +50,18 @@ def eager(model: torch.nn.Module, pixels: torch.Tensor) -> dict[str, list[torch.
     from transformers.models.dinov2 import modeling_dinov2
 
     names = {m: n for n, m in model.named_modules()}
-    original, seen = modeling_dinov2.eager_attention_forward, {}
-
-    def caught(module, *args, **kwargs):
-        out = original(module, *args, **kwargs)
-        seen.setdefault(names[module], []).append(out[1].detach())
-        return out
-
     configs = [m.config for m in model.modules() if isinstance(m, modeling_dinov2.Dinov2Model)]
     implementations = [c._attn_implementation for c in configs]
-    modeling_dinov2.eager_attention_forward = caught
     try:
         for config in configs:
             config._attn_implementation = "eager"
-        with torch.no_grad():
-            model(pixel_values=pixels)
+        caught = caught_eager(modeling_dinov2, lambda: model(pixel_values=pixels), modules=True)
     finally:
-        modeling_dinov2.eager_attention_forward = original
         for config, implementation in zip(configs, implementations, strict=True):
             config._attn_implementation = implementation
+    seen = {}
+    for module, probabilities in caught:
+        seen.setdefault(names[module], []).append(probabilities)
     return seen
 
 

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_image_folder
+from helpers import TINY_TRAIN, make_image_folder
 
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
 from vit.train import main
 from vit.training.snapshots import load_snapshot, snapshot_epochs
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--threads", "1", "--device", "cpu"]
+TINY = [*TINY_TRAIN, "--device", "cpu"]
 # No augmentation, dropout or mixup: two processes with half a batch each must then train
 # exactly like one process with the whole batch (DDP averages the gradients).
 DETERMINISTIC = ["--augment", "none", "--epochs", "2", "--batch-size", "4"]

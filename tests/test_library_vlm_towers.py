@@ -37,7 +37,7 @@ def test_only_a_vlm_class_a_vision_auto_mapping_lists_is_taken():
 
 def test_the_towers_prefix_is_the_one_holding_all_its_tensors_at_their_shapes():
     """Fast: the prefix under which every tower tensor sits at its shape; none, or two, refused in one line."""
-    from vit.sources.library_road.vlm_towers import tower_prefix
+    from vit.sources.library_road.class_reading import tower_prefix
 
     shapes = {"a.weight": torch.Size([2]), "b.weight": torch.Size([3])}
     meta = {f"model.tower.{k}": torch.empty(v, device="meta") for k, v in shapes.items()}

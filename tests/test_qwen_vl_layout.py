@@ -103,3 +103,19 @@ def test_merger_is_qwens_patch_merger_on_the_row_major_grid(grid):
     assert torch.allclose(ours, reference, atol=ATOL)
     with pytest.raises(ValueError, match="whole 2x2 merge units"):
         model.project(torch.randn(1, 15, 16), (5, 3))
+
+
+def test_the_nominal_size_both_roads_name_is_what_transformers_processor_makes_of_the_square():
+    """Fast: ``qwen_nominal_size`` is transformers' own ``smart_resize`` of a 1,024 px square at the processor's
+    bounds (its defaults, which bind; Qwen2.5-VL's and Qwen3-VL's shipped ones, which do not), and the port's and the
+    library road's preprocessing both name it (``_qwen_preprocessing``)."""
+    qwen2_vl = pytest.importorskip("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+    from vit.sources.hf_preprocessing import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, _qwen_preprocessing, qwen_nominal_size
+
+    for unit, low, high in ((28, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS), (28, 3136, 12845056), (32, 65536, 16777216)):
+        assert qwen_nominal_size(unit, low, high) == qwen2_vl.smart_resize(1024, 1024, unit, low, high)
+    assert qwen_nominal_size(28, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS) == (980, 980)  # the defaults bind
+    assert qwen_nominal_size(28) == qwen2_vl.smart_resize(1024, 1024, 28, 3136, 12845056) == (1036, 1036)
+    config = ViTConfig(image_size=28, patch_size=14, class_token=False, pooling="avg", spatial_merge=2)
+    assert _qwen_preprocessing(None, config).image_size == 980
+    assert _qwen_preprocessing({"max_pixels": 12845056}, config).image_size == 1036

@@ -6,7 +6,7 @@ the cluster tests' (test_ray_train.py, test_sae_ray.py)."""
 from __future__ import annotations
 
 import pytest
-from helpers import make_image_folder
+from helpers import TINY_TRAIN, make_image_folder
 
 # vit.runs.ray_train imports Ray Train (and torch): in the tests, not at collection, which every lane pays for.
 
@@ -35,8 +35,7 @@ def test_the_jobs_trainer_leaves_out_the_actors_a_run_of_ours_never_uses_and_not
         name for name in ray_s if name != "PlacementGroupCleanerCallback"]
 
 
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--device", "cpu"]
+TINY = [*TINY_TRAIN, "--device", "cpu"]  # the tiny model test_distributed trains
 
 
 def test_a_dataset_the_workers_would_refuse_is_refused_in_the_driver_in_one_line(tmp_path, capsys):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_image_folder
+from helpers import TINY_TRAIN, make_image_folder
 
 import vit.core.runfiles as runfiles
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
@@ -28,8 +28,7 @@ from vit.training.session import EtaClock
 from vit.training.trainer import FAULT_ENV, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--threads", "1"]
+TINY = TINY_TRAIN
 METRIC_KEYS = {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "epoch_seconds", "images_per_second"}
 TIMING_KEYS = {"epoch_seconds", "images_per_second", "elapsed_seconds"}
 STATUS_KEYS = {"state", "epoch", "step", "total_epochs", "total_steps", "progress", "pid", "host", "start_time",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_image_folder
+from helpers import TINY_TRAIN, make_image_folder
 
 import vit.training.trainer as trainer_module
 from vit.checkpoint import read_checkpoint_payload
@@ -17,8 +17,7 @@ from vit.training.optimization import schedule_factor
 from vit.training.options import parse_args
 from vit.training.trainer import FAULT_ENV
 
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--threads", "1", "--batch-size", "4"]
+TINY = [*TINY_TRAIN, "--batch-size", "4"]
 TIMING_KEYS = {"epoch_seconds", "images_per_second"}
 # The cosine, a warmup of the two planning epochs and EMA: the rates before and after the plan both matter.
 RECIPE = ["--warmup-epochs", "2", "--ema", "0.9"]

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_TRAIN
 from reference.deit.samplers import RASampler as DeitRASampler
 from reference.spt_lsa_vit.sampler import RASampler as LeeRASampler
 
@@ -20,8 +21,7 @@ from vit.training.data import Dataset, Split
 from vit.training.sampling import epoch_order, steps_per_epoch
 from vit.training.trainer import Trainer
 
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--threads", "1"]
+TINY = TINY_TRAIN
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

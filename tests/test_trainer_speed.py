@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_image_folder
+from helpers import TINY_TRAIN, make_image_folder
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from vit.checkpoint import read_checkpoint_payload
@@ -19,8 +19,7 @@ from vit.training.data import Dataset, Split
 from vit.training.session import global_batch
 from vit.training.trainer import Trainer, resolve_compile_mode
 
-TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
-        "--mlp-size", "16", "--threads", "1"]
+TINY = TINY_TRAIN
 TIMING_KEYS = {"epoch_seconds", "images_per_second"}
 
 

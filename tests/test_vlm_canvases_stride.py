@@ -57,3 +57,16 @@ def test_a_towers_learned_queries_are_named_with_their_counts():
 
 def test_the_canvases_are_keyed_by_what_each_layout_reads():
     assert list(CANVASES) == ["vision_input_type", "image_grid_pinpoints", "view_separator"]
+
+
+def test_the_merge_unit_and_leading_tokens_are_the_first_whole_ones_that_give_the_count():
+    """Fast: the one search every reading of the counts shares (``_unit_and_lead``): the declared unit alone, else
+    1, 2, ... to 16, each dividing every grid; a leading token per image only where ``leads`` allows it."""
+    from vit.explain.language.vlm_read_layout import _unit_and_lead
+
+    assert _unit_and_lead(0, [(4, 6)], 6) == (2, 0)  # 2x3 units of 2x2 patches
+    assert _unit_and_lead(0, [(4, 6), (4, 6)], 14) == (2, 1)  # a leading token before each image's 6
+    assert _unit_and_lead(0, [(4, 6)] * 2, 14, leads=(0,)) is None
+    assert _unit_and_lead(2, [(4, 6)], 24) is None  # the declared unit alone: 24 tokens are units of 1
+    assert _unit_and_lead(0, [(4, 6)], 24) == (1, 0)
+    assert _unit_and_lead(0, [(4, 6), (3, 3)], 8) is None  # no unit but 1 divides both: 24 + 9 tokens

@@ -84,6 +84,8 @@ def test_a_decoders_cross_attention_is_found_under_each_familys_name(name):
     plain = torch.nn.Module()
     plain.layers = torch.nn.ModuleList([_Layer(None)])
     assert decoder_layers(plain) is plain.layers and cross_layers(plain) is None
+    plain.gated_cross_attn_layers = torch.nn.ModuleList([_Layer(name)])  # Idefics': beside its self-attention's
+    assert decoder_layers(plain) is plain.layers and cross_layers(plain) is plain.gated_cross_attn_layers
 
 
 # --- slow: tiny models built by transformers, saved whole ---------------------------------------------------------

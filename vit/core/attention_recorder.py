@@ -140,6 +140,23 @@ def sdpa_once(a: dict, rows: list[int] | None, name: str) -> tuple[torch.Tensor,
     return (probabilities @ value.to(probabilities.dtype)).to(query.dtype), probabilities
 
 
+def formed_rows(recorder, layer: int, queries: int) -> list[int] | None:
+    """The query rows an asked layer's call (of ``queries`` queries) forms or keeps alone, in the call's own order, on
+    both roads (this module's ``AttentionRecording``, transformers' interface in ``recording_attention``); None: every
+    row (a forward with a gradient; a windowed layer, whose rows are not the grid's: its windows formed whole, the
+    asked rows read from each query's own, ``layer_rows``). A recorder with ``rows_for(layer, queries)`` names each
+    call's own (an empty list: none): the library road's (a windowed layer that is one piece holding every token:
+    the asked rows' slots), Qwen's pieces' (the asked rows its next piece holds)."""
+    if recorder.gradient:
+        return None
+    rows_for = getattr(recorder, "rows_for", None)
+    if rows_for is not None:
+        return rows_for(layer, queries)
+    if layer in getattr(recorder, "windows", {}):
+        return None
+    return recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
+
+
 def _heads_first(tensor: torch.Tensor, module: torch.nn.Module | None) -> bool:
     """Whether a 5-D SDPA call is ``(B, H, pieces, T, D)`` (NesT's blocks, after its heads) rather than ``(B, pieces,
     H, T, D)`` (Twins' windows): its module declares ``num_heads`` at dim 1, and not at dim 2. (A 5-D softmax of that
@@ -210,12 +227,6 @@ class AttentionRecording(TorchFunctionMode):
                              "the input, which this road cannot place")
         return layer
 
-    def _rows(self, layer: int) -> list[int] | None:
-        recorder = self.recorder
-        if recorder.gradient or layer in getattr(recorder, "windows", {}):  # a window's rows are not the grid's:
-            return None  # its windows formed whole, the asked rows read from each query's own (``layer_rows``)
-        return recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
-
     def _sdpa(self, a: dict):
         query, key = a["query"], a["key"]
         heads_first = _heads_first(query, _caller(self.names))
@@ -223,9 +234,7 @@ class AttentionRecording(TorchFunctionMode):
         layer = self._layer("sdpa", heads, query.shape[-2], key.shape[-2], math.prod(query.shape[:-2]) // heads)
         if layer is None:
             return SDPA(**a)
-        rows = self._rows(layer)
-        if rows is None and not self.recorder.gradient and hasattr(self.recorder, "piece_rows"):
-            rows = self.recorder.piece_rows(layer)  # a windowed layer of one piece: the asked rows' slots alone
+        rows = formed_rows(self.recorder, layer, query.shape[-2])
         out, probabilities = sdpa_once(a, rows, self.names.get(self.recorder.modules[layer], "?"))
         if heads_first:  # (B, H, pieces, ...): its pieces before its heads, as a windowed call's
             probabilities = probabilities.transpose(1, 2)
@@ -249,7 +258,7 @@ class AttentionRecording(TorchFunctionMode):
         a["need_weights"], a["average_attn_weights"] = True, False
         out, weights = MHA(*bound.args, **bound.kwargs)  # its explicit path: (B, H, L, S) weights, formed once
         weights = weights if weights.dim() == 4 else weights[None]
-        rows = self._rows(layer)
+        rows = formed_rows(self.recorder, layer, queries)
         self.recorder.keep_probabilities(layer, weights if rows is None else weights[:, :, rows], rows is not None)
         return out, (weights.mean(1) if averaged else weights) if asked else None
 
@@ -277,7 +286,7 @@ class AttentionRecording(TorchFunctionMode):
             out = out.view(-1, heads, *out.shape[-2:])
         layer = self._layer("softmax", out.shape[1], out.shape[2], out.shape[3], out.shape[0])
         if layer is not None:
-            rows = self._rows(layer)
+            rows = formed_rows(self.recorder, layer, out.shape[2])
             self.recorder.keep_probabilities(layer, out if rows is None else out[:, :, rows], rows is not None)
 
     def _note(self, func, args, kwargs, out) -> None:

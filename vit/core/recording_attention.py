@@ -78,18 +78,15 @@ class _OneSDPA(TorchFunctionMode):
 
 def _once(recorder, layer: int, delegate, module, query, key, value, attention_mask, kwargs):
     """An asked layer's call computed once: over sdpa, its SDPA call with the probabilities formed beside it (the asked
-    query rows alone where the recorder asks some, ``rows x keys`` a head; every row, and the output from them,
-    where it asks all or a gradient; a recorder with ``rows_for(layer, queries)`` names each call's own rows, an empty
-    list none); over the eager function, that function once, its own probabilities kept. Each handed to
-    ``recorder.keep_probabilities``; the call's own ``(output, weights)`` returned."""
+    query rows alone where the recorder asks some, ``rows x keys`` a head: ``attention_recorder.formed_rows``; every
+    row, and the output from them, where it asks all or a gradient); over the eager function, that function once,
+    its own probabilities kept. Each handed to ``recorder.keep_probabilities``; the call's own ``(output, weights)``
+    returned."""
     if delegate is _delegated_eager:
         out = delegate(module, query, key, value, attention_mask, **kwargs)
         recorder.keep_probabilities(layer, out[1])
         return out
-    windowed = layer in getattr(recorder, "windows", {})  # a window's rows are not the grid's: every row formed
-    rows_for = getattr(recorder, "rows_for", None)  # a recorder that places each call's own rows (Qwen's pieces)
-    rows = None if recorder.gradient else rows_for(layer, query.shape[-2]) if rows_for is not None else None if (
-        windowed) else recorder.rows_of.get(layer, recorder.rows) if recorder.rows_of else recorder.rows
+    rows = attention_recorder.formed_rows(recorder, layer, query.shape[-2])
     with _OneSDPA(rows, type(module).__name__) as once:
         out = delegate(module, query, key, value, attention_mask, **kwargs)
     if once.probabilities is None:
@@ -262,6 +259,11 @@ def decoder_layers(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
         found = getattr(stack, name, None)
         if isinstance(found, torch.nn.ModuleList) and len(found):
             return found
+    return _cross_list(stack)
+
+
+def _cross_list(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The first ``ModuleList`` inside ``stack`` whose every entry has a cross-attention (``cross_named``), or None."""
     return next((m for m in stack.modules() if isinstance(m, torch.nn.ModuleList) and len(m)
                  and all(cross_named(layer) is not None for layer in m)), None)
 
@@ -273,8 +275,7 @@ def cross_layers(stack: torch.nn.Module) -> torch.nn.ModuleList | None:
     layers = decoder_layers(stack)
     if layers is not None and any(cross_named(layer) is not None for layer in layers):
         return layers
-    return next((m for m in stack.modules() if isinstance(m, torch.nn.ModuleList) and len(m)
-                 and all(cross_named(layer) is not None for layer in m)), None)
+    return _cross_list(stack)
 
 
 def computes_softmax(module: torch.nn.Module) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vit.checkpoint import BACKENDS, IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from vit.core.images import smart_resize
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line
 from vit.sources.ports.families import import_clip
@@ -21,6 +22,9 @@ MAX_MULTIPLE = 2048  # px: DPT's ensure_multiple_of, at most a side
 HF_BACKEND_ENV = "VIT_HF_IMAGE_BACKEND"
 # The processor's defaults (Qwen2VLImageProcessor): 56 x 56 to 28 x 28 x 1280 pixels
 QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 56 * 56, 28 * 28 * 1280
+# px: a Qwen-VL tower sizes each image by itself; the size its checkpoint names is what its processor makes of a
+# square of this side (``qwen_nominal_size``), on both roads (the port, ``import_qwen``; ``merged_towers``)
+QWEN_NOMINAL_SIDE = 1024
 
 
 def _side(value) -> int | None:
@@ -235,10 +239,19 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
 
 
+def qwen_nominal_size(unit: int, min_pixels: int = 0, max_pixels: float = math.inf) -> tuple[int, int]:
+    """What Qwen-VL's image processor makes of a ``QWEN_NOMINAL_SIDE`` px square, as transformers'
+    ``Qwen2VLImageProcessor`` sizes every image (``smart_resize`` with ``factor`` its merge unit, ``unit`` px, and its
+    ``min_pixels`` / ``max_pixels``): the size a Qwen tower's checkpoint names. Without bounds (a config read from
+    config.json alone, before any processor): the square's sides rounded to whole units."""
+    return smart_resize(QWEN_NOMINAL_SIDE, QWEN_NOMINAL_SIDE, unit, min_pixels, max_pixels)
+
+
 def _qwen_preprocessing(processor: Mapping | None, config: ViTConfig) -> Preprocessing:
     """``Qwen2VLImageProcessor``'s settings (its defaults where the file has none): bicubic, OpenAI's statistics, each
     image ``smart_resize``d to sides of whole merge units between ``min_pixels`` and ``max_pixels`` pixels (read from
-    ``size``'s ``shortest_edge`` / ``longest_edge``, or the older top-level ``min_pixels`` / ``max_pixels``)."""
+    ``size``'s ``shortest_edge`` / ``longest_edge``, or the older top-level ``min_pixels`` / ``max_pixels``); its
+    ``image_size`` the nominal one (``qwen_nominal_size``)."""
     processor = dict(processor or {})
     size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
     low = processor.get("min_pixels", size.get("shortest_edge", QWEN_MIN_PIXELS))
@@ -254,5 +267,6 @@ def _qwen_preprocessing(processor: Mapping | None, config: ViTConfig) -> Preproc
     mean = channel_numbers(processor.get("image_mean", import_clip.OPENAI_MEAN), "image_mean", channels)
     std = channel_numbers(processor.get("image_std", import_clip.OPENAI_STD), "image_std", channels)
     resample = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(processor.get("resample", 3), "bicubic")
-    return Preprocessing(config.image_size, channels, mean, std, resample=resample, patch_size=patch * merge,
-                         min_pixels=low, max_pixels=high)
+    side = qwen_nominal_size(patch * merge, low, high)  # named only: each image is sized by itself
+    return Preprocessing(side[0] if side[0] == side[1] else side, channels, mean, std, resample=resample,
+                         patch_size=patch * merge, min_pixels=low, max_pixels=high)

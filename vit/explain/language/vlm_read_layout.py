@@ -126,13 +126,19 @@ def _named_grids(inputs, n: int) -> tuple[list[tuple[int, int]] | None, str] | N
     return None
 
 
-def _unit_and_lead(declared: int, grids: list[tuple[int, int]], count: int) -> tuple[int, int] | None:
-    """The merge unit (the ``declared`` one, else each whole number tried) and leading tokens per image (0, then 1)
-    whose units over ``grids`` give ``count`` image tokens; None when none does."""
-    for unit in ([declared] if declared else range(1, MAX_UNIT + 1)):
-        if any(gh % unit or gw % unit for gh, gw in grids):
-            continue
-        for lead in (0, 1):
+def _units(declared: int, grids: list[tuple[int, int]]) -> list[int]:
+    """The merge units tried over ``grids``: the ``declared`` one, else each whole number to ``MAX_UNIT``; those that
+    divide every grid."""
+    return [unit for unit in ([declared] if declared else range(1, MAX_UNIT + 1))
+            if all(gh % unit == 0 and gw % unit == 0 for gh, gw in grids)]
+
+
+def _unit_and_lead(declared: int, grids: list[tuple[int, int]], count: int,
+                   leads: tuple[int, ...] = (0, 1)) -> tuple[int, int] | None:
+    """The merge unit (``_units``) and leading tokens per image (each of ``leads`` in turn) whose units over ``grids``
+    give ``count`` image tokens; None when none does."""
+    for unit in _units(declared, grids):
+        for lead in leads:
             if sum(lead + (gh // unit) * (gw // unit) for gh, gw in grids) == count:
                 return unit, lead
     return None
@@ -223,9 +229,7 @@ def _rows_closed(declared: int, grids: list[tuple[int, int]], count: int) -> tup
     newline token, then an end token or none (HunYuan-VL's merger: ``image_begin``, a row of units and
     ``image_newline`` for each row, ``image_end``, all written with its image token), with the ``declared`` merge unit
     (else each whole number tried), giving ``count``; None when none does."""
-    for unit in ([declared] if declared else range(1, MAX_UNIT + 1)):
-        if any(gh % unit or gw % unit for gh, gw in grids):
-            continue
+    for unit in _units(declared, grids):
         for lead, trail in ((1, 1), (0, 0), (1, 0), (0, 1)):
             if sum(lead + (gh // unit) * (gw // unit + 1) + trail for gh, gw in grids) == count:
                 return unit, lead, trail
@@ -245,15 +249,6 @@ def _closed_layouts(positions: torch.Tensor, grids: list[tuple[int, int]], unit:
         layouts.append(ImageLayout(positions[start:start + count], (gh, gw), unit, lead, index))
         start += count
     return tuple(layouts)
-
-
-def _whole_unit(declared: int, grid: tuple[int, int], views: int, count: int) -> int | None:
-    """The patches per token along a side (``declared``, else each whole number to 16) whose units over ``views``
-    views of ``grid`` give ``count`` tokens; None when none does."""
-    for unit in ([declared] if declared else range(1, 17)):
-        if grid[0] % unit == 0 and grid[1] % unit == 0 and views * (grid[0] // unit) * (grid[1] // unit) == count:
-            return unit
-    return None
 
 
 def _perception_canvas(images, image: Image.Image) -> tuple[int, int] | None:
@@ -290,11 +285,12 @@ def _thumbnail_then_tiles(vlm, inputs, images: Sequence[Image.Image], positions:
     grid = (pixels.shape[-2] // ph, pixels.shape[-1] // pw)
     views = pixels.shape[1]
     pooling = getattr(vlm.model.config, "projector_pooling_ratio", None)
-    unit = _whole_unit(vlm.unit or (pooling if isinstance(pooling, int) else 0), grid, views * len(images),
-                       len(positions))
-    if unit is None:
+    found = _unit_and_lead(vlm.unit or (pooling if isinstance(pooling, int) else 0), [grid] * (views * len(images)),
+                           len(positions), leads=(0,))
+    if found is None:
         return None, (f"{len(positions)} image tokens are not whole pooled units over {len(images)} x {views} views "
                       f"of {grid[0]}x{grid[1]} patches")
+    unit = found[0]
     per_view = (grid[0] // unit) * (grid[1] // unit)
     layouts = []
     for k, (rows, cols) in enumerate(canvases):

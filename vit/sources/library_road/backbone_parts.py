@@ -21,6 +21,7 @@ from vit.sources.library_road.placing.backbone_alone import (  # noqa: F401 - it
     LAYOUT_REFUSALS,
     _Backbone,
     _is_backbone,
+    answering,
     answers,
     backbone_of,
     own_backbone,
@@ -45,7 +46,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         if not isinstance(config_json.get("backbone_config"), Mapping) and not _is_backbone(cls):
             raise
         model = tm.read_class(cls, config, folder, origin, map_location).eval()
-        backbone = backbone_of(model) or own_backbone(model)
+        backbone = answering(model, refused)
         if backbone is None:
             raise
         return open_backbone(model, backbone, image_processor, folder, refused)

@@ -87,7 +87,7 @@ class _AttentionRecorder:
         if self.heads is not None:
             probabilities = probabilities[:, self.heads]
         rows = None if rows_formed else self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
-        if layer in self.windows and rows_formed:  # one piece's asked slots (``piece_rows``): its keys placed
+        if layer in self.windows and rows_formed:  # one piece's asked slots (``rows_for``): its keys placed
             keys = self.windows[layer].key_tokens()[0].to(probabilities.device)
             placed = probabilities.new_zeros(*probabilities.shape[:-1], self.windows[layer].num_key_tokens)
             placed[..., keys] = probabilities
@@ -100,13 +100,15 @@ class _AttentionRecorder:
             probabilities = probabilities.detach().float().mean(1, keepdim=True)
         self.kept[layer] = probabilities.detach()
 
-    def piece_rows(self, layer: int) -> list[int] | None:
-        """Where windowed layer ``layer`` is one piece an image holding every token in its own order (LW-DETR's and
-        RF-DETR's global layer over their windows joined), the slots of the asked rows, to form alone; else None."""
+    def rows_for(self, layer: int, queries: int) -> list[int] | None:
+        """The query rows a call of layer ``layer`` forms alone (``attention_recorder.formed_rows``; ``queries``, its
+        query count, is read by pieces' recorders): the asked rows (None: every row); of a windowed layer, None (its
+        windows formed whole), unless it is one piece an image holding every token in its own order (LW-DETR's and
+        RF-DETR's global layer over their windows joined): the slots of the asked rows."""
         rows = self.rows_of.get(layer, self.rows) if self.rows_of else self.rows
         layout = self.windows.get(layer)
         if rows is None or layout is None:
-            return None
+            return rows
         queries, keys = layout.window_tokens(), layout.key_tokens()
         n = layout.num_tokens
         if queries.shape[0] != 1 or not torch.equal(queries, keys) or not torch.equal(

@@ -27,14 +27,12 @@ is asked of a tower that has no classifier.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from vit.checkpoint import Checkpoint
 from vit.core import recording_attention
-from vit.core.images import smart_resize
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line
 from vit.sources.hf_preprocessing import hf_preprocessing
@@ -44,7 +42,6 @@ from vit.sources.library_road.placing import merge_order
 from vit.sources.library_road.whole_folders import built_tower, layer_attentions
 
 MODEL_TYPES = ("qwen2_5_vl_vision", "qwen3_vl_vision")
-NOMINAL_SIDE = 1024  # px: the side the layout names (each image is sized by itself), as the port's Qwen towers
 
 
 class _FlattenedPatches(torch.nn.Module):
@@ -200,8 +197,7 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         stand_in = ViTConfig(image_size=unit, patch_size=patch, num_channels=channels, num_classes=0,
                              class_token=False, pooling="avg", spatial_merge=merge)
         preprocessing = hf_preprocessing(processor or None, stand_in, type(model).__name__)
-        side = smart_resize(NOMINAL_SIDE, NOMINAL_SIDE, unit, preprocessing.min_pixels, preprocessing.max_pixels)
-        preprocessing = replace(preprocessing, image_size=side[0] if side[0] == side[1] else side)
+        side = preprocessing.image_hw  # the nominal size, as the port's (hf_preprocessing.qwen_nominal_size)
     except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     modules = layer_attentions(model, preprocessing, stand_in, folder, int(config.depth), f"{config.depth} layers")

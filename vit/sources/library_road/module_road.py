@@ -55,26 +55,17 @@ def open_module(module: torch.nn.Module, image_size=None, mean: Sequence[float] 
                 try:
                     return _open_transformers(module, origin, image_size, mean, std)
                 except ValueError as refused:  # a backbone's windows or a head's decoders: as its folder goes
-                    backbone = _backbone_alone(module, refused)
+                    # (backbone_parts), its backbone fed pixels alone: its own where it is one (LW-DETR's ViT)
+                    from vit.sources.library_road.placing import backbone_alone
+
+                    backbone = backbone_alone.answering(module, refused)
                     if backbone is None:
                         raise
                     size = image_size if image_size is not None else transformers_models.config_size(module.config)
-                    return _open_recorded(backbone, origin, size, mean, std, None, None)
+                    return _open_recorded(backbone_alone._Backbone(backbone), origin, size, mean, std, None, None)
         return _open_recorded(module, origin, image_size, mean, std, grid, prefix)
     except (ValueError, TypeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-
-
-def _backbone_alone(model: torch.nn.Module, refused: ValueError) -> torch.nn.Module | None:
-    """The transformers ``model``'s backbone, fed pixels alone (``backbone_parts``: its own where it is one, LW-DETR's
-    ViT), where the library road refused its layout as it refuses the folder's (``backbone_parts.answers``); else
-    None."""
-    from vit.sources.library_road.placing import backbone_alone
-
-    if not backbone_alone.answers(SourceError(str(refused))):
-        return None
-    backbone = backbone_alone.backbone_of(model) or backbone_alone.own_backbone(model)
-    return None if backbone is None else backbone_alone._Backbone(backbone)
 
 
 def _several_parts(model: torch.nn.Module) -> bool:

@@ -30,17 +30,10 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.core import recording_attention
-from vit.sources.build_bounds import bounded_build, built_on_meta
-from vit.sources.files import (
-    SourceError,
-    _one_line,
-    library_error_line,
-    library_errors,
-    loading_problem,
-    quiet_transformers,
-)
+from vit.sources.files import SourceError, _one_line, library_error_line, library_errors
 from vit.sources.hf_preprocessing import hf_preprocessing
 from vit.sources.library_road import timm_models
+from vit.sources.library_road.class_reading import read_class
 from vit.sources.library_road.transformers_models import (
     ROAD,
     LibraryLayout,
@@ -49,7 +42,6 @@ from vit.sources.library_road.transformers_models import (
     declared_problem,
     traced_key_counts,
 )
-from vit.sources.weights_cover import weights_problem
 
 # config.json model_types opened here (``transformers_models.OWN_LAYOUTS``) -> transformers' class that reads it
 MODEL_TYPES = {"pe_video_encoder": "PeVideoEncoder", "pe_video": "PeVideoModel"}
@@ -233,28 +225,14 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
         raise SourceError(f"{origin}: {problem}")
     meta = torch.device(map_location).type == "meta"
     name = recording_attention.recording_name("sdpa")
-    try:
+    try:  # as the library road reads any class (read_class); PE's own modelling asserts what its config declares
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        cls = getattr(transformers, MODEL_TYPES[model_type])
-        # on the meta device first, under the build's budget, its every tensor looked up in the weights' headers:
-        # from_pretrained allocates what the config declares before it reads a weight
-        model, loaded = built_on_meta(cls, config, origin, attn_implementation=name), {}
-        wrong = weights_problem(model, folder)
-        if wrong:
-            raise SourceError(f"{folder} is refused: {wrong}")
-        if not meta:
-            with quiet_transformers(), bounded_build(origin, seconds=None):
-                model, loaded = cls.from_pretrained(
-                    folder, local_files_only=True, trust_remote_code=False, dtype=torch.float32,
-                    ignore_mismatched_sizes=True, output_loading_info=True, attn_implementation=name)
-            model = model.to(map_location)
+        model = read_class(getattr(transformers, MODEL_TYPES[model_type]), config, folder, origin, map_location,
+                           attn_implementation=name)
     except SourceError:
         raise
     except (*library_errors(), AssertionError) as e:
         raise SourceError(f"{origin}: {library_error_line(e)}") from None
-    wrong = loading_problem(loaded)
-    if wrong:
-        raise SourceError(f"{folder} is refused: {wrong}")
     model = model.eval() if model_type == "pe_video_encoder" else model.video_encoder.eval()
     trunk = getattr(getattr(model.embedder, "vision_model", None), "timm_model", None)
     if not isinstance(trunk, torch.nn.Module):

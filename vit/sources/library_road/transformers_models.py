@@ -27,16 +27,10 @@ import torch
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core import recording_attention
 from vit.model import ViTConfig
-from vit.sources.build_bounds import bounded_build, built_on_meta, declared_number_problem
-from vit.sources.files import (
-    SourceError,
-    _one_line,
-    library_error_line,
-    library_errors,
-    loading_problem,
-    quiet_transformers,
-)
+from vit.sources.build_bounds import declared_number_problem
+from vit.sources.files import SourceError, _one_line, library_error_line, library_errors
 from vit.sources.hf_preprocessing import hf_preprocessing
+from vit.sources.library_road.class_reading import read_class
 from vit.sources.library_road.library_model import (  # noqa: F401 - importable from here, as before the split
     ROAD,
     LibraryLayout,
@@ -49,7 +43,6 @@ from vit.sources.library_road.library_model import (  # noqa: F401 - importable 
     grid_of,
 )
 from vit.sources.library_road.placing import one_frame
-from vit.sources.weights_cover import weights_problem
 
 # The embeddings' parameters that are tokens before the patches: (1, n, hidden) each, CLIP's (hidden,) one
 PREFIX_PARAMETERS = ("cls_token", "class_embedding", "register_tokens", "distillation_token",
@@ -554,31 +547,3 @@ def _finish_library(model: LibraryModel, names: list[str], preprocessing: Prepro
             f"defaults: {preprocessing.size_text}, mean {preprocessing.mean}, std {preprocessing.std}.")
     return Checkpoint(model=model, class_names=names, preprocessing=preprocessing, metadata=metadata, path=folder,
                       road=ROAD)
-
-
-def read_class(cls, config, folder: Path, origin: str, map_location, **name) -> torch.nn.Module:
-    """``cls`` of ``config`` from ``folder``'s weights, as the library road reads any class: built on the meta device
-    first, under the build's budget, its every tensor looked up in the weights' headers, then read (not on
-    ``map_location="meta"``); SourceError (one line) for what it refuses. ``name``: its ``attn_implementation``."""
-    loaded = {}  # transformers' loading info: none on the meta device, where no weight is read
-    try:
-        # on the meta device first, under the build's budget, and its every tensor looked up in the weights'
-        # headers: from_pretrained allocates what the config declares before it reads a weight
-        model = built_on_meta(cls, config, origin, **name)
-        wrong = weights_problem(model, folder)
-        if wrong:
-            raise SourceError(f"{folder} is refused: {wrong}")
-        if torch.device(map_location).type != "meta":
-            with quiet_transformers(), bounded_build(origin, seconds=None):  # its report: loading_problem's line
-                model, loaded = cls.from_pretrained(folder, local_files_only=True, trust_remote_code=False,
-                                                    dtype=torch.float32, ignore_mismatched_sizes=True,
-                                                    output_loading_info=True, **name)
-            model = model.to(map_location)
-    except SourceError:
-        raise
-    except library_errors() as e:
-        raise SourceError(f"{origin}: {library_error_line(e)}") from None
-    wrong = loading_problem(loaded)
-    if wrong:
-        raise SourceError(f"{folder} is refused: {wrong}")
-    return model

@@ -19,11 +19,9 @@ import torch
 
 from vit.checkpoint import Checkpoint
 from vit.core import recording_attention
-from vit.sources.build_bounds import bounded_build, built_on_meta
-from vit.sources.files import SourceError, library_error_line, library_errors
+from vit.sources.files import SourceError
 from vit.sources.library_road import transformers_models as tm
-from vit.sources.weights_cover import header_shapes
-from vit.sources.weights_files import read_hf_weights
+from vit.sources.library_road.class_reading import read_part
 
 # transformers' auto-mappings of vision models (``MODEL_FOR_<name>_MAPPING_NAMES``): a VLM listed in one is opened
 # as its tower; any other VLM (GLM-4.1V's) keeps its refusal and answers through ``vit.ask_vlm``
@@ -49,20 +47,6 @@ def takes(config_json: Mapping) -> bool:
             and vision["model_type"] in CONFIG_MAPPING)
 
 
-def tower_prefix(tower_keys: list[str], stored: Mapping[str, torch.Tensor], shapes: Mapping[str, torch.Size]) -> str:
-    """The one prefix under which the folder's weights (``stored``: name -> meta tensor) hold every tensor of the
-    tower (``tower_keys``, of ``shapes``), at its shape; ValueError (one line) where none or several do."""
-    first = tower_keys[0]
-    found = sorted({name[:-len(first)] for name in stored if name.endswith(first)
-                    and (name == first or name[-len(first) - 1] == ".")})
-    whole = [p for p in found if all(p + k in stored and tuple(stored[p + k].shape) == tuple(shapes[k])
-                                     for k in tower_keys)]
-    if len(whole) != 1:
-        raise ValueError(f"its weights hold the {len(tower_keys)} tensors of its vision tower under "
-                         f"{'no one prefix' if not whole else 'several prefixes (' + ', '.join(whole)[:80] + ')'}")
-    return whole[0]
-
-
 def open_tower(folder: Path, config_json: Mapping, image_processor: Mapping | None,
                map_location: str | torch.device = "cpu") -> Checkpoint:
     """The folder's vision tower (``takes``) alone, as transformers builds it, in a ``Checkpoint`` of the library road.
@@ -79,22 +63,8 @@ def open_tower(folder: Path, config_json: Mapping, image_processor: Mapping | No
         raise SourceError(f"{origin}: transformers has no model for its vision_config ({type(e).__name__})") from None
     flagged = bool(getattr(cls, "_supports_attention_backend", False))
     name = {"attn_implementation": recording_attention.recording_name("sdpa")} if flagged else {}
+    tower, prefix = read_part(cls, vision, folder, origin, map_location, **name)
     meta = torch.device(map_location).type == "meta"
-    tower = built_on_meta(cls, vision, origin, **name)
-    shapes = {k: v.shape for k, v in tower.state_dict().items()}
-    try:
-        prefix = tower_prefix(list(shapes), header_shapes(folder), shapes)
-    except ValueError as e:
-        raise SourceError(f"{origin}: {e}") from None
-    if not meta:
-        state = read_hf_weights(folder, map_location, lambda k: k.startswith(prefix) and k[len(prefix):] in shapes)
-        try:
-            with bounded_build(origin, seconds=None):
-                tower = cls._from_config(vision, **name).float()
-            tower.load_state_dict({k[len(prefix):]: v for k, v in state.items()}, strict=True)
-        except library_errors() as e:
-            raise SourceError(f"{origin}: {library_error_line(e)}") from None
-        tower = tower.to(map_location)
     checkpoint = tm.library_checkpoint(tower.eval(), image_processor, folder, origin, meta)
     architecture = f"hf:{whole.__name__}"
     checkpoint.metadata["source"]["architecture"] = checkpoint.metadata["architecture"] = architecture

@@ -30,6 +30,7 @@ import torch
 
 from vit.checkpoint import Preprocessing
 from vit.model import ViTConfig
+from vit.sources.hf_preprocessing import qwen_nominal_size
 from vit.sources.ports.families.import_dinov3 import _linear, _Taker, activation
 
 SUPPORTED = ("Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision towers: HF Qwen2VL / Qwen2_5_VL / Qwen3VL "
@@ -44,7 +45,6 @@ QWEN3_TYPES = ("qwen3_vl", "qwen3_vl_moe")
 NAMES = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL", "qwen3_vl_moe": "Qwen3-VL-MoE"}
 # Where the tower's tensors live: the Hub's layout (what save_pretrained writes), or transformers' module path
 TOWER_PREFIXES = ("visual.", "model.visual.")
-NOMINAL_SIDE = 1024  # Qwen2.5-VL's image_size: what smart_resize makes of a 1,024 px square (no table depends on it)
 
 
 def _whole(value, name: str, least: int = 1) -> int:
@@ -101,8 +101,9 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
     if window_px % (patch * merge):
         raise ValueError(f"Qwen2.5-VL vision_config.window_size {window_px} px is no whole number of "
                          f"{patch * merge} px merge units")
-    return ViTConfig(
-        image_size=round(NOMINAL_SIDE / (patch * merge)) * patch * merge, pos_embed=False, norm="rms",
+    return ViTConfig(  # its image_size named only, no table depends on it: config.json states no pixel bounds, so
+        # the square rounded to whole units (the checkpoint's preprocessing names its processor's: hf_preprocessing)
+        image_size=qwen_nominal_size(patch * merge)[0], pos_embed=False, norm="rms",
         activation="silu", gated_mlp=True, window_size=window_px // patch,
         global_layers=_layers(vision.get("fullatt_block_indexes", (7, 15, 23, 31)), depth, "fullatt_block_indexes"),
         **common)
@@ -119,7 +120,7 @@ def _qwen2_config(vision: Mapping) -> ViTConfig:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 64 or (ratio * width) % 1:
         raise ValueError(f"Qwen2-VL vision_config.mlp_ratio {str(ratio)[:20]} gives no whole MLP width")
     return ViTConfig(
-        image_size=round(NOMINAL_SIDE / (patch * merge)) * patch * merge, patch_size=patch,
+        image_size=qwen_nominal_size(patch * merge)[0], patch_size=patch,
         num_channels=_whole(vision.get("in_channels", vision.get("in_chans", 3)), "in_channels"), num_classes=0,
         hidden_size=width, num_layers=_whole(vision.get("depth", 32), "depth"),
         num_heads=_whole(vision.get("num_heads", 16), "num_heads"), mlp_size=int(ratio * width), layer_norm_eps=1e-6,
