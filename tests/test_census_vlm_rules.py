@@ -41,6 +41,16 @@ def test_stated_fields_reach_nested_configs():
     assert config["text_config"]["indexer_budget"] % config["text_config"]["indexer_compress_ratio"] == 0
 
 
+def test_a_config_built_with_stated_fields_is_edited_without_editing_the_next_build():
+    """test_vlm_sweep narrows Perception LM's ``model_args`` in place: the next build in the same process (another
+    module's) must still get the stated 448-px side."""
+    first, second = ({"vision_config": {}} for _ in range(2))
+    stated_fields(first, "perception_lm")
+    first["vision_config"]["model_args"]["img_size"] = 112
+    stated_fields(second, "perception_lm")
+    assert second["vision_config"]["model_args"]["img_size"] == 448
+
+
 def test_canvases_the_crop_side_does_not_divide_are_cut_into_their_common_divisor():
     class Size(SimpleNamespace):
         pass
