@@ -15,8 +15,8 @@ piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``a
 census's own gap, not a refusal). The types the test suite builds are built by its builders
 (``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one generic builder: transformers' default
 config with its sizes shrunk consistently (``_shrunk``: the sizes ``SIZES`` names, and by how their names end every
-MLP's inner width and every convolution's channels no name there covers, a Mamba mixer's heads, state and chunk
-together), its processor's class (or its module's) with each part's
+MLP's inner width, every convolution's channels and every embedding's width no name there covers, a Mamba mixer's
+heads, state and chunk together), its processor's class (or its module's) with each part's
 default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
 device before it is built; where transformers' defaults do not build on their own, the general rules of
@@ -86,6 +86,7 @@ LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "decoder
 HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads", "attention_heads")
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidden_size": 32,
          "projector_hidden_size": 32, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+         "moe_hidden_size": 16,  # MUSE Spark's experts' width (4,096)
          "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
          "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
          "qk_nope_head_dim": 8, "v_head_dim": 8, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_model": 32,
@@ -104,9 +105,11 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
 # 3,072, Nemotron-H's shared expert's 7,688, MiniMax-M3's dense_intermediate_size 12,288, Pix2Struct's d_ff) at most
 # twice the tiny hidden size, as SIZES' intermediate_size; a convolution's channels (SAM's neck, 256, and the
 # projectors' convolutions over it, 512 and 1,024) at most the hidden size (an image's 3 channels stay 3)
-MLP_WIDTHS = ("intermediate_size", "intermediate_dim", "mlp_dim", "ffn_dim", "d_ff", "expert_dim")
+MLP_WIDTHS = ("intermediate_size", "intermediate_dim", "mlp_dim", "ffn_dim", "d_ff", "expert_dim", "_hidden_dim")
 MLP_WIDTH = 2 * SIZES["hidden_size"]
 CHANNELS = "_channels"
+EMBEDDINGS = "_embed_dim"  # an embedding's width beside the hidden size (Gemma 4 Unified's mm_embed_dim, 3,840, which
+# "matches the text model hidden_size"): at most the hidden size, as SIZES' embed_dim
 SSM_CHUNK = 16  # a Mamba mixer's scan chunk (Nemotron-H's 128), so the census's prompt spans several padded chunks
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
@@ -163,7 +166,8 @@ def _kept_layers(config: dict, layers: int | None) -> list[int]:
 
 def _shrunk(config: dict) -> dict:
     """A config's dict with every size ``SIZES``, ``LAYERS`` and ``HEADS`` name shrunk, and every other width whose
-    name ends as an MLP's (``MLP_WIDTHS``) or a convolution's channels (``CHANNELS``), nested configs alike, kept
+    name ends as an MLP's (``MLP_WIDTHS``), a convolution's channels (``CHANNELS``) or an embedding's (``EMBEDDINGS``,
+    with the ``*_dim(s)`` its config states equal to it), nested configs alike, kept
     consistent as transformers' configs check: a Mamba mixer's groups dividing its heads, its scan chunk cut only
     beside an SSM state; key/value heads as many as the heads where they were, the head's
     width the hidden size over the heads, the rotary sections scaled with it, the depth cut to the layers
@@ -192,7 +196,7 @@ def _shrunk(config: dict) -> dict:
             out[key] = [min(v, SIZES[key]) for v in value]
         elif key.endswith(MLP_WIDTHS) and _whole(value) and value > 0:
             out[key] = min(value, MLP_WIDTH)
-        elif key.endswith(CHANNELS) and _whole(value) and value > 0:
+        elif key.endswith((CHANNELS, EMBEDDINGS)) and _whole(value) and value > 0:
             out[key] = min(value, SIZES["hidden_size"])
         elif isinstance(value, list) and layers and layers > len(keep) and len(value) == layers:
             out[key] = [value[i] for i in keep]  # one entry per layer
@@ -201,6 +205,11 @@ def _shrunk(config: dict) -> dict:
             out[key] = sorted({min(v, min(layers, len(keep)) - 1) for v in value})  # SAM's global_attn_indexes
         else:
             out[key] = value
+    for key, value in config.items():  # a width its config states equal to an embedding's shrunk here (Gemma 4
+        # Unified's output_proj_dims, the embedder's input, beside its mm_embed_dim): shrunk with it
+        same = [k for k in out if k.endswith(EMBEDDINGS) and config[k] == value and out[k] != value]
+        if same and key.endswith(("_dim", "_dims")) and _whole(value) and out[key] == value:
+            out[key] = out[same[0]]
     ssm_heads = _first(out, ("mamba_num_heads", "mamba_n_heads"))
     if _whole(out.get("ssm_state_size")) and _whole(out.get("chunk_size")):  # a Mamba mixer's scan chunk (only
         out["chunk_size"] = min(out["chunk_size"], SSM_CHUNK)  # there: Pi0's chunk_size is its actions')

@@ -200,19 +200,24 @@ def test_the_processors_frames_follow_the_towers_patch_embedding():
 
 def test_widths_no_size_name_covers_are_capped_by_how_their_names_end():
     """The generic builder's ``_shrunk``: an MLP's or expert's inner width (SAM's ``mlp_dim``, a shared expert's
-    ``*_intermediate_size``, T5's ``d_ff``) at most twice the tiny hidden size, a convolution's channels (SAM's neck)
-    at most the hidden size, an image's 3 channels kept; a smaller width kept as it is."""
+    ``*_intermediate_size``, T5's ``d_ff``, a projector's ``*_hidden_dim``) at most twice the tiny hidden size, a
+    convolution's channels (SAM's neck) and an embedding's width at most the hidden size, a ``*_dim(s)`` its config
+    states equal to that embedding's shrunk with it (Gemma 4 Unified's), an image's 3 channels kept; a smaller width
+    kept as it is."""
     from bench.census_vlm import SIZES, _shrunk
 
     hidden = SIZES["hidden_size"]
     config = _shrunk({"hidden_size": 768, "mlp_dim": 3072, "moe_shared_expert_intermediate_size": 7688, "d_ff": 2048,
                       "share_expert_dim": 1280, "output_channels": 256, "post_conv_mid_channels": 512,
-                      "num_channels": 3, "ffn_dim": 48,
+                      "num_channels": 3, "ffn_dim": 48, "projection_hidden_dim": 4096,
+                      "mm_embed_dim": 3840, "output_proj_dims": 3840, "patch_dim": 6912,
                       "sam_config": {"model_type": "x", "hidden_size": 768, "mlp_dim": 3072}})
     assert (config["mlp_dim"], config["moe_shared_expert_intermediate_size"], config["d_ff"],
-            config["share_expert_dim"], config["sam_config"]["mlp_dim"]) == (2 * hidden,) * 5
+            config["share_expert_dim"], config["projection_hidden_dim"], config["sam_config"]["mlp_dim"]) == (
+        2 * hidden,) * 6
     assert (config["output_channels"], config["post_conv_mid_channels"]) == (hidden, hidden)
-    assert (config["num_channels"], config["ffn_dim"]) == (3, 48)
+    assert (config["mm_embed_dim"], config["output_proj_dims"]) == (hidden, hidden)
+    assert (config["num_channels"], config["ffn_dim"], config["patch_dim"]) == (3, 48, 6912)
 
 
 
