@@ -14,7 +14,9 @@ piece); ``refused`` (the one line ``vit.open_vlm`` or ``vit.ask_vlm`` gave); ``a
 (flagged: a bug); or ``build failed``: the census could not build the tiny model with a processor offline (the
 census's own gap, not a refusal). The types the test suite builds are built by its builders
 (``tests/test_vlm_answer.py``, ``tests/test_vlm_any.py``); every other by one generic builder: transformers' default
-config with its sizes shrunk consistently (``_shrunk``), its processor's class (or its module's) with each part's
+config with its sizes shrunk consistently (``_shrunk``: the sizes ``SIZES`` names, and by how their names end every
+MLP's inner width, every convolution's channels and every embedding's width no name there covers, a Mamba mixer's
+heads, state and chunk together), its processor's class (or its module's) with each part's
 default class over a word-level tokenizer of the special tokens its code names, the config's token ids set to the
 tokenizer's and its image token to the one the processor repeats for an image, its parameters counted on the meta
 device before it is built; where transformers' defaults do not build on their own, the general rules of
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import shlex
 import shutil
 import signal
@@ -83,6 +86,7 @@ LAYERS = ("num_hidden_layers", "depth", "num_layers", "encoder_layers", "decoder
 HEADS = ("num_attention_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads", "attention_heads")
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidden_size": 32,
          "projector_hidden_size": 32, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+         "moe_hidden_size": 16,  # MUSE Spark's experts' width (4,096)
          "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
          "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
          "qk_nope_head_dim": 8, "v_head_dim": 8, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "d_model": 32,
@@ -94,7 +98,19 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "embed_dim": 32, "out_hidde
          # OPT's (BLIP-2's) embeddings' width, projected to hidden_size; Kosmos' ffn_dim; Kimi K2.5's projector's
          "word_embed_proj_dim": 32, "ffn_dim": 64, "projection_hidden_size": 32,
          "downsample_channels": 32,  # DeepSeek-OCR 2's SAM widths, the last its encoder's hidden size
-         "decoder_hidden_size": 32}  # PP-FormulaNet's vision projector's output: its decoder's d_model
+         "decoder_hidden_size": 32,  # PP-FormulaNet's vision projector's output: its decoder's d_model
+         # a Mamba mixer's (Nemotron-H's 128 heads of 64 over a state of 128): 4 heads of 16, twice the hidden size
+         "mamba_num_heads": 4, "mamba_n_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16}
+# Widths by how their name ends, each field no SIZES name covers: an MLP's or expert's inner width (SAM's mlp_dim
+# 3,072, Nemotron-H's shared expert's 7,688, MiniMax-M3's dense_intermediate_size 12,288, Pix2Struct's d_ff) at most
+# twice the tiny hidden size, as SIZES' intermediate_size; a convolution's channels (SAM's neck, 256, and the
+# projectors' convolutions over it, 512 and 1,024) at most the hidden size (an image's 3 channels stay 3)
+MLP_WIDTHS = ("intermediate_size", "intermediate_dim", "mlp_dim", "ffn_dim", "d_ff", "expert_dim", "_hidden_dim")
+MLP_WIDTH = 2 * SIZES["hidden_size"]
+CHANNELS = "_channels"
+EMBEDDINGS = "_embed_dim"  # an embedding's width beside the hidden size (Gemma 4 Unified's mm_embed_dim, 3,840, which
+# "matches the text model hidden_size"): at most the hidden size, as SIZES' embed_dim
+SSM_CHUNK = 16  # a Mamba mixer's scan chunk (Nemotron-H's 128), so the census's prompt spans several padded chunks
 # Lists of layer indices: dropped, so the config's class computes them again for the shrunk depth (a list with one
 # entry per layer is cut to the shrunk depth instead)
 DERIVED = ("deepstack_visual_indexes", "fullatt_block_indexes", "out_indices", "out_features", "stage_names",
@@ -149,8 +165,11 @@ def _kept_layers(config: dict, layers: int | None) -> list[int]:
 
 
 def _shrunk(config: dict) -> dict:
-    """A config's dict with every size ``SIZES``, ``LAYERS`` and ``HEADS`` name shrunk, nested configs alike, kept
-    consistent as transformers' configs check: key/value heads as many as the heads where they were, the head's
+    """A config's dict with every size ``SIZES``, ``LAYERS`` and ``HEADS`` name shrunk, and every other width whose
+    name ends as an MLP's (``MLP_WIDTHS``), a convolution's channels (``CHANNELS``) or an embedding's (``EMBEDDINGS``,
+    with the ``*_dim(s)`` its config states equal to it), nested configs alike, kept
+    consistent as transformers' configs check: a Mamba mixer's groups dividing its heads, its scan chunk cut only
+    beside an SSM state; key/value heads as many as the heads where they were, the head's
     width the hidden size over the heads, the rotary sections scaled with it, the depth cut to the layers
     ``_kept_layers`` keeps and each per-layer list to their entries, the lists of layer indices dropped (its class
     computes them again)."""
@@ -175,6 +194,10 @@ def _shrunk(config: dict) -> dict:
             out[key] = min(value, SIZES[key])
         elif key in SIZES and isinstance(value, list) and value and all(_whole(v) for v in value):
             out[key] = [min(v, SIZES[key]) for v in value]
+        elif key.endswith(MLP_WIDTHS) and _whole(value) and value > 0:
+            out[key] = min(value, MLP_WIDTH)
+        elif key.endswith((CHANNELS, EMBEDDINGS)) and _whole(value) and value > 0:
+            out[key] = min(value, SIZES["hidden_size"])
         elif isinstance(value, list) and layers and layers > len(keep) and len(value) == layers:
             out[key] = [value[i] for i in keep]  # one entry per layer
         elif key.endswith(("_indexes", "_indices")) and layers and value and isinstance(value, list) \
@@ -182,6 +205,16 @@ def _shrunk(config: dict) -> dict:
             out[key] = sorted({min(v, min(layers, len(keep)) - 1) for v in value})  # SAM's global_attn_indexes
         else:
             out[key] = value
+    for key, value in config.items():  # a width its config states equal to an embedding's shrunk here (Gemma 4
+        # Unified's output_proj_dims, the embedder's input, beside its mm_embed_dim): shrunk with it
+        same = [k for k in out if k.endswith(EMBEDDINGS) and config[k] == value and out[k] != value]
+        if same and key.endswith(("_dim", "_dims")) and _whole(value) and out[key] == value:
+            out[key] = out[same[0]]
+    ssm_heads = _first(out, ("mamba_num_heads", "mamba_n_heads"))
+    if _whole(out.get("ssm_state_size")) and _whole(out.get("chunk_size")):  # a Mamba mixer's scan chunk (only
+        out["chunk_size"] = min(out["chunk_size"], SSM_CHUNK)  # there: Pi0's chunk_size is its actions')
+    if ssm_heads and _whole(out.get("n_groups")) and out["n_groups"] > 0:  # its groups of heads divide the heads
+        out["n_groups"] = math.gcd(out["n_groups"], ssm_heads)
     new_hidden, new_heads = _first(out, ("hidden_size",)), _first(out, HEADS)
     if _whole(out.get("d_kv")) and new_hidden and new_heads:  # T5's head width (Pix2Struct's): the width over the heads
         out["d_kv"] = new_hidden // new_heads

@@ -28,6 +28,7 @@ transformers' own code or config classes, never a type's name:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 import sys
@@ -397,7 +398,8 @@ def stated_fields(config: dict, model_type: str, processor=None) -> None:
         sub = config
         for key in path:
             sub = sub[key]
-        sub[name] = value
+        sub[name] = copy.deepcopy(value)  # a copy: a caller editing the built config (test_vlm_sweep's narrowed
+        # Perception LM's model_args) must not edit STATED for the next build in the same process
 
 
 # A VQ image tokenizer's codes are tokens of the language model's vocabulary, which the config's ``vocabulary_map``

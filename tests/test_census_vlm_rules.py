@@ -41,6 +41,16 @@ def test_stated_fields_reach_nested_configs():
     assert config["text_config"]["indexer_budget"] % config["text_config"]["indexer_compress_ratio"] == 0
 
 
+def test_a_config_built_with_stated_fields_is_edited_without_editing_the_next_build():
+    """test_vlm_sweep narrows Perception LM's ``model_args`` in place: the next build in the same process (another
+    module's) must still get the stated 448-px side."""
+    first, second = ({"vision_config": {}} for _ in range(2))
+    stated_fields(first, "perception_lm")
+    first["vision_config"]["model_args"]["img_size"] = 112
+    stated_fields(second, "perception_lm")
+    assert second["vision_config"]["model_args"]["img_size"] == 448
+
+
 def test_canvases_the_crop_side_does_not_divide_are_cut_into_their_common_divisor():
     class Size(SimpleNamespace):
         pass
@@ -186,3 +196,41 @@ def test_the_processors_frames_follow_the_towers_patch_embedding():
         _frames_agreed(torch.nn.Sequential(embedding, torch.nn.Linear(8, 3 * 14 * 14)),
                        SimpleNamespace(image_processor=images))
         assert images.temporal_patch_size == frames
+
+
+def test_widths_no_size_name_covers_are_capped_by_how_their_names_end():
+    """The generic builder's ``_shrunk``: an MLP's or expert's inner width (SAM's ``mlp_dim``, a shared expert's
+    ``*_intermediate_size``, T5's ``d_ff``, a projector's ``*_hidden_dim``) at most twice the tiny hidden size, a
+    convolution's channels (SAM's neck) and an embedding's width at most the hidden size, a ``*_dim(s)`` its config
+    states equal to that embedding's shrunk with it (Gemma 4 Unified's), an image's 3 channels kept; a smaller width
+    kept as it is."""
+    from bench.census_vlm import SIZES, _shrunk
+
+    hidden = SIZES["hidden_size"]
+    config = _shrunk({"hidden_size": 768, "mlp_dim": 3072, "moe_shared_expert_intermediate_size": 7688, "d_ff": 2048,
+                      "share_expert_dim": 1280, "output_channels": 256, "post_conv_mid_channels": 512,
+                      "num_channels": 3, "ffn_dim": 48, "projection_hidden_dim": 4096,
+                      "mm_embed_dim": 3840, "output_proj_dims": 3840, "patch_dim": 6912,
+                      "sam_config": {"model_type": "x", "hidden_size": 768, "mlp_dim": 3072}})
+    assert (config["mlp_dim"], config["moe_shared_expert_intermediate_size"], config["d_ff"],
+            config["share_expert_dim"], config["projection_hidden_dim"], config["sam_config"]["mlp_dim"]) == (
+        2 * hidden,) * 6
+    assert (config["output_channels"], config["post_conv_mid_channels"]) == (hidden, hidden)
+    assert (config["mm_embed_dim"], config["output_proj_dims"]) == (hidden, hidden)
+    assert (config["num_channels"], config["ffn_dim"], config["patch_dim"]) == (3, 48, 6912)
+
+
+
+def test_a_mamba_mixers_widths_are_narrowed_together_and_only_an_ssms_chunk_is_cut():
+    """Nemotron-H's default Mamba (128 heads of 64 over a state of 128, 8 groups, chunks of 128): 4 heads of 16
+    (twice the tiny hidden size), a state of 16, groups dividing the heads, chunks of 16; a ``chunk_size`` beside no
+    SSM state (Pi0's actions') kept. transformers' own config class takes it: test_vlm_census_built."""
+    from bench.census_vlm import SIZES, _shrunk
+
+    config = _shrunk({"hidden_size": 2688, "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
+                      "n_groups": 8, "chunk_size": 128})
+    assert config == {"hidden_size": SIZES["hidden_size"], "mamba_num_heads": 4, "mamba_head_dim": 16,
+                      "ssm_state_size": 16, "n_groups": 4, "chunk_size": 16}
+    assert config["mamba_num_heads"] * config["mamba_head_dim"] == 2 * SIZES["hidden_size"]
+    assert _shrunk({"hidden_size": 64, "chunk_size": 50, "n_groups": 8}) == {"hidden_size": 32, "chunk_size": 50,
+                                                                            "n_groups": 8}

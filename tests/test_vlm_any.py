@@ -59,10 +59,10 @@ def build(kind: str):
         from bench.census_vlm import generic_build
 
         model, processor = generic_build(kind)
-        if kind == "deepseek_vl_hybrid":  # its high-res SAM tower read 1,024 px (4,096 tokens, 256 channels: 3 s of
-            # CPU a question); 256 px and 16 channels here, which its model interpolates to the low-res grid as ever
+        if kind == "deepseek_vl_hybrid":  # its high-res SAM tower read 1,024 px (4,096 tokens: 3 s of CPU a
+            # question); 256 px here, which its model interpolates to the low-res grid as ever
             config = model.config
-            config.high_res_vision_config.image_size, config.high_res_vision_config.output_channels = 256, 16
+            config.high_res_vision_config.image_size = 256
             processor.image_processor.high_res_size = type(processor.image_processor.high_res_size)(height=256,
                                                                                                     width=256)
             model = type(model)(config)

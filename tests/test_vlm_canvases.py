@@ -24,7 +24,6 @@ from test_vlm_answer import (  # noqa: E402
     quadrant_places,
     quadrants,
 )
-from test_vlm_sweep import SMALLER, narrowed  # noqa: E402
 from vlm_saved import saved  # noqa: E402
 
 import vit  # noqa: E402
@@ -33,10 +32,6 @@ from vit.registry import VLM_ARCHITECTURES  # noqa: E402
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 KINDS = ("perception_lm", "granite4_vision", "nemotron_h_omni", "unlimited_ocr")
-# Widths no canvas depends on, which the census's shrinking leaves whole: SAM's MLP (3,072 over a width of 32) and
-# Nemotron's Mamba (128 heads of 64, a shared expert of 7,688); the canvases stay the processors' own
-NARROWER = {"unlimited_ocr": {"vision_config": {"sam_config": {"mlp_dim": 64}}},
-            "nemotron_h_omni": SMALLER["nemotron_h_omni"][1]}
 TOKENS = 2
 ATOL = 1e-5
 
@@ -46,8 +41,7 @@ def folders(tmp_path_factory):
     """``{kind: folder}``: the census's tiny ``kind`` (seed 0), saved whole with its processor."""
     built = {kind: tmp_path_factory.mktemp(kind) for kind in KINDS}
     for kind, folder in built.items():
-        saved(kind, folder, reshaped=(lambda model, kind=kind: narrowed(model, NARROWER[kind]))
-              if kind in NARROWER else None)
+        saved(kind, folder)
     return built
 
 

@@ -65,6 +65,17 @@ def test_an_infinity_transformers_config_class_defaults_to_is_no_size_but_others
                                                             "which is no size; give a finite number")
 
 
+def test_nemotron_hs_mamba_shrunk_is_a_config_its_own_class_takes_and_narrow():
+    """The builder's Mamba widths on transformers' own NemotronHConfig: its mixer's width (heads x head width) twice
+    the tiny hidden size, its groups dividing its heads, its shared expert as narrow as an MLP."""
+    import bench.census_vlm as census
+
+    config = transformers.NemotronHConfig.from_dict(census._shrunk(transformers.NemotronHConfig().to_dict()))
+    mlp = 2 * census.SIZES["hidden_size"]
+    assert config.mamba_num_heads * config.mamba_head_dim == mlp and config.mamba_num_heads % config.n_groups == 0
+    assert (config.ssm_state_size, config.chunk_size, config.moe_shared_expert_intermediate_size) == (16, 16, mlp)
+
+
 # The types whose default config or processor the builder's rules make build: each shrunk config builds the model
 # (transformers' own constructor on the meta device), its processor the class its kin names
 RULED = {"cohere_compass": "CohereCompassProcessor", "cosmos3_omni": "Qwen3VLProcessor",

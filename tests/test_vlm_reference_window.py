@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 # 16 x 16 SAM patches at 256 px (4 x 4 image tokens): the prompt, ~27 tokens, is shorter than the text's window (128)
 CANVAS = {"size": {"height": 256, "width": 256}}
-WIDTHS = {"vision_config": {"sam_config": {"image_size": 256, "mlp_dim": 64}}}
+WIDTHS = {"vision_config": {"sam_config": {"image_size": 256}}}
 
 
 def test_a_prompt_shorter_than_a_reference_window_is_read_from_the_prompts_keys_and_the_windows(tmp_path):

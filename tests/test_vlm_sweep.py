@@ -61,26 +61,21 @@ def blip2_model():
 
 
 # The canvased types the census builds at their processor's own canvas (Unlimited-OCR's 1024-px global view: 4,096 SAM
-# patches; Perception LM's thumbnail and 4 tiles of 448 px: 1,280 image tokens; Nemotron-H Omni's >= 1,024 patches)
-# and, for Nemotron's hybrid language model, Mamba widths the census's shrinking leaves whole (128 heads of 64 over a
-# hidden size of 32, a shared expert of 7,688): 6-20 s of CPU each. Here on a smaller canvas and narrower Mamba: the
-# same code path (the one global view, the thumbnail beside its tiles, the pixel-shuffled grid with gh != gw, Mamba's
-# chunked scan over a padded chunk, the shared expert), each reading refused in the same line or working as at the
-# full size; the canvases' own geometry at their full size is test_vlm_canvases'.
+# patches; Perception LM's thumbnail and 4 tiles of 448 px: 1,280 image tokens; Nemotron-H Omni's >= 1,024 patches):
+# 6-20 s of CPU each. Here on a smaller canvas: the same code path (the one global view, the thumbnail beside its
+# tiles, the pixel-shuffled grid with gh != gw; Nemotron's Mamba at the census's own narrow widths, its chunked scan
+# over a padded chunk, its shared expert), each reading refused in the same line or working as at the full size; the
+# canvases' own geometry at their full size is test_vlm_canvases'.
 SMALLER = {
     # 16 x 16 SAM patches, 4 x 4 tokens; the prompt (27 tokens) past the text's sliding window as at 1024 px (276
     # tokens past 128): the recorder keeps the window's keys itself
     "unlimited_ocr": ({"size": {"height": 256, "width": 256}},
-                      {"vision_config": {"sam_config": {"image_size": 256, "mlp_dim": 64}},
-                       "text_config": {"sliding_window": 16}}),
+                      {"vision_config": {"sam_config": {"image_size": 256}}, "text_config": {"sliding_window": 16}}),
     # 112-px views (8 x 8 patches, 4 x 4 tokens each pooled) where 448 px gave 32 x 32: the thumbnail and the tiles
     # the processor cuts picture() into, as at 448 px
     "perception_lm": ({"size": {"height": 112, "width": 112}, "tile_size": 112},
                       {"vision_config": {"model_args": {"img_size": 112}}}),
-    "nemotron_h_omni": ({"min_num_patches": 64, "max_num_patches": 256},  # 8 x 10 patches for picture()
-                        {"text_config": {"mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16,
-                                         "n_groups": 2, "chunk_size": 16,
-                                         "moe_shared_expert_intermediate_size": 16}}),
+    "nemotron_h_omni": ({"min_num_patches": 64, "max_num_patches": 256}, {}),  # 8 x 10 patches for picture()
 }
 
 
@@ -91,7 +86,7 @@ def smaller(family: str, model, processor):
     canvas, widths = SMALLER[family]
     for key, value in canvas.items():
         setattr(processor.image_processor, key, value)
-    return narrowed(model, widths), processor
+    return (narrowed(model, widths) if widths else model), processor
 
 
 def narrowed(model, widths: dict):
