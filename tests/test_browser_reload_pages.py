@@ -4,7 +4,13 @@ model, the drawn map's image bytes read, the page reloaded (F5) and the same mod
 every "Copy link to this view" the page offers holds the address bar's view, and that link opened in a fresh
 browser context draws the same bytes. One app server (the one the browser modules share, tests/shared_app.py) and one
 browser for the module; the models are the other browser tests' tiny random ones, built by their own libraries (the
-builders imported, not copied)."""
+builders imported, not copied).
+
+The library road's page is reached as a user first reaches it: from the shipped model's page (its view drawn at once,
+from its sample), by typing the folder into "Open a path". Before an image is given the address bar already names that
+model and nothing of the shipped model's view, and a reload then reopens the library page (waiting for its image), not
+the shipped model with the previous page's settings; only then is the image given and the view picked. (This was
+test_browser_library_reload.py, a page load of its own: one fewer, issue 112.)"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS, chromium
-from shared_app import ask_the_vlm, enter, open_with_image, png
+from shared_app import ask_the_vlm, enter, open_with_image, png, upload_image
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE
 from test_browser_words import MAP_SRC
 
@@ -25,6 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TIMEOUT_MS = max(BROWSER_TIMEOUT_MS, 240_000)  # a VLM, a SAM 3 and a CLIP load on two busy cores
 VIEWPORT = {"width": 1400, "height": 1000}
 PAGES = ("main", "library", "sam3", "vlm", "words")
+HINT = "Upload an image in the sidebar to see what the model attends to."  # a page waiting for its image
 
 # The library road's map: the image of its patch picker (a Plotly chart keyed library_map_picker).
 LIBRARY_HREF = """() => {
@@ -96,7 +103,19 @@ def open_main(page, url, models, images):
 
 
 def open_library(page, url, models, images):
-    open_with_image(page, url, models["library"], images["library"])
+    folder = str(models["library"])
+    page.goto(url)
+    page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_function("() => new URL(location.href).searchParams.has('map')")  # the shipped model's view
+    enter(page.get_by_role("textbox", name="Open a path"), folder)
+    page.get_by_text(HINT).wait_for()
+    page.wait_for_function("(folder) => new URL(location.href).searchParams.get('model') === folder", arg=folder)
+    assert query(page.url) == {"model": [folder]}, "the library page kept part of the shipped model's view"
+    page.reload()
+    page.get_by_text(HINT).wait_for()  # the library page again, waiting for its image: not the shipped model
+    page.wait_for_function(SCRIPT_DONE)
+    assert query(page.url) == {"model": [folder]}, "the reload before an image lost the library page's model"
+    upload_image(page, images["library"])
     pick(page, page.locator('[data-testid="stSidebar"]'), "Head", "head 2")
 
 
