@@ -11,6 +11,8 @@ included, on the server). A test whose check is two visitors' separate browsers 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,3 +31,20 @@ def new_tab(first: Page, timeout_ms: float) -> Page:
     page = opened.value
     page.set_default_timeout(timeout_ms)
     return page
+
+
+@contextmanager
+def tabs(first: Page, timeout_ms: float) -> Iterator[Callable[[], Page]]:
+    """A block's tabs: what it yields opens one more (``new_tab``); each is closed when the block ends."""
+    opened: list[Page] = []
+
+    def tab() -> Page:
+        opened.append(new_tab(first, timeout_ms))
+        return opened[-1]
+
+    try:
+        yield tab
+    finally:
+        for page in opened:
+            if not page.is_closed():
+                page.close()
