@@ -12,7 +12,8 @@ ARIA snapshot of the whole page for its error message). ``--compare cache``: eac
 every browser test does: an off-the-record context, its HTTP cache and V8's code cache its own, so every page parses
 and compiles Streamlit's bundle again) against every load a new page of one persistent profile (one cache); both held
 still. ``--compare viewport``: the browser tests' 1400 x 1000 page against a 1000 x 700 one (half the pixels to
-paint), held still.
+paint), held still. ``--compare tab``: each load in a context of its own against every load a ``goto`` in one
+page of one context (the same renderer process, a new Streamlit session each), both held still.
 
     python bench/bench_browser_launch.py --loads 4 --rounds 2 \
         --out bench/results/cpu-2026-11-27/suite-browser-launch.txt
@@ -28,6 +29,8 @@ paint), held still.
         --out bench/results/cpu-2026-11-29e/browser-cache-per-context.txt
     python bench/bench_browser_launch.py --compare viewport --loads 2 --rounds 2 \
         --out bench/results/cpu-2026-11-29f/browser-viewport.txt
+    python bench/bench_browser_launch.py --compare tab --loads 3 --rounds 2 \
+        --out bench/results/cpu-2026-11-29g/browser-tab.txt
 
 One ``streamlit run app.py`` serves both; each variant runs in a process of its own, and its Chromium processes'
 CPU (user + system, /proc/PID/stat) is read every 0.2 s while it runs, each process's last reading counted (a
@@ -57,7 +60,7 @@ WAIT_S = 20
 PAGES = {"launch": EXPLORER_PAGE, "flags": EXPLORER_PAGE, "animations": EXPLORER_PAGE,
          "spinner": f"a page of one spinner, {SPINNER_S} s",
          "waits": f"{EXPLORER_PAGE}, then {WAIT_S} s of waiting for a text it does not show",
-         "cache": EXPLORER_PAGE, "viewport": EXPLORER_PAGE}
+         "cache": EXPLORER_PAGE, "viewport": EXPLORER_PAGE, "tab": EXPLORER_PAGE}
 SPINNER_APP = f"""import time
 import streamlit as st
 with st.spinner("Working"):
@@ -68,7 +71,8 @@ VARIANTS = {"launch": ("launched per load", "shared"), "flags": ("base (no RENDE
             "animations": ("moving animations", "still"), "spinner": ("moving animations", "still"),
             "waits": ("expect(...).to_be_visible()", "locator.wait_for()"),
             "cache": ("contexts (one per load)", "profile (one, a page per load)"),
-            "viewport": ("large (1400 x 1000)", "small (1000 x 700)")}
+            "viewport": ("large (1400 x 1000)", "small (1000 x 700)"),
+            "tab": ("contexts (one per load)", "tab (one page, a goto per load)")}
 SMALL_VIEWPORT = {"width": 1000, "height": 700}
 
 
@@ -107,6 +111,16 @@ def loads(url: str, variant: str, count: int) -> None:
                     load(page)
                     page.close()
                 context.close()
+            return
+
+        if variant == "tab":  # one context, one page: each load a goto in it
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
+            context = browser.new_context(viewport=VIEWPORT)
+            context.add_init_script(STILL_SCRIPT)
+            page = context.new_page()
+            for _ in range(count):
+                load(page)
+            browser.close()
             return
 
         def launch():

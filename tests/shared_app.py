@@ -2,7 +2,8 @@
 
 Seven browser modules served the same world, each from a server of its own: the tiny random model under the default
 name with its sample (test_browser_explorer, _map_labels, _library_reload, _reload_pages, _share's link) and models
-opened by path on a server without a token (_reload_pages, _ask_vlm, _library_reload, _vlm_words, _concepts).
+opened by path on a server without a token (_reload_pages, _ask_vlm, _library_reload, _vlm_words, _concepts;
+_library_reload is now _reload_pages' library case).
 ``serve_local_app`` is that server, started once per test process by the session fixture ``local_app``
 (tests/conftest.py): the browser modules run on one xdist worker (their group, tests/conftest.py ``_group``), so one
 start and one load of each model (the app caches them by path) where there were seven. It stops after the run's last

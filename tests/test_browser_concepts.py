@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser_tabs import new_tab
 from helpers import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -71,8 +72,7 @@ def test_a_concept_on_a_sam3_draws_its_instances_and_the_decoder_attention(serve
         np.testing.assert_allclose(exported_map(page, tmp_path, "concept.html"), want.attention[last].mean(0).ravel(),
                                    rtol=0, atol=1e-6)
         link = page.evaluate("() => window.location.href")
-        again = context.new_page()  # the link in a fresh session: the upload is the server's, named in the link
-        again.set_default_timeout(TIMEOUT_MS)
+        again = new_tab(page, TIMEOUT_MS)  # the link in a fresh session: the upload is the server's, named in the link
         again.goto(link)
         again.locator('[data-testid="stMain"]').get_by_text(re.compile(rf"Instance {want.instance + 1}")).wait_for()
         np.testing.assert_allclose(exported_map(again, tmp_path, "linked.html"), want.attention[last].mean(0).ravel(),

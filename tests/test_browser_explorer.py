@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser_tabs import new_tab, opener
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from PIL import Image
 from shared_app import TINY, png
@@ -44,19 +45,24 @@ def server(local_app):
 
 @pytest.fixture(scope="module")
 def browser():
-    """One Chromium for the module's tests, each in a context of its own (its own session, storage and cookies, as a
-    fresh browser gives): a launch took ~1.5 s of CPU (Python, Playwright's driver, Chromium), paid once (issue 112)."""
+    """One Chromium for the module's tests, each in a tab of its own (its own session): a launch took ~1.5 s of CPU
+    (Python, Playwright's driver, Chromium), paid once (issue 112)."""
     with chromium() as browser:
         yield browser
 
 
+@pytest.fixture(scope="module")
+def first(browser):
+    """The blank page every test's tab is opened from (tests/browser_tabs.py: one renderer for the module's pages)."""
+    return opener(browser, viewport={"width": 1500, "height": 1100})
+
+
 @pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
+def page(first):
+    """A tab of the test's own (its listeners, routes and viewport go with it); each load a new session."""
+    page = new_tab(first, TIMEOUT_MS)
     yield page
-    context.close()
+    page.close()
 
 
 SCROLL_TOP = """() => Math.max(...[document.scrollingElement,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ARTIFACTS
-from test_browser_explorer import browser, choose, open_dropdown, page, photo, server, world  # noqa: F401 (fixtures)
+from test_browser_explorer import browser, choose, first, open_dropdown, page, photo, server, world  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -192,10 +192,11 @@ catalog.describe = describe
 """
 
 
-def visit(browser, url: str, query: str = ""):
-    """A fresh session (no cookie: no token entered) on ``url`` with ``query``, once its script has run."""
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    page.set_default_timeout(BROWSER_TIMEOUT_MS)
+def visit(page, url: str, query: str = ""):
+    """A fresh session on ``url`` with ``query`` in ``page``, once its script has run. Every visit is a load of the
+    test's one tab, each a new Streamlit session (the last one's closes with its page): the app keeps no cookie and no
+    browser storage, and this visitor never enters the token, so a context of its own per visit would hold nothing
+    more, for ~1.3 s more of Chromium's CPU a load (a new renderer: bench/results/cpu-2026-11-29g/browser-tab.txt)."""
     page.goto(f"{url}/{query}")
     try:
         page.get_by_text(HINT).wait_for()  # the good model's page: the default, or the one the link names
@@ -222,30 +223,29 @@ def test_a_cache_of_hostile_folders_keeps_the_server_bounded_and_the_good_model_
     with streamlit_app(env, log=tmp_path / "server.log", unset=["VIT_ANALYSIS_MEMORY_MB"]) as (url, process), \
             chromium() as browser:
         idle_mb = peak_rss_mb(process.pid)
-        home = visit(browser, url)  # the picker describes every listed folder
+        tab = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()  # no cookie: no token entered
+        tab.set_default_timeout(BROWSER_TIMEOUT_MS)
+        home = visit(tab, url)  # the picker describes every listed folder
         sidebar = home.locator('[data-testid="stSidebar"]')
         sidebar.get_by_text("Opening a model by its path on the server needs the token").wait_for()  # no token here
         sidebar.get_by_role("combobox").first.click()
         listed = [o.inner_text() for o in home.get_by_role("option").all()]
         assert sorted(listed) == sorted([f"{name} · cannot be loaded" for name in refusals]
                                         + [f"{GOOD} · hf:IJepaModel · no classifier"]), listed
-        home.context.close()
 
         for name, refusal in refusals.items():  # a link to each: its one line, and the good model instead
-            page = visit(browser, url, f"?model={name}")
+            page = visit(tab, url, f"?model={name}")
             error = page.locator('[data-testid="stSidebar"] [data-testid="stAlert"]').first
             text = error.inner_text()
             assert refusal in text and "\n" not in text.strip(), (name, text)
             page.get_by_text(f"The link's model={name} was not used").wait_for()
-            page.context.close()
 
-        page = visit(browser, url, f"?model={GOOD}")  # the good model opens and draws
+        page = visit(tab, url, f"?model={GOOD}")  # the good model opens and draws
         page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(png_file(tmp_path)))
         page.get_by_text(DRAWN).wait_for()
         page.locator('[data-testid="stPlotlyChart"]').first.wait_for()
         assert page.locator('[data-testid="stException"]').count() == 0
-        page.context.close()
-        visit(browser, url).context.close()  # the home page again: nothing described again
+        visit(tab, url)  # the home page again: nothing described again
 
         grown = peak_rss_mb(process.pid) - idle_mb
         assert process.poll() is None

@@ -71,15 +71,29 @@ def server(tmp_path):
         yield url, process
 
 
+def tabs(browser, url: str) -> list:
+    """``USERS`` tabs open on ``url`` at once, each a Streamlit session of its own: the first, then the others opened
+    from it (``window.open``), as a user opens a link in new tabs. Those share the first's renderer process, where a
+    context each started a renderer each and compiled the app's bundle again (tests/test_browser_hostile_cache.py's
+    ``visit``: bench/results/cpu-2026-11-29g/browser-tab.txt); the app keeps no cookie or browser storage, so the
+    server sees the same five sessions."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    first = context.new_page()
+    first.goto(url)
+    pages = [first]
+    while len(pages) < USERS:
+        with context.expect_page() as opened:
+            first.evaluate("url => { window.open(url); }", url)
+        pages.append(opened.value)
+    for page in pages:
+        page.set_default_timeout(TIMEOUT_MS)
+    return pages
+
+
 def test_five_concurrent_large_uploads_keep_server_memory_bounded(server, uploads, tmp_path):
     url, process = server
     with chromium() as browser:
-        pages = []
-        for _ in range(USERS):
-            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(url)
-            pages.append(page)
+        pages = tabs(browser, url)
         for page in pages:
             page.get_by_text("Upload an image in the sidebar").wait_for()
         before = peak_rss_mb(process.pid)

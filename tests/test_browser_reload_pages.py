@@ -1,10 +1,18 @@
 """A reload and a link keep every page's view (issue 116, item 6), in a real browser: on each of the five pages (the
 main page, the library road's, SAM 3's, "Ask the VLM" and "Ask in words") a non-default view is picked on a tiny
 model, the drawn map's image bytes read, the page reloaded (F5) and the same model, view and bytes found again; then
-every "Copy link to this view" the page offers holds the address bar's view, and that link opened in a fresh
-browser context draws the same bytes. One app server (the one the browser modules share, tests/shared_app.py) and one
-browser for the module; the models are the other browser tests' tiny random ones, built by their own libraries (the
-builders imported, not copied)."""
+every "Copy link to this view" the page offers holds the address bar's view, and that link opened in a new session
+draws the same bytes. One app server (the one the browser modules share, tests/shared_app.py) and one browser tab for
+the module: each load in it is a new Streamlit session (the app keeps no cookie and no browser storage), where a
+context per page started a renderer process per page for nothing more (bench/results/cpu-2026-11-29g/browser-tab.txt);
+the models are the other browser tests' tiny random ones, built by their own libraries (the
+builders imported, not copied).
+
+The library road's page is reached as a user first reaches it: from the shipped model's page (its view drawn at once,
+from its sample), by typing the folder into "Open a path". Before an image is given the address bar already names that
+model and nothing of the shipped model's view, and a reload then reopens the library page (waiting for its image), not
+the shipped model with the previous page's settings; only then is the image given and the view picked. (This was
+test_browser_library_reload.py, a page load of its own: one fewer, issue 112.)"""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 import pytest
 from helpers import BROWSER_TIMEOUT_MS, chromium
-from shared_app import ask_the_vlm, enter, open_with_image, png
+from shared_app import ask_the_vlm, enter, open_with_image, png, upload_image
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE
 from test_browser_words import MAP_SRC
 
@@ -25,6 +33,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TIMEOUT_MS = max(BROWSER_TIMEOUT_MS, 240_000)  # a VLM, a SAM 3 and a CLIP load on two busy cores
 VIEWPORT = {"width": 1400, "height": 1000}
 PAGES = ("main", "library", "sam3", "vlm", "words")
+HINT = "Upload an image in the sidebar to see what the model attends to."  # a page waiting for its image
 
 # The library road's map: the image of its patch picker (a Plotly chart keyed library_map_picker).
 LIBRARY_HREF = """() => {
@@ -64,16 +73,13 @@ def world(local_app, llava, msn, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def tab():
+    """The module's one tab, in a context of its own (no cookie, no storage): each case's first load in it, a link's
+    load and each reload are new Streamlit sessions."""
     with chromium() as browser:
-        yield browser
-
-
-def fresh_page(browser):
-    """A page in a context of its own: no cookie, no storage, a new Streamlit session."""
-    page = browser.new_context(viewport=VIEWPORT).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    return page
+        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
 
 
 def pick(page, scope, label: str, option: str) -> None:
@@ -96,7 +102,19 @@ def open_main(page, url, models, images):
 
 
 def open_library(page, url, models, images):
-    open_with_image(page, url, models["library"], images["library"])
+    folder = str(models["library"])
+    page.goto(url)
+    page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_function("() => new URL(location.href).searchParams.has('map')")  # the shipped model's view
+    enter(page.get_by_role("textbox", name="Open a path"), folder)
+    page.get_by_text(HINT).wait_for()
+    page.wait_for_function("(folder) => new URL(location.href).searchParams.get('model') === folder", arg=folder)
+    assert query(page.url) == {"model": [folder]}, "the library page kept part of the shipped model's view"
+    page.reload()
+    page.get_by_text(HINT).wait_for()  # the library page again, waiting for its image: not the shipped model
+    page.wait_for_function(SCRIPT_DONE)
+    assert query(page.url) == {"model": [folder]}, "the reload before an image lost the library page's model"
+    upload_image(page, images["library"])
     pick(page, page.locator('[data-testid="stSidebar"]'), "Head", "head 2")
 
 
@@ -182,34 +200,29 @@ def settled_to(page, source: str, before: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("name", PAGES)
-def test_a_reload_and_a_link_keep_the_pages_model_view_and_map(world, browser, name):
+def test_a_reload_and_a_link_keep_the_pages_model_view_and_map(world, tab, name):
     url, models, images = world
     opener, caption, source, want = PAGE[name]
-    page = fresh_page(browser)
-    try:
-        opener(page, url, models, images)
-        view_shown(page, caption, want)
-        first = drawn_map(page, source)
-        address = query(page.url)
-        if name != "main":
-            assert address["model"] == [str(models[name])]
+    page = tab
+    opener(page, url, models, images)  # its first step a load: a new session, whatever the last case left
+    view_shown(page, caption, want)
+    first = drawn_map(page, source)
+    address = query(page.url)
+    if name != "main":
+        assert address["model"] == [str(models[name])]
 
-        page.reload()
-        view_shown(page, caption, want)
-        assert settled_to(page, source, first) == first, "the reload drew another map"
-        assert query(page.url) == address, "the reload lost part of the view"
+    page.reload()
+    view_shown(page, caption, want)
+    assert settled_to(page, source, first) == first, "the reload drew another map"
+    assert query(page.url) == address, "the reload lost part of the view"
 
-        links = offered_links(page)
-        assert links, "the page offers no link to its view"
-        assert [query(link) for link in links] == [address] * len(links), "a link offered is not the view"
-        link = links[0]
-        other = fresh_page(browser)
-        try:
-            other.goto(link)
-            view_shown(other, caption, want)
-            assert settled_to(other, source, first) == first, "the link drew another map"
-            assert query(other.url) == address
-        finally:
-            other.context.close()
-    finally:
-        page.context.close()
+    links = offered_links(page)
+    assert links, "the page offers no link to its view"
+    assert [query(link) for link in links] == [address] * len(links), "a link offered is not the view"
+    link = links[0]
+    page.evaluate("() => { window.beforeTheLink = true; }")
+    page.goto(link)  # a new session (the page's own is closed with its load): only the link holds the view
+    assert page.evaluate("() => !window.beforeTheLink"), "the link did not load a new page"
+    view_shown(page, caption, want)
+    assert settled_to(page, source, first) == first, "the link drew another map"
+    assert query(page.url) == address

@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from browser_tabs import new_tab
 from helpers import ARTIFACTS, chromium
 from test_browser_explorer import TIMEOUT_MS, server, world  # noqa: F401 (fixtures)
 from test_browser_share import settled
@@ -89,15 +90,14 @@ def test_a_click_and_a_box_on_the_sample_photo_show_their_masks_and_attention_an
             page.get_by_text("What the decoder looked at").scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt.png"))
 
-            fresh = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
-            fresh.set_default_timeout(TIMEOUT_MS)
+            fresh = new_tab(page, TIMEOUT_MS)  # a new session, drawn by page's renderer (tests/browser_tabs.py)
             fresh.goto(link)
             assert masks_shown(fresh) == shown
             fresh.get_by_text("final, token to image attention, the mean of the heads", exact=False).wait_for()
             assert parse_qs(urlsplit(fresh.url).query)["points"] == ["24,8,1"]
             fresh.get_by_text("mask 1 · predicted IoU").scroll_into_view_if_needed()
             fresh.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt-link.png"))
-            fresh.context.close()
+            fresh.close()
         finally:
             page.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt-last.png"), full_page=True)
 
@@ -125,11 +125,11 @@ def test_a_click_and_a_box_on_the_sample_photo_show_their_masks_and_attention_an
             page.get_by_text("mask 1 · predicted IoU").scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "explorer-sam-box.png"))
 
-            fresh = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
-            fresh.set_default_timeout(TIMEOUT_MS)
+            fresh = new_tab(page, TIMEOUT_MS)
             fresh.goto(page.url)
             assert masks_shown(fresh) == captions
             fresh.get_by_text(f"the box ({x0}, {y0}) to ({x1}, {y1})", exact=False).wait_for()
             assert parse_qs(urlsplit(fresh.url).query)["box"] == [f"{x0},{y0},{x1},{y1}"]
+            fresh.close()
         finally:
             page.screenshot(path=str(ARTIFACTS / "explorer-sam-box-last.png"), full_page=True)

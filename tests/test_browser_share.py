@@ -1,11 +1,13 @@
 """A view you can send, in a real browser (issue 50): a link copied in one session opens the identical overlay in a
 fresh one, and a link cannot open a server path for a visitor without the token. One app server for the module
-(``streamlit run app.py`` with a token set), each test in its own browser context(s)."""
+(``streamlit run app.py`` with a token set); each session a tab of its own, in one context whose cookies and
+storage the app never uses (tests/browser_tabs.py)."""
 
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from browser_tabs import new_tab, opener
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from shared_app import TINY, ship_tiny
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, choose
@@ -34,16 +36,17 @@ def world(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def first():
+    """The blank page of the module's one context (no cookie, no storage) whose tabs its sessions are
+    (tests/browser_tabs.py: one renderer draws them all)."""
     with chromium() as browser:
-        yield browser
+        yield opener(browser, viewport=VIEWPORT, accept_downloads=True)
 
 
-def fresh_page(browser):
-    """A page in a context of its own: no cookie, no storage, a new Streamlit session."""
-    page = browser.new_context(viewport=VIEWPORT, accept_downloads=True).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    return page
+def fresh_page(first):
+    """A tab opened from ``first``: a new Streamlit session (the app keeps no cookie or storage: a token entered
+    would be the session's, on the server)."""
+    return new_tab(first, TIMEOUT_MS)
 
 
 def settled(page) -> None:
@@ -71,17 +74,17 @@ def copied_link(page) -> str:
     return link
 
 
-def test_a_copied_link_opens_the_identical_overlay_in_a_fresh_session(world, browser):
+def test_a_copied_link_opens_the_identical_overlay_in_a_fresh_session(world, first):
     url, _ = world
-    a = fresh_page(browser)
+    a = fresh_page(first)
     try:
-        check_a_copied_link(url, browser, a)
+        check_a_copied_link(url, first, a)
     finally:  # what session A looked like, also when a step timed out
         ARTIFACTS.mkdir(exist_ok=True)
         a.screenshot(path=str(ARTIFACTS / "share-link-copied.png"), full_page=True)
 
 
-def check_a_copied_link(url: str, browser, a) -> None:
+def check_a_copied_link(url: str, first, a) -> None:
     a.goto(url)
     a.get_by_text("cat_1.png, 32×32 px").wait_for()
     # Session A: another sample, a head, a colour map, the first layer and a query patch clicked.
@@ -107,7 +110,7 @@ def check_a_copied_link(url: str, browser, a) -> None:
         "sample": "dog_1.png", "layer": "1", "head": "2", "query": "7", "cmap": "viridis"}.items()
     expected_png = overlay_png(a)
 
-    b = fresh_page(browser)
+    b = fresh_page(first)
     b.goto(link)
     b.get_by_text("dog_1.png, 40×24 px").wait_for()
     b.get_by_text("Layer 1 of 2, head 2").wait_for()
@@ -123,9 +126,9 @@ def check_a_copied_link(url: str, browser, a) -> None:
     assert b.get_by_text("was not used").count() == 0
 
 
-def test_a_link_cannot_open_a_server_path_for_a_visitor_without_the_token(world, browser):
+def test_a_link_cannot_open_a_server_path_for_a_visitor_without_the_token(world, first):
     url, elsewhere = world
-    page = fresh_page(browser)
+    page = fresh_page(first)
     page.goto(f"{url}/?model={elsewhere}")
     page.get_by_text("is a path on the server").wait_for()
     page.get_by_text("cat_1.png, 32×32 px").wait_for()  # the shipped model and its sample, not the path's

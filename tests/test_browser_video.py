@@ -7,9 +7,10 @@ import re
 import time
 
 import pytest
+from browser_tabs import new_tab
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS
 from PIL import Image, ImageDraw
-from test_browser_explorer import SCRIPT_DONE, browser, page, server, world  # noqa: F401 (fixtures)
+from test_browser_explorer import SCRIPT_DONE, browser, first, page, server, world  # noqa: F401 (fixtures)
 from test_videomae import videomae_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -53,7 +54,8 @@ def step_to_frame(tab, frame: int):
     raise AssertionError(f"the time slider did not reach frame {frame}")
 
 
-def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_browser(server, page, tmp_path):  # noqa: F811
+def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_browser(server, first, page,  # noqa: F811
+                                                                                     tmp_path):
     """Long (~20 s of CPU) because a VideoMAE folder is opened on the server and a 16-frame clip analysed there, then
     drawn and clicked in three pages of a real Chromium (the view, its link, its offline export).
 
@@ -102,8 +104,7 @@ def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_brows
     link = code.inner_text().strip()
     page.keyboard.press("Escape")
     assert "patch=5.8.11" in link and "frame=5" in link and "upload=" in link, link
-    fresh = page.context.browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
-    fresh.set_default_timeout(BROWSER_TIMEOUT_MS)
+    fresh = new_tab(first, BROWSER_TIMEOUT_MS)  # a new session in a tab of the module's (tests/browser_tabs.py)
     try:
         fresh.goto(link)
         fresh.get_by_text("Sampled frame 5 of 8 (frame 8 of square.gif)").wait_for()
@@ -111,7 +112,7 @@ def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_brows
         fresh.get_by_text("The linked upload: square.gif").wait_for()
     finally:
         fresh.screenshot(path=str(ARTIFACTS / "explorer-video-linked.png"), full_page=True)
-        fresh.context.close()
+        fresh.close()
 
     # the export: offline, every frame, hover values, and a player of its own
     with page.expect_download() as download:

@@ -6,6 +6,7 @@ from urllib.parse import urlencode
 
 import pytest
 import torch
+from browser_tabs import opener, tabs
 from helpers import chromium, click_until
 from test_browser_explorer import expect_selected
 
@@ -32,14 +33,20 @@ def server(local_app, tmp_path_factory):
     return local_app.url, folder, tmp_path / "photo.png"
 
 
-def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server):
+@pytest.fixture(scope="module")
+def first():
+    """The blank page the module's pages are tabs of (tests/browser_tabs.py: one renderer draws both)."""
+    with chromium() as browser:
+        yield opener(browser, viewport={"width": 1400, "height": 1000})
+
+
+def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server, first):
     """Long (~11 s of CPU) because it is the module's first on its server: the LLaVA folder and transformers'
     tokenizer load there, and the page is drawn in a real Chromium."""
     url, folder, photo = server
     link = {"model": str(folder), "map": "word_lens", "labels": "dog, hot dog", "word": "hot dog"}
-    with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-        page.set_default_timeout(TIMEOUT_MS)
+    with tabs(first, TIMEOUT_MS) as tab:
+        page = tab()
         page.goto(f"{url}?{urlencode(link)}")
         page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
         caption = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="Visual logit lens of “hot dog”")
@@ -55,14 +62,13 @@ def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server)
         assert all("\n" not in text.strip() for text in errors.all_inner_texts())
 
 
-def test_a_words_gradient_rollout_opens_on_the_centre_patch_and_a_click_picks_another(server):
+def test_a_words_gradient_rollout_opens_on_the_centre_patch_and_a_click_picks_another(server, first):
     # Issue 76, item 1: gradient rollout draws one image token's row and has no "every image token" target; a LLaVA's
     # query defaulted to its CLS, which the projector leaves out, so the map opened on a red error.
     url, folder, photo = server
     link = {"model": str(folder), "map": "word_class", "labels": "dog, hot dog", "word": "hot dog"}
-    with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-        page.set_default_timeout(TIMEOUT_MS)
+    with tabs(first, TIMEOUT_MS) as tab:
+        page = tab()
         page.goto(f"{url}?{urlencode(link)}")
         page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
         captions = page.locator('[data-testid="stCaptionContainer"]')
