@@ -36,13 +36,16 @@ from vit.model import ViT
 # class map runs in chunks at all three for the 2-layer ViTs (``LIMIT_OF``: their whole path holds 601 MB at 224 px),
 # whole for the staged families. AttnLRP's paths from 224 px, where the checkpointed one's estimate is first over five
 # slacks (21.4 MB for the ViT, 23.0 for DINOv2 with registers; 15.8 and 16.9 at 192), in 32-px steps: at 256, 320 and
-# 384 px its two cells took 14 s of CPU each (issue 112).
-SIDES = {"forward": (384, 416, 448), "analysis": (160, 224, 328), "class": (256, 288, 320),
-         "legrad": (384, 416, 448), "attnlrp": (224, 256, 288), "attnlrp-checkpointed": (224, 256, 288)}
+# 384 px its two cells took 14 s of CPU each (issue 112). The forward and LeGrad from 352 px, not 384: 20.3 MB counted
+# for the plain ViTs there (5.1 slacks), 18.5 measured for their forwards (the count 1.10 x it), 17.2 for the ViT's
+# LeGrad (1.18 x); the counts' streams halved (``memory.BLOCK_COPIES`` 4) fail the ViT's forward at all three
+# (12.8-17.8 MB against 18.5-25.9). The staged families' there: 24.7-28.5 MB counted, 1.31-1.39 x the peak.
+SIDES = {"forward": (352, 384, 416), "analysis": (160, 224, 328), "class": (256, 288, 320),
+         "legrad": (352, 384, 416), "attnlrp": (224, 256, 288), "attnlrp-checkpointed": (224, 256, 288)}
 # Where a family's view dominates the slack at smaller sizes, or needs larger ones: (family, view) -> its sides.
 # BEiT's and SAM's forwards (and BEiT's LeGrad) form their position biases a query chunk at a time past 2,896 tokens
 # (``memory.bias_chunk_bytes``: two heads' rows of 64 MB), 75-139 MB counted from 224 px (3,137 tokens) on, so 224-256
-# px, on that path as 256-320 were (measured 134.5-136.6 MB for BEiT's forward, 1.01-1.02 x under the count; SAM's
+# px, on that path as 256-320 were (measured 134.5-136.6 MB for BEiT's forward, the count 1.01-1.02 x it; SAM's
 # 71.4-73.2, 1.05-1.08; BEiT's LeGrad 135.0-136.8, 1.08-1.11: the slack a 33rd to an 18th of it); at 448-576 px they
 # took 48 of the memory tests' 490 s (idle). The bias's heads counted at half fails BEiT's and SAM's forwards at all
 # three (BEiT's at 104-107 MB, SAM's at 43-47, against the peaks above). Their analyses, and Qwen2.5-VL's (its
