@@ -96,9 +96,13 @@ for name in ("UdopForConditionalGeneration", "IJepaModel", "Sam3Model", "Glm4vFo
 # path imports ``torch._dynamo`` (and sympy with it), 1.2 s of CPU in each fork that first ran the class map's or
 # AttnLRP's path in chunks (tests/test_costs.py's warm-up: six of its cells; its two AttnLRP tests took 9.1 and 9.4 s
 # of CPU, 5.6 and 4.9 with it preloaded: bench/results/cpu-2026-11-29f/memory-costs-*.txt, issue 112). Imported once
-# by the memory group's server (the three memory modules pass it, so they still share one); each cell still warms its
-# own view before it is measured, as before.
+# by the memory group's server (``MEMORY_GROUP``: the three memory modules pass it, so they still share one); each
+# cell still warms its own view before it is measured, as before.
 GRADIENTS = "import torch._dynamo\n"
+# The memory group's server's preload (test_costs, test_layout_memory, test_checkpointed_states pass it): the
+# gradients' imports and pytest, which each of their workers imported again through the module it reads its model from
+# (``from test_costs import build``: 0.1 s of CPU a fork, 44 forks; issue 112)
+MEMORY_GROUP = GRADIENTS + "import pytest\n"
 _servers: dict[str, ForkServer] = {}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from peak_memory import ALLOCATOR_SLACK, GRADIENTS, ROOT, can_reset_the_peak, run_measured
+from peak_memory import ALLOCATOR_SLACK, MEMORY_GROUP, ROOT, can_reset_the_peak, run_measured
 
 from vit.costs import plan
 from vit.model import ViT
@@ -248,7 +248,7 @@ def measure(family: str, views: tuple[str, ...] = ()) -> list[dict]:
     view runs on what an earlier one left mapped."""
     rows: list[dict] = []
     for view in views or default_views(family):
-        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, preload=GRADIENTS,
+        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, preload=MEMORY_GROUP,
                             **cell_env(family, view))
         assert done.returncode == 0, done.stderr[-3000:]
         rows += json.loads(done.stdout.strip().splitlines()[-1])
