@@ -73,7 +73,9 @@ def peak() -> int:
 # The server (vit.core.forkserver): the measuring environment's interpreter with torch, transformers and vit imported
 # once (about 8 s of CPU a fresh interpreter spent per cell, 38 cells and more), then a fork per request, so each piece
 # of work still starts from the same clean process (its own heap, its own peak reset by clear_refs), not from what an
-# earlier one left. One thread and glibc's thresholds (``environment()``) are read once, at the server's start.
+# earlier one left. One thread and glibc's thresholds (``environment()``) are read once, at the server's start. The
+# server freezes what its preload made (``gc.freeze``): ``start``'s collection walks the child's own objects only, not
+# the preload's 378,621 (0.2 s of CPU each, three or more a cell, and half a MB of pages copied; issue 112).
 PRELOAD = f"""import sys
 sys.path.insert(0, {str(ROOT / "tests")!r})
 import numpy, torch, transformers, PIL.Image  # what every worker imports first, once
@@ -94,9 +96,13 @@ for name in ("UdopForConditionalGeneration", "IJepaModel", "Sam3Model", "Glm4vFo
 # path imports ``torch._dynamo`` (and sympy with it), 1.2 s of CPU in each fork that first ran the class map's or
 # AttnLRP's path in chunks (tests/test_costs.py's warm-up: six of its cells; its two AttnLRP tests took 9.1 and 9.4 s
 # of CPU, 5.6 and 4.9 with it preloaded: bench/results/cpu-2026-11-29f/memory-costs-*.txt, issue 112). Imported once
-# by the memory group's server (the three memory modules pass it, so they still share one); each cell still warms its
-# own view before it is measured, as before.
+# by the memory group's server (``MEMORY_GROUP``: the three memory modules pass it, so they still share one); each
+# cell still warms its own view before it is measured, as before.
 GRADIENTS = "import torch._dynamo\n"
+# The memory group's server's preload (test_costs, test_layout_memory, test_checkpointed_states pass it): the
+# gradients' imports and pytest, which each of their workers imported again through the module it reads its model from
+# (``from test_costs import build``: 0.1 s of CPU a fork, 44 forks; issue 112)
+MEMORY_GROUP = GRADIENTS + "import pytest\n"
 _servers: dict[str, ForkServer] = {}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from peak_memory import ALLOCATOR_SLACK, GRADIENTS, ROOT, can_reset_the_peak, run_measured
+from peak_memory import ALLOCATOR_SLACK, MEMORY_GROUP, ROOT, can_reset_the_peak, run_measured
 
 from vit.costs import plan
 from vit.model import ViT
@@ -26,27 +26,42 @@ from vit.model import ViT
 # (tests/test_costs.py::test_every_compared_cell_is_sized_so_the_view_dominates_the_slack), no larger: a view's time
 # grows with the square of its tokens. The analysis's first two sizes keep every layer's rollout factor (in float16,
 # past 1,024 tokens), the third reads attention in chunks: for the 2-layer ViTs the path changes past 6,476 tokens,
-# where their two factors pass half the layer cache (``memory.LAYER_CACHE_BYTES``); 328 px is the first 8-px step
-# past it (6,725 tokens: 29 MB counted for the ViT, seven slacks). At 320, 352 and 384 px (the factors at the cache's
-# edge, then chunks twice) the ViTs' analyses took 13.6 s of CPU each and BEiT's 26.8; at 192, 256 and 328, 7.4 and
-# 11.0 (measured, both paths still measured; issue 112). The class map runs in chunks at all three for the 2-layer
-# ViTs (``LIMIT_OF``: their whole path holds 601 MB at 224 px), whole for the staged families. AttnLRP's paths from
-# 224 px, where the checkpointed one's estimate is first over five slacks (21.4 MB for the ViT, 23.0 for DINOv2 with
-# registers; 15.8 and 16.9 at 192), in 32-px steps: at 256, 320 and 384 px its two cells took 14 s of CPU each
-# (issue 112).
-SIDES = {"forward": (384, 416, 448), "analysis": (192, 256, 328), "class": (256, 288, 320),
-         "legrad": (384, 416, 448), "attnlrp": (224, 256, 288), "attnlrp-checkpointed": (224, 256, 288)}
+# where their two factors pass half the layer cache (``memory.LAYER_CACHE_BYTES``); 328 px is the first 8-px step past
+# it (6,725 tokens: 29 MB counted for the ViT, seven slacks). At 320, 352 and 384 px (the factors at the cache's edge,
+# then chunks twice) the ViTs' analyses took 13.6 s of CPU each and BEiT's 26.8; at 192, 256 and 328, 7.4 and 11.0
+# (measured, both paths still measured; issue 112). The factors' two from 160 px (1,601 tokens, past float16's edge:
+# 25.3 MB counted for the ViT, 23.4 measured, six slacks) and 224, not 192 and 256 (0.56 and 1.26 s of CPU each; the
+# cells before and after: bench/results/cpu-2026-11-29g/memory-group-*.txt). Breaking the count (the rollout's running
+# T² left out) fails the ViT's 160 and 224 px cells (15.5 and 45.9 MB counted against 23.4 and 80.7 measured). The
+# class map runs in chunks at all three for the 2-layer ViTs (``LIMIT_OF``: their whole path holds 601 MB at 224 px),
+# whole for the staged families. AttnLRP's paths from 224 px, where the checkpointed one's estimate is first over five
+# slacks (21.4 MB for the ViT, 23.0 for DINOv2 with registers; 15.8 and 16.9 at 192), in 32-px steps: at 256, 320 and
+# 384 px its two cells took 14 s of CPU each (issue 112). The forward and LeGrad from 352 px, not 384: 20.3 MB counted
+# for the plain ViTs there (5.1 slacks), 18.5 measured for their forwards (the count 1.10 x it), 17.2 for the ViT's
+# LeGrad (1.18 x); the counts' streams halved (``memory.BLOCK_COPIES`` 4) fail the ViT's forward at all three
+# (12.8-17.8 MB against 18.5-25.9). The staged families' there: 24.7-28.5 MB counted, 1.31-1.39 x the peak.
+SIDES = {"forward": (352, 384, 416), "analysis": (160, 224, 328), "class": (256, 288, 320),
+         "legrad": (352, 384, 416), "attnlrp": (224, 256, 288), "attnlrp-checkpointed": (224, 256, 288)}
 # Where a family's view dominates the slack at smaller sizes, or needs larger ones: (family, view) -> its sides.
-# BEiT's and SAM's forwards (and BEiT's LeGrad) hold their position biases, T² a head, ~140 MB from 256 px on; at
-# 448-576 px they took 48 of the memory tests' 490 s (idle). BEiT's class map keeps 384 px, which it refuses
-# (the refusal's line is checked). Hiera's forward counts 20 MB at 384 px, too near the bound. DINOv2's LeGrad
-# (its registers and layer scale) counts 23 MB from 256 px, where the ViT's counts 24 MB only at 384 (issue 112).
-# The staged families' analyses keep their windows, not rollout factors: 19 MB at 256 px for Swin, under five
-# slacks, so they keep 320-384 px. The 2-layer ViTs' class maps from 224 px, in chunks under ``LIMIT_OF``'s bound
-# (29 MB counted there, 1.35 x its peak; 22.9 at 192 px, where the count is 1.46 x the peak, too near the factor):
-# the sizes measured at 256, 288 and 320 px took 3.3, 4.6 and 7.0 s of CPU, at 224 px 2.0 (issue 112).
-SIDES_OF = {("beit", "forward"): (256, 288, 320), ("beit", "legrad"): (256, 288, 320),
-            ("sam", "forward"): (256, 288, 320), ("beit", "class"): (256, 320, 384),
+# BEiT's and SAM's forwards (and BEiT's LeGrad) form their position biases a query chunk at a time past 2,896 tokens
+# (``memory.bias_chunk_bytes``: two heads' rows of 64 MB), 75-139 MB counted from 224 px (3,137 tokens) on, so 224-256
+# px, on that path as 256-320 were (measured 134.5-136.6 MB for BEiT's forward, the count 1.01-1.02 x it; SAM's
+# 71.4-73.2, 1.05-1.08; BEiT's LeGrad 135.0-136.8, 1.08-1.11: the slack a 33rd to an 18th of it); at 448-576 px they
+# took 48 of the memory tests' 490 s (idle). The bias's heads counted at half fails BEiT's and SAM's forwards at all
+# three (BEiT's at 104-107 MB, SAM's at 43-47, against the peaks above). Their analyses, and Qwen2.5-VL's (its
+# windows), at 192, not 160 px: their counts there are 1.51-1.66 x the peak (safe, past the factor), at 192 1.21-1.28;
+# 192 px keeps the bias whole (2,305 tokens), 224 in query chunks, both paths measured as 192 and 256 did.
+# Qwen2.5-VL's forward from 288 px (26.3 MB counted, 20.1 measured), not 384 (47 MB). BEiT's class map keeps 384 px,
+# which it refuses (the refusal's line is checked). Hiera's forward counts 20 MB at 384 px, too near the bound.
+# DINOv2's LeGrad (its registers and layer scale) counts 23 MB from 256 px, where the ViT's counts 24 MB only at 384
+# (issue 112). The staged families' analyses keep their windows, not rollout factors: 19 MB at 256 px for Swin, under
+# five slacks, so they keep 320-384 px. The 2-layer ViTs' class maps from 224 px, in chunks under ``LIMIT_OF``'s bound
+# (29 MB counted there, 1.35 x its peak; 22.9 at 192 px, where the count is 1.46 x the peak, too near the factor): the
+# sizes measured at 256, 288 and 320 px took 3.3, 4.6 and 7.0 s of CPU, at 224 px 2.0 (issue 112).
+SIDES_OF = {("beit", "forward"): (224, 240, 256), ("beit", "legrad"): (224, 240, 256),
+            ("sam", "forward"): (224, 240, 256), ("beit", "class"): (256, 320, 384),
+            ("qwen2.5-vl", "forward"): (288, 320, 352), ("beit", "analysis"): (192, 224, 328),
+            ("sam", "analysis"): (192, 224, 328), ("qwen2.5-vl", "analysis"): (192, 224, 328),
             ("hiera", "forward"): (416, 448, 480), ("dinov2-registers", "legrad"): (256, 288, 320),
             ("swin", "analysis"): (320, 352, 384), ("swinv2", "analysis"): (320, 352, 384),
             ("hiera", "analysis"): (320, 352, 384),
@@ -233,7 +248,7 @@ def measure(family: str, views: tuple[str, ...] = ()) -> list[dict]:
     view runs on what an earlier one left mapped."""
     rows: list[dict] = []
     for view in views or default_views(family):
-        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, preload=GRADIENTS,
+        done = run_measured(WORKER, [family, str(ROOT / "tests"), view], timeout=280, preload=MEMORY_GROUP,
                             **cell_env(family, view))
         assert done.returncode == 0, done.stderr[-3000:]
         rows += json.loads(done.stdout.strip().splitlines()[-1])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from peak_memory import GRADIENTS, can_reset_the_peak, run_measured
+from peak_memory import MEMORY_GROUP, can_reset_the_peak, run_measured
 from PIL import Image
 
 from vit.costs import bounds
@@ -196,7 +196,7 @@ print(json.dumps(out))
 
 
 def run_family(name: str) -> dict:
-    done = run_measured(WORKER, [json.dumps(FAMILIES[name]), str(ROOT / "tests")], timeout=280, preload=GRADIENTS,
+    done = run_measured(WORKER, [json.dumps(FAMILIES[name]), str(ROOT / "tests")], timeout=280, preload=MEMORY_GROUP,
                         VIT_ANALYSIS_MEMORY_MB=str(FAMILIES[name].get("limit", LIMIT_MB)), VIT_MAX_TOKENS="2000000")
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
