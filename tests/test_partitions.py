@@ -324,3 +324,24 @@ def test_pieces_are_read_whichever_way_the_batch_holds_them(monkeypatch, pieces_
     codes = patch_codes.read_pieces(model, model.blocks[0], (32, 32), 3)
     assert torch.equal(codes, torch.arange(1, 17).reshape(2, 8))
     assert forwards == ([(2, 3, 32, 32), (1, 3, 32, 32), (1, 3, 32, 32)] if pieces_major else [(2, 3, 32, 32)])
+
+
+def test_the_patch_embeddings_features_replaced_by_codes_are_never_computed():
+    """Issue 112: the codes stand in for the patch embedding's output, so its convolution is not run (on two shared
+    cores it was most of an opening's reading); a convolution after it (the mixing one) runs as it did."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vit.sources.library_road.placing import patch_codes
+
+    class Convolutions(TorchDispatchMode):
+        run = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.run += "convolution" in str(func)
+            return func(*args, **(kwargs or {}))
+
+    for mix, run in ((False, 0), (True, 1)):
+        model = _Toy(mix=mix)
+        with Convolutions() as seen:
+            patch_codes.read_pieces(model, model.blocks[0], (32, 32), 3)
+        assert seen.run == run

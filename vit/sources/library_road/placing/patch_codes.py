@@ -3,7 +3,8 @@ item 3): the patch embedding's output replaced by token codes (``read_pieces``),
 the order the model's code keeps them, never re-typed from a modelling file. ``placing.partitions`` lays windows folded
 into the batch on these codes; ``order_problem`` is the library road's check that its row-major layout holds.
 
-Opening a model reads its codes once: one forward of two coded images (``read_pieces``), and within ``one_reading``
+Opening a model reads its codes once: one forward of two coded images (``read_pieces``), the patch embedding's own
+features never computed (the codes replace them), and within ``one_reading``
 (an opening that may try two roads over the same blocks: the library road, then the recorder's over its backbone) a
 block's codes are read once and shared."""
 
@@ -31,27 +32,49 @@ class _Stop(Exception):
 class _Coded(TorchFunctionMode):
     """Within it, the patch embedding (the first convolution over the whole ``image_hw`` input whose stride is its
     kernel, unpadded) returns each patch's code ``(p + 1) * scale`` on every channel in place of its features, image
-    ``i`` of the batch at ``scales[i]``."""
+    ``i`` of the batch at ``scales[i]``. Its features, replaced, are not computed where its output's shape is plain
+    (``_plain_shape``); otherwise the convolution runs, failing as it would."""
 
     def __init__(self, image_hw: tuple[int, int], scales: tuple[float, ...]):
         super().__init__()
         self.image_hw, self.scales, self.done = tuple(image_hw), tuple(scales), False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.done or func is not F.conv2d or tuple(args[0].shape[-2:]) != self.image_hw:
-            return out
+        kwargs = kwargs or {}
+        if self.done or func is not F.conv2d or not args or not isinstance(args[0], torch.Tensor) or \
+                tuple(args[0].shape[-2:]) != self.image_hw:
+            return func(*args, **kwargs)
         weight = args[1] if len(args) > 1 else kwargs["weight"]
-        stride = args[3] if len(args) > 3 else (kwargs or {}).get("stride", 1)
-        padding = args[4] if len(args) > 4 else (kwargs or {}).get("padding", 0)
+        stride = args[3] if len(args) > 3 else kwargs.get("stride", 1)
+        padding = args[4] if len(args) > 4 else kwargs.get("padding", 0)
         stride = (stride, stride) if isinstance(stride, int) else tuple(stride)
         if stride != tuple(weight.shape[-2:]) or padding not in (0, (0, 0), "valid"):
-            return out
+            return func(*args, **kwargs)
+        shape = _plain_shape(args, kwargs)
+        out = func(*args, **kwargs) if shape is None else None
+        shape, dtype = (out.shape, out.dtype) if out is not None else (shape, args[0].dtype)
         self.done = True
-        h, w = out.shape[-2:]
-        scales = torch.tensor(self.scales, dtype=out.dtype, device=out.device).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
-        codes = (torch.arange(h * w, dtype=out.dtype, device=out.device) + 1).view(1, 1, h, w) * scales
-        return codes.expand_as(out).contiguous()
+        h, w = shape[-2:]
+        scales = torch.tensor(self.scales, dtype=dtype, device=args[0].device).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
+        codes = (torch.arange(h * w, dtype=dtype, device=args[0].device) + 1).view(1, 1, h, w) * scales
+        return codes.expand(shape).contiguous()
+
+
+def _plain_shape(args, kwargs) -> tuple[int, ...] | None:
+    """The output shape of the patch embedding's ``F.conv2d`` (stride its kernel, unpadded) where nothing about it
+    can fail (a batch of images, its channels the weight's, one dtype and device, no dilation, every side at least a
+    kernel): ``(B, out, H // kh, W // kw)``; else None."""
+    x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    dilation = args[5] if len(args) > 5 else kwargs.get("dilation", 1)
+    groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
+    if x.dim() != 4 or weight.dim() != 4 or dilation not in (1, (1, 1)) or not isinstance(groups, int) or \
+            x.shape[1] != weight.shape[1] * groups or weight.shape[0] % groups or \
+            (bias is not None and tuple(bias.shape) != (weight.shape[0],)) or \
+            any(t is not None and (t.dtype != x.dtype or t.device != x.device) for t in (weight, bias)) or \
+            not x.dtype.is_floating_point or x.shape[-2] < weight.shape[-2] or x.shape[-1] < weight.shape[-1]:
+        return None
+    return (x.shape[0], weight.shape[0], x.shape[-2] // weight.shape[-2], x.shape[-1] // weight.shape[-1])
 
 
 def first_block(name: str, modules: dict[str, torch.nn.Module]) -> torch.nn.Module | None:
