@@ -4,9 +4,8 @@ the order the model's code keeps them, never re-typed from a modelling file. ``p
 into the batch on these codes; ``order_problem`` is the library road's check that its row-major layout holds.
 
 Opening a model reads its codes once: one forward of two coded images (``read_pieces``), the patch embedding's own
-features never computed (the codes replace them), and within ``one_reading``
-(an opening that may try two roads over the same blocks: the library road, then the recorder's over its backbone) a
-block's codes are read once and shared."""
+features never computed (the codes replace them), and within ``one_reading`` (an opening that may try two roads over the
+same blocks: the library road, then the recorder's over its backbone) a block's codes are read once and shared."""
 
 from __future__ import annotations
 
