@@ -43,6 +43,31 @@ def test_the_tower_order_is_where_transformers_positions_put_each_token():
     assert not torch.equal(transposed, expected)
 
 
+def test_the_tower_order_is_built_once_a_grid(monkeypatch):
+    """Fast (issue 112): a tower's order (asked three times a recorded forward) is built once a grid, is
+    ``merge_order.tower_order``'s for that grid, and a new grid builds its own; only the last ``MAX_ORDERS`` grids
+    are kept."""
+    from vit.sources.library_road import merged_towers
+    from vit.sources.library_road.placing import merge_order
+
+    built, own = [], merge_order.tower_order
+
+    def counted(patchify, grid, *args):
+        built.append(tuple(grid))
+        return own(patchify, grid, *args)
+
+    monkeypatch.setattr(merge_order, "tower_order", counted)
+    entry = merged_towers._FlattenedPatches(torch.nn.Identity(), PATCH, MERGE, 2, 32)
+    orders = [entry.order(GRID) for _ in range(3)]
+    assert built == [GRID] and all(order is orders[0] for order in orders)
+    assert torch.equal(orders[0], own(entry.patchify, GRID, PATCH, MERGE, 2, 32))
+    assert torch.equal(entry.order((4, 4)), own(entry.patchify, (4, 4), PATCH, MERGE, 2, 32))
+    assert built == [GRID, (4, 4)]
+    for side in range(1, merged_towers.MAX_ORDERS + 2):
+        entry.order((2, 2 * side))
+    assert len(entry._orders) == merged_towers.MAX_ORDERS
+
+
 def test_pieces_are_placed_on_the_diagonal_and_moved_to_the_grid():
     """Fast: two pieces of one image's 4 tokens (a window of 3, one of 1) handed in order make one (1, H, 4, 4), zero
     off their blocks, queries and keys moved by the order: entry [order[i], order[j]] is the tower's [i, j]."""

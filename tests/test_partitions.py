@@ -227,3 +227,121 @@ def test_a_first_block_input_that_mixes_the_patches_is_no_partition():
     torch.testing.assert_close(patch_codes.read_pieces(plain, plain.blocks[0], (32, 32), 3),
                                torch.arange(1, 17)[None])  # one piece, the patches row-major
     assert patch_codes.read_pieces(mixed, mixed.blocks[0], (32, 32), 3) is None
+
+
+def _counted(monkeypatch, placer: bool = True) -> list[tuple[int, ...]]:
+    """The input shape of each forward the patch codes are read from (``patch_codes``' probe), in order; with
+    ``placer``, the partition placer made to fail (patches in row order must never reach it)."""
+    from vit.sources.library_road.placing import partitions, patch_codes
+
+    shapes, probe = [], patch_codes.probe_forward
+
+    def counted(model, pixels_shape, *args, **kwargs):
+        shapes.append(tuple(pixels_shape))
+        return probe(model, pixels_shape, *args, **kwargs)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the partition placer ran for a first block that takes its patches row-major")
+
+    monkeypatch.setattr(patch_codes, "probe_forward", counted)
+    if placer:
+        monkeypatch.setattr(partitions, "partition_places", refused)
+    return shapes
+
+
+class _InHand(torch.nn.Module):
+    """A transformers ViT in a class of the user's own: the recorder's road opens it."""
+
+    def __init__(self, vit_model):
+        super().__init__()
+        self.vit_model = vit_model
+
+    def forward(self, x):
+        return self.vit_model(pixel_values=x).last_hidden_state
+
+
+def test_patches_in_row_order_are_read_in_one_forward_and_no_partition_is_placed(monkeypatch):
+    """Issue 112: opening a model whose first block takes its patches row-major (the common case) reads their order
+    once, in one forward of the two coded images, on transformers' library road and on the recorder's road, and
+    never runs the partition placer."""
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=32)
+    torch.manual_seed(0)
+    model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+    forwards = _counted(monkeypatch)
+    library = vit.load(model, mean=MEAN, std=STD)
+    assert type(library.model).__name__ == "LibraryModel" and forwards == [(2, 3, 32, 32)]
+    forwards.clear()
+    recorded = vit.load(_InHand(model), image_size=32, mean=MEAN, std=STD)
+    assert type(recorded.model).__name__ == "ModuleModel" and forwards == [(2, 3, 32, 32)]
+    assert recorded.model.layout.grid == (4, 4) and not hasattr(recorded.model.layout, "pieces")  # row-major
+
+
+def test_one_opening_reads_the_patch_order_once_for_both_roads(monkeypatch):
+    """LW-DETR with every layer global: the library road reads its windows' order and refuses it, and its backbone
+    opens on the recorder's road placed from that same reading (``patch_codes.one_reading``): one forward in all."""
+    config = transformers.LwDetrViTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                                          pretrain_image_size=32, patch_size=8, num_windows=4,
+                                          window_block_indices=[], out_indices=[2])
+    torch.manual_seed(0)
+    model = transformers.LwDetrViTBackbone(config).eval()
+    forwards = _counted(monkeypatch, placer=False)
+    wrapped = vit.load(model, image_size=(32, 48), mean=MEAN, std=STD).model
+    assert type(wrapped.model).__name__ == "_Backbone"  # the library road refused it; the recorder's road placed it
+    assert forwards == [(2, 3, 32, 48)]
+    assert torch.equal(wrapped.layout.pieces.window_tokens(), _window_tokens((4, 6), 2))  # its 4 windows of 2x3
+
+
+class _Folded(torch.nn.Module):
+    """A patch embedding on a 4x4 grid, its top and bottom halves folded into the batch as two pieces, image-major
+    (``(B * 2, 8, D)``, image 0's pieces first) or pieces-major (piece 0 of every image first), then one block."""
+
+    def __init__(self, pieces_major: bool):
+        super().__init__()
+        self.pieces_major = pieces_major
+        self.patch = torch.nn.Conv2d(3, 4, 8, 8)
+        self.pos = torch.nn.Parameter(torch.randn(1, 16, 4))
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+
+    def forward(self, x):
+        tokens = self.patch(x).flatten(2).transpose(1, 2) + self.pos  # (B, 16, 4)
+        halves = tokens.reshape(len(x), 2, 8, 4)
+        if self.pieces_major:
+            halves = halves.transpose(0, 1)
+        return self.blocks[0](halves.reshape(-1, 8, 4))
+
+
+@pytest.mark.parametrize("pieces_major", [False, True])
+def test_pieces_are_read_whichever_way_the_batch_holds_them(monkeypatch, pieces_major):
+    """The two coded images run in one forward: pieces folded image-major are told apart in it; folded pieces-major
+    (where the image-major reading is no partition) they are read one image a forward, as one image runs alone. The
+    codes are the halves' patches row-major either way."""
+    from vit.sources.library_road.placing import patch_codes
+
+    torch.manual_seed(0)
+    model = _Folded(pieces_major)
+    forwards = _counted(monkeypatch, placer=False)
+    codes = patch_codes.read_pieces(model, model.blocks[0], (32, 32), 3)
+    assert torch.equal(codes, torch.arange(1, 17).reshape(2, 8))
+    assert forwards == ([(2, 3, 32, 32), (1, 3, 32, 32), (1, 3, 32, 32)] if pieces_major else [(2, 3, 32, 32)])
+
+
+def test_the_patch_embeddings_features_replaced_by_codes_are_never_computed():
+    """Issue 112: the codes stand in for the patch embedding's output, so its convolution is not run (on two shared
+    cores it was most of an opening's reading); a convolution after it (the mixing one) runs as it did."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vit.sources.library_road.placing import patch_codes
+
+    class Convolutions(TorchDispatchMode):
+        run = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.run += "convolution" in str(func)
+            return func(*args, **(kwargs or {}))
+
+    for mix, run in ((False, 0), (True, 1)):
+        model = _Toy(mix=mix)
+        with Convolutions() as seen:
+            patch_codes.read_pieces(model, model.blocks[0], (32, 32), 3)
+        assert seen.run == run

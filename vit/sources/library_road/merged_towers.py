@@ -42,6 +42,7 @@ from vit.sources.library_road.placing import merge_order
 from vit.sources.library_road.whole_folders import built_tower, layer_attentions
 
 MODEL_TYPES = ("qwen2_5_vl_vision", "qwen3_vl_vision")
+MAX_ORDERS = 8  # grids whose merge order a tower keeps (an (N,) index each): a few sizes in turn, never unbounded
 
 
 class _FlattenedPatches(torch.nn.Module):
@@ -56,6 +57,7 @@ class _FlattenedPatches(torch.nn.Module):
         self.__dict__["model"] = model  # the library's model, registered in the LibraryModel once
         self.patch, self.merge, self.temporal, self.window_px = patch, merge, temporal, window_px
         self.patchify = Qwen2VLImageProcessor().patchify
+        self._orders: dict[tuple[int, int], torch.Tensor] = {}  # grid -> its ``order``, built once a grid
 
     def grid(self, image_hw) -> tuple[int, int]:
         """The patch grid of an ``image_hw`` input; ValueError (one line) for one of no whole merge units."""
@@ -67,8 +69,15 @@ class _FlattenedPatches(torch.nn.Module):
         return h // self.patch, w // self.patch
 
     def order(self, grid: tuple[int, int]) -> torch.Tensor:
-        """``(N,)`` long: the grid index of each position of its sequence (``merge_order.tower_order``)."""
-        return merge_order.tower_order(self.patchify, grid, self.patch, self.merge, self.temporal, self.window_px)
+        """``(N,)`` long: the grid index of each position of its sequence (``merge_order.tower_order``), built once a
+        grid (a recorded forward asks it three times; the last ``MAX_ORDERS`` grids kept). Read it, never write it."""
+        grid = (int(grid[0]), int(grid[1]))
+        if grid not in self._orders:
+            if len(self._orders) >= MAX_ORDERS:
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[grid] = merge_order.tower_order(self.patchify, grid, self.patch, self.merge, self.temporal,
+                                                         self.window_px)
+        return self._orders[grid]
 
     def forward(self, pixel_values: torch.Tensor):
         b = pixel_values.shape[0]

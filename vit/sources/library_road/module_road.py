@@ -23,6 +23,7 @@ import torch
 from vit.checkpoint import Checkpoint
 from vit.sources.files import SourceError, _one_line
 from vit.sources.library_road import transformers_models
+from vit.sources.library_road.placing.patch_codes import one_reading
 from vit.sources.library_road.recorded_road import _open_recorded, _pair, _statistics
 
 
@@ -42,30 +43,36 @@ def open_module(module: torch.nn.Module, image_size=None, mean: Sequence[float] 
     if isinstance(visual, torch.nn.Module) and type(module).__module__.startswith("open_clip"):
         module = visual  # an open_clip model: its image tower, whose output is the image embedding
     try:
-        if grid is None and prefix is None:
-            if type(module).__module__.startswith("timm."):
-                return _open_timm(module, origin, image_size, mean, std)
-            if type(module).__module__.startswith("transformers.") and hasattr(module, "config") and \
-                    transformers_models.attention_modules(module) and not _several_parts(module):  # else its
-                # attention runs off the interface, or through it in several parts (Depth Pro's encoders)
-                if _patchless(module):  # DETR's encoder over a CNN's map: as its folder goes (recorded_folder)
-                    from vit.sources.library_road.placing.image_part import ImagePart
-
-                    return _open_recorded(ImagePart(module), origin, image_size, mean, std, grid, prefix)
-                try:
-                    return _open_transformers(module, origin, image_size, mean, std)
-                except ValueError as refused:  # a backbone's windows or a head's decoders: as its folder goes
-                    # (backbone_parts), its backbone fed pixels alone: its own where it is one (LW-DETR's ViT)
-                    from vit.sources.library_road.placing import backbone_alone
-
-                    backbone = backbone_alone.answering(module, refused)
-                    if backbone is None:
-                        raise
-                    size = image_size if image_size is not None else transformers_models.config_size(module.config)
-                    return _open_recorded(backbone_alone._Backbone(backbone), origin, size, mean, std, None, None)
-        return _open_recorded(module, origin, image_size, mean, std, grid, prefix)
+        with one_reading():  # the library road's reading of its patches' order, shared with the recorder's road
+            return _open_in_hand(module, origin, image_size, mean, std, grid, prefix)
     except (ValueError, TypeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
+
+
+def _open_in_hand(module: torch.nn.Module, origin: str, image_size, mean, std, grid, prefix) -> Checkpoint:
+    """``open_module``'s road for ``module``: ValueError or TypeError for what it cannot place."""
+    if grid is None and prefix is None:
+        if type(module).__module__.startswith("timm."):
+            return _open_timm(module, origin, image_size, mean, std)
+        if type(module).__module__.startswith("transformers.") and hasattr(module, "config") and \
+                transformers_models.attention_modules(module) and not _several_parts(module):  # else its
+            # attention runs off the interface, or through it in several parts (Depth Pro's encoders)
+            if _patchless(module):  # DETR's encoder over a CNN's map: as its folder goes (recorded_folder)
+                from vit.sources.library_road.placing.image_part import ImagePart
+
+                return _open_recorded(ImagePart(module), origin, image_size, mean, std, grid, prefix)
+            try:
+                return _open_transformers(module, origin, image_size, mean, std)
+            except ValueError as refused:  # a backbone's windows or a head's decoders: as its folder goes
+                # (backbone_parts), its backbone fed pixels alone: its own where it is one (LW-DETR's ViT)
+                from vit.sources.library_road.placing import backbone_alone
+
+                backbone = backbone_alone.answering(module, refused)
+                if backbone is None:
+                    raise
+                size = image_size if image_size is not None else transformers_models.config_size(module.config)
+                return _open_recorded(backbone_alone._Backbone(backbone), origin, size, mean, std, None, None)
+    return _open_recorded(module, origin, image_size, mean, std, grid, prefix)
 
 
 def _several_parts(model: torch.nn.Module) -> bool:

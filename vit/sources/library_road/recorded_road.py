@@ -457,14 +457,15 @@ def _partitioned(model: torch.nn.Module, calls: list[AttentionCall], mode: Atten
     if mode.patch is None or (not whole and all(c.batch == 1 for c in calls)):
         return None
     grid = (image_hw[0] // mode.patch[0], image_hw[1] // mode.patch[1])
+    codes = partitions.first_pieces(model, calls, tuple(image_hw), _channels(model), grid)
+    if codes is None or (whole and patch_codes.in_row_order(codes)):  # the common case: read once, nothing placed
+        return None
     try:
-        found = partitions.partition_places(model, calls, tuple(image_hw), _channels(model), grid)
+        found = partitions.partition_places(model, calls, tuple(image_hw), _channels(model), grid, codes)
     except ValueError:
         if whole:  # calls that are not its pieces joined (pooled stages): no reordering of this kind
             return None
         raise
-    if found is None or (whole and patch_codes.in_row_order(torch.tensor(found[0].slots) + 1 - found[0].prefix)):
-        return None
     return partitions.partitioned_layout(*found, tuple(image_hw))
 
 

@@ -6,14 +6,14 @@ token; a global layer's ``window_unpartition_before_attention`` joins them). No 
 layout would (Swin's ``window_size``): they are reshapes in a forward, so where each slot's token comes from is read
 by running that forward, never re-typed from the modelling file.
 
-``read_pieces`` runs the model's own forward up to its first attention block twice, the patch embedding's output
-(the convolution the trace found) replaced by token codes ``c`` and then ``2 c`` (patch ``p``'s code is ``p + 1``
-on every channel): what the code between adds (a position embedding, a CLS token) cancels in the difference, and
-each slot of the block's input ``(pieces, slots, D)`` holds its patch's code, or 0 for a token of the model's own (a
-window's CLS copy). A difference that is not one code a slot on every channel (a convolution mixing the patches, a
-norm) or that does not hold every patch once is no partition: the model is left to the other layouts. Each copy of a
-token of its own is a prefix token of the layout, in the order the pieces hold them (RF-DETR: window ``k``'s CLS is
-prefix token ``k``), the patches after them row-major.
+``read_pieces`` runs the model's own forward up to its first attention block on two images at once, the patch
+embedding's output (the convolution the trace found) replaced by token codes ``c`` in one and ``2 c`` in the other
+(patch ``p``'s code is ``p + 1`` on every channel): what the code between adds (a position embedding, a CLS token)
+cancels in the difference, and each slot of the block's input ``(pieces, slots, D)`` holds its patch's code, or 0 for a
+token of the model's own (a window's CLS copy). A difference that is not one code a slot on every channel (a convolution
+mixing the patches, a norm) or that does not hold every patch once is no partition: the model is left to the other
+layouts. Each copy of a token of its own is a prefix token of the layout, in the order the pieces hold them (RF-DETR:
+window ``k``'s CLS is prefix token ``k``), the patches after them row-major.
 
 A call over ``pieces`` pieces of ``slots`` tokens is placed on those slots; a call over fewer, longer pieces on
 whole consecutive pieces joined (what a reshape of ``(B * pieces, slots, D)`` into ``(B * pieces / k, k * slots,
@@ -92,17 +92,23 @@ def _tokens(codes: torch.Tensor) -> tuple[torch.Tensor, int]:
     return tokens, prefix
 
 
+def first_pieces(model: torch.nn.Module, calls: list[AttentionCall], image_hw: tuple[int, int], channels: int,
+                 grid: tuple[int, int]) -> torch.Tensor | None:
+    """The codes of the first block's input (``read_pieces``, the block of the first call), where they are a
+    partition of the ``grid``'s patches; else None."""
+    block = first_block(calls[0].name, dict(model.named_modules()))
+    codes = None if block is None else read_pieces(model, block, image_hw, channels)
+    return None if codes is None or int(codes.max()) != grid[0] * grid[1] else codes
+
+
 def partition_places(model: torch.nn.Module, calls: list[AttentionCall], image_hw: tuple[int, int], channels: int,
-                     grid: tuple[int, int]) -> tuple[PieceLayout, tuple[LayerPlace, ...]] | None:
+                     grid: tuple[int, int], codes: torch.Tensor | None = None
+                     ) -> tuple[PieceLayout, tuple[LayerPlace, ...]] | None:
     """The first block's pieces and each call's place on them, where its first block's input is a partition of the
-    ``grid``'s patches (``read_pieces``); None where it is not. ValueError (one line) for a call that is neither the
-    pieces nor whole pieces joined."""
-    modules = dict(model.named_modules())
-    block = first_block(calls[0].name, modules)
-    if block is None:
-        return None
-    codes = read_pieces(model, block, image_hw, channels)
-    if codes is None or int(codes.max()) != grid[0] * grid[1]:
+    ``grid``'s patches (``codes``, ``first_pieces``' where not given); None where it is not. ValueError (one line) for
+    a call that is neither the pieces nor whole pieces joined."""
+    codes = first_pieces(model, calls, image_hw, channels, grid) if codes is None else codes
+    if codes is None:
         return None
     tokens, prefix = _tokens(codes)
     pieces, slots = tokens.shape
