@@ -24,7 +24,7 @@ def callbacks(trainer_class, **kwargs) -> list[str]:
 def test_the_jobs_trainer_leaves_out_the_actors_a_run_of_ours_never_uses_and_nothing_else():
     from ray.train.torch import TorchTrainer
 
-    from vit.runs.ray_train import UNUSED_CALLBACKS, LeanTorchTrainer
+    from vit.runs.lean_trainer import UNUSED_CALLBACKS, LeanTorchTrainer
 
     ray_s = callbacks(TorchTrainer)
     # Ray's own trainer still has both (a Ray that renamed them would leave ours starting their actors again).
@@ -64,3 +64,21 @@ def test_arguments_the_workers_would_refuse_are_refused_in_the_driver(argv, tmp_
     assert check_before_the_workers([*argv, "--out", str(tmp_path / "run"), *TINY]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vit.train: error:") and err.count("\n") == 1, err
+
+
+def test_a_driver_refusing_its_run_loads_no_ray(tmp_path, monkeypatch, capsys):
+    # A job refused in its driver ends before Ray and Ray Train (Ray Data, pandas, pyarrow: ~1.3 s of CPU) load: with
+    # them unimportable, the driver module still imports and refuses the run (it would fail to import were they
+    # imported at its top again).
+    import importlib
+    import sys
+
+    for name in ("ray", "ray.train", "ray.train.torch", "vit.runs.lean_trainer"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` raises ImportError
+    monkeypatch.delitem(sys.modules, "vit.runs.ray_train", raising=False)
+    ray_train = importlib.import_module("vit.runs.ray_train")
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    argv = ["--workers", "1", "--name", "run", "--", "--dataset", f"folder:{tmp_path / 'empty'}", "--out",
+            str(tmp_path / "run"), *TINY]
+    assert ray_train.main(argv) == 2
+    assert capsys.readouterr().err.startswith("vit.train: error:")

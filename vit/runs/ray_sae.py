@@ -143,7 +143,8 @@ def run_job(command, argv: list[str], workers: int, name: str) -> int:
     import ray
     from ray.train import RunConfig, ScalingConfig
 
-    from vit.runs.ray_train import LeanTorchTrainer, fit_until_done
+    from vit.runs.lean_trainer import LeanTorchTrainer
+    from vit.runs.ray_train import fit_until_done
     from vit.runs.stop_flag import StopFlag
 
     ray.init(log_to_driver=True)

@@ -19,29 +19,11 @@ import signal
 import sys
 import threading
 
-import ray
-from ray.train import RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
-
 from vit.runs.stop_flag import StopFlag, watch
 
-# Two actors Ray Train starts for every run that a job of ours never uses, each one more process importing Ray (part of
-# the Ray modules' 373 -> 324 s of CPU, bench/results/cpu-2026-11-29f/ray-*.txt): the Ray Data DatasetManager, started
-# whether or not the trainer was given datasets (our workers read their data themselves; vit.sae's harvest runs its own
-# Ray Data pipeline), and the detached PlacementGroupCleaner, which removes the workers' placement group should the
-# controller die while its driver lives on. Our driver lives only as long as ``fit``: a dead controller ends ``fit``,
-# the driver exits with the job, and Ray removes the placement groups of a job that has ended.
-UNUSED_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
-
-
-class LeanTorchTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer`` without the callbacks (and their actors) of ``UNUSED_CALLBACKS``; the
-    datasets' callback stays when it is given datasets."""
-
-    def _create_default_callbacks(self) -> list:
-        unused = set(UNUSED_CALLBACKS) - ({"DatasetsCallback"} if self.datasets else set())
-        return [callback for callback in super()._create_default_callbacks()
-                if type(callback).__name__ not in unused]
+# Ray and Ray Train are imported in ``main``, after ``check_before_the_workers``: a job refused there (bad arguments, a
+# dataset without two classes) then ends without loading them (~1.3 s of CPU: Ray Train brings Ray Data, pandas and
+# pyarrow); the workers and Train's controller, which import this module for ``train_worker``, load Ray anyway.
 
 
 class WorkerError(RuntimeError):
@@ -106,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     refused = check_before_the_workers(train_args)
     if refused is not None:
         return refused
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+
+    from vit.runs.lean_trainer import LeanTorchTrainer
+
     ray.init(log_to_driver=True)
     flag = StopFlag()
     use_gpu = args.gpus_per_worker > 0

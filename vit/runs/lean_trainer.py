@@ -1,0 +1,25 @@
+"""Ray Train's ``TorchTrainer`` as a job of ours runs it (``vit.runs.ray_train``, ``vit.runs.ray_sae``): without
+the actors it never uses. A module of its own: importing it loads Ray Train (Ray Data, pandas, pyarrow), which a
+job's driver does only once the run's arguments and data have passed its checks."""
+
+from __future__ import annotations
+
+from ray.train.torch import TorchTrainer
+
+# Two actors Ray Train starts for every run that a job of ours never uses, each one more process importing Ray (part of
+# the Ray modules' 373 -> 324 s of CPU, bench/results/cpu-2026-11-29f/ray-*.txt): the Ray Data DatasetManager, started
+# whether or not the trainer was given datasets (our workers read their data themselves; vit.sae's harvest runs its own
+# Ray Data pipeline), and the detached PlacementGroupCleaner, which removes the workers' placement group should the
+# controller die while its driver lives on. Our driver lives only as long as ``fit``: a dead controller ends ``fit``,
+# the driver exits with the job, and Ray removes the placement groups of a job that has ended.
+UNUSED_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
+
+
+class LeanTorchTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer`` without the callbacks (and their actors) of ``UNUSED_CALLBACKS``; the
+    datasets' callback stays when it is given datasets."""
+
+    def _create_default_callbacks(self) -> list:
+        unused = set(UNUSED_CALLBACKS) - ({"DatasetsCallback"} if self.datasets else set())
+        return [callback for callback in super()._create_default_callbacks()
+                if type(callback).__name__ not in unused]
