@@ -12,16 +12,17 @@ and its maps run and the peak RSS grows by no more than the bound (``VmHWM``, th
 """
 
 import contextlib
+import itertools
 import json
 import resource
 from pathlib import Path
 
 import pytest
 import torch
-from peak_memory import MEMORY_GROUP, can_reset_the_peak, run_measured
+from peak_memory import ALLOCATOR_SLACK, MEMORY_GROUP, can_reset_the_peak, run_measured
 from PIL import Image
 
-from vit.costs import bounds
+from vit.costs import bounds, plan
 from vit.model import ViT
 from vit.model.stages import through_merge
 from vit.sources.ports.families import import_swin
@@ -79,6 +80,14 @@ FAMILIES = {
                  hostile=1024, step=16, forward=False, limit=350),
 }
 
+# The families whose analysis growth at their largest size is held to the estimate that picked it (less the allocator's
+# slack), not only to the bound: a bound met only because the limit is loose is not met (VIT_ANALYSIS_MEMORY_MB=450
+# still picked SAM's 480 px, which grew 458.9 MB). SAM's 40 x 40 windows: the rollout's step over a windowed layer
+# (its probabilities, their mean over the heads and two copies of that: 439 MB at 480 px) was not counted, 436.8 MB
+# counted in all; test_costs.py's SAM (8 x 8 windows) holds a few MB of it. The other families' estimates are held
+# to their peaks in test_costs.py, at its sizes; here not yet measured against theirs.
+ESTIMATE_HELD = ("sam",)
+
 
 def build(importer: str, config: dict, timm: bool = False) -> ViT:
     """A family's model (random weights) from its config.json, as ``vit.sources`` reads it."""
@@ -103,7 +112,7 @@ from PIL import Image
 sys.path.insert(0, sys.argv[2])
 from peak_memory import peak, start
 from test_layout_memory import build
-from vit.costs import bounds
+from vit.costs import bounds, plan
 from vit.explain.views import attention_maps, image_analysis, method_maps
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain.methods.stage_maps import relevance_rollout_row
@@ -171,7 +180,8 @@ with open("/proc/self/statm") as f:
     mapped = int(f.read().split()[0]) * resource.getpagesize()
 limit = bounds.memory_limit()
 resource.setrlimit(resource.RLIMIT_AS, (mapped + limit + 512 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
-out = {"side": side, "limit": limit}
+cost = plan.analysis(model, model.patch_grid(side, side))  # the estimate that picked the side, on the path it picks
+out = {"side": side, "limit": limit, "estimate": cost.memory if plan.decide(cost) == "run" else cost.chunked}
 
 since = start()
 with model.hooks(model_hooks):
@@ -217,6 +227,9 @@ def test_each_family_is_refused_over_the_bound_before_any_block_and_stays_under_
     # At the largest size the bound allows, the analysis and every map it draws stay under the bound
     assert out["side"] > 0
     assert out["analysis growth"] <= out["limit"], (out["side"], out["analysis growth"] / mb)
+    if family in ESTIMATE_HELD:  # and within what the estimate that picked the side counted
+        assert out["analysis growth"] - ALLOCATOR_SLACK <= out["estimate"], (
+            out["side"], out["analysis growth"] / mb, out["estimate"] / mb)
     if "class growth" in out and out["class refused"] is None:
         assert out["class growth"] <= out["limit"], (out["side"], out["class growth"] / mb)
 
@@ -284,3 +297,27 @@ def test_a_rollout_row_passes_a_merge_to_the_real_inputs_of_each_merged_token():
                               1.0, 1.0, 1.0,
                               3.0, 3.0, 1.0]], dtype=torch.float64)
     assert torch.equal(through_merge(row, (3, 3)), expected)
+
+
+def test_sams_analysis_estimate_rises_with_the_size_but_where_its_rollout_changes_path():
+    """The issue's SAM (40 x 40 windows, 2 heads) from 320 to 640 px: the estimate never falls as the size rises on
+    one path. It falls once, from 320 to 336 px (6,400 to 7,056 tokens), where the rollout's factors (2 layers x T²
+    in float16) pass half the layer cache: kept and read as factors below, a row vector through each layer's windows
+    (the rollout's step over them, ``bounds.layout_memory``) and a global layer's chunks above: the issue's 537 MB at
+    320 px and 433 at 400 are that change, not an error. The step counted or not, the estimate rises on each path."""
+    from vit.costs import memory
+
+    spec = FAMILIES["sam"]
+    model = build(spec["importer"], spec["config"])
+    L = model.config.num_layers
+    rows = []
+    for side in range(320, 656, 16):
+        cost = plan.analysis(model, model.patch_grid(side, side))
+        T = cost.tokens
+        kept = L * T * T * (2 if T > memory.HALF_PRECISION_TOKENS else 4) <= memory.LAYER_CACHE_BYTES // 2
+        path = plan.decide(cost)
+        rows.append((side, (kept, path, cost.every), cost.memory if path == "run" else cost.chunked))
+    steps = list(itertools.pairwise(rows))
+    falls = [(a[0], b[0]) for a, b in steps if b[2] < a[2]]
+    assert all(a[1] != b[1] for a, b in steps if b[2] < a[2]), (falls, rows)  # a fall only where the path changes
+    assert falls == [(320, 336)], rows

@@ -153,8 +153,11 @@ def layout_memory(model, grid: tuple[int, int], analysis: bool = False) -> Layou
     whole: a model with stages returns every layer's windows, kept (``kept``; the explicit path's scores beside the
     costliest layer's probabilities), and its maps are built from them (``maps``: a rollout step in float64 holds a
     layer's windows fused over the heads about four times, beside every layer's fused windows); another model's
-    windowed layer (SAM) is read one layer's windows at a time, scores and probabilities. A model without layouts:
-    zeros. ValueError (the layouts' own) where a layer's windows do not fit ``grid``."""
+    windowed layer (SAM, Qwen2.5-VL) is read one layer's windows at a time: as formed, its scores beside its
+    probabilities; in the rollout's step (``attention.layer_step``), its probabilities beside their mean over the
+    heads and two copies of that (padding keys dropped, the residual added, renormalised): ``(H + 3) / H`` times its
+    probabilities, more than the pattern's twice for one or two heads. A model without layouts: zeros. ValueError
+    (the layouts' own) where a layer's windows do not fit ``grid``."""
     layouts = getattr(model, "layer_layouts", None)
     config = getattr(model, "config", None)
     if layouts is None or not (config.window_size or config.stage_depths or config.rel_pos != "none"):
@@ -166,8 +169,10 @@ def layout_memory(model, grid: tuple[int, int], analysis: bool = False) -> Layou
         if analysis and staged:
             peak += returned  # the scores beside the probabilities they become
             kept, fused, step = kept + returned, fused + rollout // 2, max(step, rollout)
-        elif analysis and layout.window:
-            peak += 2 * returned
+        elif analysis and layout.window:  # its pattern as formed, or the rollout's step over it, the larger
+            rolled = returned + 3 * returned // block.attn.num_heads
+            peak, why = ((peak + 2 * returned, why) if peak + 2 * returned >= rolled else
+                         (rolled, "rollout step over its windows (their probabilities, head mean and its copies)"))
         if peak > worst.peak:
             worst = LayoutMemory(peak, i, why or "attention scores")
     return LayoutMemory(worst.peak, worst.layer, worst.why, kept, fused + 4 * step if kept else 0)
