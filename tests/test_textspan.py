@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from parity_helpers import randomize
 from safetensors.torch import save_file
+from skipped_init import built_holding
 from test_app import dirs  # noqa: F401 (a fixture)
 
 from vit.api.arguments import pil_image
@@ -45,8 +46,7 @@ def save_clip(folder, model_cfg, seed=0):
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
     model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
     open_clip_hub.save_config_for_hf(model, folder / "open_clip_config.json", model_config=model_cfg)
-    theirs = TheirCLIP(**model_cfg)
-    theirs.load_state_dict(model.state_dict(), strict=True)
+    theirs = built_holding(lambda: TheirCLIP(**model_cfg), model.state_dict())  # strictly: all of it the state's
     return model.eval(), theirs.eval(), folder
 
 
