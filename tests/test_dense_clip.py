@@ -26,6 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from skipped_init import built_holding
 
 from vit.explain.language import prompts
 from vit.explain.methods import dense_clip
@@ -61,9 +62,7 @@ def open_clip_backbone(name: str, seed: int = 0) -> tuple[dict, dict]:
 
 def our_model(state: dict, model_cfg: dict) -> ViT:
     config = config_from_open_clip(state, model_cfg, None)
-    model = ViT(config)
-    model.load_state_dict(state_dict_from_open_clip(state, config))
-    return model.eval()
+    return built_holding(lambda: ViT(config), state_dict_from_open_clip(state, config)).eval()
 
 
 @pytest.fixture(scope="module", params=["ViT-B-16", "ViT-B-32"])
@@ -77,9 +76,8 @@ def backbone(request):
 
 def openai_layout(module, state: dict) -> torch.nn.Module:
     """The authors' OpenAI-layout CLIP (their ``build_model``) holding ``state`` in float32."""
-    model = module.build_model(dict(state)).float()  # build_model converts to float16: load float32 again
-    model.load_state_dict(state)
-    return model.eval()
+    # build_model converts to float16: load float32 again
+    return built_holding(lambda: module.build_model(dict(state)).float(), state).eval()
 
 
 def upsampled(maps: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
@@ -115,10 +113,10 @@ def clearclip_segmentor(state: dict, model_cfg: dict, texts: torch.Tensor) -> ty
     from tests.reference.clearclip.open_clip import transformer
 
     vision = model_cfg["vision_cfg"]
-    visual = transformer.VisionTransformer(vision["image_size"], vision["patch_size"], vision["width"],
-                                           vision["layers"], vision["width"] // 64, 4.0,
-                                           output_dim=model_cfg["embed_dim"], act_layer=transformer.QuickGELU)
-    visual.load_state_dict({k[len("visual."):]: v for k, v in state.items() if k.startswith("visual.")})
+    visual = built_holding(lambda: transformer.VisionTransformer(
+        vision["image_size"], vision["patch_size"], vision["width"], vision["layers"], vision["width"] // 64, 4.0,
+        output_dim=model_cfg["embed_dim"], act_layer=transformer.QuickGELU),
+        {k[len("visual."):]: v for k, v in state.items() if k.startswith("visual.")})
     net = types.SimpleNamespace(visual=visual.eval())
     net.encode_image = types.MethodType(clearclip_model.CLIP.encode_image, net)
     defaults = inspect.signature(ClearCLIPSegmentation.__init__).parameters
@@ -160,26 +158,33 @@ def surgery_reference(state: dict, model_cfg: dict):
     from tests.reference.clip_surgery.clip_surgery_model import CLIPSurgery
 
     vision, text = model_cfg["vision_cfg"], model_cfg["text_cfg"]
-    net = CLIPSurgery(model_cfg["embed_dim"], vision["image_size"], vision["layers"], vision["width"],
-                      vision["patch_size"], text["context_length"], text["vocab_size"], text["width"],
-                      text["width"] // 64, text["layers"])  # build_model's arguments from these weights
-    net.load_state_dict(state)
+    net = built_holding(lambda: CLIPSurgery(  # build_model's arguments from these weights
+        model_cfg["embed_dim"], vision["image_size"], vision["layers"], vision["width"], vision["patch_size"],
+        text["context_length"], text["vocab_size"], text["width"], text["width"] // 64, text["layers"]), state)
     return net.eval()
 
 
+@pytest.fixture(scope="module")
+def surgery_features(backbone):
+    """The authors' ``CLIPSurgery.encode_image`` of the backbone's images, normalised as their demo's next line:
+    once a backbone, for both label counts (the image side does not read the labels)."""
+    state, model_cfg, _, _, images = backbone
+    with torch.no_grad():
+        features = surgery_reference(state, model_cfg).encode_image(images)
+    return features / features.norm(dim=-1, keepdim=True)
+
+
 @pytest.mark.parametrize("labels", [LABELS, 1])
-def test_clip_surgery_is_the_authors_demo(backbone, labels):
+def test_clip_surgery_is_the_authors_demo(backbone, surgery_features, labels):
     """Several labels: the feature surgery over the label set; one: the label minus the empty text (its demo's
     single-text case, ``redundant_feats``)."""
     from tests.reference.clip_surgery.feature_surgery import clip_feature_surgery
 
-    state, model_cfg, model, texts, images = backbone
+    _, model_cfg, model, texts, images = backbone
     texts = texts[:labels]
     blank = None if labels > 1 else F.normalize(torch.randn(model_cfg["embed_dim"]), dim=-1)
-    net = surgery_reference(state, model_cfg)
+    features = surgery_features
     with torch.no_grad():
-        features = net.encode_image(images)
-        features = features / features.norm(dim=-1, keepdim=True)  # the demo's next line
         similarity = clip_feature_surgery(features, texts, None if blank is None else blank[None])  # (1, T, n)
     grid = model.patch_grid(224, 224)
     expected = similarity[:, 1:, :].transpose(1, 2).reshape(1, labels, *grid)  # get_similarity_map's reshape
@@ -233,8 +238,7 @@ def open_clip_visual(state: dict, model_cfg: dict) -> types.SimpleNamespace:
     """open_clip's image tower holding ``state``, as ``maskclip_reference`` reads it: each layer's norms, its
     ``nn.MultiheadAttention`` (mmcv's wraps the same module: ``identity + attn(q, q, q)``) and its MLP (mmcv's FFN:
     ``identity + layers(x)``)."""
-    clip = open_clip.model.CLIP(**model_cfg)
-    clip.load_state_dict(state)
+    clip = built_holding(lambda: open_clip.model.CLIP(**model_cfg), state)
     visual = clip.eval().visual
 
     def attention(block):

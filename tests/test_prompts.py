@@ -63,6 +63,13 @@ def clip_folder(tmp_path_factory):
     return save_open_clip(tmp_path_factory.mktemp("clip") / "open_clip")
 
 
+@functools.cache
+def open_clip_tokenizer(folder):
+    """open_clip's own tokenizer of the saved ``folder`` (``get_tokenizer("local-dir:…")``), the references' side,
+    built once a folder: each build reads CLIP's whole BPE vocabulary (~0.2 s of CPU; issue 112)."""
+    return open_clip.get_tokenizer(f"local-dir:{folder}")
+
+
 def image_batch(n=1, size=32, seed=1):
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
@@ -77,7 +84,7 @@ def test_open_clip_zero_shot_equals_open_clips_own_pipeline(clip_folder):
     texts = [prompts.fill(prompts.DEFAULT_TEMPLATE, label) for label in LABELS]
     x = image_batch(2)
     with torch.no_grad():
-        tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+        tokenizer = open_clip_tokenizer(folder)
         image = model.encode_image(x, normalize=True)
         text = model.encode_text(tokenizer(texts), normalize=True)
         expected_logits = model.logit_scale.exp() * image @ text.T
@@ -96,30 +103,42 @@ def test_the_imagenet_ensemble_is_open_clips_zero_shot_classifier(clip_folder):
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
     with torch.no_grad():
-        expected = build_zero_shot_classifier(model, open_clip.get_tokenizer(f"local-dir:{folder}"), LABELS,
+        expected = build_zero_shot_classifier(model, open_clip_tokenizer(folder), LABELS,
                                               OPENAI_IMAGENET_TEMPLATES)  # (E, n)
     ours = prompts.prompt_embeddings(tower.encode, LABELS, templates)
     torch.testing.assert_close(ours, expected.T, rtol=1e-5, atol=1e-6)
 
 
 def bpe_tokenizer_files(folder):
-    """open_clip's bundled BPE vocabulary written as HF CLIPTokenizer files (nothing can be downloaded)."""
+    """open_clip's bundled BPE vocabulary, cut to its first ``BPE_MERGES`` merges, written as HF CLIPTokenizer files
+    (nothing can be downloaded)."""
     for name, data in _bpe_tokenizer_bytes().items():
         (folder / name).write_bytes(data)
 
 
+# The merges of CLIP's BPE the tests' tokenizer files keep, of 48,894: each token keeps its id in the whole
+# vocabulary (the 512 bytes, the first merges in rank order, the start and end of text at 49406 and 49407, where
+# CLIP's and SigLIP's configs and the pooling at the end token look for them), and a word the first merges do not
+# join is split into more of its pieces, the same way by whoever reads the files (every test tokenizes from them on
+# both sides). The whole vocabulary's tokenizer.json took transformers 5 ~0.4 s of CPU to parse at each load, ten
+# loads in this module alone; this one, ~0.01 s (issue 112).
+BPE_MERGES = 4096
+
+
 @functools.cache
 def _bpe_tokenizer_bytes() -> dict[str, bytes]:
-    """The files ``bpe_tokenizer_files`` writes, built once a process (~0.5 s of CPU each time: open_clip's and
-    transformers' tokenizers read the 49,408-token vocabulary), each test still given its own copy."""
+    """The files ``bpe_tokenizer_files`` writes, built once a process, each test still given its own copy."""
     bpe = open_clip.tokenizer.SimpleTokenizer()
     renamed = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}  # HF's names of the two
+    merges = sorted(bpe.bpe_ranks, key=bpe.bpe_ranks.get)[:BPE_MERGES]
+    kept = {*list(bpe.encoder)[:512], *("".join(m) for m in merges), *renamed}  # the bytes come first
     with tempfile.TemporaryDirectory() as built:
         folder = Path(built)
-        (folder / "vocab.json").write_text(json.dumps({renamed.get(k, k): v for k, v in bpe.encoder.items()}))
-        merges = sorted(bpe.bpe_ranks, key=bpe.bpe_ranks.get)
+        (folder / "vocab.json").write_text(json.dumps({renamed.get(k, k): v for k, v in bpe.encoder.items()
+                                                       if k in kept}))
         (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
         tokenizer = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+        assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (49406, 49407)
         (folder / "vocab.json").unlink()
         (folder / "merges.txt").unlink()
         tokenizer.save_pretrained(folder)
@@ -210,7 +229,7 @@ def chefer_clip(clip_folder):
 
 
 def tokens_for(folder, labels):
-    return open_clip.get_tokenizer(f"local-dir:{folder}")(labels)
+    return open_clip_tokenizer(folder)(labels)
 
 
 @pytest.mark.parametrize("start_layer", [-1, 1])
@@ -426,7 +445,7 @@ def test_predict_labels_prints_open_clips_zero_shot(clip_folder, tmp_path, capsy
 
     templates = {None: ["a photo of a {}."], "{}": ["{}"], "imagenet": OPENAI_IMAGENET_TEMPLATES}[template]
     with torch.no_grad():
-        classifier = build_zero_shot_classifier(model, open_clip.get_tokenizer(f"local-dir:{folder}"), LABELS,
+        classifier = build_zero_shot_classifier(model, open_clip_tokenizer(folder), LABELS,
                                                 templates)  # (E, n)
         expected = (model.logit_scale.exp() * model.encode_image(open_clip_input(path), normalize=True)
                     @ classifier).softmax(dim=-1)[0]
@@ -514,7 +533,7 @@ def test_evaluate_zero_shot_is_open_clips_zero_shot_accuracy(clip_folder, tmp_pa
         files += [(image_file(tmp_path / "data" / name / f"{i}.png", seed=10 * c + i), c) for i in range(4)]
     templates = OPENAI_IMAGENET_TEMPLATES if template else ["a photo of a {}."]
     with torch.no_grad():
-        classifier = build_zero_shot_classifier(model, open_clip.get_tokenizer(f"local-dir:{folder}"),
+        classifier = build_zero_shot_classifier(model, open_clip_tokenizer(folder),
                                                 [n.replace("_", " ") for n in folders], templates)
         images = torch.cat([open_clip_input(path) for path, _ in files])
         predicted = (model.encode_image(images, normalize=True) @ classifier).argmax(dim=-1)

@@ -9,7 +9,9 @@ eager model opened from the same folder, at every answer token, layer and head (
 row is placed by hand, each image token's value written into every patch its unit covers.
 """
 
+import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -495,9 +497,24 @@ def eager_generate(folder, image: Image.Image, text: str | None = None, **images
     return out, inputs, model.config.image_token_id
 
 
+def reference_processor(folder):
+    """transformers' ``AutoProcessor.from_pretrained(folder)``, read once while the folder's files stay as they were
+    (their names, sizes and times: a test that edits one reads it again). Each load parses the tokenizer and the
+    processors' configs (~0.1 s of CPU), and ``processor_inputs`` alone asked ~60 times a run of this module for a
+    dozen folders (issue 112). For reading (a decode, an image processor's settings), never to edit."""
+    folder = Path(folder)
+    files = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir() if f.is_file()))
+    return _reference_processor(folder, files)
+
+
+@functools.lru_cache(maxsize=32)
+def _reference_processor(folder: Path, files: tuple):
+    return transformers.AutoProcessor.from_pretrained(folder)
+
+
 def processor_inputs(folder, image: Image.Image, text: str | None = None, **images_kwargs):
     """transformers alone: the processor's inputs for ``image`` and the question through its chat template."""
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    processor = reference_processor(folder)
     if text is None and processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
         text = processor.image_token + QUESTION
     elif text is None:
@@ -548,21 +565,22 @@ def test_the_answer_is_generates_greedy_answer_token_for_token(vlms, answers, ki
     answer, out, inputs, _ = answers[kind]
     expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     assert list(answer.tokens) == expected and len(expected) == NEW_TOKENS
-    processor = transformers.AutoProcessor.from_pretrained(vlms[kind])
+    processor = reference_processor(vlms[kind])
     assert answer.text == processor.decode(expected, skip_special_tokens=True) and answer.text.strip()
     assert answer.pieces == tuple(processor.decode([t]) for t in expected)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, kind):
+def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, answers, kind):
     """``on_token`` is given the answer so far after each token: its ids are ``generate``'s first k, its text their
-    decoding; the last is the answer returned."""
+    decoding; the last is the answer returned. (transformers' greedy run of the same folder, picture and question:
+    the ``answers`` fixture's.)"""
     streamed = []
     answer = vit.ask_vlm(vlms[kind], picture(), QUESTION, max_new_tokens=NEW_TOKENS,
                          on_token=lambda tokens, text: streamed.append((tokens, text)))
-    out, inputs, _ = eager_generate(vlms[kind], picture())
+    _, out, inputs, _ = answers[kind]
     expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
-    processor = transformers.AutoProcessor.from_pretrained(vlms[kind])
+    processor = reference_processor(vlms[kind])
     assert [list(tokens) for tokens, _ in streamed] == [expected[:k] for k in range(1, NEW_TOKENS + 1)]
     assert [text for _, text in streamed] == [processor.decode(expected[:k], skip_special_tokens=True)
                                               for k in range(1, NEW_TOKENS + 1)]
@@ -570,10 +588,11 @@ def test_the_answer_is_streamed_token_by_token_as_generate_chooses_them(vlms, ki
 
 
 @pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
-def test_a_stop_after_k_tokens_keeps_k_tokens_whose_maps_are_the_whole_runs(vlms, kind):
+def test_a_stop_after_k_tokens_keeps_k_tokens_whose_maps_are_the_whole_runs(vlms, answers, kind):
     """A ``Stop`` raised by ``progress`` once k tokens are done ends the generation there: the answer keeps
-    ``generate``'s first k tokens, each token's attention is transformers' eager row of the whole run, and its
-    relevance and TAM are those of the whole answer's token."""
+    ``generate``'s first k tokens, each token's attention is transformers' eager row of the whole run (the
+    ``answers`` fixture's, of the same folder, picture and question), and its relevance and TAM are those of the
+    whole answer's token."""
     from vit.core.progress import Stop
     from vit.explain.language.vlm_answer import generate_answer, prepare
 
@@ -586,7 +605,7 @@ def test_a_stop_after_k_tokens_keeps_k_tokens_whose_maps_are_the_whole_runs(vlms
 
     vlm = vit.open_vlm(vlms[kind])
     answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS), stop_at_k)
-    out, inputs, image_token = eager_generate(vlms[kind], picture())
+    _, out, inputs, image_token = answers[kind]
     assert told == [(i, NEW_TOKENS) for i in range(k + 1)]
     assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()[:k]
     assert answer.stopped == "stopped by the test" and len(answer.pieces) == k
@@ -598,7 +617,7 @@ def test_a_stop_after_k_tokens_keeps_k_tokens_whose_maps_are_the_whole_runs(vlms
             for head in range(rows.shape[0]):
                 np.testing.assert_allclose(answer.attention(i, layer, head),
                                            by_hand(rows[head], answer.grid, unit, lead), rtol=0, atol=ATOL)
-    whole = vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    whole = answers[kind][0]  # vit.ask_vlm of the same folder, picture and question, not stopped
     np.testing.assert_allclose(answer.relevance(k - 1), whole.relevance(k - 1), rtol=0, atol=1e-6)
     np.testing.assert_allclose(answer.tam(k - 1), whole.tam(k - 1), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match=rf"^answer token {k} does not exist: the answer has {k} tokens"):
@@ -961,7 +980,7 @@ def where_tiles_are(folder, image: Image.Image, side: int = 32) -> list[tuple[in
     """transformers alone: the (row, column) on the canvas of each tile the image processor cut, found by its pixels:
     of every canvas of ``tiles`` crops, the one whose crops (the image processor's resize of the whole image to the
     canvas, cut) are the tiles, pixel for pixel."""
-    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    images = reference_processor(folder).image_processor
     tiles = images(image, crop_to_patches=True, return_tensors="pt")["pixel_values"][:-1]  # the thumbnail last
     n = tiles.shape[0]
     for rows in (r for r in range(1, n + 1) if n % r == 0):
@@ -1227,7 +1246,7 @@ def where_crops_are(folder, image: Image.Image) -> list[tuple[int, int]]:
     """transformers alone: the (top, left) pixel at which ``Gemma3ImageProcessor.pan_and_scan_batched`` cut each
     crop, in the order it returns them (the order of ``pixel_values`` after the original image): an image of its
     own pixel coordinates cut by it."""
-    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    images = reference_processor(folder).image_processor
     r, c = torch.meshgrid(torch.arange(image.height), torch.arange(image.width), indexing="ij")
     crops = images.pan_and_scan_batched(torch.stack([r, c])[None].float(), images.pan_and_scan_min_crop_size,
                                         images.pan_and_scan_max_num_crops,
@@ -1269,7 +1288,7 @@ def test_gemma3s_pan_and_scan_crops_are_placed_where_the_processor_cut_them(gemm
                                            by_hand(row[:4], (8, 8), 4, 0), rtol=0, atol=ATOL)
     row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
     assert _differs(answer.attention(1, 0), expected(row, reversed(range(crops))))
-    images = transformers.AutoProcessor.from_pretrained(gemma3_pas).image_processor
+    images = reference_processor(gemma3_pas).image_processor
     np.testing.assert_array_equal(answer.layout.overview.pixels, unnormalised(images, inputs["pixel_values"][0]))
 
 
@@ -1339,7 +1358,7 @@ def test_a_tiled_answer_is_drawn_over_the_canvas_and_the_overview_the_model_read
     padding ``pack_image_features`` drops cut away, its base image the overview."""
     image = picture()
     answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), image, QUESTION, max_new_tokens=1)
-    images = transformers.AutoProcessor.from_pretrained(internvl_tiles).image_processor
+    images = reference_processor(internvl_tiles).image_processor
     side = images.size["height"]
     canvas = images(image, crop_to_patches=False, size={"height": 2 * side, "width": 3 * side},
                     return_tensors="pt")["pixel_values"][0]
@@ -1350,7 +1369,7 @@ def test_a_tiled_answer_is_drawn_over_the_canvas_and_the_overview_the_model_read
 
     answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=1)
     inputs = processor_inputs(llava_next, image)
-    images = transformers.AutoProcessor.from_pretrained(llava_next).image_processor
+    images = reference_processor(llava_next).image_processor
     places = [p for p in packed_places(llava_next, inputs) if p is not None]
     top, left = min(p[0] for p in places), min(p[1] for p in places)
     bottom, right = max(p[0] for p in places) + 1, max(p[1] for p in places) + 1
@@ -1441,7 +1460,7 @@ def molmo2_tokens(folder, image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
     each canvas patch's crop patch, and the pooling window that holds it."""
     from transformers.models.molmo2.image_processing_molmo2 import arange_for_pooling
 
-    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    images = reference_processor(folder).image_processor
     _, grid = images._build_overlapping_crops(
         torch.zeros(1, 3, image.height, image.width), max_crops=images.max_crops,
         overlap_margins=images.overlap_margins, crop_size=32, resample=images.resample, do_rescale=False,
@@ -1484,7 +1503,7 @@ def test_molmo2s_pooled_tokens_are_placed_where_its_crops_and_pooling_put_them(m
     # without the normalisation), to the rounding of undoing the normalisation
     from transformers.models.molmo2.image_processing_molmo2 import resize_and_normalize_image
 
-    images = transformers.AutoProcessor.from_pretrained(molmo2).image_processor
+    images = reference_processor(molmo2).image_processor
     resized = resize_and_normalize_image(images, torch.from_numpy(np.asarray(image)).permute(2, 0, 1)[None],
                                          [canvas.shape[0] * 8, canvas.shape[1] * 8], images.resample, False, 1.0,
                                          False, images.image_mean, images.image_std)[0].permute(1, 2, 0).numpy()
