@@ -25,24 +25,13 @@ The package, by concern (the forward still written once): ``config`` (``ViTConfi
 added to its logits: relative position biases, windows), ``hooks`` (hook points and relevance rules), ``blocks``
 (norms, attention, the MLP, the pooling probe, the block), ``stages`` (hierarchical models: Swin's shifted windows,
 its position biases and patch merging, each layer's grid; its docstring holds the stage design) and
-``vision_transformer`` (``ViT``). Every public name is importable from ``vit.model``.
+``vision_transformer`` (``ViT``). Every public name is importable from ``vit.model``: ``config``'s at once (it
+needs no torch, so a command checks its arguments and lists the presets without loading torch), the others' when
+first used.
 """
 
-from vit.model.blocks import (
-    MLP,
-    MODEL_ATTENTION,
-    Attention,
-    AttentionPool,
-    AttentionVariant,
-    Block,
-    LayerNorm,
-    Parent,
-    Projector,
-    RMSNorm,
-    drop_path,
-    fused_attention,
-    make_norm,
-)
+import importlib
+
 from vit.model.config import (
     ACTIVATIONS,
     CONFIG_BOUNDS,
@@ -60,48 +49,54 @@ from vit.model.config import (
     ROPES,
     ViTConfig,
 )
-from vit.model.hooks import (
-    PLAIN_RULES,
-    Hook,
-    HookPoint,
-    Rules,
-    activate,
-    checkpointed_blocks,
-    current_rules,
-    use_rules,
-)
-from vit.model.layouts import (
-    RelativePositionBias,
-    beit_relative_position_index,
-    decomposed_rel_pos,
-    padding_bias,
-    sam_rel_pos,
-    window_partition,
-    window_unpartition,
-)
-from vit.model.positions import (
-    apply_rope,
-    dinov3_rope,
-    eva_rope,
-    resample_pos_embed,
-    rotate_half,
-    rotate_pairs,
-    sincos_positions,
-)
-from vit.model.stages import (
-    LayerLayout,
-    PatchMerging,
-    SwinPositionBias,
-    SwinV2PositionBias,
-    covering_token,
-    merge_matrix,
-    shift_mask,
-    shift_windows,
-    unshift_windows,
-    window_and_shift,
-    window_tokens,
-)
-from vit.model.vision_transformer import Encoding, ViT, count_parameters, mimetic_init_
+
+# The torch modules' names, each imported from its module when first used (PEP 562), so that reading a
+# configuration or PRESETS (the commands' argument checks) does not load torch.
+_LAZY = {
+    "blocks": (
+        "MLP", "MODEL_ATTENTION", "Attention", "AttentionPool", "AttentionVariant", "Block", "LayerNorm",
+        "Parent", "Projector", "RMSNorm", "drop_path", "fused_attention", "make_norm",
+    ),
+    "hooks": (
+        "PLAIN_RULES", "Hook", "HookPoint", "Rules", "activate", "checkpointed_blocks", "current_rules",
+        "use_rules",
+    ),
+    "layouts": (
+        "RelativePositionBias", "beit_relative_position_index", "decomposed_rel_pos", "padding_bias",
+        "sam_rel_pos", "window_partition", "window_unpartition",
+    ),
+    "positions": (
+        "apply_rope", "dinov3_rope", "eva_rope", "resample_pos_embed", "rotate_half", "rotate_pairs",
+        "sincos_positions",
+    ),
+    "stages": (
+        "LayerLayout", "PatchMerging", "SwinPositionBias", "SwinV2PositionBias", "covering_token",
+        "merge_matrix", "shift_mask", "shift_windows", "unshift_windows", "window_and_shift",
+        "window_tokens",
+    ),
+    "vision_transformer": (
+        "Encoding", "ViT", "count_parameters", "mimetic_init_",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+_SUBMODULES = frozenset(_LAZY)
+
+def __getattr__(name: str):
+    """A torch module's name (or a submodule), imported when first asked for and kept."""
+    module = _MODULE_OF.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF) | _SUBMODULES)
+
 
 __all__ = [
     "ACTIVATIONS", "Attention", "AttentionVariant", "MODEL_ATTENTION",
