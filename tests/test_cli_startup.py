@@ -220,3 +220,88 @@ def test_the_explorer_page_imports_no_model_library_torchvision_or_scipy():
                             text=True, timeout=300, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "", f"the explorer's imports loaded {result.stdout.strip()}"
+
+
+# vit.train --ray only checks its arguments and submits a job: reading the presets (vit.model.config), the dataset
+# (vit.training.dataset_spec) and the device's spelling (vit.training.device_spec) loads no torch (1.6 s of the
+# client's 2.6 s of CPU did). A local run's usage errors answer before torch too; only its device check loads it.
+PARSE_PROBE = """
+import sys
+from vit.model import PRESETS, ViTConfig
+loaded = ["torch" in sys.modules]
+from vit.core.cli import UsageError
+from vit.training.options import parse_args
+out = sys.argv[1]
+args = parse_args(["--ray", "http://127.0.0.1:8265", "--workers", "2", "--gpus-per-worker", "1", "--dataset",
+                   "folder:/data/images", "--preset", "cifar-s", "--hidden-size", "96", "--out", out,
+                   "--device", "cuda:1"])
+loaded.append("torch" in sys.modules)
+for argv in (["--dataset", "cifar10", "--out", out, "--lr", "0.001", "--min-lr", "0.1"],  # local: the last check
+             ["--ray", "http://127.0.0.1:8265", "--dataset", "cifar10", "--out", out, "--device", "cdua"],
+             ["--ray", "http://127.0.0.1:8265", "--dataset", "cifar10", "--out", out, "--device", "mps"]):
+    try:
+        parse_args(argv)
+    except UsageError as e:
+        print(e)
+loaded.append("torch" in sys.modules)
+print(args.device, args.ray, args.workers, args.hidden_size, isinstance(PRESETS["cifar-s"], ViTConfig))
+print("TORCH", loaded)
+"""
+
+
+def test_a_ray_runs_arguments_and_a_local_runs_usage_errors_are_checked_without_torch(tmp_path):
+    result = subprocess.run([sys.executable, "-c", PARSE_PROBE, str(tmp_path / "run")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["--min-lr (0.1) must not exceed --lr (0.001)",
+                         "--device 'cdua' is not a device; use auto, cpu, cuda or cuda:N",
+                         "--device 'mps' is not supported; use auto, cpu, cuda or cuda:N"]
+    assert lines[3] == "cuda:1 http://127.0.0.1:8265 2 96 True"
+    assert lines[4] == "TORCH [False, False, False]", "reading the presets, a --ray run's or a usage error loaded torch"
+
+
+def test_the_model_packages_names_load_with_their_modules_when_first_used():
+    import importlib
+
+    import vit.model
+
+    for name in vit.model.__all__:  # every name is the object of the module that defines it
+        value = getattr(vit.model, name)
+        home = getattr(value, "__module__", None)
+        if home and home.startswith("vit.model."):
+            assert getattr(importlib.import_module(home), name) is value, name
+    assert vit.model.blocks is importlib.import_module("vit.model.blocks")
+    assert "ViT" in dir(vit.model)
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        vit.model.NoSuchName  # noqa: B018
+
+
+# Strings --device may be given, each spelt as torch.device reads it or not (c10's Device parser), and the indices at
+# its edges: stoi's range (an index past it torch refuses), a leading zero, a sign, spaces, case, unknown types.
+DEVICE_STRINGS = ("cpu", "cuda", "cuda:0", "cuda:1", "cuda:7", "cuda:127", "cuda:255", "cuda:2147483647",
+                  "cuda:2147483648", "cuda:99999999999", "cuda:01", "cuda:00", "cuda:-1", "cuda:+1", "cuda:",
+                  "cuda:x", "cuda:1a", "cuda:0:1", "cuda: 1", "cuda:１", " cuda", "cuda ", "cuda\n", "CUDA", "Cuda:0",
+                  "cpu:0", "cpu:1", "cpu:00", "mps", "mps:0", "meta", "meta:5", "xla:3", "hpu", "xpu", "ipu", "mtia",
+                  "lazy", "vulkan", "ve", "fpga", "maia", "mkldnn", "opengl", "opencl", "ideep", "hip",
+                  "privateuseone", "ort", "msnpu", "metal", "gpu", "bogus", "cu_da", "_", "a_b", ":0", "", "auto",
+                  "cudа")  # the last with a Cyrillic a
+
+
+def test_the_device_spelling_checked_without_torch_is_torch_devices():
+    import warnings
+
+    import torch
+
+    from vit.training.device_spec import device_spelling
+
+    for spec in DEVICE_STRINGS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # mkldnn: "no longer used as device type"
+                device = torch.device(spec)
+        except RuntimeError:
+            assert device_spelling(spec) is None, f"{spec!r}: torch.device refuses it"
+        else:
+            assert device_spelling(spec) == (device.type, int(spec.partition(":")[2]) if ":" in spec else None), \
+                f"{spec!r}: torch.device reads it as {device}"

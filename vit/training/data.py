@@ -24,17 +24,13 @@ from vit.core.images import ImageError, open_image, to_uint8
 from vit.core.runfiles import lies_inside
 from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 from vit.training.autoaugment import apply_autoaugment, autoaugment_table, draw_autoaugment
+from vit.training.dataset_spec import BUILTIN_DATASETS, DataError, parse_dataset  # noqa: F401 (its names too)
 from vit.training.image_ops import OpSpace, apply_ops, draw_ops, op_space
 
 log = logging.getLogger(__name__)
 
-BUILTIN_DATASETS = ("cifar10", "cifar100", "mnist", "fashion-mnist")
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 CACHE_VERSION = 1
-
-
-class DataError(ValueError):
-    """A dataset that cannot be used as asked; the message says what to do."""
 
 
 @dataclass
@@ -58,18 +54,6 @@ class Dataset:
     mean: tuple[float, ...]  # per channel, of the training images scaled to [0, 1]
     std: tuple[float, ...]
     from_cache: bool  # True when nothing had to be decoded
-
-
-def parse_dataset(spec: str) -> tuple[str, str]:
-    """``'cifar10'`` -> ('builtin', 'cifar10'); ``'folder:PATH'`` -> ('folder', PATH)."""
-    if spec.startswith("folder:"):
-        path = spec[len("folder:"):]
-        if not path:
-            raise DataError("--dataset folder: needs a path, e.g. folder:data/my-images")
-        return "folder", path
-    if spec in BUILTIN_DATASETS:
-        return "builtin", spec
-    raise DataError(f"unknown dataset {spec!r}; use one of {', '.join(BUILTIN_DATASETS)} or folder:PATH")
 
 
 def list_class_folders(root: Path) -> list[str]:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from vit.core.cli import UsageError
+from vit.training.device_spec import check_device
 
 
 def parse_device(spec: str, here: bool = True) -> torch.device:
@@ -22,17 +23,13 @@ def parse_device(spec: str, here: bool = True) -> torch.device:
     whether this machine has that device."""
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(spec)
-    except RuntimeError:
-        raise UsageError(f"--device {spec!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    check_device(spec)  # the spelling, and cpu or cuda (vit.training.device_spec: the same lines without torch)
+    device = torch.device(spec)
     if device.type == "cuda" and here:
         if not torch.cuda.is_available():
             raise UsageError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N")
     return device
 
 

@@ -414,9 +414,9 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
     False (and with ``--ray``): the run's devices are the cluster's, not this machine's, so ``--device cuda`` is
     not refused on a submitting machine without CUDA.
     """
-    from vit.model import PRESETS
-    from vit.training.data import parse_dataset
-    from vit.training.distributed import parse_device
+    from vit.model import PRESETS  # vit.model.config's: no torch
+    from vit.training.dataset_spec import parse_dataset
+    from vit.training.device_spec import check_device
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -475,7 +475,11 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
         raise UsageError(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
     if check_out:
         check_run_folder(Path(args.out))
-    parse_device(args.device, here=device_here and args.ray is None)
+    check_device(args.device)  # the spelling: a --ray run's devices are the cluster's, so no torch here
+    if device_here and args.ray is None:  # a local run: whether this machine has it (torch loads, as the run will)
+        from vit.training.distributed import parse_device
+
+        parse_device(args.device)
     return args
 
 
