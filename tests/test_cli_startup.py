@@ -223,8 +223,9 @@ def test_the_explorer_page_imports_no_model_library_torchvision_or_scipy():
 
 
 # vit.train --ray only checks its arguments and submits a job: reading the presets (vit.model.config), the dataset
-# (vit.training.dataset_spec) and the device's spelling (vit.training.device_spec) loads no torch (1.6 s of the
-# client's 2.6 s of CPU did). A local run's usage errors answer before torch too; only its device check loads it.
+# and the device's spelling (vit.training.specs) loads no torch (1.6 s of the client's 2.6 s of CPU did).
+# A local run's usage errors answer before torch too; only its last check, whether this machine has the device,
+# loads it.
 PARSE_PROBE = """
 import sys
 from vit.model import PRESETS, ViTConfig
@@ -293,7 +294,7 @@ def test_the_device_spelling_checked_without_torch_is_torch_devices():
 
     import torch
 
-    from vit.training.device_spec import device_spelling
+    from vit.training.specs import device_spelling
 
     for spec in DEVICE_STRINGS:
         try:

@@ -22,10 +22,9 @@ import torch.nn.functional as F
 from vit.checkpoint import atomic_torch_save, check_archive
 from vit.core.images import ImageError, open_image, to_uint8
 from vit.core.runfiles import lies_inside
-from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 from vit.training.autoaugment import apply_autoaugment, autoaugment_table, draw_autoaugment
-from vit.training.dataset_spec import BUILTIN_DATASETS, DataError, parse_dataset  # noqa: F401 (its names too)
 from vit.training.image_ops import OpSpace, apply_ops, draw_ops, op_space
+from vit.training.specs import AUGMENTATIONS, BUILTIN_DATASETS, MAX_MAGNITUDE, DataError, parse_dataset  # noqa: F401
 
 log = logging.getLogger(__name__)
 

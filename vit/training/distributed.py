@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from vit.core.cli import UsageError
-from vit.training.device_spec import check_device
+from vit.training.specs import check_device
 
 
 def parse_device(spec: str, here: bool = True) -> torch.device:
@@ -23,7 +23,7 @@ def parse_device(spec: str, here: bool = True) -> torch.device:
     whether this machine has that device."""
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    check_device(spec)  # the spelling, and cpu or cuda (vit.training.device_spec: the same lines without torch)
+    check_device(spec)  # the spelling, and cpu or cuda (vit.training.specs: the same lines without torch)
     device = torch.device(spec)
     if device.type == "cuda" and here:
         if not torch.cuda.is_available():

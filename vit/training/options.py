@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit.core.cli import OneLineParser, UsageError, command_name
-from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 from vit.training.budget import BUDGET_MAX_EPOCHS, PLAN_EPOCH, parse_duration
+from vit.training.specs import AUGMENTATIONS, MAX_MAGNITUDE, check_device, parse_dataset
 
 if TYPE_CHECKING:
     from vit.model import ViTConfig
@@ -415,8 +415,6 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True, device_her
     not refused on a submitting machine without CUDA.
     """
     from vit.model import PRESETS  # vit.model.config's: no torch
-    from vit.training.dataset_spec import parse_dataset
-    from vit.training.device_spec import check_device
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
