@@ -202,8 +202,8 @@ measured = peak() - since
 held = start() - since  # what the analysis keeps once its maps are drawn (collected, the heap trimmed)
 cost = plan.analysis(checkpoint.model, analysis.grid)
 states = 4 * (SCALED["depth"] + 1) * analysis.num_tokens * SCALED["hidden_size"]
-print(json.dumps({"measured": measured, "held": held, "whole": cost.memory, "chunked": cost.chunked, "every": cost.every,
-                  "states": states, "kind": type(analysis.hidden).__name__}))
+print(json.dumps({"measured": measured, "held": held, "whole": cost.memory, "chunked": cost.chunked,
+                  "every": cost.every, "states": states, "kind": type(analysis.hidden).__name__}))
 '''
 
 
