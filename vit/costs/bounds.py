@@ -85,13 +85,20 @@ SWIN_MLP_WIDTH = 512  # Swin V2's position MLP (2 -> 512 -> heads), run over eve
 class LayoutMemory:
     """What one image's attention layouts hold (``layout_memory``): ``peak`` bytes at once in the costliest layer,
     ``layer``, for ``why``; with the attentions kept (a model with stages returns each layer's windows), ``kept``
-    bytes of them and ``maps``, what the maps built from them form at once (the rollout's steps)."""
+    bytes of them and ``maps``, what the maps built from them form at once (the rollout's steps). A model without
+    stages whose windowed layers are read whole (SAM, Qwen2.5-VL): ``pattern``, the most one such layer's pattern
+    holds as formed (its layout, scores beside probabilities), ``probabilities`` that layer's as returned, and
+    ``forward``, the costliest layer's layout as a forward forms it (``plan.analysis`` counts the pattern beside the
+    rollout's kept factors, not the step over the windows, which only the path without them takes)."""
 
     peak: int = 0
     layer: int = 0
     why: str = ""
     kept: int = 0
     maps: int = 0
+    pattern: int = 0
+    probabilities: int = 0
+    forward: int = 0
 
     @property
     def total(self) -> int:
@@ -163,9 +170,12 @@ def layout_memory(model, grid: tuple[int, int], analysis: bool = False) -> Layou
     if layouts is None or not (config.window_size or config.stage_depths or config.rel_pos != "none"):
         return LayoutMemory()
     staged = bool(config.stage_depths)
-    worst, kept, fused, step = LayoutMemory(), 0, 0, 0
+    worst, kept, fused, step, pattern, probabilities, forward = LayoutMemory(), 0, 0, 0, 0, 0, 0
     for i, (layout, block) in enumerate(zip(layouts(tuple(grid)), model.blocks, strict=True)):
         peak, returned, rollout, why = _layer_layout(layout, block.attn, config.rel_pos, BIAS_CHUNK_BYTES)
+        forward = max(forward, peak)
+        if analysis and not staged and layout.window and peak + 2 * returned > pattern:
+            pattern, probabilities = peak + 2 * returned, returned
         if analysis and staged:
             peak += returned  # the scores beside the probabilities they become
             kept, fused, step = kept + returned, fused + rollout // 2, max(step, rollout)
@@ -175,7 +185,8 @@ def layout_memory(model, grid: tuple[int, int], analysis: bool = False) -> Layou
                          (rolled, "rollout step over its windows (their probabilities, head mean and its copies)"))
         if peak > worst.peak:
             worst = LayoutMemory(peak, i, why or "attention scores")
-    return LayoutMemory(worst.peak, worst.layer, worst.why, kept, fused + 4 * step if kept else 0)
+    return LayoutMemory(worst.peak, worst.layer, worst.why, kept, fused + 4 * step if kept else 0, pattern,
+                        probabilities, forward)
 
 
 def check_layouts(model, grid: tuple[int, int], what: str = "") -> None:

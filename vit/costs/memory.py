@@ -370,15 +370,25 @@ def states_bytes(num_layers: int, tokens: int, hidden_size: int, every: int = 1)
     return 4 * states * tokens * hidden_size
 
 
+def factors_kept(num_layers: int, tokens: int, cache_bytes: int = LAYER_CACHE_BYTES) -> bool:
+    """Whether the rollout's factors (``T²`` each, float16 past ``HALF_PRECISION_TOKENS``) are kept, half the cache
+    holding every layer's (``attention_maps.factors_fit``), or a row is read through each layer's chunks."""
+    return num_layers * (2 if tokens > HALF_PRECISION_TOKENS else 4) * tokens * tokens <= cache_bytes // 2
+
+
 def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
-                   cache_bytes: int = LAYER_CACHE_BYTES, maps: int = 0, every: int = 1) -> dict[str, int]:
+                   cache_bytes: int = LAYER_CACHE_BYTES, maps: int = 0, every: int = 1,
+                   pattern: tuple[int, int] = (0, 0)) -> dict[str, int]:
     """What one analysed image (``image_analysis.analyse``) and the maps drawn from it hold at once, by part:
     the hidden states beside the forward's costliest block; the queries and keys the forward keeps for the first
     map (while a quarter of the cache holds them); every layer's rollout factor (``T²``, float16 past
     ``HALF_PRECISION_TOKENS``) while half the cache holds them, and one in float32 as a row is read through them,
     else a chunk of attention; with ``every`` past 1 the hidden states are checkpoints every ``every`` layers and a
     segment recomputed from them (``states_bytes``). A model with stages keeps its layers' windows and outputs instead
-    (``bounds.layout_memory``, the caller's, whose ``maps`` bytes come after the forward: the larger counts)."""
+    (``bounds.layout_memory``, the caller's, whose ``maps`` bytes come after the forward: the larger counts).
+    ``pattern``: a windowed layer's pattern as formed and its probabilities (``LayoutMemory.pattern`` and
+    ``probabilities``), read whole beside the kept factors (its own factor built from its rows, or a map of it with
+    the factors cached), not beside the float32 one a row is read through."""
     config, L = model.config, model.config.num_layers
     T, D = model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size
     chunk = attention_chunk(config, config.num_heads, T, device_type)
@@ -393,7 +403,12 @@ def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
     hidden = states_bytes(L, T, D, every)
     kept = 8 * L * T * D if 8 * L * T * D <= cache_bytes // 4 else 0
     factor = (2 if T > HALF_PRECISION_TOKENS else 4) * T * T
-    rollout = L * factor + 4 * T * T if L * factor <= cache_bytes // 2 else 0
+    rollout = L * factor + 4 * T * T if factors_kept(L, T, cache_bytes) else 0
+    # the windowed layer's pattern with the factors kept: scores beside probabilities, then probabilities beside a
+    # chunk of rows placed on the grid (SAM, 40 x 40 windows at 256 px, measured: 168 MB, where the pattern beside
+    # the float32 factor and a chunk counted 389)
+    formed, probabilities = pattern
+    read = L * factor + max(formed, probabilities + chunk) if rollout and formed else 0
     if chunk == CHUNK_BYTES and getattr(config, "window_size", 0) and getattr(config, "rope", "none") != "none":
         # Qwen2.5-VL's global layers are read in chunks of the whole budget (``LayerInputs._layer_chunks``) beside
         # their q, k and v as the hook points hold them (the projection, rotated q and k, the scaled q: 6 T x D) and
@@ -411,4 +426,4 @@ def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
     states = "hidden states" if every == 1 else f"hidden states every {every} layers and one segment between them"
     return {states: hidden, "queries and keys kept": kept,
             "the forward's costliest block, or the rollout's factors and a chunk":
-                max(forward_bytes(model, grid), rollout + chunk)}
+                max(forward_bytes(model, grid), rollout + chunk, read)}

@@ -125,11 +125,16 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
     # reused by the maps' float64 steps (Swin-T at 1,624 px, measured: 610-683 MB where the larger of the two
     # counted 576 MB)
     maps = max(layouts.peak, layouts.maps)
+    # With the rollout's factors kept, a windowed layer's pattern is read whole beside them (``analysis_parts``),
+    # never stepped over window by window: beside the rest only the layout as the forward forms it
+    kept = bool(layouts.pattern) and memory.factors_kept(config.num_layers, tokens)
+    pattern = (layouts.pattern, layouts.probabilities) if kept else (0, 0)
 
     def parts_of(every: int) -> dict[str, int]:
-        return {**memory.analysis_parts(model, grid, _device(model), maps=maps, every=every),
+        return {**memory.analysis_parts(model, grid, _device(model), maps=maps, every=every, pattern=pattern),
                 "every layer's windows, kept": layouts.kept,
-                "the costliest layer's layout and the maps' steps": maps}
+                **({"the costliest layer's layout": layouts.forward} if kept else
+                   {"the costliest layer's layout and the maps' steps": maps})}
 
     parts, limit = parts_of(1), bounds.memory_limit()
     # Past the limit, the path in chunks: the residual stream kept every k-th layer, the rest recomputed from it
