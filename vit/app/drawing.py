@@ -658,14 +658,13 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
     (the offline HTML export's, beside its other figures); the page draws ``colorbar_html``."""
     vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
     values = np.linspace(vmin, vmax, 128)
-    fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap),
-                               showscale=False,
-                               zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>"))
-    fig.update_xaxes(range=[vmin, vmax], tickmode="array", tickvals=ticks, ticktext=tick_labels(ticks),
-                     title=dict(text=label, standoff=2), fixedrange=True, showgrid=False)
-    fig.update_yaxes(visible=False, fixedrange=True)
-    fig.update_layout(height=84 if label else 64, margin=dict(l=8, r=14, t=2, b=30))
-    return fig
+    # Built in one go: each ``update_*`` validates against the whole figure again.
+    heatmap = go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap), showscale=False,
+                         zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>")
+    xaxis = dict(range=[vmin, vmax], tickmode="array", tickvals=ticks, ticktext=tick_labels(ticks),
+                 title=dict(text=label, standoff=2), fixedrange=True, showgrid=False)
+    return go.Figure(heatmap, layout=dict(xaxis=xaxis, yaxis=dict(visible=False, fixedrange=True),
+                                          height=84 if label else 64, margin=dict(l=8, r=14, t=2, b=30)))
 
 
 
