@@ -4,6 +4,7 @@ shown as written; ``Explanation.to_html`` writes the same from a notebook."""
 import base64
 import copy
 import dataclasses
+import io
 import json
 import re
 import sys
@@ -17,7 +18,7 @@ from PIL import Image
 from plotly.offline import get_plotlyjs
 
 import vit
-from vit.app import share
+from vit.app import drawing, share
 from vit.app.export import View, valued_points, view_html
 from vit.checkpoint import save_checkpoint
 from vit.core.inference import Prediction, preprocess
@@ -138,6 +139,15 @@ def test_an_export_does_not_validate_and_copy_its_figures_and_template_again():
     finally:
         sys.setprofile(previous)
     assert calls < 15_000, calls
+
+
+def test_the_exported_image_is_the_shown_image_pixel_for_pixel():
+    # The images are written at zlib's fastest level: PNG is lossless, so the page shows the very pixels.
+    seen = photo(40, 30)
+    page = view_html(View("t", seen, np.ones((3, 4)), "caption"))
+    [source] = re.findall(r'<img id="image" src="data:image/png;base64,([^"]+)"', page)
+    shown = Image.open(io.BytesIO(base64.b64decode(source)))
+    np.testing.assert_array_equal(np.asarray(shown), np.asarray(drawing.display_images(seen)[0].convert("RGB")))
 
 
 def test_the_map_outlines_the_query_patch_as_the_page_does():

@@ -84,7 +84,9 @@ class View:
 
 def _png_uri(image: Image.Image) -> str:
     buffer = io.BytesIO()
-    image.convert("RGB").save(buffer, format="PNG")
+    # zlib's fastest level: the same pixels (PNG is lossless) in a fifth of the CPU of Pillow's default (6), for
+    # ~10 % more image bytes beside Plotly's 4.6 MB of JavaScript.
+    image.convert("RGB").save(buffer, format="PNG", compress_level=1)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
