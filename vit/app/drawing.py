@@ -487,13 +487,12 @@ def predictions_figure(prediction: Prediction) -> go.Figure:
     labels = [escape_plotly(label) for label, _ in prediction.top_k]  # Plotly reads HTML tags in labels
     probs = [p for _, p in prediction.top_k]
     colors = ["#ff4b4b"] + ["#8fa3bf"] * (len(probs) - 1)
-    fig = go.Figure(go.Bar(x=probs, y=labels, orientation="h", marker_color=colors,
-                           text=[f"{p:.1%}" for p in probs], textposition="auto",
-                           hovertemplate="%{y}: %{x:.2%}<extra></extra>"))
-    fig.update_xaxes(range=[0, 1], tickformat=".0%", title="probability")
-    fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_layout(height=60 + 36 * len(probs), margin=dict(l=0, r=10, t=10, b=0))
-    return fig
+    bars = go.Bar(x=probs, y=labels, orientation="h", marker_color=colors, text=[f"{p:.1%}" for p in probs],
+                  textposition="auto", hovertemplate="%{y}: %{x:.2%}<extra></extra>")
+    # Built in one go (the page's and the export's): each ``update_*`` validates against the whole figure again.
+    return go.Figure(bars, layout=dict(xaxis=dict(range=[0, 1], tickformat=".0%", title="probability"),
+                                       yaxis=dict(autorange="reversed", type="category"),
+                                       height=60 + 36 * len(probs), margin=dict(l=0, r=10, t=10, b=0)))
 
 
 
