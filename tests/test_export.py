@@ -2,19 +2,23 @@
 shown as written; ``Explanation.to_html`` writes the same from a notebook."""
 
 import base64
+import copy
 import dataclasses
+import io
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 import torch
 from PIL import Image
 from plotly.offline import get_plotlyjs
 
 import vit
-from vit.app import share
+from vit.app import drawing, share
 from vit.app.export import View, valued_points, view_html
 from vit.checkpoint import save_checkpoint
 from vit.core.inference import Prediction, preprocess
@@ -98,6 +102,52 @@ def test_a_vit_b16_view_at_224_px_is_a_few_megabytes_at_most():
     page = view_html(View("ViT-B/16", image, rng.random((14, 14)), "caption", heads=rng.random((12, 14, 14)),
                           prediction=prediction_of([(f"class {i}", 0.2) for i in range(5)])))
     assert len(page.encode()) < 8 * 2**20
+
+
+def test_every_figure_carries_plotlys_own_template_whatever_the_process_default(monkeypatch):
+    # Inside the app Streamlit's template is the default; the export writes Plotly's own (the library's template,
+    # as Plotly's JSON writes it) on every figure, whatever the process's default.
+    import plotly.io as pio
+    import streamlit.elements.lib.streamlit_plotly_theme  # noqa: F401  (registers Streamlit's template)
+
+    monkeypatch.setattr(pio.templates, "default", "streamlit")
+    page = view_html(View("t", photo(), np.ones((2, 2)), "caption", heads=np.ones((2, 2, 2)),
+                          prediction=prediction_of([("cat", 0.7), ("fox", 0.3)])))
+    plotly_own = json.loads(pio.to_json(go.Figure(layout=dict(template="plotly")), validate=False))["layout"]
+    shown = layouts(page)
+    assert sorted(shown) == ["colorbar", "heads", "map", "prediction"]
+    assert all(layout["template"] == plotly_own["template"] for layout in shown.values())
+
+
+def test_an_export_does_not_validate_and_copy_its_figures_and_template_again():
+    # Issue 112: re-validating each figure with Plotly's template (``go.Figure(figure).update_layout(template=...)``)
+    # deep-copied ~45,000 objects for this small view, the most of an export's CPU; written as the figures' dicts
+    # it is ~6,000 (each figure's own copy of the default template when built). A warm export, so the template's
+    # one validation is not counted.
+    view = View("t", photo(), np.ones((3, 4)), "caption", heads=np.ones((2, 3, 4)))
+    view_html(view)
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call" and frame.f_code is copy.deepcopy.__code__
+
+    previous = sys.getprofile()
+    sys.setprofile(count)
+    try:
+        view_html(view)
+    finally:
+        sys.setprofile(previous)
+    assert calls < 15_000, calls
+
+
+def test_the_exported_image_is_the_shown_image_pixel_for_pixel():
+    # The images are written at zlib's fastest level: PNG is lossless, so the page shows the very pixels.
+    seen = photo(40, 30)
+    page = view_html(View("t", seen, np.ones((3, 4)), "caption"))
+    [source] = re.findall(r'<img id="image" src="data:image/png;base64,([^"]+)"', page)
+    shown = Image.open(io.BytesIO(base64.b64decode(source)))
+    np.testing.assert_array_equal(np.asarray(shown), np.asarray(drawing.display_images(seen)[0].convert("RGB")))
 
 
 def test_the_map_outlines_the_query_patch_as_the_page_does():

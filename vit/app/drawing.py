@@ -487,13 +487,12 @@ def predictions_figure(prediction: Prediction) -> go.Figure:
     labels = [escape_plotly(label) for label, _ in prediction.top_k]  # Plotly reads HTML tags in labels
     probs = [p for _, p in prediction.top_k]
     colors = ["#ff4b4b"] + ["#8fa3bf"] * (len(probs) - 1)
-    fig = go.Figure(go.Bar(x=probs, y=labels, orientation="h", marker_color=colors,
-                           text=[f"{p:.1%}" for p in probs], textposition="auto",
-                           hovertemplate="%{y}: %{x:.2%}<extra></extra>"))
-    fig.update_xaxes(range=[0, 1], tickformat=".0%", title="probability")
-    fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_layout(height=60 + 36 * len(probs), margin=dict(l=0, r=10, t=10, b=0))
-    return fig
+    bars = go.Bar(x=probs, y=labels, orientation="h", marker_color=colors, text=[f"{p:.1%}" for p in probs],
+                  textposition="auto", hovertemplate="%{y}: %{x:.2%}<extra></extra>")
+    # Built in one go (the page's and the export's): each ``update_*`` validates against the whole figure again.
+    return go.Figure(bars, layout=dict(xaxis=dict(range=[0, 1], tickformat=".0%", title="probability"),
+                                       yaxis=dict(autorange="reversed", type="category"),
+                                       height=60 + 36 * len(probs), margin=dict(l=0, r=10, t=10, b=0)))
 
 
 
@@ -658,14 +657,13 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
     (the offline HTML export's, beside its other figures); the page draws ``colorbar_html``."""
     vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
     values = np.linspace(vmin, vmax, 128)
-    fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap),
-                               showscale=False,
-                               zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>"))
-    fig.update_xaxes(range=[vmin, vmax], tickmode="array", tickvals=ticks, ticktext=tick_labels(ticks),
-                     title=dict(text=label, standoff=2), fixedrange=True, showgrid=False)
-    fig.update_yaxes(visible=False, fixedrange=True)
-    fig.update_layout(height=84 if label else 64, margin=dict(l=8, r=14, t=2, b=30))
-    return fig
+    # Built in one go: each ``update_*`` validates against the whole figure again.
+    heatmap = go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap), showscale=False,
+                         zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>")
+    xaxis = dict(range=[vmin, vmax], tickmode="array", tickvals=ticks, ticktext=tick_labels(ticks),
+                 title=dict(text=label, standoff=2), fixedrange=True, showgrid=False)
+    return go.Figure(heatmap, layout=dict(xaxis=xaxis, yaxis=dict(visible=False, fixedrange=True),
+                                          height=84 if label else 64, margin=dict(l=8, r=14, t=2, b=30)))
 
 
 
