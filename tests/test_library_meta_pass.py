@@ -1,0 +1,64 @@
+"""One traced forward on the meta device serves both passes of a library-road opening
+(``transformers_models.one_open``): ``vit.load`` of a folder builds it on the meta device, then for real, and
+the real pass reads the query batches the meta pass's layout trace noted instead of tracing the same model again. The
+forwards are counted by a hook on the model's own class; a module in hand (no meta pass) still traces its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+import vit
+from vit.sources.library_road import transformers_models as tm
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, patch_size=8,
+             image_size=32)
+
+
+def tiny():
+    torch.manual_seed(0)
+    return transformers.IJepaModel(transformers.IJepaConfig(**SMALL))
+
+
+def meta_forwards(load) -> int:
+    """How many whole-model forwards of the IJepaModel ``load()`` runs with its weights on the meta device."""
+    count = 0
+
+    def hook(module, args):
+        nonlocal count
+        if isinstance(module, transformers.IJepaModel) and next(module.parameters()).is_meta:
+            count += 1
+
+    handle = register_module_forward_pre_hook(hook)
+    try:
+        load()
+    finally:
+        handle.remove()
+    return count
+
+
+def test_a_folders_opening_traces_its_model_on_the_meta_device_once(tmp_path):
+    tiny().save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    opened = []
+    assert meta_forwards(lambda: opened.append(vit.load(tmp_path, device="cpu"))) == 1  # two before: one a pass
+    layout = opened[0].model.layout
+    assert opened[0].road == "library" and layout.grid == (4, 4) and opened[0].model.num_layers == 2
+
+
+def test_a_module_in_hand_has_no_meta_pass_and_traces_its_own():
+    model = tiny()
+    assert meta_forwards(lambda: vit.load(model, mean=(0.5,) * 3, std=(0.5,) * 3)) == 1
+
+
+def test_notes_live_only_inside_one_opening():
+    tm.note_batches("key", [(0, 1)])  # outside an opening: kept nowhere
+    assert tm.noted_batches("key") is None
+    with tm.one_open():
+        assert tm.noted_batches("key") is None
+        tm.note_batches("key", [(0, 1), (1, 3)])
+        assert tm.noted_batches("key") == [(0, 1), (1, 3)] and tm.noted_batches("other") is None
+    assert tm.noted_batches("key") is None
