@@ -40,13 +40,28 @@ def meta_forwards(load) -> int:
     return count
 
 
-def test_a_folders_opening_traces_its_model_on_the_meta_device_once(tmp_path):
-    tiny().save_pretrained(tmp_path)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ijepa")
+    tiny().save_pretrained(folder)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
+
+
+def test_a_folders_opening_traces_its_model_on_the_meta_device_once(folder):
     opened = []
-    assert meta_forwards(lambda: opened.append(vit.load(tmp_path, device="cpu"))) == 1  # two before: one a pass
+    assert meta_forwards(lambda: opened.append(vit.load(folder, device="cpu"))) == 1  # two before: one a pass
     layout = opened[0].model.layout
     assert opened[0].road == "library" and layout.grid == (4, 4) and opened[0].model.num_layers == 2
+
+
+def test_an_opening_on_the_meta_device_is_its_meta_pass_alone(folder):
+    """The catalog's check (``map_location="meta"``): the meta pass is the opening asked for, not built twice."""
+    from vit.sources.open import open_source
+
+    opened = []
+    assert meta_forwards(lambda: opened.append(open_source(folder, map_location="meta", library_road=True))) == 1
+    assert opened[0].road == "library" and next(opened[0].model.parameters()).is_meta
 
 
 def test_a_module_in_hand_has_no_meta_pass_and_traces_its_own():

@@ -139,7 +139,9 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     path = hub.resolve(path, needed=needed_shards)
     with one_open():  # the meta pass's traced forward serves the real pass too (the library road's)
         with bounded_build(str(path)):  # whatever road builds it, at most MAX_MODULES modules and MAX_BUILD_SECONDS
-            _open(path, arch, "meta", library_road)
+            checked = _open(path, arch, "meta", library_road)
+        if torch.device(map_location).type == "meta":  # the meta pass is the opening asked for: not built twice
+            return checked
         with bounded_build(str(path), seconds=None):
             return _open(path, arch, map_location, library_road)
 
