@@ -70,10 +70,10 @@ def test_a_module_in_hand_has_no_meta_pass_and_traces_its_own():
 
 
 def test_notes_live_only_inside_one_opening():
-    tm.note_batches("key", [(0, 1)])  # outside an opening: kept nowhere
-    assert tm.noted_batches("key") is None
+    tm.note_traced("key", [(0, 1)])  # outside an opening: kept nowhere
+    assert tm.noted_traced("key") is None
     with tm.one_open():
-        assert tm.noted_batches("key") is None
-        tm.note_batches("key", [(0, 1), (1, 3)])
-        assert tm.noted_batches("key") == [(0, 1), (1, 3)] and tm.noted_batches("other") is None
-    assert tm.noted_batches("key") is None
+        assert tm.noted_traced("key") is None
+        tm.note_traced("key", [(0, 1), (1, 3)])
+        assert tm.noted_traced("key") == [(0, 1), (1, 3)] and tm.noted_traced("other") is None
+    assert tm.noted_traced("key") is None

@@ -292,14 +292,15 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
 # One opening's meta pass and real pass (``vit.sources.open.open_source`` builds a folder on the meta device from its
 # headers, then for real): the meta pass's layout trace (``_layout_problem``: each layer's key count) notes each
 # layer's query batch too, and the real pass reads them for the same folder, class, entry, layout and channels instead
-# of tracing the same model at the same input again (``_pieces_problem``). Outside ``one_open`` (a module in hand, a
-# road opened on its own) nothing is noted and each pass traces its own, as before.
+# of tracing the same model at the same input again (``_pieces_problem``). Only what a trace on the meta device saw
+# is noted (no weight's value). Outside ``one_open`` (a module in hand, a road opened on its own) nothing is noted and
+# each pass traces its own, as before.
 _META_BATCHES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("meta_batches", default=None)
 
 
 @contextlib.contextmanager
 def one_open() -> Iterator[None]:
-    """The meta pass and the real pass of one opening: query batches noted in it are read in it, then dropped."""
+    """The meta pass and the real pass of one opening: what a trace noted in it is read in it, then dropped."""
     token = _META_BATCHES.set({})
     try:
         yield
@@ -307,15 +308,16 @@ def one_open() -> Iterator[None]:
         _META_BATCHES.reset(token)
 
 
-def note_batches(key: Hashable, batches: list[tuple[int, int]]) -> None:
-    """Keep the ``(layer, query batch)`` pairs a meta trace saw of the model ``key`` names (inside ``one_open``)."""
+def note_traced(key: Hashable, seen: object) -> None:
+    """Keep what a trace on the meta device saw (no value of any weight) of the model ``key`` names, at the input
+    it names (inside ``one_open``)."""
     noted = _META_BATCHES.get()
     if noted is not None:
-        noted[key] = list(batches)
+        noted[key] = seen
 
 
-def noted_batches(key: Hashable) -> list[tuple[int, int]] | None:
-    """The pairs this opening's meta pass noted for ``key``, or None (none noted: trace them)."""
+def noted_traced(key: Hashable):
+    """What this opening's meta pass noted for ``key``, or None (none noted: trace it)."""
     noted = _META_BATCHES.get()
     return None if noted is None else noted.get(key)
 
@@ -377,9 +379,9 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
         batches: list[tuple[int, int]] = []
         problem = _layout_problem(wrapped, channels, own_size, batches)
         if not problem:
-            note_batches(key, batches)
+            note_traced(key, list(batches))
     else:
-        batches = noted_batches(key)
+        batches = noted_traced(key)
         problem = ((_pieces_problem(wrapped, channels) if batches is None else _crops_problem(wrapped, batches))
                    or _order_problem(wrapped, channels))
     if problem:
