@@ -10,6 +10,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 import vit
+from vit.sources.files import SourceError
 from vit.sources.library_road import transformers_models as tm
 
 transformers = pytest.importorskip("transformers")
@@ -77,3 +78,31 @@ def test_notes_live_only_inside_one_opening():
         tm.note_traced("key", [(0, 1), (1, 3)])
         assert tm.noted_traced("key") == [(0, 1), (1, 3)] and tm.noted_traced("other") is None
     assert tm.noted_traced("key") is None
+
+
+def test_a_refusal_read_from_the_meta_pass_is_the_one_its_own_trace_gives():
+    """Depth Pro's patch encoder attends over its crops in one batch: the real pass refuses it from the meta pass's
+    notes (no forward of its own) in the words its own trace gives alone."""
+    from pathlib import Path
+
+    from test_depth_pro import tiny as depth_pro
+
+    processor = {"size": {"height": 64, "width": 64}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+
+    def refusal(meta: bool) -> str:
+        model = depth_pro().to("meta") if meta else depth_pro()
+        with pytest.raises(SourceError) as refused:
+            tm.library_checkpoint(model, processor, Path("folder"), "origin", meta)
+        return str(refused.value)
+
+    alone = refusal(False)
+    assert "attends over 35 pieces of one image at once" in alone  # 5x5 + 3x3 + 1 crops of its three scales
+    with tm.one_open():
+        tm.library_checkpoint(depth_pro().to("meta"), processor, Path("folder"), "origin", True)  # the meta pass
+        traced = []
+        handle = register_module_forward_pre_hook(lambda module, args: traced.append(module))
+        try:
+            assert refusal(False) == alone
+        finally:
+            handle.remove()
+        assert not [m for m in traced if isinstance(m, transformers.DepthProForDepthEstimation)]
