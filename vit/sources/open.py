@@ -52,6 +52,7 @@ from vit.sources import hub
 from vit.sources.build_bounds import bounded_build
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing  # noqa: F401 (importable from here, as before)
+from vit.sources.library_road.transformers_models import one_open
 from vit.sources.open_hf import (  # noqa: F401 (every name importable from here, as before the split)
     _HF_MODEL_TYPES,
     HF_ARCHITECTURES,
@@ -136,10 +137,13 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
     """
     path = hub.resolve(path, needed=needed_shards)
-    with bounded_build(str(path)):  # whatever road builds it, at most MAX_MODULES modules and MAX_BUILD_SECONDS
-        _open(path, arch, "meta", library_road)
-    with bounded_build(str(path), seconds=None):
-        return _open(path, arch, map_location, library_road)
+    with one_open():  # the meta pass's traced forward serves the real pass too (the library road's)
+        with bounded_build(str(path)):  # whatever road builds it, at most MAX_MODULES modules and MAX_BUILD_SECONDS
+            checked = _open(path, arch, "meta", library_road)
+        if torch.device(map_location).type == "meta":  # the meta pass is the opening asked for: not built twice
+            return checked
+        with bounded_build(str(path), seconds=None):
+            return _open(path, arch, map_location, library_road)
 
 
 def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.device, library_road: bool = False

@@ -19,7 +19,9 @@ tokens), counted from the embeddings' own token parameters. Families with a port
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import contextvars
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -287,6 +289,39 @@ def open_library(folder: Path, config_json: Mapping, image_processor: Mapping | 
     return library_checkpoint(model, image_processor, folder, origin, torch.device(map_location).type == "meta")
 
 
+# One opening's meta pass and real pass (``vit.sources.open.open_source`` builds a folder on the meta device from its
+# headers, then for real): the meta pass's layout trace (``_layout_problem``: each layer's key count) notes each
+# layer's query batch too, and the real pass reads them for the same folder, class, entry, layout and channels instead
+# of tracing the same model at the same input again (``_pieces_problem``). Only what a trace on the meta device saw
+# is noted (no weight's value). Outside ``one_open`` (a module in hand, a road opened on its own) nothing is noted and
+# each pass traces its own, as before.
+_META_BATCHES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("meta_batches", default=None)
+
+
+@contextlib.contextmanager
+def one_open() -> Iterator[None]:
+    """The meta pass and the real pass of one opening: what a trace noted in it is read in it, then dropped."""
+    token = _META_BATCHES.set({})
+    try:
+        yield
+    finally:
+        _META_BATCHES.reset(token)
+
+
+def note_traced(key: Hashable, seen: object) -> None:
+    """Keep what a trace on the meta device saw (no value of any weight) of the model ``key`` names, at the input
+    it names (inside ``one_open``)."""
+    noted = _META_BATCHES.get()
+    if noted is not None:
+        noted[key] = seen
+
+
+def noted_traced(key: Hashable):
+    """What this opening's meta pass noted for ``key``, or None (none noted: trace it)."""
+    noted = _META_BATCHES.get()
+    return None if noted is None else noted.get(key)
+
+
 def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, folder: Path, origin: str,
                        meta: bool = False) -> Checkpoint:
     """A transformers model, built (from a folder by ``open_library``, or a user's object: ``module_road``), in the
@@ -338,9 +373,17 @@ def library_checkpoint(model: torch.nn.Module, image_processor: Mapping | None, 
         entry = one_frame.OneFrame(model)
     wrapped = LibraryModel(model, layout, modules, part, entry)
     # the layout checked against the tokens the model forms, layer by layer (EoMT's queries join its last blocks),
-    # no data
-    problem = (_layout_problem(wrapped, channels, own_size) if meta else
-               _pieces_problem(wrapped, channels) or _order_problem(wrapped, channels))
+    # no data; one traced forward serves both passes of an opening (``one_open``)
+    key = (str(folder), origin, cls, type(wrapped.entry), type(part), layout, channels, len(modules))
+    if meta:
+        batches: list[tuple[int, int]] = []
+        problem = _layout_problem(wrapped, channels, own_size, batches)
+        if not problem:
+            note_traced(key, list(batches))
+    else:
+        batches = noted_traced(key)
+        problem = ((_pieces_problem(wrapped, channels) if batches is None else _crops_problem(wrapped, batches))
+                   or _order_problem(wrapped, channels))
     if problem:
         raise SourceError(f"{folder}: {problem}")
     classes = int(getattr(config, "num_labels", 0)) if wrapped.is_classifier else 0
@@ -406,8 +449,14 @@ def _order_problem(model: LibraryModel, channels: int) -> str | None:
 def _pieces_problem(model: LibraryModel, channels: int) -> str | None:
     """Where a built model's layer attends over several pieces of one image at once and the layout places no
     windows there (Depth Pro's patch encoder over its overlapping crops), what it lacks, in one line; else None. Its
-    forward runs once on the meta device, its weights swapped for meta tensors of their shapes; a forward that
-    cannot is left to each recording, as before."""
+    forward runs once on the meta device (``_query_batches``)."""
+    return _crops_problem(model, _query_batches(model, channels))
+
+
+def _query_batches(model: LibraryModel, channels: int) -> list[tuple[int, int]]:
+    """Each attention layer's ``(layer, query batch)`` as the built model's forward runs them once on the meta device,
+    its weights swapped for meta tensors of their shapes; a forward that cannot gives the layers before it (the rest
+    is left to each recording, as before)."""
     pieces: list[tuple[int, int]] = []  # (layer, query batch)
 
     class Shapes:  # a recorder that notes each layer's batch and keeps nothing
@@ -430,6 +479,11 @@ def _pieces_problem(model: LibraryModel, channels: int) -> str | None:
             torch.func.functional_call(entry, swapped, (), {"pixel_values": pixels})
     except Exception:  # noqa: BLE001 - any forward the meta device cannot run: checked at each recording
         pass
+    return pieces
+
+
+def _crops_problem(model: LibraryModel, pieces: list[tuple[int, int]]) -> str | None:
+    """``_pieces_problem``'s answer from the ``(layer, query batch)`` pairs a traced forward saw."""
     grid = model.layout.grid
     crops = next(((layer, b) for layer, b in pieces if b != 1 and model.layout.layer_layout(layer, grid) is None),
                  None)
@@ -440,10 +494,12 @@ def _pieces_problem(model: LibraryModel, channels: int) -> str | None:
             "one image at once (crops or tiles): no layout on this road")
 
 
-def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen: list[tuple[int, int]]) -> None:
+def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen: list[tuple[int, int]],
+                      batches: list[tuple[int, int]] | None = None) -> None:
     """Run ``forward()`` (on meta tensors: shapes only) while transformers' attention interface is recorded in
-    ``part``, appending to ``seen`` each of ``model``'s attention layers' ``(layer, key count)`` as it runs; nothing
-    else is kept. What ``forward`` raises is raised (``seen`` then holds the layers before it)."""
+    ``part``, appending to ``seen`` each of ``model``'s attention layers' ``(layer, key count)`` as it runs, and to
+    ``batches`` (where given) its ``(layer, query batch)``; nothing else is kept. What ``forward`` raises is raised
+    (``seen`` then holds the layers before it)."""
 
     class Shapes:  # a recorder that notes each layer's key count and keeps nothing
         layers = {module: i for i, module in enumerate(model._attention)}
@@ -451,6 +507,8 @@ def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen:
         @staticmethod
         def keep(layer, query, key, value, attention_mask, kwargs) -> None:
             seen.append((layer, int(key.shape[-2])))
+            if batches is not None:
+                batches.append((layer, int(query.shape[0])))
 
         @staticmethod
         def output(layer, out) -> None:
@@ -460,13 +518,15 @@ def traced_key_counts(model: LibraryModel, part: torch.nn.Module, forward, seen:
         forward()
 
 
-def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str | None:
+def _layout_problem(model: LibraryModel, channels: int, own_size: bool,
+                    batches: list[tuple[int, int]] | None = None) -> str | None:
     """Why the layout does not place the tokens the model forms (its forward on the meta device, one image at the
     input size: shapes only), or None: each layer's attention is over its extra tokens, the prefix tokens, the
     patches and the suffix tokens. A forward that reads a value of its input cannot run without data (Idefics3's
     patch mask, EoMT's mask annealing): the layers before that read are checked, the rest at each recording
     (``LibraryModel.run``), and only at the config's own input size (``own_size``): at another, one its processor
-    asks for, it may form other tokens, or fail (EoMT's mask head is built for the config's grid)."""
+    asks for, it may form other tokens, or fail (EoMT's mask head is built for the config's grid). ``batches``
+    (where given) is given each layer's ``(layer, query batch)`` the trace saw (``_query_batches``'s)."""
     pixels = torch.empty(1, channels, *model.layout.image_hw, device="meta")
     seen: list[tuple[int, int]] = []  # (layer, keys), in the order the forward runs them
     entry = model.entry  # a tensor its build made off the meta device (LW-DETR's ``nn.Parameter(torch.Tensor(n))``
@@ -474,7 +534,7 @@ def _layout_problem(model: LibraryModel, channels: int, own_size: bool) -> str |
         *entry.named_parameters(remove_duplicate=False), *entry.named_buffers(remove_duplicate=False)] if not t.is_meta}
     try:
         traced_key_counts(model, model.part, lambda: torch.func.functional_call(
-            entry, off, (), {"pixel_values": pixels}, strict=False), seen)
+            entry, off, (), {"pixel_values": pixels}, strict=False), seen, batches)
     except (RuntimeError, ValueError, TypeError, NotImplementedError, IndexError) as e:
         if "item() cannot be called on meta" not in str(e):
             size = config_size(model.config)
