@@ -337,7 +337,9 @@ def test_the_patch_embeddings_features_replaced_by_codes_are_never_computed():
         run = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.run += "convolution" in str(func)
+            # a real one only: the probe's allocation budget first runs an op it has not yet sized on the meta
+            # device (once a process), which counted it twice where this test ran before any other
+            self.run += "convolution" in str(func) and not args[0].is_meta
             return func(*args, **(kwargs or {}))
 
     for mix, run in ((False, 0), (True, 1)):
