@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from browser_tabs import opener, tabs
 from helpers import chromium, click_until
 from shared_app import ask_the_vlm
 
@@ -36,14 +35,6 @@ def server(local_app, llava, tmp_path_factory):
     photo = tmp_path_factory.mktemp("ask_vlm") / "photo.png"
     picture().save(photo)
     return local_app.url, llava, photo
-
-
-@pytest.fixture(scope="module")
-def first():
-    """The blank page every page of the module is a tab of (tests/browser_tabs.py: one renderer draws them all, where a
-    context or a new page each started one); each load in a tab is a new session."""
-    with chromium() as browser:
-        yield opener(browser, viewport={"width": 1500, "height": 1100}, accept_downloads=True)
 
 
 def exported_map(page, tmp_path: Path, name: str) -> np.ndarray:
@@ -116,7 +107,7 @@ def knockout_and_heads_grid(page, main, answer, curve, sums, tmp_path: Path) -> 
     np.testing.assert_allclose(grid, sums, rtol=0, atol=1e-4)  # written to 2 decimals of a percent
 
 
-def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(server, first, tmp_path):
+def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(server, tmp_path):
     """Long (~43 s of CPU) because its scenario is three page loads in a real Chromium (the question, its link, the
     second image's link), each ~4 s of Chromium's CPU (bench/results/cpu-2026-11-29e/browser-cache-per-context.txt),
     and a LLaVA's answers, knockout and heads grid on the server and in the test, the references.
@@ -132,8 +123,10 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
     want = answer.attention(1, answer.layers - 1, 1)
     curve = answer.knockout(1, windows=1)
     sums = answer.grounding_heads(1).attention_sum
-    with tabs(first, TIMEOUT_MS) as tab:
-        page = tab()
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
         main = ask_the_vlm(page, url, folder, photo, QUESTION, LENGTH)
         main.get_by_text("Answer token 1 “").wait_for()  # the first token's map, with its caption
         tokens = answer_tokens(main)
@@ -146,7 +139,8 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         link = page.evaluate("() => window.location.href")
         assert "answer_token=2" in link and "lm_layer=2" in link and "question=" in link
 
-        again = tab()  # the link in a fresh session: the upload is the server's, named in the link
+        again = context.new_page()  # the link in a fresh session: the upload is the server's, named in the link
+        again.set_default_timeout(TIMEOUT_MS)
         again.goto(link)
         again_main = again.locator('[data-testid="stMain"]')
         again_main.get_by_text(re.compile(r"Answer token 2 “.*layer 2 of the language model, head 2")).wait_for()
@@ -169,15 +163,15 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         link = page.evaluate("() => window.location.href")
         assert "more=" in link and "answer_token=2" in link and "lm_head=2" in link
 
-        third = tab()
+        third = context.new_page()
+        third.set_default_timeout(TIMEOUT_MS)
         third.goto(link)
         third.locator('[data-testid="stMain"]').get_by_text(re.compile(r"On image 2 of the question.s 2")).wait_for()
         np.testing.assert_allclose(exported_map(third, tmp_path, "linked-second.html"), want_second.ravel(), rtol=0,
                                    atol=1e-6)
 
 
-def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reproduces_it(server, first,
-                                                                                        tmp_path):
+def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reproduces_it(server, tmp_path):
     """Long (~16 s of CPU) because a Qwen2.5-VL is built, asked here (the reference) and asked again on the server,
     in two page loads of a real Chromium.
 
@@ -200,8 +194,10 @@ def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reprod
     answer = vit.ask_vlm(vit.open_vlm(folder), video=clip, question=QUESTION, frames=4, max_new_tokens=LENGTH)
     want = answer.attention(1, answer.layers - 1, image=1)
     assert len(answer.layouts) == 2 and not np.allclose(want, answer.attention(1, answer.layers - 1, image=0))
-    with tabs(first, TIMEOUT_MS) as tab:
-        page = tab()
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
         main = ask_the_vlm(page, url, folder, photo, QUESTION, LENGTH, clip=clip, frames=4)
         main.get_by_text(re.compile(r"On slice 1 of the clip.s 2 \(its sampled frames 1–2\)")).wait_for()
         # The time slider's track clicked at its right end (the last slice), then the answer's second token.
@@ -224,7 +220,8 @@ def test_a_question_about_a_clip_draws_the_picked_slices_map_and_its_link_reprod
         link = page.evaluate("() => window.location.href")
         assert "lm_clip=" in link and "lm_frames=4" in link
 
-        again = tab()
+        again = context.new_page()
+        again.set_default_timeout(TIMEOUT_MS)
         again.goto(link)
         again.locator('[data-testid="stMain"]').get_by_text(re.compile(r"On slice 2 of the clip.s 2")).wait_for()
         np.testing.assert_allclose(exported_map(again, tmp_path, "linked-clip.html"), want.ravel(), rtol=0, atol=1e-6)
