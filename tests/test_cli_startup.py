@@ -113,6 +113,19 @@ def test_a_missing_file_or_folder_is_reported_before_torch_loads(case, tmp_path)
     assert lines[1:] == ["IMPORTED"], f"vit.{command} imported {lines[1:]}"
 
 
+def test_an_arch_no_library_reads_is_refused_before_torch_loads(tmp_path):
+    # vit.convert and vit.evaluate took ~2 s of CPU (torch and every port imported) to refuse a mistyped --arch
+    (tmp_path / "model.pt").write_bytes(b"not read: the command stops before opening it")
+    model, line = str(tmp_path / "model.pt"), "error: --arch 'keras:vit' must be timm:NAME, torchvision:NAME, "
+    for command, args in (("convert", [model, "--out", str(tmp_path / "x.pt")]),
+                          ("evaluate", [model, "--data", str(tmp_path)])):
+        result = subprocess.run([sys.executable, "-c", PROBE, command, *args, "--arch", "keras:vit"],
+                                capture_output=True, text=True, timeout=120)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and lines[0].startswith(f"vit.{command}: {line}"), result.stderr
+        assert lines[1:] == ["IMPORTED"], f"vit.{command} imported {lines[1:]}"
+
+
 def test_a_model_path_that_reads_as_a_hub_id_is_left_to_the_hub():
     from vit.predict import UsageError, check_model_path
 

@@ -175,6 +175,22 @@ def test_an_unsupported_model_is_refused_in_a_short_line_naming_the_closest_fami
     assert "## What it opens" in (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
+def test_an_arch_is_read_from_its_text_and_open_source_refuses_what_the_commands_refuse():
+    from vit.sources.arch_names import arch_problem
+    from vit.sources.files import SourceError
+    from vit.sources.open import parse_arch
+
+    assert arch_problem(None) is None and parse_arch(None) == (None, None)
+    assert arch_problem("timm:vit_base_patch16_224") is None
+    assert parse_arch("scratch:num_heads=8") == ("scratch", "num_heads=8")
+    for bad in ("keras:vit", "timm:", "timm", ":vit_base_patch16_224"):
+        problem = arch_problem(bad)
+        assert problem.startswith(f"--arch {bad!r} must be timm:NAME, torchvision:NAME") and "\n" not in problem
+        with pytest.raises(SourceError) as error:
+            parse_arch(bad)
+        assert str(error.value) == problem
+
+
 def test_convert_cli_runs_as_a_module_and_refuses_an_unknown_arch_prefix(tmp_path):
     result = subprocess.run([sys.executable, "-m", "vit.convert", str(tmp_path), "--out", str(tmp_path / "x.pt"),
                              "--arch", "keras:vit"], capture_output=True, text=True, cwd=ROOT)

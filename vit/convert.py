@@ -193,10 +193,13 @@ def state_dict_difference(expected: dict, weights: dict, shown: int = 2) -> str 
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Before torch loads: the source exists (or is a Hub id), and so does ``--map``'s file."""
+    """Before torch loads: the source exists (or is a Hub id), ``--arch`` names a library we read, and ``--map``'s
+    file exists."""
     from vit.predict import check_model_path
+    from vit.sources.arch_names import check_arch
 
     check_model_path(args.source)
+    check_arch(args.arch)
     if args.map is not None and not Path(args.map).is_file():
         raise UsageError(f"--map {args.map}: no such file; give the mapping --inspect drafted, completed")
 

@@ -177,8 +177,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Before torch loads: the model exists (or is a Hub id) and ``--data`` is a folder."""
+    """Before torch loads: the model exists (or is a Hub id), ``--arch`` names a library we read and ``--data`` is a
+    folder."""
+    from vit.sources.arch_names import check_arch
+
     check_model_path(args.checkpoint)
+    check_arch(args.arch)
     check_folder(args.data, "--data", "a folder with one subfolder per class")
 
 

@@ -49,6 +49,7 @@ import torch
 from vit.checkpoint import Checkpoint, ForeignCheckpointError, load_checkpoint, read_checkpoint_payload
 from vit.core.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import hub
+from vit.sources.arch_names import ARCH_LIBRARIES, arch_problem  # noqa: F401 (importable from here)
 from vit.sources.build_bounds import bounded_build
 from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing  # noqa: F401 (importable from here, as before)
@@ -109,18 +110,15 @@ from vit.sources.weights_files import HF_WEIGHTS, read_hf_weights, read_shapes, 
 
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
-ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip", "scratch", "vit_pytorch")
 
 
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
     """'timm:vit_small_patch14_dinov2' -> ('timm', 'vit_small_patch14_dinov2'); None -> (None, None)."""
     if not arch:
         return None, None
+    if problem := arch_problem(arch):
+        raise SourceError(problem)
     library, _, name = arch.partition(":")
-    if library not in ARCH_LIBRARIES or not name:
-        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME, "
-                          "open_clip:quickgelu|gelu, scratch:key=value,... or vit_pytorch:key=value,... (e.g. "
-                          "timm:vit_base_patch16_224, dinov3:vitl16, scratch:num_heads=8, vit_pytorch:heads=8)")
     return library, name
 
 
