@@ -19,17 +19,17 @@ from vit.core.runfiles import read_status
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = REPO / "checkpoints" / "cifar10-cifar-s.pt"
 SAMPLES = REPO / "checkpoints" / "samples" / "cifar10-cifar-s"
-TIMEOUT = 600
 pytestmark = pytest.mark.slow
 # 8 training images in blocks of 3 (three Ray Data blocks, order matters), 2 held out.
 TINY = ["--layer", "2", "--width", "48", "--k", "4", "--epochs", "2", "--batch-size", "64", "--buffer-tokens", "256",
         "--holdout", "2", "--image-batch", "3"]
 
 
-def sae(*argv: str, in_process: bool = False) -> subprocess.CompletedProcess:
-    """``vit.sae train``, a real process unless ``in_process`` (tests/vit_commands.py: its main here)."""
-    return vit_command("vit.sae", "train", *argv, in_process=in_process, timeout=TIMEOUT,
-                       env={"OMP_NUM_THREADS": "1"})  # as the job's: the same float sums
+def sae(*argv: str) -> subprocess.CompletedProcess:
+    """``vit.sae train`` in this process (tests/vit_commands.py: its main here, what a real process prints and exits
+    with): the job's entrypoint, its actor and its Train worker are the real processes, on the cluster; the command
+    as a real process (its entry point, a stop) is the Train page's SAE test's (tests/test_training_page_sae.py)."""
+    return vit_command("vit.sae", "train", *argv, env={"OMP_NUM_THREADS": "1"})  # as the job's: the same float sums
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_a_ray_run_trains_the_sae_the_local_command_trains(ray_cluster, images, 
 
 def test_more_workers_than_the_cluster_holds_is_one_line_before_submitting(ray_cluster, images, tmp_path):
     done = sae(str(CHECKPOINT), "--data", str(images), *TINY, "--out", str(tmp_path / "o"), "--ray",
-               ray_cluster.address, "--workers", "5", in_process=True)  # read from the dashboard: nothing submitted
+               ray_cluster.address, "--workers", "5")  # read from the dashboard: nothing submitted
     assert done.returncode == 2
     assert done.stderr.startswith("vit.sae: error: --workers 5 needs 6 CPUs") and done.stderr.count("\n") == 1
     assert not (tmp_path / "o").exists()
