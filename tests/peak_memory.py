@@ -112,6 +112,23 @@ def run_measured(code: str, argv: list[str], timeout: float, preload: str = "",
     but forked from this process's measuring server (one per ``preload``: what it imports beyond ``PRELOAD``, e.g.
     ``ROADS``): its exit code, stdout and stderr. ``subprocess.TimeoutExpired`` past ``timeout`` seconds (the work
     is killed)."""
+    return _server(preload).run(code, argv, env=env, timeout=timeout)
+
+
+def run_forked(code: str, argv: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """``code`` run as ``python -c code *argv`` would run it, in a process of its own forked from this process's
+    measuring server (``run_measured`` without a preload of its own): for a check that needs a process (one it kills
+    or that kills itself mid-write, one that may block past a timeout, a peak of its own) but not a fresh
+    interpreter's imports. ``python -c`` paid ~2 s of CPU importing torch for each (issue 112)."""
+    return run_measured(code, argv, timeout, **env)
+
+
+def _server(preload: str) -> ForkServer:
+    """This process's measuring server for ``preload``; for none (``""``), any one already running: each imported
+    ``PRELOAD`` first, and a second would import torch and transformers again (2.7 s of CPU) for what the first
+    holds (a view's peak is its growth over what the process held before it: more shared pages move neither)."""
+    if not preload and preload not in _servers and _servers:
+        return next(iter(_servers.values()))
     if preload not in _servers:
         _servers[preload] = ForkServer(PRELOAD + preload, env=environment(), cwd=str(ROOT))
-    return _servers[preload].run(code, argv, env=env, timeout=timeout)
+    return _servers[preload]

@@ -3,17 +3,14 @@ replaced atomically and checked before the work, and the files and sizes it refu
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from peak_memory import run_forked
 
 from tests.test_faithfulness_chefer import tiny_model_and_images
 from vit import faithfulness
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # vit.faithfulness in its own process, SIGKILLed the moment it opens a file whose name holds argv[1] for writing
 # (in place: the file itself; atomically: its temporary file beside it): what survives is what was on disk.
@@ -50,9 +47,8 @@ def test_a_rerun_killed_as_it_writes_its_report_leaves_the_previous_report_whole
     before = {name: (out / name).read_bytes() for name in faithfulness.REPORT_FILES}
     assert json.loads(before["faithfulness.json"])["methods"].keys() == {"random"}
 
-    rerun = subprocess.run([sys.executable, "-c", KILL_AS_IT_OPENS, killed_in,
-                            *road(checkpoint, tmp_path / "data", out, "--methods", "random", "attention")],
-                           cwd=ROOT, timeout=300, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    rerun = run_forked(KILL_AS_IT_OPENS, [killed_in, *road(checkpoint, tmp_path / "data", out, "--methods", "random",
+                                                          "attention")], timeout=300)  # the measuring server's fork
     assert rerun.returncode == -signal.SIGKILL, rerun.stderr[-2000:]  # killed in the write, not done before it
     assert {name: (out / name).read_bytes() for name in faithfulness.REPORT_FILES} == before
     assert list(out.glob(".faithfulness.*.tmp"))  # SIGKILL cleans nothing up: the killed rerun's files stay

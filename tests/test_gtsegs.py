@@ -188,13 +188,11 @@ def read_in_a_process(path, index: int = 0, seconds: float = 60.0) -> str:
     fails when it blocks past ``seconds``: HDF5 holds the GIL while it waits on a FIFO, so nothing in this process
     could set it free."""
     import subprocess
-    import sys
-    from pathlib import Path
 
-    try:
-        done = subprocess.run([sys.executable, "-c", READ_ITEM, str(path), str(index)], timeout=seconds,
-                              cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True)
+    from peak_memory import run_forked
+
+    try:  # forked from the measuring server, which imported torch once (a fresh interpreter: ~2 s of CPU a read)
+        done = run_forked(READ_ITEM, [str(path), str(index)], timeout=seconds)
     except subprocess.TimeoutExpired:
         pytest.fail(f"blocked for {seconds:.0f} s")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -62,11 +62,15 @@ FAMILIES = {
                                           "global_attention_blocks": [2],
                                           "window_positional_embedding_background_size": [4, 4]},
                  hostile=512, step=32, forward=False),
-    # SAM's windows do not shrink: 40 x 40 windows, read one layer at a time (scores and probabilities)
+    # SAM's windows do not shrink: 40 x 40 windows, read one layer at a time (scores and probabilities). Under 513
+    # MB, not 600: past 320 px (its rollout's factors not kept) its analysis counts 512.0 to 521.0 MB from 336 to
+    # 480 px, so the largest size under 513 is 352 px (7,745 tokens, 512.9 counted, 463.1 MB grown), on the path that
+    # 480 px (14,401 tokens, 521.0 counted, 458.9 grown) took under 600: 7.3 s of CPU, not 13.7 (issue 112). The
+    # bound is tighter, the estimate held as before; the test holds the size past the factors' path.
     "sam": dict(importer="sam", config={"image_size": 640, "patch_size": 4, "hidden_size": 16,
                                         "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_dim": 32,
                                         "window_size": 40, "global_attn_indexes": [1]},
-                hostile=640, step=16, forward=False, kept=304),
+                hostile=640, step=16, forward=False, kept=304, limit=513),
     # BEiT's bias is formed a query chunk at a time (a global layer's, counted before): a wide model, so the
     # largest size is a few thousand tokens (2,705 at 208 px), not the hundreds of thousands a forward takes minutes
     # over (256 wide, the hidden states kept every 2 layers let it reach 30,977 tokens: 243 s of a busy CI run; 1,024
@@ -82,7 +86,7 @@ FAMILIES = {
 
 # The families whose analysis growth at their largest size is held to the estimate that picked it (less the allocator's
 # slack), not only to the bound: a bound met only because the limit is loose is not met (VIT_ANALYSIS_MEMORY_MB=450
-# still picked SAM's 480 px, which grew 458.9 MB). SAM's 40 x 40 windows: the rollout's step over a windowed layer
+# once picked SAM's 480 px, which grew 458.9 MB). SAM's 40 x 40 windows: the rollout's step over a windowed layer
 # (its probabilities, their mean over the heads and two copies of that: 439 MB at 480 px) was not counted, 436.8 MB
 # counted in all; test_costs.py's SAM (8 x 8 windows) holds a few MB of it. The other families' estimates are held
 # to their peaks in test_costs.py, at its sizes; here not yet measured against theirs. A family's ``kept`` size is
@@ -116,7 +120,7 @@ from PIL import Image
 sys.path.insert(0, sys.argv[2])
 from peak_memory import peak, start
 from test_layout_memory import build
-from vit.costs import bounds, plan
+from vit.costs import bounds, memory, plan
 from vit.explain.views import attention_maps, image_analysis, method_maps
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain.methods.stage_maps import relevance_rollout_row
@@ -185,7 +189,8 @@ with open("/proc/self/statm") as f:
 limit = bounds.memory_limit()
 resource.setrlimit(resource.RLIMIT_AS, (mapped + limit + 512 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
 cost = plan.analysis(model, model.patch_grid(side, side))  # the estimate that picked the side, on the path it picks
-out = {"side": side, "limit": limit, "estimate": cost.memory if plan.decide(cost) == "run" else cost.chunked}
+out = {"side": side, "limit": limit, "estimate": cost.memory if plan.decide(cost) == "run" else cost.chunked,
+       "factors kept": memory.factors_kept(c.num_layers, cost.tokens)}
 
 since = start()
 with model.hooks(model_hooks):
@@ -241,6 +246,7 @@ def test_each_family_is_refused_over_the_bound_before_any_block_and_stays_under_
         assert out["analysis growth"] - ALLOCATOR_SLACK <= out["estimate"], (
             out["side"], out["analysis growth"] / mb, out["estimate"] / mb)
     if "kept growth" in out:  # at a size with the rollout's factors kept: held, and not counted twice over
+        assert not out["factors kept"], out["side"]  # while the largest size is on the other path
         assert out["kept growth"] - ALLOCATOR_SLACK <= out["kept estimate"] <= OVER_COUNT * out["kept growth"], (
             out["kept growth"] / mb, out["kept estimate"] / mb)
     if "class growth" in out and out["class refused"] is None:

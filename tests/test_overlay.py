@@ -250,12 +250,10 @@ write_npz_streamed(sys.argv[1], [("layer_0", (4, 4), np.float32, pieces())])
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_a_streamed_npz_killed_mid_stream_leaves_nothing(tmp_path, how):
-    import subprocess
-    import sys
+    from peak_memory import run_forked  # forked from the measuring server: no torch imported again
 
     (tmp_path / "maps").mkdir()
-    ended = subprocess.run([sys.executable, "-c", KILLED_MID_STREAM, str(tmp_path / "maps" / "image.npz"), how],
-                           capture_output=True, text=True, timeout=300)
+    ended = run_forked(KILLED_MID_STREAM, [str(tmp_path / "maps" / "image.npz"), how], timeout=300)
     assert ended.returncode == -getattr(__import__("signal"), how), ended.stderr
     assert list((tmp_path / "maps").iterdir()) == []
 

@@ -4,13 +4,11 @@ the cost model counts (``memory.attentions_bytes``: the windows, every global la
 scores beside them) — measured as the peak resident memory of a fresh process, as tests/test_costs.py measures."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from peak_memory import run_measured
 from test_costs import build, can_reset_the_peak
 
 from vit.costs import memory
@@ -65,10 +63,9 @@ print(json.dumps({"measured": peak - since, "estimate": plan.forward(model, mode
 @pytest.mark.slow
 @pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
 def test_the_forward_with_every_attention_holds_no_more_than_the_windows_the_cost_model_counts():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VIT_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536",
-           "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", WORKER, str(ROOT / "tests"), str(SIDE)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=280)
+    # forked from the measuring server (peak_memory.environment(): one thread, glibc's thresholds), which imported
+    # torch and transformers once
+    done = run_measured(WORKER, [str(ROOT / "tests"), str(SIDE)], timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     # a windowed layer held whole (2 x 4,096² floats, 134 MB) would be far over the estimate (281 MB; 269 measured)

@@ -312,13 +312,11 @@ sys.exit(main(sys.argv[2:]))
 
 
 def killed_at_step(step: int, *argv: str) -> int:
-    """``vit.sae`` in its own process, SIGKILLed right after step ``step``: what survives is what it saved."""
-    import subprocess
-    import sys
+    """``vit.sae`` in its own process (forked from the measuring server, which imported torch once), SIGKILLed right
+    after step ``step``: what survives is what it saved."""
+    from peak_memory import run_forked
 
-    done = subprocess.run([sys.executable, "-c", KILL_AT_STEP, str(step), *argv], cwd=ROOT, timeout=240,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return done.returncode
+    return run_forked(KILL_AT_STEP, [str(step), *argv], timeout=240).returncode
 
 
 def saved_step(out: Path) -> int:
