@@ -83,8 +83,13 @@ def test_the_notebooks_committed_method_lists_are_the_registrys():
 # started with it. What stays is what a process keeps of its imports (sys.modules: torch, timm, transformers and vit
 # imported once, ~3-4 s of CPU a kernel, issue 112); that each tutorial still imports what it uses is checked by the
 # names being gone, and the import cell that finds the clone's vit is one cell, the same in all six
-# (test_the_tutorials_share_one_import_cell), run as a fresh kernel runs it by the first.
-RESET = """%reset -f
+# (test_the_tutorials_share_one_import_cell), run as a fresh kernel runs it by the first. The reset without the two
+# full garbage collections IPython's runs (its displayhook's and the magic's own: ~0.5 s of CPU each over the
+# libraries' object graph, 2.5-3 s for the five resets, issue 112): the names and history go all the same, and
+# Python's own collector still frees what the earlier tutorial left in cycles.
+RESET = """from unittest import mock
+with mock.patch("gc.collect", return_value=0):
+    get_ipython().run_line_magic("reset", "-f")
 import os, sys
 os.chdir({folder!r})
 while {root!r} in sys.path:
