@@ -148,7 +148,7 @@ def test_the_train_page_runs_stops_and_resumes_a_run_on_the_cluster(ray_cluster,
     # and SIGTERM alike stop the job through Ray's job API, as `ray job stop` does: tests/test_ray_follow.py sends
     # each signal to it); the run it stopped is whole. Its Resume runs `vit.train --resume DIR --ray`: the stopped
     # run's last.pt goes on in a new job from the step it kept. One job fewer than a Ctrl-C test of its own (~22 s
-    # of CPU: bench/results/cpu-2026-11-30/ray-group-*.txt), every check of that test made on this stop.
+    # of CPU: bench/results/cpu-2026-11-30/h22-ray-ray-group-*.txt), every check of that test made on this stop.
     from test_runs import wait_for
 
     manager = ray_manager(tmp_path, images, monkeypatch)
