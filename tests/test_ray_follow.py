@@ -10,6 +10,8 @@ import threading
 import warnings
 from types import SimpleNamespace
 
+import pytest
+
 from vit.runs import ray_jobs
 
 
@@ -41,10 +43,12 @@ class QuietOnCancelJobs:
         self.stopped = True
 
 
-def test_ctrl_c_while_the_log_is_followed_stops_the_job(capsys):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_while_the_log_is_followed_stops_the_job(capsys, signum):
+    # SIGTERM is the Train page's Stop: handled as a Ctrl-C (tests/test_ray_train.py stops a real job so)
     jobs = QuietOnCancelJobs()
-    before = signal.getsignal(signal.SIGINT)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))  # inside the first log stream
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signum))  # inside the first log stream
     timer.start()
     try:
         code = ray_jobs.follow_to_the_end(jobs, "job-1", "vit.analyze", "the analysis ends without its report")
@@ -53,7 +57,7 @@ def test_ctrl_c_while_the_log_is_followed_stops_the_job(capsys):
     assert jobs.stopped and code == 130
     err = capsys.readouterr().err
     assert err.startswith("vit.analyze: stopping job job-1: the analysis ends without its report")
-    assert signal.getsignal(signal.SIGINT) is before  # the command's handlers are its own, for its length
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # its own, for its length
 
 
 class RaySdkJobs(QuietOnCancelJobs):
