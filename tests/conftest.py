@@ -303,6 +303,7 @@ def _cpu_now() -> float:
 def pytest_runtest_setup(item):
     item.stash[_CPU_AT] = _cpu_now()
     streamlit_once.scan_components_once()  # once Streamlit is imported: its AppTests' component scan done once
+    streamlit_once.compile_scripts_once()  # and each app script compiled once for all its runs
     yield
 
 

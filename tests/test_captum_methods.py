@@ -205,15 +205,24 @@ print(peak() - before)
 """
 
 
+@pytest.fixture(scope="module")
+def measured():
+    """``run_measured``, for the tests that measure a peak: a fixture built once per module keeps them on one xdist
+    worker (tests/conftest.py's ``_item_group``), so one measuring server (``peak_memory.PRELOAD``'s imports, ~3 s of
+    CPU) forks all five; spread over the four workers, each started a server of its own (issue 112: the measuring
+    server's 12.7 s of CPU in a whole run)."""
+    return run_measured
+
+
 @pytest.mark.scenario  # a measured peak, in a process of its own (forked from the measuring server)
 @pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
-def test_rise_with_a_fine_grid_holds_what_is_counted_not_every_grid_at_once():
+def test_rise_with_a_fine_grid_holds_what_is_counted_not_every_grid_at_once(measured):
     # Issue 95: /?map=rise&attr=n_masks=300,s=1024 grew the server by 3 GB (every grid drawn in float64 at once).
     # 60 grids of 1024 x 1024 cells: ~1.3 GB that way; as bits 7.5 MB, formed 4 at a time ~37 MB more.
     rise = captum_maps.rise_module
     counted = rise.held_bytes(60, 1024) + 4 * rise.batch_bytes(1024, (32, 32))
     assert counted < 100 * 2**20
-    done = run_measured(RISE_PEAK, [str(Path(__file__).parent)], timeout=300)
+    done = measured(RISE_PEAK, [str(Path(__file__).parent)], timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     grown = int(done.stdout.split()[-1])
     assert grown < counted + 150 * 2**20, (grown, counted)  # the slack: allocator pages, the forwards, 8x below 1.3 GB
@@ -248,15 +257,15 @@ print(json.dumps([peak() - before, max(counted)]))
 @pytest.mark.parametrize(("method", "size", "options"), [
     ("occlusion", 192, {"batch": 32}), ("feature_ablation", 192, {"batch": 32}),
     ("integrated_gradients", 64, {"n_steps": 2000}), ("smoothgrad", 160, {"nt_samples": 500})])
-def test_an_attribution_holds_no_more_than_it_counted(method, size, options):
+def test_an_attribution_holds_no_more_than_it_counted(measured, method, size, options):
     # Issue 95: captum's perturbations form each pass's input beside its forward (occlusion at 1,024 px counted at
     # 1,020 MB, killed at 3 GB), and IG's Gauss-Legendre weights cost n_steps² before any forward (10,000 steps:
     # 2.1 GB). At 384 px: 509, 303 and 60 MB measured; counted before, 77, 77 and 16; counted now, 554, 338 and 77.
     # SmoothGrad draws all its noise first (issue 90): at 256 px 555 MB measured, 636 counted (260 without the
     # noise). The sizes here are the smallest where what was missed still dominates, a quarter of the pixels (an
     # occlusion's time grows with their square): 124, 74 and 196 MB measured, 139, 85 and 249 counted (idle machine).
-    done = run_measured(ATTRIBUTION_PEAK, [str(Path(__file__).parent), json.dumps([method, size, options])],
-                        timeout=300)
+    done = measured(ATTRIBUTION_PEAK, [str(Path(__file__).parent), json.dumps([method, size, options])],
+                    timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     grown, counted = json.loads(done.stdout.split("\n")[-2])
     assert grown <= counted * 1.15 + 20 * 2**20, (grown / 2**20, counted / 2**20)

@@ -82,6 +82,16 @@ def summary(path: Path) -> tuple[tuple, tuple, tuple]:
     return _summary(path, (stat.st_mtime_ns, stat.st_size))
 
 
+@pytest.fixture(scope="module")
+def repository() -> list[Path]:
+    """The Python files the re-export check reads (``app.py``, the pages, ``vit/``, the tests, the benches), for every
+    test that reads the real repository's files through ``summary``: a fixture built once per module keeps those tests
+    on one xdist worker (tests/conftest.py's ``_item_group``), so the repository's ~9 MB of Python is parsed once a
+    run; spread over four workers each parsed it again (issue 112: 24.5 s of CPU in a whole run, ~9 s alone)."""
+    return [REPOSITORY / "app.py", *REPOSITORY.glob("app_pages/**/*.py"), *VIT.rglob("*.py"),
+            *REPOSITORY.glob("tests/**/*.py"), *REPOSITORY.glob("bench/**/*.py")]
+
+
 def vit_imports(path: Path, packages: set[str] = frozenset({"vit"})) -> list[tuple[int, str]]:
     """``(line, module)`` for every import of a module of ``packages`` (``vit``'s) in ``path``, inside functions
     too; a from-import names the module, or the submodule a name may be."""
@@ -128,6 +138,7 @@ def violations(root: Path = VIT) -> list[str]:
     return problems
 
 
+@pytest.mark.usefixtures("repository")
 def test_every_module_imports_only_the_layers_below_it():
     assert violations() == []
 
@@ -163,6 +174,7 @@ def circles(places: tuple[tuple[Path, str], ...] = HOUSE) -> list[list[str]]:
     return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
 
 
+@pytest.mark.usefixtures("repository")
 def test_no_modules_import_one_another_round_a_circle():
     assert circles() == []
 
@@ -186,6 +198,7 @@ def back_up(root: Path = VIT) -> list[str]:
     return found
 
 
+@pytest.mark.usefixtures("repository")
 def test_no_import_runs_back_up_to_the_package_root_or_from_the_checkpoint_format_to_the_core():
     assert back_up() == []
 
@@ -258,6 +271,7 @@ def app_imports_outside(path: Path, allowed: set[str]) -> list[str]:
     return found
 
 
+@pytest.mark.usefixtures("repository")
 def test_the_notebook_api_imports_the_app_only_to_draw():
     assert [f"{path.name}:{found}" for path in sorted((VIT / "api").glob("*.py"))
             for found in app_imports_outside(path, API_DISPLAY)] == []
@@ -330,14 +344,11 @@ def _reads(path: Path) -> tuple[tuple, tuple] | None:
 
 
 @pytest.mark.parametrize("module", sorted(p.stem for p in (VIT / "app").glob("*.py") if p.stem != "__init__"))
-def test_nothing_reads_an_engine_name_through_a_module_of_the_app_layer(module):
+def test_nothing_reads_an_engine_name_through_a_module_of_the_app_layer(module, repository):
     """``vit.app``'s modules hold what the pages draw and run; a name one of them only imports (the overlay helpers
     and token labels ``drawing`` uses, the checkpoints folder ``catalog`` reads, the ``Progress`` ``work`` reports
     to) is read where it lives, by the pages as by everything else."""
-    root = VIT.parent
-    files = [root / "app.py", *root.glob("app_pages/**/*.py"), *VIT.rglob("*.py"), *root.glob("tests/**/*.py"),
-             *root.glob("bench/**/*.py")]
-    assert borrowed(f"vit.app.{module}", VIT / "app" / f"{module}.py", files) == []
+    assert borrowed(f"vit.app.{module}", VIT / "app" / f"{module}.py", repository) == []
 
 
 def test_the_re_export_check_catches_both_ways_of_reading_one(tmp_path):
@@ -478,6 +489,7 @@ def unresolved_imports(roots: tuple[Path, ...] = IMPORT_ROOTS) -> list[str]:
     return found
 
 
+@pytest.mark.usefixtures("repository")
 def test_every_from_import_of_a_vit_module_names_what_it_holds():
     assert unresolved_imports() == []
 

@@ -284,16 +284,20 @@ def test_the_wheel_installs_and_runs_from_another_folder(tmp_path):
     done = run(str(bin_dir / "vit-predict"), "--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: vit-predict") and "--save-maps" in done.stdout
     # the installed metadata's version (no pyproject.toml beside an installed vit), the README's first notebook
-    # lines, and vit and its shipped model read from the installed package (one torch start-up for the three, not
-    # two: issue 112)
+    # lines, and vit and its shipped model read from the installed package; then the installed app's first page in
+    # Streamlit's AppTest (one torch start-up for the four, not three: issue 112)
     done = run(str(python), "-c", "import vit; checkpoint = vit.load(vit.shipped()); "
                "print(vit.__version__, list(vit.methods(checkpoint))[0]); "
-               "print(vit.__file__, len(checkpoint.class_names))")
+               "print(vit.__file__, len(checkpoint.class_names)); "
+               "from streamlit.testing.v1 import AppTest; import vit.core.runfiles as r; "
+               "at = AppTest.from_file(str(r.app_root() / 'app.py'), default_timeout=240).run(); "
+               "print(len(at.exception), [s.label for s in at.sidebar.selectbox][:1], at.title[0].value)")
     assert done.returncode == 0, done.stderr
-    shown, installed = done.stdout.splitlines()
+    shown, installed, page = done.stdout.splitlines()[:3]
     assert shown == f"{version} attention", done.stdout
     where, classes = installed.split()
     assert Path(where).is_relative_to(site) and classes == "10"
+    assert page == "0 ['Checkpoint'] ViT Attention Explorer", done.stdout
 
     shipped = site / "vit_explorer" / "checkpoints"
     done = run(str(bin_dir / "vit-predict"), str(shipped / "cifar10-cifar-s.pt"),
@@ -306,12 +310,6 @@ def test_the_wheel_installs_and_runs_from_another_folder(tmp_path):
         assert predict([str(ROOT / "checkpoints" / "cifar10-cifar-s.pt"), str(ROOT / "checkpoints" / "samples" /
                         "cifar10-cifar-s" / "cat_1.png"), "--device", "cpu"]) == 0
     assert json.loads(done.stdout)[0]["predictions"] == json.loads(checkout.getvalue())[0]["predictions"]
-
-    done = run(str(python), "-c", "from streamlit.testing.v1 import AppTest; import vit.core.runfiles as r; "
-               "at = AppTest.from_file(str(r.app_root() / 'app.py'), default_timeout=240).run(); "
-               "print(len(at.exception), [s.label for s in at.sidebar.selectbox][:1], at.title[0].value)")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[0] == "0 ['Checkpoint'] ViT Attention Explorer", done.stdout
 
     port = free_port()
     server = subprocess.Popen([str(bin_dir / "vit-explorer"), "--server.port", str(port), "--server.headless",
