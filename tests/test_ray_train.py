@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +13,6 @@ from vit_commands import vit_command
 
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
@@ -28,17 +24,6 @@ def images(tmp_path_factory) -> Path:
 def args(images: Path, out: Path, *extra: str) -> list[str]:
     return ["--dataset", f"folder:{images}", "--out", str(out), "--cache-dir", str(images.parent / "cache"),
             *TINY, *extra]
-
-
-def train(*argv: str, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "vit.train", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
-    return proc.returncode, out, err
 
 
 def test_an_unreachable_address_is_one_line_and_writes_nothing(images, tmp_path):
@@ -75,7 +60,8 @@ def test_two_ray_workers_train_like_two_torchrun_processes(ray_cluster, images, 
     ray_run, ddp = tmp_path / "ray", tmp_path / "ddp"
     began = time.monotonic()
     # The command in this process (tests/vit_commands.py), as the bad dataset's below: the job's driver and its two
-    # workers are the real processes, on the cluster; the real command's entry point and exit are the Ctrl-C test's.
+    # workers are the real processes, on the cluster; the real command's entry point and exit (130 on a stop) are
+    # the Train page test's.
     done = vit_command("vit.train", *args(images, ray_run, *DETERMINISTIC), "--ray", ray_cluster.address,
                        "--workers", "2")
     rc, out, err = done.returncode, done.stdout, done.stderr
