@@ -382,8 +382,9 @@ def test_decide_runs_attnlrp_whole_while_it_fits_then_with_checkpointed_blocks_t
 
 def test_decide_runs_the_class_map_whole_while_it_fits_and_in_chunks_past_it(monkeypatch):
     model = build("vit")
-    grid = (48, 48)  # 2,305 tokens: 2 layers x 2 heads of whole attention and gradient, 4 x 4 x 4 x 2,305² bytes
-    whole = 4 * 2 * 2 * 4 * 2305 ** 2
+    grid = (48, 48)  # 2,305 tokens: 2 layers x 2 heads of whole attention and gradient, 4 x 4 x 4 x 2,305² bytes,
+    # beside every block's activations (64 wide, its MLP 128): 2 layers x (11 x 64 + 2 x 128) and 2 x 64 floats a token
+    whole = 4 * 2 * 2 * 4 * 2305 ** 2 + 4 * 2305 * (2 * (11 * 64 + 2 * 128) + 2 * 64)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(whole / 2**20))
     assert plan.decide(plan.class_map(model, grid)) == "run"
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((whole - 1) / 2**20))

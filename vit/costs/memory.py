@@ -58,6 +58,13 @@ ATTNLRP_BLOCK_PER_HIDDEN, ATTNLRP_PER_MLP, ATTNLRP_REST_PER_HIDDEN, ATTNLRP_INPU
 # such a model today): the bias whole in the graph, its scores, bias and probabilities, ``H x T²`` each. Measured
 # when LeGrad's block re-run still had a graph before its contexts: 347 MB for a 2-head BEiT at 4,096 tokens.
 BIAS_GRAPH_COPIES = 3
+# The class map's whole path (``attention.class_gradients``: every layer's explicit attention in the graph) keeps every
+# block's activations for the backward beside that attention (``whole_gradient_bytes``): its norms, qkv, context,
+# projection, residuals and MLP, in floats per token per hidden unit and per MLP unit a layer, and two more streams
+# (the patch embedding's output, the final norm's). Measured (tests/test_layout_memory.py's 2-layer, 2-head BEiT, 512
+# and 2,048 wide, its MLP 256 and 4,096 wide, 577 to 1,937 tokens): 10.6 and 1.7 a layer. Without them a 2,048-wide
+# BEiT at 1,937 tokens counted 229 MB and grew 471.6, over a 300 MB bound that let it run (601 counted now).
+WHOLE_GRAPH_PER_HIDDEN, WHOLE_GRAPH_PER_MLP, WHOLE_GRAPH_STREAMS = 11, 2, 2
 
 
 def has_logit_bias(config) -> bool:
@@ -101,6 +108,13 @@ def whole_gradient_bytes(config, tokens: int, layers: int | None = None) -> int:
     attentions, gradients and autograd's copies, ``4 x layers x H x T²`` floats."""
     layers = config.num_layers if layers is None else layers
     return 4 * layers * config.num_heads * 4 * tokens * tokens
+
+
+def whole_graph_bytes(config, tokens: int) -> int:
+    """Bytes of every block's activations a backward through the whole model keeps over ``tokens`` tokens (the
+    class map's whole path, beside its layers' attention: ``WHOLE_GRAPH_*``)."""
+    per_layer = WHOLE_GRAPH_PER_HIDDEN * config.hidden_size + WHOLE_GRAPH_PER_MLP * config.mlp_size
+    return 4 * tokens * (config.num_layers * per_layer + WHOLE_GRAPH_STREAMS * config.hidden_size)
 
 
 def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = None) -> int:

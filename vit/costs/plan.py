@@ -279,13 +279,15 @@ def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
 
 def class_map(model, grid: tuple[int, int], what: str = "The class-specific map") -> Cost:
     """The class-specific map (``method_maps.class_relevance``): every layer's attention and gradient kept whole
-    while they fit, else one block's backward at a time in chunks (``chunked``), keeping every layer's context
-    gradient. A model with stages keeps its windows (``stage_gradient``), never ``T²``."""
+    beside every block's activations (``memory.whole_graph_bytes``) while they fit, else one block's backward at a
+    time in chunks (``chunked``), keeping every layer's context gradient. A model with stages keeps its windows
+    (``stage_gradient``), never ``T²``."""
     if model.config.stage_depths:
         return stage_gradient(model, grid, 0, what)
     whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what)
-    return Cost("class", whole.tokens, whole.memory, whole.flops, whole.limit, chunks.refuse, whole.parts,
-                chunks.memory)
+    graph = memory.whole_graph_bytes(model.config, whole.tokens)  # every block's activations beside its attention
+    return Cost("class", whole.tokens, whole.memory + graph, whole.flops, whole.limit, chunks.refuse,
+                (*whole.parts, ("every block's activations in the graph", graph)), chunks.memory)
 
 
 def stage_gradient(model, grid: tuple[int, int], start_layer: int = -2, what: str = "LeGrad") -> Cost:
