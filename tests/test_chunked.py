@@ -187,11 +187,13 @@ def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_large
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
-    # 3 layers x 3 heads x 19² tokens x 16 bytes = 52 KB over 0.04 MB (41,943 bytes), which fits 17 tokens:
-    # 14 patches, a 3 x 3 grid at most, 12 px.
+    # LRP: 3 layers x 3 heads x T² tokens x 16 bytes beside every block's activations, 3 layers x (11 x 24 + 2 x 48)
+    # and 4 x 24 floats a token (4,704 bytes): 19 tokens, 52 KB + 89 KB over 0.04 MB (41,943 bytes); a 3 x 3 grid
+    # (12 tokens) 20,736 + 56,448 bytes, still over; 2 x 2 (7 tokens) 7,056 + 32,928, under it: 8 px. AttnLRP
+    # counts its own way (``plan.attnlrp``: each block's input, one block's graph under its rules): 12 px, as before.
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
-    for kind in ("lrp", "attnlrp"):
-        with pytest.raises(TooManyTokens, match="largest square input that fits is 12 px"):
+    for kind, side in (("lrp", 8), ("attnlrp", 12)):
+        with pytest.raises(TooManyTokens, match=f"largest square input that fits is {side} px"):
             method_maps.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
 
 
