@@ -64,7 +64,7 @@ BIAS_GRAPH_COPIES = 3
 # (the patch embedding's output, the final norm's; where the backward stops at a layer's input, a CAM's, that leaf
 # and its gradient). Measured (tests/test_layout_memory.py's 2-layer, 2-head BEiT, 512 and 2,048 wide, its MLP 256
 # and 4,096 wide, 577 to 1,937 tokens): 10.6 and 1.7 a layer. Without them a 2,048-wide BEiT at 1,937 tokens counted
-# 229 MB and grew 471.6, over a 300 MB bound that let it run (601 counted now). Every gradient method counts them
+# 229 MB and grew 471.6, over a 300 MB bound that let it run (631 counted now). Every gradient method counts them
 # (``plan.gradient``: its layers' only): the same BEiT's Grad-CAM of its last layer grew 74.9 MB at 577 tokens and
 # 148.0 at 1,025 where 10.2 and 32.1 were counted (its attention alone), 14.2 widths a token beside its attention.
 WHOLE_GRAPH_PER_HIDDEN, WHOLE_GRAPH_PER_MLP, WHOLE_GRAPH_STREAMS = 11, 2, 4
