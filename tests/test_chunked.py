@@ -187,11 +187,13 @@ def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_large
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
-    # 3 layers x 3 heads x 19² tokens x 16 bytes = 52 KB over 0.04 MB (41,943 bytes), which fits 17 tokens:
-    # 14 patches, a 3 x 3 grid at most, 12 px.
+    # LRP: 3 layers x 3 heads x T² tokens x 16 bytes beside every block's activations, 3 layers x (11 x 24 + 2 x 48)
+    # and 4 x 24 floats a token (4,704 bytes): 19 tokens, 52 KB + 89 KB over 0.04 MB (41,943 bytes); a 3 x 3 grid
+    # (12 tokens) 20,736 + 56,448 bytes, still over; 2 x 2 (7 tokens) 7,056 + 32,928, under it: 8 px. AttnLRP
+    # counts its own way (``plan.attnlrp``: each block's input, one block's graph under its rules): 12 px, as before.
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
-    for kind in ("lrp", "attnlrp"):
-        with pytest.raises(TooManyTokens, match="largest square input that fits is 12 px"):
+    for kind, side in (("lrp", 8), ("attnlrp", 12)):
+        with pytest.raises(TooManyTokens, match=f"largest square input that fits is {side} px"):
             method_maps.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
 
 
@@ -373,3 +375,38 @@ def test_the_row_vector_rollout_reports_every_chunk_and_stops_where_its_progress
 
     with pytest.raises(work.Stopped):
         inputs.rollout_row(0, num_prefix_tokens=3, progress=closed)
+
+
+def test_the_class_map_of_a_model_with_a_logit_bias_past_its_whole_path_is_refused_before_the_work(monkeypatch):
+    import re
+
+    from PIL import Image
+
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.core.inference import InputSize
+    from vit.costs import plan
+    from vit.explain.views import method_maps
+
+    # BEiT's relative position bias: the path in chunks forms a layer's attention from its queries and keys alone
+    # (``hidden.queries_keys_values`` refuses the bias), so it once ran every layer's context gradients and only
+    # then refused, at the map's row. 96 px: 577 tokens, whole 33.8 MB, in chunks 19.9: under 25 MB it took chunks.
+    config = ViTConfig(image_size=16, patch_size=4, num_classes=3, hidden_size=24, num_layers=2, num_heads=3,
+                       mlp_size=48, rel_pos="beit")
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(config).eval(), ["a", "b", "c"], Preprocessing.default_for(config))
+    image = Image.effect_noise((96, 96), 60).convert("RGB")
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "25")
+    with monkeypatch.context() as work:
+        for name in ("forward_with_hidden_states", "class_gradients"):
+            work.setattr(method_maps, name, lambda *args, **kwargs: pytest.fail("the work ran"))
+        with pytest.raises(plan.TooManyTokens, match="adds a relative position bias") as error:
+            method_maps.class_relevance(checkpoint, image, 1, InputSize(96))
+    message = str(error.value)
+    assert "\n" not in message
+    side = int(re.search(r"the largest square input that fits is (\d+) px", message)[1])
+    assert side < 96
+    at = method_maps.class_relevance(checkpoint, image, 1, InputSize(side))  # the size it names runs, whole
+    assert at.terms and at.row(0, -1).shape == (1, 1 + (side // 4) ** 2)
+    bigger = side + 4  # and the next one is over the limit again
+    with pytest.raises(plan.TooManyTokens, match="adds a relative position bias"):
+        method_maps.class_relevance(checkpoint, image, 1, InputSize(bigger))

@@ -383,8 +383,8 @@ def test_decide_runs_attnlrp_whole_while_it_fits_then_with_checkpointed_blocks_t
 def test_decide_runs_the_class_map_whole_while_it_fits_and_in_chunks_past_it(monkeypatch):
     model = build("vit")
     grid = (48, 48)  # 2,305 tokens: 2 layers x 2 heads of whole attention and gradient, 4 x 4 x 4 x 2,305² bytes,
-    # beside every block's activations (64 wide, its MLP 128): 2 layers x (11 x 64 + 2 x 128) and 2 x 64 floats a token
-    whole = 4 * 2 * 2 * 4 * 2305 ** 2 + 4 * 2305 * (2 * (11 * 64 + 2 * 128) + 2 * 64)
+    # beside every block's activations (64 wide, its MLP 128): 2 layers x (11 x 64 + 2 x 128) and 4 x 64 floats a token
+    whole = 4 * 2 * 2 * 4 * 2305 ** 2 + 4 * 2305 * (2 * (11 * 64 + 2 * 128) + 4 * 64)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(whole / 2**20))
     assert plan.decide(plan.class_map(model, grid)) == "run"
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((whole - 1) / 2**20))
@@ -398,9 +398,12 @@ def test_a_gradient_through_windows_counts_each_windowed_layer_by_its_windows_no
     model = build("qwen2.5-vl")  # 3 layers x 2 heads; layers 0 and 2 in 8 x 8-patch windows, layer 1 global
     grid = (16, 16)  # 256 tokens: 4 windows of 64 slots; the global layer 256²
     need = 4 * 2 * 4 * (256 ** 2 + 2 * 4 * 64 ** 2)  # every layer's attention and gradient, four copies each
-    assert plan.gradient(model, grid, "AttnLRP").memory == need  # (layers x T² would be 6,291,456)
+    # beside every block's activations (64 wide, its MLP 128): 3 layers x (11 x 64 + 2 x 128) and 4 x 64 floats a token
+    need += 4 * 256 * (3 * (11 * 64 + 2 * 128) + 4 * 64)
+    assert plan.gradient(model, grid, "AttnLRP").memory == need  # (layers x T² would be 6,291,456 beside them)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((need - 1) / 2**20))
-    # the largest square that fits: 14 x 14 patches (196² + 2 layers x 4 ragged windows of 64 slots), 56 px
-    with pytest.raises(plan.TooManyTokens, match=r"about 3 MB at 256 tokens.*the largest square input that fits is "
+    # the largest square that fits: 14 x 14 patches (196² + 2 layers x 4 ragged windows of 64 slots; 196 tokens'
+    # activations), 56 px
+    with pytest.raises(plan.TooManyTokens, match=r"about 6 MB at 256 tokens.*the largest square input that fits is "
                                                  r"56 px"):
         plan.decide(plan.gradient(model, grid, "AttnLRP"))

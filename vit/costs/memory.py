@@ -60,11 +60,14 @@ ATTNLRP_BLOCK_PER_HIDDEN, ATTNLRP_PER_MLP, ATTNLRP_REST_PER_HIDDEN, ATTNLRP_INPU
 BIAS_GRAPH_COPIES = 3
 # The class map's whole path (``attention.class_gradients``: every layer's explicit attention in the graph) keeps every
 # block's activations for the backward beside that attention (``whole_gradient_bytes``): its norms, qkv, context,
-# projection, residuals and MLP, in floats per token per hidden unit and per MLP unit a layer, and two more streams
-# (the patch embedding's output, the final norm's). Measured (tests/test_layout_memory.py's 2-layer, 2-head BEiT, 512
-# and 2,048 wide, its MLP 256 and 4,096 wide, 577 to 1,937 tokens): 10.6 and 1.7 a layer. Without them a 2,048-wide
-# BEiT at 1,937 tokens counted 229 MB and grew 471.6, over a 300 MB bound that let it run (601 counted now).
-WHOLE_GRAPH_PER_HIDDEN, WHOLE_GRAPH_PER_MLP, WHOLE_GRAPH_STREAMS = 11, 2, 2
+# projection, residuals and MLP, in floats per token per hidden unit and per MLP unit a layer, and four more streams
+# (the patch embedding's output, the final norm's; where the backward stops at a layer's input, a CAM's, that leaf
+# and its gradient). Measured (tests/test_layout_memory.py's 2-layer, 2-head BEiT, 512 and 2,048 wide, its MLP 256
+# and 4,096 wide, 577 to 1,937 tokens): 10.6 and 1.7 a layer. Without them a 2,048-wide BEiT at 1,937 tokens counted
+# 229 MB and grew 471.6, over a 300 MB bound that let it run (631 counted now). Every gradient method counts them
+# (``plan.gradient``: its layers' only): the same BEiT's Grad-CAM of its last layer grew 74.9 MB at 577 tokens and
+# 148.0 at 1,025 where 10.2 and 32.1 were counted (its attention alone), 14.2 widths a token beside its attention.
+WHOLE_GRAPH_PER_HIDDEN, WHOLE_GRAPH_PER_MLP, WHOLE_GRAPH_STREAMS = 11, 2, 4
 
 
 def has_logit_bias(config) -> bool:
@@ -110,11 +113,12 @@ def whole_gradient_bytes(config, tokens: int, layers: int | None = None) -> int:
     return 4 * layers * config.num_heads * 4 * tokens * tokens
 
 
-def whole_graph_bytes(config, tokens: int) -> int:
-    """Bytes of every block's activations a backward through the whole model keeps over ``tokens`` tokens (the
-    class map's whole path, beside its layers' attention: ``WHOLE_GRAPH_*``)."""
+def whole_graph_bytes(config, tokens: int, layers: int | None = None) -> int:
+    """Bytes of every block's activations a backward through ``layers`` (default all) layers keeps over ``tokens``
+    tokens (any gradient method's, beside its layers' attention: ``plan.gradient``; ``WHOLE_GRAPH_*``)."""
+    layers = config.num_layers if layers is None else layers
     per_layer = WHOLE_GRAPH_PER_HIDDEN * config.hidden_size + WHOLE_GRAPH_PER_MLP * config.mlp_size
-    return 4 * tokens * (config.num_layers * per_layer + WHOLE_GRAPH_STREAMS * config.hidden_size)
+    return 4 * tokens * (layers * per_layer + WHOLE_GRAPH_STREAMS * config.hidden_size)
 
 
 def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = None) -> int:

@@ -168,32 +168,33 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
 def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None, other: str = "another map") -> Cost:
     """A gradient method that keeps its layers' whole attention and gradient (LRP, AttnLRP, the CAMs from their
     layer on, the class-specific map's whole path): ``4 x layers x H x T²`` floats (``layers``: default all); a
-    layer that attends in windows (Qwen2.5-VL's, SAM's) keeps its windows' ``H x windows x slots²`` instead."""
+    layer that attends in windows (Qwen2.5-VL's, SAM's) keeps its windows' ``H x windows x slots²`` instead. Beside
+    it, those layers' activations in the graph (``memory.whole_graph_bytes``, linear in T)."""
     config, tokens = model.config, _tokens(model, grid)
     windowed = bool(config.window_size) and not config.stage_depths
 
-    def bytes_at(g: tuple[int, int]) -> int:
+    def attention_at(g: tuple[int, int]) -> int:
         if windowed:
             return memory.windowed_gradient_bytes(model, g, layers)
         return memory.whole_gradient_bytes(config, _tokens(model, g), layers)
 
-    need = bytes_at(grid)
+    def bytes_at(g: tuple[int, int]) -> int:
+        return attention_at(g) + memory.whole_graph_bytes(config, _tokens(model, g), layers)
+
+    attention, graph = attention_at(grid), memory.whole_graph_bytes(config, tokens, layers)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        def side() -> int:
-            if windowed:  # the windows' share is linear in T, the global layers' T²: the largest square searched
-                unit = config.spatial_merge or 1  # Qwen's grids are whole merge units
-                patches = _largest_square(max(max(grid) // unit, 1), lambda g: bytes_at(g) <= limit, unit)
-                return largest_square_side(config.patch_size, patches)
-            per_token_squared = need // tokens ** 2
-            return largest_square_side(config.patch_size,
-                                       max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
+        def side() -> int:  # a share linear in T beside one in T²: the largest square searched
+            unit = (config.spatial_merge or 1) if windowed else 1  # Qwen's grids are whole merge units
+            patches = _largest_square(max(max(grid) // unit, 1), lambda g: bytes_at(g) <= limit, unit)
+            return largest_square_side(config.patch_size, patches)
         return TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / MB:,.0f} MB at "
                              f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
                              f"{_advice(model, side, other)}")
     part = ("every layer's attention (a windowed layer's windows), its gradient and autograd's copies" if windowed
             else "every layer's attention, its gradient and autograd's copies")
-    return _cost("gradient", model, grid, {part: need, **_clip_frames(model, grid)}, refuse)
+    return _cost("gradient", model, grid, {part: attention, "its layers' activations in the graph": graph,
+                                           **_clip_frames(model, grid)}, refuse)
 
 
 def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP", other: str = "another map") -> Cost:
@@ -284,10 +285,34 @@ def class_map(model, grid: tuple[int, int], what: str = "The class-specific map"
     (``stage_gradient``), never ``T²``."""
     if model.config.stage_depths:
         return stage_gradient(model, grid, 0, what)
-    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what)
-    graph = memory.whole_graph_bytes(model.config, whole.tokens)  # every block's activations beside its attention
-    return Cost("class", whole.tokens, whole.memory + graph, whole.flops, whole.limit, chunks.refuse,
-                (*whole.parts, ("every block's activations in the graph", graph)), chunks.memory)
+    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what)  # whole: with every block's graph
+    problem = _rows_need_whole_layers(model.config)
+    if problem:  # the path in chunks forms its rows from queries and keys alone: the whole path or nothing
+        def refuse(need: int, limit: int) -> TooManyTokens:
+            def side() -> int:
+                return largest_square_side(model.config.patch_size, _largest_square(
+                    max(grid), lambda g: gradient(model, g, what).memory <= limit))
+            return TooManyTokens(f"{what} of a model that {problem} keeps every layer's attention whole: about "
+                                 f"{need / MB:,.0f} MB at "
+                                 f"{whole.tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
+                                 f"({ANALYSIS_MEMORY_ENV}); {_advice(model, side)}")
+        return replace(whole, view="class", refuse=refuse)
+    return Cost("class", whole.tokens, whole.memory, whole.flops, whole.limit, chunks.refuse, whole.parts,
+                chunks.memory)
+
+
+def _rows_need_whole_layers(config) -> str | None:
+    """What keeps a model without windows from the class map's path in chunks, whose rows are ``softmax(q . k)`` of
+    a layer's queries and keys alone (``vit.explain.methods.hidden.layout_problem``): a bias on its logits (BEiT's
+    relative positions), locality self-attention's masked, scaled logits; None where nothing does. A windowed model
+    (SAM, Qwen2.5-VL) has its own path through the windows."""
+    if getattr(config, "window_size", 0):
+        return None
+    if getattr(config, "rel_pos", "none") != "none":
+        return "adds a relative position bias to its attention logits"
+    if str(getattr(config, "attention", "dot")).startswith("lsa"):
+        return "masks each token's own key and learns its logits' scale"
+    return None
 
 
 def stage_gradient(model, grid: tuple[int, int], start_layer: int = -2, what: str = "LeGrad") -> Cost:
