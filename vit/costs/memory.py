@@ -76,6 +76,19 @@ def has_logit_bias(config) -> bool:
     return getattr(config, "rel_pos", "none") in ("beit", "beit_shared", "sam")
 
 
+def layout_problem(config) -> str | None:
+    """What keeps a layer's attention from being ``softmax(q . k)`` of its queries and keys alone (the chunked
+    paths' assumption, ``vit.explain.methods.hidden``; the class map's path in chunks, ``plan.class_map``): windows,
+    a bias on the logits, locality self-attention's masked, scaled logits; None for plain global attention."""
+    if getattr(config, "window_size", 0):
+        return "attends within windows (SAM / ViTDet)"
+    if getattr(config, "rel_pos", "none") != "none":
+        return "adds a relative position bias to its attention logits"
+    if str(getattr(config, "attention", "dot")).startswith("lsa"):
+        return "masks each token's own key and learns its logits' scale (locality self-attention)"
+    return None
+
+
 def bias_chunk_bytes(num_heads: int, tokens: int, index_bytes: int = 8) -> int:
     """Bytes of the logit bias a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
     ``fused_attention``): one query chunk of its rows (``heads x rows x T`` float32, at most

@@ -285,34 +285,12 @@ def class_map(model, grid: tuple[int, int], what: str = "The class-specific map"
     (``stage_gradient``), never ``T²``."""
     if model.config.stage_depths:
         return stage_gradient(model, grid, 0, what)
-    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what)  # whole: with every block's graph
-    problem = _rows_need_whole_layers(model.config)
+    problem = None if model.config.window_size else memory.layout_problem(model.config)  # windows: their own path
     if problem:  # the path in chunks forms its rows from queries and keys alone: the whole path or nothing
-        def refuse(need: int, limit: int) -> TooManyTokens:
-            def side() -> int:
-                return largest_square_side(model.config.patch_size, _largest_square(
-                    max(grid), lambda g: gradient(model, g, what).memory <= limit))
-            return TooManyTokens(f"{what} of a model that {problem} keeps every layer's attention whole: about "
-                                 f"{need / MB:,.0f} MB at "
-                                 f"{whole.tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
-                                 f"({ANALYSIS_MEMORY_ENV}); {_advice(model, side)}")
-        return replace(whole, view="class", refuse=refuse)
+        return replace(gradient(model, grid, f"{what} of a model that {problem}"), view="class")
+    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what)  # whole: with every block's graph
     return Cost("class", whole.tokens, whole.memory, whole.flops, whole.limit, chunks.refuse, whole.parts,
                 chunks.memory)
-
-
-def _rows_need_whole_layers(config) -> str | None:
-    """What keeps a model without windows from the class map's path in chunks, whose rows are ``softmax(q . k)`` of
-    a layer's queries and keys alone (``vit.explain.methods.hidden.layout_problem``): a bias on its logits (BEiT's
-    relative positions), locality self-attention's masked, scaled logits; None where nothing does. A windowed model
-    (SAM, Qwen2.5-VL) has its own path through the windows."""
-    if getattr(config, "window_size", 0):
-        return None
-    if getattr(config, "rel_pos", "none") != "none":
-        return "adds a relative position bias to its attention logits"
-    if str(getattr(config, "attention", "dot")).startswith("lsa"):
-        return "masks each token's own key and learns its logits' scale"
-    return None
 
 
 def stage_gradient(model, grid: tuple[int, int], start_layer: int = -2, what: str = "LeGrad") -> Cost:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from vit.core.cache import ByteCache
 from vit.costs.memory import kept_layers
+from vit.costs.memory import layout_problem as memory_layout_problem
 from vit.explain.methods.attention import layer_on_grid
 from vit.explain.methods.attention import layer_rows as rows_on_grid
 from vit.model import LayerLayout
@@ -136,15 +137,9 @@ def placed_attentions(model: nn.Module, attentions: Sequence[Tensor], grid: tupl
 
 def layout_problem(model: nn.Module) -> str | None:
     """What keeps a layer's attention from being ``softmax(q . k)`` of its queries and keys alone (the chunked
-    paths' assumption): a bias on the logits or windows; None for plain global attention."""
-    config = getattr(model, "config", None)
-    if getattr(config, "window_size", 0):
-        return "attends within windows (SAM / ViTDet)"
-    if getattr(config, "rel_pos", "none") != "none":
-        return "adds a relative position bias to its attention logits"
-    if str(getattr(config, "attention", "dot")).startswith("lsa"):
-        return "masks each token's own key and learns its logits' scale (locality self-attention)"
-    return None
+    paths' assumption): a bias on the logits or windows; None for plain global attention (``memory.layout_problem``
+    of its config)."""
+    return memory_layout_problem(getattr(model, "config", None))
 
 
 class _Enough(Exception):
