@@ -163,6 +163,34 @@ def test_vit_explain_draws_their_gradcam_on_attention_and_both_lrps(tmp_path, on
                                atol=1e-12)
 
 
+def test_gradcam_on_attention_is_costed_by_its_last_layer_alone(tmp_path, monkeypatch):
+    # Its gradient stops at the last block (``attention_gradcam``'s leaf), so the bound counts that layer's attention
+    # and gradient, not every layer's (it counted all: 142 MB against 70 grown on a wide BEiT at 96 px). Under a
+    # bound between the two counts it is drawn, the same map, where partial LRP (every layer's) is refused.
+    from PIL import Image
+
+    import vit
+    from vit.checkpoint import save_checkpoint
+    from vit.core.inference import preprocess
+    from vit.costs import plan
+
+    save_checkpoint(tmp_path / "m.pt", random_vit(), ["a", "b", "c", "d", "e"])
+    checkpoint = vit.load(tmp_path / "m.pt", device="cpu")
+    last, every = (plan.gradient(checkpoint.model, (14, 14), "x", layers=n).memory for n in (1, None))
+    assert every > 2 * last
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((last + every) / 2 / 2**20))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (56, 56, 3), dtype=np.uint8))
+    x = preprocess([image], checkpoint.preprocessing)
+    np.testing.assert_allclose(vit.explain(checkpoint, image, "attn-gradcam", target=2).map,
+                               attention_gradcam(checkpoint.model, x, 2)[0].numpy(), rtol=1e-6, atol=1e-12)
+    with pytest.raises(ValueError, match="keeps every layer's attention and gradient") as refused:
+        vit.explain(checkpoint, image, "lrp-partial", target=2)
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(last / 2 / 2**20))  # under its own count: refused, in its words
+    with pytest.raises(ValueError, match="^GradCAM on the last attention keeps its last layer's attention and grad"):
+        plan.decide(plan.gradient(checkpoint.model, (14, 14), "GradCAM on the last attention", layers=1))
+
+
 def test_a_model_their_lrp_has_no_rule_for_is_offered_neither_lrp_and_told_why(tmp_path):
     import vit
     from vit.checkpoint import save_checkpoint

@@ -188,7 +188,9 @@ def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None,
             unit = (config.spatial_merge or 1) if windowed else 1  # Qwen's grids are whole merge units
             patches = _largest_square(max(max(grid) // unit, 1), lambda g: bytes_at(g) <= limit, unit)
             return largest_square_side(config.patch_size, patches)
-        return TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / MB:,.0f} MB at "
+        kept = ("every layer's" if layers in (None, config.num_layers) else "its last layer's" if layers == 1
+                else f"its last {layers} layers'")
+        return TooManyTokens(f"{what} keeps {kept} attention and gradient: about {need / MB:,.0f} MB at "
                              f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
                              f"{_advice(model, side, other)}")
     part = ("every layer's attention (a windowed layer's windows), its gradient and autograd's copies" if windowed

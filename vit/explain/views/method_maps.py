@@ -169,8 +169,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     checkpointed = False
     if kind == "attnlrp":  # whole, or each block again in the backward (its path in chunks)
         checkpointed = plan.decide(plan.attnlrp(model, grid)) == "chunks"
-    elif kind in ("lrp",) + CHEFER_BASELINES:
-        plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0]))
+    elif kind in ("lrp",) + CHEFER_BASELINES:  # GradCAM on attention: its gradient stops at the last block
+        plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0],
+                                  layers=1 if kind == "attn-gradcam" else None))
     elif kind == "flow":
         plan.decide(plan.flow(model, grid, MAX_FLOW_TOKENS))
     elif kind in CAM_KINDS:  # the graph from the explained block on (Score-CAM: forwards without one)
