@@ -191,6 +191,26 @@ def test_gradcam_on_attention_is_costed_by_its_last_layer_alone(tmp_path, monkey
         plan.decide(plan.gradient(checkpoint.model, (14, 14), "GradCAM on the last attention", layers=1))
 
 
+def test_a_model_no_lrp_rule_reaches_is_refused_for_that_before_its_inputs_size(tmp_path, monkeypatch):
+    # A layer scale (BEiT's, DINOv2's) has no rule of theirs at any size: under a bound its gradient is over (each
+    # LRP keeps its layers' attention and gradient), the refusal is the missing rule, not "choose a smaller input"
+    # and then the rule.
+    import vit
+    from vit.checkpoint import save_checkpoint
+    from vit.costs import plan
+
+    save_checkpoint(tmp_path / "m.pt", random_vit(dataclasses.replace(CONFIG, layer_scale=0.1)), list("abcde"))
+    checkpoint = vit.load(tmp_path / "m.pt", device="cpu")
+    every = plan.gradient(checkpoint.model, (14, 14), "x").memory
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(every / 2 / 2**20))
+    image = np.zeros((56, 56, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="over the"):  # the bound is below what an LRP would keep here
+        plan.decide(plan.gradient(checkpoint.model, (14, 14), "Chefer et al.'s LRP"))
+    for kind in ("lrp", "lrp-partial", "lrp-full"):
+        with pytest.raises(UnsupportedModelError, match="has no rule for layer_scale=0.1; use AttnLRP"):
+            vit.explain(checkpoint, image, kind, target=2)
+
+
 def test_a_model_their_lrp_has_no_rule_for_is_offered_neither_lrp_and_told_why(tmp_path):
     import vit
     from vit.checkpoint import save_checkpoint

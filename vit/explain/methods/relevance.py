@@ -485,7 +485,7 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     map for each image's class (default: the predicted one). ``start_layer``: the first layer rolled out (their
     ``generate_LRP(start_layer=...)``; their benchmark scripts pass 1); ``end_layer`` counts from layer 0.
     """
-    _check_lrp(model, "Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid")
+    check_lrp(model, "lrp")
     names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED] + ["hook_normed"]
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
@@ -501,14 +501,27 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     return gradient_rollout(cams[start_layer:last], [g.detach() for g in gradients][start_layer:last])
 
 
-def _check_lrp(model: ViT, what: str, why: str) -> None:
-    """``UnsupportedModelError`` in one line unless Chefer et al.'s LRP rules reach every operation of ``model``."""
+# Chefer et al.'s three LRP maps (the map kinds' names): what each is called in a refusal, and why it needs one grid
+LRP_MAPS = {"lrp": ("Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid"),
+            "lrp-partial": ("Chefer et al.'s partial LRP", "reads the CLS row of a T x T relevance matrix"),
+            "lrp-full": ("Chefer et al.'s full LRP", "runs one grid of tokens from the pixels to the class")}
+
+
+def check_lrp(model: ViT, kind: str) -> None:
+    """``UnsupportedModelError`` in one line unless Chefer et al.'s LRP rules for ``kind`` (``LRP_MAPS``) reach every
+    operation of ``model``: what the map's own function checks first, for a caller to check before any other cost
+    (a model no rule reaches is refused for what it is, never first for its input's size)."""
+    what, why = LRP_MAPS[kind]
     check_supported(model)
     check_one_grid(model, what, why)
     missing = lrp_rule_missing(model.config)
     if missing:
         raise UnsupportedModelError(f"{what} has no rule for {missing}; use AttnLRP, LeGrad or the "
                                     "gradient-rollout class map")
+    if kind == "lrp-full" and model.patch_norm is not None:
+        raise UnsupportedModelError("Chefer et al.'s full LRP has no rule for the patch embedding's norms "
+                                    "(patch_norm=True, or shifted patch tokens'); use AttnLRP, which reaches the "
+                                    "pixels through them")
 
 
 def partial_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None) -> Tensor:
@@ -516,7 +529,7 @@ def partial_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = N
     plain LRP (``layers_lrp``'s rules) from each image's class (default: the predicted one) to the last layer's
     attention probabilities, their positive part averaged over heads, CLS's row over the patches: ``(B, gh, gw)``.
     Only the last block is propagated through (theirs runs every block's relprop, and reads only the last)."""
-    _check_lrp(model, "Chefer et al.'s partial LRP", "reads the CLS row of a T x T relevance matrix")
+    check_lrp(model, "lrp-partial")
     last = len(model.blocks) - 1
     names = [f"blocks.{last}.{name}" for name in _TRACED] + ["hook_normed"]
     with torch.no_grad():
@@ -533,11 +546,7 @@ def full_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None
     from each image's class (default: the predicted one) through every block, the position embedding's addition
     and the patch embedding (z^B rule on a 3-channel input) to the pixels, summed over channels: ``(B, H, W)``,
     signed. ``patch_sums`` gives the patch grid."""
-    _check_lrp(model, "Chefer et al.'s full LRP", "runs one grid of tokens from the pixels to the class")
-    if model.patch_norm is not None:
-        raise UnsupportedModelError("Chefer et al.'s full LRP has no rule for the patch embedding's norms "
-                                    "(patch_norm=True, or shifted patch tokens'); use AttnLRP, which reaches the "
-                                    "pixels through them")
+    check_lrp(model, "lrp-full")
     names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED]
     with torch.no_grad():
         encoding, cache = model.run_with_cache(images, names + ["hook_embed", "hook_normed"])

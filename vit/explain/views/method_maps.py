@@ -135,7 +135,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     """
     from vit.explain.methods.attention_flow import MAX_FLOW_TOKENS, attention_flow
     from vit.explain.methods.captum_maps import ATTRIBUTION_METHODS, PIXEL_METHODS, attribution_map
-    from vit.explain.methods.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+    from vit.explain.methods.relevance import LRP_MAPS, attnlrp, check_lrp, legrad, patch_sums, transformer_attribution
 
     if pixels and kind not in PIXEL_METHODS:
         raise ValueError(f"{kind}'s map is on the patch grid; the pixel maps are {', '.join(PIXEL_METHODS)}")
@@ -170,6 +170,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     if kind == "attnlrp":  # whole, or each block again in the backward (its path in chunks)
         checkpointed = plan.decide(plan.attnlrp(model, grid)) == "chunks"
     elif kind in ("lrp",) + CHEFER_BASELINES:  # GradCAM on attention: its gradient stops at the last block
+        if kind in LRP_MAPS:  # a model no rule reaches is refused for that, at any size
+            check_lrp(model, kind)
         plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0],
                                   layers=1 if kind == "attn-gradcam" else None))
     elif kind == "flow":
