@@ -118,19 +118,21 @@ def zeros_png(width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize(("name", "data", "message"), [
-    ("notes.png", b"this is not an image", "not an image"),
-    ("empty.png", b"", "empty"),
-    ("cut.png", png_bytes(64, 64)[:200], "truncated or corrupt"),
-    ("bomb.png", zeros_png(30_000, 30_000), "too large to decode safely"),
-    ("line.png", zeros_png(1, 3_000), "more than 64 times as long as it is wide"),
+# Each upload's bytes made when its test runs, not when the module is collected: the 30,000-px square is 112 MB of
+# pixels to encode (~1.7 s of CPU), which every xdist worker paid at collection, the three that never run it too.
+@pytest.mark.parametrize(("name", "made", "message"), [
+    ("notes.png", lambda: b"this is not an image", "not an image"),
+    ("empty.png", lambda: b"", "empty"),
+    ("cut.png", lambda: png_bytes(64, 64)[:200], "truncated or corrupt"),
+    ("bomb.png", lambda: zeros_png(30_000, 30_000), "too large to decode safely"),
+    ("line.png", lambda: zeros_png(1, 3_000), "more than 64 times as long as it is wide"),
 ], ids=["text", "empty", "truncated", "30000-squared", "1x3000"])
-def test_an_undecodable_second_image_is_one_warning_and_the_section_goes_on(two_models, name, data, message):
+def test_an_undecodable_second_image_is_one_warning_and_the_section_goes_on(two_models, name, made, message):
     """Issue 62, item 3: the second upload raised ImageError past the page (Streamlit's error box and a traceback in
     the server log), where the main upload and the patching upload answer in one line."""
     at = run_app(dense_open=True)
     second, = [u for u in at.get("file_uploader") if u.key == "dense_second"]
-    second.set_value((name, data, "image/png")).run()
+    second.set_value((name, made(), "image/png")).run()
     assert not at.exception, [e.message for e in at.exception]
     warnings = [displayed(w.value) for w in at.warning if "second image" in w.value]
     assert len(warnings) == 1 and name in warnings[0] and message in warnings[0] and "\n" not in warnings[0], warnings
