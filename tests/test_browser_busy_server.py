@@ -56,6 +56,10 @@ def browser():
 
 
 def open_page(browser, url):
+    """A visitor's page in a context of its own, timed until drawn. Not a tab of the other visitor's page
+    (tests/browser_tabs.py): tabs share one renderer, whose one main thread would draw A's grid's progress while B's
+    page loads, and B's load time is what this test bounds: each visitor keeps a renderer of its own, as two people's
+    browsers would."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(TIMEOUT_MS)

@@ -6,9 +6,15 @@ server's Hugging Face cache by a link (``/?model=ORG/NAME``) and uploads, in "Up
 went from 0.9 GB to 3.4 GB and died), then a few dozen bytes declaring 20,000² (PIL's DecompressionBombError). Each
 answers in one line; the server's peak resident memory (VmHWM) grows by less than one such frame holds as RGB; a
 second visitor, meanwhile, is served a clip of their own.
+
+The three visitors are tabs of one blank page (tests/browser_tabs.py), where each had a context and so a renderer of
+its own: each load is still a Streamlit session of its own, and what is checked is the server's (its memory, its
+serving one session while another is refused), which no browser state reaches: none of them enters the token, and
+the app keeps no cookie and no browser storage.
 """
 
 import pytest
+from browser_tabs import opener, tabs
 from helpers import BROWSER_TIMEOUT_MS, chromium, streamlit_app
 from test_browser_memory import peak_rss_mb
 from test_clip_bounds import ATTACK, gif_bytes
@@ -40,10 +46,8 @@ def server(tmp_path):
         yield url, process
 
 
-def visitor(browser, url: str):
-    """A fresh session (no cookie: no token entered) on the VideoMAE the link names, before any clip."""
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    page.set_default_timeout(BROWSER_TIMEOUT_MS)
+def visitor(page, url: str):
+    """A fresh session in the tab ``page`` (no token entered) on the VideoMAE the link names, before any clip."""
     page.goto(f"{url}/?model={HUB_NAME}")
     page.get_by_text("Upload a clip in the sidebar").wait_for()
     return page
@@ -61,8 +65,9 @@ def test_the_issues_gif_is_refused_in_one_line_and_the_server_keeps_serving(serv
     attack.write_bytes(gif_bytes(**ATTACK))
     bomb.write_bytes(gif_bytes((20_000, 20_000), [(0, 0, 1, 1)]))
     good = write_gif(tmp_path / "good.gif", 6, size=(SIDE, SIDE))
-    with chromium() as browser:
-        first, second = visitor(browser, url), visitor(browser, url)
+    with chromium() as browser, tabs(opener(browser, viewport={"width": 1400, "height": 1000}),
+                                     BROWSER_TIMEOUT_MS) as tab:
+        first, second = visitor(tab(), url), visitor(tab(), url)
         idle_mb = peak_rss_mb(process.pid)
 
         upload(first, attack)
@@ -79,6 +84,6 @@ def test_the_issues_gif_is_refused_in_one_line_and_the_server_keeps_serving(serv
         grown = peak_rss_mb(process.pid) - idle_mb
         assert grown < GROWTH_BOUND_MB, f"the server's peak memory grew by {grown:,.0f} MB"
         assert process.poll() is None
-        third = visitor(browser, url)  # a visitor after them is served
+        third = visitor(tab(), url)  # a visitor after them is served
         upload(third, good)
         third.get_by_text("Uniform sampling of 4 frames over 6").wait_for()

@@ -1,7 +1,10 @@
 """End to end in headless Chromium: launch a run from the training page, see it complete, scrub its attention
 snapshots epoch by epoch and open it in the explorer. Screenshots go to test-artifacts/.
 
-Runs the real app (``streamlit run app.py``) on a free port with its own runs and data folders.
+Runs the real app (``streamlit run app.py``) on a free port with its own runs and data folders, a server for each
+test. Each test's page is a tab of one blank page of the module (tests/browser_tabs.py), one renderer for the three
+where each page started its own: a tab's loads are sessions of their own, and the app keeps no cookie and no browser
+storage, so each server still sees a first visitor of its own.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from browser_tabs import opener, tabs
 from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, RUN_MS, chromium, streamlit_app
 from test_runs import make_image_folder
 
@@ -28,6 +32,13 @@ def app_url(tmp_path):
            "VIT_DATA_ROOTS": str(tmp_path)}
     with streamlit_app(env, log=tmp_path / "streamlit.log", timeout=300) as (url, _):
         yield url, make_image_folder(tmp_path / "images")
+
+
+@pytest.fixture(scope="module")
+def first():
+    """The blank page the tests' tabs are opened from (tests/browser_tabs.py); each test sets its tab's viewport."""
+    with chromium() as browser:
+        yield opener(browser)
 
 
 def fill_tiny_run(page, name: str, images: Path, num_layers: int, epochs: int) -> None:
@@ -61,7 +72,7 @@ def step_left(page, slider, to: int) -> None:
     raise AssertionError(f"the slider did not reach epoch {to}")
 
 
-def test_a_run_launched_from_the_page_completes_shows_its_snapshots_and_opens_in_the_explorer(app_url):
+def test_a_run_launched_from_the_page_completes_shows_its_snapshots_and_opens_in_the_explorer(app_url, first):
     """Long (~25 s of CPU) because a real training process runs 3 epochs, launched and watched from the page of a
     server of its own, and the run is opened in the explorer, in a real Chromium. One run for what were two tests
     (this one's launch with its explorer, and test_browser_snapshots' scrub of a 3-epoch run's snapshots): a
@@ -71,9 +82,9 @@ def test_a_run_launched_from_the_page_completes_shows_its_snapshots_and_opens_in
     url, images = app_url
     ARTIFACTS.mkdir(exist_ok=True)
     name = "browser-tiny"
-    with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 2400})
-        page.set_default_timeout(BROWSER_TIMEOUT_MS)
+    with tabs(first, BROWSER_TIMEOUT_MS) as tab:
+        page = tab()
+        page.set_viewport_size({"width": 1400, "height": 2400})
         try:
             page.goto(url)  # the explorer, the default page; then the navigation, as a user would
             page.get_by_role("link", name="Train").click()
@@ -118,15 +129,15 @@ def test_a_run_launched_from_the_page_completes_shows_its_snapshots_and_opens_in
 
 
 @pytest.mark.parametrize("path, title", [("training", "Train a Vision Transformer"), ("analyze", "Analyse a dataset")])
-def test_a_page_opened_first_by_its_url_runs_inside_the_apps_navigation(app_url, path, title):
+def test_a_page_opened_first_by_its_url_runs_inside_the_apps_navigation(app_url, first, path, title):
     """A fresh server whose first visitor opens a page's own URL (a bookmark, or a tab reloaded after a restart):
     with a ``pages/`` folder next to app.py, Streamlit ran that file alone as a legacy page until some session
     had called ``st.navigation``: no wide layout, and a menu of file names ("app", "analyze", "explorer",
     "training") whose "app" entry ran app.py as one more page. The pages live in ``app_pages/``."""
     url, _ = app_url
-    with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(BROWSER_TIMEOUT_MS)
+    with tabs(first, BROWSER_TIMEOUT_MS) as tab:
+        page = tab()
+        page.set_viewport_size({"width": 1400, "height": 900})
         page.goto(f"{url}/{path}")
         page.get_by_role("heading", name=title).wait_for()
         page.wait_for_function("""() => document.querySelector('[data-testid="stApp"]')
