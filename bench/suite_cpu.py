@@ -29,6 +29,7 @@ import argparse
 import bisect
 import collections
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -318,6 +319,14 @@ def costliest_markdown(report: Path, count: int = COSTLIEST, lane: set[str] | No
     return "\n".join(rows) + "\n"
 
 
+def outcome(said: str) -> str:
+    """pytest's last line that counts its tests ("5,284 passed, 30 skipped in 923.61s"), or that none was found: a
+    report says whether the run it measured passed."""
+    found = [line.strip(" =") for line in said.splitlines()
+             if re.search(r"\d+ (passed|failed|error|errors|skipped|deselected)\b", line)]
+    return found[-1] if found else "no line of pytest's counted its tests"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the report (Markdown tables)")
@@ -343,12 +352,18 @@ def main(argv: list[str] | None = None) -> int:
         timeline = Path(folder) / "timeline.txt"
         baseline = {(pid, started) for pid, (_, started, _, _) in processes().items()}
         began = time.time()
-        pytest = subprocess.Popen([sys.executable, "-m", "pytest", "-q", *args.pytest_args], cwd=ROOT,
-                                  env={**os.environ, "VIT_TEST_TIMELINE": str(timeline)})
-        rows = sample(pytest)
+        output = Path(folder) / "pytest.txt"  # pytest's own output, for its outcome line (and shown at the end)
+        with open(output, "w") as out:
+            pytest = subprocess.Popen([sys.executable, "-m", "pytest", "-q", *args.pytest_args], cwd=ROOT,
+                                      env={**os.environ, "VIT_TEST_TIMELINE": str(timeline)}, stdout=out,
+                                      stderr=subprocess.STDOUT)
+            rows = sample(pytest)
         wall = time.time() - began
         by_test, by_kind, unowned = attribute(rows, read_timeline(timeline), baseline)
+        said = output.read_text(errors="replace")
+    print(said[-4000:], end="")
     lines = report(by_test, by_kind, wall, args.pytest_args, args.top, unowned, started(rows, baseline))
+    lines.insert(1, f"# pytest's exit status {pytest.returncode}: {outcome(said)}")
     lines += lanes_report(by_test, lane_ids(args.pytest_args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

@@ -81,6 +81,16 @@ def test_a_run_reports_the_cpu_of_a_test_that_starts_a_busy_process(tmp_path):
     assert rows["tests/test_suite_cpu.py::test_busy_child"] >= 1.0, out.read_text()
     # the run's own tests' lane, collected from its selection (not the whole suite: ~14 s of CPU more)
     assert "| everyday (`pytest --quick`: 1 collected) | 1 |" in out.read_text(), out.read_text()
+    # and whether the run it measured passed, in pytest's own words
+    assert out.read_text().splitlines()[1].startswith("# pytest's exit status 0: 1 passed, "), out.read_text()
+
+
+def test_the_outcome_is_pytests_last_line_that_counts_its_tests():
+    from bench.suite_cpu import outcome
+
+    said = "..F\n=== 1 failed, 2 passed, 3 skipped in 4.56s ===\nper-test CPU: median 0.010 s over 3 tests\n"
+    assert outcome(said) == "1 failed, 2 passed, 3 skipped in 4.56s"
+    assert outcome("ERROR: file or directory not found: tests/nothing.py\n") == "no line of pytest's counted its tests"
 
 
 def test_busy_child():
