@@ -82,3 +82,38 @@ def test_a_driver_refusing_its_run_loads_no_ray(tmp_path, monkeypatch, capsys):
             str(tmp_path / "run"), *TINY]
     assert ray_train.main(argv) == 2
     assert capsys.readouterr().err.startswith("vit.train: error:")
+
+
+def test_the_jobs_torch_config_is_rays_and_trains_controller_loads_it_without_torch():
+    # Train's controller unpickles the trainer's backend config; Ray's TorchConfig made it import torch (~1.7 s of
+    # CPU and the memory it holds for the run). Ours unpickles in a process where torch cannot be imported, and its
+    # fields, defaults and backend's flags are Ray's. That its workers still form the process group and train is the
+    # cluster tests' (test_ray_train.py: two Ray workers equal two torchrun processes).
+    import dataclasses
+    import subprocess
+    import sys
+
+    import ray.cloudpickle as cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    from vit.runs.lean_trainer import LeanTorchTrainer
+    from vit.runs.torch_backend import LeanTorchConfig
+
+    def fields(config_class) -> list[tuple]:
+        return [(f.name, f.default) for f in dataclasses.fields(config_class)]
+
+    assert fields(LeanTorchConfig) == fields(TorchConfig)
+    assert LeanTorchConfig().to_dict() == TorchConfig().to_dict()
+    assert LeanTorchConfig().framework == TorchConfig().framework
+    for flag in ("share_cuda_visible_devices", "has_replica_groups"):
+        assert getattr(LeanTorchConfig().backend_cls, flag) == getattr(TorchConfig().backend_cls, flag), flag
+    trainer = LeanTorchTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=2),
+                               run_config=RunConfig(name="lean"))
+    assert trainer.backend_config == LeanTorchConfig(backend="gloo")  # as Ray's TorchTrainer sets it on CPUs
+    load = ("import pickle, sys; sys.modules['torch'] = None; config = pickle.loads(sys.stdin.buffer.read()); "
+            "print(config.backend, config.backend_cls.__name__)")
+    done = subprocess.run([sys.executable, "-c", load], input=cloudpickle.dumps(trainer.backend_config),
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["gloo", "LeanTorchBackend"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from ray.train.torch import TorchTrainer
 
+from vit.runs.torch_backend import LeanTorchConfig
+
 # Two actors Ray Train starts for every run that a job of ours never uses, each one more process importing Ray (part of
 # the Ray modules' 373 -> 324 s of CPU, bench/results/cpu-2026-11-29f/ray-*.txt): the Ray Data DatasetManager, started
 # whether or not the trainer was given datasets (our workers read their data themselves; vit.sae's harvest runs its own
@@ -17,7 +19,11 @@ UNUSED_CALLBACKS = ("DatasetsCallback", "PlacementGroupCleanerCallback")
 
 class LeanTorchTrainer(TorchTrainer):
     """Ray Train's ``TorchTrainer`` without the callbacks (and their actors) of ``UNUSED_CALLBACKS``; the
-    datasets' callback stays when it is given datasets."""
+    datasets' callback stays when it is given datasets. Its process group is set up by ``LeanTorchConfig``
+    (vit.runs.torch_backend), Ray's ``TorchConfig`` whose module Train's controller can load without torch."""
+
+    def __init__(self, *args, torch_config=None, **kwargs) -> None:
+        super().__init__(*args, torch_config=torch_config or LeanTorchConfig(), **kwargs)
 
     def _create_default_callbacks(self) -> list:
         unused = set(UNUSED_CALLBACKS) - ({"DatasetsCallback"} if self.datasets else set())
