@@ -2,10 +2,11 @@
 
 Ray Train's controller, an actor of its own for every run, holds the trainer's backend config and calls its backend's
 ``on_start`` and ``on_shutdown``, which only hand functions to the workers. Ray's ``TorchConfig`` lives in a module that
-imports torch at its top, so the controller imported torch to unpickle it: ~1.7 s of CPU and a few hundred MB that it
-then held for the whole run, per run, on the head node (bench/results/cpu-2026-11-30b/ray-train-before-after.txt). This config
-is Ray's, field for field, and its backend makes the same calls to the workers in the same order (Ray's own functions
-of ``ray.train.torch.config``, imported there, where torch is loaded anyway), from a module that imports no torch.
+imports torch at its top, so the controller imported torch to unpickle it, and held it for the whole run on the head
+node: 4.6 -> 2.5 s of CPU per controller without it (bench/results/cpu-2026-11-30b/ray-train-before-after.txt). This
+config is Ray's, field for field, and its backend makes the same calls to the workers in the same order (Ray's own
+functions of ``ray.train.torch.config``, imported there, where torch is loaded anyway), from a module that imports no
+torch.
 
 Not covered, as a job of ours never asks for them: TPUs (``tpu_dist``) and Ray Train's v1 worker group.
 """
