@@ -84,11 +84,13 @@ def test_a_driver_refusing_its_run_loads_no_ray(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("vit.train: error:")
 
 
-def test_the_jobs_torch_config_is_rays_and_trains_controller_loads_it_without_torch():
-    # Train's controller unpickles the trainer's backend config; Ray's TorchConfig made it import torch (~1.7 s of
-    # CPU and the memory it holds for the run). Ours unpickles in a process where torch cannot be imported, and its
-    # fields, defaults and backend's flags are Ray's. That its workers still form the process group and train is the
-    # cluster tests' (test_ray_train.py: two Ray workers equal two torchrun processes).
+def test_the_jobs_torch_config_is_rays_and_its_driver_and_controller_load_no_torch(tmp_path):
+    # Train's controller unpickles the trainer's backend config; Ray's TorchConfig made it import torch (~2 s of CPU
+    # and the memory it holds for the run), and the job's driver imported it for Ray's TorchTrainer and its dataset
+    # check. In a process where torch cannot be imported, the driver's check passes a good folder, its trainer is
+    # built and its config unpickles; the config's fields, defaults and backend's flags are Ray's. That the workers
+    # still form the process group and train is the cluster tests' (test_ray_train.py: two Ray workers equal two
+    # torchrun processes).
     import dataclasses
     import subprocess
     import sys
@@ -111,9 +113,17 @@ def test_the_jobs_torch_config_is_rays_and_trains_controller_loads_it_without_to
     trainer = LeanTorchTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=2),
                                run_config=RunConfig(name="lean"))
     assert trainer.backend_config == LeanTorchConfig(backend="gloo")  # as Ray's TorchTrainer sets it on CPUs
-    load = ("import pickle, sys; sys.modules['torch'] = None; config = pickle.loads(sys.stdin.buffer.read()); "
-            "print(config.backend, config.backend_cls.__name__)")
-    done = subprocess.run([sys.executable, "-c", load], input=cloudpickle.dumps(trainer.backend_config),
+    images = make_image_folder(tmp_path / "images", per_class=1)
+    driver = ("import pickle, sys; sys.modules['torch'] = None\n"  # `import torch` raises ImportError
+              "config = pickle.loads(sys.stdin.buffer.read()); print(config.backend, config.backend_cls.__name__)\n"
+              "from vit.runs.ray_train import check_before_the_workers\n"
+              f"print(check_before_the_workers(['--dataset', 'folder:{images}', '--out', '{tmp_path / 'run'}']))\n"
+              "from ray.train import RunConfig, ScalingConfig\n"
+              "from vit.runs.lean_trainer import LeanTorchTrainer\n"
+              "trainer = LeanTorchTrainer(print, scaling_config=ScalingConfig(num_workers=2, use_gpu=True),\n"
+              "                           run_config=RunConfig(name='lean'))\n"
+              "print(trainer.backend_config.backend)\n")
+    done = subprocess.run([sys.executable, "-c", driver], input=cloudpickle.dumps(trainer.backend_config),
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
-    assert done.stdout.decode().split() == ["gloo", "LeanTorchBackend"]
+    assert done.stdout.decode().split() == ["gloo", "LeanTorchBackend", "None", "nccl"]  # nccl on GPUs, as Ray's
