@@ -1,6 +1,7 @@
 """A dataset folder's layout, checked without reading its images: the class folders, the image files under them, and a
 new run's dataset as a whole (``check_run_data``). No torch here: a Ray job's driver (``vit.runs.ray_train``) checks
-a run's dataset before any worker starts, and never trains, so it need not load torch (~1.7 s of CPU) for it;
+a run's dataset before any worker starts, and never trains, so it need not load torch for it (with Ray's trainer,
+the other reason it did: bench/results/cpu-2026-11-30b/ray-train-jobs-no-torch-before-after.txt);
 ``vit.training.data`` and ``vit.training.run`` import these names from here."""
 
 from __future__ import annotations
