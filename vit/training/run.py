@@ -48,7 +48,6 @@ from vit.core.runfiles import (
 from vit.model import count_parameters
 from vit.training.data import DataError
 from vit.training.distributed import close_distributed, init_distributed, parse_device, rank_device
-from vit.training.folders import check_run_data
 from vit.training.options import (
     RECIPES,
     RESUME_OPTIONS,
@@ -61,6 +60,7 @@ from vit.training.options import (
     settings_from_args,
 )
 from vit.training.session import StopRequest
+from vit.training.specs import check_run_data
 from vit.training.trainer import Trainer, UsageError, hardware
 
 log = logging.getLogger("vit.train")
