@@ -141,6 +141,10 @@ class RayCluster:
         self._wait(lambda: self._nodes() >= 1, timeout, "the Ray head")
         self._start("worker", "--address", f"127.0.0.1:{self.port}", "--node-ip-address", "127.0.0.1")
         self._wait(lambda: self._nodes() >= 2, timeout, "the second Ray node")
+        # The commands read the cluster's CPUs from the dashboard's /api/cluster_status (the autoscaler monitor's
+        # report), which counts a node seconds after /nodes lists it alive: a test run just after the start was
+        # refused "the Ray cluster has 1 CPU(s); an SAE run needs at least 2" (a run of test_sae_ray under load).
+        self._wait(lambda: self._cpus() >= 2 * self.cpus, timeout, "both nodes' CPUs in the cluster's status")
         self._agents_bound()
 
     def _agents_bound(self) -> None:
@@ -161,6 +165,17 @@ class RayCluster:
             return 0
         summary = data.get("data", {}).get("summary", [])
         return sum(1 for node in summary if node.get("raylet", {}).get("state") == "ALIVE")
+
+    def _cpus(self) -> float:
+        """The cluster's CPUs as the commands read them (vit.runs.ray_jobs.cluster_resources); 0 while unknown."""
+        import json
+
+        try:
+            with urllib.request.urlopen(f"{self.address}/api/cluster_status", timeout=5) as r:
+                usage = json.load(r)["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+            return float(usage.get("CPU", (0.0, 0.0))[1])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return 0.0
 
     def _wait(self, ready, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -82,3 +82,48 @@ def test_a_driver_refusing_its_run_loads_no_ray(tmp_path, monkeypatch, capsys):
             str(tmp_path / "run"), *TINY]
     assert ray_train.main(argv) == 2
     assert capsys.readouterr().err.startswith("vit.train: error:")
+
+
+def test_the_jobs_torch_config_is_rays_and_its_driver_and_controller_load_no_torch(tmp_path):
+    # Train's controller unpickles the trainer's backend config; Ray's TorchConfig made it import torch (~2 s of CPU
+    # and the memory it holds for the run), and the job's driver imported it for Ray's TorchTrainer and its dataset
+    # check. In a process where torch cannot be imported, the driver's check passes a good folder, its trainer is
+    # built and its config unpickles; the config's fields, defaults and backend's flags are Ray's. That the workers
+    # still form the process group and train is the cluster tests' (test_ray_train.py: two Ray workers equal two
+    # torchrun processes).
+    import dataclasses
+    import subprocess
+    import sys
+
+    import ray.cloudpickle as cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    from vit.runs.lean_trainer import LeanTorchTrainer
+    from vit.runs.torch_backend import LeanTorchConfig
+
+    def fields(config_class) -> list[tuple]:
+        return [(f.name, f.default) for f in dataclasses.fields(config_class)]
+
+    assert fields(LeanTorchConfig) == fields(TorchConfig)
+    assert LeanTorchConfig().to_dict() == TorchConfig().to_dict()
+    assert LeanTorchConfig().framework == TorchConfig().framework
+    for flag in ("share_cuda_visible_devices", "has_replica_groups"):
+        assert getattr(LeanTorchConfig().backend_cls, flag) == getattr(TorchConfig().backend_cls, flag), flag
+    trainer = LeanTorchTrainer(lambda config: None, scaling_config=ScalingConfig(num_workers=2),
+                               run_config=RunConfig(name="lean"))
+    assert trainer.backend_config == LeanTorchConfig(backend="gloo")  # as Ray's TorchTrainer sets it on CPUs
+    images = make_image_folder(tmp_path / "images", per_class=1)
+    driver = ("import pickle, sys; sys.modules['torch'] = None\n"  # `import torch` raises ImportError
+              "config = pickle.loads(sys.stdin.buffer.read()); print(config.backend, config.backend_cls.__name__)\n"
+              "from vit.runs.ray_train import check_before_the_workers\n"
+              f"print(check_before_the_workers(['--dataset', 'folder:{images}', '--out', '{tmp_path / 'run'}']))\n"
+              "from ray.train import RunConfig, ScalingConfig\n"
+              "from vit.runs.lean_trainer import LeanTorchTrainer\n"
+              "trainer = LeanTorchTrainer(print, scaling_config=ScalingConfig(num_workers=2, use_gpu=True),\n"
+              "                           run_config=RunConfig(name='lean'))\n"
+              "print(trainer.backend_config.backend)\n")
+    done = subprocess.run([sys.executable, "-c", driver], input=cloudpickle.dumps(trainer.backend_config),
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["gloo", "LeanTorchBackend", "None", "nccl"]  # nccl on GPUs, as Ray's

@@ -111,7 +111,7 @@ def check_before_the_workers(train_args: list[str]) -> int | None:
     Ray Train's controller and workers (each a process importing torch) for nothing."""
     from vit.core.cli import UsageError, usage_error
     from vit.training.options import parse_args
-    from vit.training.run import check_run_data
+    from vit.training.specs import check_run_data
 
     try:
         args = parse_args(train_args, check_out=False, device_here=False)

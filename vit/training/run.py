@@ -46,11 +46,7 @@ from vit.core.runfiles import (
     write_metrics,
 )
 from vit.model import count_parameters
-from vit.training.data import (
-    DataError,
-    folder_layout,
-    parse_dataset,
-)
+from vit.training.data import DataError
 from vit.training.distributed import close_distributed, init_distributed, parse_device, rank_device
 from vit.training.options import (
     RECIPES,
@@ -64,6 +60,7 @@ from vit.training.options import (
     settings_from_args,
 )
 from vit.training.session import StopRequest
+from vit.training.specs import check_run_data
 from vit.training.trainer import Trainer, UsageError, hardware
 
 log = logging.getLogger("vit.train")
@@ -92,23 +89,6 @@ def _prepare(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namesp
     num_classes, class_names = check_run_data(args)
     resolve_model(args, num_classes, class_names)
     return args, run_dir, None
-
-
-def check_run_data(args: argparse.Namespace) -> tuple[int, list[str] | None]:
-    """A new run's (number of classes, class names or None for a built-in dataset), from a quick look at its
-    dataset (a folder's layout, not its images); UsageError in one line for one that cannot be used. A Ray job's
-    driver asks it too, before any worker starts (``vit.runs.ray_train``)."""
-    try:
-        kind, value = parse_dataset(args.dataset)
-        if kind == "folder":
-            _, val_root, class_names = folder_layout(value)
-            if val_root is None and not 0 < args.val_fraction < 1:
-                raise UsageError(f"{value} has no val/ folder, so --val-fraction must be above 0 "
-                                 f"(got {args.val_fraction:g})")
-            return len(class_names), class_names
-        return _builtin_classes(value), None
-    except DataError as e:
-        raise UsageError(str(e)) from None
 
 
 def _prepare_resume(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, Path, dict]:
@@ -148,10 +128,6 @@ def _prepare_resume(args: argparse.Namespace, argv: list[str]) -> tuple[argparse
                          f"N > {done} to train it further")
     parse_device(args.device)
     return args, run_dir, payload
-
-
-def _builtin_classes(name: str) -> int:
-    return 100 if name == "cifar100" else 10
 
 
 def _setup_logging(is_main: bool) -> tuple[logging.Logger, logging.handlers.MemoryHandler, tuple]:
