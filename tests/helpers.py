@@ -170,7 +170,7 @@ def _shared_chromium(sync_api) -> Browser:
 
 def close_chromium() -> None:
     """Close the shared Chromium and stop its Playwright driver, if they run."""
-    _SHARED.pop("opener", None)  # closed with its browser
+    _SHARED.pop("opener", None), _SHARED.pop("opener_crashed", None)  # closed with its browser
     browser, playwright = _SHARED.pop("browser", None), _SHARED.pop("playwright", None)
     try:
         if browser is not None and browser.is_connected():
@@ -215,15 +215,22 @@ def shared_tab(browser: Browser, viewport: dict[str, int]) -> Page:
     """A new tab, ``viewport`` wide and high, of the worker's one blank page (``_SHARED["opener"]``, opened on first
     use in a context of its own, closed with the shared Chromium): for a module whose test loads one page, which in a
     context of its own would start a renderer of its own and compile the app's bundle again in it
-    (tests/browser_tabs.py). Its pages hold their animations still (``STILL_SCRIPT``); the tab is closed when the
-    ``chromium()`` block that opened it ends. Each load in it is still a new Streamlit session; the tabs of the
-    worker's modules share the context's cookies and storage, which this app never uses, and its cache."""
+    (tests/browser_tabs.py): five such modules' Chromium 49.8-59.0 -> 46.9-48.3 s of CPU over three runs each
+    (bench/results/cpu-2026-11-30b/shared-tab-*.txt). Its pages hold their animations still (``STILL_SCRIPT``); the
+    tab is closed when the ``chromium()`` block that opened it ends. Each load in it is still a new Streamlit
+    session; the tabs of the worker's modules share the context's cookies and storage, which this app never uses,
+    and its cache."""
     from browser_tabs import new_tab, opener
 
     raw = browser._browser if isinstance(browser, StillBrowser) else browser
     first = _SHARED.get("opener")
-    if first is None or first.is_closed() or first.context.browser is not raw:  # none yet, or Chromium relaunched
+    # None yet, Chromium relaunched, or its renderer crashed (a crashed page is not closed, and its tabs would fail)
+    if first is None or first.is_closed() or first.context.browser is not raw or _SHARED.get("opener_crashed"):
+        if first is not None and raw.is_connected() and first.context.browser is raw:
+            first.context.close()
         first = _SHARED["opener"] = opener(StillBrowser(raw))
+        _SHARED["opener_crashed"] = False
+        first.on("crash", lambda _: _SHARED.update(opener_crashed=True))
     page = new_tab(first, BROWSER_TIMEOUT_MS)
     page.set_viewport_size(viewport)
     return page
