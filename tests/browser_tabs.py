@@ -6,7 +6,9 @@ it: ~1.3 s more of Chromium's CPU per load of the explorer's first page than a l
 a new tab) share its browsing instance, so every page of one site is drawn by one renderer. Each tab is still a page
 of its own (its own listeners, routes and viewport, closed with it) and each load in it a new Streamlit session; they
 share the context's cookies and storage, which this app never uses (it keeps a visitor's state, a token entered
-included, on the server). A test whose check is two visitors' separate browsers keeps contexts of its own.
+included, on the server). A test whose check is two visitors' separate browsers keeps contexts of its own. A module
+that loads one page opens it with ``helpers.shared_tab``: a tab of the worker's one blank page, whose renderer the
+worker's modules share.
 """
 
 from __future__ import annotations

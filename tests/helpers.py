@@ -25,7 +25,7 @@ from PIL import Image
 from vit.core.forkserver import ForkedProcess, ForkServer
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    from playwright.sync_api import Browser, Page
 
     from vit.model import ViTConfig
 
@@ -170,6 +170,7 @@ def _shared_chromium(sync_api) -> Browser:
 
 def close_chromium() -> None:
     """Close the shared Chromium and stop its Playwright driver, if they run."""
+    _SHARED.pop("opener", None), _SHARED.pop("opener_crashed", None)  # closed with its browser
     browser, playwright = _SHARED.pop("browser", None), _SHARED.pop("playwright", None)
     try:
         if browser is not None and browser.is_connected():
@@ -194,13 +195,45 @@ def chromium(still: bool = True) -> Iterator[Browser]:
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     browser = _shared_chromium(sync_api)
     before = list(browser.contexts)  # those of an enclosing block (a module's fixture) stay
+    opener = _SHARED.get("opener")
+    tabs_before = list(opener.context.pages) if opener is not None and not opener.is_closed() else []
     try:
         yield StillBrowser(browser) if still else browser
     finally:
         if browser.is_connected():
+            opener = _SHARED.get("opener")
             for context in browser.contexts:
-                if context not in before:
+                if context not in before and (opener is None or context is not opener.context):
                     context.close()
+            if opener is not None and not opener.is_closed():  # the block's shared tabs go; the blank page stays
+                for page in opener.context.pages:
+                    if page is not opener and page not in tabs_before:
+                        page.close()
+
+
+def shared_tab(browser: Browser, viewport: dict[str, int]) -> Page:
+    """A new tab, ``viewport`` wide and high, of the worker's one blank page (``_SHARED["opener"]``, opened on first
+    use in a context of its own, closed with the shared Chromium): for a module whose test loads one page, which in a
+    context of its own would start a renderer of its own and compile the app's bundle again in it
+    (tests/browser_tabs.py): five such modules' Chromium 49.8-59.0 -> 46.9-48.3 s of CPU over three runs each
+    (bench/results/cpu-2026-11-30b/shared-tab-*.txt). Its pages hold their animations still (``STILL_SCRIPT``); the
+    tab is closed when the ``chromium()`` block that opened it ends. Each load in it is still a new Streamlit
+    session; the tabs of the worker's modules share the context's cookies and storage, which this app never uses,
+    and its cache."""
+    from browser_tabs import new_tab, opener
+
+    raw = browser._browser if isinstance(browser, StillBrowser) else browser
+    first = _SHARED.get("opener")
+    # None yet, Chromium relaunched, or its renderer crashed (a crashed page is not closed, and its tabs would fail)
+    if first is None or first.is_closed() or first.context.browser is not raw or _SHARED.get("opener_crashed"):
+        if first is not None and raw.is_connected() and first.context.browser is raw:
+            first.context.close()
+        first = _SHARED["opener"] = opener(StillBrowser(raw))
+        _SHARED["opener_crashed"] = False
+        first.on("crash", lambda _: _SHARED.update(opener_crashed=True))
+    page = new_tab(first, BROWSER_TIMEOUT_MS)
+    page.set_viewport_size(viewport)
+    return page
 
 
 def click_until(click, shown, timeout_ms: float, screenshot: tuple | None = None, attempt_ms: float = 20_000) -> None:

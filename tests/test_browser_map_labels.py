@@ -10,7 +10,7 @@ opens its map by the link."""
 import re
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, chromium
+from helpers import BROWSER_TIMEOUT_MS, chromium, shared_tab
 from test_browser_explorer import SCRIPT_DONE, choose
 
 from vit.app.explorer_page import MORE_METHODS_LABEL
@@ -31,9 +31,10 @@ def server(local_app):
 
 @pytest.fixture(scope="module")
 def maps_page():
-    """One page for the module's tests, in a context of its own; blank until the first test opens it."""
+    """One page for the module's tests, a tab of the worker's blank page (``helpers.shared_tab``); blank until the first
+    test opens it."""
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True).new_page()
+        page = shared_tab(browser, {"width": 1500, "height": 1100})  # downloads accepted by default
         page.set_default_timeout(TIMEOUT_MS)
         yield page
 

@@ -10,7 +10,7 @@ cat (50 %), as ``python -m vit.predict checkpoints/cifar10-cifar-s.pt checkpoint
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, click_until, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, click_until, shared_tab, streamlit_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,7 +32,7 @@ def server(tmp_path):
 @pytest.fixture
 def page():
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+        page = shared_tab(browser, {"width": 1500, "height": 1100})
         page.set_default_timeout(TIMEOUT_MS)
         yield page
 

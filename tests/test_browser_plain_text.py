@@ -7,7 +7,7 @@ headless Chromium; every request the page makes is recorded.
 from pathlib import Path
 
 import pytest
-from helpers import chromium, ship_default, streamlit_app
+from helpers import chromium, shared_tab, ship_default, streamlit_app
 
 from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
@@ -36,7 +36,7 @@ def server(tmp_path):
 def test_class_names_are_text_in_the_browser_and_fetch_nothing(server):
     requested: list[str] = []
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page = shared_tab(browser, {"width": 1400, "height": 1000})
         page.set_default_timeout(TIMEOUT_MS)
         page.on("request", lambda request: requested.append(request.url))
         page.goto(server)

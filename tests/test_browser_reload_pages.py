@@ -21,7 +21,7 @@ import re
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import pytest
-from helpers import BROWSER_TIMEOUT_MS, chromium
+from helpers import BROWSER_TIMEOUT_MS, chromium, shared_tab
 from shared_app import ask_the_vlm, enter, open_with_image, png, upload_image
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE
 from test_browser_words import MAP_SRC
@@ -74,10 +74,10 @@ def world(local_app, llava, msn, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tab():
-    """The module's one tab, in a context of its own (no cookie, no storage): each case's first load in it, a link's
-    load and each reload are new Streamlit sessions."""
+    """The module's one tab, of the worker's blank page (``helpers.shared_tab``; the app keeps no cookie and no
+    storage): each case's first load in it, a link's load and each reload are new Streamlit sessions."""
     with chromium() as browser:
-        page = browser.new_context(viewport=VIEWPORT).new_page()
+        page = shared_tab(browser, VIEWPORT)
         page.set_default_timeout(TIMEOUT_MS)
         yield page
 

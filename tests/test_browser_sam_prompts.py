@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from browser_tabs import new_tab
-from helpers import ARTIFACTS, chromium
+from helpers import ARTIFACTS, chromium, shared_tab
 from test_browser_explorer import TIMEOUT_MS, server, world  # noqa: F401 (fixtures)
 from test_browser_share import settled
 from test_sam_prompts import _sam
@@ -74,7 +74,7 @@ def test_a_click_and_a_box_on_the_sample_photo_show_their_masks_and_attention_an
     captions = sorted(mask_caption(i, float(s), int(expected.masks[i].sum()), total, i == expected.mask)
                       for i, s in enumerate(expected.scores))
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
+        page = shared_tab(browser, {"width": 1500, "height": 1400})
         page.set_default_timeout(TIMEOUT_MS)
         try:
             open_on_photo(page, server, folder)

@@ -6,7 +6,7 @@ text, fetching nothing they name."""
 from pathlib import Path
 
 import pytest
-from helpers import chromium, streamlit_app
+from helpers import chromium, shared_tab, streamlit_app
 from test_prompts import save_open_clip
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -59,7 +59,7 @@ def test_labels_are_asked_and_shown_as_text(server):
     url, image = server
     requested: list[str] = []
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page = shared_tab(browser, {"width": 1400, "height": 1000})
         page.set_default_timeout(TIMEOUT_MS)
         page.on("request", lambda request: requested.append(request.url))
         page.goto(url)

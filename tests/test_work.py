@@ -11,7 +11,7 @@ import torch
 from test_mechanism import CONFIG, images, random_vit
 
 from vit.app import work
-from vit.core.progress import in_parts
+from vit.core.progress import in_parts, throttled
 from vit.explain.mechanism.components import ablation_grid, patch_heads, patch_residuals
 from vit.explain.methods.attention_flow import attention_flow
 
@@ -118,6 +118,42 @@ def test_in_parts_counts_the_parts_as_one_whole():
     second(4, 10)
     assert calls == [(3, 13), (7, 13)]
     assert in_parts(None, [3, 10]) == [None, None]
+
+
+class FakeClock:
+    """A clock that moves only when the test says so: no sleeps, the same result on a loaded machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_of_reports_draws_a_few_a_second_and_always_the_last():
+    calls, clock = [], FakeClock()
+    report = throttled(lambda d, t: calls.append((d, t)), every_s=0.25, clock=clock)
+    for done in range(1, 1001):  # a thousand chunks of bytes in one second
+        report(done, 1000)
+        clock.now += 0.001
+    assert calls[0] == (1, 1000), "the first report is drawn at once"
+    assert calls[-1] == (1000, 1000), "the finished state is always drawn"
+    assert len(calls) == 5, calls  # at 0, 0.25, 0.5, 0.75 s, and the last
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_the_last_report_is_drawn_even_right_after_another_and_only_once():
+    calls, clock = [], FakeClock()
+    report = throttled(lambda d, t: calls.append((d, t)), every_s=0.25, clock=clock)
+    report(10, 100)
+    clock.now += 0.01
+    report(90, 100)  # within 0.25 s: dropped
+    report(100, 100)  # the end, however soon
+    report(100, 100)  # a download's last chunk, then its file done: the same state is not drawn again
+    assert calls == [(10, 100), (100, 100)]
+    clock.now += 0.3
+    report(100, 200)  # a slow step after a pause is drawn when it comes
+    assert calls[-1] == (100, 200)
 
 
 def test_a_work_started_in_a_thread_gives_its_result_and_its_progress():

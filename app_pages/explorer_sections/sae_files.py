@@ -11,6 +11,7 @@ import streamlit as st
 
 from vit.app import catalog
 from vit.checkpoint import Checkpoint
+from vit.core.progress import throttled
 from vit.core.runfiles import default_runs_dir, parse_json, read_text_bounded
 from vit.core.text import escape_markdown
 from vit.features import explore, formats
@@ -75,8 +76,8 @@ def offer_download(text: str) -> bool:
     if not panel.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
         return True
     bar = panel.progress(0.0, text="Downloading…")
-    hub.download(wanted, lambda done, total: bar.progress(
-        min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}"))
+    hub.download(wanted, throttled(lambda done, total: bar.progress(  # a redraw per chunk of bytes is too many
+        min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
     box.empty()
     planned_sae.clear()
     return False

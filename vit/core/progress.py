@@ -1,9 +1,11 @@
 """The progress of long work: ``progress(done, total)``, which a long computation calls between its chunks (it may
-raise ``Stop`` there to stop the work: the pages' ``vit.app.work.Work`` is such a callback), and ``in_parts`` to
-report consecutive parts of one computation as one whole."""
+raise ``Stop`` there to stop the work: the pages' ``vit.app.work.Work`` is such a callback), ``in_parts`` to
+report consecutive parts of one computation as one whole, and ``throttled`` to pass on a few reports a second of
+many."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from vit.core.text import duration
@@ -24,6 +26,28 @@ def in_parts(progress: Progress | None, sizes: Sequence[int]) -> list[Progress |
     whole = sum(sizes)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [lambda done, total, start=start: progress(start + done, whole) for start in starts]
+
+
+DRAW_EVERY_S = 0.25  # a bar a page draws as the reports come moves four times a second at most
+
+
+def throttled(progress: Progress, every_s: float = DRAW_EVERY_S,
+              clock: Callable[[], float] = time.monotonic) -> Progress:
+    """``progress``, called with the first report, then with one at least ``every_s`` after the last it was given,
+    and always with the last (``done >= total``): a download reports every chunk of bytes, and a bar that a page
+    draws for each would send the browser a redraw for each (tens a second), more than anyone reads. Reports in
+    between are dropped, not delayed (no thread calls ``progress`` later): the bar may lag the bytes by ``every_s``
+    until the next report. Not for a callback that must see every report (``Work`` checks its Stop on each)."""
+    last: list = [None, None]  # when the last report was passed on, and what it was
+
+    def report(done: int, total: int) -> None:
+        now, finished = clock(), done >= total
+        if last[1] == (done, total) or not (finished or last[0] is None or now - last[0] >= every_s):
+            return
+        last[0], last[1] = now, (done, total)
+        progress(done, total)
+
+    return report
 
 
 PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
