@@ -199,11 +199,18 @@ def test_a_redirect_loop_is_one_line_naming_the_model(fake_hub):
     assert "\n" not in str(caught.value)
 
 
-def _handlers_done(timeout: float = 30.0) -> None:
-    """Wait until no thread of the test Hub's server is answering a request."""
+def _request_threads() -> set[threading.Thread]:
+    """The threads of this process's HTTP servers (the test Hub's) answering a request."""
+    return {t for t in threading.enumerate()
+            if getattr(getattr(t, "_target", None), "__name__", "") == "process_request_thread"}
+
+
+def _handlers_done(before: set[threading.Thread], timeout: float = 30.0) -> None:
+    """Wait until no request thread but those of ``before`` (``_request_threads()`` before the test's requests) is
+    answering. An earlier test's client may keep a connection to the Hub open (a pooled keep-alive one), whose
+    thread waits for its next request as long as it lives: waiting for it cost one gate 30 s."""
     deadline = time.monotonic() + timeout
-    while any(getattr(getattr(t, "_target", None), "__name__", "") == "process_request_thread"
-              for t in threading.enumerate()) and time.monotonic() < deadline:
+    while _request_threads() - before and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -216,6 +223,7 @@ def test_a_client_that_hangs_up_mid_answer_leaves_no_traceback_in_the_log(fake_h
     paced.pace["model.safetensors"] = 1024
     address = urlsplit(os.environ["HF_ENDPOINT"])
     capfd.readouterr()
+    before = _request_threads()
 
     def get(repo: str) -> socket.socket:
         client = socket.create_connection((address.hostname, address.port), timeout=30)
@@ -233,7 +241,7 @@ def test_a_client_that_hangs_up_mid_answer_leaves_no_traceback_in_the_log(fake_h
         assert piece, "the paced answer ended early"
         answer += piece
     slow.close()
-    _handlers_done()
+    _handlers_done(before)
     assert answer.partition(b"\r\n\r\n")[2] == WEIGHTS["model.safetensors"]
     assert fake_hub.sent["model.safetensors"] == len(WEIGHTS["model.safetensors"])
     assert "Traceback" not in capfd.readouterr().err
