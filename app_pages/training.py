@@ -21,9 +21,8 @@ from vit.core.text import escape_markdown, visible
 from vit.model import PRESETS
 from vit.runs import access, devices, display, launch
 from vit.runs import manager as runs
-from vit.training.data import BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, PRECISIONS, RECIPES
-from vit.training.specs import AUGMENTATIONS
+from vit.training.specs import AUGMENTATIONS, BUILTIN_DATASETS
 
 # -- who may use this page: vit.runs.access's one rule; the token entered here unlocks every page ------------
 

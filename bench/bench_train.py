@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from vit.core.images import ImageError, open_image, to_uint8  # noqa: E402
 from vit.model import count_parameters  # noqa: E402
-from vit.training.data import IMAGE_EXTENSIONS, Dataset, Split, channel_stats  # noqa: E402
+from vit.training.data import Dataset, Split, channel_stats  # noqa: E402
 from vit.training.options import parse_args, resolve_model, settings_from_args  # noqa: E402
+from vit.training.specs import IMAGE_EXTENSIONS  # noqa: E402
 from vit.training.trainer import Trainer  # noqa: E402
 
 BATCH = 256

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from vit.explain.mechanism.textspan import read_texts
     from vit.predict import UsageError, open_checkpoint, resolve_device
     from vit.sources.vlm.text_tower import open_text_tower
-    from vit.training.data import image_files
+    from vit.training.specs import image_files
 
     files = image_files(Path(args.data))
     if not files:

@@ -76,7 +76,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
     Raises UsageError for a missing folder, a class folder the checkpoint does not know, or
     no images at all.
     """
-    from vit.training.data import image_files, list_class_folders, skipped_links
+    from vit.training.specs import image_files, list_class_folders, skipped_links
 
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
@@ -139,7 +139,7 @@ def zero_shot_checkpoint(checkpoint: Checkpoint, root: Path, template: str | Non
     from vit.checkpoint import CheckpointError
     from vit.explain.language.prompts import PromptError, ask, prompt_checkpoint
     from vit.sources.vlm.text_tower import MAX_DATASET_CLASSES, check_labels, open_text_tower
-    from vit.training.data import list_class_folders
+    from vit.training.specs import list_class_folders
 
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")

@@ -178,7 +178,7 @@ def matched_masks(data: Path, masks: Path) -> list[tuple[Path, Path]]:
     in one line when a stem repeats or an image has no mask."""
     from vit.explain.benchmarks.benchmark_run import BenchmarkError
     from vit.explain.benchmarks.benchmark_run import matched_masks as matched
-    from vit.training.data import image_files
+    from vit.training.specs import image_files
 
     try:
         return matched(image_files(data), masks, data)
@@ -219,7 +219,7 @@ def benchmark_items(args: argparse.Namespace, checkpoint, command: bool = True) 
     then a folder even for segmentation, and the messages written here name no option."""
     from vit.evaluate import labelled_files
     from vit.explain.views.dataset import sample_files
-    from vit.training.data import image_files
+    from vit.training.specs import image_files
 
     if command and args.benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: both in one
         from vit.explain.benchmarks.gtsegs import GtSegs, GtSegsError

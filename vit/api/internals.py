@@ -189,7 +189,7 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
     spans.check_model(checkpoint)
     tower = open_text_tower(checkpoint)
     if isinstance(images, (str, os.PathLike)):
-        from vit.training.data import image_files
+        from vit.training.specs import image_files
 
         files = image_files(Path(images)) if Path(images).is_dir() else []
         if not files:

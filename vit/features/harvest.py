@@ -19,7 +19,7 @@ from torch import Tensor
 from vit.checkpoint import Checkpoint
 from vit.core.images import open_image
 from vit.core.inference import preprocess
-from vit.training.data import image_files as data_image_files
+from vit.training.specs import image_files as data_image_files
 
 MAX_IMAGE_PIXELS = 40_000_000  # as the explorer's uploads: a decompression bomb in the folder is one line
 

@@ -22,19 +22,7 @@ from vit.checkpoint import atomic_torch_save, check_archive
 from vit.core.images import ImageError, open_image, to_uint8
 from vit.training.autoaugment import apply_autoaugment, autoaugment_table, draw_autoaugment
 from vit.training.image_ops import OpSpace, apply_ops, draw_ops, op_space
-from vit.training.specs import (  # noqa: F401 - the names data.py offered before the folder checks moved to specs
-    AUGMENTATIONS,
-    BUILTIN_DATASETS,
-    IMAGE_EXTENSIONS,
-    MAX_MAGNITUDE,
-    DataError,
-    _is_image_file,
-    folder_layout,
-    image_files,
-    list_class_folders,
-    parse_dataset,
-    skipped_links,
-)
+from vit.training.specs import AUGMENTATIONS, MAX_MAGNITUDE, DataError, folder_layout, image_files, parse_dataset
 
 log = logging.getLogger(__name__)
 

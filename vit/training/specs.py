@@ -7,7 +7,7 @@ usage error and a ``--ray`` run's whole client never load it), and the Train pag
   (``check_run_data``) are checked here without reading an image: a Ray job's driver (``vit.runs.ray_train``) checks
   a run's dataset before any worker starts and never trains, so it need not load torch for it (with Ray's trainer,
   the other reason it did: bench/results/cpu-2026-11-30b/ray-train-jobs-no-torch-before-after.txt);
-  ``vit.training.data`` and ``vit.training.run`` import these names from here.
+  ``vit.training.data``, ``vit.training.run`` and the commands that list a folder import these names from here.
 - ``--device``: its spelling is ``torch.device``'s (c10's ``Device(const std::string&)``): a device type torch
   knows, then optionally ``:`` and an index written without a sign or leading zero that ``stoi`` reads
   (``device_spelling``; tests/test_cli_startup.py holds it to ``torch.device`` itself on a table of strings).
