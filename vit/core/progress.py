@@ -38,13 +38,15 @@ def throttled(progress: Progress, every_s: float = DRAW_EVERY_S,
     draws for each would send the browser a redraw for each (tens a second), more than anyone reads. Reports in
     between are dropped, not delayed (no thread calls ``progress`` later): the bar may lag the bytes by ``every_s``
     until the next report. Not for a callback that must see every report (``Work`` checks its Stop on each)."""
-    last: list = [None, None]  # when the last report was passed on, and what it was
+    passed_at: float | None = None  # when the last report was passed on
+    passed: tuple[int, int] | None = None  # and what it was
 
     def report(done: int, total: int) -> None:
+        nonlocal passed_at, passed
         now, finished = clock(), done >= total
-        if last[1] == (done, total) or not (finished or last[0] is None or now - last[0] >= every_s):
+        if passed == (done, total) or not (finished or passed_at is None or now - passed_at >= every_s):
             return
-        last[0], last[1] = now, (done, total)
+        passed_at, passed = now, (done, total)
         progress(done, total)
 
     return report
