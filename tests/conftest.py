@@ -59,6 +59,7 @@ def pytest_addoption(parser, pluginmanager):
 
 def pytest_configure(config):
     _CONFIG[:] = [config]
+    _unfreeze_at_exit()
     # xdist would hand out the groups largest first by their count of tests; the order below (by seconds) is better.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
@@ -249,12 +250,16 @@ def _freeze_after_a_full_collection() -> None:
         gc.freeze()
 
 
-def pytest_unconfigure(config):
-    """What ``_freeze_after_a_full_collection`` froze is let go before the interpreter's end: nanobind's leak check
-    (triton's) would report every frozen object still alive then, in ~30 lines on stderr."""
+def _unfreeze_at_exit() -> None:
+    """What ``_freeze_after_a_full_collection`` froze is let go at the interpreter's exit (``atexit``), after pytest's
+    own end: nanobind's leak check (triton's) would report every frozen object still alive then, in ~30 lines on
+    stderr. Not in ``pytest_unconfigure``: pytest's unraisable-exception plugin makes two full collections after that
+    hook (its own ``pytest_unconfigure`` and its cleanup), and unfrozen they walked the worker's whole heap again,
+    ~1 s of CPU each at a worker's end (frozen they find only what the last tests left)."""
+    import atexit
     import gc
 
-    gc.unfreeze()
+    atexit.register(gc.unfreeze)
 
 
 @pytest.hookimpl(hookwrapper=True)
