@@ -377,6 +377,24 @@ def test_weights_of_the_wrong_shape_are_named_with_both_shapes(saved, built_only
     assert "size mismatch for blocks.0.mlp.fc1.weight: (32, 16) stored, (64, 16) in the config" in load_error(saved)
 
 
+def test_the_kept_shapes_of_a_config_judge_every_later_file_of_it_and_no_other_config(saved):
+    """``weights_problem`` keeps the shapes of the last configs checked (a file is checked each time it is listed or
+    opened): a file of the same config with a wrong shape is still named, and a config that differs in one field is
+    judged by its own shapes, not the kept ones."""
+    from vit.checkpoint.file_format import weights_problem
+
+    payload = read_checkpoint_payload(saved)
+    state = payload["state_dict"]
+    assert weights_problem(CONFIG, state) is None
+    narrow = {**state, "blocks.0.mlp.fc1.weight": state["blocks.0.mlp.fc1.weight"][:16]}
+    assert "size mismatch for blocks.0.mlp.fc1.weight: (16, 16) stored, (32, 16) in the config" in \
+        weights_problem(CONFIG, narrow)
+    wider = ViTConfig(**{**CONFIG.__dict__, "mlp_size": 64})
+    assert "size mismatch for blocks.0.mlp.fc1.weight: (32, 16) stored, (64, 16) in the config" in \
+        weights_problem(wider, state)
+    assert weights_problem(CONFIG, state) is None
+
+
 def test_a_weight_that_is_not_a_tensor_is_refused(saved):
     payload = read_checkpoint_payload(saved)
     edited(saved, state_dict={**payload["state_dict"], "head.bias": [0.0, 0.0, 0.0]})
