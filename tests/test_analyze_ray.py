@@ -71,8 +71,9 @@ def assert_close(a: object, b: object, where: str = "") -> None:
 @pytest.mark.slow
 def test_on_ray_the_analysis_equals_the_local_one_and_an_unreadable_image_is_skipped_as_locally(ray_cluster, world,
                                                                                                  tmp_path):
-    """Long (~38 s of CPU) because it runs the real command's Ray job (its driver and two actors, each importing
-    torch and the model) and the same analysis locally, whose every figure it must equal."""
+    """Long (~47 s of CPU) because it runs the real command's Ray job (its driver and two actors, each importing
+    torch and the model) and the same analysis locally, whose every figure it must equal. (Its CPU in the whole
+    suite: bench/results/cpu-2026-11-30c/suite-cpu.txt.)"""
     # 25 of 31 images after the seeded shuffle, in batches of 8: 4 batches (the last one short) over 2 actors,
     # returned in any order; the mechanism too (token norms, head attribution, ablation, sinks). One of the 25 is
     # unreadable: skipped on an actor as it is locally, named in the job's log, and the command fails in one line

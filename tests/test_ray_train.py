@@ -57,9 +57,10 @@ def test_cuda_workers_are_asked_for_from_a_machine_without_cuda(images, tmp_path
 
 
 def test_two_ray_workers_train_like_two_torchrun_processes(ray_cluster, images, tmp_path):
-    """Long (~34 s of CPU) because it runs one Ray Train job (a controller, a supervisor, a synchronization actor and
+    """Long (~39 s of CPU) because it runs one Ray Train job (a controller, a supervisor, a synchronization actor and
     two workers, each importing torch: ~25 s, bench/results/cpu-2026-11-30/h22-ray-train-job-processes.txt) and the
-    same run under torchrun, whose weights it must equal."""
+    same run under torchrun, whose weights it must equal. (Its CPU in the whole suite:
+    bench/results/cpu-2026-11-30c/suite-cpu.txt.)"""
     ray_run, ddp = tmp_path / "ray", tmp_path / "ddp"
     began = time.monotonic()
     # The command in this process (tests/vit_commands.py), as the bad dataset's below: the job's driver and its two
@@ -136,8 +137,9 @@ def page_params(name, images, **changes):
 
 
 def test_the_train_page_runs_stops_and_resumes_a_run_on_the_cluster(ray_cluster, images, tmp_path, monkeypatch):
-    """Long (~55 s of CPU) because it runs two Ray Train jobs, each ~25 s of Ray's and torch's start-ups: the run the
-    page launches and stops (the Ctrl-C test's checks made on it), and the run its Resume continues."""
+    """Long (~50 s of CPU) because it runs two Ray Train jobs, each ~25 s of Ray's and torch's start-ups: the run the
+    page launches and stops (the Ctrl-C test's checks made on it), and the run its Resume continues. (Its CPU in the
+    whole suite: bench/results/cpu-2026-11-30c/suite-cpu.txt.)"""
     # The page's Stop is a SIGTERM to `vit.train --ray`, a real process here, whose handler is its Ctrl-C's (SIGINT
     # and SIGTERM alike stop the job through Ray's job API, as `ray job stop` does: tests/test_ray_follow.py sends
     # each signal to it); the run it stopped is whole. Its Resume runs `vit.train --resume DIR --ray`: the stopped
