@@ -377,12 +377,17 @@ def test_weights_of_the_wrong_shape_are_named_with_both_shapes(saved, built_only
     assert "size mismatch for blocks.0.mlp.fc1.weight: (32, 16) stored, (64, 16) in the config" in load_error(saved)
 
 
-def test_the_kept_shapes_of_a_config_judge_every_later_file_of_it_and_no_other_config(saved):
+def test_the_kept_shapes_of_a_config_judge_every_later_file_of_it_and_no_other_config(saved, monkeypatch):
     """``weights_problem`` keeps the shapes of the last configs checked (a file is checked each time it is listed or
-    opened): a file of the same config with a wrong shape is still named, and a config that differs in one field is
-    judged by its own shapes, not the kept ones."""
+    opened): the model is built once per config, a file of the same config with a wrong shape is still named, and a
+    config that differs in one field is judged by its own shapes, not the kept ones."""
+    import vit.checkpoint.file_format as module
     from vit.checkpoint.file_format import weights_problem
 
+    module._shapes_of.cache_clear()
+    built = []
+    real = module.ViT
+    monkeypatch.setattr(module, "ViT", lambda config: built.append(config) or real(config))
     payload = read_checkpoint_payload(saved)
     state = payload["state_dict"]
     assert weights_problem(CONFIG, state) is None
@@ -393,6 +398,7 @@ def test_the_kept_shapes_of_a_config_judge_every_later_file_of_it_and_no_other_c
     assert "size mismatch for blocks.0.mlp.fc1.weight: (32, 16) stored, (64, 16) in the config" in \
         weights_problem(wider, state)
     assert weights_problem(CONFIG, state) is None
+    assert built == [CONFIG, wider]
 
 
 def test_a_weight_that_is_not_a_tensor_is_refused(saved):
