@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from helpers import displayed
 from PIL import Image
-from test_app import png_bytes, run_app, write_checkpoint
+from test_app import png_bytes, run_app, sidebar_widget, write_checkpoint
 
 from vit.app.drawing import describe_range
 from vit.checkpoint import load_checkpoint
@@ -105,7 +105,7 @@ def test_another_model_starts_the_section_at_its_own_last_layer_and_middle_patch
     wide = write_checkpoint(a.parent / "wide.pt", replace(TINY, image_size=32, num_layers=2), seed=2)  # 8 x 8 grid
     at = run_app(dense_open=True, dense_layer=0, dense_query=3)
     assert (at.session_state["dense_layer"], at.session_state["dense_query"]) == (0, 3)
-    at = at.selectbox(key="explorer_checkpoint_choice").set_value(str(wide)).run()
+    at = sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(wide)).run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.session_state["dense_layer"] == 1  # its last of two
     assert at.session_state["dense_query"] == 1 + 64 // 2  # its middle patch, after the CLS token

@@ -12,7 +12,7 @@ import pytest
 import test_app
 import torch
 from helpers import displayed
-from test_app import CLASSES, charts, png_bytes, run_app
+from test_app import CLASSES, charts, png_bytes, run_app, sidebar_widget
 from test_app_mechanism import sample_input
 from test_sae_formats import prisma_sae, saev_sae
 
@@ -226,7 +226,7 @@ def test_an_sae_run_is_offered_in_the_features_section_not_as_a_model(sae_world)
     (run / "status.json").write_text(json.dumps({"state": "completed"}))
     (run / "last.pt").write_bytes(b"an SAE's resume state")
     at = run_app()
-    assert not any("my-sae" in option for option in at.selectbox(key="explorer_checkpoint_choice").options)
+    assert not any("my-sae" in option for option in sidebar_widget(at, "selectbox", "Checkpoint").options)
     assert not any("my-sae" in option for option in at.selectbox(key="compare_with").options)
     at.toggle(key="sae_view").set_value(True)
     at.run()

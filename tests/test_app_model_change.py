@@ -1,6 +1,7 @@
 """What a model change leaves of the last model's view (issue 90, item 7), driven through AppTest: a choice the new
 model does not offer goes back to its default map, and a main map the model refuses is said in one line where the
-map goes while the rest of the page (a SAM's Prompts, Compare) is drawn, each section with its own refusal.
+map goes while the rest of the page (a SAM's Prompts, Compare) is drawn, each section with its own refusal. And a
+model opened by path stays chosen when the browser's next message still carries the picker's old value.
 
 The models are test_app's tiny random ViTs and test_sam_prompts' tiny random ``SamModel`` saved whole."""
 
@@ -8,6 +9,8 @@ from dataclasses import replace
 
 import pytest
 from helpers import displayed
+from streamlit.runtime.scriptrunner_utils.exceptions import RerunException
+from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
 from test_app import (  # noqa: F401 (default_world and dirs: fixtures)
     TINY,
     default_world,
@@ -19,6 +22,7 @@ from test_app import (  # noqa: F401 (default_world and dirs: fixtures)
     write_checkpoint,
 )
 
+from vit.app import catalog
 from vit.core.runfiles import DEFAULT_CHECKPOINT
 from vit.explain.methods import attention_flow
 
@@ -101,3 +105,52 @@ def test_attention_flow_carried_to_a_sam_is_refused_in_one_line_and_its_prompts_
     assert not at.exception, [e.message for e in at.exception]
     [warning] = [displayed(w.value) for w in at.main.warning if displayed(w.value).startswith("A cannot")]
     assert warning == f"A cannot show this map: {error}"
+
+
+def typed_and_uploaded(at, path):
+    """The browser's widget states once ``path`` is typed into "Open a path" and a photo is uploaded, the picker
+    still showing the model it showed (the page has not drawn the path's model yet)."""
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(path))
+    at.sidebar.file_uploader[0].set_value(("photo.png", png_bytes(40, 30), "image/png"))
+    return at._tree.get_widget_states()  # what AppTest.run() sends, kept to be sent again
+
+
+def test_a_path_opened_while_an_upload_stops_its_run_stays_chosen(checkpoints, monkeypatch):
+    """The browser test of a Swin (test_browser_families) timed out on CI twice: the path entered, a photo uploaded
+    at once, and the page stayed on the default model. The upload's run had stopped the path's run after it had
+    marked the path opened and before it drew the picker, and the upload's message held the picker's old value, which
+    chose the default model again. Here the path's run is stopped at the same place (a rerun asked with those states,
+    as Streamlit stops a run for a newer message) and the page shows the path's model with the photo."""
+    other = write_checkpoint(checkpoints.parent / "elsewhere" / "other.pt", seed=3)
+    at = run_app()
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(checkpoints / DEFAULT_CHECKPOINT)
+    browser = typed_and_uploaded(at, other)
+    describe, stopped = catalog.describe_current, []
+
+    def stopped_once(*args, **kwargs):  # after the path was read and marked opened, before the picker is drawn
+        if not stopped:
+            stopped.append(True)
+            raise RerunException(RerunData(widget_states=browser))
+        return describe(*args, **kwargs)
+
+    monkeypatch.setattr(catalog, "describe_current", stopped_once)
+    at.run()
+    assert stopped and not at.exception, [e.message for e in at.exception]
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(other)
+    assert any("photo.png, 40×30 px" in displayed(c.value) for c in at.main.caption)
+
+
+def test_a_message_sent_before_the_page_showed_the_opened_path_does_not_undo_it(checkpoints):
+    """The same message arriving after the path's run has drawn its picker, sent by the browser before it got it:
+    the old picker's value is ignored, the path's model stays chosen; the visitor's own choice on the new picker then
+    changes it."""
+    other = write_checkpoint(checkpoints.parent / "elsewhere" / "other.pt", seed=3)
+    at = run_app()
+    browser = typed_and_uploaded(at, other)
+    at.run()
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(other)
+    at._run(widget_state=browser)  # AppTest.run() would send the states of the picker just drawn
+    assert not at.exception, [e.message for e in at.exception]
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(other)
+    sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(checkpoints / DEFAULT_CHECKPOINT)).run()
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(checkpoints / DEFAULT_CHECKPOINT)

@@ -126,7 +126,7 @@ def test_a_visitor_without_the_token_cannot_open_a_path_through_a_link(tmp_path,
     at = open_link({"model": str(other)})
     assert any("is a path on the server" in n for n in notes(at))
     assert str(other) not in at.session_state["explorer_checkpoint_choice"]
-    assert all(str(other) not in str(o) for o in at.sidebar.selectbox(key="explorer_checkpoint_choice").options)
+    assert all(str(other) not in str(o) for o in sidebar_widget(at, "selectbox", "Checkpoint").options)
 
 
 @pytest.mark.usefixtures("default_world")

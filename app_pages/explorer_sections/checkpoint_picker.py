@@ -13,7 +13,20 @@ from vit.runs import access
 from vit.sources import hub
 
 HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
-CHOICE_KEY = "explorer_checkpoint_choice"
+CHOICE_KEY = "explorer_checkpoint_choice"  # the model shown (a plain value, remembered across pages)
+# The picker's widget key is PICKER_KEY and a generation, moved on each time the server (not the visitor) chooses the
+# model: a path or Hub id opened, another page's hand-off, a vanished file. The browser's next message still carries
+# the old picker's value when it was sent before the new picker reached it (an upload or a click while a path opens,
+# the run that opened it stopped for that message's run): under the old key that value is ignored, where under one
+# key it chose the old model again and the path was lost.
+PICKER_KEY, GENERATION_KEY = "explorer_checkpoint_picker", "explorer_checkpoint_generation"
+
+
+def show(path: str) -> None:
+    """The picker shows ``path`` from this run on: a picker under a new key (``PICKER_KEY``), whatever the browser
+    last said of the one before."""
+    st.session_state[CHOICE_KEY] = path
+    st.session_state[GENERATION_KEY] = st.session_state.get(GENERATION_KEY, 0) + 1
 
 
 def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "explorer_hub_download",
@@ -80,19 +93,23 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
         help="A model on the Hugging Face Hub: ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm model name. Downloaded "
              "into the Hugging Face cache (its safetensors and configs, never code) when it is not there yet.").strip()
     from_hub = open_from_hub(hub_text, may_open, library_road=True) if hub_text else None
-    if from_hub is not None and str(from_hub.path) != st.session_state.get("explorer_opened_hub"):
+    opened_hub = str(from_hub.path) if from_hub is not None else None
+    if from_hub is not None and opened_hub != st.session_state.get("explorer_opened_hub"):
         if from_hub not in candidates + extra:
             extra.append(from_hub)
-        st.session_state["explorer_checkpoint_choice"] = str(from_hub.path)  # what was just opened is shown
-    st.session_state["explorer_opened_hub"] = str(from_hub.path) if from_hub is not None else None
-    requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
-        "explorer_opened_path") else None)
-    st.session_state["explorer_opened_path"] = opened
+        show(opened_hub)  # what was just opened is shown
+    # What was asked for is marked as done only after ``show``: a run stopped before it (a newer one was asked for)
+    # leaves it to the next run.
+    st.session_state["explorer_opened_hub"] = opened_hub
+    handed = st.session_state.get("explorer_checkpoint")  # another page's (or a link's) model
+    requested = handed or (opened if opened != st.session_state.get("explorer_opened_path") else None)
     if requested:
         wanted = catalog.candidate_for(requested, candidates + extra)
         if wanted not in candidates + extra:
             extra.append(wanted)
-        st.session_state["explorer_checkpoint_choice"] = str(wanted.path)
+        show(str(wanted.path))
+    st.session_state.pop("explorer_checkpoint", None)
+    st.session_state["explorer_opened_path"] = opened
     candidates = candidates + [c for c in extra if c not in candidates]
     # a model no port reads is listed as its library builds it: the page shows it in library_view
     entries = {str(c.path): catalog.describe_current(c, library_road=True) for c in candidates}
@@ -105,15 +122,17 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
                 "a model on the Train page.")
         st.stop()
     default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
-    if st.session_state.get("explorer_checkpoint_choice") not in entries:
-        # Remembered across pages (widget state is not) and reset when its file disappears.
-        st.session_state["explorer_checkpoint_choice"] = st.session_state.get("explorer_last_checkpoint", "")
-        if st.session_state["explorer_checkpoint_choice"] not in entries:
-            st.session_state["explorer_checkpoint_choice"] = str(default.path)
-    choice = st.sidebar.selectbox("Checkpoint", list(entries), format_func=lambda p: entries[p].label,
-                                  key="explorer_checkpoint_choice",
+    if st.session_state.get(CHOICE_KEY) not in entries:
+        # Remembered across pages and reset when its file disappears.
+        last = st.session_state.get("explorer_last_checkpoint", "")
+        show(last if last in entries else str(default.path))
+    options = list(entries)
+    choice = st.sidebar.selectbox("Checkpoint", options, index=options.index(st.session_state[CHOICE_KEY]),
+                                  format_func=lambda p: entries[p].label,
+                                  key=f"{PICKER_KEY}-{st.session_state.get(GENERATION_KEY, 0)}",
                                   help="Shipped checkpoints, completed training runs, the supported models of the "
                                        "local Hugging Face cache and models opened by path.")
+    st.session_state[CHOICE_KEY] = choice
     st.session_state["explorer_last_checkpoint"] = choice
     entry = entries[choice]
     st.sidebar.caption(entry.description)
