@@ -15,7 +15,7 @@ import streamlit as st
 from app_pages import open_in_explorer
 from app_pages.analyze_sections.benchmark import benchmark_section
 from app_pages.analyze_sections.feature_browser import feature_browser
-from app_pages.explorer_sections.checkpoint_picker import open_from_hub, server_gate
+from app_pages.explorer_sections.checkpoint_picker import choose, open_from_hub, picker, server_gate
 from app_pages.explorer_sections.long_work import long_work
 from vit.analyze import build_parser as analyze_parser
 from vit.analyze import submit as submit_analysis
@@ -70,7 +70,7 @@ from_hub = open_from_hub(hub_text, True, st, "analyze_hub_download") if hub_text
 if from_hub is not None:
     candidates.append(from_hub)
     if str(from_hub.path) != st.session_state.get("analyze_opened_hub"):
-        st.session_state["analyze_checkpoint"] = str(from_hub.path)  # what was just opened is what is analysed
+        choose("analyze_checkpoint", str(from_hub.path))  # what was just opened is what is analysed
 st.session_state["analyze_opened_hub"] = str(from_hub.path) if from_hub is not None else None
 described = {str(c.path): catalog.describe_current(c) for c in candidates}
 if opened:
@@ -79,7 +79,7 @@ if opened:
     if not described[str(wanted.path)].ok:
         st.error(escape_markdown(described[str(wanted.path)].error))
     elif opened != st.session_state.get("analyze_opened"):
-        st.session_state["analyze_checkpoint"] = str(wanted.path)  # what was just opened is what is analysed
+        choose("analyze_checkpoint", str(wanted.path))  # what was just opened is what is analysed
 st.session_state["analyze_opened"] = opened
 entries = [e for e in described.values() if e.ok]
 if not entries:
@@ -88,8 +88,8 @@ if not entries:
 labels = {str(e.path): e.label for e in entries}
 if st.session_state.get("analyze_checkpoint") not in labels:
     default = catalog.default_entry(entries)
-    st.session_state["analyze_checkpoint"] = str(default.path) if default else next(iter(labels))
-choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint")
+    choose("analyze_checkpoint", str(default.path) if default else next(iter(labels)))
+choice = picker(st, "Checkpoint", list(labels), "analyze_checkpoint", format_func=labels.get)
 hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH)
 if hf_note:
     st.caption(escape_markdown(hf_note))

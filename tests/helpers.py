@@ -382,6 +382,14 @@ def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float =
             process.wait(timeout=15)
 
 
+def selectbox_labelled(at, label: str):
+    """The one selectbox of an AppTest page labelled ``label`` (a picker the server chooses for has a moving key:
+    app_pages/explorer_sections/checkpoint_picker.py's ``picker``)."""
+    found = [box for box in at.selectbox if box.label == label]
+    assert len(found) == 1, f"{len(found)} selectboxes labelled {label!r}"
+    return found[0]
+
+
 def follow_page_link(at, label: str, page: str = "app_pages/explorer.py", index: int = 0):
     """What a click on the ``index``-th page link labelled ``label`` does in a browser (AppTest cannot click one):
     ``page``, the page it names (the proto carries only its hash), run with the link's query parameters. Returns

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import follow_page_link
+from helpers import follow_page_link, selectbox_labelled
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -192,7 +192,7 @@ def test_page_opens_a_model_by_path_and_draws_its_maps_without_the_theme(world, 
     assert any("No checkpoints yet" in i.value for i in at.info)  # the app's checkpoints folder is empty
     at.text_input(key="analyze_open_path").set_value(str(world / "cat.pt"))  # a file outside it
     at.run()
-    assert at.selectbox(key="analyze_checkpoint").value == str(world / "cat.pt")
+    assert selectbox_labelled(at, "Checkpoint").value == str(world / "cat.pt")
     at.text_input(key="analyze_folder").set_value(str(world / "data"))
     at.run()
     [analyse] = [b for b in at.button if b.label == "Analyse"]
@@ -202,6 +202,28 @@ def test_page_opens_a_model_by_path_and_draws_its_maps_without_the_theme(world, 
     assert [m.value for m in at.metric] == ["6", "50.0%", "1"]
     charts = at.get("plotly_chart")
     assert len(charts) == 5 and all(c.proto.theme == "" for c in charts)
+
+
+def test_a_path_opened_stays_chosen_when_the_next_message_holds_the_pickers_old_value(world, dirs):  # noqa: F811
+    """The explorer's picker race (tests/test_app_model_change.py) on the Analyse page, which shares its picker: the
+    browser's message sent before it got the path's model (a folder typed at once) holds the old picker's value,
+    which is ignored; the visitor's pick on the new picker is not."""
+    checkpoints, _ = dirs
+    save_checkpoint(checkpoints / "shipped.pt", always(1), CLASSES)
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("app_pages/analyze.py")
+    at.run()
+    assert selectbox_labelled(at, "Checkpoint").value == str(checkpoints / "shipped.pt")
+    at.text_input(key="analyze_open_path").set_value(str(world / "cat.pt"))
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    browser = at._tree.get_widget_states()  # the path and the folder typed, the picker on shipped.pt
+    at.run()
+    assert selectbox_labelled(at, "Checkpoint").value == str(world / "cat.pt")
+    at._run(widget_state=browser)  # AppTest.run() would send the states of the picker just drawn
+    assert not at.exception, [e.message for e in at.exception]
+    assert selectbox_labelled(at, "Checkpoint").value == str(world / "cat.pt")
+    selectbox_labelled(at, "Checkpoint").set_value(str(checkpoints / "shipped.pt")).run()
+    assert selectbox_labelled(at, "Checkpoint").value == str(checkpoints / "shipped.pt")
 
 
 def test_the_page_caps_how_many_images_it_analyses(world, dirs, monkeypatch):  # noqa: F811
@@ -234,12 +256,12 @@ def test_the_page_lists_a_bounded_part_of_a_large_hf_cache_and_finds_the_rest_by
     at = AppTest.from_file(APP, default_timeout=180)
     at.switch_page("app_pages/analyze.py")
     at.run()
-    assert len(at.selectbox(key="analyze_checkpoint").options) == catalog.MAX_HF_CACHE_EXAMINED
+    assert len(selectbox_labelled(at, "Checkpoint").options) == catalog.MAX_HF_CACHE_EXAMINED
     assert any(f"{count:,} models in the Hugging Face cache match" in c.value for c in at.caption)
     at.text_input(key="analyze_hf_filter").set_value(f"vit-{count - 1:04d}")
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    assert [o.split(" · ")[0] for o in at.selectbox(key="analyze_checkpoint").options] == [f"org/vit-{count - 1:04d}"]
+    assert [o.split(" · ")[0] for o in selectbox_labelled(at, "Checkpoint").options] == [f"org/vit-{count - 1:04d}"]
 
 
 def test_the_aggregate_does_not_depend_on_how_the_files_were_batched(world):

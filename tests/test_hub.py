@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import selectbox_labelled
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -286,7 +287,7 @@ def test_the_analyse_page_opens_a_hub_model_from_the_cache(app_world, repo, fake
     at = AppTest.from_file(str(ROOT / "app_pages" / "analyze.py"), default_timeout=180).run()
     at.text_input(key="analyze_open_hub").set_value(repo).run()
     assert not at.exception, [e.message for e in at.exception]
-    assert at.selectbox(key="analyze_checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
 
 
 def test_a_weights_file_declared_larger_than_its_config_implies_is_refused_before_it_is_fetched(fake_hub, tiny_vit):

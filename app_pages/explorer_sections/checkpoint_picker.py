@@ -14,19 +14,28 @@ from vit.sources import hub
 
 HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
 CHOICE_KEY = "explorer_checkpoint_choice"  # the model shown (a plain value, remembered across pages)
-# The picker's widget key is PICKER_KEY and a generation, moved on each time the server (not the visitor) chooses the
-# model: a path or Hub id opened, another page's hand-off, a vanished file. The browser's next message still carries
-# the old picker's value when it was sent before the new picker reached it (an upload or a click while a path opens,
-# the run that opened it stopped for that message's run): under the old key that value is ignored, where under one
-# key it chose the old model again and the path was lost.
-PICKER_KEY, GENERATION_KEY = "explorer_checkpoint_picker", "explorer_checkpoint_generation"
 
 
-def show(path: str) -> None:
-    """The picker shows ``path`` from this run on: a picker under a new key (``PICKER_KEY``), whatever the browser
-    last said of the one before."""
-    st.session_state[CHOICE_KEY] = path
-    st.session_state[GENERATION_KEY] = st.session_state.get(GENERATION_KEY, 0) + 1
+# A picker the server chooses for (a path or Hub id opened, another page's hand-off, a vanished file) is drawn under
+# a widget key that moves on at each of the server's choices. The browser's next message still carries the old
+# picker's value when it was sent before the new picker reached it (an upload or a click while a path opens, the run
+# that opened it stopped for that message's run): under the old key that value is ignored, where under one key it
+# chose the old model again and the path was lost.
+def choose(key: str, value: str) -> None:
+    """The picker of ``key`` (drawn by ``picker``) shows ``value`` from this run on, whatever the browser last said
+    of the one before."""
+    st.session_state[key] = value
+    st.session_state[f"{key}-generation"] = st.session_state.get(f"{key}-generation", 0) + 1
+
+
+def picker(where, label: str, options: list[str], key: str, **kwargs) -> str:
+    """``where.selectbox(label, options, **kwargs)`` showing ``st.session_state[key]`` (one of ``options``: the last
+    ``choose`` or the visitor's last pick), which it sets to the visitor's pick."""
+    generation = st.session_state.get(f"{key}-generation", 0)
+    chosen = where.selectbox(label, options, index=options.index(st.session_state[key]),
+                             key=f"{key}-picker-{generation}", **kwargs)
+    st.session_state[key] = chosen
+    return chosen
 
 
 def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "explorer_hub_download",
@@ -97,9 +106,9 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
     if from_hub is not None and opened_hub != st.session_state.get("explorer_opened_hub"):
         if from_hub not in candidates + extra:
             extra.append(from_hub)
-        show(opened_hub)  # what was just opened is shown
-    # What was asked for is marked as done only after ``show``: a run stopped before it (a newer one was asked for)
-    # leaves it to the next run.
+        choose(CHOICE_KEY, opened_hub)  # what was just opened is shown
+    # What was asked for is marked as done only after ``choose``: a run stopped before it (a newer one was asked
+    # for) leaves it to the next run.
     st.session_state["explorer_opened_hub"] = opened_hub
     handed = st.session_state.get("explorer_checkpoint")  # another page's (or a link's) model
     requested = handed or (opened if opened != st.session_state.get("explorer_opened_path") else None)
@@ -107,7 +116,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
         wanted = catalog.candidate_for(requested, candidates + extra)
         if wanted not in candidates + extra:
             extra.append(wanted)
-        show(str(wanted.path))
+        choose(CHOICE_KEY, str(wanted.path))
     st.session_state.pop("explorer_checkpoint", None)
     st.session_state["explorer_opened_path"] = opened
     candidates = candidates + [c for c in extra if c not in candidates]
@@ -125,14 +134,10 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
     if st.session_state.get(CHOICE_KEY) not in entries:
         # Remembered across pages and reset when its file disappears.
         last = st.session_state.get("explorer_last_checkpoint", "")
-        show(last if last in entries else str(default.path))
-    options = list(entries)
-    choice = st.sidebar.selectbox("Checkpoint", options, index=options.index(st.session_state[CHOICE_KEY]),
-                                  format_func=lambda p: entries[p].label,
-                                  key=f"{PICKER_KEY}-{st.session_state.get(GENERATION_KEY, 0)}",
-                                  help="Shipped checkpoints, completed training runs, the supported models of the "
-                                       "local Hugging Face cache and models opened by path.")
-    st.session_state[CHOICE_KEY] = choice
+        choose(CHOICE_KEY, last if last in entries else str(default.path))
+    choice = picker(st.sidebar, "Checkpoint", list(entries), CHOICE_KEY, format_func=lambda p: entries[p].label,
+                    help="Shipped checkpoints, completed training runs, the supported models of the local Hugging "
+                         "Face cache and models opened by path.")
     st.session_state["explorer_last_checkpoint"] = choice
     entry = entries[choice]
     st.sidebar.caption(entry.description)
