@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import itertools
 import os
 import re
 import subprocess
@@ -306,7 +307,8 @@ def costliest_markdown(report: Path, count: int = COSTLIEST, lane: set[str] | No
     tests = list(report_tests(lines).items())[:count]
     if lane is None:
         lane = lane_ids(sorted({test.partition("::")[0] for test, _ in tests}))
-    run = next((line[2:] for line in lines[1:3] if line.startswith("# ") and "CPU" in line), "")
+    header = itertools.takewhile(lambda line: line.startswith("#"), lines)  # a context line may come anywhere in it
+    run = next((line[2:] for line in header if re.match(r"# \d+ cores; .* of CPU", line)), "")
     name = report.relative_to(ROOT).as_posix() if report.is_relative_to(ROOT) else str(report)
     rows = ["# The suite's costliest tests", "",
             f"From `{name}`: {run}. The {len(tests)} costliest tests by their own CPU seconds, their processes' "

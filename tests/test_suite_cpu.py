@@ -126,7 +126,9 @@ def test_the_docs_table_names_a_reports_costliest_tests_with_their_lane_and_why(
     rows = [("(no worker)", 99.0), (f"{long_test}@some-group", 30.0), (f"{here}::test_since_renamed", 20.0),
             *((f"{lane_test}[{i}]", 10.0 - i) for i in range(10))]
     report = tmp_path / "suite-cpu.txt"
-    report.write_text("# python bench/suite_cpu.py -- \n# 2 cores; 100 s of wall time; 190 s of CPU\n\n"
+    report.write_text("# python bench/suite_cpu.py -- \n# pytest's exit status 0: 13 passed\n"
+                      "# Run in a clone of main, its CPU measured while nothing else ran\n"  # a context line above
+                      "# 2 cores; 100 s of wall time; 190 s of CPU\n\n"
                       "| module | CPU s | share |\n|---|---:|---:|\n| tests/test_x.py | 1 | 1 % |\n\n"
                       "| test | CPU s |\n|---|---:|\n" + "".join(f"| {t} | {s:.1f} |\n" for t, s in rows) +
                       "\n| module | kind of process | CPU s |\n|---|---|---:|\n| tests/test_x.py | python | 1.0 |\n")
