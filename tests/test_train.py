@@ -417,6 +417,25 @@ def test_invalid_arguments_fail_with_one_line_before_anything_is_written(case, i
     assert not out.exists()
 
 
+def test_the_command_refuses_bad_arguments_before_torch_loads(images, cache, tmp_path):
+    """``python -m vit.train`` answers what its arguments and its dataset's layout refuse in one line before it
+    loads torch (seconds on a busy machine): each case of INVALID that needs neither the images nor the model, in one
+    fresh process that never imports torch."""
+    early = [case for case in INVALID if case not in ("batch larger than the data",)]
+    script = ("import json, sys\nfrom vit.train import cli\n"
+              "print(json.dumps([cli(argv) for argv in json.loads(sys.argv[1])]), 'torch' in sys.modules)")
+    argvs = [cli(images, cache, tmp_path / f"run{i}", *INVALID[case][0]) for i, case in enumerate(early)]
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argvs)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    statuses, torch_loaded = done.stdout.rsplit(maxsplit=1)
+    assert json.loads(statuses) == [2] * len(early) and torch_loaded == "False", done.stderr
+    errors = done.stderr.splitlines()
+    assert len(errors) == len(early)
+    for case, line in zip(early, errors, strict=True):
+        assert line.startswith("vit.train: error: ") and INVALID[case][1] in line, (case, line)
+    assert not any((tmp_path / f"run{i}").exists() for i in range(len(early)))
+
+
 def test_a_folder_with_one_class_is_refused(tmp_path, cache, capsys):
     one = make_image_folder(tmp_path / "one", classes=["only"], per_class=4)
     assert main(cli(one, cache, tmp_path / "run")) == 2

@@ -14,6 +14,7 @@ The options are ``vit.training.options``; a run's lifecycle (folder, logging, si
 training itself) is ``vit.training.run``.
 """
 
+import os
 import sys
 import time
 
@@ -42,7 +43,26 @@ def cli(argv: list[str]) -> int:
         from vit.runs.ray_jobs import main as submit_and_follow
 
         return submit_and_follow(argv)
+    problem = early_problem(argv)
+    if problem is not None:
+        return usage_error("vit.train", problem)
     return main(argv)
+
+
+def early_problem(argv: list[str]) -> UsageError | None:
+    """What a local run's arguments and its dataset's layout refuse (``parse_args``, ``check_run_data``), found
+    before torch loads (seconds): a mistyped option is answered at once. Whether this machine has the device asked
+    for, the data's images and an ``--init`` model are checked by the run itself, after it has loaded torch."""
+    from vit.training.options import parse_args
+    from vit.training.specs import check_run_data
+
+    try:
+        args = parse_args(argv, check_out=int(os.environ.get("RANK", "0")) == 0, device_here=False)
+        if not args.resume:
+            check_run_data(args)
+    except UsageError as e:
+        return e
+    return None
 
 
 def command() -> None:
