@@ -400,6 +400,12 @@ def test_the_kept_shapes_of_a_config_judge_every_later_file_of_it_and_no_other_c
     assert weights_problem(CONFIG, state) is None
     assert built == [CONFIG, wider]
 
+    def listed():  # a tuple field given as a list, as a JSON file reads back: the config turns it into a key
+        return ViTConfig.from_dict({**CONFIG.to_dict(), "mimetic_init": [0.5, 0.5, 0.5, 0.5]})
+
+    assert weights_problem(listed(), state) is None and weights_problem(listed(), state) is None
+    assert built == [CONFIG, wider, listed()]
+
 
 def test_a_weight_that_is_not_a_tensor_is_refused(saved):
     payload = read_checkpoint_payload(saved)

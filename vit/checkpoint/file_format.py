@@ -96,7 +96,7 @@ def weights_problem(config: ViTConfig, state_dict: dict) -> str | None:
             return f"weight {str(key)[:80]!r} is a {type(value).__name__}, not a tensor"
         stored[clean_key(str(key))] = value
     try:
-        expected = dict(_expected_shapes(config))
+        expected = dict(_shapes_of(config))
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:  # sizes past int64, say
         return f"its config declares sizes no model can have ({first_line(e)})"
     mismatches = [f"size mismatch for {k}: {tuple(stored[k].shape)} stored, {shape} in the config"
@@ -111,20 +111,12 @@ def weights_problem(config: ViTConfig, state_dict: dict) -> str | None:
     return "; ".join(problems) or None
 
 
-def _expected_shapes(config: ViTConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """Every weight's name and shape in ``ViT(config)``, built on the meta device; the last configs' kept
-    (``_shapes_of``): a checkpoint is checked each time it is listed or opened, and the build on the meta device,
-    where every call of the model's construction passes through torch's device mode in Python, costs as much as a
-    small model's real one."""
-    try:
-        hash(config)
-    except TypeError:  # a field holding a list: built each time
-        return _shapes_of.__wrapped__(config)
-    return _shapes_of(config)
-
-
 @functools.lru_cache(maxsize=32)
 def _shapes_of(config: ViTConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Every weight's name and shape in ``ViT(config)``, built on the meta device; the last configs' kept: a
+    checkpoint is checked each time it is listed or opened, and the build on the meta device, where every call of the
+    model's construction passes through torch's device mode in Python, costs as much as a small model's real one.
+    ``ViTConfig`` is frozen and turns every list it is given into a tuple, so each config is a key."""
     with torch.device("meta"):
         return tuple((k, tuple(v.shape)) for k, v in ViT(config).state_dict().items())
 
