@@ -14,7 +14,6 @@ The options are ``vit.training.options``; a run's lifecycle (folder, logging, si
 training itself) is ``vit.training.run``.
 """
 
-import os
 import sys
 import time
 
@@ -37,32 +36,29 @@ def cli(argv: list[str]) -> int:
     """The command: a local run, or with ``--ray`` a run submitted to a Ray cluster."""
     try:
         args = build_parser().parse_args(argv)  # --help and malformed arguments answer here, at once
+        if args.ray is None:
+            check_before_torch(argv)
     except UsageError as e:
         return usage_error("vit.train", e)
     if args.ray is not None:
         from vit.runs.ray_jobs import main as submit_and_follow
 
         return submit_and_follow(argv)
-    problem = early_problem(argv)
-    if problem is not None:
-        return usage_error("vit.train", problem)
     return main(argv)
 
 
-def early_problem(argv: list[str]) -> UsageError | None:
-    """What a local run's arguments and its dataset's layout refuse (``parse_args``, ``check_run_data``), found
-    before torch loads (seconds): a mistyped option is answered at once. Whether this machine has the device asked
-    for, the data's images and an ``--init`` model are checked by the run itself, after it has loaded torch."""
+def check_before_torch(argv: list[str]) -> None:
+    """UsageError for what a local run's arguments and its dataset's layout refuse (``parse_args``,
+    ``check_run_data``), raised before torch loads (seconds), so a mistyped option is answered at once. Whether this
+    machine has the device asked for, the data's images and an ``--init`` model are checked by the run itself, after
+    it has loaded torch."""
+    from vit.core.runfiles import speaks_for_the_run
     from vit.training.options import parse_args
     from vit.training.specs import check_run_data
 
-    try:
-        args = parse_args(argv, check_out=int(os.environ.get("RANK", "0")) == 0, device_here=False)
-        if not args.resume:
-            check_run_data(args)
-    except UsageError as e:
-        return e
-    return None
+    args = parse_args(argv, check_out=speaks_for_the_run(), device_here=False)
+    if not args.resume:
+        check_run_data(args)
 
 
 def command() -> None:

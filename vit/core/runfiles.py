@@ -678,12 +678,17 @@ def record_run_end(error: str, exit_code: int) -> None:
         write_json(Path(path), {"pid": os.getpid(), "exit_code": exit_code, "error": error})
 
 
+def speaks_for_the_run() -> bool:
+    """Whether this process speaks for its run: rank 0 under torchrun (``RANK``), or a run of one process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def record_run_phase(phase: str) -> None:
     """For a process the run manager launched (``VIT_RUN_PHASE`` names the file), what it does now, before its run
     folder holds a status.json ("reading the data", "building the model"): the page says it instead of a bare
     "starting" that lasted up to 48 s. Afterwards status.json's ``phase`` says it."""
     path = os.environ.get(PHASE_FILE_ENV)
-    if not path or int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the run
+    if not path or not speaks_for_the_run():
         return
     with contextlib.suppress(OSError):  # a phase not said is no reason to stop the run
         write_json(Path(path), {"pid": os.getpid(), "phase": phase, "time": now_iso()})

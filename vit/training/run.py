@@ -41,6 +41,7 @@ from vit.core.runfiles import (
     record_resume,
     record_run_phase,
     remove_stray_temp_files,
+    speaks_for_the_run,
     still_running,
     write_json,
     write_metrics,
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None, launche
     (``time.time()``), the origin of ``--time-budget``; by default, now."""
     launched = time.time() if launched is None else launched
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    is_main = speaks_for_the_run()
     try:
         args = parse_args(argv, check_out=is_main)
         args, run_dir, payload = _prepare(args, argv)
