@@ -116,11 +116,12 @@ def typed_and_uploaded(at, path):
 
 
 def test_a_path_opened_while_an_upload_stops_its_run_stays_chosen(checkpoints, monkeypatch):
-    """The browser test of a Swin (test_browser_families) timed out on CI twice: the path entered, a photo uploaded
-    at once, and the page stayed on the default model. The upload's run had stopped the path's run after it had
-    marked the path opened and before it drew the picker, and the upload's message held the picker's old value, which
-    chose the default model again. Here the path's run is stopped at the same place (a rerun asked with those states,
-    as Streamlit stops a run for a newer message) and the page shows the path's model with the photo."""
+    """The browser test of a Swin and a DINOv3 (test_browser_families) timed out twice, once on CI and once in a
+    gate here: the path entered, a photo uploaded at once, and the page stayed on the default model. The upload's
+    run had stopped the path's run after it had marked the path opened and before it drew the picker, and the
+    upload's message held the picker's old value, which chose the default model again. Here the path's run is
+    stopped at the same place (a rerun asked with those states, as Streamlit stops a run for a newer message) and the
+    page shows the path's model with the photo."""
     other = write_checkpoint(checkpoints.parent / "elsewhere" / "other.pt", seed=3)
     at = run_app()
     assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(checkpoints / DEFAULT_CHECKPOINT)

@@ -90,9 +90,9 @@ def test_a_swins_head_labels_fit_and_a_dinov3_at_640x480_labels_its_register_tok
     margin. Each label is level, whole inside the chart, and clear of its neighbours. Then, the page loaded again in
     the same tab, a DINOv3 folder: its map at 640x480 with the aspect ratio kept, and its 4 storage (register) tokens
     labelled in the query list. The DINOv3 once followed on the Swin's page itself (its path and photo replacing the
-    Swin's): CI saw its page never say "No prediction" within 120 s once, and the Swin's never say "Layer 5 of 5"
-    once on a fresh page: both were the photo's upload stopping the run that opened the path, the picker then
-    choosing the default model again (test_app_model_change reproduces it; the picker is fixed)."""
+    Swin's): CI saw its page never say "No prediction" within 120 s once, and a gate here saw the Swin's never say
+    "Layer 5 of 5" once on a fresh page: both were the photo's upload stopping the run that opened the path, the
+    picker then choosing the default model again (test_app_model_change reproduces it; the picker is fixed)."""
     folder = swin_folder(tmp_path / "swin")
     upload = tmp_path / "photo.png"
     upload.write_bytes(photo(64, 64, seed=4))

@@ -103,7 +103,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
              "into the Hugging Face cache (its safetensors and configs, never code) when it is not there yet.").strip()
     from_hub = open_from_hub(hub_text, may_open, library_road=True) if hub_text else None
     opened_hub = str(from_hub.path) if from_hub is not None else None
-    if from_hub is not None and opened_hub != st.session_state.get("explorer_opened_hub"):
+    if opened_hub is not None and opened_hub != st.session_state.get("explorer_opened_hub"):
         if from_hub not in candidates + extra:
             extra.append(from_hub)
         choose(CHOICE_KEY, opened_hub)  # what was just opened is shown
