@@ -496,16 +496,18 @@ def fake_hub(_hub_server, tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def long_work_waited_for(request, monkeypatch):
     """An AppTest sees one script run at a time, so a page's long work (``app_pages/explorer_sections/long_work.py``)
-    is waited for there, as a user waits for its result; tests of the progress and the Stop button set it back."""
+    and a Hub download (``hub_download.py``) are waited for there, as a user waits for their result; tests of the
+    progress and the Stop button set it back."""
     from pathlib import Path
 
     text = Path(request.module.__file__).read_text()
     # "_app(": a module driving the page through another's AppTest helper (test_textspan's open_clip_app), whose
     # long work once came back unfinished on a busy machine
     if "AppTest" in text or "_app(" in text or hasattr(request.module, "run_app"):
-        from app_pages.explorer_sections import long_work
+        from app_pages.explorer_sections import hub_download, long_work
 
         monkeypatch.setattr(long_work, "QUICK_S", 600.0)
+        monkeypatch.setattr(hub_download, "QUICK_S", 600.0)  # and a Hub download, as its page waits for it
 
 
 # The library road's two classifiers, one per road, shared by its map tests (test_library_gradients.py,

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import selectbox_labelled
+from helpers import displayed, selectbox_labelled
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -235,22 +235,112 @@ def explorer_with_hub_id(text: str, address: str = "localhost"):
     return at, buttons
 
 
-def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_world, repo, fake_hub, monkeypatch):
-    shares = []
-    download = catalog.download_from_hub
-    monkeypatch.setattr(catalog, "download_from_hub", lambda wanted, progress: download(
-        wanted, lambda share, text: (shares.append(share), progress(share, text))))
-    at, buttons = explorer_with_hub_id(repo)
+def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_world, repo, fake_hub):
+    at, buttons = explorer_with_hub_id(repo)  # the page waits for the download here (conftest: QUICK_S)
     size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
     assert [b.label for b in buttons] == [f"Download {hub.format_bytes(size)}"]
-    assert shares and shares[-1] == 1.0, "the download shows a progress bar"
-    # Once it is done, its size, its button and its full bar leave the sidebar (they stayed until the next click).
+    # Once it is done, its size, its button and its bar leave the sidebar (they once stayed until the next click).
     assert not at.sidebar.get("progress") and not [b for b in at.sidebar.button if b.label.startswith("Download")]
     assert not [c for c in at.sidebar.caption if hub.format_bytes(size) in c.value]
     assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
     picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
     assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo)))
     assert not at.error
+
+
+def hub_typed(text: str):
+    """The explorer, served on localhost, with ``text`` typed in its "Open from the Hub" field."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
+    next(w for w in at.sidebar.text_input if w.label == "Open from the Hub").set_value(text)
+    return at.run()
+
+
+def the_download(repo: str):
+    """The server's one download of ``repo``'s files (``hub_download``'s registry)."""
+    from app_pages.explorer_sections import hub_download
+
+    jobs = [job for job in hub_download.downloads(hub_download.at_once()).works() if job.key[1] == repo]
+    assert len(jobs) == 1, jobs
+    return jobs[0]
+
+
+@pytest.fixture
+def slow_weights(repo, fake_hub, monkeypatch):
+    """``repo`` with its weights sent 2 kB every 0.2 s until ``fake_hub.release`` is set (seconds, not the
+    test's whole budget), its page not waiting for the download (``QUICK_S``: the browser's pace, not AppTest's)."""
+    from app_pages.explorer_sections import hub_download
+
+    fake_hub.repos[repo].pace["model.safetensors"] = 2000
+    monkeypatch.setattr(hub_download, "QUICK_S", 0.0)
+    return repo
+
+
+def test_a_download_goes_on_through_the_pages_reruns_and_the_model_opens_when_it_ends(app_world, slow_weights,
+                                                                                       fake_hub):
+    """The download ran in the script run of its click: the next message from the browser (an upload, any click)
+    stopped that run, and with it the transfer, and its unfinished file was deleted: the visitor saw the Download
+    button again and a large model started over. It runs beside the page now, which only watches it."""
+    repo = slow_weights
+    at = hub_typed(repo)
+    next(b for b in at.sidebar.button if b.label.startswith("Download")).click()
+    at.run()
+    job = the_download(repo)
+    assert job.state in ("waiting", "running") and not job.finished
+    bars = [p for p in at.sidebar.get("progress")]
+    assert bars and displayed(bars[0].proto.text).startswith(f"Downloading {repo}: "), "drawn where its button was"
+    assert [b.label for b in at.sidebar.button if b.key == "explorer_hub_download-stop"] == ["Stop"]
+    at.run()  # what any message from the browser does while it runs
+    assert the_download(repo) is job and not job.finished, "the rerun neither stopped it nor started another"
+    assert not [b for b in at.sidebar.button if b.label.startswith("Download")]
+    fake_hub.release.set()  # the rest of the weights at once
+    assert job.wait(60) and job.state == "done", job.error
+    at.run()  # in a browser, the progress's fragment reruns the page once the download has ended
+    assert not at.exception, [e.message for e in at.exception]
+    assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert not at.sidebar.get("progress") and not [b for b in at.sidebar.button if b.label.startswith("Download")]
+    assert fake_hub.fetched("GET").count("model.safetensors") == 1, "one transfer of the weights"
+
+
+def test_a_stopped_download_says_so_and_offers_its_button_again_with_nothing_half_written(app_world, slow_weights,
+                                                                                         fake_hub):
+    repo = slow_weights
+    at = hub_typed(repo)
+    next(b for b in at.sidebar.button if b.label.startswith("Download")).click()
+    at.run()
+    job = the_download(repo)
+    at.button(key="explorer_hub_download-stop").click()
+    at.run()
+    assert job.finished and job.state == "stopped"
+    said = [i.value for i in at.sidebar.info]
+    assert said and f"The download of {repo} stopped after" in displayed(said[0]) and \
+        "stopped by a visitor" in displayed(said[0])
+    assert [b for b in at.sidebar.button if b.label.startswith("Download")], "it can be started again"
+    weights = list((hub.cache_dir() / "models--acme--tiny-vit").rglob("*"))
+    assert not [p for p in weights if p.is_file() and p.stat().st_size > 10_000], "no partial weights kept"
+    fake_hub.release.set()
+    next(b for b in at.sidebar.button if b.label.startswith("Download")).click()
+    at.run()
+    assert the_download(repo).wait(60)
+    at.run()
+    assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
+
+
+def test_two_visitors_asking_for_one_model_watch_one_download(app_world, slow_weights, fake_hub):
+    repo = slow_weights
+    first, second = hub_typed(repo), None
+    next(b for b in first.sidebar.button if b.label.startswith("Download")).click()
+    first.run()
+    second = hub_typed(repo)  # another visitor, the same model: no second button, the one transfer's progress
+    assert not [b for b in second.sidebar.button if b.label.startswith("Download")]
+    assert [p for p in second.sidebar.get("progress")]
+    fake_hub.release.set()
+    assert the_download(repo).wait(60)
+    for at in (first, second):
+        at.run()
+        assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert fake_hub.fetched("GET").count("model.safetensors") == 1
 
 
 def test_a_network_visitor_without_the_training_token_cannot_start_a_download(app_world, repo, fake_hub):

@@ -11,7 +11,7 @@ import torch
 from test_mechanism import CONFIG, images, random_vit
 
 from vit.app import work
-from vit.core.progress import in_parts, throttled
+from vit.core.progress import in_parts
 from vit.explain.mechanism.components import ablation_grid, patch_heads, patch_residuals
 from vit.explain.methods.attention_flow import attention_flow
 
@@ -128,32 +128,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def test_a_burst_of_reports_draws_a_few_a_second_and_always_the_last():
-    calls, clock = [], FakeClock()
-    report = throttled(lambda d, t: calls.append((d, t)), every_s=0.25, clock=clock)
-    for done in range(1, 1001):  # a thousand chunks of bytes in one second
-        report(done, 1000)
-        clock.now += 0.001
-    assert calls[0] == (1, 1000), "the first report is drawn at once"
-    assert calls[-1] == (1000, 1000), "the finished state is always drawn"
-    assert len(calls) == 5, calls  # at 0, 0.25, 0.5, 0.75 s, and the last
-    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
-
-
-def test_the_last_report_is_drawn_even_right_after_another_and_only_once():
-    calls, clock = [], FakeClock()
-    report = throttled(lambda d, t: calls.append((d, t)), every_s=0.25, clock=clock)
-    report(10, 100)
-    clock.now += 0.01
-    report(90, 100)  # within 0.25 s: dropped
-    report(100, 100)  # the end, however soon
-    report(100, 100)  # a download's last chunk, then its file done: the same state is not drawn again
-    assert calls == [(10, 100), (100, 100)]
-    clock.now += 0.3
-    report(100, 200)  # a slow step after a pause is drawn when it comes
-    assert calls[-1] == (100, 200)
 
 
 def test_a_work_started_in_a_thread_gives_its_result_and_its_progress():
@@ -343,3 +317,64 @@ def test_the_explorers_forward_reports_each_layer_and_can_be_stopped(tmp_path):
     torch.testing.assert_close(got.hidden, image_analysis.analyse(checkpoint, image).hidden, rtol=0, atol=0)
     with pytest.raises(work.Stopped):
         image_analysis.analyse(checkpoint, image, progress=Recorder(stop_after=0))
+
+
+def test_a_shared_work_asked_for_again_while_it_runs_is_the_same_one_run_once():
+    shared, release, runs = work.Shared(2), threading.Event(), []
+
+    def compute(progress):
+        runs.append(1)
+        release.wait(10)
+        return "files"
+
+    first = shared.start("model@abc", "Download", compute)
+    again = shared.start("model@abc", "Download", compute)  # another page, or this page's rerun
+    assert again is first and shared.get("model@abc") is first
+    release.set()
+    assert first.wait(10) and first.result == "files" and runs == [1]
+
+
+def test_a_shared_work_that_ended_is_started_anew_when_asked_again():
+    shared = work.Shared(1)
+    failed = shared.start("k", "Download", lambda progress: 1 / 0)
+    assert failed.wait(10) and failed.state == "failed"
+    assert shared.get("k") is failed, "kept until a page has said how it ended"
+    again = shared.start("k", "Download", lambda progress: "files")
+    assert again is not failed and again.wait(10) and again.result == "files"
+    shared.forget(failed)  # a page that saw the old one end forgets it: not the new one
+    assert shared.get("k") is again
+    shared.forget(again)
+    assert shared.get("k") is None and shared.works() == []
+
+
+def test_shared_works_that_ended_are_forgotten_once_no_page_showed_them_for_the_lease():
+    clock = FakeClock()
+    shared = work.Shared(2, lease_s=60.0, clock=clock)
+    ended = shared.start("a", "Download", lambda progress: "a")
+    assert ended.wait(10)
+    clock.now = 59.0
+    shared.start("b", "Download", lambda progress: "b").wait(10)
+    assert shared.get("a") is ended, "a page may still come to say how it ended"
+    clock.now = 61.0
+    shared.start("c", "Download", lambda progress: "c").wait(10)
+    assert shared.get("a") is None and shared.get("b") is not None and shared.get("c") is not None
+
+
+def test_no_more_shared_works_run_at_once_than_its_size():
+    shared, release = work.Shared(1), threading.Event()
+    first = shared.start("a", "Download of a", lambda progress: release.wait(10))
+    while first.state != "running":
+        time.sleep(0.01)
+    second = shared.start("b", "Download of b", lambda progress: "b")
+    time.sleep(0.3)
+    assert second.state == "waiting" and shared.slots.running == 1
+    release.set()
+    assert second.wait(10) and second.result == "b"
+
+
+def test_the_servers_downloads_at_once_come_from_its_environment(monkeypatch):
+    from app_pages.explorer_sections import hub_download
+
+    for given, expected in (("3", 3), ("", 2), ("0", 2), ("two", 2), ("-1", 2)):
+        monkeypatch.setenv("VIT_DOWNLOADS_AT_ONCE", given)
+        assert hub_download.at_once() == expected, given

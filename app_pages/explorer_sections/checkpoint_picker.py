@@ -5,12 +5,12 @@ import streamlit as st
 
 from app_pages.explorer_sections import starting
 from app_pages.explorer_sections.caches import hf_cache_models
+from app_pages.explorer_sections.hub_download import download_panel
 from vit.app import catalog
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import default_checkpoints_dir
 from vit.core.text import escape_markdown
 from vit.runs import access
-from vit.sources import hub
 
 HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
 CHOICE_KEY = "explorer_checkpoint_choice"  # the model shown (a plain value, remembered across pages)
@@ -41,19 +41,15 @@ def picker(where, label: str, options: list[str], key: str, **kwargs) -> str:
 def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "explorer_hub_download",
                   library_road: bool = False) -> catalog.Candidate | None:
     """The Hub model ``text`` names, drawn in ``place`` (the sidebar, or ``st`` for a page's body): the cached copy,
-    else (for a visitor who may) its size on a Download button and, once pressed, the download with a progress
-    bar; None, with the reason shown, until it is there. The explorer (``library_road``: a model no port reads
-    too), the Analyse and the Train page share it."""
+    else (for a visitor who may) its size on a Download button and, once pressed, the download's progress
+    (``hub_download``: in the background, so the page stays usable and a rerun does not stop it); None, with the
+    reason shown, until it is there. The explorer (``library_road``: a model no port reads too), the Analyse and
+    the Train page share it."""
     try:
         found, wanted = catalog.open_from_hub(text, may_download, library_road)
-        if wanted is not None:
-            box = place.empty()  # emptied once the download is done: its size, button and full bar said nothing more
-            panel = box.container()
-            panel.caption(escape_markdown(wanted.summary))
-            if panel.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
-                bar = panel.progress(0.0, text="Downloading…")
-                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
-                box.empty()
+        if wanted is not None and download_panel(wanted, key, place):  # its files just came: it opens now
+            catalog.forget_hub_plans()
+            found, _ = catalog.open_from_hub(text, may_download, library_road)
         return found
     except CheckpointError as e:
         place.error(escape_markdown(e))

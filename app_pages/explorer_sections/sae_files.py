@@ -9,11 +9,10 @@ from pathlib import Path
 
 import streamlit as st
 
+from app_pages.explorer_sections.hub_download import download_panel
 from vit.app import catalog
 from vit.checkpoint import Checkpoint
-from vit.core.progress import throttled
 from vit.core.runfiles import default_runs_dir, parse_json, read_text_bounded
-from vit.core.text import escape_markdown
 from vit.features import explore, formats
 from vit.features.autoencoder import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits
 from vit.sources import hub
@@ -65,20 +64,13 @@ def needs_layer(path: Path) -> bool:
 
 
 def offer_download(text: str) -> bool:
-    """For a Hub SAE the HF cache lacks: its files' size on a Download button and, once pressed, the download with
-    a progress bar. True while it is still to download; HubError (one line) when the Hub refuses it."""
+    """For a Hub SAE the HF cache lacks: its files' size on a Download button and, once pressed, the download's
+    progress (``hub_download``). True while it is still to download; HubError (one line) when the Hub refuses it."""
     wanted = planned_sae(text)
     if not wanted.files:
         return False
-    box = st.empty()  # emptied once the download is done: its size, button and full bar said nothing more
-    panel = box.container()
-    panel.caption(escape_markdown(wanted.summary))
-    if not panel.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
+    if not download_panel(wanted, "features_download"):
         return True
-    bar = panel.progress(0.0, text="Downloading…")
-    hub.download(wanted, throttled(lambda done, total: bar.progress(  # a redraw per chunk of bytes is too many
-        min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
-    box.empty()
     planned_sae.clear()
     return False
 

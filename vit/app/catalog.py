@@ -23,7 +23,6 @@ from vit.checkpoint import (
     check_payload,
     read_checkpoint_payload,
 )
-from vit.core.progress import throttled
 from vit.core.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
@@ -708,12 +707,7 @@ def _planned(name, period: int):
     return hub.plan(name)
 
 
-def download_from_hub(download, progress) -> Candidate:
-    """Fetch ``download`` (from ``open_from_hub``) into the HF cache, calling ``progress(fraction, text)`` as bytes
-    arrive (a few times a second at most, and at the end: ``throttled``); the candidate of the snapshot.
-    ``HubError`` above ``VIT_MAX_DOWNLOAD_GB`` or when the Hub fails."""
-    from vit.sources import hub
-
-    hub.download(download, throttled(lambda done, total: progress(
-        min(done / max(total, 1), 1.0), f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
-    return hub_candidate(download.name.text)
+def forget_hub_plans() -> None:
+    """Read the Hub's file lists again at the next ``open_from_hub``: a download just brought files a list kept
+    from before it still gives as missing."""
+    _planned.cache_clear()

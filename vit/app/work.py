@@ -102,6 +102,10 @@ class Work:
         """A page showed this work now (its lease starts again)."""
         self._seen = self.clock()
 
+    def unseen_s(self) -> float:
+        """Seconds since a page last showed this work."""
+        return self.clock() - self._seen
+
     def stop(self, reason: str = "stopped") -> None:
         """Ask the work to stop: it raises ``Stopped(reason)`` at its next chunk (or while it waits for a slot)."""
         if self._reason is None:
@@ -151,7 +155,7 @@ class Work:
             return self._reason
         if self.alive is not None and not self.alive():
             return "its page was closed"
-        if self.clock() - self._seen > self.lease_s:
+        if self.unseen_s() > self.lease_s:
             return f"no page showed it for {self.lease_s:g} s"
         return None
 
@@ -190,3 +194,45 @@ class Work:
             self._finished.set()
 
 
+
+
+class Shared:
+    """The works the whole server shares by key, each run once however many pages ask for it (a Hub download:
+    every visitor who asks for the same files watches the one transfer). A page's rerun neither stops nor restarts
+    one; it stops as any ``Work`` does (asked to, or no page showed it for its lease). At most ``size`` run at once;
+    the others wait for a slot, saying so."""
+
+    def __init__(self, size: int, lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.slots, self.lease_s, self.clock = Slots(size), lease_s, clock
+        self._lock = threading.Lock()
+        self._works: dict[Any, Work] = {}
+
+    def get(self, key: Any) -> Work | None:
+        """The work of ``key``: running, waiting, or ended and not yet forgotten; None when there is none."""
+        with self._lock:
+            return self._works.get(key)
+
+    def works(self) -> list[Work]:
+        """Every work held: running, waiting, or ended and not yet forgotten."""
+        with self._lock:
+            return list(self._works.values())
+
+    def start(self, key: Any, label: str, compute: Callable[[Progress], Any], unit: str = "passes") -> Work:
+        """The work of ``key``: the one already running or waiting, else ``compute`` started now (an ended one of
+        that key replaced). Ended works no page showed for the lease are forgotten here, so the registry holds the
+        works running or waiting and those ended lately (a page still to say how one ended)."""
+        with self._lock:
+            current = self._works.get(key)
+            if current is not None and not current.finished:
+                return current
+            for other, ended in list(self._works.items()):
+                if ended.finished and ended.unseen_s() > self.lease_s:
+                    del self._works[other]
+            self._works[key] = Work(key, label, self.slots, lease_s=self.lease_s, clock=self.clock, unit=unit)
+            return self._works[key].start(compute)
+
+    def forget(self, work: Work) -> None:
+        """Drop ``work`` once a page has taken its end (its result, its error) — not one started again since."""
+        with self._lock:
+            if self._works.get(work.key) is work:
+                del self._works[work.key]

@@ -1,11 +1,9 @@
 """The progress of long work: ``progress(done, total)``, which a long computation calls between its chunks (it may
-raise ``Stop`` there to stop the work: the pages' ``vit.app.work.Work`` is such a callback), ``in_parts`` to
-report consecutive parts of one computation as one whole, and ``throttled`` to pass on a few reports a second of
-many."""
+raise ``Stop`` there to stop the work: the pages' ``vit.app.work.Work`` is such a callback), and ``in_parts`` to
+report consecutive parts of one computation as one whole."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from vit.core.text import duration
@@ -26,30 +24,6 @@ def in_parts(progress: Progress | None, sizes: Sequence[int]) -> list[Progress |
     whole = sum(sizes)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [lambda done, total, start=start: progress(start + done, whole) for start in starts]
-
-
-DRAW_EVERY_S = 0.25  # a bar a page draws as the reports come moves four times a second at most
-
-
-def throttled(progress: Progress, every_s: float = DRAW_EVERY_S,
-              clock: Callable[[], float] = time.monotonic) -> Progress:
-    """``progress``, called with the first report, then with one at least ``every_s`` after the last it was given,
-    and always with the last (``done >= total``): a download reports every chunk of bytes, and a bar that a page
-    draws for each would send the browser a redraw for each (tens a second), more than anyone reads. Reports in
-    between are dropped, not delayed (no thread calls ``progress`` later): the bar may lag the bytes by ``every_s``
-    until the next report. Not for a callback that must see every report (``Work`` checks its Stop on each)."""
-    passed_at: float | None = None  # when the last report was passed on
-    passed: tuple[int, int] | None = None  # and what it was
-
-    def report(done: int, total: int) -> None:
-        nonlocal passed_at, passed
-        now, finished = clock(), done >= total
-        if passed == (done, total) or not (finished or passed_at is None or now - passed_at >= every_s):
-            return
-        passed_at, passed = now, (done, total)
-        progress(done, total)
-
-    return report
 
 
 PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)

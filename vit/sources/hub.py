@@ -330,11 +330,12 @@ def check_size(download: Download) -> None:
 
 
 def download(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Fetch ``plan_``'s files, at the commit they were listed at, into the HF cache (an interrupted transfer
-    resumes where it stopped) and return the snapshot folder. A file that passes its listed size, or a download
-    that falls under the rate floor (``vit.sources.hub_network``), is stopped and nothing of that file kept.
-    ``progress(done, total)`` is called with bytes as they arrive; without it huggingface_hub's own tqdm bars show
-    on stderr."""
+    """Fetch ``plan_``'s files, at the commit they were listed at, into the HF cache and return the snapshot folder.
+    A connection cut mid-file is resumed by huggingface_hub within this call; a file left unfinished when the call
+    ends (stopped, failed) is deleted, and fetched from its start next time, the files finished staying. A file
+    that passes its listed size, or a download that falls under the rate floor (``vit.sources.hub_network``), is
+    stopped and nothing of that file kept. ``progress(done, total)`` is called with bytes as they arrive (it may
+    raise to stop the download); without it huggingface_hub's own tqdm bars show on stderr."""
     from huggingface_hub import hf_hub_download
 
     from vit.sources.hub_network import RateFloor, budget

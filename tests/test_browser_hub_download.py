@@ -1,0 +1,63 @@
+"""A Hub model downloading while the visitor goes on, in a real browser: an image uploaded mid-download neither stops
+the transfer nor loses the model or the image.
+
+The download ran in the script run of its Download click, so the upload's rerun stopped that run and the transfer
+with it: huggingface_hub deleted the unfinished weights, the sidebar showed the Download button again, and a
+multi-gigabyte model started over at the next click. It runs beside the page now (``hub_download``), whose progress
+redraws itself every second in a fragment and reruns the page when the files are in: the model then opens on the
+image uploaded meanwhile.
+"""
+
+import re
+
+import pytest
+import torch
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
+from shared_app import TINY, enter, png, upload_image
+from test_hub import repo, tiny_vit  # noqa: F401 (fixtures: a tiny transformers ViT on the local Hub)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PACE = 200  # bytes of the weights every 0.2 s (1 kB/s): the 37-kB file takes half a minute unless released
+
+
+def test_an_upload_mid_download_neither_stops_it_nor_loses_the_model_or_the_image(repo, fake_hub, tmp_path):  # noqa: F811
+    fake_hub.repos[repo].pace["model.safetensors"] = PACE
+    torch.manual_seed(0)
+    checkpoints, runs = ship_default(tmp_path, TINY, ["cat", "dog", "owl"])
+    image = tmp_path / "upload.png"
+    image.write_bytes(png(120, 80, seed=2))
+    ARTIFACTS.mkdir(exist_ok=True)
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}  # the HF cache: fake_hub's
+    with streamlit_app(env, log=tmp_path / "server.log") as (url, _), chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.set_default_timeout(BROWSER_TIMEOUT_MS)
+        try:
+            page.goto(url)
+            page.get_by_text("Upload an image in the sidebar").wait_for()  # the default model
+            enter(page.get_by_role("textbox", name="Open from the Hub"), repo)
+            page.get_by_role("button", name=re.compile("^Download ")).click()
+            page.locator('[data-testid="stSidebar"] [data-testid="stProgress"]').wait_for()
+            while not fake_hub.sent.get("model.safetensors"):
+                page.wait_for_timeout(100)
+            sent = fake_hub.sent["model.safetensors"]
+
+            upload_image(page, image)  # its rerun stopped the download, which ran in the script run
+            page.get_by_text("upload.png, 120×80 px").wait_for()
+            page.wait_for_timeout(1500)  # the progress redraws once a second: a second look at it
+            page.get_by_text(re.compile(f"^Downloading {re.escape(repo)}: ")).wait_for()
+            assert not page.get_by_role("button", name=re.compile("^Download ")).count()
+            assert fake_hub.sent["model.safetensors"] > sent, "the same transfer went on"
+            page.screenshot(path=str(ARTIFACTS / "hub-download-mid-upload.png"), full_page=True)
+
+            fake_hub.release.set()  # the rest of the weights at once: the page reruns and opens the model
+            from playwright.sync_api import expect
+
+            expect(page.get_by_role("combobox", name="Checkpoint", exact=True)).to_have_value(
+                re.compile(re.escape(repo)), timeout=BROWSER_TIMEOUT_MS)
+            page.get_by_text("upload.png, 120×80 px").wait_for()  # on the image uploaded meanwhile
+            page.get_by_text("Colours span").wait_for()
+            assert not page.get_by_text(re.compile(f"^Downloading {re.escape(repo)}")).count()
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "hub-download-done.png"), full_page=True)
+    assert fake_hub.fetched("GET").count("model.safetensors") == 1, "one transfer of the weights"
