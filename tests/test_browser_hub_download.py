@@ -38,6 +38,7 @@ def test_an_upload_mid_download_neither_stops_it_nor_loses_the_model_or_the_imag
             enter(page.get_by_role("textbox", name="Open from the Hub"), repo)
             page.get_by_role("button", name=re.compile("^Download ")).click()
             page.locator('[data-testid="stSidebar"] [data-testid="stProgress"]').wait_for()
+            assert not page.get_by_role("button", name=re.compile("^Download ")).count(), "the bar took its place"
             while not fake_hub.sent.get("model.safetensors"):
                 page.wait_for_timeout(100)
             sent = fake_hub.sent["model.safetensors"]

@@ -291,6 +291,7 @@ def test_a_download_goes_on_through_the_pages_reruns_and_the_model_opens_when_it
     bars = [p for p in at.sidebar.get("progress")]
     assert bars and displayed(bars[0].proto.text).startswith(f"Downloading {repo}: "), "drawn where its button was"
     assert [b.label for b in at.sidebar.button if b.key == "explorer_hub_download-stop"] == ["Stop"]
+    assert not [b for b in at.sidebar.button if b.label.startswith("Download")], "the bar took the button's place"
     at.run()  # what any message from the browser does while it runs
     assert the_download(repo) is job and not job.finished, "the rerun neither stopped it nor started another"
     assert not [b for b in at.sidebar.button if b.label.startswith("Download")]

@@ -70,12 +70,15 @@ def download_panel(wanted: hub.Download, key: str, place=st) -> bool:
     holder = place.empty()  # emptied when the download ends within this run: its size and button say nothing more
     box = holder.container()
     box.caption(escape_markdown(wanted.summary))
-    if job is not None and job.finished:  # stopped or failed: why, and the button again
-        job.touch()
-        (box.info if job.state == "stopped" else box.error)(escape_markdown(describe(job, wanted)))
     if job is None or job.finished:
-        if not box.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
+        said, button = box.empty(), box.empty()  # emptied once the button is clicked: the progress takes their place
+        if job is not None:  # stopped or failed: why, and the button again
+            job.touch()
+            (said.info if job.state == "stopped" else said.error)(escape_markdown(describe(job, wanted)))
+        if not button.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
             return False
+        said.empty()
+        button.empty()
         job = registry.start(_key(wanted), f"Download of {wanted.name}", lambda progress: hub.download(
             wanted, progress), unit="bytes")
         waited = 0.0
