@@ -155,3 +155,41 @@ def test_a_message_sent_before_the_page_showed_the_opened_path_does_not_undo_it(
     assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(other)
     sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(checkpoints / DEFAULT_CHECKPOINT)).run()
     assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(checkpoints / DEFAULT_CHECKPOINT)
+
+
+def interrupted_once(monkeypatch, module, name: str) -> list:
+    """``module.name`` counting its calls, the first of which gets a message from the browser midway (what an upload
+    or a click during it sends): Streamlit then stops the run at the next message the page sends. Returns the calls."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    real, calls = getattr(module, name), []
+
+    def counted(*args, **kwargs):
+        calls.append(args[:1])
+        result = real(*args, **kwargs)
+        if len(calls) == 1:
+            assert get_script_run_ctx().script_requests.request_rerun(RerunData())
+        return result
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_a_model_loaded_while_the_browser_sends_a_message_is_kept_not_loaded_again(checkpoints, monkeypatch):
+    """The spinner's end, inside the cached load, was where Streamlit stopped the run for that message: the loaded
+    model was thrown away and loaded again by the next run (a large model: another minute, lost again at the next
+    click). The spinner goes around the cache now."""
+    from app_pages.explorer_sections import caches
+
+    loads = interrupted_once(monkeypatch, caches, "open_source")
+    at = run_app()
+    assert len(loads) == 1, loads
+    assert any("Colours span" in displayed(c.value) for c in at.main.caption), "the page was drawn with it"
+
+
+def test_a_forward_run_while_the_browser_sends_a_message_is_kept_not_run_again(checkpoints, monkeypatch):
+    from vit.explain.views import image_analysis
+
+    forwards = interrupted_once(monkeypatch, image_analysis, "analyse")
+    run_app()
+    assert len(forwards) == 1, forwards

@@ -55,18 +55,29 @@ def byte_cache(name: str, max_bytes: int) -> ByteCache:
     return ByteCache(max_bytes)
 
 
+def computed(cache: ByteCache, key, compute, spinner: str):
+    """``cache.get_or_compute(key, compute)``, ``spinner`` shown while it computes. The spinner goes around the
+    cache, never inside ``compute``: its end sends the browser a message, where Streamlit stops the run for a
+    message the browser sent meanwhile (an upload, a click), and inside ``compute`` that threw the result away (a
+    model loaded for a minute, a forward), to be computed again by the next run and lost again at the next click."""
+    if key in cache:  # no spinner's messages for what is kept
+        return cache.get_or_compute(key, compute)
+    with st.spinner(spinner):
+        return cache.get_or_compute(key, compute)
+
+
 def load_model(path: str, fingerprint: tuple, library_road: bool = False) -> Checkpoint:
     """The model at ``path`` once per version of its file; ``library_road`` (the explorer's own checkpoint, which
     ``library_view`` shows): a model no port reads, as its library builds it (``Checkpoint.road == "library"``)."""
     def load() -> Checkpoint:
         use_free_cores()  # once per server: torch's threads from the cores free at its first model
-        with st.spinner("Loading the checkpoint…"):
-            # our .pt files, HF / timm folders, timm / torchvision weights
-            checkpoint = open_source(path, library_road=library_road)
+        # our .pt files, HF / timm folders, timm / torchvision weights
+        checkpoint = open_source(path, library_road=library_road)
         # Class names come from the file: one with U+202E would turn every label and caption showing it around.
         # This page only shows them, so it holds them with such characters written as their escapes.
         return replace(checkpoint, class_names=[visible(name) for name in checkpoint.class_names])
-    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint, library_road), load)
+    return computed(byte_cache("models", MODEL_CACHE_BYTES), (path, fingerprint, library_road), load,
+                    "Loading the checkpoint…")
 
 
 def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Image:
@@ -105,13 +116,10 @@ def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkp
     """The forward pass, once per (checkpoint, image, size). An input of more than ``PROGRESS_TOKENS`` tokens
     (seconds to minutes at high resolution) is long work: its progress by layer and a Stop button are drawn here,
     and the page stops below them until it is done."""
-    def run() -> image_analysis.Analysis:
-        with st.spinner("Running the model…"):
-            return image_analysis.analyse(checkpoint, image, size)
     cache, key = byte_cache("analyses", ANALYSIS_CACHE_BYTES), (fingerprint, digest, size)
     tokens = input_tokens(checkpoint, image, size)
     if key in cache or tokens <= PROGRESS_TOKENS:
-        return cache.get_or_compute(key, run)
+        return computed(cache, key, lambda: image_analysis.analyse(checkpoint, image, size), "Running the model…")
     analysis = long_work(key, f"Running the model on {tokens:,} tokens",
                          lambda progress: image_analysis.analyse(checkpoint, image, size, progress=progress), "analyse",
                          unit="layers", kept=cache)
@@ -128,12 +136,9 @@ def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_inde
     def compute(progress: Progress | None = None) -> attention_maps.ClassRelevance:
         return method_maps.class_relevance(checkpoint, image, class_index, size, progress)
 
-    def run() -> attention_maps.ClassRelevance:
-        with st.spinner("Computing the class-specific map (one backward pass)…"):
-            return compute()
     cache, key = byte_cache("relevance", RELEVANCE_CACHE_BYTES), (fingerprint, digest, size, class_index)
     if key in cache or tokens <= PROGRESS_TOKENS:
-        return cache.get_or_compute(key, run)
+        return computed(cache, key, compute, "Computing the class-specific map (one backward pass)…")
     relevance = long_work(key, "Computing the class-specific map (a forward and a backward pass)", compute,
                           "class map", unit="blocks", kept=cache)
     if relevance is None:

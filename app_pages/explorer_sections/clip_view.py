@@ -14,7 +14,13 @@ import streamlit as st
 
 from app_pages import player
 from app_pages.explorer_sections import caches, plotly_preload, share_view, view_link
-from app_pages.explorer_sections.caches import ANALYSIS_CACHE_BYTES, IMAGE_CACHE_BYTES, PROGRESS_TOKENS, byte_cache
+from app_pages.explorer_sections.caches import (
+    ANALYSIS_CACHE_BYTES,
+    IMAGE_CACHE_BYTES,
+    PROGRESS_TOKENS,
+    byte_cache,
+    computed,
+)
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.uploader import file_upload
 from vit.app import clip_view as clips
@@ -175,8 +181,7 @@ def _analysed(checkpoint: Checkpoint, frames: list, key: tuple) -> video.ClipAna
     block, Stop), the page stopping until it is done."""
     cache, tokens = byte_cache("analyses", ANALYSIS_CACHE_BYTES), video.clip_tokens(checkpoint, len(frames))
     if key in cache or tokens <= PROGRESS_TOKENS:
-        with st.spinner("Running the model on the clip…"):
-            return cache.get_or_compute(key, lambda: video.analyse_clip(checkpoint, frames))
+        return computed(cache, key, lambda: video.analyse_clip(checkpoint, frames), "Running the model on the clip…")
     clip = long_work(key, f"Running the model on {tokens:,} tubelets",
                      lambda progress: video.analyse_clip(checkpoint, frames, progress=progress), "clip forward",
                      unit="blocks", kept=cache)

@@ -114,9 +114,9 @@ def _segmented(sam3, fingerprint: tuple, image: Image.Image, digest: str, text: 
     key = (fingerprint, digest, text, box, threshold, instance)
     kept = st.session_state.get(RESULT_KEY)
     if kept is None or kept[0] != key:
-        with st.spinner("Finding the concept…"):
-            kept = (key, vit.segment(sam3, image, text=text, box=box, threshold=threshold, instance=instance))
-        st.session_state[RESULT_KEY] = kept
+        with st.spinner("Finding the concept…"):  # kept before the spinner's end, where a run may be stopped
+            kept = st.session_state[RESULT_KEY] = (key, vit.segment(sam3, image, text=text, box=box,
+                                                                     threshold=threshold, instance=instance))
     return kept[1]
 
 
@@ -170,11 +170,10 @@ def concept_view(entry: catalog.CatalogEntry, entries: dict, model_key: str, mod
         key = (fingerprint, digest, text.strip() or None, box, float(threshold), found.instance, method)
         kept = st.session_state.get(PIXELS_KEY)
         if kept is None or kept[0] != key:
-            with st.spinner(f"Computing {METHODS[method]} of the instance's mask…"):
+            with st.spinner(f"Computing {METHODS[method]} of the instance's mask…"):  # kept before its end
                 done = vit.segment(sam3, image, text=key[2], box=box, threshold=key[4], instance=found.instance,
                                    methods=[method])
-            kept = (key, done.maps[method])
-            st.session_state[PIXELS_KEY] = kept
+                kept = st.session_state[PIXELS_KEY] = (key, done.maps[method])
         return kept[1]
 
     patch = int(sam3.model.config.vision_config.backbone_config.patch_size)
