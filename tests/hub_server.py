@@ -49,6 +49,7 @@ class Repo:
     pace: dict[str, int] = field(default_factory=dict)  # files whose body comes this many bytes every 0.2 s
     stall: set[str] = field(default_factory=set)  # files whose GET sends its headers, then nothing
     redirect_loop: bool = False  # every request is redirected to itself
+    xet: bool = False  # files announce Xet storage, as the Hub's do: a Xet client fetches them from a CAS, not here
 
     def at(self, revision: str) -> dict[str, bytes] | None:
         """The files at ``revision`` (``main``, the head's sha or an older one), None for an unknown one."""
@@ -229,6 +230,9 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
             self.send_header("X-Repo-Commit", sha)
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Type", "application/octet-stream")
+            if repo.xet:  # its CAS token route: nothing serves it here (a Xet transfer fails, one over HTTP works)
+                self.send_header("X-Xet-Hash", hashlib.sha256(data).hexdigest())
+                self.send_header("X-Xet-Refresh-Route", f"http://{self.headers['Host']}/api/xet-read-token/{sha}")
             extra = repo.extra.get(name, b"") if not head else b""
             if extra:  # a body longer than declared: no length, the end of the connection ends it
                 self.close_connection = True

@@ -92,6 +92,35 @@ def test_a_body_longer_than_its_declared_size_is_stopped_and_nothing_of_it_kept(
     assert all(p.stat().st_size <= 4096 for p in left) and not any(p.name.endswith(".incomplete") for p in left)
 
 
+@pytest.fixture
+def xet_on(monkeypatch):
+    """huggingface_hub as installed (hf_xet with it): Xet on, whatever an earlier test's download turned off."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import is_package_available
+
+    assert is_package_available("hf_xet"), "hf_xet is installed with huggingface_hub (constraints.txt)"
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+
+
+def test_a_file_the_hub_keeps_in_xet_storage_comes_over_http_where_the_bounds_hold(fake_hub, xet_on):
+    """Most of the Hub's weights are announced with a Xet hash; huggingface_hub then fetched them with hf_xet's own
+    client from a content store, past the session our deadlines, rate floor, byte bound and Stop are on (here it
+    asked the fake Hub's token route and failed). They come over HTTP now."""
+    fake_hub.add("acme/xet", WEIGHTS).xet = True
+    folder = hub.download(hub.plan(hub.parse_name("acme/xet")))
+    assert (folder / "model.safetensors").read_bytes() == WEIGHTS["model.safetensors"]
+    assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
+    assert not [r for r in fake_hub.requests if "xet-read-token" in r.path]
+
+
+def test_a_xet_announced_body_longer_than_its_declared_size_is_stopped(fake_hub, xet_on):
+    repo = fake_hub.add("acme/xet-liar", WEIGHTS)
+    repo.xet, repo.extra["model.safetensors"] = True, b"x" * (64 << 20)
+    with pytest.raises(hub.HubError, match="4096 bytes declared"):
+        hub.download(hub.plan(hub.parse_name("acme/xet-liar")))
+    assert fake_hub.sent["model.safetensors"] < 32 << 20
+
+
 @pytest.mark.parametrize("size", [-6_000_000_000, 10**13])
 def test_a_size_in_the_file_list_that_no_file_has_is_refused(fake_hub, size):
     repo = fake_hub.add("acme/negative", WEIGHTS)

@@ -9,6 +9,11 @@ body once it passes the size declared for it. A download (all its files) has no 
 sets: it is given up when, over any ``WINDOW_S``, it moved less than ``MIN_BYTES_PER_S`` (``RateFloor``), so a
 mirror that trickles into a large declared file ends within a minute, not after hours. Outside a budget the hooks do
 nothing.
+
+Files the Hub keeps in Xet storage (most of its weights) are announced with a Xet hash, and huggingface_hub then
+fetches them with hf_xet's own client, from a content store, past that session: none of these bounds would hold, nor
+a page's Stop (a progress callback's exception raised inside the Rust transfer). ``budget`` turns Xet off for this
+process (``HF_HUB_DISABLE_XET``): the Hub serves every such file over HTTP too, through the session the hooks are on.
 """
 
 from __future__ import annotations
@@ -109,7 +114,9 @@ def budget(what: str, seconds: float = math.inf, max_bytes: int | None = None,
 
 def _guard_session() -> None:
     # The session is the library's (recreated after a fork or set_client_factory): hook it where it is now.
-    from huggingface_hub import get_session
+    from huggingface_hub import constants, get_session
+
+    constants.HF_HUB_DISABLE_XET = True  # every file over this session (the module docstring)
 
     session = get_session()
     hooks = session.event_hooks
