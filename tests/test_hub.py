@@ -149,6 +149,28 @@ def test_a_model_over_the_download_bound_is_refused_before_any_download(repo, fa
     assert fake_hub.fetched("GET") == [] and fake_hub.fetched("HEAD") == []
 
 
+def test_a_model_larger_than_the_caches_free_disk_is_refused_before_any_download(repo, fake_hub, monkeypatch):
+    """huggingface_hub only warns when a file will not fit, then fills the disk the server writes its uploads and
+    runs to: the download is refused first, keeping a reserve."""
+    size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
+    monkeypatch.setattr(hub, "free_bytes", lambda folder: hub.DISK_RESERVE_BYTES + size - 1)
+    with pytest.raises(hub.HubError) as caught:
+        open_source(repo)
+    message = str(caught.value)
+    assert message.startswith(f"{repo} is {hub.format_bytes(size)}, and the disk of the server's Hugging Face cache "
+                              f"has {hub.format_bytes(hub.DISK_RESERVE_BYTES + size - 1)} free") and "\n" not in message
+    assert str(hub.cache_dir()) not in message, "no path of the server for a visitor"
+    assert fake_hub.fetched("GET") == []
+    monkeypatch.setattr(hub, "free_bytes", lambda folder: hub.DISK_RESERVE_BYTES + size)
+    assert open_source(repo).class_names == CLASSES
+
+
+def test_the_free_disk_is_the_nearest_existing_folders(tmp_path):
+    import shutil
+
+    assert hub.free_bytes(tmp_path / "not" / "made" / "yet") == shutil.disk_usage(tmp_path).free
+
+
 def test_only_what_is_still_to_download_counts_against_the_bound(repo, fake_hub, monkeypatch):
     open_source(repo)
     fetched = fake_hub.fetched("GET")
@@ -342,6 +364,14 @@ def test_two_visitors_asking_for_one_model_watch_one_download(app_world, slow_we
         at.run()
         assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
     assert fake_hub.fetched("GET").count("model.safetensors") == 1
+
+
+def test_a_model_too_large_to_download_here_is_said_in_one_line_not_offered_on_a_button(app_world, repo, fake_hub,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", "0.000001")  # 1 kB
+    at, buttons = explorer_with_hub_id(repo)
+    assert buttons == [] and fake_hub.fetched("GET") == []
+    assert any("over the 1.0 kB download bound (VIT_MAX_DOWNLOAD_GB)" in displayed(e.value) for e in at.sidebar.error)
 
 
 def test_a_network_visitor_without_the_training_token_cannot_start_a_download(app_world, repo, fake_hub):

@@ -65,10 +65,12 @@ def needs_layer(path: Path) -> bool:
 
 def offer_download(text: str) -> bool:
     """For a Hub SAE the HF cache lacks: its files' size on a Download button and, once pressed, the download's
-    progress (``hub_download``). True while it is still to download; HubError (one line) when the Hub refuses it."""
+    progress (``hub_download``). True while it is still to download; HubError (one line) when the Hub refuses it or
+    it is too large to download here."""
     wanted = planned_sae(text)
     if not wanted.files:
         return False
+    hub.check_size(wanted)  # over the bound or the disk: said now, not after a click
     if not download_panel(wanted, "features_download"):
         return True
     planned_sae.clear()

@@ -680,7 +680,8 @@ def open_from_hub(text: str, may_download: bool, library_road: bool = False):
     """What a page's "Open from the Hub" field does with ``text``: ``(candidate, None)`` when the HF cache holds a
     copy that opens (``library_road``: on the library road too, as the explorer opens it), else
     ``(None, download)``, the files and size to show before a download button. ``HubError`` (one line) for a name
-    that is no Hub model, one the Hub refuses, and for a visitor who may not download."""
+    that is no Hub model, one the Hub refuses, one too large to download here, and for a visitor who may not
+    download."""
     from vit.sources import hub
 
     found = hub_candidate(text)
@@ -694,6 +695,7 @@ def open_from_hub(text: str, may_download: bool, library_road: bool = False):
     wanted = _planned(hub.parse_name(text), int(time.monotonic() // PLAN_SECONDS))
     if found is not None and not wanted.files:  # all there, and it does not open: say why
         raise hub.HubError(describe_current(found, library_road).error or f"{text.strip()} cannot be opened")
+    hub.check_size(wanted)  # over the bound or the disk: said now, not after a click on its Download button
     return None, wanted
 
 

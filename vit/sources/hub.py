@@ -51,6 +51,7 @@ _REF_BAD = re.compile(r"[ ~^:?*\[\\\x7f]|\.\.|@\{|//|^/|/$|\.$|^@$|(^|/)\.|\.loc
 MAX_FILE_BYTES = 10**12  # no model file is a terabyte: a file list that says so (or a negative size) is wrong
 WEIGHTS = (".safetensors", ".bin", ".pth", ".pt")
 WEIGHTS_HEADER_BYTES = 2**20  # a weights file's own header and names, beyond its tensors' bytes
+DISK_RESERVE_BYTES = 2**30  # what a download leaves free on the HF cache's disk: the server's uploads, runs, logs
 MAX_CONFIG_LAYERS = 1000  # more blocks than any model opened has: such a config.json is not built to be counted
 
 
@@ -322,11 +323,31 @@ def plan(name: HubName) -> Download:
 
 
 def check_size(download: Download) -> None:
-    """HubError when ``download`` is larger than ``VIT_MAX_DOWNLOAD_GB``."""
+    """HubError when ``download`` is larger than ``VIT_MAX_DOWNLOAD_GB``, or than the HF cache's disk can take and
+    keep ``DISK_RESERVE_BYTES`` free (huggingface_hub only warns, then fills the disk the server writes to)."""
     bound = max_download_bytes()
     if download.size > bound:
         raise HubError(f"{download.name} is {format_bytes(download.size)}, over the {format_bytes(bound)} download "
                        f"bound ({MAX_DOWNLOAD_ENV}); raise it to download this model")
+    free = free_bytes(cache_dir())
+    if free is not None and download.size > free - DISK_RESERVE_BYTES:
+        raise HubError(f"{download.name} is {format_bytes(download.size)}, and the disk of the server's Hugging Face "
+                       f"cache has {format_bytes(max(free, 0))} free (a download leaves "
+                       f"{format_bytes(DISK_RESERVE_BYTES)}); free some space there, or set HF_HUB_CACHE to a larger "
+                       "disk")
+
+
+def free_bytes(folder: Path) -> int | None:
+    """The free bytes of the disk ``folder`` is (or will be) on: its nearest existing parent's; None when unknown."""
+    import shutil
+
+    for place in (folder, *folder.parents):
+        if place.exists():
+            try:
+                return shutil.disk_usage(place).free
+            except OSError:
+                return None
+    return None
 
 
 def download(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Path:
