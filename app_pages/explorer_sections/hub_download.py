@@ -19,7 +19,10 @@ from vit.sources import hub
 
 AT_ONCE_ENV = "VIT_DOWNLOADS_AT_ONCE"
 DEFAULT_AT_ONCE = 2  # transfers share the server's bandwidth: more at once only make each slower
-LEASE_S = 60.0  # longer than a page's rerun that opens a model may take while the download runs
+# Its progress is not redrawn while the page's script runs (a fragment waits for the run), and a run may open a
+# large model for minutes: a download is stopped only once nobody asked for it longer than that. Left to run, its
+# files are in the cache for the next visitor; the number at once stays bounded.
+LEASE_S = 300.0
 POLL_S = 1.0  # how often the progress redraws (and tells the transfer a page still shows it)
 QUICK_S = 1.0  # a download done within this after its click opens at once, with no progress drawn
 STOPPED_BY_VISITOR = "stopped by a visitor"
