@@ -8,8 +8,9 @@ no page has looked at it for ``lease_s`` seconds (its tab was closed, its widget
 keeps computing for a page nobody sees.
 
 ``Slots`` bounds the heavy computations of the whole server: a ``threading.BoundedSemaphore`` that a ``Work``
-holds while it runs; the others wait, and ``Work.describe`` says so in one line. Nothing here knows Streamlit: the
-pages keep one ``Work`` per session and one ``Slots`` per process.
+holds while it runs; the others wait, and ``Work.describe`` says so in one line. ``Shared`` holds the works the whole
+server shares by key (a Hub download, which every visitor asking for the same files watches). Nothing here knows
+Streamlit: the pages keep one ``Work`` per session, one ``Slots`` and one ``Shared`` per process.
 """
 
 from __future__ import annotations
