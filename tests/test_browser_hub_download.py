@@ -8,6 +8,7 @@ redraws itself every second in a fragment and reruns the page when the files are
 image uploaded meanwhile.
 """
 
+import os
 import re
 
 import pytest
@@ -44,8 +45,13 @@ def test_an_upload_mid_download_neither_stops_it_nor_loses_the_model_or_the_imag
             # On two loaded cores a rerun can redraw the field under the typing, or the button under the click
             field, button = page.get_by_role("textbox", name="Open from the Hub"), page.get_by_role(
                 "button", name=re.compile("^Download "))
-            click_until(lambda ms: enter(field, repo, ms), button, BROWSER_TIMEOUT_MS,
-                        screenshot=(page, ARTIFACTS / "hub-download-offered.png"))
+            try:
+                click_until(lambda ms: enter(field, repo, ms), button, BROWSER_TIMEOUT_MS,
+                            screenshot=(page, ARTIFACTS / "hub-download-offered.png"))
+            except Exception:  # what the sidebar said instead, and where the page's requests went
+                sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
+                raise AssertionError(f"no Download button; the Hub at {os.environ['HF_ENDPOINT']} saw "
+                                     f"{[r.path for r in fake_hub.requests]}; the sidebar: {sidebar!r}") from None
             bar = page.locator('[data-testid="stSidebar"] [data-testid="stProgress"]')
             click_until(lambda ms: button.click(timeout=ms), bar, BROWSER_TIMEOUT_MS,
                         screenshot=(page, ARTIFACTS / "hub-download-started.png"))
