@@ -440,6 +440,19 @@ def test_an_sae_handed_over_by_the_train_page_opens_in_the_features_section(sae_
     assert [r for r in at.radio if r.key == "sae_strongest"], "the handed SAE's features are shown"
 
 
+def test_a_hub_sae_too_large_to_download_here_is_said_in_one_line_not_offered_on_a_button(default_world, fake_hub,
+                                                                                        tmp_path, monkeypatch):
+    checkpoints, _ = default_world
+    checkpoint, _ = sample_input(checkpoints)
+    tokens = checkpoint.model.num_prefix_tokens + checkpoint.model.config.num_patches
+    prisma_sae(tmp_path / "prisma", "relu", "none", layer=LAYER - 1, d_in=16, context_size=tokens)
+    fake_hub.add("acme/saes", {f"prisma/{p.name}": p.read_bytes() for p in (tmp_path / "prisma").iterdir()})
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", "0.000001")  # 1 kB
+    at = open_features(run_app(), "acme/saes/prisma")
+    assert not [b for b in at.button if b.key == "features_download"] and not fake_hub.fetched()
+    assert any("over the 1.0 kB download bound (VIT_MAX_DOWNLOAD_GB)" in displayed(e.value) for e in at.error)
+
+
 def test_a_hub_sae_missing_from_the_cache_downloads_on_its_button_then_opens(default_world, fake_hub, tmp_path):
     checkpoints, _ = default_world
     checkpoint, x = sample_input(checkpoints)
