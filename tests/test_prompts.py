@@ -184,6 +184,44 @@ def test_hf_zero_shot_equals_the_models_own_forward(tmp_path, architecture):
     torch.testing.assert_close(probs, reference, rtol=1e-5, atol=1e-5)
 
 
+def test_a_text_tower_opens_asking_the_hub_nothing_and_leaving_the_environment_alone(tmp_path, fake_hub, monkeypatch):
+    """A tower reads its own folder only: a request made while it opens is refused, in its own thread alone, and the
+    process's environment is left as it was. It set HF_HUB_OFFLINE for the process: huggingface_hub reads that once,
+    at its import, so it refused nothing (imported already), while every process another visitor started meanwhile
+    inherited it (a run the Train page started, on a Hub model the cache lacked, failed offline)."""
+    import os
+    import threading
+
+    from huggingface_hub import constants, get_session
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    config = transformers.CLIPConfig(vision_config=HF_VISION, text_config=HF_TEXT, projection_dim=16)
+    transformers.CLIPModel(config).save_pretrained(tmp_path / "m")
+    bpe_tokenizer_files(tmp_path / "m")
+    checkpoint = open_source(tmp_path / "m")
+    url = f"{constants.ENDPOINT}/api/models/someone/model"
+    seen = {}
+    original = transformers.CLIPModel.from_pretrained.__func__
+
+    def from_pretrained(cls, *args, **kwargs):  # the library's own call, with a look around first
+        seen["environment"] = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        try:
+            seen["own thread"] = get_session().get(url).status_code
+        except OfflineModeIsEnabled as e:
+            seen["own thread"] = str(e)
+        other = threading.Thread(target=lambda: seen.update({"other thread": get_session().get(url).status_code}))
+        other.start()
+        other.join()
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.CLIPModel, "from_pretrained", classmethod(from_pretrained))
+    assert open_text_tower(checkpoint).kind == "softmax"
+    assert seen["environment"] == {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None}
+    assert "opening a text tower reads local files only" in str(seen["own thread"])
+    assert seen["other thread"] == 404  # the other thread asked the Hub meanwhile, and the Hub answered
+    assert [r.path for r in fake_hub.requests] == ["/api/models/someone/model"]  # only the other thread's request
+
+
 def test_a_vision_only_model_has_no_text_tower(tmp_path):
     model = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**HF_VISION))
     model.save_pretrained(tmp_path / "v")

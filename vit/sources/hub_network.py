@@ -14,6 +14,11 @@ Files the Hub keeps in Xet storage (most of its weights) are announced with a Xe
 fetches them with hf_xet's own client, from a content store, past that session: none of these bounds would hold, nor
 a page's Stop (a progress callback's exception raised inside the Rust transfer). ``budget`` turns Xet off for this
 process (``HF_HUB_DISABLE_XET``): the Hub serves every such file over HTTP too, through the session the hooks are on.
+
+Inside ``local_only(...)`` no request leaves for the Hub from that thread (a library opening local files: a text
+tower). ``HF_HUB_OFFLINE`` cannot say that: huggingface_hub reads it once, at its import, and the environment is the
+whole process's, so setting it while one visitor's tower opened made another's Hub download offline (or a run the
+Train page started meanwhile), and did nothing where huggingface_hub was already imported.
 """
 
 from __future__ import annotations
@@ -95,6 +100,19 @@ class Budget:
 
 
 _BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("vit_hub_budget", default=None)
+_LOCAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("vit_hub_local_only", default=None)
+
+
+@contextmanager
+def local_only(what: str) -> Iterator[None]:
+    """Within it, huggingface_hub's requests (transformers' and open_clip's too: they ask through it) raise
+    ``OfflineModeIsEnabled`` naming ``what``, in this thread (this context) only."""
+    _guard_session()
+    token = _LOCAL.set(what)
+    try:
+        yield
+    finally:
+        _LOCAL.reset(token)
 
 
 @contextmanager
@@ -126,6 +144,11 @@ def _guard_session() -> None:
 
 
 def _on_request(request) -> None:
+    local = _LOCAL.get()
+    if local is not None:
+        from huggingface_hub.errors import OfflineModeIsEnabled
+
+        raise OfflineModeIsEnabled(f"{local} reads local files only: no request to {request.url.host}")
     spent = _BUDGET.get()
     if spent is None:
         return

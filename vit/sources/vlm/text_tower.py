@@ -22,7 +22,6 @@ import contextlib
 import functools
 import gzip
 import io
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,19 +81,12 @@ _HF_TEXT = {"hf:CLIPModel": ("CLIPModel", "softmax"), "hf:MetaClip2Model": ("Met
             "hf:Siglip2Model": ("Siglip2Model", "sigmoid")}
 
 
-@contextlib.contextmanager
 def _offline():
-    """Nothing is downloaded: the libraries may only read local files while a tower opens."""
-    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """Nothing is downloaded while a tower opens: the libraries may only read local files (a request is refused in
+    this thread alone; ``hub_network.local_only`` says why not ``HF_HUB_OFFLINE``)."""
+    from vit.sources.hub_network import local_only
+
+    return local_only("opening a text tower")
 
 
 def _one_line(error: BaseException) -> str:
