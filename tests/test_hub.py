@@ -108,8 +108,9 @@ def test_a_cached_model_opens_when_the_hub_cannot_be_reached(repo, fake_hub, mon
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: connection refused
     assert open_source(repo).class_names == CLASSES
     with pytest.raises(hub.HubError, match="^acme/elsewhere is neither a file or folder here nor in the Hugging "
-                                           "Face cache, and the Hub cannot be reached"):
+                                           "Face cache, and the Hub at http://127.0.0.1:9 cannot be reached ") as e:
         open_source("acme/elsewhere")
+    assert "Connection refused" in str(e.value) and "\n" not in str(e.value)  # where, and why: a proxy's, a typo's
 
 
 def test_offline_with_nothing_cached_is_one_line_naming_the_model(fake_hub, monkeypatch):
@@ -120,6 +121,10 @@ def test_offline_with_nothing_cached_is_one_line_naming_the_model(fake_hub, monk
         open_source("acme/never-downloaded")
     message = str(caught.value)
     assert "acme/never-downloaded" in message and "HF_HUB_OFFLINE" in message and "\n" not in message
+    with pytest.raises(hub.HubError) as caught:  # the pages' road: the file list, asked of the Hub
+        hub.plan(hub.parse_name("acme/never-downloaded"))
+    message = str(caught.value)
+    assert "downloading is off" in message and "unset HF_HUB_OFFLINE to download it" in message, message
     assert fake_hub.requests == []
 
 

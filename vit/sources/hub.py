@@ -223,9 +223,15 @@ def _hub_error(name: HubName, error: Exception) -> HubError:
     if isinstance(error, RepositoryNotFoundError):
         return HubError(f"{name} is neither a file or folder here nor a model on the Hub (a private one needs "
                         "HF_TOKEN)")
-    if isinstance(error, OfflineModeIsEnabled) or _is_connection_error(error):
+    if isinstance(error, OfflineModeIsEnabled):
+        return HubUnreachable(f"{name} is neither a file or folder here nor in the Hugging Face cache, and "
+                              f"downloading is off ({_first_line(error)}); unset HF_HUB_OFFLINE to download it")
+    if _is_connection_error(error):  # the address and the reason: a proxy, a firewall or a mirror's typo shows
+        from huggingface_hub import constants
+
         return HubUnreachable(f"{name} is neither a file or folder here nor in the Hugging Face cache, and the Hub "
-                              "cannot be reached (offline); connect to download it")
+                              f"at {constants.ENDPOINT} cannot be reached ({_first_line(error)}); connect to download "
+                              "it")
     if isinstance(error, HfHubHTTPError):
         return HubError(f"the Hub answered {status} for {name}: {_first_line(error)}")
     if isinstance(error, http.TooManyRedirects):
