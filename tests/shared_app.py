@@ -119,10 +119,11 @@ def save_llava(folder: Path) -> Path:
 
 # -- page steps ---------------------------------------------------------------------------------------------------
 
-def enter(field, text: str) -> None:
-    """Type ``text`` into ``field`` (a text box or number input) and press Enter, as a user commits it."""
-    field.fill(text)
-    field.press("Enter")
+def enter(field, text: str, timeout_ms: float | None = None) -> None:
+    """Type ``text`` into ``field`` (a text box or number input) and press Enter, as a user commits it (each step
+    within ``timeout_ms``: the page's default when None)."""
+    field.fill(text, timeout=timeout_ms)
+    field.press("Enter", timeout=timeout_ms)
 
 
 def upload_image(page, image: Path) -> None:
