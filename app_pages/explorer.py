@@ -179,7 +179,7 @@ if has_text_tower(checkpoint):
     if asked is not None and not class_names:  # scored labels are this model's prediction: not "no classifier"
         prediction_box.markdown(words.describe_prediction(asked))
 elif vlm_words.has_words(checkpoint.model):  # a VLM's tower: words against its language model's embeddings
-    word_lens.ask_in_words(state)
+    word_lens.ask_in_words(state, may_open)
 if asks_vlm:  # the whole VLM in its folder (issue 80)
     ask_vlm.ask_vlm(state, may_open, shared, entry.name, image_name)
 

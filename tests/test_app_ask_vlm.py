@@ -5,6 +5,7 @@ rows in test_vlm_answer) drawn over the pixels the model saw; the strip gives ea
 view is part of the link and of the exported HTML; a visitor without a token asks within bounds."""
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -862,3 +863,170 @@ def test_a_knockout_box_is_four_whole_patches_and_a_grid_cell_names_its_head():
     assert share.encode({"lm_kbox": (0, 1, 2, 3)}) == {"lm_kbox": "0,1,2,3"}
     assert vlm_inside.head_at((3, "head 2")) == (3, 1)
     assert vlm_inside.head_at((3, "layer")) is None and vlm_inside.head_at(None) is None
+
+
+def test_a_sharded_vlm_from_the_hub_opens_on_its_towers_shards_and_asks_once_its_language_model_is_in(folders,
+                                                                                                      fake_hub):
+    """"Open from the Hub" on a sharded VLM downloads the shards its tower is in (as ``vit.predict`` does), not the
+    language model's: a 7B VLM's tower is about a gigabyte of its 15, and the whole was over the download bound, so
+    the page refused what its maps needed. "Ask the VLM" then offers the language model's shards on a Download
+    button of their own, and answers as the folder does once they are in."""
+    import json
+
+    from vit.app import catalog
+    from vit.sources.hub import format_bytes
+
+    catalog.forget_hub_plans()  # file lists read from another test's Hub
+    folder = folders["llava"]
+    fake_hub.add_folder("acme/tiny-llava", folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    language = {shard for shard in index.values()  # the shards holding the language model's tensors alone
+                if all(name.startswith("language_model.") for name, s in index.items() if s == shard)}
+    assert language and set(index.values()) - language, "the tiny model's shards: some its language model's alone"
+    size = lambda names: sum((folder / n).stat().st_size for n in names)  # noqa: E731
+
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open from the Hub").set_value("acme/tiny-llava")
+    at.run()
+    [button] = [b for b in at.sidebar.button if b.label.startswith("Download ")]
+    button.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    fetched = set(fake_hub.fetched("GET"))
+    # what the button said is what came after its click (the JSON files, kilobytes, came to plan it)
+    assert button.label == f"Download {format_bytes(size(f for f in fetched if not f.endswith('.json')))}"
+    shards = {f for f in fetched if f.endswith(".safetensors")}
+    assert shards and not shards & language  # the language model's shards stayed on the Hub
+    rest = set(index.values()) - shards
+    at = upload(at, "photo.png", png(picture()))
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    assert not [w for w in at.main.text_input if w.label == "Question"]  # nothing to answer with yet
+    # "Ask in words" reads one tensor of the language model: the shard that holds it, on a button of its own
+    embedding = index["language_model.model.embed_tokens.weight"]
+    assert embedding in rest
+    assert at.button(key="word_lens_download").label == f"Download {format_bytes(size([embedding]))}"
+    button = at.button(key="ask_vlm_download")
+    assert button.label == f"Download {format_bytes(size(rest))}"
+    button.click()
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    assert {f for f in fake_hub.fetched("GET") if f.endswith(".safetensors")} == set(index.values())
+    assert not [b for b in at.main.button if b.label.startswith("Download ")]  # the words' shard came with them
+    at = ask(at, QUESTION)
+    answer = answer_of(folder)  # the folder's, opened by path
+    shown = [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")]
+    assert shown == [f"Answer: {answer.text}".strip()]
+    [strip] = [d for d in at.main.dataframe if "on the image" in d.value.columns]  # at the last layer, the default
+    np.testing.assert_allclose(strip.value["on the image"].to_numpy() / 100,
+                               [answer.image_share(i, answer.layers - 1) for i in range(LENGTH)], rtol=0, atol=1e-6)
+
+
+def tower_only_snapshot(folder, cache, commit="ab" * 20, repo="acme/tiny-llava"):
+    """``folder`` as huggingface_hub keeps it in the HF cache ``cache`` after a download for its tower alone: the
+    shards holding only its language model's tensors left out. Returns (snapshot, the shards left out)."""
+    import json
+    import shutil
+
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    language = {shard for shard in index.values()
+                if all(name.startswith("language_model.") for name, s in index.items() if s == shard)}
+    model_dir = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = model_dir / "snapshots" / commit
+    shutil.copytree(folder, snapshot, ignore=lambda _, names: [n for n in names if n in language])
+    (model_dir / "refs").mkdir()
+    (model_dir / "refs" / "main").write_text(commit)
+    return snapshot, language
+
+
+def test_a_vlm_lacking_its_language_models_shards_is_refused_saying_how_to_get_them(folders, tmp_path, fake_hub):
+    """``vit.open_vlm`` of a folder whose index lists shards it lacks: one line, naming the first, and the Hub id
+    that downloads them for a snapshot of the HF cache (a plain folder: copy them in)."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    from vit.sources.vlm.whole_vlm import VLMError
+
+    snapshot, language = tower_only_snapshot(folders["llava"], Path(constants.HF_HUB_CACHE))
+    with pytest.raises(VLMError) as e:
+        vit.open_vlm(snapshot)
+    message = str(e.value)
+    assert f"lacks {len(language)} of the weights files its index lists ({min(language)}, ...)" in message, message
+    assert message.endswith("open it by its Hub id, acme/tiny-llava, to download them") and "\n" not in message
+    plain = shutil.copytree(snapshot, tmp_path / "plain")
+    with pytest.raises(VLMError, match="copy them into the folder$"):
+        vit.open_vlm(plain)
+
+
+def test_ask_in_words_downloads_the_embeddings_shard_alone_and_a_visitor_without_the_token_is_told(
+        folders, fake_hub, monkeypatch):
+    """"Ask in words" reads the word embeddings from one shard of the language model: that shard alone is offered,
+    and the lens works once it is in, while "Ask the VLM" offers the rest. Behind a token, a visitor who has not
+    entered it is told what downloading takes, with no button."""
+    import json
+
+    from huggingface_hub import constants
+
+    from vit.app import catalog
+    from vit.sources.hub import format_bytes
+
+    catalog.forget_hub_plans()
+    folder = folders["llava"]
+    fake_hub.add_folder("acme/tiny-llava", folder)
+    commit = fake_hub.repos["acme/tiny-llava"].sha
+    snapshot, language = tower_only_snapshot(folder, Path(constants.HF_HUB_CACHE), commit)
+    embedding = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][
+        "language_model.model.embed_tokens.weight"]
+    at = open_folder(snapshot)
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    button = at.button(key="word_lens_download")
+    assert button.label == f"Download {format_bytes((folder / embedding).stat().st_size)}"
+    button.click()
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    assert [f for f in fake_hub.fetched("GET") if f.endswith(".safetensors")] == [embedding]
+    assert not [b for b in at.main.button if b.key == "word_lens_download"]
+    rest = sum((folder / n).stat().st_size for n in language - {embedding})
+    assert at.button(key="ask_vlm_download").label == f"Download {format_bytes(rest)}"
+    [words] = [w for w in at.main.text_area if w.label == "Words"]  # the lens, once its shard is in
+    words.set_value("dog, cat")
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    assert [d for d in at.main.dataframe if "word" in d.value.columns][0].value["word"].tolist() == ["dog", "cat"]
+
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", str(rest / 2 / 1e9))  # the rest over the bound: said, no button
+    catalog.forget_hub_plans()
+    at.run()
+    [error] = [displayed(e.value) for e in at.main.error]
+    assert error.startswith(f"acme/tiny-llava@{commit} is {format_bytes(rest)}, over the ") and "\n" not in error
+    assert not [b for b in at.main.button if b.label.startswith("Download ")]
+    monkeypatch.delenv("VIT_MAX_DOWNLOAD_GB")
+
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "secret")  # a visitor who has not entered it
+    (snapshot / embedding).unlink()
+    at = open_link({"model": "acme/tiny-llava"})
+    upload(at, "photo.png", png(picture()))
+    errors = [e.value.replace("\\", "") for e in at.main.error]
+    said = ("The server's Hugging Face cache holds acme/tiny-llava without its language model, and downloading it "
+            "takes the training token: enter it on the Train page.")
+    assert errors == [said, said], errors  # the words' section and the question's
+    assert not [b for b in at.main.button if b.label.startswith("Download ")]
+
+
+def test_a_shard_the_hub_lacks_too_is_said_in_one_line(folders, fake_hub):
+    """A snapshot whose index lists a shard the Hub's repository does not have either: one line, no button."""
+    from huggingface_hub import constants
+
+    from vit.app import catalog
+
+    catalog.forget_hub_plans()
+    folder = folders["llava"]
+    fake_hub.add_folder("acme/tiny-llava", folder)
+    commit = fake_hub.repos["acme/tiny-llava"].sha
+    snapshot, language = tower_only_snapshot(folder, Path(constants.HF_HUB_CACHE), commit)
+    gone = max(language)
+    del fake_hub.repos["acme/tiny-llava"].files[gone]
+    at = open_folder(snapshot)
+    errors = [displayed(e.value) for e in at.main.error]
+    assert f"acme/tiny-llava lacks {gone}, which its index lists and the Hub does not have either" in errors, errors
+    assert not [b for b in at.main.button if b.key == "ask_vlm_download"]

@@ -24,6 +24,7 @@ from app_pages.explorer_sections import view_link
 from app_pages.explorer_sections.ask_vlm_clip import CLIP_KEY, FPS_KEY, FRAMES_KEY, RATE_OF_KEY, asked_clip
 from app_pages.explorer_sections.ask_vlm_inside import one_line as _one_line
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image, upload_store
+from app_pages.explorer_sections.hub_download import snapshot_files_panel
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask, vlm_inside
@@ -35,6 +36,7 @@ from vit.core.inference import seen_region
 from vit.core.text import escape_markdown, file_name_part, visible
 from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_IMAGES, VLMAnswer, prepare
 from vit.explain.views.overlay import display_image
+from vit.sources.vlm.whole_vlm import missing_weights
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
@@ -190,6 +192,12 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     """The section: the question, the answer, its tokens to click, the clicked token's map and every token's share
     of attention on the image, with a link and an HTML export of the view."""
     st.subheader("Ask the VLM")
+    folder = view.full_checkpoint.path
+    if folder is not None and not snapshot_files_panel(
+            folder, missing_weights(folder), may_open, "ask_vlm_download",
+            "Answering reads the language model too, whose shards were left on the Hub when the model was opened "
+            "(its tower's alone were downloaded, for the maps above)."):
+        return
     limit = vlm_ask.max_new_tokens(may_open)
     notes = []
     if (st.session_state.get(LENGTH_KEY) or 0) > limit:  # a link's, past what this visitor may ask

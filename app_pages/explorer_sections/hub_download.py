@@ -113,3 +113,31 @@ def _progress(wanted: hub.Download, key: str) -> None:
     st.progress(job.fraction(), text=escape_markdown(describe(job, wanted)))
     st.button("Stop", key=f"{key}-stop", help="Stops the download; a file not finished is fetched again from its "
               "start next time (the files finished stay in the cache).")
+
+
+def snapshot_files_panel(folder, missing: list[str], may_download: bool, key: str, why: str, place=st) -> bool:
+    """Whether the section may go on: ``missing`` (weights files ``folder`` lacks) is empty, or ``folder`` is no
+    snapshot of the server's HF cache (the section's own reading says what it lacks). Else, a sharded VLM opened
+    from the Hub with its tower's shards alone: ``why`` (a caption: what needs them) and those files on a Download
+    button beside the page (``download_panel``), in ``place``, False until they are in, then the page runs again;
+    or why not, in one line (a visitor who may not download, a download over the bound or the disk)."""
+    from vit.app import catalog
+
+    name = hub.snapshot_of(folder) if missing else None
+    if name is None:
+        return True
+    try:
+        wanted = catalog.missing_from_hub(name, frozenset(missing), may_download)
+    except hub.HubError as e:
+        place.error(escape_markdown(str(e)))
+        return False
+    absent = sorted(set(missing) - {f for f, _ in wanted.files})  # the index names files the Hub has not either
+    if absent:
+        place.error(escape_markdown(f"{name.repo_id} lacks {absent[0]}, which its index lists and the Hub does not "
+                                    "have either"))
+        return False
+    place.caption(why)
+    if not download_panel(wanted, key, place):
+        return False
+    catalog.forget_hub_plans()
+    st.rerun()  # the sections drawn above this one saw the files missing (another section's offer of one of them)

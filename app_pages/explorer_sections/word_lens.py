@@ -7,11 +7,14 @@ folder, image and word gets the map drawn here. Not a fragment: the words are th
 them reruns the page.
 """
 
+from pathlib import Path
+
 import numpy as np
 import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections.ask_in_words import LABELS_KEY
+from app_pages.explorer_sections.hub_download import snapshot_files_panel
 from app_pages.explorer_sections.map_choice import MainMap, MapChoice
 from app_pages.explorer_sections.state import Shown
 from vit import api
@@ -23,6 +26,7 @@ from vit.core.text import escape_markdown
 from vit.explain.views import attention_maps, image_analysis
 from vit.explain.views.map_captions import token_label
 from vit.explain.views.overlay import DIVERGING_COLORMAP, overlay
+from vit.sources.vlm.word_embeddings import missing_embedding_shard
 
 SPACE_KEY, METHOD_KEY = "words_lens_space", "words_lens_method"  # "words_": kept by the page (ask_in_words.KEPT)
 WORD_KEY, TARGET_KEY = "words_lens_word", "words_lens_target"
@@ -104,11 +108,19 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
                    word_parts=(s.kind, word, patch))
 
 
-def ask_in_words(view: Shown) -> None:
+def ask_in_words(view: Shown, may_download: bool = False) -> None:
     """The section for a VLM's tower: the words, how the tokenizer reads each and where its lens is highest, and
-    every word's lens map on one colour range."""
+    every word's lens map on one colour range. The language model's shard holding the word embeddings, left on the
+    Hub when the tower was opened from there, is offered first (``may_download``: this visitor may download)."""
     checkpoint, image, size = view.checkpoint, view.image, view.size
     st.subheader("Ask in words")
+    folder = Path(checkpoint.path) if checkpoint.path is not None else None
+    shard = missing_embedding_shard(folder) if folder is not None and folder.is_dir() else None
+    if shard is not None and not snapshot_files_panel(
+            folder, [shard], may_download, "word_lens_download",
+            "The lens reads one tensor of the language model, its word embeddings, whose shard was left on the Hub "
+            "when the model was opened (its tower's alone were downloaded)."):
+        return
     col_ask, col_tokens, col_maps = st.columns([0.8, 1, 1], gap="medium")
     with col_ask:
         # No max_chars: Streamlit would show a counter; split_labels bounds the text (one line if over).

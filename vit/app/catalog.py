@@ -704,6 +704,33 @@ PLAN_SECONDS = 300  # a page reruns on every click: the Hub's file list is read 
 
 @functools.lru_cache(maxsize=16)
 def _planned(name, period: int):
+    """The files still to fetch for ``name``: of a sharded vision-language model, the shards its tower is in (its
+    JSON files fetched first, kilobytes: ``hub.only_needed_shards``, as ``vit.predict`` downloads), never its
+    language model's gigabytes, which "Ask the VLM" offers when asked (``missing_from_hub``)."""
+    from vit.sources import hub
+    from vit.sources.open import needed_shards
+
+    return hub.only_needed_shards(hub.plan(name), needed=needed_shards)
+
+
+def missing_from_hub(name, files: frozenset[str], may_download: bool):
+    """``files`` of the Hub model ``name`` at its commit (``hub.snapshot_of`` a snapshot of the HF cache), which the
+    snapshot lacks (of a sharded VLM's language model, which "Open from the Hub" left on the Hub), with their sizes:
+    what a page offers to download. ``HubError`` (one line) for a visitor who may not download and a download over
+    the bound or the disk."""
+    from vit.sources import hub
+
+    if not may_download:
+        raise hub.HubError(f"The server's Hugging Face cache holds {name.repo_id} without its language model, and "
+                           "downloading it takes the training token: enter it on the Train page.")
+    wanted = _whole_planned(name, int(time.monotonic() // PLAN_SECONDS))
+    wanted = hub.Download(wanted.name, wanted.commit, tuple((f, n) for f, n in wanted.files if f in files))
+    hub.check_size(wanted)
+    return wanted
+
+
+@functools.lru_cache(maxsize=4)
+def _whole_planned(name, period: int):
     from vit.sources import hub
 
     return hub.plan(name)
@@ -713,3 +740,4 @@ def forget_hub_plans() -> None:
     """Read the Hub's file lists again at the next ``open_from_hub``: a download just brought files a list kept
     from before it still gives as missing."""
     _planned.cache_clear()
+    _whole_planned.cache_clear()

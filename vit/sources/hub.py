@@ -271,6 +271,21 @@ def snapshot_folder(repo_id: str, commit: str) -> Path:
     return cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
 
 
+def snapshot_of(folder: Path) -> HubName | None:
+    """The Hub model, at its commit, whose snapshot in this HF cache (``cache_dir()``) ``folder`` is
+    (``models--ORG--NAME/snapshots/COMMIT``); None for any other folder."""
+    try:
+        folder, cache = Path(folder).resolve(), cache_dir().resolve()
+    except (OSError, RuntimeError):
+        return None
+    snapshots, model = folder.parent, folder.parent.parent
+    if (model.parent != cache or snapshots.name != "snapshots" or not model.name.startswith("models--")
+            or not _COMMIT.fullmatch(folder.name)):
+        return None
+    repo_id = model.name[len("models--"):].replace("--", "/")
+    return HubName(repo_id, folder.name, repo_id) if valid_repo_id(repo_id) else None
+
+
 def cached_snapshot(name: HubName) -> Path | None:
     """The snapshot of ``name`` in the HF cache (its revision, else ``main``), without the network; None if absent."""
     folder = cache_dir() / ("models--" + name.repo_id.replace("/", "--"))

@@ -151,6 +151,21 @@ def folder_of(source: str | os.PathLike | Checkpoint) -> Path:
     return folder
 
 
+def missing_weights(folder: Path) -> list[str]:
+    """The weights files the shard index of ``folder`` lists that the folder lacks, sorted: a Hub download for the
+    tower alone (``vit.predict``, the pages' "Open from the Hub") leaves the language model's shards on the Hub.
+    ``[]`` when none is missing or there is no index."""
+    from vit.sources.hub import INDEXES
+
+    for index in INDEXES:
+        if (folder / index).is_file():
+            weight_map = read_json(folder / index).get("weight_map")
+            if isinstance(weight_map, dict):
+                return sorted({str(shard) for shard in weight_map.values()
+                               if Path(str(shard)).name == str(shard) and not (folder / str(shard)).is_file()})
+    return []
+
+
 def architecture_of(folder: Path) -> tuple[str, str]:
     """``(model_type, architecture)`` of the generating VLM in ``folder``, from its config.json alone: a type of
     transformers' image-text-to-text auto-mapping (``registry.vlm_architecture``; the project's named ones,
@@ -228,6 +243,16 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
         raise VLMError("give a device or a device_map (accelerate places the layers across devices), not both")
     folder = folder_of(source)
     model_type, architecture = architecture_of(folder)
+    missing = missing_weights(folder)
+    if missing:
+        from vit.sources.hub import snapshot_of
+
+        name = snapshot_of(folder)
+        fetch = (f"open it by its Hub id, {name.repo_id}, to download them" if name is not None else
+                 "copy them into the folder")
+        raise VLMError(f"{folder} lacks {len(missing)} of the weights files its index lists ({missing[0]}"
+                       f"{', ...' if len(missing) > 1 else ''}): its language model's, which a download for the "
+                       f"tower alone leaves on the Hub; {fetch}")
     from vit.sources.open import open_source
     from vit.sources.vlm import declared
 

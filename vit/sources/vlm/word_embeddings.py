@@ -75,9 +75,9 @@ def vlm_folder(checkpoint: Checkpoint) -> tuple[Path, dict]:
     return folder, config_json
 
 
-def embedding_table(folder: Path) -> EmbeddingTable:
-    """The input embedding of the VLM in ``folder`` (``EMBEDDING_NAMES``): its shard from the index, its shape and
-    dtype from that shard's header. WordEmbeddingError (one line) when it is not there."""
+def _embedding_entry(folder: Path) -> tuple[str, str]:
+    """``(tensor name, shard file)`` of the VLM's input embedding (``EMBEDDING_NAMES``) in ``folder``, from its index
+    (or its one safetensors file's header). WordEmbeddingError (one line) when there is none."""
     from vit.sources.open import read_json
 
     index = folder / "model.safetensors.index.json"
@@ -96,6 +96,23 @@ def embedding_table(folder: Path) -> EmbeddingTable:
     shard = str(names[name])
     if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
         raise WordEmbeddingError(f"{index} names a shard outside the folder: {shard[:80]}")
+    return name, shard
+
+
+def missing_embedding_shard(folder: Path) -> str | None:
+    """The shard holding the VLM's input embedding when ``folder`` lacks it (a Hub download for the tower alone
+    leaves it on the Hub with the rest of the language model), else None (there, or nothing to say where)."""
+    try:
+        _, shard = _embedding_entry(folder)
+    except (WordEmbeddingError, CheckpointError, OSError, ValueError):
+        return None  # embedding_table says why
+    return None if (folder / shard).is_file() else shard
+
+
+def embedding_table(folder: Path) -> EmbeddingTable:
+    """The input embedding of the VLM in ``folder`` (``EMBEDDING_NAMES``): its shard from the index, its shape and
+    dtype from that shard's header. WordEmbeddingError (one line) when it is not there."""
+    name, shard = _embedding_entry(folder)
     path = folder / shard
     if not path.is_file():  # a Hub download brings the tower's shards only
         raise WordEmbeddingError(f"{folder} lacks {shard}, the shard that holds {name}; download that file of the "
