@@ -2,6 +2,7 @@
 protocol (tests/hub_server.py, at HF_ENDPOINT), with tiny models built with random weights by transformers."""
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,35 @@ def test_a_model_larger_than_the_caches_free_disk_is_refused_before_any_download
     assert fake_hub.fetched("GET") == []
     monkeypatch.setattr(hub, "free_bytes", lambda folder: hub.DISK_RESERVE_BYTES + size)
     assert open_source(repo).class_names == CLASSES
+
+
+def test_the_bytes_a_download_under_way_has_still_to_write_count_as_taken(repo, fake_hub, tiny_vit, monkeypatch):
+    """The pages run two downloads at once, and each was checked at its start against the disk's free space alone,
+    which the first had yet to take: two that fitted one at a time filled the disk together. What a download under
+    way has still to write counts as taken, until it ends (done, stopped or failed)."""
+    import threading
+
+    fake_hub.repos[repo].pace["model.safetensors"] = 2000  # 2 kB at a time until released
+    fake_hub.add_folder("acme/other", tiny_vit)
+    first, second = hub.plan(hub.parse_name(repo)), hub.plan(hub.parse_name("acme/other"))
+    ended = []
+    under_way = threading.Thread(target=lambda: ended.append(hub.download(first, lambda done, total: None)))
+    under_way.start()
+    try:
+        for _ in range(600):
+            if fake_hub.sent.get("model.safetensors"):
+                break
+            time.sleep(0.05)
+        monkeypatch.setattr(hub, "free_bytes", lambda folder: hub.DISK_RESERVE_BYTES + second.size)  # fits alone
+        with pytest.raises(hub.HubError) as caught:
+            hub.check_size(second)
+        message = str(caught.value)
+        assert "of it for the downloads under way" in message and "\n" not in message, message
+    finally:
+        fake_hub.release.set()
+        under_way.join(60)
+    assert ended, "the first download ended"
+    hub.check_size(second)  # its bytes are on the disk now, which free_bytes says: nothing under way
 
 
 def test_the_free_disk_is_the_nearest_existing_folders(tmp_path):

@@ -24,6 +24,7 @@ import fnmatch
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,10 @@ MAX_FILE_BYTES = 10**12  # no model file is a terabyte: a file list that says so
 WEIGHTS = (".safetensors", ".bin", ".pth", ".pt")
 WEIGHTS_HEADER_BYTES = 2**20  # a weights file's own header and names, beyond its tensors' bytes
 DISK_RESERVE_BYTES = 2**30  # what a download leaves free on the HF cache's disk: the server's uploads, runs, logs
+# The downloads under way in this process, each with its bytes still to come: what the disk's free space has yet to
+# lose to them (the pages run two at once, each checked at its start against the space the other leaves).
+_UNDER_WAY: dict[object, int] = {}
+_UNDER_WAY_LOCK = threading.RLock()
 MAX_CONFIG_LAYERS = 1000  # more blocks than any model opened has: such a config.json is not built to be counted
 
 
@@ -345,15 +350,19 @@ def plan(name: HubName) -> Download:
 
 def check_size(download: Download) -> None:
     """HubError when ``download`` is larger than ``VIT_MAX_DOWNLOAD_GB``, or than the HF cache's disk can take and
-    keep ``DISK_RESERVE_BYTES`` free (huggingface_hub only warns, then fills the disk the server writes to)."""
+    keep ``DISK_RESERVE_BYTES`` free, the bytes the downloads under way have still to write counted as taken
+    (huggingface_hub only warns, then fills the disk the server writes to)."""
     bound = max_download_bytes()
     if download.size > bound:
         raise HubError(f"{download.name} is {format_bytes(download.size)}, over the {format_bytes(bound)} download "
                        f"bound ({MAX_DOWNLOAD_ENV}); raise it to download this model")
     free = free_bytes(cache_dir())
-    if free is not None and download.size > free - DISK_RESERVE_BYTES:
+    with _UNDER_WAY_LOCK:
+        coming = sum(_UNDER_WAY.values())
+    if free is not None and download.size > free - coming - DISK_RESERVE_BYTES:
+        taken = f", {format_bytes(coming)} of it for the downloads under way" if coming else ""
         raise HubError(f"{download.name} is {format_bytes(download.size)}, and the disk of the server's Hugging Face "
-                       f"cache has {format_bytes(max(free, 0))} free (a download leaves "
+                       f"cache has {format_bytes(max(free, 0))} free{taken} (a download leaves "
                        f"{format_bytes(DISK_RESERVE_BYTES)}); free some space there, or set HF_HUB_CACHE to a larger "
                        "disk")
 
@@ -378,29 +387,48 @@ def download(plan_: Download, progress: Callable[[int, int], None] | None = None
     that passes its listed size, or a download that falls under the rate floor (``vit.sources.hub_network``), is
     stopped and nothing of that file kept. ``progress(done, total)`` is called with bytes as they arrive (it may
     raise to stop the download); without it huggingface_hub's own tqdm bars show on stderr."""
+    if not plan_.files:
+        check_size(plan_)
+        return snapshot_folder(plan_.name.repo_id, plan_.commit)
+    key = object()  # this download's entry among those under way
+    with _UNDER_WAY_LOCK:  # checked and counted at once: of two started together, the second sees the first
+        check_size(plan_)
+        _UNDER_WAY[key] = plan_.size
+    try:
+        return _fetch_files(plan_, progress, lambda arrived: _UNDER_WAY.__setitem__(key, plan_.size - arrived))
+    finally:
+        with _UNDER_WAY_LOCK:
+            del _UNDER_WAY[key]
+
+
+def _fetch_files(plan_: Download, progress: Callable[[int, int], None] | None,
+                 arrived: Callable[[int], None]) -> Path:
+    """``download``'s transfer of ``plan_``'s files, each byte counted by ``arrived(bytes so far)`` too."""
     from huggingface_hub import hf_hub_download
 
     from vit.sources.hub_network import RateFloor, budget
 
-    check_size(plan_)
     name = plan_.name
-    if not plan_.files:
-        return snapshot_folder(name.repo_id, plan_.commit)
     done, total = 0, plan_.size
     floor = RateFloor()  # one for the whole download: many small files trickling get no window each
     implied: list[int | None] = []  # what config.json allows a weights file, once it is read
     for filename, size in sorted(plan_.files, key=lambda file: not file[0].endswith(".json")):  # config.json first
         if filename.endswith(WEIGHTS):
             _check_implied(plan_, filename, size, implied)
-        report = None if progress is None else (lambda n, before=done: progress(before + n, total))
+        def report(n: int, before: int = done) -> None:
+            arrived(before + n)
+            if progress is not None:
+                progress(before + n, total)
+
         try:
             # by the listed commit, not the branch: a branch that moved since would bring other (larger) files
             with budget(filename, max_bytes=size, floor=floor):
                 hf_hub_download(name.repo_id, filename, revision=plan_.commit,
-                                tqdm_class=_bounded_tqdm(filename, size, report))
+                                tqdm_class=_bounded_tqdm(filename, size, report, draw=progress is None))
         except _hub_failures() as e:
             raise _hub_error(name, e) from None
         done += size
+        arrived(done)
         if progress is not None:
             progress(done, total)
     if name.revision != plan_.commit:
@@ -489,17 +517,17 @@ def _record_ref(name: HubName, commit: str) -> None:
     atomic_write_text(ref, commit)  # a kill mid-write must not leave an empty ref
 
 
-def _bounded_tqdm(filename: str, size: int, report: Callable[[int], None] | None):
+def _bounded_tqdm(filename: str, size: int, report: Callable[[int], None] | None, draw: bool = False):
     """huggingface_hub's progress bar for one file, which stops the transfer (``HubTooLarge``: the library then
     deletes its partial file) once the body, decoded, passes ``size``: the library calls ``update`` before it writes
-    each chunk. With ``report``, it draws nothing and reports the file's bytes so far."""
+    each chunk. With ``report``, it reports the file's bytes so far, and draws nothing unless ``draw``."""
     from tqdm.auto import tqdm
 
     from vit.sources.hub_network import HubTooLarge
 
     class Bounded(tqdm):
         def __init__(self, *args, **kwargs):
-            if report is not None:
+            if report is not None and not draw:
                 kwargs["disable"] = False
                 kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 (closed with the bar)
             super().__init__(*args, **kwargs)
@@ -511,11 +539,11 @@ def _bounded_tqdm(filename: str, size: int, report: Callable[[int], None] | None
                 raise HubTooLarge(f"{filename} sent more than the {size} bytes declared for it")
             super().update(n)
             if report is not None:
-                report(self.n)
+                report(self.received)
 
         def close(self):
             super().close()
-            if report is not None and self.fp and not self.fp.closed:
+            if report is not None and not draw and self.fp and not self.fp.closed:
                 self.fp.close()
 
     return Bounded
