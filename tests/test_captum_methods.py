@@ -115,6 +115,41 @@ def test_each_captum_method_equals_captums_own_call_on(tmp_path, family):
                                    err_msg=f"{family} {method}")
 
 
+@pytest.mark.parametrize("method", ["kernel_shap", "smoothgrad"])
+def test_seeded_maps_computed_at_once_are_each_the_one_computed_alone(method):
+    """The server computes visitors' maps at once, in threads, and torch's global generator is every thread's:
+    KernelSHAP's coalitions and SmoothGrad's noise, drawn from it after each map's seed, took the others' draws (and
+    ``fork_rng``'s restore rewound them), so a map was neither the one its link reproduces nor captum's call's."""
+    import threading
+    import time
+
+    torch.manual_seed(0)  # not linear: a linear model's KernelSHAP and gradients are the same whatever is drawn
+    head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 32), torch.nn.Tanh(),
+                               torch.nn.Linear(32, CLASSES))
+
+    def forward(images):  # each forward lets the other threads run
+        time.sleep(0.002)
+        return head(images)
+
+    x = torch.randn(1, 3, 16, 16)
+    count = {"n_samples": 40} if method == "kernel_shap" else {"nt_samples": 40}
+
+    def computed(seed):
+        options = captum_maps.Options.of(method, {**count, "seed": seed})
+        return captum_maps.attribution(forward, x, method, TARGET, (4, 4), options, 1)
+
+    seeds = range(4)
+    alone = [computed(seed) for seed in seeds]
+    together = [None] * len(seeds)
+    threads = [threading.Thread(target=lambda s=s: together.__setitem__(s, computed(s))) for s in seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for seed in seeds:  # the same draws; the sums' order may differ with the threads torch's kernels use
+        torch.testing.assert_close(together[seed], alone[seed], rtol=1e-5, atol=1e-6, msg=f"seed {seed}")
+
+
 def test_occlusion_with_its_own_window_and_stride_equals_captums(tmp_path):
     checkpoint, forward = hf_vit(tmp_path / "vit")
     x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
@@ -231,10 +232,15 @@ def feature_mask(grid: tuple[int, int], shape: tuple[int, int], device: torch.de
     return index.repeat_interleave(H // gh, 0).repeat_interleave(W // gw, 1)[None, None]  # (1, 1, H, W)
 
 
+_GLOBAL_GENERATOR = threading.Lock()  # held while a computation draws from torch's global generator (KernelSHAP)
+
+
 def smoothgrad(saliency, x: Tensor, class_index: int, options: Options, batch: int) -> Tensor:
     """captum's SmoothGrad (``NoiseTunnel(Saliency).attribute(nt_type="smoothgrad", abs=False)``) of ``x (1, C, H,
     W)``: ``(1, C, H, W)``, the mean of ``saliency``'s signed gradients over ``options.nt_samples`` noisy copies, run
-    ``batch`` at a time, drawn from the current random state.
+    ``batch`` at a time, drawn from a generator of its own seeded ``options.seed``: the draws captum's call makes after
+    ``torch.manual_seed(options.seed)``, while torch's global generator, which every thread of the server shares, is
+    left to them.
 
     captum draws each batch's noise with one ``torch.normal``, whose draws depend on the tensor's size (on the CPU it
     fills 16 at a time and redraws the last 16), so with C x H x W not a multiple of 16 the same seed gave another map
@@ -244,7 +250,8 @@ def smoothgrad(saliency, x: Tensor, class_index: int, options: Options, batch: i
     n = options.nt_samples
     with torch.no_grad():
         stdevs = torch.tensor(options.stdevs, device=x.device).expand(n, *x.shape[1:])  # captum's, not repeated
-        noisy = torch.normal(0, stdevs).add_(x.detach())  # (n, C, H, W)
+        generator = torch.Generator(device=x.device).manual_seed(options.seed)
+        noisy = torch.normal(0, stdevs, generator=generator).add_(x.detach())  # (n, C, H, W)
     total = torch.zeros_like(x, dtype=noisy.dtype)  # (1, C, H, W)
     for start in range(0, n, batch):
         gradients = saliency.attribute(noisy[start:start + batch].detach().requires_grad_(), target=class_index,
@@ -283,29 +290,31 @@ def attribution(forward, x: Tensor, method: str, class_index: int, grid: tuple[i
         return rise_module.rise(forward, x, class_index, masks, batch, progress)
     mask = feature_mask(grid, (H, W), x.device)
     x = x.detach().requires_grad_(method in GRADIENT_METHODS)
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # SmoothGrad's noise, KernelSHAP's draws: seeded, ours only
-        torch.manual_seed(options.seed)
-        if method == "integrated_gradients":
-            return IntegratedGradients(forward).attribute(x, baselines=baselines, target=class_index,
-                                                          n_steps=options.n_steps, internal_batch_size=batch)
-        if method == "smoothgrad":
-            return smoothgrad(Saliency(forward), x, class_index, options, batch)
-        if method == "input_x_gradient":
-            return InputXGradient(forward).attribute(x, target=class_index)
-        if method == "occlusion":
-            patch = (H // grid[0], W // grid[1])
-            window, strides = _window(options, patch, (H, W))
-            return Occlusion(forward).attribute(x, sliding_window_shapes=(x.shape[1], *window),
-                                                strides=(x.shape[1], *strides), baselines=baselines,
-                                                target=class_index, perturbations_per_eval=batch)
-        if method == "feature_ablation":
-            return FeatureAblation(forward).attribute(x, baselines=baselines, target=class_index,
-                                                      feature_mask=mask, perturbations_per_eval=batch)
-        if method == "kernel_shap":
-            return KernelShap(forward).attribute(x, baselines=baselines, target=class_index,
-                                                 feature_mask=mask, n_samples=options.n_samples,
-                                                 perturbations_per_eval=batch)
+    if method == "integrated_gradients":
+        return IntegratedGradients(forward).attribute(x, baselines=baselines, target=class_index,
+                                                      n_steps=options.n_steps, internal_batch_size=batch)
+    if method == "smoothgrad":
+        return smoothgrad(Saliency(forward), x, class_index, options, batch)
+    if method == "input_x_gradient":
+        return InputXGradient(forward).attribute(x, target=class_index)
+    if method == "occlusion":
+        patch = (H // grid[0], W // grid[1])
+        window, strides = _window(options, patch, (H, W))
+        return Occlusion(forward).attribute(x, sliding_window_shapes=(x.shape[1], *window),
+                                            strides=(x.shape[1], *strides), baselines=baselines,
+                                            target=class_index, perturbations_per_eval=batch)
+    if method == "feature_ablation":
+        return FeatureAblation(forward).attribute(x, baselines=baselines, target=class_index,
+                                                  feature_mask=mask, perturbations_per_eval=batch)
+    if method == "kernel_shap":
+        # captum draws the coalitions from torch's global generator, between forwards, and takes none of its own:
+        # every thread's, so one seeded KernelSHAP at a time in this process (another's draws, or fork_rng's restore
+        # at its end, would change this one's), the caller's random state restored after
+        devices = [x.device] if x.device.type == "cuda" else []
+        with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=devices):
+            torch.manual_seed(options.seed)
+            return KernelShap(forward).attribute(x, baselines=baselines, target=class_index, feature_mask=mask,
+                                                 n_samples=options.n_samples, perturbations_per_eval=batch)
     raise ValueError(f"unknown attribution {method!r}; choose one of: {', '.join(ATTRIBUTION_METHODS)}")
 
 
