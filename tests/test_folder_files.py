@@ -106,3 +106,36 @@ def test_a_cache_folders_ref_that_is_a_fifo_is_never_waited_on(tmp_path, monkeyp
     monkeypatch.setattr(hub, "cache_dir", lambda: tmp_path)
     assert _returns_without_waiting(lambda: hub.cached_snapshot(hub.parse_name("evil/fifo")),
                                     model / "refs" / "main") is None
+
+
+def test_quiet_transformers_blocks_that_overlap_in_two_threads_leave_its_settings_as_they_were():
+    """The explorer's sessions open models at once, and transformers' verbosity and progress bars are the
+    process's: each block restored what it found, so two that overlapped (the first closed before the second)
+    left transformers quiet for good, its warnings gone from the server's log."""
+    import threading
+
+    transformers = pytest.importorskip("transformers")
+    before = (transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled())
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with files.quiet_transformers():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with files.quiet_transformers():
+            second_in.set()
+            first_out.wait(10)
+            seen.append(transformers.logging.get_verbosity())  # still quiet for this one, the first closed
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == [transformers.logging.ERROR]
+    assert (transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()) == before
