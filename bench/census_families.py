@@ -17,29 +17,15 @@ models, and ``--hand`` runs it alone (issue 91's census); the issue's named ones
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
 import tempfile
 
-# A fresh home before anything imports huggingface_hub: no cache, no token, no network.
-_HOME = tempfile.mkdtemp(prefix="census-home-")
+if __name__ == "__main__":  # run as the census: a fresh home before anything imports huggingface_hub
+    from bench.census_home import fresh_home
 
-
-def _remove_home(home: str = _HOME, owner: int = os.getpid()) -> None:
-    """Remove the fresh home at exit (only in the process that made it: a forked child exits leaving it)."""
-    if os.getpid() == owner:
-        import shutil
-
-        shutil.rmtree(home, ignore_errors=True)
-
-
-atexit.register(_remove_home)
-for _key, _value in {"HOME": _HOME, "HF_HOME": f"{_HOME}/hf", "HF_HUB_CACHE": f"{_HOME}/hf/hub",
-                     "HF_HUB_OFFLINE": "1",
-                     "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_OFFLINE": "1", "TORCH_HOME": f"{_HOME}/torch",
-                     "XDG_CACHE_HOME": f"{_HOME}/cache"}.items():
-    os.environ[_key] = _value
+    _HOME: str | None = fresh_home()
+else:  # imported (the tests, bench.census_vlm): the process's environment is its own
+    _HOME = None
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
@@ -740,7 +726,8 @@ def main(argv: list[str] | None = None) -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.with_suffix(".partial.json").write_text(json.dumps(rows, indent=1) + "\n")
     shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(_HOME, ignore_errors=True)
+    if _HOME is not None:
+        shutil.rmtree(_HOME, ignore_errors=True)
     summary = totals(rows)
     print("\nTotals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items()))
     command = "python -m bench.census_families " + shlex.join(argv if argv is not None else sys.argv[1:])

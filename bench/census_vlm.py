@@ -32,7 +32,14 @@ sections the code defaults for a full-size head are kept consistent shrunk (``_m
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # run as the census: a fresh home before anything imports huggingface_hub
+    from bench.census_home import fresh_home
+
+    _HOME: str | None = fresh_home()
+else:
+    _HOME = None
+
+import argparse  # noqa: E402
 import datetime
 import json
 import math
@@ -44,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.census_families import _HOME, TimeLimit, _alarm, one_line, source, versions
+from bench.census_families import TimeLimit, _alarm, one_line, source, versions
 from bench.census_vlm_rules import (
     aliased,
     code_of,
@@ -947,7 +954,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{'' if row['placed'] is None else 'placed' if row['placed'] else 'unplaced':9} {row['message'][:120]}",
               flush=True)
     shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(_HOME, ignore_errors=True)
+    if _HOME is not None:
+        shutil.rmtree(_HOME, ignore_errors=True)
     summary = totals(rows)
     print("\nTotals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items()))
     command = "python -m bench.census_vlm " + shlex.join(argv if argv is not None else sys.argv[1:])

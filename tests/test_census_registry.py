@@ -5,6 +5,7 @@ the libraries' own registries."""
 from dataclasses import dataclass, field
 
 import open_clip
+import pytest
 import timm
 from transformers.models.auto import modeling_auto
 
@@ -54,11 +55,26 @@ def test_census_home_removed_only_by_its_maker(tmp_path):
     """The census's fresh home is removed at exit by the process that made it, never by a forked child."""
     import os
 
-    from bench.census_families import _remove_home
+    from bench.census_home import remove_home
 
     home = tmp_path / "census-home-x"
     home.mkdir()
-    _remove_home(str(home), owner=os.getpid() + 1)  # a child: leaves it
+    remove_home(str(home), owner=os.getpid() + 1)  # a child: leaves it
     assert home.exists()
-    _remove_home(str(home), owner=os.getpid())
+    remove_home(str(home), owner=os.getpid())
     assert not home.exists()
+
+
+@pytest.mark.parametrize("module", ["bench.census_families", "bench.census_vlm"])
+def test_importing_a_census_leaves_the_environment_alone(module):
+    """A census run as a program works in a fresh, offline home; imported (by the tests), it set that home in the
+    importing process's environment for good: a test worker then gave HF_HUB_OFFLINE=1 to every app server it
+    started, which found the Hub offline (a browser test's failure in three gates)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (f"import json, os; before = dict(os.environ); import {module}; "
+            "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {}

@@ -215,6 +215,8 @@ def test_a_text_tower_opens_asking_the_hub_nothing_and_leaving_the_environment_a
         return original(cls, *args, **kwargs)
 
     monkeypatch.setattr(transformers.CLIPModel, "from_pretrained", classmethod(from_pretrained))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     assert open_text_tower(checkpoint).kind == "softmax"
     assert seen["environment"] == {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None}
     assert "opening a text tower reads local files only" in str(seen["own thread"])
