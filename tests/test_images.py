@@ -361,3 +361,43 @@ def test_a_resize_that_would_exceed_the_pixel_bound_is_refused_before_resizing()
     assert resized_size((640, 480), 256, "shortest_edge") == (341, 256)
     with pytest.raises(ImageError, match=f"at most {MAX_RESIZED_PIXELS:,} pixels"):
         resized_size((2048, 32), 1024, "shortest_edge")  # would be 65,536 x 1,024
+
+
+def test_decodes_that_overlap_in_two_threads_leave_the_warning_filters_as_they_were(monkeypatch):
+    """Sessions decode uploads at once, and the warning filters are the process's: each decode kept the filters it
+    found and put them back, so of two that overlapped (the first ended before the second) the second put back the
+    first's "ignore", and every warning of the server was gone from then on."""
+    import threading
+
+    from vit.core import images
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, format="PNG")
+    before = list(warnings.filters)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    decode, seen = images._decode, []
+
+    def paced(*args, **kwargs):
+        if not first_in.is_set():  # the first decode: waits for the second to start
+            first_in.set()
+            second_in.wait(10)
+        else:  # the second: waits for the first to end, then looks
+            second_in.set()
+            first_out.wait(10)
+            seen.append(warnings.filters[0][0])  # still off for this one
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(images, "_decode", paced)
+
+    def first():
+        images.open_image(buffer.getvalue(), "a.png")
+        first_out.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=lambda: (first_in.wait(10), images.open_image(
+        buffer.getvalue(), "b.png")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == ["ignore"]
+    assert list(warnings.filters) == before

@@ -17,12 +17,15 @@ import math
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from vit.core.shared_setting import WhileAny
 
 # Decoded images keep at most this long side: twice the largest model input (1,024 px), three times
 # the largest display. A 48-MP photo then holds 2048 x 1536 px (9 MB) instead of 144 MB.
@@ -40,6 +43,18 @@ MAX_RESIZED_PIXELS = 4096 * 4096
 MAX_RESIZED_SIDE = 4096  # px: a side an own-size resize (DPT's keep-aspect) may bring an image to
 # Full-size decodes running at once: five users uploading big images hold two of them, not five.
 _DECODE_SLOTS = threading.BoundedSemaphore(2)
+
+
+def _warnings_off() -> Callable[[], None]:
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    warnings.simplefilter("ignore")
+    return lambda: caught.__exit__(None, None, None)
+
+
+# The warning filters are the process's: off while any session decodes (each decode restoring what it found left
+# them off for good once two overlapped).
+_WARNINGS_OFF = WhileAny(_warnings_off)
 
 
 class ImageError(ValueError):
@@ -70,10 +85,9 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
     name = name or "the image"
     if not data:
         raise ImageError(f"{name} is empty (0 bytes); choose an image file")
-    with warnings.catch_warnings():
-        # PIL warns about damaged metadata it skips; users see our one-line errors, not those. Its warning for
-        # images between its pixel limit and twice it is judged in _decode, after a JPEG's reduced decode.
-        warnings.simplefilter("ignore")
+    # PIL warns about damaged metadata it skips; users see our one-line errors, not those. Its warning for images
+    # between its pixel limit and twice it is judged in _decode, after a JPEG's reduced decode.
+    with _WARNINGS_OFF():
         image = _decode(data, name, max_pixels, max_side)
         try:
             return ImageOps.exif_transpose(image)

@@ -11,14 +11,14 @@ import contextlib
 import itertools
 import json
 import os
-import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import NotARegularFile, open_regular
+from vit.core.shared_setting import WhileAny
 
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
 MAX_TOKENIZER_BYTES = 40 * 2**20  # SigLIP 2's Gemma tokenizer.json is 34 MB, CLIP's 2 MB
@@ -203,39 +203,30 @@ def read_json(path: Path) -> dict:
     return value
 
 
-_QUIET = threading.Lock()
-_quiet_count = 0  # the quiet_transformers blocks open now, over every thread
-_quiet_before: tuple[int, bool] = (0, True)  # transformers' verbosity and progress bars before the first of them
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger, and a "Loading
-    weights" progress bar on stderr (which the commands keep to one line a problem): our one line says what
-    matters, so its logger is kept at errors and its progress bars off while a model opens.
-
-    Both settings are the process's: the first block opened (in any thread: the explorer's sessions open models at
-    once) keeps what they were and the last one closed puts it back. Each restoring what it found, two blocks that
-    overlapped left transformers quiet for good."""
-    global _quiet_count, _quiet_before
+def _quiet() -> Callable[[], None]:
     import transformers
 
-    with _QUIET:
-        if _quiet_count == 0:
-            _quiet_before = (transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled())
-            transformers.logging.set_verbosity_error()
-            transformers.logging.disable_progress_bar()
-        _quiet_count += 1
-    try:
-        yield
-    finally:
-        with _QUIET:
-            _quiet_count -= 1
-            if _quiet_count == 0:
-                level, bars = _quiet_before
-                transformers.logging.set_verbosity(level)
-                if bars:
-                    transformers.logging.enable_progress_bar()
+    level, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+    def undo() -> None:
+        transformers.logging.set_verbosity(level)
+        if bars:
+            transformers.logging.enable_progress_bar()
+
+    return undo
+
+
+_QUIET = WhileAny(_quiet)
+
+
+def quiet_transformers() -> contextlib.AbstractContextManager[None]:
+    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger, and a "Loading
+    weights" progress bar on stderr (which the commands keep to one line a problem): our one line says what
+    matters, so its logger is kept at errors and its progress bars off while a model opens (in any thread: both
+    settings are the process's, ``vit.core.shared_setting``)."""
+    return _QUIET()
 
 
 def loading_problem(loaded: dict) -> str | None:
