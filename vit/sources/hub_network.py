@@ -16,9 +16,9 @@ a page's Stop (a progress callback's exception raised inside the Rust transfer).
 process (``HF_HUB_DISABLE_XET``): the Hub serves every such file over HTTP too, through the session the hooks are on.
 
 Inside ``local_only(...)`` no request leaves for the Hub from that thread (a library opening local files: a text
-tower). ``HF_HUB_OFFLINE`` cannot say that: huggingface_hub reads it once, at its import, and the environment is the
-whole process's, so setting it while one visitor's tower opened made another's Hub download offline (or a run the
-Train page started meanwhile), and did nothing where huggingface_hub was already imported.
+tower). ``HF_HUB_OFFLINE`` cannot say that: huggingface_hub reads it once, at its import, so setting it refused
+nothing in a process that had imported it, while the environment is the whole process's: every process started
+meanwhile inherited it (a run the Train page started), and two towers opening at once left it set for good.
 """
 
 from __future__ import annotations
