@@ -893,8 +893,9 @@ def test_a_sharded_vlm_from_the_hub_opens_on_its_towers_shards_and_asks_once_its
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     fetched = set(fake_hub.fetched("GET"))
-    # what the button said is what came after its click (the JSON files, kilobytes, came to plan it)
-    assert button.label == f"Download {format_bytes(size(f for f in fetched if not f.endswith('.json')))}"
+    # what the button said is what came after its click (its config.json and shard index, kilobytes, to plan it)
+    planned = {"config.json", "model.safetensors.index.json"}
+    assert button.label == f"Download {format_bytes(size(fetched - planned))}"
     shards = {f for f in fetched if f.endswith(".safetensors")}
     assert shards and not shards & language  # the language model's shards stayed on the Hub
     rest = set(index.values()) - shards

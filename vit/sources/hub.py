@@ -575,16 +575,17 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
 
 def only_needed_shards(plan_: Download, progress: Callable[[int, int], None] | None = None,
                        needed: Callable[[Path], set[str] | None] | None = None) -> Download:
-    """``plan_`` less the shards opening will not read: of a sharded vision-language model, its JSON files (config,
-    shard index: kilobytes) are fetched first, then only the shards its index lists for the tower
-    (``needed``: opening passes ``vit.sources.open.needed_shards``), never the language model's gigabytes. Any other
-    model, or no ``needed``: ``plan_``."""
+    """``plan_`` less the shards opening will not read: of a sharded vision-language model, its config.json and shard
+    index (kilobytes; not its other JSON files, a tokenizer's megabytes, which a page fetched in its own run before
+    offering the download) are fetched first, then only the shards its index lists for the tower (``needed``:
+    opening passes ``vit.sources.open.needed_shards``, which reads those two), never the language model's gigabytes.
+    Any other model, or no ``needed``: ``plan_``."""
     if needed is None:
         return plan_
     if not any(f.endswith(".index.json") for f, _ in plan_.files) and not any(
             (snapshot_folder(plan_.name.repo_id, plan_.commit) / f).is_file() for f in INDEXES):
         return plan_
-    small = tuple((f, s) for f, s in plan_.files if f.endswith(".json"))
+    small = tuple((f, s) for f, s in plan_.files if f in ("config.json", *INDEXES))
     folder = download(Download(plan_.name, plan_.commit, small), progress)
     keep = needed(folder)
     if keep is None:
