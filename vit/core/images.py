@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vit.core.shared_setting import WhileAny
+from vit.core.threads import WhileAny
 
 # Decoded images keep at most this long side: twice the largest model input (1,024 px), three times
 # the largest display. A 48-MP photo then holds 2048 x 1536 px (9 MB) instead of 144 MB.

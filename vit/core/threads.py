@@ -4,6 +4,12 @@ torch starts with one thread per core. When other processes keep some of those c
 at every barrier for the one that was descheduled: with one of two cores busy, a ViT-B/16 forward on two threads
 took 2.2x as long as on one. The app and every command call ``use_free_cores`` once before their first forward; env
 ``VIT_THREADS`` (a whole number) overrides the choice, and a command's own ``--threads`` (vit.train) overrides both.
+
+Some settings a computation wants for its length are the whole process's, not its thread's: transformers' verbosity
+and progress bars, Python's warning filters. The usual ``with`` block keeps what it found and puts it back at its
+end, which is wrong once the explorer's sessions run such blocks in threads at once: of two that overlap, the second
+finds the first's setting and restores it, so the setting stays on for good. ``WhileAny`` applies it when the first
+block opens and undoes it when the last one closes, whichever thread opened or closes each.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import contextlib
 import functools
 import math
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 THREADS_ENV = "VIT_THREADS"
 
@@ -81,3 +88,29 @@ def at_most(threads: int) -> Iterator[int]:
     finally:
         if used != before:
             torch.set_num_threads(before)
+
+
+class WhileAny:
+    """``with setting():`` holds the setting ``apply`` makes (``apply()`` returns the function that undoes it) while
+    any thread is inside such a block."""
+
+    def __init__(self, apply: Callable[[], Callable[[], None]]) -> None:
+        self._apply = apply
+        self._lock = threading.Lock()
+        self._open = 0  # the blocks open now, over every thread
+        self._undo: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._open == 0:
+                self._undo = self._apply()
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open -= 1
+                if self._open == 0:
+                    undo, self._undo = self._undo, None
+                    undo()

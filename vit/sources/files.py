@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import NotARegularFile, open_regular
-from vit.core.shared_setting import WhileAny
+from vit.core.threads import WhileAny
 
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
 MAX_TOKENIZER_BYTES = 40 * 2**20  # SigLIP 2's Gemma tokenizer.json is 34 MB, CLIP's 2 MB
@@ -225,7 +225,7 @@ def quiet_transformers() -> contextlib.AbstractContextManager[None]:
     """transformers prints a multi-line loading report (missing and unexpected keys) on its logger, and a "Loading
     weights" progress bar on stderr (which the commands keep to one line a problem): our one line says what
     matters, so its logger is kept at errors and its progress bars off while a model opens (in any thread: both
-    settings are the process's, ``vit.core.shared_setting``)."""
+    settings are the process's, ``vit.core.threads.WhileAny``)."""
     return _QUIET()
 
 
