@@ -10,6 +10,10 @@ and progress bars, Python's warning filters. The usual ``with`` block keeps what
 end, which is wrong once the explorer's sessions run such blocks in threads at once: of two that overlap, the second
 finds the first's setting and restores it, so the setting stays on for good. ``WhileAny`` applies it when the first
 block opens and undoes it when the last one closes, whichever thread opened or closes each.
+
+A model is every session's too (one cached object), and a hook a computation puts on one of its modules fires in
+every thread's forward while it is there: ``this_thread_only`` makes such a hook a no-op outside the thread that set
+it, so one visitor's activation patching or ablation never edits (nor reads, nor stops) another's forward.
 """
 
 from __future__ import annotations
@@ -114,3 +118,15 @@ class WhileAny:
                 if self._open == 0:
                     undo, self._undo = self._undo, None
                     undo()
+
+
+def this_thread_only(hook: Callable) -> Callable:
+    """``hook`` (a module's forward or pre-forward hook), called for the forwards the calling thread runs and a
+    no-op (None: nothing changed) in any other thread's; to be removed before this thread ends."""
+    owner = threading.get_ident()
+
+    @functools.wraps(hook)
+    def guarded(*args, **kwargs):
+        return hook(*args, **kwargs) if threading.get_ident() == owner else None
+
+    return guarded

@@ -29,6 +29,7 @@ from vit.core.recording_attention import (
     inline_attention,
     route_attention,
 )
+from vit.core.threads import this_thread_only
 
 __all__ = ["ROWS", "RULES", "_RECORDING", "route_attention", "use_recording_attention", "recording",
            "attention_layers", "cross_attending", "linear_layers"]
@@ -103,7 +104,7 @@ def inline(vlm, recorder):
     rows = _LastRows(recorder, "its attention computes its softmax itself")
     listed = set(recorder.layers)
     mode = AttentionRecording(vlm.model, rows, skip=frozenset(set(vlm.model.modules()) - listed) | {None})
-    hook = vlm.language_model.register_forward_pre_hook(lambda *_: setattr(mode, "calls", 0))
+    hook = vlm.language_model.register_forward_pre_hook(this_thread_only(lambda *_: setattr(mode, "calls", 0)))
     try:
         with mode:
             yield recorder

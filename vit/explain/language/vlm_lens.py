@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vit.core.threads import this_thread_only
+
 ABLATIONS = ("zero", "mean")
 
 
@@ -136,8 +138,8 @@ def logit_lens(vlm, prepared, answer: tuple[int, ...], i: int) -> torch.Tensor:
             rows[n] = stream[0, -1].detach().clone()  # the query's row: the run ends at it
         return hook
 
-    handles = [layers[0].register_forward_pre_hook(keep(0), with_kwargs=True)]
-    handles += [layer.register_forward_hook(lambda m, a, k, o, n=n: keep(n + 1)(m, a, k, o), with_kwargs=True)
+    handles = [layers[0].register_forward_pre_hook(this_thread_only(keep(0)), with_kwargs=True)]
+    handles += [layer.register_forward_hook(this_thread_only(keep(n + 1)), with_kwargs=True)
                 for n, layer in enumerate(layers)]
     try:
         with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
@@ -209,7 +211,7 @@ def source_states(vlm, prepared, source_inputs) -> torch.Tensor:
         kept["states"] = kwargs.get(name)
         raise _Stopped
 
-    handle = vlm.language_model.register_forward_pre_hook(read, with_kwargs=True)
+    handle = vlm.language_model.register_forward_pre_hook(this_thread_only(read), with_kwargs=True)
     try:
         with torch.inference_mode():
             vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in source_inputs.items()},
@@ -278,7 +280,8 @@ def ablate(vlm, prepared, answer: tuple[int, ...], i: int, tokens: torch.Tensor,
     results = []
     with torch.inference_mode(), answer_run(vlm, prepared, answer, i) as inputs:
         for intervene in (False, True):
-            handle = vlm.language_model.register_forward_pre_hook(ablated, with_kwargs=True) if intervene else None
+            handle = (vlm.language_model.register_forward_pre_hook(this_thread_only(ablated), with_kwargs=True)
+                      if intervene else None)
             try:
                 logits = vlm.model(**inputs, use_cache=False, logits_to_keep=1).logits[0, -1].float()
             finally:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import torch
 
+from vit.core.threads import this_thread_only
 from vit.costs.plan import ROW_CHUNK_BYTES
 
 
@@ -146,7 +147,7 @@ def answer_run(vlm, prepared, answer: tuple[int, ...], i: int):
             return None
         return module.forward(args[0].masked_fill(said, image))
 
-    handle = vlm.model.get_input_embeddings().register_forward_hook(as_generated)
+    handle = vlm.model.get_input_embeddings().register_forward_hook(this_thread_only(as_generated))
     try:
         yield inputs
     finally:

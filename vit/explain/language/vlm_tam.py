@@ -34,6 +34,8 @@ import contextlib
 import numpy as np
 import torch
 
+from vit.core.threads import this_thread_only
+
 KERNEL = 3  # the rank Gaussian filter's window side, the authors' (``multimodal_process``)
 
 
@@ -183,7 +185,7 @@ def head_input(model: torch.nn.Module, head: torch.nn.Module, inputs: dict) -> t
         kept["hidden"] = args[0] if args else next(iter(kwargs.values()))
         raise _Stopped
 
-    handle = head.register_forward_pre_hook(read, with_kwargs=True)
+    handle = head.register_forward_pre_hook(this_thread_only(read), with_kwargs=True)
     try:
         model(**inputs, use_cache=False)
     except _Stopped:

@@ -25,6 +25,7 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing, preprocessing_problem
 from vit.core.attention_recorder import AttentionCall, AttentionRecording
+from vit.core.threads import this_thread_only
 from vit.costs.bounds import TooManyTokens
 from vit.model import ViTConfig
 from vit.sources.files import _one_line
@@ -143,7 +144,7 @@ class ModuleModel(LibraryModel):
         if last is not None:
             def keep(module, args, output):
                 hidden["x"] = output[0] if isinstance(output, (tuple, list)) else output
-            hook = last.register_forward_hook(keep)
+            hook = last.register_forward_hook(this_thread_only(keep))
         try:
             with torch.set_grad_enabled(recorder.gradient), AttentionRecording(
                 self.model, recorder, skip=self.skipped, layers=self.call_layers) as mode:

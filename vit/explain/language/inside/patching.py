@@ -22,6 +22,8 @@ from dataclasses import replace
 
 import torch
 
+from vit.core.threads import this_thread_only
+
 SITES = ("residual", "attention")
 
 
@@ -90,9 +92,9 @@ def patch_layer(answer, i: int, positions: torch.Tensor, source_inputs, layer: i
             def before(module, args):
                 edited = edit(args[0])
                 return None if edited is None else (edited, *args[1:])
-            handle = module.register_forward_pre_hook(before)
+            handle = module.register_forward_pre_hook(this_thread_only(before))
         elif edit is not None:
-            handle = module.register_forward_hook(lambda m, args, output: edit(output))
+            handle = module.register_forward_hook(this_thread_only(lambda m, args, output: edit(output)))
         try:
             return vlm.model(**run_inputs, use_cache=False, logits_to_keep=1).logits[0, -1].float()
         finally:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vit.core.threads import this_thread_only
+
 TAU = 20.0  # the authors' threshold on the RMS-normalised hidden state (``LogicEngine.activate(tau=20)``)
 EPS = 1e-6  # the authors' ``DimProspector.rmsnorm``
 DIMENSIONS = 2  # sink dimensions found when none are given: the authors list two per model
@@ -85,7 +87,7 @@ def _prompt_states(answer, reduce) -> list:
             kept[k] = reduce(stream[0].detach())
         return hook
 
-    handles = [vlm.language_model.layers[n].register_forward_pre_hook(keep(k), with_kwargs=True)
+    handles = [vlm.language_model.layers[n].register_forward_pre_hook(this_thread_only(keep(k)), with_kwargs=True)
                for k, n in enumerate(decoders)]
     inputs = {k: v.to(vlm.device) if hasattr(v, "to") else v for k, v in prepared.inputs.items()}
     try:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from vit.core.attention_recorder import AttentionCall
+from vit.core.threads import this_thread_only
 from vit.model.stages import LayerLayout
 
 # Attention modules (by class) whose softmax runs over a head's channels, not over tokens
@@ -51,7 +52,7 @@ def noting_grids(model: torch.nn.Module):
             for module in block.modules():
                 _GRIDS[module] = (int(args[0].shape[rows]), int(args[0].shape[cols]))
 
-    hooks = [m.register_forward_pre_hook(note) for m in model.modules() if _key(m) in PLAIN_WINDOWS]
+    hooks = [m.register_forward_pre_hook(this_thread_only(note)) for m in model.modules() if _key(m) in PLAIN_WINDOWS]
     try:
         yield
     finally:

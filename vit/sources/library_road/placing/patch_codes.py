@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from vit.core.threads import this_thread_only
 from vit.costs.bounds import TooManyTokens
 from vit.sources.library_road.placing.bounded_forward import probe_forward
 
@@ -167,7 +168,7 @@ def _stopped(model, block, image_hw, channels, scales):
         hidden = args[0] if args else kwargs.get("hidden_states")
         raise _Stop(hidden)
 
-    hook = block.register_forward_pre_hook(stop, with_kwargs=True)
+    hook = block.register_forward_pre_hook(this_thread_only(stop), with_kwargs=True)
     try:
         with _Coded(image_hw, scales) as mode:
             probe_forward(model, (len(scales), channels, *image_hw), "its forward up to its first block")
