@@ -28,6 +28,7 @@ from PIL import Image
 from torch import Tensor
 
 from vit.core import recording_attention
+from vit.core.threads import this_thread_only
 from vit.costs import plan
 from vit.explain.methods.relevance import AttnLRPRules, divide_gradient
 from vit.explain.methods.segment import (
@@ -273,19 +274,19 @@ def attnlrp_rules(model) -> Iterator[None]:
     encoder's and decoder's, the geometry encoder's, the mask decoder's), and the masks, the product of the mask
     embedder's and the instance projection's outputs, take the uniform rule (each factor's gradient halved). The
     rest keeps its plain gradient: RoPE, the GroupNorms of the pixel decoder (lxt has no rule for them), the
-    functional ReLUs (whose identity rule is their gradient). The hooks sit on modules every session shares: a
-    concurrent forward without gradients gets the same numbers to float rounding."""
+    functional ReLUs (whose identity rule is their gradient). The hooks sit on modules every session shares, each
+    acting in this thread only (``this_thread_only``): a concurrent forward's values and gradients are its own."""
     handles = []
     token = recording_attention.RULES.set(AttnLRPRules())
     try:
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
-                handles.append(module.register_forward_hook(_norm_rule))
+                handles.append(module.register_forward_hook(this_thread_only(_norm_rule)))
             elif _is_activation(module):
-                handles.append(module.register_forward_hook(_activation_rule))
+                handles.append(module.register_forward_hook(this_thread_only(_activation_rule)))
         decoder = model.mask_decoder
         for factor in (decoder.mask_embedder, decoder.instance_projection):
-            handles.append(factor.register_forward_hook(_halved))
+            handles.append(factor.register_forward_hook(this_thread_only(_halved)))
         yield
     finally:
         recording_attention.RULES.reset(token)

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.core.images import resized_size
-from vit.core.threads import at_most
+from vit.core.threads import at_most, this_thread_only
 from vit.costs import plan
 from vit.explain.methods.relevance import AttnLRPRules, divide_gradient, identity_rule, legrad_of_readout
 from vit.model import use_rules
@@ -638,19 +638,20 @@ def library_rules(half) -> Iterator[None]:
     every LayerNorm (``_norm_rule``), every activation module (``_activation_rule``), each decoder attention's
     projected q, k and v (``_attention_rule``: lxt divides them as they enter the attention function; the head split
     between is a reshape, which the division passes through) and the decoder's masks (``_masks_rule``). Module
-    hooks on modules every session shares, as ``decoder_attentions``' are: a concurrent prompt without gradients
-    gets the same numbers to float rounding."""
+    hooks on modules every session shares, each acting in this thread only (``this_thread_only``): a concurrent
+    prompt's forward and gradients are its own."""
     handles = []
     try:
         for module in half.library.modules():
             if isinstance(module, torch.nn.LayerNorm):
-                handles.append(module.register_forward_hook(_norm_rule))
+                handles.append(module.register_forward_hook(this_thread_only(_norm_rule)))
             elif _is_activation(module):
-                handles.append(module.register_forward_hook(_activation_rule))
+                handles.append(module.register_forward_hook(this_thread_only(_activation_rule)))
         for attention in attention_modules(half).values():
             for name, factor in (("q_proj", 4.0), ("k_proj", 4.0), ("v_proj", 2.0)):
-                handles.append(getattr(attention, name).register_forward_hook(_attention_rule(factor)))
-        handles.append(half.decoder.register_forward_hook(_masks_rule))
+                rule = this_thread_only(_attention_rule(factor))
+                handles.append(getattr(attention, name).register_forward_hook(rule))
+        handles.append(half.decoder.register_forward_hook(this_thread_only(_masks_rule)))
         yield
     finally:
         for handle in handles:
