@@ -265,7 +265,7 @@ def app_world(tmp_path, monkeypatch, fake_hub):
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
     st.cache_data.clear()
     st.cache_resource.clear()
-    catalog._planned.cache_clear()  # file lists read from another test's Hub
+    catalog.forget_hub_plans()  # file lists read from another test's Hub
     yield
     st.cache_data.clear()
     st.cache_resource.clear()

@@ -705,12 +705,12 @@ PLAN_SECONDS = 300  # a page reruns on every click: the Hub's file list is read 
 @functools.lru_cache(maxsize=16)
 def _planned(name, period: int):
     """The files still to fetch for ``name``: of a sharded vision-language model, the shards its tower is in (its
-    JSON files fetched first, kilobytes: ``hub.only_needed_shards``, as ``vit.predict`` downloads), never its
-    language model's gigabytes, which "Ask the VLM" offers when asked (``missing_from_hub``)."""
+    config.json and shard index fetched first, kilobytes: ``hub.only_needed_shards``, as ``vit.predict``
+    downloads), never its language model's gigabytes, which "Ask the VLM" offers when asked (``missing_from_hub``)."""
     from vit.sources import hub
     from vit.sources.open import needed_shards
 
-    return hub.only_needed_shards(hub.plan(name), needed=needed_shards)
+    return hub.only_needed_shards(_whole_planned(name, period), needed=needed_shards)
 
 
 def missing_from_hub(name, files: frozenset[str], may_download: bool):
@@ -729,8 +729,9 @@ def missing_from_hub(name, files: frozenset[str], may_download: bool):
     return wanted
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)
 def _whole_planned(name, period: int):
+    """Every file of ``name`` the cache lacks (``hub.plan``), the Hub's file list asked once a ``period``."""
     from vit.sources import hub
 
     return hub.plan(name)
