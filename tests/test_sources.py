@@ -280,6 +280,49 @@ def test_sharded_hf_weights_and_a_config_without_architectures_open(tmp_path):
     assert checkpoint.class_names == CLASSES
 
 
+@pytest.mark.parametrize("shard", ["../model.safetensors", "/etc/passwd", "..", "", 7])
+def test_every_reader_of_a_shard_index_refuses_a_shard_outside_the_folder_in_one_line(tmp_path, shard):
+    """The opener, the VLM's missing-shard check and the word lens's embedding lookup read a shard index through one
+    helper: a shard that is not a file name beside the index is refused by each in one line, before any file is
+    opened (the VLM check once skipped such a name quietly, and ``..`` passed every check)."""
+    from vit.sources.vlm import whole_vlm, word_embeddings
+
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "model.safetensors").rename(tmp_path / "model.safetensors")  # what "../model.safetensors" names
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"embed_tokens.weight": shard}}))
+    refused = "names a shard outside the folder"
+    for read in (open_source, whole_vlm.missing_weights, word_embeddings._embedding_entry):
+        with pytest.raises(CheckpointError, match=refused) as caught:
+            read(folder)
+        assert "\n" not in str(caught.value)
+    assert word_embeddings.missing_embedding_shard(folder) is None  # the page's check: the lens says why
+
+
+def test_a_shard_index_is_read_once_for_each_version_of_the_file(tmp_path, monkeypatch):
+    """A VLM's explorer page asks which shards are missing on every run: the index (tens of kB for a 7B) is read once
+    until the file changes."""
+    from vit.sources import weights_files
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
+    read = []
+    real = weights_files.read_json
+    monkeypatch.setattr(weights_files, "read_json", lambda path: read.append(path) or real(path))
+    for _ in range(3):
+        assert dict(weights_files.shard_index(folder)[1]) == {"a": "model-1.safetensors"}
+    assert read == [index]
+    index.write_text(json.dumps({"weight_map": {"a": "model-1.safetensors", "b": "model-22.safetensors"}}))
+    assert dict(weights_files.shard_index(folder)[1]) == {"a": "model-1.safetensors", "b": "model-22.safetensors"}
+    assert read == [index, index]
+    with pytest.raises(TypeError):
+        weights_files.shard_index(folder)[1]["c"] = "x"  # the cached map is shared: read-only
+    index.write_text(json.dumps({"weights": {}}))
+    with pytest.raises(CheckpointError, match="has no weight_map"):
+        weights_files.shard_index(folder)
+    assert weights_files.shard_index(tmp_path) is None
+
 def test_a_preprocessor_declaring_an_absurd_input_size_is_refused(tmp_path):
     folder = hf_folder(tmp_path / "vit")
     (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 800_000, "width": 800_000}}))

@@ -32,7 +32,7 @@ from pathlib import Path
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import atomic_write_text
 from vit.sources.files import MAX_REF_BYTES, SourceError, read_bounded, read_json
-from vit.sources.hub_names import HF_HUB_PREFIX, WEIGHT_FILES, looks_like_name
+from vit.sources.hub_names import HF_HUB_PREFIX, INDEXES, WEIGHT_FILES, looks_like_name
 from vit.sources.hub_names import MODEL_NAME as _TIMM_OR_OPEN_CLIP
 from vit.sources.hub_names import REPO as _REPO
 
@@ -41,7 +41,6 @@ DEFAULT_MAX_DOWNLOAD_GB = 5.0
 # What opening a model reads (vit.sources.open and the text towers' tokenizers); nothing else is fetched.
 WANTED = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja")  # .jinja: a chat template
 PICKLES = ("*.bin", "*.pth", "*.pt")  # weights as torch pickles: only when there are no safetensors
-INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's list of shards
 NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*.pth")  # trainer state, not a model
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 # git check-ref-format's rules for a branch or tag (the Hub's revisions are those, or a commit): printable ASCII

@@ -9,6 +9,7 @@ from pathlib import Path
 
 HF_HUB_PREFIX = "hf-hub:"  # open_clip's (open_clip.factory.HF_HUB_PREFIX); a test checks they agree
 WEIGHT_FILES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's list of shards
 REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 MODEL_NAME = re.compile(r"[A-Za-z][\w.-]{1,150}")  # a timm or open_clip model name
 

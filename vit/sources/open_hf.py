@@ -37,7 +37,7 @@ from vit.sources.ports.families import (
 )
 from vit.sources.ports.families.video_ports import import_timesformer, import_videomae, import_vivit, import_vjepa2
 from vit.sources.vlm import import_internvl, import_qwen, import_vlm
-from vit.sources.weights_files import read_hf_weights
+from vit.sources.weights_files import read_hf_weights, shard_index
 
 # model_type -> (the headless architecture, the classifier one, the one with a teacher head), for configs
 # written without "architectures".
@@ -145,11 +145,8 @@ def needed_shards(folder: Path) -> set[str] | None:
     if not (folder / "config.json").is_file():
         return None
     wanted = _config(str(folder), lambda: tower_tensors(read_json(folder / "config.json")))
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        weight_map = read_json(folder / index).get("weight_map") if (folder / index).is_file() else None
-        if wanted is not None and isinstance(weight_map, Mapping):
-            return {str(shard) for key, shard in weight_map.items() if wanted(str(key))}
-    return None
+    index = shard_index(folder) if wanted is not None else None
+    return None if index is None else {shard for key, shard in index[1].items() if wanted(key)}
 
 
 def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:

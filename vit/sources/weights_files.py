@@ -8,14 +8,44 @@ from __future__ import annotations
 import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
 from vit.checkpoint import check_archive, clean_key, safetensors_shapes
 from vit.sources.files import SourceError, _one_line, read_json
+from vit.sources.hub_names import INDEXES
 
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def shard_index(folder: Path) -> tuple[Path, Mapping[str, str]] | None:
+    """The shard index of a sharded HF folder (the first of ``INDEXES`` there) and its ``weight_map``, tensor name to
+    shard file; None when the folder has no index. Read once for each version of the file (its size and time), so a
+    page that asks on every run reads it once. SourceError (one line) for an index without a weight_map or one naming
+    a shard that is not a file beside it: the one reading every opener, planner and page shares."""
+    for name in INDEXES:
+        path = folder / name
+        try:
+            if path.is_file():
+                stat = path.stat()
+                return path, _weight_map(str(path), stat.st_mtime_ns, stat.st_size)
+        except OSError as e:
+            raise SourceError(f"cannot read {path} ({_one_line(e)})") from None
+    return None
+
+
+@lru_cache(maxsize=32)
+def _weight_map(path: str, mtime_ns: int, size: int) -> Mapping[str, str]:
+    weight_map = read_json(Path(path)).get("weight_map")
+    if not isinstance(weight_map, Mapping) or not weight_map:
+        raise SourceError(f"{path} has no weight_map; the sharded weights cannot be found")
+    for shard in weight_map.values():  # shards sit next to the index; never follow a path out of the folder
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise SourceError(f"{path} names a shard outside the folder: {str(shard)[:80]}")
+    return MappingProxyType({str(name): shard for name, shard in weight_map.items()})
 
 
 def read_weights(path: Path, map_location: str | torch.device = "cpu",
@@ -132,22 +162,17 @@ def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu",
     for name in HF_WEIGHTS:
         if (folder / name).is_file():
             return read_weights(folder / name, map_location, wanted)
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (folder / index).is_file():
-            weight_map = read_json(folder / index).get("weight_map")
-            if not isinstance(weight_map, Mapping) or not weight_map:
-                raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
-            state: dict[str, torch.Tensor] = {}
-            shards = sorted({str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))})
-            for shard in shards:
-                if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
-                    raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
-            slots = None  # q, k and v of one layer may sit in different shards: their buffers planned over all
-            if wanted is not None and torch.device(map_location).type != "meta" \
-                    and all(shard.endswith(".safetensors") and (folder / shard).is_file() for shard in shards):
-                slots = joined_slots({k: v for shard in shards for k, v in safetensors_shapes(folder / shard).items()
-                                      if wanted(k)})
-            for shard in shards:
-                state.update(read_weights(folder / shard, map_location, wanted, slots))
-            return state
+    index = shard_index(folder)
+    if index is not None:
+        _, weight_map = index
+        state: dict[str, torch.Tensor] = {}
+        shards = sorted({s for k, s in weight_map.items() if wanted is None or wanted(k)})
+        slots = None  # q, k and v of one layer may sit in different shards: their buffers planned over all
+        if wanted is not None and torch.device(map_location).type != "meta" \
+                and all(shard.endswith(".safetensors") and (folder / shard).is_file() for shard in shards):
+            slots = joined_slots({k: v for shard in shards for k, v in safetensors_shapes(folder / shard).items()
+                                  if wanted(k)})
+        for shard in shards:
+            state.update(read_weights(folder / shard, map_location, wanted, slots))
+        return state
     raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")

@@ -155,15 +155,10 @@ def missing_weights(folder: Path) -> list[str]:
     """The weights files the shard index of ``folder`` lists that the folder lacks, sorted: a Hub download for the
     tower alone (``vit.predict``, the pages' "Open from the Hub") leaves the language model's shards on the Hub.
     ``[]`` when none is missing or there is no index."""
-    from vit.sources.hub import INDEXES
+    from vit.sources.weights_files import shard_index
 
-    for index in INDEXES:
-        if (folder / index).is_file():
-            weight_map = read_json(folder / index).get("weight_map")
-            if isinstance(weight_map, dict):
-                return sorted({str(shard) for shard in weight_map.values()
-                               if Path(str(shard)).name == str(shard) and not (folder / str(shard)).is_file()})
-    return []
+    index = shard_index(folder)
+    return [] if index is None else sorted({shard for shard in index[1].values() if not (folder / shard).is_file()})
 
 
 def architecture_of(folder: Path) -> tuple[str, str]:

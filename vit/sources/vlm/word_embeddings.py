@@ -78,12 +78,15 @@ def vlm_folder(checkpoint: Checkpoint) -> tuple[Path, dict]:
 def _embedding_entry(folder: Path) -> tuple[str, str]:
     """``(tensor name, shard file)`` of the VLM's input embedding (``EMBEDDING_NAMES``) in ``folder``, from its index
     (or its one safetensors file's header). WordEmbeddingError (one line) when there is none."""
-    from vit.sources.open import read_json
+    from vit.sources.files import SourceError
+    from vit.sources.weights_files import shard_index
 
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        names = weight_map if isinstance(weight_map, Mapping) else {}
+    try:
+        index = shard_index(folder)  # its shards are file names beside it, never a path out of the folder
+    except SourceError as e:
+        raise WordEmbeddingError(str(e)) from None
+    if index is not None and index[0].name == "model.safetensors.index.json":
+        names: Mapping[str, str] = index[1]
     elif (folder / "model.safetensors").is_file():
         names = dict.fromkeys(safetensors_shapes(folder / "model.safetensors"), "model.safetensors")
     else:
@@ -93,10 +96,7 @@ def _embedding_entry(folder: Path) -> tuple[str, str]:
     if name is None:
         raise WordEmbeddingError(f"{folder}'s weights hold no language-model embedding (looked for "
                                  f"{', '.join(EMBEDDING_NAMES)})")
-    shard = str(names[name])
-    if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
-        raise WordEmbeddingError(f"{index} names a shard outside the folder: {shard[:80]}")
-    return name, shard
+    return name, names[name]
 
 
 def missing_embedding_shard(folder: Path) -> str | None:
