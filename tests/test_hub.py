@@ -375,7 +375,7 @@ def test_a_stopped_download_says_so_and_offers_its_button_again_with_nothing_hal
     assert job.wait(30) and job.state == "stopped"
     at.run()
     said = [i.value for i in at.sidebar.info]
-    assert said and f"The download of {repo} stopped after" in displayed(said[0]) and \
+    assert said and f"Downloading {repo}: stopped after" in displayed(said[0]) and \
         "stopped by a visitor" in displayed(said[0])
     assert [b for b in at.sidebar.button if b.label.startswith("Download")], "it can be started again"
     weights = list((hub.cache_dir() / "models--acme--tiny-vit").rglob("*"))
@@ -386,6 +386,33 @@ def test_a_stopped_download_says_so_and_offers_its_button_again_with_nothing_hal
     assert the_download(repo).wait(60)
     at.run()
     assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
+
+
+def test_a_download_whose_next_chunk_is_late_says_it_is_stopping_after_stop(app_world, repo, fake_hub,
+                                                                             monkeypatch):
+    """The Stop's run waits 2 s for the transfer's next chunk; when none comes (a stalled connection), the bar stays,
+    and its line said the bytes so far as though nothing had been asked. It says the download stops at its next
+    chunk, as a long computation's does (one ``Work.describe`` for both)."""
+    from app_pages.explorer_sections import hub_download
+
+    fake_hub.repos[repo].stall.add("model.safetensors")
+    monkeypatch.setattr(hub_download, "QUICK_S", 0.0)
+    at = hub_typed(repo)
+    next(b for b in at.sidebar.button if b.label.startswith("Download")).click()
+    at.run()
+    job = the_download(repo)
+    deadline = time.monotonic() + 60
+    while "model.safetensors" not in fake_hub.fetched("GET") and time.monotonic() < deadline:
+        time.sleep(0.05)  # the JSON files first: a Stop during theirs takes effect at their next chunk
+    at.button(key="explorer_hub_download-stop").click()
+    at.run()
+    assert not job.finished, "the stalled chunk never came"
+    bars = [displayed(p.proto.text) for p in at.sidebar.get("progress")]
+    assert bars == [f"Downloading {repo}: stopping at the end of this chunk (stopped by a visitor)"]
+    fake_hub.release.set()  # the stalled answer ends
+    assert job.wait(60)
+    at.run()
+    assert [b for b in at.sidebar.button if b.label.startswith("Download")], "it can be started again"
 
 
 def test_two_visitors_asking_for_one_model_watch_one_download(app_world, slow_weights, fake_hub):

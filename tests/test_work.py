@@ -368,8 +368,27 @@ def test_no_more_shared_works_run_at_once_than_its_size():
     second = shared.start("b", "Download of b", lambda progress: "b")
     time.sleep(0.3)
     assert second.state == "waiting" and shared.slots.running == 1
+    assert second.describe() == ("Download of b: waiting — 1 download run on this server, at most 1 at once; this one "
+                                 "starts when one ends")
     release.set()
     assert second.wait(10) and second.result == "b"
+
+
+def test_a_download_says_its_bytes_its_stop_and_its_end_as_a_computation_says_its_passes():
+    """One ``describe`` for the pages' long computations and the Hub downloads: a download's amounts in bytes, and
+    a stop asked for said until its next chunk (a download's line once showed the bytes as though none was)."""
+    now = [100.0]
+    job = work.Work("k", "Downloading acme/vit", clock=lambda: now[0], unit="bytes")
+    job.state, job._started = "running", 100.0
+    job(1_500_000, 6_000_000)
+    now[0] = 103.0
+    assert job.describe() == "Downloading acme/vit: 1.5 MB of 6.0 MB, about 9 s left"
+    job.stop("stopped by a visitor")
+    assert job.describe() == "Downloading acme/vit: stopping at the end of this chunk (stopped by a visitor)"
+    with pytest.raises(work.Stopped):
+        job(1_600_000, 6_000_000)
+    job.error, job.state = job._raised, "stopped"
+    assert job.describe() == "Downloading acme/vit: stopped after 1.6 MB of 6.0 MB (stopped by a visitor)"
 
 
 def test_the_servers_downloads_at_once_come_from_its_environment(monkeypatch):

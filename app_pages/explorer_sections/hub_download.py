@@ -14,7 +14,7 @@ import os
 import streamlit as st
 
 from vit.app import work
-from vit.core.text import duration, escape_markdown
+from vit.core.text import escape_markdown
 from vit.sources import hub
 
 AT_ONCE_ENV = "VIT_DOWNLOADS_AT_ONCE"
@@ -45,22 +45,6 @@ def _key(wanted: hub.Download) -> tuple:
     return "hub-download", wanted.name.repo_id, wanted.commit, wanted.files
 
 
-def describe(job: work.Work, wanted: hub.Download) -> str:
-    """One line: what the download of ``wanted`` waits for, or its bytes so far of the total and the time left."""
-    name, total = wanted.name, hub.format_bytes(wanted.size)
-    if job.state == "waiting":
-        slots = job.slots
-        if slots is None or slots.running < slots.size:
-            return f"Downloading {name}: starting…"
-        return (f"Downloading {name}: waiting — {slots.running} download{'s' if slots.running != 1 else ''} run on "
-                f"this server, at most {slots.size} at once; this one starts when one ends")
-    if job.state in ("stopped", "failed"):
-        return f"The download of {name} {job.state} after {hub.format_bytes(job.done)} of {total} ({job.error})"
-    left = job.seconds_left()
-    eta = "estimating the time left" if left is None else f"about {duration(left)} left"
-    return f"Downloading {name}: {hub.format_bytes(job.done)} of {total}, {eta}"
-
-
 def download_panel(wanted: hub.Download, key: str, place=st) -> bool:
     """Draw, in ``place`` (``st`` or ``st.sidebar``), the download of ``wanted``: its summary and a Download button
     (``key``), its progress and a Stop button while it runs, how it ended when it stopped or failed. True once
@@ -77,12 +61,12 @@ def download_panel(wanted: hub.Download, key: str, place=st) -> bool:
         said, button = box.empty(), box.empty()  # emptied once the button is clicked: the progress takes their place
         if job is not None:  # stopped or failed: why, and the button again
             job.touch()
-            (said.info if job.state == "stopped" else said.error)(escape_markdown(describe(job, wanted)))
+            (said.info if job.state == "stopped" else said.error)(escape_markdown(job.describe()))
         if not button.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
             return False
         said.empty()
         button.empty()
-        job = registry.start(_key(wanted), f"Download of {wanted.name}", lambda progress: hub.download(
+        job = registry.start(_key(wanted), f"Downloading {wanted.name}", lambda progress: hub.download(
             wanted, progress), unit="bytes")
         waited = 0.0
         while waited < QUICK_S and not job.wait(min(POLL_S, QUICK_S - waited)):
@@ -110,7 +94,7 @@ def _progress(wanted: hub.Download, key: str) -> None:
         if job.wait(2.0):  # most transfers stop within a chunk
             st.rerun()
     job.touch()
-    st.progress(job.fraction(), text=escape_markdown(describe(job, wanted)))
+    st.progress(job.fraction(), text=escape_markdown(job.describe()))
     st.button("Stop", key=f"{key}-stop", help="Stops the download; a file not finished is fetched again from its "
               "start next time (the files finished stay in the cache).")
 

@@ -100,8 +100,7 @@ def long_work(key: Any, label: str, compute: Callable[[Progress], Any], place: s
     if current.state == "failed":
         raise current.error
     if current.state == "stopped":  # by the visitor: said, with a button to run it again
-        st.info(escape_markdown(f"{current.label}: stopped after {current.done} of {current.total} {current.unit} "
-                                f"({current.error})."))
+        st.info(escape_markdown(f"{current.describe()}."))
         st.button("Run again", key=f"long_work_again-{place}")
         return current.result  # None unless the computation kept what it had done (a VLM's answer so far)
     progress_panel(place)

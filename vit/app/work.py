@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vit.core.progress import Progress, Stop
-from vit.core.text import duration
+from vit.core.text import duration, format_bytes
 
 LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
 
@@ -33,10 +33,11 @@ class Stopped(Stop):
 class Slots:
     """At most ``size`` heavy computations at once in this process; the rest wait for one to end."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, noun: str = "heavy computation", others: str = " of other visitors",
+                 why: str = " so that every page stays responsive") -> None:
         if size < 1:
-            raise ValueError(f"at least one heavy computation must be allowed at once, got {size}")
-        self.size = size
+            raise ValueError(f"at least one {noun} must be allowed at once, got {size}")
+        self.size, self.noun, self.others, self.why = size, noun, others, why  # what a waiting work says
         self._semaphore = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self.running = 0
@@ -130,23 +131,30 @@ class Work:
     def fraction(self) -> float:
         return min(self.done / self.total, 1.0) if self.total > 0 else 0.0
 
+    def _done_of_total(self) -> str:
+        if self.unit == "bytes":  # a download: 1.2 MB of 5.0 GB
+            return f"{format_bytes(self.done)} of {format_bytes(self.total)}"
+        return f"{self.done} of {self.total} {self.unit}"
+
     def describe(self) -> str:
-        """One line: what it waits for, or the passes done of the total and the time left."""
+        """One line: what it waits for, or the passes (bytes, tokens: ``unit``) done of the total and the time left,
+        or that it stops at its next chunk, or how it ended."""
         if self.state == "waiting":
-            if self.slots is None or self.slots.running < self.slots.size:  # a slot is free: it takes it now
+            slots = self.slots
+            if slots is None or slots.running < slots.size:  # a slot is free: it takes it now
                 return f"{self.label}: starting…"
-            return (f"{self.label}: waiting — {self.slots.running} heavy computation"
-                    f"{'s' if self.slots.running != 1 else ''} of other visitors run on this server, at most "
-                    f"{self.slots.size} at once so that every page stays responsive; this one starts when one ends")
+            return (f"{self.label}: waiting — {slots.running} {slots.noun}{'s' if slots.running != 1 else ''}"
+                    f"{slots.others} run on this server, at most {slots.size} at once{slots.why}; this one starts "
+                    "when one ends")
         if self.state in ("stopped", "failed"):
-            return f"{self.label}: {self.state} after {self.done} of {self.total} {self.unit} ({self.error})"
+            return f"{self.label}: {self.state} after {self._done_of_total()} ({self.error})"
         if self._reason is not None:
             return f"{self.label}: stopping at the end of this chunk ({self._reason})"
         if self.total <= 0:  # running, before its first report: "0 of 0" would say it has nothing to do
             return f"{self.label}: starting…"
         left = self.seconds_left()
         eta = "estimating the time left" if left is None else f"about {duration(left)} left"
-        return f"{self.label}: {self.done} of {self.total} {self.unit}, {eta}"
+        return f"{self.label}: {self._done_of_total()}, {eta}"
 
     # -- what the computation calls ----------------------------------------------------------------------------
 
@@ -203,8 +211,9 @@ class Shared:
     one; it stops as any ``Work`` does (asked to, or no page showed it for its lease). At most ``size`` run at once;
     the others wait for a slot, saying so."""
 
-    def __init__(self, size: int, lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.slots, self.lease_s, self.clock = Slots(size), lease_s, clock
+    def __init__(self, size: int, lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic,
+                 noun: str = "download") -> None:
+        self.slots, self.lease_s, self.clock = Slots(size, noun, others="", why=""), lease_s, clock
         self._lock = threading.Lock()
         self._works: dict[Any, Work] = {}
 

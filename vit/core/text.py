@@ -65,6 +65,14 @@ def visible_lines(text: str) -> str:
     return "\n".join(visible(line) for line in text.split("\n"))
 
 
+def format_bytes(count: int) -> str:
+    """1_234_567 -> '1.2 MB' (decimal units, as the Hub shows sizes)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
 def duration(seconds: float) -> str:
     """A duration as a progress line writes it: '42 s', '3 min 05 s', '2 h 07 min'."""
     seconds = round(seconds)

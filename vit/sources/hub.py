@@ -31,6 +31,7 @@ from pathlib import Path
 
 from vit.checkpoint import CheckpointError
 from vit.core.runfiles import atomic_write_text
+from vit.core.text import format_bytes  # noqa: F401 (hub.format_bytes: the pages' and commands' sizes)
 from vit.sources.files import MAX_REF_BYTES, SourceError, read_bounded, read_json
 from vit.sources.hub_names import HF_HUB_PREFIX, INDEXES, WEIGHT_FILES, looks_like_name
 from vit.sources.hub_names import MODEL_NAME as _TIMM_OR_OPEN_CLIP
@@ -96,14 +97,6 @@ class Download:
     def summary(self) -> str:
         """One line for before the download: which model, how many files and bytes."""
         return f"{self.name}: {len(self.files)} files, {format_bytes(self.size)}"
-
-
-def format_bytes(count: int) -> str:
-    """1_234_567 -> '1.2 MB' (decimal units, as the Hub shows sizes)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
 
 
 def cache_dir() -> Path:
