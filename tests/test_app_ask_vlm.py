@@ -1014,6 +1014,31 @@ def test_ask_in_words_downloads_the_embeddings_shard_alone_and_a_visitor_without
     assert not [b for b in at.main.button if b.label.startswith("Download ")]
 
 
+def test_a_links_word_map_on_a_snapshot_lacking_the_embeddings_points_at_the_sections_download(folders, fake_hub):
+    """A link to a word's map of a VLM opened from the Hub for its tower: the map's one line says the embeddings'
+    shard is still on the Hub and where its Download button is, not the library's "download that file into the
+    folder" (a visitor has no folder of the server's to download into)."""
+    import json
+
+    from huggingface_hub import constants
+
+    from vit.app import catalog
+
+    catalog.forget_hub_plans()
+    folder = folders["llava"]
+    fake_hub.add_folder("acme/tiny-llava", folder)
+    tower_only_snapshot(folder, Path(constants.HF_HUB_CACHE), fake_hub.repos["acme/tiny-llava"].sha)
+    embedding = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][
+        "language_model.model.embed_tokens.weight"]
+    at = open_link({"model": "acme/tiny-llava", "map": "word_lens", "labels": "dog", "word": "dog"})
+    upload(at, "photo.png", png(picture()))
+    errors = [displayed(e.value) for e in at.main.error]
+    assert errors == [f"The word maps read the language model's word embeddings, in {embedding}, which was left on "
+                      "the Hub when the model was opened (its tower's shards alone were downloaded): download it "
+                      "under “Ask in words” below."], errors
+    assert at.button(key="word_lens_download").label.startswith("Download ")
+
+
 def test_a_shard_the_hub_lacks_too_is_said_in_one_line(folders, fake_hub):
     """A snapshot whose index lists a shard the Hub's repository does not have either: one line, no button."""
     from huggingface_hub import constants

@@ -26,6 +26,7 @@ from vit.core.text import escape_markdown
 from vit.explain.views import attention_maps, image_analysis
 from vit.explain.views.map_captions import token_label
 from vit.explain.views.overlay import DIVERGING_COLORMAP, overlay
+from vit.sources import hub
 from vit.sources.vlm.word_embeddings import missing_embedding_shard
 
 SPACE_KEY, METHOD_KEY = "words_lens_space", "words_lens_method"  # "words_": kept by the page (ask_in_words.KEPT)
@@ -65,8 +66,20 @@ def gradient_map(fingerprint: tuple, digest: str, size: InputSize, word: str, ki
     return api.explain_word(_checkpoint, _image, word, vlm_words.METHODS[kind], patch=patch, size=size).map
 
 
-def _one_line(error: Exception) -> str:
+def _one_line(error: Exception | str) -> str:
     return escape_markdown(" ".join(str(error).split()))
+
+
+def _on_the_hub(checkpoint: Checkpoint) -> str | None:
+    """Where to get the word embeddings' shard when the model is a Hub snapshot that lacks it (opened from the Hub
+    for its tower): the section's Download button, not the library's "download that file into the folder"."""
+    folder = Path(checkpoint.path) if checkpoint.path is not None else None
+    shard = missing_embedding_shard(folder) if folder is not None and folder.is_dir() else None
+    if shard is None or hub.snapshot_of(folder) is None:
+        return None
+    return (f"The word maps read the language model's word embeddings, in {shard}, which was left on the Hub when "
+            "the model was opened (its tower's shards alone were downloaded): download it under “Ask in words” "
+            "below.")
 
 
 def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,
@@ -90,7 +103,8 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
         else:
             map2d = gradient_map(fingerprint, image_key, size, word, s.kind, patch, checkpoint, image)
     except (ValueError, CheckpointError, ImageError) as e:  # a word the tokenizer cannot read, no embedding shard
-        return MainMap(empty, choice.colormap, None, None, None, error=_one_line(e), word_parts=(s.kind, word, None))
+        return MainMap(empty, choice.colormap, None, None, None, error=_one_line(_on_the_hub(checkpoint) or e),
+                       word_parts=(s.kind, word, None))
     label = None if patch is None else token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
     units = int(np.prod(word_map.units.shape))
     caption = vlm_words.describe(s.kind, word_map, table, checkpoint, choice.target, label, units)
