@@ -332,3 +332,23 @@ def test_what_sam3_does_not_take_is_one_line(sam3, folder, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "sam"}))
     with pytest.raises(ValueError, match=r"is a sam model, not SAM 3 \(transformers' Sam3Model\)"):
         vit.open_sam3(tmp_path)
+
+
+def test_attnlrps_rule_hooks_leave_another_threads_gradient_map_as_it_was(sam3):
+    """SAM 3's AttnLRP rules are hooks on the whole model's modules, which every session shares: while visitor A's
+    rules are on, visitor B's gradient x input, computed in another thread, is its map alone."""
+    import threading
+
+    from vit.explain.methods.concepts import attnlrp_rules
+
+    def gradient_map():
+        return vit.segment(sam3, picture(), text=TEXT, threshold=0.0, instance=0,
+                           methods=["gradient_x_input"]).maps["gradient_x_input"]
+
+    alone, seen = gradient_map(), []
+    with attnlrp_rules(sam3.model):  # A's rules on the model
+        other = threading.Thread(target=lambda: seen.append(gradient_map()))
+        other.start()
+        other.join(120)
+    assert seen, "B's map was computed while A's rules were on"
+    np.testing.assert_array_equal(seen[0], alone)

@@ -172,3 +172,27 @@ def test_the_clis_prompt_maps_are_the_engines():
     from vit.predict import PROMPT_MAPS
 
     assert set(PROMPT_MAPS) == set(SEGMENT_METHODS) - {"decoder_attention"}
+
+
+def test_attnlrps_rule_hooks_leave_another_threads_gradient_map_as_it_was(whole, image):  # noqa: F811
+    """The AttnLRP rules are hooks on the prompt half's modules, which every session shares: while visitor A's
+    rules are on, visitor B's gradient x input of the same model, computed in another thread, is its map alone (it
+    had A's LayerNorm, activation, attention and masks rules in its backward)."""
+    import threading
+
+    from vit.explain.methods import segment
+    from vit.sources.sam_prompts import open_prompt_half
+
+    _, _, _, checkpoint = whole
+    prompt = PROMPTS["mixed"]
+
+    def gradient_map():
+        return vit.segment(checkpoint, image, **prompt, mask=1, methods=["gradient_x_input"]).maps["gradient_x_input"]
+
+    alone, seen = gradient_map(), []
+    with segment.library_rules(segment.segmenter(checkpoint, open_prompt_half).half):  # A's rules on the model
+        other = threading.Thread(target=lambda: seen.append(gradient_map()))
+        other.start()
+        other.join(120)
+    assert seen, "B's map was computed while A's rules were on"
+    np.testing.assert_array_equal(seen[0], alone)
