@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -121,13 +120,11 @@ def analyses():
     image, size = photo(96), InputSize(96)  # 24 x 24 patches: 9 windows, 576 tokens
     whole = image_analysis.analyse(checkpoint, image, size)
     need = plan.analysis(checkpoint.model, (24, 24)).memory
-    os.environ["VIT_ANALYSIS_MEMORY_MB"] = str((need - 1) / 2**20)
-    try:
+    with pytest.MonkeyPatch.context() as patched:  # a module fixture: the bound set back as it was, set or not
+        patched.setenv("VIT_ANALYSIS_MEMORY_MB", str((need - 1) / 2**20))
         cost = plan.analysis(checkpoint.model, (24, 24))
         assert plan.decide(cost) == "chunks"
         chunked = image_analysis.analyse(checkpoint, image, size)
-    finally:
-        del os.environ["VIT_ANALYSIS_MEMORY_MB"]
     assert isinstance(chunked.hidden, CheckpointedStates) and chunked.hidden.every == cost.every
     assert isinstance(whole.hidden, torch.Tensor)
     return whole, chunked
