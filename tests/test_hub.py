@@ -388,6 +388,22 @@ def test_a_stopped_download_says_so_and_offers_its_button_again_with_nothing_hal
     assert selectbox_labelled(at, "Checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
 
 
+def test_the_sidebar_says_it_asks_the_hub_while_the_hub_is_slow_to_answer(app_world, repo, fake_hub, monkeypatch):
+    """The Hub's file list took up to its deadline on a slow network, with nothing on the page meanwhile: the
+    lookup runs under a spinner (drawn after Streamlit's half-second delay, so a cached plan shows nothing). The
+    name typed is escaped: it is the visitor's text."""
+    from streamlit.delta_generator import DeltaGenerator
+
+    said, real = [], DeltaGenerator.spinner
+    monkeypatch.setattr(DeltaGenerator, "spinner", lambda self, text="", **kw: said.append(text) or real(self, text,
+                                                                                                           **kw))
+    fake_hub.repos[repo].silent_s = 1.0
+    at = hub_typed(repo)
+    assert [b for b in at.sidebar.button if b.label.startswith("Download")]
+    assert f"Asking the Hub about {repo}…" in [displayed(text) for text in said], said
+    assert f"Asking the Hub about {repo}…" not in said, "the typed name is escaped"
+
+
 def test_a_download_whose_next_chunk_is_late_says_it_is_stopping_after_stop(app_world, repo, fake_hub,
                                                                              monkeypatch):
     """The Stop's run waits 2 s for the transfer's next chunk; when none comes (a stalled connection), the bar stays,

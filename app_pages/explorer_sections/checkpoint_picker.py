@@ -45,11 +45,16 @@ def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "e
     (``hub_download``: in the background, so the page stays usable and a rerun does not stop it); None, with the
     reason shown, until it is there. The explorer (``library_road``: a model no port reads too), the Analyse and
     the Train page share it."""
+    # The Hub's answer takes a second, or up to its deadline on a slow network: said after half a second (a cached
+    # plan answers at once, with nothing drawn)
+    asking = f"Asking the Hub about {escape_markdown(text.strip()[:120])}…"
     try:
-        found, wanted = catalog.open_from_hub(text, may_download, library_road)
+        with place.spinner(asking):
+            found, wanted = catalog.open_from_hub(text, may_download, library_road)
         if wanted is not None and download_panel(wanted, key, place):  # its files just came: it opens now
             catalog.forget_hub_plans()
-            found, _ = catalog.open_from_hub(text, may_download, library_road)
+            with place.spinner(asking):
+                found, _ = catalog.open_from_hub(text, may_download, library_road)
         return found
     except CheckpointError as e:
         place.error(escape_markdown(e))
