@@ -115,6 +115,28 @@ def test_each_captum_method_equals_captums_own_call_on(tmp_path, family):
                                    err_msg=f"{family} {method}")
 
 
+def test_smoothgrad_never_seeds_the_generator_every_thread_shares(monkeypatch):
+    """The threads test below cannot hit SmoothGrad's old window (between its seed of torch's global generator and
+    its one draw) reliably: this one says the window is gone. The map is drawn from a generator of its own, whatever
+    the global one holds, and the global one is neither seeded nor drawn from."""
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, CLASSES))
+    x = torch.randn(1, 3, 16, 16)
+    options = captum_maps.Options.of("smoothgrad", {"nt_samples": 4, "seed": 3})
+    first = captum_maps.attribution(head, x, "smoothgrad", TARGET, (4, 4), options, 2)
+
+    def seeded(*args, **kwargs):
+        raise AssertionError("torch's global generator was seeded")
+
+    for name in ("manual_seed", "seed"):
+        monkeypatch.setattr(torch, name, seeded)
+        monkeypatch.setattr(torch.random, name, seeded)
+    state = torch.get_rng_state()
+    again = captum_maps.attribution(head, x, "smoothgrad", TARGET, (4, 4), options, 2)
+    assert torch.equal(torch.get_rng_state(), state), "nothing drawn from the global generator"
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("method", ["kernel_shap", "smoothgrad"])
 def test_seeded_maps_computed_at_once_are_each_the_one_computed_alone(method):
     """The server computes visitors' maps at once, in threads, and torch's global generator is every thread's:
