@@ -1,5 +1,5 @@
 """open_clip's ResNet towers (RN50 ...) open from their folder as open_clip builds them
-(``vit.sources.library_road.open_clip_resnet``, issue 117): their attention-pooling head is one layer, the mean token
+(``vit.sources.library_road.open_clip_towers``, issue 117): their attention-pooling head is one layer, the mean token
 first, then the last feature map's cells row-major.
 
 Reference: the head's own attention computed from its own ``q_proj`` / ``k_proj`` on the tokens its forward makes

@@ -195,20 +195,18 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     except (ValueError, KeyError, SourceError) as e:
         refused = e if isinstance(e, SourceError) else SourceError(f"{origin}: {_one_line(e)}")
         vision = (model_cfg or {}).get("vision_cfg")
-        resnet = isinstance(vision, Mapping) and isinstance(vision.get("layers"), (list, tuple))
-        if not library_road or not isinstance(vision, Mapping) or not (vision.get("timm_model_name") or resnet):
+        if not library_road or not isinstance(vision, Mapping):  # no config: nothing to build the tower from
             raise refused from None
         from vit.sources.library_road import timm_models
-        from vit.sources.library_road.open_clip_resnet import open_clip_resnet
+        from vit.sources.library_road.open_clip_towers import open_clip_recorded
 
-        if resnet:  # RN50 ...: its attention-pooling head, recorded as open_clip builds the tower
-            return open_clip_resnet(path, state, config_json, lambda stand_in: open_clip_preprocessing(
-                config_json, stand_in, origin), map_location)
+        def said(stand_in: ViTConfig) -> Preprocessing:
+            return open_clip_preprocessing(config_json, stand_in, origin)
 
         try:
-            return timm_models.open_clip_library(path, state, config_json,
-                                                  lambda stand_in: open_clip_preprocessing(config_json, stand_in,
-                                                                                           origin), map_location)
+            if vision.get("timm_model_name"):  # timm's explicit path for the asked layers
+                return timm_models.open_clip_library(path, state, config_json, said, map_location)
+            return open_clip_recorded(path, state, config_json, said, map_location)  # CoCa's, a ResNet, ...
         except SourceError as also:
             raise SourceError(f"{refused}; as open_clip builds it: {str(also).partition('): ')[2] or also}"
                               ) from None

@@ -453,8 +453,9 @@ def open_clip_library(path: Path, state: Mapping[str, torch.Tensor], config_json
     trunk's attention recorded; its output is open_clip's image embedding. ``preprocessing_of(stand_in)`` is
     open_clip's transform for a ``ViTConfig`` with the input and patch size. SourceError (one line) as
     ``open_timm_library``."""
-    import open_clip
     import timm
+
+    from vit.sources.library_road.open_clip_towers import tower_fitting
 
     origin = f"{path} (open_clip, opened as open_clip builds it)"
     model_cfg = config_json.get("model_cfg")
@@ -472,14 +473,10 @@ def open_clip_library(path: Path, state: Mapping[str, torch.Tensor], config_json
         _pair(_sides(vision_cfg.get("image_size", 224)), "image_size")
     except ValueError as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    visual = {k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")}
     meta = torch.device(map_location).type == "meta"
     try:
-        cfg = {**vision_cfg, "timm_model_pretrained": False}
-        with torch.device("meta" if meta else "cpu"):
-            tower = open_clip.model._build_vision_tower(int(model_cfg.get("embed_dim", 0)), cfg)
-        tower.load_state_dict(visual, strict=True, assign=meta)
-        tower = tower.to(map_location).eval()
+        tower = tower_fitting(int(model_cfg.get("embed_dim", 0)), {**vision_cfg, "timm_model_pretrained": False},
+                              state, map_location)
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, AssertionError) as e:
         raise SourceError(f"{origin}: the weights do not fit its tower as open_clip builds it ({_one_line(e)})"
                           ) from None
