@@ -19,7 +19,7 @@ from vit.core.inference import InputSize
 from vit.core.text import escape_markdown
 from vit.explain.language import words
 from vit.explain.language.prompts import DEFAULT_TEMPLATE
-from vit.explain.views.overlay import map_colours, overlay
+from vit.explain.views.overlay import is_signed, map_colours, overlay
 from vit.sources.vlm.text_tower import MAX_LABELS, open_text_tower, split_labels
 
 LABELS_KEY, ENSEMBLE_KEY, TEMPLATE_KEY = "words_labels", "words_ensemble", "words_template"
@@ -156,7 +156,11 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         st.plotly_chart(scores_figure(asked), config={"displayModeBar": False})
         st.caption(words.describe_scores(asked, ensemble))
     with col_map:
-        methods = words.prompts.methods_for(checkpoint.model)
+        methods = words.methods(checkpoint.model)  # a tower on the library road: the road's class maps
+        if not methods:
+            st.caption("No map of a label reaches this model (its gradient does not pass back to its pixels); its "
+                       "scores are above, its attention maps in the main view.")
+            return asked
         for line in _apply_link(labels, methods):
             st.caption(escape_markdown(line))
         chosen = st.selectbox("Map for", range(len(labels)), key=LABEL_KEY,
@@ -175,7 +179,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
             other = None if minus is None or minus == chosen else minus
             if other is None:
                 shown_map = map_a
-                signed = method == "attnlrp"
+                signed = method == "attnlrp" or (words.is_library(checkpoint.model) and is_signed(method))
             else:
                 map_b = word_map(*model, tuple(labels), tuple(templates), other, method, asked, checkpoint, image)
                 shown_map, signed = words.difference(map_a, map_b), True
@@ -188,10 +192,10 @@ def ask_in_words(view: Shown) -> words.Answer | None:
             st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other],
                                              kind=asked.prompts.kind)
                        + " Drawn over the part of the image the model saw. " + drawing.describe_range(shown_map))
-            if other is None and st.toggle("Deletion and insertion curves", key=CURVES_KEY,
-                                           help="Patches most relevant for the label are blurred away "
-                                                "(deletion) or restored (insertion), and the image-text cosine "
-                                                "similarity is tracked."):
+            if other is None and not words.is_library(checkpoint.model) and st.toggle(  # the port's cosine
+                    "Deletion and insertion curves", key=CURVES_KEY,
+                    help="Patches most relevant for the label are blurred away (deletion) or restored (insertion), "
+                         "and the image-text cosine similarity is tracked."):
                 curves = long_work(("word curves", *model, tuple(labels), tuple(templates), chosen, method),
                                    "Deletion and insertion curves",
                                    lambda progress: curves_figure(checkpoint, asked, image, map_a, chosen, size,

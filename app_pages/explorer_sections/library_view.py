@@ -13,7 +13,7 @@ import streamlit as st
 from PIL import Image
 
 import vit
-from app_pages.explorer_sections import map_settings, sam_prompts, share_view, view_link
+from app_pages.explorer_sections import library_words, map_settings, sam_prompts, share_view, view_link
 from app_pages.explorer_sections.concept_view import sidebar_image
 from vit.app import catalog, drawing, share
 from vit.app import library_view as view
@@ -30,8 +30,8 @@ METHOD_KEY = "library_method"
 PICKER_KEY = "library_map_picker"
 PREDICTED = -1  # the class picker's "the predicted class"
 MEAN = -1  # the head picker's "the heads' mean"
-# kept by the page while not drawn (a rejected upload stops it before the map's controls)
-KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-")  # opacity: the page's
+# kept by the page while not drawn (a rejected upload stops it before the map's controls); opacity: the page's
+KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-", *library_words.KEPT)
 HINT = "Upload an image in the sidebar to see what the model attends to."
 
 
@@ -209,3 +209,5 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
         st.caption(view.heads_caption(explained))  # the layer and token's place: no text of the model's
     if prompted is not None:
         sam_prompts.prompt_section(prompted)
+    if library_words.applies(checkpoint):  # a CLIP or SigLIP tower: its labels' scores and maps
+        library_words.library_words(checkpoint, fingerprint, image, digest, opacity)

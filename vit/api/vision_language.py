@@ -43,7 +43,8 @@ class Answer:
     def explain(self, label: str | int, method: str = "legrad") -> Explanation:
         """The map of ``label`` (typed text or its index) by ``method`` (``rollout``, ``legrad``, ``attnlrp``,
         ``grad_eclip``, ``sclip``, ``naclip``, ``clearclip``, ``maskclip``, ``clipsurgery``; a dino.txt's
-        ``dinotxt``; where it applies: ``vit.ask_methods(checkpoint)``)."""
+        ``dinotxt``; of a tower opened on the library road, the road's class maps of the label's logit: ``class``,
+        ``legrad``, the CAMs, captum's, ``rise``; where each applies: ``vit.ask_methods(checkpoint)``)."""
         labels = self.answer.labels
         index = label if isinstance(label, int) else labels.index(label) if label in labels else -1
         if not 0 <= index < len(labels):
@@ -71,7 +72,8 @@ def ask(checkpoint: Checkpoint, image: ImageLike, labels: Sequence[str] | str, t
     semicolons or line breaks) ``image`` shows: each label filled into ``template`` (default "a photo of a {}.";
     "{}" uses the labels as typed; "imagenet" averages open_clip's 80 ImageNet templates). The text side comes from
     the model's own library (its tokenizer and text transformer, beside the weights; dino.txt's from open_clip's,
-    built to its shape)."""
+    built to its shape). An open_clip tower opened on the library road (SigLIP 2's and PE-Core's timm trunks, CoCa)
+    is asked through its own image embedding, as open_clip's ``encode_image`` gives it."""
     from vit.explain.language.prompts import DEFAULT_TEMPLATE
     from vit.sources.vlm.text_tower import check_labels, open_text_tower, split_labels
 
@@ -85,9 +87,7 @@ def ask(checkpoint: Checkpoint, image: ImageLike, labels: Sequence[str] | str, t
 
 def ask_methods(checkpoint: Checkpoint) -> dict[str, str]:
     """The map methods ``Answer.explain`` offers for this CLIP / SigLIP / dino.txt."""
-    from vit.explain.language.prompts import methods_for
-
-    return methods_for(checkpoint.model)
+    return words.methods(checkpoint.model)
 
 
 # -- vision-language models: the visual logit lens ----------------------------------------------------------------

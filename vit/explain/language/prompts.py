@@ -161,12 +161,35 @@ def prompt_model(model: ViT, prompts: Tensor, scale: float, bias: float = 0.0) -
 def zero_shot(model: ViT, images: Tensor, prompts: Tensor, scale: float, bias: float, kind: str
               ) -> tuple[Tensor, Tensor]:
     """``(logits, probabilities)``, each ``(B, n)``: softmax over the prompts for CLIP (``kind="softmax"``),
-    each prompt's own sigmoid for SigLIP (``"sigmoid"``)."""
+    each prompt's own sigmoid for SigLIP (``"sigmoid"``). ``model`` is a port's ``ViT``, or a tower opened on the
+    library road whose own output is its image embedding (``tower_embedding``: an open_clip tower)."""
     if kind not in ("softmax", "sigmoid"):
         raise ValueError(f"kind must be softmax or sigmoid, got {kind!r}")
     with torch.inference_mode():
-        logits = prompt_model(model, prompts, scale, bias)(images)[0].float()
+        if isinstance(model, ViT):
+            logits = prompt_model(model, prompts, scale, bias)(images)[0].float()
+        else:  # the same head on the library's own embedding
+            logits = PromptHead(None, prompts, scale, bias)(_fitting(tower_embedding(model, images), prompts)).float()
     return logits, logits.softmax(dim=-1) if kind == "softmax" else logits.sigmoid()
+
+
+def tower_embedding(model: nn.Module, images: Tensor) -> Tensor:
+    """``(B, E)``: the image embedding of a tower opened on the library road, its library's own output (open_clip's
+    ``encode_image`` before its normalisation: a timm trunk's tower, CoCa's pooled query, a ResNet's attention pool).
+    PromptError (one line) for a model whose output is not one vector an image."""
+    out, _ = model.run(images)
+    embedding = getattr(out, "image_embeds", None)
+    if not isinstance(embedding, Tensor) or embedding.dim() != 2:
+        raise PromptError("this model's output is no image embedding (one vector an image): asking in words needs "
+                          "a CLIP or SigLIP whose image tower gives one")
+    return embedding.float()
+
+
+def _fitting(embedding: Tensor, prompts: Tensor) -> Tensor:
+    if prompts.dim() != 2 or prompts.shape[1] != embedding.shape[1]:
+        raise PromptError(f"text embeddings of shape {tuple(prompts.shape)} do not fit this image tower's "
+                          f"{embedding.shape[1]}-d embedding: the text side belongs to another model")
+    return embedding
 
 
 def _grad_context():
@@ -454,6 +477,8 @@ def methods_for(model: ViT) -> dict[str, str]:
     LeGrad a CLIP's or SigLIP's readout; AttnLRP (its attention rules on SigLIP's pooling probe too) every model; the
     dense maps a CLIP's tokens in the joint embedding (``dense_clip.refusal`` says why not elsewhere); dino.txt's
     map a DINOv3 with its dino.txt head."""
+    if not isinstance(model, ViT):  # a tower on the library road: its scores, no map of a label yet
+        return {}
     cls = model.config.class_token and model.config.pooling == "cls"
     legrad = cls or model.config.pooling == "map"  # its CLIP and SigLIP readouts (not dino.txt's CLS + patch mean)
     keep = {"rollout": cls, "legrad": legrad, "attnlrp": True, "grad_eclip": cls, "dinotxt": is_dinotxt(model),

@@ -20,6 +20,7 @@ from vit.core.inference import TRAINING_SIZE, InputSize, NonFiniteOutput, non_fi
 from vit.core.progress import Progress
 from vit.core.text import escape_markdown
 from vit.explain.language import prompts
+from vit.model import ViT
 
 ENSEMBLE = "imagenet"  # the template choice that averages open_clip's 80 ImageNet templates
 METHODS = prompts.PROMPT_METHODS
@@ -51,7 +52,9 @@ def templates_for(template: str, ensemble: bool) -> list[str]:
 def model_input(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE) -> torch.Tensor:
     """``(1, C, H, W)`` on the model's device: the image exactly as the model sees it."""
     model = checkpoint.model
-    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size)
+    layout = getattr(model, "layout", None)  # a library-road tower's: its patch as the library places it
+    x = preprocess([image], checkpoint.preprocessing, size, layout.patch_hw if layout is not None else
+                   model.config.patch_size)
     return x.to(next(model.parameters()).device)
 
 
@@ -72,9 +75,28 @@ def answer(checkpoint: Checkpoint, tower, image: Image.Image, labels: list[str],
 
 def word_map(checkpoint: Checkpoint, asked: Answer, image: Image.Image, index: int, method: str,
              size: InputSize = TRAINING_SIZE) -> np.ndarray:
-    """``(gh, gw)``: label ``index``'s map by ``method`` (a key of ``METHODS``), float32."""
+    """``(gh, gw)``: label ``index``'s map by ``method`` (a key of ``methods``), float32."""
+    if is_library(checkpoint.model):  # a tower on the library road: the road's class map of the label's logit
+        from vit.explain.language.library_prompts import library_word_map
+
+        return library_word_map(checkpoint, asked.prompts, image, index, method)
     x = model_input(checkpoint, image, size)
     return prompts.prompt_map(checkpoint.model, x, asked.prompts, index, method)[0].float().cpu().numpy()
+
+
+def is_library(model) -> bool:
+    """Whether ``model`` is a tower opened on the library road (its maps of a label are the road's own)."""
+    return not isinstance(model, ViT)
+
+
+def methods(model) -> dict[str, str]:
+    """The maps of a label for ``model``, by key, with their titles: the port's prompt maps
+    (``prompts.methods_for``), or the library road's classifier maps of a tower opened there."""
+    if is_library(model):
+        from vit.explain.language.library_prompts import library_methods
+
+        return library_methods(model)
+    return prompts.methods_for(model)
 
 
 def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -116,6 +138,15 @@ def describe_method(method: str, label: str, other: str | None = None, *, kind: 
     """The map's caption, as Markdown (labels escaped); ``kind`` the prompts' (``"softmax"``: a CLIP, ``"sigmoid"``:
     a SigLIP), whose readout LeGrad follows."""
     label = escape_markdown(label)
+    if method not in prompts.PROMPT_METHODS:  # a library-road map: the road's class map of the label's logit
+        from vit.explain.views.attention_maps import MAP_KINDS
+
+        title = escape_markdown(MAP_KINDS.get(method, method))
+        score = "the sigmoid's logit" if kind == "sigmoid" else "the logit (scale × cosine)"
+        head = (f"**{title} of “{label}”**: the map this model's classifier maps draw for a class, of the label's "
+                f"image-text score, {score}")
+        return head + ("." if other is None else f", minus that of “{escape_markdown(other)}” (each scaled to "
+                                                 "[0, 1]; red where the first is the stronger).")
     what = {
         "rollout": "gradient rollout of the image-text similarity from the last layer, as in Chefer et al.'s CLIP "
                    "notebook (Transformer-MM-Explainability)",

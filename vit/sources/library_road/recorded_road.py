@@ -63,6 +63,7 @@ class ModuleModel(LibraryModel):
         self._heads, self._width = heads, width
         self.layer_heads = [heads] * len(calls)  # each layer's own (stages differ: ``_open_recorded`` sets them)
         self.skipped: frozenset = frozenset()  # modules whose attention is no layer (over channels): run, not kept
+        self.attention_kinds: tuple[str, ...] = ()  # what computed each layer's attention (``_open_recorded``)
 
     @property
     def config(self):
@@ -135,7 +136,9 @@ class ModuleModel(LibraryModel):
 
     def _recorded_forward(self, pixels: torch.Tensor, recorder: _AttentionRecorder) -> SimpleNamespace:
         """The module's own forward of ``pixels``, the layers ``recorder`` lists recorded: ``logits`` of a
-        classifier, else ``last_hidden_state``, the last block's output tokens ``(B, T, D)``."""
+        classifier, else ``last_hidden_state``, the last block's output tokens ``(B, T, D)``, and ``image_embeds``,
+        the module's own output where it is one vector an image past its blocks (an open_clip tower's embedding;
+        None elsewhere)."""
         recorder.windows = {layer: self.places[layer].windows for layer in recorder.modules
                             if self.places and self.places[layer].windows is not None}
         hidden = {}
@@ -158,13 +161,16 @@ class ModuleModel(LibraryModel):
                              "it was opened: its layers change with the input, which this road cannot place")
         if self.classifier:
             return SimpleNamespace(logits=out)
-        tokens = hidden.get("x", out[0] if isinstance(out, (tuple, list)) else out)
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        # the module's own (B, E) output: an open_clip tower's image embedding (CoCa's pooled query, a ResNet's)
+        embedding = first if isinstance(first, torch.Tensor) and first.dim() == 2 else None
+        tokens = hidden.get("x", first)
         batch = pixels.shape[0]
         if hasattr(self.layout, "join_tokens"):  # windows folded into the batch: back in the layout's order
             tokens = self.layout.join_tokens(tokens, batch)
         if tokens.dim() == 3 and tokens.shape[0] != batch and tokens.shape[1] == batch:  # (T, B, D): OpenAI CLIP's
             tokens = tokens.transpose(0, 1)
-        return SimpleNamespace(last_hidden_state=tokens)
+        return SimpleNamespace(last_hidden_state=tokens, image_embeds=embedding)
 
     def _last_block(self) -> torch.nn.Module | None:
         """The block of the last layer (``blocks``), or None where its attention is in no list of blocks (a
@@ -542,6 +548,7 @@ def _open_recorded(module, origin, image_size, mean, std, grid, prefix) -> Check
     model = ModuleModel(module, layout, [names[c.name] for c in calls], [c.name for c in calls], classifier,
                         max(c.heads for c in calls), width, channels)
     model.layer_heads = [c.heads for c in calls]
+    model.attention_kinds = tuple(c.kind for c in calls)  # "sdpa", "mha", "softmax": what computed each layer
     model.skipped = frozenset(names[name] for name in skipped)
     n = _output_classes(module, classifier)
     architecture = f"module:{type(module).__module__}.{type(module).__qualname__}"

@@ -264,7 +264,7 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
             if not isinstance(model_cfg, dict):
                 raise TextTowerError(f"{config_path} has no model_cfg")
             text_cfg = model_cfg.get("text_cfg") if isinstance(model_cfg.get("text_cfg"), dict) else {}
-            if model_cfg.get("custom_text") or text_cfg.get("hf_model_name"):
+            if text_cfg.get("hf_model_name"):
                 raise TextTowerError(f"{weights}: its text tower is a Hugging Face model open_clip would download "
                                      "(hf_model_name); only open_clip's own text transformer is supported")
             options = text_cfg.get("tokenizer_kwargs")
@@ -273,17 +273,21 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
                                      "which open_clip would read whole from anywhere; remove it (its own CLIP "
                                      "vocabulary is read)")
             cfg = {k: v for k, v in model_cfg.items() if k != "custom_text"}
+            # the class open_clip's factory builds for this config: CoCa's (a captioning decoder beside the towers),
+            # a custom text tower's (its own transformer under text.), else CLIP's
+            built = (open_clip.CoCa if "multimodal_cfg" in cfg else
+                     open_clip.model.CustomTextCLIP if model_cfg.get("custom_text") else open_clip.model.CLIP)
             check_declared_layers(cfg, str(config_path))
             try:  # the declared model on the meta device first: its size is checked before it is allocated
                 with torch.device("meta"):
-                    skeleton = open_clip.model.CLIP(**cfg)
+                    skeleton = built(**cfg)
             except Exception as e:  # noqa: BLE001
                 raise TextTowerError(f"{config_path}: open_clip cannot build this model ({_one_line(e)})") from None
             check_declared_model(skeleton, state, "visual.", str(config_path))
             del skeleton
             version = _tokenizer_version(weights.parent)
             try:
-                model = open_clip.model.CLIP(**cfg)
+                model = built(**cfg)
                 tokenizer = _load_tokenizer("open_clip", str(weights.parent), version)
             except TextTowerError:
                 raise
@@ -312,6 +316,8 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
         except RuntimeError as e:
             raise TextTowerError(f"{weights} does not match its open_clip_config.json ({_one_line(e)})") from None
     model.visual = None  # the image side is ours; free its memory
+    if hasattr(model, "text_decoder"):
+        model.text_decoder = None  # CoCa's captioner: encode_text reads its text tower alone
     model.eval()
     bias = getattr(model, "logit_bias", None)
     kind = "sigmoid" if bias is not None else "softmax"

@@ -27,6 +27,7 @@ from vit.explain.methods.attention import pooled_readout, positive_gradient_atte
 from vit.explain.views.library.road_maps import (
     LibraryMap,
     LibraryMethod,
+    attention_gradient_problem,
     default_query,
     describe_query,
     gradient_problem,
@@ -154,11 +155,11 @@ METHODS = (
     LibraryMethod("class", ("target", "layer", "query"), True, _class_map,
                   lambda layer, head, query, target: f"Class-specific map of {target!r} (gradient rollout up to layer "
                                                      f"{layer + 1}): what {describe_query(query)} draws on for that "
-                                                     "class.", gradient_problem),
+                                                     "class.", attention_gradient_problem),
     LibraryMethod("legrad", ("target", "layer"), True, _legrad,
                   lambda layer, head, query, target: f"LeGrad of {target!r} from layer {layer + 1} on: where the "
                                                      "head's reading of each layer is most sensitive to its "
-                                                     "attention.", gradient_problem, default_layer=-2),
+                                                     "attention.", attention_gradient_problem, default_layer=-2),
     LibraryMethod("attnlrp", ("target",), True, _attnlrp,
                   lambda layer, head, query, target: f"AttnLRP of {target!r}: each patch's signed share of the class "
                                                      "logit (lxt's rules on the library's own modules).",

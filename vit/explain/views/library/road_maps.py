@@ -74,6 +74,20 @@ def gradient_problem(model) -> str | None:
                                      f"passes there: {why}; its attention, rollout, CAMs and perturbation maps draw")
 
 
+def attention_gradient_problem(model) -> str | None:
+    """Why a map that reads the gradient at the attention probabilities (the class map, LeGrad) is not drawn for
+    ``model``, or None: ``gradient_problem``, or a layer whose attention ``nn.MultiheadAttention`` computes, whose
+    function hands its per-head weights back beside its output (a view off the output's path: no gradient reaches
+    them)."""
+    if (why := gradient_problem(model)):
+        return why
+    if "mha" in getattr(model, "attention_kinds", ()):
+        return ("this map reads the gradient at each layer's attention, and this model's attention runs through "
+                "nn.MultiheadAttention, whose per-head weights are handed back beside its output, off the path the "
+                "gradient takes; its CAMs, captum's maps and RISE draw")
+    return None
+
+
 def prediction_of(checkpoint: Checkpoint, logits: torch.Tensor | None) -> Prediction | None:
     """The top-5 prediction of a classifier's ``logits`` (1, classes), None without them."""
     if logits is None or not checkpoint.class_names:
