@@ -577,6 +577,9 @@ def census_one(family: Family, root: Path, timeout: int) -> dict:
     finally:
         signal.alarm(0)
         row["seconds"] = round(time.perf_counter() - start, 1)
+        # each family's files gone once its row is written: 47 full-size open_clip towers (ViTamin-XL, SO400M) kept
+        # to the end filled a 60 GB disk
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 NO_ATTENTION = "makes no attention call this road sees"  # the recorder's words for a forward without attention
@@ -644,6 +647,22 @@ def totals(rows: list[dict]) -> dict:
                 flagged=sum(bool(r["flag"]) for r in rows))
 
 
+def updated(earlier: dict, rows: list[dict], meta: dict, path: Path) -> tuple[list[dict], dict]:
+    """``earlier``'s rows (a census.json) in their order, each family run now replaced by its new row (marked
+    ``run: "update"``), and the meta saying both runs: the totals are then the whole census's, each row as its
+    latest run found it."""
+    new = {r["family"]: dict(r, run="update") for r in rows}
+    merged = [new.pop(r["family"], r) for r in earlier["rows"]]
+    merged += list(new.values())  # a family the earlier run did not have
+    # an update of an update: its rows keep their mark, and the whole run they update is still the first one's
+    base = earlier.get("updated_from") or dict(path=path.as_posix(), date=earlier.get("date"),
+                                               code=earlier.get("code"), command=earlier.get("command"),
+                                               versions=earlier.get("versions"))
+    updates = [*earlier.get("updates", []), *([dict(date=earlier.get("date"), command=earlier.get("command"),
+                                                    code=earlier.get("code"))] if "updated_from" in earlier else [])]
+    return merged, dict(meta, updated_from=base, updates=updates)
+
+
 def source() -> str:
     """The commit the census ran on, and whether vit/ had uncommitted edits (a shared checkout's)."""
     import subprocess
@@ -665,8 +684,16 @@ def versions() -> dict:
 def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     lines = [f"# Census of vision families (issue 91), {meta['date']}", "",
              f"Command: `{meta['command']}`", "", f"Code: {meta['code']}", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), "",
-             "Each family built tiny with random weights in its own library, saved natively, opened by path with "
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()), ""]
+    earlier = meta.get("updated_from")
+    if earlier:
+        versions_then = ", ".join(f"{k} {v}" for k, v in (earlier["versions"] or {}).items())
+        before = "".join(f" Earlier update: {u['date']}, command `{u['command']}`, code {u['code']}."
+                         for u in meta.get("updates", []))
+        lines += [f"Updated: the {sum(r.get('run') == 'update' for r in rows)} rows marked (updated) are this run's "
+                  f"or an earlier update's; the others are `{earlier['path']}`'s, {earlier['date']} (command "
+                  f"`{earlier['command']}`, code {earlier['code']}, versions {versions_then}).{before}", ""]
+    lines += ["Each family built tiny with random weights in its own library, saved natively, opened by path with "
              "`vit.load(folder, device=\"cpu\")` in a fresh HOME / HF_HOME, offline; `draws` is "
              "`vit.explain(checkpoint, image, \"attention\")` returning a finite map. `build failed` is the "
              "census's own gap (the tiny config it made), not a refusal.", "",
@@ -683,23 +710,31 @@ def markdown(rows: list[dict], summary: dict, meta: dict) -> str:
     lines = head + lines[-2:]
     for r in rows:
         cell = outcome(r).replace("|", "\\|")
-        lines.append(f"| {r['family']} | {r['library']} | {'yes' if r['attention'] else 'no'} | "
+        lines.append(f"| {r['family']}{' (updated)' if r.get('run') == 'update' else ''} | {r['library']} | "
+                     f"{'yes' if r['attention'] else 'no'} | "
                      f"{'yes' if r['named'] else ''} | {cell} | {', '.join(r['methods'])} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
+    global MAX_PARAMETERS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=RESULTS / "census.json", help="where the rows go")
     parser.add_argument("--markdown", type=Path, default=None, help="the table (default: beside --json)")
     parser.add_argument("--only", nargs="*", default=None, help="family names (or builds) to run, for a retry")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per family")
+    parser.add_argument("--max-parameters", type=float, default=MAX_PARAMETERS / 1e6,
+                        help="millions of parameters past which a family is not built (its size said instead)")
+    parser.add_argument("--update", type=Path, default=None,
+                        help="an earlier census.json: its rows are kept for every family not run now (each run's "
+                        "families replace theirs), and the table says which rows came from which run")
     parser.add_argument("--hand", action="store_true", help="the hand list only (issue 91's census), not every "
                         "registry entry")
     parser.add_argument("--list", action="store_true", help="print the families it would run and stop")
     parser.add_argument("--code", default=None, help="the code it runs, said in the results when this folder is "
                         "not a git checkout (a `git archive` export of a commit)")
     args = parser.parse_args(argv)
+    MAX_PARAMETERS = int(args.max_parameters * 1e6)
     import warnings
 
     import torch
@@ -728,11 +763,13 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(root, ignore_errors=True)
     if _HOME is not None:
         shutil.rmtree(_HOME, ignore_errors=True)
-    summary = totals(rows)
-    print("\nTotals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items()))
     command = "python -m bench.census_families " + shlex.join(argv if argv is not None else sys.argv[1:])
     meta = dict(date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                 command=command.strip(), code=args.code or source(), versions=versions())
+    if args.update is not None:
+        rows, meta = updated(json.loads(args.update.read_text()), rows, meta, args.update)
+    summary = totals(rows)
+    print("\nTotals: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items()))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(dict(meta, totals=summary, rows=rows), indent=1) + "\n")
     (args.markdown or args.json.with_suffix(".md")).write_text(markdown(rows, summary, meta))
