@@ -31,7 +31,7 @@ PICKER_KEY = "library_map_picker"
 PREDICTED = -1  # the class picker's "the predicted class"
 MEAN = -1  # the head picker's "the heads' mean"
 # kept by the page while not drawn (a rejected upload stops it before the map's controls); opacity: the page's
-KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-", *library_words.KEPT)
+KEPT = (METHOD_KEY, "library_layer-", "library_head-", "library_query-", "library_class-")
 HINT = "Upload an image in the sidebar to see what the model attends to."
 
 

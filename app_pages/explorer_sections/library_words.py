@@ -1,6 +1,6 @@
 """“Ask in words” on the library road's page: a CLIP or SigLIP tower opened as its library builds it (an open_clip
 tower on a timm trunk, SigLIP 2's and PE-Core's kind; CoCa's) scores typed labels as open_clip's zero-shot does,
-and draws a label's map by the road's own class maps of that label's logit (``vit.explain.language.library_prompts``).
+and draws a label's map by the road's own class maps of that label's logit (``vit.explain.views.library.road_prompts``).
 The main page's section (``ask_in_words``) reads the port's model; this one reads the library's, sharing its text
 tower, its cached answer and its cached maps."""
 

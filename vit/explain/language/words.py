@@ -77,7 +77,7 @@ def word_map(checkpoint: Checkpoint, asked: Answer, image: Image.Image, index: i
              size: InputSize = TRAINING_SIZE) -> np.ndarray:
     """``(gh, gw)``: label ``index``'s map by ``method`` (a key of ``methods``), float32."""
     if is_library(checkpoint.model):  # a tower on the library road: the road's class map of the label's logit
-        from vit.explain.language.library_prompts import library_word_map
+        from vit.explain.views.library.road_prompts import library_word_map
 
         return library_word_map(checkpoint, asked.prompts, image, index, method)
     x = model_input(checkpoint, image, size)
@@ -93,7 +93,7 @@ def methods(model) -> dict[str, str]:
     """The maps of a label for ``model``, by key, with their titles: the port's prompt maps
     (``prompts.methods_for``), or the library road's classifier maps of a tower opened there."""
     if is_library(model):
-        from vit.explain.language.library_prompts import library_methods
+        from vit.explain.views.library.road_prompts import library_methods
 
         return library_methods(model)
     return prompts.methods_for(model)

@@ -24,25 +24,6 @@ from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line
 
 
-def tower_fitting(embed_dim: int, vision_cfg: Mapping, state: Mapping[str, torch.Tensor],
-                  map_location: str | torch.device = "cpu") -> torch.nn.Module:
-    """The image tower open_clip builds for ``vision_cfg`` (``open_clip.model._build_vision_tower``) holding
-    ``state``'s ``visual.*`` weights, loaded strictly, in eval mode on ``map_location``. It is built on the meta device
-    first and the weights' names and shapes checked there, so a config declaring more than its weights hold (a width,
-    a ratio) is refused before any memory is taken; RuntimeError and the like for weights that do not fit."""
-    import open_clip
-
-    visual = {k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")}
-    with torch.device("meta"):
-        tower = open_clip.model._build_vision_tower(embed_dim, dict(vision_cfg))
-    tower.load_state_dict(visual, strict=True, assign=True)  # names and shapes: the model is the weights' size
-    if torch.device(map_location).type != "meta":
-        with torch.device("cpu"):
-            tower = open_clip.model._build_vision_tower(embed_dim, dict(vision_cfg))
-        tower.load_state_dict(visual, strict=True)
-    return tower.to(map_location).eval()
-
-
 def open_clip_recorded(path: Path, state: Mapping[str, torch.Tensor], config_json: Mapping, preprocessing_of,
                        map_location: str | torch.device = "cpu") -> Checkpoint:
     """An open_clip image tower (not a timm trunk's) from its ``visual.*`` weights, loaded strictly into the tower
@@ -64,7 +45,7 @@ def open_clip_recorded(path: Path, state: Mapping[str, torch.Tensor], config_jso
     if problem:
         raise SourceError(f"{origin}: {problem}")
     try:
-        tower = tower_fitting(int(model_cfg.get("embed_dim", 0)), vision, state, map_location)
+        tower = timm_models.tower_fitting(int(model_cfg.get("embed_dim", 0)), vision, state, map_location)
         size = tower.image_size if isinstance(tower.image_size, int) else int(tower.image_size[0])
         if resnet:
             tokens = int(tower.attnpool.positional_embedding.shape[0])

@@ -446,6 +446,25 @@ def _recorded(path: Path, origin: str, model: torch.nn.Module, trunk: torch.nn.M
     return checkpoint
 
 
+def tower_fitting(embed_dim: int, vision_cfg: Mapping, state: Mapping[str, torch.Tensor],
+                  map_location: str | torch.device = "cpu") -> torch.nn.Module:
+    """The image tower open_clip builds for ``vision_cfg`` (``open_clip.model._build_vision_tower``) holding
+    ``state``'s ``visual.*`` weights, loaded strictly, in eval mode on ``map_location``. It is built on the meta device
+    first and the weights' names and shapes checked there, so a config declaring more than its weights hold (a width,
+    a ratio) is refused before any memory is taken; RuntimeError and the like for weights that do not fit."""
+    import open_clip
+
+    visual = {k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")}
+    with torch.device("meta"):
+        tower = open_clip.model._build_vision_tower(embed_dim, dict(vision_cfg))
+    tower.load_state_dict(visual, strict=True, assign=True)  # names and shapes: the model is the weights' size
+    if torch.device(map_location).type != "meta":
+        with torch.device("cpu"):
+            tower = open_clip.model._build_vision_tower(embed_dim, dict(vision_cfg))
+        tower.load_state_dict(visual, strict=True)
+    return tower.to(map_location).eval()
+
+
 def open_clip_library(path: Path, state: Mapping[str, torch.Tensor], config_json: Mapping, preprocessing_of,
                       map_location: str | torch.device = "cpu") -> Checkpoint:
     """An open_clip image tower whose trunk is a timm model (``vision_cfg.timm_model_name``: SigLIP 2, PE-Core), as
@@ -454,8 +473,6 @@ def open_clip_library(path: Path, state: Mapping[str, torch.Tensor], config_json
     open_clip's transform for a ``ViTConfig`` with the input and patch size. SourceError (one line) as
     ``open_timm_library``."""
     import timm
-
-    from vit.sources.library_road.open_clip_towers import tower_fitting
 
     origin = f"{path} (open_clip, opened as open_clip builds it)"
     model_cfg = config_json.get("model_cfg")

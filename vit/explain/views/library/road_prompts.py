@@ -1,7 +1,7 @@
 """Asking in words of a CLIP or SigLIP tower opened on the library road (an open_clip tower as open_clip builds it:
 SigLIP 2's and PE-Core's timm trunks, CoCa's, a ResNet's): the labels' maps are the library road's own class maps
-(``vit.explain.views.library.road_maps``: the class map, LeGrad, the CAMs, captum's attributions, RISE) of the
-tower made a classifier over the labels.
+(``road_maps``: the class map, LeGrad, the CAMs, captum's attributions, RISE) of the tower made a classifier over the
+labels. ``vit.explain.language.words`` asks here for a tower on the library road.
 
 ``prompted_tower`` puts ``prompts.PromptHead`` (``scale * cos(embedding, text) + bias``, CLIP's and SigLIP's
 logits) on the tower's own image embedding: every module is the tower's, its recording and gradients the road's own,
