@@ -152,9 +152,10 @@ def test_the_library_road_families_are_listed_with_their_road_and_on_the_models_
     from pathlib import Path
 
     library = {f.name: f for f in registry.families() if f.road == "library"}
-    assert set(library) == {"transformers-library", "timm-library", "open_clip-timm", "pe-video"}
+    assert set(library) == {"transformers-library", "timm-library", "open_clip-timm", "open_clip-recorded", "pe-video"}
     assert {f.importer for f in library.values()} == {"vit.sources.library_road.transformers_models",
                                                       "vit.sources.library_road.timm_models",
+                                                      "vit.sources.library_road.open_clip_towers",
                                                       "vit.sources.library_road.pe_video"}
     assert {f.road for f in registry.families()} == {"port", "library"}
     assert all(not f.hf_model_types for f in library.values())  # taken where no port reads the folder

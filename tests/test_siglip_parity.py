@@ -138,3 +138,41 @@ def test_timm_architecture_the_registry_does_not_know_is_refused_in_one_line(tmp
     with pytest.raises(SourceError, match="timm does not know the architecture 'vit_base_patch16_siglip3_224'") as e:
         open_source(tmp_path / "timm")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("with_processor", [True, False])
+def test_an_hf_siglip_whose_side_is_no_whole_number_of_patches_is_transformers_on_the_pixels_it_reads(
+        tmp_path, with_processor):
+    """google/siglip-so400m-patch14-384's kind (384 px in 14-px patches, 27 x 27 over 378 px; LLaVA-OneVision's
+    tower) was refused: "image_size must be divisible by patch_size". transformers' patch convolution (stride =
+    kernel, no padding) never reads the pixels past the last whole patch. Here 36 px in 8-px patches: the processor's
+    36 x 36 input, cropped at its top left to 32 x 32, is what we feed, and the embedding and every layer's attention
+    are transformers' own on its whole 36 x 36 input; with or without the processor's file."""
+    import numpy as np
+    from PIL import Image
+
+    import vit
+    from vit.core.inference import preprocess
+
+    model = hf_random(transformers.SiglipVisionModel, transformers.SiglipVisionConfig(**{**HF_VISION,
+                                                                                          "image_size": 36}))
+    model.save_pretrained(tmp_path / "siglip")
+    processor = transformers.SiglipImageProcessor(size={"height": 36, "width": 36})  # its defaults otherwise
+    if with_processor:
+        processor.save_pretrained(tmp_path / "siglip")
+    checkpoint = vit.load(tmp_path / "siglip", device="cpu")
+    assert checkpoint.road == "port" and checkpoint.config.image_size == 32 and checkpoint.model.patch_grid(32, 32) \
+        == (4, 4)
+    photo = Image.fromarray(np.random.default_rng(5).integers(0, 256, (30, 50, 3), dtype=np.uint8))
+    theirs = processor(photo, return_tensors="pt").pixel_values  # (1, 3, 36, 36)
+    x = preprocess([photo], checkpoint.preprocessing)
+    assert x.shape == (1, 3, 32, 32)
+    torch.testing.assert_close(x, theirs[..., :32, :32], atol=1e-5, rtol=0)  # the top left the patches read
+    with torch.no_grad():
+        out = model(pixel_values=theirs, output_attentions=True)
+        ours = checkpoint.model.encode(x, output_attentions=True)
+    assert_parity("SigLIP | HF 36 px in 8-px patches", ours.embedding, out.pooler_output, ours.attentions,
+                  out.attentions)
+    # the map lies over the photo's pixels the patches read: the top left 32/36 of it each way, not the whole photo
+    box = vit.explain(checkpoint, photo, "attention").input_box
+    assert box == pytest.approx((0.0, 0.0, 50 * 32 / 36, 30 * 32 / 36))

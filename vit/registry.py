@@ -490,6 +490,14 @@ BUILTIN_FAMILIES: tuple[Family, ...] = (
            "open_clip folders whose vision_cfg names a timm_model_name (vit.load)",
            "vit.sources.library_road.timm_models", (),
            _LIBRARY_MAPS, road="library"),
+    Family("open_clip-recorded", "open_clip towers the port does not read: CoCa, the ResNets (RN50 ...)", "image",
+           "open_clip folders whose vision_cfg the port does not express (CoCa's attentional pooler, a ResNet's "
+           "layers), built as open_clip builds them (vit.load)",
+           "vit.sources.library_road.open_clip_towers", (),
+           "attention (any layer, head, query) and rollout under the recorder (CoCa's pooler named as learnt queries, "
+           "not a layer); labels' scores and maps through vit.ask and Ask in words: the CAMs, captum's attributions "
+           "and RISE (nn.MultiheadAttention's weights take no gradient, so no class map or LeGrad); the other maps "
+           "refused in one line", road="library"),
 )
 
 

@@ -92,6 +92,22 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     return replace(_default_preprocessing(config, architecture), backend=backend)
 
 
+def whole_patches(preprocessing: Preprocessing, config: ViTConfig, declared: int | None) -> Preprocessing:
+    """``preprocessing`` for a model whose input side is no whole number of patches (``declared``, the config.json's
+    side; SigLIP so400m's 384 px in 14-px patches): its patch convolution never reads the pixels past the last whole
+    patch, so our model, built at the patches' ``config.image_size`` (378 px), is fed the library's straight resize to
+    the declared side cropped at the top left (``crop_rule="top_left"``, as tintn's stride-P convolution sees an image):
+    the same numbers, and every map drawn over exactly the pixels the patches cover. Any other preprocessing as it is
+    (a centre crop's offset would move with the crop)."""
+    side, patch = config.image_size, config.patch_size
+    if not (isinstance(side, int) and isinstance(patch, int)) or preprocessing.resize_size is not None:
+        return preprocessing
+    resized = preprocessing.image_size if preprocessing.image_size != side else declared
+    if not isinstance(resized, int) or not side < resized < side + patch:
+        return preprocessing
+    return replace(preprocessing, image_size=side, resize_size=resized, resize_mode="square", crop_rule="top_left")
+
+
 def channel_numbers(value, name: str, channels: int) -> tuple[float, ...]:
     """A per-channel statistic: a list of finite numbers (at least one per channel), or one number for all."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -208,8 +224,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
         return Preprocessing(side, channels, import_clip.OPENAI_MEAN[:channels], import_clip.OPENAI_STD[:channels],
                              resize_size=side, resize_mode="shortest_edge", resample="bicubic",
                              crop_rule="transformers")
-    if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
-        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
+    if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bicubic (its class's resample), 0.5
+        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     # Sam2ImageProcessor: 1024 square, bilinear, ImageNet statistics. SamImageProcessor: the same statistics and
     # filter, its longest edge resized to the model's side (1024) and padded with zeros to that square.
     if architecture.startswith("Sam2"):

@@ -15,7 +15,7 @@ from vit import registry
 from vit.checkpoint import Checkpoint, CheckpointError, Preprocessing
 from vit.model import ViTConfig
 from vit.sources.files import SourceError, _one_line, read_json
-from vit.sources.hf_preprocessing import hf_preprocessing
+from vit.sources.hf_preprocessing import hf_preprocessing, whole_patches
 from vit.sources.library_road import (
     backbone_parts,
     recorded_folder,
@@ -175,12 +175,22 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     model = build_model(config, ours, origin, map_location)
     processor = hf_image_processor(folder)
-    checkpoint = _finish(model, hf_class_names(config_json, config.num_classes),
-                         hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
+    preprocessing = whole_patches(hf_preprocessing(processor, config, architecture), config,
+                                  declared_side(config_json))
+    checkpoint = _finish(model, hf_class_names(config_json, config.num_classes), preprocessing, folder, "hf",
+                         f"hf:{architecture}")
     note = tower_note(config_json, config, checkpoint.preprocessing)
     if note:
         checkpoint.metadata["tower"] = note
     return checkpoint
+
+
+def declared_side(config_json: Mapping) -> int | None:
+    """The input side a config.json declares (its vision config's ``image_size``, where it is one number), which
+    ``whole_patches`` compares with the side our model is built at."""
+    vision = config_json.get("vision_config") if isinstance(config_json.get("vision_config"), Mapping) else config_json
+    side = vision.get("image_size")
+    return side if isinstance(side, int) and not isinstance(side, bool) else None
 
 
 def tower_note(config_json: Mapping, config: ViTConfig, preprocessing: Preprocessing) -> str | None:
@@ -225,7 +235,8 @@ def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device =
         processor, shown = module.image_processor(hf_image_processor(folder), config_json)
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    preprocessing = hf_preprocessing(processor, config, module.tower_architecture(config_json))
+    preprocessing = whole_patches(hf_preprocessing(processor, config, module.tower_architecture(config_json)),
+                                  config, declared_side(config_json))
     checkpoint = _finish(model, [], preprocessing, folder, "hf", f"hf:{architecture}",
                          None if processor is not None else "preprocessor_config.json")
     checkpoint.metadata["tower"] = " ".join(filter(None, (module.reading(config_json).note, shown)))

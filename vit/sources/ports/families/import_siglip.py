@@ -35,6 +35,16 @@ HF_HONOURED = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_att
 HF_INERT = {"initializer_range", "initializer_factor"}
 
 
+def whole_patches_side(side: int, patch: int) -> int:
+    """The input side a SigLIP tower's patches cover: ``side`` less the pixels past its last whole patch. Its patch
+    embedding convolves with stride = kernel = ``patch`` and no padding, so those pixels are never read, and its
+    position table holds ``(side // patch) ** 2`` entries (so400m at 384 px in 14-px patches: 27 x 27 patches over
+    378 px); the input is then the processor's resize cropped at the top left (``hf_preprocessing.whole_patches``)."""
+    if patch < 1 or side < patch:
+        raise ValueError(f"SigLIP image_size {side} holds no whole patch of {patch} px")
+    return side - side % patch
+
+
 def config_from_hf(config_json: Mapping) -> ViTConfig:
     """Our config for an HF SigLIP config.json (``siglip`` or ``siglip_vision_model``), or SigLIP 2 NaFlex's
     (``siglip2`` / ``siglip2_vision_model``: its square table of ``num_patches`` entries is the training grid)."""
@@ -50,8 +60,10 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
             raise ValueError(f"SigLIP 2 num_patches {str(patches)[:20]} is not a square number of table entries")
         naflex = dict(image_size=side * patch, max_num_patches=patches, pos_resize="bilinear",
                       pos_embed_antialias=True)
+    side = naflex.pop("image_size", None) or whole_patches_side(_one(vision.get("image_size", 224), "image_size"),
+                                                                  patch)
     return ViTConfig(
-        image_size=naflex.pop("image_size", None) or _one(vision.get("image_size", 224), "image_size"),
+        image_size=side,
         patch_size=patch, num_channels=vision.get("num_channels", 3),
         num_classes=0, hidden_size=vision.get("hidden_size", 768), num_layers=vision.get("num_hidden_layers", 12),
         num_heads=vision.get("num_attention_heads", 12), mlp_size=vision.get("intermediate_size", 3072),
