@@ -19,7 +19,6 @@ from app_pages.explorer_sections import (
     image_picker,
     library_clip_view,
     library_view,
-    library_words,
     main_view,
     map_settings,
     mechanism,
@@ -57,7 +56,7 @@ from vit.sources.vlm.whole_vlm import can_answer
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT
               + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT + sam_prompts.KEPT
-              + library_view.KEPT + library_words.KEPT + concept_view.KEPT)
+              + library_view.KEPT + concept_view.KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------

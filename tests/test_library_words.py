@@ -153,6 +153,7 @@ def test_the_explorers_ask_in_words_scores_and_maps_a_label_of_a_library_road_to
     main page asks a port's CLIP (it had no such section, and the API raised on the port's patch size): its scores
     are open_clip's own, its methods the library road's class maps, a label's map drawn by each."""
     from test_app import charts, png_bytes, run_app, sidebar_widget, upload
+    from test_app_share import open_link, url
 
     from vit.core.inference import preprocess
 
@@ -183,3 +184,14 @@ def test_the_explorers_ask_in_words_scores_and_maps_a_label_of_a_library_road_to
     assert any(c.value.startswith("**Grad\\-CAM") and "“a dog”" in c.value for c in at.main.caption), \
         [c.value for c in at.main.caption]
     assert not [t for t in at.main.toggle if t.label == "Deletion and insertion curves"]  # the port's cosine only
+
+    # the page's link holds the labels, the label and the method, and opens the same view in a fresh session
+    [label] = [w for w in at.main.selectbox if w.label == "Map for"]
+    label.set_value(2)
+    at.run()
+    link = url(at)
+    assert (link["labels"], link["wlabel"], link["wmethod"]) == (", ".join(LABELS), LABELS[2], "gradcam")
+    again = open_link(link)
+    assert not again.exception and not again.main.error, [e.value for e in again.main.error]
+    assert [w.value for w in again.main.text_area if w.label == "Labels"] == [", ".join(LABELS)]
+    assert [w.value for w in again.main.selectbox if w.label in ("Map for", "Method")] == [2, "gradcam"]

@@ -13,7 +13,14 @@ import streamlit as st
 from PIL import Image
 
 import vit
-from app_pages.explorer_sections import library_words, map_settings, sam_prompts, share_view, view_link
+from app_pages.explorer_sections import (
+    ask_in_words,
+    library_words,
+    map_settings,
+    sam_prompts,
+    share_view,
+    view_link,
+)
 from app_pages.explorer_sections.concept_view import sidebar_image
 from vit.app import catalog, drawing, share
 from vit.app import library_view as view
@@ -169,6 +176,8 @@ def library_view(checkpoint: Checkpoint, fingerprint: tuple, entry: catalog.Cata
         if sam_prompts.applies(checkpoint) else None
     if prompted is not None:
         values.update({k: v for k, v in sam_prompts.link_values(prompted).items() if v is not None})
+    if library_words.applies(checkpoint):
+        values.update(ask_in_words.shared_values())  # the labels asked and their map's label and method
     view_link.follow(values)  # before the map: a reload while it computes (or after a refusal) opens this view
     try:
         explained = _explain(fingerprint, digest, method, tuple(sorted(asked.items())), checkpoint, image)

@@ -2,7 +2,8 @@
 tower on a timm trunk, SigLIP 2's and PE-Core's kind; CoCa's) scores typed labels as open_clip's zero-shot does,
 and draws a label's map by the road's own class maps of that label's logit (``vit.explain.views.library.road_prompts``).
 The main page's section (``ask_in_words``) reads the port's model; this one reads the library's, sharing its text
-tower, its cached answer and its cached maps."""
+tower, its cached answer and maps, its widgets' keys and its part of the page's link (the labels, the label and the
+method)."""
 
 import streamlit as st
 from PIL import Image
@@ -18,9 +19,10 @@ from vit.explain.language.prompts import DEFAULT_TEMPLATE
 from vit.explain.views.overlay import map_colours, overlay
 from vit.sources.vlm.text_tower import MAX_LABELS, has_text_tower, split_labels
 
-LABELS_KEY, TEMPLATE_KEY = "library_words_labels", "library_words_template"
-LABEL_KEY, METHOD_KEY = "library_words_label", "library_words_method"
-KEPT = ("library_words_",)  # every key of this section
+# The main page's section's keys (never drawn on the same page): a link's labels, label and method (``share_view``,
+# ``ask_in_words.take_link``) set them, and the page's link and the section's settings (``ask_in_words.KEPT``) keep them
+LABELS_KEY, TEMPLATE_KEY = ask_in_words.LABELS_KEY, ask_in_words.TEMPLATE_KEY
+LABEL_KEY, METHOD_KEY, PICKED_KEY = ask_in_words.LABEL_KEY, ask_in_words.METHOD_KEY, ask_in_words.PICKED_KEY
 
 
 def applies(checkpoint: Checkpoint) -> bool:
@@ -63,12 +65,17 @@ def library_words(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image
             st.caption("No map of a label reaches this model (its gradient does not pass back to its pixels); its "
                        "scores are beside, its attention above.")
             return
+        for line in ask_in_words._apply_link(labels, methods):  # a link's label and method, once its labels are in
+            st.caption(escape_markdown(line))
         if st.session_state.get(LABEL_KEY) not in range(len(labels)):
             st.session_state[LABEL_KEY] = 0
         if st.session_state.get(METHOD_KEY) not in methods:
             st.session_state.pop(METHOD_KEY, None)
         chosen = st.selectbox("Map for", range(len(labels)), key=LABEL_KEY, format_func=lambda i: labels[i])
         method = st.selectbox("Method", list(methods), format_func=methods.get, key=METHOD_KEY)
+        st.session_state[PICKED_KEY] = {"wlabel": labels[chosen], "wmethod": method}
+        if ask_in_words.link_is_stale():  # the page's link, drawn above, follows the label and method picked here
+            st.rerun()
         try:
             label_map = ask_in_words.word_map(fingerprint, digest, size, tuple(labels), tuple(templates), chosen,
                                               method, asked, checkpoint, image)

@@ -29,7 +29,7 @@ from vit.explain.language.vlm_answer import FUSIONS, MAP_METHODS, MAX_CLIP_FRAME
 from vit.explain.methods.attention import HEAD_FUSIONS
 from vit.explain.methods.captum_maps import options_text, parse_options
 from vit.explain.methods.segment import MAP_LABELS
-from vit.explain.views.attention_maps import CAM_KINDS, method_of
+from vit.explain.views.attention_maps import CAM_KINDS, MAP_KINDS, method_of
 from vit.explain.views.overlay import UPSAMPLE_MODES
 from vit.explain.views.video import CLIP_KIND_LABELS
 
@@ -184,7 +184,8 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "attr": _options,  # captum's and RISE's settings that differ from their defaults: n_steps=20,baselines=0.5
     "opacity": _steps(0.0, 1.0), "cmap": _one_of(COLORMAPS), "scale": _one_of(tuple(COLOUR_SCALES)),
     "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
-    "labels": _text, "wlabel": _text, "wminus": _text, "wmethod": _one_of(tuple(PROMPT_METHODS)),  # "Ask in words"
+    # "Ask in words": a port's prompt maps, or a library-road tower's class maps (each model's checked on its page)
+    "labels": _text, "wlabel": _text, "wminus": _text, "wmethod": _one_of((*PROMPT_METHODS, *MAP_KINDS)),
     "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
     "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
     "frame": _whole(1), "patch": _patch,  # a clip's shown sampled frame, its query patch
@@ -261,7 +262,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "size": lambda v: size_option(v, size_label, own_size),
         "map": lambda v: WORD_KINDS.get(v) or CLIP_KIND_LABELS.get(v) or method_of(v).title,
         "patch": lambda v: f"frame {v[0]}, row {v[1]}, col {v[2]}",
-        "target": TARGETS.get, "wmethod": PROMPT_METHODS.get,
+        "target": TARGETS.get, "wmethod": lambda v: PROMPT_METHODS.get(v) or MAP_KINDS.get(v),
         "class": lambda v: class_option(v, class_names, predicted),
         "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),
         "head": lambda v: head_option(v - 1),  # a link counts heads from 1, the picker from 0
