@@ -461,3 +461,34 @@ def test_llava_next_shows_the_tower_the_processors_centre_crop_of_its_base_view(
         x, _ = checkpoint.model.tokens(ours)
         torch.testing.assert_close(checkpoint.model.project(x, (4, 4))[0], features, rtol=0, atol=ATOL)
     assert f"resized to {shortest}x{shortest}, then its centre 56x56" in checkpoint.metadata["tower"]
+
+
+def test_a_llava_onevision_tower_whose_side_is_no_whole_number_of_patches_reads_as_transformers(tmp_path):
+    """LLaVA-OneVision's tower is SigLIP so400m at 384 px in 14-px patches; here 36 px in 8-px patches. The tower is
+    built at the patches' 32 px and fed the processor's base tile cropped at its top left (the pixels transformers'
+    convolution reads): our input is that crop, and every layer's attention is transformers' own on the whole tile."""
+    from vit.core.inference import preprocess
+
+    pinpoints = [[36, 72], [72, 36], [72, 72]]
+    config = transformers.LlavaOnevisionConfig(vision_config=dict(SIGLIP_TOWER, image_size=36),
+                                               text_config=dict(TEXT, model_type="qwen2"), image_token_id=3,
+                                               image_grid_pinpoints=pinpoints)
+    processor = transformers.LlavaOnevisionImageProcessor(size={"height": 36, "width": 36},
+                                                          image_grid_pinpoints=pinpoints, image_mean=[0.5] * 3,
+                                                          image_std=[0.5] * 3)
+    torch.manual_seed(0)
+    model = noisy(transformers.LlavaOnevisionForConditionalGeneration(config))
+    model.set_attn_implementation("eager")
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    checkpoint = open_source(tmp_path)
+    assert checkpoint.config.image_size == 32 and checkpoint.preprocessing.crop_rule == "top_left"
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (50, 70, 3), dtype=np.uint8))
+    tile = processor(images=image, return_tensors="pt")["pixel_values"][0][:1]  # the base tile, (1, C, 36, 36)
+    ours = preprocess([image], checkpoint.preprocessing)
+    torch.testing.assert_close(ours, tile[..., :32, :32], rtol=0, atol=1e-5)
+    with torch.no_grad():
+        theirs = _tower_of(model)(pixel_values=tile, output_attentions=True)
+        mine = checkpoint.model.encode(ours, output_attentions=True)
+    for layer, reference in zip(mine.attentions, theirs.attentions[:DEPTH["llava_onevision"]], strict=True):
+        torch.testing.assert_close(layer, reference, rtol=0, atol=ATOL)
