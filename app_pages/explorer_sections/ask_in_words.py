@@ -114,6 +114,27 @@ def link_is_stale() -> bool:
     return SHARED_KEY in st.session_state and st.session_state[SHARED_KEY] != link_values()
 
 
+def section_inputs(with_ensemble: bool) -> tuple[tuple, str, bool, str]:
+    """The section's heading and its three columns, the labels and template typed in the first (and, with
+    ``with_ensemble``, the ImageNet templates' checkbox): ``(columns, labels text, ensemble, template)``. The main
+    page's section and the library road's (``library_words``) draw the same inputs under the same keys."""
+    st.subheader("Ask in words")
+    columns = st.columns([0.8, 0.8, 1], gap="medium")
+    with columns[0]:
+        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
+        labels_text = st.text_area("Labels", key=LABELS_KEY, placeholder="a dog, a cat, a ball",
+                                   help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
+                                        "or line breaks. They are read as plain text.")
+        ensemble = with_ensemble and st.checkbox(
+            "Average open_clip's 80 ImageNet templates", key=ENSEMBLE_KEY,
+            help="As OpenAI's and open_clip's zero-shot ImageNet classifiers: each label in 80 templates, the "
+                 "normalised embeddings averaged.")
+        st.session_state.setdefault(TEMPLATE_KEY, DEFAULT_TEMPLATE)
+        template = st.text_input("Template", key=TEMPLATE_KEY, max_chars=200, disabled=ensemble,
+                                 help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
+    return tuple(columns), labels_text, ensemble, template
+
+
 @st.fragment
 def ask_in_words(view: Shown) -> words.Answer | None:
     """The section, for a model with a text tower; the answer to the labels typed (None without labels)."""
@@ -121,20 +142,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
     checkpoint, image, size = view.checkpoint, view.image, view.size
     model = (view.fingerprint, view.image_key, size)
     full = (view.full_fingerprint, checkpoint, view.full_checkpoint, image)
-    st.subheader("Ask in words")
-    col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
-    with col_ask:
-        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
-        labels_text = st.text_area("Labels", key=LABELS_KEY, placeholder="a dog, a cat, a ball",
-                                   help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
-                                        "or line breaks. They are read as plain text.")
-        ensemble = st.checkbox("Average open_clip's 80 ImageNet templates", key=ENSEMBLE_KEY,
-                               help="As OpenAI's and open_clip's zero-shot ImageNet classifiers: each label in 80 "
-                                    "templates, the normalised embeddings averaged.")
-        st.session_state.setdefault(TEMPLATE_KEY, DEFAULT_TEMPLATE)
-        template = st.text_input("Template", key=TEMPLATE_KEY, max_chars=200,
-                                 disabled=ensemble,
-                                 help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
+    (col_ask, col_scores, col_map), labels_text, ensemble, template = section_inputs(with_ensemble=True)
     asked, labels = None, []
     try:
         labels = split_labels(labels_text) if labels_text.strip() else []

@@ -15,9 +15,8 @@ from vit.checkpoint import Checkpoint, CheckpointError
 from vit.core.inference import TRAINING_SIZE
 from vit.core.text import escape_markdown
 from vit.explain.language import words
-from vit.explain.language.prompts import DEFAULT_TEMPLATE
 from vit.explain.views.overlay import map_colours, overlay
-from vit.sources.vlm.text_tower import MAX_LABELS, has_text_tower, split_labels
+from vit.sources.vlm.text_tower import has_text_tower, split_labels
 
 # The main page's section's keys (never drawn on the same page): a link's labels, label and method (``share_view``,
 # ``ask_in_words.take_link``) set them, and the page's link and the section's settings (``ask_in_words.KEPT``) keep them
@@ -34,16 +33,7 @@ def library_words(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image
                   opacity: float) -> None:
     """The section: the labels, their scores, and the picked label's map by the picked method, drawn over the
     image the model saw."""
-    st.subheader("Ask in words")
-    col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
-    with col_ask:
-        # No max_chars: Streamlit would show a counter; split_labels bounds the text (one line if over).
-        text = st.text_area("Labels", key=LABELS_KEY, placeholder="a dog, a cat, a ball",
-                            help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons or "
-                                 "line breaks. They are read as plain text.")
-        st.session_state.setdefault(TEMPLATE_KEY, DEFAULT_TEMPLATE)
-        template = st.text_input("Template", key=TEMPLATE_KEY, max_chars=200,
-                                 help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
+    (col_ask, col_scores, col_map), text, _, template = ask_in_words.section_inputs(with_ensemble=False)
     size = TRAINING_SIZE  # the library road reads the model's own input size
     try:
         labels = split_labels(text) if text.strip() else []

@@ -169,23 +169,29 @@ def zero_shot(model: ViT, images: Tensor, prompts: Tensor, scale: float, bias: f
         if isinstance(model, ViT):
             logits = prompt_model(model, prompts, scale, bias)(images)[0].float()
         else:  # the same head on the library's own embedding
-            logits = PromptHead(None, prompts, scale, bias)(_fitting(tower_embedding(model, images), prompts)).float()
+            logits = PromptHead(None, prompts, scale, bias)(fitting(tower_embedding(model, images), prompts)).float()
     return logits, logits.softmax(dim=-1) if kind == "softmax" else logits.sigmoid()
 
 
 def tower_embedding(model: nn.Module, images: Tensor) -> Tensor:
-    """``(B, E)``: the image embedding of a tower opened on the library road, its library's own output (open_clip's
+    """``(B, E)``: the image embedding of a tower opened on the library road (``embedding_of`` its forward)."""
+    return embedding_of(model.run(images)[0]).float()
+
+
+def embedding_of(out) -> Tensor:
+    """``(B, E)``: the image embedding in a library-road forward's output ``out``, its library's own (open_clip's
     ``encode_image`` before its normalisation: a timm trunk's tower, CoCa's pooled query, a ResNet's attention pool).
     PromptError (one line) for a model whose output is not one vector an image."""
-    out, _ = model.run(images)
     embedding = getattr(out, "image_embeds", None)
     if not isinstance(embedding, Tensor) or embedding.dim() != 2:
         raise PromptError("this model's output is no image embedding (one vector an image): asking in words needs "
                           "a CLIP or SigLIP whose image tower gives one")
-    return embedding.float()
+    return embedding
 
 
-def _fitting(embedding: Tensor, prompts: Tensor) -> Tensor:
+def fitting(embedding: Tensor, prompts: Tensor) -> Tensor:
+    """``embedding (B, E)`` where ``prompts (n, E)`` fit it; PromptError (one line) where the text side is
+    another model's."""
     if prompts.dim() != 2 or prompts.shape[1] != embedding.shape[1]:
         raise PromptError(f"text embeddings of shape {tuple(prompts.shape)} do not fit this image tower's "
                           f"{embedding.shape[1]}-d embedding: the text side belongs to another model")
@@ -477,7 +483,7 @@ def methods_for(model: ViT) -> dict[str, str]:
     LeGrad a CLIP's or SigLIP's readout; AttnLRP (its attention rules on SigLIP's pooling probe too) every model; the
     dense maps a CLIP's tokens in the joint embedding (``dense_clip.refusal`` says why not elsewhere); dino.txt's
     map a DINOv3 with its dino.txt head."""
-    if not isinstance(model, ViT):  # a tower on the library road: its scores, no map of a label yet
+    if not isinstance(model, ViT):  # a tower on the library road: its maps are the road's (``words.methods``)
         return {}
     cls = model.config.class_token and model.config.pooling == "cls"
     legrad = cls or model.config.pooling == "map"  # its CLIP and SigLIP readouts (not dino.txt's CLS + patch mean)

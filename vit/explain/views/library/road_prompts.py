@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from vit.checkpoint import Checkpoint
 from vit.core.inference import input_shape
-from vit.explain.language.prompts import PromptError, PromptHead
+from vit.explain.language.prompts import PromptError, PromptHead, embedding_of, fitting
 
 
 def library_methods(model: nn.Module) -> dict[str, str]:
@@ -45,11 +45,7 @@ def _prompted_class(base: type) -> type:
 
         def _recorded_forward(self, pixels: Tensor, recorder) -> SimpleNamespace:
             out = base._recorded_forward(self._tower, pixels, recorder)  # the tower's forward, recorded as asked
-            embedding = getattr(out, "image_embeds", None)
-            if not isinstance(embedding, Tensor) or embedding.dim() != 2:
-                raise PromptError("this model's output is no image embedding (one vector an image): asking in words "
-                                  "needs a CLIP or SigLIP whose image tower gives one")
-            return SimpleNamespace(logits=self._head(embedding))
+            return SimpleNamespace(logits=self._head(fitting(embedding_of(out), self._head.prompts)))
 
     Prompted.__name__ = Prompted.__qualname__ = f"Prompted{base.__name__}"
     return Prompted
